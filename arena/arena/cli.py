@@ -1,0 +1,136 @@
+"""The `arena` command line: list, run, compare, servers, peers install.
+
+Every failure the user can act on is an ArenaError, printed as one clear line (plus detail
+such as a server's log tail) with a non-zero exit; Ctrl-C exits with 130."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from arena import __version__
+from arena.errors import ArenaError
+
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="arena", description="Re-run published web-server studies "
+                                "against gannet and its peers, side by side.")
+    p.add_argument("--version", action="version", version=f"arena {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    sub.add_parser("list", help="list the scenarios")
+    sub.add_parser("servers", help="list the servers and load tools, with versions")
+
+    run = sub.add_parser("run", help="run a scenario")
+    run.add_argument("scenario")
+    run.add_argument("--servers", default="gannet,nginx,apache-prefork,apache-worker,apache-event,"
+                     "lighttpd,h2o,caddy", help="comma-separated (default: all)")
+    run.add_argument("--profile", default="tuned", choices=["tuned", "default"])
+    run.add_argument("--rounds", type=int, help="measured rounds per point (default 3; 1 with --quick)")
+    run.add_argument("--requests", type=int, help="requests per point (overrides the scenario's)")
+    run.add_argument("--quick", action="store_true", help="small counts: a smoke run for CI")
+    run.add_argument("--out", type=Path, help="result folder (default arena/results/<time>-<scenario>)")
+    run.add_argument("--server-cpus", default="0", help="CPUs the servers are pinned to (default 0)")
+    run.add_argument("--client-cpus", default="1", help="CPUs the load tools are pinned to (default 1)")
+
+    cmp = sub.add_parser("compare", help="show what changed between two runs")
+    cmp.add_argument("run_a", type=Path)
+    cmp.add_argument("run_b", type=Path)
+    cmp.add_argument("--all", action="store_true", help="also list figures within noise")
+
+    peers = sub.add_parser("peers", help="manage the peer servers and load tools")
+    peers_sub = peers.add_subparsers(dest="peers_command", metavar="ACTION")
+    peers_sub.required = True
+    inst = peers_sub.add_parser("install", help="apt-get install the peers and load tools")
+    inst.add_argument("--dry-run", action="store_true", help="only print the apt-get commands")
+    return p
+
+
+def _list(console: Console) -> int:
+    from arena.scenarios import REGISTRY
+
+    table = Table(title="scenarios")
+    for col in ("name", "study", "what it runs"):
+        table.add_column(col)
+    for name in sorted(REGISTRY):
+        s = REGISTRY[name]
+        table.add_row(name, s.study, s.description)
+    console.print(table)
+    return 0
+
+
+def _servers(console: Console) -> int:
+    from arena.peers import inventory
+    from arena.servers import SERVERS
+
+    table = Table(title="servers and load tools")
+    for col in ("name", "kind", "version"):
+        table.add_column(col)
+    for name, kind, version in inventory(SERVERS.values()):
+        table.add_row(name, kind, f"[red]{version}[/]" if version == "missing" else version)
+    console.print(table)
+    return 0
+
+
+def _run(args, console: Console) -> int:
+    from arena import runner, scenarios, servers
+    from arena.scenarios.base import Options
+
+    scenario = scenarios.get(args.scenario)
+    chosen = servers.parse_list(args.servers)
+    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
+    if args.requests is not None and args.requests < 1:
+        raise ArenaError("--requests must be at least 1")
+    options = Options(quick=args.quick, rounds=rounds, requests=args.requests,
+                      server_cpus=args.server_cpus, client_cpus=args.client_cpus, profile=args.profile)
+    out = args.out or RESULTS_DIR / f"{datetime.now():%Y%m%d-%H%M%S}-{scenario.name}"
+    final = runner.run(scenario, chosen, options, out, console)
+    console.print(f"results: {final}/report.md (and report.html, results.json)")
+    return 130 if final and _interrupted(final) else 0
+
+
+def _interrupted(folder: Path) -> bool:
+    import json
+    return json.loads((folder / "results.json").read_text()).get("interrupted", False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    console = Console(stderr=True)
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "list":
+            return _list(Console())
+        if args.command == "servers":
+            return _servers(Console())
+        if args.command == "run":
+            return _run(args, console)
+        if args.command == "compare":
+            from arena.compare import render
+            return render(args.run_a, args.run_b, Console())
+        if args.command == "peers":
+            from arena.peers import install
+            for cmd in install(dry_run=args.dry_run):
+                console.print(("would run: " if args.dry_run else "ran: ") + cmd, highlight=False)
+            return 0
+    except ArenaError as exc:
+        lines = str(exc).splitlines() or ["error"]
+        console.print(f"[bold red]arena: {lines[0]}[/]", highlight=False, soft_wrap=True)
+        for line in lines[1:]:
+            console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+        return 1
+    except KeyboardInterrupt:
+        console.print("arena: interrupted")
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""httperf: study S2's open-loop rate sweep - new connections at a fixed --rate, each making
+--num-calls requests - reporting reply rate, response time and bytes per reply."""
+
+from __future__ import annotations
+
+import re
+
+from arena.clients.base import LoadResult, ToolRun, number, run_tool, tool_failed
+from arena.tools import require
+
+TOOL = "httperf"
+
+
+def command(host: str, port: int, uri: str, rate: float, num_conns: int, num_calls: int = 10,
+            timeout_s: float = 5, headers: list[str] | None = None) -> list[str]:
+    cmd = [require(TOOL), "--hog", "--server", host, "--port", str(port), "--uri", uri,
+           "--rate", f"{rate:g}", "--num-conns", str(num_conns), "--num-calls", str(num_calls),
+           "--timeout", f"{timeout_s:g}"]
+    for header in headers or []:
+        cmd += ["--add-header", f"{header}\n"]
+    return cmd
+
+
+def parse(text: str) -> LoadResult:
+    res = LoadResult(tool=TOOL)
+    total = re.search(r"^Total: connections (\d+) requests (\d+) replies (\d+) test-duration ([\d.]+) s",
+                      text, re.MULTILINE)
+    if total:
+        conns, requests, replies, duration = total.groups()
+        res.sent = int(requests)
+        res.requests = int(replies)
+        res.duration_s = float(duration)
+        res.extra["connections"] = int(conns)
+    rate = re.search(r"^Reply rate \[replies/s\]: min ([\d.]+) avg ([\d.]+) max ([\d.]+) stddev ([\d.]+) "
+                     r"\((\d+) samples\)", text, re.MULTILINE)
+    if rate:
+        for key, value in zip(("min", "avg", "max", "stddev"), rate.groups()[:4]):
+            res.extra[f"reply_rate_{key}"] = float(value)
+        res.extra["reply_rate_samples"] = int(rate.group(5))
+    res.rps = res.requests / res.duration_s if res.duration_s else 0.0
+    reply = re.search(r"^Reply time \[ms\]: response ([\d.]+) transfer ([\d.]+)", text, re.MULTILINE)
+    if reply:
+        res.latency_ms["mean"] = float(reply.group(1)) + float(reply.group(2))
+        res.extra["response_ms"] = float(reply.group(1))
+        res.extra["transfer_ms"] = float(reply.group(2))
+    size = re.search(r"^Reply size \[B\]: header ([\d.]+) content ([\d.]+) footer ([\d.]+) \(total ([\d.]+)\)",
+                     text, re.MULTILINE)
+    if size:
+        header, content, footer, per_reply = map(float, size.groups())
+        res.header_bytes = round(header * res.requests)
+        res.body_bytes = round(content * res.requests)
+        res.bytes_total = round(per_reply * res.requests)
+    status = re.search(r"^Reply status: 1xx=(\d+) 2xx=(\d+) 3xx=(\d+) 4xx=(\d+) 5xx=(\d+)", text, re.MULTILINE)
+    if status:
+        res.non_2xx_3xx = int(status.group(4)) + int(status.group(5))
+    res.socket_errors = number(r"^Errors: total (\d+)", text, int, 0)
+    errors = re.search(r"^Errors: total \d+ client-timo (\d+) socket-timo (\d+) connrefused (\d+) connreset (\d+)",
+                       text, re.MULTILINE)
+    if errors:
+        for key, value in zip(("client_timeout", "socket_timeout", "connrefused", "connreset"), errors.groups()):
+            res.extra[key] = int(value)
+    res.extra["net_io_kb_s"] = number(r"^Net I/O: ([\d.]+) KB/s", text, float)
+    res.extra["client_cpu_total_pct"] = number(r"^CPU time \[s\]: .*total ([\d.]+)%\)", text, float)
+    # A request that got no reply (the connection died first) is a failure too.
+    missing = max(0, (res.sent or 0) - res.requests - res.non_2xx_3xx)
+    res.failures = max(res.socket_errors, missing) + res.non_2xx_3xx
+    return res
+
+
+def run(host: str, port: int, uri: str, rate: float, num_conns: int, cpus: str, num_calls: int = 10,
+        headers: list[str] | None = None, tick=None) -> tuple[LoadResult, ToolRun, str | None]:
+    limit = num_conns / rate + 60
+    tool = run_tool(command(host, port, uri, rate, num_conns, num_calls, headers=headers), cpus,
+                    timeout=limit, tick=tick)
+    return parse(tool.stdout), tool, tool_failed(tool, TOOL)

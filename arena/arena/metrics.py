@@ -1,0 +1,45 @@
+"""The figures recorded per point: their keys, labels, units and which direction is better.
+Reports, CSV, plots and `arena compare` all read this one list."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    label: str
+    unit: str
+    better: str | None   # "higher", "lower" or None (informational)
+    digits: int = 0
+
+
+METRICS = [
+    Metric("rps", "Req/s", "req/s", "higher"),
+    Metric("p50_ms", "p50", "ms", "lower", 2),
+    Metric("p90_ms", "p90", "ms", "lower", 2),
+    Metric("p99_ms", "p99", "ms", "lower", 2),
+    Metric("max_ms", "max latency", "ms", "lower", 1),
+    Metric("failures", "Failed responses", "", "lower"),
+    Metric("cpu_per_10k", "Server CPU s / 10k req", "s", "lower", 3),
+    Metric("peak_cpu_pct", "Max CPU", "%", "lower"),
+    Metric("peak_rss_mib", "Peak RSS", "MiB", "lower", 1),
+    Metric("peak_pss_mib", "Peak PSS", "MiB", "lower", 1),
+    Metric("header_bytes", "Header bytes / reply", "B", "lower", 1),
+    Metric("bytes_per_reply", "Bytes / reply", "B", None, 1),
+    Metric("client_cpu_pct", "Client CPU", "%", None),
+]
+
+BY_KEY = {m.key: m for m in METRICS}
+
+
+def fmt(key: str, value: float | None) -> str:
+    """A figure rounded for a table; '-' when absent."""
+    if value is None:
+        return "-"
+    metric = BY_KEY.get(key)
+    digits = metric.digits if metric else 2
+    if digits == 0:
+        return f"{value:,.0f}"
+    return f"{value:,.{digits}f}"

@@ -1,0 +1,175 @@
+"""Running a scenario: check prerequisites, start every server, probe them, warm up, then
+measure each point in interleaved rounds (A B C, B C A, ...), and hand the records to the
+output writer. Servers are always stopped, whatever happens."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+
+from arena import envinfo, ports, probe, tools
+from arena.errors import ArenaError
+from arena.measure import TreeSample
+from arena.clients.base import LoadResult
+from arena.output import RunFolder, write_run
+from arena.scenarios.base import Context, Options, Scenario, record
+from arena.servers.base import RunningServer, Server, Site
+from arena.workload import make_docroot
+
+
+def parse_cpus(text: str) -> set[int]:
+    """'0', '0,1', '0-3' -> CPU numbers; each must be one this process may run on."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            if "-" in part:
+                low, high = part.split("-")
+                cpus.update(range(int(low), int(high) + 1))
+            else:
+                cpus.add(int(part))
+    except ValueError:
+        raise ArenaError(f"bad CPU list '{text}': use e.g. 0 or 0,1 or 0-3") from None
+    allowed = os.sched_getaffinity(0)
+    missing = sorted(cpus - allowed)
+    if missing:
+        raise ArenaError(f"CPU {missing[0]} is not available here (usable CPUs: "
+                         f"{','.join(map(str, sorted(allowed)))})")
+    return cpus
+
+
+def preflight(scenario: Scenario, servers: list[Server], options: Options) -> None:
+    """Fail before starting anything: missing tools, missing binaries, bad CPU lists."""
+    tools.require("taskset")
+    for name in scenario.tools:
+        tools.require(name)
+    for server in servers:
+        server.binary()
+    parse_cpus(options.server_cpus)
+    parse_cpus(options.client_cpus)
+    if options.rounds < 1:
+        raise ArenaError("--rounds must be at least 1")
+
+
+def probe_server(server: RunningServer, paths: list[str], files: dict[str, int]) -> None:
+    """Fetch each path with and without keep-alive; check status and body size."""
+    for path in paths:
+        try:
+            keep = probe.get(server.site.host, server.site.port, path, close=False)
+            close = probe.get(server.site.host, server.site.port, path, close=True)
+        except OSError as exc:
+            raise ArenaError(f"{server.name}: probing {path} failed: {exc}") from None
+        expected = files.get(path.lstrip("/"))
+        for reply in (keep, close):
+            if reply.status != 200 or (expected is not None and reply.body_bytes != expected):
+                raise ArenaError(f"{server.name} answers {path} with status {reply.status} and "
+                                 f"{reply.body_bytes} bytes; expected 200 and {expected} bytes")
+        server.probes[path] = {
+            "status": keep.status, "body_bytes": keep.body_bytes,
+            "header_keepalive": keep.header_bytes, "header_close": close.header_bytes,
+            "header_min": min(keep.header_bytes, close.header_bytes),
+            "header_max": max(keep.header_bytes, close.header_bytes),
+            "headers_keepalive": keep.headers, "headers_close": close.headers,
+        }
+
+
+def _dead_record(server: RunningServer) -> dict:
+    rec = record(LoadResult(tool="-"), None, f"{server.name} is no longer running", TreeSample())
+    rec["failures"] = None
+    return rec
+
+
+def _summary_line(server: str, key: str, rnd: int, rec: dict) -> str:
+    rps = f"{rec['rps']:,.0f} req/s" if rec.get("rps") else "- req/s"
+    cpu = f"{rec['cpu_per_10k']:.3f} s CPU/10k" if rec.get("cpu_per_10k") is not None else ""
+    flags = " CLIENT-BOUND" if rec.get("client_bound") else ""
+    err = f" ERROR: {rec['error']}" if rec.get("error") else ""
+    return f"{server:15} {key:28} round {rnd}: {rps}, {rec.get('failures')} failed, {cpu}{flags}{err}"
+
+
+def run(scenario: Scenario, servers: list[Server], options: Options, out: Path,
+        console: Console | None = None) -> Path:
+    """Run `scenario` on `servers`; write the result folder `out`; return its final path."""
+    console = console or Console(stderr=True)
+    preflight(scenario, servers, options)
+    folder = RunFolder(out)
+    # The arena's own work (sampling, bookkeeping) stays off the server CPUs.
+    os.sched_setaffinity(0, parse_cpus(options.client_cpus))
+    workdir = Path(tempfile.mkdtemp(prefix="arena-"))
+    workdir.chmod(0o755)
+    running: list[RunningServer] = []
+    samples: list[dict] = []
+    interrupted = False
+    environment: dict = {}
+    started = time.time()
+    points = scenario.points(options)
+    previous_term = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        folder.create()
+        files = make_docroot(workdir / "www")
+        environment = envinfo.collect(servers, scenario.tools, options)
+        site_options = scenario.site_options(options)
+        for server in servers:
+            site = Site(workdir / "www", ports.free_port(), site_options)
+            running.append(server.start(site, workdir / server.name, options.profile, options.server_cpus))
+        for server in running:
+            probe_server(server, scenario.probe_paths(), files)
+        envinfo.write_configs(folder.tmp, running)
+        environment["probes"] = {s.name: s.probes for s in running}
+
+        warm = any(scenario.warmup(p, options) for p in points[:1])
+        per_point = len(running) * (options.rounds + (1 if warm else 0))
+        columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                   MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
+        with Progress(*columns, console=console, transient=False) as progress:
+            task = progress.add_task(scenario.name, total=len(points) * per_point)
+            ctx = Context(options, files, tick=progress.refresh)
+            for point in points:
+                warmup = scenario.warmup(point, options)
+                if warmup:
+                    for server in running:
+                        progress.update(task, description=f"{server.name} · {point.key} · warm-up")
+                        if server.proc.poll() is None:
+                            scenario.measure(warmup, server, ctx)
+                        progress.advance(task)
+                for rnd in range(1, options.rounds + 1):
+                    # Rotate the order each round so no server always runs first.
+                    shift = (rnd - 1) % len(running)
+                    for server in running[shift:] + running[:shift]:
+                        progress.update(task, description=f"{server.name} · {point.key} · "
+                                                          f"round {rnd}/{options.rounds}")
+                        if server.proc.poll() is None:
+                            rec = scenario.measure(point, server, ctx)
+                        else:
+                            rec = _dead_record(server)
+                        rec.update({"server": server.name, "point": point.key, "round": rnd})
+                        samples.append(rec)
+                        progress.console.print(_summary_line(server.name, point.key, rnd, rec),
+                                               highlight=False, soft_wrap=True)
+                        progress.advance(task)
+    except KeyboardInterrupt:
+        interrupted = True
+        console.print("[yellow]interrupted: keeping the completed points[/yellow]")
+    except BaseException:
+        if not samples:
+            folder.discard()  # nothing measured: leave no folder behind
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
+        for server in running:
+            server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    if not samples:
+        folder.discard()
+        raise ArenaError("interrupted before anything was measured")
+    write_run(folder, scenario=scenario, options=options, servers=[s.name for s in servers],
+              points=points, samples=samples, environment=environment,
+              started=started, finished=time.time(), interrupted=interrupted)
+    return folder.finish()

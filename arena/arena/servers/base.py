@@ -1,0 +1,211 @@
+"""What every server adapter shares: rendering its config, starting it pinned on a free
+loopback port, waiting until it answers HTTP, and stopping its whole process tree by pid.
+
+An adapter only says which binary it runs, which files its templates produce, which values
+they need, and how its command line looks.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from arena import ports, procs
+from arena.errors import ArenaError
+from arena.render import render, template
+from arena.tools import command_output, require
+
+PROFILES = ("tuned", "default")
+START_TIMEOUT = 20.0
+
+
+@dataclass
+class SiteOptions:
+    """What a scenario asks of every server. None means "the profile's own choice"."""
+    gzip: bool | None = None
+    keepalive_timeout: int | None = None
+    access_log: bool | None = None
+    # The most connections the scenario opens at once; tuned profiles size their limits to it.
+    connections: int = 1024
+
+
+@dataclass
+class Site:
+    docroot: Path
+    port: int
+    options: SiteOptions
+    host: str = ports.HOST
+
+
+def run_user() -> tuple[str, str] | None:
+    """(user, group) that servers started as root should drop to; None when not root."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam("www-data")
+        return "www-data", "www-data"
+    except KeyError:
+        return "nobody", "nogroup"
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def http_status(host: str, port: int, path: str = "/", timeout: float = 1.0) -> str | None:
+    """The status line of a GET, or None if nothing answered HTTP."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+            data = b""
+            while b"\r\n" not in data and len(data) < 4096:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+    except OSError:
+        return None
+    line = data.split(b"\r\n", 1)[0].decode("latin-1")
+    return line if line.startswith("HTTP/") else None
+
+
+class Server:
+    """An adapter. Subclasses set the class attributes and may override the hooks."""
+
+    name = ""            # CLI name, e.g. "apache-event"
+    title = ""           # for reports, e.g. "Apache httpd (event)"
+    program = ""         # executable looked up on PATH
+    package = ""         # Debian package providing it
+    config_file = ""     # main config file written into the run directory
+    pid_file = ""        # file the server writes its pid to, relative to the run directory
+
+    # -- hooks -----------------------------------------------------------------------------
+    def binary(self) -> str:
+        return require(self.program)
+
+    def version(self) -> str:
+        return command_output([self.binary(), "-v"]).strip().splitlines()[0] if self.available() else "missing"
+
+    def available(self) -> bool:
+        try:
+            self.binary()
+            return True
+        except ArenaError:
+            return False
+
+    def template_name(self, profile: str) -> str:
+        return f"{self.name}-{profile}.conf"
+
+    def values(self, site: Site, rundir: Path, profile: str) -> dict[str, object]:
+        """Placeholder values for this server's template."""
+        raise NotImplementedError
+
+    def command(self, binary: str, rundir: Path) -> list[str]:
+        raise NotImplementedError
+
+    def environment(self, rundir: Path, profile: str) -> dict[str, str]:
+        return {}
+
+    def error_log(self, rundir: Path) -> Path:
+        return rundir / "error.log"
+
+    # -- shared ----------------------------------------------------------------------------
+    def configs(self, site: Site, rundir: Path, profile: str) -> dict[str, str]:
+        """File name -> rendered text of every config file this server needs."""
+        if profile not in PROFILES:
+            raise ArenaError(f"unknown profile '{profile}': choose from {', '.join(PROFILES)}")
+        text = render(template(self.template_name(profile)), self.values(site, rundir, profile))
+        return {self.config_file: text}
+
+    def start(self, site: Site, rundir: Path, profile: str, cpus: str) -> "RunningServer":
+        """Start pinned to `cpus`, wait until it answers HTTP, return the handle."""
+        binary = self.binary()
+        ports.check_free(site.port, site.host)
+        rundir.mkdir(parents=True, exist_ok=True)
+        # Servers started as root drop to www-data, which must still reach its files.
+        rundir.chmod(0o755)
+        user = run_user()
+        if user:
+            # lighttpd and h2o open their logs and pid file after dropping privileges.
+            os.chown(rundir, pwd.getpwnam(user[0]).pw_uid, grp.getgrnam(user[1]).gr_gid)
+        configs = self.configs(site, rundir, profile)
+        for name, text in configs.items():
+            (rundir / name).write_text(text)
+        env = dict(os.environ)
+        env.update(self.environment(rundir, profile))
+        cmd = procs.pinned(self.command(binary, rundir), cpus)
+        output = rundir / "output.log"
+        with open(output, "wb") as out:
+            proc = subprocess.Popen(
+                cmd, cwd=rundir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                preexec_fn=procs.raise_nofile_limit,
+                # Own session: the terminal's Ctrl-C reaches only the arena, which stops
+                # servers itself, in order.
+                start_new_session=True,
+            )
+        running = RunningServer(self, site, rundir, proc, cmd, configs, profile)
+        running.wait_ready()
+        return running
+
+
+@dataclass
+class RunningServer:
+    server: Server
+    site: Site
+    rundir: Path
+    proc: subprocess.Popen
+    command: list[str]
+    configs: dict[str, str]
+    profile: str
+    probes: dict = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def name(self) -> str:
+        return self.server.name
+
+    def url(self, path: str) -> str:
+        return f"http://{self.site.host}:{self.site.port}{path}"
+
+    def tree(self) -> list[int]:
+        return procs.process_tree(self.pid)
+
+    def _failure(self, what: str) -> ArenaError:
+        logs = [self.server.error_log(self.rundir), self.rundir / "output.log"]
+        text = "\n".join(t for t in (tail(p) for p in logs) if t)
+        if "in use" in text.lower() and "address" in text.lower():
+            return ArenaError(f"{self.name}: port {self.site.host}:{self.site.port} is in use "
+                              f"(the server could not bind it)\n{text}")
+        detail = f"\nlast lines of its logs ({self.rundir}):\n{text}" if text else \
+            f"\n(its logs in {self.rundir} are empty)"
+        return ArenaError(f"{self.name} {what}{detail}")
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
+        """Poll until the server answers HTTP; on exit or timeout raise with its log tail."""
+        deadline = time.monotonic() + timeout
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise self._failure(f"failed to start (exit code {code})")
+            if http_status(self.site.host, self.site.port, "/robots.txt", timeout=0.5):
+                return
+            if time.monotonic() >= deadline:
+                self.stop()
+                raise self._failure(f"did not answer HTTP within {timeout:.0f} s")
+            time.sleep(0.05)  # poll interval under a deadline
+
+    def stop(self) -> None:
+        procs.stop_tree(self.pid, reap=self.proc.poll)

@@ -1,0 +1,58 @@
+"""lighttpd from Debian, in the foreground (-D) with its own config, log and pid file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from arena import procs
+from arena.servers.base import Server, Site, run_user
+
+_ACCESS_FORMAT = r'%h %V %u %t \"%r\" %>s %b \"%{Referer}i\" \"%{User-Agent}i\"'
+
+
+class Lighttpd(Server):
+    name = "lighttpd"
+    title = "lighttpd"
+    program = "lighttpd"
+    package = "lighttpd"
+    config_file = "lighttpd.conf"
+    pid_file = "lighttpd.pid"
+
+    def version(self) -> str:
+        return super().version().split(" - ")[0]
+
+    def values(self, site: Site, rundir: Path, profile: str) -> dict[str, object]:
+        opts = site.options
+        tuned = profile == "tuned"
+        user = run_user()
+        modules = []
+        settings = []
+        if opts.gzip:
+            modules.append('"mod_deflate"')
+            settings.append('deflate.mimetypes = ("text/")\n'
+                            'deflate.allowed-encodings = ("gzip")')
+        # Debian's packaged lighttpd.conf does not load mod_accesslog.
+        if opts.access_log if opts.access_log is not None else False:
+            modules.append('"mod_accesslog"')
+            settings.append(f'accesslog.filename = "{rundir}/access.log"\n'
+                            f'accesslog.format = "{_ACCESS_FORMAT}"')
+        values = {
+            "rundir": rundir,
+            "host": site.host,
+            "port": site.port,
+            "docroot": site.docroot,
+            "user": f'server.username = "{user[0]}"\nserver.groupname = "{user[1]}"' if user else "",
+            "modules": "".join(f",\n    {m}" for m in modules),
+            "settings": "\n".join(settings),
+        }
+        if opts.keepalive_timeout is not None or tuned:
+            values["keepalive"] = f"server.max-keep-alive-idle = {opts.keepalive_timeout or 65}"
+        else:
+            values["keepalive"] = ""
+        if tuned:
+            values["max_fds"] = procs.nofile_limit()
+            values["max_connections"] = max(1024, opts.connections + 128)
+        return values
+
+    def command(self, binary: str, rundir: Path) -> list[str]:
+        return [binary, "-D", "-f", str(rundir / self.config_file)]

@@ -1,0 +1,72 @@
+"""Regenerate the parser fixtures: real outputs of wrk, h2load, ab, httperf and siege run for
+about a second each against a local nginx started by the arena's own adapter.
+
+    python tests/capture_fixtures.py      (from arena/; needs nginx and the load tools)
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from arena import ports
+from arena.clients import ab, h2load, httperf, siege, wrk
+from arena.clients.base import run_tool
+from arena.servers import SERVERS, Site, SiteOptions
+from arena.workload import make_docroot
+
+OUT = Path(__file__).with_name("fixtures")
+CPUS = "1"
+
+
+def save(name: str, text: str) -> None:
+    (OUT / name).write_text(text)
+    print(f"wrote {name} ({len(text)} bytes)")
+
+
+def main() -> None:
+    OUT.mkdir(exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="arena-fixtures-"))
+    work.chmod(0o755)
+    make_docroot(work / "www")
+    site = Site(work / "www", ports.free_port(), SiteOptions(gzip=True, keepalive_timeout=15))
+    server = SERVERS["nginx"].start(site, work / "nginx", "tuned", "0")
+    try:
+        url = server.url("/img.jpg")
+        missing = server.url("/missing.html")
+        save("wrk_keepalive.txt", run_tool(wrk.command(url, 10, 2000), CPUS, 60).stdout)
+        save("wrk_close.txt", run_tool(wrk.command(url, 10, 1000, close=True), CPUS, 60).stdout)
+        save("wrk_plain.txt", run_tool(["wrk", "-t1", "-c10", "-d1s", "--latency", url], CPUS, 30).stdout)
+        save("wrk_404.txt", run_tool(["wrk", "-t1", "-c10", "-d1s", missing], CPUS, 30).stdout)
+
+        log = work / "h2load.log"
+        out = run_tool(h2load.command(url, 10, 300, log_file=str(log)), CPUS, 60).stdout
+        save("h2load_keepalive.txt", out)
+        save("h2load_keepalive.log", log.read_text())
+        save("h2load_close.txt", run_tool(h2load.command(url, 10, 300, close=True), CPUS, 60).stdout)
+        save("h2load_404.txt", run_tool(h2load.command(missing, 10, 300), CPUS, 60).stdout)
+
+        index = server.url("/index.html")
+        csv = work / "ab.csv"
+        save("ab_close.txt", run_tool(ab.command(index, 10, 2000, csv_file=str(csv)), CPUS, 60).stdout)
+        save("ab_close.csv", csv.read_text())
+        save("ab_keepalive.txt", run_tool(ab.command(index, 10, 2000, keepalive=True), CPUS, 60).stdout)
+        save("ab_404.txt", run_tool(ab.command(missing, 10, 500), CPUS, 60).stdout)
+
+        host, port = site.host, site.port
+        save("httperf_gzip.txt", run_tool(httperf.command(host, port, "/robots.txt", 100, 100, 10,
+                                                          headers=["Accept-Encoding: gzip"]), CPUS, 60).stdout)
+        closed = ports.free_port()
+        save("httperf_refused.txt", run_tool(httperf.command(host, closed, "/robots.txt", 50, 20, 10),
+                                             CPUS, 60).stdout)
+
+        done = run_tool(siege.command(index, 10, 50), CPUS, 60)
+        save("siege.txt", done.stderr + done.stdout)
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

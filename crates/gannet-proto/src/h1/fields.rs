@@ -1,0 +1,159 @@
+//! Header-field semantics of a request head: body framing (RFC 9112 6), Host, Connection and
+//! Expect, with nginx's answers for the malformed cases. Runs once per head over the ranges
+//! the parser recorded; header names are compared without allocating.
+
+use std::ops::Range;
+
+use super::parse::{BodyKind, ParseError, Version};
+
+/// What the header fields say, as needed by the connection loop.
+pub(super) struct Fields {
+    pub body: BodyKind,
+    pub keep_alive: bool,
+    pub expect_continue: bool,
+    /// Host part of the Host header (port and trailing dot removed).
+    pub host: Option<Range<usize>>,
+}
+
+const fn bad(reason: &'static str) -> ParseError {
+    ParseError::BadRequest(reason)
+}
+
+/// Interpret the fields of a complete head. `b` is the head's bytes, `headers` the
+/// (name, value) ranges into it.
+pub(super) fn interpret(
+    b: &[u8],
+    version: Version,
+    headers: &[(Range<usize>, Range<usize>)],
+) -> Result<Fields, ParseError> {
+    let mut content_length: Option<u64> = None;
+    let mut transfer_encoding: Option<&[u8]> = None;
+    let mut host: Option<Range<usize>> = None;
+    let mut close = false;
+    let mut keep_alive_token = false;
+    let mut expect_continue = false;
+
+    for (name, value) in headers {
+        let name = &b[name.clone()];
+        let v = &b[value.clone()];
+        // Dispatch on length first: most fields are none of these and cost one compare.
+        match name.len() {
+            4 if name.eq_ignore_ascii_case(b"host") => {
+                if host.is_some() {
+                    return Err(bad("duplicate Host header"));
+                }
+                let len = valid_host(v).ok_or(bad("invalid Host header"))?;
+                host = Some(value.start..value.start + len);
+            }
+            6 if name.eq_ignore_ascii_case(b"expect") => {
+                // Other expectations are left to the server; nginx ignores them.
+                expect_continue =
+                    version == Version::Http11 && trim_ows(v).eq_ignore_ascii_case(b"100-continue");
+            }
+            10 if name.eq_ignore_ascii_case(b"connection") => {
+                for token in v.split(|&c| c == b',').map(trim_ows) {
+                    close |= token.eq_ignore_ascii_case(b"close");
+                    keep_alive_token |= token.eq_ignore_ascii_case(b"keep-alive");
+                }
+            }
+            14 if name.eq_ignore_ascii_case(b"content-length") => {
+                // Even an identical repeat is refused: a proxy in front may have picked the
+                // other one (request smuggling), and nginx refuses it too.
+                if content_length.is_some() {
+                    return Err(bad("duplicate Content-Length header"));
+                }
+                content_length = Some(parse_length(v).ok_or(bad("invalid Content-Length header"))?);
+            }
+            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+                if transfer_encoding.is_some() {
+                    return Err(bad("duplicate Transfer-Encoding header"));
+                }
+                transfer_encoding = Some(v);
+            }
+            _ => {}
+        }
+    }
+
+    if version == Version::Http11 && host.is_none() {
+        return Err(bad("HTTP/1.1 request without Host header"));
+    }
+    let body = match (transfer_encoding, content_length) {
+        (Some(_), _) if version == Version::Http10 => {
+            return Err(bad("HTTP/1.0 request with Transfer-Encoding"));
+        }
+        // Both framings at once is the classic smuggling vector: refuse outright.
+        (Some(_), Some(_)) => return Err(bad("both Content-Length and Transfer-Encoding")),
+        (Some(te), None) if trim_ows(te).eq_ignore_ascii_case(b"chunked") => BodyKind::Chunked,
+        (Some(_), None) => return Err(ParseError::NotImplemented("unknown Transfer-Encoding")),
+        (None, Some(n)) => BodyKind::Length(n),
+        (None, None) => BodyKind::None,
+    };
+    let keep_alive = match version {
+        Version::Http11 => !close,
+        Version::Http10 => keep_alive_token && !close,
+    };
+    Ok(Fields {
+        body,
+        keep_alive,
+        expect_continue,
+        host,
+    })
+}
+
+/// Content-Length: 1*DIGIT that fits a u64. No sign, no spaces inside, no list form.
+fn parse_length(v: &[u8]) -> Option<u64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.iter().try_fold(0u64, |n, &c| {
+        let d = c.checked_sub(b'0').filter(|d| *d <= 9)?;
+        n.checked_mul(10)?.checked_add(u64::from(d))
+    })
+}
+
+/// Validate a Host value the way nginx's `ngx_http_validate_host` does and return the length
+/// of its host part (without `:port` and one trailing dot). `None` for an invalid host:
+/// empty, `..`, a path separator, whitespace or control bytes.
+fn valid_host(v: &[u8]) -> Option<usize> {
+    let mut host_len = v.len();
+    let mut in_literal = false;
+    let mut in_port = false;
+    let mut prev_dot = false;
+    for (i, &c) in v.iter().enumerate() {
+        let is_dot = c == b'.';
+        match c {
+            b'.' if prev_dot => return None,
+            b':' if !in_port && !in_literal => {
+                host_len = i;
+                in_port = true;
+            }
+            b'[' if i == 0 => in_literal = true,
+            b']' if in_literal => {
+                host_len = i + 1;
+                in_literal = false;
+                in_port = true;
+            }
+            b'/' | b'\\' => return None,
+            0..=0x20 | 0x7f => return None,
+            _ => {}
+        }
+        prev_dot = is_dot;
+    }
+    if host_len > 0 && v[host_len - 1] == b'.' {
+        host_len -= 1;
+    }
+    (host_len > 0).then_some(host_len)
+}
+
+/// Strip optional whitespace (SP / HTAB) from both ends.
+pub(super) fn trim_ows(v: &[u8]) -> &[u8] {
+    let start = v
+        .iter()
+        .position(|c| !matches!(c, b' ' | b'\t'))
+        .unwrap_or(v.len());
+    let end = v
+        .iter()
+        .rposition(|c| !matches!(c, b' ' | b'\t'))
+        .map_or(start, |i| i + 1);
+    &v[start..end]
+}

@@ -1,0 +1,420 @@
+//! HTTP/1.x request-head parser.
+//!
+//! The hot path is a single `httparse` pass over the read buffer with the header index in a
+//! stack array; the result records byte ranges and the head's bytes are split off the buffer
+//! (no copy). Request lines `httparse` refuses only for their version (`HTTP/1.2`, `HTTP/2.0`,
+//! trailing spaces) go through the slower [`super::reqline`] path so that they get nginx's
+//! answers (treat as 1.1, 505) instead of a blanket 400. Header semantics (framing, Host,
+//! Connection, Expect) live in [`super::fields`].
+
+use bytes::{Buf, Bytes, BytesMut};
+use httparse::{Header, Status, EMPTY_HEADER};
+use std::mem::MaybeUninit;
+use std::ops::Range;
+
+use super::fields::{self, Fields};
+use super::reqline::{self, RequestLine};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    Http10,
+    Http11,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Head,
+    Post,
+    Put,
+    Delete,
+    Options,
+    Trace,
+    Connect,
+    Patch,
+    /// Any other token; its text is `RequestHead::method_str()`.
+    Other,
+}
+
+/// How the request body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyKind {
+    None,
+    Length(u64),
+    Chunked,
+}
+
+/// Size limits, as nginx's `client_header_buffer_size` / `large_client_header_buffers`.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Longest request line; longer -> `ParseError::UriTooLong` (414).
+    pub max_request_line: usize,
+    /// Longest single header line; longer -> `ParseError::HeaderTooLarge` (431).
+    pub max_header_line: usize,
+    /// Largest whole head (request line + headers); larger -> `HeaderTooLarge`.
+    pub max_head: usize,
+    /// Most header fields.
+    pub max_headers: usize,
+}
+
+impl Default for Limits {
+    /// nginx's defaults: `large_client_header_buffers 4 8k`.
+    fn default() -> Self {
+        Limits {
+            max_request_line: 8192,
+            max_header_line: 8192,
+            max_head: 32768,
+            max_headers: 100,
+        }
+    }
+}
+
+/// Why a request head was refused; each maps to the status nginx would send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParseError {
+    /// 400 with a short reason for the error log.
+    BadRequest(&'static str),
+    /// 414
+    UriTooLong,
+    /// 431
+    HeaderTooLarge,
+    /// 501 (unknown Transfer-Encoding)
+    NotImplemented(&'static str),
+    /// 505
+    VersionNotSupported,
+}
+
+impl ParseError {
+    pub fn status(&self) -> u16 {
+        match self {
+            ParseError::BadRequest(_) => 400,
+            ParseError::UriTooLong => 414,
+            ParseError::HeaderTooLarge => 431,
+            ParseError::NotImplemented(_) => 501,
+            ParseError::VersionNotSupported => 505,
+        }
+    }
+}
+
+/// A parsed request head. It owns the head's bytes (split off the read buffer without
+/// copying) and refers into them by ranges, so it has no lifetime and costs one allocation
+/// for the header index.
+#[derive(Debug, Clone)]
+pub struct RequestHead {
+    raw: Bytes,
+    method_range: Range<usize>,
+    target_range: Range<usize>,
+    headers: Vec<(Range<usize>, Range<usize>)>,
+    /// The Host header's host part (no port, no trailing dot), if a Host header was sent.
+    host_range: Option<Range<usize>>,
+    pub method: Method,
+    pub version: Version,
+    pub body: BodyKind,
+    /// Whether the connection may stay open after this request (version default + Connection).
+    pub keep_alive: bool,
+    /// `Expect: 100-continue` was sent.
+    pub expect_continue: bool,
+}
+
+impl RequestHead {
+    pub fn method_str(&self) -> &str {
+        std::str::from_utf8(&self.raw[self.method_range.clone()]).unwrap_or("")
+    }
+    /// The raw request-target as sent (origin-form, absolute-form, `*`).
+    pub fn target(&self) -> &[u8] {
+        &self.raw[self.target_range.clone()]
+    }
+    /// First value of a header, case-insensitive name.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    }
+    /// All headers in order as (name, value).
+    pub fn headers(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.headers.iter().map(move |(n, v)| {
+            (
+                std::str::from_utf8(&self.raw[n.clone()]).unwrap_or(""),
+                &self.raw[v.clone()],
+            )
+        })
+    }
+    /// The whole head's bytes (request line through the empty line).
+    pub fn raw(&self) -> &Bytes {
+        &self.raw
+    }
+    /// The validated Host header's host part: port and one trailing dot removed, case as
+    /// sent (`Example.COM:8080` -> `Example.COM`). `None` when no Host header was sent.
+    pub fn host(&self) -> Option<&[u8]> {
+        self.host_range.clone().map(|r| &self.raw[r])
+    }
+    /// Number of header fields.
+    pub fn header_count(&self) -> usize {
+        self.headers.len()
+    }
+    /// All values of a header, in order, case-insensitive name.
+    pub fn header_all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.headers()
+            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    }
+}
+
+/// Header slots kept on the stack: enough for virtually every real request, so the common
+/// case parses without touching the allocator. Larger `max_headers` fall back to the heap.
+const STACK_HEADERS: usize = 64;
+
+/// Why one parsing attempt stopped: a real error, or the header slots ran out (retry bigger).
+enum Fail {
+    TooManyHeaders,
+    Parse(ParseError),
+}
+
+impl From<ParseError> for Fail {
+    fn from(e: ParseError) -> Self {
+        Fail::Parse(e)
+    }
+}
+
+/// What one successful pass found, as offsets into the buffer (so it outlives the borrow).
+struct Parsed {
+    len: usize,
+    line: RequestLine,
+    headers: Vec<(Range<usize>, Range<usize>)>,
+    fields: Fields,
+}
+
+/// Parse one request head from the front of `buf`. `Ok(None)`: need more bytes (and none of
+/// the limits is exceeded yet). `Ok(Some(head))`: the head's bytes were split off `buf`, which
+/// now starts at the body or the next pipelined request.
+pub fn parse_request(
+    buf: &mut BytesMut,
+    limits: &Limits,
+) -> Result<Option<RequestHead>, ParseError> {
+    skip_empty_lines(buf);
+    if buf.is_empty() {
+        return Ok(None);
+    }
+    // Uninitialised slots: httparse fills only what it uses, so the common case pays
+    // neither an allocation nor a 2 KiB memset for the header index.
+    let mut slots = [const { MaybeUninit::<Header<'_>>::uninit() }; STACK_HEADERS];
+    let first = parse_with(
+        buf,
+        &mut slots[..limits.max_headers.min(STACK_HEADERS)],
+        limits,
+    );
+    let parsed = match first {
+        Err(Fail::TooManyHeaders) if limits.max_headers > STACK_HEADERS => {
+            // Rare: more than 64 fields. Pay for a heap index sized to the configured limit.
+            let mut heap = vec![MaybeUninit::uninit(); limits.max_headers];
+            parse_with(buf, &mut heap, limits)
+        }
+        other => other,
+    };
+    let parsed = match parsed {
+        Ok(Some(p)) => p,
+        Ok(None) => {
+            check_partial(buf, limits)?;
+            return Ok(None);
+        }
+        Err(Fail::TooManyHeaders) => return Err(ParseError::HeaderTooLarge),
+        Err(Fail::Parse(e)) => return Err(e),
+    };
+    let raw = buf.split_to(parsed.len).freeze();
+    let method = Method::from_token(&raw[parsed.line.method.clone()]);
+    Ok(Some(RequestHead {
+        raw,
+        method_range: parsed.line.method,
+        target_range: parsed.line.target,
+        headers: parsed.headers,
+        host_range: parsed.fields.host,
+        method,
+        version: parsed.line.version,
+        body: parsed.fields.body,
+        keep_alive: parsed.fields.keep_alive,
+        expect_continue: parsed.fields.expect_continue,
+    }))
+}
+
+impl Method {
+    /// Methods are case-sensitive (RFC 9110 9.1): `get` is an unknown method, not GET.
+    fn from_token(t: &[u8]) -> Method {
+        match t {
+            b"GET" => Method::Get,
+            b"HEAD" => Method::Head,
+            b"POST" => Method::Post,
+            b"PUT" => Method::Put,
+            b"DELETE" => Method::Delete,
+            b"OPTIONS" => Method::Options,
+            b"TRACE" => Method::Trace,
+            b"CONNECT" => Method::Connect,
+            b"PATCH" => Method::Patch,
+            _ => Method::Other,
+        }
+    }
+}
+
+/// Empty lines before a request line are ignored (RFC 9112 2.2, and nginx). Dropping them
+/// from the buffer keeps them out of the head and out of the size limits.
+fn skip_empty_lines(buf: &mut BytesMut) {
+    let mut n = 0;
+    loop {
+        match buf.get(n..n + 2) {
+            Some(b"\r\n") => n += 2,
+            _ if buf.get(n) == Some(&b'\n') => n += 1,
+            _ => break,
+        }
+    }
+    buf.advance(n);
+}
+
+/// One parsing attempt with the given header slots.
+fn parse_with<'b>(
+    b: &'b [u8],
+    slots: &mut [MaybeUninit<Header<'b>>],
+    limits: &Limits,
+) -> Result<Option<Parsed>, Fail> {
+    let mut req = httparse::Request::new(&mut []);
+    match req.parse_with_uninit_headers(b, slots) {
+        Ok(Status::Complete(len)) => {
+            let method = span(b, req.method.unwrap_or("").as_bytes())?;
+            let target = span(b, req.path.unwrap_or("").as_bytes())?;
+            let version = if req.version == Some(0) {
+                Version::Http10
+            } else {
+                Version::Http11
+            };
+            // httparse accepts exactly `SP HTTP/1.x` then the line end after the target.
+            let line_len = target.end + 1 + 8;
+            let line = RequestLine {
+                method,
+                target,
+                version,
+                len: line_len,
+            };
+            finish(b, line, req.headers, len, limits).map(Some)
+        }
+        Ok(Status::Partial) => Ok(None),
+        Err(httparse::Error::TooManyHeaders) => Err(Fail::TooManyHeaders),
+        // Not `HTTP/1.0` / `HTTP/1.1` followed directly by the line end: decide ourselves.
+        Err(httparse::Error::Version) | Err(httparse::Error::NewLine) => {
+            let Some((line, rest)) = reqline::parse(b)? else {
+                return Ok(None);
+            };
+            // Rare path: an initialised index of the same size keeps the same header limit.
+            let mut init = vec![EMPTY_HEADER; slots.len()];
+            match httparse::parse_headers(&b[rest..], &mut init) {
+                Ok(Status::Complete((hlen, headers))) => {
+                    finish(b, line, headers, rest + hlen, limits).map(Some)
+                }
+                Ok(Status::Partial) => Ok(None),
+                Err(e) => Err(map_httparse(e)),
+            }
+        }
+        Err(e) => Err(map_httparse(e)),
+    }
+}
+
+fn map_httparse(e: httparse::Error) -> Fail {
+    let reason = match e {
+        httparse::Error::TooManyHeaders => return Fail::TooManyHeaders,
+        httparse::Error::Token => "invalid method or request target",
+        // Also obs-fold and whitespace before the colon: both start a name with a non-token.
+        httparse::Error::HeaderName => "invalid header name",
+        httparse::Error::HeaderValue => "invalid header value",
+        httparse::Error::NewLine => "invalid line ending",
+        httparse::Error::Version => "invalid HTTP version",
+        httparse::Error::Status => "invalid request",
+    };
+    Fail::Parse(ParseError::BadRequest(reason))
+}
+
+/// The offset range of `part` inside `whole`. httparse hands out sub-slices of its input;
+/// a slice from anywhere else is refused rather than trusted.
+fn span(whole: &[u8], part: &[u8]) -> Result<Range<usize>, ParseError> {
+    let start = (part.as_ptr() as usize).wrapping_sub(whole.as_ptr() as usize);
+    match whole.len().checked_sub(start) {
+        Some(room) if part.len() <= room => Ok(start..start + part.len()),
+        _ => Err(ParseError::BadRequest("internal parser offset error")),
+    }
+}
+
+/// Limits and header semantics for a complete head of `len` bytes.
+fn finish(
+    b: &[u8],
+    line: RequestLine,
+    headers: &[Header<'_>],
+    len: usize,
+    limits: &Limits,
+) -> Result<Parsed, Fail> {
+    if line.len > limits.max_request_line {
+        return Err(ParseError::UriTooLong.into());
+    }
+    if len > limits.max_head {
+        return Err(ParseError::HeaderTooLarge.into());
+    }
+    let mut ranges = Vec::with_capacity(headers.len());
+    for h in headers {
+        ranges.push((span(b, h.name.as_bytes())?, span(b, h.value)?));
+    }
+    // Each header line runs from its name to the next name (or the final empty line).
+    let head_end = len.saturating_sub(eol_len(b, len));
+    for (i, (name, _)) in ranges.iter().enumerate() {
+        let next = ranges.get(i + 1).map_or(head_end, |(n, _)| n.start);
+        let line_len = next
+            .saturating_sub(name.start)
+            .saturating_sub(eol_len(b, next));
+        if line_len > limits.max_header_line {
+            return Err(ParseError::HeaderTooLarge.into());
+        }
+    }
+    let fields = fields::interpret(b, line.version, &ranges)?;
+    Ok(Parsed {
+        len,
+        line,
+        headers: ranges,
+        fields,
+    })
+}
+
+/// Length of the line terminator (`\n` or `\r\n`) that ends just before `end`.
+fn eol_len(b: &[u8], end: usize) -> usize {
+    match (
+        end.checked_sub(2).and_then(|i| b.get(i)),
+        end.checked_sub(1).and_then(|i| b.get(i)),
+    ) {
+        (Some(b'\r'), Some(b'\n')) => 2,
+        (_, Some(b'\n')) => 1,
+        _ => 0,
+    }
+}
+
+/// Limits on an incomplete head: refuse as soon as the eventual head is sure to exceed them,
+/// so a slow or hostile client cannot make the buffer grow without bound. Each check measures
+/// the same thing `finish` does (every line so far, not just the open one), so the answer
+/// does not depend on how the bytes arrived. Only runs when the head is incomplete.
+fn check_partial(b: &[u8], limits: &Limits) -> Result<(), ParseError> {
+    let check = |first: bool, len: usize| match first {
+        true if len > limits.max_request_line => Err(ParseError::UriTooLong),
+        false if len > limits.max_header_line => Err(ParseError::HeaderTooLarge),
+        _ => Ok(()),
+    };
+    let mut start = 0;
+    for lf in memchr::memchr_iter(b'\n', b) {
+        check(
+            start == 0,
+            lf - start - usize::from(lf > start && b[lf - 1] == b'\r'),
+        )?;
+        start = lf + 1;
+    }
+    // The open line: a trailing CR may be the start of its terminator, so it is not counted.
+    let open = &b[start..];
+    check(
+        start == 0,
+        open.len() - usize::from(open.last() == Some(&b'\r')),
+    )?;
+    if b.len() > limits.max_head {
+        return Err(ParseError::HeaderTooLarge);
+    }
+    Ok(())
+}

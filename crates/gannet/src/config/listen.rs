@@ -1,0 +1,104 @@
+//! The `listen` directive: `listen [addr:]port | [ipv6]:port | addr [default_server]
+//! [reuseport] [backlog=N] [ipv6only=on|off] [deferred] [bind] [so_keepalive=...]`.
+
+use gannet_conf::{ConfError, Directive};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listen {
+    pub addr: SocketAddr,
+    pub default_server: bool,
+    pub backlog: i32,
+    /// Kept for nginx compatibility: gannet always uses SO_REUSEPORT, one socket per worker.
+    pub reuseport: bool,
+    pub ipv6only: bool,
+}
+
+impl Listen {
+    /// nginx's default when a server has no `listen`: *:80 (or *:8000 when not root).
+    pub fn default_for_server() -> Listen {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let port = if unsafe { libc::geteuid() } == 0 { 80 } else { 8000 };
+        Listen::with_addr(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port))
+    }
+
+    pub fn with_addr(addr: SocketAddr) -> Listen {
+        Listen { addr, default_server: false, backlog: 511, reuseport: false, ipv6only: true }
+    }
+
+    pub fn parse(d: &Directive) -> Result<Listen, ConfError> {
+        let addr = parse_addr(&d.args[0]).ok_or_else(|| {
+            d.error(format!("invalid address \"{}\" in \"listen\" directive", d.args[0]))
+        })?;
+        let mut l = Listen::with_addr(addr);
+        for opt in &d.args[1..] {
+            let (key, val) = match opt.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (opt.as_str(), None),
+            };
+            match (key, val) {
+                ("default_server", None) | ("default", None) => l.default_server = true,
+                ("reuseport", None) => l.reuseport = true,
+                ("backlog", Some(v)) => {
+                    l.backlog = v.parse().map_err(|_| d.error(format!("invalid backlog \"{v}\"")))?
+                }
+                ("ipv6only", Some("on")) => l.ipv6only = true,
+                ("ipv6only", Some("off")) => l.ipv6only = false,
+                // Accepted for compatibility; gannet's behaviour does not depend on them.
+                ("deferred", None) | ("bind", None) | ("fastopen", Some(_)) | ("so_keepalive", Some(_))
+                | ("rcvbuf", Some(_)) | ("sndbuf", Some(_)) | ("setfib", Some(_)) | ("accept_filter", Some(_)) => {}
+                ("ssl", None) | ("http2", None) | ("quic", None) | ("proxy_protocol", None) => {
+                    return Err(d.error(format!("the \"{key}\" parameter of \"listen\" is not supported yet")))
+                }
+                _ => return Err(d.error(format!("invalid parameter \"{opt}\""))),
+            }
+        }
+        Ok(l)
+    }
+}
+
+/// `8080`, `127.0.0.1:8080`, `127.0.0.1` (port 80), `*:8080`, `[::]:8080`, `[::1]`,
+/// `localhost:8080`.
+fn parse_addr(s: &str) -> Option<SocketAddr> {
+    if let Ok(port) = s.parse::<u16>() {
+        return Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port));
+    }
+    if let Some(rest) = s.strip_prefix('[') {
+        let (host, tail) = rest.split_once(']')?;
+        let ip: Ipv6Addr = host.parse().ok()?;
+        let port = match tail.strip_prefix(':') {
+            Some(p) => p.parse().ok()?,
+            None if tail.is_empty() => 80,
+            None => return None,
+        };
+        return Some(SocketAddr::new(IpAddr::V6(ip), port));
+    }
+    let (host, port) = match s.rsplit_once(':') {
+        Some((h, p)) => (h, p.parse::<u16>().ok()?),
+        None => (s, 80),
+    };
+    let ip = match host {
+        "*" => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        "localhost" => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        h => h.parse().ok()?,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_addr;
+
+    #[test]
+    fn addresses() {
+        assert_eq!(parse_addr("8080").unwrap().to_string(), "0.0.0.0:8080");
+        assert_eq!(parse_addr("127.0.0.1:81").unwrap().to_string(), "127.0.0.1:81");
+        assert_eq!(parse_addr("127.0.0.1").unwrap().to_string(), "127.0.0.1:80");
+        assert_eq!(parse_addr("*:90").unwrap().to_string(), "0.0.0.0:90");
+        assert_eq!(parse_addr("[::]:80").unwrap().to_string(), "[::]:80");
+        assert_eq!(parse_addr("[::1]").unwrap().to_string(), "[::1]:80");
+        assert!(parse_addr("[::1").is_none());
+        assert!(parse_addr("host:99999").is_none());
+        assert!(parse_addr("example.com:80").is_none());
+    }
+}

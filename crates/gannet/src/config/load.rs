@@ -1,0 +1,285 @@
+//! From the directive tree to [`Config`]: walks main / events / http / server / location,
+//! hands every other directive to the module that owns it (checked against its spec), then
+//! merges each level with its parent.
+//!
+//! Within a block, plain directives are applied before nested blocks are built, so an
+//! http-level directive written after a `server {}` still reaches it, as in nginx.
+
+use super::listen::Listen;
+use super::{ignored, main_conf, Config, ListenGroup, MainConf, ServerConf};
+use crate::http::router::{Location, Matcher, ServerNames};
+use crate::http::variables::Template;
+use crate::modules::{self, LoadCtx, LocConf};
+use gannet_conf::registry::{self, Ctx, Spec};
+use gannet_conf::{ConfError, Directive};
+use regex::RegexBuilder;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Block directives nginx has that gannet does not implement yet, with the reason shown.
+const NOT_YET: &[(&str, &str)] = &[
+    ("upstream", "proxying is not supported yet"),
+    ("if", "\"if\" is not supported yet"),
+    ("map", "\"map\" is not supported yet"),
+    ("geo", "\"geo\" is not supported yet"),
+    ("split_clients", "\"split_clients\" is not supported yet"),
+    ("limit_except", "\"limit_except\" is not supported yet"),
+    ("stream", "the stream module is not supported"),
+    ("mail", "the mail module is not supported"),
+];
+
+const STRUCTURE: &[Spec] = &[
+    Spec { name: "events", ctx: Ctx::MAIN, args: registry::Args::Exactly(0), block: true },
+    Spec { name: "http", ctx: Ctx::MAIN, args: registry::Args::Exactly(0), block: true },
+    Spec { name: "server", ctx: Ctx::HTTP, args: registry::Args::Exactly(0), block: true },
+    Spec { name: "location", ctx: Ctx(Ctx::SERVER.0 | Ctx::LOCATION.0), args: registry::Args::Between(1, 2), block: true },
+    Spec { name: "listen", ctx: Ctx::SERVER, args: registry::Args::AtLeast(1), block: false },
+    Spec { name: "server_name", ctx: Ctx::SERVER, args: registry::Args::AtLeast(1), block: false },
+];
+
+/// Load and check the config at `path`; relative paths in it resolve against `prefix`.
+pub fn load(path: &Path, prefix: &Path) -> Result<Config, ConfError> {
+    let tree = gannet_conf::parse_file(path)?;
+    build(&tree, prefix)
+}
+
+/// Build from an already parsed tree (used for the embedded default config too).
+pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
+    let mut cfg = Config { main: MainConf::default(), listens: Vec::new(), notices: Vec::new() };
+    let mut http_blocks = Vec::new();
+    for d in tree {
+        match d.name.as_str() {
+            "http" => {
+                check(d, Ctx::MAIN)?;
+                if !http_blocks.is_empty() {
+                    return Err(d.error("\"http\" directive is duplicate"));
+                }
+                http_blocks.push(d);
+            }
+            "events" => {
+                check(d, Ctx::MAIN)?;
+                for e in d.block.as_deref().unwrap_or_default() {
+                    main_directive(&mut cfg, e, prefix, Ctx::EVENTS)?;
+                }
+            }
+            _ => main_directive(&mut cfg, d, prefix, Ctx::MAIN)?,
+        }
+    }
+    if let Some(http) = http_blocks.first() {
+        load_http(&mut cfg, http, prefix)?;
+    }
+    Ok(cfg)
+}
+
+fn check(d: &Directive, ctx: Ctx) -> Result<(), ConfError> {
+    let spec = STRUCTURE.iter().find(|s| s.name == d.name).ok_or_else(|| d.error(format!("unknown directive \"{}\"", d.name)))?;
+    registry::check(spec, d, ctx)
+}
+
+/// A directive in main or events context (or an ignored / unknown one there).
+fn main_directive(cfg: &mut Config, d: &Directive, prefix: &Path, ctx: Ctx) -> Result<(), ConfError> {
+    if let Some(spec) = main_conf::DIRECTIVES.iter().find(|s| s.name == d.name) {
+        registry::check(spec, d, ctx)?;
+        cfg.main.set(d, prefix, false)?;
+        return Ok(());
+    }
+    other_directive(cfg, d, ctx)
+}
+
+/// Ignored, not-yet-supported, misplaced or unknown: a notice or a clear error.
+fn other_directive(cfg: &mut Config, d: &Directive, ctx: Ctx) -> Result<(), ConfError> {
+    if let Some(why) = ignored::lookup(&d.name) {
+        cfg.notices.push(format!("{}: \"{}\" has no effect in gannet: {why}", d.loc, d.name));
+        return Ok(());
+    }
+    if let Some((_, why)) = NOT_YET.iter().find(|(n, _)| *n == d.name) {
+        return Err(d.error(format!("\"{}\": {why}", d.name)));
+    }
+    if STRUCTURE.iter().any(|s| s.name == d.name) || modules::find(&d.name).is_some() || main_conf::DIRECTIVES.iter().any(|s| s.name == d.name) {
+        return Err(d.error(format!("\"{}\" directive is not allowed here", d.name)));
+    }
+    let _ = ctx;
+    Err(d.error(format!("unknown directive \"{}\"", d.name)))
+}
+
+/// Apply a module directive (or `error_log`) at an http, server or location level.
+fn level_directive(cfg: &mut Config, d: &Directive, lc: &mut LocConf, lctx: &mut LoadCtx, ctx: Ctx) -> Result<(), ConfError> {
+    if let Some((spec, set)) = modules::find(&d.name) {
+        registry::check(spec, d, ctx)?;
+        return set(d, lc, lctx);
+    }
+    if d.name == "error_log" {
+        let spec = main_conf::DIRECTIVES.iter().find(|s| s.name == "error_log");
+        if let Some(spec) = spec {
+            registry::check(spec, d, ctx)?;
+        }
+        return cfg.main.set(d, &lctx.prefix, true).map(|_| ());
+    }
+    other_directive(cfg, d, ctx)
+}
+
+fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), ConfError> {
+    let mut lctx = LoadCtx { prefix: prefix.to_path_buf(), log_formats: modules::access_log::predefined() };
+    let mut conf = LocConf::default();
+    let body = http.block.as_deref().unwrap_or_default();
+    for d in body.iter().filter(|d| d.name != "server") {
+        level_directive(cfg, d, &mut conf, &mut lctx, Ctx::HTTP)?;
+    }
+    if conf.core.root.is_none() {
+        // nginx's compiled-in default: `html` under the prefix.
+        conf.core.root = Some(Template::literal(&prefix.join("html").to_string_lossy()));
+    }
+    let mut groups: Vec<ListenGroup> = Vec::new();
+    for d in body.iter().filter(|d| d.name == "server") {
+        check(d, Ctx::HTTP)?;
+        let (server, listens) = load_server(cfg, d, &conf, &mut lctx)?;
+        let server = Arc::new(server);
+        for (l, loc) in listens {
+            match groups.iter_mut().find(|g| g.listen.addr == l.addr) {
+                Some(g) => {
+                    if l.default_server {
+                        if g.listen.default_server {
+                            return Err(ConfError::at(&loc, format!("a duplicate default server for {}", l.addr)));
+                        }
+                        g.default = g.servers.len();
+                        g.listen.default_server = true;
+                    }
+                    g.servers.push(server.clone());
+                }
+                None => groups.push(ListenGroup { listen: l, servers: vec![server.clone()], default: 0 }),
+            }
+        }
+    }
+    cfg.listens = groups;
+    Ok(())
+}
+
+type Listens = Vec<(Listen, gannet_conf::Loc)>;
+
+fn load_server(cfg: &mut Config, sd: &Directive, http: &LocConf, lctx: &mut LoadCtx) -> Result<(ServerConf, Listens), ConfError> {
+    let mut conf = LocConf::default();
+    let mut names = ServerNames::default();
+    let mut primary = None;
+    let mut listens = Vec::new();
+    let body = sd.block.as_deref().unwrap_or_default();
+    for d in body.iter().filter(|d| d.name != "location") {
+        match d.name.as_str() {
+            "listen" => {
+                check(d, Ctx::SERVER)?;
+                listens.push((Listen::parse(d)?, d.loc.clone()));
+            }
+            "server_name" => {
+                check(d, Ctx::SERVER)?;
+                for n in &d.args {
+                    if n.is_empty() && d.args.len() == 1 {
+                        continue;
+                    }
+                    if primary.is_none() {
+                        primary = Some(n.to_ascii_lowercase());
+                    }
+                    names.add(n).map_err(|e| d.error(e))?;
+                }
+            }
+            _ => level_directive(cfg, d, &mut conf, lctx, Ctx::SERVER)?,
+        }
+    }
+    conf.merge(http);
+    if listens.is_empty() {
+        listens.push((Listen::default_for_server(), sd.loc.clone()));
+    }
+    let conf = Arc::new(conf);
+    let mut locations = Vec::new();
+    let mut named = Vec::new();
+    for d in body.iter().filter(|d| d.name == "location") {
+        check(d, Ctx::SERVER)?;
+        let loc = load_location(cfg, d, &conf, None, lctx)?;
+        if matches!(loc.matcher, Matcher::Named(_)) {
+            named.push(Arc::new(loc));
+        } else {
+            locations.push(Arc::new(loc));
+        }
+    }
+    check_duplicates(&locations, body)?;
+    let server = ServerConf { names, primary_name: primary.unwrap_or_default(), conf, locations, named };
+    Ok((server, listens))
+}
+
+/// nginx refuses two locations with the same kind and path.
+fn check_duplicates(locs: &[Arc<Location>], body: &[Directive]) -> Result<(), ConfError> {
+    let key = |l: &Location| match &l.matcher {
+        Matcher::Exact(p) => format!("={p}"),
+        Matcher::Prefix { path, .. } => path.clone(),
+        Matcher::Regex(r) => format!("~{}", r.as_str()),
+        Matcher::Named(n) => format!("@{n}"),
+    };
+    let mut seen = std::collections::HashSet::new();
+    let defs: Vec<&Directive> = body.iter().filter(|d| d.name == "location").collect();
+    for (l, d) in locs.iter().zip(defs.iter().filter(|d| !d.args[0].starts_with('@'))) {
+        if !seen.insert(key(l)) {
+            return Err(d.error(format!("duplicate location \"{}\"", d.args.last().map_or("", String::as_str))));
+        }
+    }
+    Ok(())
+}
+
+fn parse_matcher(d: &Directive, parent: Option<&Matcher>) -> Result<Matcher, ConfError> {
+    let (modifier, path) = match d.args.as_slice() {
+        [m, p] => (m.as_str(), p.as_str()),
+        [one] => {
+            // Modifiers may be glued to the path: `location =/x`, `location ~*\.php$`.
+            let one = one.as_str();
+            if let Some(n) = one.strip_prefix('@') {
+                return Ok(Matcher::Named(n.to_string()));
+            }
+            ["^~", "~*", "~", "="]
+                .iter()
+                .find_map(|m| one.strip_prefix(m).filter(|rest| !rest.is_empty()).map(|rest| (*m, rest)))
+                .unwrap_or(("", one))
+        }
+        _ => return Err(d.error("invalid number of arguments in \"location\" directive")),
+    };
+    if matches!(parent, Some(Matcher::Exact(_))) {
+        return Err(d.error(format!("location \"{path}\" cannot be inside the exact location")));
+    }
+    if matches!(parent, Some(Matcher::Named(_))) {
+        return Err(d.error(format!("location \"{path}\" cannot be inside the named location")));
+    }
+    let m = match modifier {
+        "=" => Matcher::Exact(path.to_string()),
+        "^~" => Matcher::Prefix { path: path.to_string(), no_regex: true },
+        "" => Matcher::Prefix { path: path.to_string(), no_regex: false },
+        "~" | "~*" => Matcher::Regex(
+            RegexBuilder::new(path)
+                .case_insensitive(modifier == "~*")
+                .build()
+                .map_err(|e| d.error(format!("invalid regex \"{path}\": {e}")))?,
+        ),
+        m => return Err(d.error(format!("invalid location modifier \"{m}\""))),
+    };
+    if let (Some(Matcher::Prefix { path: pp, .. }), Matcher::Exact(p) | Matcher::Prefix { path: p, .. }) = (parent, &m) {
+        if !p.starts_with(pp.as_str()) {
+            return Err(d.error(format!("location \"{p}\" is outside location \"{pp}\"")));
+        }
+    }
+    if matches!(m, Matcher::Named(_)) && parent.is_some() {
+        return Err(d.error("named location can be on the server level only"));
+    }
+    Ok(m)
+}
+
+fn load_location(cfg: &mut Config, d: &Directive, parent_conf: &LocConf, parent: Option<&Matcher>, lctx: &mut LoadCtx) -> Result<Location, ConfError> {
+    let matcher = parse_matcher(d, parent)?;
+    let mut conf = LocConf::default();
+    let body = d.block.as_deref().unwrap_or_default();
+    for c in body.iter().filter(|c| c.name != "location") {
+        level_directive(cfg, c, &mut conf, lctx, Ctx::LOCATION)?;
+    }
+    conf.merge(parent_conf);
+    let conf = Arc::new(conf);
+    let mut children = Vec::new();
+    for c in body.iter().filter(|c| c.name == "location") {
+        check(c, Ctx::LOCATION)?;
+        children.push(Arc::new(load_location(cfg, c, &conf, Some(&matcher), lctx)?));
+    }
+    Ok(Location { matcher, conf, children })
+}

@@ -1,0 +1,53 @@
+//! The loaded configuration: an immutable tree built once from the parsed directives, then
+//! shared by every worker behind an `Arc`.
+//!
+//! Owns the block structure (main, events, http, server, location, types) and the main and
+//! events directives (`worker_processes`, `pid`, `daemon`, `error_log`, `worker_rlimit_nofile`,
+//! `worker_connections`); every other directive belongs to a module in `crate::modules`.
+//! Location settings are inherited http -> server -> location by a merge step at load time,
+//! so the request path never looks further than its own location.
+
+mod ignored;
+pub mod listen;
+pub mod load;
+pub mod main_conf;
+
+use crate::http::router::{Location, ServerNames};
+use crate::modules::LocConf;
+use listen::Listen;
+pub use load::load;
+pub use main_conf::MainConf;
+use std::sync::Arc;
+
+/// Everything gannet runs with.
+#[derive(Debug)]
+pub struct Config {
+    pub main: MainConf,
+    /// One entry per address to bind; several servers may share it.
+    pub listens: Vec<ListenGroup>,
+    /// Messages for directives accepted without effect (printed by `gannet -t`).
+    pub notices: Vec<String>,
+}
+
+/// A bound address and the virtual hosts reachable through it.
+#[derive(Debug)]
+pub struct ListenGroup {
+    pub listen: Listen,
+    pub servers: Vec<Arc<ServerConf>>,
+    /// Index into `servers` of the `default_server` (the first one if none is marked).
+    pub default: usize,
+}
+
+/// One `server {}` block.
+#[derive(Debug)]
+pub struct ServerConf {
+    pub names: ServerNames,
+    /// The first `server_name`, used in redirects (`server_name_in_redirect`).
+    pub primary_name: String,
+    /// Server-level settings, already merged with http.
+    pub conf: Arc<LocConf>,
+    /// Top-level locations, in config order.
+    pub locations: Vec<Arc<Location>>,
+    /// `location @name` blocks.
+    pub named: Vec<Arc<Location>>,
+}

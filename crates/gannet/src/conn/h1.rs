@@ -1,0 +1,326 @@
+//! The HTTP/1.x connection loop: read, parse every complete (pipelined) request in the
+//! buffer, answer them in order into one output buffer, write it when the input runs dry.
+//!
+//! Memory: between requests a connection holds no read buffer (it is released once empty
+//! and the next one is taken only when the socket is readable), which is what lets ten
+//! thousand idle keep-alive connections cost little.
+//!
+//! Timeouts: `client_header_timeout` for a new connection's first request and for a partial
+//! head, `keepalive_timeout` between requests, `client_body_timeout` per body read,
+//! `send_timeout` per write. Framing errors are answered (400/413/414/431/501/505) and the
+//! connection is closed, since what follows can no longer be trusted.
+
+use super::body::{self, BodyError};
+use super::send;
+use crate::http::handler;
+use crate::http::request::{ConnInfo, Request};
+use crate::http::response::{encode_head, Body, HeadCtx, Part, Response};
+use crate::http::router::select_server;
+use crate::http::variables::Sent;
+use crate::modules::access_log;
+use crate::runtime::clock;
+use crate::runtime::worker::Worker;
+use bytes::BytesMut;
+use gannet_proto::h1::{parse_request, BodyKind, Limits, ParseError, RequestHead};
+use gannet_proto::uri::parse_target;
+use std::io::IoSlice;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// Output is written once this much is pending even if more requests are queued.
+const FLUSH_AT: usize = 64 * 1024;
+/// Body parts up to this size are copied into the output buffer; larger ones are written
+/// from where they are with writev.
+const COPY_MAX: usize = 8 * 1024;
+
+struct Conn<'a> {
+    w: &'a Rc<Worker>,
+    stream: TcpStream,
+    group: usize,
+    info: ConnInfo,
+    buf: BytesMut,
+    out: Vec<u8>,
+    born: Instant,
+    send_timeout: Duration,
+}
+
+pub async fn serve(w: &Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: usize) {
+    let g = &w.config.listens[group];
+    let local = stream.local_addr().unwrap_or(g.listen.addr);
+    let core = g.servers[g.default].conf.core.clone();
+    if core.tcp_nodelay() {
+        let _ = stream.set_nodelay(true);
+    }
+    let (n, size) = core.large_client_header_buffers();
+    let limits = Limits { max_request_line: size, max_header_line: size, max_head: n * size, max_headers: 100 };
+    let mut c = Conn {
+        w,
+        stream,
+        group,
+        info: ConnInfo { peer, local, id: Worker::next_conn_id(), requests: 0 },
+        buf: BytesMut::new(),
+        out: Vec::new(),
+        born: Instant::now(),
+        send_timeout: core.send_timeout(),
+    };
+    let header_timeout = core.client_header_timeout();
+    let (keepalive, _) = core.keepalive_timeout();
+    loop {
+        match parse_request(&mut c.buf, &limits) {
+            Ok(Some(head)) => {
+                c.info.requests += 1;
+                if !c.request(head).await {
+                    let _ = c.flush().await;
+                    return;
+                }
+                if c.out.len() >= FLUSH_AT && c.flush().await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                c.reject(&e).await;
+                return;
+            }
+        }
+        if c.flush().await.is_err() {
+            return;
+        }
+        let idle = c.buf.is_empty();
+        if idle {
+            if w.draining.get() {
+                return;
+            }
+            // Release the read buffer while nothing is pending.
+            c.buf = BytesMut::new();
+        }
+        let wait = if idle && c.info.requests > 0 { keepalive } else { header_timeout };
+        let readable = tokio::time::timeout(wait, c.stream.readable());
+        let ready = if idle {
+            tokio::select! {
+                r = readable => r,
+                _ = w.drain.notified() => return,
+            }
+        } else {
+            readable.await
+        };
+        match ready {
+            Ok(Ok(())) => {}
+            _ => return,
+        }
+        if c.buf.capacity() - c.buf.len() < 512 {
+            c.buf.reserve(core.client_header_buffer_size().max(1024));
+        }
+        match c.stream.try_read_buf(&mut c.buf) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return,
+        }
+    }
+}
+
+impl Conn<'_> {
+    async fn flush(&mut self) -> std::io::Result<()> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let r = tokio::time::timeout(self.send_timeout, self.stream.write_all(&self.out)).await;
+        self.out.clear();
+        match r {
+            Ok(r) => r,
+            Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+        }
+    }
+
+    /// Answer a request whose head could not be parsed, then the caller closes.
+    async fn reject(&mut self, e: &ParseError) {
+        let g = &self.w.config.listens[self.group];
+        let tokens = g.servers[g.default].conf.core.server_tokens();
+        let resp = Response::error_page(e.status(), tokens);
+        if let ParseError::BadRequest(why) = e {
+            crate::errlog::info(format_args!("client sent invalid request ({why}) while reading client request line, client: {}", self.info.peer.ip()));
+        }
+        let len = resp.body.len();
+        clock::with_date(|date| {
+            encode_head(&resp, len, &HeadCtx { keep_alive: false, keepalive_header: None, server_tokens: tokens, date }, &mut self.out)
+        });
+        if let Body::Parts(parts) = &resp.body {
+            for p in parts {
+                if let Part::Bytes(b) = p {
+                    self.out.extend_from_slice(b);
+                }
+            }
+        }
+        let _ = self.flush().await;
+    }
+
+    /// Serve one request. Returns whether the connection stays open.
+    async fn request(&mut self, head: RequestHead) -> bool {
+        let w = self.w;
+        let g = &w.config.listens[self.group];
+        let target = match parse_target(head.target()) {
+            Ok(t) => t,
+            Err(e) => {
+                self.reject(&e).await;
+                return false;
+            }
+        };
+        let host = match target.host.as_deref() {
+            Some(h) => h.to_string(),
+            None => head.header("host").map(normalize_host).unwrap_or_default(),
+        };
+        let server = select_server(&g.servers, g.default, &host).clone();
+        let host = if host.is_empty() { server.primary_name.clone() } else { host };
+        let mut req = Request {
+            conf: server.conf.clone(),
+            server,
+            head,
+            conn: self.info.clone(),
+            uri: target.path,
+            args: target.query,
+            host,
+            location: None,
+            captures: Vec::new(),
+            start: Instant::now(),
+            body_length: 0,
+            internal: false,
+            redirects: 0,
+            error_status: None,
+            error_paged: false,
+            method_override: None,
+        };
+        let resp = handler::handle(&mut req, w);
+        // Read the unused body off the wire, unless the client waits for 100-continue
+        // (it will not send it) or the answer is to close anyway.
+        let mut keep = req.head.keep_alive;
+        let core = &req.conf.core;
+        if req.head.body != BodyKind::None {
+            if req.head.expect_continue || resp.is_none() {
+                keep = false;
+            } else {
+                match body::discard(&mut self.stream, &mut self.buf, req.head.body, core.client_max_body_size(), core.client_body_timeout()).await {
+                    Ok(n) => req.body_length = n,
+                    Err(BodyError::TooLarge) | Err(BodyError::Malformed) | Err(BodyError::Io) => keep = false,
+                }
+            }
+        }
+        let Some(mut resp) = resp else { return false };
+        let (ka_timeout, ka_header) = core.keepalive_timeout();
+        let max_requests = core.keepalive_requests();
+        keep = keep
+            && !resp.close
+            && !ka_timeout.is_zero()
+            && !w.draining.get()
+            && (max_requests == 0 || self.info.requests < max_requests)
+            && self.born.elapsed() < core.keepalive_time();
+        let body_len = resp.body.len();
+        let send_body = !req.is_head() && resp.status_has_body();
+        if !send_body && resp.status_has_body() {
+            resp.content_length = Some(body_len);
+        }
+        let head_start = self.out.len();
+        let tokens = core.server_tokens();
+        clock::with_date(|date| {
+            encode_head(&resp, body_len, &HeadCtx { keep_alive: keep, keepalive_header: ka_header, server_tokens: tokens, date }, &mut self.out)
+        });
+        let head_len = (self.out.len() - head_start) as u64;
+        let mut sent_ok = true;
+        if send_body {
+            sent_ok = self.send_body(&resp.body, core.sendfile()).await.is_ok();
+        }
+        self.log(&req, &resp, head_len, if send_body { body_len } else { 0 });
+        keep && sent_ok
+    }
+
+    async fn send_body(&mut self, body: &Body, use_sendfile: bool) -> std::io::Result<()> {
+        let Body::Parts(parts) = body else { return Ok(()) };
+        for p in parts {
+            match p {
+                Part::Bytes(b) if b.len() <= COPY_MAX => self.out.extend_from_slice(b),
+                Part::Bytes(b) => {
+                    // Head (and anything queued) and the body in one writev.
+                    let mut bufs = [IoSlice::new(&self.out), IoSlice::new(b)];
+                    let total = self.out.len() + b.len();
+                    let r = tokio::time::timeout(self.send_timeout, write_vectored_all(&mut self.stream, &mut bufs, total)).await;
+                    self.out.clear();
+                    r.map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+                }
+                Part::File(f) => {
+                    let pending = std::mem::take(&mut self.out);
+                    let t = self.send_timeout;
+                    let r = tokio::time::timeout(t, async {
+                        if !pending.is_empty() {
+                            send::write_all(&mut self.stream, &pending, true).await?;
+                        }
+                        if use_sendfile {
+                            send::sendfile(&mut self.stream, f).await
+                        } else {
+                            send::copy_file(&mut self.stream, f).await
+                        }
+                    })
+                    .await;
+                    self.out = pending;
+                    self.out.clear();
+                    r.map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The log phase: one line per configured access log.
+    fn log(&self, req: &Request, resp: &Response, head_len: u64, body_len: u64) {
+        let Some(logs) = &req.conf.log.logs else { return };
+        if logs.is_empty() {
+            return;
+        }
+        let mut headers = Vec::new();
+        if let Some(ct) = &resp.content_type {
+            headers.push(("content-type".to_string(), ct.to_string()));
+        }
+        if let Some(l) = &resp.location {
+            headers.push(("location".to_string(), l.clone()));
+        }
+        headers.extend(resp.headers.iter().map(|(n, v)| (n.to_ascii_lowercase(), v.clone())));
+        let sent = Sent { status: resp.status, body_bytes: body_len, bytes: head_len + body_len, headers };
+        let mut line = Vec::with_capacity(256);
+        for log in logs.iter() {
+            line.clear();
+            access_log::format_line(&log.format, req, &sent, &mut line);
+            self.w.log_line(log, &line);
+        }
+    }
+}
+
+/// Host header value -> `$host`: lowercased, without port or trailing dot.
+fn normalize_host(v: &[u8]) -> String {
+    let s = String::from_utf8_lossy(v).to_ascii_lowercase();
+    let s = if s.starts_with('[') {
+        match s.find(']') {
+            Some(i) => s[..=i].to_string(),
+            None => s,
+        }
+    } else {
+        s.rsplit_once(':').map_or(s.clone(), |(h, _)| h.to_string())
+    };
+    s.trim_end_matches('.').to_string()
+}
+
+async fn write_vectored_all(stream: &mut TcpStream, bufs: &mut [IoSlice<'_>], total: usize) -> std::io::Result<()> {
+    let mut written = 0;
+    let mut bufs: &mut [IoSlice<'_>] = bufs;
+    while written < total {
+        let n = stream.write_vectored(bufs).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        written += n;
+        IoSlice::advance_slices(&mut bufs, n);
+    }
+    Ok(())
+}

@@ -1,0 +1,89 @@
+//! Writing responses: plain bytes, headers with MSG_MORE ahead of a file, and file ranges
+//! with `sendfile` (or read-and-write when `sendfile off`).
+
+use crate::http::response::FileRange;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use tokio::io::{AsyncWriteExt, Interest};
+use tokio::net::TcpStream;
+
+/// Write all of `buf`; with `more`, tell the kernel more data follows (MSG_MORE) so the
+/// head and the start of a file leave in full segments, as `tcp_nopush` does in nginx.
+pub async fn write_all(stream: &mut TcpStream, buf: &[u8], more: bool) -> io::Result<()> {
+    if !more {
+        return stream.write_all(buf).await;
+    }
+    let mut sent = 0;
+    let fd = stream.as_raw_fd();
+    while sent < buf.len() {
+        stream.writable().await?;
+        let rest = &buf[sent..];
+        let r = stream.try_io(Interest::WRITABLE, || {
+            // SAFETY: `fd` is the live socket owned by `stream`; `rest` is a valid slice for
+            // its whole length and send() only reads from it.
+            let n = unsafe {
+                libc::send(fd, rest.as_ptr().cast(), rest.len(), libc::MSG_MORE | libc::MSG_NOSIGNAL)
+            };
+            if n < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
+        });
+        match r {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Send a file range with sendfile(2): the bytes go from the page cache to the socket
+/// without passing through this process.
+pub async fn sendfile(stream: &mut TcpStream, f: &FileRange) -> io::Result<()> {
+    let sock = stream.as_raw_fd();
+    let file = f.file.as_raw_fd();
+    let mut off = f.offset as libc::off_t;
+    let end = (f.offset + f.len) as libc::off_t;
+    while off < end {
+        stream.writable().await?;
+        let chunk = ((end - off) as usize).min(1 << 30);
+        let r = stream.try_io(Interest::WRITABLE, || {
+            // SAFETY: both fds are open for the duration of the call (the socket is owned by
+            // `stream`, the file by `f`), and `off` is a valid, exclusively borrowed off_t.
+            let n = unsafe { libc::sendfile(sock, file, &mut off, chunk) };
+            if n < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
+        });
+        match r {
+            // The file shrank under us: the promised length can no longer be sent.
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "file truncated while sending")),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// `sendfile off`: read the range in pieces and write them.
+pub async fn copy_file(stream: &mut TcpStream, f: &FileRange) -> io::Result<()> {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut off = f.offset;
+    let end = f.offset + f.len;
+    while off < end {
+        let want = ((end - off) as usize).min(buf.len());
+        let n = f.file.read_at(&mut buf[..want], off)?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "file truncated while sending"));
+        }
+        stream.write_all(&buf[..n]).await?;
+        off += n as u64;
+    }
+    Ok(())
+}

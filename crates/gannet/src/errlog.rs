@@ -1,0 +1,100 @@
+//! The error log (`error_log path level`): process-wide, lines in nginx's layout
+//! `YYYY/MM/DD HH:MM:SS [level] PID#TID: message`, written with one `write` each to a file
+//! opened `O_APPEND` (or stderr).
+
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+use std::sync::OnceLock;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Debug,
+    Info,
+    Notice,
+    Warn,
+    Error,
+    Crit,
+    Alert,
+    Emerg,
+}
+
+impl Level {
+    pub fn parse(s: &str) -> Option<Level> {
+        Some(match s {
+            "debug" => Level::Debug,
+            "info" => Level::Info,
+            "notice" => Level::Notice,
+            "warn" => Level::Warn,
+            "error" => Level::Error,
+            "crit" => Level::Crit,
+            "alert" => Level::Alert,
+            "emerg" => Level::Emerg,
+            _ => return None,
+        })
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Level::Debug => "debug",
+            Level::Info => "info",
+            Level::Notice => "notice",
+            Level::Warn => "warn",
+            Level::Error => "error",
+            Level::Crit => "crit",
+            Level::Alert => "alert",
+            Level::Emerg => "emerg",
+        }
+    }
+}
+
+struct ErrLog {
+    level: Level,
+    file: Option<File>,
+}
+
+static LOG: OnceLock<ErrLog> = OnceLock::new();
+
+/// Open the error log. Until this is called, messages at `error` and above go to stderr.
+pub fn init(path: Option<&Path>, level: Level) -> std::io::Result<()> {
+    let file = match path {
+        Some(p) => Some(OpenOptions::new().create(true).append(true).open(p)?),
+        None => None,
+    };
+    let _ = LOG.set(ErrLog { level, file });
+    Ok(())
+}
+
+pub fn log(level: Level, args: fmt::Arguments) {
+    let (min, file) = match LOG.get() {
+        Some(l) => (l.level, l.file.as_ref()),
+        None => (Level::Error, None),
+    };
+    if level < min {
+        return;
+    }
+    // SAFETY: gettid has no preconditions and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    let line = format!("{} [{}] {}#{}: {}\n", crate::runtime::clock::log_time(), level.name(), std::process::id(), tid, args);
+    match file {
+        Some(mut f) => {
+            let _ = f.write_all(line.as_bytes());
+        }
+        None => {
+            let _ = std::io::stderr().write_all(line.as_bytes());
+        }
+    }
+}
+
+pub fn error(args: fmt::Arguments) {
+    log(Level::Error, args)
+}
+pub fn warn(args: fmt::Arguments) {
+    log(Level::Warn, args)
+}
+pub fn notice(args: fmt::Arguments) {
+    log(Level::Notice, args)
+}
+pub fn info(args: fmt::Arguments) {
+    log(Level::Info, args)
+}

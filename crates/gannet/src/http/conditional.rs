@@ -1,0 +1,184 @@
+//! Conditional requests and ranges on a 200 response (RFC 9110 §13, §14), as nginx's
+//! not_modified and range filters do: If-Match / If-Unmodified-Since -> 412,
+//! If-None-Match / If-Modified-Since -> 304 (`if_modified_since exact|before|off`),
+//! Range with If-Range -> 206 (one range, or multipart/byteranges for several) or 416.
+
+use crate::http::request::Request;
+use crate::http::response::{Body, Part, Response};
+use crate::modules::static_files::IfModifiedSince;
+use bytes::Bytes;
+use gannet_proto::h1::encode::parse_http_date;
+use std::borrow::Cow;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+fn secs(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Whether an If-Match / If-None-Match list names `etag` (weak comparison when `weak`).
+fn etag_listed(list: &[u8], etag: &str, weak: bool) -> bool {
+    let list = String::from_utf8_lossy(list);
+    let strip = |t: &str| t.trim().trim_start_matches("W/").to_string();
+    list.split(',').any(|t| {
+        let t = t.trim();
+        t == "*" || t == etag || (weak && strip(t) == strip(etag))
+    })
+}
+
+pub fn filter(req: &Request, r: &mut Response) {
+    let h = |n| req.head.header(n);
+    // Preconditions that fail with 412.
+    if let Some(im) = h("if-match") {
+        if !r.etag.as_deref().is_some_and(|e| etag_listed(im, e, false)) {
+            *r = Response::error_page(412, req.conf.core.server_tokens());
+            return;
+        }
+    } else if let (Some(ius), Some(lm)) = (h("if-unmodified-since"), r.last_modified) {
+        if parse_http_date(ius).is_some_and(|t| secs(lm) > secs(t)) {
+            *r = Response::error_page(412, req.conf.core.server_tokens());
+            return;
+        }
+    }
+    if not_modified(req, r) {
+        r.status = 304;
+        r.body = Body::Empty;
+        r.content_type = None;
+        r.content_length = None;
+        r.headers.retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
+        return;
+    }
+    range(req, r);
+}
+
+fn not_modified(req: &Request, r: &Response) -> bool {
+    if let Some(inm) = req.head.header("if-none-match") {
+        return r.etag.as_deref().is_some_and(|e| etag_listed(inm, e, true));
+    }
+    let (Some(ims), Some(lm)) = (req.head.header("if-modified-since"), r.last_modified) else {
+        return false;
+    };
+    let Some(t) = parse_http_date(ims) else { return false };
+    match req.conf.files.if_modified_since() {
+        IfModifiedSince::Off => false,
+        IfModifiedSince::Exact => secs(t) == secs(lm),
+        IfModifiedSince::Before => secs(lm) <= secs(t),
+    }
+}
+
+/// Parse `bytes=a-b,c-,-n` against `len`; `None` if the header is not a valid bytes range
+/// (then it is ignored), `Some(empty)` if none is satisfiable (416).
+fn parse_ranges(v: &[u8], len: u64) -> Option<Vec<(u64, u64)>> {
+    let v = std::str::from_utf8(v).ok()?;
+    let spec = v.trim().strip_prefix("bytes=")?;
+    let mut out = Vec::new();
+    for part in spec.split(',') {
+        let part = part.trim();
+        if part.is_empty() {
+            continue;
+        }
+        let (a, b) = part.split_once('-')?;
+        let (a, b) = (a.trim(), b.trim());
+        let (start, end) = if a.is_empty() {
+            let n: u64 = b.parse().ok()?;
+            if n == 0 {
+                continue;
+            }
+            (len.saturating_sub(n), len.checked_sub(1)?)
+        } else {
+            let s: u64 = a.parse().ok()?;
+            let e: u64 = if b.is_empty() { len.saturating_sub(1) } else { b.parse().ok()? };
+            if e < s {
+                return None;
+            }
+            if s >= len {
+                continue;
+            }
+            (s, e.min(len - 1))
+        };
+        out.push((start, end));
+    }
+    Some(out)
+}
+
+fn slice(body: &Body, start: u64, end: u64) -> Option<Part> {
+    let Body::Parts(parts) = body else { return None };
+    match parts.as_slice() {
+        [Part::Bytes(b)] => Some(Part::Bytes(b.slice(start as usize..=end as usize))),
+        [Part::File(f)] => {
+            let mut f = f.clone();
+            f.offset += start;
+            f.len = end - start + 1;
+            Some(Part::File(f))
+        }
+        _ => None,
+    }
+}
+
+fn range(req: &Request, r: &mut Response) {
+    let Some(rv) = req.head.header("range") else { return };
+    if let Some(ir) = req.head.header("if-range") {
+        let ir = String::from_utf8_lossy(ir);
+        let matches = if ir.starts_with('"') || ir.starts_with("W/") {
+            r.etag.as_deref() == Some(ir.trim())
+        } else {
+            match (parse_http_date(ir.as_bytes()), r.last_modified) {
+                (Some(t), Some(lm)) => secs(t) == secs(lm),
+                _ => false,
+            }
+        };
+        if !matches {
+            return;
+        }
+    }
+    let len = r.body.len();
+    let Some(ranges) = parse_ranges(rv, len) else { return };
+    if ranges.is_empty() {
+        let tokens = req.conf.core.server_tokens();
+        let mut e = Response::error_page(416, tokens);
+        e.headers.push((Cow::Borrowed("Content-Range"), format!("bytes */{len}")));
+        *r = e;
+        return;
+    }
+    // Overlapping ranges that add up to more than the file are answered whole, as nginx.
+    if ranges.iter().map(|(s, e)| e - s + 1).sum::<u64>() > len {
+        return;
+    }
+    if let [(s, e)] = ranges[..] {
+        let Some(part) = slice(&r.body, s, e) else { return };
+        r.status = 206;
+        r.headers.push((Cow::Borrowed("Content-Range"), format!("bytes {s}-{e}/{len}")));
+        r.body = Body::Parts(vec![part]);
+        return;
+    }
+    let boundary = format!("{:020}", secs(SystemTime::now()) ^ 0x5eed_9a77_e7);
+    let ct = r.content_type.clone().unwrap_or(Cow::Borrowed("application/octet-stream"));
+    let mut parts = Vec::new();
+    for (s, e) in ranges {
+        let Some(part) = slice(&r.body, s, e) else { return };
+        let head = format!("\r\n--{boundary}\r\nContent-Type: {ct}\r\nContent-Range: bytes {s}-{e}/{len}\r\n\r\n");
+        parts.push(Part::Bytes(Bytes::from(head)));
+        parts.push(part);
+    }
+    parts.push(Part::Bytes(Bytes::from(format!("\r\n--{boundary}--\r\n"))));
+    r.status = 206;
+    r.content_type = Some(Cow::Owned(format!("multipart/byteranges; boundary={boundary}")));
+    r.body = Body::Parts(parts);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_ranges;
+
+    #[test]
+    fn ranges() {
+        assert_eq!(parse_ranges(b"bytes=0-9", 100), Some(vec![(0, 9)]));
+        assert_eq!(parse_ranges(b"bytes=-10", 100), Some(vec![(90, 99)]));
+        assert_eq!(parse_ranges(b"bytes=95-", 100), Some(vec![(95, 99)]));
+        assert_eq!(parse_ranges(b"bytes=95-200", 100), Some(vec![(95, 99)]));
+        assert_eq!(parse_ranges(b"bytes=0-1,5-6", 100), Some(vec![(0, 1), (5, 6)]));
+        assert_eq!(parse_ranges(b"bytes=100-", 100), Some(vec![]));
+        assert_eq!(parse_ranges(b"bytes=5-1", 100), None);
+        assert_eq!(parse_ranges(b"items=0-1", 100), None);
+        assert_eq!(parse_ranges(b"bytes=a-b", 100), None);
+    }
+}

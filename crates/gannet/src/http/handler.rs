@@ -1,0 +1,188 @@
+//! The request phases, in order, as a plain loop (the order is written here and nowhere
+//! else):
+//!
+//! 1. server rewrite (`return` / `rewrite` at server level)
+//! 2. find location (again after a rewrite or internal redirect; at most 10 times)
+//! 3. rewrite (location level)
+//! 4. access (`internal`)
+//! 5. content: `try_files`, then `index`, `autoindex`, static files
+//! 6. errors: `error_page` redirect, else the built-in page
+//! 7. filters: `expires` / `add_header`, then conditional requests and ranges
+//!
+//! Each handler returns a [`Flow`], like nginx's NGX_DECLINED / NGX_OK / status codes.
+
+use crate::http::conditional;
+use crate::http::request::Request;
+use crate::http::response::Response;
+use crate::http::router::{find_location, Matcher};
+use crate::modules::error_page::Override;
+use crate::modules::rewrite::{self, Outcome};
+use crate::modules::{autoindex, headers, index, static_files, try_files};
+use crate::runtime::worker::Worker;
+use gannet_proto::h1::Method;
+
+/// What a phase handler decided.
+pub enum Flow {
+    /// Not mine: let the next handler try (NGX_DECLINED).
+    Next,
+    /// The answer.
+    Done(Response),
+    /// Answer with this status (through `error_page` if one is set for it).
+    Status(u16),
+    /// Internal redirect to this URI (`/path?args` or `@name`).
+    Redirect(String),
+    /// Close the connection without answering (`return 444`).
+    Close,
+}
+
+/// The most internal redirects and location searches one request may make.
+const MAX_REDIRECTS: u8 = 10;
+
+/// Run the phases; `None` means close the connection without an answer.
+pub fn handle(req: &mut Request, w: &Worker) -> Option<Response> {
+    let server_stmts = req.server.conf.rewrite.stmts.clone();
+    let mut flow = match rewrite::run(&server_stmts, req) {
+        Outcome::Flow(f) => f,
+        Outcome::Stay | Outcome::Research => Flow::Next,
+    };
+    let mut resp = loop {
+        flow = match flow {
+            Flow::Next => locate_and_run(req, w),
+            Flow::Done(r) => break r,
+            Flow::Close => return None,
+            Flow::Redirect(uri) => match internal_redirect(req, w, &uri) {
+                Ok(()) => Flow::Next,
+                Err(f) => f,
+            },
+            Flow::Status(code) => match error_page(req, code) {
+                Some(f) => f,
+                None => break Response::error_page(code, req.conf.core.server_tokens()),
+            },
+        };
+    };
+    if let Some(code) = req.error_status.take() {
+        // error_page's page keeps the original status (or its =code) over its own 200.
+        if resp.status == 200 {
+            resp.status = code;
+            resp.headers.retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
+            resp.etag = None;
+            resp.last_modified = None;
+        }
+    }
+    headers::filter(req, &mut resp);
+    if resp.status == 200 {
+        conditional::filter(req, &mut resp);
+    }
+    Some(resp)
+}
+
+/// Phases 2 to 5 for the current URI.
+fn locate_and_run(req: &mut Request, w: &Worker) -> Flow {
+    if req.redirects > MAX_REDIRECTS {
+        crate::errlog::error(format_args!("rewrite or internal redirection cycle while processing \"{}\"", req.uri));
+        return Flow::Status(500);
+    }
+    req.redirects += 1;
+    let server = req.server.clone();
+    if let Some(found) = find_location(&server.locations, &req.uri) {
+        req.conf = found.location.conf.clone();
+        if !found.captures.is_empty() {
+            req.captures = found.captures;
+        }
+        req.location = Some(found.location);
+    } else {
+        req.conf = server.conf.clone();
+        req.location = None;
+    }
+    run_location(req, w)
+}
+
+/// Phases 3 to 5 in the location already chosen.
+fn run_location(req: &mut Request, w: &Worker) -> Flow {
+    if req.location.is_some() {
+        let stmts = req.conf.rewrite.stmts.clone();
+        match rewrite::run(&stmts, req) {
+            Outcome::Flow(f) => return f,
+            Outcome::Research => return Flow::Next,
+            Outcome::Stay => {}
+        }
+    }
+    if req.conf.core.internal && !req.internal {
+        return Flow::Status(404);
+    }
+    match try_files::handle(req, w) {
+        Flow::Next => {}
+        other => return other,
+    }
+    let content: [fn(&Request, &Worker) -> Flow; 3] = [index::handle, |r, _| autoindex::handle(r), static_files::handle];
+    for h in content {
+        match h(req, w) {
+            Flow::Next => {}
+            other => return other,
+        }
+    }
+    // A directory URI that neither index nor autoindex answered.
+    crate::errlog::error(format_args!(
+        "directory index of \"{}\" is forbidden, client: {}",
+        req.filename_for(&req.uri).display(),
+        req.conn.peer.ip()
+    ));
+    Flow::Status(403)
+}
+
+/// Go to `uri` (`/path?args` or `@named`) inside the server, as nginx's internal redirect.
+fn internal_redirect(req: &mut Request, w: &Worker, uri: &str) -> Result<(), Flow> {
+    req.internal = true;
+    if let Some(name) = uri.strip_prefix('@') {
+        let server = req.server.clone();
+        let loc = server.named.iter().find(|l| matches!(&l.matcher, Matcher::Named(n) if n == name));
+        let Some(loc) = loc else {
+            crate::errlog::error(format_args!("named location \"@{name}\" not found"));
+            return Err(Flow::Status(500));
+        };
+        req.redirects += 1;
+        if req.redirects > MAX_REDIRECTS {
+            return Err(Flow::Status(500));
+        }
+        req.conf = loc.conf.clone();
+        req.location = Some(loc.clone());
+        return Err(run_location(req, w));
+    }
+    match uri.split_once('?') {
+        Some((p, a)) => {
+            req.uri = p.to_string();
+            req.args = (!a.is_empty()).then(|| a.to_string());
+        }
+        None => req.uri = uri.to_string(),
+    }
+    Ok(())
+}
+
+/// `error_page` for `code`, if the location has one: an internal redirect (GET) carrying
+/// the status, or a redirect for a full URL.
+fn error_page(req: &mut Request, code: u16) -> Option<Flow> {
+    // One error_page redirect per request unless recursive_error_pages is on.
+    if req.error_paged && req.conf.error_page.recursive != Some(true) {
+        return None;
+    }
+    let page = req.conf.error_page.find(code)?.clone();
+    let target = page.uri.eval(req, None);
+    if target.starts_with("http://") || target.starts_with("https://") {
+        let status = match page.status {
+            Override::Code(c) if matches!(c, 301 | 302 | 303 | 307 | 308) => c,
+            _ => 302,
+        };
+        return Some(Flow::Done(rewrite::redirect_response(req, status, &target)));
+    }
+    req.error_status = match page.status {
+        Override::Keep => Some(code),
+        Override::Code(c) => Some(c),
+        Override::Page => None,
+    };
+    req.error_paged = true;
+    // The page is fetched with GET (HEAD stays HEAD) whatever the original method.
+    if req.head.method != Method::Head {
+        req.method_override = Some(Method::Get);
+    }
+    Some(Flow::Redirect(target))
+}

@@ -1,0 +1,116 @@
+//! The request as the phases see it: the parsed head, the current (possibly rewritten) URI,
+//! the virtual host and location chosen for it, and what the connection knows.
+
+use crate::config::ServerConf;
+use crate::http::router::Location;
+use crate::modules::LocConf;
+use gannet_proto::h1::{Method, RequestHead};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Facts about the connection a request came on.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    /// Connection serial number (`$connection`).
+    pub id: u64,
+    /// Requests served on this connection, this one included (`$connection_requests`).
+    pub requests: u64,
+}
+
+pub struct Request {
+    pub head: RequestHead,
+    pub conn: ConnInfo,
+    /// `$uri`: decoded, normalised path; changed by rewrites, index and internal redirects.
+    pub uri: String,
+    /// `$args`: the query string, raw.
+    pub args: Option<String>,
+    /// `$host`: from the absolute-form target, else Host, else the server name; lowercased,
+    /// without port.
+    pub host: String,
+    pub server: Arc<ServerConf>,
+    /// The matched location (`None` before matching or when the server has none that match).
+    pub location: Option<Arc<Location>>,
+    /// The settings in force: the location's, or the server's.
+    pub conf: Arc<LocConf>,
+    /// Regex captures of the last successful match (`$0`..`$9`).
+    pub captures: Vec<Option<String>>,
+    pub start: Instant,
+    /// Bytes of request body read (for `$request_length`).
+    pub body_length: u64,
+    /// Set once an internal redirect (index, try_files, error_page, rewrite) happened.
+    pub internal: bool,
+    /// Internal redirects so far; a loop is cut at 10 with a 500, as nginx does.
+    pub redirects: u8,
+    /// The status an `error_page` redirect carries to the final response.
+    pub error_status: Option<u16>,
+    /// An `error_page` redirect happened (a second one needs `recursive_error_pages`).
+    pub error_paged: bool,
+    /// error_page fetches its page with GET whatever the request's method was.
+    pub method_override: Option<Method>,
+}
+
+impl Request {
+    /// `$arg_NAME`: the first `NAME=value` in the query (raw, not decoded, as nginx).
+    pub fn arg(&self, name: &str) -> Option<&str> {
+        self.args.as_deref()?.split('&').find_map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            k.eq_ignore_ascii_case(name).then_some(v)
+        })
+    }
+
+    /// `$cookie_NAME`.
+    pub fn cookie(&self, name: &str) -> Option<String> {
+        self.head.headers().filter(|(n, _)| n.eq_ignore_ascii_case("cookie")).find_map(|(_, v)| {
+            String::from_utf8_lossy(v).split(';').find_map(|kv| {
+                let (k, v) = kv.trim().split_once('=')?;
+                (k == name).then(|| v.to_string())
+            })
+        })
+    }
+
+    /// `$document_root`: the `root` (or `alias`) in force, variables expanded.
+    pub fn document_root(&self) -> String {
+        let core = &self.conf.core;
+        match &core.alias {
+            Some(a) => a.eval(self, None),
+            None => core.root().eval(self, None),
+        }
+    }
+
+    /// Map a URI to a file path by `root` or `alias`. The URI is normalised, so the result
+    /// never leaves the root.
+    pub fn filename_for(&self, uri: &str) -> PathBuf {
+        let core = &self.conf.core;
+        if let Some(alias) = &core.alias {
+            let base = alias.eval(self, None);
+            // A regex location's alias holds the whole path (built from captures).
+            let prefix = self.location.as_ref().map_or("", |l| l.prefix());
+            if prefix.is_empty() && alias.has_vars() {
+                return PathBuf::from(base);
+            }
+            let rest = uri.strip_prefix(prefix).unwrap_or(uri);
+            let mut p = base;
+            p.push_str(rest);
+            return PathBuf::from(p);
+        }
+        let mut p = core.root().eval(self, None);
+        if p.ends_with('/') && uri.starts_with('/') {
+            p.pop();
+        }
+        p.push_str(uri);
+        PathBuf::from(p)
+    }
+
+    /// The method the phases act on (GET for an error_page fetch).
+    pub fn method(&self) -> Method {
+        self.method_override.unwrap_or(self.head.method)
+    }
+
+    pub fn is_head(&self) -> bool {
+        self.head.method == Method::Head
+    }
+}

@@ -1,0 +1,163 @@
+//! The response a handler produces, and its encoding as an HTTP/1.1 head.
+//!
+//! The body is kept as bytes or file ranges, so the connection can send a cached small file
+//! with one write and a large one with `sendfile`, and HEAD / 304 can drop it.
+
+use bytes::Bytes;
+use gannet_proto::h1::encode;
+use std::borrow::Cow;
+use std::fs::File;
+use std::rc::Rc;
+use std::time::SystemTime;
+
+/// A range of an open file.
+#[derive(Debug, Clone)]
+pub struct FileRange {
+    pub file: Rc<File>,
+    pub offset: u64,
+    pub len: u64,
+}
+
+#[derive(Debug, Clone)]
+pub enum Part {
+    Bytes(Bytes),
+    File(FileRange),
+}
+
+impl Part {
+    pub fn len(&self) -> u64 {
+        match self {
+            Part::Bytes(b) => b.len() as u64,
+            Part::File(f) => f.len,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub enum Body {
+    #[default]
+    Empty,
+    /// One or more pieces sent in order (a multipart range answer has several).
+    Parts(Vec<Part>),
+}
+
+impl Body {
+    pub fn bytes(b: impl Into<Bytes>) -> Body {
+        Body::Parts(vec![Part::Bytes(b.into())])
+    }
+    pub fn len(&self) -> u64 {
+        match self {
+            Body::Empty => 0,
+            Body::Parts(p) => p.iter().map(Part::len).sum(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Response {
+    pub status: u16,
+    pub content_type: Option<Cow<'static, str>>,
+    /// Overrides the body length (HEAD of a file whose body was dropped keeps its length).
+    pub content_length: Option<u64>,
+    pub last_modified: Option<SystemTime>,
+    pub etag: Option<String>,
+    pub location: Option<String>,
+    /// Further headers in order (ETag-like standard ones first, then add_header's).
+    pub headers: Vec<(Cow<'static, str>, String)>,
+    pub body: Body,
+    /// Close the connection after this response.
+    pub close: bool,
+}
+
+impl Response {
+    pub fn new(status: u16) -> Response {
+        Response { status, ..Default::default() }
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+
+    /// nginx's built-in page for an error or redirect status.
+    pub fn error_page(status: u16, server_tokens: bool) -> Response {
+        let mut r = Response::new(status);
+        // 204 and 304 never carry a body; the others get nginx's small HTML page.
+        if status != 204 && status != 304 && status >= 200 {
+            let title = format!("{status} {}", encode::reason(status));
+            let server = if server_tokens { concat!("gannet/", env!("CARGO_PKG_VERSION")) } else { "gannet" };
+            let html = format!(
+                "<html>\r\n<head><title>{title}</title></head>\r\n<body>\r\n<center><h1>{title}</h1></center>\r\n<hr><center>{server}</center>\r\n</body>\r\n</html>\r\n"
+            );
+            r.content_type = Some(Cow::Borrowed("text/html"));
+            r.body = Body::bytes(html);
+        }
+        r
+    }
+
+    /// Whether the status allows a body at all (1xx, 204, 304 do not).
+    pub fn status_has_body(&self) -> bool {
+        !(self.status < 200 || self.status == 204 || self.status == 304)
+    }
+}
+
+/// Connection-level facts the head encoder needs.
+pub struct HeadCtx<'a> {
+    pub keep_alive: bool,
+    /// `Keep-Alive: timeout=N` header value (keepalive_timeout's second argument).
+    pub keepalive_header: Option<u64>,
+    pub server_tokens: bool,
+    pub date: &'a [u8],
+}
+
+/// Write the status line and headers. Returns nothing: `out` ends with the empty line.
+pub fn encode_head(r: &Response, body_len: u64, ctx: &HeadCtx, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    encode::write_u64(out, u64::from(r.status));
+    out.push(b' ');
+    out.extend_from_slice(encode::reason(r.status).as_bytes());
+    out.extend_from_slice(if ctx.server_tokens {
+        concat!("\r\nServer: gannet/", env!("CARGO_PKG_VERSION"), "\r\nDate: ").as_bytes()
+    } else {
+        b"\r\nServer: gannet\r\nDate: "
+    });
+    out.extend_from_slice(ctx.date);
+    out.extend_from_slice(b"\r\n");
+    if let Some(ct) = &r.content_type {
+        put(out, "Content-Type", ct);
+    }
+    if r.status_has_body() || r.content_length.is_some() {
+        out.extend_from_slice(b"Content-Length: ");
+        encode::write_u64(out, r.content_length.unwrap_or(body_len));
+        out.extend_from_slice(b"\r\n");
+    }
+    if let Some(lm) = r.last_modified {
+        put(out, "Last-Modified", &encode::http_date(lm));
+    }
+    if let Some(loc) = &r.location {
+        put(out, "Location", loc);
+    }
+    if ctx.keep_alive {
+        out.extend_from_slice(b"Connection: keep-alive\r\n");
+        if let Some(t) = ctx.keepalive_header {
+            out.extend_from_slice(b"Keep-Alive: timeout=");
+            encode::write_u64(out, t);
+            out.extend_from_slice(b"\r\n");
+        }
+    } else {
+        out.extend_from_slice(b"Connection: close\r\n");
+    }
+    if let Some(etag) = &r.etag {
+        put(out, "ETag", etag);
+    }
+    for (n, v) in &r.headers {
+        put(out, n, v);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+fn put(out: &mut Vec<u8>, name: &str, value: &str) {
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}

@@ -1,0 +1,415 @@
+//! `$variables`: compiled once at load time into a [`Template`] (literal parts and variable
+//! references), evaluated per request. Unknown variables are config errors, as in nginx.
+//!
+//! Supported: `$uri` `$document_uri` `$request_uri` `$args` `$query_string` `$is_args`
+//! `$arg_NAME` `$http_NAME` `$cookie_NAME` `$sent_http_NAME` `$host` `$hostname`
+//! `$remote_addr` `$remote_port` `$remote_user` `$server_addr` `$server_port` `$server_name`
+//! `$server_protocol` `$scheme` `$https` `$document_root` `$realpath_root` `$request_filename`
+//! `$request_method` `$request` `$request_length` `$request_time` `$status` `$body_bytes_sent`
+//! `$bytes_sent` `$content_type` `$content_length` `$connection` `$connection_requests` `$msec`
+//! `$time_local` `$time_iso8601` `$pid` `$nginx_version` `$gannet_version` and `$1`..`$9`.
+
+use crate::http::request::Request;
+use std::fmt::Write;
+
+/// One variable reference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Var {
+    Uri,
+    RequestUri,
+    Args,
+    IsArgs,
+    Arg(String),
+    Http(String),
+    Cookie(String),
+    SentHttp(String),
+    Host,
+    Hostname,
+    RemoteAddr,
+    RemotePort,
+    RemoteUser,
+    ServerAddr,
+    ServerPort,
+    ServerName,
+    ServerProtocol,
+    Scheme,
+    Https,
+    DocumentRoot,
+    RealpathRoot,
+    RequestFilename,
+    RequestMethod,
+    Request,
+    RequestLength,
+    RequestTime,
+    Status,
+    BodyBytesSent,
+    BytesSent,
+    ContentType,
+    ContentLength,
+    Connection,
+    ConnectionRequests,
+    Msec,
+    TimeLocal,
+    TimeIso8601,
+    Pid,
+    Version,
+    Capture(usize),
+}
+
+impl Var {
+    fn from_name(name: &str) -> Option<Var> {
+        if let Ok(n) = name.parse::<usize>() {
+            return (n <= 9).then_some(Var::Capture(n));
+        }
+        let lower = |s: &str| s.to_ascii_lowercase();
+        Some(match name {
+            "uri" | "document_uri" => Var::Uri,
+            "request_uri" => Var::RequestUri,
+            "args" | "query_string" => Var::Args,
+            "is_args" => Var::IsArgs,
+            "host" => Var::Host,
+            "hostname" => Var::Hostname,
+            "remote_addr" | "binary_remote_addr" => Var::RemoteAddr,
+            "remote_port" => Var::RemotePort,
+            "remote_user" => Var::RemoteUser,
+            "server_addr" => Var::ServerAddr,
+            "server_port" => Var::ServerPort,
+            "server_name" => Var::ServerName,
+            "server_protocol" => Var::ServerProtocol,
+            "scheme" => Var::Scheme,
+            "https" => Var::Https,
+            "document_root" => Var::DocumentRoot,
+            "realpath_root" => Var::RealpathRoot,
+            "request_filename" => Var::RequestFilename,
+            "request_method" => Var::RequestMethod,
+            "request" => Var::Request,
+            "request_length" => Var::RequestLength,
+            "request_time" => Var::RequestTime,
+            "status" => Var::Status,
+            "body_bytes_sent" => Var::BodyBytesSent,
+            "bytes_sent" => Var::BytesSent,
+            "content_type" => Var::ContentType,
+            "content_length" => Var::ContentLength,
+            "connection" => Var::Connection,
+            "connection_requests" => Var::ConnectionRequests,
+            "msec" => Var::Msec,
+            "time_local" => Var::TimeLocal,
+            "time_iso8601" => Var::TimeIso8601,
+            "pid" => Var::Pid,
+            "nginx_version" | "gannet_version" => Var::Version,
+            _ => {
+                if let Some(a) = name.strip_prefix("arg_") {
+                    Var::Arg(a.to_string())
+                } else if let Some(h) = name.strip_prefix("http_") {
+                    Var::Http(lower(h).replace('_', "-"))
+                } else if let Some(h) = name.strip_prefix("sent_http_") {
+                    Var::SentHttp(lower(h).replace('_', "-"))
+                } else if let Some(c) = name.strip_prefix("cookie_") {
+                    Var::Cookie(c.to_string())
+                } else {
+                    return None;
+                }
+            }
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Lit(String),
+    Var(Var),
+}
+
+/// A string with `$variables`, compiled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    parts: Vec<Part>,
+}
+
+/// What the response side contributes to variables (filled in by the log phase).
+#[derive(Debug, Default, Clone)]
+pub struct Sent {
+    pub status: u16,
+    pub body_bytes: u64,
+    pub bytes: u64,
+    pub headers: Vec<(String, String)>,
+}
+
+impl Template {
+    /// Compile `src`; `$name`, `${name}`, `$1`. A `$` not followed by a name is literal.
+    pub fn compile(src: &str) -> Result<Template, String> {
+        let mut parts = Vec::new();
+        let mut lit = String::new();
+        let b = src.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] != b'$' {
+                let start = i;
+                while i < b.len() && b[i] != b'$' {
+                    i += 1;
+                }
+                lit.push_str(&src[start..i]);
+                continue;
+            }
+            let (name, next) = if b.get(i + 1) == Some(&b'{') {
+                let end = src[i + 2..].find('}').ok_or_else(|| format!("the closing bracket in \"{src}\" variable is missing"))?;
+                (&src[i + 2..i + 2 + end], i + 3 + end)
+            } else if b.get(i + 1).is_some_and(|c| c.is_ascii_digit()) {
+                (&src[i + 1..i + 2], i + 2)
+            } else {
+                let mut j = i + 1;
+                while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_') {
+                    j += 1;
+                }
+                (&src[i + 1..j], j)
+            };
+            if name.is_empty() {
+                lit.push('$');
+                i += 1;
+                continue;
+            }
+            let var = Var::from_name(name).ok_or_else(|| format!("unknown \"{name}\" variable"))?;
+            if !lit.is_empty() {
+                parts.push(Part::Lit(std::mem::take(&mut lit)));
+            }
+            parts.push(Part::Var(var));
+            i = next;
+        }
+        if !lit.is_empty() || parts.is_empty() {
+            parts.push(Part::Lit(lit));
+        }
+        Ok(Template { parts })
+    }
+
+    /// A template of fixed text.
+    pub fn literal(s: &str) -> Template {
+        Template { parts: vec![Part::Lit(s.to_string())] }
+    }
+
+    /// The text when the template has no variables.
+    pub fn as_literal(&self) -> Option<&str> {
+        match self.parts.as_slice() {
+            [Part::Lit(s)] => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn has_vars(&self) -> bool {
+        self.as_literal().is_none()
+    }
+
+    pub fn eval(&self, req: &Request, sent: Option<&Sent>) -> String {
+        if let Some(s) = self.as_literal() {
+            return s.to_string();
+        }
+        let mut out = String::new();
+        for p in &self.parts {
+            match p {
+                Part::Lit(s) => out.push_str(s),
+                Part::Var(v) => append(&mut out, v, req, sent),
+            }
+        }
+        out
+    }
+
+    /// Evaluate for a log line: values are escaped as nginx's default `escape=default`
+    /// does (`"`, `\` and bytes outside 0x20..0x7e as `\xHH`), and empty values become `-`.
+    pub fn eval_log(&self, req: &Request, sent: &Sent, out: &mut Vec<u8>) {
+        let mut val = String::new();
+        for p in &self.parts {
+            match p {
+                Part::Lit(s) => out.extend_from_slice(s.as_bytes()),
+                Part::Var(v) => {
+                    val.clear();
+                    append(&mut val, v, req, Some(sent));
+                    if val.is_empty() {
+                        out.push(b'-');
+                    } else {
+                        escape_log(val.as_bytes(), out);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn escape_log(v: &[u8], out: &mut Vec<u8>) {
+    for &c in v {
+        if c == b'"' || c == b'\\' || !(0x20..=0x7e).contains(&c) {
+            let _ = write!(HexOut(out), "\\x{c:02X}");
+        } else {
+            out.push(c);
+        }
+    }
+}
+
+struct HexOut<'a>(&'a mut Vec<u8>);
+impl std::fmt::Write for HexOut<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+fn header_str(req: &Request, name: &str) -> Option<String> {
+    req.head.header(name).map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>) {
+    match v {
+        Var::Uri => out.push_str(&req.uri),
+        Var::RequestUri => out.push_str(&String::from_utf8_lossy(req.head.target())),
+        Var::Args => out.push_str(req.args.as_deref().unwrap_or("")),
+        Var::IsArgs => {
+            if req.args.is_some() {
+                out.push('?')
+            }
+        }
+        Var::Arg(name) => {
+            if let Some(v) = req.arg(name) {
+                out.push_str(v)
+            }
+        }
+        Var::Http(name) => {
+            // Several Cookie / X-Forwarded-For headers are joined as nginx does.
+            let sep = if name == "cookie" { "; " } else { ", " };
+            let mut first = true;
+            for (n, val) in req.head.headers() {
+                if n.eq_ignore_ascii_case(name) {
+                    if !first {
+                        out.push_str(sep);
+                    }
+                    out.push_str(&String::from_utf8_lossy(val));
+                    first = false;
+                    if name != "cookie" && name != "x-forwarded-for" {
+                        break;
+                    }
+                }
+            }
+        }
+        Var::Cookie(name) => {
+            if let Some(c) = req.cookie(name) {
+                out.push_str(&c)
+            }
+        }
+        Var::SentHttp(name) => {
+            if let Some(s) = sent {
+                if let Some((_, v)) = s.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
+                    out.push_str(v)
+                }
+            }
+        }
+        Var::Host => out.push_str(&req.host),
+        Var::Hostname => out.push_str(crate::runtime::hostname()),
+        Var::RemoteAddr => {
+            let _ = write!(out, "{}", req.conn.peer.ip());
+        }
+        Var::RemotePort => {
+            let _ = write!(out, "{}", req.conn.peer.port());
+        }
+        Var::RemoteUser => {}
+        Var::ServerAddr => {
+            let _ = write!(out, "{}", req.conn.local.ip());
+        }
+        Var::ServerPort => {
+            let _ = write!(out, "{}", req.conn.local.port());
+        }
+        Var::ServerName => out.push_str(&req.server.primary_name),
+        Var::ServerProtocol => out.push_str(match req.head.version {
+            gannet_proto::h1::Version::Http10 => "HTTP/1.0",
+            gannet_proto::h1::Version::Http11 => "HTTP/1.1",
+        }),
+        Var::Scheme => out.push_str("http"),
+        Var::Https => {}
+        Var::DocumentRoot => out.push_str(&req.document_root()),
+        Var::RealpathRoot => {
+            let root = req.document_root();
+            match std::fs::canonicalize(&root) {
+                Ok(p) => out.push_str(&p.to_string_lossy()),
+                Err(_) => out.push_str(&root),
+            }
+        }
+        Var::RequestFilename => out.push_str(&req.filename_for(&req.uri).to_string_lossy()),
+        Var::RequestMethod => out.push_str(req.head.method_str()),
+        Var::Request => {
+            // The request line as received, without the line end.
+            let raw = req.head.raw();
+            let end = memchr::memchr(b'\n', raw).unwrap_or(raw.len());
+            let line = &raw[..end];
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            out.push_str(&String::from_utf8_lossy(line));
+        }
+        Var::RequestLength => {
+            let _ = write!(out, "{}", req.head.raw().len() as u64 + req.body_length);
+        }
+        Var::RequestTime => {
+            let t = req.start.elapsed();
+            let _ = write!(out, "{}.{:03}", t.as_secs(), t.subsec_millis());
+        }
+        Var::Status => {
+            if let Some(s) = sent {
+                let _ = write!(out, "{:03}", s.status);
+            }
+        }
+        Var::BodyBytesSent => {
+            let _ = write!(out, "{}", sent.map_or(0, |s| s.body_bytes));
+        }
+        Var::BytesSent => {
+            let _ = write!(out, "{}", sent.map_or(0, |s| s.bytes));
+        }
+        Var::ContentType => {
+            if let Some(v) = header_str(req, "content-type") {
+                out.push_str(&v)
+            }
+        }
+        Var::ContentLength => {
+            if let Some(v) = header_str(req, "content-length") {
+                out.push_str(&v)
+            }
+        }
+        Var::Connection => {
+            let _ = write!(out, "{}", req.conn.id);
+        }
+        Var::ConnectionRequests => {
+            let _ = write!(out, "{}", req.conn.requests);
+        }
+        Var::Msec => {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            let _ = write!(out, "{}.{:03}", now.as_secs(), now.subsec_millis());
+        }
+        Var::TimeLocal => out.push_str(&crate::runtime::clock::time_local()),
+        Var::TimeIso8601 => out.push_str(&crate::runtime::clock::time_iso8601()),
+        Var::Pid => {
+            let _ = write!(out, "{}", std::process::id());
+        }
+        Var::Version => out.push_str(env!("CARGO_PKG_VERSION")),
+        Var::Capture(n) => {
+            if let Some(Some(c)) = req.captures.get(*n) {
+                out.push_str(c)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compiles() {
+        assert_eq!(Template::compile("plain").unwrap().as_literal(), Some("plain"));
+        assert!(Template::compile("$uri").unwrap().has_vars());
+        assert!(Template::compile("a${uri}b").unwrap().has_vars());
+        assert_eq!(Template::compile("cost $").unwrap().as_literal(), Some("cost $"));
+        assert!(Template::compile("$nosuchvar").unwrap_err().contains("unknown \"nosuchvar\" variable"));
+        assert!(Template::compile("${uri").is_err());
+        assert_eq!(Template::compile("").unwrap().as_literal(), Some(""));
+    }
+
+    #[test]
+    fn escapes_log_values() {
+        let mut out = Vec::new();
+        escape_log(b"a\"b\\c\x01\xff", &mut out);
+        assert_eq!(out, b"a\\x22b\\x5Cc\\x01\\xFF");
+    }
+}

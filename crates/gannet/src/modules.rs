@@ -1,0 +1,111 @@
+//! The module list: every module that owns directives in http/server/location context, in one
+//! table, and `LocConf`, the merged settings of one location, made of each module's config.
+//!
+//! Order matters only for lookup (a directive name belongs to exactly one module). The
+//! request phases that use these modules run in the order written in `http::handler`.
+
+pub mod access_log;
+pub mod autoindex;
+pub mod core;
+pub mod error_page;
+pub mod file_cache;
+pub mod headers;
+pub mod index;
+pub mod rewrite;
+pub mod static_files;
+pub mod try_files;
+pub mod types;
+
+use crate::config::main_conf;
+use gannet_conf::registry::Spec;
+use gannet_conf::{ConfError, Directive};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// What setters may need beyond the directive: the prefix for relative paths and http-level
+/// tables (log formats) that later directives refer to.
+pub struct LoadCtx {
+    pub prefix: PathBuf,
+    pub log_formats: HashMap<String, Arc<access_log::LogFormat>>,
+}
+
+type Setter = fn(&Directive, &mut LocConf, &mut LoadCtx) -> Result<(), ConfError>;
+
+/// A module's directive table and the function that applies one of its directives.
+pub struct Module {
+    pub directives: &'static [Spec],
+    pub set: Setter,
+}
+
+pub const MODULES: &[Module] = &[
+    Module { directives: core::DIRECTIVES, set: core::set },
+    Module { directives: types::DIRECTIVES, set: types::set },
+    Module { directives: static_files::DIRECTIVES, set: static_files::set },
+    Module { directives: index::DIRECTIVES, set: index::set },
+    Module { directives: try_files::DIRECTIVES, set: try_files::set },
+    Module { directives: autoindex::DIRECTIVES, set: autoindex::set },
+    Module { directives: headers::DIRECTIVES, set: headers::set },
+    Module { directives: error_page::DIRECTIVES, set: error_page::set },
+    Module { directives: rewrite::DIRECTIVES, set: rewrite::set },
+    Module { directives: access_log::DIRECTIVES, set: access_log::set },
+];
+
+/// Find the spec and setter for an http/server/location directive.
+pub fn find(name: &str) -> Option<(&'static Spec, Setter)> {
+    MODULES
+        .iter()
+        .find_map(|m| m.directives.iter().find(|s| s.name == name).map(|s| (s, m.set)))
+}
+
+/// Names of every directive gannet implements (for docs and tests).
+pub fn all_directive_names() -> impl Iterator<Item = &'static str> {
+    MODULES
+        .iter()
+        .flat_map(|m| m.directives.iter())
+        .chain(main_conf::DIRECTIVES.iter())
+        .map(|s| s.name)
+}
+
+/// The settings of one location (or of a server, or of http), one struct per module.
+#[derive(Debug, Clone, Default)]
+pub struct LocConf {
+    pub core: core::CoreConf,
+    pub types: types::TypesConf,
+    pub files: static_files::FilesConf,
+    pub index: index::IndexConf,
+    pub try_files: try_files::TryFilesConf,
+    pub autoindex: autoindex::AutoindexConf,
+    pub headers: headers::HeadersConf,
+    pub error_page: error_page::ErrorPageConf,
+    pub rewrite: rewrite::RewriteConf,
+    pub log: access_log::LogConf,
+}
+
+impl LocConf {
+    /// Fill what this level left unset from its parent (nginx's merge_loc_conf).
+    pub fn merge(&mut self, parent: &LocConf) {
+        self.core.merge(&parent.core);
+        self.types.merge(&parent.types);
+        self.files.merge(&parent.files);
+        self.index.merge(&parent.index);
+        self.autoindex.merge(&parent.autoindex);
+        self.headers.merge(&parent.headers);
+        self.error_page.merge(&parent.error_page);
+        self.log.merge(&parent.log);
+        // try_files and the rewrite statements are not inherited, as in nginx.
+    }
+}
+
+/// Fill `$field` of `$self` from `$parent` when unset: the common merge rule.
+macro_rules! inherit {
+    ($self:ident, $parent:ident, $($field:ident),+ $(,)?) => {
+        $( if $self.$field.is_none() { $self.$field = $parent.$field.clone(); } )+
+    };
+}
+pub(crate) use inherit;
+
+/// `invalid value "X" in "NAME" directive` at the directive's line.
+pub fn invalid(d: &Directive, value: &str) -> ConfError {
+    d.error(format!("invalid value \"{value}\" in \"{}\" directive", d.name))
+}

@@ -1,0 +1,220 @@
+//! Core location settings: where files come from, request limits, timeouts and connection
+//! behaviour.
+//!
+//! Directives: `root`, `alias`, `internal`, `client_max_body_size`,
+//! `client_header_buffer_size`, `large_client_header_buffers`, `client_header_timeout`,
+//! `client_body_timeout`, `send_timeout`, `keepalive_timeout`, `keepalive_requests`,
+//! `keepalive_time`, `sendfile`, `tcp_nopush`, `tcp_nodelay`, `server_tokens`,
+//! `log_not_found`, `absolute_redirect`, `port_in_redirect`, `server_name_in_redirect`,
+//! `merge_slashes`.
+
+use super::{inherit, invalid, LoadCtx, LocConf};
+use crate::http::variables::Template;
+use gannet_conf::registry::{Args, Ctx, Spec};
+use gannet_conf::{setters, ConfError, Directive};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+const HSL: Ctx = Ctx::HSL;
+const HS: Ctx = Ctx(Ctx::HTTP.0 | Ctx::SERVER.0);
+
+pub const DIRECTIVES: &[Spec] = &[
+    Spec { name: "root", ctx: HSL, args: Args::Exactly(1), block: false },
+    Spec { name: "alias", ctx: Ctx::LOCATION, args: Args::Exactly(1), block: false },
+    Spec { name: "internal", ctx: Ctx::LOCATION, args: Args::Exactly(0), block: false },
+    Spec { name: "client_max_body_size", ctx: HSL, args: Args::Exactly(1), block: false },
+    Spec { name: "client_header_buffer_size", ctx: HS, args: Args::Exactly(1), block: false },
+    Spec { name: "large_client_header_buffers", ctx: HS, args: Args::Exactly(2), block: false },
+    Spec { name: "client_header_timeout", ctx: HS, args: Args::Exactly(1), block: false },
+    Spec { name: "client_body_timeout", ctx: HSL, args: Args::Exactly(1), block: false },
+    Spec { name: "send_timeout", ctx: HSL, args: Args::Exactly(1), block: false },
+    Spec { name: "keepalive_timeout", ctx: HSL, args: Args::Between(1, 2), block: false },
+    Spec { name: "keepalive_requests", ctx: HSL, args: Args::Exactly(1), block: false },
+    Spec { name: "keepalive_time", ctx: HSL, args: Args::Exactly(1), block: false },
+    Spec { name: "sendfile", ctx: HSL, args: Args::Exactly(1), block: false },
+    Spec { name: "tcp_nopush", ctx: HSL, args: Args::Exactly(1), block: false },
+    Spec { name: "tcp_nodelay", ctx: HSL, args: Args::Exactly(1), block: false },
+    Spec { name: "server_tokens", ctx: HSL, args: Args::Exactly(1), block: false },
+    Spec { name: "log_not_found", ctx: HSL, args: Args::Exactly(1), block: false },
+    Spec { name: "absolute_redirect", ctx: HSL, args: Args::Exactly(1), block: false },
+    Spec { name: "port_in_redirect", ctx: HSL, args: Args::Exactly(1), block: false },
+    Spec { name: "server_name_in_redirect", ctx: HSL, args: Args::Exactly(1), block: false },
+    Spec { name: "merge_slashes", ctx: HS, args: Args::Exactly(1), block: false },
+];
+
+#[derive(Debug, Clone, Default)]
+pub struct CoreConf {
+    pub root: Option<Template>,
+    pub alias: Option<Template>,
+    pub internal: bool,
+    pub client_max_body_size: Option<u64>,
+    pub client_header_buffer_size: Option<usize>,
+    pub large_client_header_buffers: Option<(usize, usize)>,
+    pub client_header_timeout: Option<Duration>,
+    pub client_body_timeout: Option<Duration>,
+    pub send_timeout: Option<Duration>,
+    /// (idle timeout, optional `Keep-Alive: timeout=` header value)
+    pub keepalive_timeout: Option<(Duration, Option<u64>)>,
+    pub keepalive_requests: Option<u64>,
+    pub keepalive_time: Option<Duration>,
+    pub sendfile: Option<bool>,
+    pub tcp_nopush: Option<bool>,
+    pub tcp_nodelay: Option<bool>,
+    pub server_tokens: Option<bool>,
+    pub log_not_found: Option<bool>,
+    pub absolute_redirect: Option<bool>,
+    pub port_in_redirect: Option<bool>,
+    pub server_name_in_redirect: Option<bool>,
+    pub merge_slashes: Option<bool>,
+}
+
+impl CoreConf {
+    pub fn merge(&mut self, p: &CoreConf) {
+        // `alias` and `internal` belong to one location and are not inherited (nested
+        // locations of an aliased location inherit it in nginx; gannet keeps that too).
+        inherit!(
+            self, p, root, alias, client_max_body_size, client_header_buffer_size,
+            large_client_header_buffers, client_header_timeout, client_body_timeout,
+            send_timeout, keepalive_timeout, keepalive_requests, keepalive_time, sendfile,
+            tcp_nopush, tcp_nodelay, server_tokens, log_not_found, absolute_redirect,
+            port_in_redirect, server_name_in_redirect, merge_slashes
+        );
+    }
+
+    /// The loader gives the http level a root (nginx's `PREFIX/html`), so every merged
+    /// location has one; the fallback only serves a LocConf built outside the loader.
+    pub fn root(&self) -> &Template {
+        static HTML: OnceLock<Template> = OnceLock::new();
+        self.root.as_ref().unwrap_or_else(|| HTML.get_or_init(|| Template::literal("html")))
+    }
+    pub fn client_max_body_size(&self) -> u64 {
+        self.client_max_body_size.unwrap_or(1024 * 1024)
+    }
+    pub fn client_header_buffer_size(&self) -> usize {
+        self.client_header_buffer_size.unwrap_or(1024)
+    }
+    pub fn large_client_header_buffers(&self) -> (usize, usize) {
+        self.large_client_header_buffers.unwrap_or((4, 8192))
+    }
+    pub fn client_header_timeout(&self) -> Duration {
+        self.client_header_timeout.unwrap_or(Duration::from_secs(60))
+    }
+    pub fn client_body_timeout(&self) -> Duration {
+        self.client_body_timeout.unwrap_or(Duration::from_secs(60))
+    }
+    pub fn send_timeout(&self) -> Duration {
+        self.send_timeout.unwrap_or(Duration::from_secs(60))
+    }
+    pub fn keepalive_timeout(&self) -> (Duration, Option<u64>) {
+        self.keepalive_timeout.unwrap_or((Duration::from_secs(75), None))
+    }
+    /// 0 means unlimited (gannet extension; nginx has no unlimited value).
+    pub fn keepalive_requests(&self) -> u64 {
+        self.keepalive_requests.unwrap_or(1000)
+    }
+    pub fn keepalive_time(&self) -> Duration {
+        self.keepalive_time.unwrap_or(Duration::from_secs(3600))
+    }
+    pub fn sendfile(&self) -> bool {
+        self.sendfile.unwrap_or(false)
+    }
+    pub fn tcp_nopush(&self) -> bool {
+        self.tcp_nopush.unwrap_or(false)
+    }
+    pub fn tcp_nodelay(&self) -> bool {
+        self.tcp_nodelay.unwrap_or(true)
+    }
+    pub fn server_tokens(&self) -> bool {
+        self.server_tokens.unwrap_or(true)
+    }
+    pub fn log_not_found(&self) -> bool {
+        self.log_not_found.unwrap_or(true)
+    }
+    pub fn absolute_redirect(&self) -> bool {
+        self.absolute_redirect.unwrap_or(true)
+    }
+    pub fn port_in_redirect(&self) -> bool {
+        self.port_in_redirect.unwrap_or(true)
+    }
+    pub fn server_name_in_redirect(&self) -> bool {
+        self.server_name_in_redirect.unwrap_or(false)
+    }
+}
+
+fn size(d: &Directive, i: usize) -> Result<u64, ConfError> {
+    setters::size(&d.args[i]).ok_or_else(|| invalid(d, &d.args[i]))
+}
+
+fn duration(d: &Directive, i: usize) -> Result<Duration, ConfError> {
+    setters::msec(&d.args[i]).map(Duration::from_millis).ok_or_else(|| invalid(d, &d.args[i]))
+}
+
+fn template(d: &Directive) -> Result<Template, ConfError> {
+    Template::compile(&d.args[0]).map_err(|e| d.error(e))
+}
+
+pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
+    let c = &mut lc.core;
+    let dup = |d: &Directive| d.error(format!("\"{}\" directive is duplicate", d.name));
+    match d.name.as_str() {
+        "root" | "alias" => {
+            if c.root.is_some() || c.alias.is_some() {
+                let other = if c.root.is_some() { "root" } else { "alias" };
+                return Err(if other == d.name { dup(d) } else { d.error(format!("\"{}\" directive is duplicate, \"{other}\" directive was specified earlier", d.name)) });
+            }
+            // A relative root is relative to the prefix, as in nginx.
+            let path = if d.args[0].starts_with('/') || d.args[0].starts_with('$') {
+                d.args[0].clone()
+            } else {
+                ctx.prefix.join(&d.args[0]).to_string_lossy().into_owned()
+            };
+            let mut t = Directive { args: vec![path], ..d.clone() };
+            // nginx strips a trailing slash from root (not from alias).
+            if d.name == "root" && t.args[0].len() > 1 && t.args[0].ends_with('/') {
+                t.args[0].pop();
+            }
+            let tpl = template(&t)?;
+            if d.name == "root" { c.root = Some(tpl) } else { c.alias = Some(tpl) }
+        }
+        "internal" => c.internal = true,
+        "client_max_body_size" => c.client_max_body_size = Some(size(d, 0)?),
+        "client_header_buffer_size" => c.client_header_buffer_size = Some(size(d, 0)? as usize),
+        "large_client_header_buffers" => {
+            let n = d.args[0].parse::<usize>().map_err(|_| invalid(d, &d.args[0]))?;
+            let s = size(d, 1)? as usize;
+            if n == 0 || s == 0 {
+                return Err(invalid(d, &d.args[0]));
+            }
+            c.large_client_header_buffers = Some((n, s));
+        }
+        "client_header_timeout" => c.client_header_timeout = Some(duration(d, 0)?),
+        "client_body_timeout" => c.client_body_timeout = Some(duration(d, 0)?),
+        "send_timeout" => c.send_timeout = Some(duration(d, 0)?),
+        "keepalive_timeout" => {
+            let header = match d.args.get(1) {
+                Some(h) => Some(setters::sec(h).ok_or_else(|| invalid(d, h))?),
+                None => None,
+            };
+            c.keepalive_timeout = Some((duration(d, 0)?, header));
+        }
+        "keepalive_requests" => c.keepalive_requests = Some(d.args[0].parse().map_err(|_| invalid(d, &d.args[0]))?),
+        "keepalive_time" => c.keepalive_time = Some(duration(d, 0)?),
+        "sendfile" => c.sendfile = Some(setters::flag(d)?),
+        "tcp_nopush" => c.tcp_nopush = Some(setters::flag(d)?),
+        "tcp_nodelay" => c.tcp_nodelay = Some(setters::flag(d)?),
+        "server_tokens" => {
+            c.server_tokens = Some(match d.args[0].as_str() {
+                "on" => true,
+                "off" | "build" => false,
+                v => return Err(invalid(d, v)),
+            })
+        }
+        "log_not_found" => c.log_not_found = Some(setters::flag(d)?),
+        "absolute_redirect" => c.absolute_redirect = Some(setters::flag(d)?),
+        "port_in_redirect" => c.port_in_redirect = Some(setters::flag(d)?),
+        "server_name_in_redirect" => c.server_name_in_redirect = Some(setters::flag(d)?),
+        "merge_slashes" => c.merge_slashes = Some(setters::flag(d)?),
+        _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
+    }
+    Ok(())
+}

@@ -1,0 +1,201 @@
+//! The rewrite statements: `return code [text|URL]`, `return URL`, `rewrite regex
+//! replacement [last|break|redirect|permanent]` and `break`. They run in order, in the
+//! server-rewrite phase (server level) or the rewrite phase (location level), and are not
+//! inherited, as in nginx. `return 444` closes the connection without an answer.
+
+use super::{LoadCtx, LocConf};
+use crate::http::handler::Flow;
+use crate::http::request::Request;
+use crate::http::response::{Body, Response};
+use crate::http::variables::Template;
+use gannet_conf::registry::{Args, Ctx, Spec};
+use gannet_conf::{ConfError, Directive};
+use regex::Regex;
+use std::borrow::Cow;
+use std::sync::Arc;
+
+const SL: Ctx = Ctx(Ctx::SERVER.0 | Ctx::LOCATION.0);
+
+pub const DIRECTIVES: &[Spec] = &[
+    Spec { name: "return", ctx: SL, args: Args::Between(1, 2), block: false },
+    Spec { name: "rewrite", ctx: SL, args: Args::Between(2, 3), block: false },
+    Spec { name: "break", ctx: SL, args: Args::Exactly(0), block: false },
+    Spec { name: "rewrite_log", ctx: Ctx::HSL, args: Args::Exactly(1), block: false },
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flag {
+    None,
+    Last,
+    Break,
+    Redirect,
+    Permanent,
+}
+
+#[derive(Debug, Clone)]
+pub enum Stmt {
+    Return { code: u16, text: Option<Template> },
+    Rewrite { re: Regex, to: Template, flag: Flag },
+    Break,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RewriteConf {
+    pub stmts: Arc<Vec<Stmt>>,
+}
+
+fn is_redirect(code: u16) -> bool {
+    matches!(code, 301 | 302 | 303 | 307 | 308)
+}
+
+fn is_url(s: &str) -> bool {
+    s.starts_with("http://") || s.starts_with("https://") || s.starts_with("$scheme")
+}
+
+pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), ConfError> {
+    let tpl = |s: &str| Template::compile(s).map_err(|e| d.error(e));
+    let stmt = match d.name.as_str() {
+        "rewrite_log" => {
+            gannet_conf::setters::flag(d)?;
+            return Ok(());
+        }
+        "break" => Stmt::Break,
+        "return" => match d.args.as_slice() {
+            [one] if is_url(one) => Stmt::Return { code: 302, text: Some(tpl(one)?) },
+            [code, rest @ ..] => {
+                let code: u16 = code
+                    .parse()
+                    .ok()
+                    .filter(|c| *c <= 999)
+                    .ok_or_else(|| d.error(format!("invalid return code \"{code}\"")))?;
+                Stmt::Return { code, text: rest.first().map(|t| tpl(t)).transpose()? }
+            }
+            [] => return Err(d.error("invalid number of arguments in \"return\" directive")),
+        },
+        _ => {
+            let re = Regex::new(&d.args[0]).map_err(|e| d.error(format!("invalid regex \"{}\": {e}", d.args[0])))?;
+            let flag = match d.args.get(2).map(String::as_str) {
+                None => Flag::None,
+                Some("last") => Flag::Last,
+                Some("break") => Flag::Break,
+                Some("redirect") => Flag::Redirect,
+                Some("permanent") => Flag::Permanent,
+                Some(f) => return Err(d.error(format!("invalid parameter \"{f}\""))),
+            };
+            Stmt::Rewrite { re, to: tpl(&d.args[1])?, flag }
+        }
+    };
+    Arc::make_mut(&mut lc.rewrite.stmts).push(stmt);
+    Ok(())
+}
+
+/// What the rewrite statements decided.
+pub enum Outcome {
+    /// Carry on in this location (`break`, or nothing matched).
+    Stay,
+    /// The URI changed: search the location again.
+    Research,
+    /// The request is answered.
+    Flow(Flow),
+}
+
+pub fn run(stmts: &[Stmt], req: &mut Request) -> Outcome {
+    let mut changed = false;
+    for s in stmts {
+        match s {
+            Stmt::Break => return Outcome::Stay,
+            Stmt::Return { code, text } => return Outcome::Flow(answer(req, *code, text.as_ref())),
+            Stmt::Rewrite { re, to, flag } => {
+                let Some(caps) = re.captures(&req.uri) else { continue };
+                req.captures = caps.iter().map(|m| m.map(|m| m.as_str().to_string())).collect();
+                let new = to.eval(req, None);
+                let redirect = matches!(flag, Flag::Redirect | Flag::Permanent) || is_url(&new);
+                if redirect {
+                    let code = if *flag == Flag::Permanent { 301 } else { 302 };
+                    let mut loc = new;
+                    // The original arguments follow unless the replacement ends with '?'.
+                    match loc.strip_suffix('?') {
+                        Some(l) => loc = l.to_string(),
+                        None => {
+                            if let Some(a) = &req.args {
+                                loc.push(if loc.contains('?') { '&' } else { '?' });
+                                loc.push_str(a);
+                            }
+                        }
+                    }
+                    return Outcome::Flow(Flow::Done(redirect_response(req, code, &loc)));
+                }
+                set_uri(req, &new);
+                changed = true;
+                match flag {
+                    Flag::Last => return Outcome::Research,
+                    Flag::Break => return Outcome::Stay,
+                    _ => {}
+                }
+            }
+        }
+    }
+    if changed {
+        Outcome::Research
+    } else {
+        Outcome::Stay
+    }
+}
+
+/// Replace the URI with a rewrite result: `path?args` replaces the args (original ones
+/// appended unless it ends with `?`).
+fn set_uri(req: &mut Request, new: &str) {
+    match new.split_once('?') {
+        Some((path, args)) => {
+            let mut a = args.to_string();
+            if !args.is_empty() || !new.ends_with('?') {
+                if let Some(old) = &req.args {
+                    if !a.is_empty() {
+                        a.push('&');
+                    }
+                    a.push_str(old);
+                }
+            }
+            req.uri = path.to_string();
+            req.args = if a.is_empty() { None } else { Some(a) };
+        }
+        None => req.uri = new.to_string(),
+    }
+}
+
+/// `return`'s answer.
+fn answer(req: &Request, code: u16, text: Option<&Template>) -> Flow {
+    if code == 444 {
+        return Flow::Close;
+    }
+    let Some(text) = text else { return Flow::Status(code) };
+    let value = text.eval(req, None);
+    if is_redirect(code) {
+        return Flow::Done(redirect_response(req, code, &value));
+    }
+    let mut r = Response::new(code);
+    r.content_type = Some(Cow::Owned(req.conf.types.default_type.as_deref().unwrap_or("text/plain").to_string()));
+    r.body = Body::bytes(value);
+    Flow::Done(r)
+}
+
+/// A redirect with nginx's body; a relative target is made absolute when
+/// `absolute_redirect` is on, from the Host (or the server name with
+/// `server_name_in_redirect on`) and the port (with `port_in_redirect on`).
+pub fn redirect_response(req: &Request, code: u16, location: &str) -> Response {
+    let core = &req.conf.core;
+    let mut r = Response::error_page(code, core.server_tokens());
+    let loc = if location.starts_with('/') && core.absolute_redirect() {
+        let host = if core.server_name_in_redirect() || req.host.is_empty() { &req.server.primary_name } else { &req.host };
+        let port = req.conn.local.port();
+        if core.port_in_redirect() && port != 80 {
+            format!("http://{host}:{port}{location}")
+        } else {
+            format!("http://{host}{location}")
+        }
+    } else {
+        location.to_string()
+    };
+    r.location = Some(loc);
+    r
+}

@@ -1,0 +1,194 @@
+//! The static-file content handler and its directives: `etag`, `if_modified_since`,
+//! `open_file_cache`, `open_file_cache_valid`, `open_file_cache_min_uses`,
+//! `open_file_cache_errors`.
+//!
+//! A found regular file becomes a 200 with Last-Modified, ETag (nginx's `"mtime-size"` in
+//! hex) and Accept-Ranges; its body is the cached bytes for small files or a file range for
+//! `sendfile`. A directory without the trailing slash is a 301 to the slash form. Conditional
+//! requests and ranges are answered afterwards by `http::conditional`.
+
+use super::file_cache::Policy;
+use super::{inherit, invalid, LoadCtx, LocConf};
+use crate::http::handler::Flow;
+use crate::http::request::Request;
+use crate::http::response::{Body, FileRange, Part, Response};
+use crate::runtime::worker::Worker;
+use gannet_conf::registry::{Args, Ctx, Spec};
+use gannet_conf::{setters, ConfError, Directive};
+use gannet_proto::h1::Method;
+use std::borrow::Cow;
+use std::io::ErrorKind;
+use std::time::Duration;
+
+pub const DIRECTIVES: &[Spec] = &[
+    Spec { name: "etag", ctx: Ctx::HSL, args: Args::Exactly(1), block: false },
+    Spec { name: "if_modified_since", ctx: Ctx::HSL, args: Args::Exactly(1), block: false },
+    Spec { name: "open_file_cache", ctx: Ctx::HSL, args: Args::Between(1, 2), block: false },
+    Spec { name: "open_file_cache_valid", ctx: Ctx::HSL, args: Args::Exactly(1), block: false },
+    Spec { name: "open_file_cache_min_uses", ctx: Ctx::HSL, args: Args::Exactly(1), block: false },
+    Spec { name: "open_file_cache_errors", ctx: Ctx::HSL, args: Args::Exactly(1), block: false },
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IfModifiedSince {
+    Off,
+    Exact,
+    Before,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct FilesConf {
+    pub etag: Option<bool>,
+    pub if_modified_since: Option<IfModifiedSince>,
+    /// `open_file_cache max= inactive=`: (max, inactive); `off` keeps gannet's default.
+    pub cache_size: Option<(usize, Duration)>,
+    pub cache_valid: Option<Duration>,
+    pub cache_errors: Option<bool>,
+}
+
+impl FilesConf {
+    pub fn merge(&mut self, p: &FilesConf) {
+        inherit!(self, p, etag, if_modified_since, cache_size, cache_valid, cache_errors);
+    }
+    pub fn etag(&self) -> bool {
+        self.etag.unwrap_or(true)
+    }
+    pub fn if_modified_since(&self) -> IfModifiedSince {
+        self.if_modified_since.unwrap_or(IfModifiedSince::Exact)
+    }
+    pub fn policy(&self) -> Policy {
+        let d = Policy::default();
+        let (max, inactive) = self.cache_size.unwrap_or((d.max, d.inactive));
+        Policy {
+            max,
+            inactive,
+            // gannet re-validates each second by default: nginx's 60 s applies only once an
+            // admin turns open_file_cache on, and serving a stale file for a minute would
+            // surprise one who did not.
+            valid: self.cache_valid.unwrap_or(d.valid),
+            errors: self.cache_errors.unwrap_or(false),
+        }
+    }
+}
+
+pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), ConfError> {
+    let c = &mut lc.files;
+    match d.name.as_str() {
+        "etag" => c.etag = Some(setters::flag(d)?),
+        "if_modified_since" => {
+            c.if_modified_since = Some(match d.args[0].as_str() {
+                "off" => IfModifiedSince::Off,
+                "exact" => IfModifiedSince::Exact,
+                "before" => IfModifiedSince::Before,
+                v => return Err(invalid(d, v)),
+            })
+        }
+        "open_file_cache" => {
+            if d.args[0] == "off" {
+                c.cache_size = None;
+                return Ok(());
+            }
+            let mut max = None;
+            let mut inactive = Duration::from_secs(60);
+            for a in &d.args {
+                if let Some(v) = a.strip_prefix("max=") {
+                    max = Some(v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| invalid(d, a))?);
+                } else if let Some(v) = a.strip_prefix("inactive=") {
+                    inactive = Duration::from_secs(setters::sec(v).ok_or_else(|| invalid(d, a))?);
+                } else {
+                    return Err(invalid(d, a));
+                }
+            }
+            let max = max.ok_or_else(|| d.error("\"open_file_cache\" must have the \"max\" parameter"))?;
+            c.cache_size = Some((max, inactive));
+        }
+        "open_file_cache_valid" => {
+            c.cache_valid = Some(Duration::from_secs(setters::sec(&d.args[0]).ok_or_else(|| invalid(d, &d.args[0]))?))
+        }
+        "open_file_cache_min_uses" => {
+            // Accepted: gannet caches on first use, which is what min_uses 1 means.
+            d.args[0].parse::<u32>().map_err(|_| invalid(d, &d.args[0]))?;
+        }
+        "open_file_cache_errors" => c.cache_errors = Some(setters::flag(d)?),
+        _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
+    }
+    Ok(())
+}
+
+/// nginx's ETag: `"<mtime hex>-<size hex>"`.
+pub fn etag(mtime_secs: i64, size: u64) -> String {
+    format!("\"{mtime_secs:x}-{size:x}\"")
+}
+
+/// Serve `req.uri` as a file. URIs ending in `/` are left to index and autoindex.
+pub fn handle(req: &Request, w: &Worker) -> Flow {
+    if req.uri.ends_with('/') {
+        return Flow::Next;
+    }
+    if !matches!(req.method(), Method::Get | Method::Head | Method::Post) {
+        return Flow::Status(405);
+    }
+    let path = req.filename_for(&req.uri);
+    let f = match w.files.open(&path, &req.conf.files.policy()) {
+        Ok(f) => f,
+        Err(kind) => return Flow::Status(file_error(req, kind, &path)),
+    };
+    if f.is_dir {
+        return Flow::Done(crate::modules::rewrite::redirect_response(req, 301, &dir_location(req)));
+    }
+    if !f.is_file {
+        return Flow::Status(404);
+    }
+    if req.method() == Method::Post {
+        return Flow::Status(405);
+    }
+    Flow::Done(file_response(req, &f))
+}
+
+/// The 200 response for an open regular file.
+pub fn file_response(req: &Request, f: &super::file_cache::OpenFile) -> Response {
+    let mut r = Response::new(200);
+    r.content_type = Some(Cow::Owned(req.conf.types.lookup(&req.uri).to_string()));
+    r.last_modified = Some(f.mtime);
+    if req.conf.files.etag() {
+        r.etag = Some(etag(f.mtime_secs, f.size));
+    }
+    r.headers.push((Cow::Borrowed("Accept-Ranges"), "bytes".into()));
+    r.body = match &f.data {
+        Some(d) => Body::Parts(vec![Part::Bytes(d.clone())]),
+        None => Body::Parts(vec![Part::File(FileRange { file: f.file.clone(), offset: 0, len: f.size })]),
+    };
+    r
+}
+
+/// The status for a failed open, logged as nginx does (`open() "..." failed`).
+pub fn file_error(req: &Request, kind: ErrorKind, path: &std::path::Path) -> u16 {
+    let (status, why) = match kind {
+        ErrorKind::NotFound | ErrorKind::NotADirectory => (404, "No such file or directory"),
+        ErrorKind::PermissionDenied => (403, "Permission denied"),
+        ErrorKind::InvalidFilename => (414, "File name too long"),
+        _ => (500, "error"),
+    };
+    if status != 404 || req.conf.core.log_not_found() {
+        crate::errlog::error(format_args!(
+            "open() \"{}\" failed ({why}), client: {}, server: {}, request: \"{} {}\"",
+            path.display(),
+            req.conn.peer.ip(),
+            req.server.primary_name,
+            req.head.method_str(),
+            String::from_utf8_lossy(req.head.target())
+        ));
+    }
+    status
+}
+
+/// `uri/` plus the query string: where a directory request without its slash is sent.
+fn dir_location(req: &Request) -> String {
+    let mut loc = gannet_proto::uri::percent_encode_path(&req.uri);
+    loc.push('/');
+    if let Some(a) = &req.args {
+        loc.push('?');
+        loc.push_str(a);
+    }
+    loc
+}

@@ -1,0 +1,69 @@
+//! `try_files file ... uri | =code`: serve the first file that exists (a name ending in `/`
+//! tests for a directory), else make an internal redirect to the last argument (a URI or
+//! `@name`), or answer with `=code`.
+
+use super::{LoadCtx, LocConf};
+use crate::http::handler::Flow;
+use crate::http::request::Request;
+use crate::http::variables::Template;
+use crate::runtime::worker::Worker;
+use gannet_conf::registry::{Args, Ctx, Spec};
+use gannet_conf::{ConfError, Directive};
+use std::sync::Arc;
+
+pub const DIRECTIVES: &[Spec] = &[Spec {
+    name: "try_files",
+    ctx: Ctx(Ctx::SERVER.0 | Ctx::LOCATION.0),
+    args: Args::AtLeast(2),
+    block: false,
+}];
+
+#[derive(Debug, Clone)]
+pub enum Fallback {
+    Uri(Template),
+    Code(u16),
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct TryFilesConf {
+    pub tries: Option<Arc<(Vec<Template>, Fallback)>>,
+}
+
+pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), ConfError> {
+    if lc.try_files.tries.is_some() {
+        return Err(d.error("\"try_files\" directive is duplicate"));
+    }
+    let (last, files) = d.args.split_last().ok_or_else(|| d.error("invalid number of arguments in \"try_files\" directive"))?;
+    let fallback = match last.strip_prefix('=') {
+        Some(code) => Fallback::Code(
+            code.parse::<u16>().ok().filter(|c| (100..=999).contains(c)).ok_or_else(|| d.error(format!("invalid code \"{last}\"")))?,
+        ),
+        None => Fallback::Uri(Template::compile(last).map_err(|e| d.error(e))?),
+    };
+    let files = files.iter().map(|f| Template::compile(f).map_err(|e| d.error(e))).collect::<Result<Vec<_>, _>>()?;
+    lc.try_files.tries = Some(Arc::new((files, fallback)));
+    Ok(())
+}
+
+/// Returns `Flow::Next` with `req.uri` set to the found file, or the fallback's flow.
+pub fn handle(req: &mut Request, w: &Worker) -> Flow {
+    let Some(tries) = req.conf.try_files.tries.clone() else {
+        return Flow::Next;
+    };
+    let policy = req.conf.files.policy();
+    for t in &tries.0 {
+        let name = t.eval(req, None);
+        let want_dir = name.ends_with('/') && name.len() > 1;
+        let path = req.filename_for(&name);
+        if let Ok(f) = w.files.open(&path, &policy) {
+            if (want_dir && f.is_dir) || (!want_dir && f.is_file) {
+                req.uri = name;
+                return Flow::Next;
+            }
+        }
+    }
+    match &tries.1 {
+        Fallback::Code(c) => Flow::Status(*c),
+        Fallback::Uri(t) => Flow::Redirect(t.eval(req, None)),
+    }
+}

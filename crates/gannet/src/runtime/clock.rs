@@ -1,0 +1,91 @@
+//! Time strings, rendered at most once per second per thread: the Date header, `$time_local`,
+//! `$time_iso8601`, the error log's stamp and autoindex dates. Rendering a date costs more
+//! than serving a cached file's bytes, so it must not happen per request.
+
+use std::cell::RefCell;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+
+/// Broken-down time: (year, month 0-11, day, hour, min, sec, UTC offset in seconds).
+type Tm = (i32, usize, u32, u32, u32, u32, i64);
+
+fn breakdown(secs: i64, local: bool) -> Tm {
+    let t: libc::time_t = secs as libc::time_t;
+    // SAFETY: an all-zero `tm` is a valid value (plain integers and a null zone pointer).
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are to live, properly aligned values owned by this frame; the
+    // *_r variants are thread-safe and only write into `tm`.
+    let ok = unsafe {
+        if local {
+            !libc::localtime_r(&t, &mut tm).is_null()
+        } else {
+            !libc::gmtime_r(&t, &mut tm).is_null()
+        }
+    };
+    if !ok {
+        return (1970, 0, 1, 0, 0, 0, 0);
+    }
+    (tm.tm_year + 1900, tm.tm_mon.clamp(0, 11) as usize, tm.tm_mday as u32, tm.tm_hour as u32, tm.tm_min as u32, tm.tm_sec as u32, tm.tm_gmtoff)
+}
+
+fn unix(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+#[derive(Default)]
+struct Cache {
+    sec: i64,
+    date: Vec<u8>,
+    local: String,
+    iso: String,
+    log: String,
+}
+
+thread_local! {
+    static CACHE: RefCell<Cache> = RefCell::new(Cache { sec: -1, ..Default::default() });
+}
+
+fn with_cache<R>(f: impl FnOnce(&Cache) -> R) -> R {
+    let now = unix(SystemTime::now());
+    CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.sec != now {
+            c.sec = now;
+            c.date = gannet_proto::h1::encode::http_date(UNIX_EPOCH + std::time::Duration::from_secs(now as u64)).into_bytes();
+            let (y, mo, d, h, mi, s, off) = breakdown(now, true);
+            let sign = if off < 0 { '-' } else { '+' };
+            let (oh, om) = (off.abs() / 3600, off.abs() % 3600 / 60);
+            c.local = format!("{d:02}/{}/{y}:{h:02}:{mi:02}:{s:02} {sign}{oh:02}{om:02}", MONTHS[mo]);
+            c.iso = format!("{y}-{:02}-{d:02}T{h:02}:{mi:02}:{s:02}{sign}{oh:02}:{om:02}", mo + 1);
+            c.log = format!("{y}/{:02}/{d:02} {h:02}:{mi:02}:{s:02}", mo + 1);
+        }
+        f(&c)
+    })
+}
+
+/// Call `f` with the current IMF-fixdate (the Date header value).
+pub fn with_date<R>(f: impl FnOnce(&[u8]) -> R) -> R {
+    with_cache(|c| f(&c.date))
+}
+
+/// `$time_local`: `22/Nov/2026:12:00:00 +0000`.
+pub fn time_local() -> String {
+    with_cache(|c| c.local.clone())
+}
+
+/// `$time_iso8601`: `2026-11-22T12:00:00+00:00`.
+pub fn time_iso8601() -> String {
+    with_cache(|c| c.iso.clone())
+}
+
+/// The error log's stamp: `2026/11/22 12:00:00`.
+pub fn log_time() -> String {
+    with_cache(|c| c.log.clone())
+}
+
+/// autoindex's `22-Nov-2026 12:00`.
+pub fn listing_time(t: SystemTime, local: bool) -> String {
+    let (y, mo, d, h, mi, _, _) = breakdown(unix(t), local);
+    format!("{d:02}-{}-{y} {h:02}:{mi:02}", MONTHS[mo])
+}

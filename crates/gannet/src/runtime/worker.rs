@@ -1,0 +1,171 @@
+//! A worker: one OS thread running a single-threaded tokio runtime. It accepts on its own
+//! SO_REUSEPORT sockets and serves each connection as a local task; its caches (open files,
+//! access-log buffers) are its own, so the request path takes no lock.
+
+use crate::config::Config;
+use crate::modules::access_log::LogFile;
+use crate::modules::file_cache::FileCache;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::TcpListener as StdListener;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Notify};
+
+/// What the master asks of the workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    Run,
+    /// SIGQUIT: stop accepting, finish in-flight requests, close idle connections, exit.
+    Drain,
+}
+
+/// Connection serial numbers are process-wide, as nginx's are.
+static CONN_SEQ: AtomicU64 = AtomicU64::new(1);
+
+pub struct Worker {
+    pub config: Arc<Config>,
+    pub files: FileCache,
+    /// Per log file: buffered lines and when they were last written.
+    logs: RefCell<HashMap<usize, (Arc<LogFile>, Vec<u8>, Instant)>>,
+    pub active: Cell<usize>,
+    pub draining: Cell<bool>,
+    /// Woken when draining starts (idle connections close) and when a connection ends.
+    pub drain: Notify,
+    pub conn_closed: Notify,
+    emfile_logged: Cell<bool>,
+}
+
+impl Worker {
+    pub fn next_conn_id() -> u64 {
+        CONN_SEQ.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Append a finished log line; written at once without `buffer=`, else when full.
+    pub fn log_line(&self, log: &Arc<LogFile>, line: &[u8]) {
+        if log.buffer == 0 {
+            let _ = (&log.file).write_all(line);
+            return;
+        }
+        let mut logs = self.logs.borrow_mut();
+        let entry = logs.entry(log.id).or_insert_with(|| (log.clone(), Vec::with_capacity(log.buffer), Instant::now()));
+        if entry.1.len() + line.len() > log.buffer {
+            let _ = (&log.file).write_all(&entry.1);
+            entry.1.clear();
+            entry.2 = Instant::now();
+        }
+        entry.1.extend_from_slice(line);
+    }
+
+    /// Write buffers older than their `flush=` time (all of them with `all`).
+    pub fn flush_logs(&self, all: bool) {
+        let now = Instant::now();
+        for (log, buf, since) in self.logs.borrow_mut().values_mut() {
+            if !buf.is_empty() && (all || now.duration_since(*since) >= log.flush) {
+                let _ = (&log.file).write_all(buf);
+                buf.clear();
+                *since = now;
+            }
+        }
+    }
+}
+
+/// Run one worker until it is told to drain and its connections are done, or the process
+/// exits. `sockets[i]` listens for `config.listens[i]`.
+pub fn run(config: Arc<Config>, sockets: Vec<StdListener>, mut cmd: watch::Receiver<Command>) {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            crate::errlog::error(format_args!("worker runtime failed to start: {e}"));
+            return;
+        }
+    };
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        let w = Rc::new(Worker {
+            config,
+            files: FileCache::default(),
+            logs: RefCell::new(HashMap::new()),
+            active: Cell::new(0),
+            draining: Cell::new(false),
+            drain: Notify::new(),
+            conn_closed: Notify::new(),
+            emfile_logged: Cell::new(false),
+        });
+        let mut accepts = Vec::new();
+        for (i, s) in sockets.into_iter().enumerate() {
+            match TcpListener::from_std(s) {
+                Ok(l) => accepts.push(tokio::task::spawn_local(accept_loop(w.clone(), l, i))),
+                Err(e) => crate::errlog::error(format_args!("listener setup failed: {e}")),
+            }
+        }
+        let flusher = tokio::task::spawn_local({
+            let w = w.clone();
+            async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(500));
+                loop {
+                    tick.tick().await;
+                    w.flush_logs(false);
+                }
+            }
+        });
+        while *cmd.borrow_and_update() == Command::Run {
+            if cmd.changed().await.is_err() {
+                break;
+            }
+        }
+        // Draining: no new connections; idle ones close now, busy ones after their response.
+        for a in &accepts {
+            a.abort();
+        }
+        w.draining.set(true);
+        w.drain.notify_waiters();
+        let deadline = w.config.main.shutdown_timeout;
+        let wait_idle = async {
+            while w.active.get() > 0 {
+                w.conn_closed.notified().await;
+            }
+        };
+        match deadline {
+            Some(d) => {
+                let _ = tokio::time::timeout(d, wait_idle).await;
+            }
+            None => wait_idle.await,
+        }
+        flusher.abort();
+        w.flush_logs(true);
+    });
+}
+
+async fn accept_loop(w: Rc<Worker>, listener: TcpListener, group: usize) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                if w.active.get() >= w.config.main.worker_connections {
+                    crate::errlog::warn(format_args!("{} worker_connections are not enough", w.config.main.worker_connections));
+                    drop(stream);
+                    continue;
+                }
+                w.active.set(w.active.get() + 1);
+                let w2 = w.clone();
+                tokio::task::spawn_local(async move {
+                    crate::conn::h1::serve(&w2, stream, peer, group).await;
+                    w2.active.set(w2.active.get() - 1);
+                    w2.conn_closed.notify_waiters();
+                });
+            }
+            Err(e) => {
+                // EMFILE / ENFILE: keep serving the connections we have; retry accepting
+                // shortly (the backlog keeps the waiting clients) and log once.
+                if !w.emfile_logged.replace(true) {
+                    crate::errlog::error(format_args!("accept() failed ({e})"));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
