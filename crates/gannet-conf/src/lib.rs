@@ -7,7 +7,9 @@
 //!   server module can own a table of them, and checks a parsed directive against it.
 //! - [`setters`] parse the shared argument kinds: flags, sizes, durations.
 //!
-//! Errors are [`ConfError`]s, printed as `file:line: message` like `nginx -t`.
+//! Errors are [`ConfError`]s, printed as `file:line: message` like `nginx -t`. Untrusted or
+//! broken input cannot exhaust the stack or memory: block nesting, include nesting and file
+//! size are capped ([`MAX_BLOCK_DEPTH`], [`MAX_INCLUDE_DEPTH`], [`MAX_FILE_SIZE`]).
 
 mod error;
 mod include;

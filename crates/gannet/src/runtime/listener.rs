@@ -22,8 +22,24 @@ pub fn bind(l: &Listen) -> io::Result<TcpListener> {
     Ok(s.into())
 }
 
+/// Fail with EADDRINUSE if anything listens on the address already. SO_REUSEPORT would
+/// otherwise let a second gannet (same user) join the port silently and take half of the
+/// connections; a probe socket without SO_REUSEPORT cannot bind over a live listener.
+fn probe(l: &Listen) -> io::Result<()> {
+    let domain = if l.addr.is_ipv6() { Domain::IPV6 } else { Domain::IPV4 };
+    let s = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
+    s.set_reuse_address(true)?;
+    if l.addr.is_ipv6() {
+        s.set_only_v6(l.ipv6only)?;
+    }
+    s.bind(&l.addr.into())
+}
+
 /// One socket per listen group for each of `workers` workers: result[worker][group].
 pub fn bind_all(listens: &[&Listen], workers: usize) -> Result<Vec<Vec<TcpListener>>, String> {
+    for l in listens {
+        probe(l).map_err(|e| format!("bind() to {} failed ({e})", l.addr))?;
+    }
     let mut out = Vec::with_capacity(workers);
     for _ in 0..workers {
         let mut mine = Vec::with_capacity(listens.len());

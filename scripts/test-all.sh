@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Everything the tests need, then every test: on a fresh Debian 12 machine (as root) this
+# installs the packages, builds gannet, and runs the Rust tests, lints, the end-to-end tests
+# against the real binary (and Debian's nginx for the differential test), and the arena's
+# tests with its smoke benchmark. Target: well under 30 minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "system packages"
+pkgs=(curl nginx lighttpd wrk nghttp2-client apache2-utils httperf siege)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+step "rust toolchain"
+if ! command -v cargo >/dev/null; then
+  echo "cargo not found: install Rust (rustup) first" >&2
+  exit 1
+fi
+rustup component add clippy rustfmt >/dev/null 2>&1 || true
+
+step "python packages"
+python3 -m pip install -q -e './arena[test]'
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy"
+cargo clippy --workspace --all-targets -q -- -D warnings
+
+step "cargo test"
+cargo test --workspace -q 2>&1 | tail -n 40
+
+step "build the release binary"
+cargo build --release -p gannet -q
+export GANNET_BIN="$PWD/target/release/gannet"
+
+step "end-to-end tests and arena tests"
+python3 -m pytest -q tests/e2e arena/tests

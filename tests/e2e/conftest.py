@@ -1,0 +1,198 @@
+"""End-to-end harness: the real gannet binary, a temp config and document root, a port
+allocated per test, and real clients (raw sockets, http.client, curl).
+
+Use the `gannet` fixture:
+
+    def test_x(gannet):
+        srv = gannet.start(server="location / { autoindex on; }", files={"a.txt": "hi"})
+        status, headers, body = srv.get("/a.txt")
+
+`server=` goes inside the default `server {}` block (which already has `listen` and `root`),
+`http=` inside `http {}` before it, `main=` at the top; or pass `conf=` for a whole config
+where `{port}`, `{root}`, `{tmp}` and `{repo}` are replaced.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def gannet_bin() -> Path:
+    env = os.environ.get("GANNET_BIN")
+    if env:
+        return Path(env)
+    # The most recently built of the two, so a stale release build never hides a fix.
+    built = [p for p in (REPO / "target" / k / "gannet" for k in ("release", "debug")) if p.exists()]
+    if built:
+        return max(built, key=lambda p: p.stat().st_mtime)
+    raise RuntimeError("gannet binary not found: run `cargo build --release` first or set GANNET_BIN")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen | None = None, deadline: float = 10.0) -> None:
+    """Poll until something accepts on the port (or the process died)."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError(f"nothing listens on {port} after {deadline}s")
+
+
+DEFAULT_CONF = """
+worker_processes 1;
+pid {tmp}/gannet.pid;
+error_log {tmp}/error.log info;
+{main}
+events {{ worker_connections 1024; }}
+http {{
+    include {repo}/conf/mime.types;
+    default_type application/octet-stream;
+    access_log {tmp}/access.log;
+    {http}
+    server {{
+        listen 127.0.0.1:{port};
+        root {root};
+        {server}
+    }}
+}}
+"""
+
+
+class Server:
+    def __init__(self, tmp: Path, port: int, proc: subprocess.Popen, conf_path: Path):
+        self.tmp, self.port, self.proc, self.conf_path = tmp, port, proc, conf_path
+        self.root = tmp / "www"
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def request(self, method: str, path: str, headers: dict | None = None, body: bytes | None = None, port: int | None = None):
+        """One request on a fresh connection: (status, headers as lower-case dict, body)."""
+        c = http.client.HTTPConnection("127.0.0.1", port or self.port, timeout=10)
+        try:
+            c.request(method, path, body=body, headers=headers or {})
+            r = c.getresponse()
+            data = r.read()
+            return r.status, {k.lower(): v for k, v in r.getheaders()}, data
+        finally:
+            c.close()
+
+    def get(self, path: str, headers: dict | None = None, **kw):
+        return self.request("GET", path, headers, **kw)
+
+    def raw(self, data: bytes, timeout: float = 5.0) -> bytes:
+        """Send raw bytes, read until the server closes (or the timeout)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as s:
+            s.sendall(data)
+            chunks = []
+            try:
+                while True:
+                    b = s.recv(65536)
+                    if not b:
+                        break
+                    chunks.append(b)
+            except socket.timeout:
+                pass
+            return b"".join(chunks)
+
+    def error_log(self) -> str:
+        p = self.tmp / "error.log"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def access_log(self) -> str:
+        p = self.tmp / "access.log"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+class Gannet:
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.servers: list[Server] = []
+
+    def write_files(self, files: dict | None) -> Path:
+        root = self.tmp / "www"
+        root.mkdir(exist_ok=True)
+        for name, content in (files or {}).items():
+            p = root / name
+            p.parent.mkdir(parents=True, exist_ok=True)
+            if content is None:
+                p.mkdir(exist_ok=True)
+            else:
+                p.write_bytes(content.encode() if isinstance(content, str) else content)
+        return root
+
+    def render(self, conf: str | None = None, server: str = "", http: str = "", main: str = "", port: int | None = None) -> tuple[str, int]:
+        port = port or free_port()
+        root = self.tmp / "www"
+        if conf is None:
+            text = DEFAULT_CONF.format(tmp=self.tmp, repo=REPO, port=port, root=root, server=server, http=http, main=main)
+        else:
+            text = conf.replace("{port}", str(port)).replace("{root}", str(root)).replace("{tmp}", str(self.tmp)).replace("{repo}", str(REPO))
+        return text, port
+
+    def start(self, conf: str | None = None, files: dict | None = None, server: str = "", http: str = "", main: str = "", port: int | None = None, wait: bool = True) -> Server:
+        self.write_files(files)
+        text, port = self.render(conf, server, http, main, port)
+        conf_path = self.tmp / "gannet.conf"
+        conf_path.write_text(text)
+        proc = subprocess.Popen([str(gannet_bin()), "-c", str(conf_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        srv = Server(self.tmp, port, proc, conf_path)
+        self.servers.append(srv)
+        if wait:
+            try:
+                wait_port(port, proc)
+            except RuntimeError as e:
+                srv.stop()
+                out, err = proc.communicate()
+                raise AssertionError(f"gannet did not start: {e}\nstderr:\n{err.decode(errors='replace')}") from None
+        return srv
+
+    def check(self, conf: str | None = None, files: dict | None = None, **kw) -> subprocess.CompletedProcess:
+        """`gannet -t` on a rendered config."""
+        self.write_files(files)
+        text, _ = self.render(conf, **kw)
+        conf_path = self.tmp / "check.conf"
+        conf_path.write_text(text)
+        return subprocess.run([str(gannet_bin()), "-t", "-c", str(conf_path)], capture_output=True, text=True, timeout=30)
+
+    def close(self) -> None:
+        for s in self.servers:
+            s.stop()
+
+
+@pytest.fixture
+def gannet(tmp_path):
+    g = Gannet(tmp_path)
+    yield g
+    g.close()

@@ -1,0 +1,101 @@
+"""Debian's nginx as a reference peer for differential tests: the same config text as gannet
+(with `{port}`, `{root}`, `{tmp}` and `{repo}` filled in as the harness does), run in the
+foreground under its own prefix, stopped at teardown; plus a tiny raw HTTP/1.1 client whose
+answers can be compared field by field.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from conftest import REPO, wait_port
+
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+
+
+def render(conf: str, port: int, root: Path, tmp: Path) -> str:
+    return conf.replace("{port}", str(port)).replace("{root}", str(root)).replace("{tmp}", str(tmp)).replace("{repo}", str(REPO))
+
+
+class NginxPeer:
+    """nginx running `conf` with its pid and logs under `tmp` and documents in `root`."""
+
+    def __init__(self, conf: str, port: int, root: Path, tmp: Path):
+        self.port, self.tmp = port, tmp
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.conf_path = tmp / "nginx.conf"
+        self.conf_path.write_text(render(conf, port, root, tmp))
+        self.proc = subprocess.Popen(
+            [NGINX, "-p", f"{tmp}/", "-c", str(self.conf_path), "-g", "daemon off;"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            wait_port(port, self.proc)
+        except RuntimeError as e:
+            self.stop()
+            raise AssertionError(f"nginx did not start: {e}\n{self.proc.stderr.read().decode(errors='replace')}") from None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGQUIT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@dataclass
+class Answer:
+    """One parsed response: status, headers (lower-case names, repeats joined by ", "), body."""
+
+    status: int
+    headers: dict = field(default_factory=dict)
+    body: bytes = b""
+    raw: bytes = b""
+
+
+def exchange(port: int, request: bytes, timeout: float = 5.0) -> Answer:
+    """Send raw bytes (the request should say Connection: close), read to EOF, parse."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(request)
+        chunks = []
+        try:
+            while b := s.recv(65536):
+                chunks.append(b)
+        except (socket.timeout, ConnectionResetError):
+            pass
+    return parse(b"".join(chunks), head_request=request.startswith(b"HEAD "))
+
+
+def parse(raw: bytes, head_request: bool = False) -> Answer:
+    if not raw:
+        return Answer(status=0, raw=raw)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers: dict[str, str] = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        name, value = name.strip().lower(), value.strip()
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    if headers.get("transfer-encoding", "").lower() == "chunked" and not head_request:
+        body = dechunk(body)
+    return Answer(status=int(status_line.split()[1]), headers=headers, body=body, raw=raw)
+
+
+def dechunk(data: bytes) -> bytes:
+    out = []
+    while data:
+        size_line, _, data = data.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        out.append(data[:size])
+        data = data[size + 2 :]
+    return b"".join(out)
