@@ -75,7 +75,14 @@ pub fn log(level: Level, args: fmt::Arguments) {
     }
     // SAFETY: gettid has no preconditions and cannot fail.
     let tid = unsafe { libc::gettid() };
-    let line = format!("{} [{}] {}#{}: {}\n", crate::runtime::clock::log_time(), level.name(), std::process::id(), tid, args);
+    let line = format!(
+        "{} [{}] {}#{}: {}\n",
+        crate::runtime::clock::log_time(),
+        level.name(),
+        std::process::id(),
+        tid,
+        args
+    );
     match file {
         Some(mut f) => {
             let _ = f.write_all(line.as_bytes());

@@ -24,13 +24,48 @@ fn cli() -> Command {
     Command::new("gannet")
         .about("An event-driven HTTP server configured with nginx's syntax")
         .disable_version_flag(true)
-        .arg(Arg::new("conf").short('c').value_name("FILE").help("use this configuration file"))
-        .arg(Arg::new("prefix").short('p').value_name("PREFIX").help("resolve relative paths against PREFIX (default: the config file's directory)"))
-        .arg(Arg::new("test").short('t').action(ArgAction::SetTrue).help("check the configuration and exit"))
-        .arg(Arg::new("quiet").short('q').action(ArgAction::SetTrue).help("with -t, print errors only"))
-        .arg(Arg::new("signal").short('s').value_name("SIGNAL").value_parser(["stop", "quit", "reload", "reopen"]).help("send a signal to the running gannet (pid from the config)"))
-        .arg(Arg::new("version").short('v').action(ArgAction::SetTrue).help("print the version and exit"))
-        .arg(Arg::new("Version").short('V').action(ArgAction::SetTrue).help("print the version and build details and exit"))
+        .arg(
+            Arg::new("conf")
+                .short('c')
+                .value_name("FILE")
+                .help("use this configuration file"),
+        )
+        .arg(
+            Arg::new("prefix").short('p').value_name("PREFIX").help(
+                "resolve relative paths against PREFIX (default: the config file's directory)",
+            ),
+        )
+        .arg(
+            Arg::new("test")
+                .short('t')
+                .action(ArgAction::SetTrue)
+                .help("check the configuration and exit"),
+        )
+        .arg(
+            Arg::new("quiet")
+                .short('q')
+                .action(ArgAction::SetTrue)
+                .help("with -t, print errors only"),
+        )
+        .arg(
+            Arg::new("signal")
+                .short('s')
+                .value_name("SIGNAL")
+                .value_parser(["stop", "quit", "reload", "reopen"])
+                .help("send a signal to the running gannet (pid from the config)"),
+        )
+        .arg(
+            Arg::new("version")
+                .short('v')
+                .action(ArgAction::SetTrue)
+                .help("print the version and exit"),
+        )
+        .arg(
+            Arg::new("Version")
+                .short('V')
+                .action(ArgAction::SetTrue)
+                .help("print the version and build details and exit"),
+        )
 }
 
 fn main() -> ExitCode {
@@ -47,11 +82,17 @@ fn main() -> ExitCode {
     let conf_path = m.get_one::<String>("conf").map(PathBuf::from);
     let prefix = match (m.get_one::<String>("prefix"), &conf_path) {
         (Some(p), _) => PathBuf::from(p),
-        (None, Some(c)) => c.parent().filter(|p| !p.as_os_str().is_empty()).map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+        (None, Some(c)) => c
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
         (None, None) => std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
     };
     let prefix = std::fs::canonicalize(&prefix).unwrap_or(prefix);
-    let shown = conf_path.as_ref().map_or_else(|| "(embedded default)".to_string(), |p| p.display().to_string());
+    let shown = conf_path.as_ref().map_or_else(
+        || "(embedded default)".to_string(),
+        |p| p.display().to_string(),
+    );
     let loaded = match &conf_path {
         Some(p) => config::load(p, &prefix),
         None => embedded(&prefix),
@@ -80,7 +121,11 @@ fn main() -> ExitCode {
         return send_signal(&cfg, sig);
     }
     if conf_path.is_none() {
-        eprintln!("gannet: serving {} on http://{}/ (Ctrl-C stops)", prefix.display(), listen_addr());
+        eprintln!(
+            "gannet: serving {} on http://{}/ (Ctrl-C stops)",
+            prefix.display(),
+            listen_addr()
+        );
     }
     match runtime::master::run(cfg) {
         Ok(()) => ExitCode::SUCCESS,
@@ -97,8 +142,14 @@ fn listen_addr() -> String {
 
 /// The embedded default config, serving `root`.
 fn embedded(root: &Path) -> Result<config::Config, gannet_conf::ConfError> {
-    let root = root.to_string_lossy().replace('\\', "\\\\").replace('"', "\\\"");
-    let text = DEFAULT_CONF.replace("{{MIME}}", MIME_TYPES).replace("{{ROOT}}", &root).replace("{{LISTEN}}", &listen_addr());
+    let root = root
+        .to_string_lossy()
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"");
+    let text = DEFAULT_CONF
+        .replace("{{MIME}}", MIME_TYPES)
+        .replace("{{ROOT}}", &root)
+        .replace("{{LISTEN}}", &listen_addr());
     let tree = gannet_conf::parse_str(&text, "(embedded default)", root.as_ref())?;
     config::load::build(&tree, Path::new(&root))
 }
@@ -108,10 +159,16 @@ fn send_signal(cfg: &config::Config, sig: &str) -> ExitCode {
         eprintln!("gannet: [error] no \"pid\" file in the configuration, cannot signal");
         return ExitCode::FAILURE;
     };
-    let pid = match std::fs::read_to_string(pid_file).ok().and_then(|s| s.trim().parse::<libc::pid_t>().ok()) {
+    let pid = match std::fs::read_to_string(pid_file)
+        .ok()
+        .and_then(|s| s.trim().parse::<libc::pid_t>().ok())
+    {
         Some(p) if p > 0 => p,
         _ => {
-            eprintln!("gannet: [error] invalid PID number in \"{}\"", pid_file.display());
+            eprintln!(
+                "gannet: [error] invalid PID number in \"{}\"",
+                pid_file.display()
+            );
             return ExitCode::FAILURE;
         }
     };
@@ -123,7 +180,10 @@ fn send_signal(cfg: &config::Config, sig: &str) -> ExitCode {
     };
     // SAFETY: kill() takes plain integers and has no memory-safety preconditions.
     if unsafe { libc::kill(pid, signo) } != 0 {
-        eprintln!("gannet: [error] kill({pid}, {sig}) failed ({})", std::io::Error::last_os_error());
+        eprintln!(
+            "gannet: [error] kill({pid}, {sig}) failed ({})",
+            std::io::Error::last_os_error()
+        );
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS

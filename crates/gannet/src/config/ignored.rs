@@ -5,24 +5,63 @@
 /// (directive, why it has no effect)
 pub const IGNORED: &[(&str, &str)] = &[
     ("types_hash_max_size", "gannet's type table needs no sizing"),
-    ("types_hash_bucket_size", "gannet's type table needs no sizing"),
-    ("server_names_hash_max_size", "gannet's name table needs no sizing"),
-    ("server_names_hash_bucket_size", "gannet's name table needs no sizing"),
-    ("variables_hash_max_size", "gannet's variable table needs no sizing"),
-    ("variables_hash_bucket_size", "gannet's variable table needs no sizing"),
-    ("accept_mutex", "each worker has its own SO_REUSEPORT listener"),
-    ("accept_mutex_delay", "each worker has its own SO_REUSEPORT listener"),
-    ("multi_accept", "workers always accept every pending connection"),
+    (
+        "types_hash_bucket_size",
+        "gannet's type table needs no sizing",
+    ),
+    (
+        "server_names_hash_max_size",
+        "gannet's name table needs no sizing",
+    ),
+    (
+        "server_names_hash_bucket_size",
+        "gannet's name table needs no sizing",
+    ),
+    (
+        "variables_hash_max_size",
+        "gannet's variable table needs no sizing",
+    ),
+    (
+        "variables_hash_bucket_size",
+        "gannet's variable table needs no sizing",
+    ),
+    (
+        "accept_mutex",
+        "each worker has its own SO_REUSEPORT listener",
+    ),
+    (
+        "accept_mutex_delay",
+        "each worker has its own SO_REUSEPORT listener",
+    ),
+    (
+        "multi_accept",
+        "workers always accept every pending connection",
+    ),
     ("use", "gannet picks epoll itself"),
     ("worker_cpu_affinity", "not supported yet; pin with taskset"),
     ("worker_priority", "not supported yet; use nice"),
     ("pcre_jit", "gannet's regex engine needs no JIT switch"),
     ("load_module", "gannet has no dynamic modules"),
-    ("user", "not supported yet: workers run as the starting user"),
-    ("lingering_close", "gannet closes after the response is flushed"),
-    ("lingering_time", "gannet closes after the response is flushed"),
-    ("lingering_timeout", "gannet closes after the response is flushed"),
-    ("reset_timedout_connection", "timed-out connections are always closed"),
+    (
+        "user",
+        "not supported yet: workers run as the starting user",
+    ),
+    (
+        "lingering_close",
+        "gannet closes after the response is flushed",
+    ),
+    (
+        "lingering_time",
+        "gannet closes after the response is flushed",
+    ),
+    (
+        "lingering_timeout",
+        "gannet closes after the response is flushed",
+    ),
+    (
+        "reset_timedout_connection",
+        "timed-out connections are always closed",
+    ),
     ("output_buffers", "gannet sizes its output buffers itself"),
     ("postpone_output", "gannet batches output itself"),
     ("sendfile_max_chunk", "gannet sizes sendfile chunks itself"),
@@ -31,8 +70,14 @@ pub const IGNORED: &[(&str, &str)] = &[
     ("directio", "not supported"),
     ("msie_padding", "not needed by any current browser"),
     ("msie_refresh", "not needed by any current browser"),
-    ("client_body_buffer_size", "bodies are not buffered by static serving"),
-    ("client_body_temp_path", "bodies are not buffered by static serving"),
+    (
+        "client_body_buffer_size",
+        "bodies are not buffered by static serving",
+    ),
+    (
+        "client_body_temp_path",
+        "bodies are not buffered by static serving",
+    ),
     ("proxy_temp_path", "proxying is not supported yet"),
     ("fastcgi_temp_path", "FastCGI is not supported yet"),
     ("uwsgi_temp_path", "uwsgi is not supported yet"),
@@ -59,5 +104,8 @@ pub const IGNORED: &[(&str, &str)] = &[
 ];
 
 pub fn lookup(name: &str) -> Option<&'static str> {
-    IGNORED.iter().find(|(n, _)| *n == name).map(|(_, why)| *why)
+    IGNORED
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, why)| *why)
 }

@@ -18,17 +18,30 @@ impl Listen {
     /// nginx's default when a server has no `listen`: *:80 (or *:8000 when not root).
     pub fn default_for_server() -> Listen {
         // SAFETY: geteuid has no preconditions and cannot fail.
-        let port = if unsafe { libc::geteuid() } == 0 { 80 } else { 8000 };
+        let port = if unsafe { libc::geteuid() } == 0 {
+            80
+        } else {
+            8000
+        };
         Listen::with_addr(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port))
     }
 
     pub fn with_addr(addr: SocketAddr) -> Listen {
-        Listen { addr, default_server: false, backlog: 511, reuseport: false, ipv6only: true }
+        Listen {
+            addr,
+            default_server: false,
+            backlog: 511,
+            reuseport: false,
+            ipv6only: true,
+        }
     }
 
     pub fn parse(d: &Directive) -> Result<Listen, ConfError> {
         let addr = parse_addr(&d.args[0]).ok_or_else(|| {
-            d.error(format!("invalid address \"{}\" in \"listen\" directive", d.args[0]))
+            d.error(format!(
+                "invalid address \"{}\" in \"listen\" directive",
+                d.args[0]
+            ))
         })?;
         let mut l = Listen::with_addr(addr);
         for opt in &d.args[1..] {
@@ -40,15 +53,25 @@ impl Listen {
                 ("default_server", None) | ("default", None) => l.default_server = true,
                 ("reuseport", None) => l.reuseport = true,
                 ("backlog", Some(v)) => {
-                    l.backlog = v.parse().map_err(|_| d.error(format!("invalid backlog \"{v}\"")))?
+                    l.backlog = v
+                        .parse()
+                        .map_err(|_| d.error(format!("invalid backlog \"{v}\"")))?
                 }
                 ("ipv6only", Some("on")) => l.ipv6only = true,
                 ("ipv6only", Some("off")) => l.ipv6only = false,
                 // Accepted for compatibility; gannet's behaviour does not depend on them.
-                ("deferred", None) | ("bind", None) | ("fastopen", Some(_)) | ("so_keepalive", Some(_))
-                | ("rcvbuf", Some(_)) | ("sndbuf", Some(_)) | ("setfib", Some(_)) | ("accept_filter", Some(_)) => {}
+                ("deferred", None)
+                | ("bind", None)
+                | ("fastopen", Some(_))
+                | ("so_keepalive", Some(_))
+                | ("rcvbuf", Some(_))
+                | ("sndbuf", Some(_))
+                | ("setfib", Some(_))
+                | ("accept_filter", Some(_)) => {}
                 ("ssl", None) | ("http2", None) | ("quic", None) | ("proxy_protocol", None) => {
-                    return Err(d.error(format!("the \"{key}\" parameter of \"listen\" is not supported yet")))
+                    return Err(d.error(format!(
+                        "the \"{key}\" parameter of \"listen\" is not supported yet"
+                    )))
                 }
                 _ => return Err(d.error(format!("invalid parameter \"{opt}\""))),
             }
@@ -92,7 +115,10 @@ mod tests {
     #[test]
     fn addresses() {
         assert_eq!(parse_addr("8080").unwrap().to_string(), "0.0.0.0:8080");
-        assert_eq!(parse_addr("127.0.0.1:81").unwrap().to_string(), "127.0.0.1:81");
+        assert_eq!(
+            parse_addr("127.0.0.1:81").unwrap().to_string(),
+            "127.0.0.1:81"
+        );
         assert_eq!(parse_addr("127.0.0.1").unwrap().to_string(), "127.0.0.1:80");
         assert_eq!(parse_addr("*:90").unwrap().to_string(), "0.0.0.0:90");
         assert_eq!(parse_addr("[::]:80").unwrap().to_string(), "[::]:80");

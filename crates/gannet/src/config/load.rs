@@ -29,12 +29,42 @@ const NOT_YET: &[(&str, &str)] = &[
 ];
 
 const STRUCTURE: &[Spec] = &[
-    Spec { name: "events", ctx: Ctx::MAIN, args: registry::Args::Exactly(0), block: true },
-    Spec { name: "http", ctx: Ctx::MAIN, args: registry::Args::Exactly(0), block: true },
-    Spec { name: "server", ctx: Ctx::HTTP, args: registry::Args::Exactly(0), block: true },
-    Spec { name: "location", ctx: Ctx(Ctx::SERVER.0 | Ctx::LOCATION.0), args: registry::Args::Between(1, 2), block: true },
-    Spec { name: "listen", ctx: Ctx::SERVER, args: registry::Args::AtLeast(1), block: false },
-    Spec { name: "server_name", ctx: Ctx::SERVER, args: registry::Args::AtLeast(1), block: false },
+    Spec {
+        name: "events",
+        ctx: Ctx::MAIN,
+        args: registry::Args::Exactly(0),
+        block: true,
+    },
+    Spec {
+        name: "http",
+        ctx: Ctx::MAIN,
+        args: registry::Args::Exactly(0),
+        block: true,
+    },
+    Spec {
+        name: "server",
+        ctx: Ctx::HTTP,
+        args: registry::Args::Exactly(0),
+        block: true,
+    },
+    Spec {
+        name: "location",
+        ctx: Ctx(Ctx::SERVER.0 | Ctx::LOCATION.0),
+        args: registry::Args::Between(1, 2),
+        block: true,
+    },
+    Spec {
+        name: "listen",
+        ctx: Ctx::SERVER,
+        args: registry::Args::AtLeast(1),
+        block: false,
+    },
+    Spec {
+        name: "server_name",
+        ctx: Ctx::SERVER,
+        args: registry::Args::AtLeast(1),
+        block: false,
+    },
 ];
 
 /// Load and check the config at `path`; relative paths in it resolve against `prefix`.
@@ -45,7 +75,11 @@ pub fn load(path: &Path, prefix: &Path) -> Result<Config, ConfError> {
 
 /// Build from an already parsed tree (used for the embedded default config too).
 pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
-    let mut cfg = Config { main: MainConf::default(), listens: Vec::new(), notices: Vec::new() };
+    let mut cfg = Config {
+        main: MainConf::default(),
+        listens: Vec::new(),
+        notices: Vec::new(),
+    };
     let mut http_blocks = Vec::new();
     for d in tree {
         match d.name.as_str() {
@@ -72,12 +106,20 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
 }
 
 fn check(d: &Directive, ctx: Ctx) -> Result<(), ConfError> {
-    let spec = STRUCTURE.iter().find(|s| s.name == d.name).ok_or_else(|| d.error(format!("unknown directive \"{}\"", d.name)))?;
+    let spec = STRUCTURE
+        .iter()
+        .find(|s| s.name == d.name)
+        .ok_or_else(|| d.error(format!("unknown directive \"{}\"", d.name)))?;
     registry::check(spec, d, ctx)
 }
 
 /// A directive in main or events context (or an ignored / unknown one there).
-fn main_directive(cfg: &mut Config, d: &Directive, prefix: &Path, ctx: Ctx) -> Result<(), ConfError> {
+fn main_directive(
+    cfg: &mut Config,
+    d: &Directive,
+    prefix: &Path,
+    ctx: Ctx,
+) -> Result<(), ConfError> {
     if let Some(spec) = main_conf::DIRECTIVES.iter().find(|s| s.name == d.name) {
         registry::check(spec, d, ctx)?;
         cfg.main.set(d, prefix, false)?;
@@ -89,13 +131,19 @@ fn main_directive(cfg: &mut Config, d: &Directive, prefix: &Path, ctx: Ctx) -> R
 /// Ignored, not-yet-supported, misplaced or unknown: a notice or a clear error.
 fn other_directive(cfg: &mut Config, d: &Directive, ctx: Ctx) -> Result<(), ConfError> {
     if let Some(why) = ignored::lookup(&d.name) {
-        cfg.notices.push(format!("{}: \"{}\" has no effect in gannet: {why}", d.loc, d.name));
+        cfg.notices.push(format!(
+            "{}: \"{}\" has no effect in gannet: {why}",
+            d.loc, d.name
+        ));
         return Ok(());
     }
     if let Some((_, why)) = NOT_YET.iter().find(|(n, _)| *n == d.name) {
         return Err(d.error(format!("\"{}\": {why}", d.name)));
     }
-    if STRUCTURE.iter().any(|s| s.name == d.name) || modules::find(&d.name).is_some() || main_conf::DIRECTIVES.iter().any(|s| s.name == d.name) {
+    if STRUCTURE.iter().any(|s| s.name == d.name)
+        || modules::find(&d.name).is_some()
+        || main_conf::DIRECTIVES.iter().any(|s| s.name == d.name)
+    {
         return Err(d.error(format!("\"{}\" directive is not allowed here", d.name)));
     }
     let _ = ctx;
@@ -103,7 +151,13 @@ fn other_directive(cfg: &mut Config, d: &Directive, ctx: Ctx) -> Result<(), Conf
 }
 
 /// Apply a module directive (or `error_log`) at an http, server or location level.
-fn level_directive(cfg: &mut Config, d: &Directive, lc: &mut LocConf, lctx: &mut LoadCtx, ctx: Ctx) -> Result<(), ConfError> {
+fn level_directive(
+    cfg: &mut Config,
+    d: &Directive,
+    lc: &mut LocConf,
+    lctx: &mut LoadCtx,
+    ctx: Ctx,
+) -> Result<(), ConfError> {
     if let Some((spec, set)) = modules::find(&d.name) {
         registry::check(spec, d, ctx)?;
         return set(d, lc, lctx);
@@ -119,7 +173,10 @@ fn level_directive(cfg: &mut Config, d: &Directive, lc: &mut LocConf, lctx: &mut
 }
 
 fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), ConfError> {
-    let mut lctx = LoadCtx { prefix: prefix.to_path_buf(), log_formats: modules::access_log::predefined() };
+    let mut lctx = LoadCtx {
+        prefix: prefix.to_path_buf(),
+        log_formats: modules::access_log::predefined(),
+    };
     let mut conf = LocConf::default();
     let body = http.block.as_deref().unwrap_or_default();
     for d in body.iter().filter(|d| d.name != "server") {
@@ -139,14 +196,21 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
                 Some(g) => {
                     if l.default_server {
                         if g.listen.default_server {
-                            return Err(ConfError::at(&loc, format!("a duplicate default server for {}", l.addr)));
+                            return Err(ConfError::at(
+                                &loc,
+                                format!("a duplicate default server for {}", l.addr),
+                            ));
                         }
                         g.default = g.servers.len();
                         g.listen.default_server = true;
                     }
                     g.servers.push(server.clone());
                 }
-                None => groups.push(ListenGroup { listen: l, servers: vec![server.clone()], default: 0 }),
+                None => groups.push(ListenGroup {
+                    listen: l,
+                    servers: vec![server.clone()],
+                    default: 0,
+                }),
             }
         }
     }
@@ -156,7 +220,12 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
 
 type Listens = Vec<(Listen, gannet_conf::Loc)>;
 
-fn load_server(cfg: &mut Config, sd: &Directive, http: &LocConf, lctx: &mut LoadCtx) -> Result<(ServerConf, Listens), ConfError> {
+fn load_server(
+    cfg: &mut Config,
+    sd: &Directive,
+    http: &LocConf,
+    lctx: &mut LoadCtx,
+) -> Result<(ServerConf, Listens), ConfError> {
     let mut conf = LocConf::default();
     let mut names = ServerNames::default();
     let mut primary = None;
@@ -200,7 +269,13 @@ fn load_server(cfg: &mut Config, sd: &Directive, http: &LocConf, lctx: &mut Load
         }
     }
     check_duplicates(&locations, body)?;
-    let server = ServerConf { names, primary_name: primary.unwrap_or_default(), conf, locations, named };
+    let server = ServerConf {
+        names,
+        primary_name: primary.unwrap_or_default(),
+        conf,
+        locations,
+        named,
+    };
     Ok((server, listens))
 }
 
@@ -214,9 +289,15 @@ fn check_duplicates(locs: &[Arc<Location>], body: &[Directive]) -> Result<(), Co
     };
     let mut seen = std::collections::HashSet::new();
     let defs: Vec<&Directive> = body.iter().filter(|d| d.name == "location").collect();
-    for (l, d) in locs.iter().zip(defs.iter().filter(|d| !d.args[0].starts_with('@'))) {
+    for (l, d) in locs
+        .iter()
+        .zip(defs.iter().filter(|d| !d.args[0].starts_with('@')))
+    {
         if !seen.insert(key(l)) {
-            return Err(d.error(format!("duplicate location \"{}\"", d.args.last().map_or("", String::as_str))));
+            return Err(d.error(format!(
+                "duplicate location \"{}\"",
+                d.args.last().map_or("", String::as_str)
+            )));
         }
     }
     Ok(())
@@ -233,21 +314,35 @@ fn parse_matcher(d: &Directive, parent: Option<&Matcher>) -> Result<Matcher, Con
             }
             ["^~", "~*", "~", "="]
                 .iter()
-                .find_map(|m| one.strip_prefix(m).filter(|rest| !rest.is_empty()).map(|rest| (*m, rest)))
+                .find_map(|m| {
+                    one.strip_prefix(m)
+                        .filter(|rest| !rest.is_empty())
+                        .map(|rest| (*m, rest))
+                })
                 .unwrap_or(("", one))
         }
         _ => return Err(d.error("invalid number of arguments in \"location\" directive")),
     };
     if matches!(parent, Some(Matcher::Exact(_))) {
-        return Err(d.error(format!("location \"{path}\" cannot be inside the exact location")));
+        return Err(d.error(format!(
+            "location \"{path}\" cannot be inside the exact location"
+        )));
     }
     if matches!(parent, Some(Matcher::Named(_))) {
-        return Err(d.error(format!("location \"{path}\" cannot be inside the named location")));
+        return Err(d.error(format!(
+            "location \"{path}\" cannot be inside the named location"
+        )));
     }
     let m = match modifier {
         "=" => Matcher::Exact(path.to_string()),
-        "^~" => Matcher::Prefix { path: path.to_string(), no_regex: true },
-        "" => Matcher::Prefix { path: path.to_string(), no_regex: false },
+        "^~" => Matcher::Prefix {
+            path: path.to_string(),
+            no_regex: true,
+        },
+        "" => Matcher::Prefix {
+            path: path.to_string(),
+            no_regex: false,
+        },
         "~" | "~*" => Matcher::Regex(
             RegexBuilder::new(path)
                 .case_insensitive(modifier == "~*")
@@ -256,7 +351,11 @@ fn parse_matcher(d: &Directive, parent: Option<&Matcher>) -> Result<Matcher, Con
         ),
         m => return Err(d.error(format!("invalid location modifier \"{m}\""))),
     };
-    if let (Some(Matcher::Prefix { path: pp, .. }), Matcher::Exact(p) | Matcher::Prefix { path: p, .. }) = (parent, &m) {
+    if let (
+        Some(Matcher::Prefix { path: pp, .. }),
+        Matcher::Exact(p) | Matcher::Prefix { path: p, .. },
+    ) = (parent, &m)
+    {
         if !p.starts_with(pp.as_str()) {
             return Err(d.error(format!("location \"{p}\" is outside location \"{pp}\"")));
         }
@@ -267,7 +366,13 @@ fn parse_matcher(d: &Directive, parent: Option<&Matcher>) -> Result<Matcher, Con
     Ok(m)
 }
 
-fn load_location(cfg: &mut Config, d: &Directive, parent_conf: &LocConf, parent: Option<&Matcher>, lctx: &mut LoadCtx) -> Result<Location, ConfError> {
+fn load_location(
+    cfg: &mut Config,
+    d: &Directive,
+    parent_conf: &LocConf,
+    parent: Option<&Matcher>,
+    lctx: &mut LoadCtx,
+) -> Result<Location, ConfError> {
     let matcher = parse_matcher(d, parent)?;
     let mut conf = LocConf::default();
     let body = d.block.as_deref().unwrap_or_default();
@@ -279,7 +384,17 @@ fn load_location(cfg: &mut Config, d: &Directive, parent_conf: &LocConf, parent:
     let mut children = Vec::new();
     for c in body.iter().filter(|c| c.name == "location") {
         check(c, Ctx::LOCATION)?;
-        children.push(Arc::new(load_location(cfg, c, &conf, Some(&matcher), lctx)?));
+        children.push(Arc::new(load_location(
+            cfg,
+            c,
+            &conf,
+            Some(&matcher),
+            lctx,
+        )?));
     }
-    Ok(Location { matcher, conf, children })
+    Ok(Location {
+        matcher,
+        conf,
+        children,
+    })
 }

@@ -8,13 +8,48 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub const DIRECTIVES: &[Spec] = &[
-    Spec { name: "worker_processes", ctx: Ctx::MAIN, args: Args::Exactly(1), block: false },
-    Spec { name: "pid", ctx: Ctx::MAIN, args: Args::Exactly(1), block: false },
-    Spec { name: "daemon", ctx: Ctx::MAIN, args: Args::Exactly(1), block: false },
-    Spec { name: "error_log", ctx: Ctx::MAIN.or(Ctx::HSL), args: Args::Between(1, 2), block: false },
-    Spec { name: "worker_rlimit_nofile", ctx: Ctx::MAIN, args: Args::Exactly(1), block: false },
-    Spec { name: "worker_shutdown_timeout", ctx: Ctx::MAIN, args: Args::Exactly(1), block: false },
-    Spec { name: "worker_connections", ctx: Ctx::EVENTS, args: Args::Exactly(1), block: false },
+    Spec {
+        name: "worker_processes",
+        ctx: Ctx::MAIN,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "pid",
+        ctx: Ctx::MAIN,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "daemon",
+        ctx: Ctx::MAIN,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "error_log",
+        ctx: Ctx::MAIN.or(Ctx::HSL),
+        args: Args::Between(1, 2),
+        block: false,
+    },
+    Spec {
+        name: "worker_rlimit_nofile",
+        ctx: Ctx::MAIN,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "worker_shutdown_timeout",
+        ctx: Ctx::MAIN,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "worker_connections",
+        ctx: Ctx::EVENTS,
+        args: Args::Exactly(1),
+        block: false,
+    },
 ];
 
 #[derive(Debug, Clone)]
@@ -48,39 +83,70 @@ impl Default for MainConf {
 impl MainConf {
     /// Apply one main/events directive. `prefix` resolves relative paths as nginx's `-p` does.
     /// Returns Ok(false) when the directive is not one of ours.
-    pub fn set(&mut self, d: &Directive, prefix: &std::path::Path, nested: bool) -> Result<bool, ConfError> {
+    pub fn set(
+        &mut self,
+        d: &Directive,
+        prefix: &std::path::Path,
+        nested: bool,
+    ) -> Result<bool, ConfError> {
         match d.name.as_str() {
             "worker_processes" => {
                 self.worker_processes = if d.args[0] == "auto" {
-                    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+                    std::thread::available_parallelism()
+                        .map(|n| n.get())
+                        .unwrap_or(1)
                 } else {
                     match d.args[0].parse::<usize>() {
                         Ok(n) if n > 0 && n <= 1024 => n,
-                        _ => return Err(d.error(format!("invalid value \"{}\" in \"worker_processes\" directive", d.args[0]))),
+                        _ => {
+                            return Err(d.error(format!(
+                                "invalid value \"{}\" in \"worker_processes\" directive",
+                                d.args[0]
+                            )))
+                        }
                     }
                 }
             }
             "worker_connections" => {
                 self.worker_connections = match d.args[0].parse::<usize>() {
                     Ok(n) if n > 0 => n,
-                    _ => return Err(d.error(format!("invalid value \"{}\" in \"worker_connections\" directive", d.args[0]))),
+                    _ => {
+                        return Err(d.error(format!(
+                            "invalid value \"{}\" in \"worker_connections\" directive",
+                            d.args[0]
+                        )))
+                    }
                 }
             }
-            "pid" => self.pid = if d.args[0] == "off" { None } else { Some(prefix.join(&d.args[0])) },
+            "pid" => {
+                self.pid = if d.args[0] == "off" {
+                    None
+                } else {
+                    Some(prefix.join(&d.args[0]))
+                }
+            }
             "daemon" => self.daemon = setters::flag(d)?,
             "worker_rlimit_nofile" => {
                 self.rlimit_nofile = Some(d.args[0].parse::<u64>().map_err(|_| {
-                    d.error(format!("invalid value \"{}\" in \"worker_rlimit_nofile\" directive", d.args[0]))
+                    d.error(format!(
+                        "invalid value \"{}\" in \"worker_rlimit_nofile\" directive",
+                        d.args[0]
+                    ))
                 })?)
             }
             "worker_shutdown_timeout" => {
-                let ms = setters::msec(&d.args[0])
-                    .ok_or_else(|| d.error(format!("invalid value \"{}\" in \"worker_shutdown_timeout\" directive", d.args[0])))?;
+                let ms = setters::msec(&d.args[0]).ok_or_else(|| {
+                    d.error(format!(
+                        "invalid value \"{}\" in \"worker_shutdown_timeout\" directive",
+                        d.args[0]
+                    ))
+                })?;
                 self.shutdown_timeout = Some(Duration::from_millis(ms));
             }
             "error_log" => {
                 let level = match d.args.get(1) {
-                    Some(l) => Level::parse(l).ok_or_else(|| d.error(format!("invalid log level \"{l}\"")))?,
+                    Some(l) => Level::parse(l)
+                        .ok_or_else(|| d.error(format!("invalid log level \"{l}\"")))?,
                     None => Level::Error,
                 };
                 // The error log is process-wide in gannet: the first one set (main level wins,

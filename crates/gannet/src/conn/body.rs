@@ -18,7 +18,13 @@ pub enum BodyError {
 }
 
 /// Read and drop the body. `limit` 0 means no limit. Returns the body's length.
-pub async fn discard(stream: &mut TcpStream, buf: &mut BytesMut, kind: BodyKind, limit: u64, timeout: Duration) -> Result<u64, BodyError> {
+pub async fn discard(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    kind: BodyKind,
+    limit: u64,
+    timeout: Duration,
+) -> Result<u64, BodyError> {
     match kind {
         BodyKind::None => Ok(0),
         BodyKind::Length(n) => {
@@ -55,7 +61,11 @@ pub async fn discard(stream: &mut TcpStream, buf: &mut BytesMut, kind: BodyKind,
     }
 }
 
-async fn read_more(stream: &mut TcpStream, buf: &mut BytesMut, timeout: Duration) -> Result<(), BodyError> {
+async fn read_more(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    timeout: Duration,
+) -> Result<(), BodyError> {
     buf.reserve(16 * 1024);
     match tokio::time::timeout(timeout, stream.read_buf(buf)).await {
         Ok(Ok(n)) if n > 0 => Ok(()),

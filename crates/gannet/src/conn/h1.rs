@@ -55,12 +55,22 @@ pub async fn serve(w: &Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: u
         let _ = stream.set_nodelay(true);
     }
     let (n, size) = core.large_client_header_buffers();
-    let limits = Limits { max_request_line: size, max_header_line: size, max_head: n * size, max_headers: 100 };
+    let limits = Limits {
+        max_request_line: size,
+        max_header_line: size,
+        max_head: n * size,
+        max_headers: 100,
+    };
     let mut c = Conn {
         w,
         stream,
         group,
-        info: ConnInfo { peer, local, id: Worker::next_conn_id(), requests: 0 },
+        info: ConnInfo {
+            peer,
+            local,
+            id: Worker::next_conn_id(),
+            requests: 0,
+        },
         buf: BytesMut::new(),
         out: Vec::new(),
         born: Instant::now(),
@@ -98,7 +108,11 @@ pub async fn serve(w: &Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: u
             // Release the read buffer while nothing is pending.
             c.buf = BytesMut::new();
         }
-        let wait = if idle && c.info.requests > 0 { keepalive } else { header_timeout };
+        let wait = if idle && c.info.requests > 0 {
+            keepalive
+        } else {
+            header_timeout
+        };
         let readable = tokio::time::timeout(wait, c.stream.readable());
         let ready = if idle {
             tokio::select! {
@@ -143,11 +157,24 @@ impl Conn<'_> {
         let tokens = g.servers[g.default].conf.core.server_tokens();
         let resp = Response::error_page(e.status(), tokens);
         if let ParseError::BadRequest(why) = e {
-            crate::errlog::info(format_args!("client sent invalid request ({why}) while reading client request line, client: {}", self.info.peer.ip()));
+            crate::errlog::info(format_args!(
+                "client sent invalid request ({why}) while reading client request line, client: {}",
+                self.info.peer.ip()
+            ));
         }
         let len = resp.body.len();
         clock::with_date(|date| {
-            encode_head(&resp, len, &HeadCtx { keep_alive: false, keepalive_header: None, server_tokens: tokens, date }, &mut self.out)
+            encode_head(
+                &resp,
+                len,
+                &HeadCtx {
+                    keep_alive: false,
+                    keepalive_header: None,
+                    server_tokens: tokens,
+                    date,
+                },
+                &mut self.out,
+            )
         });
         if let Body::Parts(parts) = &resp.body {
             for p in parts {
@@ -175,7 +202,11 @@ impl Conn<'_> {
             None => head.header("host").map(normalize_host).unwrap_or_default(),
         };
         let server = select_server(&g.servers, g.default, &host).clone();
-        let host = if host.is_empty() { server.primary_name.clone() } else { host };
+        let host = if host.is_empty() {
+            server.primary_name.clone()
+        } else {
+            host
+        };
         let mut req = Request {
             conf: server.conf.clone(),
             server,
@@ -203,9 +234,19 @@ impl Conn<'_> {
             if req.head.expect_continue || resp.is_none() {
                 keep = false;
             } else {
-                match body::discard(&mut self.stream, &mut self.buf, req.head.body, core.client_max_body_size(), core.client_body_timeout()).await {
+                match body::discard(
+                    &mut self.stream,
+                    &mut self.buf,
+                    req.head.body,
+                    core.client_max_body_size(),
+                    core.client_body_timeout(),
+                )
+                .await
+                {
                     Ok(n) => req.body_length = n,
-                    Err(BodyError::TooLarge) | Err(BodyError::Malformed) | Err(BodyError::Io) => keep = false,
+                    Err(BodyError::TooLarge) | Err(BodyError::Malformed) | Err(BodyError::Io) => {
+                        keep = false
+                    }
                 }
             }
         }
@@ -226,19 +267,39 @@ impl Conn<'_> {
         let head_start = self.out.len();
         let tokens = core.server_tokens();
         clock::with_date(|date| {
-            encode_head(&resp, body_len, &HeadCtx { keep_alive: keep, keepalive_header: ka_header, server_tokens: tokens, date }, &mut self.out)
+            encode_head(
+                &resp,
+                body_len,
+                &HeadCtx {
+                    keep_alive: keep,
+                    keepalive_header: ka_header,
+                    server_tokens: tokens,
+                    date,
+                },
+                &mut self.out,
+            )
         });
         let head_len = (self.out.len() - head_start) as u64;
         let mut sent_ok = true;
         if send_body {
-            sent_ok = self.send_body(&resp.body, core.sendfile()).await.is_ok();
+            sent_ok = self
+                .send_body(&resp.body, core.sendfile(), core.tcp_nopush())
+                .await
+                .is_ok();
         }
         self.log(&req, &resp, head_len, if send_body { body_len } else { 0 });
         keep && sent_ok
     }
 
-    async fn send_body(&mut self, body: &Body, use_sendfile: bool) -> std::io::Result<()> {
-        let Body::Parts(parts) = body else { return Ok(()) };
+    async fn send_body(
+        &mut self,
+        body: &Body,
+        use_sendfile: bool,
+        nopush: bool,
+    ) -> std::io::Result<()> {
+        let Body::Parts(parts) = body else {
+            return Ok(());
+        };
         for p in parts {
             match p {
                 Part::Bytes(b) if b.len() <= COPY_MAX => self.out.extend_from_slice(b),
@@ -246,7 +307,11 @@ impl Conn<'_> {
                     // Head (and anything queued) and the body in one writev.
                     let mut bufs = [IoSlice::new(&self.out), IoSlice::new(b)];
                     let total = self.out.len() + b.len();
-                    let r = tokio::time::timeout(self.send_timeout, write_vectored_all(&mut self.stream, &mut bufs, total)).await;
+                    let r = tokio::time::timeout(
+                        self.send_timeout,
+                        write_vectored_all(&mut self.stream, &mut bufs, total),
+                    )
+                    .await;
                     self.out.clear();
                     r.map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
                 }
@@ -255,7 +320,7 @@ impl Conn<'_> {
                     let t = self.send_timeout;
                     let r = tokio::time::timeout(t, async {
                         if !pending.is_empty() {
-                            send::write_all(&mut self.stream, &pending, true).await?;
+                            send::write_all(&mut self.stream, &pending, nopush).await?;
                         }
                         if use_sendfile {
                             send::sendfile(&mut self.stream, f).await
@@ -275,7 +340,9 @@ impl Conn<'_> {
 
     /// The log phase: one line per configured access log.
     fn log(&self, req: &Request, resp: &Response, head_len: u64, body_len: u64) {
-        let Some(logs) = &req.conf.log.logs else { return };
+        let Some(logs) = &req.conf.log.logs else {
+            return;
+        };
         if logs.is_empty() {
             return;
         }
@@ -286,8 +353,17 @@ impl Conn<'_> {
         if let Some(l) = &resp.location {
             headers.push(("location".to_string(), l.clone()));
         }
-        headers.extend(resp.headers.iter().map(|(n, v)| (n.to_ascii_lowercase(), v.clone())));
-        let sent = Sent { status: resp.status, body_bytes: body_len, bytes: head_len + body_len, headers };
+        headers.extend(
+            resp.headers
+                .iter()
+                .map(|(n, v)| (n.to_ascii_lowercase(), v.clone())),
+        );
+        let sent = Sent {
+            status: resp.status,
+            body_bytes: body_len,
+            bytes: head_len + body_len,
+            headers,
+        };
         let mut line = Vec::with_capacity(256);
         for log in logs.iter() {
             line.clear();
@@ -311,7 +387,11 @@ fn normalize_host(v: &[u8]) -> String {
     s.trim_end_matches('.').to_string()
 }
 
-async fn write_vectored_all(stream: &mut TcpStream, bufs: &mut [IoSlice<'_>], total: usize) -> std::io::Result<()> {
+async fn write_vectored_all(
+    stream: &mut TcpStream,
+    bufs: &mut [IoSlice<'_>],
+    total: usize,
+) -> std::io::Result<()> {
     let mut written = 0;
     let mut bufs: &mut [IoSlice<'_>] = bufs;
     while written < total {

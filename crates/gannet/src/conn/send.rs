@@ -23,7 +23,12 @@ pub async fn write_all(stream: &mut TcpStream, buf: &[u8], more: bool) -> io::Re
             // SAFETY: `fd` is the live socket owned by `stream`; `rest` is a valid slice for
             // its whole length and send() only reads from it.
             let n = unsafe {
-                libc::send(fd, rest.as_ptr().cast(), rest.len(), libc::MSG_MORE | libc::MSG_NOSIGNAL)
+                libc::send(
+                    fd,
+                    rest.as_ptr().cast(),
+                    rest.len(),
+                    libc::MSG_MORE | libc::MSG_NOSIGNAL,
+                )
             };
             if n < 0 {
                 Err(io::Error::last_os_error())
@@ -62,7 +67,12 @@ pub async fn sendfile(stream: &mut TcpStream, f: &FileRange) -> io::Result<()> {
         });
         match r {
             // The file shrank under us: the promised length can no longer be sent.
-            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "file truncated while sending")),
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "file truncated while sending",
+                ))
+            }
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
@@ -80,7 +90,10 @@ pub async fn copy_file(stream: &mut TcpStream, f: &FileRange) -> io::Result<()> 
         let want = ((end - off) as usize).min(buf.len());
         let n = f.file.read_at(&mut buf[..want], off)?;
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "file truncated while sending"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "file truncated while sending",
+            ));
         }
         stream.write_all(&buf[..n]).await?;
         off += n as u64;

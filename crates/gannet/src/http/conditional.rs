@@ -12,7 +12,9 @@ use std::borrow::Cow;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 fn secs(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// Whether an If-Match / If-None-Match list names `etag` (weak comparison when `weak`).
@@ -44,7 +46,8 @@ pub fn filter(req: &Request, r: &mut Response) {
         r.body = Body::Empty;
         r.content_type = None;
         r.content_length = None;
-        r.headers.retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
+        r.headers
+            .retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
         return;
     }
     range(req, r);
@@ -57,7 +60,9 @@ fn not_modified(req: &Request, r: &Response) -> bool {
     let (Some(ims), Some(lm)) = (req.head.header("if-modified-since"), r.last_modified) else {
         return false;
     };
-    let Some(t) = parse_http_date(ims) else { return false };
+    let Some(t) = parse_http_date(ims) else {
+        return false;
+    };
     match req.conf.files.if_modified_since() {
         IfModifiedSince::Off => false,
         IfModifiedSince::Exact => secs(t) == secs(lm),
@@ -86,7 +91,11 @@ fn parse_ranges(v: &[u8], len: u64) -> Option<Vec<(u64, u64)>> {
             (len.saturating_sub(n), len.checked_sub(1)?)
         } else {
             let s: u64 = a.parse().ok()?;
-            let e: u64 = if b.is_empty() { len.saturating_sub(1) } else { b.parse().ok()? };
+            let e: u64 = if b.is_empty() {
+                u64::MAX
+            } else {
+                b.parse().ok()?
+            };
             if e < s {
                 return None;
             }
@@ -101,7 +110,9 @@ fn parse_ranges(v: &[u8], len: u64) -> Option<Vec<(u64, u64)>> {
 }
 
 fn slice(body: &Body, start: u64, end: u64) -> Option<Part> {
-    let Body::Parts(parts) = body else { return None };
+    let Body::Parts(parts) = body else {
+        return None;
+    };
     match parts.as_slice() {
         [Part::Bytes(b)] => Some(Part::Bytes(b.slice(start as usize..=end as usize))),
         [Part::File(f)] => {
@@ -115,7 +126,9 @@ fn slice(body: &Body, start: u64, end: u64) -> Option<Part> {
 }
 
 fn range(req: &Request, r: &mut Response) {
-    let Some(rv) = req.head.header("range") else { return };
+    let Some(rv) = req.head.header("range") else {
+        return;
+    };
     if let Some(ir) = req.head.header("if-range") {
         let ir = String::from_utf8_lossy(ir);
         let matches = if ir.starts_with('"') || ir.starts_with("W/") {
@@ -131,11 +144,14 @@ fn range(req: &Request, r: &mut Response) {
         }
     }
     let len = r.body.len();
-    let Some(ranges) = parse_ranges(rv, len) else { return };
+    let Some(ranges) = parse_ranges(rv, len) else {
+        return;
+    };
     if ranges.is_empty() {
         let tokens = req.conf.core.server_tokens();
         let mut e = Response::error_page(416, tokens);
-        e.headers.push((Cow::Borrowed("Content-Range"), format!("bytes */{len}")));
+        e.headers
+            .push((Cow::Borrowed("Content-Range"), format!("bytes */{len}")));
         *r = e;
         return;
     }
@@ -144,24 +160,38 @@ fn range(req: &Request, r: &mut Response) {
         return;
     }
     if let [(s, e)] = ranges[..] {
-        let Some(part) = slice(&r.body, s, e) else { return };
+        let Some(part) = slice(&r.body, s, e) else {
+            return;
+        };
         r.status = 206;
-        r.headers.push((Cow::Borrowed("Content-Range"), format!("bytes {s}-{e}/{len}")));
+        r.headers.push((
+            Cow::Borrowed("Content-Range"),
+            format!("bytes {s}-{e}/{len}"),
+        ));
         r.body = Body::Parts(vec![part]);
         return;
     }
     let boundary = format!("{:020}", secs(SystemTime::now()) ^ 0x5eed_9a77_e7);
-    let ct = r.content_type.clone().unwrap_or(Cow::Borrowed("application/octet-stream"));
+    let ct = r
+        .content_type
+        .clone()
+        .unwrap_or(Cow::Borrowed("application/octet-stream"));
     let mut parts = Vec::new();
     for (s, e) in ranges {
-        let Some(part) = slice(&r.body, s, e) else { return };
-        let head = format!("\r\n--{boundary}\r\nContent-Type: {ct}\r\nContent-Range: bytes {s}-{e}/{len}\r\n\r\n");
+        let Some(part) = slice(&r.body, s, e) else {
+            return;
+        };
+        let head = format!(
+            "\r\n--{boundary}\r\nContent-Type: {ct}\r\nContent-Range: bytes {s}-{e}/{len}\r\n\r\n"
+        );
         parts.push(Part::Bytes(Bytes::from(head)));
         parts.push(part);
     }
     parts.push(Part::Bytes(Bytes::from(format!("\r\n--{boundary}--\r\n"))));
     r.status = 206;
-    r.content_type = Some(Cow::Owned(format!("multipart/byteranges; boundary={boundary}")));
+    r.content_type = Some(Cow::Owned(format!(
+        "multipart/byteranges; boundary={boundary}"
+    )));
     r.body = Body::Parts(parts);
 }
 
@@ -175,7 +205,10 @@ mod tests {
         assert_eq!(parse_ranges(b"bytes=-10", 100), Some(vec![(90, 99)]));
         assert_eq!(parse_ranges(b"bytes=95-", 100), Some(vec![(95, 99)]));
         assert_eq!(parse_ranges(b"bytes=95-200", 100), Some(vec![(95, 99)]));
-        assert_eq!(parse_ranges(b"bytes=0-1,5-6", 100), Some(vec![(0, 1), (5, 6)]));
+        assert_eq!(
+            parse_ranges(b"bytes=0-1,5-6", 100),
+            Some(vec![(0, 1), (5, 6)])
+        );
         assert_eq!(parse_ranges(b"bytes=100-", 100), Some(vec![]));
         assert_eq!(parse_ranges(b"bytes=5-1", 100), None);
         assert_eq!(parse_ranges(b"items=0-1", 100), None);

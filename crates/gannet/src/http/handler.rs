@@ -64,7 +64,8 @@ pub fn handle(req: &mut Request, w: &Worker) -> Option<Response> {
         // error_page's page keeps the original status (or its =code) over its own 200.
         if resp.status == 200 {
             resp.status = code;
-            resp.headers.retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
+            resp.headers
+                .retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
             resp.etag = None;
             resp.last_modified = None;
         }
@@ -79,7 +80,10 @@ pub fn handle(req: &mut Request, w: &Worker) -> Option<Response> {
 /// Phases 2 to 5 for the current URI.
 fn locate_and_run(req: &mut Request, w: &Worker) -> Flow {
     if req.redirects > MAX_REDIRECTS {
-        crate::errlog::error(format_args!("rewrite or internal redirection cycle while processing \"{}\"", req.uri));
+        crate::errlog::error(format_args!(
+            "rewrite or internal redirection cycle while processing \"{}\"",
+            req.uri
+        ));
         return Flow::Status(500);
     }
     req.redirects += 1;
@@ -114,7 +118,11 @@ fn run_location(req: &mut Request, w: &Worker) -> Flow {
         Flow::Next => {}
         other => return other,
     }
-    let content: [fn(&Request, &Worker) -> Flow; 3] = [index::handle, |r, _| autoindex::handle(r), static_files::handle];
+    let content: [fn(&Request, &Worker) -> Flow; 3] = [
+        index::handle,
+        |r, _| autoindex::handle(r),
+        static_files::handle,
+    ];
     for h in content {
         match h(req, w) {
             Flow::Next => {}
@@ -135,7 +143,10 @@ fn internal_redirect(req: &mut Request, w: &Worker, uri: &str) -> Result<(), Flo
     req.internal = true;
     if let Some(name) = uri.strip_prefix('@') {
         let server = req.server.clone();
-        let loc = server.named.iter().find(|l| matches!(&l.matcher, Matcher::Named(n) if n == name));
+        let loc = server
+            .named
+            .iter()
+            .find(|l| matches!(&l.matcher, Matcher::Named(n) if n == name));
         let Some(loc) = loc else {
             crate::errlog::error(format_args!("named location \"@{name}\" not found"));
             return Err(Flow::Status(500));

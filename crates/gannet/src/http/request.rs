@@ -64,12 +64,15 @@ impl Request {
 
     /// `$cookie_NAME`.
     pub fn cookie(&self, name: &str) -> Option<String> {
-        self.head.headers().filter(|(n, _)| n.eq_ignore_ascii_case("cookie")).find_map(|(_, v)| {
-            String::from_utf8_lossy(v).split(';').find_map(|kv| {
-                let (k, v) = kv.trim().split_once('=')?;
-                (k == name).then(|| v.to_string())
+        self.head
+            .headers()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("cookie"))
+            .find_map(|(_, v)| {
+                String::from_utf8_lossy(v).split(';').find_map(|kv| {
+                    let (k, v) = kv.trim().split_once('=')?;
+                    (k == name).then(|| v.to_string())
+                })
             })
-        })
     }
 
     /// `$document_root`: the `root` (or `alias`) in force, variables expanded.

@@ -71,11 +71,10 @@ pub struct Response {
 
 impl Response {
     pub fn new(status: u16) -> Response {
-        Response { status, ..Default::default() }
-    }
-
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        Response {
+            status,
+            ..Default::default()
+        }
     }
 
     /// nginx's built-in page for an error or redirect status.
@@ -84,7 +83,11 @@ impl Response {
         // 204 and 304 never carry a body; the others get nginx's small HTML page.
         if status != 204 && status != 304 && status >= 200 {
             let title = format!("{status} {}", encode::reason(status));
-            let server = if server_tokens { concat!("gannet/", env!("CARGO_PKG_VERSION")) } else { "gannet" };
+            let server = if server_tokens {
+                concat!("gannet/", env!("CARGO_PKG_VERSION"))
+            } else {
+                "gannet"
+            };
             let html = format!(
                 "<html>\r\n<head><title>{title}</title></head>\r\n<body>\r\n<center><h1>{title}</h1></center>\r\n<hr><center>{server}</center>\r\n</body>\r\n</html>\r\n"
             );
@@ -116,7 +119,12 @@ pub fn encode_head(r: &Response, body_len: u64, ctx: &HeadCtx, out: &mut Vec<u8>
     out.push(b' ');
     out.extend_from_slice(encode::reason(r.status).as_bytes());
     out.extend_from_slice(if ctx.server_tokens {
-        concat!("\r\nServer: gannet/", env!("CARGO_PKG_VERSION"), "\r\nDate: ").as_bytes()
+        concat!(
+            "\r\nServer: gannet/",
+            env!("CARGO_PKG_VERSION"),
+            "\r\nDate: "
+        )
+        .as_bytes()
     } else {
         b"\r\nServer: gannet\r\nDate: "
     });

@@ -60,7 +60,13 @@ fn find_level(locs: &[Arc<Location>], uri: &str) -> (Option<Found>, bool) {
     for l in locs {
         match &l.matcher {
             Matcher::Exact(p) if p == uri => {
-                return (Some(Found { location: l.clone(), captures: Vec::new() }), true);
+                return (
+                    Some(Found {
+                        location: l.clone(),
+                        captures: Vec::new(),
+                    }),
+                    true,
+                );
             }
             Matcher::Prefix { path, .. } if uri.starts_with(path.as_str()) => {
                 if best.is_none_or(|b| b.prefix().len() < path.len()) {
@@ -70,7 +76,10 @@ fn find_level(locs: &[Arc<Location>], uri: &str) -> (Option<Found>, bool) {
             _ => {}
         }
     }
-    let mut found = best.map(|b| Found { location: b.clone(), captures: Vec::new() });
+    let mut found = best.map(|b| Found {
+        location: b.clone(),
+        captures: Vec::new(),
+    });
     if let Some(b) = best {
         let (inner, is_final) = find_level(&b.children, uri);
         if inner.is_some() {
@@ -84,8 +93,14 @@ fn find_level(locs: &[Arc<Location>], uri: &str) -> (Option<Found>, bool) {
     for l in locs {
         if let Matcher::Regex(re) = &l.matcher {
             if let Some(caps) = re.captures(uri) {
-                let captures = caps.iter().map(|m| m.map(|m| m.as_str().to_string())).collect();
-                let here = Found { location: l.clone(), captures };
+                let captures = caps
+                    .iter()
+                    .map(|m| m.map(|m| m.as_str().to_string()))
+                    .collect();
+                let here = Found {
+                    location: l.clone(),
+                    captures,
+                };
                 // Locations nested in a regex location are searched too.
                 return match find_level(&l.children, uri) {
                     (Some(inner), _) => (Some(inner), true),
@@ -112,7 +127,9 @@ impl ServerNames {
     pub fn add(&mut self, name: &str) -> Result<(), String> {
         let name = name.to_ascii_lowercase();
         if let Some(re) = name.strip_prefix('~') {
-            self.regex.push(Regex::new(re).map_err(|e| format!("invalid server_name regex \"{re}\": {e}"))?);
+            self.regex.push(
+                Regex::new(re).map_err(|e| format!("invalid server_name regex \"{re}\": {e}"))?,
+            );
         } else if let Some(s) = name.strip_prefix('*') {
             self.suffix.push(s.to_string());
         } else if let Some(s) = name.strip_prefix('.') {
@@ -129,21 +146,47 @@ impl ServerNames {
 }
 
 /// Pick the virtual host for `host` (already lowercased, without port).
-pub fn select_server<'a>(servers: &'a [Arc<ServerConf>], default: usize, host: &str) -> &'a Arc<ServerConf> {
+pub fn select_server<'a>(
+    servers: &'a [Arc<ServerConf>],
+    default: usize,
+    host: &str,
+) -> &'a Arc<ServerConf> {
     if !host.is_empty() {
-        if let Some(s) = servers.iter().find(|s| s.names.exact.iter().any(|n| n == host)) {
+        if let Some(s) = servers
+            .iter()
+            .find(|s| s.names.exact.iter().any(|n| n == host))
+        {
             return s;
         }
         let longest = |f: &dyn Fn(&ServerNames) -> Option<usize>| {
-            servers.iter().filter_map(|s| f(&s.names).map(|len| (len, s))).max_by_key(|(len, _)| *len).map(|(_, s)| s)
+            servers
+                .iter()
+                .filter_map(|s| f(&s.names).map(|len| (len, s)))
+                .max_by_key(|(len, _)| *len)
+                .map(|(_, s)| s)
         };
-        if let Some(s) = longest(&|n| n.suffix.iter().filter(|w| host.ends_with(w.as_str())).map(|w| w.len()).max()) {
+        if let Some(s) = longest(&|n| {
+            n.suffix
+                .iter()
+                .filter(|w| host.ends_with(w.as_str()))
+                .map(|w| w.len())
+                .max()
+        }) {
             return s;
         }
-        if let Some(s) = longest(&|n| n.prefix.iter().filter(|w| host.starts_with(w.as_str())).map(|w| w.len()).max()) {
+        if let Some(s) = longest(&|n| {
+            n.prefix
+                .iter()
+                .filter(|w| host.starts_with(w.as_str()))
+                .map(|w| w.len())
+                .max()
+        }) {
             return s;
         }
-        if let Some(s) = servers.iter().find(|s| s.names.regex.iter().any(|r| r.is_match(host))) {
+        if let Some(s) = servers
+            .iter()
+            .find(|s| s.names.regex.iter().any(|r| r.is_match(host)))
+        {
             return s;
         }
     }

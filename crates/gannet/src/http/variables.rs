@@ -152,7 +152,9 @@ impl Template {
                 continue;
             }
             let (name, next) = if b.get(i + 1) == Some(&b'{') {
-                let end = src[i + 2..].find('}').ok_or_else(|| format!("the closing bracket in \"{src}\" variable is missing"))?;
+                let end = src[i + 2..].find('}').ok_or_else(|| {
+                    format!("the closing bracket in \"{src}\" variable is missing")
+                })?;
                 (&src[i + 2..i + 2 + end], i + 3 + end)
             } else if b.get(i + 1).is_some_and(|c| c.is_ascii_digit()) {
                 (&src[i + 1..i + 2], i + 2)
@@ -183,7 +185,9 @@ impl Template {
 
     /// A template of fixed text.
     pub fn literal(s: &str) -> Template {
-        Template { parts: vec![Part::Lit(s.to_string())] }
+        Template {
+            parts: vec![Part::Lit(s.to_string())],
+        }
     }
 
     /// The text when the template has no variables.
@@ -252,7 +256,9 @@ impl std::fmt::Write for HexOut<'_> {
 }
 
 fn header_str(req: &Request, name: &str) -> Option<String> {
-    req.head.header(name).map(|v| String::from_utf8_lossy(v).into_owned())
+    req.head
+        .header(name)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
 fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>) {
@@ -374,7 +380,9 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>) {
             let _ = write!(out, "{}", req.conn.requests);
         }
         Var::Msec => {
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
             let _ = write!(out, "{}.{:03}", now.as_secs(), now.subsec_millis());
         }
         Var::TimeLocal => out.push_str(&crate::runtime::clock::time_local()),
@@ -397,11 +405,19 @@ mod tests {
 
     #[test]
     fn compiles() {
-        assert_eq!(Template::compile("plain").unwrap().as_literal(), Some("plain"));
+        assert_eq!(
+            Template::compile("plain").unwrap().as_literal(),
+            Some("plain")
+        );
         assert!(Template::compile("$uri").unwrap().has_vars());
         assert!(Template::compile("a${uri}b").unwrap().has_vars());
-        assert_eq!(Template::compile("cost $").unwrap().as_literal(), Some("cost $"));
-        assert!(Template::compile("$nosuchvar").unwrap_err().contains("unknown \"nosuchvar\" variable"));
+        assert_eq!(
+            Template::compile("cost $").unwrap().as_literal(),
+            Some("cost $")
+        );
+        assert!(Template::compile("$nosuchvar")
+            .unwrap_err()
+            .contains("unknown \"nosuchvar\" variable"));
         assert!(Template::compile("${uri").is_err());
         assert_eq!(Template::compile("").unwrap().as_literal(), Some(""));
     }

@@ -20,8 +20,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub const DIRECTIVES: &[Spec] = &[
-    Spec { name: "log_format", ctx: Ctx::HTTP, args: Args::AtLeast(2), block: false },
-    Spec { name: "access_log", ctx: Ctx::HSL, args: Args::AtLeast(1), block: false },
+    Spec {
+        name: "log_format",
+        ctx: Ctx::HTTP,
+        args: Args::AtLeast(2),
+        block: false,
+    },
+    Spec {
+        name: "access_log",
+        ctx: Ctx::HSL,
+        args: Args::AtLeast(1),
+        block: false,
+    },
 ];
 
 pub const COMBINED: &str =
@@ -38,7 +48,6 @@ pub struct LogFormat {
 #[derive(Debug)]
 pub struct LogFile {
     pub id: usize,
-    pub path: PathBuf,
     pub file: File,
     pub format: Arc<LogFormat>,
     pub buffer: usize,
@@ -81,7 +90,8 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         }
         let text: String = d.args[start..].concat();
         let template = Template::compile(&text).map_err(|e| d.error(e))?;
-        ctx.log_formats.insert(d.args[0].clone(), Arc::new(LogFormat { template, escape }));
+        ctx.log_formats
+            .insert(d.args[0].clone(), Arc::new(LogFormat { template, escape }));
         return Ok(());
     }
     if d.args[0] == "off" {
@@ -101,11 +111,19 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         } else if let Some(v) = a.strip_prefix("flush=") {
             flush = Duration::from_millis(setters::msec(v).ok_or_else(|| invalid(d, a))?);
         } else {
-            return Err(d.error(format!("parameter \"{a}\" of \"access_log\" is not supported")));
+            return Err(d.error(format!(
+                "parameter \"{a}\" of \"access_log\" is not supported"
+            )));
         }
     }
     let file = open_log(&path, d)?;
-    let log = Arc::new(LogFile { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), path, file, format, buffer, flush });
+    let log = Arc::new(LogFile {
+        id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        file,
+        format,
+        buffer,
+        flush,
+    });
     let mut logs = match &lc.log.logs {
         Some(l) if !l.is_empty() => (**l).clone(),
         _ => Vec::new(),
@@ -119,7 +137,13 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
 pub fn predefined() -> std::collections::HashMap<String, Arc<LogFormat>> {
     let mut m = std::collections::HashMap::new();
     if let Ok(template) = Template::compile(COMBINED) {
-        m.insert("combined".to_string(), Arc::new(LogFormat { template, escape: true }));
+        m.insert(
+            "combined".to_string(),
+            Arc::new(LogFormat {
+                template,
+                escape: true,
+            }),
+        );
     }
     m
 }

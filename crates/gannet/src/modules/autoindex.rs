@@ -14,10 +14,30 @@ use std::fmt::Write;
 use std::time::SystemTime;
 
 pub const DIRECTIVES: &[Spec] = &[
-    Spec { name: "autoindex", ctx: Ctx::HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "autoindex_format", ctx: Ctx::HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "autoindex_exact_size", ctx: Ctx::HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "autoindex_localtime", ctx: Ctx::HSL, args: Args::Exactly(1), block: false },
+    Spec {
+        name: "autoindex",
+        ctx: Ctx::HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "autoindex_format",
+        ctx: Ctx::HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "autoindex_exact_size",
+        ctx: Ctx::HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "autoindex_localtime",
+        ctx: Ctx::HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +102,12 @@ pub fn handle(req: &Request) -> Flow {
             }
             // Follow symlinks, as nginx's stat() does.
             let meta = std::fs::metadata(e.path()).ok()?;
-            Some(Entry { name, dir: meta.is_dir(), size: meta.len(), mtime: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH) })
+            Some(Entry {
+                name,
+                dir: meta.is_dir(),
+                size: meta.len(),
+                mtime: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+            })
         })
         .collect();
     entries.sort_by(|a, b| b.dir.cmp(&a.dir).then_with(|| a.name.cmp(&b.name)));
@@ -91,7 +116,12 @@ pub fn handle(req: &Request) -> Flow {
     let body = match c.format.unwrap_or(Format::Html) {
         Format::Html => {
             r.content_type = Some(Cow::Borrowed("text/html"));
-            html(&req.uri, &entries, c.exact_size.unwrap_or(true), c.localtime.unwrap_or(false))
+            html(
+                &req.uri,
+                &entries,
+                c.exact_size.unwrap_or(true),
+                c.localtime.unwrap_or(false),
+            )
         }
         Format::Json => {
             r.content_type = Some(Cow::Borrowed("application/json"));
@@ -168,7 +198,12 @@ fn json(entries: &[Entry]) -> String {
     let mut s = String::from("[\n");
     for (i, e) in entries.iter().enumerate() {
         let mtime = gannet_proto::h1::encode::http_date(e.mtime);
-        let _ = write!(s, "{{ \"name\":{}, \"type\":\"{}\", \"mtime\":\"{mtime}\"", json_str(&e.name), if e.dir { "directory" } else { "file" });
+        let _ = write!(
+            s,
+            "{{ \"name\":{}, \"type\":\"{}\", \"mtime\":\"{mtime}\"",
+            json_str(&e.name),
+            if e.dir { "directory" } else { "file" }
+        );
         if !e.dir {
             let _ = write!(s, ", \"size\":{}", e.size);
         }

@@ -19,27 +19,132 @@ const HSL: Ctx = Ctx::HSL;
 const HS: Ctx = Ctx(Ctx::HTTP.0 | Ctx::SERVER.0);
 
 pub const DIRECTIVES: &[Spec] = &[
-    Spec { name: "root", ctx: HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "alias", ctx: Ctx::LOCATION, args: Args::Exactly(1), block: false },
-    Spec { name: "internal", ctx: Ctx::LOCATION, args: Args::Exactly(0), block: false },
-    Spec { name: "client_max_body_size", ctx: HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "client_header_buffer_size", ctx: HS, args: Args::Exactly(1), block: false },
-    Spec { name: "large_client_header_buffers", ctx: HS, args: Args::Exactly(2), block: false },
-    Spec { name: "client_header_timeout", ctx: HS, args: Args::Exactly(1), block: false },
-    Spec { name: "client_body_timeout", ctx: HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "send_timeout", ctx: HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "keepalive_timeout", ctx: HSL, args: Args::Between(1, 2), block: false },
-    Spec { name: "keepalive_requests", ctx: HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "keepalive_time", ctx: HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "sendfile", ctx: HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "tcp_nopush", ctx: HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "tcp_nodelay", ctx: HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "server_tokens", ctx: HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "log_not_found", ctx: HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "absolute_redirect", ctx: HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "port_in_redirect", ctx: HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "server_name_in_redirect", ctx: HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "merge_slashes", ctx: HS, args: Args::Exactly(1), block: false },
+    Spec {
+        name: "root",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "alias",
+        ctx: Ctx::LOCATION,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "internal",
+        ctx: Ctx::LOCATION,
+        args: Args::Exactly(0),
+        block: false,
+    },
+    Spec {
+        name: "client_max_body_size",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "client_header_buffer_size",
+        ctx: HS,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "large_client_header_buffers",
+        ctx: HS,
+        args: Args::Exactly(2),
+        block: false,
+    },
+    Spec {
+        name: "client_header_timeout",
+        ctx: HS,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "client_body_timeout",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "send_timeout",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "keepalive_timeout",
+        ctx: HSL,
+        args: Args::Between(1, 2),
+        block: false,
+    },
+    Spec {
+        name: "keepalive_requests",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "keepalive_time",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "sendfile",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "tcp_nopush",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "tcp_nodelay",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "server_tokens",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "log_not_found",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "absolute_redirect",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "port_in_redirect",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "server_name_in_redirect",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "merge_slashes",
+        ctx: HS,
+        args: Args::Exactly(1),
+        block: false,
+    },
 ];
 
 #[derive(Debug, Clone, Default)]
@@ -73,11 +178,28 @@ impl CoreConf {
         // `alias` and `internal` belong to one location and are not inherited (nested
         // locations of an aliased location inherit it in nginx; gannet keeps that too).
         inherit!(
-            self, p, root, alias, client_max_body_size, client_header_buffer_size,
-            large_client_header_buffers, client_header_timeout, client_body_timeout,
-            send_timeout, keepalive_timeout, keepalive_requests, keepalive_time, sendfile,
-            tcp_nopush, tcp_nodelay, server_tokens, log_not_found, absolute_redirect,
-            port_in_redirect, server_name_in_redirect, merge_slashes
+            self,
+            p,
+            root,
+            alias,
+            client_max_body_size,
+            client_header_buffer_size,
+            large_client_header_buffers,
+            client_header_timeout,
+            client_body_timeout,
+            send_timeout,
+            keepalive_timeout,
+            keepalive_requests,
+            keepalive_time,
+            sendfile,
+            tcp_nopush,
+            tcp_nodelay,
+            server_tokens,
+            log_not_found,
+            absolute_redirect,
+            port_in_redirect,
+            server_name_in_redirect,
+            merge_slashes
         );
     }
 
@@ -85,7 +207,9 @@ impl CoreConf {
     /// location has one; the fallback only serves a LocConf built outside the loader.
     pub fn root(&self) -> &Template {
         static HTML: OnceLock<Template> = OnceLock::new();
-        self.root.as_ref().unwrap_or_else(|| HTML.get_or_init(|| Template::literal("html")))
+        self.root
+            .as_ref()
+            .unwrap_or_else(|| HTML.get_or_init(|| Template::literal("html")))
     }
     pub fn client_max_body_size(&self) -> u64 {
         self.client_max_body_size.unwrap_or(1024 * 1024)
@@ -97,7 +221,8 @@ impl CoreConf {
         self.large_client_header_buffers.unwrap_or((4, 8192))
     }
     pub fn client_header_timeout(&self) -> Duration {
-        self.client_header_timeout.unwrap_or(Duration::from_secs(60))
+        self.client_header_timeout
+            .unwrap_or(Duration::from_secs(60))
     }
     pub fn client_body_timeout(&self) -> Duration {
         self.client_body_timeout.unwrap_or(Duration::from_secs(60))
@@ -106,7 +231,8 @@ impl CoreConf {
         self.send_timeout.unwrap_or(Duration::from_secs(60))
     }
     pub fn keepalive_timeout(&self) -> (Duration, Option<u64>) {
-        self.keepalive_timeout.unwrap_or((Duration::from_secs(75), None))
+        self.keepalive_timeout
+            .unwrap_or((Duration::from_secs(75), None))
     }
     /// 0 means unlimited (gannet extension; nginx has no unlimited value).
     pub fn keepalive_requests(&self) -> u64 {
@@ -146,7 +272,9 @@ fn size(d: &Directive, i: usize) -> Result<u64, ConfError> {
 }
 
 fn duration(d: &Directive, i: usize) -> Result<Duration, ConfError> {
-    setters::msec(&d.args[i]).map(Duration::from_millis).ok_or_else(|| invalid(d, &d.args[i]))
+    setters::msec(&d.args[i])
+        .map(Duration::from_millis)
+        .ok_or_else(|| invalid(d, &d.args[i]))
 }
 
 fn template(d: &Directive) -> Result<Template, ConfError> {
@@ -160,7 +288,11 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         "root" | "alias" => {
             if c.root.is_some() || c.alias.is_some() {
                 let other = if c.root.is_some() { "root" } else { "alias" };
-                return Err(if other == d.name { dup(d) } else { d.error(format!("\"{}\" directive is duplicate, \"{other}\" directive was specified earlier", d.name)) });
+                return Err(if other == d.name {
+                    dup(d)
+                } else {
+                    d.error(format!("\"{}\" directive is duplicate, \"{other}\" directive was specified earlier", d.name))
+                });
             }
             // A relative root is relative to the prefix, as in nginx.
             let path = if d.args[0].starts_with('/') || d.args[0].starts_with('$') {
@@ -168,19 +300,28 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             } else {
                 ctx.prefix.join(&d.args[0]).to_string_lossy().into_owned()
             };
-            let mut t = Directive { args: vec![path], ..d.clone() };
+            let mut t = Directive {
+                args: vec![path],
+                ..d.clone()
+            };
             // nginx strips a trailing slash from root (not from alias).
             if d.name == "root" && t.args[0].len() > 1 && t.args[0].ends_with('/') {
                 t.args[0].pop();
             }
             let tpl = template(&t)?;
-            if d.name == "root" { c.root = Some(tpl) } else { c.alias = Some(tpl) }
+            if d.name == "root" {
+                c.root = Some(tpl)
+            } else {
+                c.alias = Some(tpl)
+            }
         }
         "internal" => c.internal = true,
         "client_max_body_size" => c.client_max_body_size = Some(size(d, 0)?),
         "client_header_buffer_size" => c.client_header_buffer_size = Some(size(d, 0)? as usize),
         "large_client_header_buffers" => {
-            let n = d.args[0].parse::<usize>().map_err(|_| invalid(d, &d.args[0]))?;
+            let n = d.args[0]
+                .parse::<usize>()
+                .map_err(|_| invalid(d, &d.args[0]))?;
             let s = size(d, 1)? as usize;
             if n == 0 || s == 0 {
                 return Err(invalid(d, &d.args[0]));
@@ -197,7 +338,9 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             };
             c.keepalive_timeout = Some((duration(d, 0)?, header));
         }
-        "keepalive_requests" => c.keepalive_requests = Some(d.args[0].parse().map_err(|_| invalid(d, &d.args[0]))?),
+        "keepalive_requests" => {
+            c.keepalive_requests = Some(d.args[0].parse().map_err(|_| invalid(d, &d.args[0]))?)
+        }
         "keepalive_time" => c.keepalive_time = Some(duration(d, 0)?),
         "sendfile" => c.sendfile = Some(setters::flag(d)?),
         "tcp_nopush" => c.tcp_nopush = Some(setters::flag(d)?),

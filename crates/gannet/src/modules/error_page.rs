@@ -9,8 +9,18 @@ use gannet_conf::{ConfError, Directive};
 use std::sync::Arc;
 
 pub const DIRECTIVES: &[Spec] = &[
-    Spec { name: "error_page", ctx: Ctx::HSL, args: Args::AtLeast(2), block: false },
-    Spec { name: "recursive_error_pages", ctx: Ctx::HSL, args: Args::Exactly(1), block: false },
+    Spec {
+        name: "error_page",
+        ctx: Ctx::HSL,
+        args: Args::AtLeast(2),
+        block: false,
+    },
+    Spec {
+        name: "recursive_error_pages",
+        ctx: Ctx::HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +52,10 @@ impl ErrorPageConf {
     }
 
     pub fn find(&self, status: u16) -> Option<&ErrorPage> {
-        self.pages.as_ref()?.iter().find(|p| p.codes.contains(&status))
+        self.pages
+            .as_ref()?
+            .iter()
+            .find(|p| p.codes.contains(&status))
     }
 }
 
@@ -51,7 +64,10 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
         lc.error_page.recursive = Some(gannet_conf::setters::flag(d)?);
         return Ok(());
     }
-    let (uri, rest) = d.args.split_last().ok_or_else(|| d.error("invalid number of arguments in \"error_page\" directive"))?;
+    let (uri, rest) = d
+        .args
+        .split_last()
+        .ok_or_else(|| d.error("invalid number of arguments in \"error_page\" directive"))?;
     let mut codes = Vec::new();
     let mut status = Override::Keep;
     for (i, a) in rest.iter().enumerate() {
@@ -62,11 +78,18 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
             status = if s.is_empty() {
                 Override::Page
             } else {
-                Override::Code(s.parse().ok().filter(|c| (100..=599).contains(c)).ok_or_else(|| d.error(format!("invalid value \"{a}\"")))?)
+                Override::Code(
+                    s.parse()
+                        .ok()
+                        .filter(|c| (100..=599).contains(c))
+                        .ok_or_else(|| d.error(format!("invalid value \"{a}\"")))?,
+                )
             };
             continue;
         }
-        let code: u16 = a.parse().map_err(|_| d.error(format!("invalid value \"{a}\"")))?;
+        let code: u16 = a
+            .parse()
+            .map_err(|_| d.error(format!("invalid value \"{a}\"")))?;
         if !(300..=599).contains(&code) || code == 499 {
             return Err(d.error(format!("value \"{a}\" must be between 300 and 599")));
         }

@@ -60,7 +60,12 @@ pub struct Policy {
 
 impl Default for Policy {
     fn default() -> Self {
-        Policy { max: 1024, inactive: Duration::from_secs(60), valid: Duration::from_secs(1), errors: false }
+        Policy {
+            max: 1024,
+            inactive: Duration::from_secs(60),
+            valid: Duration::from_secs(1),
+            errors: false,
+        }
     }
 }
 
@@ -84,7 +89,11 @@ impl FileCache {
             }
             // Re-validate: the same inode, size and mtime keep the entry.
             if let (Entry::Found(f), Ok(meta)) = (&slot.entry, std::fs::metadata(path)) {
-                if meta.ino() == f.ino && meta.dev() == f.dev && meta.size() == f.size && meta.mtime() == f.mtime_secs {
+                if meta.ino() == f.ino
+                    && meta.dev() == f.dev
+                    && meta.size() == f.size
+                    && meta.mtime() == f.mtime_secs
+                {
                     slot.checked = now;
                     slot.last_used = now;
                     return Ok(f.clone());
@@ -98,10 +107,24 @@ impl FileCache {
         }
         match &result {
             Ok(f) => {
-                map.insert(path.to_path_buf(), Slot { entry: Entry::Found(f.clone()), checked: now, last_used: now });
+                map.insert(
+                    path.to_path_buf(),
+                    Slot {
+                        entry: Entry::Found(f.clone()),
+                        checked: now,
+                        last_used: now,
+                    },
+                );
             }
             Err(e) if policy.errors => {
-                map.insert(path.to_path_buf(), Slot { entry: Entry::Error(*e), checked: now, last_used: now });
+                map.insert(
+                    path.to_path_buf(),
+                    Slot {
+                        entry: Entry::Error(*e),
+                        checked: now,
+                        last_used: now,
+                    },
+                );
             }
             Err(_) => {}
         }

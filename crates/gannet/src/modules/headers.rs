@@ -16,8 +16,18 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 pub const DIRECTIVES: &[Spec] = &[
-    Spec { name: "add_header", ctx: Ctx::HSL, args: Args::Between(2, 3), block: false },
-    Spec { name: "expires", ctx: Ctx::HSL, args: Args::Between(1, 2), block: false },
+    Spec {
+        name: "add_header",
+        ctx: Ctx::HSL,
+        args: Args::Between(2, 3),
+        block: false,
+    },
+    Spec {
+        name: "expires",
+        ctx: Ctx::HSL,
+        args: Args::Between(1, 2),
+        block: false,
+    },
 ];
 
 #[derive(Debug, Clone)]
@@ -33,7 +43,10 @@ pub enum Expires {
     Epoch,
     Max,
     /// Seconds from now (or from the file's mtime with `modified`); may be negative.
-    After { secs: i64, modified: bool },
+    After {
+        secs: i64,
+        modified: bool,
+    },
 }
 
 #[derive(Debug, Clone, Default)]
@@ -81,7 +94,10 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
                         None => (false, t.strip_prefix('+').unwrap_or(t)),
                     };
                     let secs = setters::sec(t).ok_or_else(|| invalid(d, v))? as i64;
-                    Expires::After { secs: if neg { -secs } else { secs }, modified }
+                    Expires::After {
+                        secs: if neg { -secs } else { secs },
+                        modified,
+                    }
                 }
             });
         }
@@ -116,12 +132,26 @@ pub fn filter(req: &Request, r: &mut Response) {
 fn expires(e: Expires, r: &mut Response) {
     let (exp, cc) = match e {
         Expires::Off => return,
-        Expires::Epoch => ("Thu, 01 Jan 1970 00:00:01 GMT".to_string(), "no-cache".to_string()),
-        Expires::Max => ("Thu, 31 Dec 2037 23:55:55 GMT".to_string(), "max-age=315360000".to_string()),
+        Expires::Epoch => (
+            "Thu, 01 Jan 1970 00:00:01 GMT".to_string(),
+            "no-cache".to_string(),
+        ),
+        Expires::Max => (
+            "Thu, 31 Dec 2037 23:55:55 GMT".to_string(),
+            "max-age=315360000".to_string(),
+        ),
         Expires::After { secs, modified } => {
             let now = SystemTime::now();
-            let base = if modified { r.last_modified.unwrap_or(now) } else { now };
-            let at = if secs >= 0 { base + Duration::from_secs(secs as u64) } else { base - Duration::from_secs(secs.unsigned_abs()) };
+            let base = if modified {
+                r.last_modified.unwrap_or(now)
+            } else {
+                now
+            };
+            let at = if secs >= 0 {
+                base + Duration::from_secs(secs as u64)
+            } else {
+                base - Duration::from_secs(secs.unsigned_abs())
+            };
             let max_age = at.duration_since(now).map(|d| d.as_secs()).ok();
             let cc = match max_age {
                 Some(a) if secs >= 0 || a > 0 => format!("max-age={a}"),
@@ -130,7 +160,9 @@ fn expires(e: Expires, r: &mut Response) {
             (http_date(at), cc)
         }
     };
-    r.headers.retain(|(n, _)| !n.eq_ignore_ascii_case("expires") && !n.eq_ignore_ascii_case("cache-control"));
+    r.headers.retain(|(n, _)| {
+        !n.eq_ignore_ascii_case("expires") && !n.eq_ignore_ascii_case("cache-control")
+    });
     r.headers.push((Cow::Borrowed("Expires"), exp));
     r.headers.push((Cow::Borrowed("Cache-Control"), cc));
 }

@@ -13,7 +13,12 @@ use gannet_conf::{ConfError, Directive};
 use std::io::ErrorKind;
 use std::sync::Arc;
 
-pub const DIRECTIVES: &[Spec] = &[Spec { name: "index", ctx: Ctx::HSL, args: Args::AtLeast(1), block: false }];
+pub const DIRECTIVES: &[Spec] = &[Spec {
+    name: "index",
+    ctx: Ctx::HSL,
+    args: Args::AtLeast(1),
+    block: false,
+}];
 
 #[derive(Debug, Clone, Default)]
 pub struct IndexConf {
@@ -43,7 +48,12 @@ pub fn handle(req: &Request, w: &Worker) -> Flow {
         return Flow::Next;
     }
     let default = [Template::literal("index.html")];
-    let files: &[Template] = req.conf.index.files.as_deref().map_or(&default[..], |v| v.as_slice());
+    let files: &[Template] = req
+        .conf
+        .index
+        .files
+        .as_deref()
+        .map_or(&default[..], |v| v.as_slice());
     let policy = req.conf.files.policy();
     for (i, t) in files.iter().enumerate() {
         let name = t.eval(req, None);
@@ -57,7 +67,13 @@ pub fn handle(req: &Request, w: &Worker) -> Flow {
             Ok(_) => {}
             Err(ErrorKind::NotFound) if i + 1 == files.len() => {}
             Err(ErrorKind::NotFound) => {}
-            Err(kind) => return Flow::Status(super::static_files::file_error(req, kind, &req.filename_for(&uri))),
+            Err(kind) => {
+                return Flow::Status(super::static_files::file_error(
+                    req,
+                    kind,
+                    &req.filename_for(&uri),
+                ))
+            }
         }
     }
     let dir = req.filename_for(&req.uri);

@@ -17,10 +17,30 @@ use std::sync::Arc;
 const SL: Ctx = Ctx(Ctx::SERVER.0 | Ctx::LOCATION.0);
 
 pub const DIRECTIVES: &[Spec] = &[
-    Spec { name: "return", ctx: SL, args: Args::Between(1, 2), block: false },
-    Spec { name: "rewrite", ctx: SL, args: Args::Between(2, 3), block: false },
-    Spec { name: "break", ctx: SL, args: Args::Exactly(0), block: false },
-    Spec { name: "rewrite_log", ctx: Ctx::HSL, args: Args::Exactly(1), block: false },
+    Spec {
+        name: "return",
+        ctx: SL,
+        args: Args::Between(1, 2),
+        block: false,
+    },
+    Spec {
+        name: "rewrite",
+        ctx: SL,
+        args: Args::Between(2, 3),
+        block: false,
+    },
+    Spec {
+        name: "break",
+        ctx: SL,
+        args: Args::Exactly(0),
+        block: false,
+    },
+    Spec {
+        name: "rewrite_log",
+        ctx: Ctx::HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,19 +81,26 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
         }
         "break" => Stmt::Break,
         "return" => match d.args.as_slice() {
-            [one] if is_url(one) => Stmt::Return { code: 302, text: Some(tpl(one)?) },
+            [one] if is_url(one) => Stmt::Return {
+                code: 302,
+                text: Some(tpl(one)?),
+            },
             [code, rest @ ..] => {
                 let code: u16 = code
                     .parse()
                     .ok()
                     .filter(|c| *c <= 999)
                     .ok_or_else(|| d.error(format!("invalid return code \"{code}\"")))?;
-                Stmt::Return { code, text: rest.first().map(|t| tpl(t)).transpose()? }
+                Stmt::Return {
+                    code,
+                    text: rest.first().map(|t| tpl(t)).transpose()?,
+                }
             }
             [] => return Err(d.error("invalid number of arguments in \"return\" directive")),
         },
         _ => {
-            let re = Regex::new(&d.args[0]).map_err(|e| d.error(format!("invalid regex \"{}\": {e}", d.args[0])))?;
+            let re = Regex::new(&d.args[0])
+                .map_err(|e| d.error(format!("invalid regex \"{}\": {e}", d.args[0])))?;
             let flag = match d.args.get(2).map(String::as_str) {
                 None => Flag::None,
                 Some("last") => Flag::Last,
@@ -82,7 +109,11 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
                 Some("permanent") => Flag::Permanent,
                 Some(f) => return Err(d.error(format!("invalid parameter \"{f}\""))),
             };
-            Stmt::Rewrite { re, to: tpl(&d.args[1])?, flag }
+            Stmt::Rewrite {
+                re,
+                to: tpl(&d.args[1])?,
+                flag,
+            }
         }
     };
     Arc::make_mut(&mut lc.rewrite.stmts).push(stmt);
@@ -106,8 +137,13 @@ pub fn run(stmts: &[Stmt], req: &mut Request) -> Outcome {
             Stmt::Break => return Outcome::Stay,
             Stmt::Return { code, text } => return Outcome::Flow(answer(req, *code, text.as_ref())),
             Stmt::Rewrite { re, to, flag } => {
-                let Some(caps) = re.captures(&req.uri) else { continue };
-                req.captures = caps.iter().map(|m| m.map(|m| m.as_str().to_string())).collect();
+                let Some(caps) = re.captures(&req.uri) else {
+                    continue;
+                };
+                req.captures = caps
+                    .iter()
+                    .map(|m| m.map(|m| m.as_str().to_string()))
+                    .collect();
                 let new = to.eval(req, None);
                 let redirect = matches!(flag, Flag::Redirect | Flag::Permanent) || is_url(&new);
                 if redirect {
@@ -168,13 +204,22 @@ fn answer(req: &Request, code: u16, text: Option<&Template>) -> Flow {
     if code == 444 {
         return Flow::Close;
     }
-    let Some(text) = text else { return Flow::Status(code) };
+    let Some(text) = text else {
+        return Flow::Status(code);
+    };
     let value = text.eval(req, None);
     if is_redirect(code) {
         return Flow::Done(redirect_response(req, code, &value));
     }
     let mut r = Response::new(code);
-    r.content_type = Some(Cow::Owned(req.conf.types.default_type.as_deref().unwrap_or("text/plain").to_string()));
+    r.content_type = Some(Cow::Owned(
+        req.conf
+            .types
+            .default_type
+            .as_deref()
+            .unwrap_or("text/plain")
+            .to_string(),
+    ));
     r.body = Body::bytes(value);
     Flow::Done(r)
 }
@@ -186,7 +231,11 @@ pub fn redirect_response(req: &Request, code: u16, location: &str) -> Response {
     let core = &req.conf.core;
     let mut r = Response::error_page(code, core.server_tokens());
     let loc = if location.starts_with('/') && core.absolute_redirect() {
-        let host = if core.server_name_in_redirect() || req.host.is_empty() { &req.server.primary_name } else { &req.host };
+        let host = if core.server_name_in_redirect() || req.host.is_empty() {
+            &req.server.primary_name
+        } else {
+            &req.host
+        };
         let port = req.conn.local.port();
         if core.port_in_redirect() && port != 80 {
             format!("http://{host}:{port}{location}")

@@ -21,12 +21,42 @@ use std::io::ErrorKind;
 use std::time::Duration;
 
 pub const DIRECTIVES: &[Spec] = &[
-    Spec { name: "etag", ctx: Ctx::HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "if_modified_since", ctx: Ctx::HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "open_file_cache", ctx: Ctx::HSL, args: Args::Between(1, 2), block: false },
-    Spec { name: "open_file_cache_valid", ctx: Ctx::HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "open_file_cache_min_uses", ctx: Ctx::HSL, args: Args::Exactly(1), block: false },
-    Spec { name: "open_file_cache_errors", ctx: Ctx::HSL, args: Args::Exactly(1), block: false },
+    Spec {
+        name: "etag",
+        ctx: Ctx::HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "if_modified_since",
+        ctx: Ctx::HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "open_file_cache",
+        ctx: Ctx::HSL,
+        args: Args::Between(1, 2),
+        block: false,
+    },
+    Spec {
+        name: "open_file_cache_valid",
+        ctx: Ctx::HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "open_file_cache_min_uses",
+        ctx: Ctx::HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "open_file_cache_errors",
+        ctx: Ctx::HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +78,15 @@ pub struct FilesConf {
 
 impl FilesConf {
     pub fn merge(&mut self, p: &FilesConf) {
-        inherit!(self, p, etag, if_modified_since, cache_size, cache_valid, cache_errors);
+        inherit!(
+            self,
+            p,
+            etag,
+            if_modified_since,
+            cache_size,
+            cache_valid,
+            cache_errors
+        );
     }
     pub fn etag(&self) -> bool {
         self.etag.unwrap_or(true)
@@ -92,22 +130,32 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
             let mut inactive = Duration::from_secs(60);
             for a in &d.args {
                 if let Some(v) = a.strip_prefix("max=") {
-                    max = Some(v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| invalid(d, a))?);
+                    max = Some(
+                        v.parse::<usize>()
+                            .ok()
+                            .filter(|n| *n > 0)
+                            .ok_or_else(|| invalid(d, a))?,
+                    );
                 } else if let Some(v) = a.strip_prefix("inactive=") {
                     inactive = Duration::from_secs(setters::sec(v).ok_or_else(|| invalid(d, a))?);
                 } else {
                     return Err(invalid(d, a));
                 }
             }
-            let max = max.ok_or_else(|| d.error("\"open_file_cache\" must have the \"max\" parameter"))?;
+            let max =
+                max.ok_or_else(|| d.error("\"open_file_cache\" must have the \"max\" parameter"))?;
             c.cache_size = Some((max, inactive));
         }
         "open_file_cache_valid" => {
-            c.cache_valid = Some(Duration::from_secs(setters::sec(&d.args[0]).ok_or_else(|| invalid(d, &d.args[0]))?))
+            c.cache_valid = Some(Duration::from_secs(
+                setters::sec(&d.args[0]).ok_or_else(|| invalid(d, &d.args[0]))?,
+            ))
         }
         "open_file_cache_min_uses" => {
             // Accepted: gannet caches on first use, which is what min_uses 1 means.
-            d.args[0].parse::<u32>().map_err(|_| invalid(d, &d.args[0]))?;
+            d.args[0]
+                .parse::<u32>()
+                .map_err(|_| invalid(d, &d.args[0]))?;
         }
         "open_file_cache_errors" => c.cache_errors = Some(setters::flag(d)?),
         _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
@@ -134,7 +182,11 @@ pub fn handle(req: &Request, w: &Worker) -> Flow {
         Err(kind) => return Flow::Status(file_error(req, kind, &path)),
     };
     if f.is_dir {
-        return Flow::Done(crate::modules::rewrite::redirect_response(req, 301, &dir_location(req)));
+        return Flow::Done(crate::modules::rewrite::redirect_response(
+            req,
+            301,
+            &dir_location(req),
+        ));
     }
     if !f.is_file {
         return Flow::Status(404);
@@ -153,10 +205,15 @@ pub fn file_response(req: &Request, f: &super::file_cache::OpenFile) -> Response
     if req.conf.files.etag() {
         r.etag = Some(etag(f.mtime_secs, f.size));
     }
-    r.headers.push((Cow::Borrowed("Accept-Ranges"), "bytes".into()));
+    r.headers
+        .push((Cow::Borrowed("Accept-Ranges"), "bytes".into()));
     r.body = match &f.data {
         Some(d) => Body::Parts(vec![Part::Bytes(d.clone())]),
-        None => Body::Parts(vec![Part::File(FileRange { file: f.file.clone(), offset: 0, len: f.size })]),
+        None => Body::Parts(vec![Part::File(FileRange {
+            file: f.file.clone(),
+            offset: 0,
+            len: f.size,
+        })]),
     };
     r
 }

@@ -33,14 +33,23 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
     if lc.try_files.tries.is_some() {
         return Err(d.error("\"try_files\" directive is duplicate"));
     }
-    let (last, files) = d.args.split_last().ok_or_else(|| d.error("invalid number of arguments in \"try_files\" directive"))?;
+    let (last, files) = d
+        .args
+        .split_last()
+        .ok_or_else(|| d.error("invalid number of arguments in \"try_files\" directive"))?;
     let fallback = match last.strip_prefix('=') {
         Some(code) => Fallback::Code(
-            code.parse::<u16>().ok().filter(|c| (100..=999).contains(c)).ok_or_else(|| d.error(format!("invalid code \"{last}\"")))?,
+            code.parse::<u16>()
+                .ok()
+                .filter(|c| (100..=999).contains(c))
+                .ok_or_else(|| d.error(format!("invalid code \"{last}\"")))?,
         ),
         None => Fallback::Uri(Template::compile(last).map_err(|e| d.error(e))?),
     };
-    let files = files.iter().map(|f| Template::compile(f).map_err(|e| d.error(e))).collect::<Result<Vec<_>, _>>()?;
+    let files = files
+        .iter()
+        .map(|f| Template::compile(f).map_err(|e| d.error(e)))
+        .collect::<Result<Vec<_>, _>>()?;
     lc.try_files.tries = Some(Arc::new((files, fallback)));
     Ok(())
 }

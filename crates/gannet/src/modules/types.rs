@@ -10,8 +10,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 pub const DIRECTIVES: &[Spec] = &[
-    Spec { name: "types", ctx: Ctx::HSL, args: Args::Exactly(0), block: true },
-    Spec { name: "default_type", ctx: Ctx::HSL, args: Args::Exactly(1), block: false },
+    Spec {
+        name: "types",
+        ctx: Ctx::HSL,
+        args: Args::Exactly(0),
+        block: true,
+    },
+    Spec {
+        name: "default_type",
+        ctx: Ctx::HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
 ];
 
 type Table = Arc<HashMap<String, Arc<str>>>;
@@ -29,7 +39,10 @@ impl TypesConf {
 
     /// The type for a file name by its extension (case-insensitive), else `default_type`.
     pub fn lookup(&self, name: &str) -> Arc<str> {
-        let ext = name.rsplit_once('.').map(|(_, e)| e).filter(|e| !e.contains('/'));
+        let ext = name
+            .rsplit_once('.')
+            .map(|(_, e)| e)
+            .filter(|e| !e.contains('/'));
         if let Some(ext) = ext {
             let found = match &self.types {
                 Some(t) => lookup_ext(t, ext),
@@ -39,7 +52,9 @@ impl TypesConf {
                 return t;
             }
         }
-        self.default_type.clone().unwrap_or_else(|| Arc::from("text/plain"))
+        self.default_type
+            .clone()
+            .unwrap_or_else(|| Arc::from("text/plain"))
     }
 }
 
@@ -72,7 +87,9 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
             };
             for entry in d.block.as_deref().unwrap_or_default() {
                 if entry.block.is_some() || entry.args.is_empty() {
-                    return Err(entry.error("invalid types entry: expected \"type extension ...;\""));
+                    return Err(
+                        entry.error("invalid types entry: expected \"type extension ...;\"")
+                    );
                 }
                 let mime: Arc<str> = Arc::from(entry.name.as_str());
                 for ext in &entry.args {

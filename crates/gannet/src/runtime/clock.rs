@@ -5,7 +5,9 @@
 use std::cell::RefCell;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+const MONTHS: [&str; 12] = [
+    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+];
 
 /// Broken-down time: (year, month 0-11, day, hour, min, sec, UTC offset in seconds).
 type Tm = (i32, usize, u32, u32, u32, u32, i64);
@@ -26,11 +28,21 @@ fn breakdown(secs: i64, local: bool) -> Tm {
     if !ok {
         return (1970, 0, 1, 0, 0, 0, 0);
     }
-    (tm.tm_year + 1900, tm.tm_mon.clamp(0, 11) as usize, tm.tm_mday as u32, tm.tm_hour as u32, tm.tm_min as u32, tm.tm_sec as u32, tm.tm_gmtoff)
+    (
+        tm.tm_year + 1900,
+        tm.tm_mon.clamp(0, 11) as usize,
+        tm.tm_mday as u32,
+        tm.tm_hour as u32,
+        tm.tm_min as u32,
+        tm.tm_sec as u32,
+        tm.tm_gmtoff,
+    )
 }
 
 fn unix(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
 }
 
 #[derive(Default)]
@@ -52,12 +64,21 @@ fn with_cache<R>(f: impl FnOnce(&Cache) -> R) -> R {
         let mut c = c.borrow_mut();
         if c.sec != now {
             c.sec = now;
-            c.date = gannet_proto::h1::encode::http_date(UNIX_EPOCH + std::time::Duration::from_secs(now as u64)).into_bytes();
+            c.date = gannet_proto::h1::encode::http_date(
+                UNIX_EPOCH + std::time::Duration::from_secs(now as u64),
+            )
+            .into_bytes();
             let (y, mo, d, h, mi, s, off) = breakdown(now, true);
             let sign = if off < 0 { '-' } else { '+' };
             let (oh, om) = (off.abs() / 3600, off.abs() % 3600 / 60);
-            c.local = format!("{d:02}/{}/{y}:{h:02}:{mi:02}:{s:02} {sign}{oh:02}{om:02}", MONTHS[mo]);
-            c.iso = format!("{y}-{:02}-{d:02}T{h:02}:{mi:02}:{s:02}{sign}{oh:02}:{om:02}", mo + 1);
+            c.local = format!(
+                "{d:02}/{}/{y}:{h:02}:{mi:02}:{s:02} {sign}{oh:02}{om:02}",
+                MONTHS[mo]
+            );
+            c.iso = format!(
+                "{y}-{:02}-{d:02}T{h:02}:{mi:02}:{s:02}{sign}{oh:02}:{om:02}",
+                mo + 1
+            );
             c.log = format!("{y}/{:02}/{d:02} {h:02}:{mi:02}:{s:02}", mo + 1);
         }
         f(&c)

@@ -9,7 +9,11 @@ use std::io;
 use std::net::TcpListener;
 
 pub fn bind(l: &Listen) -> io::Result<TcpListener> {
-    let domain = if l.addr.is_ipv6() { Domain::IPV6 } else { Domain::IPV4 };
+    let domain = if l.addr.is_ipv6() {
+        Domain::IPV6
+    } else {
+        Domain::IPV4
+    };
     let s = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
     s.set_reuse_address(true)?;
     s.set_reuse_port(true)?;
@@ -26,7 +30,11 @@ pub fn bind(l: &Listen) -> io::Result<TcpListener> {
 /// otherwise let a second gannet (same user) join the port silently and take half of the
 /// connections; a probe socket without SO_REUSEPORT cannot bind over a live listener.
 fn probe(l: &Listen) -> io::Result<()> {
-    let domain = if l.addr.is_ipv6() { Domain::IPV6 } else { Domain::IPV4 };
+    let domain = if l.addr.is_ipv6() {
+        Domain::IPV6
+    } else {
+        Domain::IPV4
+    };
     let s = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
     s.set_reuse_address(true)?;
     if l.addr.is_ipv6() {

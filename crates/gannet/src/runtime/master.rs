@@ -18,8 +18,14 @@ use tokio::sync::{mpsc, watch};
 pub fn run(config: Config) -> Result<(), String> {
     let config = Arc::new(config);
     let main = &config.main;
-    crate::errlog::init(main.error_log.as_deref(), main.error_level)
-        .map_err(|e| format!("could not open error log {}: {e}", main.error_log.as_ref().map_or(String::new(), |p| p.display().to_string())))?;
+    crate::errlog::init(main.error_log.as_deref(), main.error_level).map_err(|e| {
+        format!(
+            "could not open error log {}: {e}",
+            main.error_log
+                .as_ref()
+                .map_or(String::new(), |p| p.display().to_string())
+        )
+    })?;
     if let Some(n) = main.rlimit_nofile {
         set_nofile(n)?;
     }
@@ -30,7 +36,8 @@ pub fn run(config: Config) -> Result<(), String> {
     }
     let pid_file = main.pid.clone();
     if let Some(p) = &pid_file {
-        std::fs::write(p, format!("{}\n", std::process::id())).map_err(|e| format!("open() \"{}\" failed ({e})", p.display()))?;
+        std::fs::write(p, format!("{}\n", std::process::id()))
+            .map_err(|e| format!("open() \"{}\" failed ({e})", p.display()))?;
     }
     let result = supervise(config.clone(), sockets);
     remove_pid(&pid_file);
@@ -44,10 +51,16 @@ fn remove_pid(p: &Option<PathBuf>) {
 }
 
 fn set_nofile(n: u64) -> Result<(), String> {
-    let lim = libc::rlimit { rlim_cur: n as libc::rlim_t, rlim_max: n as libc::rlim_t };
+    let lim = libc::rlimit {
+        rlim_cur: n as libc::rlim_t,
+        rlim_max: n as libc::rlim_t,
+    };
     // SAFETY: `lim` is a valid rlimit that outlives the call.
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
-        return Err(format!("setrlimit(RLIMIT_NOFILE, {n}) failed ({})", std::io::Error::last_os_error()));
+        return Err(format!(
+            "setrlimit(RLIMIT_NOFILE, {n}) failed ({})",
+            std::io::Error::last_os_error()
+        ));
     }
     Ok(())
 }
@@ -58,7 +71,10 @@ fn daemonize() -> Result<(), String> {
     // SAFETY: the process is single-threaded here (no runtime or worker exists yet), so
     // fork() duplicates it fully; the child only continues the Rust code it was running.
     match unsafe { libc::fork() } {
-        -1 => Err(format!("fork() failed ({})", std::io::Error::last_os_error())),
+        -1 => Err(format!(
+            "fork() failed ({})",
+            std::io::Error::last_os_error()
+        )),
         0 => {
             // SAFETY: setsid has no memory-safety preconditions.
             unsafe { libc::setsid() };
@@ -71,12 +87,24 @@ fn daemonize() -> Result<(), String> {
 /// A worker's end: its id and whether it panicked.
 type Exit = (usize, bool);
 
-fn spawn_worker(id: usize, config: Arc<Config>, sockets: &[TcpListener], cmd: watch::Receiver<Command>, exited: mpsc::UnboundedSender<Exit>) -> Result<(), String> {
-    let mine = sockets.iter().map(|s| s.try_clone()).collect::<Result<Vec<_>, _>>().map_err(|e| format!("socket dup failed: {e}"))?;
+fn spawn_worker(
+    id: usize,
+    config: Arc<Config>,
+    sockets: &[TcpListener],
+    cmd: watch::Receiver<Command>,
+    exited: mpsc::UnboundedSender<Exit>,
+) -> Result<(), String> {
+    let mine = sockets
+        .iter()
+        .map(|s| s.try_clone())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("socket dup failed: {e}"))?;
     std::thread::Builder::new()
         .name(format!("gannet-worker-{id}"))
         .spawn(move || {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker::run(config, mine, cmd)));
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                worker::run(config, mine, cmd)
+            }));
             let _ = exited.send((id, r.is_err()));
         })
         .map(|_| ())
@@ -84,7 +112,10 @@ fn spawn_worker(id: usize, config: Arc<Config>, sockets: &[TcpListener], cmd: wa
 }
 
 fn supervise(config: Arc<Config>, sockets: Vec<Vec<TcpListener>>) -> Result<(), String> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
     rt.block_on(async move {
         let (tx, rx) = watch::channel(Command::Run);
         let (exit_tx, mut exit_rx) = mpsc::unbounded_channel::<Exit>();

@@ -52,7 +52,9 @@ impl Worker {
             return;
         }
         let mut logs = self.logs.borrow_mut();
-        let entry = logs.entry(log.id).or_insert_with(|| (log.clone(), Vec::with_capacity(log.buffer), Instant::now()));
+        let entry = logs
+            .entry(log.id)
+            .or_insert_with(|| (log.clone(), Vec::with_capacity(log.buffer), Instant::now()));
         if entry.1.len() + line.len() > log.buffer {
             let _ = (&log.file).write_all(&entry.1);
             entry.1.clear();
@@ -77,7 +79,10 @@ impl Worker {
 /// Run one worker until it is told to drain and its connections are done, or the process
 /// exits. `sockets[i]` listens for `config.listens[i]`.
 pub fn run(config: Arc<Config>, sockets: Vec<StdListener>, mut cmd: watch::Receiver<Command>) {
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             crate::errlog::error(format_args!("worker runtime failed to start: {e}"));
@@ -146,7 +151,10 @@ async fn accept_loop(w: Rc<Worker>, listener: TcpListener, group: usize) {
         match listener.accept().await {
             Ok((stream, peer)) => {
                 if w.active.get() >= w.config.main.worker_connections {
-                    crate::errlog::warn(format_args!("{} worker_connections are not enough", w.config.main.worker_connections));
+                    crate::errlog::warn(format_args!(
+                        "{} worker_connections are not enough",
+                        w.config.main.worker_connections
+                    ));
                     drop(stream);
                     continue;
                 }
