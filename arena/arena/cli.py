@@ -103,7 +103,8 @@ def _interrupted(folder: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    console = Console(stderr=True)
+    # soft_wrap: messages stay one line each, whatever the terminal width (logs, CI).
+    console = Console(stderr=True, soft_wrap=True)
     args = _parser().parse_args(argv)
     try:
         if args.command == "list":

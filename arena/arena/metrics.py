@@ -21,6 +21,7 @@ METRICS = [
     Metric("p90_ms", "p90", "ms", "lower", 2),
     Metric("p99_ms", "p99", "ms", "lower", 2),
     Metric("max_ms", "max latency", "ms", "lower", 1),
+    Metric("mean_ms", "mean latency", "ms", "lower", 2),
     Metric("failures", "Failed responses", "", "lower"),
     Metric("cpu_per_10k", "Server CPU s / 10k req", "s", "lower", 3),
     Metric("peak_cpu_pct", "Max CPU", "%", "lower"),
@@ -29,6 +30,13 @@ METRICS = [
     Metric("header_bytes", "Header bytes / reply", "B", "lower", 1),
     Metric("bytes_per_reply", "Bytes / reply", "B", None, 1),
     Metric("client_cpu_pct", "Client CPU", "%", None),
+    # c10k
+    Metric("idle_held", "Idle connections held", "", "higher"),
+    Metric("idle_still_open", "Idle connections still open at the end", "", "higher"),
+    Metric("mem_per_conn_b", "Memory per idle connection (PSS)", "B", "lower"),
+    Metric("fresh_ok", "New connection served (1 = yes)", "", "higher"),
+    # s2-rate
+    Metric("reply_rate_max", "Reply rate max", "replies/s", "higher"),
 ]
 
 BY_KEY = {m.key: m for m in METRICS}

@@ -63,6 +63,10 @@ def main() -> None:
 
         done = run_tool(siege.command(index, 10, 50), CPUS, 60)
         save("siege.txt", done.stderr + done.stdout)
+        rc = work / "siegerc"
+        rc.write_text("json_output = true\n")
+        done = run_tool(siege.command(index, 10, 50, rc_file=str(rc)), CPUS, 60)
+        save("siege_json.txt", done.stderr + done.stdout)
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -30,6 +30,7 @@ def parse_one(buf: bytes, no_body: bool = False):
     if end < 0:
         return None
     lines = buf[:end].decode("latin-1").split("\r\n")
+    assert lines[0].startswith("HTTP/1.1 "), f"not a status line: {lines[0][:100]!r}"
     status = int(lines[0].split(" ", 2)[1])
     headers = {}
     for line in lines[1:]:

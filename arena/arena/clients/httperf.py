@@ -17,7 +17,9 @@ def command(host: str, port: int, uri: str, rate: float, num_conns: int, num_cal
            "--rate", f"{rate:g}", "--num-conns", str(num_conns), "--num-calls", str(num_calls),
            "--timeout", f"{timeout_s:g}"]
     for header in headers or []:
-        cmd += ["--add-header", f"{header}\n"]
+        # httperf expands the two characters backslash-n itself into a proper line end; a raw
+        # newline passed here reaches the server as a bare LF, which lighttpd answers with 400.
+        cmd += ["--add-header", header + "\\n"]
     return cmd
 
 

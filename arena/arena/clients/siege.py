@@ -3,6 +3,7 @@ mode (-b, no think time), a fixed number of repetitions per simulated user."""
 
 from __future__ import annotations
 
+import json
 import re
 
 from arena.clients.base import LoadResult, ToolRun, number, run_tool, tool_failed
@@ -21,16 +22,31 @@ _FIELDS = {
 
 def command(url: str, users: int, repetitions: int, rc_file: str = "/dev/null") -> list[str]:
     # --rc: never read (or create) the user's ~/.siege/siege.conf; runs must not depend on it.
-    return [require(TOOL), f"--rc={rc_file}", "-b", "-q", "-c", str(users), "-r", str(repetitions), url]
+    # Without -q siege 4.0 prints its summary (text, or JSON if the rc file sets json_output).
+    return [require(TOOL), f"--rc={rc_file}", "-b", "-c", str(users), "-r", str(repetitions), url]
+
+
+def _values(text: str) -> dict[str, float]:
+    """Summary figures from siege's text summary or its JSON one (json_output = true)."""
+    values: dict[str, float] = {}
+    block = re.search(r"\{[^{}]*\"transactions\"[^{}]*\}", text)
+    if block:
+        data = json.loads(block.group(0))
+        for label, key in _FIELDS.items():
+            name = label.lower().replace(" ", "_")
+            if name in data:
+                values[key] = float(data[name])
+        return values
+    for label, key in _FIELDS.items():
+        m = re.search(rf"^{label}:\s+([\d.]+)", text, re.MULTILINE)
+        if m:
+            values[key] = float(m.group(1))
+    return values
 
 
 def parse(text: str) -> LoadResult:
     res = LoadResult(tool=TOOL)
-    values: dict[str, float] = {}
-    for label, key in _FIELDS.items():
-        m = re.search(rf'^\s*"?{label}"?:?\s*"?\s*([\d.]+)', text, re.MULTILINE | re.IGNORECASE)
-        if m:
-            values[key] = float(m.group(1))
+    values = _values(text)
     res.extra.update(values)
     res.requests = int(values.get("successful", values.get("transactions", 0)))
     res.duration_s = values.get("elapsed_s", 0.0)

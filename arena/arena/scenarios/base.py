@@ -94,7 +94,12 @@ def record(result: LoadResult, tool: ToolRun | None, failure: str | None, sample
     say whether every reply carried the right number of bytes.
     """
     served = result.sent if result.sent else result.requests
-    bytes_per_reply = result.bytes_total / result.requests if result.requests and result.bytes_total else None
+    # Requests still in flight when the client stopped (wrk's quota): their partial bodies are
+    # in bytes_total, so per-reply figures are derived from bytes only when there were none.
+    abandoned = max(0, (result.sent or 0) - result.requests)
+    bytes_per_reply = None
+    if result.requests and result.bytes_total and not abandoned:
+        bytes_per_reply = result.bytes_total / result.requests
     header = None
     if result.requests and result.header_bytes is not None:
         header = result.header_bytes / result.requests
@@ -104,8 +109,12 @@ def record(result: LoadResult, tool: ToolRun | None, failure: str | None, sample
     if body_size is not None and result.requests:
         if result.body_bytes is not None:
             bytes_ok = result.body_bytes == result.requests * body_size
-        elif header is not None and header_range is not None:
-            bytes_ok = header_range[0] - 16 <= header <= header_range[1] + 16
+        elif result.bytes_total is not None and header_range is not None:
+            # Every completed reply is body + a header within the probed sizes; abandoned
+            # ones add at most one reply each.
+            low = result.requests * (body_size + header_range[0] - 16)
+            high = (result.requests + abandoned) * (body_size + header_range[1] + 16)
+            bytes_ok = low <= result.bytes_total <= high
     client_cpu = tool.cpu_percent if tool else None
     lat = result.latency_ms
     return {

@@ -29,8 +29,10 @@ class Lighttpd(Server):
         settings = []
         if opts.gzip:
             modules.append('"mod_deflate"')
+            # min-compress-size as nginx's gzip_min_length default, so small files compress too.
             settings.append('deflate.mimetypes = ("text/")\n'
-                            'deflate.allowed-encodings = ("gzip")')
+                            'deflate.allowed-encodings = ("gzip")\n'
+                            'deflate.min-compress-size = 20')
         # Debian's packaged lighttpd.conf does not load mod_accesslog.
         if opts.access_log if opts.access_log is not None else False:
             modules.append('"mod_accesslog"')

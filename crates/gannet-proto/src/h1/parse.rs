@@ -353,18 +353,25 @@ fn finish(
     if len > limits.max_head {
         return Err(ParseError::HeaderTooLarge.into());
     }
-    let mut ranges = Vec::with_capacity(headers.len());
+    // The one allocation per request: the header index the head keeps.
+    let mut ranges: Vec<(Range<usize>, Range<usize>)> = Vec::with_capacity(headers.len());
+    // Each header line runs from its name to the next name (or to the final empty line), so
+    // line lengths fall out of the offsets without rescanning the bytes.
+    let line_ok = |start: usize, next: usize| {
+        let len = next.saturating_sub(start).saturating_sub(eol_len(b, next));
+        len <= limits.max_header_line
+    };
     for h in headers {
-        ranges.push((span(b, h.name.as_bytes())?, span(b, h.value)?));
+        let name = span(b, h.name.as_bytes())?;
+        if let Some((prev, _)) = ranges.last() {
+            if !line_ok(prev.start, name.start) {
+                return Err(ParseError::HeaderTooLarge.into());
+            }
+        }
+        ranges.push((name, span(b, h.value)?));
     }
-    // Each header line runs from its name to the next name (or the final empty line).
-    let head_end = len.saturating_sub(eol_len(b, len));
-    for (i, (name, _)) in ranges.iter().enumerate() {
-        let next = ranges.get(i + 1).map_or(head_end, |(n, _)| n.start);
-        let line_len = next
-            .saturating_sub(name.start)
-            .saturating_sub(eol_len(b, next));
-        if line_len > limits.max_header_line {
+    if let Some((last, _)) = ranges.last() {
+        if !line_ok(last.start, len.saturating_sub(eol_len(b, len))) {
             return Err(ParseError::HeaderTooLarge.into());
         }
     }

@@ -19,6 +19,7 @@ use crate::http::router::select_server;
 use crate::http::variables::Sent;
 use crate::modules::access_log;
 use crate::runtime::clock;
+use crate::runtime::read_timers::ReadTimers;
 use crate::runtime::worker::Worker;
 use bytes::BytesMut;
 use gannet_proto::h1::{parse_request, BodyKind, Limits, ParseError, RequestHead};
@@ -26,6 +27,7 @@ use gannet_proto::uri::parse_target;
 use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -36,8 +38,8 @@ const FLUSH_AT: usize = 64 * 1024;
 /// from where they are with writev.
 const COPY_MAX: usize = 8 * 1024;
 
-struct Conn<'a> {
-    w: &'a Rc<Worker>,
+struct Conn {
+    w: Rc<Worker>,
     stream: TcpStream,
     group: usize,
     info: ConnInfo,
@@ -47,10 +49,19 @@ struct Conn<'a> {
     send_timeout: Duration,
 }
 
-pub async fn serve(w: &Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: usize) {
+/// Serve one accepted connection until it closes, then give its slot back to the worker.
+pub async fn serve(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: usize) {
+    run(&w, stream, peer, group).await;
+    w.active.set(w.active.get() - 1);
+    w.conn_closed.notify_waiters();
+}
+
+async fn run(w: &Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: usize) {
     let g = &w.config.listens[group];
     let local = stream.local_addr().unwrap_or(g.listen.addr);
-    let core = g.servers[g.default].conf.core.clone();
+    // Until the Host header picks a virtual host, the default server's settings apply.
+    let conf = g.servers[g.default].conf.clone();
+    let core = &conf.core;
     if core.tcp_nodelay() {
         let _ = stream.set_nodelay(true);
     }
@@ -62,7 +73,7 @@ pub async fn serve(w: &Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: u
         max_headers: 100,
     };
     let mut c = Conn {
-        w,
+        w: w.clone(),
         stream,
         group,
         info: ConnInfo {
@@ -82,7 +93,10 @@ pub async fn serve(w: &Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: u
         match parse_request(&mut c.buf, &limits) {
             Ok(Some(head)) => {
                 c.info.requests += 1;
-                if !c.request(head).await {
+                // Boxed: the request's state (head, response, body sends) is large and lives
+                // only while the request does; inline it would sit in every idle
+                // connection's task for its whole life.
+                if !Box::pin(c.request(head)).await {
                     let _ = c.flush().await;
                     return;
                 }
@@ -93,7 +107,7 @@ pub async fn serve(w: &Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: u
             }
             Ok(None) => {}
             Err(e) => {
-                c.reject(&e).await;
+                Box::pin(c.reject(&e)).await;
                 return;
             }
         }
@@ -105,26 +119,13 @@ pub async fn serve(w: &Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: u
             if w.draining.get() {
                 return;
             }
-            // Release the read buffer while nothing is pending.
+            // Release the buffers while nothing is pending.
             c.buf = BytesMut::new();
+            c.out = Vec::new();
         }
-        let wait = if idle && c.info.requests > 0 {
-            keepalive
-        } else {
-            header_timeout
-        };
-        let readable = tokio::time::timeout(wait, c.stream.readable());
-        let ready = if idle {
-            tokio::select! {
-                r = readable => r,
-                _ = w.drain.notified() => return,
-            }
-        } else {
-            readable.await
-        };
-        match ready {
-            Ok(Ok(())) => {}
-            _ => return,
+        let wait = if idle && c.info.requests > 0 { keepalive } else { header_timeout };
+        if !c.wait_readable(Instant::now() + wait, idle).await {
+            return;
         }
         if c.buf.capacity() - c.buf.len() < 512 {
             c.buf.reserve(core.client_header_buffer_size().max(1024));
@@ -138,12 +139,48 @@ pub async fn serve(w: &Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: u
     }
 }
 
-impl Conn<'_> {
+/// Gives a read deadline back to the worker's table however the wait ends.
+struct Deadline<'a>(&'a ReadTimers, usize);
+
+impl Drop for Deadline<'_> {
+    fn drop(&mut self) {
+        self.0.remove(self.1);
+    }
+}
+
+impl Conn {
+    /// Wait until the socket is readable (true) or the deadline passes (false). Polls the
+    /// socket's readiness directly and keeps the deadline in the worker's table, so a
+    /// waiting connection's task holds a few words (see `runtime::read_timers`).
+    async fn wait_readable(&self, deadline: Instant, idle: bool) -> bool {
+        let timers = &self.w.timers;
+        let key = Deadline(timers, timers.insert(deadline, idle));
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = self.stream.poll_read_ready(cx) {
+                return Poll::Ready(r.is_ok());
+            }
+            timers.poll(key.1, cx).map(|()| false)
+        })
+        .await
+    }
+
+    /// Write the pending output. Most of the time the socket takes it all at once, so try
+    /// that first: the timed, waiting write (and its timer) is only built when it does not.
     async fn flush(&mut self) -> std::io::Result<()> {
         if self.out.is_empty() {
             return Ok(());
         }
-        let r = tokio::time::timeout(self.send_timeout, self.stream.write_all(&self.out)).await;
+        let done = match self.stream.try_write(&self.out) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+            Err(e) => return Err(e),
+        };
+        let r = if done < self.out.len() {
+            let rest = &self.out[done..];
+            Box::pin(tokio::time::timeout(self.send_timeout, self.stream.write_all(rest))).await
+        } else {
+            Ok(Ok(()))
+        };
         self.out.clear();
         match r {
             Ok(r) => r,
@@ -188,7 +225,7 @@ impl Conn<'_> {
 
     /// Serve one request. Returns whether the connection stays open.
     async fn request(&mut self, head: RequestHead) -> bool {
-        let w = self.w;
+        let w = self.w.clone();
         let g = &w.config.listens[self.group];
         let target = match parse_target(head.target()) {
             Ok(t) => t,
@@ -225,7 +262,7 @@ impl Conn<'_> {
             error_paged: false,
             method_override: None,
         };
-        let resp = handler::handle(&mut req, w);
+        let resp = handler::handle(&mut req, &w);
         // Read the unused body off the wire, unless the client waits for 100-continue
         // (it will not send it) or the answer is to close anyway.
         let mut keep = req.head.keep_alive;

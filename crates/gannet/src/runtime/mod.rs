@@ -4,6 +4,7 @@
 pub mod clock;
 pub mod listener;
 pub mod master;
+pub mod read_timers;
 pub mod worker;
 
 use std::sync::OnceLock;

@@ -4,6 +4,7 @@
 
 use crate::config::Config;
 use crate::modules::access_log::LogFile;
+use super::read_timers::{ReadTimers, TICK};
 use crate::modules::file_cache::FileCache;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -34,8 +35,9 @@ pub struct Worker {
     logs: RefCell<HashMap<usize, (Arc<LogFile>, Vec<u8>, Instant)>>,
     pub active: Cell<usize>,
     pub draining: Cell<bool>,
-    /// Woken when draining starts (idle connections close) and when a connection ends.
-    pub drain: Notify,
+    /// Deadlines of connections waiting for their client.
+    pub timers: ReadTimers,
+    /// Woken when a connection ends (a draining worker waits for the last one).
     pub conn_closed: Notify,
     emfile_logged: Cell<bool>,
 }
@@ -97,7 +99,7 @@ pub fn run(config: Arc<Config>, sockets: Vec<StdListener>, mut cmd: watch::Recei
             logs: RefCell::new(HashMap::new()),
             active: Cell::new(0),
             draining: Cell::new(false),
-            drain: Notify::new(),
+            timers: ReadTimers::default(),
             conn_closed: Notify::new(),
             emfile_logged: Cell::new(false),
         });
@@ -108,12 +110,14 @@ pub fn run(config: Arc<Config>, sockets: Vec<StdListener>, mut cmd: watch::Recei
                 Err(e) => crate::errlog::error(format_args!("listener setup failed: {e}")),
             }
         }
-        let flusher = tokio::task::spawn_local({
+        // One ticker for the worker's housekeeping: read deadlines and log flushes.
+        let ticker = tokio::task::spawn_local({
             let w = w.clone();
             async move {
-                let mut tick = tokio::time::interval(Duration::from_millis(500));
+                let mut tick = tokio::time::interval(TICK);
                 loop {
                     tick.tick().await;
+                    w.timers.sweep(Instant::now(), w.draining.get());
                     w.flush_logs(false);
                 }
             }
@@ -128,7 +132,7 @@ pub fn run(config: Arc<Config>, sockets: Vec<StdListener>, mut cmd: watch::Recei
             a.abort();
         }
         w.draining.set(true);
-        w.drain.notify_waiters();
+        w.timers.sweep(Instant::now(), true);
         let deadline = w.config.main.shutdown_timeout;
         let wait_idle = async {
             while w.active.get() > 0 {
@@ -141,7 +145,7 @@ pub fn run(config: Arc<Config>, sockets: Vec<StdListener>, mut cmd: watch::Recei
             }
             None => wait_idle.await,
         }
-        flusher.abort();
+        ticker.abort();
         w.flush_logs(true);
     });
 }
@@ -159,12 +163,7 @@ async fn accept_loop(w: Rc<Worker>, listener: TcpListener, group: usize) {
                     continue;
                 }
                 w.active.set(w.active.get() + 1);
-                let w2 = w.clone();
-                tokio::task::spawn_local(async move {
-                    crate::conn::h1::serve(&w2, stream, peer, group).await;
-                    w2.active.set(w2.active.get() - 1);
-                    w2.conn_closed.notify_waiters();
-                });
+                tokio::task::spawn_local(crate::conn::h1::serve(w.clone(), stream, peer, group));
             }
             Err(e) => {
                 // EMFILE / ENFILE: keep serving the connections we have; retry accepting

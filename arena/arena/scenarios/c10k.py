@@ -1,0 +1,85 @@
+"""c10k: 10,000 idle keep-alive connections (each served one request, then held) while 100
+active connections run wrk; server memory per idle connection, throughput and p99 of the
+active ones, and whether a brand-new connection is still served."""
+
+from __future__ import annotations
+
+from arena import probe
+from arena.clients import wrk
+from arena.clients.idle_holder import IdleHolder
+from arena.measure import tree_memory
+from arena.scenarios import register
+from arena.scenarios.base import Context, Options, Point, Scenario, record, sampled
+from arena.servers.base import RunningServer, SiteOptions
+
+PATH = "/index.html"
+
+
+@register
+class C10k(Scenario):
+    name = "c10k"
+    title = "c10k: 10,000 idle keep-alive connections held while 100 active ones run"
+    study = "S1's future work (10,000 concurrent connections); idle-connection method of BENCHMARKING.md"
+    description = ("10,000 keep-alive connections each served one request then held idle; 100 active "
+                   "connections run wrk (100,000 requests of the small page) meanwhile; then one new "
+                   "connection.")
+    tools = ["wrk"]
+    x_label = "idle connections"
+    study_columns = [("Idle connections", "idle"), ("Held", "idle_held"),
+                     ("Memory / idle conn (B)", "mem_per_conn_b"), ("Still open at end", "idle_still_open"),
+                     ("Active", "active"),
+                     ("Req/s (active)", "rps"), ("p99 ms (active)", "p99_ms"),
+                     ("New connection served", "fresh_ok"), ("Failed responses", "failures")]
+
+    def _sizes(self, options: Options) -> tuple[int, int, int]:
+        if options.quick:
+            return 1000, 10, options.requests or 2000
+        return 10_000, 100, options.requests or 100_000
+
+    def site_options(self, options: Options) -> SiteOptions:
+        idle, active, _ = self._sizes(options)
+        # Idle connections must outlive the whole point, so the keep-alive timeout is long.
+        return SiteOptions(connections=idle + active + 64, keepalive_timeout=300)
+
+    def points(self, options: Options) -> list[Point]:
+        idle, active, requests = self._sizes(options)
+        return [Point(key=f"idle{idle}/active{active}", series="c10k", x=idle,
+                      params={"idle": idle, "active": active, "requests": requests, "path": PATH})]
+
+    def probe_paths(self) -> list[str]:
+        return [PATH]
+
+    def measure(self, point: Point, server: RunningServer, ctx: Context) -> dict:
+        p = point.params
+        opts = ctx.options
+        before = tree_memory(server.pid)
+        holder = IdleHolder(server.site.host, server.site.port, p["path"], p["idle"], opts.client_cpus,
+                            open_seconds=20 if opts.quick else 60, hold_seconds=600)
+        try:
+            ready = holder.wait_ready()
+            after = tree_memory(server.pid)
+            result, tool, failure, sample = sampled(server, lambda: wrk.run(
+                server.url(p["path"]), p["active"], p["requests"], opts.client_cpus, tick=ctx.tick))
+            try:
+                fresh = probe.get(server.site.host, server.site.port, p["path"], close=True, timeout=5)
+                fresh_ok = fresh.status == 200
+            except OSError:
+                fresh_ok = False
+        finally:
+            still_open = holder.release()
+        probed = server.probes.get(p["path"], {})
+        rec = record(result, tool, failure, sample, body_size=ctx.files["index.html"],
+                     header_range=(probed["header_min"], probed["header_max"]) if probed else None)
+        served = ready.get("served") or 0
+        rec.update({
+            "idle_held": served,
+            "idle_failed": ready.get("failed"),
+            "idle_errors": ready.get("errors"),
+            "idle_still_open": still_open,
+            "mem_per_conn_b": (after.pss_kib - before.pss_kib) * 1024 / served if served else None,
+            "rss_per_conn_b": (after.rss_kib - before.rss_kib) * 1024 / served if served else None,
+            "fresh_ok": 1 if fresh_ok else 0,
+        })
+        # Idle connections the server refused or dropped are failed responses too.
+        rec["failures"] = (rec["failures"] or 0) + (ready.get("failed") or 0) + (0 if fresh_ok else 1)
+        return rec

@@ -1,0 +1,89 @@
+"""Bad input gives one clear line and a non-zero exit, never a traceback; Ctrl-C keeps the
+completed points."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from arena import tools
+from arena.errors import ArenaError
+
+
+def arena(*args, env=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "arena", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "s9-nothing"], "arena: unknown scenario 's9-nothing': choose from c10k, s1-static, s2-rate, s5-latency"),
+    (["run", "s1-static", "--servers", "nginx,iis"], "arena: unknown server 'iis'"),
+    (["run", "s1-static", "--servers", "nginx", "--server-cpus", "64"], "arena: CPU 64 is not available here"),
+    (["run", "s1-static", "--servers", "nginx", "--rounds", "0"], "arena: --rounds must be at least 1"),
+])
+def test_bad_input_is_one_clear_line(args, message):
+    done = arena(*args)
+    assert done.returncode == 1
+    assert done.stderr.startswith(message)
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in done.stderr
+
+
+def test_missing_gannet_fails_before_anything_starts(tmp_path):
+    env = dict(os.environ, GANNET_BIN=str(tmp_path / "no-gannet"))
+    done = arena("run", "s1-static", "--quick", "--servers", "gannet,nginx", "--out", str(tmp_path / "run"), env=env)
+    assert done.returncode == 1
+    assert "gannet binary not found" in done.stderr and "cargo build --release" in done.stderr
+    assert list(tmp_path.iterdir()) == []  # no result folder, not even a partial one
+
+
+def test_missing_tool_names_its_package(monkeypatch):
+    # Simulated absence: the real tools are installed here, and uninstalling them is not a test.
+    monkeypatch.setattr(tools, "which", lambda program: None)
+    with pytest.raises(ArenaError, match=r"h2load not found: install the Debian package 'nghttp2-client'"):
+        tools.require("h2load")
+
+
+def test_existing_output_folder_is_refused(tmp_path):
+    (tmp_path / "run").mkdir()
+    done = arena("run", "s5-latency", "--quick", "--servers", "nginx", "--out", str(tmp_path / "run"))
+    assert done.returncode == 1 and "already exists" in done.stderr
+
+
+def test_list_and_servers_and_peers_dry_run():
+    listed = arena("list")
+    assert listed.returncode == 0
+    for name in ("s1-static", "s2-rate", "s5-latency", "c10k"):
+        assert name in listed.stdout
+    servers = arena("servers")
+    assert servers.returncode == 0 and "apache-event" in servers.stdout and "wrk" in servers.stdout
+    dry = arena("peers", "install", "--dry-run")
+    assert dry.returncode == 0
+    assert "apt-get install -y -q --no-install-recommends nginx lighttpd h2o apache2 caddy" in dry.stderr
+
+
+def test_ctrl_c_keeps_completed_points(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "arena", "run", "s5-latency", "--quick", "--rounds", "20",
+                             "--servers", "nginx", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    seen = ""
+    while "round 1:" not in seen and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen += line
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130, seen + err
+    results = json.loads((out / "results.json").read_text())
+    assert results["interrupted"] is True
+    assert results["samples"] and results["samples"][0]["round"] == 1
+    assert "INTERRUPTED" in (out / "report.md").read_text()

@@ -1,0 +1,44 @@
+"""`arena compare`: what changed between two runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from arena.compare import changes
+from results_data import build
+
+
+def test_changes_flags_better_and_worse(tmp_path):
+    a = build(tmp_path / "a", {"gannet": [1000], "nginx": [500]})
+    b = build(tmp_path / "b", {"gannet": [1500], "nginx": [510]})
+    rows, notes = changes(a, b)
+    assert notes == []
+    rps = {(r["point"], r["server"]): r for r in rows if r["metric"] == "rps"}
+    assert rps[("wrk/keepalive/c1", "gannet")]["verdict"] == "better"
+    assert rps[("wrk/keepalive/c1", "gannet")]["change"] == 0.5
+    assert rps[("wrk/keepalive/c1", "nginx")]["verdict"] == "same"  # 2 % is noise
+    cpu = {(r["point"], r["server"]): r for r in rows if r["metric"] == "cpu_per_10k"}
+    assert cpu[("wrk/keepalive/c1", "gannet")]["verdict"] == "better"  # less CPU per request
+
+
+def test_changes_notes_servers_missing_from_one_run(tmp_path):
+    a = build(tmp_path / "a", {"gannet": [1000], "nginx": [500]})
+    b = build(tmp_path / "b", {"gannet": [800]})
+    rows, notes = changes(a, b)
+    assert any(n.startswith("only in A: nginx") for n in notes)
+    assert all(r["server"] == "gannet" for r in rows)
+    assert {r["verdict"] for r in rows if r["metric"] == "rps"} == {"worse"}
+
+
+def test_compare_command(tmp_path):
+    build(tmp_path / "a", {"gannet": [1000], "nginx": [500]})
+    build(tmp_path / "b", {"gannet": [2000], "nginx": [500]})
+    done = subprocess.run([sys.executable, "-m", "arena", "compare", str(tmp_path / "a"), str(tmp_path / "b")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "better" in done.stdout and "+100.0%" in done.stdout
+    missing = subprocess.run([sys.executable, "-m", "arena", "compare", str(tmp_path / "a"), str(tmp_path / "nope")],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1
+    assert "no results.json" in missing.stderr and "Traceback" not in missing.stderr

@@ -1,0 +1,100 @@
+"""Server adapters against the real servers: start pinned on a free port, answer, process tree,
+stop by pid; and the failures: a server that cannot start, a port in use, a missing binary."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from arena import ports, probe
+from arena.errors import ArenaError
+from arena.measure import Sampler, tree_memory
+from arena.procs import alive
+from arena.servers import SERVERS, Site, SiteOptions, get, parse_list
+from arena.servers.nginx import Nginx
+
+PEERS = [name for name in SERVERS if name != "gannet"]
+
+
+def cpus_allowed(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split()[1]
+    return ""
+
+
+@pytest.mark.parametrize("name", PEERS)
+def test_peer_starts_pinned_serves_and_stops(name, workdir, docroot):
+    site = Site(docroot[0], ports.free_port(), SiteOptions(connections=256))
+    server = SERVERS[name].start(site, workdir / name, "tuned", "0")
+    try:
+        tree = server.tree()
+        assert tree and tree[0] == server.pid
+        assert all(cpus_allowed(pid) == "0" for pid in tree)
+        reply = probe.get(site.host, site.port, "/img.jpg", close=True)
+        assert reply.status == 200 and reply.body_bytes == docroot[1]["img.jpg"]
+        assert tree_memory(server.pid).pss_kib > 0
+    finally:
+        server.stop()
+    assert not any(alive(pid) for pid in tree)
+    assert not ports.is_listening(site.port)
+
+
+def test_sampler_sees_cpu_and_memory_of_the_tree(nginx):
+    sampler = Sampler(nginx.pid, interval=0.02).start()
+    for _ in range(300):
+        probe.get(nginx.site.host, nginx.site.port, "/img.jpg", close=True)
+    sample = sampler.stop()
+    assert sample.cpu_seconds > 0
+    assert sample.peak_rss_kib > 0 and sample.peak_pss_kib > 0
+    assert sample.peak_processes == 2  # master + one worker
+    assert sample.samples >= 2
+
+
+class BrokenNginx(Nginx):
+    """nginx told to load a directive that does not exist: it exits at start-up."""
+
+    def command(self, binary, rundir):
+        return super().command(binary, rundir)[:-1] + ["daemon off; no_such_directive on;"]
+
+
+def test_failed_start_shows_the_error_log(workdir, docroot):
+    site = Site(docroot[0], ports.free_port(), SiteOptions())
+    with pytest.raises(ArenaError) as info:
+        BrokenNginx().start(site, workdir / "broken", "tuned", "0")
+    message = str(info.value)
+    assert message.splitlines()[0].startswith("nginx failed to start (exit code 1)")
+    assert "no_such_directive" in message
+
+
+def test_port_in_use_is_reported(workdir, docroot):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        site = Site(docroot[0], port, SiteOptions())
+        with pytest.raises(ArenaError, match=rf"port 127.0.0.1:{port} is in use"):
+            SERVERS["nginx"].start(site, workdir / "nginx", "tuned", "0")
+
+
+def test_missing_gannet_binary_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("GANNET_BIN", "/nonexistent/gannet")
+    with pytest.raises(ArenaError, match=r"gannet binary not found at /nonexistent/gannet \(GANNET_BIN\)"):
+        SERVERS["gannet"].binary()
+
+
+def test_gannet_binary_defaults_to_the_repository_build(monkeypatch):
+    monkeypatch.delenv("GANNET_BIN", raising=False)
+    from arena.servers.gannet import REPO_ROOT, gannet_binary
+    assert gannet_binary() == REPO_ROOT / "target" / "release" / "gannet"
+    assert (REPO_ROOT / "arena" / "pyproject.toml").exists()
+
+
+def test_server_names():
+    assert [s.name for s in parse_list("nginx, lighttpd,nginx")] == ["nginx", "lighttpd"]
+    with pytest.raises(ArenaError, match="unknown server 'iis'"):
+        get("iis")
+    assert os.path.basename(SERVERS["apache-event"].binary()) == "apache2"
