@@ -93,6 +93,30 @@ pub fn log(level: Level, args: fmt::Arguments) {
     }
 }
 
+/// A message about a request, with nginx's context:
+/// `*CONN message, client: IP, server: NAME, request: "LINE", host: "HOST"`.
+pub fn request(level: Level, req: &crate::http::request::Request, args: fmt::Arguments) {
+    if LOG.get().map_or(Level::Error, |l| l.level) > level {
+        return;
+    }
+    let raw = req.head.raw();
+    let line_end = memchr::memchr(b'\n', raw).unwrap_or(raw.len());
+    let line = String::from_utf8_lossy(
+        raw[..line_end]
+            .strip_suffix(b"\r")
+            .unwrap_or(&raw[..line_end]),
+    );
+    let mut ctx = format!(
+        ", client: {}, server: {}, request: \"{line}\"",
+        req.conn.peer.ip(),
+        req.server.primary_name
+    );
+    if let Some(h) = req.head.header("host") {
+        ctx.push_str(&format!(", host: \"{}\"", String::from_utf8_lossy(h)));
+    }
+    log(level, format_args!("*{} {args}{ctx}", req.conn.id));
+}
+
 pub fn error(args: fmt::Arguments) {
     log(Level::Error, args)
 }
@@ -101,7 +125,4 @@ pub fn warn(args: fmt::Arguments) {
 }
 pub fn notice(args: fmt::Arguments) {
     log(Level::Notice, args)
-}
-pub fn info(args: fmt::Arguments) {
-    log(Level::Info, args)
 }

@@ -85,6 +85,23 @@ pub enum ParseError {
 }
 
 impl ParseError {
+    /// Whether the request line itself was refused (so no header was read), as opposed
+    /// to a header or the framing they describe.
+    pub fn in_request_line(&self) -> bool {
+        match self {
+            ParseError::UriTooLong | ParseError::VersionNotSupported => true,
+            ParseError::BadRequest(r) => matches!(
+                *r,
+                "invalid method or request target"
+                    | "invalid HTTP version"
+                    | "invalid request"
+                    | "invalid method"
+                    | "invalid request target"
+            ),
+            _ => false,
+        }
+    }
+
     pub fn status(&self) -> u16 {
         match self {
             ParseError::BadRequest(_) => 400,
@@ -117,6 +134,59 @@ pub struct RequestHead {
 }
 
 impl RequestHead {
+    /// A stand-in for a request that could not be parsed, so the server can still log it
+    /// (nginx logs rejected requests too). `raw` is what was received; with `with_headers`
+    /// the `name: value` lines after the request line are kept (read leniently, for logging
+    /// only). It has no body, and its method is `Other`.
+    pub fn unparsed(raw: Bytes, with_headers: bool) -> RequestHead {
+        let line_end = raw.iter().position(|&b| b == b'\n').unwrap_or(raw.len());
+        let method_end = raw[..line_end]
+            .iter()
+            .position(|&b| b == b' ')
+            .unwrap_or(line_end);
+        let mut headers = Vec::new();
+        let mut pos = line_end + 1;
+        while with_headers && pos < raw.len() {
+            let end = raw[pos..]
+                .iter()
+                .position(|&b| b == b'\n')
+                .map_or(raw.len(), |i| pos + i);
+            let line_len = if end > pos && raw[end - 1] == b'\r' {
+                end - 1
+            } else {
+                end
+            };
+            if line_len == pos {
+                break;
+            }
+            if let Some(colon) = raw[pos..line_len].iter().position(|&b| b == b':') {
+                let vstart = raw[pos + colon + 1..line_len]
+                    .iter()
+                    .position(|b| !b.is_ascii_whitespace())
+                    .map_or(line_len, |i| pos + colon + 1 + i);
+                headers.push((pos..pos + colon, vstart..line_len));
+            }
+            pos = end + 1;
+        }
+        let raw = if with_headers {
+            raw
+        } else {
+            raw.slice(..line_end)
+        };
+        RequestHead {
+            raw,
+            method_range: 0..method_end,
+            target_range: method_end..method_end,
+            headers,
+            host_range: None,
+            method: Method::Other,
+            version: Version::Http10,
+            body: BodyKind::None,
+            keep_alive: false,
+            expect_continue: false,
+        }
+    }
+
     pub fn method_str(&self) -> &str {
         std::str::from_utf8(&self.raw[self.method_range.clone()]).unwrap_or("")
     }

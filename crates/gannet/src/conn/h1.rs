@@ -12,6 +12,7 @@
 
 use super::body::{self, BodyError};
 use super::send;
+use crate::errlog::Level;
 use crate::http::handler;
 use crate::http::request::{ConnInfo, Request};
 use crate::http::response::{encode_head, Body, HeadCtx, Part, Response};
@@ -107,7 +108,14 @@ async fn run(w: &Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: usize) 
             }
             Ok(None) => {}
             Err(e) => {
-                Box::pin(c.reject(&e)).await;
+                // Log what nginx would: the request line up to the buffer's size, and the
+                // headers when it was the headers that were refused.
+                let mut raw = c.buf.split().freeze();
+                if e == ParseError::UriTooLong {
+                    raw.truncate(limits.max_request_line);
+                }
+                let head = RequestHead::unparsed(raw, !e.in_request_line());
+                Box::pin(c.reject(&e, head)).await;
                 return;
             }
         }
@@ -123,7 +131,11 @@ async fn run(w: &Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: usize) 
             c.buf = BytesMut::new();
             c.out = Vec::new();
         }
-        let wait = if idle && c.info.requests > 0 { keepalive } else { header_timeout };
+        let wait = if idle && c.info.requests > 0 {
+            keepalive
+        } else {
+            header_timeout
+        };
         if !c.wait_readable(Instant::now() + wait, idle).await {
             return;
         }
@@ -177,7 +189,11 @@ impl Conn {
         };
         let r = if done < self.out.len() {
             let rest = &self.out[done..];
-            Box::pin(tokio::time::timeout(self.send_timeout, self.stream.write_all(rest))).await
+            Box::pin(tokio::time::timeout(
+                self.send_timeout,
+                self.stream.write_all(rest),
+            ))
+            .await
         } else {
             Ok(Ok(()))
         };
@@ -188,38 +204,23 @@ impl Conn {
         }
     }
 
-    /// Answer a request whose head could not be parsed, then the caller closes.
-    async fn reject(&mut self, e: &ParseError) {
-        let g = &self.w.config.listens[self.group];
-        let tokens = g.servers[g.default].conf.core.server_tokens();
-        let resp = Response::error_page(e.status(), tokens);
+    /// Answer a request that could not be parsed (the connection then closes), and log it
+    /// as nginx does, against the default server.
+    async fn reject(&mut self, e: &ParseError, head: RequestHead) {
+        let w = self.w.clone();
+        let g = &w.config.listens[self.group];
+        let server = g.servers[g.default].clone();
+        let host = server.primary_name.clone();
+        let req = Request::new(head, self.info.clone(), server, String::new(), None, host);
         if let ParseError::BadRequest(why) = e {
-            crate::errlog::info(format_args!(
-                "client sent invalid request ({why}) while reading client request line, client: {}",
-                self.info.peer.ip()
-            ));
+            crate::errlog::request(
+                Level::Info,
+                &req,
+                format_args!("client sent invalid request ({why})"),
+            );
         }
-        let len = resp.body.len();
-        clock::with_date(|date| {
-            encode_head(
-                &resp,
-                len,
-                &HeadCtx {
-                    keep_alive: false,
-                    keepalive_header: None,
-                    server_tokens: tokens,
-                    date,
-                },
-                &mut self.out,
-            )
-        });
-        if let Body::Parts(parts) = &resp.body {
-            for p in parts {
-                if let Part::Bytes(b) = p {
-                    self.out.extend_from_slice(b);
-                }
-            }
-        }
+        let resp = Response::error_page(e.status(), req.conf.core.server_tokens());
+        self.respond(&req, resp, false).await;
         let _ = self.flush().await;
     }
 
@@ -230,7 +231,8 @@ impl Conn {
         let target = match parse_target(head.target()) {
             Ok(t) => t,
             Err(e) => {
-                self.reject(&e).await;
+                let line_only = RequestHead::unparsed(head.raw().clone(), false);
+                self.reject(&e, line_only).await;
                 return false;
             }
         };
@@ -244,24 +246,14 @@ impl Conn {
         } else {
             host
         };
-        let mut req = Request {
-            conf: server.conf.clone(),
-            server,
+        let mut req = Request::new(
             head,
-            conn: self.info.clone(),
-            uri: target.path,
-            args: target.query,
+            self.info.clone(),
+            server,
+            target.path,
+            target.query,
             host,
-            location: None,
-            captures: Vec::new(),
-            start: Instant::now(),
-            body_length: 0,
-            internal: false,
-            redirects: 0,
-            error_status: None,
-            error_paged: false,
-            method_override: None,
-        };
+        );
         let resp = handler::handle(&mut req, &w);
         // Read the unused body off the wire, unless the client waits for 100-continue
         // (it will not send it) or the answer is to close anyway.
@@ -271,6 +263,10 @@ impl Conn {
             if req.head.expect_continue || resp.is_none() {
                 keep = false;
             } else {
+                // Answers to earlier pipelined requests must not wait for this body.
+                if self.flush().await.is_err() {
+                    return false;
+                }
                 match body::discard(
                     &mut self.stream,
                     &mut self.buf,
@@ -287,13 +283,20 @@ impl Conn {
                 }
             }
         }
-        let Some(mut resp) = resp else { return false };
+        let Some(resp) = resp else { return false };
+        self.respond(&req, resp, keep).await
+    }
+
+    /// Write the response (head into the output buffer, body after it), then log it.
+    /// Returns whether the connection stays open.
+    async fn respond(&mut self, req: &Request, mut resp: Response, keep: bool) -> bool {
+        let core = &req.conf.core;
         let (ka_timeout, ka_header) = core.keepalive_timeout();
         let max_requests = core.keepalive_requests();
-        keep = keep
+        let keep = keep
             && !resp.close
             && !ka_timeout.is_zero()
-            && !w.draining.get()
+            && !self.w.draining.get()
             && (max_requests == 0 || self.info.requests < max_requests)
             && self.born.elapsed() < core.keepalive_time();
         let body_len = resp.body.len();
@@ -304,27 +307,21 @@ impl Conn {
         let head_start = self.out.len();
         let tokens = core.server_tokens();
         clock::with_date(|date| {
-            encode_head(
-                &resp,
-                body_len,
-                &HeadCtx {
-                    keep_alive: keep,
-                    keepalive_header: ka_header,
-                    server_tokens: tokens,
-                    date,
-                },
-                &mut self.out,
-            )
+            let ctx = HeadCtx {
+                keep_alive: keep,
+                keepalive_header: ka_header,
+                server_tokens: tokens,
+                date,
+            };
+            encode_head(&resp, body_len, &ctx, &mut self.out)
         });
         let head_len = (self.out.len() - head_start) as u64;
-        let mut sent_ok = true;
-        if send_body {
-            sent_ok = self
+        let sent_ok = !send_body
+            || self
                 .send_body(&resp.body, core.sendfile(), core.tcp_nopush())
                 .await
                 .is_ok();
-        }
-        self.log(&req, &resp, head_len, if send_body { body_len } else { 0 });
+        self.log(req, &resp, head_len, if send_body { body_len } else { 0 });
         keep && sent_ok
     }
 

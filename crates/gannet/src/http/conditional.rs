@@ -70,11 +70,15 @@ fn not_modified(req: &Request, r: &Response) -> bool {
     }
 }
 
-/// Parse `bytes=a-b,c-,-n` against `len`; `None` if the header is not a valid bytes range
-/// (then it is ignored), `Some(empty)` if none is satisfiable (416).
+/// Parse `bytes=a-b,c-,-n` against `len`. `None`: not a bytes range, ignored (200).
+/// `Some(empty)`: nothing satisfiable or a malformed bytes range (416, as nginx).
 fn parse_ranges(v: &[u8], len: u64) -> Option<Vec<(u64, u64)>> {
     let v = std::str::from_utf8(v).ok()?;
     let spec = v.trim().strip_prefix("bytes=")?;
+    Some(parse_spec(spec, len).unwrap_or_default())
+}
+
+fn parse_spec(spec: &str, len: u64) -> Option<Vec<(u64, u64)>> {
     let mut out = Vec::new();
     for part in spec.split(',') {
         let part = part.trim();
@@ -164,6 +168,8 @@ fn range(req: &Request, r: &mut Response) {
             return;
         };
         r.status = 206;
+        r.headers
+            .retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
         r.headers.push((
             Cow::Borrowed("Content-Range"),
             format!("bytes {s}-{e}/{len}"),
@@ -171,7 +177,7 @@ fn range(req: &Request, r: &mut Response) {
         r.body = Body::Parts(vec![part]);
         return;
     }
-    let boundary = format!("{:020}", secs(SystemTime::now()) ^ 0x5eed_9a77_e7);
+    let boundary = format!("{:020}", secs(SystemTime::now()) ^ 0x005e_ed9a_77e7);
     let ct = r
         .content_type
         .clone()
@@ -189,6 +195,8 @@ fn range(req: &Request, r: &mut Response) {
     }
     parts.push(Part::Bytes(Bytes::from(format!("\r\n--{boundary}--\r\n"))));
     r.status = 206;
+    r.headers
+        .retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
     r.content_type = Some(Cow::Owned(format!(
         "multipart/byteranges; boundary={boundary}"
     )));
@@ -210,8 +218,8 @@ mod tests {
             Some(vec![(0, 1), (5, 6)])
         );
         assert_eq!(parse_ranges(b"bytes=100-", 100), Some(vec![]));
-        assert_eq!(parse_ranges(b"bytes=5-1", 100), None);
+        assert_eq!(parse_ranges(b"bytes=5-1", 100), Some(vec![]));
         assert_eq!(parse_ranges(b"items=0-1", 100), None);
-        assert_eq!(parse_ranges(b"bytes=a-b", 100), None);
+        assert_eq!(parse_ranges(b"bytes=a-b", 100), Some(vec![]));
     }
 }

@@ -11,6 +11,7 @@
 //!
 //! Each handler returns a [`Flow`], like nginx's NGX_DECLINED / NGX_OK / status codes.
 
+use crate::errlog::Level;
 use crate::http::conditional;
 use crate::http::request::Request;
 use crate::http::response::Response;
@@ -19,7 +20,7 @@ use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{autoindex, headers, index, static_files, try_files};
 use crate::runtime::worker::Worker;
-use gannet_proto::h1::Method;
+use gannet_proto::h1::{BodyKind, Method};
 
 /// What a phase handler decided.
 pub enum Flow {
@@ -50,10 +51,7 @@ pub fn handle(req: &mut Request, w: &Worker) -> Option<Response> {
             Flow::Next => locate_and_run(req, w),
             Flow::Done(r) => break r,
             Flow::Close => return None,
-            Flow::Redirect(uri) => match internal_redirect(req, w, &uri) {
-                Ok(()) => Flow::Next,
-                Err(f) => f,
-            },
+            Flow::Redirect(uri) => internal_redirect(req, w, &uri),
             Flow::Status(code) => match error_page(req, code) {
                 Some(f) => f,
                 None => break Response::error_page(code, req.conf.core.server_tokens()),
@@ -61,13 +59,12 @@ pub fn handle(req: &mut Request, w: &Worker) -> Option<Response> {
         };
     };
     if let Some(code) = req.error_status.take() {
-        // error_page's page keeps the original status (or its =code) over its own 200.
-        if resp.status == 200 {
+        // error_page's page keeps the original status (or its =code) over its own 200;
+        // ranges are offered only on a 200, as nginx does.
+        if resp.status == 200 && code != 200 {
             resp.status = code;
             resp.headers
                 .retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
-            resp.etag = None;
-            resp.last_modified = None;
         }
     }
     headers::filter(req, &mut resp);
@@ -103,6 +100,21 @@ fn locate_and_run(req: &mut Request, w: &Worker) -> Flow {
 
 /// Phases 3 to 5 in the location already chosen.
 fn run_location(req: &mut Request, w: &Worker) -> Flow {
+    // Checked as soon as the location is known, before its rewrites, as nginx does.
+    if req.conf.core.internal && !req.internal {
+        return Flow::Status(404);
+    }
+    let limit = req.conf.core.client_max_body_size();
+    if let BodyKind::Length(n) = req.head.body {
+        if limit > 0 && n > limit {
+            crate::errlog::request(
+                Level::Error,
+                req,
+                format_args!("client intended to send too large body: {n} bytes"),
+            );
+            return Flow::Status(413);
+        }
+    }
     if req.location.is_some() {
         let stmts = req.conf.rewrite.stmts.clone();
         match rewrite::run(&stmts, req) {
@@ -110,9 +122,6 @@ fn run_location(req: &mut Request, w: &Worker) -> Flow {
             Outcome::Research => return Flow::Next,
             Outcome::Stay => {}
         }
-    }
-    if req.conf.core.internal && !req.internal {
-        return Flow::Status(404);
     }
     match try_files::handle(req, w) {
         Flow::Next => {}
@@ -130,16 +139,18 @@ fn run_location(req: &mut Request, w: &Worker) -> Flow {
         }
     }
     // A directory URI that neither index nor autoindex answered.
-    crate::errlog::error(format_args!(
-        "directory index of \"{}\" is forbidden, client: {}",
-        req.filename_for(&req.uri).display(),
-        req.conn.peer.ip()
-    ));
+    let dir = req.filename_for(&req.uri);
+    crate::errlog::request(
+        Level::Error,
+        req,
+        format_args!("directory index of \"{}\" is forbidden", dir.display()),
+    );
     Flow::Status(403)
 }
 
 /// Go to `uri` (`/path?args` or `@named`) inside the server, as nginx's internal redirect.
-fn internal_redirect(req: &mut Request, w: &Worker, uri: &str) -> Result<(), Flow> {
+/// A URI continues with a new location search (`Flow::Next`); a named location runs at once.
+fn internal_redirect(req: &mut Request, w: &Worker, uri: &str) -> Flow {
     req.internal = true;
     if let Some(name) = uri.strip_prefix('@') {
         let server = req.server.clone();
@@ -149,15 +160,15 @@ fn internal_redirect(req: &mut Request, w: &Worker, uri: &str) -> Result<(), Flo
             .find(|l| matches!(&l.matcher, Matcher::Named(n) if n == name));
         let Some(loc) = loc else {
             crate::errlog::error(format_args!("named location \"@{name}\" not found"));
-            return Err(Flow::Status(500));
+            return Flow::Status(500);
         };
         req.redirects += 1;
         if req.redirects > MAX_REDIRECTS {
-            return Err(Flow::Status(500));
+            return Flow::Status(500);
         }
         req.conf = loc.conf.clone();
         req.location = Some(loc.clone());
-        return Err(run_location(req, w));
+        return run_location(req, w);
     }
     match uri.split_once('?') {
         Some((p, a)) => {
@@ -166,7 +177,7 @@ fn internal_redirect(req: &mut Request, w: &Worker, uri: &str) -> Result<(), Flo
         }
         None => req.uri = uri.to_string(),
     }
-    Ok(())
+    Flow::Next
 }
 
 /// `error_page` for `code`, if the location has one: an internal redirect (GET) carrying

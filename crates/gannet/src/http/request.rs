@@ -54,6 +54,34 @@ pub struct Request {
 }
 
 impl Request {
+    pub fn new(
+        head: RequestHead,
+        conn: ConnInfo,
+        server: Arc<ServerConf>,
+        uri: String,
+        args: Option<String>,
+        host: String,
+    ) -> Request {
+        Request {
+            conf: server.conf.clone(),
+            server,
+            head,
+            conn,
+            uri,
+            args,
+            host,
+            location: None,
+            captures: Vec::new(),
+            start: Instant::now(),
+            body_length: 0,
+            internal: false,
+            redirects: 0,
+            error_status: None,
+            error_paged: false,
+            method_override: None,
+        }
+    }
+
     /// `$arg_NAME`: the first `NAME=value` in the query (raw, not decoded, as nginx).
     pub fn arg(&self, name: &str) -> Option<&str> {
         self.args.as_deref()?.split('&').find_map(|kv| {

@@ -10,6 +10,21 @@ use std::fs::File;
 use std::rc::Rc;
 use std::time::SystemTime;
 
+/// The reason phrase nginx sends: its own older wording where it differs from RFC 9110
+/// (clients ignore the phrase, but byte counts in logs and tests compare equal this way).
+pub fn reason(status: u16) -> &'static str {
+    match status {
+        302 => "Moved Temporarily",
+        405 => "Not Allowed",
+        408 => "Request Time-out",
+        413 => "Request Entity Too Large",
+        414 => "Request-URI Too Large",
+        416 => "Requested Range Not Satisfiable",
+        504 => "Gateway Time-out",
+        _ => encode::reason(status),
+    }
+}
+
 /// A range of an open file.
 #[derive(Debug, Clone)]
 pub struct FileRange {
@@ -82,7 +97,7 @@ impl Response {
         let mut r = Response::new(status);
         // 204 and 304 never carry a body; the others get nginx's small HTML page.
         if status != 204 && status != 304 && status >= 200 {
-            let title = format!("{status} {}", encode::reason(status));
+            let title = format!("{status} {}", reason(status));
             let server = if server_tokens {
                 concat!("gannet/", env!("CARGO_PKG_VERSION"))
             } else {
@@ -117,7 +132,7 @@ pub fn encode_head(r: &Response, body_len: u64, ctx: &HeadCtx, out: &mut Vec<u8>
     out.extend_from_slice(b"HTTP/1.1 ");
     encode::write_u64(out, u64::from(r.status));
     out.push(b' ');
-    out.extend_from_slice(encode::reason(r.status).as_bytes());
+    out.extend_from_slice(reason(r.status).as_bytes());
     out.extend_from_slice(if ctx.server_tokens {
         concat!(
             "\r\nServer: gannet/",
@@ -138,7 +153,11 @@ pub fn encode_head(r: &Response, body_len: u64, ctx: &HeadCtx, out: &mut Vec<u8>
         encode::write_u64(out, r.content_length.unwrap_or(body_len));
         out.extend_from_slice(b"\r\n");
     }
-    if let Some(lm) = r.last_modified {
+    // As nginx: Last-Modified only on 200, 206 and 304.
+    if let Some(lm) = r
+        .last_modified
+        .filter(|_| matches!(r.status, 200 | 206 | 304))
+    {
         put(out, "Last-Modified", &encode::http_date(lm));
     }
     if let Some(loc) = &r.location {

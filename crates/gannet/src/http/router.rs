@@ -68,10 +68,11 @@ fn find_level(locs: &[Arc<Location>], uri: &str) -> (Option<Found>, bool) {
                     true,
                 );
             }
-            Matcher::Prefix { path, .. } if uri.starts_with(path.as_str()) => {
-                if best.is_none_or(|b| b.prefix().len() < path.len()) {
-                    best = Some(l);
-                }
+            Matcher::Prefix { path, .. }
+                if uri.starts_with(path.as_str())
+                    && best.is_none_or(|b| b.prefix().len() < path.len()) =>
+            {
+                best = Some(l);
             }
             _ => {}
         }

@@ -51,7 +51,8 @@ pub struct LogFile {
     pub file: File,
     pub format: Arc<LogFormat>,
     pub buffer: usize,
-    pub flush: Duration,
+    /// Without `flush=`, a buffer is written only when full or when the worker stops.
+    pub flush: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -104,12 +105,14 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         Some(name) => ctx.log_formats.get(name).cloned(),
     }
     .ok_or_else(|| d.error(format!("unknown log format \"{}\"", d.args[1])))?;
-    let (mut buffer, mut flush) = (0usize, Duration::from_secs(1));
+    let (mut buffer, mut flush) = (0usize, None);
     for a in d.args.iter().skip(2) {
         if let Some(v) = a.strip_prefix("buffer=") {
             buffer = setters::size(v).ok_or_else(|| invalid(d, a))? as usize;
         } else if let Some(v) = a.strip_prefix("flush=") {
-            flush = Duration::from_millis(setters::msec(v).ok_or_else(|| invalid(d, a))?);
+            flush = Some(Duration::from_millis(
+                setters::msec(v).ok_or_else(|| invalid(d, a))?,
+            ));
         } else {
             return Err(d.error(format!(
                 "parameter \"{a}\" of \"access_log\" is not supported"

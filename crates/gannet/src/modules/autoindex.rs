@@ -8,7 +8,7 @@ use crate::http::request::Request;
 use crate::http::response::{Body, Response};
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
-use gannet_proto::uri::{html_escape, percent_encode_path};
+use gannet_proto::uri::html_escape;
 use std::borrow::Cow;
 use std::fmt::Write;
 use std::time::SystemTime;
@@ -140,7 +140,7 @@ fn html(uri: &str, entries: &[Entry], exact: bool, local: bool) -> String {
         if e.dir {
             name.push('/');
         }
-        let href = percent_encode_path(&name);
+        let href = encode_component(&name);
         // Long names are cut to 50 columns with "..>", as nginx does.
         let shown: String = if name.chars().count() > 50 {
             name.chars().take(47).collect::<String>() + "..>"
@@ -165,6 +165,24 @@ fn html(uri: &str, entries: &[Entry], exact: bool, local: bool) -> String {
     }
     s.push_str("</pre><hr></body>\r\n</html>\r\n");
     s
+}
+
+/// A link to an entry: every byte but unreserved ones (and a directory's trailing `/`)
+/// percent-encoded, as nginx's NGX_ESCAPE_URI_COMPONENT does, so `&`, `?`, `#`, `%` and
+/// quotes in file names survive both the URL and the HTML attribute.
+fn encode_component(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for (i, b) in name.bytes().enumerate() {
+        let keep = b.is_ascii_alphanumeric()
+            || matches!(b, b'-' | b'.' | b'_' | b'~')
+            || (b == b'/' && i + 1 == name.len());
+        if keep {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 fn human_size(n: u64) -> String {

@@ -181,10 +181,14 @@ pub fn run(stmts: &[Stmt], req: &mut Request) -> Outcome {
 /// Replace the URI with a rewrite result: `path?args` replaces the args (original ones
 /// appended unless it ends with `?`).
 fn set_uri(req: &mut Request, new: &str) {
+    let (new, keep_old) = match new.strip_suffix('?') {
+        Some(n) => (n, false),
+        None => (new, true),
+    };
     match new.split_once('?') {
         Some((path, args)) => {
             let mut a = args.to_string();
-            if !args.is_empty() || !new.ends_with('?') {
+            if keep_old {
                 if let Some(old) = &req.args {
                     if !a.is_empty() {
                         a.push('&');
@@ -195,7 +199,12 @@ fn set_uri(req: &mut Request, new: &str) {
             req.uri = path.to_string();
             req.args = if a.is_empty() { None } else { Some(a) };
         }
-        None => req.uri = new.to_string(),
+        None => {
+            req.uri = new.to_string();
+            if !keep_old {
+                req.args = None;
+            }
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 
 use super::file_cache::Policy;
 use super::{inherit, invalid, LoadCtx, LocConf};
+use crate::errlog::Level;
 use crate::http::handler::Flow;
 use crate::http::request::Request;
 use crate::http::response::{Body, FileRange, Part, Response};
@@ -218,23 +219,21 @@ pub fn file_response(req: &Request, f: &super::file_cache::OpenFile) -> Response
     r
 }
 
-/// The status for a failed open, logged as nginx does (`open() "..." failed`).
+/// The status for a failed open, logged as nginx does (`open() "..." failed (2: ...)`).
 pub fn file_error(req: &Request, kind: ErrorKind, path: &std::path::Path) -> u16 {
-    let (status, why) = match kind {
-        ErrorKind::NotFound | ErrorKind::NotADirectory => (404, "No such file or directory"),
-        ErrorKind::PermissionDenied => (403, "Permission denied"),
-        ErrorKind::InvalidFilename => (414, "File name too long"),
-        _ => (500, "error"),
+    let (status, errno, why) = match kind {
+        ErrorKind::NotFound => (404, 2, "No such file or directory"),
+        ErrorKind::NotADirectory => (404, 20, "Not a directory"),
+        ErrorKind::PermissionDenied => (403, 13, "Permission denied"),
+        ErrorKind::InvalidFilename => (414, 36, "File name too long"),
+        _ => (500, 5, "Input/output error"),
     };
     if status != 404 || req.conf.core.log_not_found() {
-        crate::errlog::error(format_args!(
-            "open() \"{}\" failed ({why}), client: {}, server: {}, request: \"{} {}\"",
-            path.display(),
-            req.conn.peer.ip(),
-            req.server.primary_name,
-            req.head.method_str(),
-            String::from_utf8_lossy(req.head.target())
-        ));
+        crate::errlog::request(
+            Level::Error,
+            req,
+            format_args!("open() \"{}\" failed ({errno}: {why})", path.display()),
+        );
     }
     status
 }

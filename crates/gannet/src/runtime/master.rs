@@ -10,7 +10,7 @@ use super::listener;
 use super::worker::{self, Command};
 use crate::config::Config;
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
@@ -35,19 +35,11 @@ pub fn run(config: Config) -> Result<(), String> {
         daemonize()?;
     }
     let pid_file = main.pid.clone();
+    let result = supervise(config.clone(), sockets, pid_file.as_deref());
     if let Some(p) = &pid_file {
-        std::fs::write(p, format!("{}\n", std::process::id()))
-            .map_err(|e| format!("open() \"{}\" failed ({e})", p.display()))?;
-    }
-    let result = supervise(config.clone(), sockets);
-    remove_pid(&pid_file);
-    result
-}
-
-fn remove_pid(p: &Option<PathBuf>) {
-    if let Some(p) = p {
         let _ = std::fs::remove_file(p);
     }
+    result
 }
 
 fn set_nofile(n: u64) -> Result<(), String> {
@@ -111,19 +103,18 @@ fn spawn_worker(
         .map_err(|e| format!("worker thread failed to start: {e}"))
 }
 
-fn supervise(config: Arc<Config>, sockets: Vec<Vec<TcpListener>>) -> Result<(), String> {
+/// Set up signal handling, then write the pid file (so a signal sent as soon as the pid
+/// file exists is always handled), start the workers and wait.
+fn supervise(
+    config: Arc<Config>,
+    sockets: Vec<Vec<TcpListener>>,
+    pid_file: Option<&Path>,
+) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
     rt.block_on(async move {
-        let (tx, rx) = watch::channel(Command::Run);
-        let (exit_tx, mut exit_rx) = mpsc::unbounded_channel::<Exit>();
-        for (id, s) in sockets.iter().enumerate() {
-            spawn_worker(id, config.clone(), s, rx.clone(), exit_tx.clone())?;
-        }
-        let mut running = sockets.len();
-        let mut draining = false;
         let sig = |k| signal(k).map_err(|e| format!("signal setup failed: {e}"));
         let (mut term, mut int, mut quit, mut hup, mut usr1) = (
             sig(SignalKind::terminate())?,
@@ -132,6 +123,16 @@ fn supervise(config: Arc<Config>, sockets: Vec<Vec<TcpListener>>) -> Result<(), 
             sig(SignalKind::hangup())?,
             sig(SignalKind::user_defined1())?,
         );
+        if let Some(p) = pid_file {
+            std::fs::write(p, format!("{}\n", std::process::id())).map_err(|e| format!("open() \"{}\" failed ({e})", p.display()))?;
+        }
+        let (tx, rx) = watch::channel(Command::Run);
+        let (exit_tx, mut exit_rx) = mpsc::unbounded_channel::<Exit>();
+        for (id, s) in sockets.iter().enumerate() {
+            spawn_worker(id, config.clone(), s, rx.clone(), exit_tx.clone())?;
+        }
+        let mut running = sockets.len();
+        let mut draining = false;
         loop {
             tokio::select! {
                 _ = term.recv() => return Ok(()),

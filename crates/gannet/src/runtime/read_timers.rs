@@ -30,7 +30,12 @@ pub struct ReadTimers {
 impl ReadTimers {
     /// Start a deadline; the returned key must be given back with `remove`.
     pub fn insert(&self, deadline: Instant, idle: bool) -> usize {
-        let slot = Some(Slot { deadline, idle, fired: false, waker: None });
+        let slot = Some(Slot {
+            deadline,
+            idle,
+            fired: false,
+            waker: None,
+        });
         let mut slots = self.slots.borrow_mut();
         match self.free.borrow_mut().pop() {
             Some(k) => {

@@ -2,9 +2,9 @@
 //! SO_REUSEPORT sockets and serves each connection as a local task; its caches (open files,
 //! access-log buffers) are its own, so the request path takes no lock.
 
+use super::read_timers::{ReadTimers, TICK};
 use crate::config::Config;
 use crate::modules::access_log::LogFile;
-use super::read_timers::{ReadTimers, TICK};
 use crate::modules::file_cache::FileCache;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -28,11 +28,14 @@ pub enum Command {
 /// Connection serial numbers are process-wide, as nginx's are.
 static CONN_SEQ: AtomicU64 = AtomicU64::new(1);
 
+/// A log file, its pending lines and when they were last written.
+type LogBuffer = (Arc<LogFile>, Vec<u8>, Instant);
+
 pub struct Worker {
     pub config: Arc<Config>,
     pub files: FileCache,
     /// Per log file: buffered lines and when they were last written.
-    logs: RefCell<HashMap<usize, (Arc<LogFile>, Vec<u8>, Instant)>>,
+    logs: RefCell<HashMap<usize, LogBuffer>>,
     pub active: Cell<usize>,
     pub draining: Cell<bool>,
     /// Deadlines of connections waiting for their client.
@@ -69,7 +72,9 @@ impl Worker {
     pub fn flush_logs(&self, all: bool) {
         let now = Instant::now();
         for (log, buf, since) in self.logs.borrow_mut().values_mut() {
-            if !buf.is_empty() && (all || now.duration_since(*since) >= log.flush) {
+            if !buf.is_empty()
+                && (all || log.flush.is_some_and(|f| now.duration_since(*since) >= f))
+            {
                 let _ = (&log.file).write_all(buf);
                 buf.clear();
                 *since = now;
