@@ -20,6 +20,7 @@ use crate::http::router::select_server;
 use crate::http::variables::Sent;
 use crate::modules::access_log;
 use crate::runtime::clock;
+use crate::runtime::parking::{Parked, PARK_AFTER};
 use crate::runtime::read_timers::ReadTimers;
 use crate::runtime::worker::Worker;
 use bytes::BytesMut;
@@ -50,103 +51,159 @@ struct Conn {
     send_timeout: Duration,
 }
 
-/// Serve one accepted connection until it closes, then give its slot back to the worker.
-pub async fn serve(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: usize) {
-    run(&w, stream, peer, group).await;
-    w.active.set(w.active.get() - 1);
-    w.conn_closed.notify_waiters();
+/// How a connection's loop ended.
+enum End {
+    Close,
+    /// Idle long enough to park until this keep-alive deadline.
+    Park(Instant),
 }
 
-async fn run(w: &Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: usize) {
+/// Serve one accepted connection until it closes or parks.
+pub async fn serve(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: usize) {
     let g = &w.config.listens[group];
     let local = stream.local_addr().unwrap_or(g.listen.addr);
-    // Until the Host header picks a virtual host, the default server's settings apply.
-    let conf = g.servers[g.default].conf.clone();
-    let core = &conf.core;
-    if core.tcp_nodelay() {
+    if g.servers[g.default].conf.core.tcp_nodelay() {
         let _ = stream.set_nodelay(true);
     }
-    let (n, size) = core.large_client_header_buffers();
-    let limits = Limits {
-        max_request_line: size,
-        max_header_line: size,
-        max_head: n * size,
-        max_headers: 100,
+    let info = ConnInfo {
+        peer,
+        local,
+        id: Worker::next_conn_id(),
+        requests: 0,
     };
+    run_conn(w, stream, info, group, Instant::now()).await;
+}
+
+/// Take a parked connection back and go on serving it.
+pub async fn resume(w: Rc<Worker>, p: Parked) {
+    match TcpStream::from_std(p.stream) {
+        Ok(stream) => run_conn(w, stream, p.info, p.group, p.born).await,
+        Err(_) => w.connection_closed(),
+    }
+}
+
+async fn run_conn(w: Rc<Worker>, stream: TcpStream, info: ConnInfo, group: usize, born: Instant) {
+    let send_timeout = w.config.listens[group].servers[w.config.listens[group].default]
+        .conf
+        .core
+        .send_timeout();
     let mut c = Conn {
         w: w.clone(),
         stream,
         group,
-        info: ConnInfo {
-            peer,
-            local,
-            id: Worker::next_conn_id(),
-            requests: 0,
-        },
+        info,
         buf: BytesMut::new(),
         out: Vec::new(),
-        born: Instant::now(),
-        send_timeout: core.send_timeout(),
+        born,
+        send_timeout,
     };
-    let header_timeout = core.client_header_timeout();
-    let (keepalive, _) = core.keepalive_timeout();
-    loop {
-        match parse_request(&mut c.buf, &limits) {
-            Ok(Some(head)) => {
-                c.info.requests += 1;
-                // Boxed: the request's state (head, response, body sends) is large and lives
-                // only while the request does; inline it would sit in every idle
-                // connection's task for its whole life.
-                if !Box::pin(c.request(head)).await {
-                    let _ = c.flush().await;
-                    return;
-                }
-                if c.out.len() >= FLUSH_AT && c.flush().await.is_err() {
-                    return;
-                }
-                continue;
-            }
-            Ok(None) => {}
-            Err(e) => {
-                // Log what nginx would: the request line up to the buffer's size, and the
-                // headers when it was the headers that were refused.
-                let mut raw = c.buf.split().freeze();
-                if e == ParseError::UriTooLong {
-                    raw.truncate(limits.max_request_line);
-                }
-                let head = RequestHead::unparsed(raw, !e.in_request_line());
-                Box::pin(c.reject(&e, head)).await;
+    let end = c.run().await;
+    if let (End::Park(deadline), Some(lot)) = (end, &w.parking) {
+        let Conn { stream, info, .. } = c;
+        if let Ok(stream) = stream.into_std() {
+            if lot
+                .park(Parked {
+                    stream,
+                    info,
+                    group,
+                    born,
+                    deadline,
+                })
+                .is_ok()
+            {
                 return;
             }
         }
-        if c.flush().await.is_err() {
-            return;
-        }
-        let idle = c.buf.is_empty();
-        if idle {
-            if w.draining.get() {
-                return;
-            }
-            // Release the buffers while nothing is pending.
-            c.buf = BytesMut::new();
-            c.out = Vec::new();
-        }
-        let wait = if idle && c.info.requests > 0 {
-            keepalive
-        } else {
-            header_timeout
+    }
+    w.connection_closed();
+}
+
+impl Conn {
+    /// The connection loop; see the module docs.
+    async fn run(&mut self) -> End {
+        let c = self;
+        let w = c.w.clone();
+        let g = &w.config.listens[c.group];
+        // Until the Host header picks a virtual host, the default server's settings apply.
+        let conf = g.servers[g.default].conf.clone();
+        let core = &conf.core;
+        let (n, size) = core.large_client_header_buffers();
+        let limits = Limits {
+            max_request_line: size,
+            max_header_line: size,
+            max_head: n * size,
+            max_headers: 100,
         };
-        if !c.wait_readable(Instant::now() + wait, idle).await {
-            return;
-        }
-        if c.buf.capacity() - c.buf.len() < 512 {
-            c.buf.reserve(core.client_header_buffer_size().max(1024));
-        }
-        match c.stream.try_read_buf(&mut c.buf) {
-            Ok(0) => return,
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(_) => return,
+        let header_timeout = core.client_header_timeout();
+        let (keepalive, _) = core.keepalive_timeout();
+        loop {
+            match parse_request(&mut c.buf, &limits) {
+                Ok(Some(head)) => {
+                    c.info.requests += 1;
+                    // Boxed: the request's state (head, response, body sends) is large and lives
+                    // only while the request does; inline it would sit in every idle
+                    // connection's task for its whole life.
+                    if !Box::pin(c.request(head)).await {
+                        let _ = c.flush().await;
+                        return End::Close;
+                    }
+                    if c.out.len() >= FLUSH_AT && c.flush().await.is_err() {
+                        return End::Close;
+                    }
+                    continue;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    // Log what nginx would: the request line up to the buffer's size, and the
+                    // headers when it was the headers that were refused.
+                    let mut raw = c.buf.split().freeze();
+                    if e == ParseError::UriTooLong {
+                        raw.truncate(limits.max_request_line);
+                    }
+                    let head = RequestHead::unparsed(raw, !e.in_request_line());
+                    Box::pin(c.reject(&e, head)).await;
+                    return End::Close;
+                }
+            }
+            if c.flush().await.is_err() {
+                return End::Close;
+            }
+            let idle = c.buf.is_empty();
+            if idle {
+                if w.draining.get() {
+                    return End::Close;
+                }
+                // Release the buffers while nothing is pending.
+                c.buf = BytesMut::new();
+                c.out = Vec::new();
+            }
+            let wait = if idle && c.info.requests > 0 {
+                keepalive
+            } else {
+                header_timeout
+            };
+            let deadline = Instant::now() + wait;
+            if idle && w.parking.is_some() && wait > PARK_AFTER {
+                // Most keep-alive clients come back at once: wait a moment here before parking.
+                if !c.wait_readable(Instant::now() + PARK_AFTER, true).await {
+                    return if w.draining.get() {
+                        End::Close
+                    } else {
+                        End::Park(deadline)
+                    };
+                }
+            } else if !c.wait_readable(deadline, idle).await {
+                return End::Close;
+            }
+            if c.buf.capacity() - c.buf.len() < 512 {
+                c.buf.reserve(core.client_header_buffer_size().max(1024));
+            }
+            match c.stream.try_read_buf(&mut c.buf) {
+                Ok(0) => return End::Close,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return End::Close,
+            }
         }
     }
 }

@@ -4,6 +4,7 @@
 pub mod clock;
 pub mod listener;
 pub mod master;
+pub mod parking;
 pub mod read_timers;
 pub mod worker;
 

@@ -2,6 +2,7 @@
 //! SO_REUSEPORT sockets and serves each connection as a local task; its caches (open files,
 //! access-log buffers) are its own, so the request path takes no lock.
 
+use super::parking::ParkingLot;
 use super::read_timers::{ReadTimers, TICK};
 use crate::config::Config;
 use crate::modules::access_log::LogFile;
@@ -28,6 +29,9 @@ pub enum Command {
 /// Connection serial numbers are process-wide, as nginx's are.
 static CONN_SEQ: AtomicU64 = AtomicU64::new(1);
 
+/// Parked connections per tick that make the worker return freed memory to the system.
+const TRIM_AFTER_PARKED: usize = 256;
+
 /// A log file, its pending lines and when they were last written.
 type LogBuffer = (Arc<LogFile>, Vec<u8>, Instant);
 
@@ -42,12 +46,36 @@ pub struct Worker {
     pub timers: ReadTimers,
     /// Woken when a connection ends (a draining worker waits for the last one).
     pub conn_closed: Notify,
+    /// Where idle keep-alive connections wait without a task (`None` if the worker's
+    /// epoll set could not be made: connections then simply stay in their tasks).
+    pub parking: Option<ParkingLot>,
     emfile_logged: Cell<bool>,
 }
 
 impl Worker {
+    /// A connection (in a task or parked) has closed.
+    pub fn connection_closed(&self) {
+        self.active.set(self.active.get() - 1);
+        self.conn_closed.notify_waiters();
+    }
+
     pub fn next_conn_id() -> u64 {
         CONN_SEQ.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Close parked connections past their keep-alive deadline (all when `all`).
+    pub fn expire_parked(&self, now: Instant, all: bool) {
+        if let Some(lot) = &self.parking {
+            for _ in 0..lot.expire(now, all) {
+                self.connection_closed();
+            }
+            // Many connections just left their tasks: hand the freed memory back to the
+            // system, or the allocator keeps the peak of a connection burst for good.
+            if lot.take_parked_count() >= TRIM_AFTER_PARKED {
+                // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
+                unsafe { libc::malloc_trim(0) };
+            }
+        }
     }
 
     /// Append a finished log line; written at once without `buffer=`, else when full.
@@ -107,7 +135,15 @@ pub fn run(config: Arc<Config>, sockets: Vec<StdListener>, mut cmd: watch::Recei
             timers: ReadTimers::default(),
             conn_closed: Notify::new(),
             emfile_logged: Cell::new(false),
+            parking: ParkingLot::new()
+                .map_err(|e| {
+                    crate::errlog::warn(format_args!("idle connections will not be parked: {e}"))
+                })
+                .ok(),
         });
+        if w.parking.is_some() {
+            tokio::task::spawn_local(unpark_loop(w.clone()));
+        }
         let mut accepts = Vec::new();
         for (i, s) in sockets.into_iter().enumerate() {
             match TcpListener::from_std(s) {
@@ -122,7 +158,9 @@ pub fn run(config: Arc<Config>, sockets: Vec<StdListener>, mut cmd: watch::Recei
                 let mut tick = tokio::time::interval(TICK);
                 loop {
                     tick.tick().await;
-                    w.timers.sweep(Instant::now(), w.draining.get());
+                    let now = Instant::now();
+                    w.timers.sweep(now, w.draining.get());
+                    w.expire_parked(now, w.draining.get());
                     w.flush_logs(false);
                 }
             }
@@ -138,6 +176,7 @@ pub fn run(config: Arc<Config>, sockets: Vec<StdListener>, mut cmd: watch::Recei
         }
         w.draining.set(true);
         w.timers.sweep(Instant::now(), true);
+        w.expire_parked(Instant::now(), true);
         let deadline = w.config.main.shutdown_timeout;
         let wait_idle = async {
             while w.active.get() > 0 {
@@ -153,6 +192,16 @@ pub fn run(config: Arc<Config>, sockets: Vec<StdListener>, mut cmd: watch::Recei
         ticker.abort();
         w.flush_logs(true);
     });
+}
+
+/// Give parked connections that turned readable a task again.
+async fn unpark_loop(w: Rc<Worker>) {
+    let Some(lot) = &w.parking else { return };
+    loop {
+        for p in lot.ready().await {
+            tokio::task::spawn_local(crate::conn::h1::resume(w.clone(), p));
+        }
+    }
 }
 
 async fn accept_loop(w: Rc<Worker>, listener: TcpListener, group: usize) {
