@@ -76,19 +76,16 @@ impl ParkingLot {
     }
 
     /// Park a connection (its socket must already be out of tokio's hands). On error the
-    /// connection is handed back.
-    pub fn park(&self, p: Parked) -> Result<(), Parked> {
+    /// connection is dropped, which closes it.
+    pub fn park(&self, p: Parked) -> io::Result<()> {
         let key = self.free.borrow_mut().pop().unwrap_or_else(|| {
             let mut slots = self.slots.borrow_mut();
             slots.push(None);
             slots.len() - 1
         });
-        if self
-            .ctl(libc::EPOLL_CTL_ADD, p.stream.as_raw_fd(), key)
-            .is_err()
-        {
+        if let Err(e) = self.ctl(libc::EPOLL_CTL_ADD, p.stream.as_raw_fd(), key) {
             self.free.borrow_mut().push(key);
-            return Err(p);
+            return Err(e);
         }
         self.slots.borrow_mut()[key] = Some(p);
         self.parked.set(self.parked.get() + 1);
