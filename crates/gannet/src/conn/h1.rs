@@ -1,9 +1,9 @@
 //! The HTTP/1.x connection loop: read, parse every complete (pipelined) request in the
 //! buffer, answer them in order into one output buffer, write it when the input runs dry.
 //!
-//! Memory: between requests a connection holds no read buffer (it is released once empty
-//! and the next one is taken only when the socket is readable), which is what lets ten
-//! thousand idle keep-alive connections cost little.
+//! Memory: a connection idle for a second leaves its task for the worker's parking lot
+//! (`runtime::parking`), which is what lets ten thousand idle keep-alive connections cost
+//! little; until then it keeps its buffers for the next request.
 //!
 //! Timeouts: `client_header_timeout` for a new connection's first request and for a partial
 //! head, `keepalive_timeout` between requests, `client_body_timeout` per body read,
@@ -34,6 +34,8 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
+/// The most read-buffer capacity kept between requests.
+const BUF_KEEP: usize = 16 * 1024;
 /// Output is written once this much is pending even if more requests are queued.
 const FLUSH_AT: usize = 64 * 1024;
 /// Body parts up to this size are copied into the output buffer; larger ones are written
@@ -173,9 +175,14 @@ impl Conn {
                 if w.draining.get() {
                     return End::Close;
                 }
-                // Release the buffers while nothing is pending.
-                c.buf = BytesMut::new();
-                c.out = Vec::new();
+                // Buffers are kept for the next request (a connection that stays idle
+                // parks and frees them), except ones a big request or answer grew.
+                if c.buf.capacity() > BUF_KEEP {
+                    c.buf = BytesMut::new();
+                }
+                if c.out.capacity() > FLUSH_AT {
+                    c.out = Vec::new();
+                }
             }
             let wait = if idle && c.info.requests > 0 {
                 keepalive

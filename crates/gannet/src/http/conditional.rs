@@ -9,6 +9,7 @@ use crate::modules::static_files::IfModifiedSince;
 use bytes::Bytes;
 use gannet_proto::h1::encode::parse_http_date;
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 fn secs(t: SystemTime) -> u64 {
@@ -46,8 +47,6 @@ pub fn filter(req: &Request, r: &mut Response) {
         r.body = Body::Empty;
         r.content_type = None;
         r.content_length = None;
-        r.headers
-            .retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
         return;
     }
     range(req, r);
@@ -168,8 +167,6 @@ fn range(req: &Request, r: &mut Response) {
             return;
         };
         r.status = 206;
-        r.headers
-            .retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
         r.headers.push((
             Cow::Borrowed("Content-Range"),
             format!("bytes {s}-{e}/{len}"),
@@ -181,7 +178,7 @@ fn range(req: &Request, r: &mut Response) {
     let ct = r
         .content_type
         .clone()
-        .unwrap_or(Cow::Borrowed("application/octet-stream"));
+        .unwrap_or_else(|| Arc::from("application/octet-stream"));
     let mut parts = Vec::new();
     for (s, e) in ranges {
         let Some(part) = slice(&r.body, s, e) else {
@@ -195,9 +192,7 @@ fn range(req: &Request, r: &mut Response) {
     }
     parts.push(Part::Bytes(Bytes::from(format!("\r\n--{boundary}--\r\n"))));
     r.status = 206;
-    r.headers
-        .retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
-    r.content_type = Some(Cow::Owned(format!(
+    r.content_type = Some(Arc::from(format!(
         "multipart/byteranges; boundary={boundary}"
     )));
     r.body = Body::Parts(parts);

@@ -63,8 +63,6 @@ pub fn handle(req: &mut Request, w: &Worker) -> Option<Response> {
         // ranges are offered only on a 200, as nginx does.
         if resp.status == 200 && code != 200 {
             resp.status = code;
-            resp.headers
-                .retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
         }
     }
     headers::filter(req, &mut resp);

@@ -8,6 +8,7 @@ use gannet_proto::h1::encode;
 use std::borrow::Cow;
 use std::fs::File;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 /// The reason phrase nginx sends: its own older wording where it differs from RFC 9110
@@ -71,11 +72,13 @@ impl Body {
 #[derive(Debug, Clone, Default)]
 pub struct Response {
     pub status: u16,
-    pub content_type: Option<Cow<'static, str>>,
+    pub content_type: Option<Arc<str>>,
     /// Overrides the body length (HEAD of a file whose body was dropped keeps its length).
     pub content_length: Option<u64>,
     pub last_modified: Option<SystemTime>,
-    pub etag: Option<String>,
+    pub etag: Option<Arc<str>>,
+    /// `Accept-Ranges: bytes` (set for files; dropped on anything but a 200).
+    pub accept_ranges: bool,
     pub location: Option<String>,
     /// Further headers in order (ETag-like standard ones first, then add_header's).
     pub headers: Vec<(Cow<'static, str>, String)>,
@@ -106,7 +109,7 @@ impl Response {
             let html = format!(
                 "<html>\r\n<head><title>{title}</title></head>\r\n<body>\r\n<center><h1>{title}</h1></center>\r\n<hr><center>{server}</center>\r\n</body>\r\n</html>\r\n"
             );
-            r.content_type = Some(Cow::Borrowed("text/html"));
+            r.content_type = Some(Arc::from("text/html"));
             r.body = Body::bytes(html);
         }
         r
@@ -158,7 +161,7 @@ pub fn encode_head(r: &Response, body_len: u64, ctx: &HeadCtx, out: &mut Vec<u8>
         .last_modified
         .filter(|_| matches!(r.status, 200 | 206 | 304))
     {
-        put(out, "Last-Modified", &encode::http_date(lm));
+        crate::runtime::clock::with_http_date(lm, |d| put(out, "Last-Modified", d));
     }
     if let Some(loc) = &r.location {
         put(out, "Location", loc);
@@ -175,6 +178,9 @@ pub fn encode_head(r: &Response, body_len: u64, ctx: &HeadCtx, out: &mut Vec<u8>
     }
     if let Some(etag) = &r.etag {
         put(out, "ETag", etag);
+    }
+    if r.accept_ranges && r.status == 200 {
+        out.extend_from_slice(b"Accept-Ranges: bytes\r\n");
     }
     for (n, v) in &r.headers {
         put(out, n, v);

@@ -9,8 +9,8 @@ use crate::http::response::{Body, Response};
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
 use gannet_proto::uri::html_escape;
-use std::borrow::Cow;
 use std::fmt::Write;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 pub const DIRECTIVES: &[Spec] = &[
@@ -115,7 +115,7 @@ pub fn handle(req: &Request) -> Flow {
     let mut r = Response::new(200);
     let body = match c.format.unwrap_or(Format::Html) {
         Format::Html => {
-            r.content_type = Some(Cow::Borrowed("text/html"));
+            r.content_type = Some(Arc::from("text/html"));
             html(
                 &req.uri,
                 &entries,
@@ -124,7 +124,7 @@ pub fn handle(req: &Request) -> Flow {
             )
         }
         Format::Json => {
-            r.content_type = Some(Cow::Borrowed("application/json"));
+            r.content_type = Some(Arc::from("application/json"));
             json(&entries)
         }
     };

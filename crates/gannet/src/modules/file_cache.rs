@@ -16,6 +16,7 @@ use std::io::{self, Read};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 /// Files up to this size are kept in memory.
@@ -27,6 +28,8 @@ pub struct OpenFile {
     pub size: u64,
     pub mtime: SystemTime,
     pub mtime_secs: i64,
+    /// nginx's ETag for this version of the file, made once.
+    pub etag: Arc<str>,
     pub is_dir: bool,
     pub is_file: bool,
     /// The whole content for small regular files.
@@ -156,8 +159,10 @@ fn load(path: &Path) -> Result<OpenFile, io::ErrorKind> {
     } else {
         None
     };
+    let size = data.as_ref().map_or(size, |d| d.len() as u64);
     Ok(OpenFile {
-        size: data.as_ref().map_or(size, |d| d.len() as u64),
+        etag: Arc::from(super::static_files::etag(meta.mtime(), size)),
+        size,
         mtime: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
         mtime_secs: meta.mtime(),
         is_dir: meta.is_dir(),

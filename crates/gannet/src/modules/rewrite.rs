@@ -11,7 +11,6 @@ use crate::http::variables::Template;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{ConfError, Directive};
 use regex::Regex;
-use std::borrow::Cow;
 use std::sync::Arc;
 
 const SL: Ctx = Ctx(Ctx::SERVER.0 | Ctx::LOCATION.0);
@@ -221,14 +220,13 @@ fn answer(req: &Request, code: u16, text: Option<&Template>) -> Flow {
         return Flow::Done(redirect_response(req, code, &value));
     }
     let mut r = Response::new(code);
-    r.content_type = Some(Cow::Owned(
+    r.content_type = Some(
         req.conf
             .types
             .default_type
-            .as_deref()
-            .unwrap_or("text/plain")
-            .to_string(),
-    ));
+            .clone()
+            .unwrap_or_else(|| Arc::from("text/plain")),
+    );
     r.body = Body::bytes(value);
     Flow::Done(r)
 }

@@ -17,7 +17,6 @@ use crate::runtime::worker::Worker;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
 use gannet_proto::h1::Method;
-use std::borrow::Cow;
 use std::io::ErrorKind;
 use std::time::Duration;
 
@@ -201,13 +200,12 @@ pub fn handle(req: &Request, w: &Worker) -> Flow {
 /// The 200 response for an open regular file.
 pub fn file_response(req: &Request, f: &super::file_cache::OpenFile) -> Response {
     let mut r = Response::new(200);
-    r.content_type = Some(Cow::Owned(req.conf.types.lookup(&req.uri).to_string()));
+    r.content_type = Some(req.conf.types.lookup(&req.uri));
     r.last_modified = Some(f.mtime);
     if req.conf.files.etag() {
-        r.etag = Some(etag(f.mtime_secs, f.size));
+        r.etag = Some(f.etag.clone());
     }
-    r.headers
-        .push((Cow::Borrowed("Accept-Ranges"), "bytes".into()));
+    r.accept_ranges = true;
     r.body = match &f.data {
         Some(d) => Body::Parts(vec![Part::Bytes(d.clone())]),
         None => Body::Parts(vec![Part::File(FileRange {

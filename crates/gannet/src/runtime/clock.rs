@@ -90,6 +90,23 @@ pub fn with_date<R>(f: impl FnOnce(&[u8]) -> R) -> R {
     with_cache(|c| f(&c.date))
 }
 
+thread_local! {
+    /// The last time formatted by `with_http_date`: responses for one file repeat it.
+    static LAST_DATE: RefCell<(i64, String)> = const { RefCell::new((i64::MIN, String::new())) };
+}
+
+/// Call `f` with `t` as an IMF-fixdate (Last-Modified), formatted once per distinct second.
+pub fn with_http_date<R>(t: SystemTime, f: impl FnOnce(&str) -> R) -> R {
+    let secs = unix(t);
+    LAST_DATE.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.0 != secs {
+            *c = (secs, gannet_proto::h1::encode::http_date(t));
+        }
+        f(&c.1)
+    })
+}
+
 /// `$time_local`: `22/Nov/2026:12:00:00 +0000`.
 pub fn time_local() -> String {
     with_cache(|c| c.local.clone())
