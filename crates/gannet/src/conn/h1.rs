@@ -31,7 +31,7 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
 /// The most read-buffer capacity kept between requests.
@@ -205,7 +205,7 @@ impl Conn {
             if c.buf.capacity() - c.buf.len() < 512 {
                 c.buf.reserve(core.client_header_buffer_size().max(1024));
             }
-            match c.stream.try_read_buf(&mut c.buf) {
+            match c.read_some() {
                 Ok(0) => return End::Close,
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -225,6 +225,28 @@ impl Drop for Deadline<'_> {
 }
 
 impl Conn {
+    /// Read what the socket has into the buffer. A short read means the socket is drained,
+    /// and tokio is told so (by answering WouldBlock from inside `try_io`, which clears the
+    /// readiness unless a new event came in meanwhile). Without that, every request would
+    /// cost one more `recv` that only returns EAGAIN before the connection waits again.
+    fn read_some(&mut self) -> std::io::Result<usize> {
+        let spare = self.buf.capacity() - self.buf.len();
+        let mut got = 0;
+        let (stream, buf) = (&self.stream, &mut self.buf);
+        let r = stream.try_io(Interest::READABLE, || {
+            got = stream.try_read_buf(buf)?;
+            if got > 0 && got < spare {
+                Err(std::io::ErrorKind::WouldBlock.into())
+            } else {
+                Ok(got)
+            }
+        });
+        match r {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && got > 0 => Ok(got),
+            r => r,
+        }
+    }
+
     /// Wait until the socket is readable (true) or the deadline passes (false). Polls the
     /// socket's readiness directly and keeps the deadline in the worker's table, so a
     /// waiting connection's task holds a few words (see `runtime::read_timers`).
