@@ -50,6 +50,10 @@ struct Conn {
     buf: BytesMut,
     out: Vec<u8>,
     born: Instant,
+    /// TCP_NODELAY is set (lazily, as nginx does: only a kept-alive connection can have a
+    /// small write waiting behind an unacknowledged one, so a one-shot connection never
+    /// pays the setsockopt).
+    nodelay: bool,
     send_timeout: Duration,
 }
 
@@ -63,10 +67,13 @@ enum End {
 /// Serve one accepted connection until it closes or parks.
 pub async fn serve(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: usize) {
     let g = &w.config.listens[group];
-    let local = stream.local_addr().unwrap_or(g.listen.addr);
-    if g.servers[g.default].conf.core.tcp_nodelay() {
-        let _ = stream.set_nodelay(true);
-    }
+    // A listen on a specific address already says where the connection arrived: spare
+    // the getsockname() call (one of the handful of syscalls a short connection costs).
+    let local = if g.listen.addr.ip().is_unspecified() {
+        stream.local_addr().unwrap_or(g.listen.addr)
+    } else {
+        g.listen.addr
+    };
     let info = ConnInfo {
         peer,
         local,
@@ -98,6 +105,7 @@ async fn run_conn(w: Rc<Worker>, stream: TcpStream, info: ConnInfo, group: usize
         out: Vec::new(),
         born,
         send_timeout,
+        nodelay: false,
     };
     let end = c.run().await;
     if let (End::Park(deadline), Some(lot)) = (end, &w.parking) {
@@ -385,6 +393,9 @@ impl Conn {
             && !self.w.draining.get()
             && (max_requests == 0 || self.info.requests < max_requests)
             && self.born.elapsed() < core.keepalive_time();
+        if keep && !self.nodelay && core.tcp_nodelay() {
+            self.nodelay = self.stream.set_nodelay(true).is_ok();
+        }
         let body_len = resp.body.len();
         let send_body = !req.is_head() && resp.status_has_body();
         if !send_body && resp.status_has_body() {
