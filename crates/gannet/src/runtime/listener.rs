@@ -8,7 +8,9 @@ use socket2::{Domain, Protocol, Socket, Type};
 use std::io;
 use std::net::TcpListener;
 
-pub fn bind(l: &Listen) -> io::Result<TcpListener> {
+/// A TCP socket for `l`'s address family, with SO_REUSEADDR (and the `ipv6only` choice),
+/// bound to it; with `reuseport`, SO_REUSEPORT too.
+fn bound_socket(l: &Listen, reuseport: bool) -> io::Result<Socket> {
     let domain = if l.addr.is_ipv6() {
         Domain::IPV6
     } else {
@@ -16,12 +18,17 @@ pub fn bind(l: &Listen) -> io::Result<TcpListener> {
     };
     let s = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
     s.set_reuse_address(true)?;
-    s.set_reuse_port(true)?;
+    s.set_reuse_port(reuseport)?;
     if l.addr.is_ipv6() {
         s.set_only_v6(l.ipv6only)?;
     }
-    s.set_nonblocking(true)?;
     s.bind(&l.addr.into())?;
+    Ok(s)
+}
+
+pub fn bind(l: &Listen) -> io::Result<TcpListener> {
+    let s = bound_socket(l, true)?;
+    s.set_nonblocking(true)?;
     s.listen(l.backlog)?;
     Ok(s.into())
 }
@@ -30,17 +37,7 @@ pub fn bind(l: &Listen) -> io::Result<TcpListener> {
 /// otherwise let a second gannet (same user) join the port silently and take half of the
 /// connections; a probe socket without SO_REUSEPORT cannot bind over a live listener.
 fn probe(l: &Listen) -> io::Result<()> {
-    let domain = if l.addr.is_ipv6() {
-        Domain::IPV6
-    } else {
-        Domain::IPV4
-    };
-    let s = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
-    s.set_reuse_address(true)?;
-    if l.addr.is_ipv6() {
-        s.set_only_v6(l.ipv6only)?;
-    }
-    s.bind(&l.addr.into())
+    bound_socket(l, false).map(drop)
 }
 
 /// One socket per listen group for each of `workers` workers: result[worker][group].
