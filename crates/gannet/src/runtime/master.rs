@@ -10,6 +10,7 @@ use super::listener;
 use super::worker::{self, Command};
 use crate::config::Config;
 use std::net::TcpListener;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 use tokio::signal::unix::{signal, SignalKind};
@@ -70,6 +71,18 @@ fn daemonize() -> Result<(), String> {
         0 => {
             // SAFETY: setsid has no memory-safety preconditions.
             unsafe { libc::setsid() };
+            // Let go of the terminal or pipes the starter gave us, as nginx does: whoever
+            // started gannet must not wait on a daemon's stdout.
+            let null = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/null")
+                .map_err(|e| format!("open /dev/null: {e}"))?;
+            for fd in 0..=2 {
+                // SAFETY: both fds are open (`null` lives until the end of this block) and
+                // dup2 only replaces the descriptor table entry `fd`.
+                unsafe { libc::dup2(null.as_raw_fd(), fd) };
+            }
             Ok(())
         }
         _ => std::process::exit(0),

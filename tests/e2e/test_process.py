@@ -1,0 +1,77 @@
+"""Process-level behaviour: `daemon on`, and running out of file descriptors (EMFILE)
+without failing the connections already open."""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+from conftest import gannet_bin, wait_port
+
+
+def wait_for(predicate, deadline: float = 10.0, what: str = "condition"):
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_daemon_on_detaches_and_serves(gannet):
+    text, port = gannet.render(main="daemon on;")
+    gannet.write_files({"a.txt": "daemon"})
+    conf = gannet.tmp / "daemon.conf"
+    conf.write_text(text)
+    # The foreground process returns at once; the daemon lives on.
+    done = subprocess.run([str(gannet_bin()), "-c", str(conf)], capture_output=True, timeout=10)
+    assert done.returncode == 0, done.stderr
+    pid_file = gannet.tmp / "gannet.pid"
+    pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), what="pid file"))
+    try:
+        wait_port(port)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"GET /a.txt HTTP/1.0\r\n\r\n")
+            out = b""
+            while chunk := s.recv(4096):
+                out += chunk
+        assert out.startswith(b"HTTP/1.1 200 OK") and out.endswith(b"daemon")
+        # A daemon is not the child of the process that started it.
+        assert os.getsid(pid) == pid
+    finally:
+        os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: not pid_file.exists(), what="pid file removal after SIGTERM")
+
+
+def test_out_of_descriptors_keeps_serving(gannet):
+    # A descriptor limit of 64 leaves room for about 50 client connections.
+    srv = gannet.start(main="worker_rlimit_nofile 64;", files={"a.txt": "x"}, http="keepalive_timeout 30s;")
+    # Served once first, so the file is in the worker's cache and needs no descriptor.
+    assert srv.get("/a.txt")[0] == 200
+    held = []
+    try:
+        for _ in range(80):
+            held.append(socket.create_connection(("127.0.0.1", srv.port), timeout=5))
+        # The first connections were accepted and work, even while the server is out of
+        # descriptors for the later ones.
+        for s in held[:20]:
+            s.sendall(b"GET /a.txt HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(4096).startswith(b"HTTP/1.1 200 OK")
+        wait_for(lambda: "accept() failed" in srv.error_log(), what="the EMFILE log line")
+        assert srv.error_log().count("accept() failed") == 1, "EMFILE must be logged once"
+    finally:
+        for s in held:
+            s.close()
+    # With the descriptors back, new connections are served again.
+    status, _, body = wait_for(lambda: _try_get(srv), what="service after EMFILE")
+    assert (status, body) == (200, b"x")
+    assert srv.proc.poll() is None
+
+
+def _try_get(srv):
+    try:
+        return srv.get("/a.txt")
+    except OSError:
+        return None
