@@ -144,6 +144,7 @@ impl Conn {
             max_head: n * size,
             max_headers: 100,
         };
+        let mut fresh = c.info.requests == 0;
         let header_timeout = core.client_header_timeout();
         let (keepalive, _) = core.keepalive_timeout();
         loop {
@@ -177,6 +178,17 @@ impl Conn {
             }
             if c.flush().await.is_err() {
                 return End::Close;
+            }
+            if fresh {
+                // A new connection usually has its request waiting already: read it now
+                // rather than wait for the event loop to report what is there.
+                fresh = false;
+                match c.read_now() {
+                    Ok(0) => return End::Close,
+                    Ok(_) => continue,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => return End::Close,
+                }
             }
             let idle = c.buf.is_empty();
             if idle {
@@ -233,6 +245,15 @@ impl Drop for Deadline<'_> {
 }
 
 impl Conn {
+    /// One `recv` straight on the socket, whatever tokio last heard about it.
+    fn read_now(&mut self) -> std::io::Result<usize> {
+        self.buf.reserve(1024);
+        let n = socket2::SockRef::from(&self.stream).recv(self.buf.spare_capacity_mut())?;
+        // SAFETY: recv() initialised the first `n` bytes of the spare capacity it was given.
+        unsafe { self.buf.set_len(self.buf.len() + n) };
+        Ok(n)
+    }
+
     /// Read what the socket has into the buffer. A short read means the socket is drained,
     /// and tokio is told so (by answering WouldBlock from inside `try_io`, which clears the
     /// readiness unless a new event came in meanwhile). Without that, every request would
