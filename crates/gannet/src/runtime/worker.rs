@@ -29,8 +29,8 @@ pub enum Command {
 /// Connection serial numbers are process-wide, as nginx's are.
 static CONN_SEQ: AtomicU64 = AtomicU64::new(1);
 
-/// Parked connections per tick that make the worker return freed memory to the system.
-const TRIM_AFTER_PARKED: usize = 256;
+/// The least time between two hand-backs of freed memory to the system.
+const TRIM_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A log file, its pending lines and when they were last written.
 type LogBuffer = (Arc<LogFile>, Vec<u8>, Instant);
@@ -49,6 +49,8 @@ pub struct Worker {
     /// Where idle keep-alive connections wait without a task (`None` if the worker's
     /// epoll set could not be made: connections then simply stay in their tasks).
     pub parking: Option<ParkingLot>,
+    parked_since_trim: Cell<usize>,
+    last_trim: Cell<Instant>,
     emfile_logged: Cell<bool>,
 }
 
@@ -69,11 +71,15 @@ impl Worker {
             for _ in 0..lot.expire(now, all) {
                 self.connection_closed();
             }
-            // Many connections just left their tasks: hand the freed memory back to the
-            // system, or the allocator keeps the peak of a connection burst for good.
-            if lot.take_parked_count() >= TRIM_AFTER_PARKED {
+            // Connections left their tasks: hand the freed memory back to the system (at
+            // most once a second), or the allocator keeps the peak of a burst for good.
+            let parked = self.parked_since_trim.get() + lot.take_parked_count();
+            self.parked_since_trim.set(parked);
+            if parked > 0 && now.duration_since(self.last_trim.get()) >= TRIM_INTERVAL {
                 // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
                 unsafe { libc::malloc_trim(0) };
+                self.last_trim.set(now);
+                self.parked_since_trim.set(0);
             }
         }
     }
@@ -135,6 +141,8 @@ pub fn run(config: Arc<Config>, sockets: Vec<StdListener>, mut cmd: watch::Recei
             timers: ReadTimers::default(),
             conn_closed: Notify::new(),
             emfile_logged: Cell::new(false),
+            parked_since_trim: Cell::new(0),
+            last_trim: Cell::new(Instant::now()),
             parking: ParkingLot::new()
                 .map_err(|e| {
                     crate::errlog::warn(format_args!("idle connections will not be parked: {e}"))
