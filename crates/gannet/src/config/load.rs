@@ -21,11 +21,27 @@ const NOT_YET: &[(&str, &str)] = &[
     ("upstream", "proxying is not supported yet"),
     ("if", "\"if\" is not supported yet"),
     ("map", "\"map\" is not supported yet"),
+    ("set", "\"set\" is not supported yet"),
     ("geo", "\"geo\" is not supported yet"),
     ("split_clients", "\"split_clients\" is not supported yet"),
     ("limit_except", "\"limit_except\" is not supported yet"),
     ("stream", "the stream module is not supported"),
     ("mail", "the mail module is not supported"),
+];
+
+/// Directive families of nginx modules gannet has not built yet (by name prefix).
+const NOT_YET_FAMILIES: &[(&str, &str)] = &[
+    ("proxy_", "proxying is not supported yet"),
+    ("fastcgi_", "FastCGI is not supported yet"),
+    ("uwsgi_", "uwsgi is not supported yet"),
+    ("scgi_", "SCGI is not supported yet"),
+    ("ssl_", "TLS is not supported yet"),
+    ("http2", "HTTP/2 is not supported yet"),
+    ("limit_req", "limit_req is not supported yet"),
+    ("limit_conn", "limit_conn is not supported yet"),
+    ("auth_basic", "auth_basic is not supported yet"),
+    ("brotli", "compression is not supported yet"),
+    ("zstd", "compression is not supported yet"),
 ];
 
 const STRUCTURE: &[Spec] = &[
@@ -125,11 +141,11 @@ fn main_directive(
         cfg.main.set(d, prefix, false)?;
         return Ok(());
     }
-    other_directive(cfg, d, ctx)
+    other_directive(cfg, d)
 }
 
 /// Ignored, not-yet-supported, misplaced or unknown: a notice or a clear error.
-fn other_directive(cfg: &mut Config, d: &Directive, ctx: Ctx) -> Result<(), ConfError> {
+fn other_directive(cfg: &mut Config, d: &Directive) -> Result<(), ConfError> {
     if let Some(why) = ignored::lookup(&d.name) {
         cfg.notices.push(format!(
             "{}: \"{}\" has no effect in gannet: {why}",
@@ -146,7 +162,12 @@ fn other_directive(cfg: &mut Config, d: &Directive, ctx: Ctx) -> Result<(), Conf
     {
         return Err(d.error(format!("\"{}\" directive is not allowed here", d.name)));
     }
-    let _ = ctx;
+    if let Some((_, why)) = NOT_YET_FAMILIES
+        .iter()
+        .find(|(prefix, _)| d.name.starts_with(prefix))
+    {
+        return Err(d.error(format!("\"{}\": {why}", d.name)));
+    }
     Err(d.error(format!("unknown directive \"{}\"", d.name)))
 }
 
@@ -169,7 +190,7 @@ fn level_directive(
         }
         return cfg.main.set(d, &lctx.prefix, true).map(|_| ());
     }
-    other_directive(cfg, d, ctx)
+    other_directive(cfg, d)
 }
 
 fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), ConfError> {
