@@ -1,0 +1,22 @@
+"""`gannet -t` names what it cannot do yet, with file:line, instead of a bare "unknown"."""
+
+import pytest
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("location /api/ { proxy_pass http://127.0.0.1:9000; }", '"proxy_pass": proxying is not supported yet'),
+        ("location ~ \\.php$ { fastcgi_pass unix:/run/php/php-fpm.sock; }", '"fastcgi_pass": FastCGI is not supported yet'),
+        ("ssl_certificate /etc/ssl/cert.pem;", '"ssl_certificate": TLS is not supported yet'),
+        ("set $x 1;", '"set": "set" is not supported yet'),
+        ("if ($host = a) { return 404; }", '"if": "if" is not supported yet'),
+        ("frobnicate on;", 'unknown directive "frobnicate"'),
+    ],
+)
+def test_unsupported_directive_is_named_with_its_line(gannet, line, message):
+    r = gannet.check(server=line)
+    assert r.returncode != 0
+    conf_lines = (gannet.tmp / "check.conf").read_text().splitlines()
+    lineno = next(i for i, text in enumerate(conf_lines, 1) if line.split()[0] in text and "listen" not in text)
+    assert f"check.conf:{lineno}: {message}" in r.stderr, r.stderr
