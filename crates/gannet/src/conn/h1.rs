@@ -144,7 +144,9 @@ impl Conn {
             max_head: n * size,
             max_headers: 100,
         };
-        let mut fresh = c.info.requests == 0;
+        // A new connection, or one just taken back from parking, usually has its request
+        // waiting already.
+        let mut fresh = true;
         let header_timeout = core.client_header_timeout();
         let (keepalive, _) = core.keepalive_timeout();
         loop {
@@ -180,8 +182,7 @@ impl Conn {
                 return End::Close;
             }
             if fresh {
-                // A new connection usually has its request waiting already: read it now
-                // rather than wait for the event loop to report what is there.
+                // Read it now rather than wait for the event loop to report what is there.
                 fresh = false;
                 match c.read_now() {
                     Ok(0) => return End::Close,
