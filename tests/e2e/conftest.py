@@ -44,6 +44,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until(fn, deadline: float = 5.0, every: float = 0.02):
+    """Poll `fn` until it returns something truthy or the deadline passes; return its last value."""
+    end = time.monotonic() + deadline
+    while True:
+        v = fn()
+        if v or time.monotonic() > end:
+            return v
+        time.sleep(every)
+
+
 def wait_port(port: int, proc: subprocess.Popen | None = None, deadline: float = 10.0) -> None:
     """Poll until something accepts on the port (or the process died)."""
     end = time.monotonic() + deadline

@@ -10,12 +10,11 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import Gannet, free_port, gannet_bin, wait_port
+from conftest import Gannet, free_port, gannet_bin, wait_port, wait_until
 
 GOOD = "events {}\nhttp {\n    server {\n        listen 127.0.0.1:{port};\n        root {root};\n%s    }\n}\n"
 
@@ -34,16 +33,6 @@ def check(gannet, conf: str, **kw) -> subprocess.CompletedProcess:
 
 def run(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(gannet_bin()), *args], capture_output=True, text=True, timeout=30, **kw)
-
-
-def wait_until(fn, deadline: float = 5.0, every: float = 0.02):
-    """Poll `fn` until it returns something truthy or the deadline passes; return its last value."""
-    end = time.monotonic() + deadline
-    while True:
-        v = fn()
-        if v or time.monotonic() > end:
-            return v
-        time.sleep(every)
 
 
 def exits(proc: subprocess.Popen, deadline: float = 5.0) -> int | None:

@@ -5,19 +5,14 @@ import os
 import signal
 import socket
 import subprocess
-import time
 
-from conftest import gannet_bin, wait_port
+from conftest import gannet_bin, wait_port, wait_until
 
 
 def wait_for(predicate, deadline: float = 10.0, what: str = "condition"):
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    value = wait_until(predicate, deadline)
+    assert value, f"timed out waiting for {what}"
+    return value
 
 
 def test_daemon_on_detaches_and_serves(gannet):

@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+from conftest import wait_until
+
 DIGITS = "0123456789abcdefghij"  # 20 bytes, so every byte's offset is visible
 
 
@@ -63,16 +65,6 @@ def multipart_parts(body: bytes, content_type: str) -> list[tuple[str, bytes]]:
 
 def autoindex_hrefs(body: bytes) -> list[str]:
     return re.findall(r'<a href="([^"]+)">', body.decode())
-
-
-def poll(fn, deadline: float = 5.0, every: float = 0.05):
-    """Call `fn` until it returns something truthy or the deadline passes; return the last value."""
-    end = time.monotonic() + deadline
-    while True:
-        v = fn()
-        if v or time.monotonic() > end:
-            return v
-        time.sleep(every)
 
 
 @pytest.fixture
@@ -348,5 +340,5 @@ def test_changed_file_is_served_new(srv):
     assert srv.get("/v.txt")[2] == b"version-1"  # now cached
     (srv.root / "v.txt").write_text("version-two")
     started = time.monotonic()
-    assert poll(lambda: srv.get("/v.txt")[2] == b"version-two", deadline=3.0)
+    assert wait_until(lambda: srv.get("/v.txt")[2] == b"version-two", deadline=3.0)
     assert time.monotonic() - started < 2.5
