@@ -70,3 +70,14 @@ def _try_get(srv):
         return srv.get("/a.txt")
     except OSError:
         return None
+
+
+def test_listen_deferred_serves(gannet):
+    port = gannet.render()[1]
+    srv = gannet.start(
+        conf=gannet.render(port=port)[0].replace(f"listen 127.0.0.1:{port};", f"listen 127.0.0.1:{port} deferred;"),
+        files={"a.txt": "deferred"},
+        port=port,
+    )
+    assert "deferred" in srv.conf_path.read_text()
+    assert srv.get("/a.txt")[::2] == (200, b"deferred")

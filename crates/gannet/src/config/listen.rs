@@ -12,6 +12,9 @@ pub struct Listen {
     /// Kept for nginx compatibility: gannet always uses SO_REUSEPORT, one socket per worker.
     pub reuseport: bool,
     pub ipv6only: bool,
+    /// `deferred`: TCP_DEFER_ACCEPT, the kernel hands over a connection only once its
+    /// first data has arrived.
+    pub deferred: bool,
 }
 
 impl Listen {
@@ -33,6 +36,7 @@ impl Listen {
             backlog: 511,
             reuseport: false,
             ipv6only: true,
+            deferred: false,
         }
     }
 
@@ -59,9 +63,9 @@ impl Listen {
                 }
                 ("ipv6only", Some("on")) => l.ipv6only = true,
                 ("ipv6only", Some("off")) => l.ipv6only = false,
+                ("deferred", None) => l.deferred = true,
                 // Accepted for compatibility; gannet's behaviour does not depend on them.
-                ("deferred", None)
-                | ("bind", None)
+                ("bind", None)
                 | ("fastopen", Some(_))
                 | ("so_keepalive", Some(_))
                 | ("rcvbuf", Some(_))

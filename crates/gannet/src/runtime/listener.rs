@@ -7,6 +7,7 @@ use crate::config::listen::Listen;
 use socket2::{Domain, Protocol, Socket, Type};
 use std::io;
 use std::net::TcpListener;
+use std::os::fd::AsRawFd;
 
 /// A TCP socket for `l`'s address family, with SO_REUSEADDR (and the `ipv6only` choice),
 /// bound to it; with `reuseport`, SO_REUSEPORT too.
@@ -29,6 +30,23 @@ fn bound_socket(l: &Listen, reuseport: bool) -> io::Result<Socket> {
 pub fn bind(l: &Listen) -> io::Result<TcpListener> {
     let s = bound_socket(l, true)?;
     s.set_nonblocking(true)?;
+    if l.deferred {
+        let secs: libc::c_int = 1;
+        // SAFETY: the fd is the open socket owned by `s`; the option value is a c_int that
+        // lives across the call, and its size is passed with it.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_DEFER_ACCEPT,
+                (&secs as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
     s.listen(l.backlog)?;
     Ok(s.into())
 }
