@@ -118,6 +118,9 @@ class C10k(Scenario):
             "rss_per_conn_b": (after.rss_kib - before.rss_kib) * 1024 / added if added else None,
             "fresh_ok": 1 if fresh_ok else 0,
         })
-        # Idle connections the server refused or dropped are failed responses too.
-        rec["failures"] = (rec["failures"] or 0) + (ready.get("failed") or 0) + (0 if fresh_ok else 1)
+        # Idle connections the server refused or dropped are failed responses too, and so are
+        # the active requests that never got an answer within wrk's time bound (a server out
+        # of connections leaves wrk waiting instead of erroring).
+        unanswered = max(0, p["requests"] - (result.requests or 0))
+        rec["failures"] = (rec["failures"] or 0) + (ready.get("failed") or 0) + (0 if fresh_ok else 1) + unanswered
         return rec
