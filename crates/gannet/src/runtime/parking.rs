@@ -34,7 +34,7 @@ pub struct ParkingLot {
     epoll: AsyncFd<OwnedFd>,
     slots: RefCell<Vec<Option<Parked>>>,
     free: RefCell<Vec<usize>>,
-    /// Connections parked since the last `take_parked_count`.
+    /// Connections parked since the last `trimmed`.
     parked: Cell<usize>,
 }
 
@@ -92,9 +92,14 @@ impl ParkingLot {
         Ok(())
     }
 
-    /// How many connections parked since the last call.
-    pub fn take_parked_count(&self) -> usize {
-        self.parked.replace(0)
+    /// How many connections parked since the worker last returned memory to the system.
+    pub fn parked_since_trim(&self) -> usize {
+        self.parked.get()
+    }
+
+    /// The worker returned freed memory to the system.
+    pub fn trimmed(&self) {
+        self.parked.set(0);
     }
 
     fn take(&self, key: usize) -> Option<Parked> {

@@ -49,7 +49,6 @@ pub struct Worker {
     /// Where idle keep-alive connections wait without a task (`None` if the worker's
     /// epoll set could not be made: connections then simply stay in their tasks).
     pub parking: Option<ParkingLot>,
-    parked_since_trim: Cell<usize>,
     last_trim: Cell<Instant>,
     emfile_logged: Cell<bool>,
 }
@@ -73,13 +72,13 @@ impl Worker {
             }
             // Connections left their tasks: hand the freed memory back to the system (at
             // most once a second), or the allocator keeps the peak of a burst for good.
-            let parked = self.parked_since_trim.get() + lot.take_parked_count();
-            self.parked_since_trim.set(parked);
-            if parked > 0 && now.duration_since(self.last_trim.get()) >= TRIM_INTERVAL {
+            if lot.parked_since_trim() > 0
+                && now.duration_since(self.last_trim.get()) >= TRIM_INTERVAL
+            {
                 // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
                 unsafe { libc::malloc_trim(0) };
                 self.last_trim.set(now);
-                self.parked_since_trim.set(0);
+                lot.trimmed();
             }
         }
     }
@@ -141,7 +140,6 @@ pub fn run(config: Arc<Config>, sockets: Vec<StdListener>, mut cmd: watch::Recei
             timers: ReadTimers::default(),
             conn_closed: Notify::new(),
             emfile_logged: Cell::new(false),
-            parked_since_trim: Cell::new(0),
             last_trim: Cell::new(Instant::now()),
             parking: ParkingLot::new()
                 .map_err(|e| {
