@@ -1,0 +1,343 @@
+//! FastCGI 1.0 records (the responder role), no I/O: encoders for what a web server sends
+//! (BEGIN_REQUEST, PARAMS, STDIN, ABORT_REQUEST) and an incremental decoder for what the
+//! application answers (STDOUT, STDERR, END_REQUEST), plus the CGI response head that
+//! STDOUT starts with (RFC 3875 section 6: `Status:`, `Location:`, other header fields).
+//!
+//! One request per connection at a time (request id 1): multiplexing is optional in the
+//! spec, PHP-FPM does not do it, and nginx never asks for it.
+
+use bytes::{Buf, Bytes, BytesMut};
+
+pub const VERSION: u8 = 1;
+pub const BEGIN_REQUEST: u8 = 1;
+pub const ABORT_REQUEST: u8 = 2;
+pub const END_REQUEST: u8 = 3;
+pub const PARAMS: u8 = 4;
+pub const STDIN: u8 = 5;
+pub const STDOUT: u8 = 6;
+pub const STDERR: u8 = 7;
+pub const UNKNOWN_TYPE: u8 = 11;
+
+const RESPONDER: u16 = 1;
+const FLAG_KEEP_CONN: u8 = 1;
+/// The request id gannet uses on every connection (one request at a time).
+pub const REQUEST_ID: u16 = 1;
+/// The most content one record carries.
+pub const MAX_CONTENT: usize = 65535;
+const HEADER_LEN: usize = 8;
+
+fn header(out: &mut Vec<u8>, kind: u8, len: usize) {
+    debug_assert!(len <= MAX_CONTENT);
+    // Pad content to a multiple of 8, as the spec recommends and nginx does.
+    let pad = (8 - len % 8) % 8;
+    out.extend_from_slice(&[
+        VERSION,
+        kind,
+        (REQUEST_ID >> 8) as u8,
+        REQUEST_ID as u8,
+        (len >> 8) as u8,
+        len as u8,
+        pad as u8,
+        0,
+    ]);
+}
+
+fn padding(out: &mut Vec<u8>, len: usize) {
+    let pad = (8 - len % 8) % 8;
+    out.extend_from_slice(&[0u8; 8][..pad]);
+}
+
+/// BEGIN_REQUEST for the responder role; `keep_conn` asks the application not to close
+/// the connection after the request (`fastcgi_keep_conn on`).
+pub fn begin_request(out: &mut Vec<u8>, keep_conn: bool) {
+    header(out, BEGIN_REQUEST, 8);
+    let flags = if keep_conn { FLAG_KEEP_CONN } else { 0 };
+    out.extend_from_slice(&[
+        (RESPONDER >> 8) as u8,
+        RESPONDER as u8,
+        flags,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ]);
+}
+
+/// ABORT_REQUEST: the client went away.
+pub fn abort_request(out: &mut Vec<u8>) {
+    header(out, ABORT_REQUEST, 0);
+}
+
+fn put_len(out: &mut Vec<u8>, n: usize) {
+    if n < 128 {
+        out.push(n as u8);
+    } else {
+        out.extend_from_slice(&((n as u32) | 0x8000_0000).to_be_bytes());
+    }
+}
+
+/// The name-value pairs of the PARAMS stream, encoded; [`params`] cuts them into records.
+#[derive(Default, Debug, Clone)]
+pub struct Params {
+    buf: Vec<u8>,
+}
+
+/// Why a parameter could not be encoded.
+#[derive(Debug, PartialEq, Eq)]
+pub struct TooLong;
+
+impl Params {
+    pub fn new() -> Params {
+        Params::default()
+    }
+
+    /// Add one pair. Names and values are limited to 2^31-1 bytes by the format.
+    pub fn push(&mut self, name: &[u8], value: &[u8]) -> Result<(), TooLong> {
+        if name.len() > i32::MAX as usize || value.len() > i32::MAX as usize {
+            return Err(TooLong);
+        }
+        put_len(&mut self.buf, name.len());
+        put_len(&mut self.buf, value.len());
+        self.buf.extend_from_slice(name);
+        self.buf.extend_from_slice(value);
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+}
+
+/// The PARAMS stream: the pairs in as many records as they need, then the empty record
+/// that ends the stream.
+pub fn params(out: &mut Vec<u8>, p: &Params) {
+    stream(out, PARAMS, &p.buf);
+    header(out, PARAMS, 0);
+}
+
+/// Request body bytes as STDIN records (without the end-of-stream record).
+pub fn stdin(out: &mut Vec<u8>, data: &[u8]) {
+    stream(out, STDIN, data);
+}
+
+/// The empty STDIN record: the request body is complete.
+pub fn stdin_end(out: &mut Vec<u8>) {
+    header(out, STDIN, 0);
+}
+
+fn stream(out: &mut Vec<u8>, kind: u8, data: &[u8]) {
+    for chunk in data.chunks(MAX_CONTENT) {
+        header(out, kind, chunk.len());
+        out.extend_from_slice(chunk);
+        padding(out, chunk.len());
+    }
+}
+
+/// A record from the application.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Record {
+    Stdout(Bytes),
+    Stderr(Bytes),
+    /// The request is over: the application's exit status and the protocol status
+    /// (0 request complete, 1 cannot multiplex, 2 overloaded, 3 unknown role).
+    End {
+        app_status: u32,
+        protocol_status: u8,
+    },
+}
+
+/// What is wrong with what the application sent.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub enum DecodeError {
+    /// Not FastCGI version 1: usually not a FastCGI server at all.
+    Version(u8),
+    /// A record for another request id.
+    RequestId(u16),
+    /// A record type an application does not send to a web server.
+    Type(u8),
+    /// END_REQUEST shorter than its 8 bytes.
+    ShortEnd,
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodeError::Version(v) => {
+                write!(f, "upstream sent unsupported FastCGI protocol version: {v}")
+            }
+            DecodeError::RequestId(id) => {
+                write!(f, "upstream sent unexpected FastCGI request id {id}")
+            }
+            DecodeError::Type(t) => write!(f, "upstream sent invalid FastCGI record type: {t}"),
+            DecodeError::ShortEnd => {
+                f.write_str("upstream sent too short FastCGI END_REQUEST record")
+            }
+        }
+    }
+}
+
+/// Take the next whole record off `buf`; `Ok(None)` means more bytes are needed. Records
+/// the web server may ignore (an empty STDOUT, GET_VALUES_RESULT...) are skipped.
+pub fn decode(buf: &mut BytesMut) -> Result<Option<Record>, DecodeError> {
+    loop {
+        if buf.len() < HEADER_LEN {
+            return Ok(None);
+        }
+        let h = &buf[..HEADER_LEN];
+        if h[0] != VERSION {
+            return Err(DecodeError::Version(h[0]));
+        }
+        let kind = h[1];
+        let id = u16::from_be_bytes([h[2], h[3]]);
+        let len = usize::from(u16::from_be_bytes([h[4], h[5]]));
+        let pad = usize::from(h[6]);
+        if buf.len() < HEADER_LEN + len + pad {
+            buf.reserve(HEADER_LEN + len + pad - buf.len());
+            return Ok(None);
+        }
+        // Management records (request id 0) carry no request's data.
+        if id == 0 {
+            buf.advance(HEADER_LEN + len + pad);
+            continue;
+        }
+        if id != REQUEST_ID {
+            return Err(DecodeError::RequestId(id));
+        }
+        buf.advance(HEADER_LEN);
+        let content = buf.split_to(len).freeze();
+        buf.advance(pad);
+        return Ok(Some(match kind {
+            STDOUT if content.is_empty() => continue,
+            STDOUT => Record::Stdout(content),
+            STDERR if content.is_empty() => continue,
+            STDERR => Record::Stderr(content),
+            END_REQUEST => {
+                if content.len() < 8 {
+                    return Err(DecodeError::ShortEnd);
+                }
+                Record::End {
+                    app_status: u32::from_be_bytes([
+                        content[0], content[1], content[2], content[3],
+                    ]),
+                    protocol_status: content[4],
+                }
+            }
+            other => return Err(DecodeError::Type(other)),
+        }));
+    }
+}
+
+/// The CGI response head at the start of STDOUT.
+#[derive(Debug, PartialEq, Eq, Default)]
+pub struct CgiHead {
+    /// From `Status: 404 Not Found` (the code only).
+    pub status: Option<u16>,
+    /// The header fields in order, `Status` excluded, names as sent.
+    pub headers: Vec<(String, String)>,
+}
+
+impl CgiHead {
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Why the head could not be parsed.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub enum HeadError {
+    /// A header line that is not `name: value`.
+    Invalid,
+    /// `Status:` without a three-digit code.
+    BadStatus,
+    /// More than the head size limit without the empty line.
+    TooBig,
+}
+
+impl std::fmt::Display for HeadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HeadError::Invalid => "upstream sent invalid header",
+            HeadError::BadStatus => "upstream sent invalid status",
+            HeadError::TooBig => "upstream sent too big header",
+        })
+    }
+}
+
+/// Parse the head off the front of `buf` (accumulated STDOUT). `Ok(None)`: the empty line
+/// has not arrived yet. On success the head is removed and `buf` starts with the body.
+/// Lines may end in CRLF or a bare LF (PHP sends CRLF; CGI scripts often send LF).
+pub fn parse_head(buf: &mut BytesMut, max: usize) -> Result<Option<CgiHead>, HeadError> {
+    let mut head = CgiHead::default();
+    let mut pos = 0;
+    loop {
+        let Some(nl) = memchr::memchr(b'\n', &buf[pos..]) else {
+            return if buf.len() > max {
+                Err(HeadError::TooBig)
+            } else {
+                Ok(None)
+            };
+        };
+        let end = pos + nl;
+        if end > max {
+            return Err(HeadError::TooBig);
+        }
+        let line = &buf[pos..end];
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        pos = end + 1;
+        if line.is_empty() {
+            break;
+        }
+        let colon = memchr::memchr(b':', line).ok_or(HeadError::Invalid)?;
+        let name = &line[..colon];
+        if name.is_empty() || !name.iter().all(|&c| is_token(c)) {
+            return Err(HeadError::Invalid);
+        }
+        let value = trim(&line[colon + 1..]);
+        let name = String::from_utf8_lossy(name).into_owned();
+        let value = String::from_utf8_lossy(value).into_owned();
+        if name.eq_ignore_ascii_case("status") {
+            let code = value.get(..3).and_then(|c| c.parse::<u16>().ok());
+            match code {
+                Some(c)
+                    if (100..1000).contains(&c)
+                        && value.as_bytes().get(3).is_none_or(|&b| b == b' ') =>
+                {
+                    head.status = Some(c)
+                }
+                _ => return Err(HeadError::BadStatus),
+            }
+        } else {
+            head.headers.push((name, value));
+        }
+    }
+    buf.advance(pos);
+    Ok(Some(head))
+}
+
+fn trim(v: &[u8]) -> &[u8] {
+    let start = v
+        .iter()
+        .position(|&c| c != b' ' && c != b'\t')
+        .unwrap_or(v.len());
+    let end = v
+        .iter()
+        .rposition(|&c| c != b' ' && c != b'\t')
+        .map_or(start, |e| e + 1);
+    &v[start..end]
+}
+
+fn is_token(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c)
+}
+
+#[cfg(test)]
+#[path = "fastcgi_tests.rs"]
+mod tests;
