@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 step() { printf '\n==> %s\n' "$*"; }
 
 step "system packages"
-pkgs=(curl nginx lighttpd wrk nghttp2-client apache2-utils httperf siege)
+pkgs=(curl nginx lighttpd wrk nghttp2-client apache2-utils httperf siege php-fpm)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

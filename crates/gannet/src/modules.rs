@@ -8,6 +8,7 @@ pub mod access_log;
 pub mod autoindex;
 pub mod core;
 pub mod error_page;
+pub mod fastcgi;
 pub mod file_cache;
 pub mod headers;
 pub mod index;
@@ -78,6 +79,10 @@ pub const MODULES: &[Module] = &[
         directives: access_log::DIRECTIVES,
         set: access_log::set,
     },
+    Module {
+        directives: fastcgi::DIRECTIVES,
+        set: fastcgi::set,
+    },
 ];
 
 /// Find the spec and setter for an http/server/location directive.
@@ -129,6 +134,7 @@ pub struct LocConf {
     pub error_page: error_page::ErrorPageConf,
     pub rewrite: rewrite::RewriteConf,
     pub log: access_log::LogConf,
+    pub fastcgi: fastcgi::FastCgiConf,
 }
 
 impl LocConf {
@@ -142,6 +148,7 @@ impl LocConf {
         self.headers.merge(&parent.headers);
         self.error_page.merge(&parent.error_page);
         self.log.merge(&parent.log);
+        self.fastcgi.merge(&parent.fastcgi);
         // try_files and the rewrite statements are not inherited, as in nginx.
     }
 }

@@ -72,14 +72,17 @@ pub const IGNORED: &[(&str, &str)] = &[
     ("msie_refresh", "not needed by any current browser"),
     (
         "client_body_buffer_size",
-        "bodies are not buffered by static serving",
+        "request bodies are kept in memory (up to client_max_body_size)",
     ),
     (
         "client_body_temp_path",
-        "bodies are not buffered by static serving",
+        "request bodies are kept in memory (up to client_max_body_size)",
     ),
     ("proxy_temp_path", "proxying is not supported yet"),
-    ("fastcgi_temp_path", "FastCGI is not supported yet"),
+    (
+        "fastcgi_temp_path",
+        "FastCGI answers are buffered in memory",
+    ),
     ("uwsgi_temp_path", "uwsgi is not supported yet"),
     ("scgi_temp_path", "SCGI is not supported yet"),
     ("ssl_protocols", "TLS is not supported yet"),

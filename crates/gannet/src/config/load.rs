@@ -32,7 +32,7 @@ const NOT_YET: &[(&str, &str)] = &[
 /// Directive families of nginx modules gannet has not built yet (by name prefix).
 const NOT_YET_FAMILIES: &[(&str, &str)] = &[
     ("proxy_", "proxying is not supported yet"),
-    ("fastcgi_", "FastCGI is not supported yet"),
+    ("fastcgi_", "this FastCGI directive is not supported yet"),
     ("uwsgi_", "uwsgi is not supported yet"),
     ("scgi_", "SCGI is not supported yet"),
     ("ssl_", "TLS is not supported yet"),

@@ -1,5 +1,5 @@
-//! Request bodies. Static content does not use them, but they must still be read off the
-//! connection (up to `client_max_body_size`) so the next request on it is framed right.
+//! Request bodies: read whole (up to `client_max_body_size`) for an application, or read and
+//! dropped for static content, so the next request on the connection is framed right.
 
 use bytes::BytesMut;
 use gannet_proto::h1::chunked::{Chunk, ChunkedDecoder};
@@ -17,13 +17,15 @@ pub enum BodyError {
     Io,
 }
 
-/// Read and drop the body. `limit` 0 means no limit. Returns the body's length.
-pub async fn discard(
+/// Read the body, into `keep` if given, else dropping it. `limit` 0 means no limit.
+/// Returns the body's length.
+pub async fn read(
     stream: &mut TcpStream,
     buf: &mut BytesMut,
     kind: BodyKind,
     limit: u64,
     timeout: Duration,
+    mut keep: Option<&mut Vec<u8>>,
 ) -> Result<u64, BodyError> {
     match kind {
         BodyKind::None => Ok(0),
@@ -34,7 +36,10 @@ pub async fn discard(
             let mut left = n;
             loop {
                 let take = (buf.len() as u64).min(left) as usize;
-                let _ = buf.split_to(take);
+                let data = buf.split_to(take);
+                if let Some(k) = keep.as_deref_mut() {
+                    k.extend_from_slice(&data);
+                }
                 left -= take as u64;
                 if left == 0 {
                     return Ok(n);
@@ -51,6 +56,9 @@ pub async fn discard(
                         total += d.len() as u64;
                         if limit > 0 && total > limit {
                             return Err(BodyError::TooLarge);
+                        }
+                        if let Some(k) = keep.as_deref_mut() {
+                            k.extend_from_slice(&d);
                         }
                     }
                     Chunk::NeedMore => read_more(stream, buf, timeout).await?,

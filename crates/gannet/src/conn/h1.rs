@@ -13,7 +13,7 @@
 use super::body::{self, BodyError};
 use super::send;
 use crate::errlog::Level;
-use crate::http::handler;
+use crate::http::handler::{self, Flow, Handled};
 use crate::http::request::{ConnInfo, Request};
 use crate::http::response::{encode_head, Body, HeadCtx, Part, Response};
 use crate::http::router::select_server;
@@ -24,7 +24,7 @@ use crate::runtime::parking::{Parked, PARK_AFTER};
 use crate::runtime::read_timers::ReadTimers;
 use crate::runtime::worker::Worker;
 use bytes::BytesMut;
-use gannet_proto::h1::{parse_request, BodyKind, Limits, ParseError, RequestHead};
+use gannet_proto::h1::{parse_request, BodyKind, Limits, Method, ParseError, RequestHead};
 use gannet_proto::uri::parse_target;
 use std::io::IoSlice;
 use std::net::SocketAddr;
@@ -370,37 +370,67 @@ impl Conn {
             target.query,
             host,
         );
-        let resp = handler::handle(&mut req, &w);
-        // Read the unused body off the wire, unless the client waits for 100-continue
-        // (it will not send it) or the answer is to close anyway.
+        let mut handled = handler::handle(&mut req, &w);
         let mut keep = req.head.keep_alive;
-        let core = &req.conf.core;
+        let mut body = Vec::new();
         if req.head.body != BodyKind::None {
-            if req.head.expect_continue || resp.is_none() {
+            let wanted = matches!(handled, Handled::FastCgi);
+            // An unused body is read off the wire, unless the client waits for 100-continue
+            // (it will not send it) or the answer is to close anyway.
+            if !wanted && (req.head.expect_continue || matches!(handled, Handled::Close)) {
                 keep = false;
             } else {
+                if wanted && req.head.expect_continue {
+                    self.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+                }
                 // Answers to earlier pipelined requests must not wait for this body.
                 if self.flush().await.is_err() {
                     return false;
                 }
-                match body::discard(
+                let core = &req.conf.core;
+                match body::read(
                     &mut self.stream,
                     &mut self.buf,
                     req.head.body,
                     core.client_max_body_size(),
                     core.client_body_timeout(),
+                    wanted.then_some(&mut body),
                 )
                 .await
                 {
                     Ok(n) => req.body_length = n,
-                    Err(BodyError::TooLarge) | Err(BodyError::Malformed) | Err(BodyError::Io) => {
-                        keep = false
+                    Err(e) => {
+                        keep = false;
+                        if wanted {
+                            // The application cannot be given half a body.
+                            let status = match e {
+                                BodyError::TooLarge => 413,
+                                BodyError::Malformed => 400,
+                                BodyError::Io => return false,
+                            };
+                            handled = handler::resume(&mut req, &w, Flow::Status(status));
+                        }
                     }
                 }
             }
         }
-        let Some(resp) = resp else { return false };
-        self.respond(&req, resp, keep).await
+        loop {
+            match handled {
+                Handled::Respond(resp) => return self.respond(&req, resp, keep).await,
+                Handled::Close => return false,
+                Handled::FastCgi => {
+                    let flow = super::fastcgi::run(&req, &body).await;
+                    if matches!(flow, Flow::Redirect(_)) && !req.is_head() {
+                        // A CGI local redirect is served as a GET (RFC 3875, 6.2.2).
+                        req.method_override = Some(Method::Get);
+                    }
+                    // An error page or local redirect that reaches an application again
+                    // passes no body (it is fetched with GET).
+                    body.clear();
+                    handled = handler::resume(&mut req, &w, flow);
+                }
+            }
+        }
     }
 
     /// Write the response (head into the output buffer, body after it), then log it.
@@ -420,7 +450,7 @@ impl Conn {
         }
         let body_len = resp.body.len();
         let send_body = !req.is_head() && resp.status_has_body();
-        if !send_body && resp.status_has_body() {
+        if !send_body && resp.status_has_body() && resp.content_length.is_none() {
             resp.content_length = Some(body_len);
         }
         let head_start = self.out.len();

@@ -1,5 +1,7 @@
-//! Client connections: the HTTP/1.x connection loop and the ways a body leaves the process.
+//! Client connections: the HTTP/1.x connection loop, the ways a body leaves the process,
+//! and the FastCGI exchange a request may wait for.
 
 pub mod body;
+pub mod fastcgi;
 pub mod h1;
 pub mod send;

@@ -5,11 +5,14 @@
 //! 2. find location (again after a rewrite or internal redirect; at most 10 times)
 //! 3. rewrite (location level)
 //! 4. access (`internal`)
-//! 5. content: `try_files`, then `index`, `autoindex`, static files
+//! 5. content: `try_files`, then the location's application (`fastcgi_pass`) or else
+//!    `index`, `autoindex`, static files
 //! 6. errors: `error_page` redirect, else the built-in page
 //! 7. filters: `expires` / `add_header`, then conditional requests and ranges
 //!
 //! Each handler returns a [`Flow`], like nginx's NGX_DECLINED / NGX_OK / status codes.
+//! The phases are synchronous; an application's answer is awaited by the connection, which
+//! then hands its outcome back to [`resume`] (so error_page and local redirects apply to it).
 
 use crate::errlog::Level;
 use crate::http::conditional;
@@ -34,23 +37,40 @@ pub enum Flow {
     Redirect(String),
     /// Close the connection without answering (`return 444`).
     Close,
+    /// Pass the request to the location's FastCGI application.
+    FastCgi,
+}
+
+/// Where the phases got to.
+pub enum Handled {
+    Respond(Response),
+    /// The connection must run the FastCGI exchange, then call [`resume`] with its outcome.
+    FastCgi,
+    /// Close without an answer.
+    Close,
 }
 
 /// The most internal redirects and location searches one request may make.
 const MAX_REDIRECTS: u8 = 10;
 
-/// Run the phases; `None` means close the connection without an answer.
-pub fn handle(req: &mut Request, w: &Worker) -> Option<Response> {
+/// Run the phases.
+pub fn handle(req: &mut Request, w: &Worker) -> Handled {
     let server_stmts = req.server.conf.rewrite.stmts.clone();
-    let mut flow = match rewrite::run(&server_stmts, req) {
+    let flow = match rewrite::run(&server_stmts, req) {
         Outcome::Flow(f) => f,
         Outcome::Stay | Outcome::Research => Flow::Next,
     };
+    resume(req, w, flow)
+}
+
+/// Go on from `flow` (the start, or what an application answered) to the response.
+pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
     let mut resp = loop {
         flow = match flow {
             Flow::Next => locate_and_run(req, w),
             Flow::Done(r) => break r,
-            Flow::Close => return None,
+            Flow::Close => return Handled::Close,
+            Flow::FastCgi => return Handled::FastCgi,
             Flow::Redirect(uri) => internal_redirect(req, w, &uri),
             Flow::Status(code) => match error_page(req, code) {
                 Some(f) => f,
@@ -69,7 +89,7 @@ pub fn handle(req: &mut Request, w: &Worker) -> Option<Response> {
     if resp.status == 200 {
         conditional::filter(req, &mut resp);
     }
-    Some(resp)
+    Handled::Respond(resp)
 }
 
 /// Phases 2 to 5 for the current URI.
@@ -124,6 +144,9 @@ fn run_location(req: &mut Request, w: &Worker) -> Flow {
     match try_files::handle(req, w) {
         Flow::Next => {}
         other => return other,
+    }
+    if req.conf.fastcgi.pass.is_some() {
+        return Flow::FastCgi;
     }
     let content: [fn(&Request, &Worker) -> Flow; 3] = [
         index::handle,

@@ -7,7 +7,8 @@
 //! `$server_protocol` `$scheme` `$https` `$document_root` `$realpath_root` `$request_filename`
 //! `$request_method` `$request` `$request_length` `$request_time` `$status` `$body_bytes_sent`
 //! `$bytes_sent` `$content_type` `$content_length` `$connection` `$connection_requests` `$msec`
-//! `$time_local` `$time_iso8601` `$pid` `$nginx_version` `$gannet_version` and `$1`..`$9`.
+//! `$time_local` `$time_iso8601` `$pid` `$nginx_version` `$gannet_version` `$fastcgi_script_name`
+//! `$fastcgi_path_info` and `$1`..`$9`.
 
 use crate::http::request::Request;
 use std::fmt::Write;
@@ -53,6 +54,8 @@ pub enum Var {
     TimeIso8601,
     Pid,
     Version,
+    FastcgiScriptName,
+    FastcgiPathInfo,
     Capture(usize),
 }
 
@@ -97,6 +100,8 @@ impl Var {
             "time_iso8601" => Var::TimeIso8601,
             "pid" => Var::Pid,
             "nginx_version" | "gannet_version" => Var::Version,
+            "fastcgi_script_name" => Var::FastcgiScriptName,
+            "fastcgi_path_info" => Var::FastcgiPathInfo,
             _ => {
                 if let Some(a) = name.strip_prefix("arg_") {
                     Var::Arg(a.to_string())
@@ -391,6 +396,12 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>) {
             let _ = write!(out, "{}", std::process::id());
         }
         Var::Version => out.push_str(env!("CARGO_PKG_VERSION")),
+        Var::FastcgiScriptName => {
+            out.push_str(&crate::modules::fastcgi::script_name_and_path_info(req).0)
+        }
+        Var::FastcgiPathInfo => {
+            out.push_str(&crate::modules::fastcgi::script_name_and_path_info(req).1)
+        }
         Var::Capture(n) => {
             if let Some(Some(c)) = req.captures.get(*n) {
                 out.push_str(c)

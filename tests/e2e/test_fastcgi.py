@@ -1,0 +1,454 @@
+"""FastCGI as a PHP admin uses it: gannet in front of a real PHP-FPM (started per module on a
+temp unix socket and a TCP port), the stock `include fastcgi.conf` parameters, request bodies
+(Content-Length, chunked, 100-continue), statuses and headers set by PHP, STDERR in the error
+log, the WordPress-style `try_files ... /index.php?$args` front controller,
+`fastcgi_split_path_info`, `fastcgi_intercept_errors` with `error_page`, and every failure an
+application can cause: nothing listening (502), no answer (504), not FastCGI at all (502), an
+answer cut short (502), a local redirect (`Location: /path` without `Status`).
+
+The broken backends are small raw-socket servers in this file: they stand for applications
+that misbehave, which no real one does on demand.
+"""
+
+import hashlib
+import http.client
+import json
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, free_port, wait_until
+
+PHP_FPM = shutil.which("php-fpm8.2") or shutil.which("php-fpm")
+
+pytestmark = pytest.mark.skipif(PHP_FPM is None, reason="php-fpm is installed by scripts/test-all.sh")
+
+INFO_PHP = """<?php
+header('Content-Type: application/json');
+$keys = ['SCRIPT_FILENAME', 'SCRIPT_NAME', 'REQUEST_URI', 'DOCUMENT_URI', 'QUERY_STRING',
+         'REQUEST_METHOD', 'CONTENT_TYPE', 'CONTENT_LENGTH', 'HTTP_HOST', 'HTTP_X_CUSTOM',
+         'SERVER_PROTOCOL', 'GATEWAY_INTERFACE', 'SERVER_SOFTWARE', 'REMOTE_ADDR', 'SERVER_PORT',
+         'PATH_INFO', 'REDIRECT_STATUS', 'HTTP_COOKIE'];
+$out = [];
+foreach ($keys as $k) { $out[$k] = $_SERVER[$k] ?? null; }
+$out['GET'] = $_GET;
+echo json_encode($out);
+"""
+
+BODY_PHP = """<?php
+$b = file_get_contents('php://input');
+header('Content-Type: text/plain');
+echo strlen($b), ' ', md5($b);
+"""
+
+STATUS_PHP = """<?php
+http_response_code((int)($_GET['code'] ?? 200));
+header('X-App: yes');
+header('X-Accel-Buffering: no');
+echo "status body\\n";
+"""
+
+STDERR_PHP = """<?php
+error_log('boom from php');
+echo 'ok';
+"""
+
+BIG_PHP = """<?php
+header('Content-Type: application/octet-stream');
+echo str_repeat('0123456789abcdef', 65536 * 3);
+"""
+
+FRONT_PHP = """<?php
+echo 'front controller: ', $_SERVER['REQUEST_URI'], ' q=', $_SERVER['QUERY_STRING'];
+"""
+
+
+@pytest.fixture(scope="module")
+def fpm(tmp_path_factory):
+    """A PHP-FPM pool of its own: unix socket and TCP port, two children."""
+    tmp = tmp_path_factory.mktemp("fpm")
+    sock = tmp / "php.sock"
+    port = free_port()
+    conf = tmp / "php-fpm.conf"
+    conf.write_text(f"""
+[global]
+pid = {tmp}/php-fpm.pid
+error_log = {tmp}/php-fpm.log
+daemonize = no
+
+[unix]
+listen = {sock}
+pm = static
+pm.max_children = 2
+catch_workers_output = no
+php_admin_value[log_errors] = On
+php_admin_value[display_errors] = Off
+
+[tcp]
+listen = 127.0.0.1:{port}
+pm = static
+pm.max_children = 2
+""")
+    proc = subprocess.Popen([PHP_FPM, "-F", "-y", str(conf), "-R"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def up():
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        except OSError:
+            return False
+        return sock.exists()
+
+    if not wait_until(up, deadline=15):
+        proc.kill()
+        raise AssertionError(f"php-fpm did not start: {proc.communicate()[0].decode(errors='replace')}")
+    yield {"sock": sock, "port": port}
+    proc.send_signal(signal.SIGQUIT)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+FILES = {
+    "info.php": INFO_PHP,
+    "body.php": BODY_PHP,
+    "status.php": STATUS_PHP,
+    "stderr.php": STDERR_PHP,
+    "big.php": BIG_PHP,
+    "index.php": FRONT_PHP,
+    "static.txt": "plain file\n",
+    "404.html": "custom not found\n",
+    "sub/index.php": "<?php echo 'sub index';",
+}
+
+
+def php_server(gannet, fpm, via="unix", extra=""):
+    target = f"unix:{fpm['sock']}" if via == "unix" else f"127.0.0.1:{fpm['port']}"
+    return gannet.start(files=FILES, server=f"""
+        index index.php index.html;
+        {extra}
+        location ~ [^/]\\.php(/|$) {{
+            fastcgi_split_path_info ^(.+?\\.php)(/.*)$;
+            include {REPO}/conf/fastcgi.conf;
+            fastcgi_param PATH_INFO $fastcgi_path_info;
+            fastcgi_index index.php;
+            fastcgi_pass {target};
+        }}
+    """)
+
+
+@pytest.mark.parametrize("via", ["unix", "tcp"])
+def test_params_reach_php(gannet, fpm, via):
+    srv = php_server(gannet, fpm, via)
+    status, headers, body = srv.get("/info.php?a=1&b=two", headers={"X-Custom": "hello", "Cookie": "k=v"})
+    assert status == 200, body
+    assert headers["content-type"] == "application/json"
+    assert int(headers["content-length"]) == len(body)
+    info = json.loads(body)
+    root = gannet.tmp / "www"
+    assert info["SCRIPT_FILENAME"] == f"{root}/info.php"
+    assert info["SCRIPT_NAME"] == "/info.php"
+    assert info["REQUEST_URI"] == "/info.php?a=1&b=two"
+    assert info["QUERY_STRING"] == "a=1&b=two"
+    assert info["GET"] == {"a": "1", "b": "two"}
+    assert info["REQUEST_METHOD"] == "GET"
+    assert info["HTTP_X_CUSTOM"] == "hello"
+    assert info["HTTP_COOKIE"] == "k=v"
+    assert info["HTTP_HOST"] == f"127.0.0.1:{srv.port}"
+    assert info["GATEWAY_INTERFACE"] == "CGI/1.1"
+    assert info["SERVER_SOFTWARE"].startswith("gannet/")
+    assert info["SERVER_PROTOCOL"] == "HTTP/1.1"
+    assert info["SERVER_PORT"] == str(srv.port)
+    assert info["REMOTE_ADDR"] == "127.0.0.1"
+    assert info["REDIRECT_STATUS"] == "200"
+
+
+def test_split_path_info_and_index(gannet, fpm):
+    srv = php_server(gannet, fpm)
+    status, _, body = srv.get("/info.php/extra/path")
+    assert status == 200, body
+    info = json.loads(body)
+    assert info["SCRIPT_NAME"] == "/info.php"
+    assert info["PATH_INFO"] == "/extra/path"
+    assert info["DOCUMENT_URI"] == "/info.php/extra/path"
+    # A directory: index finds index.php, which the php location then runs.
+    status, _, body = srv.get("/sub/")
+    assert (status, body) == (200, b"sub index")
+
+
+@pytest.mark.parametrize("size", [0, 11, 200_000])
+def test_request_body_content_length(gannet, fpm, size):
+    srv = php_server(gannet, fpm)
+    data = bytes(i % 251 for i in range(size))
+    status, _, body = srv.request("POST", "/body.php", {"Content-Type": "application/octet-stream"}, data)
+    assert status == 200
+    assert body.decode() == f"{size} {hashlib.md5(data).hexdigest()}"
+
+
+def test_request_body_chunked_and_expect_continue(gannet, fpm):
+    srv = php_server(gannet, fpm)
+    data = b"x" * 5000 + b"y" * 3000
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in (data[:5000], data[5000:])) + b"0\r\n\r\n"
+    raw = srv.raw(b"POST /body.php HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n" + chunks)
+    assert raw.startswith(b"HTTP/1.1 200 ")
+    assert raw.endswith(f"8000 {hashlib.md5(data).hexdigest()}".encode())
+
+    # Expect: 100-continue: gannet says 100 before the client sends, then passes the body.
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+        s.sendall(b"POST /body.php HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+        first = s.recv(100)
+        assert first == b"HTTP/1.1 100 Continue\r\n\r\n"
+        s.sendall(b"hello")
+        s.shutdown(socket.SHUT_WR)
+        rest = b""
+        while not rest.endswith(hashlib.md5(b"hello").hexdigest().encode()):
+            got = s.recv(4096)
+            if not got:
+                break
+            rest += got
+    assert rest.startswith(b"HTTP/1.1 200 ")
+    assert rest.endswith(f"5 {hashlib.md5(b'hello').hexdigest()}".encode())
+
+
+def test_body_over_client_max_body_size(gannet, fpm):
+    srv = php_server(gannet, fpm, extra="client_max_body_size 1k;")
+    status, _, _ = srv.request("POST", "/body.php", {}, b"z" * 2000)
+    assert status == 413
+    raw = srv.raw(b"POST /body.php HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n7d0\r\n" + b"z" * 2000 + b"\r\n0\r\n\r\n")
+    assert raw.startswith(b"HTTP/1.1 413 ")
+
+
+def test_status_headers_and_hidden_headers(gannet, fpm):
+    srv = php_server(gannet, fpm)
+    status, headers, body = srv.get("/status.php?code=418")
+    assert status == 418
+    assert headers["x-app"] == "yes"
+    assert "x-accel-buffering" not in headers, "nginx hides X-Accel-* from clients"
+    assert headers["server"].startswith("gannet")
+    assert body == b"status body\n"
+    # HEAD: the same head, no body.
+    status, headers, body = srv.request("HEAD", "/status.php?code=201")
+    assert (status, body) == (201, b"")
+    # PHP sends no body and no length for HEAD; a made-up Content-Length: 0 would be wrong.
+    assert "content-length" not in headers
+
+
+def test_big_answer_and_keepalive(gannet, fpm):
+    srv = php_server(gannet, fpm)
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+    for _ in range(3):
+        c.request("GET", "/big.php")
+        r = c.getresponse()
+        data = r.read()
+        assert r.status == 200
+        assert len(data) == 16 * 65536 * 3
+        assert data[:16] == b"0123456789abcdef"
+    c.close()
+
+
+def test_stderr_goes_to_error_log(gannet, fpm):
+    srv = php_server(gannet, fpm)
+    status, _, body = srv.get("/stderr.php")
+    assert (status, body) == (200, b"ok")
+    log = wait_until(lambda: "boom from php" in srv.error_log() and srv.error_log())
+    assert log, srv.error_log()
+    line = next(l for l in log.splitlines() if "boom from php" in l)
+    assert "[error]" in line and "FastCGI sent in stderr" in line
+    assert 'upstream: "fastcgi://unix:' in line
+
+
+def test_wordpress_style_front_controller(gannet, fpm):
+    srv = gannet.start(files=FILES, server=f"""
+        index index.php;
+        location / {{ try_files $uri $uri/ /index.php?$args; }}
+        location ~ \\.php$ {{
+            include {REPO}/conf/fastcgi_params;
+            fastcgi_param SCRIPT_FILENAME $document_root$fastcgi_script_name;
+            fastcgi_pass unix:{fpm['sock']};
+        }}
+    """)
+    status, _, body = srv.get("/2024/05/hello-world/?p=3")
+    assert status == 200
+    assert body == b"front controller: /2024/05/hello-world/?p=3 q=p=3"
+    # Static files are still served directly.
+    assert srv.get("/static.txt")[2] == b"plain file\n"
+
+
+def test_intercept_errors(gannet, fpm):
+    extra = "error_page 404 /404.html; fastcgi_intercept_errors on;"
+    srv = php_server(gannet, fpm, extra=extra)
+    status, _, body = srv.get("/status.php?code=404")
+    assert (status, body) == (404, b"custom not found\n")
+    # A status without an error_page goes through as the application sent it.
+    status, _, body = srv.get("/status.php?code=409")
+    assert (status, body) == (409, b"status body\n")
+    # Without intercept_errors the application's own 404 page is kept.
+    srv2 = php_server(gannet, fpm, extra="error_page 404 /404.html;")
+    assert srv2.get("/status.php?code=404")[2] == b"status body\n"
+
+
+# --- applications that misbehave -------------------------------------------------------
+
+def record(kind: int, content: bytes, rid: int = 1) -> bytes:
+    return struct.pack(">BBHHBB", 1, kind, rid, len(content), 0, 0) + content
+
+
+def end_request() -> bytes:
+    return record(3, struct.pack(">IB3x", 0, 0))
+
+
+class Backend:
+    """A raw TCP listener that reads the request records then does `behave(conn)`."""
+
+    def __init__(self, behave):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.behave = behave
+        self.conns = []
+        threading.Thread(target=self.loop, daemon=True).start()
+
+    def loop(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
+
+    def serve(self, conn):
+        buf = b""
+        # Read up to the empty STDIN record that ends the request.
+        while b"\x01\x05\x00\x01\x00\x00\x00\x00" not in buf:
+            got = conn.recv(65536)
+            if not got:
+                return
+            buf += got
+        try:
+            self.behave(conn)
+        except OSError:
+            pass
+
+    def close(self):
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.fixture
+def backend():
+    made = []
+
+    def make(behave):
+        b = Backend(behave)
+        made.append(b)
+        return b
+
+    yield make
+    for b in made:
+        b.close()
+
+
+def pass_to(gannet, port, extra=""):
+    return gannet.start(files={"x.php": "unused"}, server=f"""
+        location ~ \\.php$ {{
+            include {REPO}/conf/fastcgi.conf;
+            fastcgi_pass 127.0.0.1:{port};
+            {extra}
+        }}
+    """)
+
+
+def test_nothing_listening_is_502(gannet):
+    port = free_port()
+    srv = pass_to(gannet, port)
+    status, _, body = srv.get("/x.php")
+    assert status == 502 and b"502 Bad Gateway" in body
+    log = wait_until(lambda: "connect() failed" in srv.error_log() and srv.error_log())
+    assert f'upstream: "fastcgi://127.0.0.1:{port}"' in log
+    # The server is fine afterwards.
+    assert srv.get("/x.php")[0] == 502
+
+
+def test_missing_unix_socket_is_502(gannet, tmp_path):
+    srv = gannet.start(files={"x.php": "unused"}, server=f"""
+        location ~ \\.php$ {{ fastcgi_pass unix:{tmp_path}/nowhere.sock; }}
+    """)
+    assert srv.get("/x.php")[0] == 502
+
+
+def test_silent_application_is_504(gannet, backend):
+    held = threading.Event()
+    b = backend(lambda conn: held.wait(30))
+    srv = pass_to(gannet, b.port, "fastcgi_read_timeout 500ms;")
+    try:
+        status, _, _ = srv.get("/x.php")
+        assert status == 504
+        assert wait_until(lambda: "upstream timed out" in srv.error_log())
+    finally:
+        held.set()
+
+
+def test_not_fastcgi_is_502(gannet, backend):
+    b = backend(lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"))
+    srv = pass_to(gannet, b.port)
+    assert srv.get("/x.php")[0] == 502
+    assert wait_until(lambda: "unsupported FastCGI protocol version" in srv.error_log())
+
+
+def test_answer_cut_short_is_502(gannet, backend):
+    def die(conn):
+        conn.sendall(record(6, b"Content-Type: text/plain\r\n\r\npartial bo"))
+        conn.shutdown(socket.SHUT_RDWR)
+
+    b = backend(die)
+    srv = pass_to(gannet, b.port)
+    assert srv.get("/x.php")[0] == 502
+    assert wait_until(lambda: "prematurely closed" in srv.error_log())
+
+
+def test_invalid_head_is_502(gannet, backend):
+    b = backend(lambda conn: conn.sendall(record(6, b"this is no header\r\n\r\n") + end_request()))
+    srv = pass_to(gannet, b.port)
+    assert srv.get("/x.php")[0] == 502
+    assert wait_until(lambda: "upstream sent invalid header" in srv.error_log())
+
+
+def test_local_redirect(gannet, backend):
+    """`Location: /path` without `Status` is a CGI local redirect: gannet serves that URI."""
+    b = backend(lambda conn: conn.sendall(record(6, b"Location: /target.txt\r\n\r\n") + end_request()))
+    srv = gannet.start(files={"x.php": "unused", "target.txt": "the target\n"}, server=f"""
+        location ~ \\.php$ {{ include {REPO}/conf/fastcgi.conf; fastcgi_pass 127.0.0.1:{b.port}; }}
+    """)
+    status, _, body = srv.get("/x.php")
+    assert (status, body) == (200, b"the target\n")
+    # A Location with a scheme is a client redirect: 302.
+    b2 = backend(lambda conn: conn.sendall(record(6, b"Location: http://example.com/\r\n\r\n") + end_request()))
+    srv2 = pass_to(gannet, b2.port)
+    status, headers, _ = srv2.get("/x.php")
+    assert status == 302 and headers["location"] == "http://example.com/"
+
+
+def test_config_errors(gannet):
+    bad = {
+        "fastcgi_pass backend_group;": "upstream groups",
+        "fastcgi_pass 127.0.0.1:9000; fastcgi_pass 127.0.0.1:9001;": "duplicate",
+        "fastcgi_param A b maybe;": 'invalid parameter "maybe"',
+        "fastcgi_split_path_info ^(.+)$;": "must have 2 captures",
+        "fastcgi_next_upstream sometimes;": "invalid value",
+        "fastcgi_cache zone;": "not supported yet",
+    }
+    for stmt, msg in bad.items():
+        r = gannet.check(server=f"location /x {{ {stmt} }}")
+        assert r.returncode != 0, stmt
+        assert msg in r.stderr, (stmt, r.stderr)
+        assert re.search(r"check\.conf:\d+", r.stderr), r.stderr
