@@ -39,6 +39,8 @@ $keys = ['SCRIPT_FILENAME', 'SCRIPT_NAME', 'REQUEST_URI', 'DOCUMENT_URI', 'QUERY
 $out = [];
 foreach ($keys as $k) { $out[$k] = $_SERVER[$k] ?? null; }
 $out['GET'] = $_GET;
+$out['POOL'] = getenv('POOL');
+$out['PID'] = getmypid();
 echo json_encode($out);
 """
 
@@ -87,6 +89,7 @@ daemonize = no
 listen = {sock}
 pm = static
 pm.max_children = 2
+env[POOL] = unix
 catch_workers_output = no
 php_admin_value[log_errors] = On
 php_admin_value[display_errors] = Off
@@ -95,6 +98,7 @@ php_admin_value[display_errors] = Off
 listen = 127.0.0.1:{port}
 pm = static
 pm.max_children = 2
+env[POOL] = tcp
 """)
     proc = subprocess.Popen([PHP_FPM, "-F", "-y", str(conf), "-R"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
@@ -327,16 +331,21 @@ class Backend:
 
     def serve(self, conn):
         buf = b""
-        # Read up to the empty STDIN record that ends the request.
-        while b"\x01\x05\x00\x01\x00\x00\x00\x00" not in buf:
-            got = conn.recv(65536)
-            if not got:
+        end = b"\x01\x05\x00\x01\x00\x00\x00\x00"
+        while True:
+            # Read up to the empty STDIN record that ends a request.
+            while end not in buf:
+                got = conn.recv(65536)
+                if not got:
+                    return
+                buf += got
+            buf = buf[buf.index(end) + len(end):]
+            try:
+                if self.behave(conn) != "again":
+                    conn.close()
+                    return
+            except OSError:
                 return
-            buf += got
-        try:
-            self.behave(conn)
-        except OSError:
-            pass
 
     def close(self):
         self.sock.close()
@@ -440,7 +449,7 @@ def test_local_redirect(gannet, backend):
 
 def test_config_errors(gannet):
     bad = {
-        "fastcgi_pass backend_group;": "upstream groups",
+        "fastcgi_pass backend_group;": "host not found in upstream \"backend_group\"",
         "fastcgi_pass 127.0.0.1:9000; fastcgi_pass 127.0.0.1:9001;": "duplicate",
         "fastcgi_param A b maybe;": 'invalid parameter "maybe"',
         "fastcgi_split_path_info ^(.+)$;": "must have 2 captures",
@@ -449,6 +458,154 @@ def test_config_errors(gannet):
     }
     for stmt, msg in bad.items():
         r = gannet.check(server=f"location /x {{ {stmt} }}")
+        assert r.returncode != 0, stmt
+        assert msg in r.stderr, (stmt, r.stderr)
+        assert re.search(r"check\.conf:\d+", r.stderr), r.stderr
+
+
+# --- upstream groups -------------------------------------------------------------------
+
+def group_server(gannet, upstream, location_extra="", files=None):
+    return gannet.start(files=files or FILES, http=upstream, server=f"""
+        location ~ \\.php$ {{
+            include {REPO}/conf/fastcgi.conf;
+            fastcgi_pass php;
+            {location_extra}
+        }}
+    """)
+
+
+def pools(srv, n, method="GET"):
+    out = []
+    for _ in range(n):
+        status, _, body = srv.request(method, "/info.php")
+        assert status == 200, body
+        out.append(json.loads(body))
+    return out
+
+
+def test_round_robin_with_weights(gannet, fpm):
+    srv = group_server(gannet, f"""upstream php {{
+        server unix:{fpm['sock']} weight=2;
+        server 127.0.0.1:{fpm['port']};
+    }}""")
+    seen = [i["POOL"] for i in pools(srv, 9)]
+    assert seen.count("unix") == 6 and seen.count("tcp") == 3, seen
+    # Smooth weighted round robin never sends three in a row to the heavier server.
+    assert "unix,unix,unix" not in ",".join(seen)
+
+
+def test_dead_server_is_skipped_and_logged(gannet, fpm):
+    dead = free_port()
+    srv = group_server(gannet, f"""upstream php {{
+        server 127.0.0.1:{dead} max_fails=1 fail_timeout=30s;
+        server unix:{fpm['sock']};
+    }}""")
+    assert {i["POOL"] for i in pools(srv, 6)} == {"unix"}
+    log = wait_until(lambda: "connect() failed" in srv.error_log() and srv.error_log())
+    assert log.count("connect() failed") == 1, "the dead server is tried once, then left alone for fail_timeout"
+    assert f'upstream: "fastcgi://127.0.0.1:{dead}"' in log
+
+
+def test_backup_only_when_primaries_are_down(gannet, fpm):
+    srv = group_server(gannet, f"""upstream php {{
+        server unix:{fpm['sock']};
+        server 127.0.0.1:{fpm['port']} backup;
+    }}""")
+    assert {i["POOL"] for i in pools(srv, 4)} == {"unix"}
+    srv2 = group_server(gannet, f"""upstream php {{
+        server unix:{fpm['sock']} down;
+        server 127.0.0.1:{fpm['port']} backup;
+    }}""")
+    assert {i["POOL"] for i in pools(srv2, 3)} == {"tcp"}
+
+
+def test_all_dead_is_502_no_live_upstreams(gannet):
+    srv = group_server(gannet, f"""upstream php {{
+        server 127.0.0.1:{free_port()};
+        server 127.0.0.1:{free_port()};
+    }}""", files={"x.php": "unused"})
+    assert srv.get("/x.php")[0] == 502
+    assert srv.get("/x.php")[0] == 502
+    assert wait_until(lambda: "no live upstreams" in srv.error_log())
+
+
+def test_post_is_not_sent_twice(gannet, fpm, backend):
+    """A request the first server received and then failed on is retried only if it is
+    idempotent: a POST might have done its work already."""
+    b = backend(lambda conn: conn.shutdown(socket.SHUT_RDWR))
+    srv = group_server(gannet, f"""upstream php {{
+        server 127.0.0.1:{b.port} max_fails=0;
+        server unix:{fpm['sock']} max_fails=0;
+    }}""")
+    results = [srv.request("POST", "/body.php", {}, b"data")[0] for _ in range(4)]
+    assert sorted(results) == [200, 200, 502, 502], results
+    # GET goes on to the next server.
+    assert all(srv.get("/body.php")[0] == 200 for _ in range(4))
+
+
+def test_keepalive_reuses_connections(gannet, backend):
+    def answer(conn):
+        conn.sendall(record(6, b"Content-Type: text/plain\r\n\r\nkept") + end_request())
+        return "again"
+
+    b = backend(answer)
+    srv = group_server(gannet, f"""upstream php {{
+        server 127.0.0.1:{b.port};
+        keepalive 4;
+    }}""", "fastcgi_keep_conn on;", files={"x.php": "unused"})
+    for _ in range(5):
+        status, _, body = srv.get("/x.php")
+        assert (status, body) == (200, b"kept")
+    assert len(b.conns) == 1, "five requests, one connection"
+    # Without fastcgi_keep_conn each request has its own connection, as in nginx.
+    srv2 = group_server(gannet, f"""upstream php {{
+        server 127.0.0.1:{b.port};
+        keepalive 4;
+    }}""", files={"x.php": "unused"})
+    for _ in range(3):
+        assert srv2.get("/x.php")[2] == b"kept"
+    assert len(b.conns) == 4
+
+
+def test_keepalive_with_php_fpm(gannet, fpm):
+    """PHP-FPM honours keep_conn: a kept connection stays with one child."""
+    srv = group_server(gannet, f"""upstream php {{
+        server unix:{fpm['sock']};
+        keepalive 2;
+    }}""", "fastcgi_keep_conn on;")
+    infos = pools(srv, 5)
+    assert len({i["PID"] for i in infos}) == 1, "one kept connection is one PHP-FPM child"
+
+
+def test_kept_connection_closed_by_the_application(gannet, backend):
+    """An application that closes a kept connection between requests: the next request
+    notices (or fails on it) and goes through on a new connection, with no error logged."""
+    def answer_then_close(conn):
+        conn.sendall(record(6, b"Content-Type: text/plain\r\n\r\nonce") + end_request())
+
+    b = backend(answer_then_close)
+    srv = group_server(gannet, f"""upstream php {{
+        server 127.0.0.1:{b.port};
+        keepalive 4;
+    }}""", "fastcgi_keep_conn on;", files={"x.php": "unused"})
+    for _ in range(4):
+        status, _, body = srv.get("/x.php")
+        assert (status, body) == (200, b"once")
+    assert len(b.conns) == 4
+    assert "[error]" not in srv.error_log()
+
+
+def test_upstream_config_errors(gannet):
+    bad = {
+        "upstream u { }": 'no servers are inside upstream "u"',
+        "upstream u { server 127.0.0.1:9000 weight=0; }": 'invalid parameter "weight=0"',
+        "upstream u { server nowhere; }": 'invalid address "nowhere"',
+        "upstream u { server 127.0.0.1:9000; least_conn; }": "not supported yet",
+        "upstream u { server 127.0.0.1:9000; } upstream u { server 127.0.0.1:9001; }": 'duplicate upstream "u"',
+    }
+    for stmt, msg in bad.items():
+        r = gannet.check(http=stmt)
         assert r.returncode != 0, stmt
         assert msg in r.stderr, (stmt, r.stderr)
         assert re.search(r"check\.conf:\d+", r.stderr), r.stderr

@@ -10,6 +10,7 @@ mod errlog;
 mod http;
 mod modules;
 mod runtime;
+mod upstream;
 
 use clap::{Arg, ArgAction, Command};
 use std::path::{Path, PathBuf};

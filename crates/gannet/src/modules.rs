@@ -28,6 +28,8 @@ use std::sync::Arc;
 pub struct LoadCtx {
     pub prefix: PathBuf,
     pub log_formats: HashMap<String, Arc<access_log::LogFormat>>,
+    /// `upstream` groups by name (all of http's, read before any server).
+    pub upstreams: HashMap<String, Arc<crate::upstream::Upstream>>,
 }
 
 type Setter = fn(&Directive, &mut LocConf, &mut LoadCtx) -> Result<(), ConfError>;

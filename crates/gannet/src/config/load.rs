@@ -13,12 +13,12 @@ use crate::modules::{self, LoadCtx, LocConf};
 use gannet_conf::registry::{self, Ctx, Spec};
 use gannet_conf::{ConfError, Directive};
 use regex::RegexBuilder;
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
 /// Block directives nginx has that gannet does not implement yet, with the reason shown.
 const NOT_YET: &[(&str, &str)] = &[
-    ("upstream", "proxying is not supported yet"),
     ("if", "\"if\" is not supported yet"),
     ("map", "\"map\" is not supported yet"),
     ("set", "\"set\" is not supported yet"),
@@ -45,6 +45,12 @@ const NOT_YET_FAMILIES: &[(&str, &str)] = &[
 ];
 
 const STRUCTURE: &[Spec] = &[
+    Spec {
+        name: "upstream",
+        ctx: Ctx::HTTP,
+        args: registry::Args::Exactly(1),
+        block: true,
+    },
     Spec {
         name: "events",
         ctx: Ctx::MAIN,
@@ -197,10 +203,23 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
     let mut lctx = LoadCtx {
         prefix: prefix.to_path_buf(),
         log_formats: modules::access_log::predefined(),
+        upstreams: HashMap::new(),
     };
     let mut conf = LocConf::default();
     let body = http.block.as_deref().unwrap_or_default();
-    for d in body.iter().filter(|d| d.name != "server") {
+    // Groups first: a location may name one defined further down, as in nginx.
+    for d in body.iter().filter(|d| d.name == "upstream") {
+        check(d, Ctx::HTTP)?;
+        let up = crate::upstream::parse(d)?;
+        if lctx.upstreams.contains_key(&up.name) {
+            return Err(d.error(format!("duplicate upstream \"{}\"", up.name)));
+        }
+        lctx.upstreams.insert(up.name.clone(), Arc::new(up));
+    }
+    for d in body
+        .iter()
+        .filter(|d| d.name != "server" && d.name != "upstream")
+    {
         level_directive(cfg, d, &mut conf, &mut lctx, Ctx::HTTP)?;
     }
     if conf.core.root.is_none() {

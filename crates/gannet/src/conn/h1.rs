@@ -419,7 +419,7 @@ impl Conn {
                 Handled::Respond(resp) => return self.respond(&req, resp, keep).await,
                 Handled::Close => return false,
                 Handled::FastCgi => {
-                    let flow = super::fastcgi::run(&req, &body).await;
+                    let flow = super::fastcgi::run(&w, &req, &body).await;
                     if matches!(flow, Flow::Redirect(_)) && !req.is_head() {
                         // A CGI local redirect is served as a GET (RFC 3875, 6.2.2).
                         req.method_override = Some(Method::Get);

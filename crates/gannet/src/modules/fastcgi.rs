@@ -15,11 +15,11 @@
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::http::request::Request;
 use crate::http::variables::Template;
+use crate::upstream::{Addr, Upstream};
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
 use gannet_proto::fastcgi::{CgiHead, Params};
 use regex::Regex;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,20 +54,11 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("fastcgi_next_upstream", Ctx::HSL, Args::AtLeast(1)),
 ];
 
-/// Where the application listens.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where the application listens: one address, or an `upstream` group.
+#[derive(Debug, Clone)]
 pub enum Backend {
-    Tcp(String),
-    Unix(PathBuf),
-}
-
-impl std::fmt::Display for Backend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Backend::Tcp(a) => write!(f, "fastcgi://{a}"),
-            Backend::Unix(p) => write!(f, "fastcgi://unix:{}", p.display()),
-        }
-    }
+    Addr(Addr),
+    Group(Arc<Upstream>),
 }
 
 #[derive(Debug, Clone)]
@@ -153,7 +144,7 @@ fn push(list: &mut Option<Arc<Vec<String>>>, v: &str) {
     *list = Some(Arc::new(l));
 }
 
-pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), ConfError> {
+pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
     let c = &mut lc.fastcgi;
     let a0 = d.args[0].as_str();
     match d.name.as_str() {
@@ -161,7 +152,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
             if c.pass.is_some() {
                 return Err(d.error("\"fastcgi_pass\" directive is duplicate"));
             }
-            c.pass = Some(parse_backend(d, a0)?);
+            c.pass = Some(parse_backend(d, a0, ctx)?);
         }
         "fastcgi_param" => {
             let if_not_empty = match d.args.get(2).map(String::as_str) {
@@ -231,27 +222,19 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
     Ok(())
 }
 
-fn parse_backend(d: &Directive, a: &str) -> Result<Backend, ConfError> {
+fn parse_backend(d: &Directive, a: &str, ctx: &LoadCtx) -> Result<Backend, ConfError> {
     if a.contains('$') {
         return Err(d.error("variables in \"fastcgi_pass\" are not supported yet"));
     }
-    if let Some(path) = a.strip_prefix("unix:") {
-        if path.is_empty() {
-            return Err(invalid(d, a));
-        }
-        return Ok(Backend::Unix(PathBuf::from(path)));
+    if let Some(up) = ctx.upstreams.get(a) {
+        return Ok(Backend::Group(up.clone()));
     }
-    // host:port or [v6]:port; a bare name would be an upstream group.
-    let ok = match a.rsplit_once(':') {
-        Some((host, port)) => !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0),
-        None => false,
-    };
-    if !ok {
-        return Err(d.error(format!(
-            "\"fastcgi_pass {a}\": upstream groups and addresses without a port are not supported yet"
-        )));
+    match Addr::parse(a) {
+        Some(addr) => Ok(Backend::Addr(addr)),
+        None if a.starts_with("unix:") => Err(invalid(d, a)),
+        // What nginx says when a name is neither a group nor a host:port.
+        None => Err(d.error(format!("host not found in upstream \"{a}\""))),
     }
-    Ok(Backend::Tcp(a.to_string()))
 }
 
 /// `$fastcgi_script_name` and `$fastcgi_path_info` for the current URI.

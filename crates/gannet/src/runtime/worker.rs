@@ -7,6 +7,7 @@ use super::read_timers::{ReadTimers, TICK};
 use crate::config::Config;
 use crate::modules::access_log::LogFile;
 use crate::modules::file_cache::FileCache;
+use crate::upstream::Upstreams;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::io::Write;
@@ -38,6 +39,8 @@ type LogBuffer = (Arc<LogFile>, Vec<u8>, Instant);
 pub struct Worker {
     pub config: Arc<Config>,
     pub files: FileCache,
+    /// Round-robin position, failures and idle connections of each upstream group.
+    pub upstreams: Upstreams,
     /// Per log file: buffered lines and when they were last written.
     logs: RefCell<HashMap<usize, LogBuffer>>,
     pub active: Cell<usize>,
@@ -134,6 +137,7 @@ pub fn run(config: Arc<Config>, sockets: Vec<StdListener>, mut cmd: watch::Recei
         let w = Rc::new(Worker {
             config,
             files: FileCache::default(),
+            upstreams: Upstreams::default(),
             logs: RefCell::new(HashMap::new()),
             active: Cell::new(0),
             draining: Cell::new(false),
