@@ -41,9 +41,15 @@ step "build the release binary"
 cargo build --release -p gannet -q
 export GANNET_BIN="$PWD/target/release/gannet"
 
-# Two runs: each suite has its own conftest.py and import root.
+step "Shakespeare app: PHP-FPM + MariaDB (study S1's dynamic workload)"
+apps/shakespeare/setup.sh
+
+# Three runs: each suite has its own conftest.py and import root.
 step "end-to-end tests"
 python3 -m pytest -q tests/e2e
 
 step "arena tests (with a short benchmark smoke run)"
 (cd arena && python3 -m pytest -q)
+
+step "Shakespeare app tests (data, and every route through nginx)"
+python3 -m pytest -q apps/shakespeare/tests

