@@ -80,10 +80,9 @@ db_cnf="# Written by gannet's apps/shakespeare/setup.sh.
 # Both PHP-FPM pools keep one persistent connection per child.
 max_connections = $max_conn
 # Connections come from localhost only; skip reverse DNS on each.
-skip-name-resolve
-"
+skip-name-resolve"
 if [ "$(cat "$DB_CNF" 2>/dev/null)" != "$db_cnf" ]; then
-  printf '%s' "$db_cnf" >"$DB_CNF"
+  printf '%s\n' "$db_cnf" >"$DB_CNF"
 fi
 
 db_up() { mariadb-admin --socket="$DB_SOCKET" ping; }
