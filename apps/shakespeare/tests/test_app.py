@@ -283,7 +283,7 @@ def test_chapters_and_paragraphs_are_consistent():
     # Stage directions have no speaker; Markdown syntax does not leak into the text.
     assert db_value("SELECT COUNT(*) FROM paragraphs WHERE is_direction AND character_id IS NOT NULL") == 0
     assert db_value(r"SELECT COUNT(*) FROM paragraphs WHERE text LIKE '%**%' OR text LIKE '%\\\\[%' OR text LIKE '%\_%'") == 0
-    # Speech counts add up to the speeches (a speech split by a stage direction counts once).
+    # Every character speaks at least once (a speech split by a stage direction counts once).
     assert db_value("SELECT COUNT(*) FROM characters WHERE speech_count = 0") == 0
 
 
