@@ -596,12 +596,59 @@ def test_kept_connection_closed_by_the_application(gannet, backend):
     assert "[error]" not in srv.error_log()
 
 
+def test_max_conns_with_queue_shares_kept_connections(gannet, fpm):
+    """`max_conns` + `queue` (nginx Plus's): many concurrent requests share as many kept
+    connections as PHP-FPM has children, instead of opening connections no child serves."""
+    srv = group_server(gannet, f"""upstream php {{
+        server unix:{fpm['sock']} max_conns=2;
+        keepalive 2;
+        queue 100 timeout=20s;
+    }}""", "fastcgi_keep_conn on;")
+    results = []
+
+    def one():
+        results.append(srv.get("/info.php"))
+
+    threads = [threading.Thread(target=one) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert [r[0] for r in results] == [200] * 20
+    assert len({json.loads(r[2])["PID"] for r in results}) <= 2
+
+
+def test_max_conns_without_queue_is_502(gannet, backend):
+    release = threading.Event()
+
+    def slow(conn):
+        release.wait(20)
+        conn.sendall(record(6, b"Content-Type: text/plain\r\n\r\ndone") + end_request())
+
+    b = backend(slow)
+    srv = group_server(gannet, f"""upstream php {{ server 127.0.0.1:{b.port} max_conns=1; }}""",
+                       files={"x.php": "unused"})
+    first = []
+    t = threading.Thread(target=lambda: first.append(srv.get("/x.php")))
+    t.start()
+    try:
+        assert wait_until(lambda: len(b.conns) == 1), "the first request reached the application"
+        assert srv.get("/x.php")[0] == 502
+        assert wait_until(lambda: "no live upstreams" in srv.error_log())
+    finally:
+        release.set()
+        t.join(20)
+    assert first[0][0] == 200 and first[0][2] == b"done"
+
+
 def test_upstream_config_errors(gannet):
     bad = {
         "upstream u { }": 'no servers are inside upstream "u"',
         "upstream u { server 127.0.0.1:9000 weight=0; }": 'invalid parameter "weight=0"',
         "upstream u { server nowhere; }": 'invalid address "nowhere"',
         "upstream u { server 127.0.0.1:9000; least_conn; }": "not supported yet",
+        "upstream u { server 127.0.0.1:9000; queue 10 wait=1s; }": 'invalid parameter "wait=1s"',
+        "upstream u { server 127.0.0.1:9000 max_conns=x; }": 'invalid parameter "max_conns=x"',
         "upstream u { server 127.0.0.1:9000; } upstream u { server 127.0.0.1:9001; }": 'duplicate upstream "u"',
     }
     for stmt, msg in bad.items():

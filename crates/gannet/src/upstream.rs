@@ -3,8 +3,10 @@
 //! idle connections kept open for reuse.
 //!
 //! Directives inside `upstream`: `server ADDRESS [weight=N] [max_fails=N] [fail_timeout=T]
-//! [backup] [down]`, `keepalive N`, `keepalive_timeout`, `keepalive_requests`, `zone`
-//! (accepted: gannet's state is per worker, there is nothing to share). The balancing method
+//! [max_conns=N] [backup] [down]`, `keepalive N`, `keepalive_timeout`, `keepalive_requests`,
+//! `queue N [timeout=T]` (nginx Plus's: wait for a server under `max_conns` instead of
+//! failing), `zone` (accepted: gannet's state is per worker, there is nothing to share;
+//! so `max_conns` counts per worker, as nginx's does without a zone). The balancing method
 //! is nginx's default, smooth weighted round robin; `least_conn`, `ip_hash`, `hash` and
 //! `random` come with the proxy issue and are errors until then.
 //!
@@ -16,9 +18,11 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::Notify;
 
 /// An address a request can be sent to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -54,6 +58,8 @@ pub struct Server {
     pub weight: i64,
     pub max_fails: u32,
     pub fail_timeout: Duration,
+    /// Most connections in use at once (per worker); 0: no limit.
+    pub max_conns: usize,
     pub backup: bool,
     pub down: bool,
 }
@@ -66,6 +72,8 @@ pub struct Upstream {
     pub keepalive: usize,
     pub keepalive_timeout: Duration,
     pub keepalive_requests: u64,
+    /// `queue N timeout=T`: requests that may wait for a server under `max_conns`.
+    pub queue: Option<(usize, Duration)>,
 }
 
 /// Parse an `upstream` block.
@@ -76,6 +84,7 @@ pub fn parse(d: &Directive) -> Result<Upstream, ConfError> {
         keepalive: 0,
         keepalive_timeout: Duration::from_secs(60),
         keepalive_requests: 1000,
+        queue: None,
     };
     for s in d.block.as_deref().unwrap_or_default() {
         let nargs = |lo: usize, hi: usize| {
@@ -111,6 +120,19 @@ pub fn parse(d: &Directive) -> Result<Upstream, ConfError> {
                 nargs(1, 1)?;
                 up.keepalive_requests = setters::num_arg(s, 0)?;
             }
+            "queue" => {
+                nargs(1, 2)?;
+                let n = setters::num_arg(s, 0)? as usize;
+                let mut timeout = Duration::from_secs(60);
+                if let Some(t) = s.args.get(1) {
+                    let v = t
+                        .strip_prefix("timeout=")
+                        .and_then(setters::msec)
+                        .ok_or_else(|| s.error(format!("invalid parameter \"{t}\"")))?;
+                    timeout = Duration::from_millis(v);
+                }
+                up.queue = Some((n, timeout));
+            }
             "keepalive_time" | "zone" => nargs(1, 2)?,
             "least_conn" | "ip_hash" | "hash" | "random" => {
                 return Err(s.error(format!(
@@ -139,6 +161,7 @@ fn parse_server(s: &Directive) -> Result<Server, ConfError> {
         weight: 1,
         max_fails: 1,
         fail_timeout: Duration::from_secs(10),
+        max_conns: 0,
         backup: false,
         down: false,
     };
@@ -154,8 +177,10 @@ fn parse_server(s: &Directive) -> Result<Server, ConfError> {
             srv.backup = true;
         } else if a == "down" {
             srv.down = true;
-        } else if a.starts_with("max_conns=") || a == "resolve" {
-            // Accepted: a per-worker limit is what keepalive already gives; names resolve once.
+        } else if let Some(v) = a.strip_prefix("max_conns=") {
+            srv.max_conns = setters::num(v).ok_or_else(bad)? as usize;
+        } else if a == "resolve" {
+            // Accepted: names resolve when connecting.
         } else {
             return Err(bad());
         }
@@ -183,14 +208,47 @@ struct GroupState {
     current: Vec<i64>,
     /// Per server: failures counted and when the count started.
     fails: Vec<(u32, Instant)>,
+    /// Per server: connections in use (for `max_conns`).
+    active: Vec<usize>,
     idle: Vec<Idle>,
+    /// Requests waiting in the `queue`, and how they are woken when a server frees up.
+    queued: usize,
+    freed: Rc<Notify>,
+}
+
+/// What [`Upstreams::pick`] found.
+pub enum Pick {
+    /// This server; the lease gives its `max_conns` slot back when dropped.
+    Server(usize, Lease),
+    /// Every usable server is at `max_conns`: the request may wait in the queue.
+    Full,
+    /// No server is usable.
+    None,
+}
+
+/// A server's slot under `max_conns`, held while a request uses one of its connections.
+pub struct Lease {
+    ups: Rc<RefCell<HashMap<usize, GroupState>>>,
+    key: usize,
+    server: usize,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(g) = self.ups.borrow_mut().get_mut(&self.key) {
+            if let Some(a) = g.active.get_mut(self.server) {
+                *a = a.saturating_sub(1);
+            }
+            g.freed.notify_one();
+        }
+    }
 }
 
 /// A worker's state for every upstream group, keyed by the group's address in the config
 /// (the config outlives the worker).
 #[derive(Default)]
 pub struct Upstreams {
-    groups: RefCell<HashMap<usize, GroupState>>,
+    groups: Rc<RefCell<HashMap<usize, GroupState>>>,
 }
 
 fn key(up: &Arc<Upstream>) -> usize {
@@ -200,22 +258,27 @@ fn key(up: &Arc<Upstream>) -> usize {
 impl Upstreams {
     /// The next server to try, skipping `tried` ones, down ones and ones that failed
     /// `max_fails` times within `fail_timeout`; backups only when no primary is left.
-    pub fn pick(&self, up: &Arc<Upstream>, tried: &[usize], now: Instant) -> Option<usize> {
+    pub fn pick(&self, up: &Arc<Upstream>, tried: &[usize], now: Instant) -> Pick {
         let mut groups = self.groups.borrow_mut();
         let g = groups.entry(key(up)).or_default();
         g.current.resize(up.servers.len(), 0);
         g.fails.resize(up.servers.len(), (0, now));
+        g.active.resize(up.servers.len(), 0);
+        let mut full = false;
         for backup in [false, true] {
             let live: Vec<usize> = (0..up.servers.len())
                 .filter(|&i| {
                     let s = &up.servers[i];
                     let (n, since) = g.fails[i];
-                    s.backup == backup
+                    let usable = s.backup == backup
                         && !s.down
                         && !tried.contains(&i)
                         && (s.max_fails == 0
                             || n < s.max_fails
-                            || now.duration_since(since) >= s.fail_timeout)
+                            || now.duration_since(since) >= s.fail_timeout);
+                    let at_limit = s.max_conns > 0 && g.active[i] >= s.max_conns;
+                    full |= usable && at_limit;
+                    usable && !at_limit
                 })
                 .collect();
             if live.is_empty() {
@@ -230,9 +293,45 @@ impl Upstreams {
                 }
             }
             g.current[best] -= total;
-            return Some(best);
+            g.active[best] += 1;
+            return Pick::Server(
+                best,
+                Lease {
+                    ups: self.groups.clone(),
+                    key: key(up),
+                    server: best,
+                },
+            );
         }
-        None
+        if full {
+            Pick::Full
+        } else {
+            Pick::None
+        }
+    }
+
+    /// Wait (in the group's `queue`, if it has room) until a server may be under
+    /// `max_conns` again. False: no queue, queue full, or its timeout passed.
+    pub async fn wait_for_slot(&self, up: &Arc<Upstream>, deadline: tokio::time::Instant) -> bool {
+        let Some((max, _)) = up.queue else {
+            return false;
+        };
+        let freed = {
+            let mut groups = self.groups.borrow_mut();
+            let g = groups.entry(key(up)).or_default();
+            if g.queued >= max {
+                return false;
+            }
+            g.queued += 1;
+            g.freed.clone()
+        };
+        let woken = tokio::time::timeout_at(deadline, freed.notified())
+            .await
+            .is_ok();
+        if let Some(g) = self.groups.borrow_mut().get_mut(&key(up)) {
+            g.queued -= 1;
+        }
+        woken
     }
 
     /// A server failed (could not connect, timed out, answered garbage).

@@ -21,7 +21,7 @@ use crate::http::request::Request;
 use crate::http::response::{Body, Response};
 use crate::modules::fastcgi::{self as conf, Answer, Backend};
 use crate::runtime::worker::Worker;
-use crate::upstream::{Addr, Conn};
+use crate::upstream::{Addr, Conn, Pick};
 use bytes::BytesMut;
 use gannet_proto::fastcgi::{self, Record};
 use gannet_proto::h1::Method;
@@ -110,18 +110,23 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Flow {
         Backend::Group(up) => up,
     };
     let mut tried = Vec::new();
+    let queue_deadline = tokio::time::Instant::now() + up.queue.map_or(Duration::ZERO, |(_, t)| t);
     loop {
         let now = Instant::now();
-        let Some(i) = w.upstreams.pick(&up, &tried, now) else {
-            errlog::request(
-                Level::Error,
-                req,
-                format_args!(
+        let (i, _lease) = match w.upstreams.pick(&up, &tried, now) {
+            Pick::Server(i, lease) => (i, lease),
+            Pick::Full if w.upstreams.wait_for_slot(&up, queue_deadline).await => continue,
+            Pick::Full | Pick::None => {
+                errlog::request(
+                    Level::Error,
+                    req,
+                    format_args!(
                     "no live upstreams while connecting to upstream, upstream: \"fastcgi://{}\"",
                     up.name
                 ),
-            );
-            return Flow::Status(502);
+                );
+                return Flow::Status(502);
+            }
         };
         tried.push(i);
         let addr = &up.servers[i].addr;
