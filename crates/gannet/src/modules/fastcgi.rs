@@ -79,8 +79,6 @@ pub struct FastCgiConf {
     pub connect_timeout: Option<Duration>,
     pub send_timeout: Option<Duration>,
     pub read_timeout: Option<Duration>,
-    pub buffering: Option<bool>,
-    pub buffers: Option<(u64, u64)>,
     pub buffer_size: Option<u64>,
     pub intercept_errors: Option<bool>,
     pub hide: Option<Arc<Vec<String>>>,
@@ -101,8 +99,6 @@ impl FastCgiConf {
             connect_timeout,
             send_timeout,
             read_timeout,
-            buffering,
-            buffers,
             buffer_size,
             intercept_errors,
             hide,
@@ -181,9 +177,13 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         "fastcgi_connect_timeout" => c.connect_timeout = duration(d)?,
         "fastcgi_send_timeout" => c.send_timeout = duration(d)?,
         "fastcgi_read_timeout" => c.read_timeout = duration(d)?,
-        "fastcgi_buffering" => c.buffering = Some(setters::flag(d)?),
+        // Checked, then without effect: answers are buffered whole (see `conn::fastcgi`).
+        "fastcgi_buffering" => {
+            setters::flag(d)?;
+        }
         "fastcgi_buffers" => {
-            c.buffers = Some((setters::num_arg(d, 0)?, setters::size_arg(d, 1)?));
+            setters::num_arg(d, 0)?;
+            setters::size_arg(d, 1)?;
         }
         "fastcgi_buffer_size" => {
             let n = setters::size_arg(d, 0)?;
