@@ -257,6 +257,36 @@ def test_big_answer_and_keepalive(gannet, fpm):
     c.close()
 
 
+def test_big_answer_is_streamed_chunked_or_close_delimited(gannet, fpm):
+    """Answers over 1 MiB are passed on as they come: chunked to HTTP/1.1 clients (and the
+    connection stays open), close-delimited to HTTP/1.0 ones."""
+    srv = php_server(gannet, fpm)
+    size = 16 * 65536 * 3
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+        s.sendall(b"GET /big.php HTTP/1.1\r\nHost: t\r\n\r\n")
+        f = s.makefile("rb")
+        head = b""
+        while not head.endswith(b"\r\n\r\n"):
+            head += f.readline()
+        assert head.startswith(b"HTTP/1.1 200 ")
+        assert b"Transfer-Encoding: chunked" in head and b"Content-Length" not in head
+        body = b""
+        while True:
+            n = int(f.readline().strip(), 16)
+            chunk = f.read(n + 2)
+            if n == 0:
+                break
+            body += chunk[:-2]
+        assert len(body) == size and body[:16] == b"0123456789abcdef"
+        # The connection is still usable.
+        s.sendall(b"GET /static.txt HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert f.readline().startswith(b"HTTP/1.1 200 ")
+    raw = srv.raw(b"GET /big.php HTTP/1.0\r\n\r\n", timeout=10)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert b"Connection: close" in head and b"Transfer-Encoding" not in head
+    assert len(body) == size
+
+
 def test_stderr_goes_to_error_log(gannet, fpm):
     srv = php_server(gannet, fpm)
     status, _, body = srv.get("/stderr.php")
@@ -432,6 +462,24 @@ def test_invalid_head_is_502(gannet, backend):
     assert wait_until(lambda: "upstream sent invalid header" in srv.error_log())
 
 
+def test_application_dying_mid_stream_closes_the_connection(gannet, backend):
+    """Half of a big answer, then the application dies: the client gets what came, no final
+    chunk, and the connection closes - it never hangs and never looks complete."""
+    def die(conn):
+        conn.sendall(record(6, b"Content-Type: application/octet-stream\r\n\r\n"))
+        for _ in range(40):
+            conn.sendall(record(6, b"z" * 65000))
+        conn.shutdown(socket.SHUT_RDWR)
+
+    b = backend(die)
+    srv = pass_to(gannet, b.port)
+    raw = srv.raw(b"GET /x.php HTTP/1.1\r\nHost: t\r\n\r\n", timeout=10)
+    assert raw.startswith(b"HTTP/1.1 200 ")
+    assert b"Transfer-Encoding: chunked" in raw.split(b"\r\n\r\n", 1)[0]
+    assert not raw.endswith(b"0\r\n\r\n"), "a cut answer must not end like a whole one"
+    assert wait_until(lambda: "prematurely closed" in srv.error_log())
+
+
 def test_local_redirect(gannet, backend):
     """`Location: /path` without `Status` is a CGI local redirect: gannet serves that URI."""
     b = backend(lambda conn: conn.sendall(record(6, b"Location: /target.txt\r\n\r\n") + end_request()))
@@ -576,6 +624,25 @@ def test_keepalive_with_php_fpm(gannet, fpm):
     }}""", "fastcgi_keep_conn on;")
     infos = pools(srv, 5)
     assert len({i["PID"] for i in infos}) == 1, "one kept connection is one PHP-FPM child"
+
+
+def test_kept_connection_reused_after_a_streamed_answer(gannet, backend):
+    def big(conn):
+        conn.sendall(record(6, b"Content-Type: text/plain\r\n\r\n"))
+        for _ in range(20):
+            conn.sendall(record(6, b"y" * 65000))
+        conn.sendall(end_request())
+        return "again"
+
+    b = backend(big)
+    srv = group_server(gannet, f"""upstream php {{
+        server 127.0.0.1:{b.port};
+        keepalive 2;
+    }}""", "fastcgi_keep_conn on;", files={"x.php": "unused"})
+    for _ in range(3):
+        status, _, body = srv.get("/x.php")
+        assert status == 200 and body == b"y" * 65000 * 20
+    assert len(b.conns) == 1
 
 
 def test_kept_connection_closed_by_the_application(gannet, backend):

@@ -81,7 +81,7 @@ pub const IGNORED: &[(&str, &str)] = &[
     ("proxy_temp_path", "proxying is not supported yet"),
     (
         "fastcgi_temp_path",
-        "FastCGI answers are buffered in memory",
+        "FastCGI answers are buffered in memory or streamed",
     ),
     ("uwsgi_temp_path", "uwsgi is not supported yet"),
     ("scgi_temp_path", "SCGI is not supported yet"),

@@ -2,10 +2,11 @@
 //! BEGIN_REQUEST, PARAMS and the request body as STDIN, read STDOUT / STDERR until
 //! END_REQUEST, and turn the answer into a [`Flow`] for the request phases.
 //!
-//! The answer is buffered whole before it is sent (nginx's `fastcgi_buffering on`, the
-//! default): the application is released as soon as it is done, and the client gets a
-//! Content-Length. Up to [`MAX_BUFFERED`] bytes; a bigger answer is refused with 502 (the
-//! streaming path is not built yet). With an `upstream` group, the server is picked by
+//! An answer up to [`STREAM_AT`] bytes is buffered whole before it is sent: the application
+//! is released as soon as it is done, and the client gets a Content-Length. A bigger one is
+//! streamed as it comes ([`Streaming`], chunked to HTTP/1.1 clients, close-delimited to
+//! HTTP/1.0 ones); if the application dies mid-way the client connection is closed, so the
+//! client sees the answer is incomplete. With an `upstream` group, the server is picked by
 //! round robin, failed servers are skipped per `fastcgi_next_upstream`, and with
 //! `fastcgi_keep_conn on` plus the group's `keepalive N` connections are kept for reuse
 //! (`upstream` module); a plain address gets a new connection per request, as in nginx.
@@ -21,16 +22,16 @@ use crate::http::request::Request;
 use crate::http::response::{Body, Response};
 use crate::modules::fastcgi::{self as conf, Answer, Backend};
 use crate::runtime::worker::Worker;
-use crate::upstream::{Addr, Conn, Pick};
-use bytes::BytesMut;
+use crate::upstream::{Addr, Conn, Lease, Pick, Upstream};
+use bytes::{Bytes, BytesMut};
 use gannet_proto::fastcgi::{self, Record};
 use gannet_proto::h1::Method;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// The largest answer kept in memory.
-pub const MAX_BUFFERED: usize = 64 * 1024 * 1024;
+/// Answers up to this size are buffered whole; bigger ones are streamed.
+pub const STREAM_AT: usize = 1024 * 1024;
 
 /// Why a FastCGI exchange failed, with nginx's wording for the error log.
 enum Failure {
@@ -42,7 +43,6 @@ enum Failure {
     Premature,
     /// The connection closed before any answer (a kept connection may simply be stale).
     ClosedEarly,
-    TooBig,
 }
 
 impl Failure {
@@ -72,25 +72,100 @@ impl std::fmt::Display for Failure {
             Failure::ClosedEarly => f.write_str(
                 "upstream prematurely closed connection while reading response header from upstream",
             ),
-            Failure::TooBig => write!(
-                f,
-                "upstream response is bigger than {MAX_BUFFERED} bytes, which gannet does not buffer yet"
-            ),
         }
     }
 }
 
-/// The application's whole answer.
+/// The application's answer: its head and body, whole (`done`, and then the connection if
+/// it can be reused), or its first [`STREAM_AT`] bytes and the connection to read on.
 struct Answered {
     head: fastcgi::CgiHead,
     body: BytesMut,
+    done: bool,
+    conn: Option<Conn>,
+    /// Bytes read but not decoded yet.
+    input: BytesMut,
+}
+
+/// What the request phases go on with.
+pub enum Outcome {
+    Flow(Flow),
+    /// Send this response's head, then the body as [`Streaming::next`] gives it.
+    Stream(Response, Streaming),
+}
+
+/// The rest of a big answer, read from the application while it is sent on.
+pub struct Streaming {
+    conn: Conn,
+    input: BytesMut,
+    first: Option<Bytes>,
+    addr: Addr,
+    done: bool,
+    /// Where the connection goes back when the answer ended cleanly.
+    pool: Option<(Arc<Upstream>, usize, u64)>,
+    _lease: Option<Lease>,
+}
+
+impl Streaming {
+    /// The next piece of the body; `Ok(None)` at its end. An error is logged and means the
+    /// answer is cut short.
+    pub async fn next(&mut self, req: &Request) -> Result<Option<Bytes>, ()> {
+        match self.pull(req).await {
+            Ok(b) => Ok(b),
+            Err(f) => {
+                self.fail(req, f);
+                Err(())
+            }
+        }
+    }
+
+    async fn pull(&mut self, req: &Request) -> Result<Option<Bytes>, Failure> {
+        if let Some(b) = self.first.take() {
+            return Ok(Some(b));
+        }
+        loop {
+            match fastcgi::decode(&mut self.input) {
+                Ok(Some(Record::Stdout(b))) => return Ok(Some(b)),
+                Ok(Some(Record::Stderr(b))) => log_stderr(req, &self.addr, &b, true),
+                Ok(Some(Record::End { .. })) => {
+                    self.done = true;
+                    return Ok(None);
+                }
+                Ok(None) => {}
+                Err(e) => return Err(Failure::Protocol(e.to_string())),
+            }
+            self.input.reserve(16 * 1024);
+            let t = req.conf.fastcgi.read_timeout();
+            match timed(t, self.conn.read_buf(&mut self.input)).await {
+                Ok(Ok(0)) => return Err(Failure::Premature),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(Failure::Io(e, "reading upstream")),
+                Err(()) => return Err(Failure::Timeout("reading upstream")),
+            }
+        }
+    }
+
+    fn fail(&self, req: &Request, f: Failure) {
+        errlog::request(
+            Level::Error,
+            req,
+            format_args!("{f}, upstream: \"fastcgi://{}\"", self.addr),
+        );
+    }
+
+    /// The answer was sent whole: keep the connection if it may be reused.
+    pub fn finish(self, w: &Worker) {
+        if let (true, true, Some((up, i, n))) = (self.done, self.input.is_empty(), self.pool) {
+            w.upstreams.put_idle(&up, i, self.conn, n + 1);
+        }
+    }
 }
 
 /// Pass the request (with its body, already read) to the location's application.
-pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Flow {
+pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
     let c = &req.conf.fastcgi;
     let Some(backend) = c.pass.clone() else {
-        return Flow::Status(500);
+        return Outcome::Flow(Flow::Status(500));
     };
     let mut out = Vec::with_capacity(1024 + body.len() + body.len() / 8);
     fastcgi::begin_request(&mut out, c.keep_conn());
@@ -103,8 +178,8 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Flow {
     let up = match backend {
         Backend::Addr(addr) => {
             return match fresh(req, &addr, &out).await {
-                Ok((a, _)) => answer(req, a),
-                Err(f) => failed(req, &addr, &f),
+                Ok(a) => outcome(req, a, addr, None, None),
+                Err(f) => Outcome::Flow(failed(req, &addr, &f)),
             };
         }
         Backend::Group(up) => up,
@@ -113,7 +188,7 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Flow {
     let queue_deadline = tokio::time::Instant::now() + up.queue.map_or(Duration::ZERO, |(_, t)| t);
     loop {
         let now = Instant::now();
-        let (i, _lease) = match w.upstreams.pick(&up, &tried, now) {
+        let (i, lease) = match w.upstreams.pick(&up, &tried, now) {
             Pick::Server(i, lease) => (i, lease),
             Pick::Full if w.upstreams.wait_for_slot(&up, queue_deadline).await => continue,
             Pick::Full | Pick::None => {
@@ -125,7 +200,7 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Flow {
                     up.name
                 ),
                 );
-                return Flow::Status(502);
+                return Outcome::Flow(Flow::Status(502));
             }
         };
         tried.push(i);
@@ -139,24 +214,27 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Flow {
             // A kept connection the application closed meanwhile is no failure of the
             // server: try once more on a new one.
             Some((conn, n)) => match exchange(req, addr, conn, &out).await {
-                Err(f) if f.stale() => fresh(req, addr, &out).await.map(|(a, k)| (a, k, 0)),
-                r => r.map(|(a, k)| (a, k, n)),
+                Err(f) if f.stale() => fresh(req, addr, &out).await.map(|a| (a, 0)),
+                r => r.map(|a| (a, n)),
             },
-            None => fresh(req, addr, &out).await.map(|(a, k)| (a, k, 0)),
+            None => fresh(req, addr, &out).await.map(|a| (a, 0)),
         };
         match result {
-            Ok((a, kept, n)) => {
+            Ok((mut a, n)) => {
                 w.upstreams.succeeded(&up, i);
-                if let Some(conn) = kept.filter(|_| c.keep_conn()) {
-                    w.upstreams.put_idle(&up, i, conn, n + 1);
+                let pool = c.keep_conn().then(|| (up.clone(), i, n));
+                if a.done {
+                    if let (Some(conn), Some((up, i, n))) = (a.conn.take(), &pool) {
+                        w.upstreams.put_idle(up, *i, conn, n + 1);
+                    }
                 }
-                return answer(req, a);
+                return outcome(req, a, addr.clone(), pool, Some(lease));
             }
             Err(f) => {
                 let flow = failed(req, addr, &f);
                 w.upstreams.failed(&up, i, Instant::now());
                 if tried.len() >= up.servers.len() || !retryable(&f, req) {
-                    return flow;
+                    return Outcome::Flow(flow);
                 }
             }
         }
@@ -189,7 +267,6 @@ fn retryable(f: &Failure, req: &Request) -> bool {
         Failure::Timeout(phase) => ("timeout", *phase != CONNECTING),
         Failure::Io(..) | Failure::Premature | Failure::ClosedEarly => ("error", true),
         Failure::Protocol(_) => ("invalid_header", true),
-        Failure::TooBig => return false,
     };
     // RFC 9110's idempotent methods; nginx retries only these unless told otherwise.
     let idempotent = matches!(
@@ -222,12 +299,42 @@ async fn connect(addr: &Addr, timeout: Duration) -> Result<Conn, Failure> {
     }
 }
 
-/// One exchange on a new connection.
-async fn fresh(
+/// A whole answer goes on as a flow; the head of a big one as a stream.
+fn outcome(
     req: &Request,
-    addr: &Addr,
-    out: &[u8],
-) -> Result<(Answered, Option<Conn>), Failure> {
+    mut a: Answered,
+    addr: Addr,
+    pool: Option<(Arc<Upstream>, usize, u64)>,
+    lease: Option<Lease>,
+) -> Outcome {
+    let streaming = (!a.done).then(|| (a.conn.take(), std::mem::take(&mut a.input)));
+    let first = std::mem::take(&mut a.body);
+    match (answer(req, a.head), streaming) {
+        (Flow::Done(mut resp), None) => {
+            if !first.is_empty() {
+                resp.body = Body::bytes(first.freeze());
+            }
+            Outcome::Flow(Flow::Done(resp))
+        }
+        (Flow::Done(resp), Some((Some(conn), input))) => Outcome::Stream(
+            resp,
+            Streaming {
+                conn,
+                input,
+                first: (!first.is_empty()).then(|| first.freeze()),
+                addr,
+                done: false,
+                pool,
+                _lease: lease,
+            },
+        ),
+        // A redirect or an intercepted error: the rest of the answer is not wanted.
+        (flow, _) => Outcome::Flow(flow),
+    }
+}
+
+/// One exchange on a new connection.
+async fn fresh(req: &Request, addr: &Addr, out: &[u8]) -> Result<Answered, Failure> {
     let conn = connect(addr, req.conf.fastcgi.connect_timeout()).await?;
     exchange(req, addr, conn, out).await
 }
@@ -236,14 +343,15 @@ async fn timed<T>(d: Duration, f: impl std::future::Future<Output = T>) -> Resul
     tokio::time::timeout(d, f).await.map_err(|_| ())
 }
 
-/// Send the request and read the whole answer. The connection comes back when the answer
-/// ended cleanly (END_REQUEST and nothing after it), for reuse.
+/// Send the request and read the answer, whole or its first [`STREAM_AT`] bytes. A whole
+/// answer brings the connection back when it ended cleanly (END_REQUEST and nothing after
+/// it), for reuse.
 async fn exchange(
     req: &Request,
     addr: &Addr,
     mut s: Conn,
     out: &[u8],
-) -> Result<(Answered, Option<Conn>), Failure> {
+) -> Result<Answered, Failure> {
     let c = &req.conf.fastcgi;
     match timed(c.send_timeout(), s.write_all(out)).await {
         Ok(Ok(())) => {}
@@ -261,20 +369,34 @@ async fn exchange(
             match record {
                 None => break,
                 Some(Record::Stdout(b)) => {
-                    if stdout.len() + b.len() > MAX_BUFFERED {
-                        return Err(Failure::TooBig);
-                    }
                     stdout.extend_from_slice(&b);
                     if head.is_none() {
                         head = fastcgi::parse_head(&mut stdout, c.buffer_size())
                             .map_err(|e| Failure::Protocol(e.to_string()))?;
+                    }
+                    if stdout.len() >= STREAM_AT {
+                        if let Some(head) = head.take() {
+                            return Ok(Answered {
+                                head,
+                                body: stdout,
+                                done: false,
+                                conn: Some(s),
+                                input,
+                            });
+                        }
                     }
                 }
                 Some(Record::Stderr(b)) => log_stderr(req, addr, &b, head.is_some()),
                 Some(Record::End { .. }) => {
                     let reusable = input.is_empty();
                     return match head {
-                        Some(head) => Ok((Answered { head, body: stdout }, reusable.then_some(s))),
+                        Some(head) => Ok(Answered {
+                            head,
+                            body: stdout,
+                            done: true,
+                            conn: reusable.then_some(s),
+                            input,
+                        }),
                         None if stdout.is_empty() => Err(Failure::Protocol(
                             "upstream sent no valid FastCGI stdout".into(),
                         )),
@@ -317,10 +439,10 @@ fn log_stderr(req: &Request, addr: &Addr, msg: &[u8], in_body: bool) {
     );
 }
 
-/// The answer as the next step of the request phases.
-fn answer(req: &Request, a: Answered) -> Flow {
+/// The answer's head as the next step of the request phases (the caller adds the body).
+fn answer(req: &Request, head: fastcgi::CgiHead) -> Flow {
     let c = &req.conf.fastcgi;
-    let (status, head) = match conf::classify(a.head) {
+    let (status, head) = match conf::classify(head) {
         Answer::LocalRedirect(uri) => return Flow::Redirect(uri),
         Answer::Respond(s, h) => (s, h),
     };
@@ -342,9 +464,6 @@ fn answer(req: &Request, a: Answered) -> Flow {
         } else if conf::passes(c, &name) {
             resp.headers.push((name.into(), value));
         }
-    }
-    if !a.body.is_empty() {
-        resp.body = Body::bytes(a.body.freeze());
     }
     Flow::Done(resp)
 }

@@ -11,6 +11,7 @@
 //! connection is closed, since what follows can no longer be trusted.
 
 use super::body::{self, BodyError};
+use super::fastcgi::{Outcome, Streaming};
 use super::send;
 use crate::errlog::Level;
 use crate::http::handler::{self, Flow, Handled};
@@ -24,7 +25,7 @@ use crate::runtime::parking::{Parked, PARK_AFTER};
 use crate::runtime::read_timers::ReadTimers;
 use crate::runtime::worker::Worker;
 use bytes::BytesMut;
-use gannet_proto::h1::{parse_request, BodyKind, Limits, Method, ParseError, RequestHead};
+use gannet_proto::h1::{parse_request, BodyKind, Limits, Method, ParseError, RequestHead, Version};
 use gannet_proto::uri::parse_target;
 use std::io::IoSlice;
 use std::net::SocketAddr;
@@ -419,7 +420,13 @@ impl Conn {
                 Handled::Respond(resp) => return self.respond(&req, resp, keep).await,
                 Handled::Close => return false,
                 Handled::FastCgi => {
-                    let flow = super::fastcgi::run(&w, &req, &body).await;
+                    let flow = match super::fastcgi::run(&w, &req, &body).await {
+                        Outcome::Flow(f) => f,
+                        Outcome::Stream(mut resp, stream) => {
+                            handler::finish(&mut req, &mut resp);
+                            return self.respond_streamed(&req, resp, stream, keep).await;
+                        }
+                    };
                     if matches!(flow, Flow::Redirect(_)) && !req.is_head() {
                         // A CGI local redirect is served as a GET (RFC 3875, 6.2.2).
                         req.method_override = Some(Method::Get);
@@ -436,6 +443,77 @@ impl Conn {
     /// Write the response (head into the output buffer, body after it), then log it.
     /// Returns whether the connection stays open.
     async fn respond(&mut self, req: &Request, mut resp: Response, keep: bool) -> bool {
+        let (keep, head_len, send_body) = self.head(req, &mut resp, keep);
+        let core = &req.conf.core;
+        let body_len = resp.body.len();
+        let sent_ok = !send_body
+            || self
+                .send_body(&resp.body, core.sendfile(), core.tcp_nopush())
+                .await
+                .is_ok();
+        self.log(req, &resp, head_len, if send_body { body_len } else { 0 });
+        keep && sent_ok
+    }
+
+    /// Send an application's big answer as it arrives: chunked to an HTTP/1.1 client,
+    /// close-delimited to an HTTP/1.0 one. If the application stops half-way, what came is
+    /// sent and the connection closes (a chunked body then lacks its last chunk).
+    async fn respond_streamed(
+        &mut self,
+        req: &Request,
+        mut resp: Response,
+        mut stream: Streaming,
+        keep: bool,
+    ) -> bool {
+        let chunked = req.head.version == Version::Http11;
+        resp.chunked = chunked;
+        resp.length_unknown = !chunked;
+        let (keep, head_len, send_body) = self.head(req, &mut resp, keep && chunked);
+        let mut sent = 0u64;
+        let mut whole = true;
+        // A body-less answer (HEAD, 304) reads no further: the application's connection is
+        // dropped, not kept.
+        let mut more = send_body;
+        while more {
+            match stream.next(req).await {
+                Ok(Some(data)) => {
+                    if chunked {
+                        self.out
+                            .extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                    }
+                    self.out.extend_from_slice(&data);
+                    if chunked {
+                        self.out.extend_from_slice(b"\r\n");
+                    }
+                    sent += data.len() as u64;
+                    if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
+                        whole = false;
+                        more = false;
+                    }
+                }
+                Ok(None) => {
+                    if chunked {
+                        self.out.extend_from_slice(b"0\r\n\r\n");
+                    }
+                    more = false;
+                }
+                Err(()) => {
+                    whole = false;
+                    more = false;
+                }
+            }
+        }
+        let flushed = self.flush().await.is_ok();
+        if send_body && whole {
+            stream.finish(&self.w);
+        }
+        self.log(req, &resp, head_len, sent);
+        keep && whole && flushed
+    }
+
+    /// Put the status line and headers in the output buffer. Returns whether the
+    /// connection may stay open, the head's length, and whether a body follows.
+    fn head(&mut self, req: &Request, resp: &mut Response, keep: bool) -> (bool, u64, bool) {
         let core = &req.conf.core;
         let (ka_timeout, ka_header) = core.keepalive_timeout();
         let max_requests = core.keepalive_requests();
@@ -462,16 +540,9 @@ impl Conn {
                 server_tokens: tokens,
                 date,
             };
-            encode_head(&resp, body_len, &ctx, &mut self.out)
+            encode_head(resp, body_len, &ctx, &mut self.out)
         });
-        let head_len = (self.out.len() - head_start) as u64;
-        let sent_ok = !send_body
-            || self
-                .send_body(&resp.body, core.sendfile(), core.tcp_nopush())
-                .await
-                .is_ok();
-        self.log(req, &resp, head_len, if send_body { body_len } else { 0 });
-        keep && sent_ok
+        (keep, (self.out.len() - head_start) as u64, send_body)
     }
 
     async fn send_body(

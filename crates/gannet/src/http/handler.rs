@@ -78,6 +78,16 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
             },
         };
     };
+    finish(req, &mut resp);
+    if resp.status == 200 {
+        conditional::filter(req, &mut resp);
+    }
+    Handled::Respond(resp)
+}
+
+/// The filters every response goes through, streamed ones too: the status an error_page
+/// carries, then `add_header` / `expires`.
+pub fn finish(req: &mut Request, resp: &mut Response) {
     if let Some(code) = req.error_status.take() {
         // error_page's page keeps the original status (or its =code) over its own 200;
         // ranges are offered only on a 200, as nginx does.
@@ -85,11 +95,7 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
             resp.status = code;
         }
     }
-    headers::filter(req, &mut resp);
-    if resp.status == 200 {
-        conditional::filter(req, &mut resp);
-    }
-    Handled::Respond(resp)
+    headers::filter(req, resp);
 }
 
 /// Phases 2 to 5 for the current URI.

@@ -85,9 +85,11 @@ pub struct Response {
     pub body: Body,
     /// Close the connection after this response.
     pub close: bool,
-    /// The length is not known (an application's answer to HEAD without Content-Length):
-    /// send no Content-Length rather than a wrong one.
+    /// The length is not known (an application's answer to HEAD without Content-Length,
+    /// or a streamed answer): send no Content-Length rather than a wrong one.
     pub length_unknown: bool,
+    /// The body is sent with `Transfer-Encoding: chunked`.
+    pub chunked: bool,
 }
 
 impl Response {
@@ -154,7 +156,9 @@ pub fn encode_head(r: &Response, body_len: u64, ctx: &HeadCtx, out: &mut Vec<u8>
     if let Some(ct) = &r.content_type {
         put(out, "Content-Type", ct);
     }
-    if (r.status_has_body() || r.content_length.is_some()) && !r.length_unknown {
+    if r.chunked {
+        out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
+    } else if (r.status_has_body() || r.content_length.is_some()) && !r.length_unknown {
         out.extend_from_slice(b"Content-Length: ");
         encode::write_u64(out, r.content_length.unwrap_or(body_len));
         out.extend_from_slice(b"\r\n");

@@ -177,7 +177,8 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         "fastcgi_connect_timeout" => c.connect_timeout = duration(d)?,
         "fastcgi_send_timeout" => c.send_timeout = duration(d)?,
         "fastcgi_read_timeout" => c.read_timeout = duration(d)?,
-        // Checked, then without effect: answers are buffered whole (see `conn::fastcgi`).
+        // Checked, then without effect: small answers are buffered whole, big ones streamed
+        // (see `conn::fastcgi`).
         "fastcgi_buffering" => {
             setters::flag(d)?;
         }
