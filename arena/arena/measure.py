@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from arena.procs import process_tree
 
@@ -86,19 +87,24 @@ class Sampler:
 
     CPU time is read at start and stop (exact); peaks are read every `interval` seconds.
     PSS is costlier to read (smaps_rollup walks page tables), so it is read every
-    `pss_every`-th sample.
+    `pss_every`-th sample. `pids`, if given, chooses the processes instead of the whole tree
+    under `root` (e.g. one PHP-FPM pool out of a master's several).
     """
     root: int
     interval: float = 0.1
     pss_every: int = 3
     result: TreeSample = field(default_factory=TreeSample)
+    pids: Callable[[], list[int]] | None = None
 
     def __post_init__(self):
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
+    def _pids(self) -> list[int]:
+        return self.pids() if self.pids is not None else process_tree(self.root)
+
     def _sample(self, count: int, last: tuple[float, float] | None) -> tuple[float, float]:
-        pids = process_tree(self.root)
+        pids = self._pids()
         now = time.monotonic()
         cpu = tree_cpu_seconds(pids)
         res = self.result
@@ -122,7 +128,7 @@ class Sampler:
 
     def start(self) -> "Sampler":
         self._start_wall = time.monotonic()
-        self._start_cpu = tree_cpu_seconds(process_tree(self.root))
+        self._start_cpu = tree_cpu_seconds(self._pids())
         self._first = self._sample(0, None)
         self._thread.start()
         return self
@@ -130,7 +136,7 @@ class Sampler:
     def stop(self) -> TreeSample:
         self._stop.set()
         self._thread.join()
-        pids = process_tree(self.root)
+        pids = self._pids()
         self.result.cpu_seconds = max(0.0, tree_cpu_seconds(pids) - self._start_cpu)
         self.result.peak_pss_kib = max(self.result.peak_pss_kib, sum(pss_kib(p) for p in pids))
         self.result.wall_seconds = time.monotonic() - self._start_wall

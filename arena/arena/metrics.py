@@ -37,6 +37,21 @@ METRICS = [
     Metric("fresh_ok", "New connection served (1 = yes)", "", "higher"),
     # s2-rate
     Metric("reply_rate_max", "Reply rate max", "replies/s", "higher"),
+    # s1-dynamic, s3-sessions: the PHP tier (the PHP-FPM pool's master and children), measured
+    # as the server is; for a server that runs PHP itself (mod_php) it is part of the server.
+    Metric("php_cpu_per_10k", "PHP-FPM CPU s / 10k req", "s", "lower", 3),
+    Metric("total_cpu_per_10k", "Server + PHP CPU s / 10k req", "s", "lower", 3),
+    Metric("php_peak_cpu_pct", "PHP-FPM max CPU", "%", "lower"),
+    Metric("php_peak_rss_mib", "PHP-FPM peak RSS", "MiB", "lower", 1),
+    Metric("php_peak_pss_mib", "PHP-FPM peak PSS", "MiB", "lower", 1),
+    Metric("total_peak_pss_mib", "Server + PHP peak PSS", "MiB", "lower", 1),
+    # s3-sessions: siege's summary, in the study's columns
+    Metric("transactions", "Transactions", "", None),
+    Metric("elapsed_s", "Elapsed time", "s", None, 2),
+    Metric("data_mb", "Data transferred", "MB", None, 2),
+    Metric("response_s", "Response time", "s", "lower", 3),
+    Metric("throughput_mb_s", "Throughput", "MB/s", "higher", 2),
+    Metric("siege_concurrency", "Concurrency (siege)", "", None, 2),
 ]
 
 BY_KEY = {m.key: m for m in METRICS}

@@ -18,6 +18,10 @@ FIGURES = [
     ("latency.png", "Latency percentiles (solid p99, dashed p50)", ["p99_ms", "p50_ms"]),
     ("cpu.png", "Server CPU seconds per 10,000 requests", ["cpu_per_10k"]),
     ("memory.png", "Peak memory of the server process tree (PSS)", ["peak_pss_mib"]),
+    # Drawn only when the points have them (the dynamic scenarios).
+    ("php-cpu.png", "CPU s per 10,000 requests (solid server + PHP-FPM, dashed PHP-FPM alone)",
+     ["total_cpu_per_10k", "php_cpu_per_10k"]),
+    ("php-memory.png", "Peak memory of the PHP-FPM pool (PSS)", ["php_peak_pss_mib"]),
 ]
 STYLES = ["-", "--", ":"]
 

@@ -15,15 +15,48 @@ from dataclasses import asdict, dataclass
 class Reply:
     status: int
     header_bytes: int
-    body_bytes: int
+    body_bytes: int                # the body itself (chunked bodies: decoded)
     headers: str
+    wire_bytes: int = 0            # the whole response as sent: head, body and chunk framing
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+def _dechunk(sock: socket.socket, data: bytes) -> tuple[int, int]:
+    """Read a chunked body whose first bytes are `data`: (decoded length, bytes on the wire)."""
+    buf, size, wire = data, 0, 0
+
+    def need(n: int) -> None:
+        nonlocal buf
+        while len(buf) < n:
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                raise OSError("connection closed in the middle of a chunked body")
+            buf += chunk
+
+    while True:
+        while b"\r\n" not in buf:
+            need(len(buf) + 1)
+        line, _, rest = buf.partition(b"\r\n")
+        length = int(line.split(b";")[0], 16)
+        wire += len(line) + 2
+        buf = rest
+        if length == 0:
+            # Trailers (none expected) end with an empty line.
+            while not buf.startswith(b"\r\n") and b"\r\n\r\n" not in buf:
+                need(len(buf) + 1)
+            end = 2 if buf.startswith(b"\r\n") else buf.index(b"\r\n\r\n") + 4
+            return size, wire + end
+        need(length + 2)
+        size += length
+        wire += length + 2
+        buf = buf[length + 2:]
+
+
 def get(host: str, port: int, path: str, close: bool, extra_headers: str = "", timeout: float = 5.0) -> Reply:
-    """GET `path` over a fresh connection and read the whole response (Content-Length framed)."""
+    """GET `path` over a fresh connection and read the whole response (Content-Length framed,
+    chunked, or up to the close)."""
     conn = "Connection: close\r\n" if close else ""
     request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{conn}{extra_headers}\r\n".encode()
     with socket.create_connection((host, port), timeout=timeout) as sock:
@@ -37,17 +70,24 @@ def get(host: str, port: int, path: str, close: bool, extra_headers: str = "", t
         head, body = data.split(b"\r\n\r\n", 1)
         headers = head.decode("latin-1")
         length = None
+        chunked = False
         for line in headers.split("\r\n")[1:]:
             name, _, value = line.partition(":")
             if name.strip().lower() == "content-length":
                 length = int(value.strip())
-        while length is not None and len(body) < length:
-            chunk = sock.recv(1 << 20)
-            if not chunk:
-                break
-            body += chunk
-        if length is None:  # close-delimited body
-            while chunk := sock.recv(1 << 20):
+            elif name.strip().lower() == "transfer-encoding" and "chunked" in value.lower():
+                chunked = True
+        if chunked:
+            body_bytes, body_wire = _dechunk(sock, body)
+        else:
+            while length is not None and len(body) < length:
+                chunk = sock.recv(1 << 20)
+                if not chunk:
+                    break
                 body += chunk
+            if length is None:  # close-delimited body
+                while chunk := sock.recv(1 << 20):
+                    body += chunk
+            body_bytes = body_wire = len(body)
     status = int(headers.split(" ", 2)[1])
-    return Reply(status, len(head) + 4, len(body), headers)
+    return Reply(status, len(head) + 4, body_bytes, headers, len(head) + 4 + body_wire)

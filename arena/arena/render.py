@@ -32,5 +32,5 @@ def render(text: str, values: dict[str, object]) -> str:
 
 
 def template(name: str) -> str:
-    """Text of a template shipped in arena/servers/templates/."""
-    return resources.files("arena.servers").joinpath("templates", name).read_text()
+    """Text of a template shipped in arena/servers/templates/ (`name` may hold a subfolder)."""
+    return resources.files("arena.servers").joinpath("templates", *name.split("/")).read_text()

@@ -14,7 +14,9 @@ from pathlib import Path
 from arena.metrics import BY_KEY, fmt
 from arena.summary import REFERENCE
 
-SIDE_BY_SIDE = ["rps", "cpu_per_10k", "p99_ms", "peak_pss_mib", "failures"]
+# A table is shown for each figure that some point has (the PHP tier's only in the dynamic scenarios).
+SIDE_BY_SIDE = ["rps", "cpu_per_10k", "total_cpu_per_10k", "php_cpu_per_10k", "p99_ms", "peak_pss_mib",
+                "php_peak_pss_mib", "failures"]
 
 
 @dataclass

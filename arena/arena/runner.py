@@ -21,12 +21,13 @@ from arena.measure import TreeSample
 from arena.clients.base import LoadResult
 from arena.output import RunFolder, write_run
 from arena.scenarios.base import Context, Options, Scenario, record
+from arena.servers import sites
 from arena.servers.base import RunningServer, Server, Site
 from arena.workload import make_docroot
 
 
-def parse_cpus(text: str) -> set[int]:
-    """'0', '0,1', '0-3' -> CPU numbers; each must be one this process may run on."""
+def cpu_list(text: str) -> set[int]:
+    """'0', '0,1', '0-3' -> CPU numbers."""
     cpus: set[int] = set()
     try:
         for part in text.split(","):
@@ -37,6 +38,12 @@ def parse_cpus(text: str) -> set[int]:
                 cpus.add(int(part))
     except ValueError:
         raise ArenaError(f"bad CPU list '{text}': use e.g. 0 or 0,1 or 0-3") from None
+    return cpus
+
+
+def parse_cpus(text: str) -> set[int]:
+    """'0', '0,1', '0-3' -> CPU numbers; each must be one this process may run on."""
+    cpus = cpu_list(text)
     allowed = os.sched_getaffinity(0)
     missing = sorted(cpus - allowed)
     if missing:
@@ -46,12 +53,14 @@ def parse_cpus(text: str) -> set[int]:
 
 
 def preflight(scenario: Scenario, servers: list[Server], options: Options) -> None:
-    """Fail before starting anything: missing tools, missing binaries, bad CPU lists."""
+    """Fail before starting anything: missing tools, missing binaries and modules, bad CPU lists."""
     tools.require("taskset")
     for name in scenario.tools:
         tools.require(name)
+    kind = scenario.site_options(options).kind
     for server in servers:
         server.binary()
+        sites.check(server.name, kind)
     parse_cpus(options.server_cpus)
     parse_cpus(options.client_cpus)
     if options.rounds < 1:
@@ -76,6 +85,7 @@ def probe_server(server: RunningServer, paths: list[str], files: dict[str, int])
             "header_keepalive": keep.header_bytes, "header_close": close.header_bytes,
             "header_min": min(keep.header_bytes, close.header_bytes),
             "header_max": max(keep.header_bytes, close.header_bytes),
+            "wire_keepalive": keep.wire_bytes, "wire_close": close.wire_bytes,
             "headers_keepalive": keep.headers, "headers_close": close.headers,
         }
 
@@ -115,9 +125,13 @@ def run(scenario: Scenario, servers: list[Server], options: Options, out: Path,
         folder.create()
         files = make_docroot(workdir / "www")
         environment = envinfo.collect(servers, scenario.tools, options)
+        # What the scenario sets up before any server starts (an application, say).
+        prepared = scenario.prepare(options, [s.name for s in servers])
+        if prepared:
+            environment["scenario"] = prepared
         site_options = scenario.site_options(options)
         for server in servers:
-            site = Site(workdir / "www", ports.free_port(), site_options)
+            site = Site(site_options.docroot or workdir / "www", ports.free_port(), site_options)
             running.append(server.start(site, workdir / server.name, options.profile, options.server_cpus))
         for server in running:
             probe_server(server, scenario.probe_paths(), files)
@@ -165,6 +179,7 @@ def run(scenario: Scenario, servers: list[Server], options: Options, out: Path,
         signal.signal(signal.SIGTERM, previous_term)
         for server in running:
             server.stop()
+        scenario.finish()
         shutil.rmtree(workdir, ignore_errors=True)
     if not samples:
         folder.discard()

@@ -24,7 +24,8 @@ PACKAGES = {
 }
 
 LOAD_TOOLS = ["wrk", "h2load", "ab", "httperf", "siege"]
-PEER_PACKAGES = ["nginx", "lighttpd", "h2o", "apache2", "caddy", "wrk", "nghttp2-client",
+# libapache2-mod-php8.2: Apache prefork runs the dynamic scenarios' PHP app with mod_php.
+PEER_PACKAGES = ["nginx", "lighttpd", "h2o", "apache2", "caddy", "libapache2-mod-php8.2", "wrk", "nghttp2-client",
                  "apache2-utils", "httperf", "siege"]
 
 # How to ask each program its version; the first line matching the regex is kept.

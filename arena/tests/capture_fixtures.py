@@ -25,6 +25,17 @@ def save(name: str, text: str) -> None:
     print(f"wrote {name} ({len(text)} bytes)")
 
 
+def capture_url_lists(server, work: Path) -> None:
+    """wrk_paths.lua and siege -f -v over a list of paths, one of them missing (404)."""
+    paths = ["/index.html", "/robots.txt", "/missing.html"]
+    (work / "paths.txt").write_text("".join(f"{p}\n" for p in paths))
+    (work / "urls.txt").write_text("".join(f"{server.url(p)}\n" for p in paths))
+    save("wrk_paths.txt", run_tool(wrk.command(server.url("/"), 4, 300, paths_file=str(work / "paths.txt")),
+                                   CPUS, 60).stdout)
+    done = run_tool(siege.command(None, 2, 6, urls_file=str(work / "urls.txt"), verbose=True), CPUS, 60)
+    save("siege_verbose.txt", done.stderr + done.stdout)
+
+
 def main() -> None:
     OUT.mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="arena-fixtures-"))
@@ -67,6 +78,7 @@ def main() -> None:
         rc.write_text("json_output = true\n")
         done = run_tool(siege.command(index, 10, 50, rc_file=str(rc)), CPUS, 60)
         save("siege_json.txt", done.stderr + done.stdout)
+        capture_url_lists(server, work)
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)

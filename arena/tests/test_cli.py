@@ -22,7 +22,8 @@ def arena(*args, env=None, timeout=120):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["run", "s9-nothing"], "arena: unknown scenario 's9-nothing': choose from c10k, s1-static, s2-rate, s5-latency"),
+    (["run", "s9-nothing"], "arena: unknown scenario 's9-nothing': choose from c10k, s1-dynamic, s1-static, s2-rate, "
+                            "s3-sessions, s5-latency"),
     (["run", "s1-static", "--servers", "nginx,iis"], "arena: unknown server 'iis'"),
     (["run", "s1-static", "--servers", "nginx", "--server-cpus", "64"], "arena: CPU 64 is not available here"),
     (["run", "s1-static", "--servers", "nginx", "--rounds", "0"], "arena: --rounds must be at least 1"),
@@ -59,13 +60,13 @@ def test_existing_output_folder_is_refused(tmp_path):
 def test_list_and_servers_and_peers_dry_run():
     listed = arena("list")
     assert listed.returncode == 0
-    for name in ("s1-static", "s2-rate", "s5-latency", "c10k"):
+    for name in ("s1-static", "s1-dynamic", "s2-rate", "s3-sessions", "s5-latency", "c10k"):
         assert name in listed.stdout
     servers = arena("servers")
     assert servers.returncode == 0 and "apache-event" in servers.stdout and "wrk" in servers.stdout
     dry = arena("peers", "install", "--dry-run")
     assert dry.returncode == 0
-    assert "apt-get install -y -q --no-install-recommends nginx lighttpd h2o apache2 caddy" in dry.stderr
+    assert "apt-get install -y -q --no-install-recommends nginx lighttpd h2o apache2 caddy libapache2-mod-php8.2" in dry.stderr
 
 
 def test_ctrl_c_keeps_completed_points(tmp_path):

@@ -142,3 +142,39 @@ def test_siege_text_and_json_summaries(name):
     assert res.extra["availability_pct"] == 100.0
     assert res.rps > 0 and res.duration_s > 0
     assert res.latency_ms["max"] == pytest.approx(20.0)
+
+
+def test_wrk_paths_script_counts_every_non_2xx_answer():
+    # wrk_paths.lua over /index.html, /robots.txt, /missing.html: every third answer is a 404.
+    res = wrk.parse(fixture_text("wrk_paths.txt"))
+    assert res.requests == 301 and res.sent == 304
+    assert res.non_2xx_3xx == 100 and res.failures == 100
+    assert res.bytes_total == 378000
+
+
+def test_wrk_paths_command_cycles_a_path_file():
+    cmd = wrk.command("http://127.0.0.1:8080/", 10, 500, paths_file="/tmp/paths.txt")
+    assert cmd[cmd.index("-s") + 1].endswith("wrk_paths.lua")
+    assert cmd[-4:] == ["--", "500", "10", "/tmp/paths.txt"]
+    assert wrk.command("http://127.0.0.1:8080/x", 10, 500)[-3:] == ["--", "500", "10"]
+
+
+def test_h2load_uri_file_replaces_the_url():
+    cmd = h2load.command("http://127.0.0.1:8080/", 10, 500, uris_file="/tmp/urls.txt")
+    assert cmd[-2:] == ["-i", "/tmp/urls.txt"] and "http://127.0.0.1:8080/" not in cmd
+    res = h2load.parse(fixture_text("h2load_keepalive.txt"))
+    assert res.extra["status_2xx"] == 300 and res.extra["status_3xx"] == 0
+
+
+def test_siege_verbose_lines_give_statuses_and_sizes():
+    text = fixture_text("siege_verbose.txt")
+    lines = siege.transactions(text)
+    assert len(lines) == 12
+    assert lines[0] == (200, 0.0, 204, "/robots.txt") and lines[1] == (404, 0.0, 153, "/missing.html")
+    res = siege.parse(text)
+    # siege's own summary counts the 404s as neither failed nor successful transactions.
+    assert res.extra["failed"] == 0 and res.extra["successful"] == 8 and res.extra["transactions"] == 12
+    assert res.extra["status_counts"] == {"200": 8, "404": 4}
+    assert res.non_2xx_3xx == 4 and res.failures == 4 and res.socket_errors == 0
+    cmd = siege.command(None, 5, 20, urls_file="/tmp/urls.txt", verbose=True)
+    assert cmd[-4:] == ["20", "-v", "-f", "/tmp/urls.txt"]

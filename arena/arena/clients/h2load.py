@@ -15,13 +15,16 @@ TOOL = "h2load"
 
 
 def command(url: str, connections: int, requests: int, close: bool = False,
-            log_file: str | None = None) -> list[str]:
+            log_file: str | None = None, uris_file: str | None = None) -> list[str]:
+    """With `uris_file` (absolute URIs, one per line) h2load ignores `url`: each connection
+    requests those URIs in order, cycling, and the first requests % connections connections
+    make one request more than the others."""
     cmd = [require(TOOL), "--h1", "-t", "1", "-c", str(connections), "-n", str(requests)]
     if close:
         cmd += ["-H", "Connection: close"]
     if log_file:
         cmd += ["--log-file", log_file]
-    return cmd + [url]
+    return cmd + (["-i", uris_file] if uris_file else [url])
 
 
 def parse_log(text: str) -> dict[str, float]:
@@ -61,6 +64,8 @@ def parse(text: str, log_text: str = "") -> LoadResult:
     codes = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", text)
     if codes:
         res.non_2xx_3xx = int(codes.group(3)) + int(codes.group(4))
+        res.extra["status_2xx"] = int(codes.group(1))
+        res.extra["status_3xx"] = int(codes.group(2))
     traffic = re.search(r"traffic: .*?\((\d+)\) total, .*?\((\d+)\) headers .*?, .*?\((\d+)\) data", text)
     if traffic:
         res.bytes_total, res.header_bytes, res.body_bytes = map(int, traffic.groups())
@@ -80,12 +85,13 @@ def parse(text: str, log_text: str = "") -> LoadResult:
 
 
 def run(url: str, connections: int, requests: int, cpus: str, close: bool = False,
-        tick=None) -> tuple[LoadResult, ToolRun, str | None]:
+        tick=None, uris_file: str | None = None) -> tuple[LoadResult, ToolRun, str | None]:
     fd, log_path = tempfile.mkstemp(prefix="arena-h2load-", suffix=".log")
     os.close(fd)
     try:
         limit = max(30, requests // 100) + 30
-        tool = run_tool(command(url, connections, requests, close, log_path), cpus, timeout=limit, tick=tick)
+        tool = run_tool(command(url, connections, requests, close, log_path, uris_file), cpus,
+                        timeout=limit, tick=tick)
         with open(log_path) as f:
             log_text = f.read()
     finally:

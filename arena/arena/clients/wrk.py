@@ -13,14 +13,16 @@ TOOL = "wrk"
 
 
 def command(url: str, connections: int, requests: int, close: bool = False,
-            timeout_s: int = 5, max_seconds: int = 600) -> list[str]:
+            timeout_s: int = 5, max_seconds: int = 600, paths_file: str | None = None) -> list[str]:
     # One thread: the client has one CPU. The duration is only a safety bound; the Lua
-    # script ends the run at `requests` completed responses.
+    # script ends the run at `requests` completed responses. With `paths_file` (one path per
+    # line) the requests cycle through those paths on `url`'s host (wrk_paths.lua).
+    script = "wrk_paths.lua" if paths_file else "wrk_quota.lua"
     cmd = [require(TOOL), "-t", "1", "-c", str(connections), "-d", f"{max_seconds}s",
-           "--timeout", f"{timeout_s}s", "--latency", "-s", str(script_path("wrk_quota.lua"))]
+           "--timeout", f"{timeout_s}s", "--latency", "-s", str(script_path(script))]
     if close:
         cmd += ["-H", "Connection: close"]
-    return cmd + [url, "--", str(requests), str(connections)]
+    return cmd + [url, "--", str(requests), str(connections)] + ([paths_file] if paths_file else [])
 
 
 def parse(text: str) -> LoadResult:
@@ -54,7 +56,8 @@ def parse(text: str) -> LoadResult:
         res.bytes_total = data["bytes"]
         res.duration_s = data["duration_us"] / 1e6
         res.socket_errors = err["connect"] + err["read"] + err["write"] + err["timeout"]
-        res.non_2xx_3xx = err["status"]
+        # wrk_paths.lua counts every answer that is not 2xx; wrk itself only 4xx and 5xx.
+        res.non_2xx_3xx = data.get("non_2xx", err["status"])
         res.latency_ms = {k: v / 1000 for k, v in data["latency_us"].items()}
         res.rps = res.requests / res.duration_s if res.duration_s else 0.0
     res.failures = res.socket_errors + res.non_2xx_3xx
@@ -62,11 +65,11 @@ def parse(text: str) -> LoadResult:
 
 
 def run(url: str, connections: int, requests: int, cpus: str, close: bool = False,
-        tick=None) -> tuple[LoadResult, ToolRun, str | None]:
+        tick=None, paths_file: str | None = None) -> tuple[LoadResult, ToolRun, str | None]:
     # A bound, not a pace: at 500 req/s (slower than any peer manages here) the quota is
     # reached in time; a server that stops answering (lighttpd once it is out of
     # connections in c10k) ends the run instead of holding it for many minutes.
     max_seconds = max(60, requests // 500)
-    tool = run_tool(command(url, connections, requests, close, max_seconds=max_seconds), cpus,
+    tool = run_tool(command(url, connections, requests, close, max_seconds=max_seconds, paths_file=paths_file), cpus,
                     timeout=max_seconds + 30, tick=tick)
     return parse(tool.stdout), tool, tool_failed(tool, TOOL)

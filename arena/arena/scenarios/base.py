@@ -60,6 +60,16 @@ class Scenario:
     def site_options(self, options: Options) -> SiteOptions:
         return SiteOptions()
 
+    def prepare(self, options: Options, servers: list[str]) -> dict:
+        """Called once per run before any server starts: set up what the scenario needs
+        beyond the servers (an application, say), or raise an ArenaError that says which
+        command to run. What it returns is recorded under "scenario" in environment.json."""
+        return {}
+
+    def finish(self) -> None:
+        """Called once per run after the servers stopped, whatever happened (also when
+        prepare() failed half-way): undo what prepare() changed."""
+
     def points(self, options: Options) -> list[Point]:
         raise NotImplementedError
 

@@ -8,8 +8,9 @@ import math
 from pathlib import Path
 
 from arena.servers.base import Server, Site, run_user
+from arena.servers.sites import APACHE_MODULES
 
-MODULES = Path("/usr/lib/apache2/modules")
+MODULES = APACHE_MODULES
 MPMS = ("prefork", "worker", "event")
 
 # Debian's mods-available/mpm_*.conf, used by the default profile.
@@ -49,6 +50,7 @@ def tuned_mpm(mpm: str, connections: int) -> str:
 
 
 class Apache(Server):
+    family = "apache"
     program = "apache2"
     package = "apache2"
     config_file = "apache2.conf"

@@ -19,6 +19,7 @@ from pathlib import Path
 from arena import ports, procs
 from arena.errors import ArenaError
 from arena.render import render, template
+from arena.servers import sites
 from arena.tools import command_output, require
 
 PROFILES = ("tuned", "default")
@@ -33,6 +34,11 @@ class SiteOptions:
     access_log: bool | None = None
     # The most connections the scenario opens at once; tuned profiles size their limits to it.
     connections: int = 1024
+    # What is served (arena/servers/sites.py): the site kind, its document root (None: the
+    # arena's generated one) and the values the kind's templates need.
+    kind: str = "static"
+    docroot: Path | None = None
+    app: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass
@@ -86,6 +92,7 @@ class Server:
     title = ""           # for reports, e.g. "Apache httpd (event)"
     program = ""         # executable looked up on PATH
     package = ""         # Debian package providing it
+    family = ""          # template family (templates/sites/<family>-<kind>.conf); "" = name
     config_file = ""     # main config file written into the run directory
     pid_file = ""        # file the server writes its pid to, relative to the run directory
 
@@ -106,6 +113,9 @@ class Server:
     def template_name(self, profile: str) -> str:
         return f"{self.name}-{profile}.conf"
 
+    def site_template_name(self, kind: str, profile: str) -> str:
+        return sites.snippet_name(self.name, self.family or self.name, kind, profile)
+
     def values(self, site: Site, rundir: Path, profile: str) -> dict[str, object]:
         """Placeholder values for this server's template."""
         raise NotImplementedError
@@ -124,8 +134,11 @@ class Server:
         """File name -> rendered text of every config file this server needs."""
         if profile not in PROFILES:
             raise ArenaError(f"unknown profile '{profile}': choose from {', '.join(PROFILES)}")
-        text = render(template(self.template_name(profile)), self.values(site, rundir, profile))
-        return {self.config_file: text}
+        kind = site.options.kind
+        main = self.template_name(profile)
+        text = sites.inline(template(main), template(self.site_template_name(kind, profile)), main)
+        values = {**self.values(site, rundir, profile), **sites.app_values(kind, site.options.app)}
+        return {self.config_file: render(text, values)}
 
     def start(self, site: Site, rundir: Path, profile: str, cpus: str) -> "RunningServer":
         """Start pinned to `cpus`, wait until it answers HTTP, return the handle."""

@@ -59,7 +59,8 @@ class Gannet(Server):
             "host": site.host,
             "port": site.port,
             "docroot": site.docroot,
-            "mime_types": mime_types(),
+            # mime.types and fastcgi_params (PHP sites) come from the same folder.
+            "conf_dir": mime_types().parent,
             "access_log": log_line(access, rundir),
             "gzip": "gzip on;" if opts.gzip else "gzip off;",
             "keepalive_timeout": opts.keepalive_timeout if opts.keepalive_timeout is not None else 65,

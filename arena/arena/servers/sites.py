@@ -1,0 +1,112 @@
+"""Site kinds: what a server serves, as data.
+
+Every server template (templates/<server>-<profile>.conf) holds the server's global settings
+and one line `{{site}}` where the site goes: an nginx server block's contents, lighttpd's
+document root and handlers, h2o's paths, Caddy's site directives, Apache's DocumentRoot and
+handlers. That line is replaced by a snippet from templates/sites/, the first that exists of
+
+    <server>-<kind>-<profile>.conf   <server>-<kind>.conf
+    <family>-<kind>-<profile>.conf   <family>-<kind>.conf
+
+(the family is "apache" for the three Apache MPMs, else the server's own name), indented as
+the `{{site}}` line is. The snippet is rendered together with the main template, with the
+server's values plus the site's own (`SiteOptions.app`, e.g. `fastcgi_socket`), and the
+renderer's rule still holds: every placeholder filled, every value used.
+
+Adding a kind is adding its snippets and an entry in KINDS; no adapter changes, unless a server
+needs something only code can compute.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from arena.errors import ArenaError
+
+APACHE_MODULES = Path("/usr/lib/apache2/modules")
+SITE_LINE = re.compile(r"^([ \t]*)\{\{site\}\}[ \t]*$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    description: str
+    # Values the scenario must give in SiteOptions.app, used by the snippets.
+    values: tuple[str, ...] = ()
+    # Server name -> files its snippet needs, each with the Debian package that ships it.
+    requires: dict[str, tuple[tuple[Path, str], ...]] = field(default_factory=dict)
+    # Servers that run the application inside their own processes (Apache prefork + mod_php)
+    # instead of handing requests to the application's own pool.
+    embeds_app: frozenset[str] = frozenset()
+
+
+KINDS: dict[str, Kind] = {
+    "static": Kind("static", "the arena's generated document root (img.jpg, robots.txt, index.html)"),
+    "php": Kind(
+        "php",
+        "a PHP front controller (every path that is not a file goes to /index.php, WordPress-style) "
+        "run by the PHP-FPM pool listening on the unix socket `fastcgi_socket`; Apache prefork runs "
+        "it with mod_php instead, as study S1 did",
+        values=("fastcgi_socket",),
+        requires={"apache-prefork": ((APACHE_MODULES / "libphp8.2.so", "libapache2-mod-php8.2"),)},
+        embeds_app=frozenset({"apache-prefork"}),
+    ),
+}
+
+
+def kind(name: str) -> Kind:
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise ArenaError(f"unknown site kind '{name}': choose from {', '.join(KINDS)}") from None
+
+
+def _templates():
+    return resources.files("arena.servers").joinpath("templates")
+
+
+def snippet_name(server_name: str, family: str, kind_name: str, profile: str) -> str:
+    """The snippet file (relative to templates/) a server uses for a kind and profile."""
+    kind(kind_name)
+    names = [f"{server_name}-{kind_name}-{profile}.conf", f"{server_name}-{kind_name}.conf"]
+    if family != server_name:
+        names += [f"{family}-{kind_name}-{profile}.conf", f"{family}-{kind_name}.conf"]
+    folder = _templates().joinpath("sites")
+    for name in names:
+        if folder.joinpath(name).is_file():
+            return f"sites/{name}"
+    raise ArenaError(f"{server_name} cannot serve {kind_name} sites: no templates/sites/{names[-1]}")
+
+
+def inline(main: str, snippet: str, where: str = "template") -> str:
+    """`main` with its `{{site}}` line replaced by `snippet`, indented as that line."""
+    found = list(SITE_LINE.finditer(main))
+    if len(found) != 1:
+        raise KeyError(f"{where} needs exactly one {{{{site}}}} line, has {len(found)}")
+    indent = found[0].group(1)
+    body = "\n".join(indent + line if line.strip() else "" for line in snippet.strip("\n").splitlines())
+    return main[:found[0].start()] + body + main[found[0].end():]
+
+
+def app_values(kind_name: str, app: dict[str, object]) -> dict[str, object]:
+    """The site's own template values; each value the kind needs must be given."""
+    k = kind(kind_name)
+    missing = [v for v in k.values if v not in app]
+    if missing:
+        raise ArenaError(f"{k.name} sites need {', '.join(missing)} (SiteOptions.app)")
+    return dict(app)
+
+
+def check(server_name: str, kind_name: str) -> None:
+    """Raise a clear ArenaError if a file this server needs for the kind is missing."""
+    for path, package in kind(kind_name).requires.get(server_name, ()):
+        if not Path(path).exists():
+            raise ArenaError(f"{server_name} needs {path} to serve {kind_name} sites: install the Debian "
+                             f"package '{package}' (apt-get install {package}, or `arena peers install`)")
+
+
+def embeds_app(server_name: str, kind_name: str) -> bool:
+    return server_name in kind(kind_name).embeds_app
