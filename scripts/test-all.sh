@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the tests need, then every test: on a fresh Debian 12 machine (as root) this
-# installs the packages, builds gannet, and runs the Rust tests, lints, the end-to-end tests
+# installs the packages (the peers the arena drives too), builds gannet, and runs the Rust tests, lints, the end-to-end tests
 # against the real binary (and Debian's nginx for the differential test), and the arena's
 # tests with its smoke benchmark. Target: well under 30 minutes on 2 cores.
 set -euo pipefail
@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 step() { printf '\n==> %s\n' "$*"; }
 
 step "system packages"
-pkgs=(curl nginx lighttpd wrk nghttp2-client apache2-utils httperf siege php-fpm)
+pkgs=(curl nginx lighttpd h2o caddy apache2 apache2-utils libapache2-mod-php8.2 wrk nghttp2-client httperf siege php-fpm)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
