@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything the tests need, then every test: on a fresh Debian 12 machine (as root) this
-# installs the packages (the peers the arena drives too), builds gannet, and runs the Rust tests, lints, the end-to-end tests
-# against the real binary (and Debian's nginx for the differential test), and the arena's
-# tests with its smoke benchmark. Target: well under 30 minutes on 2 cores.
+# installs the packages (the peers the arena drives too), builds gannet, sets up the
+# Shakespeare app, and runs the Rust tests, lints, the end-to-end tests against the real
+# binary (and Debian's nginx for the differential test), the arena's tests with its smoke
+# benchmarks, and the app's tests through nginx and gannet. Target: well under 30 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,5 +52,5 @@ python3 -m pytest -q tests/e2e
 step "arena tests (with a short benchmark smoke run)"
 (cd arena && python3 -m pytest -q)
 
-step "Shakespeare app tests (data, and every route through nginx)"
+step "Shakespeare app tests (data, and every route through nginx and gannet)"
 python3 -m pytest -q apps/shakespeare/tests
