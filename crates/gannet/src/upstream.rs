@@ -266,32 +266,29 @@ impl Upstreams {
         g.active.resize(up.servers.len(), 0);
         let mut full = false;
         for backup in [false, true] {
-            let live: Vec<usize> = (0..up.servers.len())
-                .filter(|&i| {
-                    let s = &up.servers[i];
-                    let (n, since) = g.fails[i];
-                    let usable = s.backup == backup
-                        && !s.down
-                        && !tried.contains(&i)
-                        && (s.max_fails == 0
-                            || n < s.max_fails
-                            || now.duration_since(since) >= s.fail_timeout);
-                    let at_limit = s.max_conns > 0 && g.active[i] >= s.max_conns;
-                    full |= usable && at_limit;
-                    usable && !at_limit
-                })
-                .collect();
-            if live.is_empty() {
-                continue;
-            }
-            let total: i64 = live.iter().map(|&i| up.servers[i].weight).sum();
-            let mut best = live[0];
-            for &i in &live {
-                g.current[i] += up.servers[i].weight;
-                if g.current[i] > g.current[best] {
-                    best = i;
+            // Smooth weighted round robin over the usable servers, in one pass: each gains
+            // its weight, the one with the most is chosen and pays back the total.
+            let (mut total, mut best) = (0, None::<usize>);
+            for (i, s) in up.servers.iter().enumerate() {
+                let (n, since) = g.fails[i];
+                let usable = s.backup == backup
+                    && !s.down
+                    && !tried.contains(&i)
+                    && (s.max_fails == 0
+                        || n < s.max_fails
+                        || now.duration_since(since) >= s.fail_timeout);
+                let at_limit = s.max_conns > 0 && g.active[i] >= s.max_conns;
+                full |= usable && at_limit;
+                if !usable || at_limit {
+                    continue;
+                }
+                g.current[i] += s.weight;
+                total += s.weight;
+                if best.is_none_or(|b| g.current[i] > g.current[b]) {
+                    best = Some(i);
                 }
             }
+            let Some(best) = best else { continue };
             g.current[best] -= total;
             g.active[best] += 1;
             return Pick::Server(

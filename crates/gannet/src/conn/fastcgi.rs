@@ -1,6 +1,6 @@
 //! FastCGI, the I/O side: connect to the application (TCP or a unix socket), send
 //! BEGIN_REQUEST, PARAMS and the request body as STDIN, read STDOUT / STDERR until
-//! END_REQUEST, and turn the answer into a [`Flow`] for the request phases.
+//! END_REQUEST, and turn the answer into an [`Outcome`] for the request phases.
 //!
 //! An answer up to [`STREAM_AT`] bytes is buffered whole before it is sent: the application
 //! is released as soon as it is done, and the client gets a Content-Length. A bigger one is
@@ -13,8 +13,8 @@
 //!
 //! Failures map to nginx's statuses and log lines: refused or unreachable -> 502, a timeout
 //! -> 504, malformed records or head -> 502, an application that closes before the end of
-//! its answer -> 502. Nothing has been sent to the client at that point, so it always gets
-//! a whole answer.
+//! a buffered answer -> 502 (nothing has been sent to the client yet). A streamed answer
+//! that fails is cut short and the client connection closed.
 
 use crate::errlog::{self, Level};
 use crate::http::handler::Flow;
@@ -113,7 +113,7 @@ impl Streaming {
         match self.pull(req).await {
             Ok(b) => Ok(b),
             Err(f) => {
-                self.fail(req, f);
+                log_failure(req, &self.addr, &f);
                 Err(())
             }
         }
@@ -134,23 +134,11 @@ impl Streaming {
                 Ok(None) => {}
                 Err(e) => return Err(Failure::Protocol(e.to_string())),
             }
-            self.input.reserve(16 * 1024);
             let t = req.conf.fastcgi.read_timeout();
-            match timed(t, self.conn.read_buf(&mut self.input)).await {
-                Ok(Ok(0)) => return Err(Failure::Premature),
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(Failure::Io(e, "reading upstream")),
-                Err(()) => return Err(Failure::Timeout("reading upstream")),
+            if read_more(&mut self.conn, &mut self.input, t, "reading upstream").await? == 0 {
+                return Err(Failure::Premature);
             }
         }
-    }
-
-    fn fail(&self, req: &Request, f: Failure) {
-        errlog::request(
-            Level::Error,
-            req,
-            format_args!("{f}, upstream: \"fastcgi://{}\"", self.addr),
-        );
     }
 
     /// The answer was sent whole: keep the connection if it may be reused.
@@ -241,13 +229,32 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
     }
 }
 
-fn failed(req: &Request, addr: &Addr, f: &Failure) -> Flow {
+fn log_failure(req: &Request, addr: &Addr, f: &Failure) {
     errlog::request(
         Level::Error,
         req,
         format_args!("{f}, upstream: \"fastcgi://{addr}\""),
     );
+}
+
+fn failed(req: &Request, addr: &Addr, f: &Failure) -> Flow {
+    log_failure(req, addr, f);
     Flow::Status(f.status())
+}
+
+/// Read what the application sent next into `input`; 0 is the end of the stream.
+async fn read_more(
+    s: &mut Conn,
+    input: &mut BytesMut,
+    timeout: Duration,
+    phase: &'static str,
+) -> Result<usize, Failure> {
+    input.reserve(16 * 1024);
+    match timed(timeout, s.read_buf(input)).await {
+        Ok(Ok(n)) => Ok(n),
+        Ok(Err(e)) => Err(Failure::Io(e, phase)),
+        Err(()) => Err(Failure::Timeout(phase)),
+    }
 }
 
 /// Whether `fastcgi_next_upstream` (default `error timeout`) sends the request on to the
@@ -410,13 +417,10 @@ async fn exchange(
         } else {
             "reading response header from upstream"
         };
-        input.reserve(16 * 1024);
-        match timed(c.read_timeout(), s.read_buf(&mut input)).await {
-            Ok(Ok(0)) if !got_any => return Err(Failure::ClosedEarly),
-            Ok(Ok(0)) => return Err(Failure::Premature),
-            Ok(Ok(_)) => got_any = true,
-            Ok(Err(e)) => return Err(Failure::Io(e, phase)),
-            Err(()) => return Err(Failure::Timeout(phase)),
+        match read_more(&mut s, &mut input, c.read_timeout(), phase).await? {
+            0 if !got_any => return Err(Failure::ClosedEarly),
+            0 => return Err(Failure::Premature),
+            _ => got_any = true,
         }
     }
 }
