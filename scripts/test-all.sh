@@ -29,6 +29,8 @@ rustup component add clippy rustfmt >/dev/null 2>&1 || true
 
 step "python packages"
 python3 -m pip install -q -e './arena[test]'
+# Independent decoders for the compression tests.
+python3 -m pip install -q brotli zstandard
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

@@ -6,6 +6,7 @@
 
 pub mod access_log;
 pub mod autoindex;
+pub mod compress;
 pub mod core;
 pub mod error_page;
 pub mod fastcgi;
@@ -85,6 +86,10 @@ pub const MODULES: &[Module] = &[
         directives: fastcgi::DIRECTIVES,
         set: fastcgi::set,
     },
+    Module {
+        directives: compress::DIRECTIVES,
+        set: compress::set,
+    },
 ];
 
 /// Find the spec and setter for an http/server/location directive.
@@ -137,6 +142,7 @@ pub struct LocConf {
     pub rewrite: rewrite::RewriteConf,
     pub log: access_log::LogConf,
     pub fastcgi: fastcgi::FastCgiConf,
+    pub compress: compress::CompressConf,
 }
 
 impl LocConf {
@@ -151,6 +157,7 @@ impl LocConf {
         self.error_page.merge(&parent.error_page);
         self.log.merge(&parent.log);
         self.fastcgi.merge(&parent.fastcgi);
+        self.compress.merge(&parent.compress);
         // try_files and the rewrite statements are not inherited, as in nginx.
     }
 }

@@ -94,16 +94,6 @@ pub const IGNORED: &[(&str, &str)] = &[
     ("ssl_dhparam", "TLS is not supported yet"),
     ("ssl_stapling", "TLS is not supported yet"),
     ("ssl_stapling_verify", "TLS is not supported yet"),
-    ("gzip", "compression is not supported yet"),
-    ("gzip_vary", "compression is not supported yet"),
-    ("gzip_proxied", "compression is not supported yet"),
-    ("gzip_comp_level", "compression is not supported yet"),
-    ("gzip_buffers", "compression is not supported yet"),
-    ("gzip_http_version", "compression is not supported yet"),
-    ("gzip_types", "compression is not supported yet"),
-    ("gzip_min_length", "compression is not supported yet"),
-    ("gzip_disable", "compression is not supported yet"),
-    ("gzip_static", "compression is not supported yet"),
 ];
 
 pub fn lookup(name: &str) -> Option<&'static str> {

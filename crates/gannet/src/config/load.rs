@@ -40,8 +40,6 @@ const NOT_YET_FAMILIES: &[(&str, &str)] = &[
     ("limit_req", "limit_req is not supported yet"),
     ("limit_conn", "limit_conn is not supported yet"),
     ("auth_basic", "auth_basic is not supported yet"),
-    ("brotli", "compression is not supported yet"),
-    ("zstd", "compression is not supported yet"),
 ];
 
 const STRUCTURE: &[Spec] = &[

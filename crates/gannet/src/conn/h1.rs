@@ -11,9 +11,11 @@
 //! connection is closed, since what follows can no longer be trusted.
 
 use super::body::{self, BodyError};
-use super::fastcgi::{Outcome, Streaming};
+use super::fastcgi::Outcome;
 use super::send;
+use super::source::Source;
 use crate::errlog::Level;
+use crate::http::encoder::Encoder;
 use crate::http::handler::{self, Flow, Handled};
 use crate::http::request::{ConnInfo, Request};
 use crate::http::response::{encode_head, Body, HeadCtx, Part, Response};
@@ -24,7 +26,7 @@ use crate::runtime::clock;
 use crate::runtime::parking::{Parked, PARK_AFTER};
 use crate::runtime::read_timers::ReadTimers;
 use crate::runtime::worker::Worker;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use gannet_proto::h1::{parse_request, BodyKind, Limits, Method, ParseError, RequestHead, Version};
 use gannet_proto::uri::parse_target;
 use std::io::IoSlice;
@@ -423,8 +425,9 @@ impl Conn {
                     let flow = match super::fastcgi::run(&w, &req, &body).await {
                         Outcome::Flow(f) => f,
                         Outcome::Stream(mut resp, stream) => {
-                            handler::finish(&mut req, &mut resp);
-                            return self.respond_streamed(&req, resp, stream, keep).await;
+                            handler::finish_streamed(&mut req, &mut resp);
+                            let src = Source::App(stream);
+                            return self.respond_streamed(&req, resp, src, keep).await;
                         }
                     };
                     if matches!(flow, Flow::Redirect(_)) && !req.is_head() {
@@ -443,6 +446,16 @@ impl Conn {
     /// Write the response (head into the output buffer, body after it), then log it.
     /// Returns whether the connection stays open.
     async fn respond(&mut self, req: &Request, mut resp: Response, keep: bool) -> bool {
+        if resp.encode.is_some() {
+            // Compressed while sent (a large file).
+            let parts = match std::mem::take(&mut resp.body) {
+                Body::Parts(p) => p.into(),
+                Body::Empty => Default::default(),
+            };
+            return self
+                .respond_streamed(req, resp, Source::Parts(parts), keep)
+                .await;
+        }
         let (keep, head_len, send_body) = self.head(req, &mut resp, keep);
         let core = &req.conf.core;
         let body_len = resp.body.len();
@@ -455,19 +468,28 @@ impl Conn {
         keep && sent_ok
     }
 
-    /// Send an application's big answer as it arrives: chunked to an HTTP/1.1 client,
-    /// close-delimited to an HTTP/1.0 one. If the application stops half-way, what came is
-    /// sent and the connection closes (a chunked body then lacks its last chunk).
+    /// Send a body of unknown length as it comes (an application's big answer, or one being
+    /// compressed): chunked to an HTTP/1.1 client, close-delimited to an HTTP/1.0 one. If
+    /// the source fails half-way, what came is sent and the connection closes (a chunked
+    /// body then lacks its last chunk, so the client knows).
     async fn respond_streamed(
         &mut self,
         req: &Request,
         mut resp: Response,
-        mut stream: Streaming,
+        mut src: Source,
         keep: bool,
     ) -> bool {
         let chunked = req.head.version == Version::Http11;
         resp.chunked = chunked;
         resp.length_unknown = !chunked;
+        let mut encoder = match resp.encode.map(|(c, level)| Encoder::new(c, level)) {
+            None => None,
+            Some(Ok(e)) => Some(e),
+            Some(Err(e)) => {
+                compress_failed(req, &e);
+                return false;
+            }
+        };
         let (keep, head_len, send_body) = self.head(req, &mut resp, keep && chunked);
         let mut sent = 0u64;
         let mut whole = true;
@@ -475,37 +497,58 @@ impl Conn {
         // dropped, not kept.
         let mut more = send_body;
         while more {
-            match stream.next(req).await {
-                Ok(Some(data)) => {
-                    if chunked {
-                        self.out
-                            .extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
-                    }
-                    self.out.extend_from_slice(&data);
-                    if chunked {
-                        self.out.extend_from_slice(b"\r\n");
-                    }
-                    sent += data.len() as u64;
-                    if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
-                        whole = false;
-                        more = false;
-                    }
-                }
+            let piece = match src.next(req).await {
+                Ok(Some(data)) => match &mut encoder {
+                    None => Ok(data),
+                    Some(e) => e
+                        .write(&data)
+                        .and_then(|()| if src.may_pause() { e.flush() } else { Ok(()) })
+                        .map(|()| e.take().into()),
+                },
                 Ok(None) => {
-                    if chunked {
-                        self.out.extend_from_slice(b"0\r\n\r\n");
-                    }
                     more = false;
+                    encoder
+                        .take()
+                        .map_or(Ok(Bytes::new()), |e| e.finish().map(Bytes::from))
                 }
                 Err(()) => {
                     whole = false;
-                    more = false;
+                    break;
                 }
+            };
+            let piece = match piece {
+                Ok(p) => p,
+                Err(e) => {
+                    compress_failed(req, &e);
+                    whole = false;
+                    break;
+                }
+            };
+            if !piece.is_empty() {
+                if chunked {
+                    self.out
+                        .extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+                }
+                self.out.extend_from_slice(&piece);
+                if chunked {
+                    self.out.extend_from_slice(b"\r\n");
+                }
+                sent += piece.len() as u64;
+            }
+            if !more && chunked {
+                self.out.extend_from_slice(b"0\r\n\r\n");
+            }
+            // An application may pause before its next piece: what it said goes out now.
+            // A file's pieces come at once and are written in FLUSH_AT batches.
+            let due = src.may_pause() || self.out.len() >= FLUSH_AT;
+            if due && self.flush().await.is_err() {
+                whole = false;
+                break;
             }
         }
         let flushed = self.flush().await.is_ok();
         if send_body && whole {
-            stream.finish(&self.w);
+            src.finish(&self.w);
         }
         self.log(req, &resp, head_len, sent);
         keep && whole && flushed
@@ -625,6 +668,14 @@ impl Conn {
             self.w.log_line(log, &line);
         }
     }
+}
+
+fn compress_failed(req: &Request, e: &std::io::Error) {
+    crate::errlog::request(
+        Level::Error,
+        req,
+        format_args!("compression failed, response aborted: {e}"),
+    );
 }
 
 /// Host header value -> `$host`: lowercased, without port or trailing dot.

@@ -8,17 +8,18 @@
 //! 5. content: `try_files`, then the location's application (`fastcgi_pass`) or else
 //!    `index`, `autoindex`, static files
 //! 6. errors: `error_page` redirect, else the built-in page
-//! 7. filters: `expires` / `add_header`, then conditional requests and ranges
+//! 7. filters: `expires` / `add_header`, then conditional requests and ranges, then
+//!    compression (gzip, Brotli, zstd)
 //!
 //! Each handler returns a [`Flow`], like nginx's NGX_DECLINED / NGX_OK / status codes.
 //! The phases are synchronous; an application's answer is awaited by the connection, which
 //! then hands its outcome back to [`resume`] (so error_page and local redirects apply to it).
 
 use crate::errlog::Level;
-use crate::http::conditional;
 use crate::http::request::Request;
 use crate::http::response::Response;
 use crate::http::router::{find_location, Matcher};
+use crate::http::{compress, conditional};
 use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{autoindex, headers, index, static_files, try_files};
@@ -79,10 +80,21 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
         };
     };
     finish(req, &mut resp);
+    let len = (!resp.length_unknown).then(|| resp.content_length.unwrap_or(resp.body.len()));
+    let plan = compress::plan(req, &resp, len);
     if resp.status == 200 {
         conditional::filter(req, &mut resp);
     }
+    compress::apply(req, &mut resp, plan, false);
     Handled::Respond(resp)
+}
+
+/// [`finish`] for an application's answer that is streamed: its length is not known (unless
+/// it declared one) and its body comes later, compressed on the way if the filter says so.
+pub fn finish_streamed(req: &mut Request, resp: &mut Response) {
+    finish(req, resp);
+    let plan = compress::plan(req, resp, resp.content_length);
+    compress::apply(req, resp, plan, true);
 }
 
 /// The filters every response goes through, streamed ones too: the status an error_page

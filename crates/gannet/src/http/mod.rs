@@ -1,7 +1,9 @@
 //! The request path: one `Request` type, virtual host and location selection, the phases,
 //! and the response with its filters.
 
+pub mod compress;
 pub mod conditional;
+pub mod encoder;
 pub mod handler;
 pub mod request;
 pub mod response;

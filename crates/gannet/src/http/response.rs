@@ -3,6 +3,8 @@
 //! The body is kept as bytes or file ranges, so the connection can send a cached small file
 //! with one write and a large one with `sendfile`, and HEAD / 304 can drop it.
 
+use crate::modules::compress::Coding;
+use crate::modules::file_cache::Variants;
 use bytes::Bytes;
 use gannet_proto::h1::encode;
 use std::borrow::Cow;
@@ -90,6 +92,11 @@ pub struct Response {
     pub length_unknown: bool,
     /// The body is sent with `Transfer-Encoding: chunked`.
     pub chunked: bool,
+    /// A small file's compressed copies, for the compression filter to reuse.
+    pub variants: Option<Rc<Variants>>,
+    /// Compress the body with this encoding and level while sending it (a large file or a
+    /// streamed answer; in-memory bodies are compressed before).
+    pub encode: Option<(Coding, u32)>,
 }
 
 impl Response {

@@ -8,6 +8,7 @@
 //! Not-found results are cached only with `open_file_cache_errors on`, as in nginx.
 //! Nothing here is shared between workers, so there are no locks.
 
+use super::compress::Coding;
 use bytes::Bytes;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -34,8 +35,37 @@ pub struct OpenFile {
     pub is_file: bool,
     /// The whole content for small regular files.
     pub data: Option<Bytes>,
+    /// Compressed copies of `data`, made on first demand (shared by every clone).
+    pub variants: Rc<Variants>,
     ino: u64,
     dev: u64,
+}
+
+/// A small file's compressed copies by encoding and level, so that a hot file (robots.txt,
+/// a stylesheet) is compressed once per worker instead of once per request. They live as
+/// long as the cache entry: a changed file gets a new entry and new copies.
+#[derive(Debug, Default)]
+pub struct Variants(RefCell<Vec<(Coding, u32, Bytes)>>);
+
+impl Variants {
+    pub fn get_or_make(
+        &self,
+        coding: Coding,
+        level: u32,
+        make: impl FnOnce() -> io::Result<Vec<u8>>,
+    ) -> io::Result<Bytes> {
+        if let Some((_, _, b)) = self
+            .0
+            .borrow()
+            .iter()
+            .find(|(c, l, _)| (*c, *l) == (coding, level))
+        {
+            return Ok(b.clone());
+        }
+        let b = Bytes::from(make()?);
+        self.0.borrow_mut().push((coding, level, b.clone()));
+        Ok(b)
+    }
 }
 
 #[derive(Debug)]
@@ -168,6 +198,7 @@ fn load(path: &Path) -> Result<OpenFile, io::ErrorKind> {
         is_dir: meta.is_dir(),
         is_file: meta.is_file(),
         data,
+        variants: Rc::default(),
         ino: meta.ino(),
         dev: meta.dev(),
         file: Rc::new(file),

@@ -1,15 +1,18 @@
 //! The static-file content handler and its directives: `etag`, `if_modified_since`,
 //! `open_file_cache`, `open_file_cache_valid`, `open_file_cache_min_uses`,
-//! `open_file_cache_errors`.
+//! `open_file_cache_errors`. Precompressed files (`gzip_static` and its Brotli and zstd
+//! twins, configured in `modules::compress`) are looked for here too.
 //!
 //! A found regular file becomes a 200 with Last-Modified, ETag (nginx's `"mtime-size"` in
 //! hex) and Accept-Ranges; its body is the cached bytes for small files or a file range for
 //! `sendfile`. A directory without the trailing slash is a 301 to the slash form. Conditional
 //! requests and ranges are answered afterwards by `http::conditional`.
 
+use super::compress::{Coding, Static};
 use super::file_cache::Policy;
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::errlog::Level;
+use crate::http::compress;
 use crate::http::handler::Flow;
 use crate::http::request::Request;
 use crate::http::response::{Body, FileRange, Part, Response};
@@ -177,6 +180,14 @@ pub fn handle(req: &Request, w: &Worker) -> Flow {
         return Flow::Status(405);
     }
     let path = req.filename_for(&req.uri);
+    let mut vary = false;
+    if req.conf.compress.any_static() && req.method() != Method::Post {
+        match precompressed(req, w, &path) {
+            Precompressed::Found(r) => return Flow::Done(r),
+            Precompressed::Varies => vary = true,
+            Precompressed::None => {}
+        }
+    }
     let f = match w.files.open(&path, &req.conf.files.policy()) {
         Ok(f) => f,
         Err(kind) => return Flow::Status(file_error(req, kind, &path)),
@@ -194,7 +205,80 @@ pub fn handle(req: &Request, w: &Worker) -> Flow {
     if req.method() == Method::Post {
         return Flow::Status(405);
     }
-    Flow::Done(file_response(req, &f))
+    let mut r = file_response(req, &f);
+    if vary {
+        compress::add_vary(&mut r);
+    }
+    Flow::Done(r)
+}
+
+enum Precompressed {
+    Found(Response),
+    /// None for this client, but another client would get one (`gzip_vary`).
+    Varies,
+    None,
+}
+
+/// `gzip_static` / `brotli_static` / `zstd_static`: `file.gz` (`.br`, `.zst`) for an
+/// encoding the client accepts, best first, or for one set to `always` whatever it accepts.
+/// As in nginx, the compressed file is served even if the plain one does not exist; its
+/// own Last-Modified and ETag go with it, the Content-Type is the plain name's.
+fn precompressed(req: &Request, w: &Worker, path: &std::path::Path) -> Precompressed {
+    let conf = &req.conf.compress;
+    let mut on = [false; 3];
+    let mut always = [false; 3];
+    for c in Coding::PREFERENCE {
+        match conf.static_mode(c) {
+            Static::Off => {}
+            Static::On => on[c as usize] = true,
+            Static::Always => (on[c as usize], always[c as usize]) = (true, true),
+        }
+    }
+    let policy = req.conf.files.policy();
+    let open = |c: Coding| {
+        let mut p = path.as_os_str().to_owned();
+        p.push(c.suffix());
+        w.files
+            .open(std::path::Path::new(&p), &policy)
+            .ok()
+            .filter(|f| f.is_file)
+    };
+    let serve = |c: Coding, f: super::file_cache::OpenFile| {
+        let mut r = file_response(req, &f);
+        r.variants = None;
+        r.headers
+            .push(("Content-Encoding".into(), c.token().into()));
+        if conf.vary() {
+            compress::add_vary(&mut r);
+        }
+        Precompressed::Found(r)
+    };
+    // Each missing file is looked for once (the cache keeps no not-found results by default).
+    let mut untried = on;
+    if !compress::client_refuses(req, &Response::new(200)) {
+        while let Some(c) = compress::negotiate(compress::accept_encoding(req), &untried) {
+            untried[c as usize] = false;
+            if let Some(f) = open(c) {
+                return serve(c, f);
+            }
+        }
+    }
+    for c in Coding::PREFERENCE {
+        if always[c as usize] && untried[c as usize] {
+            untried[c as usize] = false;
+            if let Some(f) = open(c) {
+                return serve(c, f);
+            }
+        }
+    }
+    let exists = Coding::PREFERENCE
+        .iter()
+        .any(|&c| untried[c as usize] && open(c).is_some());
+    if conf.vary() && exists {
+        Precompressed::Varies
+    } else {
+        Precompressed::None
+    }
 }
 
 /// The 200 response for an open regular file.
@@ -207,7 +291,10 @@ pub fn file_response(req: &Request, f: &super::file_cache::OpenFile) -> Response
     }
     r.accept_ranges = true;
     r.body = match &f.data {
-        Some(d) => Body::Parts(vec![Part::Bytes(d.clone())]),
+        Some(d) => {
+            r.variants = Some(f.variants.clone());
+            Body::Parts(vec![Part::Bytes(d.clone())])
+        }
         None => Body::Parts(vec![Part::File(FileRange {
             file: f.file.clone(),
             offset: 0,
