@@ -446,3 +446,13 @@ def test_config_errors(gannet, directive, message):
 def test_accepted_tuning_directives(gannet):
     r = gannet.check(http="gzip_buffers 16 8k; brotli_buffers 16 8k; zstd_buffers 16 8k; brotli_window 512k;")
     assert r.returncode == 0, r.stderr
+
+
+def test_gzip_level_1_sends_no_more_bytes_than_zlib_level_1(gannet):
+    """nginx compresses with zlib; at the same gzip_comp_level gannet's answer is no bigger
+    (bytes per reply is one of the studies' columns)."""
+    srv = gannet.start(files=FILES, server="gzip on; gzip_types text/plain;")
+    for path, text in (("/page.html", BIG), ("/robots.txt", TEXT)):
+        _, h, body = get(srv, path, "gzip")
+        assert gzip.decompress(body) == text.encode()
+        assert len(body) <= len(gzip.compress(text.encode(), 1)) * 1.02, path

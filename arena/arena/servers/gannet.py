@@ -62,7 +62,9 @@ class Gannet(Server):
             # mime.types and fastcgi_params (PHP sites) come from the same folder.
             "conf_dir": mime_types().parent,
             "access_log": log_line(access, rundir),
-            "gzip": "gzip on;" if opts.gzip else "gzip off;",
+            # The same types as the nginx adapter: text/html alone would leave robots.txt plain.
+            "gzip": ("gzip on;\n    gzip_types text/plain text/css application/javascript;"
+                     if opts.gzip else "gzip off;"),
             "keepalive_timeout": opts.keepalive_timeout if opts.keepalive_timeout is not None else 65,
         }
         if tuned:

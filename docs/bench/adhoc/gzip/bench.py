@@ -1,0 +1,57 @@
+"""Interleaved side-by-side runs: each server pinned to CPU 0, wrk on CPU 1."""
+import subprocess, sys, time, re, os, signal, statistics
+SERVERS = {
+  "gannet":   (["/work/main/target/release/gannet", "-c", "/tmp/gzbench/gannet.conf"], 18081),
+  "nginx":    (["nginx", "-p", "/tmp/gzbench", "-c", "/tmp/gzbench/nginx.conf"], 18082),
+  "lighttpd": (["lighttpd", "-D", "-f", "/tmp/gzbench/lighttpd.conf"], 18084),
+  "h2o":      (["h2o", "-c", "/tmp/gzbench/h2o.conf"], 18085),
+}
+def tree_cpu(pid):
+    pids=[pid]
+    out=subprocess.run(["pgrep","-P",str(pid)],capture_output=True,text=True).stdout.split()
+    pids+= [int(p) for p in out]
+    tot=0
+    for p in pids:
+        try:
+            f=open(f"/proc/{p}/stat").read().rsplit(")",1)[1].split()
+            tot+=int(f[11])+int(f[12])
+        except Exception: pass
+    return tot/os.sysconf("SC_CLK_TCK")
+def main():
+    path=sys.argv[1]; conns=int(sys.argv[2]); dur=sys.argv[3]; rounds=int(sys.argv[4]); extra=sys.argv[5:]
+    names=os.environ.get("SERVERS","gannet,nginx,lighttpd,h2o").split(",")
+    procs={}
+    for n in names:
+        cmd,port=SERVERS[n]
+        procs[n]=subprocess.Popen(["taskset","-c","0"]+cmd,stdout=subprocess.DEVNULL,stderr=subprocess.DEVNULL)
+    time.sleep(1.0)
+    # Show what each server answers (the encoding and the size on the wire): a server that
+    # does not compress would make the comparison meaningless.
+    import http.client
+    hdrs=dict(h.split(": ",1) for h in extra[1::2]) if extra[:1]==["-H"] else {}
+    for n in names:
+        c=http.client.HTTPConnection("127.0.0.1",SERVERS[n][1],timeout=5)
+        c.request("GET",path,headers=hdrs); r=c.getresponse(); body=r.read(); c.close()
+        print(f"{n:9s} {r.status} Content-Encoding={r.getheader('Content-Encoding')} bytes={len(body)}")
+    res={n:[] for n in names}
+    try:
+        for r in range(rounds):
+            for n in names:
+                port=SERVERS[n][1]
+                c0=tree_cpu(procs[n].pid)
+                out=subprocess.run(["taskset","-c","1","wrk","-t1",f"-c{conns}",f"-d{dur}"]+extra+[f"http://127.0.0.1:{port}{path}"],capture_output=True,text=True).stdout
+                c1=tree_cpu(procs[n].pid)
+                rps=float(re.search(r"Requests/sec:\s+([\d.]+)",out).group(1))
+                total=int(re.search(r"(\d+) requests in",out).group(1))
+                errs=re.search(r"Socket errors: (.*)",out); non2=re.search(r"Non-2xx or 3xx responses: (\d+)",out)
+                res[n].append((rps,(c1-c0)/total*10000,(c1-c0), (errs.group(1) if errs else ""), (non2.group(1) if non2 else "0")))
+    finally:
+        for p in procs.values():
+            p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try: p.wait(5)
+            except Exception: p.kill()
+    for n in names:
+        rps=[x[0] for x in res[n]]; cpu=[x[1] for x in res[n]]; busy=[x[2] for x in res[n]]
+        print(f"{n:9s} req/s median {statistics.median(rps):9.0f} (min {min(rps):7.0f} max {max(rps):7.0f})  cpu s/10k {statistics.median(cpu):.3f}  busy {statistics.median(busy):.2f}s errors {[x[3] for x in res[n] if x[3]]} non2xx {[x[4] for x in res[n]]}")
+main()
