@@ -31,8 +31,7 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a scenario")
     run.add_argument("scenario")
-    run.add_argument("--servers", default="gannet,nginx,apache-prefork,apache-worker,apache-event,"
-                     "lighttpd,h2o,caddy", help="comma-separated (default: all)")
+    run.add_argument("--servers", help="comma-separated (default: all that can serve the scenario's site)")
     run.add_argument("--profile", default="tuned", choices=["tuned", "default"])
     run.add_argument("--rounds", type=int, help="measured rounds per point (default 3; 1 with --quick)")
     run.add_argument("--requests", type=int, help="requests per point (overrides the scenario's)")
@@ -80,12 +79,24 @@ def _servers(console: Console) -> int:
     return 0
 
 
+ALL_SERVERS = "gannet,nginx,apache-prefork,apache-worker,apache-event,lighttpd,h2o,caddy"
+
+
 def _run(args, console: Console) -> int:
     from arena import runner, scenarios, servers
     from arena.scenarios.base import Options
 
     scenario = scenarios.get(args.scenario)
-    chosen = servers.parse_list(args.servers)
+    if args.servers:
+        chosen = servers.parse_list(args.servers)
+    else:
+        # Every server, less those that cannot serve this scenario's site (a feature they lack).
+        kind = scenario.site_options(Options()).kind
+        everyone = servers.parse_list(ALL_SERVERS)
+        chosen = [s for s in everyone if s.serves(kind, args.profile)]
+        skipped = [s.name for s in everyone if s not in chosen]
+        if skipped:
+            console.print(f"not run (no {kind} site support): {', '.join(skipped)}")
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
     if args.requests is not None and args.requests < 1:
         raise ArenaError("--requests must be at least 1")

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import gzip
+
 import io
 import os
 from pathlib import Path
@@ -117,7 +119,10 @@ def make_docroot(path: Path) -> dict[str, int]:
     path.mkdir(parents=True, exist_ok=True)
     path.chmod(0o755)
     files = {IMAGE_NAME: image_bytes(), "robots.txt": ROBOTS.encode(), "index.html": INDEX.encode()}
-    for name, data in files.items():
+    # Precompressed copies for the static-gz site (gzip_static and equivalents); made as
+    # `gzip -9n` would, so every server sends the same bytes.
+    compressed = {f"{name}.gz": gzip.compress(files[name], 9, mtime=0) for name in ("robots.txt", "index.html")}
+    for name, data in {**files, **compressed}.items():
         target = path / name
         target.write_bytes(data)
         target.chmod(0o644)

@@ -22,7 +22,7 @@ def arena(*args, env=None, timeout=120):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["run", "s9-nothing"], "arena: unknown scenario 's9-nothing': choose from c10k, s1-dynamic, s1-static, s2-rate, "
+    (["run", "s9-nothing"], "arena: unknown scenario 's9-nothing': choose from c10k, s1-dynamic, s1-static, s2-rate, s2-rate-gz, "
                             "s3-sessions, s5-latency"),
     (["run", "s1-static", "--servers", "nginx,iis"], "arena: unknown server 'iis'"),
     (["run", "s1-static", "--servers", "nginx", "--server-cpus", "64"], "arena: CPU 64 is not available here"),

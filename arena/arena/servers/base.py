@@ -116,6 +116,9 @@ class Server:
     def site_template_name(self, kind: str, profile: str) -> str:
         return sites.snippet_name(self.name, self.family or self.name, kind, profile)
 
+    def serves(self, kind: str, profile: str) -> bool:
+        return sites.supports(self.name, self.family or self.name, kind, profile)
+
     def values(self, site: Site, rundir: Path, profile: str) -> dict[str, object]:
         """Placeholder values for this server's template."""
         raise NotImplementedError

@@ -45,6 +45,9 @@ class Kind:
 
 KINDS: dict[str, Kind] = {
     "static": Kind("static", "the arena's generated document root (img.jpg, robots.txt, index.html)"),
+    "static-gz": Kind("static-gz", "the same document root, with robots.txt.gz and index.html.gz served "
+                      "to clients that accept gzip instead of compressing per request (gzip_static and "
+                      "each server's equivalent; lighttpd and Apache have none built in)"),
     "php": Kind(
         "php",
         "a PHP front controller (every path that is not a file goes to /index.php, WordPress-style) "
@@ -79,6 +82,15 @@ def snippet_name(server_name: str, family: str, kind_name: str, profile: str) ->
         if folder.joinpath(name).is_file():
             return f"sites/{name}"
     raise ArenaError(f"{server_name} cannot serve {kind_name} sites: no templates/sites/{names[-1]}")
+
+
+def supports(server_name: str, family: str, kind_name: str, profile: str) -> bool:
+    """Whether the server has a snippet for the kind."""
+    try:
+        snippet_name(server_name, family, kind_name, profile)
+        return True
+    except ArenaError:
+        return False
 
 
 def inline(main: str, snippet: str, where: str = "template") -> str:

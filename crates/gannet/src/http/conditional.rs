@@ -129,7 +129,8 @@ fn slice(body: &Body, start: u64, end: u64) -> Option<Part> {
 }
 
 fn range(req: &Request, r: &mut Response) {
-    let Some(rv) = req.head.header("range") else {
+    // Only what offers ranges (nginx's allow_ranges: plain files) is cut into them.
+    let Some(rv) = req.head.header("range").filter(|_| r.accept_ranges) else {
         return;
     };
     if let Some(ir) = req.head.header("if-range") {

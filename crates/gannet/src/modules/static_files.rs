@@ -222,7 +222,8 @@ enum Precompressed {
 /// `gzip_static` / `brotli_static` / `zstd_static`: `file.gz` (`.br`, `.zst`) for an
 /// encoding the client accepts, best first, or for one set to `always` whatever it accepts.
 /// As in nginx, the compressed file is served even if the plain one does not exist; its
-/// own Last-Modified and ETag go with it, the Content-Type is the plain name's.
+/// own Last-Modified and ETag go with it, the Content-Type is the plain name's, and a Range
+/// is ignored (200).
 fn precompressed(req: &Request, w: &Worker, path: &std::path::Path) -> Precompressed {
     let conf = &req.conf.compress;
     let mut on = [false; 3];
@@ -246,6 +247,8 @@ fn precompressed(req: &Request, w: &Worker, path: &std::path::Path) -> Precompre
     let serve = |c: Coding, f: super::file_cache::OpenFile| {
         let mut r = file_response(req, &f);
         r.variants = None;
+        // As nginx's gzip_static: no ranges of a compressed file.
+        r.accept_ranges = false;
         r.headers
             .push(("Content-Encoding".into(), c.token().into()));
         if conf.vary() {
