@@ -10,12 +10,15 @@ pub mod core;
 pub mod error_page;
 pub mod fastcgi;
 pub mod file_cache;
+pub mod gateway;
 pub mod headers;
 pub mod index;
 pub mod rewrite;
+pub mod scgi;
 pub mod static_files;
 pub mod try_files;
 pub mod types;
+pub mod uwsgi;
 
 use gannet_conf::registry::Spec;
 use gannet_conf::{ConfError, Directive};
@@ -85,6 +88,14 @@ pub const MODULES: &[Module] = &[
         directives: fastcgi::DIRECTIVES,
         set: fastcgi::set,
     },
+    Module {
+        directives: scgi::DIRECTIVES,
+        set: scgi::set,
+    },
+    Module {
+        directives: uwsgi::DIRECTIVES,
+        set: uwsgi::set,
+    },
 ];
 
 /// Find the spec and setter for an http/server/location directive.
@@ -137,6 +148,8 @@ pub struct LocConf {
     pub rewrite: rewrite::RewriteConf,
     pub log: access_log::LogConf,
     pub fastcgi: fastcgi::FastCgiConf,
+    pub scgi: gateway::GatewayConf,
+    pub uwsgi: uwsgi::UwsgiConf,
 }
 
 impl LocConf {
@@ -151,6 +164,8 @@ impl LocConf {
         self.error_page.merge(&parent.error_page);
         self.log.merge(&parent.log);
         self.fastcgi.merge(&parent.fastcgi);
+        self.scgi.merge(&parent.scgi);
+        self.uwsgi.merge(&parent.uwsgi);
         // try_files and the rewrite statements are not inherited, as in nginx.
     }
 }

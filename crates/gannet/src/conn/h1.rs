@@ -11,7 +11,7 @@
 //! connection is closed, since what follows can no longer be trusted.
 
 use super::body::{self, BodyError};
-use super::fastcgi::{Outcome, Streaming};
+use super::gateway::{Outcome, Streaming};
 use super::send;
 use crate::errlog::Level;
 use crate::http::handler::{self, Flow, Handled};
@@ -375,7 +375,7 @@ impl Conn {
         let mut keep = req.head.keep_alive;
         let mut body = Vec::new();
         if req.head.body != BodyKind::None {
-            let wanted = matches!(handled, Handled::FastCgi);
+            let wanted = matches!(handled, Handled::Gateway);
             // An unused body is read off the wire, unless the client waits for 100-continue
             // (it will not send it) or the answer is to close anyway.
             if !wanted && (req.head.expect_continue || matches!(handled, Handled::Close)) {
@@ -419,8 +419,8 @@ impl Conn {
             match handled {
                 Handled::Respond(resp) => return self.respond(&req, resp, keep).await,
                 Handled::Close => return false,
-                Handled::FastCgi => {
-                    let flow = match super::fastcgi::run(&w, &req, &body).await {
+                Handled::Gateway => {
+                    let flow = match super::gateway::run(&w, &req, &body).await {
                         Outcome::Flow(f) => f,
                         Outcome::Stream(mut resp, stream) => {
                             handler::finish(&mut req, &mut resp);

@@ -1,7 +1,7 @@
 //! Client connections: the HTTP/1.x connection loop, the ways a body leaves the process,
-//! and the FastCGI exchange a request may wait for.
+//! and the exchange with a FastCGI, SCGI or uwsgi application a request may wait for.
 
 pub mod body;
-pub mod fastcgi;
+pub mod gateway;
 pub mod h1;
 pub mod send;
