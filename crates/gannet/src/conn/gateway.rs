@@ -119,6 +119,8 @@ struct Link {
     input: BytesMut,
     /// SCGI / uwsgi with a Content-Length: the body bytes still to come.
     left: Option<u64>,
+    /// Whether anything came: a FastCGI close before that is what a stale kept connection
+    /// does, after it an answer cut short.
     got_any: bool,
 }
 
