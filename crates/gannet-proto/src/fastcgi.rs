@@ -1,12 +1,16 @@
 //! FastCGI 1.0 records (the responder role), no I/O: encoders for what a web server sends
 //! (BEGIN_REQUEST, PARAMS, STDIN, ABORT_REQUEST) and an incremental decoder for what the
-//! application answers (STDOUT, STDERR, END_REQUEST), plus the CGI response head that
-//! STDOUT starts with (RFC 3875 section 6: `Status:`, `Location:`, other header fields).
+//! application answers (STDOUT, STDERR, END_REQUEST). STDOUT starts with the CGI response
+//! head ([`crate::cgi`]).
 //!
 //! One request per connection at a time (request id 1): multiplexing is optional in the
 //! spec, PHP-FPM does not do it, and nginx never asks for it.
 
 use bytes::{Buf, Bytes, BytesMut};
+
+// The head at the start of STDOUT is CGI's, shared with SCGI and uwsgi.
+pub use crate::cgi::{parse_head, CgiHead, HeadError};
+use crate::cgi::{ParamError, ParamSink};
 
 pub const VERSION: u8 = 1;
 pub const BEGIN_REQUEST: u8 = 1;
@@ -83,25 +87,9 @@ pub struct Params {
     buf: Vec<u8>,
 }
 
-/// Why a parameter could not be encoded.
-#[derive(Debug, PartialEq, Eq)]
-pub struct TooLong;
-
 impl Params {
     pub fn new() -> Params {
         Params::default()
-    }
-
-    /// Add one pair. Names and values are limited to 2^31-1 bytes by the format.
-    pub fn push(&mut self, name: &[u8], value: &[u8]) -> Result<(), TooLong> {
-        if name.len() > i32::MAX as usize || value.len() > i32::MAX as usize {
-            return Err(TooLong);
-        }
-        put_len(&mut self.buf, name.len());
-        put_len(&mut self.buf, value.len());
-        self.buf.extend_from_slice(name);
-        self.buf.extend_from_slice(value);
-        Ok(())
     }
 
     pub fn len(&self) -> usize {
@@ -110,6 +98,20 @@ impl Params {
 
     pub fn is_empty(&self) -> bool {
         self.buf.is_empty()
+    }
+}
+
+impl ParamSink for Params {
+    /// Add one pair. Names and values are limited to 2^31-1 bytes by the format.
+    fn push(&mut self, name: &[u8], value: &[u8]) -> Result<(), ParamError> {
+        if name.len() > i32::MAX as usize || value.len() > i32::MAX as usize {
+            return Err(ParamError::TooBig);
+        }
+        put_len(&mut self.buf, name.len());
+        put_len(&mut self.buf, value.len());
+        self.buf.extend_from_slice(name);
+        self.buf.extend_from_slice(value);
+        Ok(())
     }
 }
 
@@ -230,112 +232,6 @@ pub fn decode(buf: &mut BytesMut) -> Result<Option<Record>, DecodeError> {
             other => return Err(DecodeError::Type(other)),
         }));
     }
-}
-
-/// The CGI response head at the start of STDOUT.
-#[derive(Debug, PartialEq, Eq, Default)]
-pub struct CgiHead {
-    /// From `Status: 404 Not Found` (the code only).
-    pub status: Option<u16>,
-    /// The header fields in order, `Status` excluded, names as sent.
-    pub headers: Vec<(String, String)>,
-}
-
-impl CgiHead {
-    pub fn get(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// Why the head could not be parsed.
-#[derive(Debug, PartialEq, Eq, Clone, Copy)]
-pub enum HeadError {
-    /// A header line that is not `name: value`.
-    Invalid,
-    /// `Status:` without a three-digit code.
-    BadStatus,
-    /// More than the head size limit without the empty line.
-    TooBig,
-}
-
-impl std::fmt::Display for HeadError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            HeadError::Invalid => "upstream sent invalid header",
-            HeadError::BadStatus => "upstream sent invalid status",
-            HeadError::TooBig => "upstream sent too big header",
-        })
-    }
-}
-
-/// Parse the head off the front of `buf` (accumulated STDOUT). `Ok(None)`: the empty line
-/// has not arrived yet. On success the head is removed and `buf` starts with the body.
-/// Lines may end in CRLF or a bare LF (PHP sends CRLF; CGI scripts often send LF).
-pub fn parse_head(buf: &mut BytesMut, max: usize) -> Result<Option<CgiHead>, HeadError> {
-    let mut head = CgiHead::default();
-    let mut pos = 0;
-    loop {
-        let Some(nl) = memchr::memchr(b'\n', &buf[pos..]) else {
-            return if buf.len() > max {
-                Err(HeadError::TooBig)
-            } else {
-                Ok(None)
-            };
-        };
-        let end = pos + nl;
-        if end > max {
-            return Err(HeadError::TooBig);
-        }
-        let line = &buf[pos..end];
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        pos = end + 1;
-        if line.is_empty() {
-            break;
-        }
-        let colon = memchr::memchr(b':', line).ok_or(HeadError::Invalid)?;
-        let name = &line[..colon];
-        if name.is_empty() || !name.iter().all(|&c| is_token(c)) {
-            return Err(HeadError::Invalid);
-        }
-        let value = trim(&line[colon + 1..]);
-        let name = String::from_utf8_lossy(name).into_owned();
-        let value = String::from_utf8_lossy(value).into_owned();
-        if name.eq_ignore_ascii_case("status") {
-            let code = value.get(..3).and_then(|c| c.parse::<u16>().ok());
-            match code {
-                Some(c)
-                    if (100..1000).contains(&c)
-                        && value.as_bytes().get(3).is_none_or(|&b| b == b' ') =>
-                {
-                    head.status = Some(c)
-                }
-                _ => return Err(HeadError::BadStatus),
-            }
-        } else {
-            head.headers.push((name, value));
-        }
-    }
-    buf.advance(pos);
-    Ok(Some(head))
-}
-
-fn trim(v: &[u8]) -> &[u8] {
-    let start = v
-        .iter()
-        .position(|&c| c != b' ' && c != b'\t')
-        .unwrap_or(v.len());
-    let end = v
-        .iter()
-        .rposition(|&c| c != b' ' && c != b'\t')
-        .map_or(start, |e| e + 1);
-    &v[start..end]
-}
-
-fn is_token(c: u8) -> bool {
-    c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c)
 }
 
 #[cfg(test)]

@@ -4,12 +4,19 @@
 //! - [`h1::parse`]: HTTP/1.x request heads (on `httparse`) with the framing rules of RFC 9112.
 //! - [`h1::chunked`]: the chunked request-body decoder.
 //! - [`h1::encode`]: status lines, reason phrases, HTTP dates.
-//! - [`fastcgi`]: FastCGI records and the CGI response head.
+//! - [`cgi`]: what the three application protocols share: the parameter sink and the CGI
+//!   response head (optionally after an HTTP status line).
+//! - [`fastcgi`]: FastCGI records.
+//! - [`scgi`]: SCGI request headers.
+//! - [`uwsgi`]: uwsgi request packets.
 //! - [`uri`]: request-target splitting, percent-decoding and path normalisation.
 
+pub mod cgi;
 pub mod fastcgi;
 pub mod h1;
+pub mod scgi;
 pub mod uri;
+pub mod uwsgi;
 
 #[doc(hidden)]
 pub mod fuzz_support;

@@ -11,12 +11,15 @@ pub mod core;
 pub mod error_page;
 pub mod fastcgi;
 pub mod file_cache;
+pub mod gateway;
 pub mod headers;
 pub mod index;
 pub mod rewrite;
+pub mod scgi;
 pub mod static_files;
 pub mod try_files;
 pub mod types;
+pub mod uwsgi;
 
 use gannet_conf::registry::Spec;
 use gannet_conf::{ConfError, Directive};
@@ -87,6 +90,14 @@ pub const MODULES: &[Module] = &[
         set: fastcgi::set,
     },
     Module {
+        directives: scgi::DIRECTIVES,
+        set: scgi::set,
+    },
+    Module {
+        directives: uwsgi::DIRECTIVES,
+        set: uwsgi::set,
+    },
+    Module {
         directives: compress::DIRECTIVES,
         set: compress::set,
     },
@@ -143,6 +154,8 @@ pub struct LocConf {
     pub log: access_log::LogConf,
     pub fastcgi: fastcgi::FastCgiConf,
     pub compress: compress::CompressConf,
+    pub scgi: gateway::GatewayConf,
+    pub uwsgi: uwsgi::UwsgiConf,
 }
 
 impl LocConf {
@@ -158,6 +171,8 @@ impl LocConf {
         self.log.merge(&parent.log);
         self.fastcgi.merge(&parent.fastcgi);
         self.compress.merge(&parent.compress);
+        self.scgi.merge(&parent.scgi);
+        self.uwsgi.merge(&parent.uwsgi);
         // try_files and the rewrite statements are not inherited, as in nginx.
     }
 }

@@ -83,8 +83,14 @@ pub const IGNORED: &[(&str, &str)] = &[
         "fastcgi_temp_path",
         "FastCGI answers are buffered in memory or streamed",
     ),
-    ("uwsgi_temp_path", "uwsgi is not supported yet"),
-    ("scgi_temp_path", "SCGI is not supported yet"),
+    (
+        "uwsgi_temp_path",
+        "uwsgi answers are buffered in memory or streamed",
+    ),
+    (
+        "scgi_temp_path",
+        "SCGI answers are buffered in memory or streamed",
+    ),
     ("ssl_protocols", "TLS is not supported yet"),
     ("ssl_prefer_server_ciphers", "TLS is not supported yet"),
     ("ssl_ciphers", "TLS is not supported yet"),

@@ -33,8 +33,8 @@ const NOT_YET: &[(&str, &str)] = &[
 const NOT_YET_FAMILIES: &[(&str, &str)] = &[
     ("proxy_", "proxying is not supported yet"),
     ("fastcgi_", "this FastCGI directive is not supported yet"),
-    ("uwsgi_", "uwsgi is not supported yet"),
-    ("scgi_", "SCGI is not supported yet"),
+    ("uwsgi_", "this uwsgi directive is not supported yet"),
+    ("scgi_", "this SCGI directive is not supported yet"),
     ("ssl_", "TLS is not supported yet"),
     ("http2", "HTTP/2 is not supported yet"),
     ("limit_req", "limit_req is not supported yet"),

@@ -11,7 +11,7 @@
 //! connection is closed, since what follows can no longer be trusted.
 
 use super::body::{self, BodyError};
-use super::fastcgi::Outcome;
+use super::gateway::Outcome;
 use super::send;
 use super::source::Source;
 use crate::errlog::Level;
@@ -377,7 +377,7 @@ impl Conn {
         let mut keep = req.head.keep_alive;
         let mut body = Vec::new();
         if req.head.body != BodyKind::None {
-            let wanted = matches!(handled, Handled::FastCgi);
+            let wanted = matches!(handled, Handled::Gateway);
             // An unused body is read off the wire, unless the client waits for 100-continue
             // (it will not send it) or the answer is to close anyway.
             if !wanted && (req.head.expect_continue || matches!(handled, Handled::Close)) {
@@ -421,8 +421,8 @@ impl Conn {
             match handled {
                 Handled::Respond(resp) => return self.respond(&req, resp, keep).await,
                 Handled::Close => return false,
-                Handled::FastCgi => {
-                    let flow = match super::fastcgi::run(&w, &req, &body).await {
+                Handled::Gateway => {
+                    let flow = match super::gateway::run(&w, &req, &body).await {
                         Outcome::Flow(f) => f,
                         Outcome::Stream(mut resp, stream) => {
                             handler::finish_streamed(&mut req, &mut resp);

@@ -1,8 +1,9 @@
 //! Client connections: the HTTP/1.x connection loop, the ways a body leaves the process
-//! (whole, or streamed from a `source`), and the FastCGI exchange a request may wait for.
+//! (whole, or streamed from a `source`), and the exchange with a FastCGI, SCGI or uwsgi
+//! application a request may wait for.
 
 pub mod body;
-pub mod fastcgi;
+pub mod gateway;
 pub mod h1;
 pub mod send;
 pub mod source;

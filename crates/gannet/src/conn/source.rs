@@ -2,7 +2,7 @@
 //! body already at hand (a large file) that is compressed on the way out
 //! (`Response::encode`). The connection sends both the same way, piece by piece.
 
-use super::fastcgi::Streaming;
+use super::gateway::Streaming;
 use crate::errlog::{self, Level};
 use crate::http::request::Request;
 use crate::http::response::Part;

@@ -5,7 +5,8 @@
 //! 2. find location (again after a rewrite or internal redirect; at most 10 times)
 //! 3. rewrite (location level)
 //! 4. access (`internal`)
-//! 5. content: `try_files`, then the location's application (`fastcgi_pass`) or else
+//! 5. content: `try_files`, then the location's application (`fastcgi_pass`, `scgi_pass`,
+//!    `uwsgi_pass`) or else
 //!    `index`, `autoindex`, static files
 //! 6. errors: `error_page` redirect, else the built-in page
 //! 7. filters: `expires` / `add_header`, then conditional requests and ranges, then
@@ -22,7 +23,7 @@ use crate::http::router::{find_location, Matcher};
 use crate::http::{compress, conditional};
 use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
-use crate::modules::{autoindex, headers, index, static_files, try_files};
+use crate::modules::{autoindex, gateway, headers, index, static_files, try_files};
 use crate::runtime::worker::Worker;
 use gannet_proto::h1::{BodyKind, Method};
 
@@ -38,15 +39,16 @@ pub enum Flow {
     Redirect(String),
     /// Close the connection without answering (`return 444`).
     Close,
-    /// Pass the request to the location's FastCGI application.
-    FastCgi,
+    /// Pass the request to the location's application (FastCGI, SCGI or uwsgi).
+    Gateway,
 }
 
 /// Where the phases got to.
 pub enum Handled {
     Respond(Response),
-    /// The connection must run the FastCGI exchange, then call [`resume`] with its outcome.
-    FastCgi,
+    /// The connection must run the exchange with the application, then call [`resume`]
+    /// with its outcome.
+    Gateway,
     /// Close without an answer.
     Close,
 }
@@ -71,7 +73,7 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
             Flow::Next => locate_and_run(req, w),
             Flow::Done(r) => break r,
             Flow::Close => return Handled::Close,
-            Flow::FastCgi => return Handled::FastCgi,
+            Flow::Gateway => return Handled::Gateway,
             Flow::Redirect(uri) => internal_redirect(req, w, &uri),
             Flow::Status(code) => match error_page(req, code) {
                 Some(f) => f,
@@ -163,8 +165,8 @@ fn run_location(req: &mut Request, w: &Worker) -> Flow {
         Flow::Next => {}
         other => return other,
     }
-    if req.conf.fastcgi.pass.is_some() {
-        return Flow::FastCgi;
+    if gateway::active(&req.conf).is_some() {
+        return Flow::Gateway;
     }
     let content: [fn(&Request, &Worker) -> Flow; 3] = [
         index::handle,

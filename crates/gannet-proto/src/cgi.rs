@@ -1,0 +1,202 @@
+//! What FastCGI, SCGI and uwsgi share, no I/O: the CGI meta-variables a server sends
+//! ([`ParamSink`], each protocol encoding the pairs its own way) and the head an application
+//! answers with (RFC 3875 section 6: `Status:`, `Location:`, other header fields), which
+//! SCGI and uwsgi applications may also start with an HTTP status line
+//! (`HTTP/1.1 200 OK`, [`parse_head_or_status_line`]), as nginx accepts from them.
+
+use bytes::{Buf, BytesMut};
+
+/// Why a parameter could not be encoded.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub enum ParamError {
+    /// Longer than the protocol's length fields (or its whole block) can say.
+    TooBig,
+    /// A NUL byte, which ends a name or value in SCGI's framing.
+    Nul,
+}
+
+impl std::fmt::Display for ParamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ParamError::TooBig => "request parameters are too big for the protocol",
+            ParamError::Nul => "a request parameter contains a NUL byte",
+        })
+    }
+}
+
+/// The name-value pairs of one request, in whichever protocol's encoding.
+pub trait ParamSink {
+    fn push(&mut self, name: &[u8], value: &[u8]) -> Result<(), ParamError>;
+}
+
+/// The CGI response head at the start of an application's answer.
+#[derive(Debug, PartialEq, Eq, Default)]
+pub struct CgiHead {
+    /// From `Status: 404 Not Found` or an HTTP status line (the code only).
+    pub status: Option<u16>,
+    /// The header fields in order, `Status` excluded, names as sent.
+    pub headers: Vec<(String, String)>,
+}
+
+impl CgiHead {
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Why the head could not be parsed.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub enum HeadError {
+    /// A header line that is not `name: value`.
+    Invalid,
+    /// `Status:` without a three-digit code.
+    BadStatus,
+    /// More than the head size limit without the empty line.
+    TooBig,
+}
+
+impl std::fmt::Display for HeadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HeadError::Invalid => "upstream sent invalid header",
+            HeadError::BadStatus => "upstream sent invalid status",
+            HeadError::TooBig => "upstream sent too big header",
+        })
+    }
+}
+
+/// Parse the head off the front of `buf` (the answer so far). `Ok(None)`: the empty line
+/// has not arrived yet. On success the head is removed and `buf` starts with the body.
+/// Lines may end in CRLF or a bare LF (PHP sends CRLF; CGI scripts often send LF).
+pub fn parse_head(buf: &mut BytesMut, max: usize) -> Result<Option<CgiHead>, HeadError> {
+    let Some((head, used)) = fields(buf, 0, max, None)? else {
+        return Ok(None);
+    };
+    buf.advance(used);
+    Ok(Some(head))
+}
+
+/// [`parse_head`], except that the head may start with an HTTP status line, whose code then
+/// wins over a `Status:` field (nginx's SCGI and uwsgi modules read answers this way). A
+/// first line that is not a status line is read as a header field.
+pub fn parse_head_or_status_line(
+    buf: &mut BytesMut,
+    max: usize,
+) -> Result<Option<CgiHead>, HeadError> {
+    let Some(nl) = memchr::memchr(b'\n', buf) else {
+        return if buf.len() > max {
+            Err(HeadError::TooBig)
+        } else {
+            Ok(None)
+        };
+    };
+    let line = &buf[..nl];
+    let Some(code) = status_line(line.strip_suffix(b"\r").unwrap_or(line)) else {
+        return parse_head(buf, max);
+    };
+    let Some((head, used)) = fields(buf, nl + 1, max, Some(code))? else {
+        return Ok(None);
+    };
+    buf.advance(used);
+    Ok(Some(head))
+}
+
+/// The code of `HTTP/major.minor NNN [reason]`, or `None` if `line` is not one.
+fn status_line(line: &[u8]) -> Option<u16> {
+    let rest = line.strip_prefix(b"HTTP/")?;
+    let sp = memchr::memchr(b' ', rest)?;
+    let (major, minor) = rest[..sp].split_at(memchr::memchr(b'.', &rest[..sp])?);
+    let digits = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
+    if !digits(major) || !digits(&minor[1..]) {
+        return None;
+    }
+    let rest = &rest[sp + 1..];
+    let code = rest.get(..3).filter(|c| digits(c))?;
+    if rest.get(3).is_some_and(|&b| b != b' ') {
+        return None;
+    }
+    let code = code.iter().fold(0u16, |n, d| n * 10 + u16::from(d - b'0'));
+    (100..1000).contains(&code).then_some(code)
+}
+
+/// The header fields from `pos` up to the empty line: the head and where the body starts.
+/// `line_status` is the code of a status line before them.
+fn fields(
+    buf: &[u8],
+    mut pos: usize,
+    max: usize,
+    line_status: Option<u16>,
+) -> Result<Option<(CgiHead, usize)>, HeadError> {
+    let mut head = CgiHead {
+        status: line_status,
+        headers: Vec::new(),
+    };
+    loop {
+        let Some(nl) = memchr::memchr(b'\n', &buf[pos..]) else {
+            return if buf.len() > max {
+                Err(HeadError::TooBig)
+            } else {
+                Ok(None)
+            };
+        };
+        let end = pos + nl;
+        if end > max {
+            return Err(HeadError::TooBig);
+        }
+        let line = &buf[pos..end];
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        pos = end + 1;
+        if line.is_empty() {
+            return Ok(Some((head, pos)));
+        }
+        let colon = memchr::memchr(b':', line).ok_or(HeadError::Invalid)?;
+        let name = &line[..colon];
+        if name.is_empty() || !name.iter().all(|&c| is_token(c)) {
+            return Err(HeadError::Invalid);
+        }
+        let value = trim(&line[colon + 1..]);
+        let name = String::from_utf8_lossy(name).into_owned();
+        let value = String::from_utf8_lossy(value).into_owned();
+        if name.eq_ignore_ascii_case("status") {
+            // After a status line the field is not read at all, as in nginx: only hidden.
+            if line_status.is_some() {
+                continue;
+            }
+            let code = value.get(..3).and_then(|c| c.parse::<u16>().ok());
+            match code {
+                Some(c)
+                    if (100..1000).contains(&c)
+                        && value.as_bytes().get(3).is_none_or(|&b| b == b' ') =>
+                {
+                    head.status = Some(c)
+                }
+                _ => return Err(HeadError::BadStatus),
+            }
+        } else {
+            head.headers.push((name, value));
+        }
+    }
+}
+
+fn trim(v: &[u8]) -> &[u8] {
+    let start = v
+        .iter()
+        .position(|&c| c != b' ' && c != b'\t')
+        .unwrap_or(v.len());
+    let end = v
+        .iter()
+        .rposition(|&c| c != b' ' && c != b'\t')
+        .map_or(start, |e| e + 1);
+    &v[start..end]
+}
+
+fn is_token(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c)
+}
+
+#[cfg(test)]
+#[path = "cgi_tests.rs"]
+mod tests;

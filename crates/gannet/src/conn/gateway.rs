@@ -1,0 +1,630 @@
+//! The exchange with an application, the I/O side of `fastcgi_pass`, `scgi_pass` and
+//! `uwsgi_pass`: connect (TCP or a unix socket), send the request in the protocol's
+//! encoding with its body, read the answer, and turn it into an [`Outcome`] for the request
+//! phases. The three differ only in framing:
+//!
+//! - FastCGI: BEGIN_REQUEST, PARAMS and the body as STDIN records; the answer comes in
+//!   STDOUT / STDERR records and ends with END_REQUEST, so the connection can carry the
+//!   next request: with `fastcgi_keep_conn on` plus the group's `keepalive N` it is kept
+//!   (`upstream` module).
+//! - SCGI and uwsgi: a header block, then the body as is; the answer is a plain byte stream
+//!   that ends when the application closes the connection (or after the Content-Length it
+//!   announced). Their connections are never kept, as in nginx.
+//!
+//! An answer up to [`STREAM_AT`] bytes is buffered whole before it is sent: the application
+//! is released as soon as it is done, and the client gets a Content-Length. A bigger one is
+//! streamed as it comes ([`Streaming`], chunked to HTTP/1.1 clients, close-delimited to
+//! HTTP/1.0 ones); if the application dies mid-way the client connection is closed, so the
+//! client sees the answer is incomplete. With an `upstream` group, the server is picked by
+//! round robin and failed servers are skipped per `*_next_upstream`; a plain address gets a
+//! new connection per request, as in nginx.
+//!
+//! Failures map to nginx's statuses and log lines: refused or unreachable -> 502, a timeout
+//! -> 504, malformed records or head -> 502, an application that closes before the end of
+//! a buffered answer -> 502 (nothing has been sent to the client yet), parameters the
+//! protocol cannot carry (uwsgi's 64 KiB block) -> 500. A streamed answer that fails is cut
+//! short and the client connection closed.
+
+use crate::errlog::{self, Level};
+use crate::http::handler::Flow;
+use crate::http::request::Request;
+use crate::http::response::{Body, Response};
+use crate::modules::gateway::{self, Answer, Backend, GatewayConf, Proto};
+use crate::runtime::worker::Worker;
+use crate::upstream::{Addr, Conn, Lease, Pick, Upstream};
+use bytes::{Bytes, BytesMut};
+use gannet_proto::cgi::{self, CgiHead, ParamError};
+use gannet_proto::fastcgi::{self, Record};
+use gannet_proto::h1::Method;
+use gannet_proto::{scgi, uwsgi};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Answers up to this size are buffered whole; bigger ones are streamed.
+pub const STREAM_AT: usize = 1024 * 1024;
+
+const CONNECTING: &str = "connecting to upstream";
+const SENDING: &str = "sending request to upstream";
+const READING_HEAD: &str = "reading response header from upstream";
+const READING: &str = "reading upstream";
+
+/// Why an exchange failed, with nginx's wording for the error log.
+enum Failure {
+    Connect(std::io::Error),
+    Timeout(&'static str),
+    Io(std::io::Error, &'static str),
+    Protocol(String),
+    /// The connection closed after part of the answer.
+    Premature(Proto),
+    /// The connection closed before any answer (a kept connection may simply be stale).
+    ClosedEarly,
+}
+
+impl Failure {
+    fn status(&self) -> u16 {
+        match self {
+            Failure::Timeout(_) => 504,
+            _ => 502,
+        }
+    }
+
+    /// What a kept connection that the application closed meanwhile runs into.
+    fn stale(&self) -> bool {
+        matches!(self, Failure::ClosedEarly | Failure::Io(..))
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Connect(e) => write!(f, "connect() failed ({e}) while {CONNECTING}"),
+            Failure::Timeout(phase) => write!(f, "upstream timed out while {phase}"),
+            Failure::Io(e, phase) => write!(f, "{e} while {phase}"),
+            Failure::Protocol(why) => write!(f, "{why} while {READING_HEAD}"),
+            Failure::Premature(Proto::FastCgi) => {
+                write!(
+                    f,
+                    "upstream prematurely closed FastCGI stdout while {READING}"
+                )
+            }
+            Failure::Premature(_) => {
+                write!(f, "upstream prematurely closed connection while {READING}")
+            }
+            Failure::ClosedEarly => {
+                write!(
+                    f,
+                    "upstream prematurely closed connection while {READING_HEAD}"
+                )
+            }
+        }
+    }
+}
+
+/// What one step of reading the answer gave.
+enum Event {
+    /// Answer bytes (FastCGI's STDOUT).
+    Data(Bytes),
+    /// FastCGI's STDERR.
+    Stderr(Bytes),
+    /// The answer is complete.
+    End,
+}
+
+/// The connection to the application and how its answer is framed.
+struct Link {
+    conn: Conn,
+    proto: Proto,
+    /// Bytes read but not taken yet.
+    input: BytesMut,
+    /// SCGI / uwsgi with a Content-Length: the body bytes still to come.
+    left: Option<u64>,
+    /// Whether anything came: a FastCGI close before that is what a stale kept connection
+    /// does, after it an answer cut short.
+    got_any: bool,
+}
+
+impl Link {
+    fn new(conn: Conn, proto: Proto) -> Link {
+        Link {
+            conn,
+            proto,
+            input: BytesMut::with_capacity(16 * 1024),
+            left: None,
+            got_any: false,
+        }
+    }
+
+    /// The next piece of the answer, reading when none is buffered.
+    async fn next(&mut self, timeout: Duration, in_body: bool) -> Result<Event, Failure> {
+        loop {
+            if self.proto == Proto::FastCgi {
+                let record = fastcgi::decode(&mut self.input)
+                    .map_err(|e| Failure::Protocol(e.to_string()))?;
+                match record {
+                    Some(Record::Stdout(b)) => return Ok(Event::Data(b)),
+                    Some(Record::Stderr(b)) => return Ok(Event::Stderr(b)),
+                    Some(Record::End { .. }) => return Ok(Event::End),
+                    None => {}
+                }
+            } else if self.left == Some(0) {
+                return Ok(Event::End);
+            } else if !self.input.is_empty() {
+                let mut b = self.input.split();
+                if let Some(left) = &mut self.left {
+                    // Bytes past the announced length are not part of the answer.
+                    b.truncate(usize::try_from(*left).unwrap_or(usize::MAX));
+                    *left -= b.len() as u64;
+                }
+                return Ok(Event::Data(b.freeze()));
+            }
+            let phase = if in_body { READING } else { READING_HEAD };
+            if read_more(&mut self.conn, &mut self.input, timeout, phase).await? == 0 {
+                return match self.proto {
+                    Proto::FastCgi if self.got_any => Err(Failure::Premature(self.proto)),
+                    // A stream's end is the answer's end, once its head has come and unless
+                    // it announced more.
+                    Proto::Scgi | Proto::Uwsgi if in_body && self.left.is_none() => Ok(Event::End),
+                    Proto::Scgi | Proto::Uwsgi if in_body => Err(Failure::Premature(self.proto)),
+                    _ => Err(Failure::ClosedEarly),
+                };
+            }
+            self.got_any = true;
+        }
+    }
+
+    /// After the head of a stream: where its body ends, given the part of it already in
+    /// `body`. Read to the close for HEAD (the length is the entity's, not this answer's),
+    /// nothing for 204 and 304, else the Content-Length if there is one.
+    fn frame(&mut self, req: &Request, head: &CgiHead, body: &mut BytesMut) {
+        if self.proto == Proto::FastCgi || req.is_head() {
+            return;
+        }
+        let length = match head.status {
+            Some(204 | 304) => Some(0),
+            _ => head
+                .get("content-length")
+                .and_then(|v| v.parse::<u64>().ok()),
+        };
+        if let Some(n) = length {
+            body.truncate(usize::try_from(n).unwrap_or(usize::MAX));
+            self.left = Some(n - body.len() as u64);
+        }
+    }
+
+    /// Whether the connection can carry another request: only after a FastCGI END_REQUEST
+    /// with nothing after it.
+    fn reusable(&self) -> bool {
+        self.proto == Proto::FastCgi && self.input.is_empty()
+    }
+}
+
+/// The application's answer: its head and body, whole (`done`), or its first
+/// [`STREAM_AT`] bytes and the connection to read on.
+struct Answered {
+    head: CgiHead,
+    body: BytesMut,
+    done: bool,
+    link: Link,
+}
+
+/// What the request phases go on with.
+pub enum Outcome {
+    Flow(Flow),
+    /// Send this response's head, then the body as [`Streaming::next`] gives it.
+    Stream(Response, Streaming),
+}
+
+/// The rest of a big answer, read from the application while it is sent on.
+pub struct Streaming {
+    link: Link,
+    first: Option<Bytes>,
+    addr: Addr,
+    done: bool,
+    /// Where the connection goes back when the answer ended cleanly.
+    pool: Option<(Arc<Upstream>, usize, u64)>,
+    _lease: Option<Lease>,
+}
+
+impl Streaming {
+    /// The next piece of the body; `Ok(None)` at its end. An error is logged and means the
+    /// answer is cut short.
+    pub async fn next(&mut self, req: &Request) -> Result<Option<Bytes>, ()> {
+        match self.pull(req).await {
+            Ok(b) => Ok(b),
+            Err(f) => {
+                log_failure(req, self.link.proto, &self.addr, &f);
+                Err(())
+            }
+        }
+    }
+
+    async fn pull(&mut self, req: &Request) -> Result<Option<Bytes>, Failure> {
+        if let Some(b) = self.first.take() {
+            return Ok(Some(b));
+        }
+        let timeout = gateway::conf(&req.conf, self.link.proto).read_timeout();
+        loop {
+            match self.link.next(timeout, true).await? {
+                Event::Data(b) => return Ok(Some(b)),
+                Event::Stderr(b) => log_stderr(req, &self.addr, &b, true),
+                Event::End => {
+                    self.done = true;
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// The answer was sent whole: keep the connection if it may be reused.
+    pub fn finish(self, w: &Worker) {
+        if let (true, true, Some((up, i, n))) = (self.done, self.link.reusable(), self.pool) {
+            w.upstreams.put_idle(&up, i, self.link.conn, n + 1);
+        }
+    }
+}
+
+/// Pass the request (with its body, already read) to the location's application.
+pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
+    let Some(proto) = gateway::active(&req.conf) else {
+        return Outcome::Flow(Flow::Status(500));
+    };
+    let c = gateway::conf(&req.conf, proto);
+    let Some(backend) = c.pass.clone() else {
+        return Outcome::Flow(Flow::Status(500));
+    };
+    let out = match encode(req, proto, c, body) {
+        Ok(out) => out,
+        Err(e) => {
+            errlog::request(
+                Level::Error,
+                req,
+                format_args!("{} request cannot be sent: {e}", proto.scheme()),
+            );
+            return Outcome::Flow(Flow::Status(500));
+        }
+    };
+    let up = match backend {
+        Backend::Addr(addr) => {
+            return match fresh(req, proto, &addr, &out).await {
+                Ok(a) => outcome(req, c, a, addr, None, None),
+                Err(f) => Outcome::Flow(failed(req, proto, &addr, &f)),
+            };
+        }
+        Backend::Group(up) => up,
+    };
+    let keep = proto == Proto::FastCgi && req.conf.fastcgi.keep_conn();
+    let mut tried = Vec::new();
+    let queue_deadline = tokio::time::Instant::now() + up.queue.map_or(Duration::ZERO, |(_, t)| t);
+    loop {
+        let now = Instant::now();
+        let (i, lease) = match w.upstreams.pick(&up, &tried, now) {
+            Pick::Server(i, lease) => (i, lease),
+            Pick::Full if w.upstreams.wait_for_slot(&up, queue_deadline).await => continue,
+            Pick::Full | Pick::None => {
+                errlog::request(
+                    Level::Error,
+                    req,
+                    format_args!(
+                        "no live upstreams while {CONNECTING}, upstream: \"{}://{}\"",
+                        proto.scheme(),
+                        up.name
+                    ),
+                );
+                return Outcome::Flow(Flow::Status(502));
+            }
+        };
+        tried.push(i);
+        let addr = &up.servers[i].addr;
+        let idle = if keep {
+            w.upstreams.take_idle(&up, i, now)
+        } else {
+            None
+        };
+        let result = match idle {
+            // A kept connection the application closed meanwhile is no failure of the
+            // server: try once more on a new one.
+            Some((conn, n)) => match exchange(req, addr, Link::new(conn, proto), &out).await {
+                Err(f) if f.stale() => fresh(req, proto, addr, &out).await.map(|a| (a, 0)),
+                r => r.map(|a| (a, n)),
+            },
+            None => fresh(req, proto, addr, &out).await.map(|a| (a, 0)),
+        };
+        match result {
+            Ok((a, n)) => {
+                w.upstreams.succeeded(&up, i);
+                let pool = keep.then(|| (up.clone(), i, n));
+                if a.done {
+                    if let (true, Some((up, i, n))) = (a.link.reusable(), &pool) {
+                        let Answered {
+                            head, body, link, ..
+                        } = a;
+                        w.upstreams.put_idle(up, *i, link.conn, n + 1);
+                        return Outcome::Flow(whole(req, c, head, body));
+                    }
+                }
+                return outcome(req, c, a, addr.clone(), pool, Some(lease));
+            }
+            Err(f) => {
+                let flow = failed(req, proto, addr, &f);
+                w.upstreams.failed(&up, i, Instant::now());
+                if tried.len() >= up.servers.len() || !retryable(&f, c, req) {
+                    return Outcome::Flow(flow);
+                }
+            }
+        }
+    }
+}
+
+/// The request in the protocol's encoding: parameters, then the body (unless
+/// `*_pass_request_body off`).
+fn encode(
+    req: &Request,
+    proto: Proto,
+    c: &GatewayConf,
+    body: &[u8],
+) -> Result<Vec<u8>, ParamError> {
+    let len = body.len() as u64;
+    let body = if c.pass_request_body() { body } else { &[] };
+    let mut out = Vec::with_capacity(1024 + body.len() + body.len() / 8);
+    match proto {
+        Proto::FastCgi => {
+            let mut p = fastcgi::Params::new();
+            gateway::build_params(req, c, len, &mut p)?;
+            fastcgi::begin_request(&mut out, req.conf.fastcgi.keep_conn());
+            fastcgi::params(&mut out, &p);
+            fastcgi::stdin(&mut out, body);
+            fastcgi::stdin_end(&mut out);
+        }
+        Proto::Scgi => {
+            let mut h = scgi::Headers::new();
+            gateway::build_params(req, c, len, &mut h)?;
+            scgi::request(&mut out, body.len(), &h);
+            out.extend_from_slice(body);
+        }
+        Proto::Uwsgi => {
+            let mut v = uwsgi::Vars::new();
+            gateway::build_params(req, c, len, &mut v)?;
+            let u = &req.conf.uwsgi;
+            uwsgi::request(
+                &mut out,
+                u.modifier1.unwrap_or(0),
+                u.modifier2.unwrap_or(0),
+                &v,
+            );
+            out.extend_from_slice(body);
+        }
+    }
+    Ok(out)
+}
+
+fn log_failure(req: &Request, proto: Proto, addr: &Addr, f: &Failure) {
+    errlog::request(
+        Level::Error,
+        req,
+        format_args!("{f}, upstream: \"{}://{addr}\"", proto.scheme()),
+    );
+}
+
+fn failed(req: &Request, proto: Proto, addr: &Addr, f: &Failure) -> Flow {
+    log_failure(req, proto, addr, f);
+    Flow::Status(f.status())
+}
+
+/// Read what the application sent next into `input`; 0 is the end of the stream.
+async fn read_more(
+    s: &mut Conn,
+    input: &mut BytesMut,
+    timeout: Duration,
+    phase: &'static str,
+) -> Result<usize, Failure> {
+    input.reserve(16 * 1024);
+    match timed(timeout, s.read_buf(input)).await {
+        Ok(Ok(n)) => Ok(n),
+        Ok(Err(e)) => Err(Failure::Io(e, phase)),
+        Err(()) => Err(Failure::Timeout(phase)),
+    }
+}
+
+/// Whether `*_next_upstream` (default `error timeout`) sends the request on to the next
+/// server after this failure. A request already sent is retried only if it is idempotent
+/// or `non_idempotent` is listed, as in nginx.
+fn retryable(f: &Failure, c: &GatewayConf, req: &Request) -> bool {
+    let list = c.next_upstream.as_deref();
+    let has = |k: &str| match list {
+        Some(l) => l.iter().any(|x| x == k),
+        None => k == "error" || k == "timeout",
+    };
+    if has("off") {
+        return false;
+    }
+    let (kind, sent) = match f {
+        Failure::Connect(_) => ("error", false),
+        Failure::Timeout(phase) => ("timeout", *phase != CONNECTING),
+        Failure::Io(..) | Failure::Premature(_) | Failure::ClosedEarly => ("error", true),
+        Failure::Protocol(_) => ("invalid_header", true),
+    };
+    // RFC 9110's idempotent methods; nginx retries only these unless told otherwise.
+    let idempotent = matches!(
+        req.method(),
+        Method::Get | Method::Head | Method::Put | Method::Delete | Method::Options | Method::Trace
+    );
+    has(kind) && (!sent || idempotent || has("non_idempotent"))
+}
+
+async fn connect(addr: &Addr, timeout: Duration) -> Result<Conn, Failure> {
+    let r = match addr {
+        Addr::Tcp(a) => timed(timeout, tokio::net::TcpStream::connect(a.as_str()))
+            .await
+            .map(|r| {
+                r.map(|s| {
+                    let _ = s.set_nodelay(true);
+                    Box::new(s) as Conn
+                })
+            }),
+        Addr::Unix(p) => timed(timeout, tokio::net::UnixStream::connect(p))
+            .await
+            .map(|r| r.map(|s| Box::new(s) as Conn)),
+    };
+    match r {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(Failure::Connect(e)),
+        Err(()) => Err(Failure::Timeout(CONNECTING)),
+    }
+}
+
+/// A whole answer as the next flow.
+fn whole(req: &Request, c: &GatewayConf, head: CgiHead, body: BytesMut) -> Flow {
+    match answer(req, c, head) {
+        Flow::Done(mut resp) => {
+            if !body.is_empty() {
+                resp.body = Body::bytes(body.freeze());
+            }
+            Flow::Done(resp)
+        }
+        flow => flow,
+    }
+}
+
+/// A whole answer goes on as a flow; the head of a big one as a stream.
+fn outcome(
+    req: &Request,
+    c: &GatewayConf,
+    a: Answered,
+    addr: Addr,
+    pool: Option<(Arc<Upstream>, usize, u64)>,
+    lease: Option<Lease>,
+) -> Outcome {
+    if a.done {
+        return Outcome::Flow(whole(req, c, a.head, a.body));
+    }
+    match answer(req, c, a.head) {
+        Flow::Done(resp) => Outcome::Stream(
+            resp,
+            Streaming {
+                link: a.link,
+                first: (!a.body.is_empty()).then(|| a.body.freeze()),
+                addr,
+                done: false,
+                pool,
+                _lease: lease,
+            },
+        ),
+        // A redirect or an intercepted error: the rest of the answer is not wanted.
+        flow => Outcome::Flow(flow),
+    }
+}
+
+/// One exchange on a new connection.
+async fn fresh(req: &Request, proto: Proto, addr: &Addr, out: &[u8]) -> Result<Answered, Failure> {
+    let c = gateway::conf(&req.conf, proto);
+    let conn = connect(addr, c.connect_timeout()).await?;
+    exchange(req, addr, Link::new(conn, proto), out).await
+}
+
+async fn timed<T>(d: Duration, f: impl std::future::Future<Output = T>) -> Result<T, ()> {
+    tokio::time::timeout(d, f).await.map_err(|_| ())
+}
+
+/// Send the request and read the answer, whole or its first [`STREAM_AT`] bytes.
+async fn exchange(
+    req: &Request,
+    addr: &Addr,
+    mut link: Link,
+    out: &[u8],
+) -> Result<Answered, Failure> {
+    let c = gateway::conf(&req.conf, link.proto);
+    match timed(c.send_timeout(), link.conn.write_all(out)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(Failure::Io(e, SENDING)),
+        Err(()) => return Err(Failure::Timeout(SENDING)),
+    }
+    let mut body = BytesMut::new();
+    let mut head = None;
+    loop {
+        match link.next(c.read_timeout(), head.is_some()).await? {
+            Event::Data(b) => {
+                body.extend_from_slice(&b);
+                if head.is_none() {
+                    // FastCGI answers are CGI heads; nginx also takes an HTTP status line
+                    // from SCGI and uwsgi applications (uWSGI sends one over uwsgi).
+                    head = match link.proto {
+                        Proto::FastCgi => cgi::parse_head(&mut body, c.buffer_size()),
+                        _ => cgi::parse_head_or_status_line(&mut body, c.buffer_size()),
+                    }
+                    .map_err(|e| Failure::Protocol(e.to_string()))?;
+                    if let Some(h) = &head {
+                        link.frame(req, h, &mut body);
+                    }
+                }
+                if body.len() >= STREAM_AT {
+                    if let Some(head) = head.take() {
+                        return Ok(Answered {
+                            head,
+                            body,
+                            done: false,
+                            link,
+                        });
+                    }
+                }
+            }
+            Event::Stderr(b) => log_stderr(req, addr, &b, head.is_some()),
+            Event::End => {
+                return match head {
+                    Some(head) => Ok(Answered {
+                        head,
+                        body,
+                        done: true,
+                        link,
+                    }),
+                    None if body.is_empty() => Err(Failure::Protocol(
+                        "upstream sent no valid FastCGI stdout".into(),
+                    )),
+                    None => Err(Failure::Protocol("upstream sent invalid header".into())),
+                };
+            }
+        }
+    }
+}
+
+/// Each FastCGI STDERR line goes to the error log, as nginx logs them.
+fn log_stderr(req: &Request, addr: &Addr, msg: &[u8], in_body: bool) {
+    let text = String::from_utf8_lossy(msg);
+    let text = text.trim_end_matches(['\r', '\n']);
+    let phase = if in_body { READING } else { READING_HEAD };
+    errlog::request(
+        Level::Error,
+        req,
+        format_args!(
+            "FastCGI sent in stderr: \"{text}\" while {phase}, upstream: \"fastcgi://{addr}\""
+        ),
+    );
+}
+
+/// The answer's head as the next step of the request phases (the caller adds the body).
+fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
+    let (status, head) = match gateway::classify(head) {
+        Answer::LocalRedirect(uri) => return Flow::Redirect(uri),
+        Answer::Respond(s, h) => (s, h),
+    };
+    if status >= 300 && c.intercept_errors() && req.conf.error_page.find(status).is_some() {
+        return Flow::Status(status);
+    }
+    let mut resp = Response::new(status);
+    if req.is_head() {
+        // The application answered HEAD without a body: its Content-Length, if it gave
+        // one, is the only true one.
+        resp.content_length = head.get("content-length").and_then(|v| v.parse().ok());
+        resp.length_unknown = resp.content_length.is_none();
+    }
+    for (name, value) in head.headers {
+        if name.eq_ignore_ascii_case("content-type") {
+            resp.content_type = Some(Arc::from(value.as_str()));
+        } else if name.eq_ignore_ascii_case("location") {
+            resp.location = Some(value);
+        } else if gateway::passes(c, &name) {
+            resp.headers.push((name.into(), value));
+        }
+    }
+    Flow::Done(resp)
+}

@@ -1,0 +1,420 @@
+//! What the three application gateways share, the configuration side: nginx's FastCGI, SCGI
+//! and uwsgi modules are one upstream module with three request encodings, and so are
+//! gannet's. This module owns the directives all three have, generated from the protocol's
+//! prefix (`fastcgi_`, `scgi_`, `uwsgi_`) by [`directives!`]: `*_pass`, `*_param` (with
+//! `if_not_empty`), `*_connect_timeout`, `*_send_timeout`, `*_read_timeout`, `*_buffering`,
+//! `*_buffers`, `*_buffer_size`, `*_intercept_errors`, `*_hide_header`, `*_pass_header`,
+//! `*_pass_request_headers`, `*_pass_request_body`, `*_next_upstream`; the parameters a
+//! request sends and which answer headers reach the client. The protocols' own directives
+//! are in `fastcgi`, `scgi` and `uwsgi`; the I/O is in `conn::gateway`.
+//!
+//! As in nginx, `*_param` lists (and the hide/pass header lists) are inherited only by
+//! levels that set none of their own.
+
+use super::{inherit, invalid, LoadCtx, LocConf};
+use crate::http::request::Request;
+use crate::http::variables::Template;
+use crate::upstream::{Addr, Upstream};
+use gannet_conf::registry::{Args, Ctx, Spec};
+use gannet_conf::{setters, ConfError, Directive};
+use gannet_proto::cgi::{CgiHead, ParamError, ParamSink};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The protocol a location speaks to its application.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proto {
+    FastCgi,
+    Scgi,
+    Uwsgi,
+}
+
+impl Proto {
+    pub const ALL: [Proto; 3] = [Proto::FastCgi, Proto::Scgi, Proto::Uwsgi];
+
+    /// The start of its directives' names.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Proto::FastCgi => "fastcgi_",
+            Proto::Scgi => "scgi_",
+            Proto::Uwsgi => "uwsgi_",
+        }
+    }
+
+    /// How nginx names an upstream of this protocol in the error log (`fastcgi://addr`).
+    pub fn scheme(self) -> &'static str {
+        match self {
+            Proto::FastCgi => "fastcgi",
+            Proto::Scgi => "scgi",
+            Proto::Uwsgi => "uwsgi",
+        }
+    }
+}
+
+/// The directive table of one protocol: the shared directives under its prefix, then its
+/// own `$extra` specs. Names are built at compile time (`concat!`), so a table stays a
+/// `&'static [Spec]` like every other module's.
+macro_rules! directives {
+    ($p:literal $(, $extra:expr)* $(,)?) => {
+        &[
+            $crate::modules::gateway::directives!(@spec $p "pass" [LOCATION | IF] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "param" [HSL] Between(2, 3)),
+            $crate::modules::gateway::directives!(@spec $p "connect_timeout" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "send_timeout" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "read_timeout" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "buffering" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "buffers" [HSL] Exactly(2)),
+            $crate::modules::gateway::directives!(@spec $p "buffer_size" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "intercept_errors" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "hide_header" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "pass_header" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "pass_request_headers" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "pass_request_body" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "next_upstream" [HSL] AtLeast(1)),
+            $($extra,)*
+        ]
+    };
+    (@spec $p:literal $suffix:literal [$($ctx:ident)|+] $($args:tt)+) => {
+        $crate::modules::gateway::spec(
+            concat!($p, $suffix),
+            gannet_conf::registry::Ctx(0 $(| gannet_conf::registry::Ctx::$ctx.0)+),
+            gannet_conf::registry::Args::$($args)+,
+        )
+    };
+}
+pub(crate) use directives;
+
+/// A plain (non-block) directive's spec.
+pub const fn spec(name: &'static str, ctx: Ctx, args: Args) -> Spec {
+    Spec {
+        name,
+        ctx,
+        args,
+        block: false,
+    }
+}
+
+/// Where the application listens: one address, or an `upstream` group.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    Addr(Addr),
+    Group(Arc<Upstream>),
+}
+
+#[derive(Debug, Clone)]
+pub struct Param {
+    pub name: String,
+    pub value: Template,
+    pub if_not_empty: bool,
+}
+
+/// One protocol's share of a location's settings.
+#[derive(Debug, Clone, Default)]
+pub struct GatewayConf {
+    /// Set in the location itself only (not inherited, as a content handler).
+    pub pass: Option<Backend>,
+    pub params: Option<Arc<Vec<Param>>>,
+    pub connect_timeout: Option<Duration>,
+    pub send_timeout: Option<Duration>,
+    pub read_timeout: Option<Duration>,
+    pub buffer_size: Option<u64>,
+    pub intercept_errors: Option<bool>,
+    pub hide: Option<Arc<Vec<String>>>,
+    pub pass_headers: Option<Arc<Vec<String>>>,
+    pub pass_request_headers: Option<bool>,
+    pub pass_request_body: Option<bool>,
+    pub next_upstream: Option<Arc<Vec<String>>>,
+}
+
+impl GatewayConf {
+    pub fn merge(&mut self, parent: &GatewayConf) {
+        inherit!(
+            self,
+            parent,
+            params,
+            connect_timeout,
+            send_timeout,
+            read_timeout,
+            buffer_size,
+            intercept_errors,
+            hide,
+            pass_headers,
+            pass_request_headers,
+            pass_request_body,
+            next_upstream,
+        );
+    }
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout.unwrap_or(Duration::from_secs(60))
+    }
+    pub fn send_timeout(&self) -> Duration {
+        self.send_timeout.unwrap_or(Duration::from_secs(60))
+    }
+    pub fn read_timeout(&self) -> Duration {
+        self.read_timeout.unwrap_or(Duration::from_secs(60))
+    }
+    /// The most a response head may take (`*_buffer_size`, one page by default).
+    pub fn buffer_size(&self) -> usize {
+        self.buffer_size.unwrap_or(4096) as usize
+    }
+    pub fn intercept_errors(&self) -> bool {
+        self.intercept_errors.unwrap_or(false)
+    }
+    pub fn pass_request_body(&self) -> bool {
+        self.pass_request_body.unwrap_or(true)
+    }
+}
+
+/// A protocol's settings in a location.
+pub fn conf(lc: &LocConf, p: Proto) -> &GatewayConf {
+    match p {
+        Proto::FastCgi => &lc.fastcgi.gw,
+        Proto::Scgi => &lc.scgi,
+        Proto::Uwsgi => &lc.uwsgi.gw,
+    }
+}
+
+fn conf_mut(lc: &mut LocConf, p: Proto) -> &mut GatewayConf {
+    match p {
+        Proto::FastCgi => &mut lc.fastcgi.gw,
+        Proto::Scgi => &mut lc.scgi,
+        Proto::Uwsgi => &mut lc.uwsgi.gw,
+    }
+}
+
+/// The protocol whose application answers this location's requests, if any.
+pub fn active(lc: &LocConf) -> Option<Proto> {
+    Proto::ALL.into_iter().find(|&p| conf(lc, p).pass.is_some())
+}
+
+fn duration(d: &Directive) -> Result<Option<Duration>, ConfError> {
+    Ok(Some(Duration::from_millis(setters::msec_arg(d, 0)?)))
+}
+
+fn push(list: &mut Option<Arc<Vec<String>>>, v: &str) {
+    let mut l = list.as_deref().cloned().unwrap_or_default();
+    l.push(v.to_ascii_lowercase());
+    *list = Some(Arc::new(l));
+}
+
+/// Apply `d` if it is one of the shared directives of `p`; false if it is the protocol's own.
+pub fn set(d: &Directive, p: Proto, lc: &mut LocConf, ctx: &LoadCtx) -> Result<bool, ConfError> {
+    let Some(suffix) = d.name.strip_prefix(p.prefix()) else {
+        return Ok(false);
+    };
+    if suffix == "pass" {
+        // One content handler per location: nginx would silently keep the last one.
+        if let Some(other) = active(lc).filter(|&o| o != p) {
+            return Err(d.error(format!(
+                "\"{}\" directive is duplicate: \"{}pass\" is set in this location",
+                d.name,
+                other.prefix()
+            )));
+        }
+    }
+    let c = conf_mut(lc, p);
+    let a0 = d.args[0].as_str();
+    match suffix {
+        "pass" => {
+            if c.pass.is_some() {
+                return Err(d.error(format!("\"{}\" directive is duplicate", d.name)));
+            }
+            c.pass = Some(parse_backend(d, a0, ctx)?);
+        }
+        "param" => {
+            let if_not_empty = match d.args.get(2).map(String::as_str) {
+                None => false,
+                Some("if_not_empty") => true,
+                Some(other) => return Err(d.error(format!("invalid parameter \"{other}\""))),
+            };
+            let value = Template::compile(&d.args[1]).map_err(|e| d.error(e))?;
+            let mut l = c.params.as_deref().cloned().unwrap_or_default();
+            l.push(Param {
+                name: a0.to_string(),
+                value,
+                if_not_empty,
+            });
+            c.params = Some(Arc::new(l));
+        }
+        "connect_timeout" => c.connect_timeout = duration(d)?,
+        "send_timeout" => c.send_timeout = duration(d)?,
+        "read_timeout" => c.read_timeout = duration(d)?,
+        // Checked, then without effect: small answers are buffered whole, big ones streamed
+        // (see `conn::gateway`).
+        "buffering" => {
+            setters::flag(d)?;
+        }
+        "buffers" => {
+            setters::num_arg(d, 0)?;
+            setters::size_arg(d, 1)?;
+        }
+        "buffer_size" => {
+            let n = setters::size_arg(d, 0)?;
+            if n < 256 {
+                return Err(invalid(d, a0));
+            }
+            c.buffer_size = Some(n);
+        }
+        "intercept_errors" => c.intercept_errors = Some(setters::flag(d)?),
+        "hide_header" => push(&mut c.hide, a0),
+        "pass_header" => push(&mut c.pass_headers, a0),
+        "pass_request_headers" => c.pass_request_headers = Some(setters::flag(d)?),
+        "pass_request_body" => c.pass_request_body = Some(setters::flag(d)?),
+        "next_upstream" => {
+            const KNOWN: &[&str] = &[
+                "error",
+                "timeout",
+                "invalid_header",
+                "http_500",
+                "http_503",
+                "http_403",
+                "http_404",
+                "http_429",
+                "non_idempotent",
+                "off",
+            ];
+            for a in &d.args {
+                if !KNOWN.contains(&a.as_str()) {
+                    return Err(invalid(d, a));
+                }
+            }
+            c.next_upstream = Some(Arc::new(d.args.clone()));
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+fn parse_backend(d: &Directive, a: &str, ctx: &LoadCtx) -> Result<Backend, ConfError> {
+    if a.contains('$') {
+        return Err(d.error(format!("variables in \"{}\" are not supported yet", d.name)));
+    }
+    if let Some(up) = ctx.upstreams.get(a) {
+        return Ok(Backend::Group(up.clone()));
+    }
+    match Addr::parse(a) {
+        Some(addr) => Ok(Backend::Addr(addr)),
+        None if a.starts_with("unix:") => Err(invalid(d, a)),
+        // What nginx says when a name is neither a group nor a host:port.
+        None => Err(d.error(format!("host not found in upstream \"{a}\""))),
+    }
+}
+
+/// The parameters of a request into `out`: the configured `*_param`s, then each request
+/// header as `HTTP_NAME` unless a param of that name was configured (nginx's rule).
+/// `body_len` is the length of the body read whole (a chunked one has no header for it).
+pub fn build_params(
+    req: &Request,
+    c: &GatewayConf,
+    body_len: u64,
+    out: &mut impl ParamSink,
+) -> Result<(), ParamError> {
+    let mut set_names: Vec<&str> = Vec::new();
+    for param in c.params.iter().flat_map(|l| l.iter()) {
+        let mut v = param.value.eval(req, None);
+        // A chunked body was read whole: tell the application its length, as nginx does.
+        if param.name == "CONTENT_LENGTH" && v.is_empty() && body_len > 0 {
+            v = body_len.to_string();
+        }
+        if param.if_not_empty && v.is_empty() {
+            continue;
+        }
+        out.push(param.name.as_bytes(), v.as_bytes())?;
+        set_names.push(&param.name);
+    }
+    if c.pass_request_headers.unwrap_or(true) {
+        let mut name = String::new();
+        for (n, v) in req.head.headers() {
+            // Underscores would make two different headers one variable: nginx drops them.
+            if n.contains('_') {
+                continue;
+            }
+            name.clear();
+            name.push_str("HTTP_");
+            name.extend(n.chars().map(|ch| match ch {
+                '-' => '_',
+                ch => ch.to_ascii_uppercase(),
+            }));
+            if set_names.contains(&name.as_str()) {
+                continue;
+            }
+            out.push(name.as_bytes(), v)?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether a header of the application's answer goes to the client.
+pub fn passes(c: &GatewayConf, name: &str) -> bool {
+    // Hop-by-hop fields and the ones gannet sets itself.
+    const NEVER: &[&str] = &[
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-length",
+    ];
+    // nginx's default hidden list for upstream answers.
+    const HIDDEN: &[&str] = &[
+        "status",
+        "date",
+        "server",
+        "x-pad",
+        "x-accel-expires",
+        "x-accel-redirect",
+        "x-accel-limit-rate",
+        "x-accel-buffering",
+        "x-accel-charset",
+    ];
+    let lower = name.to_ascii_lowercase();
+    if NEVER.contains(&lower.as_str()) {
+        return false;
+    }
+    if c.hide.as_ref().is_some_and(|h| h.contains(&lower)) {
+        return false;
+    }
+    if HIDDEN.contains(&lower.as_str()) {
+        return c.pass_headers.as_ref().is_some_and(|p| p.contains(&lower));
+    }
+    true
+}
+
+/// What the application's head asks for.
+pub enum Answer {
+    /// A response with this status and these headers.
+    Respond(u16, CgiHead),
+    /// A CGI local redirect (`Location: /path` and no `Status`): serve that URI instead.
+    LocalRedirect(String),
+}
+
+pub fn classify(head: CgiHead) -> Answer {
+    match (head.status, head.get("location")) {
+        (None, Some(l)) if l.starts_with('/') && !l.starts_with("//") => {
+            Answer::LocalRedirect(l.to_string())
+        }
+        (None, Some(_)) => Answer::Respond(302, head),
+        (Some(s), _) => Answer::Respond(s, head),
+        (None, None) => Answer::Respond(200, head),
+    }
+}
+
+/// Each protocol's table is its prefix on the shared names, plus its own.
+#[cfg(test)]
+mod tests {
+    use super::Proto;
+
+    #[test]
+    fn tables_follow_the_prefix() {
+        for p in Proto::ALL {
+            let table: &[gannet_conf::registry::Spec] = match p {
+                Proto::FastCgi => super::super::fastcgi::DIRECTIVES,
+                Proto::Scgi => super::super::scgi::DIRECTIVES,
+                Proto::Uwsgi => super::super::uwsgi::DIRECTIVES,
+            };
+            assert!(table.iter().all(|s| s.name.starts_with(p.prefix())));
+            for shared in ["pass", "param", "next_upstream", "hide_header"] {
+                let name = format!("{}{shared}", p.prefix());
+                assert!(table.iter().any(|s| s.name == name), "{name}");
+            }
+        }
+    }
+}
