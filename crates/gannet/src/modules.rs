@@ -12,6 +12,7 @@ pub mod fastcgi;
 pub mod file_cache;
 pub mod headers;
 pub mod index;
+pub mod map;
 pub mod rewrite;
 pub mod static_files;
 pub mod try_files;
@@ -84,6 +85,10 @@ pub const MODULES: &[Module] = &[
     Module {
         directives: fastcgi::DIRECTIVES,
         set: fastcgi::set,
+    },
+    Module {
+        directives: map::DIRECTIVES,
+        set: map::set,
     },
 ];
 

@@ -13,6 +13,7 @@ pub mod load;
 pub mod main_conf;
 
 use crate::http::router::{Location, ServerNames};
+use crate::http::user_vars::VarTable;
 use crate::modules::LocConf;
 use listen::Listen;
 pub use load::load;
@@ -50,4 +51,6 @@ pub struct ServerConf {
     pub locations: Vec<Arc<Location>>,
     /// `location @name` blocks.
     pub named: Vec<Arc<Location>>,
+    /// The config's `map` variables (shared by every server).
+    pub vars: Arc<VarTable>,
 }

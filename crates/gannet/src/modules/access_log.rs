@@ -28,7 +28,7 @@ pub const DIRECTIVES: &[Spec] = &[
     },
     Spec {
         name: "access_log",
-        ctx: Ctx::HSL,
+        ctx: Ctx::HSL.or(Ctx::IF),
         args: Args::AtLeast(1),
         block: false,
     },
