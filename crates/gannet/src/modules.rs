@@ -31,6 +31,8 @@ pub struct LoadCtx {
     pub log_formats: HashMap<String, Arc<access_log::LogFormat>>,
     /// `upstream` groups by name (all of http's, read before any server).
     pub upstreams: HashMap<String, Arc<crate::upstream::Upstream>>,
+    /// Every access log opened, for reopening them (SIGUSR1).
+    pub log_files: Vec<Arc<access_log::LogFile>>,
 }
 
 type Setter = fn(&Directive, &mut LocConf, &mut LoadCtx) -> Result<(), ConfError>;

@@ -104,6 +104,7 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
         main: MainConf::default(),
         listens: Vec::new(),
         notices: Vec::new(),
+        log_files: Vec::new(),
     };
     let mut http_blocks = Vec::new();
     for d in tree {
@@ -239,6 +240,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
         prefix: prefix.to_path_buf(),
         log_formats: modules::access_log::predefined(),
         upstreams: HashMap::new(),
+        log_files: Vec::new(),
     };
     let mut conf = LocConf::default();
     let body = http.block.as_deref().unwrap_or_default();
@@ -292,6 +294,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
         }
     }
     cfg.listens = groups;
+    cfg.log_files = lctx.log_files;
     Ok(())
 }
 

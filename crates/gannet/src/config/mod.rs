@@ -14,6 +14,7 @@ pub mod main_conf;
 
 use crate::http::router::{Location, ServerNames};
 use crate::http::user_vars::VarTable;
+use crate::modules::access_log::LogFile;
 use crate::modules::LocConf;
 use listen::Listen;
 pub use load::load;
@@ -28,6 +29,8 @@ pub struct Config {
     pub listens: Vec<ListenGroup>,
     /// Messages for directives accepted without effect (printed by `gannet -t`).
     pub notices: Vec<String>,
+    /// Every access log file, for reopening (SIGUSR1).
+    pub log_files: Vec<Arc<LogFile>>,
 }
 
 /// A bound address and the virtual hosts reachable through it.
