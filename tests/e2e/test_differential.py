@@ -68,6 +68,7 @@ http {
         location /set/ { set $a "A:$uri"; set $b "$a|$arg_x"; return 200 "a=$a b=$b\n"; }
         location /map/ { return 200 "kind=$kind class=$host_class\n"; }
         location /args/ { set $args "n=1&$args"; return 200 "args=$args n=$arg_n\n"; }
+        location ~ ^/loc/(?<first>[^/]+)/(.*)$ { return 200 "first=$first rest=$2\n"; }
         location /named/ { rewrite ^/named/(?<word>\w+)$ /ret?w=$word last; }
         location /if/ {
             add_header X-If location;
@@ -192,6 +193,7 @@ REQUESTS = [
     req("/map/", host="a.unknown.test"),
     req("/args/?q=1"),
     req("/named/hello"),
+    req("/loc/a/b/c"),
     req("/if/?r=1"),
     req("/if/present.txt?v=X12"),
     req("/if/nothing?v=x7"),

@@ -353,6 +353,22 @@ def test_debian_fastcgi_php_snippet_unchanged(gannet, fpm):
     assert srv.get("/missing.php/x")[0] == 404
 
 
+def test_if_in_a_fastcgi_location_still_passes(gannet, fpm):
+    srv = gannet.start(files=FILES, server=f"""
+        location ~ \\.php$ {{
+            if ($arg_deny) {{ return 403; }}
+            if ($arg_mark) {{ add_header X-Marked yes; }}
+            include {REPO}/conf/fastcgi.conf;
+            fastcgi_pass unix:{fpm['sock']};
+        }}
+    """)
+    assert srv.get("/info.php?deny=1")[0] == 403
+    status, headers, body = srv.get("/info.php?mark=1")
+    assert status == 200, body
+    assert headers.get("x-marked") == "yes"
+    assert json.loads(body)["GET"] == {"mark": "1"}
+
+
 def test_intercept_errors(gannet, fpm):
     extra = "error_page 404 /404.html; fastcgi_intercept_errors on;"
     srv = php_server(gannet, fpm, extra=extra)

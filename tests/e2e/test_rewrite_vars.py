@@ -202,12 +202,14 @@ def test_server_level_script_runs_before_the_location_s(gannet):
     assert status == 410
 
 
-def test_rewrite_named_captures(gannet):
+def test_rewrite_and_location_named_captures(gannet):
     srv = gannet.start(server="""
         location /p/ { rewrite ^/p/(?<section>\\w+)/(?<id>\\d+)$ /show?s=$section&id=$id last; }
         location = /show { return 200 "$arg_s $arg_id $section\\n"; }
+        location ~ ^/~(?<user>[^/]+)(?<rest>/.*)$ { return 200 "$user $rest $1\\n"; }
     """)
     assert body(srv, "/p/news/42") == "news 42 news\n"
+    assert body(srv, "/~ann/x/y") == "ann /x/y ann\n"
 
 
 def conf_error(gannet, line, **kw):

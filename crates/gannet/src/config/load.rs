@@ -12,12 +12,11 @@
 use super::listen::Listen;
 use super::{ignored, main_conf, Config, ListenGroup, MainConf, ServerConf};
 use crate::http::router::{Location, Matcher, ServerNames};
-use crate::http::user_vars::{self, VarTable};
+use crate::http::user_vars::{self, CapRegex, VarTable};
 use crate::http::variables::Template;
 use crate::modules::{self, LoadCtx, LocConf};
 use gannet_conf::registry::{self, Ctx, Spec};
 use gannet_conf::{ConfError, Directive};
-use regex::RegexBuilder;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -366,7 +365,7 @@ fn check_duplicates(locs: &[Arc<Location>], body: &[Directive]) -> Result<(), Co
     let key = |l: &Location| match &l.matcher {
         Matcher::Exact(p) => format!("={p}"),
         Matcher::Prefix { path, .. } => path.clone(),
-        Matcher::Regex(r) => format!("~{}", r.as_str()),
+        Matcher::Regex(r) => format!("~{}", r.re.as_str()),
         Matcher::Named(n) => format!("@{n}"),
     };
     let mut seen = std::collections::HashSet::new();
@@ -425,12 +424,9 @@ fn parse_matcher(d: &Directive, parent: Option<&Matcher>) -> Result<Matcher, Con
             path: path.to_string(),
             no_regex: false,
         },
-        "~" | "~*" => Matcher::Regex(
-            RegexBuilder::new(path)
-                .case_insensitive(modifier == "~*")
-                .build()
-                .map_err(|e| d.error(format!("invalid regex \"{path}\": {e}")))?,
-        ),
+        "~" | "~*" => {
+            Matcher::Regex(CapRegex::compile(path, modifier == "~*").map_err(|e| d.error(e))?)
+        }
         m => return Err(d.error(format!("invalid location modifier \"{m}\""))),
     };
     if let (

@@ -1,5 +1,5 @@
 //! Variables the configuration defines: `set $name value`, `map $source $name {}` and named
-//! regex captures `(?<name>...)` in `if`, `rewrite` and `map` regexes.
+//! regex captures `(?<name>...)` in `location`, `if`, `rewrite` and `map` regexes.
 //!
 //! Load time: every module compiles its own templates through `Template::compile`, so the
 //! table of names lives in a registry scoped to one config load ([`LoadScope`]) rather than
@@ -167,7 +167,7 @@ pub fn check() -> Result<(), ConfError> {
 }
 
 /// A regex whose named captures set user variables when it matches (nginx's behaviour for
-/// `if`, `rewrite` and `map` regexes).
+/// `location`, `if`, `rewrite` and `map` regexes).
 #[derive(Debug, Clone)]
 pub struct CapRegex {
     pub re: Regex,
@@ -196,6 +196,14 @@ impl CapRegex {
     pub fn captures(&self, subject: &str, req: &Request) -> Option<Vec<Option<String>>> {
         let caps = self.re.captures(subject)?;
         Some(self.bind(&caps, req))
+    }
+
+    /// Store the named captures of a match already collected as `$0`.. (a location's).
+    pub fn bind_collected(&self, caps: &[Option<String>], req: &Request) {
+        for (i, var) in &self.named {
+            let v = caps.get(*i).cloned().flatten().unwrap_or_default();
+            req.vars.set(var.idx, v);
+        }
     }
 
     /// Store a match's named captures in `req`'s variables; return the numbered ones.
