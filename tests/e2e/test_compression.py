@@ -456,3 +456,14 @@ def test_gzip_level_1_sends_no_more_bytes_than_zlib_level_1(gannet):
         _, h, body = get(srv, path, "gzip")
         assert gzip.decompress(body) == text.encode()
         assert len(body) <= len(gzip.compress(text.encode(), 1)) * 1.02, path
+
+
+def test_gzip_switched_inside_if(gannet):
+    srv = gannet.start(files=FILES, server="""
+        gzip on; gzip_types text/plain;
+        location / { if ($arg_plain) { gzip off; } }
+    """)
+    _, h, body = get(srv, "/robots.txt", "gzip")
+    assert h["content-encoding"] == "gzip" and gzip.decompress(body) == TEXT.encode()
+    _, h, body = get(srv, "/robots.txt?plain=1", "gzip")
+    assert "content-encoding" not in h and body == TEXT.encode()

@@ -34,6 +34,20 @@ http {
     access_log {tmp}/access.log;
     server_tokens off;
 
+    map $http_x_kind $kind {
+        default other;
+        alpha first;
+        ~^b(?<rest>.*)$ b-$rest;
+        ~*^C(\d+)$ c$1;
+        "" none;
+    }
+    map $host $host_class {
+        hostnames;
+        main.test main;
+        .unknown.test unknown;
+        default plain;
+    }
+
     server {
         listen 127.0.0.1:{port} default_server;
         server_name main.test;
@@ -51,6 +65,18 @@ http {
         location /exp-max/ { expires max; }
         location /exp-epoch/ { expires epoch; }
         location /exp-neg/ { expires -1; }
+        location /set/ { set $a "A:$uri"; set $b "$a|$arg_x"; return 200 "a=$a b=$b\n"; }
+        location /map/ { return 200 "kind=$kind class=$host_class\n"; }
+        location /args/ { set $args "n=1&$args"; return 200 "args=$args n=$arg_n\n"; }
+        location ~ ^/loc/(?<first>[^/]+)/(.*)$ { return 200 "first=$first rest=$2\n"; }
+        location /named/ { rewrite ^/named/(?<word>\w+)$ /ret?w=$word last; }
+        location /if/ {
+            add_header X-If location;
+            if ($arg_r = 1) { return 403; }
+            if ($arg_v ~* ^(x)(?<num>\d+)$) { set $m "$1-$num"; }
+            if (-f $request_filename) { add_header X-If file; }
+            if (!-e $request_filename) { return 200 "missing m=$m\n"; }
+        }
     }
     server {
         listen 127.0.0.1:{port};
@@ -88,6 +114,7 @@ FILES = {
     "exp-epoch/e.txt": "e\n",
     "exp-neg/n.txt": "n\n",
     "other/index.html": "<p>other host</p>\n",
+    "if/present.txt": "present\n",
 }
 
 ETAG_BIG = f'"{MTIME:x}-{len(BIG):x}"'
@@ -155,6 +182,22 @@ REQUESTS = [
     req("/ret?x=1"),
     req("/rw/a.txt?k=v"),
     req("/perm/a.txt?k=v"),
+    # set, map, if
+    req("/set/p?x=9"),
+    req("/map/", X_Kind="alpha"),
+    req("/map/", X_Kind="bravo"),
+    req("/map/", X_Kind="c42"),
+    req("/map/", X_Kind="Bravo"),
+    req("/map/"),
+    req("/map/", host="unknown.test"),
+    req("/map/", host="a.unknown.test"),
+    req("/args/?q=1"),
+    req("/named/hello"),
+    req("/loc/a/b/c"),
+    req("/if/?r=1"),
+    req("/if/present.txt?v=X12"),
+    req("/if/nothing?v=x7"),
+    req("/if/"),
     # headers and expires
     req("/hdr/h.txt"),
     req("/hdr/missing"),
@@ -190,7 +233,7 @@ def tagged(i: int, request: bytes) -> bytes:
 SENT = [tagged(i, r) for i, r in enumerate(REQUESTS)]
 
 COMPARED = ["content-type", "content-length", "etag", "last-modified", "location", "content-range",
-            "cache-control", "accept-ranges", "x-test", "x-always"]  # fmt: skip
+            "cache-control", "accept-ranges", "x-test", "x-always", "x-if"]  # fmt: skip
 DATE_RE = re.compile(rb"\d{2}-[A-Z][a-z]{2}-\d{4} \d{2}:\d{2}")
 LOG_DATE_RE = re.compile(r"\[\d{2}/[A-Z][a-z]{2}/\d{4}:\d{2}:\d{2}:\d{2} [+-]\d{4}\]")
 

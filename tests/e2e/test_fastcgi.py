@@ -315,6 +315,60 @@ def test_wordpress_style_front_controller(gannet, fpm):
     assert srv.get("/static.txt")[2] == b"plain file\n"
 
 
+DEBIAN_SNIPPET = Path("/etc/nginx/snippets/fastcgi-php.conf")
+
+
+@pytest.mark.skipif(not DEBIAN_SNIPPET.exists(), reason="Debian's nginx-common ships the snippet")
+def test_debian_fastcgi_php_snippet_unchanged(gannet, fpm):
+    """Debian's site config: `include snippets/fastcgi-php.conf;` (split_path_info, try_files,
+    `set $path_info $fastcgi_path_info`, `include fastcgi.conf`) read from /etc/nginx as is."""
+    # The snippet's `include fastcgi.conf` is relative to the main config's directory.
+    shutil.copy("/etc/nginx/fastcgi.conf", gannet.tmp / "fastcgi.conf")
+    srv = gannet.start(files=FILES, server=f"""
+        index index.php;
+        location ~ \\.php$ {{
+            include {DEBIAN_SNIPPET};
+            fastcgi_pass unix:{fpm['sock']};
+        }}
+    """)
+    status, _, body = srv.get("/info.php?x=1")
+    assert status == 200, body
+    info = json.loads(body)
+    assert info["SCRIPT_FILENAME"] == f"{gannet.tmp}/www/info.php"
+    assert info["PATH_INFO"] == ""
+    assert info["GET"] == {"x": "1"}
+    # With a location that lets a path follow the script, $path_info keeps what
+    # try_files would have reset.
+    srv.stop()
+    srv = gannet.start(files=FILES, server=f"""
+        location ~ ^(.+\\.php)(/.*)?$ {{
+            include {DEBIAN_SNIPPET};
+            fastcgi_pass unix:{fpm['sock']};
+        }}
+    """)
+    status, _, body = srv.get("/info.php/extra/path")
+    assert status == 200, body
+    info = json.loads(body)
+    assert (info["SCRIPT_NAME"], info["PATH_INFO"]) == ("/info.php", "/extra/path")
+    assert srv.get("/missing.php/x")[0] == 404
+
+
+def test_if_in_a_fastcgi_location_still_passes(gannet, fpm):
+    srv = gannet.start(files=FILES, server=f"""
+        location ~ \\.php$ {{
+            if ($arg_deny) {{ return 403; }}
+            if ($arg_mark) {{ add_header X-Marked yes; }}
+            include {REPO}/conf/fastcgi.conf;
+            fastcgi_pass unix:{fpm['sock']};
+        }}
+    """)
+    assert srv.get("/info.php?deny=1")[0] == 403
+    status, headers, body = srv.get("/info.php?mark=1")
+    assert status == 200, body
+    assert headers.get("x-marked") == "yes"
+    assert json.loads(body)["GET"] == {"mark": "1"}
+
+
 def test_intercept_errors(gannet, fpm):
     extra = "error_page 404 /404.html; fastcgi_intercept_errors on;"
     srv = php_server(gannet, fpm, extra=extra)

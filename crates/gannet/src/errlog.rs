@@ -5,7 +5,7 @@
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -50,7 +50,7 @@ impl Level {
 
 struct ErrLog {
     level: Level,
-    file: Option<File>,
+    file: Option<(File, PathBuf)>,
 }
 
 static LOG: OnceLock<ErrLog> = OnceLock::new();
@@ -58,7 +58,10 @@ static LOG: OnceLock<ErrLog> = OnceLock::new();
 /// Open the error log. Until this is called, messages at `error` and above go to stderr.
 pub fn init(path: Option<&Path>, level: Level) -> std::io::Result<()> {
     let file = match path {
-        Some(p) => Some(OpenOptions::new().create(true).append(true).open(p)?),
+        Some(p) => Some((
+            OpenOptions::new().create(true).append(true).open(p)?,
+            p.to_path_buf(),
+        )),
         None => None,
     };
     let _ = LOG.set(ErrLog { level, file });
@@ -67,7 +70,7 @@ pub fn init(path: Option<&Path>, level: Level) -> std::io::Result<()> {
 
 pub fn log(level: Level, args: fmt::Arguments) {
     let (min, file) = match LOG.get() {
-        Some(l) => (l.level, l.file.as_ref()),
+        Some(l) => (l.level, l.file.as_ref().map(|(f, _)| f)),
         None => (Level::Error, None),
     };
     if level < min {
@@ -115,6 +118,14 @@ pub fn request(level: Level, req: &crate::http::request::Request, args: fmt::Arg
         ctx.push_str(&format!(", host: \"{}\"", String::from_utf8_lossy(h)));
     }
     log(level, format_args!("*{} {args}{ctx}", req.conn.id));
+}
+
+/// Reopen the error log file by its name (SIGUSR1); nothing to do when it is stderr.
+pub fn reopen() -> std::io::Result<()> {
+    match LOG.get().and_then(|l| l.file.as_ref()) {
+        Some((f, p)) => crate::runtime::log_reopen::reopen_in_place(f, p),
+        None => Ok(()),
+    }
 }
 
 pub fn error(args: fmt::Arguments) {

@@ -128,7 +128,12 @@ fn main() -> ExitCode {
             listen_addr()
         );
     }
-    match runtime::master::run(cfg) {
+    // SIGHUP reads the same file (or the embedded default) again.
+    let reload = move || match &conf_path {
+        Some(p) => config::load(p, &prefix),
+        None => embedded(&prefix),
+    };
+    match runtime::master::run(cfg, reload) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gannet: [emerg] {e}");

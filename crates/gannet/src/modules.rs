@@ -14,6 +14,7 @@ pub mod file_cache;
 pub mod gateway;
 pub mod headers;
 pub mod index;
+pub mod map;
 pub mod rewrite;
 pub mod scgi;
 pub mod static_files;
@@ -34,6 +35,8 @@ pub struct LoadCtx {
     pub log_formats: HashMap<String, Arc<access_log::LogFormat>>,
     /// `upstream` groups by name (all of http's, read before any server).
     pub upstreams: HashMap<String, Arc<crate::upstream::Upstream>>,
+    /// Every access log opened, for reopening them (SIGUSR1).
+    pub log_files: Vec<Arc<access_log::LogFile>>,
 }
 
 type Setter = fn(&Directive, &mut LocConf, &mut LoadCtx) -> Result<(), ConfError>;
@@ -100,6 +103,10 @@ pub const MODULES: &[Module] = &[
     Module {
         directives: compress::DIRECTIVES,
         set: compress::set,
+    },
+    Module {
+        directives: map::DIRECTIVES,
+        set: map::set,
     },
 ];
 

@@ -4,24 +4,25 @@
 //!
 //! Within a block, plain directives are applied before nested blocks are built, so an
 //! http-level directive written after a `server {}` still reaches it, as in nginx.
+//!
+//! `if` blocks are built here too (their directives are applied like a location's), and the
+//! variables the config defines are collected while loading: a variable read anywhere must
+//! be defined (`set`, `map`, a named capture) somewhere, or the load fails at its first read.
 
 use super::listen::Listen;
 use super::{ignored, main_conf, Config, ListenGroup, MainConf, ServerConf};
 use crate::http::router::{Location, Matcher, ServerNames};
+use crate::http::user_vars::{self, CapRegex, VarTable};
 use crate::http::variables::Template;
 use crate::modules::{self, LoadCtx, LocConf};
 use gannet_conf::registry::{self, Ctx, Spec};
 use gannet_conf::{ConfError, Directive};
-use regex::RegexBuilder;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
 /// Block directives nginx has that gannet does not implement yet, with the reason shown.
 const NOT_YET: &[(&str, &str)] = &[
-    ("if", "\"if\" is not supported yet"),
-    ("map", "\"map\" is not supported yet"),
-    ("set", "\"set\" is not supported yet"),
     ("geo", "\"geo\" is not supported yet"),
     ("split_clients", "\"split_clients\" is not supported yet"),
     ("limit_except", "\"limit_except\" is not supported yet"),
@@ -95,10 +96,12 @@ pub fn load(path: &Path, prefix: &Path) -> Result<Config, ConfError> {
 
 /// Build from an already parsed tree (used for the embedded default config too).
 pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
+    let _vars = user_vars::LoadScope::begin();
     let mut cfg = Config {
         main: MainConf::default(),
         listens: Vec::new(),
         notices: Vec::new(),
+        log_files: Vec::new(),
     };
     let mut http_blocks = Vec::new();
     for d in tree {
@@ -122,6 +125,7 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
     if let Some(http) = http_blocks.first() {
         load_http(&mut cfg, http, prefix)?;
     }
+    user_vars::check()?;
     Ok(cfg)
 }
 
@@ -183,8 +187,12 @@ fn level_directive(
     lctx: &mut LoadCtx,
     ctx: Ctx,
 ) -> Result<(), ConfError> {
+    user_vars::at(&d.loc);
     if let Some((spec, set)) = modules::find(&d.name) {
         registry::check(spec, d, ctx)?;
+        if d.name == "if" {
+            return load_if(cfg, d, lc, lctx, ctx);
+        }
         return set(d, lc, lctx);
     }
     if d.name == "error_log" {
@@ -197,11 +205,39 @@ fn level_directive(
     other_directive(cfg, d)
 }
 
+/// `if (condition) { ... }`: in a location, a nested configuration applied when the
+/// condition holds; at server level, rewrite statements only (nginx's "server if").
+fn load_if(
+    cfg: &mut Config,
+    d: &Directive,
+    lc: &mut LocConf,
+    lctx: &mut LoadCtx,
+    ctx: Ctx,
+) -> Result<(), ConfError> {
+    let in_location = ctx.contains(Ctx::LOCATION);
+    let mut inner = LocConf::default();
+    for c in d.block.as_deref().unwrap_or_default() {
+        let foreign = modules::find(&c.name).is_some_and(|(spec, _)| {
+            !modules::rewrite::DIRECTIVES
+                .iter()
+                .any(|r| r.name == spec.name)
+        });
+        if !in_location && foreign {
+            return Err(c.error(format!("\"{}\" directive is not allowed here", c.name)));
+        }
+        level_directive(cfg, c, &mut inner, lctx, ctx.or(Ctx::IF))?;
+    }
+    // Back at the `if` line for the variables of its condition.
+    user_vars::at(&d.loc);
+    modules::rewrite::add_if(d, lc, inner, in_location)
+}
+
 fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), ConfError> {
     let mut lctx = LoadCtx {
         prefix: prefix.to_path_buf(),
         log_formats: modules::access_log::predefined(),
         upstreams: HashMap::new(),
+        log_files: Vec::new(),
     };
     let mut conf = LocConf::default();
     let body = http.block.as_deref().unwrap_or_default();
@@ -224,10 +260,12 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
         // nginx's compiled-in default: `html` under the prefix.
         conf.core.root = Some(Template::literal(&prefix.join("html").to_string_lossy()));
     }
+    // Every `map` is an http-level directive, so all are known by now.
+    let vars = user_vars::table();
     let mut groups: Vec<ListenGroup> = Vec::new();
     for d in body.iter().filter(|d| d.name == "server") {
         check(d, Ctx::HTTP)?;
-        let (server, listens) = load_server(cfg, d, &conf, &mut lctx)?;
+        let (server, listens) = load_server(cfg, d, &conf, &vars, &mut lctx)?;
         let server = Arc::new(server);
         for (l, loc) in listens {
             match groups.iter_mut().find(|g| g.listen.addr == l.addr) {
@@ -253,6 +291,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
         }
     }
     cfg.listens = groups;
+    cfg.log_files = lctx.log_files;
     Ok(())
 }
 
@@ -262,6 +301,7 @@ fn load_server(
     cfg: &mut Config,
     sd: &Directive,
     http: &LocConf,
+    vars: &Arc<VarTable>,
     lctx: &mut LoadCtx,
 ) -> Result<(ServerConf, Listens), ConfError> {
     let mut conf = LocConf::default();
@@ -313,6 +353,7 @@ fn load_server(
         conf,
         locations,
         named,
+        vars: vars.clone(),
     };
     Ok((server, listens))
 }
@@ -322,7 +363,7 @@ fn check_duplicates(locs: &[Arc<Location>], body: &[Directive]) -> Result<(), Co
     let key = |l: &Location| match &l.matcher {
         Matcher::Exact(p) => format!("={p}"),
         Matcher::Prefix { path, .. } => path.clone(),
-        Matcher::Regex(r) => format!("~{}", r.as_str()),
+        Matcher::Regex(r) => format!("~{}", r.re.as_str()),
         Matcher::Named(n) => format!("@{n}"),
     };
     let mut seen = std::collections::HashSet::new();
@@ -381,12 +422,9 @@ fn parse_matcher(d: &Directive, parent: Option<&Matcher>) -> Result<Matcher, Con
             path: path.to_string(),
             no_regex: false,
         },
-        "~" | "~*" => Matcher::Regex(
-            RegexBuilder::new(path)
-                .case_insensitive(modifier == "~*")
-                .build()
-                .map_err(|e| d.error(format!("invalid regex \"{path}\": {e}")))?,
-        ),
+        "~" | "~*" => {
+            Matcher::Regex(CapRegex::compile(path, modifier == "~*").map_err(|e| d.error(e))?)
+        }
         m => return Err(d.error(format!("invalid location modifier \"{m}\""))),
     };
     if let (
@@ -418,6 +456,7 @@ fn load_location(
         level_directive(cfg, c, &mut conf, lctx, Ctx::LOCATION)?;
     }
     conf.merge(parent_conf);
+    modules::rewrite::merge_ifs(&mut conf);
     let conf = Arc::new(conf);
     let mut children = Vec::new();
     for c in body.iter().filter(|c| c.name == "location") {

@@ -13,6 +13,8 @@ pub mod load;
 pub mod main_conf;
 
 use crate::http::router::{Location, ServerNames};
+use crate::http::user_vars::VarTable;
+use crate::modules::access_log::LogFile;
 use crate::modules::LocConf;
 use listen::Listen;
 pub use load::load;
@@ -27,6 +29,8 @@ pub struct Config {
     pub listens: Vec<ListenGroup>,
     /// Messages for directives accepted without effect (printed by `gannet -t`).
     pub notices: Vec<String>,
+    /// Every access log file, for reopening (SIGUSR1).
+    pub log_files: Vec<Arc<LogFile>>,
 }
 
 /// A bound address and the virtual hosts reachable through it.
@@ -50,4 +54,6 @@ pub struct ServerConf {
     pub locations: Vec<Arc<Location>>,
     /// `location @name` blocks.
     pub named: Vec<Arc<Location>>,
+    /// The config's `map` variables (shared by every server).
+    pub vars: Arc<VarTable>,
 }

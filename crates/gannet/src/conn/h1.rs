@@ -195,8 +195,12 @@ impl Conn {
                 }
             }
             let idle = c.buf.is_empty();
+            // Only a connection between requests is closed by a graceful stop. One that has
+            // not sent its first request yet was accepted just before the stop (a reload
+            // hands the sockets to new workers at any moment) and its request is on the way.
+            let between_requests = idle && c.info.requests > 0;
             if idle {
-                if w.draining.get() {
+                if between_requests && w.draining.get() {
                     return End::Close;
                 }
                 // Buffers are kept for the next request (a connection that stays idle
@@ -214,16 +218,19 @@ impl Conn {
                 header_timeout
             };
             let deadline = Instant::now() + wait;
-            if idle && w.parking.is_some() && wait > PARK_AFTER {
+            if idle && w.parking.is_some() && wait > PARK_AFTER && !w.draining.get() {
                 // Most keep-alive clients come back at once: wait a moment here before parking.
-                if !c.wait_readable(Instant::now() + PARK_AFTER, true).await {
+                if !c
+                    .wait_readable(Instant::now() + PARK_AFTER, between_requests)
+                    .await
+                {
                     return if w.draining.get() {
                         End::Close
                     } else {
                         End::Park(deadline)
                     };
                 }
-            } else if !c.wait_readable(deadline, idle).await {
+            } else if !c.wait_readable(deadline, between_requests).await {
                 return End::Close;
             }
             if c.buf.capacity() - c.buf.len() < 512 {

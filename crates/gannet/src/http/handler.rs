@@ -127,6 +127,9 @@ fn locate_and_run(req: &mut Request, w: &Worker) -> Flow {
         req.conf = found.location.conf.clone();
         if !found.captures.is_empty() {
             req.captures = found.captures;
+            if let Matcher::Regex(re) = &found.location.matcher {
+                re.bind_collected(&req.captures, req);
+            }
         }
         req.location = Some(found.location);
     } else {

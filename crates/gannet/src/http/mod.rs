@@ -8,4 +8,5 @@ pub mod handler;
 pub mod request;
 pub mod response;
 pub mod router;
+pub mod user_vars;
 pub mod variables;

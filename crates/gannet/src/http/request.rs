@@ -3,6 +3,7 @@
 
 use crate::config::ServerConf;
 use crate::http::router::Location;
+use crate::http::user_vars;
 use crate::modules::LocConf;
 use gannet_proto::h1::{Method, RequestHead};
 use std::net::SocketAddr;
@@ -51,6 +52,8 @@ pub struct Request {
     pub error_paged: bool,
     /// error_page fetches its page with GET whatever the request's method was.
     pub method_override: Option<Method>,
+    /// Values of the variables the config defines (`set`, `map`, named captures).
+    pub vars: user_vars::Values,
 }
 
 impl Request {
@@ -79,6 +82,7 @@ impl Request {
             error_status: None,
             error_paged: false,
             method_override: None,
+            vars: user_vars::Values::default(),
         }
     }
 

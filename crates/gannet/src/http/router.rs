@@ -9,6 +9,7 @@
 //! (nested regexes before their parent's level), else the longest prefix match.
 
 use crate::config::ServerConf;
+use crate::http::user_vars::CapRegex;
 use crate::modules::LocConf;
 use regex::Regex;
 use std::sync::Arc;
@@ -19,8 +20,8 @@ pub enum Matcher {
     Exact(String),
     /// `location /path` (`no_regex` for `^~`)
     Prefix { path: String, no_regex: bool },
-    /// `location ~ re` / `location ~* re`
-    Regex(Regex),
+    /// `location ~ re` / `location ~* re` (named captures set variables)
+    Regex(CapRegex),
     /// `location @name`
     Named(String),
 }
@@ -93,7 +94,7 @@ fn find_level(locs: &[Arc<Location>], uri: &str) -> (Option<Found>, bool) {
     }
     for l in locs {
         if let Matcher::Regex(re) = &l.matcher {
-            if let Some(caps) = re.captures(uri) {
+            if let Some(caps) = re.re.captures(uri) {
                 let captures = caps
                     .iter()
                     .map(|m| m.map(|m| m.as_str().to_string()))

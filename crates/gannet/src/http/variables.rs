@@ -8,9 +8,11 @@
 //! `$request_method` `$request` `$request_length` `$request_time` `$status` `$body_bytes_sent`
 //! `$bytes_sent` `$content_type` `$content_length` `$connection` `$connection_requests` `$msec`
 //! `$time_local` `$time_iso8601` `$pid` `$nginx_version` `$gannet_version` `$fastcgi_script_name`
-//! `$fastcgi_path_info` and `$1`..`$9`.
+//! `$fastcgi_path_info` and `$1`..`$9`; and the variables a config defines with `set`, `map`
+//! or named captures (see `http::user_vars`).
 
 use crate::http::request::Request;
+use crate::http::user_vars::{self, UserVar};
 use std::fmt::Write;
 
 /// One variable reference.
@@ -57,10 +59,13 @@ pub enum Var {
     FastcgiScriptName,
     FastcgiPathInfo,
     Capture(usize),
+    /// Defined by the config (`set`, `map`, a named capture).
+    User(UserVar),
 }
 
 impl Var {
-    fn from_name(name: &str) -> Option<Var> {
+    /// The built-in variable called `name`.
+    pub(crate) fn from_name(name: &str) -> Option<Var> {
         if let Ok(n) = name.parse::<usize>() {
             return (n <= 9).then_some(Var::Capture(n));
         }
@@ -175,7 +180,9 @@ impl Template {
                 i += 1;
                 continue;
             }
-            let var = Var::from_name(name).ok_or_else(|| format!("unknown \"{name}\" variable"))?;
+            let var = Var::from_name(name)
+                .or_else(|| user_vars::reference(name).map(Var::User))
+                .ok_or_else(|| format!("unknown \"{name}\" variable"))?;
             if !lit.is_empty() {
                 parts.push(Part::Lit(std::mem::take(&mut lit)));
             }
@@ -208,6 +215,12 @@ impl Template {
     }
 
     pub fn eval(&self, req: &Request, sent: Option<&Sent>) -> String {
+        self.eval_with(req, sent, &req.captures)
+    }
+
+    /// Evaluate with `$0`..`$9` taken from `caps` (a map's regex match) instead of the
+    /// request's last match.
+    pub fn eval_with(&self, req: &Request, sent: Option<&Sent>, caps: &[Option<String>]) -> String {
         if let Some(s) = self.as_literal() {
             return s.to_string();
         }
@@ -215,7 +228,7 @@ impl Template {
         for p in &self.parts {
             match p {
                 Part::Lit(s) => out.push_str(s),
-                Part::Var(v) => append(&mut out, v, req, sent),
+                Part::Var(v) => append(&mut out, v, req, sent, caps),
             }
         }
         out
@@ -230,7 +243,7 @@ impl Template {
                 Part::Lit(s) => out.extend_from_slice(s.as_bytes()),
                 Part::Var(v) => {
                     val.clear();
-                    append(&mut val, v, req, Some(sent));
+                    append(&mut val, v, req, Some(sent), &req.captures);
                     if val.is_empty() {
                         out.push(b'-');
                     } else {
@@ -266,7 +279,7 @@ fn header_str(req: &Request, name: &str) -> Option<String> {
         .map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
-fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>) {
+fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &[Option<String>]) {
     match v {
         Var::Uri => out.push_str(&req.uri),
         Var::RequestUri => out.push_str(&String::from_utf8_lossy(req.head.target())),
@@ -403,10 +416,11 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>) {
             out.push_str(&crate::modules::fastcgi::script_name_and_path_info(req).1)
         }
         Var::Capture(n) => {
-            if let Some(Some(c)) = req.captures.get(*n) {
+            if let Some(Some(c)) = caps.get(*n) {
                 out.push_str(c)
             }
         }
+        Var::User(u) => user_vars::append(out, u, req, sent),
     }
 }
 

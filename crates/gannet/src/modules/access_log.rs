@@ -28,7 +28,7 @@ pub const DIRECTIVES: &[Spec] = &[
     },
     Spec {
         name: "access_log",
-        ctx: Ctx::HSL,
+        ctx: Ctx::HSL.or(Ctx::IF),
         args: Args::AtLeast(1),
         block: false,
     },
@@ -49,6 +49,8 @@ pub struct LogFormat {
 pub struct LogFile {
     pub id: usize,
     pub file: File,
+    /// For reopening (SIGUSR1).
+    pub path: PathBuf,
     pub format: Arc<LogFormat>,
     pub buffer: usize,
     /// Without `flush=`, a buffer is written only when full or when the worker stops.
@@ -123,10 +125,12 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
     let log = Arc::new(LogFile {
         id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         file,
+        path,
         format,
         buffer,
         flush,
     });
+    ctx.log_files.push(log.clone());
     let mut logs = match &lc.log.logs {
         Some(l) if !l.is_empty() => (**l).clone(),
         _ => Vec::new(),

@@ -17,11 +17,13 @@ use std::time::Duration;
 
 const HSL: Ctx = Ctx::HSL;
 const HS: Ctx = Ctx(Ctx::HTTP.0 | Ctx::SERVER.0);
+/// Also allowed inside a location's `if`, as in nginx.
+const HSLI: Ctx = Ctx::HSL.or(Ctx::IF);
 
 pub const DIRECTIVES: &[Spec] = &[
     Spec {
         name: "root",
-        ctx: HSL,
+        ctx: HSLI,
         args: Args::Exactly(1),
         block: false,
     },
@@ -93,7 +95,7 @@ pub const DIRECTIVES: &[Spec] = &[
     },
     Spec {
         name: "sendfile",
-        ctx: HSL,
+        ctx: HSLI,
         args: Args::Exactly(1),
         block: false,
     },

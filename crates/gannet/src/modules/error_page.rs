@@ -11,7 +11,7 @@ use std::sync::Arc;
 pub const DIRECTIVES: &[Spec] = &[
     Spec {
         name: "error_page",
-        ctx: Ctx::HSL,
+        ctx: Ctx::HSL.or(Ctx::IF),
         args: Args::AtLeast(2),
         block: false,
     },

@@ -18,13 +18,13 @@ use std::time::{Duration, SystemTime};
 pub const DIRECTIVES: &[Spec] = &[
     Spec {
         name: "add_header",
-        ctx: Ctx::HSL,
+        ctx: Ctx::HSL.or(Ctx::IF),
         args: Args::Between(2, 3),
         block: false,
     },
     Spec {
         name: "expires",
-        ctx: Ctx::HSL,
+        ctx: Ctx::HSL.or(Ctx::IF),
         args: Args::Between(1, 2),
         block: false,
     },

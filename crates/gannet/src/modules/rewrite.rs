@@ -1,42 +1,66 @@
-//! The rewrite statements: `return code [text|URL]`, `return URL`, `rewrite regex
-//! replacement [last|break|redirect|permanent]` and `break`. They run in order, in the
-//! server-rewrite phase (server level) or the rewrite phase (location level), and are not
-//! inherited, as in nginx. `return 444` closes the connection without an answer.
+//! The rewrite statements (nginx's ngx_http_rewrite_module): `return code [text|URL]`,
+//! `return URL`, `rewrite regex replacement [last|break|redirect|permanent]`, `break`,
+//! `set $name value` and `if (condition) { ... }`. They run in order, in the server-rewrite
+//! phase (server level) or the rewrite phase (location level), and are not inherited, as in
+//! nginx. `return 444` closes the connection without an answer.
+//!
+//! An `if` in a location is a nested location (nginx's "if" location): when its condition
+//! holds, its statements run and its settings (`root`, `add_header`, `fastcgi_pass`...)
+//! replace the location's for the rest of the request; it inherits the location's
+//! settings, but not its `try_files`, as in nginx. An `if` at server level holds rewrite
+//! statements only. The loader builds the block (`config::load`); this module runs it.
+
+mod condition;
 
 use super::{LoadCtx, LocConf};
 use crate::http::handler::Flow;
 use crate::http::request::Request;
 use crate::http::response::{Body, Response};
+use crate::http::user_vars::{self, CapRegex, UserVar};
 use crate::http::variables::Template;
+pub use condition::Cond;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{ConfError, Directive};
-use regex::Regex;
 use std::sync::Arc;
 
 const SL: Ctx = Ctx(Ctx::SERVER.0 | Ctx::LOCATION.0);
+/// Server, location and the inside of an `if`.
+const SLI: Ctx = SL.or(Ctx::IF);
 
 pub const DIRECTIVES: &[Spec] = &[
     Spec {
         name: "return",
-        ctx: SL,
+        ctx: SLI,
         args: Args::Between(1, 2),
         block: false,
     },
     Spec {
         name: "rewrite",
-        ctx: SL,
+        ctx: SLI,
         args: Args::Between(2, 3),
         block: false,
     },
     Spec {
         name: "break",
-        ctx: SL,
+        ctx: SLI,
         args: Args::Exactly(0),
         block: false,
     },
     Spec {
+        name: "set",
+        ctx: SLI,
+        args: Args::Exactly(2),
+        block: false,
+    },
+    Spec {
+        name: "if",
+        ctx: SL,
+        args: Args::AtLeast(1),
+        block: true,
+    },
+    Spec {
         name: "rewrite_log",
-        ctx: Ctx::HSL,
+        ctx: Ctx::HSL.or(Ctx::IF),
         args: Args::Exactly(1),
         block: false,
     },
@@ -53,9 +77,28 @@ pub enum Flag {
 
 #[derive(Debug, Clone)]
 pub enum Stmt {
-    Return { code: u16, text: Option<Template> },
-    Rewrite { re: Regex, to: Template, flag: Flag },
+    Return {
+        code: u16,
+        text: Option<Template>,
+    },
+    Rewrite {
+        re: CapRegex,
+        to: Template,
+        flag: Flag,
+    },
     Break,
+    Set {
+        var: UserVar,
+        value: Template,
+    },
+    /// `set $args ...` changes the query string, as in nginx.
+    SetArgs(Template),
+    If {
+        cond: Cond,
+        body: Vec<Stmt>,
+        /// The block's settings (a location-level `if`), merged with the location's.
+        conf: Option<Arc<LocConf>>,
+    },
 }
 
 #[derive(Debug, Clone, Default)]
@@ -79,6 +122,22 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
             return Ok(());
         }
         "break" => Stmt::Break,
+        "set" => {
+            let name = d.args[0]
+                .strip_prefix('$')
+                .ok_or_else(|| d.error(format!("invalid variable name \"{}\"", d.args[0])))?;
+            let value = tpl(&d.args[1])?;
+            if name == "args" {
+                Stmt::SetArgs(value)
+            } else {
+                Stmt::Set {
+                    var: user_vars::define(name).map_err(|e| d.error(e))?,
+                    value,
+                }
+            }
+        }
+        // Its block is built by the loader, which then calls `add_if`.
+        "if" => return Err(d.error("\"if\" cannot be loaded here")),
         "return" => match d.args.as_slice() {
             [one] if is_url(one) => Stmt::Return {
                 code: 302,
@@ -98,8 +157,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
             [] => return Err(d.error("invalid number of arguments in \"return\" directive")),
         },
         _ => {
-            let re = Regex::new(&d.args[0])
-                .map_err(|e| d.error(format!("invalid regex \"{}\": {e}", d.args[0])))?;
+            let re = CapRegex::compile(&d.args[0], false).map_err(|e| d.error(e))?;
             let flag = match d.args.get(2).map(String::as_str) {
                 None => Flag::None,
                 Some("last") => Flag::Last,
@@ -119,6 +177,44 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
     Ok(())
 }
 
+/// Add an `if` whose block the loader has built into `inner` (its settings, and its
+/// statements in `inner.rewrite`). `location` says whether the block's settings apply.
+pub fn add_if(
+    d: &Directive,
+    lc: &mut LocConf,
+    mut inner: LocConf,
+    location: bool,
+) -> Result<(), ConfError> {
+    let cond = condition::parse(&d.args).map_err(|e| d.error(e))?;
+    let body = std::mem::take(Arc::make_mut(&mut inner.rewrite.stmts));
+    let conf = location.then(|| Arc::new(inner));
+    Arc::make_mut(&mut lc.rewrite.stmts).push(Stmt::If { cond, body, conf });
+    Ok(())
+}
+
+/// Once a location is complete and merged, its `if` blocks inherit from it. They keep its
+/// content handler too: an `if` in a `fastcgi_pass` (`scgi_pass`, `uwsgi_pass`) location
+/// still passes, as in nginx.
+pub fn merge_ifs(lc: &mut LocConf) {
+    let mut stmts = std::mem::take(&mut lc.rewrite.stmts);
+    for s in Arc::make_mut(&mut stmts) {
+        if let Stmt::If { conf: Some(c), .. } = s {
+            let c = Arc::make_mut(c);
+            c.merge(lc);
+            for (inner, outer) in [
+                (&mut c.fastcgi.gw, &lc.fastcgi.gw),
+                (&mut c.scgi, &lc.scgi),
+                (&mut c.uwsgi.gw, &lc.uwsgi.gw),
+            ] {
+                if inner.pass.is_none() {
+                    inner.pass = outer.pass.clone();
+                }
+            }
+        }
+    }
+    lc.rewrite.stmts = stmts;
+}
+
 /// What the rewrite statements decided.
 pub enum Outcome {
     /// Carry on in this location (`break`, or nothing matched).
@@ -131,18 +227,46 @@ pub enum Outcome {
 
 pub fn run(stmts: &[Stmt], req: &mut Request) -> Outcome {
     let mut changed = false;
+    match run_block(stmts, req, &mut changed) {
+        Some(outcome) => outcome,
+        None if changed => Outcome::Research,
+        None => Outcome::Stay,
+    }
+}
+
+/// Run statements until one ends the script (`Some`); `changed` notes a URI rewritten
+/// without a flag, which sends the request to a new location search at the end.
+fn run_block(stmts: &[Stmt], req: &mut Request, changed: &mut bool) -> Option<Outcome> {
     for s in stmts {
         match s {
-            Stmt::Break => return Outcome::Stay,
-            Stmt::Return { code, text } => return Outcome::Flow(answer(req, *code, text.as_ref())),
+            Stmt::Break => return Some(Outcome::Stay),
+            Stmt::Return { code, text } => {
+                return Some(Outcome::Flow(answer(req, *code, text.as_ref())))
+            }
+            Stmt::Set { var, value } => {
+                let v = value.eval(req, None);
+                req.vars.set(var.idx, v);
+            }
+            Stmt::SetArgs(value) => {
+                let v = value.eval(req, None);
+                req.args = (!v.is_empty()).then_some(v);
+            }
+            Stmt::If { cond, body, conf } => {
+                if !cond.eval(req) {
+                    continue;
+                }
+                if let Some(c) = conf {
+                    req.conf = c.clone();
+                }
+                if let Some(outcome) = run_block(body, req, changed) {
+                    return Some(outcome);
+                }
+            }
             Stmt::Rewrite { re, to, flag } => {
-                let Some(caps) = re.captures(&req.uri) else {
+                let Some(caps) = re.captures(&req.uri, req) else {
                     continue;
                 };
-                req.captures = caps
-                    .iter()
-                    .map(|m| m.map(|m| m.as_str().to_string()))
-                    .collect();
+                req.captures = caps;
                 let new = to.eval(req, None);
                 let redirect = matches!(flag, Flag::Redirect | Flag::Permanent) || is_url(&new);
                 if redirect {
@@ -158,23 +282,21 @@ pub fn run(stmts: &[Stmt], req: &mut Request) -> Outcome {
                             }
                         }
                     }
-                    return Outcome::Flow(Flow::Done(redirect_response(req, code, &loc)));
+                    return Some(Outcome::Flow(Flow::Done(redirect_response(
+                        req, code, &loc,
+                    ))));
                 }
                 set_uri(req, &new);
-                changed = true;
+                *changed = true;
                 match flag {
-                    Flag::Last => return Outcome::Research,
-                    Flag::Break => return Outcome::Stay,
+                    Flag::Last => return Some(Outcome::Research),
+                    Flag::Break => return Some(Outcome::Stay),
                     _ => {}
                 }
             }
         }
     }
-    if changed {
-        Outcome::Research
-    } else {
-        Outcome::Stay
-    }
+    None
 }
 
 /// Replace the URI with a rewrite result: `path?args` replaces the args (original ones

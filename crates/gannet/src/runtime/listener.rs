@@ -2,11 +2,17 @@
 //! SO_REUSEPORT so the kernel spreads connections over workers with no shared accept queue
 //! and no accept lock. They are all created by the master before any worker starts, so a
 //! port in use is a start-up error, not a worker failure.
+//!
+//! The master keeps every socket ([`Bound`]) across reloads: an address the new config still
+//! listens on keeps its sockets (only missing ones are added), so no connection queued in
+//! a socket's backlog is lost when workers change.
 
 use crate::config::listen::Listen;
+use crate::config::Config;
 use socket2::{Domain, Protocol, Socket, Type};
+use std::collections::HashMap;
 use std::io;
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
 
 /// A TCP socket for `l`'s address family, with SO_REUSEADDR (and the `ipv6only` choice),
@@ -58,18 +64,56 @@ fn probe(l: &Listen) -> io::Result<()> {
     bound_socket(l, false).map(drop)
 }
 
-/// One socket per listen group for each of `workers` workers: result[worker][group].
-pub fn bind_all(listens: &[&Listen], workers: usize) -> Result<Vec<Vec<TcpListener>>, String> {
-    for l in listens {
-        probe(l).map_err(|e| format!("bind() to {} failed ({e})", l.addr))?;
-    }
-    let mut out = Vec::with_capacity(workers);
-    for _ in 0..workers {
-        let mut mine = Vec::with_capacity(listens.len());
-        for l in listens {
-            mine.push(bind(l).map_err(|e| format!("bind() to {} failed ({e})", l.addr))?);
+/// The listening sockets of each address.
+pub type Bound = HashMap<SocketAddr, Vec<TcpListener>>;
+
+/// A worker's sockets, each with the index of the `config.listens` group it serves.
+pub type WorkerSockets = Vec<(TcpListener, usize)>;
+
+fn bind_error(l: &Listen, e: io::Error) -> String {
+    format!("bind() to {} failed ({e})", l.addr)
+}
+
+/// The sockets `config` needs, one per worker for each address: those of `old` for the
+/// addresses it already has (kept even beyond the worker count, so none is closed with
+/// connections in its backlog), new ones for the rest. Addresses `config` no longer
+/// listens on are left out, to close once their last user is gone.
+pub fn bind_for(config: &Config, old: &Bound) -> Result<Bound, String> {
+    let workers = config.main.worker_processes.max(1);
+    let mut out = Bound::new();
+    for g in &config.listens {
+        let l = &g.listen;
+        let mut socks = match old.get(&l.addr) {
+            Some(v) => v
+                .iter()
+                .map(TcpListener::try_clone)
+                .collect::<io::Result<Vec<_>>>()
+                .map_err(|e| format!("socket dup failed: {e}"))?,
+            None => {
+                probe(l).map_err(|e| bind_error(l, e))?;
+                Vec::new()
+            }
+        };
+        while socks.len() < workers {
+            socks.push(bind(l).map_err(|e| bind_error(l, e))?);
         }
-        out.push(mine);
+        out.insert(l.addr, socks);
     }
     Ok(out)
+}
+
+/// Share the sockets out over `config`'s workers: each worker gets one per address, and
+/// sockets beyond the worker count go round to the workers too.
+pub fn assign(config: &Config, bound: &Bound) -> Result<Vec<WorkerSockets>, String> {
+    let workers = config.main.worker_processes.max(1);
+    let mut per: Vec<WorkerSockets> = (0..workers).map(|_| Vec::new()).collect();
+    for (group, g) in config.listens.iter().enumerate() {
+        for (k, s) in bound.get(&g.listen.addr).into_iter().flatten().enumerate() {
+            let s = s
+                .try_clone()
+                .map_err(|e| format!("socket dup failed: {e}"))?;
+            per[k % workers].push((s, group));
+        }
+    }
+    Ok(per)
 }

@@ -3,6 +3,7 @@
 
 pub mod clock;
 pub mod listener;
+pub mod log_reopen;
 pub mod master;
 pub mod parking;
 pub mod read_timers;

@@ -23,7 +23,8 @@ use tokio::sync::{watch, Notify};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
     Run,
-    /// SIGQUIT: stop accepting, finish in-flight requests, close idle connections, exit.
+    /// SIGQUIT, or a reload replacing this worker: stop accepting, finish in-flight
+    /// requests, close idle connections, exit.
     Drain,
 }
 
@@ -120,8 +121,13 @@ impl Worker {
 }
 
 /// Run one worker until it is told to drain and its connections are done, or the process
-/// exits. `sockets[i]` listens for `config.listens[i]`.
-pub fn run(config: Arc<Config>, sockets: Vec<StdListener>, mut cmd: watch::Receiver<Command>) {
+/// exits. Each socket comes with the index of the `config.listens` group it serves (a
+/// worker may have several for one group after a reload that lowered `worker_processes`).
+pub fn run(
+    config: Arc<Config>,
+    sockets: Vec<(StdListener, usize)>,
+    mut cmd: watch::Receiver<Command>,
+) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -155,7 +161,7 @@ pub fn run(config: Arc<Config>, sockets: Vec<StdListener>, mut cmd: watch::Recei
             tokio::task::spawn_local(unpark_loop(w.clone()));
         }
         let mut accepts = Vec::new();
-        for (i, s) in sockets.into_iter().enumerate() {
+        for (s, i) in sockets {
             match TcpListener::from_std(s) {
                 Ok(l) => accepts.push(tokio::task::spawn_local(accept_loop(w.clone(), l, i))),
                 Err(e) => crate::errlog::error(format_args!("listener setup failed: {e}")),

@@ -1,0 +1,304 @@
+//! Variables the configuration defines: `set $name value`, `map $source $name {}` and named
+//! regex captures `(?<name>...)` in `location`, `if`, `rewrite` and `map` regexes.
+//!
+//! Load time: every module compiles its own templates through `Template::compile`, so the
+//! table of names lives in a registry scoped to one config load ([`LoadScope`]) rather than
+//! in every setter's signature. A name gets its index the first time it is read or defined;
+//! a name that is read somewhere but never defined anywhere is nginx's
+//! `unknown "name" variable`, reported at the first directive that reads it ([`check`]).
+//!
+//! Run time: a request keeps one slot per variable, grown on the first write, so a request
+//! that never meets a user variable allocates nothing. A map variable is evaluated when
+//! first read and cached for the request (unless the map is `volatile`), as in nginx.
+
+use crate::errlog::Level;
+use crate::http::request::Request;
+use crate::http::variables::{Sent, Var};
+use crate::modules::map::Map;
+use gannet_conf::{ConfError, Loc};
+use regex::{Regex, RegexBuilder};
+use std::cell::RefCell;
+use std::sync::Arc;
+
+/// A reference to a user variable, as compiled into a template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserVar {
+    pub idx: u32,
+    pub name: Arc<str>,
+}
+
+/// The variables of one loaded config that need more than a slot: the maps, by index.
+#[derive(Debug, Default)]
+pub struct VarTable {
+    maps: Vec<Option<Arc<Map>>>,
+}
+
+struct Entry {
+    name: Arc<str>,
+    defined: bool,
+    /// Where it was first read, for the unknown-variable error.
+    first_use: Option<Loc>,
+    map: Option<Arc<Map>>,
+}
+
+#[derive(Default)]
+struct Registry {
+    vars: Vec<Entry>,
+    /// The directive being loaded.
+    at: Option<Loc>,
+}
+
+thread_local! {
+    static LOADING: RefCell<Option<Registry>> = const { RefCell::new(None) };
+}
+
+/// The registry for one config load; dropped (even on an error) when the load ends.
+pub struct LoadScope(());
+
+impl LoadScope {
+    pub fn begin() -> LoadScope {
+        LOADING.with(|l| *l.borrow_mut() = Some(Registry::default()));
+        LoadScope(())
+    }
+}
+
+impl Drop for LoadScope {
+    fn drop(&mut self) {
+        LOADING.with(|l| *l.borrow_mut() = None);
+    }
+}
+
+fn with_registry<T>(f: impl FnOnce(&mut Registry) -> T) -> Option<T> {
+    LOADING.with(|l| l.borrow_mut().as_mut().map(f))
+}
+
+/// The directive whose templates are compiled next (for the unknown-variable error).
+pub fn at(loc: &Loc) {
+    with_registry(|r| r.at = Some(loc.clone()));
+}
+
+impl Registry {
+    fn index(&mut self, name: &str) -> usize {
+        match self.vars.iter().position(|e| &*e.name == name) {
+            Some(i) => i,
+            None => {
+                self.vars.push(Entry {
+                    name: Arc::from(name),
+                    defined: false,
+                    first_use: None,
+                    map: None,
+                });
+                self.vars.len() - 1
+            }
+        }
+    }
+
+    fn var(&self, i: usize) -> UserVar {
+        UserVar {
+            idx: i as u32,
+            name: self.vars[i].name.clone(),
+        }
+    }
+}
+
+/// A read of `$name` that is not a built-in variable: a user variable while a config is
+/// loading, else nothing (the caller reports it as unknown).
+pub(crate) fn reference(name: &str) -> Option<UserVar> {
+    with_registry(|r| {
+        let i = r.index(name);
+        if r.vars[i].first_use.is_none() {
+            r.vars[i].first_use = r.at.clone();
+        }
+        r.var(i)
+    })
+}
+
+/// Define `$name` (by `set`, `map` or a named capture). Built-in variables cannot be
+/// redefined, as nginx's `the duplicate "uri" variable`.
+pub fn define(name: &str) -> Result<UserVar, String> {
+    if Var::from_name(name).is_some() {
+        return Err(format!("the duplicate \"{name}\" variable"));
+    }
+    if name.is_empty() {
+        return Err("invalid variable name \"$\"".to_string());
+    }
+    with_registry(|r| {
+        let i = r.index(name);
+        r.vars[i].defined = true;
+        r.var(i)
+    })
+    .ok_or_else(|| format!("\"${name}\" cannot be defined outside a config load"))
+}
+
+/// Define `$name` as the value of `map` (a later `map` of the same name replaces it).
+pub fn define_map(name: &str, map: Arc<Map>) -> Result<UserVar, String> {
+    let v = define(name)?;
+    with_registry(|r| r.vars[v.idx as usize].map = Some(map));
+    Ok(v)
+}
+
+/// The maps defined so far, for the servers loaded next (maps are all read first).
+pub fn table() -> Arc<VarTable> {
+    let maps = with_registry(|r| r.vars.iter().map(|e| e.map.clone()).collect());
+    Arc::new(VarTable {
+        maps: maps.unwrap_or_default(),
+    })
+}
+
+/// At the end of a load: every variable read somewhere must be defined somewhere.
+pub fn check() -> Result<(), ConfError> {
+    let missing = with_registry(|r| {
+        r.vars
+            .iter()
+            .find(|e| !e.defined)
+            .map(|e| (e.name.clone(), e.first_use.clone()))
+    })
+    .flatten();
+    match missing {
+        None => Ok(()),
+        Some((name, loc)) => {
+            let msg = format!("unknown \"{name}\" variable");
+            Err(match loc {
+                Some(l) => ConfError::at(&l, msg),
+                None => ConfError::bare(msg),
+            })
+        }
+    }
+}
+
+/// A regex whose named captures set user variables when it matches (nginx's behaviour for
+/// `location`, `if`, `rewrite` and `map` regexes).
+#[derive(Debug, Clone)]
+pub struct CapRegex {
+    pub re: Regex,
+    /// (capture group index, variable)
+    named: Vec<(usize, UserVar)>,
+}
+
+impl CapRegex {
+    /// Compile `pattern`; its named groups become defined variables.
+    pub fn compile(pattern: &str, caseless: bool) -> Result<CapRegex, String> {
+        let re = RegexBuilder::new(pattern)
+            .case_insensitive(caseless)
+            .build()
+            .map_err(|e| format!("invalid regex \"{pattern}\": {e}"))?;
+        let mut named = Vec::new();
+        for (i, name) in re.capture_names().enumerate() {
+            if let Some(n) = name {
+                named.push((i, define(n)?));
+            }
+        }
+        Ok(CapRegex { re, named })
+    }
+
+    /// Match `subject`: on a match, the named captures are stored in `req`'s variables and
+    /// the numbered ones returned (`$0`..).
+    pub fn captures(&self, subject: &str, req: &Request) -> Option<Vec<Option<String>>> {
+        let caps = self.re.captures(subject)?;
+        Some(self.bind(&caps, req))
+    }
+
+    /// Store the named captures of a match already collected as `$0`.. (a location's).
+    pub fn bind_collected(&self, caps: &[Option<String>], req: &Request) {
+        for (i, var) in &self.named {
+            let v = caps.get(*i).cloned().flatten().unwrap_or_default();
+            req.vars.set(var.idx, v);
+        }
+    }
+
+    /// Store a match's named captures in `req`'s variables; return the numbered ones.
+    pub fn bind(&self, caps: &regex::Captures, req: &Request) -> Vec<Option<String>> {
+        for (i, var) in &self.named {
+            let v = caps.get(*i).map_or("", |m| m.as_str());
+            req.vars.set(var.idx, v.to_string());
+        }
+        caps.iter()
+            .map(|m| m.map(|m| m.as_str().to_string()))
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+enum Slot {
+    #[default]
+    Unset,
+    Value(String),
+    /// A map being evaluated: reading it again is a cycle.
+    Busy,
+}
+
+/// One request's user variable values.
+#[derive(Debug, Default)]
+pub struct Values(RefCell<Vec<Slot>>);
+
+/// What reading a slot found, when it had no value to append.
+enum Missing {
+    Unset,
+    Busy,
+}
+
+impl Values {
+    pub fn set(&self, idx: u32, value: String) {
+        self.put(idx, Slot::Value(value));
+    }
+
+    fn put(&self, idx: u32, slot: Slot) {
+        let mut v = self.0.borrow_mut();
+        let i = idx as usize;
+        if v.len() <= i {
+            v.resize(i + 1, Slot::Unset);
+        }
+        v[i] = slot;
+    }
+
+    /// Append the slot's value, if it has one.
+    fn append(&self, idx: u32, out: &mut String) -> Result<(), Missing> {
+        match self.0.borrow().get(idx as usize) {
+            Some(Slot::Value(v)) => {
+                out.push_str(v);
+                Ok(())
+            }
+            Some(Slot::Busy) => Err(Missing::Busy),
+            Some(Slot::Unset) | None => Err(Missing::Unset),
+        }
+    }
+}
+
+/// Append the value of `var` for `req`: its slot, else its map (evaluated now), else
+/// nothing, with nginx's warning.
+pub fn append(out: &mut String, var: &UserVar, req: &Request, sent: Option<&Sent>) {
+    match req.vars.append(var.idx, out) {
+        Ok(()) => {}
+        Err(Missing::Busy) => crate::errlog::request(
+            Level::Error,
+            req,
+            format_args!("cycle while evaluating variable \"{}\"", var.name),
+        ),
+        Err(Missing::Unset) => {
+            let map = req
+                .server
+                .vars
+                .maps
+                .get(var.idx as usize)
+                .cloned()
+                .flatten();
+            let Some(map) = map else {
+                crate::errlog::request(
+                    Level::Warn,
+                    req,
+                    format_args!("using uninitialized \"{}\" variable", var.name),
+                );
+                return;
+            };
+            req.vars.put(var.idx, Slot::Busy);
+            let v = map.lookup(req, sent);
+            out.push_str(&v);
+            let slot = if map.volatile {
+                Slot::Unset
+            } else {
+                Slot::Value(v)
+            };
+            req.vars.put(var.idx, slot);
+        }
+    }
+}

@@ -1,0 +1,254 @@
+"""`set`, `map` and `if` as an nginx admin writes them, over real sockets: user variables in
+every place variables go (return, add_header, rewrite, try_files, log_format), the rewrite
+script's order (server level, then location), `map` evaluated lazily and cached per request
+(or not, when `volatile`), regex captures in values, `hostnames`, `include` in a map, `if`
+conditions of every kind with their captures, the `if` block's settings replacing the
+location's, and the config errors with their file:line (`gannet -t`).
+"""
+
+from test_logging import wait_lines
+
+
+def body(srv, path, headers=None):
+    status, _, data = srv.get(path, headers=headers)
+    assert status == 200, (path, status, data)
+    return data.decode()
+
+
+def test_set_values_reach_every_kind_of_directive(gannet):
+    srv = gannet.start(
+        files={"tf/real.txt": "real\n", "dest/x.txt": "dest x\n"},
+        http="log_format vars '$who|$uri';",
+        server="""
+        set $who server-level;
+        access_log {tmp}/vars.log vars;
+        location = /ret { set $a "A:$uri"; set $b "$a|$arg_x|$who"; return 200 "$b\\n"; }
+        location /hdr/ { set $h "hv-$arg_v"; add_header X-H $h; return 204; }
+        location /tf/ { set $name real; try_files /tf/$name.txt =404; }
+        location /rw/ { set $target dest; rewrite ^/rw/(.*)$ /$target/$1 last; }
+        location /dest/ { }
+        location = /override { set $who location-level; return 200 "$who\\n"; }
+        """.replace("{tmp}", str(gannet.tmp)),
+    )
+    assert body(srv, "/ret?x=9") == "A:/ret|9|server-level\n"
+    status, headers, _ = srv.get("/hdr/?v=7")
+    assert (status, headers.get("x-h")) == (204, "hv-7")
+    assert body(srv, "/tf/anything") == "real\n"
+    assert body(srv, "/rw/x.txt") == "dest x\n"
+    assert body(srv, "/override") == "location-level\n"
+    logged = wait_lines(gannet.tmp / "vars.log", 5)
+    assert "server-level|/ret" in logged
+    assert "location-level|/override" in logged
+
+
+def test_set_args_changes_the_query_string(gannet):
+    srv = gannet.start(server='location /a/ { set $args "n=1&$args"; return 200 "$args $arg_n $is_args\\n"; }')
+    assert body(srv, "/a/?q=2") == "n=1&q=2 1 ?\n"
+
+
+def test_uninitialized_variable_is_empty_and_warned(gannet):
+    srv = gannet.start(server="""
+        location /a/ { return 200 "[$later]\\n"; }
+        location /b/ { set $later x; return 200 "[$later]\\n"; }
+    """)
+    assert body(srv, "/a/") == "[]\n"
+    assert body(srv, "/b/") == "[x]\n"
+    assert 'using uninitialized "later" variable' in srv.error_log()
+
+
+MAPS = """
+    map $http_x_kind $kind {
+        default other;
+        alpha first;
+        ~^b(?<rest>.*)$ b-$rest;
+        ~*^C(\\d+)$ c$1;
+        "" none;
+        \\default escaped;
+    }
+    map $kind $kind2 { default "kind:$kind"; }
+    map $arg_v $cached { default "v=$arg_v"; }
+    map $arg_v $fresh { volatile; default "v=$arg_v"; }
+    map $host $class {
+        hostnames;
+        *.wild.test wild;
+        .dot.test dot;
+        www.tail.* tail;
+        default plain;
+    }
+    map $http_x_inc $inc { include {tmp}/map.inc; }
+"""
+
+
+def map_server(gannet):
+    (gannet.tmp / "map.inc").write_text("one 1;\n~^t(wo)$ $1-2;\n")
+    return gannet.start(
+        http=MAPS.replace("{tmp}", str(gannet.tmp)),
+        server="""
+        location = /kind { return 200 "$kind|$kind2\\n"; }
+        location = /cache { set $first "$cached/$fresh"; set $args v=2; return 200 "$first $cached/$fresh\\n"; }
+        location = /class { return 200 "$class\\n"; }
+        location = /inc { return 200 "$inc\\n"; }
+        location = /lazy { return 200 "not read\\n"; }
+        """,
+    )
+
+
+def test_map_keys_regexes_and_default(gannet):
+    srv = map_server(gannet)
+    for kind, want in [
+        ("alpha", "first"),
+        ("ALPHA", "first"),
+        ("bravo", "b-ravo"),
+        ("c42", "c42"),
+        ("C7", "c7"),
+        ("Bravo", "other"),
+        ("default", "escaped"),
+        ("zulu", "other"),
+    ]:
+        assert body(srv, "/kind", {"X-Kind": kind}) == f"{want}|kind:{want}\n", kind
+    assert body(srv, "/kind") == "none|kind:none\n"
+
+
+def test_map_value_is_kept_for_the_request_unless_volatile(gannet):
+    srv = map_server(gannet)
+    assert body(srv, "/cache?v=1") == "v=1/v=1 v=1/v=2\n"
+
+
+def test_map_hostnames_and_include(gannet):
+    srv = map_server(gannet)
+    for host, want in [("a.wild.test", "wild"), ("dot.test", "dot"), ("x.dot.test", "dot"), ("www.tail.org", "tail"), ("wild.test", "plain")]:
+        assert body(srv, "/class", {"Host": host}) == f"{want}\n", host
+    assert body(srv, "/inc", {"X-Inc": "one"}) == "1\n"
+    assert body(srv, "/inc", {"X-Inc": "two"}) == "wo-2\n"
+    assert body(srv, "/inc") == "\n"
+
+
+def test_if_conditions(gannet):
+    srv = gannet.start(
+        files={"present.txt": "here\n", "sub/f.txt": "f\n", "run.sh": "#!/bin/sh\n"},
+        server="""
+        location = /t {
+            if ($arg_a) { return 200 "a-true\\n"; }
+            if ($arg_b = "x y") { return 200 "b-equal\\n"; }
+            if ($arg_c != "") { return 200 "c-not-empty\\n"; }
+            if ($arg_d ~ ^(\\w)(?<tail>\\w*)$) { return 200 "d=$1+$tail\\n"; }
+            if ($arg_e ~* ^ABC$) { return 200 "e-caseless\\n"; }
+            if ($arg_f !~ ^[0-9]+$) { return 200 "f-not-digits\\n"; }
+            if ($arg_g !~* ^abc$) { return 200 "g-not-abc\\n"; }
+            return 200 "none\\n";
+        }
+        location = /file {
+            if (-f $document_root$arg_p) { return 200 "file\\n"; }
+            if (-d $document_root$arg_p) { return 200 "dir\\n"; }
+            if (!-e $document_root$arg_p) { return 200 "missing\\n"; }
+            return 200 "other\\n";
+        }
+        location = /exec {
+            if (-x $document_root/run.sh) { return 200 "exec\\n"; }
+            if (!-x $document_root/run.sh) { return 200 "not-exec\\n"; }
+        }
+        """,
+    )
+    # Keeps the two negated conditions false unless a test puts its own value first
+    # (`$arg_NAME` is the first one).
+    g = "f=1&g=abc"
+    assert body(srv, f"/t?a=1&{g}") == "a-true\n"
+    assert body(srv, f"/t?a=0&{g}") == "none\n"
+    assert body(srv, f"/t?b=x%20y&{g}") == "none\n"  # args are raw, not decoded, as in nginx
+    assert body(srv, f"/t?c=1&{g}") == "c-not-empty\n"
+    assert body(srv, f"/t?d=hello&{g}") == "d=h+ello\n"
+    assert body(srv, f"/t?e=abc&{g}") == "e-caseless\n"
+    assert body(srv, f"/t?f=12&{g}") == "none\n"
+    assert body(srv, f"/t?f=1x&{g}") == "f-not-digits\n"
+    assert body(srv, f"/t?g=ABC&{g}") == "none\n"
+    assert body(srv, f"/t?g=abd&{g}") == "g-not-abc\n"
+    assert body(srv, "/file?p=/present.txt") == "file\n"
+    assert body(srv, "/file?p=/sub") == "dir\n"
+    assert body(srv, "/file?p=/nothing") == "missing\n"
+    assert body(srv, "/exec") == "not-exec\n"
+    (gannet.tmp / "www" / "run.sh").chmod(0o755)
+    assert body(srv, "/exec") == "exec\n"
+
+
+def test_if_block_settings_replace_the_location_s(gannet):
+    srv = gannet.start(
+        files={"a/f.txt": "main root\n", "alt/a/f.txt": "alt root\n"},
+        server="""
+        location /a/ {
+            add_header X-Where location;
+            if ($arg_alt) { root {root}/alt; add_header X-Where if; }
+            if ($arg_stop) { break; return 500; }
+        }
+        """.replace("{root}", str(gannet.tmp / "www")),
+    )
+    status, headers, data = srv.get("/a/f.txt")
+    assert (status, data, headers.get("x-where")) == (200, b"main root\n", "location")
+    status, headers, data = srv.get("/a/f.txt?alt=1")
+    assert (status, data, headers.get("x-where")) == (200, b"alt root\n", "if")
+    # `break` ends the script: the statement after it in the block never runs.
+    status, _, data = srv.get("/a/f.txt?stop=1")
+    assert (status, data) == (200, b"main root\n")
+
+
+def test_server_level_script_runs_before_the_location_s(gannet):
+    srv = gannet.start(server="""
+        set $order s;
+        if ($http_x_block) { return 410; }
+        if ($uri ~ ^/old/) { rewrite ^/old/(.*)$ /new/$1; }
+        location /new/ { set $order "$order-l"; return 200 "$order $uri\\n"; }
+    """)
+    assert body(srv, "/old/page") == "s-l /new/page\n"
+    status, _, _ = srv.get("/new/x", headers={"X-Block": "1"})
+    assert status == 410
+
+
+def test_rewrite_and_location_named_captures(gannet):
+    srv = gannet.start(server="""
+        location /p/ { rewrite ^/p/(?<section>\\w+)/(?<id>\\d+)$ /show?s=$section&id=$id last; }
+        location = /show { return 200 "$arg_s $arg_id $section\\n"; }
+        location ~ ^/~(?<user>[^/]+)(?<rest>/.*)$ { return 200 "$user $rest $1\\n"; }
+    """)
+    assert body(srv, "/p/news/42") == "news 42 news\n"
+    assert body(srv, "/~ann/x/y") == "ann /x/y ann\n"
+
+
+def conf_error(gannet, line, **kw):
+    r = gannet.check(**kw)
+    assert r.returncode != 0, r.stderr
+    text = (gannet.tmp / "check.conf").read_text().splitlines()
+    lineno = next(i for i, t in enumerate(text, 1) if line in t)
+    return r.stderr, lineno
+
+
+def test_unknown_variable_is_an_error_at_its_first_use(gannet):
+    err, n = conf_error(gannet, "return 200 $nosuch;", server="location / { return 200 $nosuch; }")
+    assert f'check.conf:{n}: unknown "nosuch" variable' in err
+    err, n = conf_error(gannet, "add_header X $typo;", http="map $uri $ok { default 1; }", server="add_header X $typo;")
+    assert f'check.conf:{n}: unknown "typo" variable' in err
+
+
+def test_a_variable_set_anywhere_is_known_everywhere(gannet):
+    r = gannet.check(http="log_format f '$defined_later';", server="location /x/ { set $defined_later 1; }")
+    assert r.returncode == 0, r.stderr
+
+
+def test_config_errors(gannet):
+    cases = [
+        ("set $uri x;", 'the duplicate "uri" variable'),
+        ("set novar x;", 'invalid variable name "novar"'),
+        ("if ($a == b) { }", 'unexpected "==" in condition'),
+        ("if $a { }", 'invalid condition "$a"'),
+        ("if ($uri ~ \"(\") { }", 'invalid regex "("'),
+        ("location /i/ { if ($uri) { if ($uri) { } } }", '"if" directive is not allowed here'),
+        ("location /j/ { if ($uri) { try_files $uri =404; } }", '"try_files" directive is not allowed here'),
+        ("location /k/ { if ($uri) { index a.html; } }", '"index" directive is not allowed here'),
+        ("if ($uri) { add_header X y; }", '"add_header" directive is not allowed here'),
+        ("if ($uri) { location /x/ { } }", '"location" directive is not allowed here'),
+        ("map $uri $m { default 1; }", '"map" directive is not allowed here'),
+        ("location /l/ { limit_except GET { } }", '"limit_except": "limit_except" is not supported yet'),
+    ]
+    for line, message in cases:
+        err, n = conf_error(gannet, line, server=line)
+        assert f"check.conf:{n}: {message}" in err, (line, err)
+    err, n = conf_error(gannet, "default b;", http="map $uri $m {\n default a;\n default b;\n}")
+    assert f"check.conf:{n}: duplicate default map parameter" in err
