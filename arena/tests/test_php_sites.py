@@ -69,8 +69,9 @@ def test_gannet_accepts_its_php_config(profile, workdir):
 
 
 def test_every_server_has_a_snippet_for_every_kind():
+    # static-gz needs a feature lighttpd and Apache lack: test_render checks who serves it.
     for server in SERVERS.values():
-        for kind in sites.KINDS:
+        for kind in set(sites.KINDS) - {"static-gz"}:
             for profile in PROFILES:
                 assert server.site_template_name(kind, profile).startswith("sites/")
 
