@@ -10,17 +10,16 @@ import gzip
 import http.client
 import os
 import socket
-import struct
 import subprocess
 import threading
+import zlib
 
 import brotli
 import pytest
 import zstandard
 
-import zlib
-
 from conftest import REPO, wait_until
+from rawapps import FastCgiApp, end_request, made, stdout
 
 TEXT = "".join(f"User-agent: bot{i}\nDisallow: /private/{i}/\n" for i in range(40))
 BIG = ("<p>" + " ".join(f"word{i % 977}" for i in range(60000)) + "</p>\n") * 2  # ~1 MB
@@ -285,67 +284,12 @@ def test_gzip_static_always(gannet):
     assert gzip.decompress(body) == b"body { color: red }\n"
 
 
-# Application answers: a small FastCGI application on a raw socket, whose answers the tests
-# control (pieces, pauses, its own Content-Encoding).
-
-def fcgi_record(kind, content):
-    return struct.pack(">BBHHBB", 1, kind, 1, len(content), 0, 0) + content
-
-
-def fcgi_stdout(data):
-    out = b""
-    for i in range(0, len(data), 65535):
-        out += fcgi_record(6, data[i:i + 65535])
-    return out
-
-
-class App:
-    """Answers each request with `script(conn)` after reading its records."""
-
-    def __init__(self, script):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.port = self.sock.getsockname()[1]
-        self.script = script
-        threading.Thread(target=self.loop, daemon=True).start()
-
-    def loop(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
-
-    def serve(self, conn):
-        buf = b""
-        end = b"\x01\x05\x00\x01\x00\x00\x00\x00"
-        with conn:
-            while end not in buf:
-                got = conn.recv(65536)
-                if not got:
-                    return
-                buf += got
-            try:
-                self.script(conn)
-                conn.sendall(fcgi_record(3, struct.pack(">IB3x", 0, 0)))
-            except OSError:
-                pass
-
+# Application answers: a FastCGI application on a raw socket (rawapps), whose answers the
+# tests control (pieces, pauses, its own Content-Encoding).
 
 @pytest.fixture
 def app():
-    made = []
-
-    def make(script):
-        a = App(script)
-        made.append(a)
-        return a
-
-    yield make
-    for a in made:
-        a.sock.close()
+    yield from made(FastCgiApp)
 
 
 def app_server(gannet, port):
@@ -361,14 +305,14 @@ def app_server(gannet, port):
 def test_application_answers_are_compressed(gannet, app):
     small = b"hello from the app\n" * 50
     big = b"".join(b"line %d of a long answer\n" % i for i in range(80000))  # > 1 MiB: streamed
-    a = app(lambda c: c.sendall(fcgi_stdout(b"Content-Type: text/plain\r\n\r\n" + small)))
+    a = app(lambda c: c.sendall(stdout(b"Content-Type: text/plain\r\n\r\n" + small) + end_request()))
     srv = app_server(gannet, a.port)
     status, h, body = get(srv, "/x.php", "gzip")
     assert status == 200 and h["content-encoding"] == "gzip"
     assert int(h["content-length"]) == len(body)
     assert gzip.decompress(body) == small
 
-    b = app(lambda c: c.sendall(fcgi_stdout(b"Content-Type: text/plain\r\n\r\n" + big)))
+    b = app(lambda c: c.sendall(stdout(b"Content-Type: text/plain\r\n\r\n" + big) + end_request()))
     srv2 = app_server(gannet, b.port)
     status, h, body = get(srv2, "/x.php", "br")
     assert h["content-encoding"] == "br" and h.get("transfer-encoding") == "chunked"
@@ -377,7 +321,8 @@ def test_application_answers_are_compressed(gannet, app):
 
 def test_application_encoded_answers_are_left_alone(gannet, app):
     packed = gzip.compress(b"already compressed\n" * 20)
-    a = app(lambda c: c.sendall(fcgi_stdout(b"Content-Type: text/plain\r\nContent-Encoding: gzip\r\n\r\n" + packed)))
+    a = app(lambda c: c.sendall(stdout(b"Content-Type: text/plain\r\nContent-Encoding: gzip\r\n\r\n" + packed)
+                               + end_request()))
     srv = app_server(gannet, a.port)
     status, h, body = get(srv, "/x.php", "gzip, br")
     assert h["content-encoding"] == "gzip" and body == packed
@@ -390,9 +335,9 @@ def test_streamed_answer_is_flushed_as_the_application_pauses(gannet, app):
     first = b"first part " * 120000  # > 1 MiB, so the answer is streamed
 
     def script(c):
-        c.sendall(fcgi_stdout(b"Content-Type: text/plain\r\n\r\n" + first))
+        c.sendall(stdout(b"Content-Type: text/plain\r\n\r\n" + first))
         assert go_on.wait(10)
-        c.sendall(fcgi_stdout(b"the end\n"))
+        c.sendall(stdout(b"the end\n") + end_request())
 
     srv = app_server(gannet, app(script).port)
     with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:

@@ -17,7 +17,6 @@ import re
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import threading
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, free_port, wait_until
+from rawapps import FastCgiApp, end_request, made, record
 
 PHP_FPM = shutil.which("php-fpm8.2") or shutil.which("php-fpm")
 
@@ -384,71 +384,9 @@ def test_intercept_errors(gannet, fpm):
 
 # --- applications that misbehave -------------------------------------------------------
 
-def record(kind: int, content: bytes, rid: int = 1) -> bytes:
-    return struct.pack(">BBHHBB", 1, kind, rid, len(content), 0, 0) + content
-
-
-def end_request() -> bytes:
-    return record(3, struct.pack(">IB3x", 0, 0))
-
-
-class Backend:
-    """A raw TCP listener that reads the request records then does `behave(conn)`."""
-
-    def __init__(self, behave):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.behave = behave
-        self.conns = []
-        threading.Thread(target=self.loop, daemon=True).start()
-
-    def loop(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.conns.append(conn)
-            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
-
-    def serve(self, conn):
-        buf = b""
-        end = b"\x01\x05\x00\x01\x00\x00\x00\x00"
-        while True:
-            # Read up to the empty STDIN record that ends a request.
-            while end not in buf:
-                got = conn.recv(65536)
-                if not got:
-                    return
-                buf += got
-            buf = buf[buf.index(end) + len(end):]
-            try:
-                if self.behave(conn) != "again":
-                    conn.close()
-                    return
-            except OSError:
-                return
-
-    def close(self):
-        self.sock.close()
-        for c in self.conns:
-            c.close()
-
-
 @pytest.fixture
 def backend():
-    made = []
-
-    def make(behave):
-        b = Backend(behave)
-        made.append(b)
-        return b
-
-    yield make
-    for b in made:
-        b.close()
+    yield from made(FastCgiApp)
 
 
 def pass_to(gannet, port, extra=""):

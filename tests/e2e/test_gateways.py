@@ -23,6 +23,7 @@ import threading
 import pytest
 
 from conftest import REPO, free_port, wait_until
+from rawapps import Listener, made
 
 UWSGI = shutil.which("uwsgi-core")
 
@@ -354,26 +355,13 @@ def read_from(f, proto):
     return header, params, body
 
 
-class Backend:
-    """A raw TCP listener that reads one request per connection, then does `behave(conn, req)`."""
+class Backend(Listener):
+    """Reads one request per connection, then does `behave(conn, req)`."""
 
     def __init__(self, proto, behave):
         self.proto, self.behave = proto, behave
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.conns, self.requests = [], []
-        threading.Thread(target=self.loop, daemon=True).start()
-
-    def loop(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.conns.append(conn)
-            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
+        self.requests = []
+        super().__init__()
 
     def serve(self, conn):
         try:
@@ -386,24 +374,10 @@ class Backend:
         except OSError:
             pass
 
-    def close(self):
-        self.sock.close()
-        for c in self.conns:
-            c.close()
-
 
 @pytest.fixture
 def backend():
-    made = []
-
-    def make(proto, behave):
-        b = Backend(proto, behave)
-        made.append(b)
-        return b
-
-    yield make
-    for b in made:
-        b.close()
+    yield from made(Backend)
 
 
 def pass_to(gannet, proto, port, extra="", params=True):

@@ -216,10 +216,10 @@ pub fn negotiate(accept: &[u8], eligible: &[bool; 3]) -> Option<Coding> {
     let mut star = None;
     for item in accept.split(|&b| b == b',') {
         let mut fields = item.split(|&b| b == b';');
-        let token = trim(fields.next().unwrap_or_default());
+        let token = fields.next().unwrap_or_default().trim_ascii();
         let weight = fields
             .find_map(|f| {
-                let f = trim(f);
+                let f = f.trim_ascii();
                 (f.len() > 2 && f[..2].eq_ignore_ascii_case(b"q=")).then(|| qvalue(&f[2..]))
             })
             .unwrap_or(Some(1000))
@@ -245,10 +245,6 @@ pub fn negotiate(accept: &[u8], eligible: &[bool; 3]) -> Option<Coding> {
         }
     }
     best.map(|(c, _)| c)
-}
-
-fn trim(s: &[u8]) -> &[u8] {
-    s.trim_ascii()
 }
 
 /// An RFC 9110 qvalue in thousandths; `None` when malformed (then not accepted).

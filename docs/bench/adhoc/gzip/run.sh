@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compression side by side: gzip level 1 everywhere, wrk sending Accept-Encoding: gzip.
 # Run from a copy in /tmp/gzbench (the configs use absolute paths there):
-#   mkdir -p /tmp/gzbench/www /tmp/gzbench/logs && cp * /tmp/gzbench/ && cd /tmp/gzbench && ./run.sh
+#   mkdir -p /tmp/gzbench/www /tmp/gzbench/logs && cp * ../robots/bench.py /tmp/gzbench/ && cd /tmp/gzbench && ./run.sh
 set -euo pipefail
 cd "$(dirname "$0")"
 mv -f robots.txt page.html www/ 2>/dev/null || true

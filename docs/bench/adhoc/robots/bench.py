@@ -1,10 +1,12 @@
 """Interleaved side-by-side runs: each server pinned to CPU 0, wrk on CPU 1."""
 import subprocess, sys, time, re, os, signal, statistics
+# Configs and pid files are in the folder this runs from (/tmp/bench, /tmp/gzbench...).
+D = os.getcwd()
 SERVERS = {
-  "gannet":   (["/work/main/target/release/gannet", "-c", "/tmp/bench/gannet.conf"], 18081),
-  "nginx":    (["nginx", "-p", "/tmp/bench", "-c", "/tmp/bench/nginx.conf"], 18082),
-  "lighttpd": (["lighttpd", "-D", "-f", "/tmp/bench/lighttpd.conf"], 18084),
-  "h2o":      (["h2o", "-c", "/tmp/bench/h2o.conf"], 18085),
+  "gannet":   (["/work/main/target/release/gannet", "-c", f"{D}/gannet.conf"], 18081),
+  "nginx":    (["nginx", "-p", D, "-c", f"{D}/nginx.conf"], 18082),
+  "lighttpd": (["lighttpd", "-D", "-f", f"{D}/lighttpd.conf"], 18084),
+  "h2o":      (["h2o", "-c", f"{D}/h2o.conf"], 18085),
 }
 def tree_cpu(pid):
     pids=[pid]
@@ -25,6 +27,14 @@ def main():
         cmd,port=SERVERS[n]
         procs[n]=subprocess.Popen(["taskset","-c","0"]+cmd,stdout=subprocess.DEVNULL,stderr=subprocess.DEVNULL)
     time.sleep(1.0)
+    # Show what each server answers (the encoding and the size on the wire): a server that
+    # does not compress (for the gzip runs) would make the comparison meaningless.
+    import http.client
+    hdrs=dict(h.split(": ",1) for h in extra[1::2]) if extra[:1]==["-H"] else {}
+    for n in names:
+        c=http.client.HTTPConnection("127.0.0.1",SERVERS[n][1],timeout=5)
+        c.request("GET",path,headers=hdrs); r=c.getresponse(); body=r.read(); c.close()
+        print(f"{n:9s} {r.status} Content-Encoding={r.getheader('Content-Encoding')} bytes={len(body)}")
     res={n:[] for n in names}
     try:
         for r in range(rounds):

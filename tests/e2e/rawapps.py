@@ -1,0 +1,98 @@
+"""Applications on raw sockets, for tests whose application must misbehave or answer byte by
+byte as the test says (no real one does on demand): a listener that serves each connection in
+a thread, the FastCGI one built on it, and the fixture body that closes them all.
+
+    @pytest.fixture
+    def backend():
+        yield from rawapps.made(rawapps.FastCgiApp)
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+
+
+class Listener:
+    """A TCP listener on a free loopback port; `serve(conn)` runs per connection."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.conns = []
+        threading.Thread(target=self.loop, daemon=True).start()
+
+    def loop(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
+
+    def serve(self, conn):
+        raise NotImplementedError
+
+    def close(self):
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+def made(cls):
+    """Fixture body: yields `make(*args)`, which starts a `cls(*args)`; all closed at the end."""
+    listeners = []
+
+    def make(*args):
+        listener = cls(*args)
+        listeners.append(listener)
+        return listener
+
+    yield make
+    for listener in listeners:
+        listener.close()
+
+
+def record(kind: int, content: bytes, rid: int = 1) -> bytes:
+    """One FastCGI record (6 = STDOUT, 7 = STDERR, 3 = END_REQUEST)."""
+    return struct.pack(">BBHHBB", 1, kind, rid, len(content), 0, 0) + content
+
+
+def stdout(data: bytes) -> bytes:
+    """`data` as STDOUT records of at most 65535 bytes each."""
+    return b"".join(record(6, data[i:i + 65535]) for i in range(0, len(data), 65535))
+
+
+def end_request() -> bytes:
+    return record(3, struct.pack(">IB3x", 0, 0))
+
+
+class FastCgiApp(Listener):
+    """Reads a request's records up to the empty STDIN record, then does `behave(conn)`; the
+    connection is closed after, unless `behave` returns "again" (then it reads the next)."""
+
+    END_OF_STDIN = b"\x01\x05\x00\x01\x00\x00\x00\x00"
+
+    def __init__(self, behave):
+        self.behave = behave
+        super().__init__()
+
+    def serve(self, conn):
+        buf = b""
+        while True:
+            while self.END_OF_STDIN not in buf:
+                got = conn.recv(65536)
+                if not got:
+                    return
+                buf += got
+            buf = buf[buf.index(self.END_OF_STDIN) + len(self.END_OF_STDIN):]
+            try:
+                if self.behave(conn) != "again":
+                    conn.close()
+                    return
+            except OSError:
+                return
