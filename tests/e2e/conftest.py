@@ -68,6 +68,28 @@ def wait_port(port: int, proc: subprocess.Popen | None = None, deadline: float =
     raise RuntimeError(f"nothing listens on {port} after {deadline}s")
 
 
+def read_head(f) -> bytes:
+    """The status line and headers from a socket file, up to the empty line."""
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        line = f.readline()
+        if not line:
+            raise AssertionError(f"connection closed inside the head: {head!r}")
+        head += line
+    return head
+
+
+def read_chunked(f) -> bytes:
+    """A chunked body from a socket file, up to and including its last (empty) chunk."""
+    body = bytearray()
+    while True:
+        n = int(f.readline().strip(), 16)
+        chunk = f.read(n + 2)
+        if n == 0:
+            return bytes(body)
+        body += chunk[:-2]
+
+
 DEFAULT_CONF = """
 worker_processes 1;
 pid {tmp}/gannet.pid;

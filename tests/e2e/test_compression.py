@@ -18,7 +18,7 @@ import brotli
 import pytest
 import zstandard
 
-from conftest import REPO, wait_until
+from conftest import REPO, read_chunked, read_head, wait_until
 from rawapps import FastCgiApp, end_request, made, stdout
 
 TEXT = "".join(f"User-agent: bot{i}\nDisallow: /private/{i}/\n" for i in range(40))
@@ -197,19 +197,11 @@ def test_large_file_is_compressed_while_sent_chunked(srv, encoding):
     with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
         s.sendall(f"GET /page.html HTTP/1.1\r\nHost: t\r\nAccept-Encoding: {encoding}\r\n\r\n".encode())
         f = s.makefile("rb")
-        head = b""
-        while not head.endswith(b"\r\n\r\n"):
-            head += f.readline()
+        head = read_head(f)
         assert head.startswith(b"HTTP/1.1 200 ")
         assert b"Transfer-Encoding: chunked" in head and b"Content-Length" not in head
         assert f"Content-Encoding: {encoding}".encode() in head
-        body = b""
-        while True:
-            n = int(f.readline().strip(), 16)
-            chunk = f.read(n + 2)
-            if n == 0:
-                break
-            body += chunk[:-2]
+        body = read_chunked(f)
         assert decode(encoding, body) == BIG.encode()
         assert len(body) < len(BIG) // 3
         s.sendall(b"GET /tiny.txt HTTP/1.1\r\nHost: t\r\n\r\n")
@@ -343,9 +335,7 @@ def test_streamed_answer_is_flushed_as_the_application_pauses(gannet, app):
     with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
         s.sendall(b"GET /x.php HTTP/1.1\r\nHost: t\r\nAccept-Encoding: gzip\r\n\r\n")
         f = s.makefile("rb")
-        head = b""
-        while not head.endswith(b"\r\n\r\n"):
-            head += f.readline()
+        head = read_head(f)
         assert b"Content-Encoding: gzip" in head
         d = zlib.decompressobj(16 + zlib.MAX_WBITS)
         got = b""

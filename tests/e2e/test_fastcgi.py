@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, free_port, wait_until
+from conftest import REPO, free_port, read_chunked, read_head, wait_until
 from rawapps import FastCgiApp, end_request, made, record
 
 PHP_FPM = shutil.which("php-fpm8.2") or shutil.which("php-fpm")
@@ -265,18 +265,10 @@ def test_big_answer_is_streamed_chunked_or_close_delimited(gannet, fpm):
     with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
         s.sendall(b"GET /big.php HTTP/1.1\r\nHost: t\r\n\r\n")
         f = s.makefile("rb")
-        head = b""
-        while not head.endswith(b"\r\n\r\n"):
-            head += f.readline()
+        head = read_head(f)
         assert head.startswith(b"HTTP/1.1 200 ")
         assert b"Transfer-Encoding: chunked" in head and b"Content-Length" not in head
-        body = b""
-        while True:
-            n = int(f.readline().strip(), 16)
-            chunk = f.read(n + 2)
-            if n == 0:
-                break
-            body += chunk[:-2]
+        body = read_chunked(f)
         assert len(body) == size and body[:16] == b"0123456789abcdef"
         # The connection is still usable.
         s.sendall(b"GET /static.txt HTTP/1.1\r\nHost: t\r\n\r\n")

@@ -22,7 +22,7 @@ import threading
 
 import pytest
 
-from conftest import REPO, free_port, wait_until
+from conftest import REPO, free_port, read_chunked, read_head, wait_until
 from rawapps import Listener, made
 
 UWSGI = shutil.which("uwsgi-core")
@@ -259,18 +259,10 @@ def test_big_answer_is_streamed(gannet, uwsgi, target, length):
     with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
         s.sendall(f"GET /big?n={size}&length={length} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
         f = s.makefile("rb")
-        head = b""
-        while not head.endswith(b"\r\n\r\n"):
-            head += f.readline()
+        head = read_head(f)
         assert head.startswith(b"HTTP/1.1 200 "), head
         assert b"Transfer-Encoding: chunked" in head and b"Content-Length" not in head
-        body = bytearray()
-        while True:
-            n = int(f.readline().strip(), 16)
-            chunk = f.read(n + 2)
-            if n == 0:
-                break
-            body += chunk[:-2]
+        body = read_chunked(f)
         assert len(body) == size and body[:16] == b"0123456789abcdef"
         s.sendall(b"GET /static.txt HTTP/1.1\r\nHost: t\r\n\r\n")
         assert f.readline().startswith(b"HTTP/1.1 200 ")
@@ -482,7 +474,7 @@ def test_shorter_than_its_content_length_is_502(gannet, backend, proto):
     assert wait_until(lambda: "upstream prematurely closed connection while reading upstream" in srv.error_log())
 
 
-def read_head(s):
+def recv_head(s):
     head = b""
     while b"\r\n\r\n" not in head:
         got = s.recv(65536)
@@ -523,7 +515,7 @@ def test_application_dying_mid_stream_closes_the_connection(gannet, backend, pro
     srv = pass_to(gannet, proto, b.port)
     with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
         s.sendall(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n")
-        head = read_head(s)
+        head = recv_head(s)
         streaming.set()
         raw = head + read_rest(s)
     assert raw.startswith(b"HTTP/1.1 200 ")
