@@ -96,3 +96,63 @@ class FastCgiApp(Listener):
                     return
             except OSError:
                 return
+
+
+def read_request(conn, buf: bytes = b"") -> tuple[bytes, bytes, bytes] | None:
+    """One HTTP/1.x request off `conn`: (head, body, bytes after it), or None at the end of
+    the connection. The body is read by its Content-Length (the proxy sends no other)."""
+    while b"\r\n\r\n" not in buf:
+        got = conn.recv(65536)
+        if not got:
+            return None
+        buf += got
+    head, rest = buf.split(b"\r\n\r\n", 1)
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+    while len(rest) < length:
+        got = conn.recv(65536)
+        if not got:
+            return None
+        rest += got
+    return head, rest[:length], rest[length:]
+
+
+class HttpApp(Listener):
+    """An HTTP server that reads each request and calls `behave(conn, head, body)`; the
+    connection is closed after, unless `behave` returns "again". `requests` keeps every head
+    received with the number of the connection it came on."""
+
+    def __init__(self, behave):
+        self.behave = behave
+        self.requests: list[tuple[int, bytes, bytes]] = []
+        self.accepted = 0
+        super().__init__()
+
+    def serve(self, conn):
+        self.accepted += 1
+        n, buf = self.accepted, b""
+        while True:
+            try:
+                got = read_request(conn, buf)
+            except OSError:
+                return
+            if got is None:
+                conn.close()
+                return
+            head, body, buf = got
+            self.requests.append((n, head, body))
+            try:
+                if self.behave(conn, head, body) != "again":
+                    conn.close()
+                    return
+            except OSError:
+                return
+
+
+def http_answer(body: bytes, status: str = "200 OK", headers: str = "", keep: bool = True) -> bytes:
+    """A Content-Length answer."""
+    conn = "" if keep else "Connection: close\r\n"
+    return f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n{conn}{headers}\r\n".encode() + body

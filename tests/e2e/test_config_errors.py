@@ -6,7 +6,7 @@ import pytest
 @pytest.mark.parametrize(
     "line, message",
     [
-        ("location /api/ { proxy_pass http://127.0.0.1:9000; }", '"proxy_pass": proxying is not supported yet'),
+        ("location /api/ { proxy_cache zone; }", '"proxy_cache": this proxy directive is not supported yet'),
         ("location ~ \\.php$ { fastcgi_cache zone; }", '"fastcgi_cache": this FastCGI directive is not supported yet'),
         ("ssl_certificate /etc/ssl/cert.pem;", '"ssl_certificate": TLS is not supported yet'),
         ("geo $x $y { default 0; }", '"geo": "geo" is not supported yet'),

@@ -15,6 +15,7 @@ pub mod gateway;
 pub mod headers;
 pub mod index;
 pub mod map;
+pub mod proxy;
 pub mod rewrite;
 pub mod scgi;
 pub mod static_files;
@@ -37,6 +38,9 @@ pub struct LoadCtx {
     pub upstreams: HashMap<String, Arc<crate::upstream::Upstream>>,
     /// Every access log opened, for reopening them (SIGUSR1).
     pub log_files: Vec<Arc<access_log::LogFile>>,
+    /// The directives being read are in a regex or named location or an `if` block, where
+    /// no prefix matched (`proxy_pass` may not have a URI part there).
+    pub prefixless: bool,
 }
 
 type Setter = fn(&Directive, &mut LocConf, &mut LoadCtx) -> Result<(), ConfError>;
@@ -101,6 +105,10 @@ pub const MODULES: &[Module] = &[
         set: uwsgi::set,
     },
     Module {
+        directives: proxy::DIRECTIVES,
+        set: proxy::set,
+    },
+    Module {
         directives: compress::DIRECTIVES,
         set: compress::set,
     },
@@ -163,6 +171,7 @@ pub struct LocConf {
     pub compress: compress::CompressConf,
     pub scgi: gateway::GatewayConf,
     pub uwsgi: uwsgi::UwsgiConf,
+    pub proxy: proxy::ProxyConf,
 }
 
 impl LocConf {
@@ -180,6 +189,7 @@ impl LocConf {
         self.compress.merge(&parent.compress);
         self.scgi.merge(&parent.scgi);
         self.uwsgi.merge(&parent.uwsgi);
+        self.proxy.merge(&parent.proxy);
         // try_files and the rewrite statements are not inherited, as in nginx.
     }
 }

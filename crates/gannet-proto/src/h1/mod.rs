@@ -5,6 +5,7 @@ pub mod encode;
 mod fields;
 pub mod parse;
 mod reqline;
+pub mod response;
 
 #[cfg(test)]
 mod chunked_tests;
@@ -12,6 +13,9 @@ mod chunked_tests;
 mod encode_tests;
 #[cfg(test)]
 mod parse_tests;
+#[cfg(test)]
+mod response_tests;
 
 pub use chunked::{Chunk, ChunkedDecoder};
 pub use parse::{parse_request, BodyKind, Limits, Method, ParseError, RequestHead, Version};
+pub use response::{parse_response, Framing, ResponseError, ResponseHead};

@@ -78,7 +78,18 @@ pub const IGNORED: &[(&str, &str)] = &[
         "client_body_temp_path",
         "request bodies are kept in memory (up to client_max_body_size)",
     ),
-    ("proxy_temp_path", "proxying is not supported yet"),
+    (
+        "proxy_temp_path",
+        "proxied answers are buffered in memory or streamed",
+    ),
+    (
+        "proxy_max_temp_file_size",
+        "proxied answers are buffered in memory or streamed",
+    ),
+    (
+        "proxy_temp_file_write_size",
+        "proxied answers are buffered in memory or streamed",
+    ),
     (
         "fastcgi_temp_path",
         "FastCGI answers are buffered in memory or streamed",

@@ -32,7 +32,7 @@ const NOT_YET: &[(&str, &str)] = &[
 
 /// Directive families of nginx modules gannet has not built yet (by name prefix).
 const NOT_YET_FAMILIES: &[(&str, &str)] = &[
-    ("proxy_", "proxying is not supported yet"),
+    ("proxy_", "this proxy directive is not supported yet"),
     ("fastcgi_", "this FastCGI directive is not supported yet"),
     ("uwsgi_", "this uwsgi directive is not supported yet"),
     ("scgi_", "this SCGI directive is not supported yet"),
@@ -216,6 +216,7 @@ fn load_if(
 ) -> Result<(), ConfError> {
     let in_location = ctx.contains(Ctx::LOCATION);
     let mut inner = LocConf::default();
+    let outer = std::mem::replace(&mut lctx.prefixless, true);
     for c in d.block.as_deref().unwrap_or_default() {
         let foreign = modules::find(&c.name).is_some_and(|(spec, _)| {
             !modules::rewrite::DIRECTIVES
@@ -227,6 +228,7 @@ fn load_if(
         }
         level_directive(cfg, c, &mut inner, lctx, ctx.or(Ctx::IF))?;
     }
+    lctx.prefixless = outer;
     // Back at the `if` line for the variables of its condition.
     user_vars::at(&d.loc);
     modules::rewrite::add_if(d, lc, inner, in_location)
@@ -238,6 +240,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
         log_formats: modules::access_log::predefined(),
         upstreams: HashMap::new(),
         log_files: Vec::new(),
+        prefixless: false,
     };
     let mut conf = LocConf::default();
     let body = http.block.as_deref().unwrap_or_default();
@@ -452,9 +455,11 @@ fn load_location(
     let matcher = parse_matcher(d, parent)?;
     let mut conf = LocConf::default();
     let body = d.block.as_deref().unwrap_or_default();
+    lctx.prefixless = matches!(matcher, Matcher::Regex(_) | Matcher::Named(_));
     for c in body.iter().filter(|c| c.name != "location") {
         level_directive(cfg, c, &mut conf, lctx, Ctx::LOCATION)?;
     }
+    lctx.prefixless = false;
     conf.merge(parent_conf);
     modules::rewrite::merge_ifs(&mut conf);
     let conf = Arc::new(conf);

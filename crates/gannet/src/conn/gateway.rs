@@ -1,7 +1,12 @@
-//! The exchange with an application, the I/O side of `fastcgi_pass`, `scgi_pass` and
-//! `uwsgi_pass`: connect (TCP or a unix socket), send the request in the protocol's
-//! encoding with its body, read the answer, and turn it into an [`Outcome`] for the request
-//! phases. The three differ only in framing:
+//! The exchange with an upstream server, the I/O side of `proxy_pass`, `fastcgi_pass`,
+//! `scgi_pass` and `uwsgi_pass`: connect (TCP or a unix socket), send the request in the
+//! protocol's encoding with its body, read the answer, and turn it into an [`Outcome`] for
+//! the request phases. The four differ only in framing:
+//!
+//! - HTTP (`proxy_pass`): a request head built by `modules::proxy`, then the body; the
+//!   answer's head says how its body ends (length, chunked, or the close) and whether the
+//!   connection can carry another request, which it does when the group has `keepalive N`
+//!   and the request did not ask for `Connection: close`.
 //!
 //! - FastCGI: BEGIN_REQUEST, PARAMS and the body as STDIN records; the answer comes in
 //!   STDOUT / STDERR records and ends with END_REQUEST, so the connection can carry the
@@ -28,14 +33,16 @@
 use crate::errlog::{self, Level};
 use crate::http::handler::Flow;
 use crate::http::request::Request;
+use crate::http::request::UpstreamTry;
 use crate::http::response::{Body, Response};
 use crate::modules::gateway::{self, Answer, Backend, GatewayConf, Proto};
+use crate::modules::proxy;
 use crate::runtime::worker::Worker;
 use crate::upstream::{Addr, Conn, Lease, Pick, Upstream};
 use bytes::{Bytes, BytesMut};
 use gannet_proto::cgi::{self, CgiHead, ParamError};
 use gannet_proto::fastcgi::{self, Record};
-use gannet_proto::h1::Method;
+use gannet_proto::h1::{parse_response, Chunk, ChunkedDecoder, Framing, Method};
 use gannet_proto::{scgi, uwsgi};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,6 +62,8 @@ enum Failure {
     Timeout(&'static str),
     Io(std::io::Error, &'static str),
     Protocol(String),
+    /// The body's framing is broken (a bad chunk).
+    Body(&'static str),
     /// The connection closed after part of the answer.
     Premature(Proto),
     /// The connection closed before any answer (a kept connection may simply be stale).
@@ -82,6 +91,7 @@ impl std::fmt::Display for Failure {
             Failure::Timeout(phase) => write!(f, "upstream timed out while {phase}"),
             Failure::Io(e, phase) => write!(f, "{e} while {phase}"),
             Failure::Protocol(why) => write!(f, "{why} while {READING_HEAD}"),
+            Failure::Body(why) => write!(f, "{why} while {READING}"),
             Failure::Premature(Proto::FastCgi) => {
                 write!(
                     f,
@@ -117,8 +127,12 @@ struct Link {
     proto: Proto,
     /// Bytes read but not taken yet.
     input: BytesMut,
-    /// SCGI / uwsgi with a Content-Length: the body bytes still to come.
+    /// SCGI / uwsgi / HTTP with a Content-Length: the body bytes still to come.
     left: Option<u64>,
+    /// HTTP with a chunked body.
+    chunked: Option<ChunkedDecoder>,
+    /// HTTP: the server keeps the connection after this answer.
+    keep_alive: bool,
     /// Whether anything came: a FastCGI close before that is what a stale kept connection
     /// does, after it an answer cut short.
     got_any: bool,
@@ -131,6 +145,8 @@ impl Link {
             proto,
             input: BytesMut::with_capacity(16 * 1024),
             left: None,
+            chunked: None,
+            keep_alive: false,
             got_any: false,
         }
     }
@@ -147,6 +163,15 @@ impl Link {
                     Some(Record::End { .. }) => return Ok(Event::End),
                     None => {}
                 }
+            } else if let Some(dec) = &mut self.chunked {
+                let chunk = dec
+                    .decode(&mut self.input)
+                    .map_err(|_| Failure::Body("upstream sent invalid chunked response"))?;
+                match chunk {
+                    Chunk::Data(b) => return Ok(Event::Data(b)),
+                    Chunk::Done => return Ok(Event::End),
+                    Chunk::NeedMore => {}
+                }
             } else if self.left == Some(0) {
                 return Ok(Event::End);
             } else if !self.input.is_empty() {
@@ -160,12 +185,14 @@ impl Link {
             }
             let phase = if in_body { READING } else { READING_HEAD };
             if read_more(&mut self.conn, &mut self.input, timeout, phase).await? == 0 {
+                let delimited = self.left.is_some() || self.chunked.is_some();
                 return match self.proto {
                     Proto::FastCgi if self.got_any => Err(Failure::Premature(self.proto)),
+                    Proto::FastCgi => Err(Failure::ClosedEarly),
                     // A stream's end is the answer's end, once its head has come and unless
-                    // it announced more.
-                    Proto::Scgi | Proto::Uwsgi if in_body && self.left.is_none() => Ok(Event::End),
-                    Proto::Scgi | Proto::Uwsgi if in_body => Err(Failure::Premature(self.proto)),
+                    // it announced a length or chunks.
+                    _ if in_body && !delimited => Ok(Event::End),
+                    _ if in_body => Err(Failure::Premature(self.proto)),
                     _ => Err(Failure::ClosedEarly),
                 };
             }
@@ -192,10 +219,42 @@ impl Link {
         }
     }
 
-    /// Whether the connection can carry another request: only after a FastCGI END_REQUEST
-    /// with nothing after it.
+    /// After an HTTP answer's head: how its body ends, given the part of it already in
+    /// `body` (moved back to the input for a chunked one, which is decoded from there).
+    fn frame_http(&mut self, framing: Framing, keep_alive: bool, body: &mut BytesMut) {
+        self.keep_alive = keep_alive;
+        match framing {
+            Framing::Empty | Framing::Length(_) => {
+                let n = match framing {
+                    Framing::Length(n) => n,
+                    _ => 0,
+                };
+                if body.len() as u64 > n {
+                    // More than announced: the connection is out of step.
+                    body.truncate(n as usize);
+                    self.keep_alive = false;
+                }
+                self.left = Some(n - body.len() as u64);
+            }
+            Framing::Chunked => {
+                let mut raw = body.split();
+                raw.extend_from_slice(&self.input);
+                self.input = raw;
+                self.chunked = Some(ChunkedDecoder::new());
+            }
+            Framing::Close => {}
+        }
+    }
+
+    /// Whether the connection can carry another request: after a FastCGI END_REQUEST, or
+    /// an HTTP answer read to its end on a kept-alive connection, with nothing after it.
     fn reusable(&self) -> bool {
-        self.proto == Proto::FastCgi && self.input.is_empty()
+        let complete = self.left == Some(0) || self.chunked.as_ref().is_some_and(|d| d.is_done());
+        match self.proto {
+            Proto::FastCgi => self.input.is_empty(),
+            Proto::Http => self.keep_alive && complete && self.input.is_empty(),
+            Proto::Scgi | Proto::Uwsgi => false,
+        }
     }
 }
 
@@ -212,7 +271,7 @@ struct Answered {
 pub enum Outcome {
     Flow(Flow),
     /// Send this response's head, then the body as [`Streaming::next`] gives it.
-    Stream(Response, Streaming),
+    Stream(Response, Box<Streaming>),
 }
 
 /// The rest of a big answer, read from the application while it is sent on.
@@ -264,37 +323,68 @@ impl Streaming {
     }
 }
 
-/// Pass the request (with its body, already read) to the location's application.
+/// Pass the request (with its body, already read) to the location's upstream.
 pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
     let Some(proto) = gateway::active(&req.conf) else {
         return Outcome::Flow(Flow::Status(500));
     };
     let c = gateway::conf(&req.conf, proto);
-    let Some(backend) = c.pass.clone() else {
+    let Some(mut backend) = c.pass.clone() else {
         return Outcome::Flow(Flow::Status(500));
     };
-    let out = match encode(req, proto, c, body) {
-        Ok(out) => out,
-        Err(e) => {
-            errlog::request(
-                Level::Error,
-                req,
-                format_args!("{} request cannot be sent: {e}", proto.scheme()),
-            );
-            return Outcome::Flow(Flow::Status(500));
-        }
-    };
+    let mut out = Vec::new();
+    // HTTP: whether the request lets the server keep the connection.
+    let mut sent_keep = false;
+    if proto == Proto::Http {
+        let dest = req
+            .conf
+            .proxy
+            .target
+            .as_deref()
+            .ok_or_else(|| "no proxy_pass".to_string())
+            .and_then(|t| t.dest(req));
+        let dest = match dest {
+            Ok(d) => d,
+            Err(why) => {
+                errlog::request(Level::Error, req, format_args!("{why}"));
+                return Outcome::Flow(Flow::Status(500));
+            }
+        };
+        sent_keep = proxy::encode_request(req, &dest, body, &mut out);
+        backend = dest.backend;
+    } else if let Err(e) = encode(req, proto, c, body, &mut out) {
+        errlog::request(
+            Level::Error,
+            req,
+            format_args!("{} request cannot be sent: {e}", proto.scheme()),
+        );
+        return Outcome::Flow(Flow::Status(500));
+    }
     let up = match backend {
         Backend::Addr(addr) => {
-            return match fresh(req, proto, &addr, &out).await {
+            let t0 = Instant::now();
+            let r = fresh(req, proto, &addr, &out).await;
+            let status = match &r {
+                Ok(a) => a.head.status.unwrap_or(200),
+                Err(f) => f.status(),
+            };
+            record(req, &addr, status, t0);
+            return match r {
                 Ok(a) => outcome(req, c, a, addr, None, None),
                 Err(f) => Outcome::Flow(failed(req, proto, &addr, &f)),
             };
         }
         Backend::Group(up) => up,
+        // A URL with variables was evaluated above into an address or a group.
+        Backend::Dynamic => return Outcome::Flow(Flow::Status(500)),
     };
-    let keep = proto == Proto::FastCgi && req.conf.fastcgi.keep_conn();
+    let keep = match proto {
+        Proto::FastCgi => req.conf.fastcgi.keep_conn(),
+        Proto::Http => sent_keep && up.keepalive > 0,
+        Proto::Scgi | Proto::Uwsgi => false,
+    };
     let mut tried = Vec::new();
+    let start = Instant::now();
     let queue_deadline = tokio::time::Instant::now() + up.queue.map_or(Duration::ZERO, |(_, t)| t);
     loop {
         let now = Instant::now();
@@ -322,16 +412,35 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
             None
         };
         let result = match idle {
-            // A kept connection the application closed meanwhile is no failure of the
-            // server: try once more on a new one.
+            // A kept connection the server closed meanwhile is no failure of the server:
+            // try once more on a new one.
             Some((conn, n)) => match exchange(req, addr, Link::new(conn, proto), &out).await {
                 Err(f) if f.stale() => fresh(req, proto, addr, &out).await.map(|a| (a, 0)),
                 r => r.map(|a| (a, n)),
             },
             None => fresh(req, proto, addr, &out).await.map(|a| (a, 0)),
         };
+        let status = match &result {
+            Ok((a, _)) => a.head.status.unwrap_or(200),
+            Err(f) => f.status(),
+        };
+        record(req, addr, status, now);
+        // Another server may be tried if there is one, within the tries and time allowed.
+        let more = tried.len() < up.servers.len()
+            && c.next_upstream_tries
+                .is_none_or(|n| n == 0 || (tried.len() as u64) < n)
+            && c.next_upstream_timeout
+                .is_none_or(|t| t.is_zero() || start.elapsed() < t);
         match result {
             Ok((a, n)) => {
+                let status = a.head.status.unwrap_or(200);
+                if more && retry_status(status, c, req) {
+                    // nginx counts these against the server, except 403 and 404.
+                    if status != 403 && status != 404 {
+                        w.upstreams.failed(&up, i, Instant::now());
+                    }
+                    continue;
+                }
                 w.upstreams.succeeded(&up, i);
                 let pool = keep.then(|| (up.clone(), i, n));
                 if a.done {
@@ -348,12 +457,30 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
             Err(f) => {
                 let flow = failed(req, proto, addr, &f);
                 w.upstreams.failed(&up, i, Instant::now());
-                if tried.len() >= up.servers.len() || !retryable(&f, c, req) {
+                if !more || !retryable(&f, c, req) {
                     return Outcome::Flow(flow);
                 }
             }
         }
     }
+}
+
+fn record(req: &Request, addr: &Addr, status: u16, since: Instant) {
+    req.upstream.borrow_mut().push(UpstreamTry {
+        addr: addr.to_string(),
+        status,
+        time: since.elapsed(),
+    });
+}
+
+/// Whether `*_next_upstream http_NNN` sends a request that got this answer on to the next
+/// server (idempotent requests only, unless `non_idempotent` is listed).
+fn retry_status(status: u16, c: &GatewayConf, req: &Request) -> bool {
+    let Some(list) = c.next_upstream.as_deref() else {
+        return false;
+    };
+    let name = format!("http_{status}");
+    list.contains(&name) && (idempotent(req) || list.iter().any(|x| x == "non_idempotent"))
 }
 
 /// The request in the protocol's encoding: parameters, then the body (unless
@@ -363,39 +490,37 @@ fn encode(
     proto: Proto,
     c: &GatewayConf,
     body: &[u8],
-) -> Result<Vec<u8>, ParamError> {
+    out: &mut Vec<u8>,
+) -> Result<(), ParamError> {
     let len = body.len() as u64;
     let body = if c.pass_request_body() { body } else { &[] };
-    let mut out = Vec::with_capacity(1024 + body.len() + body.len() / 8);
+    out.reserve(1024 + body.len() + body.len() / 8);
     match proto {
         Proto::FastCgi => {
             let mut p = fastcgi::Params::new();
             gateway::build_params(req, c, len, &mut p)?;
-            fastcgi::begin_request(&mut out, req.conf.fastcgi.keep_conn());
-            fastcgi::params(&mut out, &p);
-            fastcgi::stdin(&mut out, body);
-            fastcgi::stdin_end(&mut out);
+            fastcgi::begin_request(out, req.conf.fastcgi.keep_conn());
+            fastcgi::params(out, &p);
+            fastcgi::stdin(out, body);
+            fastcgi::stdin_end(out);
         }
         Proto::Scgi => {
             let mut h = scgi::Headers::new();
             gateway::build_params(req, c, len, &mut h)?;
-            scgi::request(&mut out, body.len(), &h);
+            scgi::request(out, body.len(), &h);
             out.extend_from_slice(body);
         }
         Proto::Uwsgi => {
             let mut v = uwsgi::Vars::new();
             gateway::build_params(req, c, len, &mut v)?;
             let u = &req.conf.uwsgi;
-            uwsgi::request(
-                &mut out,
-                u.modifier1.unwrap_or(0),
-                u.modifier2.unwrap_or(0),
-                &v,
-            );
+            uwsgi::request(out, u.modifier1.unwrap_or(0), u.modifier2.unwrap_or(0), &v);
             out.extend_from_slice(body);
         }
+        // Built by `modules::proxy::encode_request`.
+        Proto::Http => {}
     }
-    Ok(out)
+    Ok(())
 }
 
 fn log_failure(req: &Request, proto: Proto, addr: &Addr, f: &Failure) {
@@ -443,13 +568,17 @@ fn retryable(f: &Failure, c: &GatewayConf, req: &Request) -> bool {
         Failure::Timeout(phase) => ("timeout", *phase != CONNECTING),
         Failure::Io(..) | Failure::Premature(_) | Failure::ClosedEarly => ("error", true),
         Failure::Protocol(_) => ("invalid_header", true),
+        Failure::Body(_) => ("error", true),
     };
-    // RFC 9110's idempotent methods; nginx retries only these unless told otherwise.
-    let idempotent = matches!(
+    has(kind) && (!sent || idempotent(req) || has("non_idempotent"))
+}
+
+/// RFC 9110's idempotent methods; nginx retries only these unless told otherwise.
+fn idempotent(req: &Request) -> bool {
+    matches!(
         req.method(),
         Method::Get | Method::Head | Method::Put | Method::Delete | Method::Options | Method::Trace
-    );
-    has(kind) && (!sent || idempotent || has("non_idempotent"))
+    )
 }
 
 async fn connect(addr: &Addr, timeout: Duration) -> Result<Conn, Failure> {
@@ -501,14 +630,14 @@ fn outcome(
     match answer(req, c, a.head) {
         Flow::Done(resp) => Outcome::Stream(
             resp,
-            Streaming {
+            Box::new(Streaming {
                 link: a.link,
                 first: (!a.body.is_empty()).then(|| a.body.freeze()),
                 addr,
                 done: false,
                 pool,
                 _lease: lease,
-            },
+            }),
         ),
         // A redirect or an intercepted error: the rest of the answer is not wanted.
         flow => Outcome::Flow(flow),
@@ -546,16 +675,7 @@ async fn exchange(
             Event::Data(b) => {
                 body.extend_from_slice(&b);
                 if head.is_none() {
-                    // FastCGI answers are CGI heads; nginx also takes an HTTP status line
-                    // from SCGI and uwsgi applications (uWSGI sends one over uwsgi).
-                    head = match link.proto {
-                        Proto::FastCgi => cgi::parse_head(&mut body, c.buffer_size()),
-                        _ => cgi::parse_head_or_status_line(&mut body, c.buffer_size()),
-                    }
-                    .map_err(|e| Failure::Protocol(e.to_string()))?;
-                    if let Some(h) = &head {
-                        link.frame(req, h, &mut body);
-                    }
+                    head = read_head(req, c, &mut link, &mut body)?;
                 }
                 if body.len() >= STREAM_AT {
                     if let Some(head) = head.take() {
@@ -587,6 +707,39 @@ async fn exchange(
     }
 }
 
+/// The answer's head off the front of `body` once it has all come, with the body's
+/// framing noted in the link.
+fn read_head(
+    req: &Request,
+    c: &GatewayConf,
+    link: &mut Link,
+    body: &mut BytesMut,
+) -> Result<Option<CgiHead>, Failure> {
+    let max = c.buffer_size();
+    let bad = |e: &dyn std::fmt::Display| Failure::Protocol(e.to_string());
+    let head = match link.proto {
+        Proto::Http => {
+            let Some(h) = parse_response(body, max, req.is_head()).map_err(|e| bad(&e))? else {
+                return Ok(None);
+            };
+            link.frame_http(h.framing, h.keep_alive, body);
+            return Ok(Some(CgiHead {
+                status: Some(h.status),
+                headers: h.headers,
+            }));
+        }
+        Proto::FastCgi => cgi::parse_head(body, max),
+        // nginx also takes an HTTP status line from SCGI and uwsgi applications (uWSGI
+        // sends one over uwsgi).
+        Proto::Scgi | Proto::Uwsgi => cgi::parse_head_or_status_line(body, max),
+    };
+    let head = head.map_err(|e| bad(&e))?;
+    if let Some(h) = &head {
+        link.frame(req, h, body);
+    }
+    Ok(head)
+}
+
 /// Each FastCGI STDERR line goes to the error log, as nginx logs them.
 fn log_stderr(req: &Request, addr: &Addr, msg: &[u8], in_body: bool) {
     let text = String::from_utf8_lossy(msg);
@@ -610,6 +763,7 @@ fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
     if status >= 300 && c.intercept_errors() && req.conf.error_page.find(status).is_some() {
         return Flow::Status(status);
     }
+    let proxied = gateway::active(&req.conf) == Some(Proto::Http);
     let mut resp = Response::new(status);
     if req.is_head() {
         // The application answered HEAD without a body: its Content-Length, if it gave
@@ -621,7 +775,17 @@ fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
         if name.eq_ignore_ascii_case("content-type") {
             resp.content_type = Some(Arc::from(value.as_str()));
         } else if name.eq_ignore_ascii_case("location") {
-            resp.location = Some(value);
+            resp.location = Some(match proxied {
+                true => proxy::rewrite_location(req, &value).unwrap_or(value),
+                false => value,
+            });
+        } else if proxied && name.eq_ignore_ascii_case("refresh") {
+            // `Refresh: 5; url=URL`: the URL is rewritten as a Location would be.
+            let at = value.to_ascii_lowercase().find("url=").map(|i| i + 4);
+            let v = at
+                .and_then(|i| proxy::rewrite_location(req, &value[i..]).map(|u| (i, u)))
+                .map_or(value.clone(), |(i, u)| format!("{}{u}", &value[..i]));
+            resp.headers.push((name.into(), v));
         } else if gateway::passes(c, &name) {
             resp.headers.push((name.into(), value));
         }

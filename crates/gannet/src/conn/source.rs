@@ -15,7 +15,7 @@ use std::os::unix::fs::FileExt;
 const PIECE: u64 = 64 * 1024;
 
 pub enum Source {
-    App(Streaming),
+    App(Box<Streaming>),
     Parts(VecDeque<Part>),
 }
 

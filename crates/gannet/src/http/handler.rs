@@ -122,6 +122,7 @@ fn locate_and_run(req: &mut Request, w: &Worker) -> Flow {
         return Flow::Status(500);
     }
     req.redirects += 1;
+    req.location_valid = true;
     let server = req.server.clone();
     if let Some(found) = find_location(&server.locations, &req.uri) {
         req.conf = found.location.conf.clone();
@@ -196,6 +197,7 @@ fn run_location(req: &mut Request, w: &Worker) -> Flow {
 /// A URI continues with a new location search (`Flow::Next`); a named location runs at once.
 fn internal_redirect(req: &mut Request, w: &Worker, uri: &str) -> Flow {
     req.internal = true;
+    req.uri_changed = true;
     if let Some(name) = uri.strip_prefix('@') {
         let server = req.server.clone();
         let loc = server

@@ -6,6 +6,7 @@ use crate::http::router::Location;
 use crate::http::user_vars;
 use crate::modules::LocConf;
 use gannet_proto::h1::{Method, RequestHead};
+use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -54,6 +55,24 @@ pub struct Request {
     pub method_override: Option<Method>,
     /// Values of the variables the config defines (`set`, `map`, named captures).
     pub vars: user_vars::Values,
+    /// A rewrite or internal redirect changed the URI: the client's raw one no longer
+    /// applies (nginx's `valid_unparsed_uri` cleared).
+    pub uri_changed: bool,
+    /// The URI still starts with the matched location's prefix (a rewrite with `break`
+    /// clears this; nginx's `valid_location`).
+    pub location_valid: bool,
+    /// Each upstream server tried, for `$upstream_addr`, `$upstream_status` and
+    /// `$upstream_response_time` (filled in while the phases hold `&Request`).
+    pub upstream: RefCell<Vec<UpstreamTry>>,
+}
+
+/// One upstream server a request was sent to.
+#[derive(Debug, Clone)]
+pub struct UpstreamTry {
+    pub addr: String,
+    /// What it answered, or the status its failure maps to (502, 504).
+    pub status: u16,
+    pub time: std::time::Duration,
 }
 
 impl Request {
@@ -83,6 +102,9 @@ impl Request {
             error_paged: false,
             method_override: None,
             vars: user_vars::Values::default(),
+            uri_changed: false,
+            location_valid: true,
+            upstream: RefCell::new(Vec::new()),
         }
     }
 

@@ -8,7 +8,8 @@
 //! `$request_method` `$request` `$request_length` `$request_time` `$status` `$body_bytes_sent`
 //! `$bytes_sent` `$content_type` `$content_length` `$connection` `$connection_requests` `$msec`
 //! `$time_local` `$time_iso8601` `$pid` `$nginx_version` `$gannet_version` `$fastcgi_script_name`
-//! `$fastcgi_path_info` and `$1`..`$9`; and the variables a config defines with `set`, `map`
+//! `$fastcgi_path_info` `$proxy_host` `$proxy_port` `$proxy_add_x_forwarded_for`
+//! `$upstream_addr` `$upstream_status` `$upstream_response_time` and `$1`..`$9`; and the variables a config defines with `set`, `map`
 //! or named captures (see `http::user_vars`).
 
 use crate::http::request::Request;
@@ -58,6 +59,12 @@ pub enum Var {
     Version,
     FastcgiScriptName,
     FastcgiPathInfo,
+    ProxyHost,
+    ProxyPort,
+    ProxyAddXForwardedFor,
+    UpstreamAddr,
+    UpstreamStatus,
+    UpstreamResponseTime,
     Capture(usize),
     /// Defined by the config (`set`, `map`, a named capture).
     User(UserVar),
@@ -107,6 +114,12 @@ impl Var {
             "nginx_version" | "gannet_version" => Var::Version,
             "fastcgi_script_name" => Var::FastcgiScriptName,
             "fastcgi_path_info" => Var::FastcgiPathInfo,
+            "proxy_host" => Var::ProxyHost,
+            "proxy_port" => Var::ProxyPort,
+            "proxy_add_x_forwarded_for" => Var::ProxyAddXForwardedFor,
+            "upstream_addr" => Var::UpstreamAddr,
+            "upstream_status" => Var::UpstreamStatus,
+            "upstream_response_time" => Var::UpstreamResponseTime,
             _ => {
                 if let Some(a) = name.strip_prefix("arg_") {
                     Var::Arg(a.to_string())
@@ -324,6 +337,30 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
             }
         }
         Var::Host => out.push_str(&req.host),
+        Var::ProxyHost => {
+            if let Some((h, _)) = crate::modules::proxy::host_and_port(req) {
+                out.push_str(&h);
+            }
+        }
+        Var::ProxyPort => {
+            if let Some((_, p)) = crate::modules::proxy::host_and_port(req) {
+                let _ = write!(out, "{p}");
+            }
+        }
+        Var::ProxyAddXForwardedFor => crate::modules::proxy::add_x_forwarded_for(req, out),
+        Var::UpstreamAddr | Var::UpstreamStatus | Var::UpstreamResponseTime => {
+            // One entry per server tried, as nginx lists them: "a, b".
+            for (i, t) in req.upstream.borrow().iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                let _ = match v {
+                    Var::UpstreamAddr => write!(out, "{}", t.addr),
+                    Var::UpstreamStatus => write!(out, "{}", t.status),
+                    _ => write!(out, "{}.{:03}", t.time.as_secs(), t.time.subsec_millis()),
+                };
+            }
+        }
         Var::Hostname => out.push_str(crate::runtime::hostname()),
         Var::RemoteAddr => {
             let _ = write!(out, "{}", req.conn.peer.ip());

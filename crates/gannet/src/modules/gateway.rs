@@ -1,12 +1,14 @@
-//! What the three application gateways share, the configuration side: nginx's FastCGI, SCGI
-//! and uwsgi modules are one upstream module with three request encodings, and so are
-//! gannet's. This module owns the directives all three have, generated from the protocol's
-//! prefix (`fastcgi_`, `scgi_`, `uwsgi_`) by [`directives!`]: `*_pass`, `*_param` (with
-//! `if_not_empty`), `*_connect_timeout`, `*_send_timeout`, `*_read_timeout`, `*_buffering`,
-//! `*_buffers`, `*_buffer_size`, `*_intercept_errors`, `*_hide_header`, `*_pass_header`,
-//! `*_pass_request_headers`, `*_pass_request_body`, `*_next_upstream`; the parameters a
-//! request sends and which answer headers reach the client. The protocols' own directives
-//! are in `fastcgi`, `scgi` and `uwsgi`; the I/O is in `conn::gateway`.
+//! What the upstream gateways share, the configuration side: nginx's proxy, FastCGI, SCGI
+//! and uwsgi modules are one upstream module with four request encodings, and so are
+//! gannet's. This module owns the directives all of them have, generated from the
+//! protocol's prefix (`fastcgi_`, `scgi_`, `uwsgi_`) by [`directives!`]: `*_pass`, `*_param`
+//! (with `if_not_empty`), `*_connect_timeout`, `*_send_timeout`, `*_read_timeout`,
+//! `*_buffering`, `*_buffers`, `*_buffer_size`, `*_intercept_errors`, `*_hide_header`,
+//! `*_pass_header`, `*_pass_request_headers`, `*_pass_request_body`, `*_next_upstream`,
+//! `*_next_upstream_tries`, `*_next_upstream_timeout`; the parameters a request sends and
+//! which answer headers reach the client. The protocols' own directives are in `proxy`
+//! (which has no `*_param` and its own `proxy_pass`), `fastcgi`, `scgi` and `uwsgi`; the I/O
+//! is in `conn::gateway`.
 //!
 //! As in nginx, `*_param` lists (and the hide/pass header lists) are inherited only by
 //! levels that set none of their own.
@@ -27,10 +29,12 @@ pub enum Proto {
     FastCgi,
     Scgi,
     Uwsgi,
+    /// HTTP/1.x to a server behind a reverse proxy (`proxy_pass`).
+    Http,
 }
 
 impl Proto {
-    pub const ALL: [Proto; 3] = [Proto::FastCgi, Proto::Scgi, Proto::Uwsgi];
+    pub const ALL: [Proto; 4] = [Proto::FastCgi, Proto::Scgi, Proto::Uwsgi, Proto::Http];
 
     /// The start of its directives' names.
     pub fn prefix(self) -> &'static str {
@@ -38,6 +42,7 @@ impl Proto {
             Proto::FastCgi => "fastcgi_",
             Proto::Scgi => "scgi_",
             Proto::Uwsgi => "uwsgi_",
+            Proto::Http => "proxy_",
         }
     }
 
@@ -47,6 +52,7 @@ impl Proto {
             Proto::FastCgi => "fastcgi",
             Proto::Scgi => "scgi",
             Proto::Uwsgi => "uwsgi",
+            Proto::Http => "http",
         }
     }
 }
@@ -71,6 +77,8 @@ macro_rules! directives {
             $crate::modules::gateway::directives!(@spec $p "pass_request_headers" [HSL] Exactly(1)),
             $crate::modules::gateway::directives!(@spec $p "pass_request_body" [HSL] Exactly(1)),
             $crate::modules::gateway::directives!(@spec $p "next_upstream" [HSL] AtLeast(1)),
+            $crate::modules::gateway::directives!(@spec $p "next_upstream_tries" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "next_upstream_timeout" [HSL] Exactly(1)),
             $($extra,)*
         ]
     };
@@ -99,6 +107,8 @@ pub const fn spec(name: &'static str, ctx: Ctx, args: Args) -> Spec {
 pub enum Backend {
     Addr(Addr),
     Group(Arc<Upstream>),
+    /// Known per request: a `proxy_pass` URL with variables.
+    Dynamic,
 }
 
 #[derive(Debug, Clone)]
@@ -124,6 +134,10 @@ pub struct GatewayConf {
     pub pass_request_headers: Option<bool>,
     pub pass_request_body: Option<bool>,
     pub next_upstream: Option<Arc<Vec<String>>>,
+    /// Most servers one request may try; 0: no limit.
+    pub next_upstream_tries: Option<u64>,
+    /// How long retries may go on; zero: no limit.
+    pub next_upstream_timeout: Option<Duration>,
 }
 
 impl GatewayConf {
@@ -142,6 +156,8 @@ impl GatewayConf {
             pass_request_headers,
             pass_request_body,
             next_upstream,
+            next_upstream_tries,
+            next_upstream_timeout,
         );
     }
     pub fn connect_timeout(&self) -> Duration {
@@ -171,6 +187,7 @@ pub fn conf(lc: &LocConf, p: Proto) -> &GatewayConf {
         Proto::FastCgi => &lc.fastcgi.gw,
         Proto::Scgi => &lc.scgi,
         Proto::Uwsgi => &lc.uwsgi.gw,
+        Proto::Http => &lc.proxy.gw,
     }
 }
 
@@ -179,6 +196,7 @@ fn conf_mut(lc: &mut LocConf, p: Proto) -> &mut GatewayConf {
         Proto::FastCgi => &mut lc.fastcgi.gw,
         Proto::Scgi => &mut lc.scgi,
         Proto::Uwsgi => &mut lc.uwsgi.gw,
+        Proto::Http => &mut lc.proxy.gw,
     }
 }
 
@@ -266,7 +284,9 @@ pub fn set(d: &Directive, p: Proto, lc: &mut LocConf, ctx: &LoadCtx) -> Result<b
                 "timeout",
                 "invalid_header",
                 "http_500",
+                "http_502",
                 "http_503",
+                "http_504",
                 "http_403",
                 "http_404",
                 "http_429",
@@ -280,6 +300,8 @@ pub fn set(d: &Directive, p: Proto, lc: &mut LocConf, ctx: &LoadCtx) -> Result<b
             }
             c.next_upstream = Some(Arc::new(d.args.clone()));
         }
+        "next_upstream_tries" => c.next_upstream_tries = Some(setters::num_arg(d, 0)?),
+        "next_upstream_timeout" => c.next_upstream_timeout = duration(d)?,
         _ => return Ok(false),
     }
     Ok(true)
@@ -409,9 +431,13 @@ mod tests {
                 Proto::FastCgi => super::super::fastcgi::DIRECTIVES,
                 Proto::Scgi => super::super::scgi::DIRECTIVES,
                 Proto::Uwsgi => super::super::uwsgi::DIRECTIVES,
+                Proto::Http => super::super::proxy::DIRECTIVES,
             };
             assert!(table.iter().all(|s| s.name.starts_with(p.prefix())));
             for shared in ["pass", "param", "next_upstream", "hide_header"] {
+                if p == Proto::Http && shared == "param" {
+                    continue;
+                }
                 let name = format!("{}{shared}", p.prefix());
                 assert!(table.iter().any(|s| s.name == name), "{name}");
             }

@@ -193,8 +193,8 @@ pub fn add_if(
 }
 
 /// Once a location is complete and merged, its `if` blocks inherit from it. They keep its
-/// content handler too: an `if` in a `fastcgi_pass` (`scgi_pass`, `uwsgi_pass`) location
-/// still passes, as in nginx.
+/// content handler too: an `if` in a `proxy_pass` (`fastcgi_pass`, `scgi_pass`,
+/// `uwsgi_pass`) location still passes, as in nginx.
 pub fn merge_ifs(lc: &mut LocConf) {
     let mut stmts = std::mem::take(&mut lc.rewrite.stmts);
     for s in Arc::make_mut(&mut stmts) {
@@ -205,10 +205,14 @@ pub fn merge_ifs(lc: &mut LocConf) {
                 (&mut c.fastcgi.gw, &lc.fastcgi.gw),
                 (&mut c.scgi, &lc.scgi),
                 (&mut c.uwsgi.gw, &lc.uwsgi.gw),
+                (&mut c.proxy.gw, &lc.proxy.gw),
             ] {
                 if inner.pass.is_none() {
                     inner.pass = outer.pass.clone();
                 }
+            }
+            if c.proxy.target.is_none() && c.proxy.gw.pass.is_some() {
+                c.proxy.target = lc.proxy.target.clone();
             }
         }
     }
@@ -302,6 +306,9 @@ fn run_block(stmts: &[Stmt], req: &mut Request, changed: &mut bool) -> Option<Ou
 /// Replace the URI with a rewrite result: `path?args` replaces the args (original ones
 /// appended unless it ends with `?`).
 fn set_uri(req: &mut Request, new: &str) {
+    // The client's URI no longer applies, nor (after a `break`) the location's prefix.
+    req.uri_changed = true;
+    req.location_valid = false;
     let (new, keep_old) = match new.strip_suffix('?') {
         Some(n) => (n, false),
         None => (new, true),

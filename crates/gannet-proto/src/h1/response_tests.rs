@@ -1,0 +1,158 @@
+use super::response::{parse_response, Framing, ResponseError};
+use bytes::BytesMut;
+
+fn parse(
+    raw: &str,
+    head: bool,
+) -> Result<Option<(super::response::ResponseHead, BytesMut)>, ResponseError> {
+    let mut buf = BytesMut::from(raw.as_bytes());
+    Ok(parse_response(&mut buf, 4096, head)?.map(|h| (h, buf)))
+}
+
+#[test]
+fn length_delimited_keep_alive() {
+    let (h, rest) = parse(
+        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\nX-A: 2\r\n\r\nhello",
+        false,
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(h.status, 200);
+    assert_eq!(h.framing, Framing::Length(5));
+    assert!(h.keep_alive);
+    assert_eq!(&rest[..], b"hello");
+    // Repeated fields stay separate and in order (Set-Cookie must).
+    let xa: Vec<_> = h
+        .headers
+        .iter()
+        .filter(|(n, _)| n == "X-A")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(xa, ["1", "2"]);
+}
+
+#[test]
+fn partial_head_waits() {
+    assert!(parse("HTTP/1.1 200 OK\r\nContent-Le", false)
+        .unwrap()
+        .is_none());
+}
+
+#[test]
+fn chunked_and_close_framing() {
+    let (h, _) = parse(
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+        false,
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(h.framing, Framing::Chunked);
+    assert!(h.keep_alive);
+    let (h, _) = parse("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nabc", false)
+        .unwrap()
+        .unwrap();
+    assert_eq!(h.framing, Framing::Close);
+    assert!(!h.keep_alive);
+    // Without a length a 1.1 answer ends with the connection, which cannot be kept.
+    let (h, _) = parse("HTTP/1.1 200 OK\r\n\r\nabc", false).unwrap().unwrap();
+    assert_eq!(h.framing, Framing::Close);
+    assert!(!h.keep_alive);
+}
+
+#[test]
+fn http10_keeps_only_when_asked() {
+    let (h, _) = parse("HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", false)
+        .unwrap()
+        .unwrap();
+    assert!(!h.keep_alive);
+    let (h, _) = parse(
+        "HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\nContent-Length: 0\r\n\r\n",
+        false,
+    )
+    .unwrap()
+    .unwrap();
+    assert!(h.keep_alive);
+}
+
+#[test]
+fn bodiless_statuses_and_head() {
+    for raw in [
+        "HTTP/1.1 204 No Content\r\nContent-Length: 10\r\n\r\n",
+        "HTTP/1.1 304 Not Modified\r\nContent-Length: 10\r\n\r\n",
+    ] {
+        let (h, _) = parse(raw, false).unwrap().unwrap();
+        assert_eq!(h.framing, Framing::Empty, "{raw}");
+        assert!(h.keep_alive);
+    }
+    let (h, _) = parse("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n", true)
+        .unwrap()
+        .unwrap();
+    assert_eq!(h.framing, Framing::Empty);
+    assert_eq!(h.get("content-length"), Some("10"));
+}
+
+#[test]
+fn interim_answers_are_skipped_but_101_is_not() {
+    let (h, rest) = parse(
+        "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok",
+        false,
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(h.status, 201);
+    assert_eq!(&rest[..], b"ok");
+    let (h, _) = parse(
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+        false,
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(h.status, 101);
+    assert!(!h.keep_alive);
+}
+
+#[test]
+fn ambiguous_framing_is_refused() {
+    let e = |raw: &str| parse(raw, false).unwrap_err();
+    assert_eq!(
+        e("HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"),
+        ResponseError::BadLength
+    );
+    assert_eq!(
+        e("HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n"),
+        ResponseError::BadLength
+    );
+    assert_eq!(
+        e("HTTP/1.1 200 OK\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n"),
+        ResponseError::LengthAndEncoding
+    );
+    assert_eq!(
+        e("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n"),
+        ResponseError::BadEncoding
+    );
+    // The same length twice is one length.
+    let (h, _) = parse(
+        "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n",
+        false,
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(h.framing, Framing::Length(3));
+}
+
+#[test]
+fn garbage_and_oversize() {
+    assert_eq!(
+        parse("SSH-2.0-OpenSSH\r\n\r\n", false).unwrap_err(),
+        ResponseError::Invalid
+    );
+    let big = format!("HTTP/1.1 200 OK\r\nX: {}\r\n", "a".repeat(5000));
+    assert_eq!(parse(&big, false).unwrap_err(), ResponseError::TooBig);
+    let many: String = (0..150).map(|i| format!("X-{i}: v\r\n")).collect();
+    let raw = format!("HTTP/1.1 200 OK\r\n{many}\r\n");
+    let mut buf = BytesMut::from(raw.as_bytes());
+    assert_eq!(
+        parse_response(&mut buf, 1 << 20, false).unwrap_err(),
+        ResponseError::TooBig
+    );
+}

@@ -1,0 +1,563 @@
+//! The HTTP reverse proxy, the configuration side (nginx's ngx_http_proxy_module), and the
+//! request it sends upstream. It is the fourth protocol of the gateway machinery
+//! (`gateway`, `conn::gateway`): the same upstream groups, retries, timeouts and header
+//! lists as FastCGI, SCGI and uwsgi, with HTTP/1.x on the wire.
+//!
+//! Directives: `proxy_pass`, `proxy_set_header`, `proxy_http_version`, `proxy_method`,
+//! `proxy_set_body`, `proxy_redirect`, `proxy_request_buffering`, and the shared ones with
+//! the `proxy_` prefix (`proxy_connect_timeout`, `proxy_send_timeout`, `proxy_read_timeout`,
+//! `proxy_buffering`, `proxy_buffers`, `proxy_buffer_size`, `proxy_intercept_errors`,
+//! `proxy_hide_header`, `proxy_pass_header`, `proxy_pass_request_headers`,
+//! `proxy_pass_request_body`, `proxy_next_upstream`, `proxy_next_upstream_tries`,
+//! `proxy_next_upstream_timeout`). Variables: `$proxy_host`, `$proxy_port`,
+//! `$proxy_add_x_forwarded_for`.
+//!
+//! The request line's URI follows nginx's rules: `proxy_pass` without a URI passes the
+//! client's URI as it was sent (or the normalised, re-escaped `$uri` once a rewrite or an
+//! internal redirect changed it); with a URI, the part of the normalised URI that matched
+//! the location's prefix is replaced by it. A URI part is refused in regex and named
+//! locations and in `if` blocks, where no prefix matched. With variables in `proxy_pass`
+//! the evaluated URL is used as it is, and its host may name an `upstream` group.
+//!
+//! Headers sent: `Host: $proxy_host` and `Connection: close` unless `proxy_set_header`
+//! changes them, the other `proxy_set_header`s (an empty value sends nothing), then the
+//! client's headers except the ones set here and the hop-by-hop ones (`Connection`,
+//! `Keep-Alive`, `TE`, `Expect`, `Upgrade`, `Transfer-Encoding`, `Content-Length`). The body
+//! has been read whole (as nginx's `proxy_request_buffering on`) and goes with a
+//! `Content-Length`, a chunked one included.
+
+use super::gateway::{self, spec, Backend, GatewayConf, Proto};
+use super::{inherit, invalid, LoadCtx, LocConf};
+use crate::http::request::Request;
+use crate::http::variables::Template;
+use crate::upstream::{Addr, Upstream};
+use gannet_conf::registry::{Args, Ctx, Spec};
+use gannet_conf::{setters, ConfError, Directive};
+use regex::Regex;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+const HSL: Ctx = Ctx::HSL;
+const LOC_IF: Ctx = Ctx(Ctx::LOCATION.0 | Ctx::IF.0);
+
+pub const DIRECTIVES: &[Spec] = &[
+    spec("proxy_pass", LOC_IF, Args::Exactly(1)),
+    spec("proxy_set_header", HSL, Args::Exactly(2)),
+    spec("proxy_http_version", HSL, Args::Exactly(1)),
+    spec("proxy_method", HSL, Args::Exactly(1)),
+    spec("proxy_set_body", HSL, Args::Exactly(1)),
+    spec("proxy_redirect", HSL, Args::Between(1, 2)),
+    spec("proxy_request_buffering", HSL, Args::Exactly(1)),
+    spec("proxy_connect_timeout", HSL, Args::Exactly(1)),
+    spec("proxy_send_timeout", HSL, Args::Exactly(1)),
+    spec("proxy_read_timeout", HSL, Args::Exactly(1)),
+    spec("proxy_buffering", HSL, Args::Exactly(1)),
+    spec("proxy_buffers", HSL, Args::Exactly(2)),
+    spec("proxy_buffer_size", HSL, Args::Exactly(1)),
+    spec("proxy_busy_buffers_size", HSL, Args::Exactly(1)),
+    spec("proxy_intercept_errors", HSL, Args::Exactly(1)),
+    spec("proxy_hide_header", HSL, Args::Exactly(1)),
+    spec("proxy_pass_header", HSL, Args::Exactly(1)),
+    spec("proxy_pass_request_headers", HSL, Args::Exactly(1)),
+    spec("proxy_pass_request_body", HSL, Args::Exactly(1)),
+    spec("proxy_next_upstream", HSL, Args::AtLeast(1)),
+    spec("proxy_next_upstream_tries", HSL, Args::Exactly(1)),
+    spec("proxy_next_upstream_timeout", HSL, Args::Exactly(1)),
+];
+
+/// Where `proxy_pass` sends requests.
+#[derive(Debug, Clone)]
+pub enum Target {
+    Fixed(Dest),
+    /// A URL with variables, evaluated per request; its host may name a group.
+    Vars(Template, Arc<HashMap<String, Arc<Upstream>>>),
+}
+
+/// A parsed `proxy_pass` URL.
+#[derive(Debug, Clone)]
+pub struct Dest {
+    pub backend: Backend,
+    /// `$proxy_host`: the group's name, or host with the port unless it is 80.
+    pub host: String,
+    pub port: u16,
+    /// The URI part (from the `/` after the host), if the URL has one.
+    pub uri: Option<String>,
+    /// The URL without its URI part, for `proxy_redirect default`.
+    pub base: String,
+}
+
+#[derive(Debug, Clone)]
+pub enum Redirect {
+    Off,
+    Default,
+    Rule(RedirectFrom, Template),
+}
+
+#[derive(Debug, Clone)]
+pub enum RedirectFrom {
+    Prefix(String),
+    Regex(Regex),
+}
+
+/// The proxy's share of a location's settings.
+#[derive(Debug, Clone, Default)]
+pub struct ProxyConf {
+    /// The shared settings; `gw.pass` marks the location as proxied.
+    pub gw: GatewayConf,
+    /// Set with `proxy_pass`, in the location itself only.
+    pub target: Option<Arc<Target>>,
+    pub set_headers: Option<Arc<Vec<(String, Template)>>>,
+    /// `proxy_http_version 1.1`.
+    pub http11: Option<bool>,
+    pub method: Option<Template>,
+    pub body: Option<Template>,
+    pub redirect: Option<Arc<Vec<Redirect>>>,
+}
+
+impl ProxyConf {
+    pub fn merge(&mut self, parent: &ProxyConf) {
+        self.gw.merge(&parent.gw);
+        inherit!(self, parent, set_headers, http11, method, body, redirect);
+    }
+}
+
+pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
+    let a0 = d.args[0].as_str();
+    match d.name.as_str() {
+        "proxy_pass" => {
+            if let Some(other) = gateway::active(lc) {
+                return Err(d.error(format!(
+                    "\"proxy_pass\" directive is duplicate{}",
+                    if other == Proto::Http {
+                        String::new()
+                    } else {
+                        format!(": \"{}pass\" is set in this location", other.prefix())
+                    }
+                )));
+            }
+            let target = parse_target(d, a0, ctx)?;
+            lc.proxy.gw.pass = Some(match &target {
+                Target::Fixed(dest) => dest.backend.clone(),
+                Target::Vars(..) => Backend::Dynamic,
+            });
+            lc.proxy.target = Some(Arc::new(target));
+        }
+        "proxy_set_header" => {
+            let value = Template::compile(&d.args[1]).map_err(|e| d.error(e))?;
+            let mut l = lc.proxy.set_headers.as_deref().cloned().unwrap_or_default();
+            l.push((a0.to_string(), value));
+            lc.proxy.set_headers = Some(Arc::new(l));
+        }
+        "proxy_http_version" => {
+            lc.proxy.http11 = Some(match a0 {
+                "1.0" => false,
+                "1.1" => true,
+                _ => return Err(invalid(d, a0)),
+            })
+        }
+        "proxy_method" => {
+            lc.proxy.method = Some(Template::compile(a0).map_err(|e| d.error(e))?);
+        }
+        "proxy_set_body" => {
+            lc.proxy.body = Some(Template::compile(a0).map_err(|e| d.error(e))?);
+        }
+        "proxy_redirect" => set_redirect(d, &mut lc.proxy)?,
+        "proxy_request_buffering" => {
+            // Checked, then without effect: bodies are read whole before they are passed
+            // (nginx's default, `on`).
+            setters::flag(d)?;
+        }
+        "proxy_busy_buffers_size" => {
+            setters::size_arg(d, 0)?;
+        }
+        _ => {
+            if !gateway::set(d, Proto::Http, lc, ctx)? {
+                unreachable!("not a proxy directive: {}", d.name)
+            }
+        }
+    }
+    Ok(())
+}
+
+fn set_redirect(d: &Directive, c: &mut ProxyConf) -> Result<(), ConfError> {
+    let a0 = d.args[0].as_str();
+    let mut list = c.redirect.as_deref().cloned().unwrap_or_default();
+    let rule = match (a0, d.args.get(1)) {
+        ("off", None) => {
+            // `off` cancels the rules of this level, as in nginx.
+            c.redirect = Some(Arc::new(vec![Redirect::Off]));
+            return Ok(());
+        }
+        ("default", None) => Redirect::Default,
+        (_, None) => return Err(invalid(d, a0)),
+        (from, Some(to)) => {
+            let to = Template::compile(to).map_err(|e| d.error(e))?;
+            let from = if let Some(re) = from.strip_prefix("~*") {
+                RedirectFrom::Regex(compile_ci(d, re, true)?)
+            } else if let Some(re) = from.strip_prefix('~') {
+                RedirectFrom::Regex(compile_ci(d, re, false)?)
+            } else {
+                RedirectFrom::Prefix(from.to_string())
+            };
+            Redirect::Rule(from, to)
+        }
+    };
+    list.retain(|r| !matches!(r, Redirect::Off));
+    list.push(rule);
+    c.redirect = Some(Arc::new(list));
+    Ok(())
+}
+
+fn compile_ci(d: &Directive, re: &str, ci: bool) -> Result<Regex, ConfError> {
+    regex::RegexBuilder::new(re)
+        .case_insensitive(ci)
+        .build()
+        .map_err(|e| d.error(format!("invalid regex \"{re}\": {e}")))
+}
+
+fn parse_target(d: &Directive, url: &str, ctx: &LoadCtx) -> Result<Target, ConfError> {
+    if url.contains('$') {
+        let t = Template::compile(url).map_err(|e| d.error(e))?;
+        return Ok(Target::Vars(t, Arc::new(ctx.upstreams.clone())));
+    }
+    let dest = parse_url(url, &ctx.upstreams).map_err(|e| d.error(e))?;
+    if dest.uri.is_some() && ctx.prefixless {
+        return Err(d.error(
+            "\"proxy_pass\" cannot have URI part in location given by regular expression, \
+             or inside named location, or inside \"if\" statement",
+        ));
+    }
+    Ok(Target::Fixed(dest))
+}
+
+/// `http://host[:port][/uri]`, `http://unix:/path:[/uri]` or `http://group[/uri]`.
+pub fn parse_url(url: &str, groups: &HashMap<String, Arc<Upstream>>) -> Result<Dest, String> {
+    let rest = if let Some(r) = url.strip_prefix("http://") {
+        r
+    } else if url.starts_with("https://") {
+        return Err(format!(
+            "https upstreams are not supported yet in \"proxy_pass {url}\""
+        ));
+    } else {
+        return Err(format!("invalid URL prefix in \"{url}\""));
+    };
+    if let Some(path) = rest.strip_prefix("unix:") {
+        // The socket path ends at the first `:` (nginx's rule); the URI follows it.
+        let (sock, uri) = match path.split_once(':') {
+            Some((s, u)) => (s, (!u.is_empty()).then(|| u.to_string())),
+            None => (path, None),
+        };
+        if sock.is_empty() {
+            return Err(format!("no path in the unix domain socket \"{url}\""));
+        }
+        return Ok(Dest {
+            backend: Backend::Addr(Addr::Unix(sock.into())),
+            host: "localhost".into(),
+            port: 80,
+            uri,
+            base: format!("http://unix:{sock}:"),
+        });
+    }
+    let (authority, uri) = match rest.find('/') {
+        Some(i) => (&rest[..i], Some(rest[i..].to_string())),
+        None => (rest, None),
+    };
+    if authority.is_empty() {
+        return Err(format!("no host in \"{url}\""));
+    }
+    let base = format!("http://{authority}");
+    if let Some(up) = groups.get(authority) {
+        return Ok(Dest {
+            backend: Backend::Group(up.clone()),
+            host: authority.to_string(),
+            port: 80,
+            uri,
+            base,
+        });
+    }
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => {
+            let port = p
+                .parse::<u16>()
+                .ok()
+                .filter(|&p| p > 0)
+                .ok_or_else(|| format!("invalid port in \"{url}\""))?;
+            (h, port)
+        }
+        _ => (authority, 80),
+    };
+    if host.is_empty() {
+        return Err(format!("no host in \"{url}\""));
+    }
+    Ok(Dest {
+        backend: Backend::Addr(Addr::Tcp(format!("{host}:{port}"))),
+        host: authority.to_string(),
+        port,
+        uri,
+        base,
+    })
+}
+
+impl Target {
+    /// Where this request goes; `Err` with the reason for the log when a URL built from
+    /// variables is not a valid one.
+    pub fn dest(&self, req: &Request) -> Result<Dest, String> {
+        match self {
+            Target::Fixed(d) => Ok(d.clone()),
+            Target::Vars(t, groups) => parse_url(&t.eval(req, None), groups),
+        }
+    }
+}
+
+/// `$proxy_host` / `$proxy_port` for a request in a proxied location.
+pub fn host_and_port(req: &Request) -> Option<(String, u16)> {
+    let dest = req.conf.proxy.target.as_ref()?.dest(req).ok()?;
+    Some((dest.host, dest.port))
+}
+
+/// `$proxy_add_x_forwarded_for`: the client's X-Forwarded-For with its address added.
+pub fn add_x_forwarded_for(req: &Request, out: &mut String) {
+    for v in req.head.header_all("x-forwarded-for") {
+        out.push_str(&String::from_utf8_lossy(v));
+        out.push_str(", ");
+    }
+    out.push_str(&req.conn.peer.ip().to_string());
+}
+
+/// The request line's URI (see the module docs).
+fn upstream_uri(req: &Request, dest: &Dest, vars: bool) -> String {
+    if vars {
+        if let Some(u) = &dest.uri {
+            return u.clone();
+        }
+    }
+    if dest.uri.is_none() && !req.uri_changed {
+        let raw = req.head.target();
+        // An absolute-form target is passed as origin-form.
+        let raw = match raw.iter().position(|&c| c == b'/') {
+            Some(_) if raw.starts_with(b"/") => raw,
+            Some(_) => {
+                let after_scheme = raw
+                    .windows(3)
+                    .position(|w| w == b"://")
+                    .map_or(0, |i| i + 3);
+                let path = raw[after_scheme..].iter().position(|&c| c == b'/');
+                path.map_or(&b"/"[..], |p| &raw[after_scheme + p..])
+            }
+            None => raw,
+        };
+        return String::from_utf8_lossy(raw).into_owned();
+    }
+    let mut out = String::new();
+    let mut uri = req.uri.as_str();
+    // After a rewrite with `break` the URI no longer starts with the location's prefix:
+    // the whole changed URI goes, without the URI part (nginx's `valid_location`).
+    if let (Some(part), true) = (&dest.uri, req.location_valid) {
+        let prefix = req.location.as_ref().map_or("", |l| l.prefix());
+        uri = uri.get(prefix.len()..).unwrap_or("");
+        out.push_str(part);
+    }
+    escape_uri(uri, &mut out);
+    if let Some(a) = &req.args {
+        out.push('?');
+        out.push_str(a);
+    }
+    out
+}
+
+/// nginx's NGX_ESCAPE_URI set: space, `#`, `%`, `?`, controls and bytes above 0x7e.
+fn escape_uri(s: &str, out: &mut String) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &c in s.as_bytes() {
+        if c <= b' ' || c >= 0x7f || matches!(c, b'#' | b'%' | b'?') {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(c >> 4)]));
+            out.push(char::from(HEX[usize::from(c & 15)]));
+        } else {
+            out.push(char::from(c));
+        }
+    }
+}
+
+/// Client headers never passed on as they are: hop-by-hop ones and the framing, which the
+/// proxy sets itself.
+const HOP: &[&str] = &[
+    "host",
+    "connection",
+    "keep-alive",
+    "te",
+    "expect",
+    "upgrade",
+    "transfer-encoding",
+    "content-length",
+    "proxy-connection",
+];
+
+/// The request to send upstream: its head, then the body. Returns whether it asks the
+/// server to keep the connection (no `Connection: close` was sent).
+pub fn encode_request(req: &Request, dest: &Dest, body: &[u8], out: &mut Vec<u8>) -> bool {
+    let c = &req.conf.proxy;
+    let vars = matches!(c.target.as_deref(), Some(Target::Vars(..)));
+    let method = match &c.method {
+        Some(m) => m.eval(req, None),
+        None => match req.method_override {
+            Some(_) => "GET".to_string(),
+            None => req.head.method_str().to_string(),
+        },
+    };
+    let set_body = c.body.as_ref().map(|t| t.eval(req, None));
+    let body: &[u8] = match &set_body {
+        Some(b) => b.as_bytes(),
+        None if c.gw.pass_request_body() && req.method_override.is_none() => body,
+        None => &[],
+    };
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(upstream_uri(req, dest, vars).as_bytes());
+    out.extend_from_slice(if c.http11.unwrap_or(false) {
+        b" HTTP/1.1\r\n"
+    } else {
+        b" HTTP/1.0\r\n"
+    });
+    let set = c.set_headers.as_deref().map_or(&[][..], |v| v.as_slice());
+    let is_set = |name: &str| set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name));
+    let mut keep = true;
+    let put = |name: &str, value: &str, out: &mut Vec<u8>| {
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    };
+    if !is_set("host") {
+        put("Host", &dest.host, out);
+    }
+    if !is_set("connection") {
+        put("Connection", "close", out);
+        keep = false;
+    }
+    let has_body =
+        !body.is_empty() || set_body.is_some() || req.head.body != gannet_proto::h1::BodyKind::None;
+    if has_body && !is_set("content-length") {
+        put("Content-Length", &body.len().to_string(), out);
+    }
+    for (name, value) in set {
+        let v = value.eval(req, None);
+        if v.is_empty() {
+            continue;
+        }
+        if name.eq_ignore_ascii_case("connection") && v.to_ascii_lowercase().contains("close") {
+            keep = false;
+        }
+        put(name, &v, out);
+    }
+    if c.gw.pass_request_headers.unwrap_or(true) {
+        for (name, value) in req.head.headers() {
+            if HOP.iter().any(|h| name.eq_ignore_ascii_case(h)) || is_set(name) {
+                continue;
+            }
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+    keep
+}
+
+/// `proxy_redirect`: rewrite a `Location` or `Refresh` value from upstream.
+pub fn rewrite_location(req: &Request, value: &str) -> Option<String> {
+    let c = &req.conf.proxy;
+    let default = [Redirect::Default];
+    let rules = c.redirect.as_deref().map_or(&default[..], |r| r.as_slice());
+    for rule in rules {
+        match rule {
+            Redirect::Off => return None,
+            Redirect::Default => {
+                // The URL in proxy_pass becomes the location's prefix (or "/" without a URI
+                // part), as nginx's `proxy_redirect default` does; not with variables.
+                let Some(Target::Fixed(dest)) = c.target.as_deref() else {
+                    continue;
+                };
+                let (from, to) = match &dest.uri {
+                    Some(u) => (
+                        format!("{}{u}", dest.base),
+                        req.location
+                            .as_ref()
+                            .map_or("/", |l| l.prefix())
+                            .to_string(),
+                    ),
+                    None => (dest.base.clone(), String::new()),
+                };
+                if let Some(rest) = value.strip_prefix(from.as_str()) {
+                    return Some(format!("{to}{rest}"));
+                }
+            }
+            Redirect::Rule(RedirectFrom::Prefix(p), to) => {
+                if let Some(rest) = value.strip_prefix(p.as_str()) {
+                    return Some(format!("{}{rest}", to.eval(req, None)));
+                }
+            }
+            Redirect::Rule(RedirectFrom::Regex(re), to) => {
+                // The match is replaced by the replacement with its captures as $1..$9.
+                if let Some(caps) = re.captures(value) {
+                    let list: Vec<Option<String>> = caps
+                        .iter()
+                        .map(|m| m.map(|m| m.as_str().to_string()))
+                        .collect();
+                    let whole = caps.get(0).map_or(0..0, |m| m.range());
+                    let new = to.eval_with(req, None, &list);
+                    return Some(format!(
+                        "{}{new}{}",
+                        &value[..whole.start],
+                        &value[whole.end..]
+                    ));
+                }
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let none = HashMap::new();
+        let d = parse_url("http://127.0.0.1:8080/two/", &none).unwrap();
+        assert!(matches!(d.backend, Backend::Addr(Addr::Tcp(ref a)) if a == "127.0.0.1:8080"));
+        assert_eq!(
+            (d.host.as_str(), d.port, d.uri.as_deref()),
+            ("127.0.0.1:8080", 8080, Some("/two/"))
+        );
+        let d = parse_url("http://example.com", &none).unwrap();
+        assert!(matches!(d.backend, Backend::Addr(Addr::Tcp(ref a)) if a == "example.com:80"));
+        assert_eq!((d.host.as_str(), d.uri), ("example.com", None));
+        let d = parse_url("http://[::1]:81/x", &none).unwrap();
+        assert!(matches!(d.backend, Backend::Addr(Addr::Tcp(ref a)) if a == "[::1]:81"));
+        let d = parse_url("http://unix:/run/app.sock:/api/", &none).unwrap();
+        assert!(
+            matches!(d.backend, Backend::Addr(Addr::Unix(ref p)) if p.to_str() == Some("/run/app.sock"))
+        );
+        assert_eq!(d.uri.as_deref(), Some("/api/"));
+        for bad in [
+            "ftp://x",
+            "http://",
+            "http://h:0",
+            "http://h:99999",
+            "http://unix::/x",
+        ] {
+            assert!(parse_url(bad, &none).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn escaping_matches_nginx_set() {
+        let mut s = String::new();
+        escape_uri("/a b/%?#/é\"<>", &mut s);
+        assert_eq!(s, "/a%20b/%25%3F%23/%C3%A9\"<>");
+    }
+}
