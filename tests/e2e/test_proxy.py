@@ -391,3 +391,73 @@ def test_behind_a_real_server(gannet, tmp_path):
         assert srv.get("/missing")[0] == 404
     finally:
         back.close()
+
+
+def upgrading(conn, head, body):
+    """Switch to an echo protocol that answers in upper case, with a first message sent in
+    the same write as the 101 head; a request without Upgrade gets a 101 anyway (broken)."""
+    conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: shout\r\nConnection: Upgrade\r\n\r\nready;")
+    while True:
+        data = conn.recv(65536)
+        if not data:
+            conn.shutdown(socket.SHUT_WR)
+            return None
+        conn.sendall(data.upper())
+
+
+WS = """location /ws {{
+    proxy_pass http://127.0.0.1:{port};
+    proxy_http_version 1.1;
+    proxy_set_header Upgrade $http_upgrade;
+    proxy_set_header Connection "upgrade";
+    proxy_read_timeout {timeout};
+}}"""
+
+
+def test_upgrade_relays_both_ways_until_both_close(gannet, app):
+    a = app(upgrading)
+    srv = gannet.start(server=WS.format(port=a.port, timeout="10s"))
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+        # The first message rides with the request, as clients may send it.
+        s.sendall(b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: shout\r\nConnection: Upgrade\r\n\r\nfirst;")
+        f = s.makefile("rb")
+        head = read_head(f).lower()
+        assert head.startswith(b"http/1.1 101")
+        assert b"upgrade: shout" in head and b"connection: upgrade" in head
+        got = b""
+        while b"FIRST;" not in got:
+            got += f.read1(100)
+        assert got == b"ready;FIRST;"
+        for word in (b"one", b"two" * 10000):
+            s.sendall(word)
+            want, got = word.upper(), b""
+            while len(got) < len(want):
+                got += f.read1(65536)
+            assert got == want
+        # A half close reaches the server, whose close then reaches the client.
+        s.shutdown(socket.SHUT_WR)
+        assert f.read1(10) == b""
+    line, h = sent_head(a)
+    assert h["upgrade"] == ["shout"] and h["connection"] == ["upgrade"]
+    assert wait_until(lambda: '"GET /ws HTTP/1.1" 101' in srv.access_log())
+
+
+def test_idle_tunnel_is_closed_after_read_timeout(gannet, app):
+    a = app(upgrading)
+    srv = gannet.start(server=WS.format(port=a.port, timeout="300ms"))
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+        s.sendall(b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: shout\r\nConnection: Upgrade\r\n\r\n")
+        got = b""
+        while True:
+            b = s.recv(1000)
+            if not b:
+                break
+            got += b
+        assert got.startswith(b"HTTP/1.1 101") and got.endswith(b"ready;")
+
+
+def test_101_to_a_request_without_upgrade_is_502(gannet, app):
+    a = app(upgrading)
+    srv = gannet.start(server=WS.format(port=a.port, timeout="10s"))
+    assert srv.get("/ws")[0] == 502
+    assert "without \"Upgrade\" header" in srv.error_log()

@@ -272,6 +272,14 @@ pub enum Outcome {
     Flow(Flow),
     /// Send this response's head, then the body as [`Streaming::next`] gives it.
     Stream(Response, Box<Streaming>),
+    /// The server switched protocols (101): send this head, then relay both ways.
+    Upgrade(Response, Box<Tunnel>),
+}
+
+/// An upstream connection that switched protocols, and what it sent after its 101 head.
+pub struct Tunnel {
+    pub conn: Conn,
+    pub early: BytesMut,
 }
 
 /// The rest of a big answer, read from the application while it is sent on.
@@ -624,6 +632,9 @@ fn outcome(
     pool: Option<(Arc<Upstream>, usize, u64)>,
     lease: Option<Lease>,
 ) -> Outcome {
+    if a.head.status == Some(101) {
+        return upgrade(req, c, a, &addr);
+    }
     if a.done {
         return Outcome::Flow(whole(req, c, a.head, a.body));
     }
@@ -640,6 +651,36 @@ fn outcome(
             }),
         ),
         // A redirect or an intercepted error: the rest of the answer is not wanted.
+        flow => Outcome::Flow(flow),
+    }
+}
+
+/// A 101 answer: the client gets its head, then the tunnel, if it asked to upgrade at all
+/// (nginx's rule; a 101 nobody asked for is a broken server).
+fn upgrade(req: &Request, c: &GatewayConf, a: Answered, addr: &Addr) -> Outcome {
+    if req.head.header("upgrade").is_none() {
+        errlog::request(
+            Level::Error,
+            req,
+            format_args!(
+                "upstream sent \"101 Switching Protocols\" response to a request without \"Upgrade\" header while {READING_HEAD}, upstream: \"http://{addr}\""
+            ),
+        );
+        return Outcome::Flow(Flow::Status(502));
+    }
+    let Answered {
+        head, body, link, ..
+    } = a;
+    let mut early = body;
+    early.extend_from_slice(&link.input);
+    match answer(req, c, head) {
+        Flow::Done(resp) => Outcome::Upgrade(
+            resp,
+            Box::new(Tunnel {
+                conn: link.conn,
+                early,
+            }),
+        ),
         flow => Outcome::Flow(flow),
     }
 }
@@ -722,7 +763,12 @@ fn read_head(
             let Some(h) = parse_response(body, max, req.is_head()).map_err(|e| bad(&e))? else {
                 return Ok(None);
             };
-            link.frame_http(h.framing, h.keep_alive, body);
+            if h.status == 101 {
+                // What follows the head is the new protocol's: kept whole for the tunnel.
+                link.left = Some(0);
+            } else {
+                link.frame_http(h.framing, h.keep_alive, body);
+            }
             return Ok(Some(CgiHead {
                 status: Some(h.status),
                 headers: h.headers,

@@ -11,7 +11,7 @@
 //! connection is closed, since what follows can no longer be trusted.
 
 use super::body::{self, BodyError};
-use super::gateway::Outcome;
+use super::gateway::{Outcome, Tunnel};
 use super::send;
 use super::source::Source;
 use crate::errlog::Level;
@@ -431,6 +431,9 @@ impl Conn {
                 Handled::Gateway => {
                     let flow = match super::gateway::run(&w, &req, &body).await {
                         Outcome::Flow(f) => f,
+                        Outcome::Upgrade(resp, tunnel) => {
+                            return self.tunnel(&req, resp, *tunnel).await;
+                        }
                         Outcome::Stream(mut resp, stream) => {
                             handler::finish_streamed(&mut req, &mut resp);
                             let src = Source::App(stream);
@@ -559,6 +562,21 @@ impl Conn {
         }
         self.log(req, &resp, head_len, sent);
         keep && whole && flushed
+    }
+
+    /// Send the 101 head, then relay between the client and the upstream server until both
+    /// are done (see `conn::tunnel`). The connection closes after.
+    async fn tunnel(&mut self, req: &Request, mut resp: Response, mut t: Tunnel) -> bool {
+        let (_, head_len, _) = self.head(req, &mut resp, false);
+        if self.flush().await.is_err() {
+            return false;
+        }
+        // What the client sent after its request already belongs to the new protocol.
+        let early = self.buf.split();
+        let idle = req.conf.proxy.gw.read_timeout();
+        let n = super::tunnel::relay(&mut self.stream, &mut t.conn, &early, &t.early, idle).await;
+        self.log(req, &resp, head_len, n.to_client);
+        false
     }
 
     /// Put the status line and headers in the output buffer. Returns whether the

@@ -180,7 +180,9 @@ pub fn encode_head(r: &Response, body_len: u64, ctx: &HeadCtx, out: &mut Vec<u8>
     if let Some(loc) = &r.location {
         put(out, "Location", loc);
     }
-    if ctx.keep_alive {
+    if r.status == 101 {
+        out.extend_from_slice(b"Connection: upgrade\r\n");
+    } else if ctx.keep_alive {
         out.extend_from_slice(b"Connection: keep-alive\r\n");
         if let Some(t) = ctx.keepalive_header {
             out.extend_from_slice(b"Keep-Alive: timeout=");

@@ -1,0 +1,90 @@
+//! After an upstream switched protocols (`101`, a WebSocket most often), the client and the
+//! upstream server talk directly: bytes are copied both ways until both sides are done or
+//! neither has sent anything for `proxy_read_timeout` (nginx's rule for upgraded
+//! connections), so an abandoned tunnel never holds its two sockets forever.
+//!
+//! One side's end of stream is passed on as a half close (`shutdown(SHUT_WR)`) and the
+//! other direction goes on, as a TCP relay must for protocols that close one way first.
+
+use bytes::BytesMut;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Bytes copied each way.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Copied {
+    pub to_upstream: u64,
+    pub to_client: u64,
+}
+
+/// Relay between `client` and `upstream` after sending each the bytes already read from
+/// the other (`to_upstream`, `to_client`).
+pub async fn relay<C, U>(
+    client: &mut C,
+    upstream: &mut U,
+    to_upstream: &[u8],
+    to_client: &[u8],
+    idle: Duration,
+) -> Copied
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut n = Copied::default();
+    if upstream.write_all(to_upstream).await.is_err() || client.write_all(to_client).await.is_err()
+    {
+        return n;
+    }
+    n.to_upstream += to_upstream.len() as u64;
+    n.to_client += to_client.len() as u64;
+    let (mut a, mut b) = (
+        BytesMut::with_capacity(16 * 1024),
+        BytesMut::with_capacity(16 * 1024),
+    );
+    let (mut client_open, mut upstream_open) = (true, true);
+    while client_open || upstream_open {
+        a.clear();
+        b.clear();
+        let step = tokio::time::timeout(idle, async {
+            tokio::select! {
+                r = client.read_buf(&mut a), if client_open => (true, r),
+                r = upstream.read_buf(&mut b), if upstream_open => (false, r),
+            }
+        })
+        .await;
+        let Ok((from_client, r)) = step else {
+            break;
+        };
+        let (data, to, open, count) = if from_client {
+            (
+                &a,
+                &mut *upstream as &mut (dyn AsyncWrite + Unpin),
+                &mut client_open,
+                &mut n.to_upstream,
+            )
+        } else {
+            (
+                &b,
+                &mut *client as &mut (dyn AsyncWrite + Unpin),
+                &mut upstream_open,
+                &mut n.to_client,
+            )
+        };
+        match r {
+            Ok(0) => {
+                *open = false;
+                let _ = to.shutdown().await;
+            }
+            Ok(len) => {
+                // A side that stops reading is as idle as one that stops sending.
+                let wrote = tokio::time::timeout(idle, to.write_all(data)).await;
+                if !matches!(wrote, Ok(Ok(()))) {
+                    break;
+                }
+                *count += len as u64;
+            }
+            Err(_) => break,
+        }
+    }
+    n
+}
