@@ -461,3 +461,49 @@ def test_101_to_a_request_without_upgrade_is_502(gannet, app):
     srv = gannet.start(server=WS.format(port=a.port, timeout="10s"))
     assert srv.get("/ws")[0] == 502
     assert "without \"Upgrade\" header" in srv.error_log()
+
+
+def test_mirror_copies_requests_without_slowing_them(gannet, app):
+    main = app(echo)
+    copies = []
+
+    def shadow_never_answers(conn, head, body):
+        copies.append((head, body))
+        conn.recv(1)  # holds the copy until the test ends
+
+    shadow = app(shadow_never_answers)
+    srv = gannet.start(server=f"""
+        location / {{
+            mirror /mirror;
+            proxy_pass http://127.0.0.1:{main.port};
+        }}
+        location /nobody/ {{
+            mirror /mirror;
+            mirror_request_body off;
+            proxy_pass http://127.0.0.1:{main.port};
+        }}
+        location = /mirror {{
+            internal;
+            proxy_pass http://127.0.0.1:{shadow.port}$request_uri;
+            proxy_read_timeout 60s;
+        }}
+    """)
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+    # Keep-alive requests one after the other: none waits for the shadow, which never answers.
+    for i in range(3):
+        c.request("POST", f"/p{i}?a=b", body=f"body{i}".encode())
+        r = c.getresponse()
+        assert r.status == 200 and f"POST /p{i}?a=b".encode() in r.read()
+    c.request("POST", "/nobody/x", body=b"secret")
+    assert c.getresponse().read().endswith(b"secret")
+    c.close()
+    assert wait_until(lambda: len(copies) == 4)
+    got = sorted((h.split(b"\r\n")[0], b) for h, b in copies)
+    assert got == [
+        (b"POST /nobody/x HTTP/1.0", b""),
+        (b"POST /p0?a=b HTTP/1.0", b"body0"),
+        (b"POST /p1?a=b HTTP/1.0", b"body1"),
+        (b"POST /p2?a=b HTTP/1.0", b"body2"),
+    ]
+    # The mirror location is internal: a client cannot reach it.
+    assert srv.get("/mirror")[0] == 404

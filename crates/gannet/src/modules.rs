@@ -15,6 +15,7 @@ pub mod gateway;
 pub mod headers;
 pub mod index;
 pub mod map;
+pub mod mirror;
 pub mod proxy;
 pub mod rewrite;
 pub mod scgi;
@@ -109,6 +110,10 @@ pub const MODULES: &[Module] = &[
         set: proxy::set,
     },
     Module {
+        directives: mirror::DIRECTIVES,
+        set: mirror::set,
+    },
+    Module {
         directives: compress::DIRECTIVES,
         set: compress::set,
     },
@@ -172,6 +177,7 @@ pub struct LocConf {
     pub scgi: gateway::GatewayConf,
     pub uwsgi: uwsgi::UwsgiConf,
     pub proxy: proxy::ProxyConf,
+    pub mirror: mirror::MirrorConf,
 }
 
 impl LocConf {
@@ -190,6 +196,7 @@ impl LocConf {
         self.scgi.merge(&parent.scgi);
         self.uwsgi.merge(&parent.uwsgi);
         self.proxy.merge(&parent.proxy);
+        self.mirror.merge(&parent.mirror);
         // try_files and the rewrite statements are not inherited, as in nginx.
     }
 }

@@ -424,6 +424,9 @@ impl Conn {
                 }
             }
         }
+        if !req.conf.mirror.uris().is_empty() {
+            super::mirror::spawn(&w, &req, &body);
+        }
         loop {
             match handled {
                 Handled::Respond(resp) => return self.respond(&req, resp, keep).await,

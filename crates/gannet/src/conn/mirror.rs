@@ -1,0 +1,53 @@
+//! The copies `mirror` makes (see `modules::mirror`): each runs as its own task in the
+//! worker's event loop, through the request phases from the mirror URI (as an internal
+//! request, so `internal` locations take it), and any answer is read to its end and
+//! dropped. The client's connection never waits for it.
+
+use super::gateway::{self, Outcome};
+use crate::http::handler::{self, Flow, Handled};
+use crate::http::request::Request;
+use crate::runtime::worker::Worker;
+use std::rc::Rc;
+
+/// Start a copy of `req` for each mirror URI of its location.
+pub fn spawn(w: &Rc<Worker>, req: &Request, body: &[u8]) {
+    let m = &req.conf.mirror;
+    let body: Rc<[u8]> = if m.request_body() {
+        body.into()
+    } else {
+        Rc::from(&[][..])
+    };
+    for uri in m.uris() {
+        let mut copy = Request::new(
+            req.head.clone(),
+            req.conn.clone(),
+            req.server.clone(),
+            uri.clone(),
+            req.args.clone(),
+            req.host.clone(),
+        );
+        copy.internal = true;
+        // $request_uri stays the client's; $uri is the mirror's.
+        copy.uri_changed = true;
+        let (w, body) = (w.clone(), body.clone());
+        tokio::task::spawn_local(async move { run(&w, copy, &body).await });
+    }
+}
+
+async fn run(w: &Worker, mut req: Request, body: &[u8]) {
+    let mut handled = handler::resume(&mut req, w, Flow::Next);
+    // An application's local redirect or intercepted error may lead to another one; the
+    // request phases bound how often.
+    while let Handled::Gateway = handled {
+        let flow = match gateway::run(w, &req, body).await {
+            Outcome::Flow(f) => f,
+            Outcome::Stream(_, mut s) => {
+                while let Ok(Some(_)) = s.next(&req).await {}
+                s.finish(w);
+                return;
+            }
+            Outcome::Upgrade(..) => return,
+        };
+        handled = handler::resume(&mut req, w, flow);
+    }
+}
