@@ -604,6 +604,26 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_hash_key_goes_round_robin() {
+        for method in ["hash $uri;", "hash $uri consistent;"] {
+            let up = group(&format!("{method} {}", servers(3, ""))).unwrap();
+            let ups = Upstreams::default();
+            let key = Key {
+                ip: None,
+                hash: Some(b""),
+            };
+            let mut got: Vec<usize> = (0..3)
+                .map(|_| match ups.pick(&up, &key, &[], Instant::now()) {
+                    Pick::Server(i, _) => i,
+                    _ => panic!("no server"),
+                })
+                .collect();
+            got.sort();
+            assert_eq!(got, vec![0, 1, 2], "{method}");
+        }
+    }
+
+    #[test]
     fn random_honours_weights_and_skips_down() {
         for method in ["random;", "random two;"] {
             let body = "server 127.0.0.1:1 weight=3; server 127.0.0.1:2; server 127.0.0.1:3 down;";

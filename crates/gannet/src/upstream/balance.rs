@@ -23,7 +23,8 @@
 //! server marked `down` sends only its own keys elsewhere (nginx's documented reason for
 //! `down` over deleting the line). An unusable pick (down, failed `max_fails` times within
 //! `fail_timeout`, at `max_conns`, or tried already by this request) tries again; after 21
-//! picks, or with fewer than two servers, the choice falls back to round robin, as nginx's.
+//! picks, or with fewer than two servers, the choice falls back to round robin, as nginx's;
+//! so does a `hash` whose key came out empty.
 //!
 //! One difference, on retries only: nginx keeps a request's hash walk between attempts;
 //! here each attempt replays the walk from its start, skipping the servers already tried. The
@@ -319,6 +320,10 @@ pub(super) fn choose(v: &mut View, ip: Option<IpAddr>, key: Option<&[u8]>) -> Fo
         Method::RoundRobin => round_robin(v),
         Method::LeastConn => least_conn(v),
         Method::IpHash => ip_hash(v, ip),
+        // An empty key says nothing about the request: round robin, as nginx does.
+        Method::Hash(_) | Method::Consistent(..) if key.is_none_or(<[u8]>::is_empty) => {
+            round_robin(v)
+        }
         Method::Hash(_) => hash(v, key.unwrap_or_default()),
         Method::Consistent(_, ring) => consistent(v, ring, key.unwrap_or_default()),
         Method::Random { two } => random(v, *two),
