@@ -697,7 +697,7 @@ def test_upstream_config_errors(gannet):
         "upstream u { }": 'no servers are inside upstream "u"',
         "upstream u { server 127.0.0.1:9000 weight=0; }": 'invalid parameter "weight=0"',
         "upstream u { server nowhere; }": 'invalid address "nowhere"',
-        "upstream u { server 127.0.0.1:9000; least_conn; }": "not supported yet",
+        "upstream u { server 127.0.0.1:9000; least_conn; ip_hash; }": "load balancing method redefined",
         "upstream u { server 127.0.0.1:9000; queue 10 wait=1s; }": 'invalid parameter "wait=1s"',
         "upstream u { server 127.0.0.1:9000 max_conns=x; }": 'invalid parameter "max_conns=x"',
         "upstream u { server 127.0.0.1:9000; } upstream u { server 127.0.0.1:9001; }": 'duplicate upstream "u"',

@@ -6,16 +6,35 @@
 //! [max_conns=N] [backup] [down]`, `keepalive N`, `keepalive_timeout`, `keepalive_requests`,
 //! `queue N [timeout=T]` (nginx Plus's: wait for a server under `max_conns` instead of
 //! failing), `zone` (accepted: gannet's state is per worker, there is nothing to share;
-//! so `max_conns` counts per worker, as nginx's does without a zone). The balancing method
-//! is nginx's default, smooth weighted round robin; `least_conn`, `ip_hash`, `hash` and
-//! `random` come with the proxy issue and are errors until then.
+//! so `max_conns` counts per worker, as nginx's does without a zone), and one balancing
+//! method: smooth weighted round robin by default, or `least_conn`, `ip_hash`,
+//! `hash KEY [consistent]`, `random [two [least_conn]]` with nginx's arithmetic (see
+//! [`balance`]). As in nginx, `backup` servers go only with round robin and `least_conn`;
+//! unlike nginx, which warns and keeps the last, a second method in a block is an error.
 //!
 //! Like nginx's, the state is per worker: no lock on the request path, and a worker that
 //! saw a server fail stops sending to it for `fail_timeout` on its own.
+//!
+//! Callers (the gateways, the HTTP proxy) choose a server per attempt with
+//!
+//! ```text
+//! let hash = up.hash_key(req);              // once per request: `hash`'s KEY, evaluated
+//! let key = Key { ip: Some(req.conn.peer.ip()), hash: hash.as_deref().map(str::as_bytes) };
+//! loop {
+//!     match upstreams.pick(&up, &key, &tried, Instant::now()) { ... }   // push to `tried`
+//! }
+//! ```
+//!
+//! then report the outcome with [`Upstreams::failed`] or [`Upstreams::succeeded`]; the
+//! [`Lease`] of a pick holds the server's connection count (for `max_conns`, `least_conn`
+//! and `random two`) until it is dropped.
+
+mod balance;
 
 use gannet_conf::{setters, ConfError, Directive};
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -23,6 +42,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Notify;
+
+pub use balance::Method;
 
 /// An address a request can be sent to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -74,6 +95,22 @@ pub struct Upstream {
     pub keepalive_requests: u64,
     /// `queue N timeout=T`: requests that may wait for a server under `max_conns`.
     pub queue: Option<(usize, Duration)>,
+    pub method: Method,
+}
+
+impl Upstream {
+    /// The key `hash KEY` hashes, evaluated for this request; `None` for the other methods.
+    pub fn hash_key(&self, req: &crate::http::request::Request) -> Option<String> {
+        self.method.key().map(|k| k.eval(req, None))
+    }
+}
+
+/// What a request gives the balancing methods: the client's address (`ip_hash`; `None` for
+/// a unix-socket client) and the evaluated `hash` key ([`Upstream::hash_key`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Key<'a> {
+    pub ip: Option<IpAddr>,
+    pub hash: Option<&'a [u8]>,
 }
 
 /// Parse an `upstream` block.
@@ -85,7 +122,9 @@ pub fn parse(d: &Directive) -> Result<Upstream, ConfError> {
         keepalive_timeout: Duration::from_secs(60),
         keepalive_requests: 1000,
         queue: None,
+        method: Method::RoundRobin,
     };
+    let mut method_set = false;
     for s in d.block.as_deref().unwrap_or_default() {
         let nargs = |lo: usize, hi: usize| {
             if (lo..=hi).contains(&s.args.len()) {
@@ -135,10 +174,11 @@ pub fn parse(d: &Directive) -> Result<Upstream, ConfError> {
             }
             "keepalive_time" | "zone" => nargs(1, 2)?,
             "least_conn" | "ip_hash" | "hash" | "random" => {
-                return Err(s.error(format!(
-                    "\"{}\": balancing methods other than round robin are not supported yet",
-                    s.name
-                )))
+                // nginx warns and keeps the last; one of two was surely not meant.
+                if std::mem::replace(&mut method_set, true) {
+                    return Err(s.error("load balancing method redefined"));
+                }
+                up.method = Method::parse(s)?;
             }
             _ => return Err(s.error(format!("\"{}\" directive is not allowed here", s.name))),
         }
@@ -146,6 +186,18 @@ pub fn parse(d: &Directive) -> Result<Upstream, ConfError> {
     if up.servers.is_empty() {
         return Err(d.error(format!("no servers are inside upstream \"{}\"", up.name)));
     }
+    if !up.method.allows_backup() {
+        // nginx checks only the servers after the method line; any order is meant the same.
+        let backup = d
+            .block
+            .iter()
+            .flatten()
+            .find(|s| s.name == "server" && s.args.iter().skip(1).any(|a| a == "backup"));
+        if let Some(s) = backup {
+            return Err(s.error("balancing method does not support parameter \"backup\""));
+        }
+    }
+    up.method.finish(&up.servers);
     Ok(up)
 }
 
@@ -251,59 +303,35 @@ pub struct Upstreams {
     groups: Rc<RefCell<HashMap<usize, GroupState>>>,
 }
 
-fn key(up: &Arc<Upstream>) -> usize {
+fn group_key(up: &Arc<Upstream>) -> usize {
     Arc::as_ptr(up) as usize
 }
 
 impl Upstreams {
-    /// The next server to try, skipping `tried` ones, down ones and ones that failed
-    /// `max_fails` times within `fail_timeout`; backups only when no primary is left.
-    pub fn pick(&self, up: &Arc<Upstream>, tried: &[usize], now: Instant) -> Pick {
+    /// The server for a request's next attempt by the group's balancing method, skipping
+    /// `tried` ones, down ones, ones that failed `max_fails` times within `fail_timeout`
+    /// and ones at `max_conns`; backups only when no primary is left.
+    pub fn pick(&self, up: &Arc<Upstream>, key: &Key, tried: &[usize], now: Instant) -> Pick {
         let mut groups = self.groups.borrow_mut();
-        let g = groups.entry(key(up)).or_default();
+        let g = groups.entry(group_key(up)).or_default();
         g.current.resize(up.servers.len(), 0);
         g.fails.resize(up.servers.len(), (0, now));
         g.active.resize(up.servers.len(), 0);
-        let mut full = false;
-        for backup in [false, true] {
-            // Smooth weighted round robin over the usable servers, in one pass: each gains
-            // its weight, the one with the most is chosen and pays back the total.
-            let (mut total, mut best) = (0, None::<usize>);
-            for (i, s) in up.servers.iter().enumerate() {
-                let (n, since) = g.fails[i];
-                let usable = s.backup == backup
-                    && !s.down
-                    && !tried.contains(&i)
-                    && (s.max_fails == 0
-                        || n < s.max_fails
-                        || now.duration_since(since) >= s.fail_timeout);
-                let at_limit = s.max_conns > 0 && g.active[i] >= s.max_conns;
-                full |= usable && at_limit;
-                if !usable || at_limit {
-                    continue;
-                }
-                g.current[i] += s.weight;
-                total += s.weight;
-                if best.is_none_or(|b| g.current[i] > g.current[b]) {
-                    best = Some(i);
-                }
+        let mut view = balance::View { up, g, tried, now };
+        match balance::choose(&mut view, key.ip, key.hash) {
+            balance::Found::Server(i) => {
+                view.g.active[i] += 1;
+                Pick::Server(
+                    i,
+                    Lease {
+                        ups: self.groups.clone(),
+                        key: group_key(up),
+                        server: i,
+                    },
+                )
             }
-            let Some(best) = best else { continue };
-            g.current[best] -= total;
-            g.active[best] += 1;
-            return Pick::Server(
-                best,
-                Lease {
-                    ups: self.groups.clone(),
-                    key: key(up),
-                    server: best,
-                },
-            );
-        }
-        if full {
-            Pick::Full
-        } else {
-            Pick::None
+            balance::Found::Full => Pick::Full,
+            balance::Found::None => Pick::None,
         }
     }
 
@@ -315,7 +343,7 @@ impl Upstreams {
         };
         let freed = {
             let mut groups = self.groups.borrow_mut();
-            let g = groups.entry(key(up)).or_default();
+            let g = groups.entry(group_key(up)).or_default();
             if g.queued >= max {
                 return false;
             }
@@ -325,7 +353,7 @@ impl Upstreams {
         let woken = tokio::time::timeout_at(deadline, freed.notified())
             .await
             .is_ok();
-        if let Some(g) = self.groups.borrow_mut().get_mut(&key(up)) {
+        if let Some(g) = self.groups.borrow_mut().get_mut(&group_key(up)) {
             g.queued -= 1;
         }
         woken
@@ -334,7 +362,7 @@ impl Upstreams {
     /// A server failed (could not connect, timed out, answered garbage).
     pub fn failed(&self, up: &Arc<Upstream>, server: usize, now: Instant) {
         let mut groups = self.groups.borrow_mut();
-        let g = groups.entry(key(up)).or_default();
+        let g = groups.entry(group_key(up)).or_default();
         g.fails.resize(up.servers.len(), (0, now));
         let s = &up.servers[server];
         let (n, since) = g.fails[server];
@@ -347,7 +375,7 @@ impl Upstreams {
 
     /// A server answered: its failure count starts over.
     pub fn succeeded(&self, up: &Arc<Upstream>, server: usize) {
-        if let Some(g) = self.groups.borrow_mut().get_mut(&key(up)) {
+        if let Some(g) = self.groups.borrow_mut().get_mut(&group_key(up)) {
             if let Some(f) = g.fails.get_mut(server) {
                 f.0 = 0;
             }
@@ -363,7 +391,7 @@ impl Upstreams {
         now: Instant,
     ) -> Option<(Conn, u64)> {
         let mut groups = self.groups.borrow_mut();
-        let g = groups.get_mut(&key(up))?;
+        let g = groups.get_mut(&group_key(up))?;
         g.idle
             .retain(|i| now.duration_since(i.since) < up.keepalive_timeout);
         while let Some(pos) = g.idle.iter().rposition(|i| i.server == server) {
@@ -382,7 +410,7 @@ impl Upstreams {
             return;
         }
         let mut groups = self.groups.borrow_mut();
-        let g = groups.entry(key(up)).or_default();
+        let g = groups.entry(group_key(up)).or_default();
         if g.idle.len() >= up.keepalive {
             g.idle.remove(0);
         }
@@ -404,4 +432,217 @@ fn still_open(c: &Conn) -> bool {
         sock.recv_with_flags(&mut probe, libc::MSG_PEEK | libc::MSG_DONTWAIT),
         Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn group(body: &str) -> Result<Arc<Upstream>, String> {
+        let src = format!("upstream u {{\n{body}\n}}");
+        let tree =
+            gannet_conf::parse_str(&src, "t.conf", Path::new("/")).map_err(|e| e.to_string())?;
+        parse(&tree[0]).map(Arc::new).map_err(|e| e.to_string())
+    }
+
+    fn servers(n: usize, extra: &str) -> String {
+        (0..n)
+            .map(|i| format!("server 127.0.0.1:{} {extra};\n", 9001 + i))
+            .collect()
+    }
+
+    /// Where each key goes when every request ends before the next.
+    fn map_keys(up: &Arc<Upstream>, keys: &[String]) -> Vec<usize> {
+        let ups = Upstreams::default();
+        let now = Instant::now();
+        keys.iter()
+            .map(|k| {
+                let key = Key {
+                    ip: k.parse().ok(),
+                    hash: Some(k.as_bytes()),
+                };
+                match ups.pick(up, &key, &[], now) {
+                    Pick::Server(i, _) => i,
+                    _ => usize::MAX,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn method_errors_as_nginx_words_them() {
+        let err = |body: &str| group(body).unwrap_err();
+        let one = servers(1, "");
+        assert!(
+            err(&format!("ip_hash; least_conn; {one}")).contains("load balancing method redefined")
+        );
+        for m in ["ip_hash;", "hash $uri;", "random;", "hash $uri consistent;"] {
+            let before = format!("{m} server 127.0.0.1:1; server 127.0.0.1:2 backup;");
+            let after = format!("server 127.0.0.1:1; server 127.0.0.1:2 backup; {m}");
+            for body in [before, after] {
+                assert!(
+                    err(&body).contains("does not support parameter \"backup\""),
+                    "{body}"
+                );
+            }
+        }
+        assert!(group(&format!("least_conn; {one} server 127.0.0.1:2 backup;")).is_ok());
+        assert!(err(&format!("hash; {one}")).contains("invalid number of arguments in \"hash\""));
+        assert!(err(&format!("hash $uri x; {one}")).contains("invalid parameter \"x\""));
+        assert!(err(&format!("ip_hash on; {one}")).contains("invalid number of arguments"));
+        assert!(
+            err(&format!("random least_conn; {one}")).contains("invalid parameter \"least_conn\"")
+        );
+        assert!(err(&format!("random two x; {one}")).contains("invalid parameter \"x\""));
+        assert!(err(&format!("random two least_conn x; {one}")).contains("invalid number"));
+        assert!(err(&format!("hash ${{uri; {one}")).contains("closing bracket"));
+        assert!(group(&format!("random two least_conn; {one}")).is_ok());
+        // The line is the directive's.
+        assert!(err(&format!("{one}random x;")).starts_with("t.conf:3: "));
+    }
+
+    #[test]
+    fn least_conn_prefers_the_idle_and_shares_ties() {
+        let up = group(&format!("least_conn; {}", servers(3, ""))).unwrap();
+        let ups = Upstreams::default();
+        let now = Instant::now();
+        let pick = |tried: &[usize]| match ups.pick(&up, &Key::default(), tried, now) {
+            Pick::Server(i, lease) => (i, lease),
+            _ => panic!("no server"),
+        };
+        // All idle: round robin among the tie.
+        let (a, la) = pick(&[]);
+        let (b, lb) = pick(&[]);
+        let (c, _lc) = pick(&[]);
+        let mut seen = vec![a, b, c];
+        seen.sort();
+        assert_eq!(seen, vec![0, 1, 2]);
+        // Two busy, one freed: the freed one is the only least loaded.
+        drop(la);
+        assert_eq!(pick(&[]).0, a);
+        drop(lb);
+        assert_eq!(pick(&[]).0, b);
+    }
+
+    #[test]
+    fn least_conn_weighs_connections() {
+        let up = group("least_conn; server 127.0.0.1:1 weight=3; server 127.0.0.1:2;").unwrap();
+        let ups = Upstreams::default();
+        let now = Instant::now();
+        let mut held = Vec::new();
+        let mut counts = [0; 2];
+        for _ in 0..8 {
+            if let Pick::Server(i, lease) = ups.pick(&up, &Key::default(), &[], now) {
+                counts[i] += 1;
+                held.push(lease);
+            }
+        }
+        // 6:2 keeps 6/3 == 2/1.
+        assert_eq!(counts, [6, 2]);
+    }
+
+    #[test]
+    fn hashes_are_stable_and_down_moves_only_its_own_keys() {
+        let keys: Vec<String> = (0..200).map(|i| format!("key-{i}")).collect();
+        let ips: Vec<String> = (0..200).map(|i| format!("10.{}.{}.7", i % 13, i)).collect();
+        for (method, keys) in [
+            ("hash $arg_k;", &keys),
+            ("hash $arg_k consistent;", &keys),
+            ("ip_hash;", &ips),
+        ] {
+            let up = group(&format!("{method} {}", servers(4, ""))).unwrap();
+            let all = map_keys(&up, keys);
+            assert_eq!(all, map_keys(&up, keys), "{method} is not stable");
+            for s in 0..4 {
+                assert!(all.contains(&s), "{method} never picks {s}");
+            }
+            let body = servers(4, "").replacen("9002 ;", "9002 down;", 1);
+            let down = group(&format!("{method} {body}")).unwrap();
+            let moved = map_keys(&down, keys);
+            for (before, after) in all.iter().zip(&moved) {
+                if *before == 1 {
+                    assert_ne!(*after, 1);
+                } else {
+                    assert_eq!(before, after, "{method}: a key of a live server moved");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn consistent_hash_moves_few_keys_when_a_server_goes() {
+        let keys: Vec<String> = (0..1000).map(|i| format!("/item/{i}")).collect();
+        let five = group(&format!("hash $uri consistent; {}", servers(5, ""))).unwrap();
+        let four = group(&format!("hash $uri consistent; {}", servers(4, ""))).unwrap();
+        let (a, b) = (map_keys(&five, &keys), map_keys(&four, &keys));
+        let moved = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+        // Only the removed server's keys move (about a fifth).
+        assert!(a.iter().zip(&b).all(|(x, y)| x == y || *x == 4));
+        assert!((100..=300).contains(&moved), "{moved} moved");
+    }
+
+    #[test]
+    fn hashing_falls_back_to_round_robin_when_all_are_out() {
+        let up = group(&format!("hash $uri; {}", servers(3, ""))).unwrap();
+        let ups = Upstreams::default();
+        let now = Instant::now();
+        let key = Key {
+            ip: None,
+            hash: Some(b"/x"),
+        };
+        let mut tried = Vec::new();
+        for _ in 0..3 {
+            match ups.pick(&up, &key, &tried, now) {
+                Pick::Server(i, _) => tried.push(i),
+                _ => panic!("a server was left"),
+            }
+        }
+        tried.sort();
+        assert_eq!(tried, vec![0, 1, 2]);
+        assert!(matches!(ups.pick(&up, &key, &tried, now), Pick::None));
+    }
+
+    #[test]
+    fn an_empty_hash_key_goes_round_robin() {
+        for method in ["hash $uri;", "hash $uri consistent;"] {
+            let up = group(&format!("{method} {}", servers(3, ""))).unwrap();
+            let ups = Upstreams::default();
+            let key = Key {
+                ip: None,
+                hash: Some(b""),
+            };
+            let mut got: Vec<usize> = (0..3)
+                .map(|_| match ups.pick(&up, &key, &[], Instant::now()) {
+                    Pick::Server(i, _) => i,
+                    _ => panic!("no server"),
+                })
+                .collect();
+            got.sort();
+            assert_eq!(got, vec![0, 1, 2], "{method}");
+        }
+    }
+
+    #[test]
+    fn random_honours_weights_and_skips_down() {
+        for method in ["random;", "random two;"] {
+            let body = "server 127.0.0.1:1 weight=3; server 127.0.0.1:2; server 127.0.0.1:3 down;";
+            let up = group(&format!("{method} {body}")).unwrap();
+            let ups = Upstreams::default();
+            let mut counts = [0; 3];
+            for _ in 0..4000 {
+                if let Pick::Server(i, _) = ups.pick(&up, &Key::default(), &[], Instant::now()) {
+                    counts[i] += 1;
+                }
+            }
+            assert_eq!(counts[2], 0);
+            assert_eq!(counts[0] + counts[1], 4000);
+            if method == "random;" {
+                // 3:1 within a wide margin (the expected 3000 has a deviation of about 27).
+                assert!((2700..=3300).contains(&counts[0]), "{counts:?}");
+            } else {
+                assert!(counts[1] > 0, "{counts:?}");
+            }
+        }
+    }
 }

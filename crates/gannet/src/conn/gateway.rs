@@ -21,8 +21,8 @@
 //! streamed as it comes ([`Streaming`], chunked to HTTP/1.1 clients, close-delimited to
 //! HTTP/1.0 ones); if the application dies mid-way the client connection is closed, so the
 //! client sees the answer is incomplete. With an `upstream` group, the server is picked by
-//! round robin and failed servers are skipped per `*_next_upstream`; a plain address gets a
-//! new connection per request, as in nginx.
+//! the group's balancing method and failed servers are skipped per `*_next_upstream`; a
+//! plain address gets a new connection per request, as in nginx.
 //!
 //! Failures map to nginx's statuses and log lines: refused or unreachable -> 502, a timeout
 //! -> 504, malformed records or head -> 502, an application that closes before the end of
@@ -38,7 +38,7 @@ use crate::http::response::{Body, Response};
 use crate::modules::gateway::{self, Answer, Backend, GatewayConf, Proto};
 use crate::modules::proxy;
 use crate::runtime::worker::Worker;
-use crate::upstream::{Addr, Conn, Lease, Pick, Upstream};
+use crate::upstream::{Addr, Conn, Key, Lease, Pick, Upstream};
 use bytes::{Bytes, BytesMut};
 use gannet_proto::cgi::{self, CgiHead, ParamError};
 use gannet_proto::fastcgi::{self, Record};
@@ -391,12 +391,17 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
         Proto::Http => sent_keep && up.keepalive > 0,
         Proto::Scgi | Proto::Uwsgi => false,
     };
+    let hash = up.hash_key(req);
+    let key = Key {
+        ip: Some(req.conn.peer.ip()),
+        hash: hash.as_deref().map(str::as_bytes),
+    };
     let mut tried = Vec::new();
     let start = Instant::now();
     let queue_deadline = tokio::time::Instant::now() + up.queue.map_or(Duration::ZERO, |(_, t)| t);
     loop {
         let now = Instant::now();
-        let (i, lease) = match w.upstreams.pick(&up, &tried, now) {
+        let (i, lease) = match w.upstreams.pick(&up, &key, &tried, now) {
             Pick::Server(i, lease) => (i, lease),
             Pick::Full if w.upstreams.wait_for_slot(&up, queue_deadline).await => continue,
             Pick::Full | Pick::None => {
