@@ -507,3 +507,45 @@ def test_mirror_copies_requests_without_slowing_them(gannet, app):
     ]
     # The mirror location is internal: a client cannot reach it.
     assert srv.get("/mirror")[0] == 404
+
+
+def test_active_health_checks_route_around_a_sick_server(gannet, app):
+    state = {"sick": True}
+
+    def serve(name):
+        def behave(conn, head, body):
+            if head.startswith(b"GET /health"):
+                if name == "b" and state["sick"]:
+                    conn.sendall(http_answer(b"dying", "200 OK"))
+                else:
+                    conn.sendall(http_answer(b"all ok"))
+                return None
+            conn.sendall(http_answer(name.encode()))
+            return None
+        return behave
+
+    a, b = app(serve("a")), app(serve("b"))
+    srv = gannet.start(
+        http=f"""upstream pool {{ server 127.0.0.1:{a.port}; server 127.0.0.1:{b.port}; }}
+                 match healthy {{ status 200; body ~ "ok"; }}""",
+        server="""location / { proxy_pass http://pool; health_check interval=100ms fails=2 passes=2 uri=/health match=healthy; }""",
+    )
+    # b answers its probes with 200 but without "ok": the match marks it unhealthy.
+    assert wait_until(lambda: f"127.0.0.1:{b.port} of \"pool\" is unhealthy" in srv.error_log())
+    assert {srv.get(f"/{i}")[2] for i in range(6)} == {b"a"}
+    state["sick"] = False
+    assert wait_until(lambda: f"127.0.0.1:{b.port} of \"pool\" is healthy again" in srv.error_log())
+    assert {srv.get(f"/{i}")[2] for i in range(6)} == {b"a", b"b"}
+    probes = [h for _, h, _ in b.requests if h.startswith(b"GET /health")]
+    assert probes and b"Host: pool" in probes[0]
+
+
+def test_health_check_config_errors(gannet):
+    r = gannet.check(server="location / { proxy_pass http://127.0.0.1:9; health_check; }")
+    assert r.returncode != 0 and "needs \"proxy_pass\" to an upstream group" in r.stderr
+    r = gannet.check(http="upstream u { server 127.0.0.1:9; }",
+                     server="location / { proxy_pass http://u; health_check match=nope; }")
+    assert r.returncode != 0 and 'match "nope" not found' in r.stderr
+    r = gannet.check(http="upstream u { server 127.0.0.1:9; } match m { status 200-99; }",
+                     server="location / { proxy_pass http://u; health_check match=m; }")
+    assert r.returncode != 0 and "invalid value" in r.stderr

@@ -13,6 +13,7 @@ pub mod fastcgi;
 pub mod file_cache;
 pub mod gateway;
 pub mod headers;
+pub mod health_check;
 pub mod index;
 pub mod map;
 pub mod mirror;
@@ -42,6 +43,10 @@ pub struct LoadCtx {
     /// The directives being read are in a regex or named location or an `if` block, where
     /// no prefix matched (`proxy_pass` may not have a URI part there).
     pub prefixless: bool,
+    /// `match` blocks by name (all of http's, read before any server).
+    pub matches: HashMap<String, Arc<health_check::Match>>,
+    /// Every `health_check` read so far.
+    pub probes: Vec<crate::config::Probe>,
 }
 
 type Setter = fn(&Directive, &mut LocConf, &mut LoadCtx) -> Result<(), ConfError>;
@@ -108,6 +113,10 @@ pub const MODULES: &[Module] = &[
     Module {
         directives: proxy::DIRECTIVES,
         set: proxy::set,
+    },
+    Module {
+        directives: health_check::DIRECTIVES,
+        set: health_check::set,
     },
     Module {
         directives: mirror::DIRECTIVES,
@@ -178,6 +187,8 @@ pub struct LocConf {
     pub uwsgi: uwsgi::UwsgiConf,
     pub proxy: proxy::ProxyConf,
     pub mirror: mirror::MirrorConf,
+    /// `health_check`, of this location only (not inherited).
+    pub health_check: Option<Arc<health_check::HealthCheck>>,
 }
 
 impl LocConf {

@@ -38,6 +38,7 @@ use std::net::IpAddr;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -96,9 +97,23 @@ pub struct Upstream {
     /// `queue N timeout=T`: requests that may wait for a server under `max_conns`.
     pub queue: Option<(usize, Duration)>,
     pub method: Method,
+    /// Per server: whether its active health checks pass (`health_check`; always true
+    /// without them). Shared by every worker of the config: the checks run in one worker
+    /// and the balancers of all read it.
+    pub health: Box<[AtomicBool]>,
 }
 
 impl Upstream {
+    pub fn healthy(&self, i: usize) -> bool {
+        self.health.get(i).is_none_or(|h| h.load(Ordering::Relaxed))
+    }
+
+    pub fn set_healthy(&self, i: usize, ok: bool) {
+        if let Some(h) = self.health.get(i) {
+            h.store(ok, Ordering::Relaxed);
+        }
+    }
+
     /// The key `hash KEY` hashes, evaluated for this request; `None` for the other methods.
     pub fn hash_key(&self, req: &crate::http::request::Request) -> Option<String> {
         self.method.key().map(|k| k.eval(req, None))
@@ -123,6 +138,7 @@ pub fn parse(d: &Directive) -> Result<Upstream, ConfError> {
         keepalive_requests: 1000,
         queue: None,
         method: Method::RoundRobin,
+        health: Box::new([]),
     };
     let mut method_set = false;
     for s in d.block.as_deref().unwrap_or_default() {
@@ -198,6 +214,7 @@ pub fn parse(d: &Directive) -> Result<Upstream, ConfError> {
         }
     }
     up.method.finish(&up.servers);
+    up.health = up.servers.iter().map(|_| AtomicBool::new(true)).collect();
     Ok(up)
 }
 

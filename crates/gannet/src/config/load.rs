@@ -51,6 +51,12 @@ const STRUCTURE: &[Spec] = &[
         block: true,
     },
     Spec {
+        name: "match",
+        ctx: Ctx::HTTP,
+        args: registry::Args::Exactly(1),
+        block: true,
+    },
+    Spec {
         name: "events",
         ctx: Ctx::MAIN,
         args: registry::Args::Exactly(0),
@@ -102,6 +108,7 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
         listens: Vec::new(),
         notices: Vec::new(),
         log_files: Vec::new(),
+        probes: Vec::new(),
     };
     let mut http_blocks = Vec::new();
     for d in tree {
@@ -241,6 +248,8 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
         upstreams: HashMap::new(),
         log_files: Vec::new(),
         prefixless: false,
+        matches: HashMap::new(),
+        probes: Vec::new(),
     };
     let mut conf = LocConf::default();
     let body = http.block.as_deref().unwrap_or_default();
@@ -253,9 +262,20 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
         }
         lctx.upstreams.insert(up.name.clone(), Arc::new(up));
     }
+    for d in body.iter().filter(|d| d.name == "match") {
+        check(d, Ctx::HTTP)?;
+        let m = modules::health_check::parse_match(d)?;
+        if lctx
+            .matches
+            .insert(d.args[0].clone(), Arc::new(m))
+            .is_some()
+        {
+            return Err(d.error(format!("duplicate match \"{}\"", d.args[0])));
+        }
+    }
     for d in body
         .iter()
-        .filter(|d| d.name != "server" && d.name != "upstream")
+        .filter(|d| !matches!(d.name.as_str(), "server" | "upstream" | "match"))
     {
         level_directive(cfg, d, &mut conf, &mut lctx, Ctx::HTTP)?;
     }
@@ -295,6 +315,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
     }
     cfg.listens = groups;
     cfg.log_files = lctx.log_files;
+    cfg.probes = lctx.probes;
     Ok(())
 }
 
@@ -462,6 +483,22 @@ fn load_location(
     lctx.prefixless = false;
     conf.merge(parent_conf);
     modules::rewrite::merge_ifs(&mut conf);
+    if let Some(check) = conf.health_check.clone() {
+        let Some(crate::modules::gateway::Backend::Group(up)) = conf.proxy.gw.pass.clone() else {
+            let at = body.iter().find(|c| c.name == "health_check").unwrap_or(d);
+            return Err(at.error("\"health_check\" needs \"proxy_pass\" to an upstream group"));
+        };
+        if check.mandatory {
+            for i in 0..up.servers.len() {
+                up.set_healthy(i, false);
+            }
+        }
+        lctx.probes.push(crate::config::Probe {
+            host: up.name.clone(),
+            upstream: up,
+            check,
+        });
+    }
     let conf = Arc::new(conf);
     let mut children = Vec::new();
     for c in body.iter().filter(|c| c.name == "location") {

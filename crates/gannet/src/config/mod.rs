@@ -31,6 +31,17 @@ pub struct Config {
     pub notices: Vec<String>,
     /// Every access log file, for reopening (SIGUSR1).
     pub log_files: Vec<Arc<LogFile>>,
+    /// Every `health_check`: what the first worker probes.
+    pub probes: Vec<Probe>,
+}
+
+/// A `health_check` and the group it watches.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    pub upstream: Arc<crate::upstream::Upstream>,
+    pub check: Arc<crate::modules::health_check::HealthCheck>,
+    /// The Host header of the probes (the group's name, as `$proxy_host`).
+    pub host: String,
 }
 
 /// A bound address and the virtual hosts reachable through it.

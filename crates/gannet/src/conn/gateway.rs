@@ -595,24 +595,23 @@ fn idempotent(req: &Request) -> bool {
 }
 
 async fn connect(addr: &Addr, timeout: Duration) -> Result<Conn, Failure> {
-    let r = match addr {
-        Addr::Tcp(a) => timed(timeout, tokio::net::TcpStream::connect(a.as_str()))
-            .await
-            .map(|r| {
-                r.map(|s| {
-                    let _ = s.set_nodelay(true);
-                    Box::new(s) as Conn
-                })
-            }),
-        Addr::Unix(p) => timed(timeout, tokio::net::UnixStream::connect(p))
-            .await
-            .map(|r| r.map(|s| Box::new(s) as Conn)),
-    };
-    match r {
+    match timed(timeout, connect_plain(addr)).await {
         Ok(Ok(c)) => Ok(c),
         Ok(Err(e)) => Err(Failure::Connect(e)),
         Err(()) => Err(Failure::Timeout(CONNECTING)),
     }
+}
+
+/// A new connection to `addr` (TCP with Nagle off, or a unix socket), without a deadline.
+pub async fn connect_plain(addr: &Addr) -> std::io::Result<Conn> {
+    Ok(match addr {
+        Addr::Tcp(a) => {
+            let s = tokio::net::TcpStream::connect(a.as_str()).await?;
+            let _ = s.set_nodelay(true);
+            Box::new(s)
+        }
+        Addr::Unix(p) => Box::new(tokio::net::UnixStream::connect(p).await?),
+    })
 }
 
 /// A whole answer as the next flow.

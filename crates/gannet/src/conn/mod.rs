@@ -5,6 +5,7 @@
 pub mod body;
 pub mod gateway;
 pub mod h1;
+pub mod health;
 pub mod mirror;
 pub mod send;
 pub mod source;

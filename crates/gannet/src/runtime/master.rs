@@ -153,7 +153,8 @@ impl Generation {
             .name(format!("gannet-worker-{w}"))
             .spawn(move || {
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    worker::run(config, mine, cmd)
+                    // The first worker of a generation runs its health checks.
+                    worker::run(config, mine, cmd, w == 0)
                 }));
                 let _ = exited.send((gen, w, r.is_err()));
             })

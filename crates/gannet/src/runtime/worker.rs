@@ -123,10 +123,12 @@ impl Worker {
 /// Run one worker until it is told to drain and its connections are done, or the process
 /// exits. Each socket comes with the index of the `config.listens` group it serves (a
 /// worker may have several for one group after a reload that lowered `worker_processes`).
+/// `probe`: this worker runs the config's health checks (`conn::health`).
 pub fn run(
     config: Arc<Config>,
     sockets: Vec<(StdListener, usize)>,
     mut cmd: watch::Receiver<Command>,
+    probe: bool,
 ) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -160,6 +162,11 @@ pub fn run(
         if w.parking.is_some() {
             tokio::task::spawn_local(unpark_loop(w.clone()));
         }
+        let probes = if probe {
+            crate::conn::health::spawn_all(&w.config.probes)
+        } else {
+            Vec::new()
+        };
         let mut accepts = Vec::new();
         for (s, i) in sockets {
             match TcpListener::from_std(s) {
@@ -187,7 +194,7 @@ pub fn run(
             }
         }
         // Draining: no new connections; idle ones close now, busy ones after their response.
-        for a in &accepts {
+        for a in accepts.iter().chain(&probes) {
             a.abort();
         }
         w.draining.set(true);

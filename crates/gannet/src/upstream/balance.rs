@@ -232,7 +232,7 @@ impl View<'_> {
         let failed = s.max_fails > 0
             && fails >= s.max_fails
             && self.now.duration_since(since) < s.fail_timeout;
-        if s.down || failed || self.tried.contains(&i) {
+        if s.down || failed || !self.up.healthy(i) || self.tried.contains(&i) {
             Fit::Out
         } else if s.max_conns > 0 && self.g.active[i] >= s.max_conns {
             Fit::Full
