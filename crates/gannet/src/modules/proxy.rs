@@ -406,10 +406,14 @@ pub fn encode_request(req: &Request, dest: &Dest, body: &[u8], out: &mut Vec<u8>
         },
     };
     let set_body = c.body.as_ref().map(|t| t.eval(req, None));
-    let body: &[u8] = match &set_body {
-        Some(b) => b.as_bytes(),
-        None if c.gw.pass_request_body() && req.method_override.is_none() => body,
-        None => &[],
+    // The client's body goes unless turned off or the request became a GET (error_page).
+    let client_body = c.gw.pass_request_body()
+        && req.method_override.is_none()
+        && req.head.body != gannet_proto::h1::BodyKind::None;
+    let (body, has_body): (&[u8], bool) = match &set_body {
+        Some(b) => (b.as_bytes(), true),
+        None if client_body => (body, true),
+        None => (&[], false),
     };
     out.extend_from_slice(method.as_bytes());
     out.push(b' ');
@@ -435,8 +439,6 @@ pub fn encode_request(req: &Request, dest: &Dest, body: &[u8], out: &mut Vec<u8>
         put("Connection", "close", out);
         keep = false;
     }
-    let has_body =
-        !body.is_empty() || set_body.is_some() || req.head.body != gannet_proto::h1::BodyKind::None;
     if has_body && !is_set("content-length") {
         put("Content-Length", &body.len().to_string(), out);
     }
