@@ -19,8 +19,9 @@ _STATUS = re.compile(r'^\S+ \S+ \S+ \[[^]]+\] "[^"]*" (\d{3}) ', re.MULTILINE)
 
 
 def access_statuses(text: str) -> Counter:
-    """Status code -> count over the complete lines of a combined-format access log."""
-    return Counter(_STATUS.findall(text))
+    """Status code -> count over the complete lines of a combined-format access log (a line
+    still being written has no newline yet)."""
+    return Counter(_STATUS.findall(text[:text.rfind("\n") + 1]))
 
 
 def log_size(path: Path) -> int:
