@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, help="result folder (default arena/results/<time>-<scenario>)")
     run.add_argument("--server-cpus", default="0", help="CPUs the servers are pinned to (default 0)")
     run.add_argument("--client-cpus", default="1", help="CPUs the load tools are pinned to (default 1)")
+    run.add_argument("--backend-cpus", help="CPUs a scenario's back end is pinned to (s4-proxy; default: "
+                     "the client CPUs)")
 
     cmp = sub.add_parser("compare", help="show what changed between two runs")
     cmp.add_argument("run_a", type=Path)
@@ -101,7 +103,8 @@ def _run(args, console: Console) -> int:
     if args.requests is not None and args.requests < 1:
         raise ArenaError("--requests must be at least 1")
     options = Options(quick=args.quick, rounds=rounds, requests=args.requests,
-                      server_cpus=args.server_cpus, client_cpus=args.client_cpus, profile=args.profile)
+                      server_cpus=args.server_cpus, client_cpus=args.client_cpus, profile=args.profile,
+                      backend_cpus=args.backend_cpus)
     out = args.out or RESULTS_DIR / f"{datetime.now():%Y%m%d-%H%M%S}-{scenario.name}"
     final = runner.run(scenario, chosen, options, out, console)
     console.print(f"results: {final}/report.md (and report.html, results.json)")

@@ -16,6 +16,7 @@ PACKAGES = {
     "httperf": "httperf",
     "siege": "siege",
     "taskset": "util-linux",
+    "ss": "iproute2",
     "nginx": "nginx",
     "lighttpd": "lighttpd",
     "h2o": "h2o",
@@ -26,7 +27,7 @@ PACKAGES = {
 LOAD_TOOLS = ["wrk", "h2load", "ab", "httperf", "siege"]
 # libapache2-mod-php8.2: Apache prefork runs the dynamic scenarios' PHP app with mod_php.
 PEER_PACKAGES = ["nginx", "lighttpd", "h2o", "apache2", "caddy", "libapache2-mod-php8.2", "wrk", "nghttp2-client",
-                 "apache2-utils", "httperf", "siege"]
+                 "apache2-utils", "httperf", "siege", "iproute2"]
 
 # How to ask each program its version; the first line matching the regex is kept.
 _VERSION_COMMANDS = {
@@ -35,6 +36,7 @@ _VERSION_COMMANDS = {
     "ab": (["ab", "-V"], r"Version\s+\S+"),
     "httperf": (["httperf", "--version"], r"httperf-\S+"),
     "siege": (["siege", "--version"], r"SIEGE\s+\S+"),
+    "ss": (["ss", "-V"], r"iproute2-\S+"),
 }
 
 _SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

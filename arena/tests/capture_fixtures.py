@@ -7,10 +7,11 @@ about a second each against a local nginx started by the arena's own adapter.
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
-from arena import ports
+from arena import adtraffic, ports, proxycount
 from arena.clients import ab, h2load, httperf, siege, wrk
 from arena.clients.base import run_tool
 from arena.servers import SERVERS, Site, SiteOptions
@@ -34,6 +35,33 @@ def capture_url_lists(server, work: Path) -> None:
                                    CPUS, 60).stdout)
     done = run_tool(siege.command(None, 2, 6, urls_file=str(work / "urls.txt"), verbose=True), CPUS, 60)
     save("siege_verbose.txt", done.stderr + done.stdout)
+
+
+def capture_s4() -> None:
+    """s4-proxy: an httperf --wsesslog replay of the generated log against the adserver back
+    end, its access log and `ss -Htan` right after; and a replay against a closed port."""
+    work = Path(tempfile.mkdtemp(prefix="arena-fixtures-s4-"))
+    work.chmod(0o755)
+    adtraffic.write_docroot(work / "www")
+    (work / "sessions.txt").write_text(adtraffic.session_file(adtraffic.generate(200)))
+    site = Site(work / "www", ports.free_port(), SiteOptions(kind="adserver", access_log=True))
+    server = SERVERS["nginx"].start(site, work / "nginx", "tuned", "0")
+    try:
+        headers = adtraffic.HEADER_SETS["desktop"][1]
+        command = httperf.sessions_command(site.host, site.port, str(work / "sessions.txt"), 300, 150,
+                                           headers=headers)
+        save("httperf_wsesslog.txt", run_tool(command, CPUS, 60).stdout)
+        # The back end's sockets and a few others (the machine's other sockets, unfiltered, are many).
+        lines = subprocess.run(["ss", "-Htan"], capture_output=True, text=True).stdout.splitlines()
+        ours = [line for line in lines if proxycount.tcp_states(line, {site.port})]
+        save("s4_ss.txt", "\n".join(ours + [line for line in lines if line not in ours][:40]) + "\n")
+        save("s4_access.log", (work / "nginx" / "access.log").read_text())
+        closed = httperf.sessions_command(site.host, ports.free_port(), str(work / "sessions.txt"), 20, 20)
+        save("httperf_wsesslog_refused.txt", run_tool(closed, CPUS, 60).stdout)
+        save("s4_port.txt", f"{site.port}\n")
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> None:
@@ -82,6 +110,7 @@ def main() -> None:
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
+    capture_s4()
 
 
 if __name__ == "__main__":

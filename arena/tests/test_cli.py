@@ -23,7 +23,7 @@ def arena(*args, env=None, timeout=120):
 
 @pytest.mark.parametrize("args, message", [
     (["run", "s9-nothing"], "arena: unknown scenario 's9-nothing': choose from c10k, s1-dynamic, s1-static, s2-rate, s2-rate-gz, "
-                            "s3-sessions, s5-latency"),
+                            "s3-sessions, s4-proxy, s5-latency"),
     (["run", "s1-static", "--servers", "nginx,iis"], "arena: unknown server 'iis'"),
     (["run", "s1-static", "--servers", "nginx", "--server-cpus", "64"], "arena: CPU 64 is not available here"),
     (["run", "s1-static", "--servers", "nginx", "--rounds", "0"], "arena: --rounds must be at least 1"),

@@ -1,14 +1,19 @@
 """httperf: study S2's open-loop rate sweep - new connections at a fixed --rate, each making
---num-calls requests - reporting reply rate, response time and bytes per reply."""
+--num-calls requests - reporting reply rate, response time and bytes per reply; and study S4's
+replay of a request log (--wsesslog: sessions started at a fixed --rate, each request with its
+own method and body), several runs at once, one per header set."""
 
 from __future__ import annotations
 
 import re
+import threading
 
 from arena.clients.base import LoadResult, ToolRun, number, run_tool, tool_failed
 from arena.tools import require
 
 TOOL = "httperf"
+# httperf reads at most this many sessions from a --wsesslog file (and cycles through them).
+MAX_SESSIONS = 1000
 
 
 def command(host: str, port: int, uri: str, rate: float, num_conns: int, num_calls: int = 10,
@@ -19,6 +24,17 @@ def command(host: str, port: int, uri: str, rate: float, num_conns: int, num_cal
     for header in headers or []:
         # httperf expands the two characters backslash-n itself into a proper line end; a raw
         # newline passed here reaches the server as a bare LF, which lighttpd answers with 400.
+        cmd += ["--add-header", header + "\\n"]
+    return cmd
+
+
+def sessions_command(host: str, port: int, session_file: str, sessions: int, rate: float,
+                     timeout_s: float = 5, headers: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """Replay `session_file` (wsesslog format): `sessions` sessions at `rate` per second,
+    cycling through the file's sessions; no think time."""
+    cmd = [require(TOOL), "--hog", "--server", host, "--port", str(port), "--rate", f"{rate:g}",
+           "--wsesslog", f"{sessions},0,{session_file}", "--timeout", f"{timeout_s:g}"]
+    for header in headers:
         cmd += ["--add-header", header + "\\n"]
     return cmd
 
@@ -55,11 +71,21 @@ def parse(text: str) -> LoadResult:
     status = re.search(r"^Reply status: 1xx=(\d+) 2xx=(\d+) 3xx=(\d+) 4xx=(\d+) 5xx=(\d+)", text, re.MULTILINE)
     if status:
         res.non_2xx_3xx = int(status.group(4)) + int(status.group(5))
+        res.extra["status_2xx"] = int(status.group(2))
+    conn = re.search(r"^Connection time \[ms\]: min ([\d.]+) avg ([\d.]+) max ([\d.]+) median ([\d.]+)",
+                     text, re.MULTILINE)
+    if conn:
+        for key, value in zip(("min", "avg", "max", "median"), conn.groups()):
+            res.extra[f"connection_ms_{key}"] = float(value)
     res.socket_errors = number(r"^Errors: total (\d+)", text, int, 0)
     errors = re.search(r"^Errors: total \d+ client-timo (\d+) socket-timo (\d+) connrefused (\d+) connreset (\d+)",
                        text, re.MULTILINE)
     if errors:
         for key, value in zip(("client_timeout", "socket_timeout", "connrefused", "connreset"), errors.groups()):
+            res.extra[key] = int(value)
+    more = re.search(r"^Errors: fd-unavail (\d+) addrunavail (\d+) ftab-full (\d+) other (\d+)", text, re.MULTILINE)
+    if more:
+        for key, value in zip(("fd_unavail", "addrunavail", "ftab_full", "other_errors"), more.groups()):
             res.extra[key] = int(value)
     res.extra["net_io_kb_s"] = number(r"^Net I/O: ([\d.]+) KB/s", text, float)
     res.extra["client_cpu_total_pct"] = number(r"^CPU time \[s\]: .*total ([\d.]+)%\)", text, float)
@@ -75,3 +101,22 @@ def run(host: str, port: int, uri: str, rate: float, num_conns: int, cpus: str, 
     tool = run_tool(command(host, port, uri, rate, num_conns, num_calls, headers=headers), cpus,
                     timeout=limit, tick=tick)
     return parse(tool.stdout), tool, tool_failed(tool, TOOL)
+
+
+def run_sessions(host: str, port: int, runs: list[tuple[str, int, float, tuple[str, ...]]], cpus: str,
+                 timeout_s: float = 5) -> list[tuple[LoadResult, ToolRun, str | None]]:
+    """Run one httperf replay per (session file, sessions, rate, headers) at the same time, all
+    pinned to `cpus`, and return each one's result in the same order."""
+    results: list = [None] * len(runs)
+
+    def one(i: int, session_file: str, sessions: int, rate: float, headers: tuple[str, ...]) -> None:
+        tool = run_tool(sessions_command(host, port, session_file, sessions, rate, timeout_s, headers), cpus,
+                        timeout=sessions / rate + timeout_s + 60)
+        results[i] = (parse(tool.stdout), tool, tool_failed(tool, TOOL))
+
+    threads = [threading.Thread(target=one, args=(i, *run)) for i, run in enumerate(runs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results

@@ -38,6 +38,7 @@ class Options:
     server_cpus: str = "0"
     client_cpus: str = "1"
     profile: str = "tuned"
+    backend_cpus: str | None = None  # a scenario's back end (s4-proxy); None = the client CPUs
 
 
 @dataclass

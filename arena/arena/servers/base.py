@@ -140,6 +140,9 @@ class Server:
         kind = site.options.kind
         main = self.template_name(profile)
         text = sites.inline(template(main), template(self.site_template_name(kind, profile)), main)
+        if sites.SITE_HTTP_LINE.search(text):
+            http = sites.http_snippet_name(self.name, self.family or self.name, kind, profile)
+            text = sites.inline(text, template(http) if http else "", main, sites.SITE_HTTP_LINE)
         values = {**self.values(site, rundir, profile), **sites.app_values(kind, site.options.app)}
         return {self.config_file: render(text, values)}
 

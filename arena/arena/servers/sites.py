@@ -9,7 +9,9 @@ handlers. That line is replaced by a snippet from templates/sites/, the first th
     <family>-<kind>-<profile>.conf   <family>-<kind>.conf
 
 (the family is "apache" for the three Apache MPMs, else the server's own name), indented as
-the `{{site}}` line is. The snippet is rendered together with the main template, with the
+the `{{site}}` line is. nginx-syntax templates (nginx, gannet) also hold a `{{site_http}}` line
+in their http context, for what a kind needs outside the server block (an `upstream` group):
+the same lookup with `-http` after the kind name, or nothing when no such snippet exists. The snippet is rendered together with the main template, with the
 server's values plus the site's own (`SiteOptions.app`, e.g. `fastcgi_socket`), and the
 renderer's rule still holds: every placeholder filled, every value used.
 
@@ -28,6 +30,7 @@ from arena.errors import ArenaError
 
 APACHE_MODULES = Path("/usr/lib/apache2/modules")
 SITE_LINE = re.compile(r"^([ \t]*)\{\{site\}\}[ \t]*$", re.MULTILINE)
+SITE_HTTP_LINE = re.compile(r"^([ \t]*)\{\{site_http\}\}[ \t]*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,14 @@ KINDS: dict[str, Kind] = {
     "static-gz": Kind("static-gz", "the same document root, with robots.txt.gz and index.html.gz served "
                       "to clients that accept gzip instead of compressing per request (gzip_static and "
                       "each server's equivalent; lighttpd and Apache have none built in)"),
+    "proxy": Kind(
+        "proxy",
+        "a reverse proxy: every request goes to the one backend at `backend_host`:`backend_port`, "
+        "over kept upstream connections where the server can keep them (study S4)",
+        values=("backend_host", "backend_port"),
+    ),
+    "adserver": Kind("adserver", "study S4's backend: the ad responses of the document root as files, "
+                     "POSTs answered 200 with the file at their path, every request in the access log"),
     "php": Kind(
         "php",
         "a PHP front controller (every path that is not a file goes to /index.php, WordPress-style) "
@@ -71,17 +82,32 @@ def _templates():
     return resources.files("arena.servers").joinpath("templates")
 
 
+def _candidates(server_name: str, family: str, stem: str, profile: str) -> list[str]:
+    names = [f"{server_name}-{stem}-{profile}.conf", f"{server_name}-{stem}.conf"]
+    if family != server_name:
+        names += [f"{family}-{stem}-{profile}.conf", f"{family}-{stem}.conf"]
+    return names
+
+
+def _first(names: list[str]) -> str | None:
+    folder = _templates().joinpath("sites")
+    return next((f"sites/{n}" for n in names if folder.joinpath(n).is_file()), None)
+
+
 def snippet_name(server_name: str, family: str, kind_name: str, profile: str) -> str:
     """The snippet file (relative to templates/) a server uses for a kind and profile."""
     kind(kind_name)
-    names = [f"{server_name}-{kind_name}-{profile}.conf", f"{server_name}-{kind_name}.conf"]
-    if family != server_name:
-        names += [f"{family}-{kind_name}-{profile}.conf", f"{family}-{kind_name}.conf"]
-    folder = _templates().joinpath("sites")
-    for name in names:
-        if folder.joinpath(name).is_file():
-            return f"sites/{name}"
-    raise ArenaError(f"{server_name} cannot serve {kind_name} sites: no templates/sites/{names[-1]}")
+    names = _candidates(server_name, family, kind_name, profile)
+    found = _first(names)
+    if found is None:
+        raise ArenaError(f"{server_name} cannot serve {kind_name} sites: no templates/sites/{names[-1]}")
+    return found
+
+
+def http_snippet_name(server_name: str, family: str, kind_name: str, profile: str) -> str | None:
+    """The snippet for the template's `{{site_http}}` line, if the kind has one for the server."""
+    kind(kind_name)
+    return _first(_candidates(server_name, family, f"{kind_name}-http", profile))
 
 
 def supports(server_name: str, family: str, kind_name: str, profile: str) -> bool:
@@ -93,11 +119,11 @@ def supports(server_name: str, family: str, kind_name: str, profile: str) -> boo
         return False
 
 
-def inline(main: str, snippet: str, where: str = "template") -> str:
-    """`main` with its `{{site}}` line replaced by `snippet`, indented as that line."""
-    found = list(SITE_LINE.finditer(main))
+def inline(main: str, snippet: str, where: str = "template", line: re.Pattern = SITE_LINE) -> str:
+    """`main` with its `{{site}}` line (or `line`) replaced by `snippet`, indented as that line."""
+    found = list(line.finditer(main))
     if len(found) != 1:
-        raise KeyError(f"{where} needs exactly one {{{{site}}}} line, has {len(found)}")
+        raise KeyError(f"{where} needs exactly one {line.pattern} line, has {len(found)}")
     indent = found[0].group(1)
     body = "\n".join(indent + line if line.strip() else "" for line in snippet.strip("\n").splitlines())
     return main[:found[0].start()] + body + main[found[0].end():]

@@ -1,0 +1,105 @@
+"""The "proxy" site kind (s4-proxy): every server's proxy config in both profiles renders
+completely with the backend's address and kept upstream connections where the server has
+them, and passes that server's own config check (gannet's too); the "adserver" backend kind
+renders for nginx and answers POSTs 200 from its files."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from arena import ports, probe
+from arena.servers import PROFILES, SERVERS, Site, SiteOptions
+from arena.servers.gannet import gannet_binary
+from test_render import CHECKERS, GANNET_DIRECTIVES
+
+BACKEND = {"backend_host": "127.0.0.1", "backend_port": 18999}
+PROXY = SiteOptions(kind="proxy", app=BACKEND, connections=2048)
+# What gannet's proxy config may use on top of the static site's directives.
+GANNET_PROXY_DIRECTIVES = GANNET_DIRECTIVES | {"upstream", "keepalive", "proxy_pass", "proxy_http_version",
+                                               "proxy_set_header"}
+# How each server keeps upstream connections (lighttpd has no upstream keep-alive).
+KEEPALIVE = {
+    "gannet": r"keepalive 32;[\s\S]*proxy_http_version 1\.1;\s*proxy_set_header Connection \"\";",
+    "nginx": r"keepalive 32;[\s\S]*proxy_http_version 1\.1;\s*proxy_set_header Connection \"\";",
+    "apache-prefork": r"ProxyPass \"/\" \"http://127\.0\.0\.1:18999/\" keepalive=On",
+    "apache-worker": r"ProxyPass \"/\" \"http://127\.0\.0\.1:18999/\" keepalive=On",
+    "apache-event": r"ProxyPass \"/\" \"http://127\.0\.0\.1:18999/\" keepalive=On",
+    "caddy": r"keepalive_idle_conns_per_host 32",
+    "h2o": r"proxy\.timeout\.keepalive: 65000",
+    "lighttpd": r"\"host\" => \"127\.0\.0\.1\", \"port\" => 18999",
+}
+
+
+def render(name: str, profile: str, workdir: Path, options: SiteOptions = PROXY, docroot: Path | None = None):
+    server = SERVERS[name]
+    rundir = workdir / f"{name}-{profile}"
+    rundir.mkdir()
+    configs = server.configs(Site(docroot or workdir, 18080, options), rundir, profile)
+    for file, text in configs.items():
+        (rundir / file).write_text(text)
+    return server, rundir, configs[server.config_file]
+
+
+def test_every_server_can_proxy():
+    assert all(s.serves("proxy", p) for s in SERVERS.values() for p in PROFILES)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("name", list(SERVERS))
+def test_proxy_config_renders_completely(name, profile, workdir):
+    _, _, text = render(name, profile, workdir)
+    assert "{{" not in text and "}}" not in text
+    assert "18080" in text and "18999" in text
+    assert re.search(KEEPALIVE[name], text), text
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("name", list(CHECKERS))
+def test_peer_accepts_its_proxy_config(name, profile, workdir):
+    server, rundir, _ = render(name, profile, workdir)
+    env = dict(os.environ, **server.environment(rundir, profile))
+    done = subprocess.run(CHECKERS[name](rundir, rundir / server.config_file), capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_gannet_accepts_its_proxy_config(profile, workdir):
+    _, rundir, text = render("gannet", profile, workdir)
+    names = set(re.findall(r"(?:^|[{};])\s*([a-z_]+)", re.sub(r"#.*", "", text)))
+    assert names <= GANNET_PROXY_DIRECTIVES, names - GANNET_PROXY_DIRECTIVES
+    done = subprocess.run([str(gannet_binary()), "-t", "-c", str(rundir / "gannet.conf")], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_upstream_block_only_for_proxy_sites(workdir, docroot):
+    _, _, text = render("nginx", "tuned", workdir, SiteOptions(), docroot[0])
+    assert "upstream" not in text and "{{" not in text
+
+
+def test_adserver_answers_posts_from_its_files(workdir, docroot):
+    """The backend kind: GET and POST both 200 with the file, and both logged."""
+    (docroot[0] / "event.json").write_text('{"ok":true}\n')
+    site = Site(docroot[0], ports.free_port(), SiteOptions(kind="adserver", access_log=True))
+    server = SERVERS["nginx"].start(site, workdir / "backend", "tuned", "0")
+    try:
+        got = probe.get(site.host, site.port, "/event.json?x=1", close=True)
+        conn = http.client.HTTPConnection(site.host, site.port, timeout=5)
+        conn.request("POST", "/event.json", body=b"a=1",
+                     headers={"Content-Type": "application/x-www-form-urlencoded"})
+        posted = conn.getresponse()
+        posted_body = posted.read()
+        conn.close()
+    finally:
+        server.stop()
+    assert got.status == 200 and got.body_bytes == 12
+    assert posted.status == 200 and posted_body == b'{"ok":true}\n'
+    log = (workdir / "backend" / "access.log").read_text()
+    assert '"GET /event.json?x=1 HTTP/1.1" 200' in log and '"POST /event.json HTTP/1.1" 200' in log
