@@ -12,8 +12,8 @@
 
 use super::body::{self, BodyError};
 use super::gateway::Outcome;
-use super::send;
 use super::source::Source;
+use super::transport::Transport;
 use crate::errlog::Level;
 use crate::http::encoder::Encoder;
 use crate::http::handler::{self, Flow, Handled};
@@ -29,12 +29,10 @@ use crate::runtime::worker::Worker;
 use bytes::{Bytes, BytesMut};
 use gannet_proto::h1::{parse_request, BodyKind, Limits, Method, ParseError, RequestHead, Version};
 use gannet_proto::uri::parse_target;
-use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
 /// The most read-buffer capacity kept between requests.
@@ -45,9 +43,9 @@ const FLUSH_AT: usize = 64 * 1024;
 /// from where they are with writev.
 const COPY_MAX: usize = 8 * 1024;
 
-struct Conn {
+struct Conn<S: Transport> {
     w: Rc<Worker>,
-    stream: TcpStream,
+    stream: S,
     group: usize,
     info: ConnInfo,
     buf: BytesMut,
@@ -94,7 +92,13 @@ pub async fn resume(w: Rc<Worker>, p: Parked) {
     }
 }
 
-async fn run_conn(w: Rc<Worker>, stream: TcpStream, info: ConnInfo, group: usize, born: Instant) {
+async fn run_conn<S: Transport>(
+    w: Rc<Worker>,
+    stream: S,
+    info: ConnInfo,
+    group: usize,
+    born: Instant,
+) {
     let send_timeout = w.config.listens[group].servers[w.config.listens[group].default]
         .conf
         .core
@@ -113,7 +117,7 @@ async fn run_conn(w: Rc<Worker>, stream: TcpStream, info: ConnInfo, group: usize
     let end = c.run().await;
     if let (End::Park(deadline), Some(lot)) = (end, &w.parking) {
         let Conn { stream, info, .. } = c;
-        if let Ok(stream) = stream.into_std() {
+        if let Some(stream) = stream.into_parkable() {
             if lot
                 .park(Parked {
                     stream,
@@ -127,11 +131,14 @@ async fn run_conn(w: Rc<Worker>, stream: TcpStream, info: ConnInfo, group: usize
                 return;
             }
         }
+        w.connection_closed();
+        return;
     }
+    c.stream.close();
     w.connection_closed();
 }
 
-impl Conn {
+impl<S: Transport> Conn<S> {
     /// The connection loop; see the module docs.
     async fn run(&mut self) -> End {
         let c = self;
@@ -218,7 +225,8 @@ impl Conn {
                 header_timeout
             };
             let deadline = Instant::now() + wait;
-            if idle && w.parking.is_some() && wait > PARK_AFTER && !w.draining.get() {
+            if idle && S::PARKABLE && w.parking.is_some() && wait > PARK_AFTER && !w.draining.get()
+            {
                 // Most keep-alive clients come back at once: wait a moment here before parking.
                 if !c
                     .wait_readable(Instant::now() + PARK_AFTER, between_requests)
@@ -255,47 +263,27 @@ impl Drop for Deadline<'_> {
     }
 }
 
-impl Conn {
-    /// One `recv` straight on the socket, whatever tokio last heard about it.
+impl<S: Transport> Conn<S> {
+    /// Read now, whatever the event loop last heard about the stream (see `Transport`).
     fn read_now(&mut self) -> std::io::Result<usize> {
-        self.buf.reserve(1024);
-        let n = socket2::SockRef::from(&self.stream).recv(self.buf.spare_capacity_mut())?;
-        // SAFETY: recv() initialised the first `n` bytes of the spare capacity it was given.
-        unsafe { self.buf.set_len(self.buf.len() + n) };
-        Ok(n)
+        self.stream.read_now(&mut self.buf)
     }
 
-    /// Read what the socket has into the buffer. A short read means the socket is drained,
-    /// and tokio is told so (by answering WouldBlock from inside `try_io`, which clears the
-    /// readiness unless a new event came in meanwhile). Without that, every request would
-    /// cost one more `recv` that only returns EAGAIN before the connection waits again.
+    /// Read what the stream has into the buffer once it was reported readable.
     fn read_some(&mut self) -> std::io::Result<usize> {
-        let spare = self.buf.capacity() - self.buf.len();
-        let mut got = 0;
-        let (stream, buf) = (&self.stream, &mut self.buf);
-        let r = stream.try_io(Interest::READABLE, || {
-            got = stream.try_read_buf(buf)?;
-            if got > 0 && got < spare {
-                Err(std::io::ErrorKind::WouldBlock.into())
-            } else {
-                Ok(got)
-            }
-        });
-        match r {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && got > 0 => Ok(got),
-            r => r,
-        }
+        self.stream.read_some(&mut self.buf)
     }
 
-    /// Wait until the socket is readable (true) or the deadline passes (false). Polls the
-    /// socket's readiness directly and keeps the deadline in the worker's table, so a
+    /// Wait until the stream is readable (true) or the deadline passes (false). Polls the
+    /// stream's readiness directly and keeps the deadline in the worker's table, so a
     /// waiting connection's task holds a few words (see `runtime::read_timers`).
-    async fn wait_readable(&self, deadline: Instant, idle: bool) -> bool {
+    async fn wait_readable(&mut self, deadline: Instant, idle: bool) -> bool {
         let timers = &self.w.timers;
+        let stream = &mut self.stream;
         let key = Deadline(timers, timers.insert(deadline, idle));
         std::future::poll_fn(|cx| {
-            if let Poll::Ready(r) = self.stream.poll_read_ready(cx) {
-                return Poll::Ready(r.is_ok());
+            if let Poll::Ready(r) = stream.poll_readable(cx) {
+                return Poll::Ready(r);
             }
             timers.poll(key.1, cx).map(|()| false)
         })
@@ -303,9 +291,10 @@ impl Conn {
     }
 
     /// Write the pending output. Most of the time the socket takes it all at once, so try
-    /// that first: the timed, waiting write (and its timer) is only built when it does not.
+    /// that first: the timed, waiting write (and its timer) is only built when it does not
+    /// (or when TLS still holds records the socket did not take).
     async fn flush(&mut self) -> std::io::Result<()> {
-        if self.out.is_empty() {
+        if self.out.is_empty() && !self.stream.has_pending() {
             return Ok(());
         }
         let done = match self.stream.try_write(&self.out) {
@@ -313,7 +302,7 @@ impl Conn {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
             Err(e) => return Err(e),
         };
-        let r = if done < self.out.len() {
+        let r = if done < self.out.len() || self.stream.has_pending() {
             let rest = &self.out[done..];
             Box::pin(tokio::time::timeout(
                 self.send_timeout,
@@ -574,7 +563,7 @@ impl Conn {
             && (max_requests == 0 || self.info.requests < max_requests)
             && self.born.elapsed() < core.keepalive_time();
         if keep && !self.nodelay && core.tcp_nodelay() {
-            self.nodelay = self.stream.set_nodelay(true).is_ok();
+            self.nodelay = self.stream.set_nodelay();
         }
         let body_len = resp.body.len();
         let send_body = !req.is_head() && resp.status_has_body();
@@ -609,11 +598,9 @@ impl Conn {
                 Part::Bytes(b) if b.len() <= COPY_MAX => self.out.extend_from_slice(b),
                 Part::Bytes(b) => {
                     // Head (and anything queued) and the body in one writev.
-                    let mut bufs = [IoSlice::new(&self.out), IoSlice::new(b)];
-                    let total = self.out.len() + b.len();
                     let r = tokio::time::timeout(
                         self.send_timeout,
-                        write_vectored_all(&mut self.stream, &mut bufs, total),
+                        self.stream.write_pair(&self.out, b),
                     )
                     .await;
                     self.out.clear();
@@ -622,16 +609,10 @@ impl Conn {
                 Part::File(f) => {
                     let pending = std::mem::take(&mut self.out);
                     let t = self.send_timeout;
-                    let r = tokio::time::timeout(t, async {
-                        if !pending.is_empty() {
-                            send::write_all(&mut self.stream, &pending, nopush).await?;
-                        }
-                        if use_sendfile {
-                            send::sendfile(&mut self.stream, f).await
-                        } else {
-                            send::copy_file(&mut self.stream, f).await
-                        }
-                    })
+                    let r = tokio::time::timeout(
+                        t,
+                        self.stream.send_file(&pending, f, use_sendfile, nopush),
+                    )
                     .await;
                     self.out = pending;
                     self.out.clear();
@@ -697,22 +678,4 @@ fn normalize_host(v: &[u8]) -> String {
         s.rsplit_once(':').map_or(s.clone(), |(h, _)| h.to_string())
     };
     s.trim_end_matches('.').to_string()
-}
-
-async fn write_vectored_all(
-    stream: &mut TcpStream,
-    bufs: &mut [IoSlice<'_>],
-    total: usize,
-) -> std::io::Result<()> {
-    let mut written = 0;
-    let mut bufs: &mut [IoSlice<'_>] = bufs;
-    while written < total {
-        let n = stream.write_vectored(bufs).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        written += n;
-        IoSlice::advance_slices(&mut bufs, n);
-    }
-    Ok(())
 }

@@ -7,3 +7,4 @@ pub mod gateway;
 pub mod h1;
 pub mod send;
 pub mod source;
+pub mod transport;
