@@ -18,6 +18,7 @@ pub mod map;
 pub mod rewrite;
 pub mod scgi;
 pub mod static_files;
+pub mod tls;
 pub mod try_files;
 pub mod types;
 pub mod uwsgi;
@@ -37,6 +38,10 @@ pub struct LoadCtx {
     pub upstreams: HashMap<String, Arc<crate::upstream::Upstream>>,
     /// Every access log opened, for reopening them (SIGUSR1).
     pub log_files: Vec<Arc<access_log::LogFile>>,
+    /// Notices for `gannet -t` (settings accepted in part).
+    pub notices: Vec<String>,
+    /// What the TLS setups of the servers share (session caches, ticket keys).
+    pub tls: crate::tls::LoadState,
 }
 
 type Setter = fn(&Directive, &mut LocConf, &mut LoadCtx) -> Result<(), ConfError>;
@@ -108,6 +113,10 @@ pub const MODULES: &[Module] = &[
         directives: map::DIRECTIVES,
         set: map::set,
     },
+    Module {
+        directives: tls::DIRECTIVES,
+        set: tls::set,
+    },
 ];
 
 /// Find the spec and setter for an http/server/location directive.
@@ -163,6 +172,7 @@ pub struct LocConf {
     pub compress: compress::CompressConf,
     pub scgi: gateway::GatewayConf,
     pub uwsgi: uwsgi::UwsgiConf,
+    pub tls: tls::TlsConf,
 }
 
 impl LocConf {
@@ -180,6 +190,7 @@ impl LocConf {
         self.compress.merge(&parent.compress);
         self.scgi.merge(&parent.scgi);
         self.uwsgi.merge(&parent.uwsgi);
+        self.tls.merge(&parent.tls);
         // try_files and the rewrite statements are not inherited, as in nginx.
     }
 }

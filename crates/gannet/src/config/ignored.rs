@@ -1,6 +1,7 @@
-//! nginx directives that mean nothing for gannet (its design makes them unnecessary) or that
-//! belong to features not built yet. They are accepted so that existing nginx.conf files load,
-//! and `gannet -t` prints a notice for each, naming its file:line.
+//! nginx directives that mean nothing for gannet (its design makes them unnecessary, or
+//! rustls decides what they tune) or that belong to features not built yet. They are
+//! accepted so that existing nginx.conf files load, and `gannet -t` prints a notice for
+//! each, naming its file:line.
 
 /// (directive, why it has no effect)
 pub const IGNORED: &[(&str, &str)] = &[
@@ -91,15 +92,32 @@ pub const IGNORED: &[(&str, &str)] = &[
         "scgi_temp_path",
         "SCGI answers are buffered in memory or streamed",
     ),
-    ("ssl_protocols", "TLS is not supported yet"),
-    ("ssl_prefer_server_ciphers", "TLS is not supported yet"),
-    ("ssl_ciphers", "TLS is not supported yet"),
-    ("ssl_session_cache", "TLS is not supported yet"),
-    ("ssl_session_timeout", "TLS is not supported yet"),
-    ("ssl_session_tickets", "TLS is not supported yet"),
-    ("ssl_dhparam", "TLS is not supported yet"),
-    ("ssl_stapling", "TLS is not supported yet"),
-    ("ssl_stapling_verify", "TLS is not supported yet"),
+    (
+        "ssl_dhparam",
+        "rustls offers no finite-field DHE suites (ECDHE is always used)",
+    ),
+    (
+        "ssl_ecdh_curve",
+        "rustls offers X25519, P-256 and P-384, in that order",
+    ),
+    (
+        "ssl_stapling_verify",
+        "the response in ssl_stapling_file is stapled as it is",
+    ),
+    (
+        "ssl_trusted_certificate",
+        "it serves OCSP verification, which gannet does not do",
+    ),
+    (
+        "ssl_verify_depth",
+        "client chains are checked to any depth rustls's verifier accepts",
+    ),
+    ("ssl_buffer_size", "rustls sizes its TLS records itself"),
+    (
+        "ssl_session_ticket_key",
+        "ticket keys are random and rotated by gannet itself",
+    ),
+    ("ssl_early_data", "0-RTT early data is never accepted"),
 ];
 
 pub fn lookup(name: &str) -> Option<&'static str> {

@@ -1,4 +1,4 @@
-//! The `listen` directive: `listen [addr:]port | [ipv6]:port | addr [default_server]
+//! The `listen` directive: `listen [addr:]port | [ipv6]:port | addr [default_server] [ssl]
 //! [reuseport] [backlog=N] [ipv6only=on|off] [deferred] [bind] [so_keepalive=...]`.
 
 use gannet_conf::{ConfError, Directive};
@@ -15,6 +15,9 @@ pub struct Listen {
     /// `deferred`: TCP_DEFER_ACCEPT, the kernel hands over a connection only once its
     /// first data has arrived.
     pub deferred: bool,
+    /// `ssl`: connections to the address speak TLS (one server saying so is enough, as in
+    /// nginx, where the flag belongs to the address).
+    pub ssl: bool,
 }
 
 impl Listen {
@@ -37,6 +40,7 @@ impl Listen {
             reuseport: false,
             ipv6only: true,
             deferred: false,
+            ssl: false,
         }
     }
 
@@ -64,6 +68,7 @@ impl Listen {
                 ("ipv6only", Some("on")) => l.ipv6only = true,
                 ("ipv6only", Some("off")) => l.ipv6only = false,
                 ("deferred", None) => l.deferred = true,
+                ("ssl", None) => l.ssl = true,
                 // Accepted for compatibility; gannet's behaviour does not depend on them.
                 ("bind", None)
                 | ("fastopen", Some(_))
@@ -72,7 +77,7 @@ impl Listen {
                 | ("sndbuf", Some(_))
                 | ("setfib", Some(_))
                 | ("accept_filter", Some(_)) => {}
-                ("ssl", None) | ("http2", None) | ("quic", None) | ("proxy_protocol", None) => {
+                ("http2", None) | ("quic", None) | ("proxy_protocol", None) => {
                     return Err(d.error(format!(
                         "the \"{key}\" parameter of \"listen\" is not supported yet"
                     )))

@@ -9,10 +9,16 @@
 //! head, `keepalive_timeout` between requests, `client_body_timeout` per body read,
 //! `send_timeout` per write. Framing errors are answered (400/413/414/431/501/505) and the
 //! connection is closed, since what follows can no longer be trusted.
+//!
+//! On a `listen ... ssl` address the TLS handshake comes first (`tls::handshake`), and the
+//! loop then runs over the encrypted stream (`conn::tls_stream`); a client speaking plain
+//! HTTP to such an address gets nginx's 400 page. The loop is compiled once per stream
+//! kind (`conn::transport`), so cleartext pays nothing for TLS.
 
 use super::body::{self, BodyError};
 use super::gateway::Outcome;
 use super::source::Source;
+use super::tls_stream::TlsStream;
 use super::transport::Transport;
 use crate::errlog::Level;
 use crate::http::encoder::Encoder;
@@ -26,6 +32,7 @@ use crate::runtime::clock;
 use crate::runtime::parking::{Parked, PARK_AFTER};
 use crate::runtime::read_timers::ReadTimers;
 use crate::runtime::worker::Worker;
+use crate::tls::handshake::{self, Accepted};
 use bytes::{Bytes, BytesMut};
 use gannet_proto::h1::{parse_request, BodyKind, Limits, Method, ParseError, RequestHead, Version};
 use gannet_proto::uri::parse_target;
@@ -56,6 +63,8 @@ struct Conn<S: Transport> {
     /// pays the setsockopt).
     nodelay: bool,
     send_timeout: Duration,
+    /// Plain HTTP arrived on a TLS address: every request is answered 400.
+    plain_on_tls: bool,
 }
 
 /// How a connection's loop ended.
@@ -80,14 +89,34 @@ pub async fn serve(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: us
         local,
         id: Worker::next_conn_id(),
         requests: 0,
+        tls: None,
     };
-    run_conn(w, stream, info, group, Instant::now()).await;
+    if g.listen.ssl {
+        // Boxed: the handshake's state would otherwise enlarge every cleartext
+        // connection's task too.
+        return Box::pin(serve_tls(w, stream, info, group)).await;
+    }
+    run_conn(w, stream, info, group, Instant::now(), false).await;
+}
+
+/// The handshake, then the loop over TLS (or over the socket, to answer plain HTTP).
+async fn serve_tls(w: Rc<Worker>, stream: TcpStream, mut info: ConnInfo, group: usize) {
+    let born = Instant::now();
+    let accepted = handshake::accept(&w.config.listens[group], stream, &info).await;
+    match accepted {
+        Accepted::Tls(stream, tls) => {
+            info.tls = Some(tls);
+            run_conn::<TlsStream>(w, stream, info, group, born, false).await
+        }
+        Accepted::PlainHttp(stream) => run_conn(w, stream, info, group, born, true).await,
+        Accepted::Closed => w.connection_closed(),
+    }
 }
 
 /// Take a parked connection back and go on serving it.
 pub async fn resume(w: Rc<Worker>, p: Parked) {
     match TcpStream::from_std(p.stream) {
-        Ok(stream) => run_conn(w, stream, p.info, p.group, p.born).await,
+        Ok(stream) => run_conn(w, stream, p.info, p.group, p.born, false).await,
         Err(_) => w.connection_closed(),
     }
 }
@@ -98,6 +127,7 @@ async fn run_conn<S: Transport>(
     info: ConnInfo,
     group: usize,
     born: Instant,
+    plain_on_tls: bool,
 ) {
     let send_timeout = w.config.listens[group].servers[w.config.listens[group].default]
         .conf
@@ -113,6 +143,7 @@ async fn run_conn<S: Transport>(
         born,
         send_timeout,
         nodelay: false,
+        plain_on_tls,
     };
     let end = c.run().await;
     if let (End::Park(deadline), Some(lot)) = (end, &w.parking) {
@@ -225,8 +256,8 @@ impl<S: Transport> Conn<S> {
                 header_timeout
             };
             let deadline = Instant::now() + wait;
-            if idle && S::PARKABLE && w.parking.is_some() && wait > PARK_AFTER && !w.draining.get()
-            {
+            let may_park = S::PARKABLE && !c.plain_on_tls && w.parking.is_some();
+            if idle && may_park && wait > PARK_AFTER && !w.draining.get() {
                 // Most keep-alive clients come back at once: wait a moment here before parking.
                 if !c
                     .wait_readable(Instant::now() + PARK_AFTER, between_requests)
@@ -369,6 +400,9 @@ impl<S: Transport> Conn<S> {
             target.query,
             host,
         );
+        if let Some(why) = self.tls_refusal(&req) {
+            return self.refuse(&req, why).await;
+        }
         let mut handled = handler::handle(&mut req, &w);
         let mut keep = req.head.keep_alive;
         let mut body = Vec::new();
@@ -437,6 +471,24 @@ impl<S: Transport> Conn<S> {
                 }
             }
         }
+    }
+
+    /// A request nginx refuses on TLS grounds: plain HTTP on a TLS address, or a client
+    /// certificate missing or failed where the server requires one.
+    fn tls_refusal(&self, req: &Request) -> Option<&'static str> {
+        if self.plain_on_tls {
+            return Some("The plain HTTP request was sent to HTTPS port");
+        }
+        let tls = req.conn.tls.as_ref()?;
+        tls.refusal(req.server.tls.as_ref()?.verify)
+    }
+
+    /// Answer 400 with nginx's explanation and close, logging why.
+    async fn refuse(&mut self, req: &Request, why: &str) -> bool {
+        crate::errlog::request(Level::Info, req, format_args!("{why}"));
+        let resp = Response::error_page_because(400, req.conf.core.server_tokens(), why);
+        self.respond(req, resp, false).await;
+        false
     }
 
     /// Write the response (head into the output buffer, body after it), then log it.

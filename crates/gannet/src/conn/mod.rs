@@ -7,4 +7,5 @@ pub mod gateway;
 pub mod h1;
 pub mod send;
 pub mod source;
+pub mod tls_stream;
 pub mod transport;
