@@ -6,8 +6,10 @@ the server and client certificates, so chains, serials and OCSP responses are re
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import re
+import signal
 import socket
 import ssl
 import subprocess
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
+from conftest import free_port, wait_until
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["which", "openssl"], capture_output=True).returncode != 0
@@ -206,6 +208,31 @@ def test_get_head_range_keepalive_and_bodies(gannet, pki):
     assert [int(x.split()[1]) for x in re.findall(rb"\d+ \d+\n", data)] == [1, 2, 3, 4]
 
 
+def test_big_file_to_a_slow_reader(gannet, pki):
+    """The socket fills up: encrypted records wait in rustls, the rest follows as the
+    client drains it, and every byte arrives."""
+    big = hashlib.sha256(b"seed").digest() * (6 * 1024 * 1024 // 32)
+    srv = gannet.start(conf=one_server(pki), files={"big.bin": big})
+    raw = socket.socket()
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    raw.settimeout(20)
+    raw.connect(("127.0.0.1", srv.port))
+    with unverified().wrap_socket(raw) as s:
+        s.sendall(b"GET /big.bin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        got = hashlib.sha256()
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += s.recv(1024)
+        head, rest = head.split(b"\r\n\r\n", 1)
+        got.update(rest)
+        n = len(rest)
+        while chunk := s.recv(1024):
+            got.update(chunk)
+            n += len(chunk)
+    assert head.startswith(b"HTTP/1.1 200 OK")
+    assert n == len(big) and got.digest() == hashlib.sha256(big).digest()
+
+
 def test_cleartext_and_tls_on_one_server(gannet, pki):
     tls_port = free_port()
     srv = gannet.start(conf=conf(f"""
@@ -269,6 +296,21 @@ def test_ecdsa_and_rsa_pairs_follow_the_client(gannet, pki):
     assert r.stdout.split("|")[2:4] == ["TLSv1.2", "ECDHE-ECDSA-AES256-GCM-SHA384"], r
 
 
+def test_reload_picks_up_a_new_certificate(gannet, pki):
+    srv = gannet.start(conf=one_server(pki, certs=pair(pki, "a")))
+    assert subject_cn(s_client(srv.port)) == "a.test"
+    text, _ = gannet.render(conf=one_server(pki, certs=pair(pki, "b")), port=srv.port)
+    srv.conf_path.write_text(text)
+    srv.proc.send_signal(signal.SIGHUP)
+    assert wait_until(lambda: subject_cn(s_client(srv.port)) == "b.test", deadline=10)
+    # A new config whose certificate has expired is refused; the old one keeps serving.
+    text, _ = gannet.render(conf=one_server(pki, certs=pair(pki, "expired")), port=srv.port)
+    srv.conf_path.write_text(text)
+    srv.proc.send_signal(signal.SIGHUP)
+    assert wait_until(lambda: "has expired" in srv.error_log(), deadline=10), srv.error_log()
+    assert subject_cn(s_client(srv.port)) == "b.test"
+
+
 def test_reject_handshake_default_needs_no_certificate(gannet, pki):
     srv = gannet.start(conf=conf(f"""
     server {{
@@ -316,6 +358,19 @@ def test_ciphers_and_server_preference(gannet, pki):
     srv = gannet.start(conf=one_server(pki, http="ssl_ciphers ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-ECDSA-AES128-GCM-SHA256;"))
     r = curl(srv.port, "/v", "--tls-max", "1.2", "--ciphers", "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-ECDSA-CHACHA20-POLY1305")
     assert r.stdout.split("|")[3] == "ECDHE-ECDSA-AES128-GCM-SHA256", r
+
+
+def test_ecdh_curve(gannet, pki):
+    srv = gannet.start(conf=one_server(pki, 'location = /curve { return 200 "$ssl_curve\\n"; }', http="ssl_ecdh_curve secp384r1:prime256v1;"))
+    # (The group is the first of the client's list that the server offers.)
+    assert curl(srv.port, "/curve").stdout == "prime256v1\n"
+    assert curl(srv.port, "/curve", "--curves", "X25519:secp384r1").stdout == "secp384r1\n"
+    assert curl(srv.port, "/curve", "--curves", "prime256v1").stdout == "prime256v1\n"
+    r = curl(srv.port, "/curve", "--curves", "X25519")
+    assert r.returncode != 0 and r.stdout == ""
+    srv.stop()
+    srv = gannet.start(conf=one_server(pki, 'location = /curve { return 200 "$ssl_curve\\n"; }'))
+    assert curl(srv.port, "/curve").stdout == "X25519\n"
 
 
 # --- sessions ---------------------------------------------------------------------------------
@@ -403,6 +458,14 @@ def test_mtls_on(gannet, pki):
     r = curl(srv.port, "/who", "-w", "%{http_code}", *client_args(pki, "stranger"))
     assert r.stdout.endswith("400") and "The SSL certificate error" in r.stdout
     assert "No required SSL certificate was sent" in srv.error_log()
+
+
+def test_client_certificate_for_an_application(gannet, pki):
+    srv = gannet.start(conf=one_server(pki, "ssl_verify_client optional_no_ca; location = /pem { return 200 \"$ssl_client_escaped_cert\"; }"))
+    escaped = curl(srv.port, "/pem", *client_args(pki, "client")).stdout
+    from urllib.parse import unquote
+    assert unquote(escaped) == pki.path("client.pem").read_text()
+    assert re.fullmatch(r"[A-Za-z0-9%._~-]+", escaped)
 
 
 def test_mtls_optional_and_optional_no_ca(gannet, pki):

@@ -97,10 +97,6 @@ pub const IGNORED: &[(&str, &str)] = &[
         "rustls offers no finite-field DHE suites (ECDHE is always used)",
     ),
     (
-        "ssl_ecdh_curve",
-        "rustls offers X25519, P-256 and P-384, in that order",
-    ),
-    (
         "ssl_stapling_verify",
         "the response in ssl_stapling_file is stapled as it is",
     ),

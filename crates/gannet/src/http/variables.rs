@@ -11,7 +11,8 @@
 //! `$fastcgi_path_info` and `$1`..`$9`; the TLS ones `$ssl_protocol` `$ssl_cipher`
 //! `$ssl_curve` `$ssl_server_name` `$ssl_session_reused` `$ssl_client_verify`
 //! `$ssl_client_s_dn` `$ssl_client_i_dn` `$ssl_client_serial` `$ssl_client_fingerprint`
-//! `$ssl_client_v_start` `$ssl_client_v_end` `$ssl_client_v_remain` (empty on cleartext);
+//! `$ssl_client_v_start` `$ssl_client_v_end` `$ssl_client_v_remain` `$ssl_client_raw_cert`
+//! `$ssl_client_escaped_cert` (empty on cleartext);
 //! and the variables a config defines with `set`, `map` or named captures (see
 //! `http::user_vars`).
 
@@ -84,6 +85,8 @@ pub enum SslVar {
     ClientVStart,
     ClientVEnd,
     ClientVRemain,
+    ClientRawCert,
+    ClientEscapedCert,
 }
 
 impl SslVar {
@@ -102,6 +105,8 @@ impl SslVar {
             "client_v_start" => SslVar::ClientVStart,
             "client_v_end" => SslVar::ClientVEnd,
             "client_v_remain" => SslVar::ClientVRemain,
+            "client_raw_cert" => SslVar::ClientRawCert,
+            "client_escaped_cert" => SslVar::ClientEscapedCert,
             _ => return None,
         })
     }
@@ -122,6 +127,12 @@ impl SslVar {
             SslVar::ClientFingerprint => out.push_str(from_client(|c| &c.fingerprint)),
             SslVar::ClientVStart => out.push_str(from_client(|c| &c.not_before)),
             SslVar::ClientVEnd => out.push_str(from_client(|c| &c.not_after)),
+            SslVar::ClientRawCert => out.push_str(from_client(|c| &c.pem)),
+            SslVar::ClientEscapedCert => {
+                if let Some(c) = client {
+                    out.push_str(&crate::tls::certs::escape_component(&c.pem))
+                }
+            }
             SslVar::ClientVRemain => {
                 if let Some(c) = client {
                     let _ = write!(out, "{}", c.days_left());

@@ -4,13 +4,14 @@
 //! Directives: `ssl_certificate`, `ssl_certificate_key`, `ssl_protocols`, `ssl_ciphers`,
 //! `ssl_prefer_server_ciphers`, `ssl_session_cache`, `ssl_session_timeout`,
 //! `ssl_session_tickets`, `ssl_stapling`, `ssl_stapling_file`, `ssl_client_certificate`,
-//! `ssl_verify_client`, `ssl_reject_handshake`. (`listen ... ssl` is in `config::listen`.)
+//! `ssl_verify_client`, `ssl_reject_handshake`, `ssl_ecdh_curve`. (`listen ... ssl` is in
+//! `config::listen`.)
 
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::tls::ciphers;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive, Loc};
-use rustls::CipherSuite;
+use rustls::{CipherSuite, NamedGroup};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -39,6 +40,7 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("ssl_client_certificate", Args::Exactly(1)),
     spec("ssl_verify_client", Args::Exactly(1)),
     spec("ssl_reject_handshake", Args::Exactly(1)),
+    spec("ssl_ecdh_curve", Args::Exactly(1)),
 ];
 
 /// A file named by a directive, with where it was named (errors point there).
@@ -94,6 +96,8 @@ pub struct TlsConf {
     pub client_certificate: Option<FileArg>,
     pub verify_client: Option<(VerifyClient, Loc)>,
     pub reject_handshake: Option<bool>,
+    /// `ssl_ecdh_curve`: the key exchange groups, in order (`None`: rustls's default).
+    pub ecdh_curves: Option<Vec<NamedGroup>>,
 }
 
 /// nginx: "one megabyte of the cache can store about 4000 sessions".
@@ -119,6 +123,7 @@ impl TlsConf {
             client_certificate,
             verify_client,
             reject_handshake,
+            ecdh_curves,
         );
     }
 
@@ -207,6 +212,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             c.verify_client = Some((v, d.loc.clone()));
         }
         "ssl_reject_handshake" => c.reject_handshake = Some(setters::flag(d)?),
+        "ssl_ecdh_curve" => c.ecdh_curves = ecdh_curves(d, ctx)?,
         _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
     }
     Ok(())
@@ -234,6 +240,40 @@ fn protocols(d: &Directive, ctx: &mut LoadCtx) -> Result<Protocols, ConfError> {
         return Err(d.error("\"ssl_protocols\" names no protocol gannet offers (TLSv1.2, TLSv1.3)"));
     }
     Ok(p)
+}
+
+/// `ssl_ecdh_curve auto | name[:name...]` with OpenSSL's names for the groups rustls has;
+/// OpenSSL groups it lacks are a notice.
+fn ecdh_curves(d: &Directive, ctx: &mut LoadCtx) -> Result<Option<Vec<NamedGroup>>, ConfError> {
+    if d.args[0] == "auto" {
+        return Ok(None);
+    }
+    let mut groups = Vec::new();
+    for name in d.args[0].split(':') {
+        let g = match name {
+            "X25519" | "x25519" => NamedGroup::X25519,
+            "prime256v1" | "secp256r1" | "P-256" => NamedGroup::secp256r1,
+            "secp384r1" | "P-384" => NamedGroup::secp384r1,
+            "X448" | "x448" | "secp521r1" | "P-521" | "ffdhe2048" | "ffdhe3072" | "ffdhe4096"
+            | "X25519MLKEM768" => {
+                ctx.notices.push(format!(
+                    "{}: curve \"{name}\" in \"ssl_ecdh_curve\" is not offered: gannet has X25519, prime256v1 and secp384r1",
+                    d.loc
+                ));
+                continue;
+            }
+            other => return Err(invalid(d, other)),
+        };
+        if !groups.contains(&g) {
+            groups.push(g);
+        }
+    }
+    if groups.is_empty() {
+        return Err(d.error(
+            "\"ssl_ecdh_curve\" names no curve gannet offers (X25519, prime256v1, secp384r1)",
+        ));
+    }
+    Ok(Some(groups))
 }
 
 fn session_cache(d: &Directive) -> Result<SessionCache, ConfError> {

@@ -144,9 +144,16 @@ pub fn build_server(
 }
 
 /// rustls's ring provider, offering the suites `ssl_ciphers` chose (TLS 1.2) and every
-/// TLS 1.3 suite.
+/// TLS 1.3 suite, and the groups `ssl_ecdh_curve` chose.
 fn provider(c: &TlsConf) -> CryptoProvider {
     let mut p = rustls::crypto::ring::default_provider();
+    if let Some(chosen) = &c.ecdh_curves {
+        let all = std::mem::take(&mut p.kx_groups);
+        p.kx_groups = chosen
+            .iter()
+            .filter_map(|n| all.iter().find(|g| g.name() == *n).copied())
+            .collect();
+    }
     if let Some(chosen) = &c.ciphers {
         let all = std::mem::take(&mut p.cipher_suites);
         let tls13 = all.iter().filter(|s| s.tls13().is_some()).copied();

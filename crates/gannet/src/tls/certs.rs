@@ -102,6 +102,8 @@ pub struct CertFacts {
     pub not_before: String,
     pub not_after: String,
     pub not_after_unix: i64,
+    /// The certificate in PEM (`$ssl_client_raw_cert`).
+    pub pem: String,
 }
 
 impl CertFacts {
@@ -125,6 +127,7 @@ impl CertFacts {
             not_before: openssl_time(v.not_before.timestamp()),
             not_after: openssl_time(v.not_after.timestamp()),
             not_after_unix: v.not_after.timestamp(),
+            pem: pem(der),
         })
     }
 
@@ -132,6 +135,32 @@ impl CertFacts {
     pub fn days_left(&self) -> i64 {
         ((self.not_after_unix - now()) / 86400).max(0)
     }
+}
+
+/// PEM: base64 in lines of 64, between the armour lines.
+fn pem(der: &[u8]) -> String {
+    let b64 = data_encoding::BASE64.encode(der);
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(&String::from_utf8_lossy(line));
+        out.push('\n');
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    out
+}
+
+/// Percent-encoding of everything but RFC 3986's unreserved characters, as nginx escapes
+/// `$ssl_client_escaped_cert`.
+pub fn escape_component(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3 / 2);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
 }
 
 fn hex(bytes: &[u8], upper: bool) -> String {
@@ -226,6 +255,15 @@ mod tests {
         assert_eq!(escape_dn(" x "), "\\ x\\ ");
         assert_eq!(escape_dn("#1"), "\\#1");
         assert_eq!(escape_dn("plain"), "plain");
+    }
+
+    #[test]
+    fn pem_and_escaping() {
+        let p = pem(&[0u8; 61]);
+        assert!(p.starts_with("-----BEGIN CERTIFICATE-----\nAAAA"));
+        assert_eq!(p.lines().nth(1).map(str::len), Some(64));
+        assert!(p.ends_with("A==\n-----END CERTIFICATE-----\n"));
+        assert_eq!(escape_component("a b+/=\n-_.~"), "a%20b%2B%2F%3D%0A-_.~");
     }
 
     #[test]
