@@ -598,3 +598,59 @@ def test_cipher_and_protocol_notices(gannet, pki):
     assert '"ssl_ciphers" selects no cipher gannet offers' in err
     err = check_error(gannet, one_server(pki, http="ssl_protocols TLSv1 TLSv1.1;"))
     assert '"ssl_protocols" names no protocol gannet offers' in err
+
+
+# --- the rest of the pipeline over TLS --------------------------------------------------------
+
+
+@pytest.fixture
+def fcgi():
+    import rawapps
+
+    yield from rawapps.made(rawapps.FastCgiApp)
+
+
+def test_fastcgi_body_and_streamed_answer_over_tls(gannet, pki, fcgi):
+    import rawapps
+
+    piece = bytes(range(256)) * 256  # 64 KB, sent as separate records so the answer streams
+
+    def behave(conn):
+        conn.sendall(rawapps.stdout(b"Content-Type: application/octet-stream\r\n\r\n"))
+        for _ in range(4):
+            conn.sendall(rawapps.stdout(piece))
+        conn.sendall(rawapps.end_request())
+
+    app = fcgi(behave)
+    srv = gannet.start(conf=one_server(pki, f"""
+        location ~ \\.php$ {{
+            include {{repo}}/conf/fastcgi.conf;
+            fastcgi_pass 127.0.0.1:{app.port};
+        }}"""), files={"x.php": "unused"})
+    c = https(srv.port)
+    for _ in range(2):  # and the connection stays usable after a request body and a stream
+        c.request("POST", "/x.php", body=b"b" * 100_000, headers={"Content-Type": "text/plain"})
+        r = c.getresponse()
+        assert r.status == 200 and r.read() == piece * 4
+
+
+def test_gzip_while_sending_over_tls(gannet, pki):
+    import gzip
+
+    text = b"".join(b"line %d of a compressible text file\n" % i for i in range(40000))
+    srv = gannet.start(conf=one_server(pki, http="gzip on; gzip_types text/plain;"), files={"big.txt": text})
+    c = https(srv.port)
+    c.request("GET", "/big.txt", headers={"Accept-Encoding": "gzip"})
+    r = c.getresponse()
+    assert r.getheader("content-encoding") == "gzip"
+    assert gzip.decompress(r.read()) == text
+
+
+def test_graceful_stop_closes_idle_tls_connections(gannet, pki):
+    srv = gannet.start(conf=one_server(pki))
+    c = https(srv.port)
+    c.request("GET", "/v")
+    assert c.getresponse().read().startswith(b"https|")
+    srv.proc.send_signal(signal.SIGQUIT)
+    assert srv.proc.wait(10) == 0
+    c.close()
