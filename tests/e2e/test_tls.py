@@ -460,6 +460,32 @@ def test_mtls_on(gannet, pki):
     assert "No required SSL certificate was sent" in srv.error_log()
 
 
+def test_verifying_server_refuses_connections_other_servers_accepted(gannet, pki):
+    srv = gannet.start(conf=conf(f"""
+    server {{
+        listen 127.0.0.1:{{port}} ssl;
+        server_name a.test;
+        {pair(pki, 'a')}
+        ssl_verify_client on;
+        ssl_client_certificate {pki.path('ca.pem')};
+        location = /who {{ {MTLS_VARS} }}
+    }}
+    server {{
+        listen 127.0.0.1:{{port}} ssl;
+        server_name b.test;
+        {pair(pki, 'b')}
+        location = /who {{ {MTLS_VARS} }}
+    }}"""))
+    me = client_args(pki, "client")
+    assert curl(srv.port, "/who", *me, host="a.test").stdout.startswith("SUCCESS|")
+    # SNI b.test (no client certificate asked), Host a.test: 421, as nginx answers.
+    r = curl(srv.port, "/who", "-w", "%{http_code}", "-H", "Host: a.test", *me, host="b.test")
+    assert r.stdout.endswith("421"), r.stdout
+    # The other way round, b.test verifies nothing and serves.
+    r = curl(srv.port, "/who", "-w", "%{http_code}", "-H", "Host: b.test", *me, host="a.test")
+    assert r.stdout.endswith("200"), r.stdout
+
+
 def test_client_certificate_for_an_application(gannet, pki):
     srv = gannet.start(conf=one_server(pki, "ssl_verify_client optional_no_ca; location = /pem { return 200 \"$ssl_client_escaped_cert\"; }"))
     escaped = curl(srv.port, "/pem", *client_args(pki, "client")).stdout

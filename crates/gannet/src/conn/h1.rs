@@ -400,8 +400,8 @@ impl<S: Transport> Conn<S> {
             target.query,
             host,
         );
-        if let Some(why) = self.tls_refusal(&req) {
-            return self.refuse(&req, why).await;
+        if let Some((status, why)) = self.tls_refusal(&req) {
+            return self.refuse(&req, status, why).await;
         }
         let mut handled = handler::handle(&mut req, &w);
         let mut keep = req.head.keep_alive;
@@ -473,20 +473,26 @@ impl<S: Transport> Conn<S> {
         }
     }
 
-    /// A request nginx refuses on TLS grounds: plain HTTP on a TLS address, or a client
-    /// certificate missing or failed where the server requires one.
-    fn tls_refusal(&self, req: &Request) -> Option<&'static str> {
+    /// A request nginx refuses on TLS grounds: plain HTTP on a TLS address, a client
+    /// certificate missing or failed where the server requires one, or a request for a
+    /// verifying server on a connection another server's setup accepted.
+    fn tls_refusal(&self, req: &Request) -> Option<(u16, &'static str)> {
         if self.plain_on_tls {
-            return Some("The plain HTTP request was sent to HTTPS port");
+            return Some((400, "The plain HTTP request was sent to HTTPS port"));
         }
         let tls = req.conn.tls.as_ref()?;
-        tls.refusal(req.server.tls.as_ref()?.verify)
+        tls.refusal(req.server.tls.as_ref()?)
     }
 
-    /// Answer 400 with nginx's explanation and close, logging why.
-    async fn refuse(&mut self, req: &Request, why: &str) -> bool {
-        crate::errlog::request(Level::Info, req, format_args!("{why}"));
-        let resp = Response::error_page_because(400, req.conf.core.server_tokens(), why);
+    /// Answer with nginx's page (and its explanation, if any) and close, logging why.
+    async fn refuse(&mut self, req: &Request, status: u16, why: &str) -> bool {
+        let logged = if why.is_empty() {
+            "client certificate was verified by another server's settings (SNI and Host differ)"
+        } else {
+            why
+        };
+        crate::errlog::request(Level::Info, req, format_args!("{logged}"));
+        let resp = Response::error_page_because(status, req.conf.core.server_tokens(), why);
         self.respond(req, resp, false).await;
         false
     }

@@ -8,7 +8,7 @@
 //! the rest of the handshake runs with that server's rustls config. A failed or abandoned
 //! handshake costs only its own connection: it is logged at `info`, as nginx does.
 
-use super::{ServerTls, TlsInfo};
+use super::TlsInfo;
 use crate::config::ListenGroup;
 use crate::conn::tls_stream::TlsStream;
 use crate::errlog::{self, Level};
@@ -77,7 +77,6 @@ pub async fn accept(g: &ListenGroup, tcp: TcpStream, info: &ConnInfo) -> Accepte
     let Some(tls) = chosen.tls.as_ref().or(default.tls.as_ref()) else {
         return failed(info, "no certificate for the listen address");
     };
-    let tls: &ServerTls = tls;
     let config = match &tls.config {
         Some(c) if !tls.reject_handshake => c.clone(),
         _ => return failed(info, format_args!("handshake rejected for \"{sni}\"")),

@@ -55,10 +55,12 @@ pub struct TlsInfo {
     pub reused: bool,
     pub verified: Verified,
     pub client: Option<CertFacts>,
+    /// The setup that did the handshake (and judged the client's certificate).
+    pub by: Arc<ServerTls>,
 }
 
 impl TlsInfo {
-    pub fn of(conn: &ServerConnection, server_name: String, tls: &ServerTls) -> TlsInfo {
+    pub fn of(conn: &ServerConnection, server_name: String, tls: &Arc<ServerTls>) -> TlsInfo {
         let protocol = match conn.protocol_version() {
             Some(ProtocolVersion::TLSv1_3) => "TLSv1.3",
             Some(ProtocolVersion::TLSv1_2) => "TLSv1.2",
@@ -88,6 +90,7 @@ impl TlsInfo {
             reused: conn.handshake_kind() == Some(HandshakeKind::Resumed),
             verified,
             client: chain.and_then(|c| c.first()).and_then(CertFacts::of),
+            by: tls.clone(),
         }
     }
 
@@ -100,15 +103,22 @@ impl TlsInfo {
         }
     }
 
-    /// Why a request to a server with this verification mode is refused (nginx's 400 page
-    /// texts), if it is.
-    pub fn refusal(&self, mode: VerifyClient) -> Option<&'static str> {
-        match (mode, &self.verified) {
-            (VerifyClient::On, Verified::None) => Some("No required SSL certificate was sent"),
-            (VerifyClient::On | VerifyClient::Optional, Verified::Failed(_)) => {
-                Some("The SSL certificate error")
-            }
-            _ => None,
+    /// Why a request for a server with this TLS setup is refused, if it is: the status and
+    /// nginx's text. A server that verifies clients answers only on connections whose
+    /// handshake it did itself (421 otherwise, as nginx): a certificate judged against
+    /// another server's CAs proves nothing to it.
+    pub fn refusal(&self, server: &Arc<ServerTls>) -> Option<(u16, &'static str)> {
+        let mode = server.verify;
+        if mode != VerifyClient::Off && !Arc::ptr_eq(server, &self.by) {
+            return Some((421, ""));
         }
+        let why = match (mode, &self.verified) {
+            (VerifyClient::On, Verified::None) => "No required SSL certificate was sent",
+            (VerifyClient::On | VerifyClient::Optional, Verified::Failed(_)) => {
+                "The SSL certificate error"
+            }
+            _ => return None,
+        };
+        Some((400, why))
     }
 }
