@@ -35,6 +35,7 @@ dir = {dir}
 database = {dir}/index.txt
 new_certs_dir = {dir}
 serial = {dir}/serial
+crlnumber = {dir}/crlnumber
 default_md = sha256
 policy = any
 unique_subject = no
@@ -61,6 +62,7 @@ class Pki:
         self.d = d
         (d / "index.txt").write_text("")
         (d / "serial").write_text("1000\n")
+        (d / "crlnumber").write_text("01\n")
         (d / "ca.cnf").write_text(CA_CNF.format(dir=d))
         openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
                 "-keyout", "ca.key", "-out", "ca.pem", "-days", "3", "-subj", "/CN=Gannet Test CA", cwd=d)
@@ -98,6 +100,10 @@ def pki(tmp_path_factory):
     p.issue("client", "client", org="Gannet Test")
     p.self_signed("stranger", "stranger")
     p.issue("expired", "expired.test", dates=("20200101000000Z", "20200102000000Z"))
+    p.issue("revoked", "revoked")
+    openssl("ca", "-config", "ca.cnf", "-cert", "ca.pem", "-keyfile", "ca.key", "-revoke", "revoked.pem", cwd=p.d)
+    openssl("ca", "-config", "ca.cnf", "-cert", "ca.pem", "-keyfile", "ca.key", "-gencrl", "-crldays", "2",
+            "-out", "crl.pem", cwd=p.d)
     return p
 
 
@@ -486,6 +492,25 @@ def test_verifying_server_refuses_connections_other_servers_accepted(gannet, pki
     assert r.stdout.endswith("200"), r.stdout
 
 
+def test_crl_and_trusted_certificate(gannet, pki):
+    # The CA is trusted without being named to clients, and the CRL revokes one client.
+    srv = gannet.start(conf=one_server(pki, f"""ssl_verify_client optional;
+        ssl_trusted_certificate {pki.path('ca.pem')};
+        ssl_crl {pki.path('crl.pem')};
+        location = /who {{ {MTLS_VARS} }}"""))
+    assert curl(srv.port, "/who", *client_args(pki, "client")).stdout.startswith("SUCCESS|O=Gannet Test,CN=client|")
+    r = curl(srv.port, "/who", "-w", "%{http_code}", *client_args(pki, "revoked"))
+    assert r.stdout.endswith("400") and "The SSL certificate error" in r.stdout
+    out = s_client(srv.port)
+    assert "No client certificate CA names sent" in out
+    srv.stop()
+    srv = gannet.start(conf=mtls_server(pki, "optional"))
+    assert "Acceptable client certificate CA names\nCN = Gannet Test CA" in s_client(srv.port)
+    assert curl(srv.port, "/who", *client_args(pki, "revoked")).stdout.startswith("SUCCESS|")
+    err = check_error(gannet, one_server(pki, f"ssl_verify_client on; ssl_client_certificate {pki.path('ca.pem')}; ssl_crl {pki.path('ca.pem')};"))
+    assert f'cannot load CRL "{pki.path("ca.pem")}": no PEM CRL in it' in err
+
+
 def test_client_certificate_for_an_application(gannet, pki):
     srv = gannet.start(conf=one_server(pki, "ssl_verify_client optional_no_ca; location = /pem { return 200 \"$ssl_client_escaped_cert\"; }"))
     escaped = curl(srv.port, "/pem", *client_args(pki, "client")).stdout
@@ -612,7 +637,7 @@ def test_listen_ssl_without_certificate(gannet, pki):
     err = check_error(gannet, one_server(pki, certs=""))
     assert 'no "ssl_certificate" is defined for the "listen ... ssl" directive' in err
     err = check_error(gannet, one_server(pki, "ssl_verify_client on;"))
-    assert "no ssl_client_certificate for ssl_verify_client" in err
+    assert "no ssl_client_certificate or ssl_trusted_certificate for ssl_verify_client" in err
 
 
 def test_cipher_and_protocol_notices(gannet, pki):

@@ -101,10 +101,6 @@ pub const IGNORED: &[(&str, &str)] = &[
         "the response in ssl_stapling_file is stapled as it is",
     ),
     (
-        "ssl_trusted_certificate",
-        "it serves OCSP verification, which gannet does not do",
-    ),
-    (
         "ssl_verify_depth",
         "client chains are checked to any depth rustls's verifier accepts",
     ),

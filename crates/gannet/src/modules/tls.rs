@@ -4,8 +4,8 @@
 //! Directives: `ssl_certificate`, `ssl_certificate_key`, `ssl_protocols`, `ssl_ciphers`,
 //! `ssl_prefer_server_ciphers`, `ssl_session_cache`, `ssl_session_timeout`,
 //! `ssl_session_tickets`, `ssl_stapling`, `ssl_stapling_file`, `ssl_client_certificate`,
-//! `ssl_verify_client`, `ssl_reject_handshake`, `ssl_ecdh_curve`. (`listen ... ssl` is in
-//! `config::listen`.)
+//! `ssl_trusted_certificate`, `ssl_crl`, `ssl_verify_client`, `ssl_reject_handshake`,
+//! `ssl_ecdh_curve`. (`listen ... ssl` is in `config::listen`.)
 
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::tls::ciphers;
@@ -38,6 +38,8 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("ssl_stapling", Args::Exactly(1)),
     spec("ssl_stapling_file", Args::Exactly(1)),
     spec("ssl_client_certificate", Args::Exactly(1)),
+    spec("ssl_trusted_certificate", Args::Exactly(1)),
+    spec("ssl_crl", Args::Exactly(1)),
     spec("ssl_verify_client", Args::Exactly(1)),
     spec("ssl_reject_handshake", Args::Exactly(1)),
     spec("ssl_ecdh_curve", Args::Exactly(1)),
@@ -94,6 +96,10 @@ pub struct TlsConf {
     pub stapling: Option<(bool, Loc)>,
     pub stapling_file: Option<FileArg>,
     pub client_certificate: Option<FileArg>,
+    /// CAs trusted for client chains but not named to clients.
+    pub trusted_certificate: Option<FileArg>,
+    /// Revocation lists the client chains are checked against.
+    pub crl: Option<FileArg>,
     pub verify_client: Option<(VerifyClient, Loc)>,
     pub reject_handshake: Option<bool>,
     /// `ssl_ecdh_curve`: the key exchange groups, in order (`None`: rustls's default).
@@ -121,6 +127,8 @@ impl TlsConf {
             stapling,
             stapling_file,
             client_certificate,
+            trusted_certificate,
+            crl,
             verify_client,
             reject_handshake,
             ecdh_curves,
@@ -201,6 +209,8 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         }
         "ssl_stapling_file" => c.stapling_file = Some(file(d, ctx)),
         "ssl_client_certificate" => c.client_certificate = Some(file(d, ctx)),
+        "ssl_trusted_certificate" => c.trusted_certificate = Some(file(d, ctx)),
+        "ssl_crl" => c.crl = Some(file(d, ctx)),
         "ssl_verify_client" => {
             let v = match d.args[0].as_str() {
                 "off" => VerifyClient::Off,

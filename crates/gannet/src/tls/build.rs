@@ -7,7 +7,7 @@ use super::resolve::KeyPairs;
 use super::session::{rotating_keys, TimedCache, TimedTickets};
 use super::verify::DeferredVerifier;
 use super::ServerTls;
-use crate::modules::tls::{SessionCache, TlsConf, VerifyClient};
+use crate::modules::tls::{FileArg, SessionCache, TlsConf, VerifyClient};
 use gannet_conf::{ConfError, Loc};
 use rustls::crypto::CryptoProvider;
 use rustls::server::danger::ClientCertVerifier;
@@ -195,25 +195,9 @@ fn stapled(c: &TlsConf, notices: &mut Vec<String>) -> Result<Option<Vec<u8>>, Co
     Ok(Some(der))
 }
 
-/// rustls's webpki verifier over `ssl_client_certificate`, which judges client chains.
-fn client_roots(
-    c: &TlsConf,
-    provider: &Arc<CryptoProvider>,
-    at: &Loc,
-) -> Result<Option<Arc<dyn ClientCertVerifier>>, ConfError> {
-    let verify = c.verify_client();
-    let Some(f) = &c.client_certificate else {
-        if matches!(verify, VerifyClient::On | VerifyClient::Optional) {
-            let loc = c.verify_client.as_ref().map_or(at, |v| &v.1);
-            return Err(err(loc, "no ssl_client_certificate for ssl_verify_client"));
-        }
-        return Ok(None);
-    };
-    if verify == VerifyClient::Off {
-        return Ok(None);
-    }
-    let mut store = RootCertStore::empty();
-    for ca in load_chain(f, "client certificate")? {
+/// The CA certificates of a file, into `store`.
+fn add_cas(store: &mut RootCertStore, f: &FileArg, what: &str) -> Result<(), ConfError> {
+    for ca in load_chain(f, what)? {
         store.add(ca).map_err(|e| {
             err(
                 &f.loc,
@@ -221,16 +205,54 @@ fn client_roots(
             )
         })?;
     }
-    WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider.clone())
-        .allow_unauthenticated()
-        .build()
-        .map(Some)
-        .map_err(|e| {
-            err(
-                &f.loc,
-                format!("cannot use \"{}\" to verify clients: {e}", f.path.display()),
-            )
-        })
+    Ok(())
+}
+
+/// rustls's webpki verifier, which judges client chains: trusting the CAs of
+/// `ssl_client_certificate` (named to clients) and `ssl_trusted_certificate` (not named),
+/// checking revocation against `ssl_crl`.
+fn client_roots(
+    c: &TlsConf,
+    provider: &Arc<CryptoProvider>,
+    at: &Loc,
+) -> Result<Option<Arc<dyn ClientCertVerifier>>, ConfError> {
+    let verify = c.verify_client();
+    if verify == VerifyClient::Off {
+        return Ok(None);
+    }
+    let mut named = RootCertStore::empty();
+    if let Some(f) = &c.client_certificate {
+        add_cas(&mut named, f, "client certificate")?;
+    }
+    let mut store = named.clone();
+    if let Some(f) = &c.trusted_certificate {
+        add_cas(&mut store, f, "trusted certificate")?;
+    }
+    if store.is_empty() {
+        if matches!(verify, VerifyClient::On | VerifyClient::Optional) {
+            let loc = c.verify_client.as_ref().map_or(at, |v| &v.1);
+            return Err(err(
+                loc,
+                "no ssl_client_certificate or ssl_trusted_certificate for ssl_verify_client",
+            ));
+        }
+        return Ok(None);
+    }
+    let mut builder =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider.clone())
+            .clear_root_hint_subjects()
+            .add_root_hint_subjects(named.subjects())
+            .allow_unauthenticated();
+    if let Some(f) = &c.crl {
+        builder = builder.with_crls(certs::load_crls(f)?);
+    }
+    builder.build().map(Some).map_err(|e| match &c.crl {
+        Some(f) => err(
+            &f.loc,
+            format!("cannot use CRL \"{}\": {e}", f.path.display()),
+        ),
+        None => err(at, format!("cannot verify clients: {e}")),
+    })
 }
 
 fn sessions(c: &TlsConf, state: &mut LoadState, timeout: u64) -> Arc<dyn StoresServerSessions> {
