@@ -423,6 +423,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         Var::ServerProtocol => out.push_str(match req.head.version {
             gannet_proto::h1::Version::Http10 => "HTTP/1.0",
             gannet_proto::h1::Version::Http11 => "HTTP/1.1",
+            gannet_proto::h1::Version::Http2 => "HTTP/2.0",
         }),
         Var::Scheme => out.push_str(if req.conn.tls.is_some() {
             "https"
