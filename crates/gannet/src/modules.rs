@@ -13,6 +13,7 @@ pub mod fastcgi;
 pub mod file_cache;
 pub mod gateway;
 pub mod headers;
+pub mod http2;
 pub mod index;
 pub mod map;
 pub mod rewrite;
@@ -117,6 +118,10 @@ pub const MODULES: &[Module] = &[
         directives: tls::DIRECTIVES,
         set: tls::set,
     },
+    Module {
+        directives: http2::DIRECTIVES,
+        set: http2::set,
+    },
 ];
 
 /// Find the spec and setter for an http/server/location directive.
@@ -173,6 +178,7 @@ pub struct LocConf {
     pub scgi: gateway::GatewayConf,
     pub uwsgi: uwsgi::UwsgiConf,
     pub tls: tls::TlsConf,
+    pub http2: http2::Http2Conf,
 }
 
 impl LocConf {
@@ -191,6 +197,7 @@ impl LocConf {
         self.scgi.merge(&parent.scgi);
         self.uwsgi.merge(&parent.uwsgi);
         self.tls.merge(&parent.tls);
+        self.http2.merge(&parent.http2);
         // try_files and the rewrite statements are not inherited, as in nginx.
     }
 }

@@ -110,6 +110,24 @@ pub const IGNORED: &[(&str, &str)] = &[
         "ticket keys are random and rotated by gannet itself",
     ),
     ("ssl_early_data", "0-RTT early data is never accepted"),
+    (
+        "http2_push",
+        "HTTP/2 server push is obsolete (nginx ignores it too)",
+    ),
+    (
+        "http2_push_preload",
+        "HTTP/2 server push is obsolete (nginx ignores it too)",
+    ),
+    (
+        "http2_recv_buffer_size",
+        "the h2 codec sizes its buffers itself",
+    ),
+    ("http2_idle_timeout", "keepalive_timeout applies to HTTP/2"),
+    ("http2_max_requests", "keepalive_requests applies to HTTP/2"),
+    (
+        "http2_recv_timeout",
+        "client_header_timeout applies to HTTP/2",
+    ),
 ];
 
 pub fn lookup(name: &str) -> Option<&'static str> {

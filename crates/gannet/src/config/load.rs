@@ -37,7 +37,7 @@ const NOT_YET_FAMILIES: &[(&str, &str)] = &[
     ("uwsgi_", "this uwsgi directive is not supported yet"),
     ("scgi_", "this SCGI directive is not supported yet"),
     ("ssl_", "this TLS directive is not supported yet"),
-    ("http2", "HTTP/2 is not supported yet"),
+    ("http2", "this HTTP/2 directive is not supported yet"),
     ("limit_req", "limit_req is not supported yet"),
     ("limit_conn", "limit_conn is not supported yet"),
     ("auth_basic", "auth_basic is not supported yet"),
@@ -285,6 +285,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
             match groups.get_mut(i) {
                 Some(g) => {
                     g.listen.ssl |= l.ssl;
+                    g.listen.http2 |= l.http2;
                     if l.default_server {
                         if g.listen.default_server {
                             return Err(ConfError::at(
@@ -362,7 +363,9 @@ fn load_server(
         }
     }
     conf.merge(http);
-    let tls = crate::tls::build_server(&conf.tls, &mut lctx.tls, &mut lctx.notices, &sd.loc)?;
+    // ALPN offers h2 when the server has `http2 on` or one of its addresses `listen ... http2`.
+    let h2 = conf.http2.enabled() || listens.iter().any(|(l, _)| l.http2);
+    let tls = crate::tls::build_server(&conf.tls, h2, &mut lctx.tls, &mut lctx.notices, &sd.loc)?;
     if listens.is_empty() {
         listens.push((Listen::default_for_server(), sd.loc.clone()));
     }

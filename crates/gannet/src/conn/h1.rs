@@ -26,8 +26,6 @@ use crate::http::handler::{self, Flow, Handled};
 use crate::http::request::{ConnInfo, Request};
 use crate::http::response::{encode_head, Body, HeadCtx, Part, Response};
 use crate::http::router::select_server;
-use crate::http::variables::Sent;
-use crate::modules::access_log;
 use crate::runtime::clock;
 use crate::runtime::parking::{Parked, PARK_AFTER};
 use crate::runtime::read_timers::ReadTimers;
@@ -70,6 +68,8 @@ struct Conn<S: Transport> {
 /// How a connection's loop ended.
 enum End {
     Close,
+    /// The client opened with the HTTP/2 preface (h2c with prior knowledge).
+    H2c,
     /// Idle long enough to park until this keep-alive deadline.
     Park(Instant),
 }
@@ -107,6 +107,10 @@ async fn serve_tls(w: Rc<Worker>, stream: TcpStream, mut info: ConnInfo, group: 
         Accepted::Tls(stream, tls) => {
             info.tls = Some(tls);
             run_conn::<TlsStream>(w, stream, info, group, born, false).await
+        }
+        Accepted::H2(stream, tls, conf) => {
+            info.tls = Some(tls);
+            super::h2::serve(w, stream, info, group, conf).await
         }
         Accepted::PlainHttp(stream) => run_conn(w, stream, info, group, born, true).await,
         Accepted::Closed => w.connection_closed(),
@@ -146,6 +150,25 @@ async fn run_conn<S: Transport>(
         plain_on_tls,
     };
     let end = c.run().await;
+    if let End::H2c = end {
+        // Boxed, as the handshake in `serve`: HTTP/2's state stays out of every HTTP/1.x
+        // connection's task.
+        let Conn {
+            stream, buf, info, ..
+        } = c;
+        let g = &w.config.listens[group];
+        let conf = g.servers[g.default].conf.clone();
+        match stream.into_parkable().map(TcpStream::from_std) {
+            Some(Ok(tcp)) => {
+                let io = super::h2::Prefixed::new(buf, tcp);
+                return Box::pin(super::h2::serve(w.clone(), io, info, group, conf)).await;
+            }
+            _ => {
+                w.connection_closed();
+                return;
+            }
+        }
+    }
     if let (End::Park(deadline), Some(lot)) = (end, &w.parking) {
         let Conn { stream, info, .. } = c;
         if let Some(stream) = stream.into_parkable() {
@@ -207,6 +230,11 @@ impl<S: Transport> Conn<S> {
                     continue;
                 }
                 Ok(None) => {}
+                Err(ParseError::VersionNotSupported)
+                    if c.buf.starts_with(H2_PREFACE) && h2c_enabled(g) =>
+                {
+                    return End::H2c;
+                }
                 Err(e) => {
                     // Log what nginx would: the request line up to the buffer's size, and the
                     // headers when it was the headers that were refused.
@@ -283,6 +311,15 @@ impl<S: Transport> Conn<S> {
             }
         }
     }
+}
+
+/// The start of the HTTP/2 connection preface (RFC 9113 3.4), as an HTTP/1 parser sees it:
+/// a request line with version 2.0.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n";
+
+/// h2c with prior knowledge: `listen ... http2`, or `http2 on` in the default server.
+fn h2c_enabled(g: &crate::config::ListenGroup) -> bool {
+    g.listen.http2 || g.servers[g.default].conf.http2.enabled()
 }
 
 /// Gives a read deadline back to the worker's table however the wait ends.
@@ -683,36 +720,7 @@ impl<S: Transport> Conn<S> {
 
     /// The log phase: one line per configured access log.
     fn log(&self, req: &Request, resp: &Response, head_len: u64, body_len: u64) {
-        let Some(logs) = &req.conf.log.logs else {
-            return;
-        };
-        if logs.is_empty() {
-            return;
-        }
-        let mut headers = Vec::new();
-        if let Some(ct) = &resp.content_type {
-            headers.push(("content-type".to_string(), ct.to_string()));
-        }
-        if let Some(l) = &resp.location {
-            headers.push(("location".to_string(), l.clone()));
-        }
-        headers.extend(
-            resp.headers
-                .iter()
-                .map(|(n, v)| (n.to_ascii_lowercase(), v.clone())),
-        );
-        let sent = Sent {
-            status: resp.status,
-            body_bytes: body_len,
-            bytes: head_len + body_len,
-            headers,
-        };
-        let mut line = Vec::with_capacity(256);
-        for log in logs.iter() {
-            line.clear();
-            access_log::format_line(&log.format, req, &sent, &mut line);
-            self.w.log_line(log, &line);
-        }
+        super::log::access(&self.w, req, resp, head_len, body_len);
     }
 }
 

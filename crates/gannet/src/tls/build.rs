@@ -36,6 +36,7 @@ fn err(loc: &Loc, msg: impl std::fmt::Display) -> ConfError {
 /// handshakes). `at` is the server block, for errors that belong to no one directive.
 pub fn build_server(
     c: &TlsConf,
+    h2: bool,
     state: &mut LoadState,
     notices: &mut Vec<String>,
     at: &Loc,
@@ -116,8 +117,12 @@ pub fn build_server(
         suites: provider.cipher_suites.clone(),
     }));
     config.ignore_client_order = c.prefer_server_ciphers.unwrap_or(false);
-    // Only HTTP/1.1 is spoken: a client offering ALPN without it is refused, as nginx does.
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // A client offering ALPN with none of these is refused, as nginx does.
+    config.alpn_protocols = if h2 {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    };
     let timeout = c.session_timeout().as_secs();
     config.session_storage = sessions(c, state, timeout);
     if c.session_tickets() {

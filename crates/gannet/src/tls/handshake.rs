@@ -14,6 +14,7 @@ use crate::conn::tls_stream::TlsStream;
 use crate::errlog::{self, Level};
 use crate::http::request::ConnInfo;
 use crate::http::router::select_server;
+use crate::modules::LocConf;
 use rustls::server::Acceptor;
 use std::sync::Arc;
 use tokio::net::TcpStream;
@@ -23,6 +24,12 @@ use tokio_rustls::LazyConfigAcceptor;
 /// How a connection's start ended.
 pub enum Accepted {
     Tls(TlsStream, Arc<TlsInfo>),
+    /// ALPN chose HTTP/2; the settings of the server SNI chose come along.
+    H2(
+        Box<tokio_rustls::server::TlsStream<TcpStream>>,
+        Arc<TlsInfo>,
+        Arc<LocConf>,
+    ),
     /// The client sent plain HTTP: answer it with nginx's 400 page.
     PlainHttp(TcpStream),
     Closed,
@@ -86,7 +93,10 @@ pub async fn accept(g: &ListenGroup, tcp: TcpStream, info: &ConnInfo) -> Accepte
         Ok(Err(e)) => return failed(info, e),
         Err(_) => return failed(info, "client timed out"),
     };
+    let tls_info = Arc::new(TlsInfo::of(stream.get_ref().1, sni, tls));
+    if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+        return Accepted::H2(Box::new(stream), tls_info, chosen.conf.clone());
+    }
     let (tcp, conn) = stream.into_inner();
-    let tls_info = Arc::new(TlsInfo::of(&conn, sni, tls));
     Accepted::Tls(TlsStream::new(tcp, conn), tls_info)
 }
