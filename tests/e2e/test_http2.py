@@ -72,13 +72,30 @@ def test_h2_not_offered_without_http2_on(gannet, pki):
     assert r.stdout == b"HTTP/1.1|https|GET /v HTTP/1.1\n1.1"
 
 
-def test_h2c_prior_knowledge(gannet, pki):
-    text, _ = servers(pki, http2="", h2c_listen="http2")
+def test_h2c_prior_knowledge_next_to_http11(gannet, pki):
+    text, _ = servers(pki)
     srv = gannet.start(conf=text)
     r = curl(f"http://127.0.0.1:{srv.port}/v", "--http2-prior-knowledge", "-w", "%{http_version}")
     assert r.stdout == b"HTTP/2.0|http|GET /v HTTP/2.0\n2"
     # HTTP/1.1 still works on the same address.
     assert srv.get("/v")[2] == b"HTTP/1.1|http|GET /v HTTP/1.1\n"
+
+
+def test_listen_http2_without_ssl_speaks_only_http2(gannet, pki):
+    text, _ = servers(pki, http2="", h2c_listen="http2")
+    srv = gannet.start(conf=text)
+    r = curl(f"http://127.0.0.1:{srv.port}/v", "--http2-prior-knowledge", "-w", "%{http_version}")
+    assert r.stdout == b"HTTP/2.0|http|GET /v HTTP/2.0\n2"
+    # Not HTTP/2: the connection is closed (after a GOAWAY), no HTTP/1.1 answer.
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+        s.sendall(b"GET /v HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = b""
+        try:
+            while chunk := s.recv(4096):
+                reply += chunk
+        except ConnectionResetError:  # closed with the request unread
+            pass
+    assert not reply.startswith(b"HTTP/1.1")
 
 
 def test_no_h2c_without_http2(gannet, pki):

@@ -96,6 +96,12 @@ pub async fn serve(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: us
         // connection's task too.
         return Box::pin(serve_tls(w, stream, info, group)).await;
     }
+    if g.listen.http2 {
+        // `listen ... http2` without `ssl`: HTTP/2 only, with prior knowledge (nginx's
+        // meaning of the parameter before `http2 on`, which serves both).
+        let conf = g.servers[g.default].conf.clone();
+        return Box::pin(super::h2::serve(w, stream, info, group, conf)).await;
+    }
     run_conn(w, stream, info, group, Instant::now(), false).await;
 }
 
@@ -317,9 +323,9 @@ impl<S: Transport> Conn<S> {
 /// a request line with version 2.0.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n";
 
-/// h2c with prior knowledge: `listen ... http2`, or `http2 on` in the default server.
+/// h2c with prior knowledge next to HTTP/1.x: `http2 on` in the address's default server.
 fn h2c_enabled(g: &crate::config::ListenGroup) -> bool {
-    g.listen.http2 || g.servers[g.default].conf.http2.enabled()
+    g.servers[g.default].conf.http2.enabled()
 }
 
 /// Gives a read deadline back to the worker's table however the wait ends.
