@@ -32,6 +32,15 @@ python3 -m pip install -q -e './arena[test]'
 # Independent decoders for the compression tests.
 python3 -m pip install -q brotli zstandard
 
+step "h2spec (HTTP/2 conformance; a Go module, for tests/e2e/test_http2.py)"
+if ! command -v h2spec >/dev/null && [ ! -x "$HOME/go/bin/h2spec" ]; then
+  if command -v go >/dev/null; then
+    go install github.com/summerwind/h2spec/cmd/h2spec@v2.2.1+incompatible
+  else
+    echo "go not found: the h2spec test will be skipped"
+  fi
+fi
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

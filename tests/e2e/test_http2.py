@@ -303,3 +303,28 @@ def test_fastcgi_over_h2(gannet, pki):
         assert r.stdout == b"413"
     finally:
         next(made, None)
+
+
+# --- conformance --------------------------------------------------------------------------------
+
+
+def h2spec_bin() -> str | None:
+    import os
+    import shutil
+
+    found = shutil.which("h2spec")
+    home = os.path.expanduser("~/go/bin/h2spec")
+    return found or (home if os.path.exists(home) else None)
+
+
+@pytest.mark.skipif(h2spec_bin() is None, reason="h2spec is not installed (scripts/test-all.sh installs it)")
+def test_h2spec_passes_every_case(gannet, pki):
+    text, tls = servers(pki, h2c_listen="http2")
+    srv = gannet.start(conf=text, files={"index.html": "hello from gannet\n"})
+    for args in ([], ["-t", "-k"]):
+        port = tls if args else srv.port
+        r = subprocess.run([h2spec_bin(), "-h", "127.0.0.1", "-p", str(port), "-o", "5", *args],
+                           capture_output=True, text=True, timeout=300)
+        summary = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr
+        assert summary == "145 tests, 145 passed, 0 skipped, 0 failed", r.stdout[-3000:]
+    assert srv.proc.poll() is None

@@ -36,7 +36,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 /// How often a connection with streams in flight looks at the worker's drain flag.
 const DRAIN_CHECK: Duration = Duration::from_secs(1);
@@ -83,6 +83,10 @@ where
         .max_header_list_size(header_cap)
         .max_frame_size(16 * 1024)
         .max_send_buffer_size(h2c.chunk_size() as usize * 4);
+    let Some(io) = preface(io, core.client_header_timeout()).await else {
+        w.connection_closed();
+        return;
+    };
     let handshake = builder.handshake::<_, Bytes>(io);
     let mut conn = match tokio::time::timeout(core.client_header_timeout(), handshake).await {
         Ok(Ok(c)) => c,
@@ -150,6 +154,37 @@ where
     w.connection_closed();
 }
 
+/// The client connection preface (RFC 9113 3.4).
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Read and check the client's preface before the codec starts. Anything else ends the
+/// connection, cleanly: our side is shut, and what the client sent is read off for a moment
+/// (closing with unread input would reset the connection, and the client might not see the
+/// end).
+async fn preface<IO>(mut io: IO, timeout: Duration) -> Option<Prefixed<IO>>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut got = [0u8; 24];
+    let read = tokio::time::timeout(timeout, io.read_exact(&mut got)).await;
+    if matches!(read, Ok(Ok(_))) && &got == PREFACE {
+        return Some(Prefixed::new(BytesMut::from(&got[..]), io));
+    }
+    let _ = io.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let linger = async {
+        let mut left: usize = 64 * 1024;
+        while left > 0 {
+            match io.read(&mut sink).await {
+                Ok(n) if n > 0 => left = left.saturating_sub(n),
+                _ => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), linger).await;
+    None
+}
+
 fn log_conn(info: &ConnInfo, what: std::fmt::Arguments) {
     errlog::log(
         Level::Info,
@@ -162,8 +197,7 @@ fn log_conn(info: &ConnInfo, what: std::fmt::Arguments) {
     );
 }
 
-/// One stream: the request through the pipeline, the answer back, then what is left of
-/// the request body.
+/// One stream: the request through the pipeline, the answer back.
 async fn stream(
     w: Rc<Worker>,
     info: ConnInfo,
@@ -173,27 +207,25 @@ async fn stream(
     _in_flight: InFlight,
 ) {
     let (parts, mut recv) = req.into_parts();
-    let core = w.config.listens[group].servers[w.config.listens[group].default]
-        .conf
-        .core
-        .clone();
-    answer(&w, info, group, parts, &mut recv, &mut respond).await;
-    // Read off (and drop) what the client still sends of a body nobody read, so the
-    // stream ends cleanly, as HTTP/1.x reads an unused body off the wire. One too large or
-    // too slow is stopped with RST_STREAM NO_ERROR (RFC 9113 8.1): the answer stands.
-    // (Dropping it unread would cancel the stream, and some clients drop the answer then.)
-    if !recv.is_end_stream() {
-        let limit = core.client_max_body_size();
-        if read_body(&mut recv, limit, core.client_body_timeout(), None)
+    let timeout = answer(&w, info, group, parts, &mut recv, &mut respond).await;
+    // A body not read to its end (too large, too slow): it is read off for a while so the
+    // client sees the answer and the stream ends cleanly. Past that, the client is told to
+    // stop (RST_STREAM NO_ERROR, RFC 9113 8.1), which may cost it the answer. Dropped
+    // unread, the stream would be cancelled at once.
+    if !recv.is_end_stream()
+        && read_body(&mut recv, DISCARD_MAX, timeout, None)
             .await
             .is_err()
-        {
-            respond.send_reset(h2::Reason::NO_ERROR);
-        }
+    {
+        respond.send_reset(h2::Reason::NO_ERROR);
     }
 }
 
-/// The request through the pipeline, and its answer.
+/// The most of an unwanted body read off after the answer before the stream is stopped.
+const DISCARD_MAX: u64 = 1024 * 1024;
+
+/// The request through the pipeline, and its answer. Returns the `client_body_timeout` in
+/// force.
 async fn answer(
     w: &Rc<Worker>,
     info: ConnInfo,
@@ -201,9 +233,10 @@ async fn answer(
     parts: http::request::Parts,
     recv: &mut RecvStream,
     respond: &mut SendResponse<Bytes>,
-) {
+) -> Duration {
     let g = &w.config.listens[group];
     let default = g.servers[g.default].clone();
+    let timeout = default.conf.core.client_body_timeout();
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let fields = parts
         .headers
@@ -227,7 +260,7 @@ async fn answer(
             let req = Request::new(head, info, default.clone(), String::new(), None, host);
             let resp = Response::error_page(e.status(), req.conf.core.server_tokens());
             h2_response::send(w, &req, resp, None, respond).await;
-            return;
+            return timeout;
         }
     };
     let host = match target.host.as_deref() {
@@ -255,34 +288,41 @@ async fn answer(
         errlog::request(Level::Info, &req, format_args!("{why}"));
         let resp = Response::error_page_because(status, req.conf.core.server_tokens(), why);
         h2_response::send(w, &req, resp, None, respond).await;
-        return;
+        return timeout;
     }
     let mut handled = handler::handle(&mut req, w);
+    let timeout = req.conf.core.client_body_timeout();
     let mut body = Vec::new();
-    if matches!(handled, Handled::Gateway) {
+    if !recv.is_end_stream() {
+        // As HTTP/1.x does, the body is read before the answer: kept for an application,
+        // else read off and dropped (with its window given back).
+        let wanted = matches!(handled, Handled::Gateway);
         let core = &req.conf.core;
         let limit = core.client_max_body_size();
-        match read_body(recv, limit, core.client_body_timeout(), Some(&mut body)).await {
+        let keep = wanted.then_some(&mut body);
+        match read_body(recv, limit, core.client_body_timeout(), keep).await {
             Ok(n) => req.body_length = n,
-            Err(e) => {
+            Err(e) if wanted => {
                 let status = match e {
                     BodyError::TooLarge => 413,
                     BodyError::Malformed => 400,
-                    BodyError::Io => return,
+                    BodyError::Io => return timeout,
                 };
                 handled = handler::resume(&mut req, w, Flow::Status(status));
             }
+            // An unused body that fails: the answer goes anyway, then the stream is stopped.
+            Err(_) => {}
         }
     }
     loop {
         match handled {
             Handled::Respond(resp) => {
                 h2_response::send(w, &req, resp, None, respond).await;
-                return;
+                return timeout;
             }
             Handled::Close => {
                 respond.send_reset(h2::Reason::CANCEL);
-                return;
+                return timeout;
             }
             Handled::Gateway => {
                 let flow = match super::gateway::run(w, &req, &body).await {
@@ -291,7 +331,7 @@ async fn answer(
                         handler::finish_streamed(&mut req, &mut resp);
                         let src = Source::App(stream);
                         h2_response::send(w, &req, resp, Some(src), respond).await;
-                        return;
+                        return timeout;
                     }
                 };
                 if matches!(flow, Flow::Redirect(_)) && !req.is_head() {
@@ -317,7 +357,14 @@ async fn read_body(
     loop {
         let chunk = match tokio::time::timeout(timeout, recv.data()).await {
             Ok(Some(Ok(c))) => c,
-            Ok(None) => return Ok(total),
+            // The data is over; trailers, if any, end the stream (they are read and
+            // dropped: nothing in gannet reads trailers).
+            Ok(None) => {
+                return match tokio::time::timeout(timeout, recv.trailers()).await {
+                    Ok(Ok(_)) => Ok(total),
+                    _ => Err(BodyError::Io),
+                }
+            }
             Ok(Some(Err(_))) | Err(_) => return Err(BodyError::Io),
         };
         total += chunk.len() as u64;
