@@ -305,6 +305,39 @@ def test_fastcgi_over_h2(gannet, pki):
         next(made, None)
 
 
+def test_header_list_cap(gannet, pki):
+    text, _ = servers(pki, h2c_listen="http2", extra="http2_max_field_size 4k;")
+    srv = gannet.start(conf=text)
+    url = f"http://127.0.0.1:{srv.port}/v"
+    r = curl(url, "--http2-prior-knowledge", "-H", "X-Big: " + "a" * 8000, "-o", "/dev/null", "-w", "%{http_code}")
+    assert r.stdout == b"431"
+    r = curl(url, "--http2-prior-knowledge", "-H", "X-Small: " + "a" * 1000, "-o", "/dev/null", "-w", "%{http_code}")
+    assert r.stdout == b"200"
+
+
+def test_ping_flood_does_not_hurt_others(gannet, pki):
+    """A client sending PINGs without ever reading the answers: the connection only gets
+    as far as its socket buffers allow (one answer is held at a time), and other clients
+    are served as usual."""
+    text, _ = servers(pki, h2c_listen="http2")
+    srv = gannet.start(conf=text)
+    with socket.create_connection(("127.0.0.1", srv.port)) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.settimeout(5)
+        s.sendall(PREFACE + frame(4, 0, 0, b""))
+        sent = 0
+        try:
+            for _ in range(200):
+                s.sendall(frame(6, 0, 0, b"12345678") * 500)
+                sent += 500
+        except (socket.timeout, OSError):
+            pass  # the server stopped reading: backpressure, as it should
+        for _ in range(3):
+            r = curl(f"http://127.0.0.1:{srv.port}/v", "--http2-prior-knowledge", "-m", "5")
+            assert r.stdout.startswith(b"HTTP/2.0|")
+    assert srv.proc.poll() is None
+
+
 # --- conformance --------------------------------------------------------------------------------
 
 
