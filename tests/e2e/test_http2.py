@@ -305,6 +305,23 @@ def test_fastcgi_over_h2(gannet, pki):
         next(made, None)
 
 
+def test_graceful_stop_ends_idle_h2_connections(gannet, pki):
+    import signal
+    import time
+
+    text, _ = servers(pki, h2c_listen="http2")
+    srv = gannet.start(conf=text)
+    with socket.create_connection(("127.0.0.1", srv.port)) as s:
+        s.sendall(PREFACE + frame(4, 0, 0, b""))
+        frames_until(s, 4)  # the server's SETTINGS: the connection is up, and idle
+        start = time.monotonic()
+        srv.proc.send_signal(signal.SIGQUIT)
+        frames = frames_until(s, 7)
+        assert frames and frames[-1][0] == 7  # GOAWAY
+    assert srv.proc.wait(10) == 0
+    assert time.monotonic() - start < 5  # not keepalive_timeout (75 s)
+
+
 def test_header_list_cap(gannet, pki):
     text, _ = servers(pki, h2c_listen="http2", extra="http2_max_field_size 4k;")
     srv = gannet.start(conf=text)

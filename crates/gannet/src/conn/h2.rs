@@ -38,7 +38,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-/// How often a connection with streams in flight looks at the worker's drain flag.
+/// How often a connection looks at the worker's drain flag.
 const DRAIN_CHECK: Duration = Duration::from_secs(1);
 
 /// A connection's streams in flight, and when the last one ended.
@@ -109,11 +109,12 @@ where
     let mut requests = 0u64;
     let mut closing = false;
     loop {
-        // Without streams the connection may idle for keepalive_timeout; with streams it
-        // only wakes to notice a graceful stop.
-        let idle = activity.streams.get() == 0;
-        let wait = if idle {
-            keepalive.saturating_sub(activity.last.get().elapsed())
+        // Without streams the connection may idle for keepalive_timeout; either way it
+        // wakes now and then to notice a graceful stop.
+        let wait = if activity.streams.get() == 0 {
+            keepalive
+                .saturating_sub(activity.last.get().elapsed())
+                .min(DRAIN_CHECK)
         } else {
             DRAIN_CHECK
         };
