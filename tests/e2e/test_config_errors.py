@@ -8,7 +8,7 @@ import pytest
     [
         ("location /api/ { proxy_pass http://127.0.0.1:9000; }", '"proxy_pass": proxying is not supported yet'),
         ("location ~ \\.php$ { fastcgi_cache zone; }", '"fastcgi_cache": this FastCGI directive is not supported yet'),
-        ("ssl_crl /etc/ssl/crl.pem;", '"ssl_crl": this TLS directive is not supported yet'),
+        ("ssl_password_file /etc/ssl/pw;", '"ssl_password_file": this TLS directive is not supported yet'),
         ("geo $x $y { default 0; }", '"geo": "geo" is not supported yet'),
         ("frobnicate on;", 'unknown directive "frobnicate"'),
     ],
