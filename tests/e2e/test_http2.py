@@ -355,6 +355,44 @@ def test_ping_flood_does_not_hurt_others(gannet, pki):
     assert srv.proc.poll() is None
 
 
+@pytest.mark.parametrize("kind, payload", [(6, b"12345678"), (4, b""), (0, b"")], ids=["ping", "settings", "empty-data"])
+def test_control_frame_floods_are_ended_with_goaway(gannet, pki, kind, payload):
+    import threading
+
+    text, _ = servers(pki, h2c_listen="http2")
+    srv = gannet.start(conf=text)
+    with socket.create_connection(("127.0.0.1", srv.port)) as s:
+        # Empty DATA frames need an open stream: a POST whose body never comes.
+        post = b"\x83\x86\x84\x01\x09localhost"
+        s.sendall(PREFACE + frame(4, 0, 0, b"") + frame(1, 0x4, 1, post))
+        result = {}
+        reader = threading.Thread(target=lambda: result.update(frames=read_frames(s)))
+        reader.start()  # the client reads everything: no backpressure, only the budget
+        try:
+            for _ in range(30):
+                s.sendall(frame(kind, 0, 1 if kind == 0 else 0, payload) * 1000)
+        except OSError:
+            pass
+        reader.join(15)
+    assert goaway_code(result["frames"]) == 0xB  # ENHANCE_YOUR_CALM
+    # (gannet's guard ends PING and SETTINGS floods; the h2 crate ends empty DATA floods.)
+    log = srv.error_log()
+    assert "flooded the HTTP/2 connection" in log or "excessive load generating behavior" in log, log
+    assert curl(f"http://127.0.0.1:{srv.port}/v", "--http2-prior-knowledge").stdout.startswith(b"HTTP/2.0|")
+
+
+def test_a_busy_honest_client_is_not_a_flood(gannet, pki):
+    text, _ = servers(pki, h2c_listen="http2")
+    srv = gannet.start(conf=text, files={"big.bin": b"q" * 3_000_000})
+    # Many requests with their usual control frames, and a big download's WINDOW_UPDATEs.
+    r = subprocess.run(["h2load", "-n", "300", "-c", "1", "-m", "10", f"http://127.0.0.1:{srv.port}/v"],
+                       capture_output=True, text=True, timeout=60).stdout
+    assert "300 succeeded" in r, r
+    r = curl(f"http://127.0.0.1:{srv.port}/big.bin", "--http2-prior-knowledge")
+    assert len(r.stdout) == 3_000_000
+    assert "flooded" not in srv.error_log()
+
+
 # --- conformance --------------------------------------------------------------------------------
 
 

@@ -11,10 +11,12 @@
 //! `keepalive_requests` streams per connection, `keepalive_timeout` without streams,
 //! `client_body_timeout` / `send_timeout` per body read / window wait. The h2 crate closes
 //! connections that reset streams in bulk (rapid reset), send endless CONTINUATION frames
-//! or oversized header blocks, with GOAWAY.
+//! or oversized header blocks, with GOAWAY; `conn::h2_flood` ends PING / SETTINGS / empty
+//! frame floods.
 
 use super::body::BodyError;
 use super::gateway::Outcome;
+use super::h2_flood::{Flood, FloodGuard};
 use super::h2_response;
 use super::source::Source;
 use crate::errlog::{self, Level};
@@ -83,6 +85,8 @@ where
         .max_header_list_size(header_cap)
         .max_frame_size(16 * 1024)
         .max_send_buffer_size(h2c.chunk_size() as usize * 4);
+    let flood = Rc::new(Flood::default());
+    let io = FloodGuard::new(io, flood.clone(), PREFACE.len());
     let Some(io) = preface(io, core.client_header_timeout()).await else {
         w.connection_closed();
         return;
@@ -108,6 +112,8 @@ where
     });
     let mut requests = 0u64;
     let mut closing = false;
+    // Once a flood is stopped: when to stop waiting for the codec to finish its GOAWAY.
+    let mut cut_off: Option<tokio::time::Instant> = None;
     loop {
         // Without streams the connection may idle for keepalive_timeout; either way it
         // wakes now and then to notice a graceful stop.
@@ -121,6 +127,14 @@ where
         let next = tokio::select! {
             r = conn.accept() => Some(r),
             () = tokio::time::sleep(wait), if !closing => None,
+            () = flood.alarm.notified(), if cut_off.is_none() => {
+                log_conn(&info, format_args!("client flooded the HTTP/2 connection with control frames"));
+                conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+                closing = true;
+                cut_off = Some(tokio::time::Instant::now() + FLOOD_LINGER);
+                continue;
+            }
+            () = sleep_until_or_never(cut_off) => break,
         };
         match next {
             Some(Some(Ok((req, respond)))) => {
@@ -153,6 +167,16 @@ where
         }
     }
     w.connection_closed();
+}
+
+/// How long a flooding connection gets to take its GOAWAY before it is dropped.
+const FLOOD_LINGER: Duration = Duration::from_secs(5);
+
+async fn sleep_until_or_never(t: Option<tokio::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The client connection preface (RFC 9113 3.4).

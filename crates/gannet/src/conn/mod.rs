@@ -7,6 +7,7 @@ pub mod body;
 pub mod gateway;
 pub mod h1;
 pub mod h2;
+pub mod h2_flood;
 pub mod h2_response;
 pub mod log;
 pub mod send;
