@@ -65,6 +65,38 @@ def test_alpn_h2_over_tls(gannet, pki):
     assert '"GET /v HTTP/2.0" 200' in srv.access_log()
 
 
+def test_alpn_follows_the_server_sni_picks_and_mtls_refusals_hold(gannet, pki):
+    tls = free_port()
+    srv = gannet.start(conf=conf(f"""
+    server {{
+        listen 127.0.0.1:{tls} ssl;
+        server_name h2.test;
+        http2 on;
+        {pair(pki, 'ec')}
+        location = /v {{ {VARS} }}
+    }}
+    server {{
+        listen 127.0.0.1:{tls} ssl;
+        server_name h1.test;
+        {pair(pki, 'ec')}
+        ssl_verify_client on;
+        ssl_client_certificate {pki.path('ca.pem')};
+        location = /v {{ {VARS} }}
+    }}
+    server {{
+        listen 127.0.0.1:{{port}};
+    }}"""))
+    def get(name, *args):
+        return curl(f"https://{name}:{tls}/v", "--http2", "--resolve", f"{name}:{tls}:127.0.0.1", "-w", "|%{http_version}", *args)
+    assert get("h2.test").stdout.endswith(b"|2")
+    r = get("h1.test")
+    assert r.stdout.endswith(b"|1.1") and b"No required SSL certificate was sent" in r.stdout
+    # Over HTTP/2 a request for the verifying server is refused the same way.
+    r = get("h2.test", "-H", "Host: h1.test")
+    assert r.stdout.endswith(b"|2") and b"421 Misdirected Request" in r.stdout
+    assert srv.proc.poll() is None
+
+
 def test_h2_not_offered_without_http2_on(gannet, pki):
     text, tls = servers(pki, http2="")
     gannet.start(conf=text)
