@@ -705,3 +705,30 @@ def test_graceful_stop_closes_idle_tls_connections(gannet, pki):
     srv.proc.send_signal(signal.SIGQUIT)
     assert srv.proc.wait(10) == 0
     c.close()
+
+
+def test_certbot_style_config_loads(gannet, pki):
+    """What certbot's options-ssl-nginx.conf and a typical site add: loads, with notices
+    for what rustls does not have."""
+    r = gannet.check(conf=conf(f"""
+    server {{
+        listen 127.0.0.1:{{port}} ssl http2;
+        listen [::1]:{{port}} ssl http2;
+        server_name example.org;
+        {pair(pki, 'ec')}
+        add_header Strict-Transport-Security "max-age=31536000" always;
+        ssl_stapling on;
+        ssl_stapling_verify on;
+    }}""", http="""
+    ssl_session_cache shared:le_nginx_SSL:10m;
+    ssl_session_timeout 1440m;
+    ssl_session_tickets off;
+    ssl_protocols TLSv1.2 TLSv1.3;
+    ssl_prefer_server_ciphers off;
+    ssl_ciphers "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305:DHE-RSA-AES128-GCM-SHA256:DHE-RSA-AES256-GCM-SHA384";
+    ssl_dhparam /etc/letsencrypt/ssl-dhparams.pem;
+    """))
+    assert r.returncode == 0, r.stderr
+    assert '"ssl_dhparam" has no effect' in r.stderr
+    assert 'cipher "DHE-RSA-AES128-GCM-SHA256" in "ssl_ciphers" is not one gannet offers' in r.stderr
+    assert "nothing is stapled" in r.stderr
