@@ -239,6 +239,18 @@ def test_big_file_to_a_slow_reader(gannet, pki):
     assert n == len(big) and got.digest() == hashlib.sha256(big).digest()
 
 
+def test_idle_tls_connection_serves_again(gannet, pki):
+    """Past a second of idleness a TLS connection gives its buffers back (it cannot park);
+    the next request on it is served as usual."""
+    srv = gannet.start(conf=one_server(pki), files={"index.html": "again\n"})
+    c = https(srv.port)
+    for pause in (0, 1.5, 1.5):
+        time.sleep(pause)  # the idle time is what is tested
+        c.request("GET", "/")
+        assert c.getresponse().read() == b"again\n"
+    c.close()
+
+
 def test_cleartext_and_tls_on_one_server(gannet, pki):
     tls_port = free_port()
     srv = gannet.start(conf=conf(f"""

@@ -303,6 +303,20 @@ impl<S: Transport> Conn<S> {
                         End::Park(deadline)
                     };
                 }
+            } else if idle && !S::PARKABLE && wait > PARK_AFTER && !w.draining.get() {
+                // A connection that cannot park (TLS) still gives its buffers back once it
+                // has been idle that long; the next request allocates them again.
+                if !c
+                    .wait_readable(Instant::now() + PARK_AFTER, between_requests)
+                    .await
+                {
+                    c.buf = BytesMut::new();
+                    c.out = Vec::new();
+                    w.buffers_shed();
+                    if w.draining.get() || !c.wait_readable(deadline, between_requests).await {
+                        return End::Close;
+                    }
+                }
             } else if !c.wait_readable(deadline, between_requests).await {
                 return End::Close;
             }
