@@ -289,6 +289,11 @@ def test_idle_connection_gets_goaway_after_keepalive_timeout(gannet, pki):
         frames = frames_until(s, 7)
         assert frames[-1][0] == 7 and struct.unpack(">II", frames[-1][2][:8])[1] == 0  # GOAWAY NO_ERROR
         assert 0.5 < time.monotonic() - start < 5
+        # A client that neither answers the server's PING nor closes is closed for.
+        frames_until(s, -1, deadline=15)
+        assert time.monotonic() - start < 12
+        s.settimeout(1)
+        assert s.recv(100) == b""
 
 
 def test_zero_window_stall_is_reset_after_send_timeout(gannet, pki):

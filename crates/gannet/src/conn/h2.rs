@@ -111,13 +111,14 @@ where
         last: Cell::new(Instant::now()),
     });
     let mut requests = 0u64;
-    let mut closing = false;
+    // Since when the connection has been ending gracefully (GOAWAY sent).
+    let mut closing: Option<Instant> = None;
     // Once a flood is stopped: when to stop waiting for the codec to finish its GOAWAY.
     let mut cut_off: Option<tokio::time::Instant> = None;
     loop {
         // Without streams the connection may idle for keepalive_timeout; either way it
         // wakes now and then to notice a graceful stop.
-        let wait = if activity.streams.get() == 0 {
+        let wait = if activity.streams.get() == 0 && closing.is_none() {
             keepalive
                 .saturating_sub(activity.last.get().elapsed())
                 .min(DRAIN_CHECK)
@@ -126,12 +127,12 @@ where
         };
         let next = tokio::select! {
             r = conn.accept() => Some(r),
-            () = tokio::time::sleep(wait), if !closing => None,
+            () = tokio::time::sleep(wait) => None,
             () = flood.alarm.notified(), if cut_off.is_none() => {
                 log_conn(&info, format_args!("client flooded the HTTP/2 connection with control frames"));
                 conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
-                closing = true;
-                cut_off = Some(tokio::time::Instant::now() + FLOOD_LINGER);
+                closing.get_or_insert_with(Instant::now);
+                cut_off = Some(tokio::time::Instant::now() + LINGER);
                 continue;
             }
             () = sleep_until_or_never(cut_off) => break,
@@ -143,9 +144,9 @@ where
                 info.requests = requests;
                 let guard = InFlight::new(&activity);
                 tokio::task::spawn_local(stream(w.clone(), info, group, req, respond, guard));
-                if max_requests > 0 && requests >= max_requests && !closing {
+                if max_requests > 0 && requests >= max_requests && closing.is_none() {
                     conn.graceful_shutdown();
-                    closing = true;
+                    closing = Some(Instant::now());
                 }
             }
             Some(Some(Err(e))) => {
@@ -156,21 +157,31 @@ where
                 break;
             }
             Some(None) => break,
-            None => {
-                let idle =
-                    activity.streams.get() == 0 && activity.last.get().elapsed() >= keepalive;
-                if idle || w.draining.get() {
-                    conn.graceful_shutdown();
-                    closing = true;
+            None => match closing {
+                // Ended gracefully, streams done, and the client still has not closed (the
+                // codec waits for its answer to a PING): it is closed for it.
+                Some(since) => {
+                    if activity.streams.get() == 0 && since.elapsed() >= LINGER {
+                        break;
+                    }
                 }
-            }
+                None => {
+                    let idle =
+                        activity.streams.get() == 0 && activity.last.get().elapsed() >= keepalive;
+                    if idle || w.draining.get() {
+                        conn.graceful_shutdown();
+                        closing = Some(Instant::now());
+                    }
+                }
+            },
         }
     }
     w.connection_closed();
 }
 
-/// How long a flooding connection gets to take its GOAWAY before it is dropped.
-const FLOOD_LINGER: Duration = Duration::from_secs(5);
+/// How long a connection that was sent GOAWAY (with no streams left) gets to close before
+/// it is dropped.
+const LINGER: Duration = Duration::from_secs(5);
 
 async fn sleep_until_or_never(t: Option<tokio::time::Instant>) {
     match t {
