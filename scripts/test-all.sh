@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 step() { printf '\n==> %s\n' "$*"; }
 
 step "system packages"
-pkgs=(curl nginx lighttpd h2o caddy apache2 apache2-utils libapache2-mod-php8.2 wrk nghttp2-client httperf siege iproute2 php-fpm uwsgi-core uwsgi-plugin-python3)
+pkgs=(curl openssl nginx lighttpd h2o caddy apache2 apache2-utils libapache2-mod-php8.2 wrk nghttp2-client httperf siege iproute2 php-fpm uwsgi-core uwsgi-plugin-python3)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -31,6 +31,15 @@ step "python packages"
 python3 -m pip install -q -e './arena[test]'
 # Independent decoders for the compression tests.
 python3 -m pip install -q brotli zstandard
+
+step "h2spec (HTTP/2 conformance; a Go module, for tests/e2e/test_http2.py)"
+if ! command -v h2spec >/dev/null && [ ! -x "$HOME/go/bin/h2spec" ]; then
+  if command -v go >/dev/null; then
+    go install github.com/summerwind/h2spec/cmd/h2spec@v2.2.1+incompatible
+  else
+    echo "go not found: the h2spec test will be skipped"
+  fi
+fi
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

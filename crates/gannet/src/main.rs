@@ -10,6 +10,7 @@ mod errlog;
 mod http;
 mod modules;
 mod runtime;
+mod tls;
 mod upstream;
 
 use clap::{Arg, ArgAction, Command};

@@ -14,6 +14,7 @@ pub mod file_cache;
 pub mod gateway;
 pub mod headers;
 pub mod health_check;
+pub mod http2;
 pub mod index;
 pub mod map;
 pub mod mirror;
@@ -21,6 +22,7 @@ pub mod proxy;
 pub mod rewrite;
 pub mod scgi;
 pub mod static_files;
+pub mod tls;
 pub mod try_files;
 pub mod types;
 pub mod uwsgi;
@@ -47,6 +49,10 @@ pub struct LoadCtx {
     pub matches: HashMap<String, Arc<health_check::Match>>,
     /// Every `health_check` read so far.
     pub probes: Vec<crate::config::Probe>,
+    /// Notices for `gannet -t` (settings accepted in part).
+    pub notices: Vec<String>,
+    /// What the TLS setups of the servers share (session caches, ticket keys).
+    pub tls: crate::tls::LoadState,
 }
 
 type Setter = fn(&Directive, &mut LocConf, &mut LoadCtx) -> Result<(), ConfError>;
@@ -130,6 +136,14 @@ pub const MODULES: &[Module] = &[
         directives: map::DIRECTIVES,
         set: map::set,
     },
+    Module {
+        directives: tls::DIRECTIVES,
+        set: tls::set,
+    },
+    Module {
+        directives: http2::DIRECTIVES,
+        set: http2::set,
+    },
 ];
 
 /// Find the spec and setter for an http/server/location directive.
@@ -189,6 +203,8 @@ pub struct LocConf {
     pub mirror: mirror::MirrorConf,
     /// `health_check`, of this location only (not inherited).
     pub health_check: Option<Arc<health_check::HealthCheck>>,
+    pub tls: tls::TlsConf,
+    pub http2: http2::Http2Conf,
 }
 
 impl LocConf {
@@ -208,6 +224,8 @@ impl LocConf {
         self.uwsgi.merge(&parent.uwsgi);
         self.proxy.merge(&parent.proxy);
         self.mirror.merge(&parent.mirror);
+        self.tls.merge(&parent.tls);
+        self.http2.merge(&parent.http2);
         // try_files and the rewrite statements are not inherited, as in nginx.
     }
 }

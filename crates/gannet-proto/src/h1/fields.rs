@@ -89,7 +89,7 @@ pub(super) fn interpret(
         (None, None) => BodyKind::None,
     };
     let keep_alive = match version {
-        Version::Http11 => !close,
+        Version::Http11 | Version::Http2 => !close,
         Version::Http10 => keep_alive_token && !close,
     };
     Ok(Fields {
@@ -101,7 +101,7 @@ pub(super) fn interpret(
 }
 
 /// Content-Length: 1*DIGIT that fits a u64. No sign, no spaces inside, no list form.
-fn parse_length(v: &[u8]) -> Option<u64> {
+pub(super) fn parse_length(v: &[u8]) -> Option<u64> {
     if v.is_empty() {
         return None;
     }
@@ -114,7 +114,7 @@ fn parse_length(v: &[u8]) -> Option<u64> {
 /// Validate a Host value the way nginx's `ngx_http_validate_host` does and return the length
 /// of its host part (without `:port` and one trailing dot). `None` for an invalid host:
 /// empty, `..`, a path separator, whitespace or control bytes.
-fn valid_host(v: &[u8]) -> Option<usize> {
+pub(super) fn valid_host(v: &[u8]) -> Option<usize> {
     let mut host_len = v.len();
     let mut in_literal = false;
     let mut in_port = false;

@@ -19,6 +19,8 @@ use super::reqline::{self, RequestLine};
 pub enum Version {
     Http10,
     Http11,
+    /// A request that came as an HTTP/2 stream (see [`RequestHead::from_fields`]).
+    Http2,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,6 +187,94 @@ impl RequestHead {
             keep_alive: false,
             expect_continue: false,
         }
+    }
+
+    /// The head of a request that did not arrive as HTTP/1.x text (an HTTP/2 stream, whose
+    /// codec has already checked the method, target, names and values). It is laid out as
+    /// an HTTP/1 head, `GET /x HTTP/2.0` then a `host` line from `:authority` (which wins
+    /// over a Host field, RFC 9113 8.3.1) and the fields, so that `$request`, logs and
+    /// header lookups work as for HTTP/1. The Host is checked and a Content-Length parsed
+    /// as in HTTP/1; `body` says whether a body follows.
+    pub fn from_fields<'a>(
+        method: &str,
+        target: &str,
+        authority: Option<&str>,
+        fields: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+        body_follows: bool,
+    ) -> Result<RequestHead, ParseError> {
+        let mut raw = Vec::with_capacity(256);
+        raw.extend_from_slice(method.as_bytes());
+        raw.push(b' ');
+        let target_range = raw.len()..raw.len() + target.len();
+        raw.extend_from_slice(target.as_bytes());
+        raw.extend_from_slice(b" HTTP/2.0\r\n");
+        let mut headers = Vec::new();
+        let mut push = |raw: &mut Vec<u8>, name: &[u8], value: &[u8]| {
+            let n = raw.len()..raw.len() + name.len();
+            raw.extend_from_slice(name);
+            raw.extend_from_slice(b": ");
+            let v = raw.len()..raw.len() + value.len();
+            raw.extend_from_slice(value);
+            raw.extend_from_slice(b"\r\n");
+            headers.push((n, v));
+        };
+        let mut host = None;
+        if let Some(a) = authority {
+            push(&mut raw, b"host", a.as_bytes());
+        }
+        let mut length = None;
+        for (name, value) in fields {
+            if name.eq_ignore_ascii_case("host") {
+                if authority.is_some() {
+                    continue;
+                }
+                if host.is_some() {
+                    return Err(ParseError::BadRequest("duplicate Host header"));
+                }
+                host = Some(());
+            }
+            if name.eq_ignore_ascii_case("content-length") {
+                if length.is_some() {
+                    return Err(ParseError::BadRequest("duplicate Content-Length header"));
+                }
+                length = Some(
+                    fields::parse_length(value)
+                        .ok_or(ParseError::BadRequest("invalid Content-Length header"))?,
+                );
+            }
+            push(&mut raw, name.as_bytes(), value);
+        }
+        raw.extend_from_slice(b"\r\n");
+        let raw = Bytes::from(raw);
+        let host_range = match headers
+            .iter()
+            .find(|(n, _)| raw[n.clone()].eq_ignore_ascii_case(b"host"))
+        {
+            Some((_, v)) => {
+                let len = fields::valid_host(&raw[v.clone()])
+                    .ok_or(ParseError::BadRequest("invalid Host header"))?;
+                Some(v.start..v.start + len)
+            }
+            None => None,
+        };
+        let body = match length {
+            Some(n) => BodyKind::Length(n),
+            // A body of unknown length: its end is the stream's end.
+            None if body_follows => BodyKind::Chunked,
+            None => BodyKind::None,
+        };
+        Ok(RequestHead {
+            method: Method::from_token(method.as_bytes()),
+            method_range: 0..method.len(),
+            target_range,
+            headers,
+            host_range,
+            raw,
+            version: Version::Http2,
+            body,
+            keep_alive: true,
+            expect_continue: false,
+        })
     }
 
     pub fn method_str(&self) -> &str {

@@ -645,3 +645,49 @@ fn error_statuses() {
     assert_eq!(ParseError::NotImplemented("x").status(), 501);
     assert_eq!(ParseError::VersionNotSupported.status(), 505);
 }
+
+// --- heads of HTTP/2 streams -------------------------------------------------------------
+
+#[test]
+fn head_from_fields_reads_like_an_http1_head() {
+    let fields: [(&str, &[u8]); 3] = [
+        ("accept", b"*/*"),
+        ("content-length", b"5"),
+        ("cookie", b"a=1"),
+    ];
+    let h =
+        RequestHead::from_fields("POST", "/x?y=1", Some("Example.com:8443"), fields, true).unwrap();
+    assert_eq!(h.method, Method::Post);
+    assert_eq!(h.version, Version::Http2);
+    assert_eq!(h.target(), b"/x?y=1");
+    assert_eq!(h.host(), Some(&b"Example.com"[..]));
+    assert_eq!(h.header("accept"), Some(&b"*/*"[..]));
+    assert_eq!(h.body, BodyKind::Length(5));
+    assert!(h
+        .raw()
+        .starts_with(b"POST /x?y=1 HTTP/2.0\r\nhost: Example.com:8443\r\n"));
+    assert!(h.raw().ends_with(b"\r\n\r\n"));
+}
+
+#[test]
+fn head_from_fields_checks_host_and_length() {
+    let none: [(&str, &[u8]); 0] = [];
+    let h = RequestHead::from_fields("GET", "/", None, none, false).unwrap();
+    assert_eq!((h.host(), h.body), (None, BodyKind::None));
+    // A body without Content-Length ends with the stream.
+    assert_eq!(
+        RequestHead::from_fields("PUT", "/", None, none, true)
+            .unwrap()
+            .body,
+        BodyKind::Chunked
+    );
+    let bad_host: [(&str, &[u8]); 1] = [("host", b"a b")];
+    assert!(RequestHead::from_fields("GET", "/", None, bad_host, false).is_err());
+    // :authority wins over a Host field, which is then not kept.
+    let h = RequestHead::from_fields("GET", "/", Some("a.test"), bad_host, false).unwrap();
+    assert_eq!(h.header_all("host").count(), 1);
+    let two: [(&str, &[u8]); 2] = [("content-length", b"1"), ("content-length", b"1")];
+    assert!(RequestHead::from_fields("GET", "/", None, two, false).is_err());
+    let junk: [(&str, &[u8]); 1] = [("content-length", b"x")];
+    assert!(RequestHead::from_fields("GET", "/", None, junk, false).is_err());
+}

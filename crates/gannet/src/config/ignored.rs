@@ -1,6 +1,7 @@
-//! nginx directives that mean nothing for gannet (its design makes them unnecessary) or that
-//! belong to features not built yet. They are accepted so that existing nginx.conf files load,
-//! and `gannet -t` prints a notice for each, naming its file:line.
+//! nginx directives that mean nothing for gannet (its design makes them unnecessary, or
+//! rustls decides what they tune) or that belong to features not built yet. They are
+//! accepted so that existing nginx.conf files load, and `gannet -t` prints a notice for
+//! each, naming its file:line.
 
 /// (directive, why it has no effect)
 pub const IGNORED: &[(&str, &str)] = &[
@@ -102,15 +103,42 @@ pub const IGNORED: &[(&str, &str)] = &[
         "scgi_temp_path",
         "SCGI answers are buffered in memory or streamed",
     ),
-    ("ssl_protocols", "TLS is not supported yet"),
-    ("ssl_prefer_server_ciphers", "TLS is not supported yet"),
-    ("ssl_ciphers", "TLS is not supported yet"),
-    ("ssl_session_cache", "TLS is not supported yet"),
-    ("ssl_session_timeout", "TLS is not supported yet"),
-    ("ssl_session_tickets", "TLS is not supported yet"),
-    ("ssl_dhparam", "TLS is not supported yet"),
-    ("ssl_stapling", "TLS is not supported yet"),
-    ("ssl_stapling_verify", "TLS is not supported yet"),
+    (
+        "ssl_dhparam",
+        "rustls offers no finite-field DHE suites (ECDHE is always used)",
+    ),
+    (
+        "ssl_stapling_verify",
+        "the response in ssl_stapling_file is stapled as it is",
+    ),
+    (
+        "ssl_verify_depth",
+        "client chains are checked to any depth rustls's verifier accepts",
+    ),
+    ("ssl_buffer_size", "rustls sizes its TLS records itself"),
+    (
+        "ssl_session_ticket_key",
+        "ticket keys are random and rotated by gannet itself",
+    ),
+    ("ssl_early_data", "0-RTT early data is never accepted"),
+    (
+        "http2_push",
+        "HTTP/2 server push is obsolete (nginx ignores it too)",
+    ),
+    (
+        "http2_push_preload",
+        "HTTP/2 server push is obsolete (nginx ignores it too)",
+    ),
+    (
+        "http2_recv_buffer_size",
+        "the h2 codec sizes its buffers itself",
+    ),
+    ("http2_idle_timeout", "keepalive_timeout applies to HTTP/2"),
+    ("http2_max_requests", "keepalive_requests applies to HTTP/2"),
+    (
+        "http2_recv_timeout",
+        "client_header_timeout applies to HTTP/2",
+    ),
 ];
 
 pub fn lookup(name: &str) -> Option<&'static str> {

@@ -1,5 +1,5 @@
-//! The `listen` directive: `listen [addr:]port | [ipv6]:port | addr [default_server]
-//! [reuseport] [backlog=N] [ipv6only=on|off] [deferred] [bind] [so_keepalive=...]`.
+//! The `listen` directive: `listen [addr:]port | [ipv6]:port | addr [default_server] [ssl]
+//! [http2] [reuseport] [backlog=N] [ipv6only=on|off] [deferred] [bind] [so_keepalive=...]`.
 
 use gannet_conf::{ConfError, Directive};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -15,6 +15,11 @@ pub struct Listen {
     /// `deferred`: TCP_DEFER_ACCEPT, the kernel hands over a connection only once its
     /// first data has arrived.
     pub deferred: bool,
+    /// `ssl`: connections to the address speak TLS (one server saying so is enough, as in
+    /// nginx, where the flag belongs to the address).
+    pub ssl: bool,
+    /// `http2` (nginx's older form of `http2 on`): HTTP/2 on the address, for every server.
+    pub http2: bool,
 }
 
 impl Listen {
@@ -37,6 +42,8 @@ impl Listen {
             reuseport: false,
             ipv6only: true,
             deferred: false,
+            ssl: false,
+            http2: false,
         }
     }
 
@@ -64,6 +71,8 @@ impl Listen {
                 ("ipv6only", Some("on")) => l.ipv6only = true,
                 ("ipv6only", Some("off")) => l.ipv6only = false,
                 ("deferred", None) => l.deferred = true,
+                ("ssl", None) => l.ssl = true,
+                ("http2", None) => l.http2 = true,
                 // Accepted for compatibility; gannet's behaviour does not depend on them.
                 ("bind", None)
                 | ("fastopen", Some(_))
@@ -72,7 +81,7 @@ impl Listen {
                 | ("sndbuf", Some(_))
                 | ("setfib", Some(_))
                 | ("accept_filter", Some(_)) => {}
-                ("ssl", None) | ("http2", None) | ("quic", None) | ("proxy_protocol", None) => {
+                ("quic", None) | ("proxy_protocol", None) => {
                     return Err(d.error(format!(
                         "the \"{key}\" parameter of \"listen\" is not supported yet"
                     )))

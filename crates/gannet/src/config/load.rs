@@ -36,8 +36,8 @@ const NOT_YET_FAMILIES: &[(&str, &str)] = &[
     ("fastcgi_", "this FastCGI directive is not supported yet"),
     ("uwsgi_", "this uwsgi directive is not supported yet"),
     ("scgi_", "this SCGI directive is not supported yet"),
-    ("ssl_", "TLS is not supported yet"),
-    ("http2", "HTTP/2 is not supported yet"),
+    ("ssl_", "this TLS directive is not supported yet"),
+    ("http2", "this HTTP/2 directive is not supported yet"),
     ("limit_req", "limit_req is not supported yet"),
     ("limit_conn", "limit_conn is not supported yet"),
     ("auth_basic", "auth_basic is not supported yet"),
@@ -250,6 +250,8 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
         prefixless: false,
         matches: HashMap::new(),
         probes: Vec::new(),
+        notices: Vec::new(),
+        tls: Default::default(),
     };
     let mut conf = LocConf::default();
     let body = http.block.as_deref().unwrap_or_default();
@@ -286,13 +288,27 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
     // Every `map` is an http-level directive, so all are known by now.
     let vars = user_vars::table();
     let mut groups: Vec<ListenGroup> = Vec::new();
+    // Where each group was first made TLS, for the missing-certificate error.
+    let mut ssl_at: Vec<Option<gannet_conf::Loc>> = Vec::new();
     for d in body.iter().filter(|d| d.name == "server") {
         check(d, Ctx::HTTP)?;
         let (server, listens) = load_server(cfg, d, &conf, &vars, &mut lctx)?;
         let server = Arc::new(server);
         for (l, loc) in listens {
-            match groups.iter_mut().find(|g| g.listen.addr == l.addr) {
+            let i = groups
+                .iter()
+                .position(|g| g.listen.addr == l.addr)
+                .unwrap_or(groups.len());
+            if i == ssl_at.len() {
+                ssl_at.push(None);
+            }
+            if l.ssl && ssl_at[i].is_none() {
+                ssl_at[i] = Some(loc.clone());
+            }
+            match groups.get_mut(i) {
                 Some(g) => {
+                    g.listen.ssl |= l.ssl;
+                    g.listen.http2 |= l.http2;
                     if l.default_server {
                         if g.listen.default_server {
                             return Err(ConfError::at(
@@ -313,9 +329,25 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
             }
         }
     }
+    // As nginx: a TLS address needs a certificate in its default server (the one that
+    // answers clients whose SNI name no server has).
+    for (g, at) in groups.iter().zip(&ssl_at) {
+        if let Some(at) = at {
+            if g.servers[g.default].tls.is_none() {
+                return Err(ConfError::at(
+                    at,
+                    format!(
+                        "no \"ssl_certificate\" is defined for the \"listen ... ssl\" directive ({} has none)",
+                        describe_server(&g.servers[g.default])
+                    ),
+                ));
+            }
+        }
+    }
     cfg.listens = groups;
     cfg.log_files = lctx.log_files;
     cfg.probes = lctx.probes;
+    cfg.notices.append(&mut lctx.notices);
     Ok(())
 }
 
@@ -355,6 +387,9 @@ fn load_server(
         }
     }
     conf.merge(http);
+    // ALPN offers h2 when the server has `http2 on` or one of its addresses `listen ... http2`.
+    let h2 = conf.http2.enabled() || listens.iter().any(|(l, _)| l.http2);
+    let tls = crate::tls::build_server(&conf.tls, h2, &mut lctx.tls, &mut lctx.notices, &sd.loc)?;
     if listens.is_empty() {
         listens.push((Listen::default_for_server(), sd.loc.clone()));
     }
@@ -378,8 +413,18 @@ fn load_server(
         locations,
         named,
         vars: vars.clone(),
+        tls,
     };
     Ok((server, listens))
+}
+
+/// A server for messages: its first name, or where it is defined.
+fn describe_server(s: &ServerConf) -> String {
+    if s.primary_name.is_empty() {
+        "its default server".to_string()
+    } else {
+        format!("default server \"{}\"", s.primary_name)
+    }
 }
 
 /// nginx refuses two locations with the same kind and path.

@@ -67,4 +67,6 @@ pub struct ServerConf {
     pub named: Vec<Arc<Location>>,
     /// The config's `map` variables (shared by every server).
     pub vars: Arc<VarTable>,
+    /// Its TLS setup, when it has a certificate (or rejects handshakes).
+    pub tls: Option<Arc<crate::tls::ServerTls>>,
 }

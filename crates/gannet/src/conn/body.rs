@@ -1,12 +1,11 @@
 //! Request bodies: read whole (up to `client_max_body_size`) for an application, or read and
 //! dropped for static content, so the next request on the connection is framed right.
 
+use super::transport::Transport;
 use bytes::BytesMut;
 use gannet_proto::h1::chunked::{Chunk, ChunkedDecoder};
 use gannet_proto::h1::BodyKind;
 use std::time::Duration;
-use tokio::io::AsyncReadExt;
-use tokio::net::TcpStream;
 
 /// Why a body could not be read to its end; the connection must then close.
 #[derive(Debug, PartialEq, Eq)]
@@ -19,8 +18,8 @@ pub enum BodyError {
 
 /// Read the body, into `keep` if given, else dropping it. `limit` 0 means no limit.
 /// Returns the body's length.
-pub async fn read(
-    stream: &mut TcpStream,
+pub async fn read<S: Transport>(
+    stream: &mut S,
     buf: &mut BytesMut,
     kind: BodyKind,
     limit: u64,
@@ -69,13 +68,13 @@ pub async fn read(
     }
 }
 
-async fn read_more(
-    stream: &mut TcpStream,
+async fn read_more<S: Transport>(
+    stream: &mut S,
     buf: &mut BytesMut,
     timeout: Duration,
 ) -> Result<(), BodyError> {
     buf.reserve(16 * 1024);
-    match tokio::time::timeout(timeout, stream.read_buf(buf)).await {
+    match tokio::time::timeout(timeout, stream.read_wait(buf)).await {
         Ok(Ok(n)) if n > 0 => Ok(()),
         _ => Err(BodyError::Io),
     }

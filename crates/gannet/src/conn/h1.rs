@@ -9,32 +9,35 @@
 //! head, `keepalive_timeout` between requests, `client_body_timeout` per body read,
 //! `send_timeout` per write. Framing errors are answered (400/413/414/431/501/505) and the
 //! connection is closed, since what follows can no longer be trusted.
+//!
+//! On a `listen ... ssl` address the TLS handshake comes first (`tls::handshake`), and the
+//! loop then runs over the encrypted stream (`conn::tls_stream`); a client speaking plain
+//! HTTP to such an address gets nginx's 400 page. The loop is compiled once per stream
+//! kind (`conn::transport`), so cleartext pays nothing for TLS.
 
 use super::body::{self, BodyError};
 use super::gateway::{Outcome, Tunnel};
-use super::send;
 use super::source::Source;
+use super::tls_stream::TlsStream;
+use super::transport::Transport;
 use crate::errlog::Level;
 use crate::http::encoder::Encoder;
 use crate::http::handler::{self, Flow, Handled};
 use crate::http::request::{ConnInfo, Request};
 use crate::http::response::{encode_head, Body, HeadCtx, Part, Response};
 use crate::http::router::select_server;
-use crate::http::variables::Sent;
-use crate::modules::access_log;
 use crate::runtime::clock;
 use crate::runtime::parking::{Parked, PARK_AFTER};
 use crate::runtime::read_timers::ReadTimers;
 use crate::runtime::worker::Worker;
+use crate::tls::handshake::{self, Accepted};
 use bytes::{Bytes, BytesMut};
 use gannet_proto::h1::{parse_request, BodyKind, Limits, Method, ParseError, RequestHead, Version};
 use gannet_proto::uri::parse_target;
-use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
 /// The most read-buffer capacity kept between requests.
@@ -45,9 +48,9 @@ const FLUSH_AT: usize = 64 * 1024;
 /// from where they are with writev.
 const COPY_MAX: usize = 8 * 1024;
 
-struct Conn {
+struct Conn<S: Transport> {
     w: Rc<Worker>,
-    stream: TcpStream,
+    stream: S,
     group: usize,
     info: ConnInfo,
     buf: BytesMut,
@@ -58,11 +61,15 @@ struct Conn {
     /// pays the setsockopt).
     nodelay: bool,
     send_timeout: Duration,
+    /// Plain HTTP arrived on a TLS address: every request is answered 400.
+    plain_on_tls: bool,
 }
 
 /// How a connection's loop ended.
 enum End {
     Close,
+    /// The client opened with the HTTP/2 preface (h2c with prior knowledge).
+    H2c,
     /// Idle long enough to park until this keep-alive deadline.
     Park(Instant),
 }
@@ -82,19 +89,56 @@ pub async fn serve(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: us
         local,
         id: Worker::next_conn_id(),
         requests: 0,
+        tls: None,
     };
-    run_conn(w, stream, info, group, Instant::now()).await;
+    if g.listen.ssl {
+        // Boxed: the handshake's state would otherwise enlarge every cleartext
+        // connection's task too.
+        return Box::pin(serve_tls(w, stream, info, group)).await;
+    }
+    if g.listen.http2 {
+        // `listen ... http2` without `ssl`: HTTP/2 only, with prior knowledge (nginx's
+        // meaning of the parameter before `http2 on`, which serves both).
+        let conf = g.servers[g.default].conf.clone();
+        return Box::pin(super::h2::serve(w, stream, info, group, conf)).await;
+    }
+    run_conn(w, stream, info, group, Instant::now(), false).await;
+}
+
+/// The handshake, then the loop over TLS (or over the socket, to answer plain HTTP).
+async fn serve_tls(w: Rc<Worker>, stream: TcpStream, mut info: ConnInfo, group: usize) {
+    let born = Instant::now();
+    let accepted = handshake::accept(&w.config.listens[group], stream, &info).await;
+    match accepted {
+        Accepted::Tls(stream, tls) => {
+            info.tls = Some(tls);
+            run_conn::<TlsStream>(w, stream, info, group, born, false).await
+        }
+        Accepted::H2(stream, tls, conf) => {
+            info.tls = Some(tls);
+            super::h2::serve(w, stream, info, group, conf).await
+        }
+        Accepted::PlainHttp(stream) => run_conn(w, stream, info, group, born, true).await,
+        Accepted::Closed => w.connection_closed(),
+    }
 }
 
 /// Take a parked connection back and go on serving it.
 pub async fn resume(w: Rc<Worker>, p: Parked) {
     match TcpStream::from_std(p.stream) {
-        Ok(stream) => run_conn(w, stream, p.info, p.group, p.born).await,
+        Ok(stream) => run_conn(w, stream, p.info, p.group, p.born, false).await,
         Err(_) => w.connection_closed(),
     }
 }
 
-async fn run_conn(w: Rc<Worker>, stream: TcpStream, info: ConnInfo, group: usize, born: Instant) {
+async fn run_conn<S: Transport>(
+    w: Rc<Worker>,
+    stream: S,
+    info: ConnInfo,
+    group: usize,
+    born: Instant,
+    plain_on_tls: bool,
+) {
     let send_timeout = w.config.listens[group].servers[w.config.listens[group].default]
         .conf
         .core
@@ -109,11 +153,31 @@ async fn run_conn(w: Rc<Worker>, stream: TcpStream, info: ConnInfo, group: usize
         born,
         send_timeout,
         nodelay: false,
+        plain_on_tls,
     };
     let end = c.run().await;
+    if let End::H2c = end {
+        // Boxed, as the handshake in `serve`: HTTP/2's state stays out of every HTTP/1.x
+        // connection's task.
+        let Conn {
+            stream, buf, info, ..
+        } = c;
+        let g = &w.config.listens[group];
+        let conf = g.servers[g.default].conf.clone();
+        match stream.into_parkable().map(TcpStream::from_std) {
+            Some(Ok(tcp)) => {
+                let io = super::h2::Prefixed::new(buf, tcp);
+                return Box::pin(super::h2::serve(w.clone(), io, info, group, conf)).await;
+            }
+            _ => {
+                w.connection_closed();
+                return;
+            }
+        }
+    }
     if let (End::Park(deadline), Some(lot)) = (end, &w.parking) {
         let Conn { stream, info, .. } = c;
-        if let Ok(stream) = stream.into_std() {
+        if let Some(stream) = stream.into_parkable() {
             if lot
                 .park(Parked {
                     stream,
@@ -127,11 +191,14 @@ async fn run_conn(w: Rc<Worker>, stream: TcpStream, info: ConnInfo, group: usize
                 return;
             }
         }
+        w.connection_closed();
+        return;
     }
+    c.stream.close();
     w.connection_closed();
 }
 
-impl Conn {
+impl<S: Transport> Conn<S> {
     /// The connection loop; see the module docs.
     async fn run(&mut self) -> End {
         let c = self;
@@ -169,6 +236,11 @@ impl Conn {
                     continue;
                 }
                 Ok(None) => {}
+                Err(ParseError::VersionNotSupported)
+                    if c.buf.starts_with(H2_PREFACE) && h2c_enabled(g) =>
+                {
+                    return End::H2c;
+                }
                 Err(e) => {
                     // Log what nginx would: the request line up to the buffer's size, and the
                     // headers when it was the headers that were refused.
@@ -218,7 +290,8 @@ impl Conn {
                 header_timeout
             };
             let deadline = Instant::now() + wait;
-            if idle && w.parking.is_some() && wait > PARK_AFTER && !w.draining.get() {
+            let may_park = S::PARKABLE && !c.plain_on_tls && w.parking.is_some();
+            if idle && may_park && wait > PARK_AFTER && !w.draining.get() {
                 // Most keep-alive clients come back at once: wait a moment here before parking.
                 if !c
                     .wait_readable(Instant::now() + PARK_AFTER, between_requests)
@@ -229,6 +302,20 @@ impl Conn {
                     } else {
                         End::Park(deadline)
                     };
+                }
+            } else if idle && !S::PARKABLE && wait > PARK_AFTER && !w.draining.get() {
+                // A connection that cannot park (TLS) still gives its buffers back once it
+                // has been idle that long; the next request allocates them again.
+                if !c
+                    .wait_readable(Instant::now() + PARK_AFTER, between_requests)
+                    .await
+                {
+                    c.buf = BytesMut::new();
+                    c.out = Vec::new();
+                    w.buffers_shed();
+                    if w.draining.get() || !c.wait_readable(deadline, between_requests).await {
+                        return End::Close;
+                    }
                 }
             } else if !c.wait_readable(deadline, between_requests).await {
                 return End::Close;
@@ -246,6 +333,15 @@ impl Conn {
     }
 }
 
+/// The start of the HTTP/2 connection preface (RFC 9113 3.4), as an HTTP/1 parser sees it:
+/// a request line with version 2.0.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n";
+
+/// h2c with prior knowledge next to HTTP/1.x: `http2 on` in the address's default server.
+fn h2c_enabled(g: &crate::config::ListenGroup) -> bool {
+    g.servers[g.default].conf.http2.enabled()
+}
+
 /// Gives a read deadline back to the worker's table however the wait ends.
 struct Deadline<'a>(&'a ReadTimers, usize);
 
@@ -255,47 +351,27 @@ impl Drop for Deadline<'_> {
     }
 }
 
-impl Conn {
-    /// One `recv` straight on the socket, whatever tokio last heard about it.
+impl<S: Transport> Conn<S> {
+    /// Read now, whatever the event loop last heard about the stream (see `Transport`).
     fn read_now(&mut self) -> std::io::Result<usize> {
-        self.buf.reserve(1024);
-        let n = socket2::SockRef::from(&self.stream).recv(self.buf.spare_capacity_mut())?;
-        // SAFETY: recv() initialised the first `n` bytes of the spare capacity it was given.
-        unsafe { self.buf.set_len(self.buf.len() + n) };
-        Ok(n)
+        self.stream.read_now(&mut self.buf)
     }
 
-    /// Read what the socket has into the buffer. A short read means the socket is drained,
-    /// and tokio is told so (by answering WouldBlock from inside `try_io`, which clears the
-    /// readiness unless a new event came in meanwhile). Without that, every request would
-    /// cost one more `recv` that only returns EAGAIN before the connection waits again.
+    /// Read what the stream has into the buffer once it was reported readable.
     fn read_some(&mut self) -> std::io::Result<usize> {
-        let spare = self.buf.capacity() - self.buf.len();
-        let mut got = 0;
-        let (stream, buf) = (&self.stream, &mut self.buf);
-        let r = stream.try_io(Interest::READABLE, || {
-            got = stream.try_read_buf(buf)?;
-            if got > 0 && got < spare {
-                Err(std::io::ErrorKind::WouldBlock.into())
-            } else {
-                Ok(got)
-            }
-        });
-        match r {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && got > 0 => Ok(got),
-            r => r,
-        }
+        self.stream.read_some(&mut self.buf)
     }
 
-    /// Wait until the socket is readable (true) or the deadline passes (false). Polls the
-    /// socket's readiness directly and keeps the deadline in the worker's table, so a
+    /// Wait until the stream is readable (true) or the deadline passes (false). Polls the
+    /// stream's readiness directly and keeps the deadline in the worker's table, so a
     /// waiting connection's task holds a few words (see `runtime::read_timers`).
-    async fn wait_readable(&self, deadline: Instant, idle: bool) -> bool {
+    async fn wait_readable(&mut self, deadline: Instant, idle: bool) -> bool {
         let timers = &self.w.timers;
+        let stream = &mut self.stream;
         let key = Deadline(timers, timers.insert(deadline, idle));
         std::future::poll_fn(|cx| {
-            if let Poll::Ready(r) = self.stream.poll_read_ready(cx) {
-                return Poll::Ready(r.is_ok());
+            if let Poll::Ready(r) = stream.poll_readable(cx) {
+                return Poll::Ready(r);
             }
             timers.poll(key.1, cx).map(|()| false)
         })
@@ -303,9 +379,10 @@ impl Conn {
     }
 
     /// Write the pending output. Most of the time the socket takes it all at once, so try
-    /// that first: the timed, waiting write (and its timer) is only built when it does not.
+    /// that first: the timed, waiting write (and its timer) is only built when it does not
+    /// (or when TLS still holds records the socket did not take).
     async fn flush(&mut self) -> std::io::Result<()> {
-        if self.out.is_empty() {
+        if self.out.is_empty() && !self.stream.has_pending() {
             return Ok(());
         }
         let done = match self.stream.try_write(&self.out) {
@@ -313,7 +390,7 @@ impl Conn {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
             Err(e) => return Err(e),
         };
-        let r = if done < self.out.len() {
+        let r = if done < self.out.len() || self.stream.has_pending() {
             let rest = &self.out[done..];
             Box::pin(tokio::time::timeout(
                 self.send_timeout,
@@ -380,6 +457,9 @@ impl Conn {
             target.query,
             host,
         );
+        if let Some((status, why)) = self.tls_refusal(&req) {
+            return self.refuse(&req, status, why).await;
+        }
         let mut handled = handler::handle(&mut req, &w);
         let mut keep = req.head.keep_alive;
         let mut body = Vec::new();
@@ -454,6 +534,30 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// A request nginx refuses on TLS grounds: plain HTTP on a TLS address, a client
+    /// certificate missing or failed where the server requires one, or a request for a
+    /// verifying server on a connection another server's setup accepted.
+    fn tls_refusal(&self, req: &Request) -> Option<(u16, &'static str)> {
+        if self.plain_on_tls {
+            return Some((400, "The plain HTTP request was sent to HTTPS port"));
+        }
+        let tls = req.conn.tls.as_ref()?;
+        tls.refusal(req.server.tls.as_ref()?)
+    }
+
+    /// Answer with nginx's page (and its explanation, if any) and close, logging why.
+    async fn refuse(&mut self, req: &Request, status: u16, why: &str) -> bool {
+        let logged = if why.is_empty() {
+            "client certificate was verified by another server's settings (SNI and Host differ)"
+        } else {
+            why
+        };
+        crate::errlog::request(Level::Info, req, format_args!("{logged}"));
+        let resp = Response::error_page_because(status, req.conf.core.server_tokens(), why);
+        self.respond(req, resp, false).await;
+        false
     }
 
     /// Write the response (head into the output buffer, body after it), then log it.
@@ -595,7 +699,7 @@ impl Conn {
             && (max_requests == 0 || self.info.requests < max_requests)
             && self.born.elapsed() < core.keepalive_time();
         if keep && !self.nodelay && core.tcp_nodelay() {
-            self.nodelay = self.stream.set_nodelay(true).is_ok();
+            self.nodelay = self.stream.set_nodelay();
         }
         let body_len = resp.body.len();
         let send_body = !req.is_head() && resp.status_has_body();
@@ -630,11 +734,9 @@ impl Conn {
                 Part::Bytes(b) if b.len() <= COPY_MAX => self.out.extend_from_slice(b),
                 Part::Bytes(b) => {
                     // Head (and anything queued) and the body in one writev.
-                    let mut bufs = [IoSlice::new(&self.out), IoSlice::new(b)];
-                    let total = self.out.len() + b.len();
                     let r = tokio::time::timeout(
                         self.send_timeout,
-                        write_vectored_all(&mut self.stream, &mut bufs, total),
+                        self.stream.write_pair(&self.out, b),
                     )
                     .await;
                     self.out.clear();
@@ -643,16 +745,10 @@ impl Conn {
                 Part::File(f) => {
                     let pending = std::mem::take(&mut self.out);
                     let t = self.send_timeout;
-                    let r = tokio::time::timeout(t, async {
-                        if !pending.is_empty() {
-                            send::write_all(&mut self.stream, &pending, nopush).await?;
-                        }
-                        if use_sendfile {
-                            send::sendfile(&mut self.stream, f).await
-                        } else {
-                            send::copy_file(&mut self.stream, f).await
-                        }
-                    })
+                    let r = tokio::time::timeout(
+                        t,
+                        self.stream.send_file(&pending, f, use_sendfile, nopush),
+                    )
                     .await;
                     self.out = pending;
                     self.out.clear();
@@ -665,36 +761,7 @@ impl Conn {
 
     /// The log phase: one line per configured access log.
     fn log(&self, req: &Request, resp: &Response, head_len: u64, body_len: u64) {
-        let Some(logs) = &req.conf.log.logs else {
-            return;
-        };
-        if logs.is_empty() {
-            return;
-        }
-        let mut headers = Vec::new();
-        if let Some(ct) = &resp.content_type {
-            headers.push(("content-type".to_string(), ct.to_string()));
-        }
-        if let Some(l) = &resp.location {
-            headers.push(("location".to_string(), l.clone()));
-        }
-        headers.extend(
-            resp.headers
-                .iter()
-                .map(|(n, v)| (n.to_ascii_lowercase(), v.clone())),
-        );
-        let sent = Sent {
-            status: resp.status,
-            body_bytes: body_len,
-            bytes: head_len + body_len,
-            headers,
-        };
-        let mut line = Vec::with_capacity(256);
-        for log in logs.iter() {
-            line.clear();
-            access_log::format_line(&log.format, req, &sent, &mut line);
-            self.w.log_line(log, &line);
-        }
+        super::log::access(&self.w, req, resp, head_len, body_len);
     }
 }
 
@@ -718,22 +785,4 @@ fn normalize_host(v: &[u8]) -> String {
         s.rsplit_once(':').map_or(s.clone(), |(h, _)| h.to_string())
     };
     s.trim_end_matches('.').to_string()
-}
-
-async fn write_vectored_all(
-    stream: &mut TcpStream,
-    bufs: &mut [IoSlice<'_>],
-    total: usize,
-) -> std::io::Result<()> {
-    let mut written = 0;
-    let mut bufs: &mut [IoSlice<'_>] = bufs;
-    while written < total {
-        let n = stream.write_vectored(bufs).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        written += n;
-        IoSlice::advance_slices(&mut bufs, n);
-    }
-    Ok(())
 }

@@ -1,12 +1,19 @@
-//! Client connections: the HTTP/1.x connection loop, the ways a body leaves the process
+//! Client connections: the HTTP/1.x connection loop (and HTTP/2's, over TLS or h2c), the
+//! streams they run on (cleartext or TLS), the ways a body leaves the process
 //! (whole, or streamed from a `source`), and the exchange with a FastCGI, SCGI or uwsgi
 //! application a request may wait for.
 
 pub mod body;
 pub mod gateway;
 pub mod h1;
+pub mod h2;
+pub mod h2_flood;
+pub mod h2_response;
 pub mod health;
+pub mod log;
 pub mod mirror;
 pub mod send;
 pub mod source;
+pub mod tls_stream;
+pub mod transport;
 pub mod tunnel;

@@ -1,6 +1,7 @@
 //! Writing responses: plain bytes, headers with MSG_MORE ahead of a file, and file ranges
-//! with `sendfile` (or read-and-write when `sendfile off`).
+//! with `sendfile` (or read-and-write when `sendfile off`, and always over TLS).
 
+use super::transport::Transport;
 use crate::http::response::FileRange;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -12,7 +13,7 @@ use tokio::net::TcpStream;
 /// head and the start of a file leave in full segments, as `tcp_nopush` does in nginx.
 pub async fn write_all(stream: &mut TcpStream, buf: &[u8], more: bool) -> io::Result<()> {
     if !more {
-        return stream.write_all(buf).await;
+        return AsyncWriteExt::write_all(stream, buf).await;
     }
     let mut sent = 0;
     let fd = stream.as_raw_fd();
@@ -81,8 +82,8 @@ pub async fn sendfile(stream: &mut TcpStream, f: &FileRange) -> io::Result<()> {
     Ok(())
 }
 
-/// `sendfile off`: read the range in pieces and write them.
-pub async fn copy_file(stream: &mut TcpStream, f: &FileRange) -> io::Result<()> {
+/// `sendfile off` (and any file over TLS): read the range in pieces and write them.
+pub async fn copy_file<S: Transport>(stream: &mut S, f: &FileRange) -> io::Result<()> {
     let mut buf = vec![0u8; 64 * 1024];
     let mut off = f.offset;
     let end = f.offset + f.len;

@@ -3,9 +3,11 @@
 //! neither has sent anything for `proxy_read_timeout` (nginx's rule for upgraded
 //! connections), so an abandoned tunnel never holds its two sockets forever.
 //!
-//! One side's end of stream is passed on as a half close (`shutdown(SHUT_WR)`) and the
-//! other direction goes on, as a TCP relay must for protocols that close one way first.
+//! One side's end of stream is passed on as a half close (`shutdown(SHUT_WR)`; TLS clients
+//! get close_notify) and the other direction goes on, as a TCP relay must for protocols
+//! that close one way first.
 
+use super::transport::Transport;
 use bytes::BytesMut;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -27,11 +29,12 @@ pub async fn relay<C, U>(
     idle: Duration,
 ) -> Copied
 where
-    C: AsyncRead + AsyncWrite + Unpin,
+    C: Transport,
     U: AsyncRead + AsyncWrite + Unpin,
 {
     let mut n = Copied::default();
-    if upstream.write_all(to_upstream).await.is_err() || client.write_all(to_client).await.is_err()
+    if !within(idle, upstream.write_all(to_upstream)).await
+        || !within(idle, client.write_all(to_client)).await
     {
         return n;
     }
@@ -47,7 +50,7 @@ where
         b.clear();
         let step = tokio::time::timeout(idle, async {
             tokio::select! {
-                r = client.read_buf(&mut a), if client_open => (true, r),
+                r = client.read_wait(&mut a), if client_open => (true, r),
                 r = upstream.read_buf(&mut b), if upstream_open => (false, r),
             }
         })
@@ -55,36 +58,38 @@ where
         let Ok((from_client, r)) = step else {
             break;
         };
-        let (data, to, open, count) = if from_client {
-            (
-                &a,
-                &mut *upstream as &mut (dyn AsyncWrite + Unpin),
-                &mut client_open,
-                &mut n.to_upstream,
-            )
-        } else {
-            (
-                &b,
-                &mut *client as &mut (dyn AsyncWrite + Unpin),
-                &mut upstream_open,
-                &mut n.to_client,
-            )
-        };
-        match r {
-            Ok(0) => {
-                *open = false;
-                let _ = to.shutdown().await;
-            }
-            Ok(len) => {
-                // A side that stops reading is as idle as one that stops sending.
-                let wrote = tokio::time::timeout(idle, to.write_all(data)).await;
-                if !matches!(wrote, Ok(Ok(()))) {
-                    break;
-                }
-                *count += len as u64;
-            }
+        let len = match r {
+            Ok(len) => len,
             Err(_) => break,
+        };
+        // A side that stops reading is as idle as one that stops sending.
+        let wrote = match (from_client, len) {
+            (true, 0) => {
+                client_open = false;
+                upstream.shutdown().await.is_ok()
+            }
+            (false, 0) => {
+                upstream_open = false;
+                client.shutdown_write();
+                true
+            }
+            (true, _) => {
+                n.to_upstream += len as u64;
+                within(idle, upstream.write_all(&a)).await
+            }
+            (false, _) => {
+                n.to_client += len as u64;
+                within(idle, client.write_all(&b)).await
+            }
+        };
+        if !wrote {
+            break;
         }
     }
     n
+}
+
+/// Whether a write finished, and in time.
+async fn within(idle: Duration, w: impl std::future::Future<Output = std::io::Result<()>>) -> bool {
+    matches!(tokio::time::timeout(idle, w).await, Ok(Ok(())))
 }

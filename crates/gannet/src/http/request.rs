@@ -21,6 +21,8 @@ pub struct ConnInfo {
     pub id: u64,
     /// Requests served on this connection, this one included (`$connection_requests`).
     pub requests: u64,
+    /// What the TLS handshake established (`None` on cleartext).
+    pub tls: Option<Arc<crate::tls::TlsInfo>>,
 }
 
 pub struct Request {

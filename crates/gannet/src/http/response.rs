@@ -109,17 +109,31 @@ impl Response {
 
     /// nginx's built-in page for an error or redirect status.
     pub fn error_page(status: u16, server_tokens: bool) -> Response {
+        Response::error_page_because(status, server_tokens, "")
+    }
+
+    /// nginx's page with a line saying why, under the heading (as its TLS refusals have:
+    /// "The plain HTTP request was sent to HTTPS port").
+    pub fn error_page_because(status: u16, server_tokens: bool, why: &str) -> Response {
         let mut r = Response::new(status);
         // 204 and 304 never carry a body; the others get nginx's small HTML page.
         if status != 204 && status != 304 && status >= 200 {
-            let title = format!("{status} {}", reason(status));
+            let heading = format!("{status} {}", reason(status));
+            let (title, why) = if why.is_empty() {
+                (heading.clone(), String::new())
+            } else {
+                (
+                    format!("{status} {why}"),
+                    format!("<center>{why}</center>\r\n"),
+                )
+            };
             let server = if server_tokens {
                 concat!("gannet/", env!("CARGO_PKG_VERSION"))
             } else {
                 "gannet"
             };
             let html = format!(
-                "<html>\r\n<head><title>{title}</title></head>\r\n<body>\r\n<center><h1>{title}</h1></center>\r\n<hr><center>{server}</center>\r\n</body>\r\n</html>\r\n"
+                "<html>\r\n<head><title>{title}</title></head>\r\n<body>\r\n<center><h1>{heading}</h1></center>\r\n{why}<hr><center>{server}</center>\r\n</body>\r\n</html>\r\n"
             );
             r.content_type = Some(Arc::from("text/html"));
             r.body = Body::bytes(html);

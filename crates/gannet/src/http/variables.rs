@@ -9,8 +9,13 @@
 //! `$bytes_sent` `$content_type` `$content_length` `$connection` `$connection_requests` `$msec`
 //! `$time_local` `$time_iso8601` `$pid` `$nginx_version` `$gannet_version` `$fastcgi_script_name`
 //! `$fastcgi_path_info` `$proxy_host` `$proxy_port` `$proxy_add_x_forwarded_for`
-//! `$upstream_addr` `$upstream_status` `$upstream_response_time` and `$1`..`$9`; and the variables a config defines with `set`, `map`
-//! or named captures (see `http::user_vars`).
+//! `$upstream_addr` `$upstream_status` `$upstream_response_time` and `$1`..`$9`; the TLS
+//! ones `$ssl_protocol` `$ssl_cipher` `$ssl_curve` `$ssl_server_name` `$ssl_session_reused`
+//! `$ssl_client_verify` `$ssl_client_s_dn` `$ssl_client_i_dn` `$ssl_client_serial`
+//! `$ssl_client_fingerprint` `$ssl_client_v_start` `$ssl_client_v_end`
+//! `$ssl_client_v_remain` `$ssl_client_raw_cert` `$ssl_client_escaped_cert` (empty on
+//! cleartext); and the variables a config defines with `set`, `map` or named captures (see
+//! `http::user_vars`).
 
 use crate::http::request::Request;
 use crate::http::user_vars::{self, UserVar};
@@ -66,8 +71,82 @@ pub enum Var {
     UpstreamStatus,
     UpstreamResponseTime,
     Capture(usize),
+    Ssl(SslVar),
     /// Defined by the config (`set`, `map`, a named capture).
     User(UserVar),
+}
+
+/// What a TLS connection tells (see `tls::TlsInfo`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslVar {
+    Protocol,
+    Cipher,
+    Curve,
+    ServerName,
+    SessionReused,
+    ClientVerify,
+    ClientSDn,
+    ClientIDn,
+    ClientSerial,
+    ClientFingerprint,
+    ClientVStart,
+    ClientVEnd,
+    ClientVRemain,
+    ClientRawCert,
+    ClientEscapedCert,
+}
+
+impl SslVar {
+    fn from_name(name: &str) -> Option<SslVar> {
+        Some(match name {
+            "protocol" => SslVar::Protocol,
+            "cipher" => SslVar::Cipher,
+            "curve" => SslVar::Curve,
+            "server_name" => SslVar::ServerName,
+            "session_reused" => SslVar::SessionReused,
+            "client_verify" => SslVar::ClientVerify,
+            "client_s_dn" => SslVar::ClientSDn,
+            "client_i_dn" => SslVar::ClientIDn,
+            "client_serial" => SslVar::ClientSerial,
+            "client_fingerprint" => SslVar::ClientFingerprint,
+            "client_v_start" => SslVar::ClientVStart,
+            "client_v_end" => SslVar::ClientVEnd,
+            "client_v_remain" => SslVar::ClientVRemain,
+            "client_raw_cert" => SslVar::ClientRawCert,
+            "client_escaped_cert" => SslVar::ClientEscapedCert,
+            _ => return None,
+        })
+    }
+
+    fn append(self, out: &mut String, t: &crate::tls::TlsInfo) {
+        let client = t.client.as_ref();
+        let from_client = |f: fn(&crate::tls::certs::CertFacts) -> &str| client.map_or("", f);
+        match self {
+            SslVar::Protocol => out.push_str(t.protocol),
+            SslVar::Cipher => out.push_str(t.cipher),
+            SslVar::Curve => out.push_str(t.curve),
+            SslVar::ServerName => out.push_str(&t.server_name),
+            SslVar::SessionReused => out.push(if t.reused { 'r' } else { '.' }),
+            SslVar::ClientVerify => out.push_str(&t.verify_str()),
+            SslVar::ClientSDn => out.push_str(from_client(|c| &c.subject)),
+            SslVar::ClientIDn => out.push_str(from_client(|c| &c.issuer)),
+            SslVar::ClientSerial => out.push_str(from_client(|c| &c.serial)),
+            SslVar::ClientFingerprint => out.push_str(from_client(|c| &c.fingerprint)),
+            SslVar::ClientVStart => out.push_str(from_client(|c| &c.not_before)),
+            SslVar::ClientVEnd => out.push_str(from_client(|c| &c.not_after)),
+            SslVar::ClientRawCert => out.push_str(from_client(|c| &c.pem)),
+            SslVar::ClientEscapedCert => {
+                if let Some(c) = client {
+                    out.push_str(&crate::tls::certs::escape_component(&c.pem))
+                }
+            }
+            SslVar::ClientVRemain => {
+                if let Some(c) = client {
+                    let _ = write!(out, "{}", c.days_left());
+                }
+            }
+        }
+    }
 }
 
 impl Var {
@@ -129,6 +208,8 @@ impl Var {
                     Var::SentHttp(lower(h).replace('_', "-"))
                 } else if let Some(c) = name.strip_prefix("cookie_") {
                     Var::Cookie(c.to_string())
+                } else if let Some(s) = name.strip_prefix("ssl_").and_then(SslVar::from_name) {
+                    Var::Ssl(s)
                 } else {
                     return None;
                 }
@@ -379,9 +460,18 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         Var::ServerProtocol => out.push_str(match req.head.version {
             gannet_proto::h1::Version::Http10 => "HTTP/1.0",
             gannet_proto::h1::Version::Http11 => "HTTP/1.1",
+            gannet_proto::h1::Version::Http2 => "HTTP/2.0",
         }),
-        Var::Scheme => out.push_str("http"),
-        Var::Https => {}
+        Var::Scheme => out.push_str(if req.conn.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }),
+        Var::Https => {
+            if req.conn.tls.is_some() {
+                out.push_str("on")
+            }
+        }
         Var::DocumentRoot => out.push_str(&req.document_root()),
         Var::RealpathRoot => {
             let root = req.document_root();
@@ -455,6 +545,11 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         Var::Capture(n) => {
             if let Some(Some(c)) = caps.get(*n) {
                 out.push_str(c)
+            }
+        }
+        Var::Ssl(s) => {
+            if let Some(t) = &req.conn.tls {
+                s.append(out, t)
             }
         }
         Var::User(u) => user_vars::append(out, u, req, sent),

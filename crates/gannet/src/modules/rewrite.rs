@@ -373,10 +373,15 @@ pub fn redirect_response(req: &Request, code: u16, location: &str) -> Response {
             &req.host
         };
         let port = req.conn.local.port();
-        if core.port_in_redirect() && port != 80 {
-            format!("http://{host}:{port}{location}")
+        let (scheme, default_port) = if req.conn.tls.is_some() {
+            ("https", 443)
         } else {
-            format!("http://{host}{location}")
+            ("http", 80)
+        };
+        if core.port_in_redirect() && port != default_port {
+            format!("{scheme}://{host}:{port}{location}")
+        } else {
+            format!("{scheme}://{host}{location}")
         }
     } else {
         location.to_string()

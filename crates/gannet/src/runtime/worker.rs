@@ -54,6 +54,9 @@ pub struct Worker {
     /// epoll set could not be made: connections then simply stay in their tasks).
     pub parking: Option<ParkingLot>,
     last_trim: Cell<Instant>,
+    /// Idle connections that gave their buffers back without parking (TLS) since the
+    /// last trim.
+    shed: Cell<usize>,
     emfile_logged: Cell<bool>,
 }
 
@@ -68,6 +71,12 @@ impl Worker {
         CONN_SEQ.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// An idle connection that cannot park gave its buffers back: the memory is returned
+    /// to the system with the parked connections' (see `expire_parked`).
+    pub fn buffers_shed(&self) {
+        self.shed.set(self.shed.get() + 1);
+    }
+
     /// Close parked connections past their keep-alive deadline (all when `all`).
     pub fn expire_parked(&self, now: Instant, all: bool) {
         if let Some(lot) = &self.parking {
@@ -76,13 +85,14 @@ impl Worker {
             }
             // Connections left their tasks: hand the freed memory back to the system (at
             // most once a second), or the allocator keeps the peak of a burst for good.
-            if lot.parked_since_trim() > 0
+            if (lot.parked_since_trim() > 0 || self.shed.get() > 0)
                 && now.duration_since(self.last_trim.get()) >= TRIM_INTERVAL
             {
                 // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
                 unsafe { libc::malloc_trim(0) };
                 self.last_trim.set(now);
                 lot.trimmed();
+                self.shed.set(0);
             }
         }
     }
@@ -153,6 +163,7 @@ pub fn run(
             conn_closed: Notify::new(),
             emfile_logged: Cell::new(false),
             last_trim: Cell::new(Instant::now()),
+            shed: Cell::new(0),
             parking: ParkingLot::new()
                 .map_err(|e| {
                     crate::errlog::warn(format_args!("idle connections will not be parked: {e}"))

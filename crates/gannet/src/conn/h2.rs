@@ -1,0 +1,473 @@
+//! HTTP/2 connections: ALPN `h2` on TLS addresses, and prior-knowledge h2c on cleartext
+//! ones (the HTTP/1.x loop hands over a connection that opens with the HTTP/2 preface).
+//! The `h2` crate does the framing, HPACK, flow control and the protocol's abuse limits;
+//! each stream is a local task that runs the same request pipeline as HTTP/1.x
+//! (`http::handler`, applications through `conn::gateway`) and answers through
+//! `conn::h2_response`.
+//!
+//! Limits, with nginx's names: `http2_max_concurrent_streams` (128), `http2_body_preread_size`
+//! (a stream's initial window, 64k), `http2_chunk_size` (8k per DATA frame), the header
+//! list cap (`http2_max_field_size`, else `large_client_header_buffers`' total),
+//! `keepalive_requests` streams per connection, `keepalive_timeout` without streams,
+//! `client_body_timeout` / `send_timeout` per body read / window wait. The h2 crate closes
+//! connections that reset streams in bulk (rapid reset), send endless CONTINUATION frames
+//! or oversized header blocks, with GOAWAY; `conn::h2_flood` ends PING / SETTINGS / empty
+//! frame floods.
+
+use super::body::BodyError;
+use super::gateway::Outcome;
+use super::h2_flood::{Flood, FloodGuard};
+use super::h2_response;
+use super::source::Source;
+use crate::errlog::{self, Level};
+use crate::http::handler::{self, Flow, Handled};
+use crate::http::request::{ConnInfo, Request};
+use crate::http::response::Response;
+use crate::http::router::select_server;
+use crate::modules::LocConf;
+use crate::runtime::worker::Worker;
+use bytes::{Bytes, BytesMut};
+use gannet_proto::h1::{Method, RequestHead};
+use gannet_proto::uri::parse_target;
+use h2::server::SendResponse;
+use h2::RecvStream;
+use std::cell::Cell;
+use std::io;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+/// How often a connection looks at the worker's drain flag.
+const DRAIN_CHECK: Duration = Duration::from_secs(1);
+
+/// A connection's streams in flight, and when the last one ended.
+struct Activity {
+    streams: Cell<usize>,
+    last: Cell<Instant>,
+}
+
+/// Held by a stream's task: counts it in, and out when the task ends.
+struct InFlight(Rc<Activity>);
+
+impl InFlight {
+    fn new(a: &Rc<Activity>) -> InFlight {
+        a.streams.set(a.streams.get() + 1);
+        InFlight(a.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.streams.set(self.0.streams.get() - 1);
+        self.0.last.set(Instant::now());
+    }
+}
+
+/// Serve an HTTP/2 connection until it closes; `conf` holds the connection-level
+/// settings (the server SNI chose, or the address's default server).
+pub async fn serve<IO>(w: Rc<Worker>, io: IO, info: ConnInfo, group: usize, conf: Arc<LocConf>)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + 'static,
+{
+    let core = &conf.core;
+    let h2c = &conf.http2;
+    let (n, size) = core.large_client_header_buffers();
+    let header_cap = h2c
+        .max_header_size()
+        .unwrap_or(u32::try_from(n * size).unwrap_or(u32::MAX));
+    let mut builder = h2::server::Builder::new();
+    builder
+        .max_concurrent_streams(h2c.max_concurrent_streams())
+        .initial_window_size(h2c.body_preread_size())
+        .max_header_list_size(header_cap)
+        .max_frame_size(16 * 1024)
+        .max_send_buffer_size(h2c.chunk_size() as usize * 4);
+    let flood = Rc::new(Flood::default());
+    let io = FloodGuard::new(io, flood.clone(), PREFACE.len());
+    let Some(io) = preface(io, core.client_header_timeout()).await else {
+        w.connection_closed();
+        return;
+    };
+    let handshake = builder.handshake::<_, Bytes>(io);
+    let mut conn = match tokio::time::timeout(core.client_header_timeout(), handshake).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            log_conn(&info, format_args!("HTTP/2 handshake failed: {e}"));
+            w.connection_closed();
+            return;
+        }
+        Err(_) => {
+            w.connection_closed();
+            return;
+        }
+    };
+    let (keepalive, _) = core.keepalive_timeout();
+    let max_requests = core.keepalive_requests();
+    let activity = Rc::new(Activity {
+        streams: Cell::new(0),
+        last: Cell::new(Instant::now()),
+    });
+    let mut requests = 0u64;
+    // Since when the connection has been ending gracefully (GOAWAY sent).
+    let mut closing: Option<Instant> = None;
+    // Once a flood is stopped: when to stop waiting for the codec to finish its GOAWAY.
+    let mut cut_off: Option<tokio::time::Instant> = None;
+    loop {
+        // Without streams the connection may idle for keepalive_timeout; either way it
+        // wakes now and then to notice a graceful stop.
+        let wait = if activity.streams.get() == 0 && closing.is_none() {
+            keepalive
+                .saturating_sub(activity.last.get().elapsed())
+                .min(DRAIN_CHECK)
+        } else {
+            DRAIN_CHECK
+        };
+        let next = tokio::select! {
+            r = conn.accept() => Some(r),
+            () = tokio::time::sleep(wait) => None,
+            () = flood.alarm.notified(), if cut_off.is_none() => {
+                log_conn(&info, format_args!("client flooded the HTTP/2 connection with control frames"));
+                conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+                closing.get_or_insert_with(Instant::now);
+                cut_off = Some(tokio::time::Instant::now() + LINGER);
+                continue;
+            }
+            () = sleep_until_or_never(cut_off) => break,
+        };
+        match next {
+            Some(Some(Ok((req, respond)))) => {
+                requests += 1;
+                let mut info = info.clone();
+                info.requests = requests;
+                let guard = InFlight::new(&activity);
+                tokio::task::spawn_local(stream(w.clone(), info, group, req, respond, guard));
+                if max_requests > 0 && requests >= max_requests && closing.is_none() {
+                    conn.graceful_shutdown();
+                    closing = Some(Instant::now());
+                }
+            }
+            Some(Some(Err(e))) => {
+                // A protocol error (ours to note); a client that went away is not.
+                if !e.is_io() {
+                    log_conn(&info, format_args!("HTTP/2 connection closed: {e}"));
+                }
+                break;
+            }
+            Some(None) => break,
+            None => match closing {
+                // Ended gracefully, streams done, and the client still has not closed (the
+                // codec waits for its answer to a PING): it is closed for it.
+                Some(since) => {
+                    if activity.streams.get() == 0 && since.elapsed() >= LINGER {
+                        break;
+                    }
+                }
+                None => {
+                    let idle =
+                        activity.streams.get() == 0 && activity.last.get().elapsed() >= keepalive;
+                    if idle || w.draining.get() {
+                        conn.graceful_shutdown();
+                        closing = Some(Instant::now());
+                    }
+                }
+            },
+        }
+    }
+    w.connection_closed();
+}
+
+/// How long a connection that was sent GOAWAY (with no streams left) gets to close before
+/// it is dropped.
+const LINGER: Duration = Duration::from_secs(5);
+
+async fn sleep_until_or_never(t: Option<tokio::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The client connection preface (RFC 9113 3.4).
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Read and check the client's preface before the codec starts. Anything else ends the
+/// connection, cleanly: our side is shut, and what the client sent is read off for a moment
+/// (closing with unread input would reset the connection, and the client might not see the
+/// end).
+async fn preface<IO>(mut io: IO, timeout: Duration) -> Option<Prefixed<IO>>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut got = [0u8; 24];
+    let read = tokio::time::timeout(timeout, io.read_exact(&mut got)).await;
+    if matches!(read, Ok(Ok(_))) && &got == PREFACE {
+        return Some(Prefixed::new(BytesMut::from(&got[..]), io));
+    }
+    let _ = io.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let linger = async {
+        let mut left: usize = 64 * 1024;
+        while left > 0 {
+            match io.read(&mut sink).await {
+                Ok(n) if n > 0 => left = left.saturating_sub(n),
+                _ => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), linger).await;
+    None
+}
+
+fn log_conn(info: &ConnInfo, what: std::fmt::Arguments) {
+    errlog::log(
+        Level::Info,
+        format_args!(
+            "*{} {what}, client: {}, server: {}",
+            info.id,
+            info.peer.ip(),
+            info.local
+        ),
+    );
+}
+
+/// One stream: the request through the pipeline, the answer back.
+async fn stream(
+    w: Rc<Worker>,
+    info: ConnInfo,
+    group: usize,
+    req: http::Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    _in_flight: InFlight,
+) {
+    let (parts, mut recv) = req.into_parts();
+    let timeout = answer(&w, info, group, parts, &mut recv, &mut respond).await;
+    // A body not read to its end (too large, too slow): it is read off for a while so the
+    // client sees the answer and the stream ends cleanly. Past that, the client is told to
+    // stop (RST_STREAM NO_ERROR, RFC 9113 8.1), which may cost it the answer. Dropped
+    // unread, the stream would be cancelled at once.
+    if !recv.is_end_stream()
+        && read_body(&mut recv, DISCARD_MAX, timeout, None)
+            .await
+            .is_err()
+    {
+        respond.send_reset(h2::Reason::NO_ERROR);
+    }
+}
+
+/// The most of an unwanted body read off after the answer before the stream is stopped.
+const DISCARD_MAX: u64 = 1024 * 1024;
+
+/// The request through the pipeline, and its answer. Returns the `client_body_timeout` in
+/// force.
+async fn answer(
+    w: &Rc<Worker>,
+    info: ConnInfo,
+    group: usize,
+    parts: http::request::Parts,
+    recv: &mut RecvStream,
+    respond: &mut SendResponse<Bytes>,
+) -> Duration {
+    let g = &w.config.listens[group];
+    let default = g.servers[g.default].clone();
+    let timeout = default.conf.core.client_body_timeout();
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let fields = parts
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_bytes()));
+    let authority = parts.uri.authority().map(|a| a.as_str());
+    let parsed = RequestHead::from_fields(
+        parts.method.as_str(),
+        target,
+        authority,
+        fields,
+        !recv.is_end_stream(),
+    )
+    .and_then(|head| parse_target(head.target()).map(|t| (head, t)));
+    let (head, target) = match parsed {
+        Ok(p) => p,
+        Err(e) => {
+            let line = format!("{} {target} HTTP/2.0", parts.method);
+            let head = RequestHead::unparsed(Bytes::from(line), false);
+            let host = default.primary_name.clone();
+            let req = Request::new(head, info, default.clone(), String::new(), None, host);
+            let resp = Response::error_page(e.status(), req.conf.core.server_tokens());
+            h2_response::send(w, &req, resp, None, respond).await;
+            return timeout;
+        }
+    };
+    let host = match target.host.as_deref() {
+        Some(h) => h.to_string(),
+        None => head
+            .host()
+            .map(|h| String::from_utf8_lossy(h).to_ascii_lowercase())
+            .unwrap_or_default(),
+    };
+    let host = host.trim_end_matches('.').to_string();
+    let server = select_server(&g.servers, g.default, &host).clone();
+    let host = if host.is_empty() {
+        server.primary_name.clone()
+    } else {
+        host
+    };
+    let mut req = Request::new(head, info, server, target.path, target.query, host);
+    let refusal = req
+        .conn
+        .tls
+        .as_ref()
+        .zip(req.server.tls.as_ref())
+        .and_then(|(t, s)| t.refusal(s));
+    if let Some((status, why)) = refusal {
+        errlog::request(Level::Info, &req, format_args!("{why}"));
+        let resp = Response::error_page_because(status, req.conf.core.server_tokens(), why);
+        h2_response::send(w, &req, resp, None, respond).await;
+        return timeout;
+    }
+    let mut handled = handler::handle(&mut req, w);
+    let timeout = req.conf.core.client_body_timeout();
+    let mut body = Vec::new();
+    if !recv.is_end_stream() {
+        // As HTTP/1.x does, the body is read before the answer: kept for an application,
+        // else read off and dropped (with its window given back).
+        let wanted = matches!(handled, Handled::Gateway);
+        let core = &req.conf.core;
+        let limit = core.client_max_body_size();
+        let keep = wanted.then_some(&mut body);
+        match read_body(recv, limit, core.client_body_timeout(), keep).await {
+            Ok(n) => req.body_length = n,
+            Err(e) if wanted => {
+                let status = match e {
+                    BodyError::TooLarge => 413,
+                    BodyError::Malformed => 400,
+                    BodyError::Io => return timeout,
+                };
+                handled = handler::resume(&mut req, w, Flow::Status(status));
+            }
+            // An unused body that fails: the answer goes anyway, then the stream is stopped.
+            Err(_) => {}
+        }
+    }
+    loop {
+        match handled {
+            Handled::Respond(resp) => {
+                h2_response::send(w, &req, resp, None, respond).await;
+                return timeout;
+            }
+            Handled::Close => {
+                respond.send_reset(h2::Reason::CANCEL);
+                return timeout;
+            }
+            Handled::Gateway => {
+                let flow = match super::gateway::run(w, &req, &body).await {
+                    Outcome::Flow(f) => f,
+                    Outcome::Stream(mut resp, stream) => {
+                        handler::finish_streamed(&mut req, &mut resp);
+                        let src = Source::App(stream);
+                        h2_response::send(w, &req, resp, Some(src), respond).await;
+                        return timeout;
+                    }
+                    // HTTP/2 has no Upgrade (RFC 9113, 8.2.2): a 101 here is a broken
+                    // upstream's.
+                    Outcome::Upgrade(..) => Flow::Status(502),
+                };
+                if matches!(flow, Flow::Redirect(_)) && !req.is_head() {
+                    // A CGI local redirect is served as a GET (RFC 3875, 6.2.2).
+                    req.method_override = Some(Method::Get);
+                }
+                body.clear();
+                handled = handler::resume(&mut req, w, flow);
+            }
+        }
+    }
+}
+
+/// Read a request body, into `keep` if given, else dropping it, giving the window back as
+/// it is read. `limit` 0 means no limit.
+async fn read_body(
+    recv: &mut RecvStream,
+    limit: u64,
+    timeout: Duration,
+    mut keep: Option<&mut Vec<u8>>,
+) -> Result<u64, BodyError> {
+    let mut total = 0u64;
+    loop {
+        let chunk = match tokio::time::timeout(timeout, recv.data()).await {
+            Ok(Some(Ok(c))) => c,
+            // The data is over; trailers, if any, end the stream (they are read and
+            // dropped: nothing in gannet reads trailers).
+            Ok(None) => {
+                return match tokio::time::timeout(timeout, recv.trailers()).await {
+                    Ok(Ok(_)) => Ok(total),
+                    _ => Err(BodyError::Io),
+                }
+            }
+            Ok(Some(Err(_))) | Err(_) => return Err(BodyError::Io),
+        };
+        total += chunk.len() as u64;
+        if limit > 0 && total > limit {
+            return Err(BodyError::TooLarge);
+        }
+        let _ = recv.flow_control().release_capacity(chunk.len());
+        if let Some(k) = keep.as_deref_mut() {
+            k.extend_from_slice(&chunk);
+        }
+    }
+}
+
+/// A socket whose first bytes were already read (the HTTP/1.x loop read the start of the
+/// HTTP/2 preface before it knew): they are read again first.
+pub struct Prefixed<IO> {
+    head: BytesMut,
+    io: IO,
+}
+
+impl<IO> Prefixed<IO> {
+    pub fn new(head: BytesMut, io: IO) -> Prefixed<IO> {
+        Prefixed { head, io }
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Prefixed<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.head.is_empty() {
+            let n = self.head.len().min(buf.remaining());
+            let piece = self.head.split_to(n);
+            buf.put_slice(&piece);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Prefixed<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,296 @@
+//! HTTP/2 answers: a gannet `Response` as an HTTP/2 head (the fields the HTTP/1.x head has,
+//! less the connection-specific ones RFC 9113 8.2.2 forbids), the body in DATA frames of at
+//! most `http2_chunk_size` as the client's flow-control window opens (each wait bounded by
+//! `send_timeout`, after which the stream is reset), then the access-log line.
+
+use super::source::Source;
+use crate::errlog::{self, Level};
+use crate::http::encoder::Encoder;
+use crate::http::request::Request;
+use crate::http::response::{Body, Part, Response};
+use crate::runtime::clock;
+use crate::runtime::worker::Worker;
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::SendStream;
+use http::header::{HeaderName, HeaderValue};
+use std::os::unix::fs::FileExt;
+use std::time::Duration;
+
+/// Fields that only mean something for one HTTP/1.x connection (an application may send
+/// them): an HTTP/2 message must not carry them.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// The head, and about how many bytes it stands for (name, value and separators, as the
+/// HTTP/1.x head would count them; HPACK makes the real frames smaller).
+fn head(resp: &Response, body_len: u64, server_tokens: bool) -> (http::Response<()>, u64) {
+    let mut fields: Vec<(&str, String)> = Vec::with_capacity(8 + resp.headers.len());
+    let server = if server_tokens {
+        concat!("gannet/", env!("CARGO_PKG_VERSION"))
+    } else {
+        "gannet"
+    };
+    fields.push(("server", server.to_string()));
+    fields.push((
+        "date",
+        clock::with_date(|d| String::from_utf8_lossy(d).into_owned()),
+    ));
+    if let Some(ct) = &resp.content_type {
+        fields.push(("content-type", ct.to_string()));
+    }
+    if (resp.status_has_body() || resp.content_length.is_some()) && !resp.length_unknown {
+        fields.push((
+            "content-length",
+            resp.content_length.unwrap_or(body_len).to_string(),
+        ));
+    }
+    if let Some(lm) = resp
+        .last_modified
+        .filter(|_| matches!(resp.status, 200 | 206 | 304))
+    {
+        fields.push((
+            "last-modified",
+            clock::with_http_date(lm, |d| d.to_string()),
+        ));
+    }
+    if let Some(l) = &resp.location {
+        fields.push(("location", l.clone()));
+    }
+    if let Some(e) = &resp.etag {
+        fields.push(("etag", e.to_string()));
+    }
+    if resp.accept_ranges && resp.status == 200 {
+        fields.push(("accept-ranges", "bytes".to_string()));
+    }
+    for (n, v) in &resp.headers {
+        if !HOP_BY_HOP.iter().any(|h| n.eq_ignore_ascii_case(h)) {
+            fields.push((n, v.clone()));
+        }
+    }
+    let mut out = http::Response::new(());
+    *out.status_mut() =
+        http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    let mut len = 15u64;
+    for (n, v) in fields {
+        // A name or value HTTP/2 cannot carry (an application's odd header) is left out.
+        let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(n.as_bytes()),
+            HeaderValue::from_str(&v),
+        ) else {
+            continue;
+        };
+        len += (n.len() + v.len() + 4) as u64;
+        out.headers_mut().append(name, value);
+    }
+    (out, len + 2)
+}
+
+/// Send the answer (from `src` when it is streamed, else from `resp.body`) and log it.
+pub async fn send(
+    w: &Worker,
+    req: &Request,
+    mut resp: Response,
+    src: Option<Source>,
+    respond: &mut SendResponse<Bytes>,
+) {
+    let core = &req.conf.core;
+    let timeout = core.send_timeout();
+    let chunk = req.conf.http2.chunk_size() as usize;
+    let send_body = !req.is_head() && resp.status_has_body();
+    // A compressed-while-sent answer is streamed from its own parts.
+    let src = match src {
+        Some(s) => Some(s),
+        None if resp.encode.is_some() => match std::mem::take(&mut resp.body) {
+            Body::Parts(p) => Some(Source::Parts(p.into())),
+            Body::Empty => Some(Source::Parts(Default::default())),
+        },
+        None => None,
+    };
+    if src.is_some() {
+        resp.length_unknown = true;
+    }
+    let body_len = resp.body.len();
+    if !send_body && src.is_none() && resp.status_has_body() && resp.content_length.is_none() {
+        resp.content_length = Some(body_len);
+    }
+    let (h, head_len) = head(&resp, body_len, core.server_tokens());
+    let end = !send_body || (src.is_none() && body_len == 0);
+    let mut stream = match respond.send_response(h, end) {
+        Ok(s) => s,
+        Err(_) => {
+            super::log::access(w, req, &resp, 0, 0);
+            return;
+        }
+    };
+    let mut out = Out {
+        stream: &mut stream,
+        sent: 0,
+        chunk,
+        timeout,
+        ended: false,
+    };
+    let whole = if end {
+        true
+    } else if let Some(src) = src {
+        streamed(w, req, &resp, src, &mut out).await
+    } else {
+        whole_body(&resp.body, &mut out).await
+    };
+    if !whole {
+        out.stream.send_reset(h2::Reason::CANCEL);
+    }
+    let sent = out.sent;
+    super::log::access(w, req, &resp, head_len, sent);
+}
+
+/// The sending half of a stream, with what was sent and the frame size.
+struct Out<'a> {
+    stream: &'a mut SendStream<Bytes>,
+    sent: u64,
+    chunk: usize,
+    timeout: Duration,
+    /// The frame that ends the stream has been sent.
+    ended: bool,
+}
+
+impl Out<'_> {
+    /// Send `data` in frames of at most `chunk`, each when the window has room for it.
+    async fn data(&mut self, mut data: Bytes, end: bool) -> bool {
+        while !data.is_empty() {
+            self.stream.reserve_capacity(data.len().min(self.chunk));
+            let cap = tokio::time::timeout(
+                self.timeout,
+                std::future::poll_fn(|cx| self.stream.poll_capacity(cx)),
+            )
+            .await;
+            let n = match cap {
+                Ok(Some(Ok(n))) => n.min(self.chunk).min(data.len()),
+                // A timeout (a client that never opens its window), a reset or a closed
+                // connection.
+                _ => return false,
+            };
+            if n == 0 {
+                continue;
+            }
+            let piece = data.split_to(n);
+            let last = end && data.is_empty();
+            if self.stream.send_data(piece, last).is_err() {
+                return false;
+            }
+            self.sent += n as u64;
+            if last {
+                self.ended = true;
+                return true;
+            }
+        }
+        if end {
+            self.ended = self.stream.send_data(Bytes::new(), true).is_ok();
+            return self.ended;
+        }
+        true
+    }
+}
+
+/// A body held in memory or in files; the last frame ends the stream.
+async fn whole_body(body: &Body, out: &mut Out<'_>) -> bool {
+    let Body::Parts(parts) = body else {
+        return out.data(Bytes::new(), true).await;
+    };
+    for (i, p) in parts.iter().enumerate() {
+        let last_part = i + 1 == parts.len();
+        let ok = match p {
+            Part::Bytes(b) => out.data(b.clone(), last_part).await,
+            Part::File(f) => {
+                // Read and framed in pieces: sendfile cannot put a file into frames.
+                let mut off = f.offset;
+                let end = f.offset + f.len;
+                let mut ok = true;
+                while ok && off < end {
+                    let mut buf = vec![0u8; ((end - off) as usize).min(64 * 1024)];
+                    match f.file.read_at(&mut buf, off) {
+                        Ok(n) if n > 0 => {
+                            buf.truncate(n);
+                            off += n as u64;
+                            ok = out.data(Bytes::from(buf), last_part && off == end).await;
+                        }
+                        // The file shrank (or failed) under us: the promised length cannot
+                        // be sent.
+                        _ => ok = false,
+                    }
+                }
+                ok
+            }
+        };
+        if !ok {
+            return false;
+        }
+    }
+    // A last part with nothing in it (an empty file) sent no frame to end the stream.
+    out.ended || out.data(Bytes::new(), true).await
+}
+
+/// A body of unknown length: an application's, or one compressed while sent.
+async fn streamed(
+    w: &Worker,
+    req: &Request,
+    resp: &Response,
+    mut src: Source,
+    out: &mut Out<'_>,
+) -> bool {
+    let mut encoder = match resp.encode.map(|(c, level)| Encoder::new(c, level)) {
+        None => None,
+        Some(Ok(e)) => Some(e),
+        Some(Err(e)) => {
+            compress_failed(req, &e);
+            return false;
+        }
+    };
+    loop {
+        let (piece, more) = match src.next(req).await {
+            Ok(Some(data)) => match &mut encoder {
+                None => (Ok(data), true),
+                Some(e) => (
+                    e.write(&data)
+                        .and_then(|()| if src.may_pause() { e.flush() } else { Ok(()) })
+                        .map(|()| e.take().into()),
+                    true,
+                ),
+            },
+            Ok(None) => (
+                encoder
+                    .take()
+                    .map_or(Ok(Bytes::new()), |e| e.finish().map(Bytes::from)),
+                false,
+            ),
+            Err(()) => return false,
+        };
+        let piece = match piece {
+            Ok(p) => p,
+            Err(e) => {
+                compress_failed(req, &e);
+                return false;
+            }
+        };
+        if !out.data(piece, !more).await {
+            return false;
+        }
+        if !more {
+            src.finish(w);
+            return true;
+        }
+    }
+}
+
+fn compress_failed(req: &Request, e: &std::io::Error) {
+    errlog::request(
+        Level::Error,
+        req,
+        format_args!("compression failed, response aborted: {e}"),
+    );
+}

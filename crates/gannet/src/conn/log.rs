@@ -1,0 +1,42 @@
+//! The log phase, shared by HTTP/1.x and HTTP/2: one access-log line per configured log,
+//! with the response's headers for `$sent_http_*`.
+
+use crate::http::request::Request;
+use crate::http::response::Response;
+use crate::http::variables::Sent;
+use crate::modules::access_log;
+use crate::runtime::worker::Worker;
+
+/// Log a finished request; `head_len` and `body_len` are the bytes sent for it.
+pub fn access(w: &Worker, req: &Request, resp: &Response, head_len: u64, body_len: u64) {
+    let Some(logs) = &req.conf.log.logs else {
+        return;
+    };
+    if logs.is_empty() {
+        return;
+    }
+    let mut headers = Vec::new();
+    if let Some(ct) = &resp.content_type {
+        headers.push(("content-type".to_string(), ct.to_string()));
+    }
+    if let Some(l) = &resp.location {
+        headers.push(("location".to_string(), l.clone()));
+    }
+    headers.extend(
+        resp.headers
+            .iter()
+            .map(|(n, v)| (n.to_ascii_lowercase(), v.clone())),
+    );
+    let sent = Sent {
+        status: resp.status,
+        body_bytes: body_len,
+        bytes: head_len + body_len,
+        headers,
+    };
+    let mut line = Vec::with_capacity(256);
+    for log in logs.iter() {
+        line.clear();
+        access_log::format_line(&log.format, req, &sent, &mut line);
+        w.log_line(log, &line);
+    }
+}

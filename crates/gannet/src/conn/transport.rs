@@ -1,0 +1,172 @@
+//! How the connection loop reaches its client: the [`Transport`] trait, and its cleartext
+//! implementation straight on the TCP socket.
+//!
+//! The HTTP/1.x loop (`conn::h1`) is generic over this trait, so each kind of connection is
+//! compiled on its own: the cleartext path keeps its `recv` / `try_read` / `sendfile` /
+//! parking code exactly as it was, and TLS (`conn::tls_stream`) reads and writes through
+//! rustls instead, with no branch on the kind in between.
+
+use super::send;
+use crate::http::response::FileRange;
+use bytes::BytesMut;
+use std::future::Future;
+use std::io::{self, IoSlice};
+use std::task::{Context, Poll};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::net::TcpStream;
+
+/// What the connection loop needs from its stream. Reads never wait (they answer
+/// `WouldBlock`); waiting is `poll_readable`, so the loop keeps its own deadlines.
+pub trait Transport: Sized {
+    /// Whether an idle connection can leave its task as a bare socket (`runtime::parking`).
+    const PARKABLE: bool;
+
+    /// The bare socket for parking (`None` when the connection cannot park).
+    fn into_parkable(self) -> Option<std::net::TcpStream>;
+
+    /// Set TCP_NODELAY; returns whether it worked.
+    fn set_nodelay(&self) -> bool;
+
+    /// Read what has arrived, whatever the event loop last heard about the socket.
+    fn read_now(&mut self, buf: &mut BytesMut) -> io::Result<usize>;
+
+    /// Read what has arrived after the socket was reported readable.
+    fn read_some(&mut self, buf: &mut BytesMut) -> io::Result<usize>;
+
+    /// Ready (true) when a read will not answer `WouldBlock`; false when the stream broke.
+    fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<bool>;
+
+    /// Wait for data and read it (a request body's next piece). Ok(0) is the end.
+    fn read_wait(&mut self, buf: &mut BytesMut) -> impl Future<Output = io::Result<usize>>;
+
+    /// Write what the stream takes now without waiting; returns how much of `data` it took.
+    fn try_write(&mut self, data: &[u8]) -> io::Result<usize>;
+
+    /// Output taken by `try_write` that has not reached the socket yet (TLS records).
+    fn has_pending(&self) -> bool;
+
+    /// Write all of `data` (and anything pending before it).
+    fn write_all(&mut self, data: &[u8]) -> impl Future<Output = io::Result<()>>;
+
+    /// Write `a` then `b`, in one system call when the stream allows it.
+    fn write_pair(&mut self, a: &[u8], b: &[u8]) -> impl Future<Output = io::Result<()>>;
+
+    /// Write `head` and then a file range; `sendfile` and `nopush` as configured.
+    fn send_file(
+        &mut self,
+        head: &[u8],
+        f: &FileRange,
+        sendfile: bool,
+        nopush: bool,
+    ) -> impl Future<Output = io::Result<()>>;
+
+    /// The connection is closing cleanly: say so if the protocol has a way (TLS
+    /// close_notify). Best effort, never waits.
+    fn close(&mut self) {}
+
+    /// No more bytes will be sent, but reading goes on (a relayed half close). TLS has no
+    /// half close: it says close_notify.
+    fn shutdown_write(&mut self) {
+        self.close();
+    }
+}
+
+impl Transport for TcpStream {
+    const PARKABLE: bool = true;
+
+    fn shutdown_write(&mut self) {
+        let _ = socket2::SockRef::from(&*self).shutdown(std::net::Shutdown::Write);
+    }
+
+    fn into_parkable(self) -> Option<std::net::TcpStream> {
+        self.into_std().ok()
+    }
+
+    fn set_nodelay(&self) -> bool {
+        TcpStream::set_nodelay(self, true).is_ok()
+    }
+
+    /// One `recv` straight on the socket.
+    fn read_now(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        buf.reserve(1024);
+        let n = socket2::SockRef::from(&*self).recv(buf.spare_capacity_mut())?;
+        // SAFETY: recv() initialised the first `n` bytes of the spare capacity it was given.
+        unsafe { buf.set_len(buf.len() + n) };
+        Ok(n)
+    }
+
+    /// A short read means the socket is drained, and tokio is told so (by answering
+    /// WouldBlock from inside `try_io`, which clears the readiness unless a new event came
+    /// in meanwhile). Without that, every request would cost one more `recv` that only
+    /// returns EAGAIN before the connection waits again.
+    fn read_some(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        let spare = buf.capacity() - buf.len();
+        let mut got = 0;
+        let stream = &*self;
+        let r = stream.try_io(Interest::READABLE, || {
+            got = stream.try_read_buf(buf)?;
+            if got > 0 && got < spare {
+                Err(io::ErrorKind::WouldBlock.into())
+            } else {
+                Ok(got)
+            }
+        });
+        match r {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && got > 0 => Ok(got),
+            r => r,
+        }
+    }
+
+    fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
+        self.poll_read_ready(cx).map(|r| r.is_ok())
+    }
+
+    async fn read_wait(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        self.read_buf(buf).await
+    }
+
+    fn try_write(&mut self, data: &[u8]) -> io::Result<usize> {
+        TcpStream::try_write(self, data)
+    }
+
+    fn has_pending(&self) -> bool {
+        false
+    }
+
+    async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
+        AsyncWriteExt::write_all(self, data).await
+    }
+
+    async fn write_pair(&mut self, a: &[u8], b: &[u8]) -> io::Result<()> {
+        let mut bufs = [IoSlice::new(a), IoSlice::new(b)];
+        let total = a.len() + b.len();
+        let mut written = 0;
+        let mut bufs: &mut [IoSlice<'_>] = &mut bufs;
+        while written < total {
+            let n = self.write_vectored(bufs).await?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            written += n;
+            IoSlice::advance_slices(&mut bufs, n);
+        }
+        Ok(())
+    }
+
+    async fn send_file(
+        &mut self,
+        head: &[u8],
+        f: &FileRange,
+        sendfile: bool,
+        nopush: bool,
+    ) -> io::Result<()> {
+        if !head.is_empty() {
+            send::write_all(self, head, nopush).await?;
+        }
+        if sendfile {
+            send::sendfile(self, f).await
+        } else {
+            send::copy_file(self, f).await
+        }
+    }
+}

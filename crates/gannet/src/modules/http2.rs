@@ -1,0 +1,107 @@
+//! The HTTP/2 directives (`conn::h2` serves the connections): `http2`,
+//! `http2_max_concurrent_streams`, `http2_chunk_size`, `http2_body_preread_size`, and the
+//! older `http2_max_field_size` / `http2_max_header_size` (header list cap), all http or
+//! server level. (`listen ... http2` is in `config::listen`.)
+
+use super::{inherit, LoadCtx, LocConf};
+use gannet_conf::registry::{Args, Ctx, Spec};
+use gannet_conf::{setters, ConfError, Directive};
+
+const HS: Ctx = Ctx(Ctx::HTTP.0 | Ctx::SERVER.0);
+
+const fn spec(name: &'static str) -> Spec {
+    Spec {
+        name,
+        ctx: HS,
+        args: Args::Exactly(1),
+        block: false,
+    }
+}
+
+pub const DIRECTIVES: &[Spec] = &[
+    spec("http2"),
+    spec("http2_max_concurrent_streams"),
+    spec("http2_chunk_size"),
+    spec("http2_body_preread_size"),
+    spec("http2_max_field_size"),
+    spec("http2_max_header_size"),
+];
+
+#[derive(Debug, Clone, Default)]
+pub struct Http2Conf {
+    pub enable: Option<bool>,
+    pub max_concurrent_streams: Option<u32>,
+    pub chunk_size: Option<u32>,
+    pub body_preread_size: Option<u32>,
+    pub max_header_size: Option<u32>,
+}
+
+/// The largest flow-control window HTTP/2 allows (RFC 9113 6.9.1).
+const MAX_WINDOW: u64 = (1 << 31) - 1;
+
+impl Http2Conf {
+    pub fn merge(&mut self, parent: &Http2Conf) {
+        inherit!(
+            self,
+            parent,
+            enable,
+            max_concurrent_streams,
+            chunk_size,
+            body_preread_size,
+            max_header_size,
+        );
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enable.unwrap_or(false)
+    }
+
+    /// nginx's default: 128.
+    pub fn max_concurrent_streams(&self) -> u32 {
+        self.max_concurrent_streams.unwrap_or(128)
+    }
+
+    /// The most DATA sent per frame: nginx's default 8k.
+    pub fn chunk_size(&self) -> u32 {
+        self.chunk_size.unwrap_or(8 * 1024)
+    }
+
+    /// A stream's initial receive window: what a client may send of a body before it is
+    /// read (nginx's default 64k).
+    pub fn body_preread_size(&self) -> u32 {
+        self.body_preread_size.unwrap_or(64 * 1024)
+    }
+
+    /// The header list cap (decoded names and values plus 32 bytes each, RFC 9113 6.5.2),
+    /// `None` for the caller's default.
+    pub fn max_header_size(&self) -> Option<u32> {
+        self.max_header_size
+    }
+}
+
+fn size(d: &Directive, max: u64) -> Result<u32, ConfError> {
+    let n = setters::size_arg(d, 0)?;
+    if n == 0 || n > max {
+        return Err(d.error(format!("\"{}\" must be between 1 and {max}", d.name)));
+    }
+    Ok(n as u32)
+}
+
+pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), ConfError> {
+    let c = &mut lc.http2;
+    match d.name.as_str() {
+        "http2" => c.enable = Some(setters::flag(d)?),
+        "http2_max_concurrent_streams" => {
+            let n = setters::num_arg(d, 0)?;
+            c.max_concurrent_streams = Some(u32::try_from(n).unwrap_or(u32::MAX));
+        }
+        // A frame of more than 16 KiB would need the client's consent (SETTINGS_MAX_FRAME_SIZE).
+        "http2_chunk_size" => c.chunk_size = Some(size(d, 16 * 1024)?),
+        "http2_body_preread_size" => c.body_preread_size = Some(size(d, MAX_WINDOW)?),
+        "http2_max_field_size" | "http2_max_header_size" => {
+            c.max_header_size = Some(size(d, u64::from(u32::MAX))?)
+        }
+        _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
+    }
+    Ok(())
+}

@@ -1,0 +1,278 @@
+//! From a server's merged TLS settings to its rustls `ServerConfig`, at load time, so that
+//! every problem with a certificate, key, CA or stapling file is a config error naming the
+//! file (and `gannet -t` finds it).
+
+use super::certs::{self, load_chain, load_key};
+use super::resolve::KeyPairs;
+use super::session::{rotating_keys, TimedCache, TimedTickets};
+use super::verify::DeferredVerifier;
+use super::ServerTls;
+use crate::modules::tls::{FileArg, SessionCache, TlsConf, VerifyClient};
+use gannet_conf::{ConfError, Loc};
+use rustls::crypto::CryptoProvider;
+use rustls::server::danger::ClientCertVerifier;
+use rustls::server::{
+    NoServerSessionStorage, ProducesTickets, ServerSessionMemoryCache, StoresServerSessions,
+    WebPkiClientVerifier,
+};
+use rustls::sign::CertifiedKey;
+use rustls::{RootCertStore, ServerConfig, SupportedProtocolVersion};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// What the servers of one configuration share: the `shared:NAME` session caches and the
+/// ticket keys (one rotating set per timeout value).
+#[derive(Default)]
+pub struct LoadState {
+    caches: HashMap<String, Arc<ServerSessionMemoryCache>>,
+    ticket_keys: HashMap<u64, Arc<dyn ProducesTickets>>,
+}
+
+fn err(loc: &Loc, msg: impl std::fmt::Display) -> ConfError {
+    ConfError::at(loc, msg)
+}
+
+/// The server's TLS setup, or `None` when it has no certificate (and does not reject
+/// handshakes). `at` is the server block, for errors that belong to no one directive.
+pub fn build_server(
+    c: &TlsConf,
+    h2: bool,
+    state: &mut LoadState,
+    notices: &mut Vec<String>,
+    at: &Loc,
+) -> Result<Option<Arc<ServerTls>>, ConfError> {
+    let certs = c.certificates.as_deref().unwrap_or_default();
+    if certs.is_empty() {
+        return Ok(c.reject_handshake().then(|| {
+            Arc::new(ServerTls {
+                config: None,
+                verify: VerifyClient::Off,
+                roots: None,
+                reject_handshake: true,
+            })
+        }));
+    }
+    let keys = c.keys.as_deref().unwrap_or_default();
+    let provider = Arc::new(provider(c));
+    let mut pairs = Vec::new();
+    for (i, cert_file) in certs.iter().enumerate() {
+        let key_file = keys.get(i).ok_or_else(|| {
+            err(
+                &cert_file.loc,
+                format!(
+                    "no \"ssl_certificate_key\" is defined for certificate \"{}\"",
+                    cert_file.path.display()
+                ),
+            )
+        })?;
+        let chain = load_chain(cert_file, "certificate")?;
+        certs::check_current(cert_file, &chain[0])?;
+        let key = load_key(key_file)?;
+        let signer = provider.key_provider.load_private_key(key).map_err(|e| {
+            err(
+                &key_file.loc,
+                format!(
+                    "cannot load certificate key \"{}\": {e}",
+                    key_file.path.display()
+                ),
+            )
+        })?;
+        let mut ck = CertifiedKey::new(chain, signer);
+        if let Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) =
+            ck.keys_match()
+        {
+            return Err(err(
+                &key_file.loc,
+                format!(
+                    "certificate key \"{}\" does not match certificate \"{}\"",
+                    key_file.path.display(),
+                    cert_file.path.display()
+                ),
+            ));
+        }
+        ck.ocsp = stapled(c, notices)?;
+        pairs.push(Arc::new(ck));
+    }
+    let protocols = c.protocols();
+    let mut versions: Vec<&'static SupportedProtocolVersion> = Vec::new();
+    if protocols.tls13 {
+        versions.push(&rustls::version::TLS13);
+    }
+    if protocols.tls12 {
+        versions.push(&rustls::version::TLS12);
+    }
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&versions)
+        .map_err(|e| err(at, format!("TLS setup failed: {e}")))?;
+    let verify = c.verify_client();
+    let roots = client_roots(c, &provider, at)?;
+    let builder = if verify == VerifyClient::Off {
+        builder.with_no_client_auth()
+    } else {
+        let algs = provider.signature_verification_algorithms;
+        builder.with_client_cert_verifier(Arc::new(DeferredVerifier::new(roots.as_ref(), algs)))
+    };
+    let mut config = builder.with_cert_resolver(Arc::new(KeyPairs {
+        keys: pairs,
+        suites: provider.cipher_suites.clone(),
+    }));
+    config.ignore_client_order = c.prefer_server_ciphers.unwrap_or(false);
+    // A client offering ALPN with none of these is refused, as nginx does.
+    config.alpn_protocols = if h2 {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    };
+    let timeout = c.session_timeout().as_secs();
+    config.session_storage = sessions(c, state, timeout);
+    if c.session_tickets() {
+        let keys = match state.ticket_keys.get(&timeout) {
+            Some(k) => k.clone(),
+            None => {
+                let k = rotating_keys(timeout)
+                    .map_err(|e| err(at, format!("cannot make session ticket keys: {e}")))?;
+                state.ticket_keys.insert(timeout, k.clone());
+                k
+            }
+        };
+        config.ticketer = Arc::new(TimedTickets::new(keys, timeout));
+    } else if !config.session_storage.can_cache() {
+        // Neither tickets nor a cache: a TLS 1.3 ticket could never be honoured.
+        config.send_tls13_tickets = 0;
+    }
+    Ok(Some(Arc::new(ServerTls {
+        config: Some(Arc::new(config)),
+        verify,
+        roots,
+        reject_handshake: c.reject_handshake(),
+    })))
+}
+
+/// rustls's ring provider, offering the suites `ssl_ciphers` chose (TLS 1.2) and every
+/// TLS 1.3 suite, and the groups `ssl_ecdh_curve` chose.
+fn provider(c: &TlsConf) -> CryptoProvider {
+    let mut p = rustls::crypto::ring::default_provider();
+    if let Some(chosen) = &c.ecdh_curves {
+        let all = std::mem::take(&mut p.kx_groups);
+        p.kx_groups = chosen
+            .iter()
+            .filter_map(|n| all.iter().find(|g| g.name() == *n).copied())
+            .collect();
+    }
+    if let Some(chosen) = &c.ciphers {
+        let all = std::mem::take(&mut p.cipher_suites);
+        let tls13 = all.iter().filter(|s| s.tls13().is_some()).copied();
+        let tls12 = chosen
+            .iter()
+            .filter_map(|id| all.iter().find(|s| s.suite() == *id).copied());
+        p.cipher_suites = tls13.chain(tls12).collect();
+    }
+    p
+}
+
+/// The OCSP response to staple (`ssl_stapling on` with `ssl_stapling_file`).
+fn stapled(c: &TlsConf, notices: &mut Vec<String>) -> Result<Option<Vec<u8>>, ConfError> {
+    let Some((true, loc)) = &c.stapling else {
+        return Ok(None);
+    };
+    let Some(f) = &c.stapling_file else {
+        let notice = format!(
+            "{loc}: \"ssl_stapling\" staples only the response in \"ssl_stapling_file\" \
+             (gannet does not query OCSP responders); nothing is stapled"
+        );
+        if !notices.contains(&notice) {
+            notices.push(notice);
+        }
+        return Ok(None);
+    };
+    let der = std::fs::read(&f.path).map_err(|e| {
+        err(
+            &f.loc,
+            format!("cannot open OCSP response \"{}\": {e}", f.path.display()),
+        )
+    })?;
+    if der.is_empty() {
+        return Err(err(
+            &f.loc,
+            format!("OCSP response \"{}\" is empty", f.path.display()),
+        ));
+    }
+    Ok(Some(der))
+}
+
+/// The CA certificates of a file, into `store`.
+fn add_cas(store: &mut RootCertStore, f: &FileArg, what: &str) -> Result<(), ConfError> {
+    for ca in load_chain(f, what)? {
+        store.add(ca).map_err(|e| {
+            err(
+                &f.loc,
+                format!("cannot use CA certificate in \"{}\": {e}", f.path.display()),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// rustls's webpki verifier, which judges client chains: trusting the CAs of
+/// `ssl_client_certificate` (named to clients) and `ssl_trusted_certificate` (not named),
+/// checking revocation against `ssl_crl`.
+fn client_roots(
+    c: &TlsConf,
+    provider: &Arc<CryptoProvider>,
+    at: &Loc,
+) -> Result<Option<Arc<dyn ClientCertVerifier>>, ConfError> {
+    let verify = c.verify_client();
+    if verify == VerifyClient::Off {
+        return Ok(None);
+    }
+    let mut named = RootCertStore::empty();
+    if let Some(f) = &c.client_certificate {
+        add_cas(&mut named, f, "client certificate")?;
+    }
+    let mut store = named.clone();
+    if let Some(f) = &c.trusted_certificate {
+        add_cas(&mut store, f, "trusted certificate")?;
+    }
+    if store.is_empty() {
+        if matches!(verify, VerifyClient::On | VerifyClient::Optional) {
+            let loc = c.verify_client.as_ref().map_or(at, |v| &v.1);
+            return Err(err(
+                loc,
+                "no ssl_client_certificate or ssl_trusted_certificate for ssl_verify_client",
+            ));
+        }
+        return Ok(None);
+    }
+    let mut builder =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider.clone())
+            .clear_root_hint_subjects()
+            .add_root_hint_subjects(named.subjects())
+            .allow_unauthenticated();
+    if let Some(f) = &c.crl {
+        builder = builder.with_crls(certs::load_crls(f)?);
+    }
+    builder.build().map(Some).map_err(|e| match &c.crl {
+        Some(f) => err(
+            &f.loc,
+            format!("cannot use CRL \"{}\": {e}", f.path.display()),
+        ),
+        None => err(at, format!("cannot verify clients: {e}")),
+    })
+}
+
+fn sessions(c: &TlsConf, state: &mut LoadState, timeout: u64) -> Arc<dyn StoresServerSessions> {
+    match c.session_cache() {
+        SessionCache::Off | SessionCache::None => Arc::new(NoServerSessionStorage {}),
+        SessionCache::Builtin(n) => {
+            Arc::new(TimedCache::new(ServerSessionMemoryCache::new(n), timeout))
+        }
+        SessionCache::Shared { name, sessions } => {
+            let shared = state
+                .caches
+                .entry(name)
+                .or_insert_with(|| ServerSessionMemoryCache::new(sessions))
+                .clone();
+            Arc::new(TimedCache::new(shared, timeout))
+        }
+    }
+}

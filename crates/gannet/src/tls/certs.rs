@@ -1,0 +1,292 @@
+//! Certificates and keys from PEM files, with the checks `gannet -t` reports by file name
+//! (missing, unreadable, not PEM, key not matching, expired or not yet valid), and the
+//! facts of a client certificate that the `$ssl_client_*` variables show.
+
+use crate::modules::tls::FileArg;
+use gannet_conf::ConfError;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
+use std::fmt::Write;
+use x509_parser::prelude::{FromDer, X509Certificate, X509Name};
+
+fn read(f: &FileArg, what: &str) -> Result<Vec<u8>, ConfError> {
+    std::fs::read(&f.path).map_err(|e| {
+        ConfError::at(
+            &f.loc,
+            format!("cannot load {what} \"{}\": {e}", f.path.display()),
+        )
+    })
+}
+
+/// Every certificate in a PEM file (the server's first, then its chain).
+pub fn load_chain(f: &FileArg, what: &str) -> Result<Vec<CertificateDer<'static>>, ConfError> {
+    let pem = read(f, what)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| {
+            ConfError::at(
+                &f.loc,
+                format!("cannot load {what} \"{}\": {e}", f.path.display()),
+            )
+        })?;
+    if certs.is_empty() {
+        return Err(ConfError::at(
+            &f.loc,
+            format!(
+                "cannot load {what} \"{}\": no PEM certificate in it",
+                f.path.display()
+            ),
+        ));
+    }
+    Ok(certs)
+}
+
+/// Every CRL in a PEM file (`ssl_crl`).
+pub fn load_crls(f: &FileArg) -> Result<Vec<CertificateRevocationListDer<'static>>, ConfError> {
+    let pem = read(f, "CRL")?;
+    let fail = |why: String| {
+        ConfError::at(
+            &f.loc,
+            format!("cannot load CRL \"{}\": {why}", f.path.display()),
+        )
+    };
+    let crls = CertificateRevocationListDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| fail(e.to_string()))?;
+    if crls.is_empty() {
+        return Err(fail("no PEM CRL in it".to_string()));
+    }
+    Ok(crls)
+}
+
+/// The private key in a PEM file (PKCS#8, PKCS#1 RSA or SEC1 EC).
+pub fn load_key(f: &FileArg) -> Result<PrivateKeyDer<'static>, ConfError> {
+    let pem = read(f, "certificate key")?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
+        ConfError::at(
+            &f.loc,
+            format!(
+                "cannot load certificate key \"{}\": no PEM private key in it ({e})",
+                f.path.display()
+            ),
+        )
+    })
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// A server certificate must parse and be within its validity period.
+pub fn check_current(f: &FileArg, der: &CertificateDer<'_>) -> Result<(), ConfError> {
+    let fail = |msg: String| {
+        ConfError::at(
+            &f.loc,
+            format!("certificate \"{}\" {msg}", f.path.display()),
+        )
+    };
+    let (_, cert) =
+        X509Certificate::from_der(der).map_err(|e| fail(format!("cannot be parsed: {e}")))?;
+    let v = cert.validity();
+    let now = now();
+    if v.not_after.timestamp() < now {
+        return Err(fail(format!(
+            "has expired (not valid after {})",
+            v.not_after
+        )));
+    }
+    if v.not_before.timestamp() > now {
+        return Err(fail(format!(
+            "is not valid yet (not before {})",
+            v.not_before
+        )));
+    }
+    Ok(())
+}
+
+/// What nginx's `$ssl_client_*` variables show of a certificate.
+#[derive(Debug, Clone, Default)]
+pub struct CertFacts {
+    /// RFC 2253 form, most specific first: `CN=client,O=Example`.
+    pub subject: String,
+    pub issuer: String,
+    /// Upper-case hex, as OpenSSL prints it.
+    pub serial: String,
+    /// SHA-1 of the DER, lower-case hex (`$ssl_client_fingerprint`).
+    pub fingerprint: String,
+    /// `Jan  2 03:04:05 2025 GMT`, as OpenSSL prints validity times.
+    pub not_before: String,
+    pub not_after: String,
+    pub not_after_unix: i64,
+    /// The certificate in PEM (`$ssl_client_raw_cert`).
+    pub pem: String,
+}
+
+impl CertFacts {
+    pub fn of(der: &CertificateDer<'_>) -> Option<CertFacts> {
+        let (_, cert) = X509Certificate::from_der(der).ok()?;
+        let serial = cert.raw_serial();
+        // The DER integer's sign byte is not part of the number OpenSSL shows.
+        let serial = match serial {
+            [0, rest @ ..] if !rest.is_empty() => rest,
+            s => s,
+        };
+        let v = cert.validity();
+        Some(CertFacts {
+            subject: rfc2253(cert.subject()),
+            issuer: rfc2253(cert.issuer()),
+            serial: hex(serial, true),
+            fingerprint: hex(
+                ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, der).as_ref(),
+                false,
+            ),
+            not_before: openssl_time(v.not_before.timestamp()),
+            not_after: openssl_time(v.not_after.timestamp()),
+            not_after_unix: v.not_after.timestamp(),
+            pem: pem(der),
+        })
+    }
+
+    /// `$ssl_client_v_remain`: whole days until the certificate expires (0 once it has).
+    pub fn days_left(&self) -> i64 {
+        ((self.not_after_unix - now()) / 86400).max(0)
+    }
+}
+
+/// PEM: base64 in lines of 64, between the armour lines.
+fn pem(der: &[u8]) -> String {
+    let b64 = data_encoding::BASE64.encode(der);
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(&String::from_utf8_lossy(line));
+        out.push('\n');
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    out
+}
+
+/// Percent-encoding of everything but RFC 3986's unreserved characters, as nginx escapes
+/// `$ssl_client_escaped_cert`.
+pub fn escape_component(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3 / 2);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+fn hex(bytes: &[u8], upper: bool) -> String {
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = if upper {
+            write!(s, "{b:02X}")
+        } else {
+            write!(s, "{b:02x}")
+        };
+    }
+    s
+}
+
+/// A name as RFC 2253 writes it: the last RDN first, `,` between RDNs, `+` inside one,
+/// with the special characters escaped.
+fn rfc2253(name: &X509Name<'_>) -> String {
+    let registry = x509_parser::objects::oid_registry();
+    let rdns: Vec<String> = name
+        .iter_rdn()
+        .map(|rdn| {
+            rdn.iter()
+                .map(|atv| {
+                    let key = x509_parser::objects::oid2abbrev(atv.attr_type(), registry)
+                        .map(str::to_string)
+                        .unwrap_or_else(|_| atv.attr_type().to_id_string());
+                    let val = atv.as_str().map_or_else(|_| String::new(), escape_dn);
+                    format!("{key}={val}")
+                })
+                .collect::<Vec<_>>()
+                .join("+")
+        })
+        .collect();
+    rdns.into_iter().rev().collect::<Vec<_>>().join(",")
+}
+
+fn escape_dn(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    let last = v.chars().count().saturating_sub(1);
+    for (i, c) in v.chars().enumerate() {
+        let special = matches!(c, ',' | '+' | '"' | '\\' | '<' | '>' | ';')
+            || (i == 0 && (c == '#' || c == ' '))
+            || (i == last && c == ' ');
+        if special {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `Mon dd hh:mm:ss yyyy GMT` from Unix seconds (days from the civil calendar, as in
+/// Howard Hinnant's days-to-date algorithm).
+fn openssl_time(t: i64) -> String {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let days = t.div_euclid(86400);
+    let secs = t.rem_euclid(86400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{} {day:2} {:02}:{:02}:{:02} {year} GMT",
+        MONTHS[(month - 1) as usize],
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openssl_times() {
+        assert_eq!(openssl_time(0), "Jan  1 00:00:00 1970 GMT");
+        assert_eq!(openssl_time(1_709_210_096), "Feb 29 12:34:56 2024 GMT");
+        assert_eq!(openssl_time(4_102_444_800), "Jan  1 00:00:00 2100 GMT");
+    }
+
+    #[test]
+    fn dn_escaping() {
+        assert_eq!(escape_dn("a,b"), "a\\,b");
+        assert_eq!(escape_dn(" x "), "\\ x\\ ");
+        assert_eq!(escape_dn("#1"), "\\#1");
+        assert_eq!(escape_dn("plain"), "plain");
+    }
+
+    #[test]
+    fn pem_and_escaping() {
+        let p = pem(&[0u8; 61]);
+        assert!(p.starts_with("-----BEGIN CERTIFICATE-----\nAAAA"));
+        assert_eq!(p.lines().nth(1).map(str::len), Some(64));
+        assert!(p.ends_with("A==\n-----END CERTIFICATE-----\n"));
+        assert_eq!(escape_component("a b+/=\n-_.~"), "a%20b%2B%2F%3D%0A-_.~");
+    }
+
+    #[test]
+    fn hex_forms() {
+        assert_eq!(hex(&[0x0a, 0xff], true), "0AFF");
+        assert_eq!(hex(&[0x0a, 0xff], false), "0aff");
+    }
+}

@@ -1,0 +1,102 @@
+//! The handshake of a new connection on a `listen ... ssl` address, in the worker's event
+//! loop like any other read, bounded by the default server's `client_header_timeout`.
+//!
+//! The first byte tells a TLS client (a handshake record, 0x16) from one speaking plain
+//! HTTP to the port (a letter), which nginx answers with a 400 page ("The plain HTTP
+//! request was sent to HTTPS port"); anything else is closed. tokio-rustls reads the
+//! ClientHello, its SNI name picks the server block (see the module docs of `tls`), and
+//! the rest of the handshake runs with that server's rustls config. A failed or abandoned
+//! handshake costs only its own connection: it is logged at `info`, as nginx does.
+
+use super::TlsInfo;
+use crate::config::ListenGroup;
+use crate::conn::tls_stream::TlsStream;
+use crate::errlog::{self, Level};
+use crate::http::request::ConnInfo;
+use crate::http::router::select_server;
+use crate::modules::LocConf;
+use rustls::server::Acceptor;
+use std::sync::Arc;
+use tokio::net::TcpStream;
+use tokio::time::{timeout_at, Instant};
+use tokio_rustls::LazyConfigAcceptor;
+
+/// How a connection's start ended.
+pub enum Accepted {
+    Tls(TlsStream, Arc<TlsInfo>),
+    /// ALPN chose HTTP/2; the settings of the server SNI chose come along.
+    H2(
+        Box<tokio_rustls::server::TlsStream<TcpStream>>,
+        Arc<TlsInfo>,
+        Arc<LocConf>,
+    ),
+    /// The client sent plain HTTP: answer it with nginx's 400 page.
+    PlainHttp(TcpStream),
+    Closed,
+}
+
+/// The first TLS record's content type: handshake.
+const HANDSHAKE_RECORD: u8 = 0x16;
+
+fn failed(info: &ConnInfo, why: impl std::fmt::Display) -> Accepted {
+    errlog::log(
+        Level::Info,
+        format_args!(
+            "*{} {why} while SSL handshaking, client: {}, server: {}",
+            info.id,
+            info.peer.ip(),
+            info.local
+        ),
+    );
+    Accepted::Closed
+}
+
+pub async fn accept(g: &ListenGroup, tcp: TcpStream, info: &ConnInfo) -> Accepted {
+    let default = &g.servers[g.default];
+    let deadline = Instant::now() + default.conf.core.client_header_timeout();
+    let mut first = [0u8; 1];
+    match timeout_at(deadline, tcp.peek(&mut first)).await {
+        Ok(Ok(1)) => {}
+        Ok(Ok(_)) => return Accepted::Closed,
+        Ok(Err(e)) => return failed(info, e),
+        Err(_) => return failed(info, "client timed out"),
+    }
+    if first[0] != HANDSHAKE_RECORD {
+        if first[0].is_ascii_alphabetic() {
+            return Accepted::PlainHttp(tcp);
+        }
+        return failed(info, "client sent no TLS handshake");
+    }
+    let start = match timeout_at(deadline, LazyConfigAcceptor::new(Acceptor::default(), tcp)).await
+    {
+        Ok(Ok(start)) => start,
+        Ok(Err(e)) => return failed(info, e),
+        Err(_) => return failed(info, "client timed out"),
+    };
+    let sni = start
+        .client_hello()
+        .server_name()
+        .map(str::to_ascii_lowercase)
+        .unwrap_or_default();
+    // nginx's fallback: a name no server has, or a server without a certificate, leaves
+    // the handshake to the address's default server.
+    let chosen = select_server(&g.servers, g.default, &sni);
+    let Some(tls) = chosen.tls.as_ref().or(default.tls.as_ref()) else {
+        return failed(info, "no certificate for the listen address");
+    };
+    let config = match &tls.config {
+        Some(c) if !tls.reject_handshake => c.clone(),
+        _ => return failed(info, format_args!("handshake rejected for \"{sni}\"")),
+    };
+    let stream = match timeout_at(deadline, start.into_stream(config)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return failed(info, e),
+        Err(_) => return failed(info, "client timed out"),
+    };
+    let tls_info = Arc::new(TlsInfo::of(stream.get_ref().1, sni, tls));
+    if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+        return Accepted::H2(Box::new(stream), tls_info, chosen.conf.clone());
+    }
+    let (tcp, conn) = stream.into_inner();
+    Accepted::Tls(TlsStream::new(tcp, conn), tls_info)
+}

@@ -1,0 +1,124 @@
+//! HTTPS with rustls (ring provider): the TLS setup each server block gets from its `ssl_*`
+//! directives (`build`), the handshake on a `listen ... ssl` address (`handshake`), and what
+//! a TLS connection tells its requests (`TlsInfo`: `$https`, `$scheme`, `$ssl_*`).
+//!
+//! Each server block with a certificate has its own rustls `ServerConfig`. The handshake
+//! first reads the ClientHello, lets its SNI name pick the server block as nginx does (the
+//! address's default server when no name matches, or when the matching server has no
+//! certificate), and goes on with that server's config, so protocols, ciphers,
+//! certificates, session settings and client verification are all per server.
+//!
+//! The directives themselves are read in `modules::tls`; the encrypted stream the connection
+//! loop uses is `conn::tls_stream`.
+
+mod build;
+pub mod certs;
+pub mod ciphers;
+pub mod handshake;
+mod resolve;
+mod session;
+pub mod verify;
+
+pub use build::{build_server, LoadState};
+
+use crate::modules::tls::VerifyClient;
+use certs::CertFacts;
+use rustls::server::danger::ClientCertVerifier;
+use rustls::server::ServerConnection;
+use rustls::{HandshakeKind, ProtocolVersion, ServerConfig};
+use std::sync::Arc;
+use verify::Verified;
+
+/// A server block's TLS setup.
+#[derive(Debug)]
+pub struct ServerTls {
+    /// `None` only for a server that rejects every handshake and has no certificate.
+    pub config: Option<Arc<ServerConfig>>,
+    pub verify: VerifyClient,
+    /// Judges client chains against `ssl_client_certificate` (see `verify`).
+    pub roots: Option<Arc<dyn ClientCertVerifier>>,
+    /// `ssl_reject_handshake on`: a client whose SNI picks this server is refused.
+    pub reject_handshake: bool,
+}
+
+/// What a finished handshake established, for the `$ssl_*` variables.
+#[derive(Debug)]
+pub struct TlsInfo {
+    /// `TLSv1.2`, `TLSv1.3`.
+    pub protocol: &'static str,
+    /// The OpenSSL name of the suite.
+    pub cipher: &'static str,
+    /// The key exchange group (`X25519`, `prime256v1`, `secp384r1`).
+    pub curve: &'static str,
+    /// The SNI name, lowercased; empty without SNI.
+    pub server_name: String,
+    pub reused: bool,
+    pub verified: Verified,
+    pub client: Option<CertFacts>,
+    /// The setup that did the handshake (and judged the client's certificate).
+    pub by: Arc<ServerTls>,
+}
+
+impl TlsInfo {
+    pub fn of(conn: &ServerConnection, server_name: String, tls: &Arc<ServerTls>) -> TlsInfo {
+        let protocol = match conn.protocol_version() {
+            Some(ProtocolVersion::TLSv1_3) => "TLSv1.3",
+            Some(ProtocolVersion::TLSv1_2) => "TLSv1.2",
+            _ => "unknown",
+        };
+        let cipher = conn
+            .negotiated_cipher_suite()
+            .map_or("", |s| ciphers::openssl_name(s.suite()));
+        let curve = match conn.negotiated_key_exchange_group().map(|g| g.name()) {
+            Some(rustls::NamedGroup::X25519) => "X25519",
+            Some(rustls::NamedGroup::secp256r1) => "prime256v1",
+            Some(rustls::NamedGroup::secp384r1) => "secp384r1",
+            Some(_) => "unknown",
+            None => "",
+        };
+        let chain = conn.peer_certificates();
+        let verified = if tls.verify == VerifyClient::Off {
+            Verified::None
+        } else {
+            verify::judge(chain, tls.roots.as_ref())
+        };
+        TlsInfo {
+            protocol,
+            cipher,
+            curve,
+            server_name,
+            reused: conn.handshake_kind() == Some(HandshakeKind::Resumed),
+            verified,
+            client: chain.and_then(|c| c.first()).and_then(CertFacts::of),
+            by: tls.clone(),
+        }
+    }
+
+    /// `$ssl_client_verify`.
+    pub fn verify_str(&self) -> String {
+        match &self.verified {
+            Verified::None => "NONE".to_string(),
+            Verified::Success => "SUCCESS".to_string(),
+            Verified::Failed(why) => format!("FAILED:{why}"),
+        }
+    }
+
+    /// Why a request for a server with this TLS setup is refused, if it is: the status and
+    /// nginx's text. A server that verifies clients answers only on connections whose
+    /// handshake it did itself (421 otherwise, as nginx): a certificate judged against
+    /// another server's CAs proves nothing to it.
+    pub fn refusal(&self, server: &Arc<ServerTls>) -> Option<(u16, &'static str)> {
+        let mode = server.verify;
+        if mode != VerifyClient::Off && !Arc::ptr_eq(server, &self.by) {
+            return Some((421, ""));
+        }
+        let why = match (mode, &self.verified) {
+            (VerifyClient::On, Verified::None) => "No required SSL certificate was sent",
+            (VerifyClient::On | VerifyClient::Optional, Verified::Failed(_)) => {
+                "The SSL certificate error"
+            }
+            _ => return None,
+        };
+        Some((400, why))
+    }
+}

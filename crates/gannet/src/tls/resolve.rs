@@ -1,0 +1,50 @@
+//! Which of a server's certificates a client gets, when it has several (`ssl_certificate`
+//! given more than once, typically an ECDSA and an RSA one): the first, in the client's
+//! order of signature schemes, that the client can both verify and use with a cipher suite
+//! both sides have (a TLS 1.2 client offering only ECDHE-RSA suites gets the RSA certificate
+//! even if it could verify ECDSA).
+
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls::SupportedCipherSuite;
+use std::sync::Arc;
+
+#[derive(Debug)]
+pub struct KeyPairs {
+    pub keys: Vec<Arc<CertifiedKey>>,
+    /// The suites this server offers.
+    pub suites: Vec<SupportedCipherSuite>,
+}
+
+impl KeyPairs {
+    /// Whether some suite offered by both sides can be used with this key.
+    fn usable(&self, ck: &CertifiedKey, hello: &ClientHello<'_>) -> bool {
+        let alg = ck.key.algorithm();
+        let offered = hello.cipher_suites();
+        self.suites.iter().any(|s| {
+            offered.contains(&s.suite())
+                && (s.tls13().is_some() || s.usable_for_signature_algorithm(alg))
+        })
+    }
+}
+
+impl ResolvesServerCert for KeyPairs {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        for scheme in hello.signature_schemes() {
+            let found = self
+                .keys
+                .iter()
+                .find(|ck| ck.key.choose_scheme(&[*scheme]).is_some() && self.usable(ck, &hello));
+            if let Some(ck) = found {
+                return Some(ck.clone());
+            }
+        }
+        // Nothing fits the client's list: let rustls refuse with the first pair (it sends
+        // the right alert).
+        self.keys
+            .iter()
+            .find(|ck| self.usable(ck, &hello))
+            .or(self.keys.first())
+            .cloned()
+    }
+}
