@@ -207,27 +207,27 @@ impl Link {
         if self.proto == Proto::FastCgi || req.is_head() {
             return;
         }
-        let length = match head.status {
-            Some(204 | 304) => Some(0),
+        let framing = match head.status {
+            Some(204 | 304) => Framing::Empty,
             _ => head
                 .get("content-length")
-                .and_then(|v| v.parse::<u64>().ok()),
+                .and_then(|v| v.parse::<u64>().ok())
+                .map_or(Framing::Close, Framing::Length),
         };
-        if let Some(n) = length {
-            body.truncate(usize::try_from(n).unwrap_or(usize::MAX));
-            self.left = Some(n - body.len() as u64);
-        }
+        self.set_framing(framing, false, body);
     }
 
-    /// After an HTTP answer's head: how its body ends, given the part of it already in
-    /// `body` (moved back to the input for a chunked one, which is decoded from there).
-    fn frame_http(&mut self, framing: Framing, keep_alive: bool, body: &mut BytesMut) {
+    /// After the head: how the body ends, given the part of it already in `body` (moved
+    /// back to the input for a chunked one, which is decoded from there), and whether the
+    /// connection stays open after it (HTTP only).
+    fn set_framing(&mut self, framing: Framing, keep_alive: bool, body: &mut BytesMut) {
         self.keep_alive = keep_alive;
         match framing {
             Framing::Empty | Framing::Length(_) => {
-                let n = match framing {
-                    Framing::Length(n) => n,
-                    _ => 0,
+                let n = if let Framing::Length(n) = framing {
+                    n
+                } else {
+                    0
                 };
                 if body.len() as u64 > n {
                     // More than announced: the connection is out of step.
@@ -372,11 +372,7 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
         Backend::Addr(addr) => {
             let t0 = Instant::now();
             let r = fresh(req, proto, &addr, &out).await;
-            let status = match &r {
-                Ok(a) => a.head.status.unwrap_or(200),
-                Err(f) => f.status(),
-            };
-            record(req, &addr, status, t0);
+            record(req, &addr, attempt_status(r.as_ref()), t0);
             return match r {
                 Ok(a) => outcome(req, c, a, addr, None, None),
                 Err(f) => Outcome::Flow(failed(req, proto, &addr, &f)),
@@ -433,11 +429,12 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
             },
             None => fresh(req, proto, addr, &out).await.map(|a| (a, 0)),
         };
-        let status = match &result {
-            Ok((a, _)) => a.head.status.unwrap_or(200),
-            Err(f) => f.status(),
-        };
-        record(req, addr, status, now);
+        record(
+            req,
+            addr,
+            attempt_status(result.as_ref().map(|(a, _)| a)),
+            now,
+        );
         // Another server may be tried if there is one, within the tries and time allowed.
         let more = tried.len() < up.servers.len()
             && c.next_upstream_tries
@@ -475,6 +472,15 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
                 }
             }
         }
+    }
+}
+
+/// The status one attempt ended with, for `$upstream_status`: what the server answered,
+/// or what its failure maps to.
+fn attempt_status(r: Result<&Answered, &Failure>) -> u16 {
+    match r {
+        Ok(a) => a.head.status.unwrap_or(200),
+        Err(f) => f.status(),
     }
 }
 
@@ -771,7 +777,7 @@ fn read_head(
                 // What follows the head is the new protocol's: kept whole for the tunnel.
                 link.left = Some(0);
             } else {
-                link.frame_http(h.framing, h.keep_alive, body);
+                link.set_framing(h.framing, h.keep_alive, body);
             }
             return Ok(Some(CgiHead {
                 status: Some(h.status),

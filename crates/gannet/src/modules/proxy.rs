@@ -333,18 +333,15 @@ fn upstream_uri(req: &Request, dest: &Dest, vars: bool) -> String {
     }
     if dest.uri.is_none() && !req.uri_changed {
         let raw = req.head.target();
-        // An absolute-form target is passed as origin-form.
-        let raw = match raw.iter().position(|&c| c == b'/') {
-            Some(_) if raw.starts_with(b"/") => raw,
-            Some(_) => {
-                let after_scheme = raw
-                    .windows(3)
-                    .position(|w| w == b"://")
-                    .map_or(0, |i| i + 3);
-                let path = raw[after_scheme..].iter().position(|&c| c == b'/');
-                path.map_or(&b"/"[..], |p| &raw[after_scheme + p..])
+        // An absolute-form target (`http://host/path`) is passed as origin-form.
+        let raw = match raw.windows(3).position(|w| w == b"://") {
+            Some(i) if !raw.starts_with(b"/") => {
+                let rest = &raw[i + 3..];
+                rest.iter()
+                    .position(|&c| c == b'/')
+                    .map_or(&b"/"[..], |p| &rest[p..])
             }
-            None => raw,
+            _ => raw,
         };
         return String::from_utf8_lossy(raw).into_owned();
     }
@@ -426,21 +423,21 @@ pub fn encode_request(req: &Request, dest: &Dest, body: &[u8], out: &mut Vec<u8>
     let set = c.set_headers.as_deref().map_or(&[][..], |v| v.as_slice());
     let is_set = |name: &str| set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name));
     let mut keep = true;
-    let put = |name: &str, value: &str, out: &mut Vec<u8>| {
+    let put = |name: &str, value: &[u8], out: &mut Vec<u8>| {
         out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(value);
         out.extend_from_slice(b"\r\n");
     };
     if !is_set("host") {
-        put("Host", &dest.host, out);
+        put("Host", dest.host.as_bytes(), out);
     }
     if !is_set("connection") {
-        put("Connection", "close", out);
+        put("Connection", b"close", out);
         keep = false;
     }
     if has_body && !is_set("content-length") {
-        put("Content-Length", &body.len().to_string(), out);
+        put("Content-Length", body.len().to_string().as_bytes(), out);
     }
     for (name, value) in set {
         let v = value.eval(req, None);
@@ -450,17 +447,14 @@ pub fn encode_request(req: &Request, dest: &Dest, body: &[u8], out: &mut Vec<u8>
         if name.eq_ignore_ascii_case("connection") && v.to_ascii_lowercase().contains("close") {
             keep = false;
         }
-        put(name, &v, out);
+        put(name, v.as_bytes(), out);
     }
     if c.gw.pass_request_headers.unwrap_or(true) {
         for (name, value) in req.head.headers() {
             if HOP.iter().any(|h| name.eq_ignore_ascii_case(h)) || is_set(name) {
                 continue;
             }
-            out.extend_from_slice(name.as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value);
-            out.extend_from_slice(b"\r\n");
+            put(name, value, out);
         }
     }
     out.extend_from_slice(b"\r\n");
