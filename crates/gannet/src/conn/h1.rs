@@ -100,6 +100,9 @@ pub async fn serve(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: us
         // `listen ... http2` without `ssl`: HTTP/2 only, with prior knowledge (nginx's
         // meaning of the parameter before `http2 on`, which serves both).
         let conf = g.servers[g.default].conf.clone();
+        if conf.core.tcp_nodelay() {
+            let _ = stream.set_nodelay(true);
+        }
         return Box::pin(super::h2::serve(w, stream, info, group, conf)).await;
     }
     run_conn(w, stream, info, group, Instant::now(), false).await;
@@ -116,6 +119,12 @@ async fn serve_tls(w: Rc<Worker>, stream: TcpStream, mut info: ConnInfo, group: 
         }
         Accepted::H2(stream, tls, conf) => {
             info.tls = Some(tls);
+            if conf.core.tcp_nodelay() {
+                // HTTP/2 writes whole frames itself: Nagle would hold a response's last
+                // segment for the client's delayed ACK (40 ms per response on a stream
+                // that fills the window), as nginx avoids by setting it too.
+                let _ = stream.get_ref().0.set_nodelay(true);
+            }
             super::h2::serve(w, stream, info, group, conf).await
         }
         Accepted::PlainHttp(stream) => run_conn(w, stream, info, group, born, true).await,
@@ -166,6 +175,9 @@ async fn run_conn<S: Transport>(
         let conf = g.servers[g.default].conf.clone();
         match stream.into_parkable().map(TcpStream::from_std) {
             Some(Ok(tcp)) => {
+                if conf.core.tcp_nodelay() {
+                    let _ = tcp.set_nodelay(true);
+                }
                 let io = super::h2::Prefixed::new(buf, tcp);
                 return Box::pin(super::h2::serve(w.clone(), io, info, group, conf)).await;
             }
