@@ -149,6 +149,9 @@ pub async fn send(
     super::log::access(w, req, &resp, head_len, sent);
 }
 
+/// Frames of `http2_chunk_size` asked for per wait for window capacity.
+const FRAMES_PER_WAIT: usize = 4;
+
 /// The sending half of a stream, with what was sent and the frame size.
 struct Out<'a> {
     stream: &'a mut SendStream<Bytes>,
@@ -160,33 +163,38 @@ struct Out<'a> {
 }
 
 impl Out<'_> {
-    /// Send `data` in frames of at most `chunk`, each when the window has room for it.
+    /// Send `data` in frames of at most `chunk`, as the window has room for them. Capacity
+    /// is asked for several frames at a time and every frame it covers is queued at once:
+    /// one frame per wait would cost a round trip through the connection's task for each
+    /// `chunk` of a large body.
     async fn data(&mut self, mut data: Bytes, end: bool) -> bool {
         while !data.is_empty() {
-            self.stream.reserve_capacity(data.len().min(self.chunk));
+            self.stream
+                .reserve_capacity(data.len().min(self.chunk * FRAMES_PER_WAIT));
             let cap = tokio::time::timeout(
                 self.timeout,
                 std::future::poll_fn(|cx| self.stream.poll_capacity(cx)),
             )
             .await;
-            let n = match cap {
-                Ok(Some(Ok(n))) => n.min(self.chunk).min(data.len()),
+            let mut room = match cap {
+                Ok(Some(Ok(n))) => n.min(data.len()),
                 // A timeout (a client that never opens its window), a reset or a closed
                 // connection.
                 _ => return false,
             };
-            if n == 0 {
-                continue;
-            }
-            let piece = data.split_to(n);
-            let last = end && data.is_empty();
-            if self.stream.send_data(piece, last).is_err() {
-                return false;
-            }
-            self.sent += n as u64;
-            if last {
-                self.ended = true;
-                return true;
+            while room > 0 {
+                let n = room.min(self.chunk);
+                room -= n;
+                let piece = data.split_to(n);
+                let last = end && data.is_empty();
+                if self.stream.send_data(piece, last).is_err() {
+                    return false;
+                }
+                self.sent += n as u64;
+                if last {
+                    self.ended = true;
+                    return true;
+                }
             }
         }
         if end {
