@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import subprocess
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -36,6 +37,24 @@ def served_since(path: Path, offset: int) -> Counter:
     with open(path, "rb") as f:
         f.seek(offset)
         return access_statuses(f.read().decode("latin-1"))
+
+
+def settle(count, target: int, quiet: float = 0.5, timeout: float = 5.0, interval: float = 0.05) -> Counter:
+    """Poll `count()` (statuses -> n, read from an access log) until it holds `target`
+    requests, or stops growing for `quiet` seconds, at most `timeout` seconds: requests a
+    proxy still holds when the client finishes reach the back end's log a little later."""
+    start = last_change = time.monotonic()
+    counts = count()
+    while sum(counts.values()) < target:
+        now = time.monotonic()
+        if now - last_change >= quiet or now - start >= timeout:
+            break
+        time.sleep(interval)  # poll interval under the deadline
+        again = count()
+        if sum(again.values()) != sum(counts.values()):
+            last_change = time.monotonic()
+        counts = again
+    return counts
 
 
 def loss(planned: int, served: int) -> tuple[int, float]:
