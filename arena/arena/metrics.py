@@ -69,6 +69,7 @@ METRICS = [
     Metric("post_planned", "POSTs planned", "", None),
     Metric("served_by_survivors", "Served by the surviving back ends", "", None),
     Metric("served_by_killed", "Served by the killed back end", "", None),
+    Metric("kill_at_s", "Back end killed at", "s", None, 2),
     Metric("restart_s", "Back end restart", "s", None, 2),
     # s4-mirror: the copies the shadow back end received
     Metric("shadow_copies", "Copies at the shadow back end", "", None),

@@ -60,6 +60,8 @@ def preflight(scenario: Scenario, servers: list[Server], options: Options) -> No
     kind = scenario.site_options(options).kind
     for server in servers:
         server.binary()
+        # A server named with --servers that lacks the feature (a mirror, say): say so now.
+        server.site_template_name(kind, options.profile)
         sites.check(server.name, kind)
     parse_cpus(options.server_cpus)
     parse_cpus(options.client_cpus)

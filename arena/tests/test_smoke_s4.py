@@ -1,9 +1,8 @@
 """The smoke run of s4-proxy: `arena run s4-proxy --quick --servers gannet,nginx` proxies the
 replayed log at 2 low rates to the nginx back end; at those rates neither proxy may lose a
 request, the back end's log must count every planned request, and the proxy's CPU, memory and
-TCP states must be recorded, the client port sysctls recorded and put back. Like test_smoke.py, it
-FAILS (never skips) without gannet's
-release binary."""
+TCP states must be recorded, and the client port sysctls recorded and put back. Like
+test_smoke.py, it FAILS (never skips) without gannet's release binary."""
 
 from __future__ import annotations
 
