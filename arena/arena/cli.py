@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, help="result folder (default arena/results/<time>-<scenario>)")
     run.add_argument("--server-cpus", default="0", help="CPUs the servers are pinned to (default 0)")
     run.add_argument("--client-cpus", default="1", help="CPUs the load tools are pinned to (default 1)")
-    run.add_argument("--backend-cpus", help="CPUs a scenario's back end is pinned to (s4-proxy; default: "
+    run.add_argument("--backend-cpus", help="CPUs a scenario's back ends are pinned to (the s4 scenarios; default: "
                      "the client CPUs)")
 
     cmp = sub.add_parser("compare", help="show what changed between two runs")
