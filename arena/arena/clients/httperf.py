@@ -136,7 +136,7 @@ class ReplayResult:
 
 # A replay's deadline: its planned duration with room for a client slowed by a busy CPU,
 # plus httperf's own --timeout for the last sessions, plus a margin.
-DEADLINE_FACTOR = 1.5
+DEADLINE_FACTOR = 2.0
 DEADLINE_MARGIN_S = 10.0
 # After SIGINT at the deadline, how long httperf gets to print its statistics and exit.
 INTERRUPT_GRACE_S = 5.0
