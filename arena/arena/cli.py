@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, help="result folder (default arena/results/<time>-<scenario>)")
     run.add_argument("--server-cpus", default="0", help="CPUs the servers are pinned to (default 0)")
     run.add_argument("--client-cpus", default="1", help="CPUs the load tools are pinned to (default 1)")
-    run.add_argument("--backend-cpus", help="CPUs a scenario's back end is pinned to (s4-proxy; default: "
+    run.add_argument("--backend-cpus", help="CPUs a scenario's back ends are pinned to (the s4 scenarios; default: "
                      "the client CPUs)")
 
     cmp = sub.add_parser("compare", help="show what changed between two runs")
@@ -87,6 +87,7 @@ ALL_SERVERS = "gannet,nginx,apache-prefork,apache-worker,apache-event,lighttpd,h
 def _run(args, console: Console) -> int:
     from arena import runner, scenarios, servers
     from arena.scenarios.base import Options
+    from arena.servers import sites
 
     scenario = scenarios.get(args.scenario)
     if args.servers:
@@ -98,7 +99,8 @@ def _run(args, console: Console) -> int:
         chosen = [s for s in everyone if s.serves(kind, args.profile)]
         skipped = [s.name for s in everyone if s not in chosen]
         if skipped:
-            console.print(f"not run (no {kind} site support): {', '.join(skipped)}")
+            why = sites.kind(kind).lacking
+            console.print(f"not run (no {kind} site support{': ' + why if why else ''}): {', '.join(skipped)}")
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
     if args.requests is not None and args.requests < 1:
         raise ArenaError("--requests must be at least 1")

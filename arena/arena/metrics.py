@@ -52,6 +52,28 @@ METRICS = [
     Metric("response_s", "Response time", "s", "lower", 3),
     Metric("throughput_mb_s", "Throughput", "MB/s", "higher", 2),
     Metric("siege_concurrency", "Concurrency (siege)", "", None, 2),
+    # s4-proxy and its variants: the replay's counts and the back ends' (None in a round whose
+    # replayer stalled: those rounds are the tool's failure, not the server's)
+    Metric("planned", "Requests planned", "", None),
+    Metric("sent", "Requests sent", "", None),
+    Metric("ok", "Answered 2xx", "", "higher"),
+    Metric("backend_served", "Served by the back end(s)", "", None),
+    Metric("lost", "Lost requests", "", "lower"),
+    Metric("loss_pct", "Loss", "%", "lower", 2),
+    Metric("tcp_syn_recv", "SYN-RECV sockets (peak)", "", None),
+    Metric("tcp_time_wait", "TIME-WAIT sockets (peak)", "", None),
+    # s4-failover: client-visible failures by method, and who served the point
+    Metric("get_failures", "Failed GETs (client-visible)", "", "lower"),
+    Metric("post_failures", "Failed POSTs (client-visible)", "", "lower"),
+    Metric("get_planned", "GETs planned", "", None),
+    Metric("post_planned", "POSTs planned", "", None),
+    Metric("served_by_survivors", "Served by the surviving back ends", "", None),
+    Metric("served_by_killed", "Served by the killed back end", "", None),
+    Metric("kill_at_s", "Back end killed at", "s", None, 2),
+    Metric("restart_s", "Back end restart", "s", None, 2),
+    # s4-mirror: the copies the shadow back end received
+    Metric("shadow_copies", "Copies at the shadow back end", "", None),
+    Metric("shadow_pct", "Copies / served", "%", None, 1),
 ]
 
 BY_KEY = {m.key: m for m in METRICS}

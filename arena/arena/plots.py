@@ -48,6 +48,7 @@ def plot_metric(results: dict, keys: list[str], title: str, path: Path) -> bool:
         for server in servers:
             rows = sorted((r for r in summary if r["series"] == name and r["server"] == server),
                           key=lambda r: r["x"])
+            labelled = False
             for style, key in zip(STYLES, keys):
                 pts = [(r["x"], r["metrics"][key]) for r in rows if key in r["metrics"]]
                 if not pts:
@@ -59,7 +60,9 @@ def plot_metric(results: dict, keys: list[str], title: str, path: Path) -> bool:
                 xs_all += xs
                 ax.errorbar(xs, med, yerr=[low, high], linestyle=style, marker="o", markersize=4,
                             capsize=3, color=colours[server],
-                            label=server if style == STYLES[0] else None)
+                            # The server's name on its first line drawn (httperf has no p99).
+                            label=None if labelled else server)
+                labelled = True
         if xs_all and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 50:
             ax.set_xscale("log")
         ax.set_title(name, fontsize=10)

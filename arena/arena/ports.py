@@ -20,9 +20,26 @@ def free_port(host: str = HOST) -> int:
         return sock.getsockname()[1]
 
 
+def free_port_outside(client_ports: tuple[int, int], host: str = HOST) -> int:
+    """A free port outside the kernel's client port range (`client_ports`, inclusive): no
+    outgoing connection can take it, so a server killed on purpose can always be restarted
+    on it. Above the range first, then below it; the usual free_port() if neither has room."""
+    low, high = client_ports
+    for port in [*range(high + 1, 65536), *range(low - 1, 1023, -1)]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    return free_port(host)
+
+
 def check_free(port: int, host: str = HOST) -> None:
-    """Raise a clear ArenaError if `port` cannot be bound on `host`."""
+    """Raise a clear ArenaError if `port` cannot be bound on `host` as servers bind it: with
+    SO_REUSEADDR, so connections of a stopped server still in TIME-WAIT do not count."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:

@@ -9,19 +9,29 @@ from __future__ import annotations
 import re
 import subprocess
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
 from arena.clients.base import LoadResult
 
-# The status field of a combined-format line: after the quoted request line.
-_STATUS = re.compile(r'^\S+ \S+ \S+ \[[^]]+\] "[^"]*" (\d{3}) ', re.MULTILINE)
+# The request line and status of a combined-format line.
+_STATUS = re.compile(r'^\S+ \S+ \S+ \[[^]]+\] "([^"]*)" (\d{3}) ', re.MULTILINE)
+# Requests that are not the replay's: readiness polls and health checks (gannet's and Caddy's
+# active checks probe every back end, whichever proxy's point is running).
+NOT_REPLAYED = ("/robots.txt",)
 
 
-def access_statuses(text: str) -> Counter:
+def access_statuses(text: str, skip_paths: tuple[str, ...] = ()) -> Counter:
     """Status code -> count over the complete lines of a combined-format access log (a line
-    still being written has no newline yet)."""
-    return Counter(_STATUS.findall(text[:text.rfind("\n") + 1]))
+    still being written has no newline yet), leaving out requests for `skip_paths`."""
+    counts: Counter = Counter()
+    for request, status in _STATUS.findall(text[:text.rfind("\n") + 1]):
+        parts = request.split()
+        if len(parts) > 1 and parts[1].split("?")[0] in skip_paths:
+            continue
+        counts[status] += 1
+    return counts
 
 
 def log_size(path: Path) -> int:
@@ -31,11 +41,29 @@ def log_size(path: Path) -> int:
         return 0
 
 
-def served_since(path: Path, offset: int) -> Counter:
-    """Statuses of the requests logged after byte `offset` of the access log at `path`."""
+def served_since(path: Path, offset: int, skip_paths: tuple[str, ...] = NOT_REPLAYED) -> Counter:
+    """Statuses of the replayed requests logged after byte `offset` of the access log at `path`."""
     with open(path, "rb") as f:
         f.seek(offset)
-        return access_statuses(f.read().decode("latin-1"))
+        return access_statuses(f.read().decode("latin-1"), skip_paths)
+
+
+def settle(count, target: int, quiet: float = 0.5, timeout: float = 5.0, interval: float = 0.05) -> Counter:
+    """Poll `count()` (statuses -> n, read from an access log) until it holds `target`
+    requests, or stops growing for `quiet` seconds, at most `timeout` seconds: requests a
+    proxy still holds when the client finishes reach the back end's log a little later."""
+    start = last_change = time.monotonic()
+    counts = count()
+    while sum(counts.values()) < target:
+        now = time.monotonic()
+        if now - last_change >= quiet or now - start >= timeout:
+            break
+        time.sleep(interval)  # poll interval under the deadline
+        again = count()
+        if sum(again.values()) != sum(counts.values()):
+            last_change = time.monotonic()
+        counts = again
+    return counts
 
 
 def loss(planned: int, served: int) -> tuple[int, float]:

@@ -16,7 +16,7 @@ from arena.summary import REFERENCE
 
 # A table is shown for each figure that some point has (the PHP tier's only in the dynamic scenarios).
 SIDE_BY_SIDE = ["rps", "cpu_per_10k", "total_cpu_per_10k", "php_cpu_per_10k", "p99_ms", "peak_pss_mib",
-                "php_peak_pss_mib", "failures"]
+                "php_peak_pss_mib", "failures", "loss_pct", "get_failures", "post_failures", "shadow_copies"]
 
 
 @dataclass
@@ -27,7 +27,20 @@ class Table:
     note: str = ""
 
 
+def _note(row: dict) -> str:
+    """What a row's figures cannot say by themselves: rounds the load tool stalled in (their
+    counts are partial and not the server's failures) or that could not run."""
+    notes = []
+    if row.get("tool_stalled_rounds"):
+        notes.append(f"tool stalled ({row['tool_stalled_rounds']}/{row['rounds']})")
+    if row.get("not_measured_rounds"):
+        notes.append(f"not measured ({row['not_measured_rounds']}/{row['rounds']})")
+    return "; ".join(notes) or "-"
+
+
 def _cell(row: dict, key: str, with_range: bool = False) -> str:
+    if key == "note":
+        return _note(row)
     if key in row["params"]:
         value = row["params"][key]
         return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
@@ -100,6 +113,10 @@ def warnings(results: dict) -> list[str]:
         if row["client_bound_rounds"]:
             out.append(f"{where}: the client was CPU-bound in {row['client_bound_rounds']} round(s); "
                        "the server may be faster than measured.")
+        if row.get("tool_stalled_rounds"):
+            out.append(f"{where}: the load tool stalled in {row['tool_stalled_rounds']} round(s) and was stopped "
+                       "with SIGINT at its deadline; its partial counts are shown, and none of it counts as the "
+                       "server's failures or loss.")
         if row["bytes_ok"] is False:
             out.append(f"{where}: some replies did not carry the expected number of bytes.")
         for err in row["errors"]:
@@ -107,9 +124,18 @@ def warnings(results: dict) -> list[str]:
     return out
 
 
+def scenario_tables(results: dict) -> list[Table]:
+    """Tables a scenario adds for itself (its `report_tables(results)`, if it has one)."""
+    from arena.scenarios import REGISTRY
+    hook = getattr(REGISTRY.get(results["scenario"]["name"]), "report_tables", None)
+    return hook(results) if hook else []
+
+
 def all_tables(results: dict) -> list[tuple[str, list[Table]]]:
+    extra = scenario_tables(results)
     return [
         ("Per server (the study's layout)", server_tables(results)),
+        *([("What this scenario compares", extra)] if extra else []),
         ("Side by side", [side_by_side(results, k) for k in SIDE_BY_SIDE
                           if any(k in r["metrics"] for r in results["summary"])]),
         ("What each server sends", [header_table(results)]),

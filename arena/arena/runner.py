@@ -60,6 +60,8 @@ def preflight(scenario: Scenario, servers: list[Server], options: Options) -> No
     kind = scenario.site_options(options).kind
     for server in servers:
         server.binary()
+        # A server named with --servers that lacks the feature (a mirror, say): say so now.
+        server.site_template_name(kind, options.profile)
         sites.check(server.name, kind)
     parse_cpus(options.server_cpus)
     parse_cpus(options.client_cpus)
@@ -100,8 +102,10 @@ def _summary_line(server: str, key: str, rnd: int, rec: dict) -> str:
     rps = f"{rec['rps']:,.0f} req/s" if rec.get("rps") else "- req/s"
     cpu = f"{rec['cpu_per_10k']:.3f} s CPU/10k" if rec.get("cpu_per_10k") is not None else ""
     flags = " CLIENT-BOUND" if rec.get("client_bound") else ""
+    flags += " TOOL STALLED (not the server's failure)" if rec.get("tool_stalled") else ""
     err = f" ERROR: {rec['error']}" if rec.get("error") else ""
-    return f"{server:15} {key:28} round {rnd}: {rps}, {rec.get('failures')} failed, {cpu}{flags}{err}"
+    failed = "-" if rec.get("failures") is None else rec["failures"]
+    return f"{server:15} {key:28} round {rnd}: {rps}, {failed} failed, {cpu}{flags}{err}"
 
 
 def run(scenario: Scenario, servers: list[Server], options: Options, out: Path,

@@ -35,6 +35,9 @@ def summarize(points: list[dict], samples: list[dict], servers: list[str]) -> li
                 "failures_total": sum(r.get("failures") or 0 for r in recs),
                 "requests_total": sum(r.get("requests") or 0 for r in recs),
                 "client_bound_rounds": sum(1 for r in recs if r.get("client_bound")),
+                # The load tool's own failures (s4-proxy): not the server's, reported apart.
+                "tool_stalled_rounds": sum(1 for r in recs if r.get("tool_stalled")),
+                "not_measured_rounds": sum(1 for r in recs if r.get("not_measured")),
                 "bytes_ok": (all(r.get("bytes_ok") for r in recs)
                              if all(r.get("bytes_ok") is not None for r in recs) else None),
                 "errors": errors,

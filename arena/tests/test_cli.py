@@ -23,7 +23,11 @@ def arena(*args, env=None, timeout=120):
 
 @pytest.mark.parametrize("args, message", [
     (["run", "s9-nothing"], "arena: unknown scenario 's9-nothing': choose from c10k, s1-dynamic, s1-static, s2-rate, s2-rate-gz, "
-                            "s3-sessions, s4-proxy, s5-latency"),
+                            "s3-sessions, s4-failover, s4-mirror, s4-proxy, s5-latency"),
+    (["run", "s4-mirror", "--servers", "gannet,caddy"],
+     "arena: caddy cannot serve proxy-mirror sites (only gannet and nginx (ngx_http_mirror_module) have request "
+     "mirroring built in)"),
+    (["run", "s4-failover", "--servers", "h2o"], "arena: h2o cannot serve proxy-failover sites (h2o 2.2"),
     (["run", "s1-static", "--servers", "nginx,iis"], "arena: unknown server 'iis'"),
     (["run", "s1-static", "--servers", "nginx", "--server-cpus", "64"], "arena: CPU 64 is not available here"),
     (["run", "s1-static", "--servers", "nginx", "--rounds", "0"], "arena: --rounds must be at least 1"),
@@ -60,7 +64,8 @@ def test_existing_output_folder_is_refused(tmp_path):
 def test_list_and_servers_and_peers_dry_run():
     listed = arena("list")
     assert listed.returncode == 0
-    for name in ("s1-static", "s1-dynamic", "s2-rate", "s3-sessions", "s5-latency", "c10k"):
+    for name in ("s1-static", "s1-dynamic", "s2-rate", "s3-sessions", "s4-proxy", "s4-failover", "s4-mirror",
+                 "s5-latency", "c10k"):
         assert name in listed.stdout
     servers = arena("servers")
     assert servers.returncode == 0 and "apache-event" in servers.stdout and "wrk" in servers.stdout

@@ -5,6 +5,8 @@ on real captured outputs (tests/fixtures, from capture_fixtures.py's capture_s4)
 
 from __future__ import annotations
 
+import time
+
 from arena import adtraffic, proxycount
 from arena.clients import httperf
 from arena.clients.base import LoadResult
@@ -88,6 +90,22 @@ def test_backend_access_log_count(tmp_path):
                    '127.0.0.1 - - [22/Nov/2026:16:57:56 +0000] "GET /y HTTP/1.1" 200 ')
     assert proxycount.served_since(log, 0) == {"502": 1}
     assert proxycount.log_size(tmp_path / "none.log") == 0
+    # Health-check probes and readiness polls (robots.txt) are not the replay's requests.
+    log.write_text('127.0.0.1 - - [22/Nov/2026:16:57:56 +0000] "GET /robots.txt HTTP/1.0" 200 26 "-" "-"\n'
+                   '127.0.0.1 - - [22/Nov/2026:16:57:56 +0000] "GET /robots.txt?x HTTP/1.1" 200 26 "-" "-"\n'
+                   '127.0.0.1 - - [22/Nov/2026:16:57:56 +0000] "POST /event.json HTTP/1.1" 200 12 "-" "-"\n')
+    assert proxycount.served_since(log, 0) == {"200": 1}
+    assert proxycount.access_statuses(log.read_text()) == {"200": 3}
+
+
+def test_settle_waits_for_late_log_lines_within_bounds():
+    grows = iter([0, 0, 3, 5, 5, 5, 5])
+    counts = proxycount.settle(lambda: {"200": next(grows)}, target=5, quiet=10, timeout=10, interval=0)
+    assert counts == {"200": 5}
+    # A count that stops short of the target ends after `quiet` seconds without growth.
+    start = time.monotonic()
+    assert proxycount.settle(lambda: {"200": 2}, target=5, quiet=0.2, timeout=10) == {"200": 2}
+    assert 0.2 <= time.monotonic() - start < 2
 
 
 def test_loss():

@@ -45,6 +45,8 @@ class ToolRun:
     cpu_seconds: float
     wall_seconds: float
     timed_out: bool
+    # Stopped by SIGINT at its deadline and exited by itself: its output holds its counts so far.
+    interrupted: bool = False
 
     @property
     def cpu_percent(self) -> float:
@@ -70,9 +72,13 @@ def number(pattern: str, text: str, cast=float, default=None):
     return cast(match.group(1)) if match else default
 
 
-def run_tool(cmd: list[str], cpus: str, timeout: float, tick=None, tick_interval: float = 0.05) -> ToolRun:
+def run_tool(cmd: list[str], cpus: str, timeout: float, tick=None, tick_interval: float = 0.05,
+             interrupt_grace: float | None = None) -> ToolRun:
     """Run `cmd` pinned to `cpus`; kill it if it outlives `timeout` seconds.
 
+    With `interrupt_grace`, a tool still running at the deadline first gets SIGINT (httperf
+    then stops and prints its statistics so far) and is killed only if it has not exited
+    `interrupt_grace` seconds later.
     Output goes to files, not pipes, so a chatty tool never blocks on a full pipe.
     `tick()` is called while waiting (progress display). Ctrl-C kills the tool and propagates.
     """
@@ -80,14 +86,22 @@ def run_tool(cmd: list[str], cpus: str, timeout: float, tick=None, tick_interval
         start = time.monotonic()
         proc = subprocess.Popen(procs.pinned(cmd, cpus), stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=err, start_new_session=True)
-        timed_out = False
+        timed_out = interrupted = False
+        kill_at = None
         try:
             while True:
                 pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
                 if pid:
                     break
-                if time.monotonic() - start > timeout:
+                now = time.monotonic()
+                if not timed_out and now - start > timeout:
                     timed_out = True
+                    if interrupt_grace is not None:
+                        interrupted = True
+                        os.killpg(proc.pid, signal.SIGINT)
+                        kill_at = now + interrupt_grace
+                if timed_out and (kill_at is None or now > kill_at):
+                    interrupted = False  # it did not stop on SIGINT: nothing it printed counts
                     os.killpg(proc.pid, signal.SIGKILL)
                     pid, status, usage = os.wait4(proc.pid, 0)
                     break
@@ -113,11 +127,15 @@ def run_tool(cmd: list[str], cpus: str, timeout: float, tick=None, tick_interval
             cpu_seconds=usage.ru_utime + usage.ru_stime,
             wall_seconds=wall,
             timed_out=timed_out,
+            interrupted=interrupted,
         )
 
 
 def tool_failed(run: ToolRun, tool: str) -> str | None:
     """A one-line reason when the tool itself failed (as opposed to the server)."""
+    if run.timed_out and run.interrupted:
+        return (f"{tool} stalled: still running at its deadline, stopped with SIGINT after {run.wall_seconds:.0f} s; "
+                "what it counted until then is kept")
     if run.timed_out:
         return f"{tool} did not finish within its deadline and was killed"
     if run.returncode != 0:

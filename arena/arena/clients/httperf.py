@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import threading
+from dataclasses import dataclass
 
 from arena.clients.base import LoadResult, ToolRun, number, run_tool, tool_failed
 from arena.tools import require
@@ -31,8 +32,13 @@ def command(host: str, port: int, uri: str, rate: float, num_conns: int, num_cal
 def sessions_command(host: str, port: int, session_file: str, sessions: int, rate: float,
                      timeout_s: float = 5, headers: tuple[str, ...] | list[str] = ()) -> list[str]:
     """Replay `session_file` (wsesslog format): `sessions` sessions at `rate` per second,
-    cycling through the file's sessions; no think time."""
-    cmd = [require(TOOL), "--hog", "--server", host, "--port", str(port), "--rate", f"{rate:g}",
+    cycling through the file's sessions; no think time.
+
+    No --hog: with it httperf binds each client port itself, sweeping 1024-65535, and once
+    TIME-WAIT holds the ports it sweeps it retries bind() forever (arena/tcptune.py). Without
+    it the kernel picks the port, reusing TIME-WAIT ones where tcp_tw_reuse allows, and a
+    connection that finds none fails (counted as addrunavail) instead of hanging the run."""
+    cmd = [require(TOOL), "--server", host, "--port", str(port), "--rate", f"{rate:g}",
            "--wsesslog", f"{sessions},0,{session_file}", "--timeout", f"{timeout_s:g}"]
     for header in headers:
         cmd += ["--add-header", header + "\\n"]
@@ -103,18 +109,58 @@ def run(host: str, port: int, uri: str, rate: float, num_conns: int, cpus: str, 
     return parse(tool.stdout), tool, tool_failed(tool, TOOL)
 
 
-def run_sessions(host: str, port: int, runs: list[tuple[str, int, float, tuple[str, ...]]], cpus: str,
-                 timeout_s: float = 5) -> list[tuple[LoadResult, ToolRun, str | None]]:
-    """Run one httperf replay per (session file, sessions, rate, headers) at the same time, all
-    pinned to `cpus`, and return each one's result in the same order."""
-    results: list = [None] * len(runs)
+@dataclass(frozen=True)
+class Replay:
+    """One httperf replaying a session file: `sessions` sessions at `rate` per second, each
+    request with `headers`; `name` says which part of the traffic it carries."""
+    name: str
+    session_file: str
+    sessions: int
+    rate: float
+    headers: tuple[str, ...] = ()
 
-    def one(i: int, session_file: str, sessions: int, rate: float, headers: tuple[str, ...]) -> None:
-        tool = run_tool(sessions_command(host, port, session_file, sessions, rate, timeout_s, headers), cpus,
-                        timeout=sessions / rate + timeout_s + 60)
-        results[i] = (parse(tool.stdout), tool, tool_failed(tool, TOOL))
 
-    threads = [threading.Thread(target=one, args=(i, *run)) for i, run in enumerate(runs)]
+@dataclass
+class ReplayResult:
+    replay: Replay
+    result: LoadResult
+    tool: ToolRun
+    failure: str | None
+
+    @property
+    def stalled(self) -> bool:
+        """httperf was still running at its deadline (never a server's doing: with the
+        server silent, its --timeout ends every session in time)."""
+        return self.tool.timed_out
+
+
+# A replay's deadline: its planned duration with room for a client slowed by a busy CPU,
+# plus httperf's own --timeout for the last sessions, plus a margin.
+DEADLINE_FACTOR = 2.0
+DEADLINE_MARGIN_S = 10.0
+# After SIGINT at the deadline, how long httperf gets to print its statistics and exit.
+INTERRUPT_GRACE_S = 5.0
+
+
+def deadline(replay: Replay, timeout_s: float) -> float:
+    return replay.sessions / replay.rate * DEADLINE_FACTOR + timeout_s + DEADLINE_MARGIN_S
+
+
+def run_sessions(host: str, port: int, replays: list[Replay], cpus: str, timeout_s: float = 5,
+                 deadline_s: float | None = None) -> list[ReplayResult]:
+    """Run one httperf per replay at the same time, all pinned to `cpus`, and return each
+    one's result in the same order. One still running at its deadline (`deadline_s`, or
+    deadline()) is stopped with SIGINT so its counts so far are kept, and marked stalled."""
+    results: list = [None] * len(replays)
+
+    def one(i: int, replay: Replay) -> None:
+        cmd = sessions_command(host, port, replay.session_file, replay.sessions, replay.rate, timeout_s,
+                               replay.headers)
+        tool = run_tool(cmd, cpus, timeout=deadline_s if deadline_s is not None else deadline(replay, timeout_s),
+                        interrupt_grace=INTERRUPT_GRACE_S)
+        results[i] = ReplayResult(replay, parse(tool.stdout), tool, tool_failed(tool, TOOL))
+
+    threads = [threading.Thread(target=one, args=(i, r)) for i, r in enumerate(replays)]
     for t in threads:
         t.start()
     for t in threads:

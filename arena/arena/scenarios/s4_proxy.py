@@ -16,22 +16,32 @@ short-lived clients of an ad server send them; so httperf's connection time is t
 latency (connect included): its median (of the largest replayer), mean and max are reported;
 httperf has no other percentiles.
 
+Client ports: every request is a new connection, so the run needs many client ports
+(arena/tcptune.py): as root it widens the kernel's port range and enables TIME-WAIT reuse for
+its duration, and before each point it waits until the point's connections fit. A replayer
+still running at its deadline is stopped with SIGINT and the point is marked "tool stalled"
+with what httperf counted: a stalled client is never counted as the proxy's failure.
+
 Pinning: the proxy on the server CPUs (0); the replayers on the client CPUs (1); the back end
 on --backend-cpus, by default the client CPUs too (the machine has 2 cores: the back end
 shares the client's, which is acceptable because it serves small files and is the same for
 every proxy; its peak CPU is recorded so a saturated back end shows).
+
+The variants (s4_failover.py, s4_mirror.py) reuse this class's set-up, replay and counting.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
-import time
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
-from arena import adtraffic, ports, proxycount
+from arena import adtraffic, ports, proxycount, tcptune
 from arena.clients import httperf
-from arena.measure import Sampler
+from arena.clients.base import LoadResult
+from arena.measure import Sampler, TreeSample
 from arena.scenarios import register
 from arena.scenarios.base import CLIENT_BOUND_PCT, Context, Options, Point, Scenario, record
 from arena.servers import SERVERS
@@ -41,9 +51,32 @@ SEED = 4
 # The log's length: its largest header set (55 %) stays within what httperf reads from one
 # session file; longer runs cycle through it.
 LOG_REQUESTS = 1_800
-# After the replay, let requests the proxy still holds reach the back end's log.
-SETTLE_S = 0.5
 TIMEOUT_S = 5
+
+
+@dataclass(frozen=True)
+class ReplayGroup:
+    """One part of the log replayed by its own httperf: its requests, the headers sent with
+    each, and its share of the point's rate."""
+    name: str
+    requests: tuple[adtraffic.Request, ...]
+    headers: tuple[str, ...]
+    share: float
+
+
+@dataclass
+class ReplayRun:
+    """What one point's replay produced, before the back ends' logs are read."""
+    done: list[httperf.ReplayResult]
+    proxy: TreeSample
+    backend_peak_cpu_pct: float     # the busiest back end's peak
+    tcp_states: dict[str, int]
+
+
+def header_groups(log: list[adtraffic.Request]) -> list[ReplayGroup]:
+    """One replayer per header set, each at the share of the log it has."""
+    return [ReplayGroup(name, tuple(requests), adtraffic.HEADER_SETS[name][1], adtraffic.HEADER_SETS[name][0])
+            for name, requests in adtraffic.split(log).items()]
 
 
 @register
@@ -63,50 +96,90 @@ class S4Proxy(Scenario):
                      ("Served by back end", "backend_served"), ("Lost", "lost"), ("Loss %", "loss_pct"),
                      ("Median (ms)", "p50_ms"), ("Mean (ms)", "mean_ms"), ("Max CPU %", "peak_cpu_pct"),
                      ("CPU s / 10k", "cpu_per_10k"), ("Memory (PSS MiB)", "peak_pss_mib"),
-                     ("TCP states (peak)", "tcp_states")]
+                     ("SYN-RECV (peak)", "tcp_syn_recv"), ("TIME-WAIT (peak)", "tcp_time_wait"),
+                     ("Note", "note")]
+    kind = "proxy"
 
     def __init__(self) -> None:
         super().__init__()
         self.workdir: Path | None = None
         self.backend: RunningServer | None = None
-        self.sessions: dict[str, Path] = {}
+        # Every back end this scenario started (the variants start more than one).
+        self.backends: list[RunningServer] = []
+        self.groups: dict[str, tuple[ReplayGroup, Path]] = {}
+        self.tuning: tcptune.Tuning | None = None
+        self.client_ports: tuple[int, int] = tcptune.WIDE_RANGE
+        self.reuse = True
 
+    # -- what the variants change -----------------------------------------------------------
     def site_options(self, options: Options) -> SiteOptions:
         port = self.backend.site.port if self.backend else 0
-        return SiteOptions(kind="proxy", connections=4096,
+        return SiteOptions(kind=self.kind, connections=4096,
                            app={"backend_host": ports.HOST, "backend_port": port})
+
+    def replay_groups(self, log: list[adtraffic.Request]) -> list[ReplayGroup]:
+        return header_groups(log)
+
+    def start_backends(self, options: Options, files: dict[str, int]) -> dict:
+        """Start the back end(s); return what to record about them."""
+        self.backend = self.start_backend("backend", self.workdir / "www", options)
+        return {"backend": self.backend_info(self.backend, options, files)}
 
     def _rates(self, options: Options) -> list[int]:
         return [50, 100] if options.quick else [250, 500, 1000, 2000, 3000, 4000, 5000, 6000, 8000]
 
+    # -- set-up shared by the variants ------------------------------------------------------
+    def backend_cpus(self, options: Options) -> str:
+        return options.backend_cpus or options.client_cpus
+
+    def start_backend(self, name: str, docroot: Path, options: Options) -> RunningServer:
+        """Debian's nginx serving the ad files with its access log on, on a port outside the
+        client port range (so it can be restarted on the same port whatever connections are
+        open), pinned to the back-end CPUs."""
+        site = Site(docroot, ports.free_port_outside(self.client_ports),
+                    SiteOptions(kind="adserver", access_log=True, connections=8192))
+        server = SERVERS["nginx"].start(site, self.workdir / name, "tuned", self.backend_cpus(options))
+        self.backends.append(server)
+        return server
+
+    def backend_info(self, server: RunningServer, options: Options, files: dict[str, int]) -> dict:
+        return {"server": SERVERS["nginx"].version(), "address": f"{server.site.host}:{server.site.port}",
+                "cpus": self.backend_cpus(options), "files": files}
+
     def prepare(self, options: Options, servers: list[str]) -> dict:
-        self.workdir = Path(tempfile.mkdtemp(prefix="arena-s4-"))
+        self.tuning = tcptune.tune()
+        self.client_ports = tcptune.port_range()
+        self.reuse = tcptune.reuse_enabled(tcptune.read(tcptune.TW_REUSE))
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"arena-{self.name}-"))
         self.workdir.chmod(0o755)
         files = adtraffic.write_docroot(self.workdir / "www")
         log = adtraffic.generate(LOG_REQUESTS, SEED)
-        for name, requests in adtraffic.split(log).items():
-            path = self.workdir / f"sessions-{name}.txt"
-            path.write_text(adtraffic.session_file(requests[:httperf.MAX_SESSIONS]))
-            self.sessions[name] = path
-        cpus = options.backend_cpus or options.client_cpus
-        nginx = SERVERS["nginx"]
-        site = Site(self.workdir / "www", ports.free_port(),
-                    SiteOptions(kind="adserver", access_log=True, connections=8192))
-        self.backend = nginx.start(site, self.workdir / "backend", "tuned", cpus)
-        return {"backend": {"server": nginx.version(), "address": f"{site.host}:{site.port}", "cpus": cpus,
-                            "files": files},
-                "log": {"seed": SEED, "requests": len(log), "posts": sum(r.method == "POST" for r in log),
-                        "distinct_uris": len({r.uri for r in log}),
-                        "header_sets": {n: len(rs) for n, rs in adtraffic.split(log).items()}}}
+        for group in self.replay_groups(log):
+            path = self.workdir / f"sessions-{group.name}.txt"
+            path.write_text(adtraffic.session_file(list(group.requests[:httperf.MAX_SESSIONS])))
+            self.groups[group.name] = (group, path)
+        info = self.start_backends(options, files)
+        info["log"] = {"seed": SEED, "requests": len(log), "posts": sum(r.method == "POST" for r in log),
+                       "distinct_uris": len({r.uri for r in log}),
+                       "header_sets": {n: len(rs) for n, rs in adtraffic.split(log).items()},
+                       "replayers": {g.name: {"requests": len(g.requests), "share": g.share}
+                                     for g, _ in self.groups.values()}}
+        info["client_ports"] = {**self.tuning.to_dict(), "range": list(self.client_ports),
+                                "tw_reuse_effective": self.reuse}
+        return info
 
     def finish(self) -> None:
-        if self.backend:
-            self.backend.stop()
-            self.backend = None
+        for server in self.backends:
+            server.stop()
+        self.backends = []
+        self.backend = None
+        if self.tuning:
+            self.tuning.restore()
+            self.tuning = None
         if self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
-        self.sessions = {}
+        self.groups = {}
 
     def points(self, options: Options) -> list[Point]:
         seconds = 2 if options.quick else 10
@@ -121,46 +194,108 @@ class S4Proxy(Scenario):
     def probe_paths(self) -> list[str]:
         return ["/ads/slot-01.json", "/sync.json"]
 
-    def _runs(self, rate: int, seconds: int) -> list[tuple[str, int, float, tuple[str, ...]]]:
-        """One replayer per header set, at its share of the rate."""
-        runs = []
-        for name, (share, headers) in adtraffic.HEADER_SETS.items():
-            part = rate * share
-            runs.append((str(self.sessions[name]), max(1, round(part * seconds)), part, headers))
-        return runs
+    # -- one point ---------------------------------------------------------------------------
+    def replays(self, rate: float, seconds: float, names: list[str] | None = None) -> list[httperf.Replay]:
+        """One replayer per group (or the named ones), at its share of the rate."""
+        out = []
+        for name, (group, path) in self.groups.items():
+            if names is not None and name not in names:
+                continue
+            part = rate * group.share
+            out.append(httperf.Replay(name, str(path), max(1, round(part * seconds)), part, group.headers))
+        return out
 
-    def measure(self, point: Point, server: RunningServer, ctx: Context) -> dict:
-        runs = self._runs(point.params["rate"], point.params["seconds"])
-        planned = sum(r[1] for r in runs)
-        access = self.backend.rundir / "access.log"
-        offset = proxycount.log_size(access)
-        proxy, backend = Sampler(server.pid).start(), Sampler(self.backend.pid).start()
-        tcp = proxycount.TcpSampler({server.site.port, self.backend.site.port}).start()
+    def check_ports(self, server: RunningServer, rate: float, seconds: float) -> tcptune.PortCheck:
+        """Wait until the point's connections fit in the client port range: the clients'
+        towards the proxy, and the proxy's towards each back end (a proxy that keeps no
+        upstream connections opens one per request)."""
+        dests = {server.site.port: f"{server.name} at {server.site.host}"}
+        dests.update({b.site.port: f"the back end at {b.site.host}" for b in self.backends})
+        return tcptune.wait_for_ports(dests, tcptune.ports_needed(rate, seconds, self.reuse), self.client_ports,
+                                      self.reuse)
+
+    def replay(self, server: RunningServer, replays: list[httperf.Replay], ctx: Context, during=None) -> ReplayRun:
+        """Run the replayers against the proxy while sampling it, the back ends and the TCP
+        states. `during()` is called just before the replayers start (the failover variant
+        starts its kill timer there)."""
+        proxy = Sampler(server.pid).start()
+        backends = [Sampler(b.pid).start() for b in self.backends]
+        tcp = proxycount.TcpSampler({server.site.port, *(b.site.port for b in self.backends)}).start()
         try:
-            done = httperf.run_sessions(server.site.host, server.site.port, runs, ctx.options.client_cpus,
+            if during is not None:
+                during()
+            done = httperf.run_sessions(server.site.host, server.site.port, replays, ctx.options.client_cpus,
                                         TIMEOUT_S)
         finally:
-            sample, backend_sample = proxy.stop(), backend.stop()
+            proxy_sample = proxy.stop()
+            backend_peak = max((b.stop().peak_cpu_percent for b in backends), default=0.0)
             states = tcp.stop()
-        time.sleep(SETTLE_S)
-        statuses = proxycount.served_since(access, offset)
-        result = proxycount.combine([r[0] for r in done])
-        cpu = sum(r[1].cpu_seconds for r in done)
-        wall = max(r[1].wall_seconds for r in done)
-        failure = next((r[2] for r in done if r[2]), None)
-        rec = record(result, None, failure, sample)
-        served = sum(statuses.values())
-        lost, loss_pct = proxycount.loss(planned, served)
+        return ReplayRun(done, proxy_sample, backend_peak, states)
+
+    def client_record(self, point: Point, run: ReplayRun) -> dict:
+        """The record as the clients saw the point. A replayer that stalled or failed makes
+        the point the tool's failure: its counts are kept, but nothing is counted as failed
+        or lost against the server."""
+        done = run.done
+        result = proxycount.combine([d.result for d in done])
+        stalled = [d.replay.name for d in done if d.stalled]
+        failures = [f"{d.replay.name}: {d.failure}" for d in done if d.failure]
+        rec = record(result, None, "; ".join(failures) or None, run.proxy)
+        planned = sum(d.replay.sessions for d in done)
         ok = int(result.extra["status_2xx"])
+        cpu = sum(d.tool.cpu_seconds for d in done)
+        wall = max(d.tool.wall_seconds for d in done)
+        tool_failed = bool(failures)
         rec.update({
             "rate": point.params["rate"], "planned": planned, "ok": ok,
             # Every planned request not answered 2xx, as the client sees it.
-            "failures": planned - ok,
-            "backend_served": served, "backend_statuses": dict(sorted(statuses.items())),
-            "lost": lost, "loss_pct": loss_pct,
-            "backend_peak_cpu_pct": backend_sample.peak_cpu_percent,
-            "tcp_states": states,
+            "failures": None if tool_failed else planned - ok,
+            "tool_stalled": bool(stalled), "stalled_replayers": stalled, "tool_failed": tool_failed,
+            "backend_peak_cpu_pct": run.backend_peak_cpu_pct,
+            "tcp_states": run.tcp_states,
+            "tcp_syn_recv": run.tcp_states.get("SYN-RECV", 0),
+            "tcp_time_wait": run.tcp_states.get("TIME-WAIT", 0),
             "client_cpu_pct": 100.0 * cpu / wall if wall else None,
         })
         rec["client_bound"] = rec["client_cpu_pct"] is not None and rec["client_cpu_pct"] >= CLIENT_BOUND_PCT
         return rec
+
+    def not_measured(self, point: Point, planned: int, why: str) -> dict:
+        """A point that could not run (no client ports): an error, no figures, no failures."""
+        rec = record(LoadResult(tool="httperf"), None, why, TreeSample())
+        rec.update({"rate": point.params["rate"], "planned": planned, "failures": None, "not_measured": True,
+                    "tool_stalled": False, "tool_failed": False, "client_bound": False})
+        return rec
+
+    def add_loss(self, rec: dict, served: int) -> None:
+        """Requests lost between client and back end(s); not counted for a tool failure (the
+        replay did not send what was planned)."""
+        rec["backend_served"] = served
+        if rec["tool_failed"]:
+            rec["lost"] = rec["loss_pct"] = None
+        else:
+            rec["lost"], rec["loss_pct"] = proxycount.loss(rec["planned"], served)
+
+    def measure(self, point: Point, server: RunningServer, ctx: Context) -> dict:
+        rate, seconds = point.params["rate"], point.params["seconds"]
+        replays = self.replays(rate, seconds)
+        check = self.check_ports(server, rate, seconds)
+        if not check.ok:
+            return self.not_measured(point, sum(r.sessions for r in replays), check.message)
+        access = self.backend.rundir / "access.log"
+        offset = proxycount.log_size(access)
+        run = self.replay(server, replays, ctx)
+        rec = self.client_record(point, run)
+        # Requests the proxy still holds reach the back end's log shortly after the replay.
+        statuses = proxycount.settle(lambda: proxycount.served_since(access, offset), rec["sent"] or 0)
+        self.add_loss(rec, sum(statuses.values()))
+        rec["backend_statuses"] = dict(sorted(statuses.items()))
+        rec["port_wait_s"] = round(check.waited_s, 2)
+        return rec
+
+
+def merge_statuses(counts: list[Counter]) -> dict[str, int]:
+    total: Counter = Counter()
+    for c in counts:
+        total.update(c)
+    return dict(sorted(total.items()))

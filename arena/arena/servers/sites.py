@@ -44,6 +44,9 @@ class Kind:
     # Servers that run the application inside their own processes (Apache prefork + mod_php)
     # instead of handing requests to the application's own pool.
     embeds_app: frozenset[str] = frozenset()
+    # Why the servers without a snippet for this kind cannot serve it ("" = every server can);
+    # shown when a run leaves them out.
+    lacking: str = ""
 
 
 KINDS: dict[str, Kind] = {
@@ -56,6 +59,21 @@ KINDS: dict[str, Kind] = {
         "a reverse proxy: every request goes to the one backend at `backend_host`:`backend_port`, "
         "over kept upstream connections where the server can keep them (study S4)",
         values=("backend_host", "backend_port"),
+    ),
+    "proxy-failover": Kind(
+        "proxy-failover",
+        "a reverse proxy balancing over three back ends (`backend_port_1` to `_3`) with each server's "
+        "passive health checks and retries (and gannet's and Caddy's active checks), so a back end killed "
+        "mid-run is routed around (s4-failover)",
+        values=("backend_host", "backend_port_1", "backend_port_2", "backend_port_3"),
+        lacking="h2o 2.2 (Debian's) takes one back end per proxy.reverse.url: nothing to balance or fail over to",
+    ),
+    "proxy-mirror": Kind(
+        "proxy-mirror",
+        "a reverse proxy to the back end at `backend_port` under /p/ and /m/ (the prefix stripped), /m/ "
+        "also sending a copy of each request to the shadow back end at `shadow_port` (s4-mirror)",
+        values=("backend_host", "backend_port", "shadow_port"),
+        lacking="only gannet and nginx (ngx_http_mirror_module) have request mirroring built in",
     ),
     "adserver": Kind("adserver", "study S4's backend: the ad responses of the document root as files, "
                      "POSTs answered 200 with the file at their path, every request in the access log"),
@@ -100,7 +118,8 @@ def snippet_name(server_name: str, family: str, kind_name: str, profile: str) ->
     names = _candidates(server_name, family, kind_name, profile)
     found = _first(names)
     if found is None:
-        raise ArenaError(f"{server_name} cannot serve {kind_name} sites: no templates/sites/{names[-1]}")
+        why = f" ({kind(kind_name).lacking})" if kind(kind_name).lacking else ""
+        raise ArenaError(f"{server_name} cannot serve {kind_name} sites{why}: no templates/sites/{names[-1]}")
     return found
 
 
