@@ -19,7 +19,7 @@ import pytest
 import zstandard
 
 from conftest import REPO, read_chunked, read_head, wait_until
-from rawapps import FastCgiApp, end_request, made, stdout
+from rawapps import FastCgiApp, HttpApp, end_request, http_answer, made, stdout
 
 TEXT = "".join(f"User-agent: bot{i}\nDisallow: /private/{i}/\n" for i in range(40))
 BIG = ("<p>" + " ".join(f"word{i % 977}" for i in range(60000)) + "</p>\n") * 2  # ~1 MB
@@ -317,6 +317,48 @@ def test_application_encoded_answers_are_left_alone(gannet, app):
                                + end_request()))
     srv = app_server(gannet, a.port)
     status, h, body = get(srv, "/x.php", "gzip, br")
+    assert h["content-encoding"] == "gzip" and body == packed
+
+
+@pytest.fixture
+def upstream():
+    yield from made(HttpApp)
+
+
+def proxy_server(gannet, port):
+    return gannet.start(server=f"""
+        gzip on; gzip_types text/plain; gzip_vary on; zstd on; zstd_types text/plain;
+        location / {{ proxy_pass http://127.0.0.1:{port}; }}
+    """)
+
+
+def test_proxied_answers_are_compressed_with_weak_validators(gannet, upstream):
+    """As nginx's gzip filter on a proxied answer: compressed in memory or while streamed
+    (over 1 MiB), the upstream's ETag made weak and its Accept-Ranges dropped; an answer
+    the upstream encoded itself goes through untouched."""
+    small = b"a proxied line\n" * 100
+    big = b"".join(b"line %d of a long proxied answer\n" % i for i in range(60000))
+    validators = 'Content-Type: text/plain\r\nETag: "abc"\r\nAccept-Ranges: bytes\r\n'
+    packed = gzip.compress(b"packed upstream\n" * 20)
+    answers = {b"/small": http_answer(small, headers=validators),
+               b"/big": http_answer(big, headers=validators),
+               b"/packed": http_answer(packed, headers="Content-Type: text/plain\r\nContent-Encoding: gzip\r\n")}
+    up = upstream(lambda c, head, body: c.sendall(answers[head.split(b" ")[1]]))
+    srv = proxy_server(gannet, up.port)
+
+    status, h, body = get(srv, "/small", "gzip")
+    assert status == 200 and h["content-encoding"] == "gzip" and gzip.decompress(body) == small
+    assert h["etag"] == 'W/"abc"' and "accept-ranges" not in h and h["vary"] == "Accept-Encoding"
+
+    status, h, body = get(srv, "/big", "zstd")
+    assert h["content-encoding"] == "zstd" and h.get("transfer-encoding") == "chunked"
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(body) == big
+    assert h["etag"] == 'W/"abc"' and "accept-ranges" not in h
+
+    status, h, body = get(srv, "/small")  # identity: the upstream's validators as they were
+    assert body == small and h["etag"] == '"abc"' and h["accept-ranges"] == "bytes"
+
+    status, h, body = get(srv, "/packed", "gzip, zstd")
     assert h["content-encoding"] == "gzip" and body == packed
 
 

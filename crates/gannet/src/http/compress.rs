@@ -10,7 +10,7 @@
 //!   nothing accepted the answer goes out as it is (identity), never as an error.
 //! - HTTP/1.0 requests (unless `gzip_http_version 1.0`), requests through a proxy (`Via`,
 //!   per `gzip_proxied`) and user agents matched by `gzip_disable` get identity.
-//! - A compressed answer gets a weak ETag and no Accept-Ranges (as nginx). Ranges are
+//! - A compressed answer gets a weak ETag and no Accept-Ranges (as nginx; an upstream's too). Ranges are
 //!   answered from the identity representation: the conditional filter runs first and its
 //!   206 is never compressed.
 //!
@@ -143,6 +143,14 @@ pub fn apply(req: &Request, resp: &mut Response, plan: Plan, streamed: bool) {
     if let Some(etag) = &resp.etag {
         if !etag.starts_with("W/") {
             resp.etag = Some(format!("W/{etag}").into());
+        }
+    }
+    // An upstream's answer carries its validators as plain headers: the same rules.
+    resp.headers
+        .retain(|(name, _)| !name.eq_ignore_ascii_case("accept-ranges"));
+    for (name, value) in &mut resp.headers {
+        if name.eq_ignore_ascii_case("etag") && !value.starts_with("W/") {
+            value.insert_str(0, "W/");
         }
     }
 }
