@@ -38,12 +38,14 @@ use crate::http::response::{Body, Response};
 use crate::modules::gateway::{self, Answer, Backend, GatewayConf, Proto};
 use crate::modules::proxy;
 use crate::runtime::worker::Worker;
+use crate::tls::client as tls_client;
 use crate::upstream::{Addr, Conn, Key, Lease, Pick, Upstream};
 use bytes::{Bytes, BytesMut};
 use gannet_proto::cgi::{self, CgiHead, ParamError};
 use gannet_proto::fastcgi::{self, Record};
 use gannet_proto::h1::{parse_response, Chunk, ChunkedDecoder, Framing, Method};
 use gannet_proto::{scgi, uwsgi};
+use rustls::pki_types::ServerName;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -52,6 +54,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 pub const STREAM_AT: usize = 1024 * 1024;
 
 const CONNECTING: &str = "connecting to upstream";
+const HANDSHAKING: &str = "SSL handshaking to upstream";
 const SENDING: &str = "sending request to upstream";
 const READING_HEAD: &str = "reading response header from upstream";
 const READING: &str = "reading upstream";
@@ -59,6 +62,8 @@ const READING: &str = "reading upstream";
 /// Why an exchange failed, with nginx's wording for the error log.
 enum Failure {
     Connect(std::io::Error),
+    /// The TLS handshake failed (nginx's wording of why).
+    Handshake(String),
     Timeout(&'static str),
     Io(std::io::Error, &'static str),
     Protocol(String),
@@ -88,6 +93,7 @@ impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Failure::Connect(e) => write!(f, "connect() failed ({e}) while {CONNECTING}"),
+            Failure::Handshake(why) => write!(f, "{why} while {HANDSHAKING}"),
             Failure::Timeout(phase) => write!(f, "upstream timed out while {phase}"),
             Failure::Io(e, phase) => write!(f, "{e} while {phase}"),
             Failure::Protocol(why) => write!(f, "{why} while {READING_HEAD}"),
@@ -125,6 +131,8 @@ enum Event {
 struct Link {
     conn: Conn,
     proto: Proto,
+    /// How the log names the upstream (`http`, `https`, `fastcgi`...).
+    scheme: &'static str,
     /// Bytes read but not taken yet.
     input: BytesMut,
     /// SCGI / uwsgi / HTTP with a Content-Length: the body bytes still to come.
@@ -139,10 +147,11 @@ struct Link {
 }
 
 impl Link {
-    fn new(conn: Conn, proto: Proto) -> Link {
+    fn new(conn: Conn, via: &Via) -> Link {
         Link {
             conn,
-            proto,
+            proto: via.proto,
+            scheme: via.scheme(),
             input: BytesMut::with_capacity(16 * 1024),
             left: None,
             chunked: None,
@@ -289,7 +298,7 @@ pub struct Streaming {
     addr: Addr,
     done: bool,
     /// Where the connection goes back when the answer ended cleanly.
-    pool: Option<(Arc<Upstream>, usize, u64)>,
+    pool: Option<Pooled>,
     _lease: Option<Lease>,
 }
 
@@ -300,7 +309,7 @@ impl Streaming {
         match self.pull(req).await {
             Ok(b) => Ok(b),
             Err(f) => {
-                log_failure(req, self.link.proto, &self.addr, &f);
+                log_failure(req, self.link.scheme, &self.addr, &f);
                 Err(())
             }
         }
@@ -325,10 +334,75 @@ impl Streaming {
 
     /// The answer was sent whole: keep the connection if it may be reused.
     pub fn finish(self, w: &Worker) {
-        if let (true, true, Some((up, i, n))) = (self.done, self.link.reusable(), self.pool) {
-            w.upstreams.put_idle(&up, i, self.link.conn, n + 1);
+        if let (true, true, Some(p)) = (self.done, self.link.reusable(), self.pool) {
+            w.upstreams
+                .put_idle(&p.up, p.server, p.kind, self.link.conn, p.requests + 1);
         }
     }
+}
+
+/// Where a kept connection goes back when its answer ended cleanly.
+pub struct Pooled {
+    up: Arc<Upstream>,
+    server: usize,
+    /// See `upstream::Idle`.
+    kind: u64,
+    /// Requests it carried before this one.
+    requests: u64,
+}
+
+/// How a request reaches its upstream: the protocol, and TLS for `https://`.
+struct Via {
+    proto: Proto,
+    tls: Option<UpTls>,
+}
+
+/// The TLS side of an `https://` upstream for one request.
+struct UpTls {
+    config: Arc<rustls::ClientConfig>,
+    /// `proxy_ssl_name`: checked against the certificate, sent as SNI if enabled.
+    name: ServerName<'static>,
+    /// Tells pooled connections made with this setup and name from others.
+    kind: u64,
+}
+
+impl Via {
+    fn scheme(&self) -> &'static str {
+        match (self.proto, &self.tls) {
+            (Proto::Http, Some(_)) => "https",
+            (p, _) => p.scheme(),
+        }
+    }
+
+    /// What pooled connections this request may use (`upstream::Idle`'s kind).
+    fn kind(&self) -> u64 {
+        self.tls.as_ref().map_or(0, |t| t.kind)
+    }
+}
+
+/// The TLS side of a request to `dest`, if it is `https://`; `Err` with the reason for the
+/// log when it cannot be had.
+fn up_tls(w: &Worker, req: &Request, dest: &proxy::Dest) -> Result<Option<UpTls>, String> {
+    if !dest.tls {
+        return Ok(None);
+    }
+    let p = &req.conf.proxy;
+    let Some(setup) = &p.client_tls else {
+        return Err("no TLS setup for an https upstream".into());
+    };
+    let value = match &p.ssl.name {
+        Some(t) => t.eval(req, None),
+        None => dest.host.clone(),
+    };
+    let name = tls_client::server_name(&value)
+        .ok_or_else(|| format!("invalid proxy_ssl_name \"{value}\""))?;
+    let config = w.tls_sessions.config(setup);
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(&(Arc::as_ptr(setup) as usize), &mut h);
+    std::hash::Hash::hash(&name.to_str(), &mut h);
+    // Nonzero: 0 is a plain connection's kind.
+    let kind = std::hash::Hasher::finish(&h) | 1;
+    Ok(Some(UpTls { config, name, kind }))
 }
 
 /// Pass the request (with its body, already read) to the location's upstream.
@@ -343,6 +417,7 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
     let mut out = Vec::new();
     // HTTP: whether the request lets the server keep the connection.
     let mut sent_keep = false;
+    let mut via = Via { proto, tls: None };
     if proto == Proto::Http {
         let dest = req
             .conf
@@ -358,6 +433,13 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
                 return Outcome::Flow(Flow::Status(500));
             }
         };
+        via.tls = match up_tls(w, req, &dest) {
+            Ok(t) => t,
+            Err(why) => {
+                errlog::request(Level::Error, req, format_args!("{why}"));
+                return Outcome::Flow(Flow::Status(502));
+            }
+        };
         sent_keep = proxy::encode_request(req, &dest, body, &mut out);
         backend = dest.backend;
     } else if let Err(e) = encode(req, proto, c, body, &mut out) {
@@ -371,11 +453,11 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
     let up = match backend {
         Backend::Addr(addr) => {
             let t0 = Instant::now();
-            let r = fresh(req, proto, &addr, &out).await;
+            let r = fresh(req, &via, &addr, &out).await;
             record(req, &addr, attempt_status(r.as_ref()), t0);
             return match r {
                 Ok(a) => outcome(req, c, a, addr, None, None),
-                Err(f) => Outcome::Flow(failed(req, proto, &addr, &f)),
+                Err(f) => Outcome::Flow(failed(req, via.scheme(), &addr, &f)),
             };
         }
         Backend::Group(up) => up,
@@ -406,7 +488,7 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
                     req,
                     format_args!(
                         "no live upstreams while {CONNECTING}, upstream: \"{}://{}\"",
-                        proto.scheme(),
+                        via.scheme(),
                         up.name
                     ),
                 );
@@ -416,18 +498,18 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
         tried.push(i);
         let addr = &up.servers[i].addr;
         let idle = if keep {
-            w.upstreams.take_idle(&up, i, now)
+            w.upstreams.take_idle(&up, i, via.kind(), now)
         } else {
             None
         };
         let result = match idle {
             // A kept connection the server closed meanwhile is no failure of the server:
             // try once more on a new one.
-            Some((conn, n)) => match exchange(req, addr, Link::new(conn, proto), &out).await {
-                Err(f) if f.stale() => fresh(req, proto, addr, &out).await.map(|a| (a, 0)),
+            Some((conn, n)) => match exchange(req, addr, Link::new(conn, &via), &out).await {
+                Err(f) if f.stale() => fresh(req, &via, addr, &out).await.map(|a| (a, 0)),
                 r => r.map(|a| (a, n)),
             },
-            None => fresh(req, proto, addr, &out).await.map(|a| (a, 0)),
+            None => fresh(req, &via, addr, &out).await.map(|a| (a, 0)),
         };
         record(
             req,
@@ -452,20 +534,26 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
                     continue;
                 }
                 w.upstreams.succeeded(&up, i);
-                let pool = keep.then(|| (up.clone(), i, n));
+                let pool = keep.then(|| Pooled {
+                    up: up.clone(),
+                    server: i,
+                    kind: via.kind(),
+                    requests: n,
+                });
                 if a.done {
-                    if let (true, Some((up, i, n))) = (a.link.reusable(), &pool) {
+                    if let (true, Some(p)) = (a.link.reusable(), &pool) {
                         let Answered {
                             head, body, link, ..
                         } = a;
-                        w.upstreams.put_idle(up, *i, link.conn, n + 1);
+                        w.upstreams
+                            .put_idle(&p.up, p.server, p.kind, link.conn, p.requests + 1);
                         return Outcome::Flow(whole(req, c, head, body));
                     }
                 }
                 return outcome(req, c, a, addr.clone(), pool, Some(lease));
             }
             Err(f) => {
-                let flow = failed(req, proto, addr, &f);
+                let flow = failed(req, via.scheme(), addr, &f);
                 w.upstreams.failed(&up, i, Instant::now());
                 if !more || !retryable(&f, c, req) {
                     return Outcome::Flow(flow);
@@ -542,16 +630,16 @@ fn encode(
     Ok(())
 }
 
-fn log_failure(req: &Request, proto: Proto, addr: &Addr, f: &Failure) {
+fn log_failure(req: &Request, scheme: &str, addr: &Addr, f: &Failure) {
     errlog::request(
         Level::Error,
         req,
-        format_args!("{f}, upstream: \"{}://{addr}\"", proto.scheme()),
+        format_args!("{f}, upstream: \"{scheme}://{addr}\""),
     );
 }
 
-fn failed(req: &Request, proto: Proto, addr: &Addr, f: &Failure) -> Flow {
-    log_failure(req, proto, addr, f);
+fn failed(req: &Request, scheme: &str, addr: &Addr, f: &Failure) -> Flow {
+    log_failure(req, scheme, addr, f);
     Flow::Status(f.status())
 }
 
@@ -583,8 +671,8 @@ fn retryable(f: &Failure, c: &GatewayConf, req: &Request) -> bool {
         return false;
     }
     let (kind, sent) = match f {
-        Failure::Connect(_) => ("error", false),
-        Failure::Timeout(phase) => ("timeout", *phase != CONNECTING),
+        Failure::Connect(_) | Failure::Handshake(_) => ("error", false),
+        Failure::Timeout(phase) => ("timeout", *phase != CONNECTING && *phase != HANDSHAKING),
         Failure::Io(..) | Failure::Premature(_) | Failure::ClosedEarly => ("error", true),
         Failure::Protocol(_) => ("invalid_header", true),
         Failure::Body(_) => ("error", true),
@@ -600,11 +688,23 @@ fn idempotent(req: &Request) -> bool {
     )
 }
 
-async fn connect(addr: &Addr, timeout: Duration) -> Result<Conn, Failure> {
-    match timed(timeout, connect_plain(addr)).await {
-        Ok(Ok(c)) => Ok(c),
-        Ok(Err(e)) => Err(Failure::Connect(e)),
-        Err(()) => Err(Failure::Timeout(CONNECTING)),
+/// A new connection to `addr`, with its TLS handshake for an `https://` upstream; both
+/// within `proxy_connect_timeout`, as in nginx.
+async fn connect(addr: &Addr, via: &Via, timeout: Duration) -> Result<Conn, Failure> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let conn = match tokio::time::timeout_at(deadline, connect_plain(addr)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return Err(Failure::Connect(e)),
+        Err(_) => return Err(Failure::Timeout(CONNECTING)),
+    };
+    let Some(t) = &via.tls else {
+        return Ok(conn);
+    };
+    let shake = tls_client::handshake(conn, t.config.clone(), t.name.clone());
+    match tokio::time::timeout_at(deadline, shake).await {
+        Ok(Ok(s)) => Ok(Box::new(s)),
+        Ok(Err(e)) => Err(Failure::Handshake(tls_client::describe(&e, &t.name))),
+        Err(_) => Err(Failure::Timeout(HANDSHAKING)),
     }
 }
 
@@ -639,7 +739,7 @@ fn outcome(
     c: &GatewayConf,
     a: Answered,
     addr: Addr,
-    pool: Option<(Arc<Upstream>, usize, u64)>,
+    pool: Option<Pooled>,
     lease: Option<Lease>,
 ) -> Outcome {
     if a.head.status == Some(101) {
@@ -673,7 +773,7 @@ fn upgrade(req: &Request, c: &GatewayConf, a: Answered, addr: &Addr) -> Outcome 
             Level::Error,
             req,
             format_args!(
-                "upstream sent \"101 Switching Protocols\" response to a request without \"Upgrade\" header while {READING_HEAD}, upstream: \"http://{addr}\""
+                "upstream sent \"101 Switching Protocols\" response to a request without \"Upgrade\" header while {READING_HEAD}, upstream: \"{}://{addr}\"", a.link.scheme
             ),
         );
         return Outcome::Flow(Flow::Status(502));
@@ -696,10 +796,10 @@ fn upgrade(req: &Request, c: &GatewayConf, a: Answered, addr: &Addr) -> Outcome 
 }
 
 /// One exchange on a new connection.
-async fn fresh(req: &Request, proto: Proto, addr: &Addr, out: &[u8]) -> Result<Answered, Failure> {
-    let c = gateway::conf(&req.conf, proto);
-    let conn = connect(addr, c.connect_timeout()).await?;
-    exchange(req, addr, Link::new(conn, proto), out).await
+async fn fresh(req: &Request, via: &Via, addr: &Addr, out: &[u8]) -> Result<Answered, Failure> {
+    let c = gateway::conf(&req.conf, via.proto);
+    let conn = connect(addr, via, c.connect_timeout()).await?;
+    exchange(req, addr, Link::new(conn, via), out).await
 }
 
 async fn timed<T>(d: Duration, f: impl std::future::Future<Output = T>) -> Result<T, ()> {
@@ -714,7 +814,13 @@ async fn exchange(
     out: &[u8],
 ) -> Result<Answered, Failure> {
     let c = gateway::conf(&req.conf, link.proto);
-    match timed(c.send_timeout(), link.conn.write_all(out)).await {
+    // The flush sends what TLS still holds when the socket was full (plain sockets hold
+    // nothing).
+    let send = async {
+        link.conn.write_all(out).await?;
+        link.conn.flush().await
+    };
+    match timed(c.send_timeout(), send).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(Failure::Io(e, SENDING)),
         Err(()) => return Err(Failure::Timeout(SENDING)),

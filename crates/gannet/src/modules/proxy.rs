@@ -27,9 +27,11 @@
 //! `Content-Length`, a chunked one included.
 
 use super::gateway::{self, spec, Backend, GatewayConf, Proto};
+use super::proxy_ssl::ProxySslConf;
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::http::request::Request;
 use crate::http::variables::Template;
+use crate::tls::client::ClientTls;
 use crate::upstream::{Addr, Upstream};
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
@@ -77,7 +79,9 @@ pub enum Target {
 #[derive(Debug, Clone)]
 pub struct Dest {
     pub backend: Backend,
-    /// `$proxy_host`: the group's name, or host with the port unless it is 80.
+    /// `https://`: the connection is TLS (`proxy_ssl_*`).
+    pub tls: bool,
+    /// `$proxy_host`: the group's name, or host with the port if the URL has one.
     pub host: String,
     pub port: u16,
     /// The URI part (from the `/` after the host), if the URL has one.
@@ -112,11 +116,17 @@ pub struct ProxyConf {
     pub method: Option<Template>,
     pub body: Option<Template>,
     pub redirect: Option<Arc<Vec<Redirect>>>,
+    /// `proxy_ssl_*`.
+    pub ssl: ProxySslConf,
+    /// The TLS client setup built from `ssl` for a location that may proxy to `https://`
+    /// (`proxy_ssl::finish`, after the merge; not inherited).
+    pub client_tls: Option<Arc<ClientTls>>,
 }
 
 impl ProxyConf {
     pub fn merge(&mut self, parent: &ProxyConf) {
         self.gw.merge(&parent.gw);
+        self.ssl.merge(&parent.ssl);
         inherit!(self, parent, set_headers, http11, method, body, redirect);
     }
 }
@@ -230,17 +240,18 @@ fn parse_target(d: &Directive, url: &str, ctx: &LoadCtx) -> Result<Target, ConfE
     Ok(Target::Fixed(dest))
 }
 
-/// `http://host[:port][/uri]`, `http://unix:/path:[/uri]` or `http://group[/uri]`.
+/// `http://host[:port][/uri]`, `http://unix:/path:[/uri]` or `http://group[/uri]`, and the
+/// same with `https://` (port 443 unless given).
 pub fn parse_url(url: &str, groups: &HashMap<String, Arc<Upstream>>) -> Result<Dest, String> {
-    let rest = if let Some(r) = url.strip_prefix("http://") {
-        r
-    } else if url.starts_with("https://") {
-        return Err(format!(
-            "https upstreams are not supported yet in \"proxy_pass {url}\""
-        ));
+    let (tls, rest) = if let Some(r) = url.strip_prefix("http://") {
+        (false, r)
+    } else if let Some(r) = url.strip_prefix("https://") {
+        (true, r)
     } else {
         return Err(format!("invalid URL prefix in \"{url}\""));
     };
+    let scheme = if tls { "https" } else { "http" };
+    let default_port = if tls { 443 } else { 80 };
     if let Some(path) = rest.strip_prefix("unix:") {
         // The socket path ends at the first `:` (nginx's rule); the URI follows it.
         let (sock, uri) = match path.split_once(':') {
@@ -252,10 +263,11 @@ pub fn parse_url(url: &str, groups: &HashMap<String, Arc<Upstream>>) -> Result<D
         }
         return Ok(Dest {
             backend: Backend::Addr(Addr::Unix(sock.into())),
+            tls,
             host: "localhost".into(),
-            port: 80,
+            port: default_port,
             uri,
-            base: format!("http://unix:{sock}:"),
+            base: format!("{scheme}://unix:{sock}:"),
         });
     }
     let (authority, uri) = match rest.find('/') {
@@ -265,12 +277,13 @@ pub fn parse_url(url: &str, groups: &HashMap<String, Arc<Upstream>>) -> Result<D
     if authority.is_empty() {
         return Err(format!("no host in \"{url}\""));
     }
-    let base = format!("http://{authority}");
+    let base = format!("{scheme}://{authority}");
     if let Some(up) = groups.get(authority) {
         return Ok(Dest {
             backend: Backend::Group(up.clone()),
+            tls,
             host: authority.to_string(),
-            port: 80,
+            port: default_port,
             uri,
             base,
         });
@@ -284,13 +297,14 @@ pub fn parse_url(url: &str, groups: &HashMap<String, Arc<Upstream>>) -> Result<D
                 .ok_or_else(|| format!("invalid port in \"{url}\""))?;
             (h, port)
         }
-        _ => (authority, 80),
+        _ => (authority, default_port),
     };
     if host.is_empty() {
         return Err(format!("no host in \"{url}\""));
     }
     Ok(Dest {
         backend: Backend::Addr(Addr::Tcp(format!("{host}:{port}"))),
+        tls,
         host: authority.to_string(),
         port,
         uri,
@@ -539,8 +553,17 @@ mod tests {
             matches!(d.backend, Backend::Addr(Addr::Unix(ref p)) if p.to_str() == Some("/run/app.sock"))
         );
         assert_eq!(d.uri.as_deref(), Some("/api/"));
+        let d = parse_url("https://example.com/x", &none).unwrap();
+        assert!(matches!(d.backend, Backend::Addr(Addr::Tcp(ref a)) if a == "example.com:443"));
+        assert!(d.tls);
+        assert_eq!((d.host.as_str(), d.port), ("example.com", 443));
+        assert_eq!(d.base, "https://example.com");
+        let d = parse_url("https://h:8443", &none).unwrap();
+        assert_eq!((d.host.as_str(), d.port, d.tls), ("h:8443", 8443, true));
+        assert!(!parse_url("http://h", &none).unwrap().tls);
         for bad in [
             "ftp://x",
+            "https://",
             "http://",
             "http://h:0",
             "http://h:99999",
