@@ -1,5 +1,6 @@
 //! The exchange with an upstream server, the I/O side of `proxy_pass`, `fastcgi_pass`,
-//! `scgi_pass` and `uwsgi_pass`: connect (TCP or a unix socket), send the request in the
+//! `scgi_pass` and `uwsgi_pass`: connect (TCP or a unix socket, then the TLS handshake for
+//! `proxy_pass https://`, see `tls::client`), send the request in the
 //! protocol's encoding with its body, read the answer, and turn it into an [`Outcome`] for
 //! the request phases. The four differ only in framing:
 //!
@@ -24,8 +25,9 @@
 //! the group's balancing method and failed servers are skipped per `*_next_upstream`; a
 //! plain address gets a new connection per request, as in nginx.
 //!
-//! Failures map to nginx's statuses and log lines: refused or unreachable -> 502, a timeout
-//! -> 504, malformed records or head -> 502, an application that closes before the end of
+//! Failures map to nginx's statuses and log lines: refused or unreachable -> 502, a failed
+//! TLS handshake or certificate check -> 502 (retried as `error`: nothing was sent), a
+//! timeout -> 504, malformed records or head -> 502, an application that closes before the end of
 //! a buffered answer -> 502 (nothing has been sent to the client yet), parameters the
 //! protocol cannot carry (uwsgi's 64 KiB block) -> 500. A streamed answer that fails is cut
 //! short and the client connection closed.

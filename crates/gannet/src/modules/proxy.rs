@@ -1,7 +1,8 @@
 //! The HTTP reverse proxy, the configuration side (nginx's ngx_http_proxy_module), and the
 //! request it sends upstream. It is the fourth protocol of the gateway machinery
 //! (`gateway`, `conn::gateway`): the same upstream groups, retries, timeouts and header
-//! lists as FastCGI, SCGI and uwsgi, with HTTP/1.x on the wire.
+//! lists as FastCGI, SCGI and uwsgi, with HTTP/1.x on the wire, over TCP, a unix socket, or
+//! TLS for `https://` URLs (whose `proxy_ssl_*` directives are in `proxy_ssl`).
 //!
 //! Directives: `proxy_pass`, `proxy_set_header`, `proxy_http_version`, `proxy_method`,
 //! `proxy_set_body`, `proxy_redirect`, `proxy_request_buffering`, and the shared ones with
