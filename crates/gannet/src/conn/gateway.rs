@@ -17,6 +17,11 @@
 //!   that ends when the application closes the connection (or after the Content-Length it
 //!   announced). Their connections are never kept, as in nginx.
 //!
+//! The request body has been read whole, or (`*_request_buffering off`, see [`streams`])
+//! is read from the client piece by piece after the request's head is sent, each piece
+//! framed for the protocol (as is, HTTP chunks, FastCGI STDIN records); once a piece has
+//! gone, the request cannot go to another server. The answer is read once the body is sent.
+//!
 //! An answer up to [`STREAM_AT`] bytes is buffered whole before it is sent: the application
 //! is released as soon as it is done, and the client gets a Content-Length. A bigger one is
 //! streamed as it comes ([`Streaming`], chunked to HTTP/1.1 clients, close-delimited to
@@ -32,12 +37,13 @@
 //! protocol cannot carry (uwsgi's 64 KiB block) -> 500. A streamed answer that fails is cut
 //! short and the client connection closed.
 
+use super::body::{BodyError, BodySource};
 use crate::errlog::{self, Level};
 use crate::http::handler::Flow;
 use crate::http::request::Request;
 use crate::http::request::UpstreamTry;
 use crate::http::response::{Body, Response};
-use crate::modules::gateway::{self, Answer, Backend, GatewayConf, Proto};
+use crate::modules::gateway::{self, Answer, Backend, GatewayConf, Proto, Streamed};
 use crate::modules::proxy;
 use crate::runtime::worker::Worker;
 use crate::tls::client as tls_client;
@@ -45,7 +51,7 @@ use crate::upstream::{Addr, Conn, Key, Lease, Pick, Upstream};
 use bytes::{Bytes, BytesMut};
 use gannet_proto::cgi::{self, CgiHead, ParamError};
 use gannet_proto::fastcgi::{self, Record};
-use gannet_proto::h1::{parse_response, Chunk, ChunkedDecoder, Framing, Method};
+use gannet_proto::h1::{parse_response, BodyKind, Chunk, ChunkedDecoder, Framing, Method};
 use gannet_proto::{scgi, uwsgi};
 use rustls::pki_types::ServerName;
 use std::sync::Arc;
@@ -75,12 +81,18 @@ enum Failure {
     Premature(Proto),
     /// The connection closed before any answer (a kept connection may simply be stale).
     ClosedEarly,
+    /// The client's body, passed on as it arrived, could not be read to its end.
+    Client(BodyError),
 }
 
 impl Failure {
     fn status(&self) -> u16 {
         match self {
             Failure::Timeout(_) => 504,
+            Failure::Client(BodyError::TooLarge) => 413,
+            Failure::Client(BodyError::Malformed) => 400,
+            // nginx's code for a client gone (nothing is sent to it).
+            Failure::Client(BodyError::Io) => 499,
             _ => 502,
         }
     }
@@ -115,6 +127,16 @@ impl std::fmt::Display for Failure {
                     "upstream prematurely closed connection while {READING_HEAD}"
                 )
             }
+            Failure::Client(BodyError::TooLarge) => {
+                write!(f, "client intended to send too large body while {SENDING}")
+            }
+            Failure::Client(BodyError::Malformed) => {
+                write!(f, "client sent invalid chunked body while {SENDING}")
+            }
+            Failure::Client(BodyError::Io) => write!(
+                f,
+                "client prematurely closed connection or timed out while {SENDING}"
+            ),
         }
     }
 }
@@ -407,8 +429,82 @@ fn up_tls(w: &Worker, req: &Request, dest: &proxy::Dest) -> Result<Option<UpTls>
     Ok(Some(UpTls { config, name, kind }))
 }
 
+/// The request as it goes out: what is encoded whole, then the body still to come from the
+/// client when it is passed on as it arrives.
+struct Outgoing<'a> {
+    out: Vec<u8>,
+    body: Option<StreamBody<'a>>,
+}
+
+impl Outgoing<'_> {
+    /// Body bytes were taken from the client: the request can go nowhere else (nginx's
+    /// rule with `*_request_buffering off`).
+    fn started(&self) -> bool {
+        self.body.as_ref().is_some_and(|b| b.started)
+    }
+}
+
+/// A client's body passed on as it arrives, and how each piece is framed upstream.
+struct StreamBody<'a> {
+    src: &'a mut dyn BodySource,
+    frame: BodyFrame,
+    started: bool,
+}
+
+#[derive(Clone, Copy)]
+enum BodyFrame {
+    /// As it is (after a Content-Length, or SCGI's / uwsgi's header).
+    Raw,
+    /// HTTP/1.1 chunks.
+    Chunked,
+    /// FastCGI STDIN records.
+    FastCgi,
+}
+
+/// Whether this request's body is passed on as it arrives, and how: with
+/// `*_request_buffering off`, a body to pass, a Content-Length or (to an HTTP/1.1 upstream)
+/// chunks; else it is read whole first, as nginx does (FastCGI, SCGI and uwsgi need a
+/// length up front; HTTP/1.0 has no chunks).
+pub fn streams(req: &Request) -> Option<Streamed> {
+    let proto = gateway::active(&req.conf)?;
+    let c = gateway::conf(&req.conf, proto);
+    if c.request_buffering() || !c.pass_request_body() || req.method_override.is_some() {
+        return None;
+    }
+    if proto == Proto::Http && req.conf.proxy.body.is_some() {
+        return None;
+    }
+    match req.head.body {
+        BodyKind::Length(n) if n > 0 => Some(Streamed::Length(n)),
+        BodyKind::Chunked if proto == Proto::Http && req.conf.proxy.http11.unwrap_or(false) => {
+            Some(Streamed::Chunked)
+        }
+        _ => None,
+    }
+}
+
 /// Pass the request (with its body, already read) to the location's upstream.
 pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
+    run_with(w, req, body, None).await
+}
+
+/// Pass the request to the location's upstream with its body read from `src` as it
+/// arrives (see [`streams`]).
+pub async fn run_streaming(
+    w: &Worker,
+    req: &Request,
+    src: &mut dyn BodySource,
+    how: Streamed,
+) -> Outcome {
+    run_with(w, req, &[], Some((src, how))).await
+}
+
+async fn run_with(
+    w: &Worker,
+    req: &Request,
+    body: &[u8],
+    streamed: Option<(&mut dyn BodySource, Streamed)>,
+) -> Outcome {
     let Some(proto) = gateway::active(&req.conf) else {
         return Outcome::Flow(Flow::Status(500));
     };
@@ -416,6 +512,7 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
     let Some(mut backend) = c.pass.clone() else {
         return Outcome::Flow(Flow::Status(500));
     };
+    let how = streamed.as_ref().map(|(_, h)| *h);
     let mut out = Vec::new();
     // HTTP: whether the request lets the server keep the connection.
     let mut sent_keep = false;
@@ -442,9 +539,9 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
                 return Outcome::Flow(Flow::Status(502));
             }
         };
-        sent_keep = proxy::encode_request(req, &dest, body, &mut out);
+        sent_keep = proxy::encode_request(req, &dest, body, how, &mut out);
         backend = dest.backend;
-    } else if let Err(e) = encode(req, proto, c, body, &mut out) {
+    } else if let Err(e) = encode(req, proto, c, body, how, &mut out) {
         errlog::request(
             Level::Error,
             req,
@@ -452,10 +549,22 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
         );
         return Outcome::Flow(Flow::Status(500));
     }
+    let mut out = Outgoing {
+        out,
+        body: streamed.map(|(src, how)| StreamBody {
+            src,
+            frame: match (proto, how) {
+                (Proto::FastCgi, _) => BodyFrame::FastCgi,
+                (_, Streamed::Chunked) => BodyFrame::Chunked,
+                (_, Streamed::Length(_)) => BodyFrame::Raw,
+            },
+            started: false,
+        }),
+    };
     let up = match backend {
         Backend::Addr(addr) => {
             let t0 = Instant::now();
-            let r = fresh(req, &via, &addr, &out).await;
+            let r = fresh(req, &via, &addr, &mut out).await;
             record(req, &addr, attempt_status(r.as_ref()), t0);
             return match r {
                 Ok(a) => outcome(req, c, a, addr, None, None),
@@ -507,11 +616,13 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
         let result = match idle {
             // A kept connection the server closed meanwhile is no failure of the server:
             // try once more on a new one.
-            Some((conn, n)) => match exchange(req, addr, Link::new(conn, &via), &out).await {
-                Err(f) if f.stale() => fresh(req, &via, addr, &out).await.map(|a| (a, 0)),
+            Some((conn, n)) => match exchange(req, addr, Link::new(conn, &via), &mut out).await {
+                Err(f) if f.stale() && !out.started() => {
+                    fresh(req, &via, addr, &mut out).await.map(|a| (a, 0))
+                }
                 r => r.map(|a| (a, n)),
             },
-            None => fresh(req, &via, addr, &out).await.map(|a| (a, 0)),
+            None => fresh(req, &via, addr, &mut out).await.map(|a| (a, 0)),
         };
         record(
             req,
@@ -519,8 +630,10 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
             attempt_status(result.as_ref().map(|(a, _)| a)),
             now,
         );
-        // Another server may be tried if there is one, within the tries and time allowed.
-        let more = tried.len() < up.servers.len()
+        // Another server may be tried if there is one, within the tries and time allowed,
+        // and if no body has been taken from the client for this one.
+        let more = !out.started()
+            && tried.len() < up.servers.len()
             && c.next_upstream_tries
                 .is_none_or(|n| n == 0 || (tried.len() as u64) < n)
             && c.next_upstream_timeout
@@ -556,6 +669,10 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
             }
             Err(f) => {
                 let flow = failed(req, via.scheme(), addr, &f);
+                if matches!(f, Failure::Client(_)) {
+                    // The client's fault, not the server's.
+                    return Outcome::Flow(flow);
+                }
                 w.upstreams.failed(&up, i, Instant::now());
                 if !more || !retryable(&f, c, req) {
                     return Outcome::Flow(flow);
@@ -599,9 +716,14 @@ fn encode(
     proto: Proto,
     c: &GatewayConf,
     body: &[u8],
+    streamed: Option<Streamed>,
     out: &mut Vec<u8>,
 ) -> Result<(), ParamError> {
-    let len = body.len() as u64;
+    // A body passed on as it arrives has a length ([`streams`]) and follows the encoding.
+    let (len, streamed) = match streamed {
+        Some(Streamed::Length(n)) => (n, true),
+        _ => (body.len() as u64, false),
+    };
     let body = if c.pass_request_body() { body } else { &[] };
     out.reserve(1024 + body.len() + body.len() / 8);
     match proto {
@@ -610,13 +732,21 @@ fn encode(
             gateway::build_params(req, c, len, &mut p)?;
             fastcgi::begin_request(out, req.conf.fastcgi.keep_conn());
             fastcgi::params(out, &p);
-            fastcgi::stdin(out, body);
-            fastcgi::stdin_end(out);
+            if !streamed {
+                fastcgi::stdin(out, body);
+                fastcgi::stdin_end(out);
+            }
         }
         Proto::Scgi => {
             let mut h = scgi::Headers::new();
             gateway::build_params(req, c, len, &mut h)?;
-            scgi::request(out, body.len(), &h);
+            // The length of what is sent: none with `scgi_pass_request_body off`.
+            let sent = if streamed {
+                usize::try_from(len).unwrap_or(usize::MAX)
+            } else {
+                body.len()
+            };
+            scgi::request(out, sent, &h);
             out.extend_from_slice(body);
         }
         Proto::Uwsgi => {
@@ -642,7 +772,11 @@ fn log_failure(req: &Request, scheme: &str, addr: &Addr, f: &Failure) {
 
 fn failed(req: &Request, scheme: &str, addr: &Addr, f: &Failure) -> Flow {
     log_failure(req, scheme, addr, f);
-    Flow::Status(f.status())
+    match f {
+        // The client is gone or stalled: there is no one to answer.
+        Failure::Client(BodyError::Io) => Flow::Close,
+        f => Flow::Status(f.status()),
+    }
 }
 
 /// Read what the application sent next into `input`; 0 is the end of the stream.
@@ -678,6 +812,7 @@ fn retryable(f: &Failure, c: &GatewayConf, req: &Request) -> bool {
         Failure::Io(..) | Failure::Premature(_) | Failure::ClosedEarly => ("error", true),
         Failure::Protocol(_) => ("invalid_header", true),
         Failure::Body(_) => ("error", true),
+        Failure::Client(_) => return false,
     };
     has(kind) && (!sent || idempotent(req) || has("non_idempotent"))
 }
@@ -798,7 +933,12 @@ fn upgrade(req: &Request, c: &GatewayConf, a: Answered, addr: &Addr) -> Outcome 
 }
 
 /// One exchange on a new connection.
-async fn fresh(req: &Request, via: &Via, addr: &Addr, out: &[u8]) -> Result<Answered, Failure> {
+async fn fresh(
+    req: &Request,
+    via: &Via,
+    addr: &Addr,
+    out: &mut Outgoing<'_>,
+) -> Result<Answered, Failure> {
     let c = gateway::conf(&req.conf, via.proto);
     let conn = connect(addr, via, c.connect_timeout()).await?;
     exchange(req, addr, Link::new(conn, via), out).await
@@ -813,19 +953,12 @@ async fn exchange(
     req: &Request,
     addr: &Addr,
     mut link: Link,
-    out: &[u8],
+    out: &mut Outgoing<'_>,
 ) -> Result<Answered, Failure> {
     let c = gateway::conf(&req.conf, link.proto);
-    // The flush sends what TLS still holds when the socket was full (plain sockets hold
-    // nothing).
-    let send = async {
-        link.conn.write_all(out).await?;
-        link.conn.flush().await
-    };
-    match timed(c.send_timeout(), send).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(Failure::Io(e, SENDING)),
-        Err(()) => return Err(Failure::Timeout(SENDING)),
+    send(&mut link.conn, &out.out, c.send_timeout()).await?;
+    if let Some(b) = &mut out.body {
+        send_body(&mut link.conn, b, c.send_timeout()).await?;
     }
     let mut body = BytesMut::new();
     let mut head = None;
@@ -862,6 +995,56 @@ async fn exchange(
                     None => Err(Failure::Protocol("upstream sent invalid header".into())),
                 };
             }
+        }
+    }
+}
+
+/// Write `data` within `timeout`. The flush sends what TLS still holds when the socket was
+/// full (plain sockets hold nothing).
+async fn send(conn: &mut Conn, data: &[u8], timeout: Duration) -> Result<(), Failure> {
+    let write = async {
+        conn.write_all(data).await?;
+        conn.flush().await
+    };
+    match timed(timeout, write).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(Failure::Io(e, SENDING)),
+        Err(()) => Err(Failure::Timeout(SENDING)),
+    }
+}
+
+/// Pass the client's body on as it arrives, each piece framed for the upstream, then the
+/// end of the body. Each read from the client waits at most `client_body_timeout` (in the
+/// body source), each write at most `*_send_timeout`.
+async fn send_body(
+    conn: &mut Conn,
+    b: &mut StreamBody<'_>,
+    timeout: Duration,
+) -> Result<(), Failure> {
+    let mut frame = Vec::new();
+    loop {
+        let piece = b.src.next_piece().await.map_err(Failure::Client)?;
+        frame.clear();
+        match (&piece, b.frame) {
+            (Some(d), BodyFrame::Raw) => {
+                b.started = true;
+                send(conn, d, timeout).await?;
+                continue;
+            }
+            (None, BodyFrame::Raw) => return Ok(()),
+            (Some(d), BodyFrame::Chunked) => {
+                frame.extend_from_slice(format!("{:x}\r\n", d.len()).as_bytes());
+                frame.extend_from_slice(d);
+                frame.extend_from_slice(b"\r\n");
+            }
+            (None, BodyFrame::Chunked) => frame.extend_from_slice(b"0\r\n\r\n"),
+            (Some(d), BodyFrame::FastCgi) => fastcgi::stdin(&mut frame, d),
+            (None, BodyFrame::FastCgi) => fastcgi::stdin_end(&mut frame),
+        }
+        b.started = true;
+        send(conn, &frame, timeout).await?;
+        if piece.is_none() {
+            return Ok(());
         }
     }
 }

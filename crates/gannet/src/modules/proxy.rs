@@ -5,8 +5,8 @@
 //! TLS for `https://` URLs (whose `proxy_ssl_*` directives are in `proxy_ssl`).
 //!
 //! Directives: `proxy_pass`, `proxy_set_header`, `proxy_http_version`, `proxy_method`,
-//! `proxy_set_body`, `proxy_redirect`, `proxy_request_buffering`, and the shared ones with
-//! the `proxy_` prefix (`proxy_connect_timeout`, `proxy_send_timeout`, `proxy_read_timeout`,
+//! `proxy_set_body`, `proxy_redirect`, and the shared ones with the `proxy_` prefix
+//! (`proxy_request_buffering`, `proxy_connect_timeout`, `proxy_send_timeout`, `proxy_read_timeout`,
 //! `proxy_buffering`, `proxy_buffers`, `proxy_buffer_size`, `proxy_intercept_errors`,
 //! `proxy_hide_header`, `proxy_pass_header`, `proxy_pass_request_headers`,
 //! `proxy_pass_request_body`, `proxy_next_upstream`, `proxy_next_upstream_tries`,
@@ -23,11 +23,12 @@
 //! Headers sent: `Host: $proxy_host` and `Connection: close` unless `proxy_set_header`
 //! changes them, the other `proxy_set_header`s (an empty value sends nothing), then the
 //! client's headers except the ones set here and the hop-by-hop ones (`Connection`,
-//! `Keep-Alive`, `TE`, `Expect`, `Upgrade`, `Transfer-Encoding`, `Content-Length`). The body
-//! has been read whole (as nginx's `proxy_request_buffering on`) and goes with a
-//! `Content-Length`, a chunked one included.
+//! `Keep-Alive`, `TE`, `Expect`, `Upgrade`, `Transfer-Encoding`, `Content-Length`). A body
+//! read whole (`proxy_request_buffering on`, the default) goes with a `Content-Length`, a
+//! chunked one included; one passed on as it arrives (`off`) goes with the client's
+//! `Content-Length`, or chunked (HTTP/1.1 upstreams only; with 1.0 it is read whole).
 
-use super::gateway::{self, spec, Backend, GatewayConf, Proto};
+use super::gateway::{self, spec, Backend, GatewayConf, Proto, Streamed};
 use super::proxy_ssl::ProxySslConf;
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::http::request::Request;
@@ -50,7 +51,6 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("proxy_method", HSL, Args::Exactly(1)),
     spec("proxy_set_body", HSL, Args::Exactly(1)),
     spec("proxy_redirect", HSL, Args::Between(1, 2)),
-    spec("proxy_request_buffering", HSL, Args::Exactly(1)),
     spec("proxy_connect_timeout", HSL, Args::Exactly(1)),
     spec("proxy_send_timeout", HSL, Args::Exactly(1)),
     spec("proxy_read_timeout", HSL, Args::Exactly(1)),
@@ -63,6 +63,7 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("proxy_pass_header", HSL, Args::Exactly(1)),
     spec("proxy_pass_request_headers", HSL, Args::Exactly(1)),
     spec("proxy_pass_request_body", HSL, Args::Exactly(1)),
+    spec("proxy_request_buffering", HSL, Args::Exactly(1)),
     spec("proxy_next_upstream", HSL, Args::AtLeast(1)),
     spec("proxy_next_upstream_tries", HSL, Args::Exactly(1)),
     spec("proxy_next_upstream_timeout", HSL, Args::Exactly(1)),
@@ -173,11 +174,6 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             lc.proxy.body = Some(Template::compile(a0).map_err(|e| d.error(e))?);
         }
         "proxy_redirect" => set_redirect(d, &mut lc.proxy)?,
-        "proxy_request_buffering" => {
-            // Checked, then without effect: bodies are read whole before they are passed
-            // (nginx's default, `on`).
-            setters::flag(d)?;
-        }
         "proxy_busy_buffers_size" => {
             setters::size_arg(d, 0)?;
         }
@@ -405,9 +401,16 @@ const HOP: &[&str] = &[
     "proxy-connection",
 ];
 
-/// The request to send upstream: its head, then the body. Returns whether it asks the
-/// server to keep the connection (no `Connection: close` was sent).
-pub fn encode_request(req: &Request, dest: &Dest, body: &[u8], out: &mut Vec<u8>) -> bool {
+/// The request to send upstream: its head, then the body (or only the head, framed for a
+/// body that follows as it arrives: `streamed`). Returns whether it asks the server to keep
+/// the connection (no `Connection: close` was sent).
+pub fn encode_request(
+    req: &Request,
+    dest: &Dest,
+    body: &[u8],
+    streamed: Option<Streamed>,
+    out: &mut Vec<u8>,
+) -> bool {
     let c = &req.conf.proxy;
     let vars = matches!(c.target.as_deref(), Some(Target::Vars(..)));
     let method = match &c.method {
@@ -427,6 +430,7 @@ pub fn encode_request(req: &Request, dest: &Dest, body: &[u8], out: &mut Vec<u8>
         None if client_body => (body, true),
         None => (&[], false),
     };
+    let streamed = streamed.filter(|_| set_body.is_none() && client_body);
     out.extend_from_slice(method.as_bytes());
     out.push(b' ');
     out.extend_from_slice(upstream_uri(req, dest, vars).as_bytes());
@@ -451,8 +455,16 @@ pub fn encode_request(req: &Request, dest: &Dest, body: &[u8], out: &mut Vec<u8>
         put("Connection", b"close", out);
         keep = false;
     }
-    if has_body && !is_set("content-length") {
-        put("Content-Length", body.len().to_string().as_bytes(), out);
+    match streamed {
+        Some(Streamed::Chunked) => put("Transfer-Encoding", b"chunked", out),
+        Some(Streamed::Length(n)) if !is_set("content-length") => {
+            put("Content-Length", n.to_string().as_bytes(), out)
+        }
+        Some(Streamed::Length(_)) => {}
+        None if has_body && !is_set("content-length") => {
+            put("Content-Length", body.len().to_string().as_bytes(), out)
+        }
+        None => {}
     }
     for (name, value) in set {
         let v = value.eval(req, None);
