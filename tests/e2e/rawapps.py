@@ -10,6 +10,7 @@ a thread, the FastCGI one built on it, and the fixture body that closes them all
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import threading
 
@@ -156,3 +157,30 @@ def http_answer(body: bytes, status: str = "200 OK", headers: str = "", keep: bo
     """A Content-Length answer."""
     conn = "" if keep else "Connection: close\r\n"
     return f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n{conn}{headers}\r\n".encode() + body
+
+
+class TlsHttpApp(HttpApp):
+    """`HttpApp` over TLS with the server context `ctx` (Python's ssl module). Per
+    connection it records the SNI name the client sent (None without one), and after each
+    handshake whether the session was resumed and the client's certificate subject (empty
+    without one); `failed` keeps the handshakes that failed."""
+
+    def __init__(self, behave, ctx):
+        self.ctx = ctx
+        self.snis: list[str | None] = []
+        self.handshakes: list[dict] = []
+        self.failed: list[str] = []
+        ctx.sni_callback = lambda _sock, name, _ctx: self.snis.append(name)
+        super().__init__(behave)
+
+    def serve(self, conn):
+        try:
+            tls = self.ctx.wrap_socket(conn, server_side=True)
+        except (ssl.SSLError, OSError) as e:
+            self.failed.append(str(e))
+            conn.close()
+            return
+        peer = tls.getpeercert() or {}
+        subject = dict(x[0] for x in peer.get("subject", ()))
+        self.handshakes.append({"reused": tls.session_reused, "subject": subject, "version": tls.version()})
+        super().serve(tls)

@@ -559,3 +559,20 @@ def test_config_errors(gannet):
         location /s {{ scgi_pass unix:/run/app.sock; scgi_read_timeout 5s; scgi_temp_path /tmp; }}
     """)
     assert ok.returncode == 0, ok.stderr
+
+
+@pytest.mark.parametrize("proto", ["scgi", "uwsgi"])
+def test_request_buffering_off_passes_a_length_body(gannet, uwsgi, proto):
+    """The body goes on as it arrives after the header block; the application reads it by
+    the CONTENT_LENGTH the block announced."""
+    srv = gannet.start(server=f"""location /app {{
+        {proto}_param REQUEST_URI $request_uri;
+        {"uwsgi_param CONTENT_LENGTH $content_length;" if proto == "uwsgi" else ""}
+        {proto}_request_buffering off;
+        {proto}_pass {uwsgi[proto + '-tcp']};
+    }}""")
+    data = bytes(range(256)) * 300
+    status, _, body = srv.request("POST", "/app/streamed", {}, data)
+    assert status == 200, body
+    env = json.loads(body)
+    assert (env["BODY_LEN"], env["BODY_MD5"]) == (len(data), hashlib.md5(data).hexdigest())

@@ -19,6 +19,7 @@ pub mod index;
 pub mod map;
 pub mod mirror;
 pub mod proxy;
+pub mod proxy_ssl;
 pub mod rewrite;
 pub mod scgi;
 pub mod static_files;
@@ -119,6 +120,10 @@ pub const MODULES: &[Module] = &[
     Module {
         directives: proxy::DIRECTIVES,
         set: proxy::set,
+    },
+    Module {
+        directives: proxy_ssl::DIRECTIVES,
+        set: proxy_ssl::set,
     },
     Module {
         directives: health_check::DIRECTIVES,

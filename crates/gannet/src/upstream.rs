@@ -257,15 +257,25 @@ fn parse_server(s: &Directive) -> Result<Server, ConfError> {
     Ok(srv)
 }
 
-/// A connection to an upstream server.
-pub trait Io: AsyncRead + AsyncWrite + AsFd + Unpin {}
-impl<T: AsyncRead + AsyncWrite + AsFd + Unpin> Io for T {}
+/// A connection to an upstream server: a socket, or TLS over one (`tls::client`).
+pub trait Io: AsyncRead + AsyncWrite + AsFd + Unpin {
+    /// Whether the peer's bytes wait above the socket (decrypted or not), where a look at
+    /// the socket does not see them.
+    fn holds_input(&mut self) -> bool {
+        false
+    }
+}
+impl Io for tokio::net::TcpStream {}
+impl Io for tokio::net::UnixStream {}
 
 pub type Conn = Box<dyn Io>;
 
 /// An idle connection kept for reuse.
 struct Idle {
     server: usize,
+    /// What the connection is over: 0 for plain, else the TLS setup and name it was made
+    /// with ([`Upstreams::take_idle`] hands it only to requests that would make the same).
+    kind: u64,
     conn: Conn,
     since: Instant,
     requests: u64,
@@ -399,21 +409,26 @@ impl Upstreams {
         }
     }
 
-    /// An idle connection to `server`, if one is kept and still open. Returns it with the
-    /// number of requests it has carried.
+    /// An idle connection to `server` of this `kind` (see [`Idle`]), if one is kept and
+    /// still open. Returns it with the number of requests it has carried.
     pub fn take_idle(
         &self,
         up: &Arc<Upstream>,
         server: usize,
+        kind: u64,
         now: Instant,
     ) -> Option<(Conn, u64)> {
         let mut groups = self.groups.borrow_mut();
         let g = groups.get_mut(&group_key(up))?;
         g.idle
             .retain(|i| now.duration_since(i.since) < up.keepalive_timeout);
-        while let Some(pos) = g.idle.iter().rposition(|i| i.server == server) {
-            let i = g.idle.remove(pos);
-            if still_open(&i.conn) {
+        while let Some(pos) = g
+            .idle
+            .iter()
+            .rposition(|i| i.server == server && i.kind == kind)
+        {
+            let mut i = g.idle.remove(pos);
+            if still_open(&mut i.conn) {
                 return Some((i.conn, i.requests));
             }
         }
@@ -422,7 +437,14 @@ impl Upstreams {
 
     /// Keep a connection whose request ended cleanly, if the group keeps any and it has
     /// not carried `keepalive_requests` yet. The oldest idle one makes room.
-    pub fn put_idle(&self, up: &Arc<Upstream>, server: usize, conn: Conn, requests: u64) {
+    pub fn put_idle(
+        &self,
+        up: &Arc<Upstream>,
+        server: usize,
+        kind: u64,
+        conn: Conn,
+        requests: u64,
+    ) {
         if up.keepalive == 0 || requests >= up.keepalive_requests {
             return;
         }
@@ -433,6 +455,7 @@ impl Upstreams {
         }
         g.idle.push(Idle {
             server,
+            kind,
             conn,
             since: Instant::now(),
             requests,
@@ -441,10 +464,15 @@ impl Upstreams {
 }
 
 /// An idle connection is usable if reading it would block: end of stream means the
-/// application closed it, and data it sent unasked means it is out of step.
-fn still_open(c: &Conn) -> bool {
+/// application closed it, and data it sent unasked means it is out of step. Over TLS the
+/// socket is looked at the same way (a close_notify or any record is data there), and so
+/// is what rustls already read off it.
+fn still_open(c: &mut Conn) -> bool {
+    if c.holds_input() {
+        return false;
+    }
     let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-    let sock = socket2::SockRef::from(c);
+    let sock = socket2::SockRef::from(&*c);
     matches!(
         sock.recv_with_flags(&mut probe, libc::MSG_PEEK | libc::MSG_DONTWAIT),
         Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock

@@ -528,6 +528,7 @@ fn load_location(
     lctx.prefixless = false;
     conf.merge(parent_conf);
     modules::rewrite::merge_ifs(&mut conf);
+    modules::proxy_ssl::finish(&mut conf, lctx, &d.loc)?;
     if let Some(check) = conf.health_check.clone() {
         let Some(crate::modules::gateway::Backend::Group(up)) = conf.proxy.gw.pass.clone() else {
             let at = body.iter().find(|c| c.name == "health_check").unwrap_or(d);
@@ -538,10 +539,28 @@ fn load_location(
                 up.set_healthy(i, false);
             }
         }
+        let https = matches!(
+            conf.proxy.target.as_deref(),
+            Some(modules::proxy::Target::Fixed(dest)) if dest.tls
+        );
+        let tls = match (&conf.proxy.client_tls, https) {
+            (Some(setup), true) => {
+                let name = conf.proxy.ssl.name.as_ref().and_then(|t| t.as_literal());
+                let name = name.unwrap_or(&up.name);
+                let name = crate::tls::client::server_name(name).ok_or_else(|| {
+                    d.error(format!(
+                        "invalid \"proxy_ssl_name\" \"{name}\" for health checks"
+                    ))
+                })?;
+                Some((setup.clone(), name))
+            }
+            _ => None,
+        };
         lctx.probes.push(crate::config::Probe {
             host: up.name.clone(),
             upstream: up,
             check,
+            tls,
         });
     }
     let conf = Arc::new(conf);

@@ -42,6 +42,12 @@ pub struct Probe {
     pub check: Arc<crate::modules::health_check::HealthCheck>,
     /// The Host header of the probes (the group's name, as `$proxy_host`).
     pub host: String,
+    /// `proxy_pass https://`: probes go over TLS with the location's setup, to this name
+    /// (`proxy_ssl_name` if it has no variables, else the group's name).
+    pub tls: Option<(
+        Arc<crate::tls::client::ClientTls>,
+        rustls::pki_types::ServerName<'static>,
+    )>,
 }
 
 /// A bound address and the virtual hosts reachable through it.

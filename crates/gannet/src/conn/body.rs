@@ -1,14 +1,18 @@
-//! Request bodies: read whole (up to `client_max_body_size`) for an application, or read and
-//! dropped for static content, so the next request on the connection is framed right.
+//! Request bodies: read whole (up to `client_max_body_size`) for an application, read and
+//! dropped for static content (so the next request on the connection is framed right), or
+//! handed on piece by piece as they arrive ([`BodyStream`], for `*_request_buffering off`).
+//! The size limit and `client_body_timeout` apply the same way to all three.
 
 use super::transport::Transport;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use gannet_proto::h1::chunked::{Chunk, ChunkedDecoder};
 use gannet_proto::h1::BodyKind;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 /// Why a body could not be read to its end; the connection must then close.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyError {
     TooLarge,
     Malformed,
@@ -26,45 +30,125 @@ pub async fn read<S: Transport>(
     timeout: Duration,
     mut keep: Option<&mut Vec<u8>>,
 ) -> Result<u64, BodyError> {
-    match kind {
-        BodyKind::None => Ok(0),
-        BodyKind::Length(n) => {
-            if limit > 0 && n > limit {
-                return Err(BodyError::TooLarge);
-            }
-            let mut left = n;
-            loop {
-                let take = (buf.len() as u64).min(left) as usize;
-                let data = buf.split_to(take);
-                if let Some(k) = keep.as_deref_mut() {
-                    k.extend_from_slice(&data);
-                }
-                left -= take as u64;
-                if left == 0 {
-                    return Ok(n);
-                }
-                read_more(stream, buf, timeout).await?;
-            }
+    let mut body = BodyStream::new(stream, buf, kind, limit, timeout)?;
+    while let Some(data) = body.next().await? {
+        if let Some(k) = keep.as_deref_mut() {
+            k.extend_from_slice(&data);
         }
-        BodyKind::Chunked => {
-            let mut dec = ChunkedDecoder::new();
-            let mut total = 0u64;
-            loop {
-                match dec.decode(buf).map_err(|_| BodyError::Malformed)? {
-                    Chunk::Data(d) => {
-                        total += d.len() as u64;
-                        if limit > 0 && total > limit {
-                            return Err(BodyError::TooLarge);
-                        }
-                        if let Some(k) = keep.as_deref_mut() {
-                            k.extend_from_slice(&d);
-                        }
+    }
+    Ok(body.total())
+}
+
+/// Where a body's framing has got to.
+enum State {
+    /// Content-Length: the bytes still to come.
+    Length(u64),
+    Chunked(ChunkedDecoder),
+    Done,
+}
+
+/// A request body read as it comes: each [`next`](BodyStream::next) gives what has
+/// arrived, waiting (up to the timeout) only when nothing has.
+pub struct BodyStream<'a, S: Transport> {
+    stream: &'a mut S,
+    buf: &'a mut BytesMut,
+    state: State,
+    limit: u64,
+    timeout: Duration,
+    total: u64,
+}
+
+impl<'a, S: Transport> BodyStream<'a, S> {
+    /// `limit` 0 means no limit; a Content-Length over it fails here, before any byte.
+    pub fn new(
+        stream: &'a mut S,
+        buf: &'a mut BytesMut,
+        kind: BodyKind,
+        limit: u64,
+        timeout: Duration,
+    ) -> Result<Self, BodyError> {
+        let state = match kind {
+            BodyKind::None => State::Done,
+            BodyKind::Length(n) if limit > 0 && n > limit => return Err(BodyError::TooLarge),
+            BodyKind::Length(n) => State::Length(n),
+            BodyKind::Chunked => State::Chunked(ChunkedDecoder::new()),
+        };
+        Ok(BodyStream {
+            stream,
+            buf,
+            state,
+            limit,
+            timeout,
+            total: 0,
+        })
+    }
+
+    /// The next piece of the body (never empty); `Ok(None)` at its end.
+    pub async fn next(&mut self) -> Result<Option<Bytes>, BodyError> {
+        loop {
+            match &mut self.state {
+                State::Done => return Ok(None),
+                State::Length(0) => {
+                    self.state = State::Done;
+                    return Ok(None);
+                }
+                State::Length(left) => {
+                    if !self.buf.is_empty() {
+                        let take = (self.buf.len() as u64).min(*left) as usize;
+                        *left -= take as u64;
+                        self.total += take as u64;
+                        return Ok(Some(self.buf.split_to(take).freeze()));
                     }
-                    Chunk::NeedMore => read_more(stream, buf, timeout).await?,
-                    Chunk::Done => return Ok(total),
+                }
+                State::Chunked(dec) => {
+                    match dec.decode(self.buf).map_err(|_| BodyError::Malformed)? {
+                        Chunk::Data(d) => {
+                            self.total += d.len() as u64;
+                            if self.limit > 0 && self.total > self.limit {
+                                return Err(BodyError::TooLarge);
+                            }
+                            if !d.is_empty() {
+                                return Ok(Some(d));
+                            }
+                            continue;
+                        }
+                        Chunk::Done => {
+                            self.state = State::Done;
+                            return Ok(None);
+                        }
+                        Chunk::NeedMore => {}
+                    }
                 }
             }
+            read_more(self.stream, self.buf, self.timeout).await?;
         }
+    }
+
+    /// The body's bytes taken so far.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Whether the body was read to its end (the connection is framed for the next one).
+    pub fn finished(&self) -> bool {
+        matches!(self.state, State::Done)
+    }
+}
+
+/// A body read as it comes, as the gateways see it (they are not generic over the
+/// client's transport).
+pub trait BodySource {
+    /// The next piece; `Ok(None)` at the end.
+    fn next_piece(
+        &mut self,
+    ) -> Pin<Box<dyn Future<Output = Result<Option<Bytes>, BodyError>> + '_>>;
+}
+
+impl<S: Transport> BodySource for BodyStream<'_, S> {
+    fn next_piece(
+        &mut self,
+    ) -> Pin<Box<dyn Future<Output = Result<Option<Bytes>, BodyError>> + '_>> {
+        Box::pin(self.next())
     }
 }
 

@@ -1,5 +1,6 @@
 //! The exchange with an upstream server, the I/O side of `proxy_pass`, `fastcgi_pass`,
-//! `scgi_pass` and `uwsgi_pass`: connect (TCP or a unix socket), send the request in the
+//! `scgi_pass` and `uwsgi_pass`: connect (TCP or a unix socket, then the TLS handshake for
+//! `proxy_pass https://`, see `tls::client`), send the request in the
 //! protocol's encoding with its body, read the answer, and turn it into an [`Outcome`] for
 //! the request phases. The four differ only in framing:
 //!
@@ -16,6 +17,11 @@
 //!   that ends when the application closes the connection (or after the Content-Length it
 //!   announced). Their connections are never kept, as in nginx.
 //!
+//! The request body has been read whole, or (`*_request_buffering off`, see [`streams`])
+//! is read from the client piece by piece after the request's head is sent, each piece
+//! framed for the protocol (as is, HTTP chunks, FastCGI STDIN records); once a piece has
+//! gone, the request cannot go to another server. The answer is read once the body is sent.
+//!
 //! An answer up to [`STREAM_AT`] bytes is buffered whole before it is sent: the application
 //! is released as soon as it is done, and the client gets a Content-Length. A bigger one is
 //! streamed as it comes ([`Streaming`], chunked to HTTP/1.1 clients, close-delimited to
@@ -24,26 +30,30 @@
 //! the group's balancing method and failed servers are skipped per `*_next_upstream`; a
 //! plain address gets a new connection per request, as in nginx.
 //!
-//! Failures map to nginx's statuses and log lines: refused or unreachable -> 502, a timeout
-//! -> 504, malformed records or head -> 502, an application that closes before the end of
+//! Failures map to nginx's statuses and log lines: refused or unreachable -> 502, a failed
+//! TLS handshake or certificate check -> 502 (retried as `error`: nothing was sent), a
+//! timeout -> 504, malformed records or head -> 502, an application that closes before the end of
 //! a buffered answer -> 502 (nothing has been sent to the client yet), parameters the
 //! protocol cannot carry (uwsgi's 64 KiB block) -> 500. A streamed answer that fails is cut
 //! short and the client connection closed.
 
+use super::body::{BodyError, BodySource};
 use crate::errlog::{self, Level};
 use crate::http::handler::Flow;
 use crate::http::request::Request;
 use crate::http::request::UpstreamTry;
 use crate::http::response::{Body, Response};
-use crate::modules::gateway::{self, Answer, Backend, GatewayConf, Proto};
+use crate::modules::gateway::{self, Answer, Backend, GatewayConf, Proto, Streamed};
 use crate::modules::proxy;
 use crate::runtime::worker::Worker;
+use crate::tls::client as tls_client;
 use crate::upstream::{Addr, Conn, Key, Lease, Pick, Upstream};
 use bytes::{Bytes, BytesMut};
 use gannet_proto::cgi::{self, CgiHead, ParamError};
 use gannet_proto::fastcgi::{self, Record};
-use gannet_proto::h1::{parse_response, Chunk, ChunkedDecoder, Framing, Method};
+use gannet_proto::h1::{parse_response, BodyKind, Chunk, ChunkedDecoder, Framing, Method};
 use gannet_proto::{scgi, uwsgi};
+use rustls::pki_types::ServerName;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -52,6 +62,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 pub const STREAM_AT: usize = 1024 * 1024;
 
 const CONNECTING: &str = "connecting to upstream";
+const HANDSHAKING: &str = "SSL handshaking to upstream";
 const SENDING: &str = "sending request to upstream";
 const READING_HEAD: &str = "reading response header from upstream";
 const READING: &str = "reading upstream";
@@ -59,6 +70,8 @@ const READING: &str = "reading upstream";
 /// Why an exchange failed, with nginx's wording for the error log.
 enum Failure {
     Connect(std::io::Error),
+    /// The TLS handshake failed (nginx's wording of why).
+    Handshake(String),
     Timeout(&'static str),
     Io(std::io::Error, &'static str),
     Protocol(String),
@@ -68,12 +81,18 @@ enum Failure {
     Premature(Proto),
     /// The connection closed before any answer (a kept connection may simply be stale).
     ClosedEarly,
+    /// The client's body, passed on as it arrived, could not be read to its end.
+    Client(BodyError),
 }
 
 impl Failure {
     fn status(&self) -> u16 {
         match self {
             Failure::Timeout(_) => 504,
+            Failure::Client(BodyError::TooLarge) => 413,
+            Failure::Client(BodyError::Malformed) => 400,
+            // nginx's code for a client gone (nothing is sent to it).
+            Failure::Client(BodyError::Io) => 499,
             _ => 502,
         }
     }
@@ -88,6 +107,7 @@ impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Failure::Connect(e) => write!(f, "connect() failed ({e}) while {CONNECTING}"),
+            Failure::Handshake(why) => write!(f, "{why} while {HANDSHAKING}"),
             Failure::Timeout(phase) => write!(f, "upstream timed out while {phase}"),
             Failure::Io(e, phase) => write!(f, "{e} while {phase}"),
             Failure::Protocol(why) => write!(f, "{why} while {READING_HEAD}"),
@@ -107,6 +127,16 @@ impl std::fmt::Display for Failure {
                     "upstream prematurely closed connection while {READING_HEAD}"
                 )
             }
+            Failure::Client(BodyError::TooLarge) => {
+                write!(f, "client intended to send too large body while {SENDING}")
+            }
+            Failure::Client(BodyError::Malformed) => {
+                write!(f, "client sent invalid chunked body while {SENDING}")
+            }
+            Failure::Client(BodyError::Io) => write!(
+                f,
+                "client prematurely closed connection or timed out while {SENDING}"
+            ),
         }
     }
 }
@@ -125,6 +155,8 @@ enum Event {
 struct Link {
     conn: Conn,
     proto: Proto,
+    /// How the log names the upstream (`http`, `https`, `fastcgi`...).
+    scheme: &'static str,
     /// Bytes read but not taken yet.
     input: BytesMut,
     /// SCGI / uwsgi / HTTP with a Content-Length: the body bytes still to come.
@@ -139,10 +171,11 @@ struct Link {
 }
 
 impl Link {
-    fn new(conn: Conn, proto: Proto) -> Link {
+    fn new(conn: Conn, via: &Via) -> Link {
         Link {
             conn,
-            proto,
+            proto: via.proto,
+            scheme: via.scheme(),
             input: BytesMut::with_capacity(16 * 1024),
             left: None,
             chunked: None,
@@ -289,7 +322,7 @@ pub struct Streaming {
     addr: Addr,
     done: bool,
     /// Where the connection goes back when the answer ended cleanly.
-    pool: Option<(Arc<Upstream>, usize, u64)>,
+    pool: Option<Pooled>,
     _lease: Option<Lease>,
 }
 
@@ -300,7 +333,7 @@ impl Streaming {
         match self.pull(req).await {
             Ok(b) => Ok(b),
             Err(f) => {
-                log_failure(req, self.link.proto, &self.addr, &f);
+                log_failure(req, self.link.scheme, &self.addr, &f);
                 Err(())
             }
         }
@@ -325,14 +358,153 @@ impl Streaming {
 
     /// The answer was sent whole: keep the connection if it may be reused.
     pub fn finish(self, w: &Worker) {
-        if let (true, true, Some((up, i, n))) = (self.done, self.link.reusable(), self.pool) {
-            w.upstreams.put_idle(&up, i, self.link.conn, n + 1);
+        if let (true, true, Some(p)) = (self.done, self.link.reusable(), self.pool) {
+            w.upstreams
+                .put_idle(&p.up, p.server, p.kind, self.link.conn, p.requests + 1);
         }
+    }
+}
+
+/// Where a kept connection goes back when its answer ended cleanly.
+pub struct Pooled {
+    up: Arc<Upstream>,
+    server: usize,
+    /// See `upstream::Idle`.
+    kind: u64,
+    /// Requests it carried before this one.
+    requests: u64,
+}
+
+/// How a request reaches its upstream: the protocol, and TLS for `https://`.
+struct Via {
+    proto: Proto,
+    tls: Option<UpTls>,
+}
+
+/// The TLS side of an `https://` upstream for one request.
+struct UpTls {
+    config: Arc<rustls::ClientConfig>,
+    /// `proxy_ssl_name`: checked against the certificate, sent as SNI if enabled.
+    name: ServerName<'static>,
+    /// Tells pooled connections made with this setup and name from others.
+    kind: u64,
+}
+
+impl Via {
+    fn scheme(&self) -> &'static str {
+        match (self.proto, &self.tls) {
+            (Proto::Http, Some(_)) => "https",
+            (p, _) => p.scheme(),
+        }
+    }
+
+    /// What pooled connections this request may use (`upstream::Idle`'s kind).
+    fn kind(&self) -> u64 {
+        self.tls.as_ref().map_or(0, |t| t.kind)
+    }
+}
+
+/// The TLS side of a request to `dest`, if it is `https://`; `Err` with the reason for the
+/// log when it cannot be had.
+fn up_tls(w: &Worker, req: &Request, dest: &proxy::Dest) -> Result<Option<UpTls>, String> {
+    if !dest.tls {
+        return Ok(None);
+    }
+    let p = &req.conf.proxy;
+    let Some(setup) = &p.client_tls else {
+        return Err("no TLS setup for an https upstream".into());
+    };
+    let value = match &p.ssl.name {
+        Some(t) => t.eval(req, None),
+        None => dest.host.clone(),
+    };
+    let name = tls_client::server_name(&value)
+        .ok_or_else(|| format!("invalid proxy_ssl_name \"{value}\""))?;
+    let config = w.tls_sessions.config(setup);
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(&(Arc::as_ptr(setup) as usize), &mut h);
+    std::hash::Hash::hash(&name.to_str(), &mut h);
+    // Nonzero: 0 is a plain connection's kind.
+    let kind = std::hash::Hasher::finish(&h) | 1;
+    Ok(Some(UpTls { config, name, kind }))
+}
+
+/// The request as it goes out: what is encoded whole, then the body still to come from the
+/// client when it is passed on as it arrives.
+struct Outgoing<'a> {
+    out: Vec<u8>,
+    body: Option<StreamBody<'a>>,
+}
+
+impl Outgoing<'_> {
+    /// Body bytes were taken from the client: the request can go nowhere else (nginx's
+    /// rule with `*_request_buffering off`).
+    fn started(&self) -> bool {
+        self.body.as_ref().is_some_and(|b| b.started)
+    }
+}
+
+/// A client's body passed on as it arrives, and how each piece is framed upstream.
+struct StreamBody<'a> {
+    src: &'a mut dyn BodySource,
+    frame: BodyFrame,
+    started: bool,
+}
+
+#[derive(Clone, Copy)]
+enum BodyFrame {
+    /// As it is (after a Content-Length, or SCGI's / uwsgi's header).
+    Raw,
+    /// HTTP/1.1 chunks.
+    Chunked,
+    /// FastCGI STDIN records.
+    FastCgi,
+}
+
+/// Whether this request's body is passed on as it arrives, and how: with
+/// `*_request_buffering off`, a body to pass, a Content-Length or (to an HTTP/1.1 upstream)
+/// chunks; else it is read whole first, as nginx does (FastCGI, SCGI and uwsgi need a
+/// length up front; HTTP/1.0 has no chunks).
+pub fn streams(req: &Request) -> Option<Streamed> {
+    let proto = gateway::active(&req.conf)?;
+    let c = gateway::conf(&req.conf, proto);
+    if c.request_buffering() || !c.pass_request_body() || req.method_override.is_some() {
+        return None;
+    }
+    if proto == Proto::Http && req.conf.proxy.body.is_some() {
+        return None;
+    }
+    match req.head.body {
+        BodyKind::Length(n) if n > 0 => Some(Streamed::Length(n)),
+        BodyKind::Chunked if proto == Proto::Http && req.conf.proxy.http11.unwrap_or(false) => {
+            Some(Streamed::Chunked)
+        }
+        _ => None,
     }
 }
 
 /// Pass the request (with its body, already read) to the location's upstream.
 pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
+    run_with(w, req, body, None).await
+}
+
+/// Pass the request to the location's upstream with its body read from `src` as it
+/// arrives (see [`streams`]).
+pub async fn run_streaming(
+    w: &Worker,
+    req: &Request,
+    src: &mut dyn BodySource,
+    how: Streamed,
+) -> Outcome {
+    run_with(w, req, &[], Some((src, how))).await
+}
+
+async fn run_with(
+    w: &Worker,
+    req: &Request,
+    body: &[u8],
+    streamed: Option<(&mut dyn BodySource, Streamed)>,
+) -> Outcome {
     let Some(proto) = gateway::active(&req.conf) else {
         return Outcome::Flow(Flow::Status(500));
     };
@@ -340,9 +512,11 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
     let Some(mut backend) = c.pass.clone() else {
         return Outcome::Flow(Flow::Status(500));
     };
+    let how = streamed.as_ref().map(|(_, h)| *h);
     let mut out = Vec::new();
     // HTTP: whether the request lets the server keep the connection.
     let mut sent_keep = false;
+    let mut via = Via { proto, tls: None };
     if proto == Proto::Http {
         let dest = req
             .conf
@@ -358,9 +532,16 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
                 return Outcome::Flow(Flow::Status(500));
             }
         };
-        sent_keep = proxy::encode_request(req, &dest, body, &mut out);
+        via.tls = match up_tls(w, req, &dest) {
+            Ok(t) => t,
+            Err(why) => {
+                errlog::request(Level::Error, req, format_args!("{why}"));
+                return Outcome::Flow(Flow::Status(502));
+            }
+        };
+        sent_keep = proxy::encode_request(req, &dest, body, how, &mut out);
         backend = dest.backend;
-    } else if let Err(e) = encode(req, proto, c, body, &mut out) {
+    } else if let Err(e) = encode(req, proto, c, body, how, &mut out) {
         errlog::request(
             Level::Error,
             req,
@@ -368,14 +549,26 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
         );
         return Outcome::Flow(Flow::Status(500));
     }
+    let mut out = Outgoing {
+        out,
+        body: streamed.map(|(src, how)| StreamBody {
+            src,
+            frame: match (proto, how) {
+                (Proto::FastCgi, _) => BodyFrame::FastCgi,
+                (_, Streamed::Chunked) => BodyFrame::Chunked,
+                (_, Streamed::Length(_)) => BodyFrame::Raw,
+            },
+            started: false,
+        }),
+    };
     let up = match backend {
         Backend::Addr(addr) => {
             let t0 = Instant::now();
-            let r = fresh(req, proto, &addr, &out).await;
+            let r = fresh(req, &via, &addr, &mut out).await;
             record(req, &addr, attempt_status(r.as_ref()), t0);
             return match r {
                 Ok(a) => outcome(req, c, a, addr, None, None),
-                Err(f) => Outcome::Flow(failed(req, proto, &addr, &f)),
+                Err(f) => Outcome::Flow(failed(req, via.scheme(), &addr, &f)),
             };
         }
         Backend::Group(up) => up,
@@ -406,7 +599,7 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
                     req,
                     format_args!(
                         "no live upstreams while {CONNECTING}, upstream: \"{}://{}\"",
-                        proto.scheme(),
+                        via.scheme(),
                         up.name
                     ),
                 );
@@ -416,18 +609,20 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
         tried.push(i);
         let addr = &up.servers[i].addr;
         let idle = if keep {
-            w.upstreams.take_idle(&up, i, now)
+            w.upstreams.take_idle(&up, i, via.kind(), now)
         } else {
             None
         };
         let result = match idle {
             // A kept connection the server closed meanwhile is no failure of the server:
             // try once more on a new one.
-            Some((conn, n)) => match exchange(req, addr, Link::new(conn, proto), &out).await {
-                Err(f) if f.stale() => fresh(req, proto, addr, &out).await.map(|a| (a, 0)),
+            Some((conn, n)) => match exchange(req, addr, Link::new(conn, &via), &mut out).await {
+                Err(f) if f.stale() && !out.started() => {
+                    fresh(req, &via, addr, &mut out).await.map(|a| (a, 0))
+                }
                 r => r.map(|a| (a, n)),
             },
-            None => fresh(req, proto, addr, &out).await.map(|a| (a, 0)),
+            None => fresh(req, &via, addr, &mut out).await.map(|a| (a, 0)),
         };
         record(
             req,
@@ -435,8 +630,10 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
             attempt_status(result.as_ref().map(|(a, _)| a)),
             now,
         );
-        // Another server may be tried if there is one, within the tries and time allowed.
-        let more = tried.len() < up.servers.len()
+        // Another server may be tried if there is one, within the tries and time allowed,
+        // and if no body has been taken from the client for this one.
+        let more = !out.started()
+            && tried.len() < up.servers.len()
             && c.next_upstream_tries
                 .is_none_or(|n| n == 0 || (tried.len() as u64) < n)
             && c.next_upstream_timeout
@@ -452,20 +649,30 @@ pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
                     continue;
                 }
                 w.upstreams.succeeded(&up, i);
-                let pool = keep.then(|| (up.clone(), i, n));
+                let pool = keep.then(|| Pooled {
+                    up: up.clone(),
+                    server: i,
+                    kind: via.kind(),
+                    requests: n,
+                });
                 if a.done {
-                    if let (true, Some((up, i, n))) = (a.link.reusable(), &pool) {
+                    if let (true, Some(p)) = (a.link.reusable(), &pool) {
                         let Answered {
                             head, body, link, ..
                         } = a;
-                        w.upstreams.put_idle(up, *i, link.conn, n + 1);
+                        w.upstreams
+                            .put_idle(&p.up, p.server, p.kind, link.conn, p.requests + 1);
                         return Outcome::Flow(whole(req, c, head, body));
                     }
                 }
                 return outcome(req, c, a, addr.clone(), pool, Some(lease));
             }
             Err(f) => {
-                let flow = failed(req, proto, addr, &f);
+                let flow = failed(req, via.scheme(), addr, &f);
+                if matches!(f, Failure::Client(_)) {
+                    // The client's fault, not the server's.
+                    return Outcome::Flow(flow);
+                }
                 w.upstreams.failed(&up, i, Instant::now());
                 if !more || !retryable(&f, c, req) {
                     return Outcome::Flow(flow);
@@ -509,9 +716,14 @@ fn encode(
     proto: Proto,
     c: &GatewayConf,
     body: &[u8],
+    streamed: Option<Streamed>,
     out: &mut Vec<u8>,
 ) -> Result<(), ParamError> {
-    let len = body.len() as u64;
+    // A body passed on as it arrives has a length ([`streams`]) and follows the encoding.
+    let (len, streamed) = match streamed {
+        Some(Streamed::Length(n)) => (n, true),
+        _ => (body.len() as u64, false),
+    };
     let body = if c.pass_request_body() { body } else { &[] };
     out.reserve(1024 + body.len() + body.len() / 8);
     match proto {
@@ -520,13 +732,21 @@ fn encode(
             gateway::build_params(req, c, len, &mut p)?;
             fastcgi::begin_request(out, req.conf.fastcgi.keep_conn());
             fastcgi::params(out, &p);
-            fastcgi::stdin(out, body);
-            fastcgi::stdin_end(out);
+            if !streamed {
+                fastcgi::stdin(out, body);
+                fastcgi::stdin_end(out);
+            }
         }
         Proto::Scgi => {
             let mut h = scgi::Headers::new();
             gateway::build_params(req, c, len, &mut h)?;
-            scgi::request(out, body.len(), &h);
+            // The length of what is sent: none with `scgi_pass_request_body off`.
+            let sent = if streamed {
+                usize::try_from(len).unwrap_or(usize::MAX)
+            } else {
+                body.len()
+            };
+            scgi::request(out, sent, &h);
             out.extend_from_slice(body);
         }
         Proto::Uwsgi => {
@@ -542,17 +762,21 @@ fn encode(
     Ok(())
 }
 
-fn log_failure(req: &Request, proto: Proto, addr: &Addr, f: &Failure) {
+fn log_failure(req: &Request, scheme: &str, addr: &Addr, f: &Failure) {
     errlog::request(
         Level::Error,
         req,
-        format_args!("{f}, upstream: \"{}://{addr}\"", proto.scheme()),
+        format_args!("{f}, upstream: \"{scheme}://{addr}\""),
     );
 }
 
-fn failed(req: &Request, proto: Proto, addr: &Addr, f: &Failure) -> Flow {
-    log_failure(req, proto, addr, f);
-    Flow::Status(f.status())
+fn failed(req: &Request, scheme: &str, addr: &Addr, f: &Failure) -> Flow {
+    log_failure(req, scheme, addr, f);
+    match f {
+        // The client is gone or stalled: there is no one to answer.
+        Failure::Client(BodyError::Io) => Flow::Close,
+        f => Flow::Status(f.status()),
+    }
 }
 
 /// Read what the application sent next into `input`; 0 is the end of the stream.
@@ -583,11 +807,12 @@ fn retryable(f: &Failure, c: &GatewayConf, req: &Request) -> bool {
         return false;
     }
     let (kind, sent) = match f {
-        Failure::Connect(_) => ("error", false),
-        Failure::Timeout(phase) => ("timeout", *phase != CONNECTING),
+        Failure::Connect(_) | Failure::Handshake(_) => ("error", false),
+        Failure::Timeout(phase) => ("timeout", *phase != CONNECTING && *phase != HANDSHAKING),
         Failure::Io(..) | Failure::Premature(_) | Failure::ClosedEarly => ("error", true),
         Failure::Protocol(_) => ("invalid_header", true),
         Failure::Body(_) => ("error", true),
+        Failure::Client(_) => return false,
     };
     has(kind) && (!sent || idempotent(req) || has("non_idempotent"))
 }
@@ -600,11 +825,23 @@ fn idempotent(req: &Request) -> bool {
     )
 }
 
-async fn connect(addr: &Addr, timeout: Duration) -> Result<Conn, Failure> {
-    match timed(timeout, connect_plain(addr)).await {
-        Ok(Ok(c)) => Ok(c),
-        Ok(Err(e)) => Err(Failure::Connect(e)),
-        Err(()) => Err(Failure::Timeout(CONNECTING)),
+/// A new connection to `addr`, with its TLS handshake for an `https://` upstream; both
+/// within `proxy_connect_timeout`, as in nginx.
+async fn connect(addr: &Addr, via: &Via, timeout: Duration) -> Result<Conn, Failure> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let conn = match tokio::time::timeout_at(deadline, connect_plain(addr)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return Err(Failure::Connect(e)),
+        Err(_) => return Err(Failure::Timeout(CONNECTING)),
+    };
+    let Some(t) = &via.tls else {
+        return Ok(conn);
+    };
+    let shake = tls_client::handshake(conn, t.config.clone(), t.name.clone());
+    match tokio::time::timeout_at(deadline, shake).await {
+        Ok(Ok(s)) => Ok(Box::new(s)),
+        Ok(Err(e)) => Err(Failure::Handshake(tls_client::describe(&e, &t.name))),
+        Err(_) => Err(Failure::Timeout(HANDSHAKING)),
     }
 }
 
@@ -639,7 +876,7 @@ fn outcome(
     c: &GatewayConf,
     a: Answered,
     addr: Addr,
-    pool: Option<(Arc<Upstream>, usize, u64)>,
+    pool: Option<Pooled>,
     lease: Option<Lease>,
 ) -> Outcome {
     if a.head.status == Some(101) {
@@ -673,7 +910,7 @@ fn upgrade(req: &Request, c: &GatewayConf, a: Answered, addr: &Addr) -> Outcome 
             Level::Error,
             req,
             format_args!(
-                "upstream sent \"101 Switching Protocols\" response to a request without \"Upgrade\" header while {READING_HEAD}, upstream: \"http://{addr}\""
+                "upstream sent \"101 Switching Protocols\" response to a request without \"Upgrade\" header while {READING_HEAD}, upstream: \"{}://{addr}\"", a.link.scheme
             ),
         );
         return Outcome::Flow(Flow::Status(502));
@@ -696,10 +933,15 @@ fn upgrade(req: &Request, c: &GatewayConf, a: Answered, addr: &Addr) -> Outcome 
 }
 
 /// One exchange on a new connection.
-async fn fresh(req: &Request, proto: Proto, addr: &Addr, out: &[u8]) -> Result<Answered, Failure> {
-    let c = gateway::conf(&req.conf, proto);
-    let conn = connect(addr, c.connect_timeout()).await?;
-    exchange(req, addr, Link::new(conn, proto), out).await
+async fn fresh(
+    req: &Request,
+    via: &Via,
+    addr: &Addr,
+    out: &mut Outgoing<'_>,
+) -> Result<Answered, Failure> {
+    let c = gateway::conf(&req.conf, via.proto);
+    let conn = connect(addr, via, c.connect_timeout()).await?;
+    exchange(req, addr, Link::new(conn, via), out).await
 }
 
 async fn timed<T>(d: Duration, f: impl std::future::Future<Output = T>) -> Result<T, ()> {
@@ -711,13 +953,12 @@ async fn exchange(
     req: &Request,
     addr: &Addr,
     mut link: Link,
-    out: &[u8],
+    out: &mut Outgoing<'_>,
 ) -> Result<Answered, Failure> {
     let c = gateway::conf(&req.conf, link.proto);
-    match timed(c.send_timeout(), link.conn.write_all(out)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(Failure::Io(e, SENDING)),
-        Err(()) => return Err(Failure::Timeout(SENDING)),
+    send(&mut link.conn, &out.out, c.send_timeout()).await?;
+    if let Some(b) = &mut out.body {
+        send_body(&mut link.conn, b, c.send_timeout()).await?;
     }
     let mut body = BytesMut::new();
     let mut head = None;
@@ -754,6 +995,56 @@ async fn exchange(
                     None => Err(Failure::Protocol("upstream sent invalid header".into())),
                 };
             }
+        }
+    }
+}
+
+/// Write `data` within `timeout`. The flush sends what TLS still holds when the socket was
+/// full (plain sockets hold nothing).
+async fn send(conn: &mut Conn, data: &[u8], timeout: Duration) -> Result<(), Failure> {
+    let write = async {
+        conn.write_all(data).await?;
+        conn.flush().await
+    };
+    match timed(timeout, write).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(Failure::Io(e, SENDING)),
+        Err(()) => Err(Failure::Timeout(SENDING)),
+    }
+}
+
+/// Pass the client's body on as it arrives, each piece framed for the upstream, then the
+/// end of the body. Each read from the client waits at most `client_body_timeout` (in the
+/// body source), each write at most `*_send_timeout`.
+async fn send_body(
+    conn: &mut Conn,
+    b: &mut StreamBody<'_>,
+    timeout: Duration,
+) -> Result<(), Failure> {
+    let mut frame = Vec::new();
+    loop {
+        let piece = b.src.next_piece().await.map_err(Failure::Client)?;
+        frame.clear();
+        match (&piece, b.frame) {
+            (Some(d), BodyFrame::Raw) => {
+                b.started = true;
+                send(conn, d, timeout).await?;
+                continue;
+            }
+            (None, BodyFrame::Raw) => return Ok(()),
+            (Some(d), BodyFrame::Chunked) => {
+                frame.extend_from_slice(format!("{:x}\r\n", d.len()).as_bytes());
+                frame.extend_from_slice(d);
+                frame.extend_from_slice(b"\r\n");
+            }
+            (None, BodyFrame::Chunked) => frame.extend_from_slice(b"0\r\n\r\n"),
+            (Some(d), BodyFrame::FastCgi) => fastcgi::stdin(&mut frame, d),
+            (None, BodyFrame::FastCgi) => fastcgi::stdin_end(&mut frame),
+        }
+        b.started = true;
+        send(conn, &frame, timeout).await?;
+        if piece.is_none() {
+            return Ok(());
         }
     }
 }

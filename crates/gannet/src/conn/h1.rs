@@ -26,6 +26,7 @@ use crate::http::handler::{self, Flow, Handled};
 use crate::http::request::{ConnInfo, Request};
 use crate::http::response::{encode_head, Body, HeadCtx, Part, Response};
 use crate::http::router::select_server;
+use crate::modules::gateway::Streamed;
 use crate::runtime::clock;
 use crate::runtime::parking::{Parked, PARK_AFTER};
 use crate::runtime::read_timers::ReadTimers;
@@ -475,6 +476,12 @@ impl<S: Transport> Conn<S> {
         let mut handled = handler::handle(&mut req, &w);
         let mut keep = req.head.keep_alive;
         let mut body = Vec::new();
+        // `*_request_buffering off`: the gateway reads the body itself, passing it on as it
+        // arrives (not when it is mirrored: the copies need it whole).
+        let mut stream_body = match handled {
+            Handled::Gateway if req.conf.mirror.uris().is_empty() => super::gateway::streams(&req),
+            _ => None,
+        };
         if req.head.body != BodyKind::None {
             let wanted = matches!(handled, Handled::Gateway);
             // An unused body is read off the wire, unless the client waits for 100-continue
@@ -490,16 +497,21 @@ impl<S: Transport> Conn<S> {
                     return false;
                 }
                 let core = &req.conf.core;
-                match body::read(
-                    &mut self.stream,
-                    &mut self.buf,
-                    req.head.body,
-                    core.client_max_body_size(),
-                    core.client_body_timeout(),
-                    wanted.then_some(&mut body),
-                )
-                .await
-                {
+                let read = match stream_body {
+                    Some(_) => Ok(0),
+                    None => {
+                        body::read(
+                            &mut self.stream,
+                            &mut self.buf,
+                            req.head.body,
+                            core.client_max_body_size(),
+                            core.client_body_timeout(),
+                            wanted.then_some(&mut body),
+                        )
+                        .await
+                    }
+                };
+                match read {
                     Ok(n) => req.body_length = n,
                     Err(e) => {
                         keep = false;
@@ -524,7 +536,18 @@ impl<S: Transport> Conn<S> {
                 Handled::Respond(resp) => return self.respond(&req, resp, keep).await,
                 Handled::Close => return false,
                 Handled::Gateway => {
-                    let flow = match super::gateway::run(&w, &req, &body).await {
+                    let outcome = match stream_body.take() {
+                        Some(how) => {
+                            let (o, finished, n) = self.run_streaming(&w, &req, how).await;
+                            // The rest of a body the upstream did not wait for is not read:
+                            // the connection closes after the answer.
+                            keep &= finished;
+                            req.body_length = n;
+                            o
+                        }
+                        None => super::gateway::run(&w, &req, &body).await,
+                    };
+                    let flow = match outcome {
                         Outcome::Flow(f) => f,
                         Outcome::Upgrade(resp, tunnel) => {
                             return self.tunnel(&req, resp, *tunnel).await;
@@ -544,6 +567,36 @@ impl<S: Transport> Conn<S> {
                     body.clear();
                     handled = handler::resume(&mut req, &w, flow);
                 }
+            }
+        }
+    }
+
+    /// Pass the request upstream with its body read as it arrives. Returns the outcome,
+    /// whether the body was read to its end, and how much of it was read.
+    async fn run_streaming(
+        &mut self,
+        w: &Worker,
+        req: &Request,
+        how: Streamed,
+    ) -> (Outcome, bool, u64) {
+        let core = &req.conf.core;
+        let src = body::BodyStream::new(
+            &mut self.stream,
+            &mut self.buf,
+            req.head.body,
+            core.client_max_body_size(),
+            core.client_body_timeout(),
+        );
+        match src {
+            Ok(mut src) => {
+                let o = super::gateway::run_streaming(w, req, &mut src, how).await;
+                (o, src.finished(), src.total())
+            }
+            // A Content-Length over the limit: refused before anything goes upstream, as
+            // a buffered body is.
+            Err(e) => {
+                let status = if e == BodyError::TooLarge { 413 } else { 400 };
+                (Outcome::Flow(Flow::Status(status)), false, 0)
             }
         }
     }

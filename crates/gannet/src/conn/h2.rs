@@ -3,7 +3,8 @@
 //! The `h2` crate does the framing, HPACK, flow control and the protocol's abuse limits;
 //! each stream is a local task that runs the same request pipeline as HTTP/1.x
 //! (`http::handler`, applications through `conn::gateway`) and answers through
-//! `conn::h2_response`.
+//! `conn::h2_response`. A request body is read whole before it goes to an application,
+//! even with `*_request_buffering off` (which only the HTTP/1.x path honours).
 //!
 //! Limits, with nginx's names: `http2_max_concurrent_streams` (128), `http2_body_preread_size`
 //! (a stream's initial window, 64k), `http2_chunk_size` (8k per DATA frame), the header

@@ -1,6 +1,7 @@
 //! Active health checks, the probing side (see `modules::health_check`): one task per
 //! server of each checked group, in the first worker of a generation only, sends
-//! `GET uri HTTP/1.0` every `interval` on a new connection and reads the answer. `fails`
+//! `GET uri HTTP/1.0` every `interval` on a new connection (over TLS with the location's
+//! `proxy_ssl_*` setup for `proxy_pass https://`) and reads the answer. `fails`
 //! failed probes in a row mark the server unhealthy in the group's shared state, which every
 //! worker's balancer reads (one atomic load per candidate, no lock); `passes` good ones in a
 //! row bring it back. Each change of state is logged.
@@ -86,9 +87,16 @@ async fn exchange(p: &Probe, addr: &Addr) -> Result<(), String> {
     let mut conn = crate::conn::gateway::connect_plain(addr)
         .await
         .map_err(|e| format!("connect() failed ({e})"))?;
+    if let Some((setup, name)) = &p.tls {
+        let tls = crate::tls::client::handshake(conn, setup.config(), name.clone())
+            .await
+            .map_err(|e| crate::tls::client::describe(&e, name))?;
+        conn = Box::new(tls);
+    }
     conn.write_all(request.as_bytes())
         .await
         .map_err(|e| e.to_string())?;
+    conn.flush().await.map_err(|e| e.to_string())?;
     // HTTP/1.0: the server closes after its answer; read it whole (up to a limit).
     let mut buf = BytesMut::with_capacity(8192);
     loop {

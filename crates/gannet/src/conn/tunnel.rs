@@ -33,7 +33,7 @@ where
     U: AsyncRead + AsyncWrite + Unpin,
 {
     let mut n = Copied::default();
-    if !within(idle, upstream.write_all(to_upstream)).await
+    if !within(idle, send_up(upstream, to_upstream)).await
         || !within(idle, client.write_all(to_client)).await
     {
         return n;
@@ -75,7 +75,7 @@ where
             }
             (true, _) => {
                 n.to_upstream += len as u64;
-                within(idle, upstream.write_all(&a)).await
+                within(idle, send_up(upstream, &a)).await
             }
             (false, _) => {
                 n.to_client += len as u64;
@@ -87,6 +87,13 @@ where
         }
     }
     n
+}
+
+/// Write to the upstream and flush: over TLS, records the socket did not take wait in
+/// rustls until a flush.
+async fn send_up<U: AsyncWrite + Unpin>(upstream: &mut U, data: &[u8]) -> std::io::Result<()> {
+    upstream.write_all(data).await?;
+    upstream.flush().await
 }
 
 /// Whether a write finished, and in time.

@@ -4,8 +4,9 @@
 //! protocol's prefix (`fastcgi_`, `scgi_`, `uwsgi_`) by [`directives!`]: `*_pass`, `*_param`
 //! (with `if_not_empty`), `*_connect_timeout`, `*_send_timeout`, `*_read_timeout`,
 //! `*_buffering`, `*_buffers`, `*_buffer_size`, `*_intercept_errors`, `*_hide_header`,
-//! `*_pass_header`, `*_pass_request_headers`, `*_pass_request_body`, `*_next_upstream`,
-//! `*_next_upstream_tries`, `*_next_upstream_timeout`; the parameters a request sends and
+//! `*_pass_header`, `*_pass_request_headers`, `*_pass_request_body`, `*_request_buffering`,
+//! `*_next_upstream`, `*_next_upstream_tries`, `*_next_upstream_timeout`; the parameters a
+//! request sends and
 //! which answer headers reach the client. The protocols' own directives are in `proxy`
 //! (which has no `*_param` and its own `proxy_pass`), `fastcgi`, `scgi` and `uwsgi`; the I/O
 //! is in `conn::gateway`.
@@ -76,6 +77,7 @@ macro_rules! directives {
             $crate::modules::gateway::directives!(@spec $p "pass_header" [HSL] Exactly(1)),
             $crate::modules::gateway::directives!(@spec $p "pass_request_headers" [HSL] Exactly(1)),
             $crate::modules::gateway::directives!(@spec $p "pass_request_body" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "request_buffering" [HSL] Exactly(1)),
             $crate::modules::gateway::directives!(@spec $p "next_upstream" [HSL] AtLeast(1)),
             $crate::modules::gateway::directives!(@spec $p "next_upstream_tries" [HSL] Exactly(1)),
             $crate::modules::gateway::directives!(@spec $p "next_upstream_timeout" [HSL] Exactly(1)),
@@ -100,6 +102,14 @@ pub const fn spec(name: &'static str, ctx: Ctx, args: Args) -> Spec {
         args,
         block: false,
     }
+}
+
+/// How a request body passed on as it arrives (`*_request_buffering off`) is framed: with
+/// the client's Content-Length, or (HTTP/1.1 to the upstream only) chunked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Streamed {
+    Length(u64),
+    Chunked,
 }
 
 /// Where the application listens: one address, or an `upstream` group.
@@ -133,6 +143,8 @@ pub struct GatewayConf {
     pub pass_headers: Option<Arc<Vec<String>>>,
     pub pass_request_headers: Option<bool>,
     pub pass_request_body: Option<bool>,
+    /// `*_request_buffering`: off passes the body on as it arrives (`conn::gateway`).
+    pub request_buffering: Option<bool>,
     pub next_upstream: Option<Arc<Vec<String>>>,
     /// Most servers one request may try; 0: no limit.
     pub next_upstream_tries: Option<u64>,
@@ -155,6 +167,7 @@ impl GatewayConf {
             pass_headers,
             pass_request_headers,
             pass_request_body,
+            request_buffering,
             next_upstream,
             next_upstream_tries,
             next_upstream_timeout,
@@ -178,6 +191,9 @@ impl GatewayConf {
     }
     pub fn pass_request_body(&self) -> bool {
         self.pass_request_body.unwrap_or(true)
+    }
+    pub fn request_buffering(&self) -> bool {
+        self.request_buffering.unwrap_or(true)
     }
 }
 
@@ -278,6 +294,7 @@ pub fn set(d: &Directive, p: Proto, lc: &mut LocConf, ctx: &LoadCtx) -> Result<b
         "pass_header" => push(&mut c.pass_headers, a0),
         "pass_request_headers" => c.pass_request_headers = Some(setters::flag(d)?),
         "pass_request_body" => c.pass_request_body = Some(setters::flag(d)?),
+        "request_buffering" => c.request_buffering = Some(setters::flag(d)?),
         "next_upstream" => {
             const KNOWN: &[&str] = &[
                 "error",

@@ -1,11 +1,12 @@
 //! The HTTP reverse proxy, the configuration side (nginx's ngx_http_proxy_module), and the
 //! request it sends upstream. It is the fourth protocol of the gateway machinery
 //! (`gateway`, `conn::gateway`): the same upstream groups, retries, timeouts and header
-//! lists as FastCGI, SCGI and uwsgi, with HTTP/1.x on the wire.
+//! lists as FastCGI, SCGI and uwsgi, with HTTP/1.x on the wire, over TCP, a unix socket, or
+//! TLS for `https://` URLs (whose `proxy_ssl_*` directives are in `proxy_ssl`).
 //!
 //! Directives: `proxy_pass`, `proxy_set_header`, `proxy_http_version`, `proxy_method`,
-//! `proxy_set_body`, `proxy_redirect`, `proxy_request_buffering`, and the shared ones with
-//! the `proxy_` prefix (`proxy_connect_timeout`, `proxy_send_timeout`, `proxy_read_timeout`,
+//! `proxy_set_body`, `proxy_redirect`, and the shared ones with the `proxy_` prefix
+//! (`proxy_request_buffering`, `proxy_connect_timeout`, `proxy_send_timeout`, `proxy_read_timeout`,
 //! `proxy_buffering`, `proxy_buffers`, `proxy_buffer_size`, `proxy_intercept_errors`,
 //! `proxy_hide_header`, `proxy_pass_header`, `proxy_pass_request_headers`,
 //! `proxy_pass_request_body`, `proxy_next_upstream`, `proxy_next_upstream_tries`,
@@ -22,14 +23,17 @@
 //! Headers sent: `Host: $proxy_host` and `Connection: close` unless `proxy_set_header`
 //! changes them, the other `proxy_set_header`s (an empty value sends nothing), then the
 //! client's headers except the ones set here and the hop-by-hop ones (`Connection`,
-//! `Keep-Alive`, `TE`, `Expect`, `Upgrade`, `Transfer-Encoding`, `Content-Length`). The body
-//! has been read whole (as nginx's `proxy_request_buffering on`) and goes with a
-//! `Content-Length`, a chunked one included.
+//! `Keep-Alive`, `TE`, `Expect`, `Upgrade`, `Transfer-Encoding`, `Content-Length`). A body
+//! read whole (`proxy_request_buffering on`, the default) goes with a `Content-Length`, a
+//! chunked one included; one passed on as it arrives (`off`) goes with the client's
+//! `Content-Length`, or chunked (HTTP/1.1 upstreams only; with 1.0 it is read whole).
 
-use super::gateway::{self, spec, Backend, GatewayConf, Proto};
+use super::gateway::{self, spec, Backend, GatewayConf, Proto, Streamed};
+use super::proxy_ssl::ProxySslConf;
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::http::request::Request;
 use crate::http::variables::Template;
+use crate::tls::client::ClientTls;
 use crate::upstream::{Addr, Upstream};
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
@@ -47,7 +51,6 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("proxy_method", HSL, Args::Exactly(1)),
     spec("proxy_set_body", HSL, Args::Exactly(1)),
     spec("proxy_redirect", HSL, Args::Between(1, 2)),
-    spec("proxy_request_buffering", HSL, Args::Exactly(1)),
     spec("proxy_connect_timeout", HSL, Args::Exactly(1)),
     spec("proxy_send_timeout", HSL, Args::Exactly(1)),
     spec("proxy_read_timeout", HSL, Args::Exactly(1)),
@@ -60,6 +63,7 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("proxy_pass_header", HSL, Args::Exactly(1)),
     spec("proxy_pass_request_headers", HSL, Args::Exactly(1)),
     spec("proxy_pass_request_body", HSL, Args::Exactly(1)),
+    spec("proxy_request_buffering", HSL, Args::Exactly(1)),
     spec("proxy_next_upstream", HSL, Args::AtLeast(1)),
     spec("proxy_next_upstream_tries", HSL, Args::Exactly(1)),
     spec("proxy_next_upstream_timeout", HSL, Args::Exactly(1)),
@@ -77,7 +81,9 @@ pub enum Target {
 #[derive(Debug, Clone)]
 pub struct Dest {
     pub backend: Backend,
-    /// `$proxy_host`: the group's name, or host with the port unless it is 80.
+    /// `https://`: the connection is TLS (`proxy_ssl_*`).
+    pub tls: bool,
+    /// `$proxy_host`: the group's name, or host with the port if the URL has one.
     pub host: String,
     pub port: u16,
     /// The URI part (from the `/` after the host), if the URL has one.
@@ -112,11 +118,17 @@ pub struct ProxyConf {
     pub method: Option<Template>,
     pub body: Option<Template>,
     pub redirect: Option<Arc<Vec<Redirect>>>,
+    /// `proxy_ssl_*`.
+    pub ssl: ProxySslConf,
+    /// The TLS client setup built from `ssl` for a location that may proxy to `https://`
+    /// (`proxy_ssl::finish`, after the merge; not inherited).
+    pub client_tls: Option<Arc<ClientTls>>,
 }
 
 impl ProxyConf {
     pub fn merge(&mut self, parent: &ProxyConf) {
         self.gw.merge(&parent.gw);
+        self.ssl.merge(&parent.ssl);
         inherit!(self, parent, set_headers, http11, method, body, redirect);
     }
 }
@@ -162,11 +174,6 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             lc.proxy.body = Some(Template::compile(a0).map_err(|e| d.error(e))?);
         }
         "proxy_redirect" => set_redirect(d, &mut lc.proxy)?,
-        "proxy_request_buffering" => {
-            // Checked, then without effect: bodies are read whole before they are passed
-            // (nginx's default, `on`).
-            setters::flag(d)?;
-        }
         "proxy_busy_buffers_size" => {
             setters::size_arg(d, 0)?;
         }
@@ -230,17 +237,18 @@ fn parse_target(d: &Directive, url: &str, ctx: &LoadCtx) -> Result<Target, ConfE
     Ok(Target::Fixed(dest))
 }
 
-/// `http://host[:port][/uri]`, `http://unix:/path:[/uri]` or `http://group[/uri]`.
+/// `http://host[:port][/uri]`, `http://unix:/path:[/uri]` or `http://group[/uri]`, and the
+/// same with `https://` (port 443 unless given).
 pub fn parse_url(url: &str, groups: &HashMap<String, Arc<Upstream>>) -> Result<Dest, String> {
-    let rest = if let Some(r) = url.strip_prefix("http://") {
-        r
-    } else if url.starts_with("https://") {
-        return Err(format!(
-            "https upstreams are not supported yet in \"proxy_pass {url}\""
-        ));
+    let (tls, rest) = if let Some(r) = url.strip_prefix("http://") {
+        (false, r)
+    } else if let Some(r) = url.strip_prefix("https://") {
+        (true, r)
     } else {
         return Err(format!("invalid URL prefix in \"{url}\""));
     };
+    let scheme = if tls { "https" } else { "http" };
+    let default_port = if tls { 443 } else { 80 };
     if let Some(path) = rest.strip_prefix("unix:") {
         // The socket path ends at the first `:` (nginx's rule); the URI follows it.
         let (sock, uri) = match path.split_once(':') {
@@ -252,10 +260,11 @@ pub fn parse_url(url: &str, groups: &HashMap<String, Arc<Upstream>>) -> Result<D
         }
         return Ok(Dest {
             backend: Backend::Addr(Addr::Unix(sock.into())),
+            tls,
             host: "localhost".into(),
-            port: 80,
+            port: default_port,
             uri,
-            base: format!("http://unix:{sock}:"),
+            base: format!("{scheme}://unix:{sock}:"),
         });
     }
     let (authority, uri) = match rest.find('/') {
@@ -265,12 +274,13 @@ pub fn parse_url(url: &str, groups: &HashMap<String, Arc<Upstream>>) -> Result<D
     if authority.is_empty() {
         return Err(format!("no host in \"{url}\""));
     }
-    let base = format!("http://{authority}");
+    let base = format!("{scheme}://{authority}");
     if let Some(up) = groups.get(authority) {
         return Ok(Dest {
             backend: Backend::Group(up.clone()),
+            tls,
             host: authority.to_string(),
-            port: 80,
+            port: default_port,
             uri,
             base,
         });
@@ -284,13 +294,14 @@ pub fn parse_url(url: &str, groups: &HashMap<String, Arc<Upstream>>) -> Result<D
                 .ok_or_else(|| format!("invalid port in \"{url}\""))?;
             (h, port)
         }
-        _ => (authority, 80),
+        _ => (authority, default_port),
     };
     if host.is_empty() {
         return Err(format!("no host in \"{url}\""));
     }
     Ok(Dest {
         backend: Backend::Addr(Addr::Tcp(format!("{host}:{port}"))),
+        tls,
         host: authority.to_string(),
         port,
         uri,
@@ -390,9 +401,16 @@ const HOP: &[&str] = &[
     "proxy-connection",
 ];
 
-/// The request to send upstream: its head, then the body. Returns whether it asks the
-/// server to keep the connection (no `Connection: close` was sent).
-pub fn encode_request(req: &Request, dest: &Dest, body: &[u8], out: &mut Vec<u8>) -> bool {
+/// The request to send upstream: its head, then the body (or only the head, framed for a
+/// body that follows as it arrives: `streamed`). Returns whether it asks the server to keep
+/// the connection (no `Connection: close` was sent).
+pub fn encode_request(
+    req: &Request,
+    dest: &Dest,
+    body: &[u8],
+    streamed: Option<Streamed>,
+    out: &mut Vec<u8>,
+) -> bool {
     let c = &req.conf.proxy;
     let vars = matches!(c.target.as_deref(), Some(Target::Vars(..)));
     let method = match &c.method {
@@ -412,6 +430,7 @@ pub fn encode_request(req: &Request, dest: &Dest, body: &[u8], out: &mut Vec<u8>
         None if client_body => (body, true),
         None => (&[], false),
     };
+    let streamed = streamed.filter(|_| set_body.is_none() && client_body);
     out.extend_from_slice(method.as_bytes());
     out.push(b' ');
     out.extend_from_slice(upstream_uri(req, dest, vars).as_bytes());
@@ -436,8 +455,16 @@ pub fn encode_request(req: &Request, dest: &Dest, body: &[u8], out: &mut Vec<u8>
         put("Connection", b"close", out);
         keep = false;
     }
-    if has_body && !is_set("content-length") {
-        put("Content-Length", body.len().to_string().as_bytes(), out);
+    match streamed {
+        Some(Streamed::Chunked) => put("Transfer-Encoding", b"chunked", out),
+        Some(Streamed::Length(n)) if !is_set("content-length") => {
+            put("Content-Length", n.to_string().as_bytes(), out)
+        }
+        Some(Streamed::Length(_)) => {}
+        None if has_body && !is_set("content-length") => {
+            put("Content-Length", body.len().to_string().as_bytes(), out)
+        }
+        None => {}
     }
     for (name, value) in set {
         let v = value.eval(req, None);
@@ -539,8 +566,17 @@ mod tests {
             matches!(d.backend, Backend::Addr(Addr::Unix(ref p)) if p.to_str() == Some("/run/app.sock"))
         );
         assert_eq!(d.uri.as_deref(), Some("/api/"));
+        let d = parse_url("https://example.com/x", &none).unwrap();
+        assert!(matches!(d.backend, Backend::Addr(Addr::Tcp(ref a)) if a == "example.com:443"));
+        assert!(d.tls);
+        assert_eq!((d.host.as_str(), d.port), ("example.com", 443));
+        assert_eq!(d.base, "https://example.com");
+        let d = parse_url("https://h:8443", &none).unwrap();
+        assert_eq!((d.host.as_str(), d.port, d.tls), ("h:8443", 8443, true));
+        assert!(!parse_url("http://h", &none).unwrap().tls);
         for bad in [
             "ftp://x",
+            "https://",
             "http://",
             "http://h:0",
             "http://h:99999",

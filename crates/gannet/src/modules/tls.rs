@@ -181,22 +181,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             .push(file(d, ctx)),
         "ssl_certificate_key" => c.keys.get_or_insert_with(Vec::new).push(file(d, ctx)),
         "ssl_protocols" => c.protocols = Some(protocols(d, ctx)?),
-        "ssl_ciphers" => {
-            let (list, unknown) = ciphers::parse(&d.args[0]);
-            for u in unknown {
-                ctx.notices.push(format!(
-                    "{}: cipher \"{u}\" in \"ssl_ciphers\" is not one gannet offers; ignored",
-                    d.loc
-                ));
-            }
-            if list.is_empty() {
-                return Err(d.error(format!(
-                    "\"ssl_ciphers\" selects no cipher gannet offers (TLS 1.2 suites: {})",
-                    ciphers::offered_tls12()
-                )));
-            }
-            c.ciphers = Some(list);
-        }
+        "ssl_ciphers" => c.ciphers = Some(cipher_list(d, ctx)?),
         "ssl_prefer_server_ciphers" => c.prefer_server_ciphers = Some(setters::flag(d)?),
         "ssl_session_cache" => c.session_cache = Some(session_cache(d)?),
         "ssl_session_timeout" => {
@@ -228,9 +213,29 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
     Ok(())
 }
 
-/// `ssl_protocols`: TLSv1.2 and TLSv1.3 are offered; older names (Debian's stock config
-/// lists them) are accepted with a notice.
-fn protocols(d: &Directive, ctx: &mut LoadCtx) -> Result<Protocols, ConfError> {
+/// `ssl_ciphers` (and `proxy_ssl_ciphers`): OpenSSL's cipher list syntax, for the TLS 1.2
+/// suites rustls has; names it lacks are a notice.
+pub fn cipher_list(d: &Directive, ctx: &mut LoadCtx) -> Result<Vec<CipherSuite>, ConfError> {
+    let (list, unknown) = ciphers::parse(&d.args[0]);
+    for u in unknown {
+        ctx.notices.push(format!(
+            "{}: cipher \"{u}\" in \"{}\" is not one gannet offers; ignored",
+            d.loc, d.name
+        ));
+    }
+    if list.is_empty() {
+        return Err(d.error(format!(
+            "\"{}\" selects no cipher gannet offers (TLS 1.2 suites: {})",
+            d.name,
+            ciphers::offered_tls12()
+        )));
+    }
+    Ok(list)
+}
+
+/// `ssl_protocols` (and `proxy_ssl_protocols`): TLSv1.2 and TLSv1.3 are offered; older
+/// names (Debian's stock config lists them) are accepted with a notice.
+pub fn protocols(d: &Directive, ctx: &mut LoadCtx) -> Result<Protocols, ConfError> {
     let mut p = Protocols {
         tls12: false,
         tls13: false,
@@ -240,14 +245,17 @@ fn protocols(d: &Directive, ctx: &mut LoadCtx) -> Result<Protocols, ConfError> {
             "TLSv1.2" => p.tls12 = true,
             "TLSv1.3" => p.tls13 = true,
             "SSLv2" | "SSLv3" | "TLSv1" | "TLSv1.1" => ctx.notices.push(format!(
-                "{}: \"{a}\" in \"ssl_protocols\" is not offered: gannet speaks TLSv1.2 and TLSv1.3 only",
-                d.loc
+                "{}: \"{a}\" in \"{}\" is not offered: gannet speaks TLSv1.2 and TLSv1.3 only",
+                d.loc, d.name
             )),
             other => return Err(invalid(d, other)),
         }
     }
     if !p.tls12 && !p.tls13 {
-        return Err(d.error("\"ssl_protocols\" names no protocol gannet offers (TLSv1.2, TLSv1.3)"));
+        return Err(d.error(format!(
+            "\"{}\" names no protocol gannet offers (TLSv1.2, TLSv1.3)",
+            d.name
+        )));
     }
     Ok(p)
 }

@@ -42,6 +42,8 @@ pub struct Worker {
     pub files: FileCache,
     /// Round-robin position, failures and idle connections of each upstream group.
     pub upstreams: Upstreams,
+    /// TLS client configs for `https://` upstreams, with this worker's session caches.
+    pub tls_sessions: crate::tls::client::Sessions,
     /// Per log file: buffered lines and when they were last written.
     logs: RefCell<HashMap<usize, LogBuffer>>,
     pub active: Cell<usize>,
@@ -156,6 +158,7 @@ pub fn run(
             config,
             files: FileCache::default(),
             upstreams: Upstreams::default(),
+            tls_sessions: Default::default(),
             logs: RefCell::new(HashMap::new()),
             active: Cell::new(0),
             draining: Cell::new(false),

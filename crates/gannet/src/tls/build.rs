@@ -16,7 +16,7 @@ use rustls::server::{
     WebPkiClientVerifier,
 };
 use rustls::sign::CertifiedKey;
-use rustls::{RootCertStore, ServerConfig, SupportedProtocolVersion};
+use rustls::{CipherSuite, NamedGroup, RootCertStore, ServerConfig, SupportedProtocolVersion};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -26,6 +26,9 @@ use std::sync::Arc;
 pub struct LoadState {
     caches: HashMap<String, Arc<ServerSessionMemoryCache>>,
     ticket_keys: HashMap<u64, Arc<dyn ProducesTickets>>,
+    /// Upstream client setups by their settings (see `client::build`), so the locations
+    /// that inherit the same `proxy_ssl_*` share one.
+    pub(super) clients: HashMap<String, Arc<super::client::ClientTls>>,
 }
 
 fn err(loc: &Loc, msg: impl std::fmt::Display) -> ConfError {
@@ -53,7 +56,7 @@ pub fn build_server(
         }));
     }
     let keys = c.keys.as_deref().unwrap_or_default();
-    let provider = Arc::new(provider(c));
+    let provider = Arc::new(provider(c.ciphers.as_deref(), c.ecdh_curves.as_deref()));
     let mut pairs = Vec::new();
     for (i, cert_file) in certs.iter().enumerate() {
         let key_file = keys.get(i).ok_or_else(|| {
@@ -150,16 +153,19 @@ pub fn build_server(
 
 /// rustls's ring provider, offering the suites `ssl_ciphers` chose (TLS 1.2) and every
 /// TLS 1.3 suite, and the groups `ssl_ecdh_curve` chose.
-fn provider(c: &TlsConf) -> CryptoProvider {
+pub(super) fn provider(
+    ciphers: Option<&[CipherSuite]>,
+    curves: Option<&[NamedGroup]>,
+) -> CryptoProvider {
     let mut p = rustls::crypto::ring::default_provider();
-    if let Some(chosen) = &c.ecdh_curves {
+    if let Some(chosen) = curves {
         let all = std::mem::take(&mut p.kx_groups);
         p.kx_groups = chosen
             .iter()
             .filter_map(|n| all.iter().find(|g| g.name() == *n).copied())
             .collect();
     }
-    if let Some(chosen) = &c.ciphers {
+    if let Some(chosen) = ciphers {
         let all = std::mem::take(&mut p.cipher_suites);
         let tls13 = all.iter().filter(|s| s.tls13().is_some()).copied();
         let tls12 = chosen
@@ -201,7 +207,7 @@ fn stapled(c: &TlsConf, notices: &mut Vec<String>) -> Result<Option<Vec<u8>>, Co
 }
 
 /// The CA certificates of a file, into `store`.
-fn add_cas(store: &mut RootCertStore, f: &FileArg, what: &str) -> Result<(), ConfError> {
+pub(super) fn add_cas(store: &mut RootCertStore, f: &FileArg, what: &str) -> Result<(), ConfError> {
     for ca in load_chain(f, what)? {
         store.add(ca).map_err(|e| {
             err(

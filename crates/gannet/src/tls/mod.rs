@@ -9,11 +9,13 @@
 //! certificates, session settings and client verification are all per server.
 //!
 //! The directives themselves are read in `modules::tls`; the encrypted stream the connection
-//! loop uses is `conn::tls_stream`.
+//! loop uses is `conn::tls_stream`. The client side, TLS to upstream servers
+//! (`proxy_pass https://`), is `client`.
 
 mod build;
 pub mod certs;
 pub mod ciphers;
+pub mod client;
 pub mod handshake;
 mod resolve;
 mod session;

@@ -1,0 +1,360 @@
+//! TLS to upstream servers (`proxy_pass https://...`): the rustls client setup built at load
+//! time from a location's `proxy_ssl_*` settings (read in `modules::proxy_ssl`), each
+//! worker's session cache (`proxy_ssl_session_reuse`), the handshake, and the encrypted
+//! stream that the gateway and the keepalive pool use like a plain socket.
+//!
+//! - Verification (`proxy_ssl_verify on`) is rustls's webpki verifier over the CAs of
+//!   `proxy_ssl_trusted_certificate` (and `proxy_ssl_crl`), checking the certificate
+//!   against the name of `proxy_ssl_name`. With it off, any certificate is taken, but the
+//!   handshake's signatures are still checked (the peer must hold the key it presents).
+//! - SNI: rustls always has a name to connect with (the same `proxy_ssl_name`);
+//!   `proxy_ssl_server_name off` only keeps it out of the ClientHello, so with `verify on`
+//!   the certificate is still checked against that name, as nginx does. Names that are IP
+//!   addresses are never sent as SNI (RFC 6066), as in nginx.
+//! - Sessions: the setup is shared by all workers, and each worker clones it with a session
+//!   cache of its own, so resumption takes no lock shared between workers.
+//! - The stream: a server closing without close_notify ends the stream (nginx takes that
+//!   as the end too); before a pooled connection is reused, what rustls holds above the
+//!   socket is checked as well as the socket (see [`TlsConn`]'s `holds_input`).
+
+use super::build::{add_cas, provider, LoadState};
+use super::certs::{load_chain, load_crls, load_key};
+use crate::modules::proxy_ssl::ProxySslConf;
+use crate::upstream::{Conn, Io};
+use gannet_conf::{ConfError, Loc};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::{Resumption, WebPkiServerVerifier};
+use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, WebPkiSupportedAlgorithms};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+    SupportedProtocolVersion,
+};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Sessions each worker keeps per client setup (one per upstream server name it talks to,
+/// at most this many).
+const SESSIONS: usize = 256;
+
+/// A location's client setup: rustls's config (without a session cache: each worker adds
+/// its own) and whether sessions are reused.
+#[derive(Debug)]
+pub struct ClientTls {
+    config: Arc<ClientConfig>,
+    session_reuse: bool,
+}
+
+fn err(loc: &Loc, msg: impl std::fmt::Display) -> ConfError {
+    ConfError::at(loc, msg)
+}
+
+/// The client setup for these settings; `at` is the location, for errors that belong to
+/// no one directive.
+pub fn build(
+    c: &ProxySslConf,
+    state: &mut LoadState,
+    at: &Loc,
+) -> Result<Arc<ClientTls>, ConfError> {
+    let key = format!(
+        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}",
+        c.verify(),
+        c.trusted_certificate.as_ref().map(|f| &f.path),
+        c.crl.as_ref().map(|f| &f.path),
+        c.protocols(),
+        c.ciphers,
+        c.certificate.as_ref().map(|f| &f.path),
+        c.certificate_key.as_ref().map(|f| &f.path),
+        c.server_name(),
+        c.session_reuse(),
+    );
+    if let Some(done) = state.clients.get(&key) {
+        return Ok(done.clone());
+    }
+    let provider = Arc::new(provider(c.ciphers.as_deref(), None));
+    let p = c.protocols();
+    let mut versions: Vec<&'static SupportedProtocolVersion> = Vec::new();
+    if p.tls13 {
+        versions.push(&rustls::version::TLS13);
+    }
+    if p.tls12 {
+        versions.push(&rustls::version::TLS12);
+    }
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&versions)
+        .map_err(|e| err(at, format!("upstream TLS setup failed: {e}")))?;
+    let verifier: Arc<dyn ServerCertVerifier> = match &c.verify {
+        Some((true, loc)) => {
+            let Some(f) = &c.trusted_certificate else {
+                return Err(err(
+                    loc,
+                    "no proxy_ssl_trusted_certificate for proxy_ssl_verify",
+                ));
+            };
+            let mut roots = RootCertStore::empty();
+            add_cas(&mut roots, f, "trusted certificate")?;
+            let mut b =
+                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone());
+            if let Some(crl) = &c.crl {
+                b = b.with_crls(load_crls(crl)?);
+            }
+            b.build().map_err(|e| match &c.crl {
+                Some(crl) => err(
+                    &crl.loc,
+                    format!("cannot use CRL \"{}\": {e}", crl.path.display()),
+                ),
+                None => err(&f.loc, format!("cannot verify upstreams: {e}")),
+            })?
+        }
+        _ => Arc::new(AnyCertificate {
+            algs: provider.signature_verification_algorithms,
+        }),
+    };
+    let builder = builder
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    let mut config = match &c.certificate {
+        None => builder.with_no_client_auth(),
+        Some(cert) => {
+            let Some(key_file) = &c.certificate_key else {
+                return Err(err(
+                    &cert.loc,
+                    format!(
+                        "no \"proxy_ssl_certificate_key\" is defined for certificate \"{}\"",
+                        cert.path.display()
+                    ),
+                ));
+            };
+            let chain = load_chain(cert, "certificate")?;
+            let key = load_key(key_file)?;
+            builder.with_client_auth_cert(chain, key).map_err(|e| {
+                let why = match e {
+                    rustls::Error::InconsistentKeys(_) => format!(
+                        "certificate key \"{}\" does not match certificate \"{}\"",
+                        key_file.path.display(),
+                        cert.path.display()
+                    ),
+                    e => format!(
+                        "cannot load certificate key \"{}\": {e}",
+                        key_file.path.display()
+                    ),
+                };
+                err(&key_file.loc, why)
+            })?
+        }
+    };
+    config.enable_sni = c.server_name();
+    // Each worker adds a cache of its own (`Sessions`).
+    config.resumption = Resumption::disabled();
+    let built = Arc::new(ClientTls {
+        config: Arc::new(config),
+        session_reuse: c.session_reuse(),
+    });
+    state.clients.insert(key, built.clone());
+    Ok(built)
+}
+
+impl ClientTls {
+    /// The shared config, without session reuse (health probes use it).
+    pub fn config(&self) -> Arc<ClientConfig> {
+        self.config.clone()
+    }
+}
+
+/// `proxy_ssl_verify off`: any certificate is accepted, but the handshake signatures are
+/// checked against the key in it, as OpenSSL does without verification.
+#[derive(Debug)]
+struct AnyCertificate {
+    algs: WebPkiSupportedAlgorithms,
+}
+
+impl ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(message, cert, dss, &self.algs)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(message, cert, dss, &self.algs)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algs.supported_schemes()
+    }
+}
+
+/// A worker's client configs, each with its own session cache. Keyed by the address of the
+/// shared setup, which the worker's config keeps alive as long as the worker runs.
+#[derive(Default)]
+pub struct Sessions {
+    configs: RefCell<HashMap<usize, Arc<ClientConfig>>>,
+}
+
+impl Sessions {
+    /// The config to connect with: the shared one without session reuse, else this worker's
+    /// copy with its cache.
+    pub fn config(&self, t: &Arc<ClientTls>) -> Arc<ClientConfig> {
+        if !t.session_reuse {
+            return t.config.clone();
+        }
+        self.configs
+            .borrow_mut()
+            .entry(Arc::as_ptr(t) as usize)
+            .or_insert_with(|| {
+                let mut c = (*t.config).clone();
+                c.resumption = Resumption::in_memory_sessions(SESSIONS);
+                Arc::new(c)
+            })
+            .clone()
+    }
+}
+
+/// The name for the handshake from `proxy_ssl_name`'s value, without a port (a value from
+/// `$proxy_host` or `$http_host` may carry one, as nginx allows). `None` if it is no
+/// valid DNS name or IP address.
+pub fn server_name(value: &str) -> Option<ServerName<'static>> {
+    let host = if let Some(v6) = value.strip_prefix('[') {
+        v6.split_once(']').map_or(v6, |(h, _)| h)
+    } else {
+        match value.rsplit_once(':') {
+            Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) && !h.contains(':') => h,
+            _ => value,
+        }
+    };
+    ServerName::try_from(host.to_string()).ok()
+}
+
+/// Why a handshake failed, as nginx words it for the error log.
+pub fn describe(e: &io::Error, name: &ServerName<'_>) -> String {
+    let tls = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>());
+    match tls {
+        Some(rustls::Error::InvalidCertificate(
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+        )) => format!(
+            "upstream SSL certificate does not match \"{}\"",
+            name.to_str()
+        ),
+        Some(rustls::Error::InvalidCertificate(c)) => {
+            format!("upstream SSL certificate verify error: ({c:?})")
+        }
+        Some(other) => format!("SSL_do_handshake() failed ({other})"),
+        None if e.kind() == io::ErrorKind::UnexpectedEof => {
+            "peer closed connection in SSL handshake".to_string()
+        }
+        None => format!("SSL_do_handshake() failed ({e})"),
+    }
+}
+
+/// A TLS handshake over a connection just made.
+pub async fn handshake(
+    conn: Conn,
+    config: Arc<ClientConfig>,
+    name: ServerName<'static>,
+) -> io::Result<TlsConn> {
+    let s = tokio_rustls::TlsConnector::from(config)
+        .connect(name, conn)
+        .await?;
+    Ok(TlsConn { inner: s })
+}
+
+/// An upstream connection over TLS. Writers flush after `write_all` (rustls may keep the
+/// last records when the socket is full: a flush sends them).
+pub struct TlsConn {
+    inner: tokio_rustls::client::TlsStream<Conn>,
+}
+
+impl AsyncRead for TlsConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            // A close without close_notify ends the stream, as nginx takes it; an answer
+            // that it cuts short is still found out by its framing.
+            Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => Poll::Ready(Ok(())),
+            r => r,
+        }
+    }
+}
+
+impl AsyncWrite for TlsConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl AsFd for TlsConn {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.inner.get_ref().0.as_fd()
+    }
+}
+
+impl Io for TlsConn {
+    /// Records read off the socket but not taken: plaintext the server sent unasked (out of
+    /// step) or its close_notify. Either way the connection must not carry a request; the
+    /// socket alone cannot tell, as rustls may have read them with the answer's last bytes.
+    fn holds_input(&mut self) -> bool {
+        let (_, session) = self.inner.get_mut();
+        match session.process_new_packets() {
+            Ok(st) => st.plaintext_bytes_to_read() > 0 || st.peer_has_closed(),
+            Err(_) => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::server_name;
+
+    #[test]
+    fn names_lose_their_port() {
+        let s = |v: &str| server_name(v).map(|n| n.to_str().into_owned());
+        assert_eq!(s("example.com:8443").as_deref(), Some("example.com"));
+        assert_eq!(s("example.com").as_deref(), Some("example.com"));
+        assert_eq!(s("backend").as_deref(), Some("backend"));
+        assert_eq!(s("127.0.0.1:443").as_deref(), Some("127.0.0.1"));
+        assert_eq!(s("[::1]:443").as_deref(), Some("::1"));
+        assert_eq!(s("::1").as_deref(), Some("::1"));
+        assert_eq!(s(""), None);
+        assert_eq!(s("bad name"), None);
+    }
+}
