@@ -102,12 +102,21 @@ def tls_table(results: dict) -> Table | None:
         resumes = info.get("resumes_sessions")
         body.append([server, info.get("protocol") or "-", info.get("cipher") or "-", info.get("alpn") or "-",
                      info.get("key_exchange") or "-", info.get("signature") or "-",
-                     "-" if resumes is None else "yes" if resumes else "no"])
+                     "-" if resumes is None else "yes" if resumes else "no", _h2load_saw(results, server)])
     return Table("TLS negotiated", ["server", "protocol", "cipher", "ALPN", "key exchange", "signature",
-                                    "resumes a session"], body,
+                                    "resumes a session", "h2load negotiated"], body,
                  f"openssl s_client offering ALPN {tls.ALPN[record['transport']]}, once per server before "
-                 "the load; cipher and protocol choices are each server's defaults. 'resumes a session': a "
-                 "second connection from Python offering the first one's session")
+                 "the load; cipher and protocol choices are each server's defaults (the client's cipher order "
+                 "counts too: h2load puts AES-128-GCM first). 'resumes a session': a second connection from "
+                 "Python offering the first one's session")
+
+
+def _h2load_saw(results: dict, server: str) -> str:
+    """Every protocol, cipher and application protocol h2load reported for the server's rounds."""
+    seen = sorted({" ".join(str(x.get(k)) for k in ("tls_protocol", "tls_cipher", "application_protocol"))
+                   for s in results["samples"] if s.get("server") == server and s.get("tool") == "h2load"
+                   for x in [s.get("extra") or {}] if x.get("tls_protocol")})
+    return "; ".join(seen) or "-"
 
 
 def _handshakes(record: dict) -> str:

@@ -154,10 +154,11 @@ def run(scenario: Scenario, servers: list[Server], options: Options, out: Path,
     console = console or Console(stderr=True)
     check_transport(scenario, options)
     servers, skipped = transport_plan(servers, options)
+    if not servers:
+        reasons = "; ".join(f"{name}: {why}" for name, why in skipped.items())
+        raise ArenaError(f"none of the servers chosen can serve {tls.LABELS[options.transport]} ({reasons})")
     for name, why in skipped.items():
         console.print(f"not run ({tls.LABELS[options.transport]}): {name}: {why}", highlight=False)
-    if not servers:
-        raise ArenaError(f"none of the servers chosen can serve {tls.LABELS[options.transport]}")
     preflight(scenario, servers, options)
     folder = RunFolder(out)
     # The arena's own work (sampling, bookkeeping) stays off the server CPUs.

@@ -85,9 +85,10 @@ def _huffman_digits(data: bytes) -> str:
         if digit is not None:
             out.append(digit)
             code = ""
-        elif len(code) > 6:
+        elif len(code) > 6 and set(code) != {"1"}:
             raise ValueError("not a Huffman-coded number")
-    if code and set(code) != {"1"}:  # the padding is the most significant bits of EOS: all ones
+    # The padding: up to 7 bits, the most significant bits of EOS, all ones (RFC 7541 5.2).
+    if code and (set(code) != {"1"} or len(code) > 7):
         raise ValueError("bad Huffman padding")
     return "".join(out)
 
