@@ -130,8 +130,11 @@ def tls_record(running: list[RunningServer], options: Options, cert: tls.Certifi
             raise ArenaError(f"{server.name} answered ALPN {offered} with {info['alpn'] or 'no protocol'}: "
                              f"it does not serve {tls.LABELS[options.transport]} as configured")
         servers[server.name] = info
+    # The clients' TLS library: wrk, h2load and s_client all use the system's OpenSSL.
+    openssl = tools.command_output([tools.require("openssl"), "version"]).strip()
     return {"transport": options.transport, "label": tls.LABELS[options.transport],
-            "certificate": cert.to_dict(), "resumption": options.resumption, "servers": servers}
+            "certificate": cert.to_dict(), "resumption": options.resumption, "client_openssl": openssl,
+            "servers": servers}
 
 
 def _dead_record(server: RunningServer) -> dict:

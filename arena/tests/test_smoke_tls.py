@@ -34,6 +34,7 @@ def run(tmp_path, *args: str) -> dict:
 def check_negotiated(results: dict, alpn: str) -> None:
     record = results["environment"]["tls"]
     assert record["resumption"] is False and record["certificate"]["kind"] == "ecdsa"
+    assert record["client_openssl"].startswith("OpenSSL 3")
     assert set(record["servers"]) == {"gannet", "nginx"}
     for server, info in record["servers"].items():
         assert info["protocol"] == "TLSv1.3", server

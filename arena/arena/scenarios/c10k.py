@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 
 from arena import probe
-from arena.clients import h2load, idle, wrk
+from arena.clients import h2load, wrk
+from arena.clients.idle import fetch_once
 from arena.clients.idle_holder import IdleHolder
 from arena.measure import tree_memory
 from arena.scenarios import register
@@ -107,7 +108,7 @@ class C10k(Scenario):
             after = tree_memory(server.pid)
             result, tool, failure, sample = sampled(server, active)
             if transport == "h2":
-                fresh_ok = idle.fetch_once(server.site.host, server.site.port, p["path"], transport, cafile)
+                fresh_ok = fetch_once(server.site.host, server.site.port, p["path"], transport, cafile)
             else:
                 try:
                     fresh = probe.get(server.site.host, server.site.port, p["path"], close=True, timeout=5,
