@@ -41,6 +41,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--client-cpus", default="1", help="CPUs the load tools are pinned to (default 1)")
     run.add_argument("--backend-cpus", help="CPUs a scenario's back ends are pinned to (the s4 scenarios; default: "
                      "the client CPUs)")
+    run.add_argument("--tls", action="store_true", help="HTTPS/1.1: every server on TLS (s1-static, c10k)")
+    run.add_argument("--h2", action="store_true", help="HTTP/2 over TLS (s1-static, c10k)")
+    run.add_argument("--cert", choices=["ecdsa", "rsa"], help="the run's self-signed test certificate: "
+                     "ecdsa (P-256, the default) or rsa (2048 bits); with --tls or --h2")
+    run.add_argument("--resumption", action="store_true", help="leave TLS session resumption on in every "
+                     "server (default: off, so each new connection is a full handshake); with --tls or --h2")
 
     cmp = sub.add_parser("compare", help="show what changed between two runs")
     cmp.add_argument("run_a", type=Path)
@@ -101,13 +107,18 @@ def _run(args, console: Console) -> int:
         if skipped:
             why = sites.kind(kind).lacking
             console.print(f"not run (no {kind} site support{': ' + why if why else ''}): {', '.join(skipped)}")
+    transport = "h2" if args.h2 else "tls" if args.tls else "http"
+    if transport == "http" and (args.cert or args.resumption):
+        raise ArenaError(f"{'--cert' if args.cert else '--resumption'} needs --tls or --h2")
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
     if args.requests is not None and args.requests < 1:
         raise ArenaError("--requests must be at least 1")
     options = Options(quick=args.quick, rounds=rounds, requests=args.requests,
                       server_cpus=args.server_cpus, client_cpus=args.client_cpus, profile=args.profile,
-                      backend_cpus=args.backend_cpus)
-    out = args.out or RESULTS_DIR / f"{datetime.now():%Y%m%d-%H%M%S}-{scenario.name}"
+                      backend_cpus=args.backend_cpus, transport=transport, cert=args.cert or "ecdsa",
+                      resumption=args.resumption)
+    suffix = "" if transport == "http" else f"-{transport}"
+    out = args.out or RESULTS_DIR / f"{datetime.now():%Y%m%d-%H%M%S}-{scenario.name}{suffix}"
     final = runner.run(scenario, chosen, options, out, console)
     console.print(f"results: {final}/report.md (and report.html, results.json)")
     return 130 if final and _interrupted(final) else 0

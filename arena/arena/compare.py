@@ -31,6 +31,14 @@ def changes(a: dict, b: dict) -> tuple[list[dict], list[str]]:
         notes.append(f"different scenarios: {a['scenario']['name']} vs {b['scenario']['name']}")
     if a["options"]["profile"] != b["options"]["profile"]:
         notes.append(f"different profiles: {a['options']['profile']} vs {b['options']['profile']}")
+    # Runs written before the TLS variants have no transport: they were cleartext.
+    ta, tb = a["options"].get("transport") or "http", b["options"].get("transport") or "http"
+    if ta != tb:
+        notes.append(f"different transports: {ta} vs {tb}")
+    elif ta != "http":
+        for key, what in (("cert", "certificates"), ("resumption", "TLS session resumption")):
+            if a["options"].get(key) != b["options"].get(key):
+                notes.append(f"different {what}: {a['options'].get(key)} vs {b['options'].get(key)}")
     index_a = {(r["point"], r["server"]): r for r in a["summary"]}
     index_b = {(r["point"], r["server"]): r for r in b["summary"]}
     for pair in sorted(set(index_a) - set(index_b)):

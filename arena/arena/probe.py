@@ -8,7 +8,10 @@ and gives the expected byte count per reply for each connection mode.
 from __future__ import annotations
 
 import socket
+import ssl
 from dataclasses import asdict, dataclass
+
+from arena import tls
 
 
 @dataclass
@@ -54,12 +57,24 @@ def _dechunk(sock: socket.socket, data: bytes) -> tuple[int, int]:
         buf = buf[length + 2:]
 
 
-def get(host: str, port: int, path: str, close: bool, extra_headers: str = "", timeout: float = 5.0) -> Reply:
-    """GET `path` over a fresh connection and read the whole response (Content-Length framed,
-    chunked, or up to the close)."""
+def _recv_to_close(sock: socket.socket) -> bytes:
+    """What is left until the peer closes; over TLS a close without close_notify ends it too."""
+    out = b""
+    try:
+        while chunk := sock.recv(1 << 20):
+            out += chunk
+    except ssl.SSLEOFError:
+        pass
+    return out
+
+
+def get(host: str, port: int, path: str, close: bool, extra_headers: str = "", timeout: float = 5.0,
+        context: ssl.SSLContext | None = None) -> Reply:
+    """GET `path` over a fresh connection (TLS with `context`) and read the whole response
+    (Content-Length framed, chunked, or up to the close)."""
     conn = "Connection: close\r\n" if close else ""
     request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{conn}{extra_headers}\r\n".encode()
-    with socket.create_connection((host, port), timeout=timeout) as sock:
+    with tls.connect(host, port, timeout, context) as sock:
         sock.sendall(request)
         data = b""
         while b"\r\n\r\n" not in data:
@@ -86,8 +101,7 @@ def get(host: str, port: int, path: str, close: bool, extra_headers: str = "", t
                     break
                 body += chunk
             if length is None:  # close-delimited body
-                while chunk := sock.recv(1 << 20):
-                    body += chunk
+                body += _recv_to_close(sock)
             body_bytes = body_wire = len(body)
     status = int(headers.split(" ", 2)[1])
     return Reply(status, len(head) + 4, body_bytes, headers, len(head) + 4 + body_wire)

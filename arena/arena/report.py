@@ -11,6 +11,7 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 
+from arena import tls
 from arena.metrics import BY_KEY, fmt
 from arena.summary import REFERENCE
 
@@ -104,10 +105,52 @@ def header_table(results: dict) -> Table:
                                       "header bytes (close)", "body bytes", "Server header"], body)
 
 
+def tls_table(results: dict) -> Table | None:
+    """What each server negotiated (openssl s_client, once per server at the start)."""
+    record = results["environment"].get("tls")
+    if not record:
+        return None
+    body = []
+    for server, info in record["servers"].items():
+        resumes = info.get("resumes_sessions")
+        body.append([server, info.get("protocol") or "-", info.get("cipher") or "-", info.get("alpn") or "-",
+                     info.get("key_exchange") or "-", info.get("signature") or "-",
+                     "-" if resumes is None else "yes" if resumes else "no", _h2load_saw(results, server)])
+    return Table("TLS negotiated", ["server", "protocol", "cipher", "ALPN", "key exchange", "signature",
+                                    "resumes a session", "h2load negotiated"], body,
+                 f"openssl s_client offering ALPN {tls.ALPN[record['transport']]}, once per server before "
+                 "the load; cipher and protocol choices are each server's defaults (the client's cipher order "
+                 "counts too: h2load puts AES-128-GCM first). 'resumes a session': a second connection from "
+                 "Python offering the first one's session")
+
+
+def _h2load_saw(results: dict, server: str) -> str:
+    """Every protocol, cipher and application protocol h2load reported for the server's rounds."""
+    seen = sorted({" ".join(str(x.get(k)) for k in ("tls_protocol", "tls_cipher", "application_protocol"))
+                   for s in results["samples"] if s.get("server") == server and s.get("tool") == "h2load"
+                   for x in [s.get("extra") or {}] if x.get("tls_protocol")})
+    return "; ".join(seen) or "-"
+
+
+def _handshakes(record: dict) -> str:
+    if record["resumption"]:
+        return ("resumption left on in every server; wrk and h2load resume the previous connection's "
+                "session, so new-connection points measure resumed handshakes where the server resumes")
+    return ("full handshakes: session tickets and session cache off in every server (wrk and h2load would "
+            "otherwise resume the previous connection's session)")
+
+
 def warnings(results: dict) -> list[str]:
     out = []
     if results.get("interrupted"):
         out.append("The run was interrupted: only the completed points are reported.")
+    record = results["environment"].get("tls")
+    for server, info in (record or {}).get("servers", {}).items():
+        resumes = info.get("resumes_sessions")
+        if resumes is not None and resumes != record["resumption"]:
+            out.append(f"{server} {'resumed' if resumes else 'did not resume'} a TLS session though resumption "
+                       f"was {'on' if record['resumption'] else 'off'}: its new-connection points are not "
+                       "the same kind of handshake as the others'.")
     for row in results["summary"]:
         where = f"{row['server']} at {row['point']}"
         if row["client_bound_rounds"]:
@@ -131,15 +174,26 @@ def scenario_tables(results: dict) -> list[Table]:
     return hook(results) if hook else []
 
 
+def skipped_table(results: dict) -> Table | None:
+    skipped = results["environment"].get("skipped")
+    if not skipped:
+        return None
+    return Table("Not run", ["server", "why"], [[name, why] for name, why in skipped.items()])
+
+
 def all_tables(results: dict) -> list[tuple[str, list[Table]]]:
     extra = scenario_tables(results)
-    return [
+    sections = [
         ("Per server (the study's layout)", server_tables(results)),
         *([("What this scenario compares", extra)] if extra else []),
         ("Side by side", [side_by_side(results, k) for k in SIDE_BY_SIDE
                           if any(k in r["metrics"] for r in results["summary"])]),
-        ("What each server sends", [header_table(results)]),
+        ("What each server sends", [t for t in (header_table(results), tls_table(results)) if t]),
     ]
+    skipped = skipped_table(results)
+    if skipped:
+        sections.insert(0, ("Servers left out", [skipped]))
+    return sections
 
 
 def _md_table(t: Table) -> str:
@@ -153,9 +207,18 @@ def _md_table(t: Table) -> str:
 
 def _intro(results: dict) -> list[tuple[str, str]]:
     env = results["environment"]
+    record = env.get("tls")
+    transport = []
+    if record:
+        cert = record["certificate"]
+        key = "ECDSA P-256" if cert["kind"] == "ecdsa" else "RSA 2048"
+        transport = [("Transport", record["label"]),
+                     ("Certificate", f"self-signed, {key}, made for this run with the openssl CLI (tls/cert.pem)"),
+                     ("New connections", _handshakes(record))]
     return [
         ("Study", results["scenario"]["study"]),
         ("Workload", results["scenario"]["description"]),
+        *transport,
         ("Servers", ", ".join(results["servers"])),
         ("Profile", results["options"]["profile"]),
         ("Rounds", str(results["options"]["rounds"]) + (" (quick)" if results["options"]["quick"] else "")),

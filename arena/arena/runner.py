@@ -9,20 +9,21 @@ import shutil
 import signal
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 
-from arena import envinfo, ports, probe, tools
+from arena import envinfo, ports, probe, tls, tools
 from arena.errors import ArenaError
 from arena.measure import TreeSample
 from arena.clients.base import LoadResult
 from arena.output import RunFolder, write_run
 from arena.scenarios.base import Context, Options, Scenario, record
 from arena.servers import sites
-from arena.servers.base import RunningServer, Server, Site
+from arena.servers.base import RunningServer, Server, Site, TlsSite
 from arena.workload import make_docroot
 
 
@@ -52,17 +53,42 @@ def parse_cpus(text: str) -> set[int]:
     return cpus
 
 
+def transport_plan(servers: list[Server], options: Options) -> tuple[list[Server], dict[str, str]]:
+    """The servers that can serve the run's transport, and why each of the others cannot: a
+    server that cannot is left out with that note in the report, not an error."""
+    skipped = {}
+    for server in servers:
+        why = server.transport_support(options.transport)
+        if why:
+            skipped[server.name] = why
+    return [s for s in servers if s.name not in skipped], skipped
+
+
+def check_transport(scenario: Scenario, options: Options) -> None:
+    """The scenario must have a variant for the run's transport."""
+    tls.check_transport(options.transport)
+    if options.transport not in scenario.transports:
+        from arena.scenarios import REGISTRY
+        having = sorted(n for n, s in REGISTRY.items() if options.transport in s.transports)
+        raise ArenaError(f"{scenario.name} has no {tls.LABELS[options.transport]} variant "
+                         f"(--{options.transport}): scenarios with one: {', '.join(having)}")
+
+
 def preflight(scenario: Scenario, servers: list[Server], options: Options) -> None:
     """Fail before starting anything: missing tools, missing binaries and modules, bad CPU lists."""
+    check_transport(scenario, options)
     tools.require("taskset")
     for name in scenario.tools:
         tools.require(name)
+    if options.transport != "http":
+        tools.require("openssl")
     kind = scenario.site_options(options).kind
     for server in servers:
         server.binary()
         # A server named with --servers that lacks the feature (a mirror, say): say so now.
         server.site_template_name(kind, options.profile)
         sites.check(server.name, kind)
+        server.check_transport(options.transport)
     parse_cpus(options.server_cpus)
     parse_cpus(options.client_cpus)
     if options.rounds < 1:
@@ -71,10 +97,11 @@ def preflight(scenario: Scenario, servers: list[Server], options: Options) -> No
 
 def probe_server(server: RunningServer, paths: list[str], files: dict[str, int]) -> None:
     """Fetch each path with and without keep-alive; check status and body size."""
+    context = server.site.client_tls()
     for path in paths:
         try:
-            keep = probe.get(server.site.host, server.site.port, path, close=False)
-            close = probe.get(server.site.host, server.site.port, path, close=True)
+            keep = probe.get(server.site.host, server.site.port, path, close=False, context=context)
+            close = probe.get(server.site.host, server.site.port, path, close=True, context=context)
         except OSError as exc:
             raise ArenaError(f"{server.name}: probing {path} failed: {exc}") from None
         expected = files.get(path.lstrip("/"))
@@ -90,6 +117,26 @@ def probe_server(server: RunningServer, paths: list[str], files: dict[str, int])
             "wire_keepalive": keep.wire_bytes, "wire_close": close.wire_bytes,
             "headers_keepalive": keep.headers, "headers_close": close.headers,
         }
+
+
+def tls_record(running: list[RunningServer], options: Options, cert: tls.Certificate) -> dict:
+    """What each server negotiates (openssl s_client, once per server) and whether it resumes;
+    a server that does not speak the transport's protocol stops the run before any load."""
+    servers = {}
+    offered = tls.ALPN[options.transport]
+    for server in running:
+        info = tls.server_record(server.site.host, server.site.port, options.transport, cert.cert)
+        if info.get("error"):
+            raise ArenaError(f"{server.name}: openssl s_client: {info['error']}")
+        if info["alpn"] != offered:
+            raise ArenaError(f"{server.name} answered ALPN {offered} with {info['alpn'] or 'no protocol'}: "
+                             f"it does not serve {tls.LABELS[options.transport]} as configured")
+        servers[server.name] = info
+    # The clients' TLS library: wrk, h2load and s_client all use the system's OpenSSL.
+    openssl = tools.command_output([tools.require("openssl"), "version"]).strip()
+    return {"transport": options.transport, "label": tls.LABELS[options.transport],
+            "certificate": cert.to_dict(), "resumption": options.resumption, "client_openssl": openssl,
+            "servers": servers}
 
 
 def _dead_record(server: RunningServer) -> dict:
@@ -112,6 +159,13 @@ def run(scenario: Scenario, servers: list[Server], options: Options, out: Path,
         console: Console | None = None) -> Path:
     """Run `scenario` on `servers`; write the result folder `out`; return its final path."""
     console = console or Console(stderr=True)
+    check_transport(scenario, options)
+    servers, skipped = transport_plan(servers, options)
+    if not servers:
+        reasons = "; ".join(f"{name}: {why}" for name, why in skipped.items())
+        raise ArenaError(f"none of the servers chosen can serve {tls.LABELS[options.transport]} ({reasons})")
+    for name, why in skipped.items():
+        console.print(f"not run ({tls.LABELS[options.transport]}): {name}: {why}", highlight=False)
     preflight(scenario, servers, options)
     folder = RunFolder(out)
     # The arena's own work (sampling, bookkeeping) stays off the server CPUs.
@@ -129,16 +183,25 @@ def run(scenario: Scenario, servers: list[Server], options: Options, out: Path,
         folder.create()
         files = make_docroot(workdir / "www")
         environment = envinfo.collect(servers, scenario.tools, options)
+        if skipped:
+            environment["skipped"] = skipped
+        # One certificate per run, in the result folder, the same files for every server.
+        cert = tls.make_certificate(folder.tmp / "tls", options.cert) if options.transport != "http" else None
         # What the scenario sets up before any server starts (an application, say).
         prepared = scenario.prepare(options, [s.name for s in servers])
         if prepared:
             environment["scenario"] = prepared
         site_options = scenario.site_options(options)
+        if cert:
+            site_options = replace(site_options, tls=TlsSite(cert.cert, cert.key, http2=options.transport == "h2",
+                                                             resumption=options.resumption))
         for server in servers:
             site = Site(site_options.docroot or workdir / "www", ports.free_port(), site_options)
             running.append(server.start(site, workdir / server.name, options.profile, options.server_cpus))
         for server in running:
             probe_server(server, scenario.probe_paths(), files)
+        if cert:
+            environment["tls"] = tls_record(running, options, cert)
         envinfo.write_configs(folder.tmp, running)
         environment["probes"] = {s.name: s.probes for s in running}
 
@@ -148,7 +211,7 @@ def run(scenario: Scenario, servers: list[Server], options: Options, out: Path,
                    MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
         with Progress(*columns, console=console, transient=False) as progress:
             task = progress.add_task(scenario.name, total=len(points) * per_point)
-            ctx = Context(options, files, tick=progress.refresh)
+            ctx = Context(options, files, tick=progress.refresh, cert=cert.cert if cert else None)
             for point in points:
                 warmup = scenario.warmup(point, options)
                 if warmup:

@@ -22,12 +22,15 @@ PACKAGES = {
     "h2o": "h2o",
     "apache2": "apache2",
     "caddy": "caddy",
+    "openssl": "openssl",
 }
 
 LOAD_TOOLS = ["wrk", "h2load", "ab", "httperf", "siege"]
 # libapache2-mod-php8.2: Apache prefork runs the dynamic scenarios' PHP app with mod_php.
-PEER_PACKAGES = ["nginx", "lighttpd", "h2o", "apache2", "caddy", "libapache2-mod-php8.2", "wrk", "nghttp2-client",
-                 "apache2-utils", "httperf", "siege", "iproute2"]
+# lighttpd-mod-openssl and openssl: the --tls and --h2 variants (lighttpd's TLS module; the test
+# certificate and the handshake probe).
+PEER_PACKAGES = ["nginx", "lighttpd", "lighttpd-mod-openssl", "h2o", "apache2", "caddy", "libapache2-mod-php8.2",
+                 "wrk", "nghttp2-client", "apache2-utils", "httperf", "siege", "iproute2", "openssl"]
 
 # How to ask each program its version; the first line matching the regex is kept.
 _VERSION_COMMANDS = {

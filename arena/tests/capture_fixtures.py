@@ -11,10 +11,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from arena import adtraffic, ports, proxycount
+from arena import adtraffic, ports, proxycount, tls
 from arena.clients import ab, h2load, httperf, siege, wrk
 from arena.clients.base import run_tool
 from arena.servers import SERVERS, Site, SiteOptions
+from arena.servers.base import TlsSite
 from arena.workload import make_docroot
 
 OUT = Path(__file__).with_name("fixtures")
@@ -59,6 +60,34 @@ def capture_s4() -> None:
         closed = httperf.sessions_command(site.host, ports.free_port(), str(work / "sessions.txt"), 20, 20)
         save("httperf_wsesslog_refused.txt", run_tool(closed, CPUS, 60).stdout)
         save("s4_port.txt", f"{site.port}\n")
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def capture_tls() -> None:
+    """The --tls and --h2 variants: h2load over HTTPS/1.1 (a new connection per request) and
+    over HTTP/2 (10 streams per connection), and openssl s_client, against nginx on TLS with
+    HTTP/2 and the arena's own test certificate."""
+    work = Path(tempfile.mkdtemp(prefix="arena-fixtures-tls-"))
+    work.chmod(0o755)
+    make_docroot(work / "www")
+    cert = tls.make_certificate(work / "tls")
+    site = Site(work / "www", ports.free_port(), SiteOptions(tls=TlsSite(cert.cert, cert.key, http2=True)))
+    server = SERVERS["nginx"].start(site, work / "nginx", "tuned", "0")
+    try:
+        url = server.url("/img.jpg")
+        log = work / "h2load.log"
+        out = run_tool(h2load.command(url, 10, 200, close=True, log_file=str(log)), CPUS, 60).stdout
+        save("h2load_tls_close.txt", out)
+        save("h2load_tls_close.log", log.read_text())
+        save("h2load_h2.txt", run_tool(h2load.command(url, 10, 300, http2=True, streams=10), CPUS, 60).stdout)
+        done = subprocess.run(["openssl", "s_client", "-connect", f"{site.host}:{site.port}", "-alpn", "h2",
+                               "-CAfile", str(cert.cert), "-verify_ip", site.host],
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace", timeout=30)
+        # Only s_client's report: what the server sent after the handshake is binary (h2 frames).
+        save("s_client_h2.txt", "".join(line for line in done.stdout.splitlines(keepends=True) if line.isprintable()
+                                        or line.endswith("\n") and line[:-1].isprintable()))
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -111,6 +140,7 @@ def main() -> None:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
     capture_s4()
+    capture_tls()
 
 
 if __name__ == "__main__":

@@ -31,6 +31,14 @@ def arena(*args, env=None, timeout=120):
     (["run", "s1-static", "--servers", "nginx,iis"], "arena: unknown server 'iis'"),
     (["run", "s1-static", "--servers", "nginx", "--server-cpus", "64"], "arena: CPU 64 is not available here"),
     (["run", "s1-static", "--servers", "nginx", "--rounds", "0"], "arena: --rounds must be at least 1"),
+    (["run", "s2-rate", "--tls", "--servers", "nginx"],
+     "arena: s2-rate has no HTTPS/1.1 (HTTP/1.1 over TLS) variant (--tls): scenarios with one: c10k, s1-static"),
+    (["run", "s5-latency", "--h2", "--servers", "nginx"],
+     "arena: s5-latency has no HTTP/2 over TLS variant (--h2): scenarios with one: c10k, s1-static"),
+    (["run", "s1-static", "--cert", "rsa", "--servers", "nginx"], "arena: --cert needs --tls or --h2"),
+    (["run", "s1-static", "--resumption", "--servers", "nginx"], "arena: --resumption needs --tls or --h2"),
+    (["run", "s1-static", "--h2", "--servers", "apache-prefork"],
+     "arena: none of the servers chosen can serve HTTP/2 over TLS"),
 ])
 def test_bad_input_is_one_clear_line(args, message):
     done = arena(*args)
@@ -71,7 +79,8 @@ def test_list_and_servers_and_peers_dry_run():
     assert servers.returncode == 0 and "apache-event" in servers.stdout and "wrk" in servers.stdout
     dry = arena("peers", "install", "--dry-run")
     assert dry.returncode == 0
-    assert "apt-get install -y -q --no-install-recommends nginx lighttpd h2o apache2 caddy libapache2-mod-php8.2" in dry.stderr
+    assert ("apt-get install -y -q --no-install-recommends nginx lighttpd lighttpd-mod-openssl h2o apache2 caddy "
+            "libapache2-mod-php8.2") in dry.stderr
 
 
 def test_ctrl_c_keeps_completed_points(tmp_path):

@@ -42,3 +42,13 @@ def test_compare_command(tmp_path):
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1
     assert "no results.json" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_changes_notes_a_different_transport(tmp_path):
+    a = build(tmp_path / "a", {"gannet": [1000]})
+    b = build(tmp_path / "b", {"gannet": [1000]})
+    a["options"].pop("transport", None)  # a run from before the TLS variants: cleartext
+    b["options"].update({"transport": "tls", "cert": "ecdsa", "resumption": False})
+    assert changes(a, b)[1] == ["different transports: http vs tls"]
+    a["options"].update({"transport": "tls", "cert": "rsa", "resumption": True})
+    assert changes(a, b)[1] == ["different certificates: rsa vs ecdsa", "different TLS session resumption: True vs False"]

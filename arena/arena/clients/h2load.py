@@ -1,5 +1,8 @@
 """h2load (nghttp2): a fixed number of requests (-n) over HTTP/1.1, keep-alive or a new
-connection per request; latency percentiles come from its per-request log file."""
+connection per request, or over HTTP/2 (ALPN h2 on an https URL) with -m streams per
+connection; latency percentiles come from its per-request log file. Over TLS h2load reports
+the negotiated protocol, cipher, key exchange and ALPN protocol, which the result keeps.
+A new connection resumes the previous connection's TLS session when the server allows it."""
 
 from __future__ import annotations
 
@@ -15,11 +18,16 @@ TOOL = "h2load"
 
 
 def command(url: str, connections: int, requests: int, close: bool = False,
-            log_file: str | None = None, uris_file: str | None = None) -> list[str]:
+            log_file: str | None = None, uris_file: str | None = None, http2: bool = False,
+            streams: int = 1) -> list[str]:
     """With `uris_file` (absolute URIs, one per line) h2load ignores `url`: each connection
     requests those URIs in order, cycling, and the first requests % connections connections
-    make one request more than the others."""
-    cmd = [require(TOOL), "--h1", "-t", "1", "-c", str(connections), "-n", str(requests)]
+    make one request more than the others. `http2`: offer only h2 (ALPN), `streams` at once
+    on each connection."""
+    cmd = [require(TOOL)] + (["--npn-list=h2"] if http2 else ["--h1"])
+    cmd += ["-t", "1", "-c", str(connections), "-n", str(requests)]
+    if streams > 1:
+        cmd += ["-m", str(streams)]
     if close:
         cmd += ["-H", "Connection: close"]
     if log_file:
@@ -77,6 +85,13 @@ def parse(text: str, log_text: str = "") -> LoadResult:
             if m:
                 res.latency_ms[key] = to_ms(m.group(1), m.group(2))
     res.latency_ms.update(parse_log(log_text))
+    # Over TLS (and the application protocol over cleartext too).
+    for key, pattern in (("tls_protocol", r"^TLS Protocol: (\S+)"), ("tls_cipher", r"^Cipher: (\S+)"),
+                         ("tls_key_exchange", r"^Server Temp Key: (.+?)\s*$"),
+                         ("application_protocol", r"^Application protocol: (\S+)")):
+        m = re.search(pattern, text, re.MULTILINE)
+        if m:
+            res.extra[key] = m.group(1)
     res.extra["connect_mean_ms"] = None
     conn = re.search(r"time for connect:\s+\S+\s+\S+\s+([\d.]+)(us|ms|s)", text)
     if conn:
@@ -85,12 +100,13 @@ def parse(text: str, log_text: str = "") -> LoadResult:
 
 
 def run(url: str, connections: int, requests: int, cpus: str, close: bool = False,
-        tick=None, uris_file: str | None = None) -> tuple[LoadResult, ToolRun, str | None]:
+        tick=None, uris_file: str | None = None, http2: bool = False,
+        streams: int = 1) -> tuple[LoadResult, ToolRun, str | None]:
     fd, log_path = tempfile.mkstemp(prefix="arena-h2load-", suffix=".log")
     os.close(fd)
     try:
         limit = max(30, requests // 100) + 30
-        tool = run_tool(command(url, connections, requests, close, log_path, uris_file), cpus,
+        tool = run_tool(command(url, connections, requests, close, log_path, uris_file, http2, streams), cpus,
                         timeout=limit, tick=tick)
         with open(log_path) as f:
             log_text = f.read()

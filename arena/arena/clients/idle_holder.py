@@ -16,10 +16,12 @@ from arena import procs
 
 class IdleHolder:
     def __init__(self, host: str, port: int, path: str, connections: int, cpus: str,
-                 open_seconds: float, hold_seconds: float):
+                 open_seconds: float, hold_seconds: float, transport: str = "http",
+                 cafile: str | None = None):
         cmd = [sys.executable, "-m", "arena.clients.idle", "--host", host, "--port", str(port),
                "--path", path, "--connections", str(connections),
-               "--open-seconds", str(open_seconds), "--hold-seconds", str(hold_seconds)]
+               "--open-seconds", str(open_seconds), "--hold-seconds", str(hold_seconds),
+               "--transport", transport] + (["--cafile", cafile] if cafile else [])
         self.proc = subprocess.Popen(procs.pinned(cmd, cpus), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      start_new_session=True)

@@ -8,6 +8,7 @@ Scenario and is decorated with @register.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from arena.clients.base import LoadResult, ToolRun
@@ -39,6 +40,10 @@ class Options:
     client_cpus: str = "1"
     profile: str = "tuned"
     backend_cpus: str | None = None  # a scenario's back end (s4-proxy); None = the client CPUs
+    # "http" (cleartext HTTP/1.1), "tls" (HTTPS/1.1) or "h2" (HTTP/2 over TLS): arena/tls.py.
+    transport: str = "http"
+    cert: str = "ecdsa"            # the test certificate's key: "ecdsa" (P-256) or "rsa" (2048)
+    resumption: bool = False       # TLS: leave session resumption on in every server
 
 
 @dataclass
@@ -46,6 +51,7 @@ class Context:
     options: Options
     files: dict[str, int]          # served file name -> size in bytes
     tick: Callable[[], None] | None = None
+    cert: Path | None = None       # the run's TLS certificate (a --tls or --h2 run)
 
 
 class Scenario:
@@ -55,6 +61,8 @@ class Scenario:
     description = ""
     tools: list[str] = []          # load tools it runs (checked before anything starts)
     x_label = "concurrency"
+    # The transports it has variants for (arena/tls.py); --tls and --h2 are refused elsewhere.
+    transports: tuple[str, ...] = ("http",)
     # Columns of the per-server table in the study's own layout: (header, param or metric key).
     study_columns: list[tuple[str, str]] = []
 

@@ -1,13 +1,20 @@
 """c10k: 10,000 idle keep-alive connections (each served one request, then held) while 100
 active connections run wrk; server memory per idle connection, throughput and p99 of the
-active ones, and whether a brand-new connection is still served."""
+active ones, and whether a brand-new connection is still served.
+
+Variants (`--tls`, `--h2`): the idle connections are TLS connections (HTTP/1.1, or HTTP/2
+with their one request as a stream), the active load is wrk over https or h2load over h2
+with one stream per connection (the same 100 requests in flight), and the new connection
+speaks the same protocol. An idle TLS connection holds the server's TLS state, and an idle
+HTTP/2 one its HTTP/2 session as well: the memory slope is what that costs."""
 
 from __future__ import annotations
 
 import time
 
 from arena import probe
-from arena.clients import wrk
+from arena.clients import h2load, wrk
+from arena.clients.idle import fetch_once
 from arena.clients.idle_holder import IdleHolder
 from arena.measure import tree_memory
 from arena.scenarios import register
@@ -27,7 +34,8 @@ class C10k(Scenario):
     description = ("10,000 keep-alive connections each served one request then held idle; 100 active "
                    "connections run wrk (100,000 requests of the small page) meanwhile; then one new "
                    "connection.")
-    tools = ["wrk"]
+    tools = ["wrk", "h2load"]
+    transports = ("http", "tls", "h2")
     x_label = "idle connections"
     study_columns = [("Idle connections", "idle"), ("Held", "idle_held"),
                      ("Memory / idle conn (B)", "mem_per_conn_b"), ("Still open at end", "idle_still_open"),
@@ -51,7 +59,12 @@ class C10k(Scenario):
 
     def points(self, options: Options) -> list[Point]:
         idle, active, requests = self._sizes(options)
-        return [Point(key=f"idle{idle}/active{active}", series="c10k", x=idle,
+        key = f"idle{idle}/active{active}"
+        if options.transport != "http":
+            return [Point(key=f"{options.transport}/{key}", series=f"c10k {options.transport}", x=idle,
+                          params={"idle": idle, "active": active, "requests": requests, "path": PATH,
+                                  "protocol": "h2" if options.transport == "h2" else "https/1.1"})]
+        return [Point(key=key, series="c10k", x=idle,
                       params={"idle": idle, "active": active, "requests": requests, "path": PATH})]
 
     def probe_paths(self) -> list[str]:
@@ -67,9 +80,18 @@ class C10k(Scenario):
         first = max(1, p["idle"] // 10)
         open_seconds = 20 if opts.quick else 60
 
+        transport = opts.transport
+        cafile = str(ctx.cert) if ctx.cert else None
+
         def hold(n: int) -> IdleHolder:
             return IdleHolder(server.site.host, server.site.port, p["path"], n, opts.client_cpus,
-                              open_seconds=open_seconds, hold_seconds=600)
+                              open_seconds=open_seconds, hold_seconds=600, transport=transport, cafile=cafile)
+
+        def active():
+            if transport == "h2":
+                return h2load.run(server.url(p["path"]), p["active"], p["requests"], opts.client_cpus,
+                                  tick=ctx.tick, http2=True)
+            return wrk.run(server.url(p["path"]), p["active"], p["requests"], opts.client_cpus, tick=ctx.tick)
 
         holders = [hold(first)]
         try:
@@ -84,13 +106,16 @@ class C10k(Scenario):
             ready_rest = holders[1].wait_ready()
             time.sleep(IDLE_SETTLE_SECONDS)
             after = tree_memory(server.pid)
-            result, tool, failure, sample = sampled(server, lambda: wrk.run(
-                server.url(p["path"]), p["active"], p["requests"], opts.client_cpus, tick=ctx.tick))
-            try:
-                fresh = probe.get(server.site.host, server.site.port, p["path"], close=True, timeout=5)
-                fresh_ok = fresh.status == 200
-            except OSError:
-                fresh_ok = False
+            result, tool, failure, sample = sampled(server, active)
+            if transport == "h2":
+                fresh_ok = fetch_once(server.site.host, server.site.port, p["path"], transport, cafile)
+            else:
+                try:
+                    fresh = probe.get(server.site.host, server.site.port, p["path"], close=True, timeout=5,
+                                      context=server.site.client_tls())
+                    fresh_ok = fresh.status == 200
+                except OSError:
+                    fresh_ok = False
         finally:
             still = [h.release() for h in holders]
         still_open = None if None in still else sum(still)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from arena.servers.base import Server, Site, run_user
+from arena.servers.base import Server, Site, TlsSite, run_user
 from arena.servers.sites import APACHE_MODULES
 
 MODULES = APACHE_MODULES
@@ -49,6 +49,22 @@ def tuned_mpm(mpm: str, connections: int) -> str:
             f"AsyncRequestWorkerFactor {factor}\nMaxConnectionsPerChild 0")
 
 
+def tls_lines(tls: TlsSite | None) -> str:
+    """mod_ssl for the main server (and mod_http2 with --h2); protocols and ciphers are mod_ssl's
+    defaults."""
+    if tls is None:
+        return ""
+    lines = [f"LoadModule ssl_module {MODULES}/mod_ssl.so"]
+    if tls.http2:
+        lines.append(f"LoadModule http2_module {MODULES}/mod_http2.so")
+    lines += ["SSLEngine on", f'SSLCertificateFile "{tls.cert}"', f'SSLCertificateKeyFile "{tls.key}"',
+              "Protocols h2 http/1.1" if tls.http2 else "Protocols http/1.1"]
+    if not tls.resumption:
+        # No session cache is mod_ssl's default; tickets are on unless said.
+        lines += ["SSLSessionCache none", "SSLSessionTickets off"]
+    return "\n".join(lines)
+
+
 class Apache(Server):
     family = "apache"
     program = "apache2"
@@ -67,6 +83,17 @@ class Apache(Server):
         from arena.tools import command_output
         out = command_output([self.binary(), "-v"])
         return out.splitlines()[0].split(": ", 1)[-1] + f" mpm_{self.mpm}" if out else "unknown"
+
+    def transport_support(self, transport: str) -> str | None:
+        if transport == "h2" and self.mpm == "prefork":
+            return ("mod_http2 does not work under the prefork MPM: httpd logs AH10034 (\"the mpm module "
+                    "(prefork.c) is not supported by mod_http2 ... the HTTP/2 protocol will be inactive\") and "
+                    "ALPN never selects h2; prefork serves --tls (HTTP/1.1) only")
+        return None
+
+    def transport_files(self, transport: str) -> tuple[tuple[Path, str], ...]:
+        files = {"http": (), "tls": ("mod_ssl.so",), "h2": ("mod_ssl.so", "mod_http2.so")}[transport]
+        return tuple((MODULES / f, "apache2-bin") for f in files)
 
     def template_name(self, profile: str) -> str:
         return f"apache-{profile}.conf"
@@ -99,6 +126,7 @@ class Apache(Server):
                            f'\\"%{{User-Agent}}i\\"" combined\n'
                            f'CustomLog "{rundir}/access.log" combined') if access else "",
             "gzip": "AddOutputFilterByType DEFLATE text/html text/plain text/xml text/css" if gzip else "",
+            "tls": tls_lines(opts.tls),
         }
 
     def command(self, binary: str, rundir: Path) -> list[str]:

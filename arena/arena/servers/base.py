@@ -10,13 +10,13 @@ from __future__ import annotations
 import grp
 import os
 import pwd
-import socket
+import ssl
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arena import ports, procs
+from arena import ports, procs, tls
 from arena.errors import ArenaError
 from arena.render import render, template
 from arena.servers import sites
@@ -24,6 +24,19 @@ from arena.tools import command_output, require
 
 PROFILES = ("tuned", "default")
 START_TIMEOUT = 20.0
+
+
+@dataclass
+class TlsSite:
+    """TLS on the site's port: the `--tls` and `--h2` variants (arena/tls.py)."""
+    cert: Path
+    key: Path
+    # ALPN offers h2 (--h2). Without it a server offers only HTTP/1.1 where its config can say
+    # so; the clients of a --tls run offer only http/1.1 anyway (wrk offers no ALPN at all).
+    http2: bool = False
+    # False: session tickets and the session cache are turned off in every server, so each new
+    # connection is a full handshake whatever the client offers (wrk and h2load both resume).
+    resumption: bool = False
 
 
 @dataclass
@@ -39,6 +52,8 @@ class SiteOptions:
     kind: str = "static"
     docroot: Path | None = None
     app: dict[str, object] = field(default_factory=dict)
+    # TLS on the port (None: cleartext).
+    tls: TlsSite | None = None
 
 
 @dataclass
@@ -47,6 +62,17 @@ class Site:
     port: int
     options: SiteOptions
     host: str = ports.HOST
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.options.tls else "http"
+
+    def client_tls(self) -> ssl.SSLContext | None:
+        """A context for the arena's own HTTP/1.1 requests to the site: it verifies the run's
+        certificate. None for a cleartext site."""
+        if self.options.tls is None:
+            return None
+        return tls.client_context(self.options.tls.cert, ["http/1.1"])
 
 
 def run_user() -> tuple[str, str] | None:
@@ -68,10 +94,11 @@ def tail(path: Path, lines: int = 15) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def http_status(host: str, port: int, path: str = "/", timeout: float = 1.0) -> str | None:
-    """The status line of a GET, or None if nothing answered HTTP."""
+def http_status(host: str, port: int, path: str = "/", timeout: float = 1.0,
+                context: ssl.SSLContext | None = None) -> str | None:
+    """The status line of a GET (over TLS with `context`), or None if nothing answered HTTP."""
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
+        with tls.connect(host, port, timeout, context) as sock:
             sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
             data = b""
             while b"\r\n" not in data and len(data) < 4096:
@@ -122,6 +149,22 @@ class Server:
     def values(self, site: Site, rundir: Path, profile: str) -> dict[str, object]:
         """Placeholder values for this server's template."""
         raise NotImplementedError
+
+    def transport_support(self, transport: str) -> str | None:
+        """None when the server can serve `transport` (arena/tls.py); else the reason it
+        cannot, which the run reports when it leaves the server out."""
+        return None
+
+    def transport_files(self, transport: str) -> tuple[tuple[Path, str], ...]:
+        """Files (modules) the server needs for `transport`, each with its Debian package."""
+        return ()
+
+    def check_transport(self, transport: str) -> None:
+        """Raise a clear ArenaError if a module the transport needs is not installed."""
+        for path, package in self.transport_files(transport):
+            if not Path(path).exists():
+                raise ArenaError(f"{self.name} needs {path} for {tls.LABELS[transport]}: install the Debian "
+                                 f"package '{package}' (apt-get install {package}, or `arena peers install`)")
 
     def command(self, binary: str, rundir: Path) -> list[str]:
         raise NotImplementedError
@@ -197,7 +240,7 @@ class RunningServer:
         return self.server.name
 
     def url(self, path: str) -> str:
-        return f"http://{self.site.host}:{self.site.port}{path}"
+        return f"{self.site.scheme}://{self.site.host}:{self.site.port}{path}"
 
     def tree(self) -> list[int]:
         return procs.process_tree(self.pid)
@@ -215,11 +258,12 @@ class RunningServer:
     def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
         """Poll until the server answers HTTP; on exit or timeout raise with its log tail."""
         deadline = time.monotonic() + timeout
+        context = self.site.client_tls()
         while True:
             code = self.proc.poll()
             if code is not None:
                 raise self._failure(f"failed to start (exit code {code})")
-            if http_status(self.site.host, self.site.port, "/robots.txt", timeout=0.5):
+            if http_status(self.site.host, self.site.port, "/robots.txt", timeout=0.5, context=context):
                 return
             if time.monotonic() >= deadline:
                 self.stop()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from arena.errors import ArenaError
 from arena.servers.base import Server, Site
-from arena.servers.nginx import log_line
+from arena.servers.nginx import log_line, tls_lines
 from arena.tools import command_output
 
 # arena/arena/servers/gannet.py -> the repository root is four levels up.
@@ -66,6 +66,9 @@ class Gannet(Server):
             "gzip": ("gzip on;\n    gzip_types text/plain text/css application/javascript;"
                      if opts.gzip else "gzip off;"),
             "keepalive_timeout": opts.keepalive_timeout if opts.keepalive_timeout is not None else 65,
+            "listen_tls": " ssl" if opts.tls else "",
+            # gannet's defaults: TLSv1.2 and TLSv1.3, its own cipher order.
+            "tls": tls_lines(opts.tls, extra="http2 on;" if opts.tls and opts.tls.http2 else ""),
         }
         if tuned:
             values["worker_connections"] = max(1024, site.options.connections + 128)

@@ -5,9 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from arena import procs
-from arena.servers.base import Server, Site, run_user
+from arena.servers.base import Server, Site, TlsSite, run_user
 
 _ACCESS_FORMAT = r'%h %V %u %t \"%r\" %>s %b \"%{Referer}i\" \"%{User-Agent}i\"'
+
+
+def tls_settings(tls: TlsSite) -> str:
+    """mod_openssl on the one socket; protocols and ciphers are lighttpd's defaults. HTTP/2 is
+    the feature flag server.h2proto, on by default since 1.4.59 (the default profile, Debian's
+    config, says so explicitly): ALPN offers h2 in both TLS variants, and a --tls run's clients
+    ask only for HTTP/1.1."""
+    lines = ['ssl.engine = "enable"', f'ssl.pemfile = "{tls.cert}"', f'ssl.privkey = "{tls.key}"']
+    if not tls.resumption:
+        # lighttpd keeps no session cache; its session tickets are turned off through OpenSSL.
+        lines.append('ssl.openssl.ssl-conf-cmd = ("Options" => "-SessionTicket")')
+    return "\n".join(lines)
 
 
 class Lighttpd(Server):
@@ -17,6 +29,11 @@ class Lighttpd(Server):
     package = "lighttpd"
     config_file = "lighttpd.conf"
     pid_file = "lighttpd.pid"
+
+    def transport_files(self, transport: str) -> tuple[tuple[Path, str], ...]:
+        if transport == "http":
+            return ()
+        return ((Path("/usr/lib/lighttpd/mod_openssl.so"), "lighttpd-mod-openssl"),)
 
     def version(self) -> str:
         return super().version().split(" - ")[0]
@@ -34,6 +51,9 @@ class Lighttpd(Server):
                             'deflate.allowed-encodings = ("gzip")\n'
                             'deflate.min-compress-size = 20')
         # Debian's packaged lighttpd.conf does not load mod_accesslog.
+        if opts.tls:
+            modules.append('"mod_openssl"')
+            settings.append(tls_settings(opts.tls))
         if opts.access_log if opts.access_log is not None else False:
             modules.append('"mod_accesslog"')
             settings.append(f'accesslog.filename = "{rundir}/access.log"\n'
