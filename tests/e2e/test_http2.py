@@ -278,6 +278,36 @@ def frames_until(s: socket.socket, want_kind: int, deadline: float = 10.0) -> li
     return frames
 
 
+def data_frame_sizes(port: int, path: bytes) -> list[int]:
+    """GET `path` over h2c with windows wide open; the payload sizes of its DATA frames."""
+    settings = frame(4, 0, 0, struct.pack(">HI", 4, 1 << 24))  # INITIAL_WINDOW_SIZE
+    more = frame(8, 0, 0, struct.pack(">I", 1 << 24))  # the connection's window
+    get = b"\x82\x86\x04" + bytes([len(path)]) + path + b"\x01\x09localhost"
+    sizes, data = [], b""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(PREFACE + settings + more + frame(1, 0x5, 1, get))
+        s.settimeout(10)
+        while chunk := s.recv(65536):
+            data += chunk
+            while len(data) >= 9 and len(data) >= 9 + int.from_bytes(data[:3], "big"):
+                n, kind, flags = int.from_bytes(data[:3], "big"), data[3], data[4]
+                if kind == 0:
+                    sizes.append(n)
+                    if flags & 1:  # END_STREAM
+                        return sizes
+                data = data[9 + n:]
+    return sizes
+
+
+@pytest.mark.parametrize("directive, frame_size", [("", 16384), ("http2_chunk_size 4k;", 4096)])
+def test_data_frames_are_http2_chunk_size(gannet, pki, directive, frame_size):
+    text, _ = servers(pki, h2c_listen="http2", extra=directive)
+    srv = gannet.start(conf=text, files={"big.bin": b"z" * 200_000})
+    sizes = data_frame_sizes(srv.port, b"/big.bin")
+    assert sum(sizes) == 200_000
+    assert max(sizes) == frame_size and all(n == frame_size for n in sizes[:-1])
+
+
 def test_idle_connection_gets_goaway_after_keepalive_timeout(gannet, pki):
     import time
 
