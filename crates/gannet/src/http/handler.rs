@@ -243,6 +243,8 @@ fn error_page(req: &mut Request, code: u16) -> Option<Flow> {
         return Some(Flow::Done(rewrite::redirect_response(req, status, &target)));
     }
     req.error_status = match page.status {
+        // nginx's own codes are answered 400 unless `=code` says otherwise.
+        Override::Keep if crate::http::response::special_reason(code).is_some() => Some(400),
         Override::Keep => Some(code),
         Override::Code(c) => Some(c),
         Override::Page => None,
