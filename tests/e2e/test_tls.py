@@ -856,6 +856,39 @@ def test_certificate_errors_name_the_file(gannet, pki):
     assert re.search(r"check\.conf:\d+: ", err)
 
 
+def test_ssl_password_file(gannet, pki):
+    """An encrypted PKCS#8 key (as `openssl pkcs8 -topk8 -v2 aes-256-cbc` writes it) is
+    opened with the passphrases of `ssl_password_file`, tried line by line."""
+    openssl("pkcs8", "-topk8", "-v2", "aes-256-cbc", "-in", "ec.key", "-out", "ec-enc.key",
+            "-passout", "pass:right one", cwd=pki.d)
+    openssl("pkcs8", "-topk8", "-v2", "aes-128-cbc", "-v2prf", "hmacWithSHA1", "-in", "rsa.key",
+            "-out", "rsa-enc.key", "-passout", "pass:right one", cwd=pki.d)
+    assert pki.path("ec-enc.key").read_text().startswith("-----BEGIN ENCRYPTED PRIVATE KEY-----")
+    pki.path("pw.txt").write_bytes(b"wrong\r\n\nright one\r\n")
+    pki.path("wrong.txt").write_text("wrong\nalso wrong\n")
+    certs = (f"ssl_certificate {pki.path('ec.pem')}; ssl_certificate_key {pki.path('ec-enc.key')};"
+             f"ssl_certificate {pki.path('rsa.pem')}; ssl_certificate_key {pki.path('rsa-enc.key')};")
+    srv = gannet.start(conf=one_server(pki, certs=certs, http=f"ssl_password_file {pki.path('pw.txt')};"))
+    for sigalgs, cn in (("ECDSA+SHA256", "ec.test"), ("RSA-PSS+SHA256:RSA+SHA256", "rsa.test")):
+        out = s_client(srv.port, "-tls1_2", "-sigalgs", sigalgs)
+        assert subject_cn(out) == cn and "HTTP/1.1 200 OK" in out, out
+    srv.stop()
+    # A wrong or missing passphrase is an error naming the key file at its directive's line.
+    text = one_server(pki, certs=certs, body=f"ssl_password_file {pki.path('wrong.txt')};")
+    err = check_error(gannet, text)
+    line = next(i for i, l in enumerate(gannet.render(text)[0].splitlines(), 1) if "ec-enc.key" in l)
+    assert f'check.conf:{line}: cannot load certificate key "{pki.path("ec-enc.key")}": none of the passphrases in "{pki.path("wrong.txt")}" decrypts it' in err, err
+    err = check_error(gannet, one_server(pki, certs=certs))
+    assert f'"{pki.path("ec-enc.key")}": it is encrypted and no "ssl_password_file" is set' in err
+    err = check_error(gannet, one_server(pki, certs=certs, body=f"ssl_password_file {pki.path('nope.txt')};"))
+    assert f'cannot open password file "{pki.path("nope.txt")}"' in err
+    # The legacy PEM encryption: an error that says how to convert the key.
+    openssl("ec", "-in", "a.key", "-aes256", "-passout", "pass:right one", "-out", "a-legacy.key", cwd=pki.d)
+    assert "Proc-Type: 4,ENCRYPTED" in pki.path("a-legacy.key").read_text()
+    legacy = f"ssl_certificate {pki.path('a.pem')}; ssl_certificate_key {pki.path('a-legacy.key')};"
+    err = check_error(gannet, one_server(pki, certs=legacy, http=f"ssl_password_file {pki.path('pw.txt')};"))
+    assert "legacy PEM form" in err and "openssl pkcs8 -topk8 -v2 aes-256-cbc" in err
+
 def test_listen_ssl_without_certificate(gannet, pki):
     err = check_error(gannet, one_server(pki, certs=""))
     assert 'no "ssl_certificate" is defined for the "listen ... ssl" directive' in err
