@@ -12,7 +12,8 @@
 //!
 //! On a `listen ... ssl` address the TLS handshake comes first (`tls::handshake`), and the
 //! loop then runs over the encrypted stream (`conn::tls_stream`); a client speaking plain
-//! HTTP to such an address gets nginx's 400 page. The loop is compiled once per stream
+//! HTTP to such an address has its request refused with nginx's code 497 (which
+//! `error_page` may redirect; nginx's 400 page otherwise), and the connection closed. The loop is compiled once per stream
 //! kind (`conn::transport`), so cleartext pays nothing for TLS.
 
 use super::body::{self, BodyError};
