@@ -8,7 +8,7 @@ import pytest
     [
         ("location /api/ { proxy_cache zone; }", '"proxy_cache": this proxy directive is not supported yet'),
         ("location ~ \\.php$ { fastcgi_cache zone; }", '"fastcgi_cache": this FastCGI directive is not supported yet'),
-        ("ssl_password_file /etc/ssl/pw;", '"ssl_password_file": this TLS directive is not supported yet'),
+        ("ssl_conf_command Options PrioritizeChaCha;", '"ssl_conf_command": this TLS directive is not supported yet'),
         ("geo $x $y { default 0; }", '"geo": "geo" is not supported yet'),
         ("frobnicate on;", 'unknown directive "frobnicate"'),
     ],

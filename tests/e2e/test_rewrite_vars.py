@@ -245,7 +245,7 @@ def test_config_errors(gannet):
         ("if ($uri) { add_header X y; }", '"add_header" directive is not allowed here'),
         ("if ($uri) { location /x/ { } }", '"location" directive is not allowed here'),
         ("map $uri $m { default 1; }", '"map" directive is not allowed here'),
-        ("location /l/ { limit_except GET { } }", '"limit_except": "limit_except" is not supported yet'),
+        ("location /l/ { limit_except GET { set $l 1; } }", '"set" directive is not allowed here'),
     ]
     for line, message in cases:
         err, n = conf_error(gannet, line, server=line)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import os
 import re
+import shutil
 import signal
 import socket
 import ssl
@@ -20,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from conftest import free_port, wait_until
+
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["which", "openssl"], capture_output=True).returncode != 0
@@ -475,7 +479,10 @@ def test_mtls_on(gannet, pki):
     assert r.stdout.endswith("400") and "No required SSL certificate was sent" in r.stdout
     r = curl(srv.port, "/who", "-w", "%{http_code}", *client_args(pki, "stranger"))
     assert r.stdout.endswith("400") and "The SSL certificate error" in r.stdout
-    assert "No required SSL certificate was sent" in srv.error_log()
+    # nginx's log lines, with OpenSSL's verify error number and text.
+    log = srv.error_log()
+    assert "client sent no required SSL certificate" in log
+    assert "client SSL certificate verify error: (18:self-signed certificate)" in log
 
 
 def test_verifying_server_refuses_connections_other_servers_accepted(gannet, pki):
@@ -562,13 +569,217 @@ def test_stapling_serves_the_file(gannet, pki):
 
 
 def test_plain_http_to_tls_port(gannet, pki):
-    srv = gannet.start(conf=one_server(pki))
-    reply = srv.raw(b"GET /v HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    srv = gannet.start(conf=one_server(pki, http="http2 on;"))
+    reply = srv.raw(b"GET /v HTTP/1.1\r\nHost: localhost\r\n\r\nGET /v HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 400 Bad Request\r\n")
-    assert b"The plain HTTP request was sent to HTTPS port" in reply
-    assert b"Connection: close" in reply
+    assert b"<title>400 The plain HTTP request was sent to HTTPS port</title>" in reply
+    # One answer, then the connection is closed, the second request unanswered.
+    assert b"Connection: close" in reply and reply.count(b"HTTP/1.1") == 1
     assert " 400 " in srv.access_log()
+    assert "client sent plain HTTP request to HTTPS port" in srv.error_log()
+    # Bytes that are neither TLS nor a request: the parser's own 400, as nginx.
+    reply = srv.raw(b"\x01\x02 junk\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"HTTPS port" not in reply
+    # The HTTP/2 preface in clear text is no way around TLS, even with http2 on.
+    reply = srv.raw(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 ") and b"\x00\x00" not in reply[:9]
 
+
+def test_error_page_497(gannet, pki):
+    """`error_page 497` at server level redirects plain HTTP (the admin's idiom); in a
+    location it is never reached, since nginx refuses before choosing a location."""
+    names = {"redirect": "error_page 497 =301 https://$host:$server_port$request_uri;",
+             "page": "error_page 497 /page.html;",
+             "url": "error_page 497 https://example.test$request_uri;",
+             "inloc": "location /in/ { error_page 497 =301 https://in.test/; }"}
+    servers = "".join(f"""
+    server {{
+        listen 127.0.0.1:{{port}} ssl;
+        server_name {name}.test;
+        root {{root}};
+        {pair(pki, 'ec')}
+        {line}
+    }}""" for name, line in names.items())
+    srv = gannet.start(conf=conf(servers), files={"page.html": "the page\n"})
+
+    def plain(host: str, method: str = "GET", path: str = "/in/a?b=1", extra: bytes = b"") -> bytes:
+        return srv.raw(f"{method} {path} HTTP/1.1\r\nHost: {host}:{srv.port}\r\n".encode() + extra + b"\r\n")
+
+    reply = plain("redirect.test")
+    assert reply.startswith(b"HTTP/1.1 301 Moved Permanently\r\n"), reply
+    assert f"Location: https://redirect.test:{srv.port}/in/a?b=1\r\n".encode() in reply
+    assert b"Connection: close" in reply
+    # POST with a body: the same redirect, and the body is not taken for another request.
+    reply = srv.raw(f"POST /form HTTP/1.1\r\nHost: redirect.test\r\nContent-Length: 5\r\n\r\nhello".encode())
+    assert reply.startswith(b"HTTP/1.1 301 ") and reply.count(b"HTTP/1.1") == 1
+    # A page without `=code` is answered 400, as nginx does for its own codes.
+    reply = plain("page.test")
+    assert reply.startswith(b"HTTP/1.1 400 Bad Request\r\n") and reply.endswith(b"\r\n\r\nthe page\n")
+    reply = plain("page.test", "HEAD")
+    assert reply.startswith(b"HTTP/1.1 400 ") and reply.endswith(b"\r\n\r\n")
+    # A full URL without `=30x` is a 302.
+    reply = plain("url.test")
+    assert reply.startswith(b"HTTP/1.1 302 Moved Temporarily\r\n")
+    assert b"Location: https://example.test/in/a?b=1\r\n" in reply and b"<title>302 Found</title>" in reply
+    reply = plain("inloc.test")
+    assert reply.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"HTTPS port" in reply
+    # TLS clients are served as usual.
+    assert curl(srv.port, "/page.html", host="page.test").stdout == "the page\n"
+    assert "301" in srv.access_log() and "302" in srv.access_log()
+
+
+def test_error_page_495_496(gannet, pki):
+    """A missing (496) or failed (495) client certificate goes through `error_page` like
+    any status, over HTTP/1.1 and HTTP/2, and `$ssl_client_verify` says why."""
+    srv = gannet.start(conf=one_server(pki, f"""
+        ssl_verify_client on;
+        ssl_client_certificate {pki.path('ca.pem')};
+        error_page 495 /bad-cert;
+        error_page 496 =403 /no-cert;
+        location = /who {{ return 200 "ok $ssl_client_verify\\n"; }}
+        location = /bad-cert {{ return 200 "bad $ssl_client_verify\\n"; }}
+        location = /no-cert {{ return 200 "none $ssl_client_verify\\n"; }}""", http="http2 on;"))
+    for proto in ("--http1.1", "--http2"):
+        version = "2" if proto == "--http2" else "1.1"
+        r = curl(srv.port, "/who", proto, "-w", "|%{http_code}|%{http_version}")
+        assert r.stdout == f"none NONE\n|403|{version}", r.stdout
+        r = curl(srv.port, "/who", proto, "-w", "|%{http_code}", *client_args(pki, "stranger"))
+        assert r.stdout == "bad FAILED:self-signed certificate\n|400", r.stdout
+        r = curl(srv.port, "/who", proto, "-w", "|%{http_code}", *client_args(pki, "client"))
+        assert r.stdout == "ok SUCCESS\n|200", r.stdout
+    # The keep-alive connection is closed after a refusal (HTTP/1.1).
+    r = curl(srv.port, "/who", "--http1.1", "-v", *client_args(pki, "stranger"))
+    assert "Connection: close" in r.stderr
+    srv.stop()
+    # optional_no_ca lets an unknown issuer through, but not a certificate that is bad in
+    # another way (nginx's rule): the expired one from the trusted CA is refused.
+    srv = gannet.start(conf=mtls_server(pki, "optional_no_ca"))
+    assert curl(srv.port, "/who", *client_args(pki, "stranger")).stdout.startswith("FAILED:self-signed certificate|")
+    r = curl(srv.port, "/who", "-w", "|%{http_code}", *client_args(pki, "expired"))
+    assert r.stdout.endswith("|400") and "The SSL certificate error" in r.stdout
+    assert "client SSL certificate verify error: (10:certificate has expired)" in srv.error_log()
+
+
+
+REFUSALS = """
+user root;
+worker_processes 1;
+pid {tmp}/server.pid;
+error_log {tmp}/error.log info;
+events { worker_connections 64; }
+http {
+    access_log {tmp}/access.log;
+    server_tokens off;
+    root {root};
+    server {
+        listen 127.0.0.1:{port} ssl default_server;
+        server_name plain.test;
+        %(pair)s
+        location /in/ { error_page 497 =200 /page.html; }
+    }
+    server {
+        listen 127.0.0.1:{port} ssl;
+        server_name redirect.test;
+        %(pair)s
+        error_page 497 =301 https://$host:$server_port$request_uri;
+    }
+    server {
+        listen 127.0.0.1:{port} ssl;
+        server_name page.test;
+        %(pair)s
+        error_page 497 /page.html;
+    }
+    server {
+        listen 127.0.0.1:{port} ssl;
+        server_name named.test;
+        %(pair)s
+        error_page 404 497 @fallback;
+        location @fallback { return 200 "fallback $request_method $uri $args\\n"; }
+    }
+    server {
+        listen 127.0.0.1:{port} ssl;
+        server_name url.test;
+        %(pair)s
+        error_page 497 https://example.test$request_uri;
+    }
+    server {
+        listen 127.0.0.1:{mport} ssl;
+        server_name pages.test;
+        %(pair)s
+        ssl_verify_client on;
+        ssl_client_certificate %(ca)s;
+        error_page 495 /bad-cert;
+        error_page 496 =403 /no-cert;
+        location / { return 200 "ok $ssl_client_verify\\n"; }
+        location = /bad-cert { return 200 "bad $ssl_client_verify\\n"; }
+        location = /no-cert { return 200 "none $ssl_client_verify\\n"; }
+    }
+    server {
+        listen 127.0.0.1:{mport} ssl;
+        server_name on.test;
+        %(pair)s
+        ssl_verify_client on;
+        ssl_client_certificate %(ca)s;
+        location / { return 200 "ok $ssl_client_verify\\n"; }
+    }
+    server {
+        listen 127.0.0.1:{mport} ssl;
+        server_name noca.test;
+        %(pair)s
+        ssl_verify_client optional_no_ca;
+        ssl_client_certificate %(ca)s;
+        location / { return 200 "ok $ssl_client_verify\\n"; }
+    }
+}
+"""
+
+
+def normalised(a, port: int) -> tuple:
+    body = a.body.replace(b"<center>gannet</center>", b"<center>nginx</center>")
+    location = a.headers.get("location", "").replace(f":{port}/", ":PORT/")
+    return a.status, a.headers.get("connection"), a.headers.get("content-type"), location, body
+
+
+@pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
+def test_refusals_match_nginx(gannet, pki, tmp_path):
+    """Plain HTTP to a TLS port (497) and client certificates missing (496) or failed (495),
+    with and without `error_page`: the same answers from nginx and gannet."""
+    from nginx_peer import NginxPeer, exchange
+
+    text = REFUSALS % {"pair": pair(pki, "ec"), "ca": pki.path("ca.pem")}
+    root = tmp_path / "www"
+    root.mkdir()
+    (root / "page.html").write_text("the page\n")
+    nginx_port, nginx_mport, gannet_mport = free_port(), free_port(), free_port()
+    nginx = NginxPeer(text.replace("{mport}", str(nginx_mport)), nginx_port, root, tmp_path / "nginx")
+    try:
+        srv = gannet.start(conf=text.replace("{mport}", str(gannet_mport)).replace("{root}", str(root)))
+        plain = []
+        for host in ("plain.test", "redirect.test", "page.test", "named.test", "url.test", "nowhere.test"):
+            for method in ("GET", "HEAD", "POST"):
+                body = b"Content-Length: 3\r\n\r\nabc" if method == "POST" else b"\r\n"
+                plain.append(f"{method} /in/x?y=1 HTTP/1.1\r\nHost: {host}\r\n".encode() + body)
+        plain.append(b"GET /in/x HTTP/1.0\r\n\r\n")
+        plain.append(b"\x01\x02junk\r\n\r\n")
+        diffs, statuses = [], set()
+        for req in plain:
+            want = normalised(exchange(nginx_port, req), nginx_port)
+            got = normalised(exchange(srv.port, req), srv.port)
+            statuses.add(want[0])
+            if want != got:
+                diffs.append((req, want, got))
+        for host in ("pages.test", "on.test", "noca.test"):
+            for who in (None, "client", "stranger", "expired"):
+                args = ["-w", "|%{http_code}"] + (client_args(pki, who) if who else [])
+                want = curl(nginx_mport, "/x", *args, host=host).stdout.replace("<center>nginx</center>", "")
+                got = curl(gannet_mport, "/x", *args, host=host).stdout.replace("<center>gannet</center>", "")
+                statuses.add(int(want[-3:]))
+                if want != got:
+                    diffs.append((host, who, want, got))
+    finally:
+        nginx.stop()
+    assert not diffs, "\n".join(map(repr, diffs))
+    assert statuses == {200, 301, 302, 400, 403}, "every kind of answer was compared"
 
 def test_bad_handshakes_never_hurt_other_clients(gannet, pki):
     srv = gannet.start(conf=one_server(pki, http="client_header_timeout 2s;"), files={"index.html": "fine\n"})
@@ -644,6 +855,39 @@ def test_certificate_errors_name_the_file(gannet, pki):
     # The line is named too.
     assert re.search(r"check\.conf:\d+: ", err)
 
+
+def test_ssl_password_file(gannet, pki):
+    """An encrypted PKCS#8 key (as `openssl pkcs8 -topk8 -v2 aes-256-cbc` writes it) is
+    opened with the passphrases of `ssl_password_file`, tried line by line."""
+    openssl("pkcs8", "-topk8", "-v2", "aes-256-cbc", "-in", "ec.key", "-out", "ec-enc.key",
+            "-passout", "pass:right one", cwd=pki.d)
+    openssl("pkcs8", "-topk8", "-v2", "aes-128-cbc", "-v2prf", "hmacWithSHA1", "-in", "rsa.key",
+            "-out", "rsa-enc.key", "-passout", "pass:right one", cwd=pki.d)
+    assert pki.path("ec-enc.key").read_text().startswith("-----BEGIN ENCRYPTED PRIVATE KEY-----")
+    pki.path("pw.txt").write_bytes(b"wrong\r\n\nright one\r\n")
+    pki.path("wrong.txt").write_text("wrong\nalso wrong\n")
+    certs = (f"ssl_certificate {pki.path('ec.pem')}; ssl_certificate_key {pki.path('ec-enc.key')};"
+             f"ssl_certificate {pki.path('rsa.pem')}; ssl_certificate_key {pki.path('rsa-enc.key')};")
+    srv = gannet.start(conf=one_server(pki, certs=certs, http=f"ssl_password_file {pki.path('pw.txt')};"))
+    for sigalgs, cn in (("ECDSA+SHA256", "ec.test"), ("RSA-PSS+SHA256:RSA+SHA256", "rsa.test")):
+        out = s_client(srv.port, "-tls1_2", "-sigalgs", sigalgs)
+        assert subject_cn(out) == cn and "HTTP/1.1 200 OK" in out, out
+    srv.stop()
+    # A wrong or missing passphrase is an error naming the key file at its directive's line.
+    text = one_server(pki, certs=certs, body=f"ssl_password_file {pki.path('wrong.txt')};")
+    err = check_error(gannet, text)
+    line = next(i for i, l in enumerate(gannet.render(text)[0].splitlines(), 1) if "ec-enc.key" in l)
+    assert f'check.conf:{line}: cannot load certificate key "{pki.path("ec-enc.key")}": none of the passphrases in "{pki.path("wrong.txt")}" decrypts it' in err, err
+    err = check_error(gannet, one_server(pki, certs=certs))
+    assert f'"{pki.path("ec-enc.key")}": it is encrypted and no "ssl_password_file" is set' in err
+    err = check_error(gannet, one_server(pki, certs=certs, body=f"ssl_password_file {pki.path('nope.txt')};"))
+    assert f'cannot open password file "{pki.path("nope.txt")}"' in err
+    # The legacy PEM encryption: an error that says how to convert the key.
+    openssl("ec", "-in", "a.key", "-aes256", "-passout", "pass:right one", "-out", "a-legacy.key", cwd=pki.d)
+    assert "Proc-Type: 4,ENCRYPTED" in pki.path("a-legacy.key").read_text()
+    legacy = f"ssl_certificate {pki.path('a.pem')}; ssl_certificate_key {pki.path('a-legacy.key')};"
+    err = check_error(gannet, one_server(pki, certs=legacy, http=f"ssl_password_file {pki.path('pw.txt')};"))
+    assert "legacy PEM form" in err and "openssl pkcs8 -topk8 -v2 aes-256-cbc" in err
 
 def test_listen_ssl_without_certificate(gannet, pki):
     err = check_error(gannet, one_server(pki, certs=""))

@@ -16,6 +16,8 @@ impl Ctx {
     pub const UPSTREAM: Ctx = Ctx(1 << 5);
     pub const TYPES: Ctx = Ctx(1 << 6);
     pub const IF: Ctx = Ctx(1 << 7);
+    /// Inside a location's `limit_except` block.
+    pub const LIMIT_EXCEPT: Ctx = Ctx(1 << 8);
     /// http, server and location: the usual set for inheritable directives.
     pub const HSL: Ctx = Ctx(Self::HTTP.0 | Self::SERVER.0 | Self::LOCATION.0);
 
@@ -36,6 +38,7 @@ impl Ctx {
             Ctx::UPSTREAM => "upstream",
             Ctx::TYPES => "types",
             Ctx::IF => "if",
+            Ctx::LIMIT_EXCEPT => "limit_except",
             _ => "mixed",
         }
     }

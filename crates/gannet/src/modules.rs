@@ -4,6 +4,7 @@
 //! Order matters only for lookup (a directive name belongs to exactly one module). The
 //! request phases that use these modules run in the order written in `http::handler`.
 
+pub mod access;
 pub mod access_log;
 pub mod autoindex;
 pub mod compress;
@@ -106,6 +107,10 @@ pub const MODULES: &[Module] = &[
         set: access_log::set,
     },
     Module {
+        directives: access::DIRECTIVES,
+        set: access::set,
+    },
+    Module {
         directives: fastcgi::DIRECTIVES,
         set: fastcgi::set,
     },
@@ -198,6 +203,7 @@ pub struct LocConf {
     pub autoindex: autoindex::AutoindexConf,
     pub headers: headers::HeadersConf,
     pub error_page: error_page::ErrorPageConf,
+    pub access: access::AccessConf,
     pub rewrite: rewrite::RewriteConf,
     pub log: access_log::LogConf,
     pub fastcgi: fastcgi::FastCgiConf,
@@ -222,6 +228,7 @@ impl LocConf {
         self.autoindex.merge(&parent.autoindex);
         self.headers.merge(&parent.headers);
         self.error_page.merge(&parent.error_page);
+        self.access.merge(&parent.access);
         self.log.merge(&parent.log);
         self.fastcgi.merge(&parent.fastcgi);
         self.compress.merge(&parent.compress);

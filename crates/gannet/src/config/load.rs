@@ -25,7 +25,6 @@ use std::sync::Arc;
 const NOT_YET: &[(&str, &str)] = &[
     ("geo", "\"geo\" is not supported yet"),
     ("split_clients", "\"split_clients\" is not supported yet"),
-    ("limit_except", "\"limit_except\" is not supported yet"),
     ("stream", "the stream module is not supported"),
     ("mail", "the mail module is not supported"),
 ];
@@ -200,6 +199,9 @@ fn level_directive(
         if d.name == "if" {
             return load_if(cfg, d, lc, lctx, ctx);
         }
+        if d.name == "limit_except" {
+            return load_limit_except(cfg, d, lc, lctx);
+        }
         return set(d, lc, lctx);
     }
     if d.name == "error_log" {
@@ -239,6 +241,37 @@ fn load_if(
     // Back at the `if` line for the variables of its condition.
     user_vars::at(&d.loc);
     modules::rewrite::add_if(d, lc, inner, in_location)
+}
+
+/// `limit_except METHOD ... { allow/deny ... }`: the settings for the other methods, merged
+/// with the location's once that is complete (`modules::access::merge_limit_except`).
+fn load_limit_except(
+    cfg: &mut Config,
+    d: &Directive,
+    lc: &mut LocConf,
+    lctx: &mut LoadCtx,
+) -> Result<(), ConfError> {
+    if lc.access.limit_except.is_some() {
+        return Err(d.error("\"limit_except\" directive is duplicate"));
+    }
+    let allowed = modules::access::limit_except_methods(d)?;
+    let mut inner = LocConf::default();
+    for c in d.block.as_deref().unwrap_or_default() {
+        // Directives nginx allows here that gannet does not implement here (yet).
+        if matches!(c.name.as_str(), "proxy_pass" | "access_log") {
+            return Err(c.error(format!(
+                "\"{}\" inside \"limit_except\" is not supported yet (only \"allow\" and \"deny\" are)",
+                c.name
+            )));
+        }
+        level_directive(cfg, c, &mut inner, lctx, Ctx::LIMIT_EXCEPT)?;
+    }
+    user_vars::at(&d.loc);
+    lc.access.limit_except = Some(Arc::new(modules::access::LimitExcept {
+        allowed,
+        conf: Arc::new(inner),
+    }));
+    Ok(())
 }
 
 fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), ConfError> {
@@ -529,6 +562,7 @@ fn load_location(
     conf.merge(parent_conf);
     modules::rewrite::merge_ifs(&mut conf);
     modules::proxy_ssl::finish(&mut conf, lctx, &d.loc)?;
+    modules::access::merge_limit_except(&mut conf);
     if let Some(check) = conf.health_check.clone() {
         let Some(crate::modules::gateway::Backend::Group(up)) = conf.proxy.gw.pass.clone() else {
             let at = body.iter().find(|c| c.name == "health_check").unwrap_or(d);

@@ -12,7 +12,8 @@
 //!
 //! On a `listen ... ssl` address the TLS handshake comes first (`tls::handshake`), and the
 //! loop then runs over the encrypted stream (`conn::tls_stream`); a client speaking plain
-//! HTTP to such an address gets nginx's 400 page. The loop is compiled once per stream
+//! HTTP to such an address has its request refused with nginx's code 497 (which
+//! `error_page` may redirect; nginx's 400 page otherwise), and the connection closed. The loop is compiled once per stream
 //! kind (`conn::transport`), so cleartext pays nothing for TLS.
 
 use super::body::{self, BodyError};
@@ -250,7 +251,7 @@ impl<S: Transport> Conn<S> {
                 }
                 Ok(None) => {}
                 Err(ParseError::VersionNotSupported)
-                    if c.buf.starts_with(H2_PREFACE) && h2c_enabled(g) =>
+                    if c.buf.starts_with(H2_PREFACE) && h2c_enabled(g) && !c.plain_on_tls =>
                 {
                     return End::H2c;
                 }
@@ -470,11 +471,17 @@ impl<S: Transport> Conn<S> {
             target.query,
             host,
         );
-        if let Some((status, why)) = self.tls_refusal(&req) {
-            return self.refuse(&req, status, why).await;
-        }
-        let mut handled = handler::handle(&mut req, &w);
         let mut keep = req.head.keep_alive;
+        let mut handled = match self.tls_refusal(&req) {
+            // nginx's own status (497, 495, 496) or 421, through `error_page` like any
+            // other; the connection closes after the answer.
+            Some((status, why)) => {
+                crate::errlog::request(Level::Info, &req, format_args!("{why}"));
+                keep = false;
+                handler::resume(&mut req, &w, Flow::Status(status))
+            }
+            None => handler::handle(&mut req, &w),
+        };
         let mut body = Vec::new();
         // `*_request_buffering off`: the gateway reads the body itself, passing it on as it
         // arrives (not when it is mirrored: the copies need it whole).
@@ -601,28 +608,19 @@ impl<S: Transport> Conn<S> {
         }
     }
 
-    /// A request nginx refuses on TLS grounds: plain HTTP on a TLS address, a client
-    /// certificate missing or failed where the server requires one, or a request for a
-    /// verifying server on a connection another server's setup accepted.
-    fn tls_refusal(&self, req: &Request) -> Option<(u16, &'static str)> {
+    /// A request nginx refuses on TLS grounds, with what it logs: plain HTTP on a TLS
+    /// address (497), a client certificate missing (496) or failed (495) where the server
+    /// requires one, or a request for a verifying server on a connection another server's
+    /// setup accepted (421).
+    fn tls_refusal(&self, req: &Request) -> Option<(u16, String)> {
         if self.plain_on_tls {
-            return Some((400, "The plain HTTP request was sent to HTTPS port"));
+            return Some((
+                497,
+                "client sent plain HTTP request to HTTPS port".to_string(),
+            ));
         }
         let tls = req.conn.tls.as_ref()?;
         tls.refusal(req.server.tls.as_ref()?)
-    }
-
-    /// Answer with nginx's page (and its explanation, if any) and close, logging why.
-    async fn refuse(&mut self, req: &Request, status: u16, why: &str) -> bool {
-        let logged = if why.is_empty() {
-            "client certificate was verified by another server's settings (SNI and Host differ)"
-        } else {
-            why
-        };
-        crate::errlog::request(Level::Info, req, format_args!("{logged}"));
-        let resp = Response::error_page_because(status, req.conf.core.server_tokens(), why);
-        self.respond(req, resp, false).await;
-        false
     }
 
     /// Write the response (head into the output buffer, body after it), then log it.

@@ -321,13 +321,14 @@ async fn answer(
         .as_ref()
         .zip(req.server.tls.as_ref())
         .and_then(|(t, s)| t.refusal(s));
-    if let Some((status, why)) = refusal {
-        errlog::request(Level::Info, &req, format_args!("{why}"));
-        let resp = Response::error_page_because(status, req.conf.core.server_tokens(), why);
-        h2_response::send(w, &req, resp, None, respond).await;
-        return timeout;
-    }
-    let mut handled = handler::handle(&mut req, w);
+    let mut handled = match refusal {
+        // nginx's 495 / 496, or 421, through `error_page` like any other status.
+        Some((status, why)) => {
+            errlog::request(Level::Info, &req, format_args!("{why}"));
+            handler::resume(&mut req, w, Flow::Status(status))
+        }
+        None => handler::handle(&mut req, w),
+    };
     let timeout = req.conf.core.client_body_timeout();
     let mut body = Vec::new();
     if !recv.is_end_stream() {

@@ -2,9 +2,11 @@
 //! else):
 //!
 //! 1. server rewrite (`return` / `rewrite` at server level)
-//! 2. find location (again after a rewrite or internal redirect; at most 10 times)
+//! 2. find location (again after a rewrite or internal redirect; at most 10 times); an
+//!    `internal` one refuses outside requests, and a `limit_except` block's settings
+//!    replace the location's for the methods it limits (before its rewrites, as in nginx)
 //! 3. rewrite (location level)
-//! 4. access (`internal`)
+//! 4. access: `allow` / `deny`
 //! 5. content: `try_files`, then the location's application (`fastcgi_pass`, `scgi_pass`,
 //!    `uwsgi_pass`) or else
 //!    `index`, `autoindex`, static files
@@ -23,7 +25,7 @@ use crate::http::router::{find_location, Matcher};
 use crate::http::{compress, conditional};
 use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
-use crate::modules::{autoindex, gateway, headers, index, static_files, try_files};
+use crate::modules::{access, autoindex, gateway, headers, index, static_files, try_files};
 use crate::runtime::worker::Worker;
 use gannet_proto::h1::{BodyKind, Method};
 
@@ -146,6 +148,9 @@ fn run_location(req: &mut Request, w: &Worker) -> Flow {
     if req.conf.core.internal && !req.internal {
         return Flow::Status(404);
     }
+    if let Some(limited) = access::limited_conf(req) {
+        req.conf = limited;
+    }
     let limit = req.conf.core.client_max_body_size();
     if let BodyKind::Length(n) = req.head.body {
         if limit > 0 && n > limit {
@@ -164,6 +169,9 @@ fn run_location(req: &mut Request, w: &Worker) -> Flow {
             Outcome::Research => return Flow::Next,
             Outcome::Stay => {}
         }
+    }
+    if let Some(denied) = access::check(req) {
+        return denied;
     }
     match try_files::handle(req, w) {
         Flow::Next => {}
@@ -243,6 +251,8 @@ fn error_page(req: &mut Request, code: u16) -> Option<Flow> {
         return Some(Flow::Done(rewrite::redirect_response(req, status, &target)));
     }
     req.error_status = match page.status {
+        // nginx's own codes are answered 400 unless `=code` says otherwise.
+        Override::Keep if crate::http::response::special_reason(code).is_some() => Some(400),
         Override::Keep => Some(code),
         Override::Code(c) => Some(c),
         Override::Page => None,

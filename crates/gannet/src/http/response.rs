@@ -28,6 +28,19 @@ pub fn reason(status: u16) -> &'static str {
     }
 }
 
+/// The explanation on the 400 page of one of nginx's own codes: 494 (a header too large),
+/// 495 (a client certificate that failed verification), 496 (no client certificate where
+/// one is required), 497 (plain HTTP to a TLS port).
+pub fn special_reason(status: u16) -> Option<&'static str> {
+    Some(match status {
+        494 => "Request Header Or Cookie Too Large",
+        495 => "The SSL certificate error",
+        496 => "No required SSL certificate was sent",
+        497 => "The plain HTTP request was sent to HTTPS port",
+        _ => return None,
+    })
+}
+
 /// A range of an open file.
 #[derive(Debug, Clone)]
 pub struct FileRange {
@@ -107,18 +120,29 @@ impl Response {
         }
     }
 
-    /// nginx's built-in page for an error or redirect status.
+    /// nginx's built-in page for an error or redirect status. nginx's own codes 494-497
+    /// (refusals that `error_page` can catch by number) are answered 400 with a line
+    /// saying why.
     pub fn error_page(status: u16, server_tokens: bool) -> Response {
-        Response::error_page_because(status, server_tokens, "")
+        match special_reason(status) {
+            Some(why) => Response::error_page_because(400, server_tokens, why),
+            None => Response::error_page_because(status, server_tokens, ""),
+        }
     }
 
     /// nginx's page with a line saying why, under the heading (as its TLS refusals have:
     /// "The plain HTTP request was sent to HTTPS port").
-    pub fn error_page_because(status: u16, server_tokens: bool, why: &str) -> Response {
+    fn error_page_because(status: u16, server_tokens: bool, why: &str) -> Response {
         let mut r = Response::new(status);
         // 204 and 304 never carry a body; the others get nginx's small HTML page.
         if status != 204 && status != 304 && status >= 200 {
-            let heading = format!("{status} {}", reason(status));
+            // nginx's 302 page says "Found", though its status line says "Moved Temporarily".
+            let phrase = if status == 302 {
+                "Found"
+            } else {
+                reason(status)
+            };
+            let heading = format!("{status} {phrase}");
             let (title, why) = if why.is_empty() {
                 (heading.clone(), String::new())
             } else {

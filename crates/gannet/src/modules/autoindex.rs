@@ -8,6 +8,7 @@ use crate::http::request::Request;
 use crate::http::response::{Body, Response};
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
+use gannet_proto::h1::Method;
 use gannet_proto::uri::html_escape;
 use std::fmt::Write;
 use std::sync::Arc;
@@ -85,7 +86,11 @@ struct Entry {
 }
 
 pub fn handle(req: &Request) -> Flow {
-    if !req.uri.ends_with('/') || req.conf.autoindex.on != Some(true) {
+    // GET and HEAD only, as nginx (a POST falls through to "directory index is forbidden").
+    if !req.uri.ends_with('/')
+        || req.conf.autoindex.on != Some(true)
+        || !matches!(req.method(), Method::Get | Method::Head)
+    {
         return Flow::Next;
     }
     let path = req.filename_for(&req.uri);

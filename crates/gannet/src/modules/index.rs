@@ -10,6 +10,7 @@ use crate::http::variables::Template;
 use crate::runtime::worker::Worker;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{ConfError, Directive};
+use gannet_proto::h1::Method;
 use std::io::ErrorKind;
 use std::sync::Arc;
 
@@ -44,7 +45,9 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
 }
 
 pub fn handle(req: &Request, w: &Worker) -> Flow {
-    if !req.uri.ends_with('/') {
+    // Other methods are left to the static handler (405), as in nginx.
+    if !req.uri.ends_with('/') || !matches!(req.method(), Method::Get | Method::Head | Method::Post)
+    {
         return Flow::Next;
     }
     let default = [Template::literal("index.html")];

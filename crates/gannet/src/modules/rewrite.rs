@@ -201,22 +201,29 @@ pub fn merge_ifs(lc: &mut LocConf) {
         if let Stmt::If { conf: Some(c), .. } = s {
             let c = Arc::make_mut(c);
             c.merge(lc);
-            for (inner, outer) in [
-                (&mut c.fastcgi.gw, &lc.fastcgi.gw),
-                (&mut c.scgi, &lc.scgi),
-                (&mut c.uwsgi.gw, &lc.uwsgi.gw),
-                (&mut c.proxy.gw, &lc.proxy.gw),
-            ] {
-                if inner.pass.is_none() {
-                    inner.pass = outer.pass.clone();
-                }
-            }
-            if c.proxy.target.is_none() && c.proxy.gw.pass.is_some() {
-                c.proxy.target = lc.proxy.target.clone();
-            }
+            inherit_handler(c, lc);
         }
     }
     lc.rewrite.stmts = stmts;
+}
+
+/// A nested configuration that is not a location of its own (an `if`, `limit_except`)
+/// passes to its location's application unless it names one, as nginx's "noname"
+/// locations do; a real nested location does not inherit it.
+pub fn inherit_handler(c: &mut LocConf, lc: &LocConf) {
+    for (inner, outer) in [
+        (&mut c.fastcgi.gw, &lc.fastcgi.gw),
+        (&mut c.scgi, &lc.scgi),
+        (&mut c.uwsgi.gw, &lc.uwsgi.gw),
+        (&mut c.proxy.gw, &lc.proxy.gw),
+    ] {
+        if inner.pass.is_none() {
+            inner.pass = outer.pass.clone();
+        }
+    }
+    if c.proxy.target.is_none() && c.proxy.gw.pass.is_some() {
+        c.proxy.target = lc.proxy.target.clone();
+    }
 }
 
 /// What the rewrite statements decided.

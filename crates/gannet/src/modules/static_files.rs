@@ -173,11 +173,12 @@ pub fn etag(mtime_secs: i64, size: u64) -> String {
 
 /// Serve `req.uri` as a file. URIs ending in `/` are left to index and autoindex.
 pub fn handle(req: &Request, w: &Worker) -> Flow {
-    if req.uri.ends_with('/') {
-        return Flow::Next;
-    }
+    // The method first, as nginx: a PUT to a directory URI is 405 too.
     if !matches!(req.method(), Method::Get | Method::Head | Method::Post) {
         return Flow::Status(405);
+    }
+    if req.uri.ends_with('/') {
+        return Flow::Next;
     }
     let path = req.filename_for(&req.uri);
     let mut vary = false;

@@ -1,18 +1,20 @@
 //! The TLS directives, read into each http / server level and merged like the others;
 //! `crate::tls` builds the rustls configuration of a server from the merged result.
 //!
-//! Directives: `ssl_certificate`, `ssl_certificate_key`, `ssl_protocols`, `ssl_ciphers`,
+//! Directives: `ssl_certificate`, `ssl_certificate_key`, `ssl_password_file`, `ssl_protocols`, `ssl_ciphers`,
 //! `ssl_prefer_server_ciphers`, `ssl_session_cache`, `ssl_session_timeout`,
 //! `ssl_session_tickets`, `ssl_stapling`, `ssl_stapling_file`, `ssl_client_certificate`,
 //! `ssl_trusted_certificate`, `ssl_crl`, `ssl_verify_client`, `ssl_reject_handshake`,
 //! `ssl_ecdh_curve`. (`listen ... ssl` is in `config::listen`.)
 
 use super::{inherit, invalid, LoadCtx, LocConf};
+use crate::tls::certs::{read_passwords, Passwords};
 use crate::tls::ciphers;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive, Loc};
 use rustls::{CipherSuite, NamedGroup};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 const HS: Ctx = Ctx(Ctx::HTTP.0 | Ctx::SERVER.0);
@@ -29,6 +31,7 @@ const fn spec(name: &'static str, args: Args) -> Spec {
 pub const DIRECTIVES: &[Spec] = &[
     spec("ssl_certificate", Args::Exactly(1)),
     spec("ssl_certificate_key", Args::Exactly(1)),
+    spec("ssl_password_file", Args::Exactly(1)),
     spec("ssl_protocols", Args::AtLeast(1)),
     spec("ssl_ciphers", Args::Exactly(1)),
     spec("ssl_prefer_server_ciphers", Args::Exactly(1)),
@@ -86,6 +89,8 @@ pub enum VerifyClient {
 pub struct TlsConf {
     pub certificates: Option<Vec<FileArg>>,
     pub keys: Option<Vec<FileArg>>,
+    /// `ssl_password_file`, read when the directive is.
+    pub password_file: Option<Arc<Passwords>>,
     pub protocols: Option<Protocols>,
     /// The TLS 1.2 suites `ssl_ciphers` selected, in its order.
     pub ciphers: Option<Vec<CipherSuite>>,
@@ -118,6 +123,7 @@ impl TlsConf {
             parent,
             certificates,
             keys,
+            password_file,
             protocols,
             ciphers,
             prefer_server_ciphers,
@@ -180,6 +186,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             .get_or_insert_with(Vec::new)
             .push(file(d, ctx)),
         "ssl_certificate_key" => c.keys.get_or_insert_with(Vec::new).push(file(d, ctx)),
+        "ssl_password_file" => c.password_file = Some(Arc::new(read_passwords(file(d, ctx))?)),
         "ssl_protocols" => c.protocols = Some(protocols(d, ctx)?),
         "ssl_ciphers" => c.ciphers = Some(cipher_list(d, ctx)?),
         "ssl_prefer_server_ciphers" => c.prefer_server_ciphers = Some(setters::flag(d)?),

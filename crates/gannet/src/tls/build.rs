@@ -70,7 +70,7 @@ pub fn build_server(
         })?;
         let chain = load_chain(cert_file, "certificate")?;
         certs::check_current(cert_file, &chain[0])?;
-        let key = load_key(key_file)?;
+        let key = load_key(key_file, c.password_file.as_deref())?;
         let signer = provider.key_provider.load_private_key(key).map_err(|e| {
             err(
                 &key_file.loc,

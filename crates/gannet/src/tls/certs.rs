@@ -1,9 +1,11 @@
 //! Certificates and keys from PEM files, with the checks `gannet -t` reports by file name
-//! (missing, unreadable, not PEM, key not matching, expired or not yet valid), and the
-//! facts of a client certificate that the `$ssl_client_*` variables show.
+//! (missing, unreadable, not PEM, key not matching, expired or not yet valid), encrypted
+//! keys opened with `ssl_password_file`, and the facts of a client certificate that the
+//! `$ssl_client_*` variables show.
 
 use crate::modules::tls::FileArg;
 use gannet_conf::ConfError;
+use pkcs8::der::zeroize::Zeroizing;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 use std::fmt::Write;
@@ -59,18 +61,127 @@ pub fn load_crls(f: &FileArg) -> Result<Vec<CertificateRevocationListDer<'static
     Ok(crls)
 }
 
-/// The private key in a PEM file (PKCS#8, PKCS#1 RSA or SEC1 EC).
-pub fn load_key(f: &FileArg) -> Result<PrivateKeyDer<'static>, ConfError> {
-    let pem = read(f, "certificate key")?;
-    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
+/// The passphrases of `ssl_password_file`: one a line, tried in turn (empty lines are
+/// skipped, as nginx does; a file with none holds the empty passphrase). Wiped on drop.
+pub struct Passwords {
+    pub file: FileArg,
+    list: Vec<Zeroizing<Vec<u8>>>,
+}
+
+impl std::fmt::Debug for Passwords {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Passwords({}, {} lines)",
+            self.file.path.display(),
+            self.list.len()
+        )
+    }
+}
+
+/// Read `ssl_password_file` (when the directive is read, so an unreadable file is an
+/// error at its line, as in nginx).
+pub fn read_passwords(f: FileArg) -> Result<Passwords, ConfError> {
+    let text = Zeroizing::new(std::fs::read(&f.path).map_err(|e| {
+        ConfError::at(
+            &f.loc,
+            format!("cannot open password file \"{}\": {e}", f.path.display()),
+        )
+    })?);
+    Ok(Passwords {
+        file: f,
+        list: password_lines(&text),
+    })
+}
+
+/// The passphrases in a password file's text (see `Passwords`).
+fn password_lines(text: &[u8]) -> Vec<Zeroizing<Vec<u8>>> {
+    let mut list: Vec<Zeroizing<Vec<u8>>> = text
+        .split(|&b| b == b'\n')
+        .map(|line| line.strip_suffix(b"\r").unwrap_or(line))
+        .filter(|line| !line.is_empty())
+        .map(|line| Zeroizing::new(line.to_vec()))
+        .collect();
+    if list.is_empty() {
+        list.push(Zeroizing::new(Vec::new()));
+    }
+    list
+}
+
+const ENCRYPTED_BEGIN: &[u8] = b"-----BEGIN ENCRYPTED PRIVATE KEY-----";
+const ENCRYPTED_END: &[u8] = b"-----END ENCRYPTED PRIVATE KEY-----";
+
+/// The private key in a PEM file (PKCS#8, PKCS#1 RSA or SEC1 EC), or an encrypted PKCS#8
+/// key (`ENCRYPTED PRIVATE KEY`) opened with the first of `passwords` that fits.
+pub fn load_key(
+    f: &FileArg,
+    passwords: Option<&Passwords>,
+) -> Result<PrivateKeyDer<'static>, ConfError> {
+    let pem = Zeroizing::new(read(f, "certificate key")?);
+    let fail = |why: String| {
         ConfError::at(
             &f.loc,
             format!(
-                "cannot load certificate key \"{}\": no PEM private key in it ({e})",
+                "cannot load certificate key \"{}\": {why}",
                 f.path.display()
             ),
         )
-    })
+    };
+    if let Some(block) = section(&pem, ENCRYPTED_BEGIN, ENCRYPTED_END) {
+        return decrypt(block, passwords).map_err(fail);
+    }
+    if memchr::memmem::find(&pem, b"Proc-Type: 4,ENCRYPTED").is_some() {
+        return Err(fail(format!(
+            "it is encrypted in the legacy PEM form (\"Proc-Type: 4,ENCRYPTED\"), which gannet \
+             cannot read; convert it to encrypted PKCS#8 with \
+             \"openssl pkcs8 -topk8 -v2 aes-256-cbc -in {0} -out {0}.p8\"",
+            f.path.display()
+        )));
+    }
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| fail(format!("no PEM private key in it ({e})")))
+}
+
+/// The first `BEGIN ... END` block of the given kind, both lines included.
+fn section<'a>(pem: &'a [u8], begin: &[u8], end: &[u8]) -> Option<&'a [u8]> {
+    let start = memchr::memmem::find(pem, begin)?;
+    let len = memchr::memmem::find(&pem[start..], end)? + end.len();
+    Some(&pem[start..start + len])
+}
+
+/// An `ENCRYPTED PRIVATE KEY` block opened with each passphrase in turn (PBES2: PBKDF2 or
+/// scrypt, AES-CBC, by the `pkcs8` crate).
+fn decrypt(block: &[u8], passwords: Option<&Passwords>) -> Result<PrivateKeyDer<'static>, String> {
+    use pkcs8::pkcs5;
+    let (_, der) = pkcs8::der::pem::decode_vec(block)
+        .map_err(|e| format!("its ENCRYPTED PRIVATE KEY block is not valid PEM ({e})"))?;
+    let info = pkcs8::EncryptedPrivateKeyInfo::try_from(der.as_slice()).map_err(|e| {
+        format!("its encryption cannot be read ({e}); gannet reads PBES2 with PBKDF2 or scrypt and AES-CBC")
+    })?;
+    let Some(passwords) = passwords else {
+        return Err("it is encrypted and no \"ssl_password_file\" is set".to_string());
+    };
+    for password in &passwords.list {
+        match info.decrypt(password.as_slice()) {
+            Ok(doc) => return Ok(PrivateKeyDer::Pkcs8(doc.as_bytes().to_vec().into())),
+            // The scheme itself is one gannet cannot use: no passphrase will help.
+            Err(pkcs8::Error::EncryptedPrivateKey(
+                e @ (pkcs5::Error::UnsupportedAlgorithm { .. }
+                | pkcs5::Error::AlgorithmParametersInvalid { .. }
+                | pkcs5::Error::NoPbes1CryptSupport),
+            )) => {
+                return Err(format!(
+                    "its encryption is not supported ({e}); gannet reads PBES2 with PBKDF2 or \
+                     scrypt and AES-CBC, as \"openssl pkcs8 -topk8 -v2 aes-256-cbc\" writes"
+                ))
+            }
+            // A wrong passphrase: bad padding, or plaintext that is no key.
+            Err(_) => continue,
+        }
+    }
+    Err(format!(
+        "none of the passphrases in \"{}\" decrypts it",
+        passwords.file.path.display()
+    ))
 }
 
 fn now() -> i64 {
@@ -282,6 +393,18 @@ mod tests {
         assert_eq!(p.lines().nth(1).map(str::len), Some(64));
         assert!(p.ends_with("A==\n-----END CERTIFICATE-----\n"));
         assert_eq!(escape_component("a b+/=\n-_.~"), "a%20b%2B%2F%3D%0A-_.~");
+    }
+
+    #[test]
+    fn password_file_lines() {
+        let lines =
+            |t: &[u8]| -> Vec<Vec<u8>> { password_lines(t).iter().map(|p| p.to_vec()).collect() };
+        assert_eq!(
+            lines(b"one\r\n\ntwo words\nlast"),
+            [&b"one"[..], b"two words", b"last"]
+        );
+        assert_eq!(lines(b""), [b""]);
+        assert_eq!(lines(b"\n\r\n"), [b""]);
     }
 
     #[test]

@@ -132,7 +132,8 @@ pub fn build(
                 ));
             };
             let chain = load_chain(cert, "certificate")?;
-            let key = load_key(key_file)?;
+            // No `proxy_ssl_password_file` yet: an encrypted key is refused, naming it.
+            let key = load_key(key_file, None)?;
             builder.with_client_auth_cert(chain, key).map_err(|e| {
                 let why = match e {
                     rustls::Error::InconsistentKeys(_) => format!(

@@ -2,8 +2,9 @@
 //! loop like any other read, bounded by the default server's `client_header_timeout`.
 //!
 //! The first byte tells a TLS client (a handshake record, 0x16) from one speaking plain
-//! HTTP to the port (a letter), which nginx answers with a 400 page ("The plain HTTP
-//! request was sent to HTTPS port"); anything else is closed. tokio-rustls reads the
+//! HTTP to the port (anything without the high bit), whose request nginx answers with its
+//! code 497: `error_page 497` may redirect it, else a 400 page ("The plain HTTP request
+//! was sent to HTTPS port"). tokio-rustls reads the
 //! ClientHello, its SNI name picks the server block (see the module docs of `tls`), and
 //! the rest of the handshake runs with that server's rustls config. A failed or abandoned
 //! handshake costs only its own connection: it is logged at `info`, as nginx does.
@@ -30,7 +31,7 @@ pub enum Accepted {
         Arc<TlsInfo>,
         Arc<LocConf>,
     ),
-    /// The client sent plain HTTP: answer it with nginx's 400 page.
+    /// The client sent plain HTTP: its request is refused with 497 (see the module docs).
     PlainHttp(TcpStream),
     Closed,
 }
@@ -61,11 +62,10 @@ pub async fn accept(g: &ListenGroup, tcp: TcpStream, info: &ConnInfo) -> Accepte
         Ok(Err(e)) => return failed(info, e),
         Err(_) => return failed(info, "client timed out"),
     }
-    if first[0] != HANDSHAKE_RECORD {
-        if first[0].is_ascii_alphabetic() {
-            return Accepted::PlainHttp(tcp);
-        }
-        return failed(info, "client sent no TLS handshake");
+    // nginx's test: a TLS record or an SSLv2-style hello (high bit set) is a handshake,
+    // anything else is taken for plain HTTP (and garbage then gets the parser's 400).
+    if first[0] != HANDSHAKE_RECORD && first[0] & 0x80 == 0 {
+        return Accepted::PlainHttp(tcp);
     }
     let start = match timeout_at(deadline, LazyConfigAcceptor::new(Acceptor::default(), tcp)).await
     {

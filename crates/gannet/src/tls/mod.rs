@@ -101,26 +101,38 @@ impl TlsInfo {
         match &self.verified {
             Verified::None => "NONE".to_string(),
             Verified::Success => "SUCCESS".to_string(),
-            Verified::Failed(why) => format!("FAILED:{why}"),
+            Verified::Failed(f) => format!("FAILED:{}", f.reason),
         }
     }
 
-    /// Why a request for a server with this TLS setup is refused, if it is: the status and
-    /// nginx's text. A server that verifies clients answers only on connections whose
-    /// handshake it did itself (421 otherwise, as nginx): a certificate judged against
-    /// another server's CAs proves nothing to it.
-    pub fn refusal(&self, server: &Arc<ServerTls>) -> Option<(u16, &'static str)> {
+    /// Why a request for a server with this TLS setup is refused, if it is: the status
+    /// and what nginx logs. The status is 495 (the certificate failed) or 496 (none was
+    /// sent where one is required), which `error_page` can catch and which are answered
+    /// 400 otherwise; or 421: a server that verifies clients answers only on connections
+    /// whose handshake it did itself, since a certificate judged against another server's
+    /// CAs proves nothing to it.
+    pub fn refusal(&self, server: &Arc<ServerTls>) -> Option<(u16, String)> {
         let mode = server.verify;
         if mode != VerifyClient::Off && !Arc::ptr_eq(server, &self.by) {
-            return Some((421, ""));
+            return Some((
+                421,
+                "client attempted to request the server name different from the one that was negotiated"
+                    .to_string(),
+            ));
         }
-        let why = match (mode, &self.verified) {
-            (VerifyClient::On, Verified::None) => "No required SSL certificate was sent",
-            (VerifyClient::On | VerifyClient::Optional, Verified::Failed(_)) => {
-                "The SSL certificate error"
+        match (mode, &self.verified) {
+            (VerifyClient::On, Verified::None) => {
+                Some((496, "client sent no required SSL certificate".to_string()))
             }
-            _ => return None,
-        };
-        Some((400, why))
+            (VerifyClient::OptionalNoCa, Verified::Failed(f)) if f.only_unknown_ca() => None,
+            (VerifyClient::Off, _) | (_, Verified::None | Verified::Success) => None,
+            (_, Verified::Failed(f)) => Some((
+                495,
+                format!(
+                    "client SSL certificate verify error: ({}:{})",
+                    f.code, f.reason
+                ),
+            )),
+        }
     }
 }

@@ -4,12 +4,15 @@
 //! CA is decided afterwards, so that a request without a good certificate gets nginx's
 //! 400 page ("No required SSL certificate was sent", "The SSL certificate error") instead
 //! of a bare TLS alert, and `optional_no_ca` can still show what was sent.
+//!
+//! A failure is described as OpenSSL describes it (its X509_V_ERR number and text), since
+//! that is what `$ssl_client_verify` shows and what nginx logs.
 
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
+use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use std::sync::Arc;
 
 /// `$ssl_client_verify`.
@@ -20,7 +23,30 @@ pub enum Verified {
     /// `SUCCESS`.
     Success,
     /// `FAILED:reason`.
-    Failed(String),
+    Failed(Failure),
+}
+
+/// Why a chain failed: OpenSSL's verify error number and its text (rustls's own text when
+/// OpenSSL has no matching error, with number 1, "unspecified").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub code: u32,
+    pub reason: String,
+}
+
+impl Failure {
+    fn new(code: u32, reason: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            reason: reason.into(),
+        }
+    }
+
+    /// A failure `ssl_verify_client optional_no_ca` lets through: the issuer is unknown,
+    /// and nothing else is wrong (nginx's `ngx_ssl_verify_error_optional`).
+    pub fn only_unknown_ca(&self) -> bool {
+        matches!(self.code, 2 | 18 | 19 | 20 | 21)
+    }
 }
 
 /// Asks for a client certificate; lets any chain through the handshake (see the module
@@ -91,7 +117,8 @@ impl ClientCertVerifier for DeferredVerifier {
 }
 
 /// The verdict on the chain a client sent: checked against the CAs by rustls's webpki
-/// verifier (`roots`), or FAILED when there are none to check against (`optional_no_ca`).
+/// verifier (`roots`), or failed for an unknown issuer when there are none to check
+/// against (`optional_no_ca`).
 pub fn judge(
     chain: Option<&[CertificateDer<'static>]>,
     roots: Option<&Arc<dyn ClientCertVerifier>>,
@@ -100,10 +127,68 @@ pub fn judge(
         return Verified::None;
     };
     let Some(roots) = roots else {
-        return Verified::Failed("unable to verify the first certificate".to_string());
+        return Verified::Failed(unknown_issuer(end_entity, intermediates));
     };
     match roots.verify_client_cert(end_entity, intermediates, UnixTime::now()) {
         Ok(_) => Verified::Success,
-        Err(e) => Verified::Failed(e.to_string()),
+        Err(rustls::Error::InvalidCertificate(e)) => {
+            Verified::Failed(openssl_failure(&e, end_entity, intermediates))
+        }
+        Err(e) => Verified::Failed(Failure::new(1, e.to_string())),
     }
+}
+
+/// A rustls certificate error as OpenSSL's verify error.
+fn openssl_failure(
+    e: &CertificateError,
+    end_entity: &CertificateDer<'_>,
+    intermediates: &[CertificateDer<'_>],
+) -> Failure {
+    use CertificateError as E;
+    match e {
+        E::UnknownIssuer => unknown_issuer(end_entity, intermediates),
+        // webpki refuses a lone self-signed certificate for other reasons first (a CA
+        // used as an end entity); OpenSSL reports that it is self-signed.
+        E::Other(_) if intermediates.is_empty() && self_signed(end_entity) => {
+            unknown_issuer(end_entity, intermediates)
+        }
+        E::Expired | E::ExpiredContext { .. } => Failure::new(10, "certificate has expired"),
+        E::NotValidYet | E::NotValidYetContext { .. } => {
+            Failure::new(9, "certificate is not yet valid")
+        }
+        E::Revoked => Failure::new(23, "certificate revoked"),
+        E::UnknownRevocationStatus => Failure::new(3, "unable to get certificate CRL"),
+        E::ExpiredRevocationList | E::ExpiredRevocationListContext { .. } => {
+            Failure::new(12, "CRL has expired")
+        }
+        E::BadSignature => Failure::new(7, "certificate signature failure"),
+        E::InvalidPurpose | E::InvalidPurposeContext { .. } => {
+            Failure::new(26, "unsupported certificate purpose")
+        }
+        E::UnhandledCriticalExtension => Failure::new(34, "unhandled critical extension"),
+        other => Failure::new(1, other.to_string()),
+    }
+}
+
+/// No trusted CA issued the chain: OpenSSL tells apart by the chain's shape a self-signed
+/// certificate (18), a self-signed root at the end of the chain (19), a lone certificate
+/// (21) and a chain that stops at an unknown issuer (20).
+fn unknown_issuer(
+    end_entity: &CertificateDer<'_>,
+    intermediates: &[CertificateDer<'_>],
+) -> Failure {
+    match intermediates.last() {
+        None if self_signed(end_entity) => Failure::new(18, "self-signed certificate"),
+        None => Failure::new(21, "unable to verify the first certificate"),
+        Some(top) if self_signed(top) => {
+            Failure::new(19, "self-signed certificate in certificate chain")
+        }
+        Some(_) => Failure::new(20, "unable to get local issuer certificate"),
+    }
+}
+
+/// Subject and issuer are the same name.
+fn self_signed(der: &CertificateDer<'_>) -> bool {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    X509Certificate::from_der(der).is_ok_and(|(_, c)| c.subject().as_raw() == c.issuer().as_raw())
 }

@@ -1,0 +1,305 @@
+//! Access by client address, as nginx's access module: `allow` and `deny` (http, server,
+//! location, `limit_except`), and `limit_except METHOD ... { ... }` (location), which
+//! puts the other methods under the rules of its block.
+//!
+//! Rules are `address`, `address/bits` (IPv4 or IPv6), `unix:` or `all`, checked in order
+//! against `$remote_addr` (an IPv4-mapped IPv6 client as its IPv4 address); the first that
+//! matches decides, a `deny` answering 403, and none matching lets the request through.
+//! A level with rules of its own replaces the outer level's, it does not add to them.
+//!
+//! `limit_except` is a nested configuration, like nginx's: it inherits everything from
+//! its location, and a request whose method is not listed (GET includes HEAD) is served
+//! with it instead of the location's. As in nginx, the location's rewrite statements and
+//! `try_files` are not part of it. Inside it only `allow` and `deny` are implemented.
+//!
+//! The check runs after the location's rewrite statements (a `return` is not subject to
+//! it, as in nginx) and before the content handlers.
+
+use super::{LoadCtx, LocConf};
+use crate::errlog::Level;
+use crate::http::handler::Flow;
+use crate::http::request::Request;
+use gannet_conf::registry::{Args, Ctx, Spec};
+use gannet_conf::{ConfError, Directive};
+use gannet_proto::h1::Method;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+
+const RULE_CTX: Ctx = Ctx::HSL.or(Ctx::LIMIT_EXCEPT);
+
+pub const DIRECTIVES: &[Spec] = &[
+    Spec {
+        name: "allow",
+        ctx: RULE_CTX,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "deny",
+        ctx: RULE_CTX,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "limit_except",
+        ctx: Ctx::LOCATION,
+        args: Args::AtLeast(1),
+        block: true,
+    },
+];
+
+/// Who a rule is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Who {
+    All,
+    V4 {
+        net: u32,
+        mask: u32,
+    },
+    V6 {
+        net: u128,
+        mask: u128,
+    },
+    /// Clients on a UNIX-domain socket (gannet listens on none, so it never matches).
+    Unix,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Rule {
+    deny: bool,
+    who: Who,
+}
+
+/// `limit_except`: the methods it leaves alone, and the settings for every other one.
+#[derive(Debug, Clone)]
+pub struct LimitExcept {
+    /// Upper-case method names; GET brings HEAD.
+    pub allowed: Vec<&'static str>,
+    pub conf: Arc<LocConf>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct AccessConf {
+    rules: Option<Arc<Vec<Rule>>>,
+    /// This location's `limit_except` (not inherited by nested locations, as in nginx).
+    pub limit_except: Option<Arc<LimitExcept>>,
+}
+
+impl AccessConf {
+    pub fn merge(&mut self, parent: &AccessConf) {
+        // Rules are inherited only by a level without any of its own.
+        if self.rules.is_none() {
+            self.rules = parent.rules.clone();
+        }
+    }
+
+    /// The first rule matching the client decides; `true` is denied.
+    fn denies(&self, peer: IpAddr) -> bool {
+        let Some(rules) = &self.rules else {
+            return false;
+        };
+        let peer = match peer {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer, IpAddr::V4),
+            v4 => v4,
+        };
+        rules
+            .iter()
+            .find(|r| match (r.who, peer) {
+                (Who::All, _) => true,
+                (Who::V4 { net, mask }, IpAddr::V4(a)) => u32::from(a) & mask == net,
+                (Who::V6 { net, mask }, IpAddr::V6(a)) => u128::from(a) & mask == net,
+                _ => false,
+            })
+            .is_some_and(|r| r.deny)
+    }
+}
+
+/// The methods `limit_except` can name, as nginx has them.
+const METHODS: &[&str] = &[
+    "GET",
+    "HEAD",
+    "POST",
+    "PUT",
+    "DELETE",
+    "MKCOL",
+    "COPY",
+    "MOVE",
+    "OPTIONS",
+    "PROPFIND",
+    "PROPPATCH",
+    "LOCK",
+    "UNLOCK",
+    "PATCH",
+];
+
+impl LimitExcept {
+    /// Whether the request's method is one the block applies to. The method is the one
+    /// the phases act on: an `error_page` fetch is a GET.
+    fn applies(&self, req: &Request) -> bool {
+        let method = match req.method_override {
+            Some(Method::Get) => "GET",
+            _ => req.head.method_str(),
+        };
+        !self.allowed.contains(&method)
+    }
+}
+
+/// The methods of a `limit_except` line (case-insensitive, as nginx reads them).
+pub fn limit_except_methods(d: &Directive) -> Result<Vec<&'static str>, ConfError> {
+    let mut allowed = Vec::new();
+    for a in &d.args {
+        let m = METHODS
+            .iter()
+            .find(|m| m.eq_ignore_ascii_case(a))
+            .ok_or_else(|| d.error(format!("invalid method \"{a}\"")))?;
+        allowed.push(*m);
+        if *m == "GET" {
+            allowed.push("HEAD");
+        }
+    }
+    Ok(allowed)
+}
+
+/// After `lc` has been merged with its parents: its `limit_except` block inherits from it
+/// what it did not set, including the application it passes to (as an `if` does).
+pub fn merge_limit_except(lc: &mut LocConf) {
+    let Some(mut lx) = lc.access.limit_except.take() else {
+        return;
+    };
+    let inner = Arc::make_mut(&mut Arc::make_mut(&mut lx).conf);
+    inner.merge(lc);
+    super::rewrite::inherit_handler(inner, lc);
+    lc.access.limit_except = Some(lx);
+}
+
+pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
+    let rule = Rule {
+        deny: d.name == "deny",
+        who: parse_who(d, ctx)?,
+    };
+    let mut rules = lc.access.rules.as_deref().cloned().unwrap_or_default();
+    rules.push(rule);
+    lc.access.rules = Some(Arc::new(rules));
+    Ok(())
+}
+
+/// `all`, `unix:`, `address` or `address/bits`. Bits set past the prefix are cleared with
+/// nginx's warning.
+fn parse_who(d: &Directive, ctx: &mut LoadCtx) -> Result<Who, ConfError> {
+    let arg = d.args[0].as_str();
+    match arg {
+        "all" => return Ok(Who::All),
+        "unix:" => return Ok(Who::Unix),
+        _ => {}
+    }
+    let invalid = || d.error(format!("invalid parameter \"{arg}\""));
+    let (addr, bits) = match arg.split_once('/') {
+        Some((a, b)) if !b.is_empty() && b.bytes().all(|c| c.is_ascii_digit()) => {
+            (a, Some(b.parse::<u32>().map_err(|_| invalid())?))
+        }
+        Some(_) => return Err(invalid()),
+        None => (arg, None),
+    };
+    let (who, meaningful) = if let Ok(v4) = addr.parse::<Ipv4Addr>() {
+        let bits = bits.unwrap_or(32);
+        if bits > 32 {
+            return Err(invalid());
+        }
+        let mask = u32::MAX.checked_shl(32 - bits).unwrap_or(0);
+        let a = u32::from(v4);
+        (
+            Who::V4 {
+                net: a & mask,
+                mask,
+            },
+            a & !mask == 0,
+        )
+    } else if let Ok(v6) = addr.parse::<Ipv6Addr>() {
+        let bits = bits.unwrap_or(128);
+        if bits > 128 {
+            return Err(invalid());
+        }
+        let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
+        let a = u128::from(v6);
+        (
+            Who::V6 {
+                net: a & mask,
+                mask,
+            },
+            a & !mask == 0,
+        )
+    } else {
+        return Err(invalid());
+    };
+    if !meaningful {
+        ctx.notices.push(format!(
+            "{}: low address bits of {arg} are meaningless",
+            d.loc
+        ));
+    }
+    Ok(who)
+}
+
+/// The access phase: 403 for a client the rules deny.
+pub fn check(req: &Request) -> Option<Flow> {
+    if !req.conf.access.denies(req.conn.peer.ip()) {
+        return None;
+    }
+    crate::errlog::request(Level::Error, req, format_args!("access forbidden by rule"));
+    Some(Flow::Status(403))
+}
+
+/// The settings a request is served with in its location: the `limit_except` block's when
+/// its method is one the block is about.
+pub fn limited_conf(req: &Request) -> Option<Arc<LocConf>> {
+    let lx = req.conf.access.limit_except.as_ref()?;
+    lx.applies(req).then(|| lx.conf.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conf(rules: &[(bool, Who)]) -> AccessConf {
+        AccessConf {
+            rules: Some(Arc::new(
+                rules
+                    .iter()
+                    .map(|&(deny, who)| Rule { deny, who })
+                    .collect(),
+            )),
+            limit_except: None,
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+    }
+
+    #[test]
+    fn first_match_decides() {
+        let ten = Who::V4 {
+            net: 0x0a00_0000,
+            mask: 0xff00_0000,
+        };
+        let c = conf(&[(false, ten), (true, Who::All)]);
+        assert!(!c.denies(ip("10.1.2.3")));
+        assert!(c.denies(ip("11.0.0.1")));
+        assert!(c.denies(ip("::1")));
+        // An IPv4-mapped client is judged by its IPv4 address.
+        assert!(!c.denies(ip("::ffff:10.0.0.9")));
+        let v6 = Who::V6 {
+            net: u128::from(ip_v6("2001:db8::")),
+            mask: u128::MAX << 96,
+        };
+        let c = conf(&[(true, v6), (true, Who::Unix)]);
+        assert!(c.denies(ip("2001:db8::5")));
+        assert!(!c.denies(ip("2001:db9::5")));
+        assert!(!c.denies(ip("127.0.0.1")));
+        assert!(!AccessConf::default().denies(ip("127.0.0.1")));
+    }
+
+    fn ip_v6(s: &str) -> Ipv6Addr {
+        s.parse().unwrap_or(Ipv6Addr::UNSPECIFIED)
+    }
+}
