@@ -10,6 +10,8 @@ mkdir -p /tmp/tlsbench && cd /tmp/tlsbench
 cp "$here"/bench.py "$here"/gannet.conf "$here"/nginx.conf "$here"/../robots/robots.txt .
 [ -f cert.pem ] || openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
     -keyout key.pem -out cert.pem -days 30 -subj /CN=localhost 2>/dev/null
+[ -f rsacert.pem ] || openssl req -x509 -newkey rsa:2048 -nodes \
+    -keyout rsakey.pem -out rsacert.pem -days 30 -subj /CN=localhost 2>/dev/null
 [ -f img.jpg ] || head -c 394000 /dev/urandom > img.jpg
 sed -i "s#@DIR@#$PWD#g" gannet.conf nginx.conf
 # HTTP/2 over TLS, robots.txt, 100 connections x 10 streams.
@@ -21,3 +23,7 @@ python3 bench.py handshake-h2-c2000 "$rounds" /robots.txt -c2000 -n2000 -t1
 python3 bench.py img394k-h1-c10 "$rounds" /img.jpg -c10 -n6000 -t1 --h1
 python3 bench.py img394k-h2-c10 "$rounds" /img.jpg -c10 -n6000 -t1
 python3 bench.py img394k-h2-c100 "$rounds" /img.jpg -c100 -n6000 -t1
+# Handshakes with an RSA-2048 certificate: the server's signature is then the costly side
+# (with ECDSA the client's verification is, and h2load on one CPU limits the rate).
+sed -i "s#$PWD/cert.pem#$PWD/rsacert.pem#; s#$PWD/key.pem#$PWD/rsakey.pem#" gannet.conf nginx.conf
+python3 bench.py handshake-h1-rsa-c2000 "$rounds" /robots.txt -c2000 -n2000 -t1 --h1
