@@ -6,6 +6,7 @@ answers can be compared field by field.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -15,7 +16,17 @@ from pathlib import Path
 
 from conftest import REPO, wait_port
 
-NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+# None when nginx is not installed: differential tests skip (scripts/test-all.sh installs it).
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+
+# The main context every differential config starts with (`{tmp}` as `render` fills it).
+PEER_MAIN = r"""
+user root;
+worker_processes 1;
+pid {tmp}/server.pid;
+error_log {tmp}/error.log info;
+events { worker_connections 64; }
+"""
 
 
 def render(conf: str, port: int, root: Path, tmp: Path) -> str:

@@ -6,25 +6,17 @@ it. The same config runs on Debian's nginx, and every answer must be the same.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import socket
 
 import pytest
 
 from conftest import Gannet, free_port
-from nginx_peer import NginxPeer, exchange
+from nginx_peer import NGINX, PEER_MAIN, NginxPeer, exchange
 from test_differential import normalise
 
-NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 
-CONF = r"""
-user root;
-worker_processes 1;
-pid {tmp}/server.pid;
-error_log {tmp}/error.log info;
-events { worker_connections 64; }
+CONF = PEER_MAIN + r"""
 http {
     access_log {tmp}/access.log;
     server_tokens off;
@@ -171,7 +163,7 @@ def test_ipv6_clients(gannet):
     except OSError:
         pytest.skip("no IPv6 loopback")
     port = free_port()
-    srv = gannet.start(conf=f"""
+    gannet.start(conf=f"""
 worker_processes 1;
 pid {{tmp}}/gannet.pid;
 error_log {{tmp}}/error.log info;

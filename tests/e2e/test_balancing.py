@@ -11,9 +11,7 @@ to the same servers: the evidence that the arithmetic is nginx's.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import socket
 import struct
 import threading
@@ -21,17 +19,11 @@ import threading
 import pytest
 
 from conftest import free_port
-from nginx_peer import NginxPeer, parse
+from nginx_peer import NGINX, PEER_MAIN, NginxPeer, parse
 from rawapps import Listener, end_request, record
 
-NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 
-CONF = r"""
-user root;
-worker_processes 1;
-pid {tmp}/server.pid;
-error_log {tmp}/error.log info;
-events { worker_connections 64; }
+CONF = PEER_MAIN + r"""
 http {
     access_log off;
     upstream apps {

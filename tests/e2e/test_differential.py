@@ -20,14 +20,9 @@ from email.utils import formatdate
 import pytest
 
 from conftest import Gannet, free_port
-from nginx_peer import Answer, NginxPeer, exchange
+from nginx_peer import PEER_MAIN, Answer, NginxPeer, exchange
 
-CONF = r"""
-user root;
-worker_processes 1;
-pid {tmp}/server.pid;
-error_log {tmp}/error.log info;
-events { worker_connections 64; }
+CONF = PEER_MAIN + r"""
 http {
     include {repo}/conf/mime.types;
     default_type application/octet-stream;

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
-import os
 import re
-import shutil
 import signal
 import socket
 import ssl
@@ -22,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from conftest import free_port, wait_until
+from nginx_peer import NGINX, PEER_MAIN
 
-NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["which", "openssl"], capture_output=True).returncode != 0
@@ -610,7 +608,7 @@ def test_error_page_497(gannet, pki):
     assert f"Location: https://redirect.test:{srv.port}/in/a?b=1\r\n".encode() in reply
     assert b"Connection: close" in reply
     # POST with a body: the same redirect, and the body is not taken for another request.
-    reply = srv.raw(f"POST /form HTTP/1.1\r\nHost: redirect.test\r\nContent-Length: 5\r\n\r\nhello".encode())
+    reply = srv.raw("POST /form HTTP/1.1\r\nHost: redirect.test\r\nContent-Length: 5\r\n\r\nhello".encode())
     assert reply.startswith(b"HTTP/1.1 301 ") and reply.count(b"HTTP/1.1") == 1
     # A page without `=code` is answered 400, as nginx does for its own codes.
     reply = plain("page.test")
@@ -661,12 +659,7 @@ def test_error_page_495_496(gannet, pki):
 
 
 
-REFUSALS = """
-user root;
-worker_processes 1;
-pid {tmp}/server.pid;
-error_log {tmp}/error.log info;
-events { worker_connections 64; }
+REFUSALS = PEER_MAIN + """
 http {
     access_log {tmp}/access.log;
     server_tokens off;
