@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,6 +54,26 @@ def test_sampler_sees_cpu_and_memory_of_the_tree(nginx):
     assert sample.peak_rss_kib > 0 and sample.peak_pss_kib > 0
     assert sample.peak_processes == 2  # master + one worker
     assert sample.samples >= 2
+
+
+def test_sampler_counts_cpu_finer_than_a_clock_tick():
+    """A PHP-FPM child serving a few requests runs for milliseconds: /proc/PID/stat's 10 ms
+    ticks truncate that to nothing, so the sampler reads the threads' nanosecond run time."""
+    spin = "import sys,time\nfor _ in sys.stdin:\n    t=time.process_time()\n    while time.process_time()-t<0.003: pass\n    print(flush=True)\n"
+    child = subprocess.Popen([sys.executable, "-c", spin], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        child.stdout.readline()  # started: interpreter start-up stays out of the sample
+        sampler = Sampler(child.pid, interval=10).start()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        child.stdout.readline()
+        sample = sampler.stop()
+    finally:
+        child.kill()
+        child.wait()
+    assert 0.003 <= sample.cpu_seconds < 0.5
 
 
 class BrokenNginx(Nginx):
