@@ -124,12 +124,14 @@ def read_request(conn, buf: bytes = b"") -> tuple[bytes, bytes, bytes] | None:
 class HttpApp(Listener):
     """An HTTP server that reads each request and calls `behave(conn, head, body)`; the
     connection is closed after, unless `behave` returns "again". `requests` keeps every head
-    received with the number of the connection it came on."""
+    received with the number of the connection it came on; `ended` counts connections the
+    client closed."""
 
     def __init__(self, behave):
         self.behave = behave
         self.requests: list[tuple[int, bytes, bytes]] = []
         self.accepted = 0
+        self.ended = 0
         super().__init__()
 
     def serve(self, conn):
@@ -141,6 +143,7 @@ class HttpApp(Listener):
             except OSError:
                 return
             if got is None:
+                self.ended += 1
                 conn.close()
                 return
             head, body, buf = got

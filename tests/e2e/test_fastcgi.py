@@ -600,6 +600,32 @@ def test_keepalive_reuses_connections(gannet, backend):
     assert len(b.conns) == 4
 
 
+def test_fastcgi_connections_over_keepalive_close_at_once(gannet, backend):
+    """Unlike proxied HTTP's, a FastCGI connection freed while `keepalive` are idle closes
+    at once (as in nginx): idle, it would hold an application process."""
+    barrier = threading.Barrier(3, timeout=10)
+
+    def together(conn):
+        barrier.wait()
+        conn.sendall(record(6, b"Content-Type: text/plain\r\n\r\nkept") + end_request())
+        return "again"
+
+    b = backend(together)
+    srv = group_server(gannet, f"""upstream php {{
+        server 127.0.0.1:{b.port};
+        keepalive 1;
+    }}""", "fastcgi_keep_conn on;", files={"x.php": "unused"})
+    statuses = []
+    for burst in range(2):
+        threads = [threading.Thread(target=lambda: statuses.append(srv.get("/x.php")[0])) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert statuses == [200] * 6
+    assert len(b.conns) == 5, "the second burst opened two connections again"
+
+
 def test_keepalive_with_php_fpm(gannet, fpm):
     """PHP-FPM honours keep_conn: a kept connection stays with one child."""
     srv = group_server(gannet, f"""upstream php {{

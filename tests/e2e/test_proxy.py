@@ -6,6 +6,8 @@ One test runs behind a real server (gannet itself as the backend, serving files)
 
 import http.client
 import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -202,6 +204,57 @@ def test_keepalive_pool_reuses_connections(gannet, app):
     assert len(a.requests) == 10
     assert a.accepted == 1, "ten requests should share one upstream connection"
     assert "connection" not in sent_head(a)[1]
+
+
+def bursts_of_three(srv):
+    """Three requests at once, answered together (see `together`)."""
+    with ThreadPoolExecutor(3) as pool:
+        assert [r[0] for r in pool.map(lambda i: srv.get(f"/{i}"), range(3))] == [200] * 3
+
+
+def together(n):
+    """A backend behaviour: answer once `n` requests are in, so that each burst holds `n`
+    upstream connections at the same time."""
+    barrier = threading.Barrier(n, timeout=10)
+
+    def behave(conn, head, body):
+        barrier.wait()
+        conn.sendall(http_answer(b"ok"))
+        return "again"
+    return behave
+
+
+def test_connections_freed_over_keepalive_serve_the_next_burst_then_close(gannet, app):
+    """`keepalive 1` and bursts of three: nginx closes the two connections freed over the one
+    it keeps, and opens two again for the next burst; gannet keeps them for a second
+    (upstream::SURPLUS_GRACE) and then closes them."""
+    a = app(together(3))
+    srv = gannet.start(
+        http=f"upstream b {{ server 127.0.0.1:{a.port}; keepalive 1; }}",
+        server="""location / { proxy_pass http://b; proxy_http_version 1.1;
+                               proxy_set_header Connection ""; }""",
+    )
+    bursts_of_three(srv)
+    bursts_of_three(srv)
+    assert a.accepted == 3
+    # With no more traffic the two over `keepalive` close; the kept one stays open.
+    assert wait_until(lambda: a.ended == 2)
+    bursts_of_three(srv)
+    assert a.accepted == 5 and a.ended == 2
+
+
+def test_kept_connection_closes_at_keepalive_timeout(gannet, app):
+    """The upstream's keepalive_timeout closes an idle kept connection when it passes, with
+    no request needed to notice (nginx's timer)."""
+    a = app(echo)
+    srv = gannet.start(
+        http=f"upstream b {{ server 127.0.0.1:{a.port}; keepalive 4; keepalive_timeout 300ms; }}",
+        server="""location / { proxy_pass http://b; proxy_http_version 1.1;
+                               proxy_set_header Connection ""; }""",
+    )
+    assert srv.get("/")[0] == 200
+    assert a.ended == 0
+    assert wait_until(lambda: a.ended == 1)
 
 
 def test_without_keepalive_settings_each_request_has_its_own_connection(gannet, app):

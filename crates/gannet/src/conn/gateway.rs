@@ -359,8 +359,14 @@ impl Streaming {
     /// The answer was sent whole: keep the connection if it may be reused.
     pub fn finish(self, w: &Worker) {
         if let (true, true, Some(p)) = (self.done, self.link.reusable(), self.pool) {
-            w.upstreams
-                .put_idle(&p.up, p.server, p.kind, self.link.conn, p.requests + 1);
+            w.upstreams.put_idle(
+                &p.up,
+                p.server,
+                p.kind,
+                self.link.conn,
+                p.requests + 1,
+                p.linger,
+            );
         }
     }
 }
@@ -373,6 +379,8 @@ pub struct Pooled {
     kind: u64,
     /// Requests it carried before this one.
     requests: u64,
+    /// May stay as surplus over `keepalive` for a moment (`upstream::SURPLUS_GRACE`).
+    linger: bool,
 }
 
 /// How a request reaches its upstream: the protocol, and TLS for `https://`.
@@ -654,14 +662,21 @@ async fn run_with(
                     server: i,
                     kind: via.kind(),
                     requests: n,
+                    linger: via.proto == Proto::Http,
                 });
                 if a.done {
                     if let (true, Some(p)) = (a.link.reusable(), &pool) {
                         let Answered {
                             head, body, link, ..
                         } = a;
-                        w.upstreams
-                            .put_idle(&p.up, p.server, p.kind, link.conn, p.requests + 1);
+                        w.upstreams.put_idle(
+                            &p.up,
+                            p.server,
+                            p.kind,
+                            link.conn,
+                            p.requests + 1,
+                            p.linger,
+                        );
                         return Outcome::Flow(whole(req, c, head, body));
                     }
                 }

@@ -198,6 +198,7 @@ pub fn run(
                     let now = Instant::now();
                     w.timers.sweep(now, w.draining.get());
                     w.expire_parked(now, w.draining.get());
+                    w.upstreams.expire_idle(now);
                     w.flush_logs(false);
                 }
             }
