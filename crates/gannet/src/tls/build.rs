@@ -151,13 +151,13 @@ pub fn build_server(
     })))
 }
 
-/// rustls's ring provider, offering the suites `ssl_ciphers` chose (TLS 1.2) and every
+/// rustls's aws-lc-rs provider, offering the suites `ssl_ciphers` chose (TLS 1.2) and every
 /// TLS 1.3 suite, and the groups `ssl_ecdh_curve` chose.
 pub(super) fn provider(
     ciphers: Option<&[CipherSuite]>,
     curves: Option<&[NamedGroup]>,
 ) -> CryptoProvider {
-    let mut p = rustls::crypto::ring::default_provider();
+    let mut p = rustls::crypto::aws_lc_rs::default_provider();
     if let Some(chosen) = curves {
         let all = std::mem::take(&mut p.kx_groups);
         p.kx_groups = chosen

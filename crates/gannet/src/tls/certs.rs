@@ -250,7 +250,8 @@ impl CertFacts {
             issuer: rfc2253(cert.issuer()),
             serial: hex(serial, true),
             fingerprint: hex(
-                ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, der).as_ref(),
+                aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA1_FOR_LEGACY_USE_ONLY, der)
+                    .as_ref(),
                 false,
             ),
             not_before: openssl_time(v.not_before.timestamp()),

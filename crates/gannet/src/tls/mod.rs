@@ -1,4 +1,4 @@
-//! HTTPS with rustls (ring provider): the TLS setup each server block gets from its `ssl_*`
+//! HTTPS with rustls (aws-lc-rs provider): the TLS setup each server block gets from its `ssl_*`
 //! directives (`build`), the handshake on a `listen ... ssl` address (`handshake`), and what
 //! a TLS connection tells its requests (`TlsInfo`: `$https`, `$scheme`, `$ssl_*`).
 //!

@@ -2,7 +2,7 @@
 //! (tickets with rotating keys) and `ssl_session_timeout` (how long either is honoured).
 //!
 //! rustls does the cryptography: sessions are stored by its `ServerSessionMemoryCache`, and
-//! tickets are sealed by its ring ticketer inside its `TicketRotator`. What is added here is
+//! tickets are sealed by its aws-lc-rs ticketer inside its `TicketRotator`. What is added here is
 //! the timeout, which rustls leaves to the client: each stored session and each ticket's
 //! sealed contents start with the time it expires, checked when the session comes back.
 
@@ -69,7 +69,7 @@ impl StoresServerSessions for TimedCache {
     }
 }
 
-/// One generation of ticket keys: rustls's ring ticketer (a fresh random key each time).
+/// One generation of ticket keys: rustls's aws-lc-rs ticketer (a fresh random key each time).
 #[derive(Debug)]
 struct Generation(Arc<dyn ProducesTickets>);
 
@@ -89,7 +89,7 @@ impl ProducesTickets for Generation {
 }
 
 fn generation() -> Result<Box<dyn ProducesTickets>, GetRandomFailed> {
-    match rustls::crypto::ring::Ticketer::new() {
+    match rustls::crypto::aws_lc_rs::Ticketer::new() {
         Ok(t) => Ok(Box::new(Generation(t))),
         Err(_) => Err(GetRandomFailed),
     }
