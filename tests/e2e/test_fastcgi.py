@@ -576,25 +576,30 @@ def test_post_is_not_sent_twice(gannet, fpm, backend):
     assert all(srv.get("/body.php")[0] == 200 for _ in range(4))
 
 
+KEPT_ANSWER = record(6, b"Content-Type: text/plain\r\n\r\nkept") + end_request()
+
+
+def kept_server(gannet, port, keepalive, keep_conn=True):
+    """x.php through an upstream of one FastCGI server with `keepalive`."""
+    return group_server(gannet, f"""upstream php {{
+        server 127.0.0.1:{port};
+        keepalive {keepalive};
+    }}""", "fastcgi_keep_conn on;" if keep_conn else "", files={"x.php": "unused"})
+
+
 def test_keepalive_reuses_connections(gannet, backend):
     def answer(conn):
-        conn.sendall(record(6, b"Content-Type: text/plain\r\n\r\nkept") + end_request())
+        conn.sendall(KEPT_ANSWER)
         return "again"
 
     b = backend(answer)
-    srv = group_server(gannet, f"""upstream php {{
-        server 127.0.0.1:{b.port};
-        keepalive 4;
-    }}""", "fastcgi_keep_conn on;", files={"x.php": "unused"})
+    srv = kept_server(gannet, b.port, 4)
     for _ in range(5):
         status, _, body = srv.get("/x.php")
         assert (status, body) == (200, b"kept")
     assert len(b.conns) == 1, "five requests, one connection"
     # Without fastcgi_keep_conn each request has its own connection, as in nginx.
-    srv2 = group_server(gannet, f"""upstream php {{
-        server 127.0.0.1:{b.port};
-        keepalive 4;
-    }}""", files={"x.php": "unused"})
+    srv2 = kept_server(gannet, b.port, 4, keep_conn=False)
     for _ in range(3):
         assert srv2.get("/x.php")[2] == b"kept"
     assert len(b.conns) == 4
@@ -607,14 +612,11 @@ def test_fastcgi_connections_over_keepalive_close_at_once(gannet, backend):
 
     def together(conn):
         barrier.wait()
-        conn.sendall(record(6, b"Content-Type: text/plain\r\n\r\nkept") + end_request())
+        conn.sendall(KEPT_ANSWER)
         return "again"
 
     b = backend(together)
-    srv = group_server(gannet, f"""upstream php {{
-        server 127.0.0.1:{b.port};
-        keepalive 1;
-    }}""", "fastcgi_keep_conn on;", files={"x.php": "unused"})
+    srv = kept_server(gannet, b.port, 1)
     statuses = []
     for burst in range(2):
         threads = [threading.Thread(target=lambda: statuses.append(srv.get("/x.php")[0])) for _ in range(3)]

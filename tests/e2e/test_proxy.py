@@ -309,7 +309,7 @@ def test_failures_map_to_502_and_504(gannet, app):
     assert srv.get("/garbage")[0] == 502
     assert srv.get("/ambiguous")[0] == 502
     log = srv.error_log()
-    assert f'connect() failed' in log and f'upstream: "http://127.0.0.1:{dead_port}"' in log
+    assert 'connect() failed' in log and f'upstream: "http://127.0.0.1:{dead_port}"' in log
     assert "upstream timed out" in log
     assert "upstream sent no valid HTTP/1.0 header" in log
     assert '"Content-Length" and "Transfer-Encoding"' in log
