@@ -7,7 +7,6 @@ from __future__ import annotations
 import socket
 import ssl
 import subprocess
-import threading
 
 import pytest
 

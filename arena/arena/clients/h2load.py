@@ -10,7 +10,7 @@ import os
 import re
 import tempfile
 
-from arena.clients.base import LoadResult, ToolRun, number, run_tool, to_ms, tool_failed
+from arena.clients.base import LoadResult, ToolRun, run_tool, to_ms, tool_failed
 from arena.stats import percentile
 from arena.tools import require
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 
-from arena.clients.base import LoadResult, ToolRun, number, run_tool, tool_failed
+from arena.clients.base import LoadResult, ToolRun, run_tool, tool_failed
 from arena.tools import require
 
 TOOL = "siege"
