@@ -362,18 +362,27 @@ def test_proxied_answers_are_compressed_with_weak_validators(gannet, upstream):
     assert h["content-encoding"] == "gzip" and body == packed
 
 
-def test_streamed_answer_is_flushed_as_the_application_pauses(gannet, app):
-    """What the application said before a pause reaches the client, decodable, during the
-    pause (the client's reading is what lets the application go on)."""
+@pytest.mark.parametrize("via", ["fastcgi", "proxy"])
+def test_streamed_answer_is_flushed_as_the_application_pauses(gannet, app, upstream, via):
+    """What the application (or proxied server) said before a pause reaches the client,
+    decodable, during the pause (the client's reading is what lets the application go on)."""
     go_on = threading.Event()
     first = b"first part " * 120000  # > 1 MiB, so the answer is streamed
 
-    def script(c):
-        c.sendall(stdout(b"Content-Type: text/plain\r\n\r\n" + first))
-        assert go_on.wait(10)
-        c.sendall(stdout(b"the end\n") + end_request())
+    if via == "fastcgi":
+        def script(c):
+            c.sendall(stdout(b"Content-Type: text/plain\r\n\r\n" + first))
+            assert go_on.wait(10)
+            c.sendall(stdout(b"the end\n") + end_request())
 
-    srv = app_server(gannet, app(script).port)
+        srv = app_server(gannet, app(script).port)
+    else:
+        def behave(c, head, body):
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n" + first)
+            assert go_on.wait(10)
+            c.sendall(b"the end\n")
+
+        srv = proxy_server(gannet, upstream(behave).port)
     with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
         s.sendall(b"GET /x.php HTTP/1.1\r\nHost: t\r\nAccept-Encoding: gzip\r\n\r\n")
         f = s.makefile("rb")
