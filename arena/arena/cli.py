@@ -6,7 +6,9 @@ such as a server's log tail) with a non-zero exit; Ctrl-C exits with 130."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from datetime import datetime
 from pathlib import Path
 
@@ -133,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     # soft_wrap: messages stay one line each, whatever the terminal width (logs, CI).
     console = Console(stderr=True, soft_wrap=True)
     args = _parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl-C (SIGINT) stops a run and keeps its completed points, even when the parent
+        # ignored SIGINT: a background job of a non-interactive shell inherits it ignored,
+        # and Python then never raises KeyboardInterrupt.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         if args.command == "list":
             return _list(Console())

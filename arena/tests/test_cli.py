@@ -83,11 +83,14 @@ def test_list_and_servers_and_peers_dry_run():
             "libapache2-mod-php8.2") in dry.stderr
 
 
-def test_ctrl_c_keeps_completed_points(tmp_path):
+@pytest.mark.parametrize("inherited", [signal.SIG_DFL, signal.SIG_IGN], ids=["default", "ignored"])
+def test_ctrl_c_keeps_completed_points(tmp_path, inherited):
+    """Also when started with SIGINT ignored, as a background job of a script is."""
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "arena", "run", "s5-latency", "--quick", "--rounds", "20",
                              "--servers", "nginx", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, inherited))
     deadline = time.monotonic() + 90
     seen = ""
     while "round 1:" not in seen and time.monotonic() < deadline:
