@@ -13,7 +13,9 @@ from importlib import resources
 _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_][a-z0-9_]*)\s*\}\}")
 
 
-def render(text: str, values: dict[str, object]) -> str:
+def render(text: str, values: dict[str, object], optional: tuple[str, ...] = ()) -> str:
+    """`text` with every placeholder filled from `values`; each value must be used, but for the
+    `optional` ones."""
     used: set[str] = set()
 
     def substitute(match: re.Match) -> str:
@@ -24,7 +26,7 @@ def render(text: str, values: dict[str, object]) -> str:
         return str(values[name])
 
     out = _PLACEHOLDER.sub(substitute, text)
-    unused = set(values) - used
+    unused = set(values) - used - set(optional)
     if unused:
         raise KeyError(f"values never used by the template: {', '.join(sorted(unused))}")
     # Optional lines render to empty strings; drop the blank lines they leave behind.

@@ -14,12 +14,13 @@ import pytest
 
 from arena import ports, probe, shakespeare
 from arena.errors import ArenaError
+from arena.scenarios._php_app import keep_share
 from arena.servers import PROFILES, SERVERS, Site, SiteOptions, sites
 from arena.servers.gannet import gannet_binary
 from test_render import CHECKERS, GANNET_DIRECTIVES
 
 SOCKET = "/run/php/shakespeare.sock"
-PHP = SiteOptions(kind="php", docroot=Path("/var/www/shakespeare"), app={"fastcgi_socket": SOCKET},
+PHP = SiteOptions(kind="php", docroot=Path("/var/www/shakespeare"), app={"fastcgi_socket": SOCKET, "fastcgi_keep": 8},
                   connections=2064)
 
 
@@ -64,7 +65,11 @@ def test_gannet_accepts_its_php_config(profile, workdir):
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stdout + done.stderr
     names = set(re.findall(r"(?:^|[{};])\s*([a-z_]+)", re.sub(r"#.*", "", text)))
-    assert names <= GANNET_DIRECTIVES | {"try_files", "fastcgi_param", "fastcgi_pass"}, names
+    upstream = {"upstream", "keepalive", "queue", "fastcgi_keep_conn"}
+    assert names <= GANNET_DIRECTIVES | upstream | {"try_files", "fastcgi_param", "fastcgi_pass"}, names
+    # Tuned: kept connections, at most the server's share of the pool's children.
+    kept = "max_conns=8;" in text and "keepalive 8;" in text and "fastcgi_keep_conn on;" in text
+    assert kept == (profile == "tuned"), text
     assert re.search(r"include /\S+/fastcgi_params;", text)
 
 
@@ -76,6 +81,24 @@ def test_every_server_has_a_snippet_for_every_kind():
         for kind in {k for k, v in sites.KINDS.items() if not v.lacking} - {"static-gz", "adserver"}:
             for profile in PROFILES:
                 assert server.site_template_name(kind, profile).startswith("sites/")
+
+
+def test_kept_connections_share_the_pool_among_the_servers_that_use_it():
+    # Apache prefork runs PHP itself: it takes no share.
+    assert keep_share(100, ["gannet", "nginx", "lighttpd", "apache-prefork"]) == 33
+    assert keep_share(100, ["gannet"]) == 100
+    assert keep_share(3, ["gannet", "nginx", "lighttpd", "h2o", "caddy"]) == 1
+    assert keep_share(100, ["apache-prefork"]) == 100
+
+
+def test_only_gannet_keeps_fastcgi_connections(workdir):
+    # nginx's keepalive bounds idle connections, not those in use: with more requests in flight
+    # than the pool has children, kept connections end up holding every child and the requests
+    # sent on new ones wait in PHP-FPM's backlog until they time out (the smoke run's h2load
+    # c=100 did, against 50 children). gannet bounds them all (max_conns) and queues the rest.
+    for name in SERVERS:
+        _, _, text = render_php(name, "tuned", workdir)
+        assert ("fastcgi_keep_conn on;" in text) == (name == "gannet"), name
 
 
 def test_snippet_lookup_prefers_the_server_then_its_family():

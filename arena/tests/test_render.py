@@ -108,6 +108,10 @@ def test_renderer_rejects_missing_and_unused_values():
         render("{{x}}", {})
     with pytest.raises(KeyError):
         render("plain", {"x": 1})
+    # An optional value may go unused; a missing one is still an error.
+    assert render("plain", {"x": 1}, optional=("x",)) == "plain"
+    with pytest.raises(KeyError):
+        render("{{x}}", {}, optional=("x",))
     # Nginx variables and braces pass through untouched.
     assert render("try_files $uri $uri/ =404; location / { }", {}) == "try_files $uri $uri/ =404; location / { }"
 

@@ -25,6 +25,15 @@ def _log(message: str) -> None:
     print(f"arena: {message}", file=sys.stderr, flush=True)
 
 
+def keep_share(children: int, servers: list[str]) -> int:
+    """How many FastCGI connections a server may keep: an equal share of the pool's children
+    among the servers that use the pool. All servers of a run stay up while one is measured, so
+    a server whose kept connections held more would leave the next one waiting for children.
+    (Only tuned gannet keeps any: see the "php" kind in arena/servers/sites.py.)"""
+    users = [s for s in servers if not sites.embeds_app(s, KIND)]
+    return max(1, children // max(1, len(users)))
+
+
 class PhpAppScenario(Scenario):
     """Base of the scenarios that serve the Shakespeare app."""
 
@@ -39,12 +48,15 @@ class PhpAppScenario(Scenario):
     def site_options(self, options: Options) -> SiteOptions:
         # Each client connection may hold a FastCGI connection too: the servers' limits are
         # sized for both.
-        return SiteOptions(kind=KIND, docroot=shakespeare.DOCROOT, app={"fastcgi_socket": shakespeare.SOCKET},
+        keep = self.app.record["fastcgi_keep"] if self.app else 1
+        return SiteOptions(kind=KIND, docroot=shakespeare.DOCROOT,
+                           app={"fastcgi_socket": shakespeare.SOCKET, "fastcgi_keep": keep},
                            connections=2 * self.most_connections(options) + 64)
 
     def prepare(self, options: Options, servers: list[str]) -> dict:
         from arena.runner import cpu_list  # here: the runner imports this package
         self.app = shakespeare.prepare(servers, KIND, cpu_list(options.server_cpus), log=_log)
+        self.app.record["fastcgi_keep"] = keep_share(self.app.record["pool_children"], servers)
         return self.app.record
 
     def finish(self) -> None:

@@ -187,7 +187,7 @@ class Server:
             http = sites.http_snippet_name(self.name, self.family or self.name, kind, profile)
             text = sites.inline(text, template(http) if http else "", main, sites.SITE_HTTP_LINE)
         values = {**self.values(site, rundir, profile), **sites.app_values(kind, site.options.app)}
-        return {self.config_file: render(text, values)}
+        return {self.config_file: render(text, values, sites.kind(kind).optional)}
 
     def start(self, site: Site, rundir: Path, profile: str, cpus: str) -> "RunningServer":
         """Start pinned to `cpus`, wait until it answers HTTP, return the handle."""

@@ -11,9 +11,11 @@ handlers. That line is replaced by a snippet from templates/sites/, the first th
 (the family is "apache" for the three Apache MPMs, else the server's own name), indented as
 the `{{site}}` line is. nginx-syntax templates (nginx, gannet) also hold a `{{site_http}}` line
 in their http context, for what a kind needs outside the server block (an `upstream` group):
-the same lookup with `-http` after the kind name, or nothing when no such snippet exists. The snippet is rendered together with the main template, with the
-server's values plus the site's own (`SiteOptions.app`, e.g. `fastcgi_socket`), and the
-renderer's rule still holds: every placeholder filled, every value used.
+the same lookup with `-http` after the kind name, or nothing when no such snippet exists.
+The snippet is rendered together with the main template, with the server's values plus the
+site's own (`SiteOptions.app`, e.g. `fastcgi_socket`), and the renderer's rule still holds:
+every placeholder filled, every value used - but for the kind's `optional` values, which only
+the snippets of servers that have the setting use.
 
 Adding a kind is adding its snippets and an entry in KINDS; no adapter changes, unless a server
 needs something only code can compute.
@@ -39,6 +41,9 @@ class Kind:
     description: str
     # Values the scenario must give in SiteOptions.app, used by the snippets.
     values: tuple[str, ...] = ()
+    # Values the scenario gives too, used only by the snippets that need them (a setting some
+    # servers have and others lack).
+    optional: tuple[str, ...] = ()
     # Server name -> files its snippet needs, each with the Debian package that ships it.
     requires: dict[str, tuple[tuple[Path, str], ...]] = field(default_factory=dict)
     # Servers that run the application inside their own processes (Apache prefork + mod_php)
@@ -81,8 +86,12 @@ KINDS: dict[str, Kind] = {
         "php",
         "a PHP front controller (every path that is not a file goes to /index.php, WordPress-style) "
         "run by the PHP-FPM pool listening on the unix socket `fastcgi_socket`; Apache prefork runs "
-        "it with mod_php instead, as study S1 did",
-        values=("fastcgi_socket",),
+        "it with mod_php instead, as study S1 did. Tuned gannet keeps FastCGI connections, at most "
+        "`fastcgi_keep` (its share of the pool's children) with the requests beyond them queued; "
+        "nginx's keepalive bounds only idle connections, so with more requests in flight than "
+        "children its kept ones would hold them all and starve the rest",
+        values=("fastcgi_socket", "fastcgi_keep"),
+        optional=("fastcgi_keep",),
         requires={"apache-prefork": ((APACHE_MODULES / "libphp8.2.so", "libapache2-mod-php8.2"),)},
         embeds_app=frozenset({"apache-prefork"}),
     ),
