@@ -48,7 +48,9 @@ def collect(servers, tool_names: list[str], options) -> dict:
     gannet = gannet_binary()
     return {
         "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": sys.argv,
+        # As typed: `arena ...`, also when run as `python3 -m arena` (argv[0] is then the
+        # package's __main__.py path, which nobody types).
+        "command": ["arena", *sys.argv[1:]],
         "arena_version": __version__,
         "python": sys.version.split()[0],
         "kernel": platform.release(),

@@ -41,6 +41,8 @@ def test_smoke_s1_dynamic_gannet_and_nginx(tmp_path):
     planned = {p["key"]: p["params"] for p in results["points"]}
     assert results["interrupted"] is False
     assert len(planned) == results["points_planned"] == 12
+    # The command as a user types it, though this run was `python -m arena`.
+    assert results["environment"]["command"][:3] == ["arena", "run", "s1-dynamic"]
     app = check_app_recorded(results, ["gannet", "nginx"])
     for server in ("gannet", "nginx"):
         samples = [s for s in results["samples"] if s["server"] == server]
