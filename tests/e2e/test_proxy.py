@@ -6,6 +6,7 @@ One test runs behind a real server (gannet itself as the backend, serving files)
 
 import http.client
 import socket
+import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -560,6 +561,27 @@ def test_mirror_copies_requests_without_slowing_them(gannet, app):
     ]
     # The mirror location is internal: a client cannot reach it.
     assert srv.get("/mirror")[0] == 404
+
+
+def test_mirror_copies_requests_over_http2_too(gannet, app):
+    main = app(echo)
+    copies = []
+
+    def shadow(conn, head, body):
+        copies.append((head, body))
+        conn.sendall(http_answer(b"dropped"))
+
+    shadow_app = app(shadow)
+    srv = gannet.start(server=f"""
+        http2 on;
+        location / {{ mirror /mirror; proxy_pass http://127.0.0.1:{main.port}; }}
+        location = /mirror {{ internal; proxy_pass http://127.0.0.1:{shadow_app.port}$request_uri; }}
+    """)
+    r = subprocess.run(["curl", "-s", "--http2-prior-knowledge", "--data-binary", "h2 body",
+                        f"http://127.0.0.1:{srv.port}/h2?x=1"], capture_output=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.startswith(b"POST /h2?x=1 HTTP/1.0") and r.stdout.endswith(b"h2 body")
+    assert wait_until(lambda: len(copies) == 1)
+    assert copies[0][0].split(b"\r\n")[0] == b"POST /h2?x=1 HTTP/1.0" and copies[0][1] == b"h2 body"
 
 
 def test_active_health_checks_route_around_a_sick_server(gannet, app):

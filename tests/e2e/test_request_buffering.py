@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import socket
 import struct
+import subprocess
 import threading
 
 import pytest
 
 from conftest import free_port, read_head, wait_until
 from rawapps import Listener, end_request, http_answer, made, stdout
+from test_http2 import PREFACE, frame
 
 
 class BodyWatcher(Listener):
@@ -260,6 +262,75 @@ class FastCgiWatcher(Listener):
                 break
         conn.sendall(stdout(b"Content-Type: text/plain\r\n\r\ngot:" + self.stdin) + end_request())
         conn.close()
+
+
+def h2_post(port: int, path: bytes, length: int | None) -> socket.socket:
+    """An h2c connection with a POST's HEADERS sent (with `content-length: length`, or none),
+    its body still to come on stream 1."""
+    block = b"\x83\x86\x04" + bytes([len(path)]) + path + b"\x01\x09localhost"  # POST, http, path, authority
+    if length is not None:
+        value = str(length).encode()
+        block += b"\x0f\x0d" + bytes([len(value)]) + value  # content-length (static name 28)
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(PREFACE + frame(4, 0, 0, b"") + frame(1, 0x4, 1, block))  # END_HEADERS
+    return s
+
+
+def h2_answer(s: socket.socket) -> tuple[bytes, bytes]:
+    """Stream 1's HEADERS block and DATA, until its END_STREAM."""
+    data, block, body = b"", b"", b""
+    while True:
+        while len(data) >= 9 and len(data) >= 9 + int.from_bytes(data[:3], "big"):
+            n, kind, flags, stream = int.from_bytes(data[:3], "big"), data[3], data[4], int.from_bytes(data[5:9], "big")
+            payload, data = data[9:9 + n], data[9 + n:]
+            if stream == 1 and kind == 1:
+                block += payload
+            elif stream == 1 and kind == 0:
+                body += payload
+            if stream == 1 and kind in (0, 1) and flags & 1:
+                return block, body
+        got = s.recv(65536)
+        assert got, "the connection ended before the answer did"
+        data += got
+
+
+@pytest.mark.parametrize("length", [10, None], ids=["content-length", "no-length"])
+def test_a_body_over_http2_reaches_the_upstream_as_it_arrives(gannet, watcher, length):
+    w = watcher()
+    srv = gannet.start(server=f"""http2 on;
+        location / {{ proxy_pass http://127.0.0.1:{w.port}; proxy_request_buffering off; proxy_http_version 1.1; }}""")
+    s = h2_post(srv.port, b"/up", length)
+    s.sendall(frame(0, 0, 1, b"hello"))
+    # Without a length the body goes up chunked (HTTP/1.1 upstream).
+    first = b"hello" if length else b"5\r\nhello\r\n"
+    assert w.seen(len(first)), "the first half was held back"
+    head = w.heads[0].lower()
+    assert (b"content-length: 10" in head) if length else (b"transfer-encoding: chunked" in head)
+    s.sendall(frame(0, 0, 1, b"") + frame(0, 1, 1, b"world"))  # an empty DATA frame, then the end
+    block, body = h2_answer(s)
+    assert block.startswith(b"\x88")  # :status 200
+    assert body == b"got:helloworld" if length else body == b"got:5\r\nhello\r\n5\r\nworld\r\n0\r\n\r\n"
+    s.close()
+
+
+def test_an_over_limit_body_over_http2_is_a_413(gannet, watcher):
+    w = watcher()
+    srv = gannet.start(server=f"""http2 on; client_max_body_size 10;
+        location / {{ proxy_pass http://127.0.0.1:{w.port}; proxy_request_buffering off; proxy_http_version 1.1; }}""")
+
+    def post(*how: str) -> bytes:
+        r = subprocess.run(["curl", "-s", "--http2-prior-knowledge", "-o", "/dev/null", "-w", "%{http_code}", *how,
+                            f"http://127.0.0.1:{srv.port}/big"], input=b"x" * 11, capture_output=True, timeout=30)
+        return r.stdout
+
+    # A content-length over the limit: refused before any upstream is contacted.
+    assert post("--data-binary", "@-") == b"413"
+    assert w.accepted == 0
+    # No length (an upload from a pipe): passed on until it passes the limit, then 413 and the
+    # upstream connection closed.
+    assert post("-X", "POST", "-T", "-") == b"413"
+    assert w.accepted == 1 and w.closed.wait(5), "the upstream connection was left open"
+    assert wait_until(lambda: "client intended to send too large body while" in srv.error_log())
 
 
 def test_fastcgi_request_buffering_off_streams_stdin(gannet):

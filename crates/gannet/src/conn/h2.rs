@@ -4,7 +4,9 @@
 //! each stream is a local task that runs the same request pipeline as HTTP/1.x
 //! (`http::handler`, applications through `conn::gateway`) and answers through
 //! `conn::h2_response`. A request body is read whole before it goes to an application,
-//! even with `*_request_buffering off` (which only the HTTP/1.x path honours).
+//! but with `*_request_buffering off`, where it is passed on as its DATA frames come (each
+//! frame's window given back once it is taken, so the client sends no faster than the
+//! upstream reads); `mirror` copies each request as HTTP/1.x does.
 //!
 //! Limits, with nginx's names: `http2_max_concurrent_streams` (128), `http2_body_preread_size`
 //! (a stream's initial window, 64k), `http2_chunk_size` (8k per DATA frame), the header
@@ -15,7 +17,7 @@
 //! or oversized header blocks, with GOAWAY; `conn::h2_flood` ends PING / SETTINGS / empty
 //! frame floods.
 
-use super::body::BodyError;
+use super::body::{BodyError, BodySource};
 use super::gateway::Outcome;
 use super::h2_flood::{Flood, FloodGuard};
 use super::h2_response;
@@ -33,6 +35,7 @@ use gannet_proto::uri::parse_target;
 use h2::server::SendResponse;
 use h2::RecvStream;
 use std::cell::Cell;
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -331,7 +334,15 @@ async fn answer(
     };
     let timeout = req.conf.core.client_body_timeout();
     let mut body = Vec::new();
-    if !recv.is_end_stream() {
+    // As HTTP/1.x decides: passed on as it arrives, unless it is mirrored (the copies need
+    // it whole).
+    let mut stream_body = match handled {
+        Handled::Gateway if !recv.is_end_stream() && req.conf.mirror.uris().is_empty() => {
+            super::gateway::streams(&req)
+        }
+        _ => None,
+    };
+    if stream_body.is_none() && !recv.is_end_stream() {
         // As HTTP/1.x does, the body is read before the answer: kept for an application,
         // else read off and dropped (with its window given back).
         let wanted = matches!(handled, Handled::Gateway);
@@ -352,6 +363,9 @@ async fn answer(
             Err(_) => {}
         }
     }
+    if !req.conf.mirror.uris().is_empty() {
+        super::mirror::spawn(w, &req, &body);
+    }
     loop {
         match handled {
             Handled::Respond(resp) => {
@@ -363,7 +377,18 @@ async fn answer(
                 return timeout;
             }
             Handled::Gateway => {
-                let flow = match super::gateway::run(w, &req, &body).await {
+                let outcome = match stream_body.take() {
+                    Some(how) => {
+                        // (A content-length over the limit never gets here: the location
+                        // phase answers it 413.)
+                        let mut src = H2Body::new(recv, &req);
+                        let o = super::gateway::run_streaming(w, &req, &mut src, how).await;
+                        req.body_length = src.total;
+                        o
+                    }
+                    None => super::gateway::run(w, &req, &body).await,
+                };
+                let flow = match outcome {
                     Outcome::Flow(f) => f,
                     Outcome::Stream(mut resp, stream) => {
                         handler::finish_streamed(&mut req, &mut resp);
@@ -394,28 +419,74 @@ async fn read_body(
     timeout: Duration,
     mut keep: Option<&mut Vec<u8>>,
 ) -> Result<u64, BodyError> {
-    let mut total = 0u64;
-    loop {
-        let chunk = match tokio::time::timeout(timeout, recv.data()).await {
-            Ok(Some(Ok(c))) => c,
-            // The data is over; trailers, if any, end the stream (they are read and
-            // dropped: nothing in gannet reads trailers).
-            Ok(None) => {
-                return match tokio::time::timeout(timeout, recv.trailers()).await {
-                    Ok(Ok(_)) => Ok(total),
-                    _ => Err(BodyError::Io),
-                }
-            }
-            Ok(Some(Err(_))) | Err(_) => return Err(BodyError::Io),
-        };
-        total += chunk.len() as u64;
-        if limit > 0 && total > limit {
-            return Err(BodyError::TooLarge);
-        }
-        let _ = recv.flow_control().release_capacity(chunk.len());
+    let mut body = H2Body {
+        recv,
+        limit,
+        timeout,
+        total: 0,
+    };
+    while let Some(chunk) = body.next().await? {
         if let Some(k) = keep.as_deref_mut() {
             k.extend_from_slice(&chunk);
         }
+    }
+    Ok(body.total)
+}
+
+/// A stream's request body, DATA frame by DATA frame, within `client_max_body_size` (`limit`,
+/// 0 for none) and `client_body_timeout` per frame.
+struct H2Body<'a> {
+    recv: &'a mut RecvStream,
+    limit: u64,
+    timeout: Duration,
+    total: u64,
+}
+
+impl<'a> H2Body<'a> {
+    fn new(recv: &'a mut RecvStream, req: &Request) -> H2Body<'a> {
+        let core = &req.conf.core;
+        H2Body {
+            recv,
+            limit: core.client_max_body_size(),
+            timeout: core.client_body_timeout(),
+            total: 0,
+        }
+    }
+
+    /// The next piece, its window given back; `Ok(None)` at the end. Empty DATA frames are
+    /// skipped: upstream, an empty piece would read as the body's end (an empty chunk or
+    /// STDIN record).
+    async fn next(&mut self) -> Result<Option<Bytes>, BodyError> {
+        loop {
+            let chunk = match tokio::time::timeout(self.timeout, self.recv.data()).await {
+                Ok(Some(Ok(c))) => c,
+                // The data is over; trailers, if any, end the stream (they are read and
+                // dropped: nothing in gannet reads trailers).
+                Ok(None) => {
+                    return match tokio::time::timeout(self.timeout, self.recv.trailers()).await {
+                        Ok(Ok(_)) => Ok(None),
+                        _ => Err(BodyError::Io),
+                    }
+                }
+                Ok(Some(Err(_))) | Err(_) => return Err(BodyError::Io),
+            };
+            self.total += chunk.len() as u64;
+            if self.limit > 0 && self.total > self.limit {
+                return Err(BodyError::TooLarge);
+            }
+            let _ = self.recv.flow_control().release_capacity(chunk.len());
+            if !chunk.is_empty() {
+                return Ok(Some(chunk));
+            }
+        }
+    }
+}
+
+impl BodySource for H2Body<'_> {
+    fn next_piece(
+        &mut self,
+    ) -> Pin<Box<dyn Future<Output = Result<Option<Bytes>, BodyError>> + '_>> {
+        Box::pin(self.next())
     }
 }
 
