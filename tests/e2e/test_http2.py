@@ -195,6 +195,16 @@ def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
 GET_HEADERS = b"\x82\x86\x84\x01\x09localhost"
 
 
+def split_frames(data: bytes) -> tuple[list[tuple[int, int, int, bytes]], bytes]:
+    """The whole frames at the front of `data`, as (kind, flags, stream, payload), and the rest."""
+    frames = []
+    while len(data) >= 9 and len(data) >= 9 + int.from_bytes(data[:3], "big"):
+        n = int.from_bytes(data[:3], "big")
+        frames.append((data[3], data[4], int.from_bytes(data[5:9], "big"), data[9:9 + n]))
+        data = data[9 + n:]
+    return frames, data
+
+
 def read_frames(s: socket.socket) -> list[tuple[int, int, bytes]]:
     """Frames until the server closes the connection (or 10 s)."""
     data = b""
@@ -204,6 +214,7 @@ def read_frames(s: socket.socket) -> list[tuple[int, int, bytes]]:
             data += chunk
     except (socket.timeout, ConnectionResetError):
         pass
+    # A frame cut short by the close is kept, as far as it came.
     frames = []
     while len(data) >= 9:
         n = int.from_bytes(data[:3], "big")
@@ -268,12 +279,10 @@ def frames_until(s: socket.socket, want_kind: int, deadline: float = 10.0) -> li
             break
         if not chunk:
             break
-        data += chunk
-        while len(data) >= 9 and len(data) >= 9 + int.from_bytes(data[:3], "big"):
-            n = int.from_bytes(data[:3], "big")
-            frames.append((data[3], int.from_bytes(data[5:9], "big"), data[9:9 + n]))
-            data = data[9 + n:]
-            if frames[-1][0] == want_kind:
+        got, data = split_frames(data + chunk)
+        for kind, _, stream, payload in got:
+            frames.append((kind, stream, payload))
+            if kind == want_kind:
                 return frames
     return frames
 
@@ -288,14 +297,12 @@ def data_frame_sizes(port: int, path: bytes) -> list[int]:
         s.sendall(PREFACE + settings + more + frame(1, 0x5, 1, get))
         s.settimeout(10)
         while chunk := s.recv(65536):
-            data += chunk
-            while len(data) >= 9 and len(data) >= 9 + int.from_bytes(data[:3], "big"):
-                n, kind, flags = int.from_bytes(data[:3], "big"), data[3], data[4]
+            frames, data = split_frames(data + chunk)
+            for kind, flags, _, payload in frames:
                 if kind == 0:
-                    sizes.append(n)
+                    sizes.append(len(payload))
                     if flags & 1:  # END_STREAM
                         return sizes
-                data = data[9 + n:]
     return sizes
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import free_port, read_head, wait_until
 from rawapps import Listener, end_request, http_answer, made, stdout
-from test_http2 import PREFACE, frame
+from test_http2 import PREFACE, frame, split_frames
 
 
 class BodyWatcher(Listener):
@@ -280,18 +280,16 @@ def h2_answer(s: socket.socket) -> tuple[bytes, bytes]:
     """Stream 1's HEADERS block and DATA, until its END_STREAM."""
     data, block, body = b"", b"", b""
     while True:
-        while len(data) >= 9 and len(data) >= 9 + int.from_bytes(data[:3], "big"):
-            n, kind, flags, stream = int.from_bytes(data[:3], "big"), data[3], data[4], int.from_bytes(data[5:9], "big")
-            payload, data = data[9:9 + n], data[9 + n:]
+        got = s.recv(65536)
+        assert got, "the connection ended before the answer did"
+        frames, data = split_frames(data + got)
+        for kind, flags, stream, payload in frames:
             if stream == 1 and kind == 1:
                 block += payload
             elif stream == 1 and kind == 0:
                 body += payload
             if stream == 1 and kind in (0, 1) and flags & 1:
                 return block, body
-        got = s.recv(65536)
-        assert got, "the connection ended before the answer did"
-        data += got
 
 
 @pytest.mark.parametrize("length", [10, None], ids=["content-length", "no-length"])

@@ -472,11 +472,15 @@ enum BodyFrame {
 /// Whether this request's body is passed on as it arrives, and how: with
 /// `*_request_buffering off`, a body to pass, a Content-Length or (to an HTTP/1.1 upstream)
 /// chunks; else it is read whole first, as nginx does (FastCGI, SCGI and uwsgi need a
-/// length up front; HTTP/1.0 has no chunks).
+/// length up front; HTTP/1.0 has no chunks), and so is a mirrored one (the copies need it).
 pub fn streams(req: &Request) -> Option<Streamed> {
     let proto = gateway::active(&req.conf)?;
     let c = gateway::conf(&req.conf, proto);
-    if c.request_buffering() || !c.pass_request_body() || req.method_override.is_some() {
+    if c.request_buffering()
+        || !c.pass_request_body()
+        || req.method_override.is_some()
+        || !req.conf.mirror.uris().is_empty()
+    {
         return None;
     }
     if proto == Proto::Http && req.conf.proxy.body.is_some() {

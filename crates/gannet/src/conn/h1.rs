@@ -484,9 +484,9 @@ impl<S: Transport> Conn<S> {
         };
         let mut body = Vec::new();
         // `*_request_buffering off`: the gateway reads the body itself, passing it on as it
-        // arrives (not when it is mirrored: the copies need it whole).
+        // arrives.
         let mut stream_body = match handled {
-            Handled::Gateway if req.conf.mirror.uris().is_empty() => super::gateway::streams(&req),
+            Handled::Gateway => super::gateway::streams(&req),
             _ => None,
         };
         if req.head.body != BodyKind::None {

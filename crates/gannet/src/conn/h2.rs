@@ -334,12 +334,9 @@ async fn answer(
     };
     let timeout = req.conf.core.client_body_timeout();
     let mut body = Vec::new();
-    // As HTTP/1.x decides: passed on as it arrives, unless it is mirrored (the copies need
-    // it whole).
+    // As HTTP/1.x decides: `*_request_buffering off` passes it on as it arrives.
     let mut stream_body = match handled {
-        Handled::Gateway if !recv.is_end_stream() && req.conf.mirror.uris().is_empty() => {
-            super::gateway::streams(&req)
-        }
+        Handled::Gateway if !recv.is_end_stream() => super::gateway::streams(&req),
         _ => None,
     };
     if stream_body.is_none() && !recv.is_end_stream() {

@@ -25,6 +25,8 @@ trap 'kill $(cat /tmp/dynprof/gannet.pid /tmp/dynprof/nginx.pid) 2>/dev/null; fo
 for _ in $(seq 50); do [ -s gannet.pid ] && [ -s nginx.pid ] && break; sleep 0.1; done
 # cpu PID: clock ticks used by PID and its children, in user mode and in the kernel
 cpu() { local u=0 s=0 p; for p in $1 $(pgrep -P "$1"); do set -- $(cut -d' ' -f14,15 "/proc/$p/stat"); u=$((u + $1)); s=$((s + $2)); done; echo "$u $s"; }
+# per10k TICKS: seconds per 10k of the round's $n requests
+per10k() { echo "scale=3; $1 * 100 / $n" | bc; }
 for r in $(seq "$R"); do
   for s in gannet:65201 nginx:65202; do
     name=${s%:*}; port=${s#*:}; pid=$(cat $name.pid)
@@ -32,7 +34,6 @@ for r in $(seq "$R"); do
     out=$(taskset -c 1 wrk -t1 -c"$C" -d"${D}s" -s cycle.lua "http://127.0.0.1:$port/" 2>&1)
     read -r ub sb < <(cpu "$pid")
     n=$(echo "$out" | awk '/requests in/{print $1}')
-    per10k() { echo "scale=3; $1 * 100 / $n" | bc; }
     echo "$name round $r: $(echo "$out" | awk '/Requests\/sec/{print $2}') req/s," \
       "$(per10k $((ub + sb - ua - sa))) CPU s/10k (user $(per10k $((ub - ua))), kernel $(per10k $((sb - sa))))" \
       "$(echo "$out" | grep -E 'Non-2xx|Socket errors' | tr '\n' ' ')"
