@@ -89,7 +89,11 @@ pub struct Params {
 
 impl Params {
     pub fn new() -> Params {
-        Params::default()
+        // Room for a typical request's pairs (fastcgi_params and a browser's headers come
+        // to 500-1,000 bytes), so the buffer is not grown several times per request.
+        Params {
+            buf: Vec::with_capacity(1024),
+        }
     }
 
     pub fn len(&self) -> usize {

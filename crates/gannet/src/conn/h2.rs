@@ -6,7 +6,8 @@
 //! `conn::h2_response`. A request body is read whole before it goes to an application,
 //! but with `*_request_buffering off`, where it is passed on as its DATA frames come (each
 //! frame's window given back once it is taken, so the client sends no faster than the
-//! upstream reads); `mirror` copies each request as HTTP/1.x does.
+//! upstream reads); a body nobody wants is read off after the answer, not before it;
+//! `mirror` copies each request as HTTP/1.x does.
 //!
 //! Limits, with nginx's names: `http2_max_concurrent_streams` (128), `http2_body_preread_size`
 //! (a stream's initial window, 64k), `http2_chunk_size` (8k per DATA frame), the header
@@ -248,8 +249,8 @@ async fn stream(
 ) {
     let (parts, mut recv) = req.into_parts();
     let timeout = answer(&w, info, group, parts, &mut recv, &mut respond).await;
-    // A body not read to its end (too large, too slow): it is read off for a while so the
-    // client sees the answer and the stream ends cleanly. Past that, the client is told to
+    // A body not read to its end (not wanted, too large, too slow): it is read off for a
+    // while so the client sees the answer and the stream ends cleanly. Past that, the client is told to
     // stop (RST_STREAM NO_ERROR, RFC 9113 8.1), which may cost it the answer. Dropped
     // unread, the stream would be cancelled at once.
     if !recv.is_end_stream()
@@ -339,16 +340,15 @@ async fn answer(
         Handled::Gateway if !recv.is_end_stream() => super::gateway::streams(&req),
         _ => None,
     };
-    if stream_body.is_none() && !recv.is_end_stream() {
-        // As HTTP/1.x does, the body is read before the answer: kept for an application,
-        // else read off and dropped (with its window given back).
-        let wanted = matches!(handled, Handled::Gateway);
+    // A body for an application is read whole before it goes up. One nobody wants (a static
+    // file's, a 413's) is not waited for: unlike HTTP/1.x, where the next request's framing
+    // depends on it, a stream's answer can go at once and `stream` reads the body off after.
+    if stream_body.is_none() && !recv.is_end_stream() && matches!(handled, Handled::Gateway) {
         let core = &req.conf.core;
         let limit = core.client_max_body_size();
-        let keep = wanted.then_some(&mut body);
-        match read_body(recv, limit, core.client_body_timeout(), keep).await {
+        match read_body(recv, limit, core.client_body_timeout(), Some(&mut body)).await {
             Ok(n) => req.body_length = n,
-            Err(e) if wanted => {
+            Err(e) => {
                 let status = match e {
                     BodyError::TooLarge => 413,
                     BodyError::Malformed => 400,
@@ -356,8 +356,6 @@ async fn answer(
                 };
                 handled = handler::resume(&mut req, w, Flow::Status(status));
             }
-            // An unused body that fails: the answer goes anyway, then the stream is stopped.
-            Err(_) => {}
         }
     }
     if !req.conf.mirror.uris().is_empty() {

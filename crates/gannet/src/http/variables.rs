@@ -319,13 +319,29 @@ impl Template {
             return s.to_string();
         }
         let mut out = String::new();
+        self.append_with(&mut out, req, sent, caps);
+        out
+    }
+
+    /// Evaluate onto the end of `out`: for callers that evaluate many templates per request
+    /// (the FastCGI parameters) into one reused buffer instead of a string each.
+    pub fn append_to(&self, out: &mut String, req: &Request, sent: Option<&Sent>) {
+        self.append_with(out, req, sent, &req.captures);
+    }
+
+    fn append_with(
+        &self,
+        out: &mut String,
+        req: &Request,
+        sent: Option<&Sent>,
+        caps: &[Option<String>],
+    ) {
         for p in &self.parts {
             match p {
                 Part::Lit(s) => out.push_str(s),
-                Part::Var(v) => append(&mut out, v, req, sent, caps),
+                Part::Var(v) => append(out, v, req, sent, caps),
             }
         }
-        out
     }
 
     /// Evaluate for a log line: values are escaped as nginx's default `escape=default`

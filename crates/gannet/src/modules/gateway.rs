@@ -349,8 +349,11 @@ pub fn build_params(
     out: &mut impl ParamSink,
 ) -> Result<(), ParamError> {
     let mut set_names: Vec<&str> = Vec::new();
+    // One buffer for every value: a typical fastcgi_params has about twenty.
+    let mut v = String::new();
     for param in c.params.iter().flat_map(|l| l.iter()) {
-        let mut v = param.value.eval(req, None);
+        v.clear();
+        param.value.append_to(&mut v, req, None);
         // A chunked body was read whole: tell the application its length, as nginx does.
         if param.name == "CONTENT_LENGTH" && v.is_empty() && body_len > 0 {
             v = body_len.to_string();
