@@ -310,16 +310,24 @@ def test_expires_keywords(gannet, value, expires, cache_control):
 
 # --- file bodies, alias and root ---------------------------------------------------------------------
 
+@pytest.mark.parametrize("nopush", ["on", "off"])
 @pytest.mark.parametrize("sendfile", ["on", "off"])
-def test_large_file_intact(gannet, sendfile):
+def test_large_file_intact(gannet, sendfile, nopush):
+    # tcp_nopush is accepted either way: the head always goes with MSG_MORE ahead of a file.
     data = os.urandom(2 * 1024 * 1024 + 17)
-    srv = gannet.start(http=f"sendfile {sendfile};", files={"big.bin": data})
+    srv = gannet.start(http=f"sendfile {sendfile}; tcp_nopush {nopush};", files={"big.bin": data})
     status, h, body = srv.get("/big.bin")
     assert status == 200 and int(h["content-length"]) == len(data)
     assert hashlib.sha256(body).hexdigest() == hashlib.sha256(data).hexdigest()
     # A range from the middle of it, too.
     status, _, body = srv.get("/big.bin", {"Range": "bytes=1000000-1000099"})
     assert (status, body) == (206, data[1000000:1000100])
+
+
+def test_tcp_nopush_takes_only_on_or_off(gannet):
+    r = gannet.check(http="tcp_nopush maybe;")
+    assert r.returncode != 0
+    assert 'invalid value "maybe" in "tcp_nopush" directive, it must be "on" or "off"' in r.stderr
 
 
 def test_alias_in_prefix_location(gannet):

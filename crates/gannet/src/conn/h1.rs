@@ -639,11 +639,7 @@ impl<S: Transport> Conn<S> {
         let (keep, head_len, send_body) = self.head(req, &mut resp, keep);
         let core = &req.conf.core;
         let body_len = resp.body.len();
-        let sent_ok = !send_body
-            || self
-                .send_body(&resp.body, core.sendfile(), core.tcp_nopush())
-                .await
-                .is_ok();
+        let sent_ok = !send_body || self.send_body(&resp.body, core.sendfile()).await.is_ok();
         self.log(req, &resp, head_len, if send_body { body_len } else { 0 });
         keep && sent_ok
     }
@@ -783,12 +779,7 @@ impl<S: Transport> Conn<S> {
         (keep, (self.out.len() - head_start) as u64, send_body)
     }
 
-    async fn send_body(
-        &mut self,
-        body: &Body,
-        use_sendfile: bool,
-        nopush: bool,
-    ) -> std::io::Result<()> {
+    async fn send_body(&mut self, body: &Body, use_sendfile: bool) -> std::io::Result<()> {
         let Body::Parts(parts) = body else {
             return Ok(());
         };
@@ -808,11 +799,9 @@ impl<S: Transport> Conn<S> {
                 Part::File(f) => {
                     let pending = std::mem::take(&mut self.out);
                     let t = self.send_timeout;
-                    let r = tokio::time::timeout(
-                        t,
-                        self.stream.send_file(&pending, f, use_sendfile, nopush),
-                    )
-                    .await;
+                    let r =
+                        tokio::time::timeout(t, self.stream.send_file(&pending, f, use_sendfile))
+                            .await;
                     self.out = pending;
                     self.out.clear();
                     r.map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;

@@ -227,13 +227,7 @@ impl Transport for TlsStream {
         self.write_all(b).await
     }
 
-    async fn send_file(
-        &mut self,
-        head: &[u8],
-        f: &FileRange,
-        _sendfile: bool,
-        _nopush: bool,
-    ) -> io::Result<()> {
+    async fn send_file(&mut self, head: &[u8], f: &FileRange, _sendfile: bool) -> io::Result<()> {
         self.write_all(head).await?;
         send::copy_file(self, f).await
     }

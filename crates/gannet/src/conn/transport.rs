@@ -51,13 +51,12 @@ pub trait Transport: Sized {
     /// Write `a` then `b`, in one system call when the stream allows it.
     fn write_pair(&mut self, a: &[u8], b: &[u8]) -> impl Future<Output = io::Result<()>>;
 
-    /// Write `head` and then a file range; `sendfile` and `nopush` as configured.
+    /// Write `head` and then a file range, with `sendfile` as configured.
     fn send_file(
         &mut self,
         head: &[u8],
         f: &FileRange,
         sendfile: bool,
-        nopush: bool,
     ) -> impl Future<Output = io::Result<()>>;
 
     /// The connection is closing cleanly: say so if the protocol has a way (TLS
@@ -153,15 +152,11 @@ impl Transport for TcpStream {
         Ok(())
     }
 
-    async fn send_file(
-        &mut self,
-        head: &[u8],
-        f: &FileRange,
-        sendfile: bool,
-        nopush: bool,
-    ) -> io::Result<()> {
+    async fn send_file(&mut self, head: &[u8], f: &FileRange, sendfile: bool) -> io::Result<()> {
         if !head.is_empty() {
-            send::write_all(self, head, nopush).await?;
+            // MSG_MORE whatever `tcp_nopush` says (see `send::write_all`); not before an
+            // empty range, where nothing would follow to push the head out.
+            send::write_all(self, head, f.len > 0).await?;
         }
         if sendfile {
             send::sendfile(self, f).await

@@ -165,7 +165,6 @@ pub struct CoreConf {
     pub keepalive_requests: Option<u64>,
     pub keepalive_time: Option<Duration>,
     pub sendfile: Option<bool>,
-    pub tcp_nopush: Option<bool>,
     pub tcp_nodelay: Option<bool>,
     pub server_tokens: Option<bool>,
     pub log_not_found: Option<bool>,
@@ -194,7 +193,6 @@ impl CoreConf {
             keepalive_requests,
             keepalive_time,
             sendfile,
-            tcp_nopush,
             tcp_nodelay,
             server_tokens,
             log_not_found,
@@ -245,9 +243,6 @@ impl CoreConf {
     }
     pub fn sendfile(&self) -> bool {
         self.sendfile.unwrap_or(false)
-    }
-    pub fn tcp_nopush(&self) -> bool {
-        self.tcp_nopush.unwrap_or(false)
     }
     pub fn tcp_nodelay(&self) -> bool {
         self.tcp_nodelay.unwrap_or(true)
@@ -345,7 +340,11 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         }
         "keepalive_time" => c.keepalive_time = Some(duration(d, 0)?),
         "sendfile" => c.sendfile = Some(setters::flag(d)?),
-        "tcp_nopush" => c.tcp_nopush = Some(setters::flag(d)?),
+        // Checked, then nothing to keep: a head ahead of a file always goes with MSG_MORE
+        // (`conn::send`), which is what `tcp_nopush on` asks nginx for.
+        "tcp_nopush" => {
+            setters::flag(d)?;
+        }
         "tcp_nodelay" => c.tcp_nodelay = Some(setters::flag(d)?),
         "server_tokens" => {
             c.server_tokens = Some(match d.args[0].as_str() {
