@@ -20,6 +20,18 @@ NAMES = os.environ.get("SERVERS", "gannet,nginx").split(",")
 SERVERS = {n: SERVERS[n] for n in NAMES}
 procs = {n: subprocess.Popen(["taskset", "-c", "0"] + c, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for n, (c, _) in SERVERS.items()}
 time.sleep(1)
+# QUOTA=P holds each server's process tree to P% of a CPU (a cgroup v1 cpu quota of its own),
+# so that the server and not h2load is what limits the rate: with one CPU for h2load, the
+# client's own handshake work caps it before either server is busy.
+if os.environ.get("QUOTA"):
+    for n, p in procs.items():
+        g = f"/sys/fs/cgroup/cpu/bench-{n}"
+        os.makedirs(g, exist_ok=True)
+        open(f"{g}/cpu.cfs_period_us", "w").write("100000")
+        open(f"{g}/cpu.cfs_quota_us", "w").write(str(int(float(os.environ["QUOTA"]) * 1000)))
+        kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+        for pid in [str(p.pid)] + kids:
+            open(f"{g}/cgroup.procs", "w").write(pid)
 res = {n: [] for n in SERVERS}
 try:
     for r in range(rounds):
