@@ -250,9 +250,9 @@ async fn stream(
     let (parts, mut recv) = req.into_parts();
     let timeout = answer(&w, info, group, parts, &mut recv, &mut respond).await;
     // A body not read to its end (not wanted, too large, too slow): it is read off for a
-    // while so the client sees the answer and the stream ends cleanly. Past that, the client is told to
-    // stop (RST_STREAM NO_ERROR, RFC 9113 8.1), which may cost it the answer. Dropped
-    // unread, the stream would be cancelled at once.
+    // while so the client sees the answer and the stream ends cleanly. Past that, the
+    // client is told to stop (RST_STREAM NO_ERROR, RFC 9113 8.1), which may cost it the
+    // answer. Dropped unread, the stream would be cancelled at once.
     if !recv.is_end_stream()
         && read_body(&mut recv, DISCARD_MAX, timeout, None)
             .await
