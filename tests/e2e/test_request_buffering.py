@@ -264,10 +264,10 @@ class FastCgiWatcher(Listener):
         conn.close()
 
 
-def h2_post(port: int, path: bytes, length: int | None) -> socket.socket:
-    """An h2c connection with a POST's HEADERS sent (with `content-length: length`, or none),
-    its body still to come on stream 1."""
-    block = b"\x83\x86\x04" + bytes([len(path)]) + path + b"\x01\x09localhost"  # POST, http, path, authority
+def h2_post(port: int, path: bytes, length: int | None, extra: bytes = b"") -> socket.socket:
+    """An h2c connection with a POST's HEADERS sent (with `content-length: length`, or none,
+    and the HPACK-encoded `extra` fields), its body still to come on stream 1."""
+    block = b"\x83\x86\x04" + bytes([len(path)]) + path + b"\x01\x09localhost" + extra  # POST, http, path, authority
     if length is not None:
         value = str(length).encode()
         block += b"\x0f\x0d" + bytes([len(value)]) + value  # content-length (static name 28)
@@ -336,11 +336,12 @@ def test_an_over_limit_body_over_http2_is_a_413(gannet, watcher):
                          ids=["static-file", "over-limit"])
 def test_an_unwanted_body_over_http2_is_not_waited_for(gannet, length, answer):
     # A body nobody reads (a POST to a static file, answered 405 as nginx does; one whose
-    # content-length is over the limit) must not hold the answer back until
-    # client_body_timeout: h2_post's socket gives up at 10 s.
+    # content-length is over the limit), from a client that waits for 100-continue before
+    # sending it, must not hold the answer back until client_body_timeout: h2_post's socket
+    # gives up at 10 s.
     srv = gannet.start(server="http2 on; client_body_timeout 60s; client_max_body_size 10;",
                        files={"f.txt": "file\n"})
-    s = h2_post(srv.port, b"/f.txt", length)
+    s = h2_post(srv.port, b"/f.txt", length, b"\x0f\x14\x0c100-continue")  # expect (static name 35)
     _, body = h2_answer(s)
     assert answer in body
     # The body the client goes on to send is read off, and the connection serves on.

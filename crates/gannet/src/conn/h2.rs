@@ -6,8 +6,8 @@
 //! `conn::h2_response`. A request body is read whole before it goes to an application,
 //! but with `*_request_buffering off`, where it is passed on as its DATA frames come (each
 //! frame's window given back once it is taken, so the client sends no faster than the
-//! upstream reads); a body nobody wants is read off after the answer, not before it;
-//! `mirror` copies each request as HTTP/1.x does.
+//! upstream reads); a body nobody wants is read off before the answer, or after it when
+//! the client waits for 100-continue; `mirror` copies each request as HTTP/1.x does.
 //!
 //! Limits, with nginx's names: `http2_max_concurrent_streams` (128), `http2_body_preread_size`
 //! (a stream's initial window, 64k), `http2_chunk_size` (8k per DATA frame), the header
@@ -279,6 +279,10 @@ async fn answer(
     let default = g.servers[g.default].clone();
     let timeout = default.conf.core.client_body_timeout();
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let waits_for_continue = parts
+        .headers
+        .get(http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     let fields = parts
         .headers
         .iter()
@@ -340,15 +344,20 @@ async fn answer(
         Handled::Gateway if !recv.is_end_stream() => super::gateway::streams(&req),
         _ => None,
     };
-    // A body for an application is read whole before it goes up. One nobody wants (a static
-    // file's, a 413's) is not waited for: unlike HTTP/1.x, where the next request's framing
-    // depends on it, a stream's answer can go at once and `stream` reads the body off after.
-    if stream_body.is_none() && !recv.is_end_stream() && matches!(handled, Handled::Gateway) {
+    // As HTTP/1.x does, the body is read before the answer: kept for an application, else
+    // read off and dropped (with its window given back) - unless nobody wants it and the
+    // client waits for 100-continue before sending it: then the answer goes at once and
+    // `stream` reads off whatever comes after. (Answering every unwanted body first would
+    // close the stream's sending side early, and a WINDOW_UPDATE overflow on it would then
+    // go unanswered, which h2spec 6.9.1 checks.)
+    let wanted = matches!(handled, Handled::Gateway);
+    if stream_body.is_none() && !recv.is_end_stream() && (wanted || !waits_for_continue) {
         let core = &req.conf.core;
         let limit = core.client_max_body_size();
-        match read_body(recv, limit, core.client_body_timeout(), Some(&mut body)).await {
+        let keep = wanted.then_some(&mut body);
+        match read_body(recv, limit, core.client_body_timeout(), keep).await {
             Ok(n) => req.body_length = n,
-            Err(e) => {
+            Err(e) if wanted => {
                 let status = match e {
                     BodyError::TooLarge => 413,
                     BodyError::Malformed => 400,
@@ -356,6 +365,8 @@ async fn answer(
                 };
                 handled = handler::resume(&mut req, w, Flow::Status(status));
             }
+            // An unused body that fails: the answer goes anyway, then the stream is stopped.
+            Err(_) => {}
         }
     }
     if !req.conf.mirror.uris().is_empty() {
