@@ -223,7 +223,11 @@ impl RequestHead {
             push(&mut raw, b"host", a.as_bytes());
         }
         let mut length = None;
+        let mut expect_continue = false;
         for (name, value) in fields {
+            if name.eq_ignore_ascii_case("expect") {
+                expect_continue = fields::trim_ows(value).eq_ignore_ascii_case(b"100-continue");
+            }
             if name.eq_ignore_ascii_case("host") {
                 if authority.is_some() {
                     continue;
@@ -273,7 +277,7 @@ impl RequestHead {
             version: Version::Http2,
             body,
             keep_alive: true,
-            expect_continue: false,
+            expect_continue,
         })
     }
 

@@ -535,9 +535,7 @@ impl<S: Transport> Conn<S> {
                 }
             }
         }
-        if !req.conf.mirror.uris().is_empty() {
-            super::mirror::spawn(&w, &req, &body);
-        }
+        super::mirror::spawn(&w, &req, &body);
         loop {
             match handled {
                 Handled::Respond(resp) => return self.respond(&req, resp, keep).await,

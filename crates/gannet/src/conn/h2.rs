@@ -279,10 +279,6 @@ async fn answer(
     let default = g.servers[g.default].clone();
     let timeout = default.conf.core.client_body_timeout();
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let waits_for_continue = parts
-        .headers
-        .get(http::header::EXPECT)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     let fields = parts
         .headers
         .iter()
@@ -351,7 +347,7 @@ async fn answer(
     // close the stream's sending side early, and a WINDOW_UPDATE overflow on it would then
     // go unanswered, which h2spec 6.9.1 checks.)
     let wanted = matches!(handled, Handled::Gateway);
-    if stream_body.is_none() && !recv.is_end_stream() && (wanted || !waits_for_continue) {
+    if stream_body.is_none() && !recv.is_end_stream() && (wanted || !req.head.expect_continue) {
         let core = &req.conf.core;
         let limit = core.client_max_body_size();
         let keep = wanted.then_some(&mut body);
@@ -369,9 +365,7 @@ async fn answer(
             Err(_) => {}
         }
     }
-    if !req.conf.mirror.uris().is_empty() {
-        super::mirror::spawn(w, &req, &body);
-    }
+    super::mirror::spawn(w, &req, &body);
     loop {
         match handled {
             Handled::Respond(resp) => {

@@ -9,9 +9,12 @@ use crate::http::request::Request;
 use crate::runtime::worker::Worker;
 use std::rc::Rc;
 
-/// Start a copy of `req` for each mirror URI of its location.
+/// Start a copy of `req` for each mirror URI of its location (none: nothing to do).
 pub fn spawn(w: &Rc<Worker>, req: &Request, body: &[u8]) {
     let m = &req.conf.mirror;
+    if m.uris().is_empty() {
+        return;
+    }
     let body: Rc<[u8]> = if m.request_body() {
         body.into()
     } else {
