@@ -17,6 +17,9 @@ pub mod headers;
 pub mod health_check;
 pub mod http2;
 pub mod index;
+pub mod limit_conn;
+pub mod limit_req;
+pub mod limit_zone;
 pub mod map;
 pub mod mirror;
 pub mod proxy;
@@ -51,6 +54,8 @@ pub struct LoadCtx {
     pub matches: HashMap<String, Arc<health_check::Match>>,
     /// Every `health_check` read so far.
     pub probes: Vec<crate::config::Probe>,
+    /// `limit_req_zone` and `limit_conn_zone` by name (all of http's, read before the rest).
+    pub zones: limit_zone::Zones,
     /// Notices for `gannet -t` (settings accepted in part).
     pub notices: Vec<String>,
     /// What the TLS setups of the servers share (session caches, ticket keys).
@@ -109,6 +114,14 @@ pub const MODULES: &[Module] = &[
     Module {
         directives: access::DIRECTIVES,
         set: access::set,
+    },
+    Module {
+        directives: limit_req::DIRECTIVES,
+        set: limit_req::set,
+    },
+    Module {
+        directives: limit_conn::DIRECTIVES,
+        set: limit_conn::set,
     },
     Module {
         directives: fastcgi::DIRECTIVES,
@@ -204,6 +217,8 @@ pub struct LocConf {
     pub headers: headers::HeadersConf,
     pub error_page: error_page::ErrorPageConf,
     pub access: access::AccessConf,
+    pub limit_req: limit_req::LimitReqConf,
+    pub limit_conn: limit_conn::LimitConnConf,
     pub rewrite: rewrite::RewriteConf,
     pub log: access_log::LogConf,
     pub fastcgi: fastcgi::FastCgiConf,
@@ -229,6 +244,8 @@ impl LocConf {
         self.headers.merge(&parent.headers);
         self.error_page.merge(&parent.error_page);
         self.access.merge(&parent.access);
+        self.limit_req.merge(&parent.limit_req);
+        self.limit_conn.merge(&parent.limit_conn);
         self.log.merge(&parent.log);
         self.fastcgi.merge(&parent.fastcgi);
         self.compress.merge(&parent.compress);

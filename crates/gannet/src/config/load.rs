@@ -37,8 +37,6 @@ const NOT_YET_FAMILIES: &[(&str, &str)] = &[
     ("scgi_", "this SCGI directive is not supported yet"),
     ("ssl_", "this TLS directive is not supported yet"),
     ("http2", "this HTTP/2 directive is not supported yet"),
-    ("limit_req", "limit_req is not supported yet"),
-    ("limit_conn", "limit_conn is not supported yet"),
     ("auth_basic", "auth_basic is not supported yet"),
 ];
 
@@ -283,6 +281,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
         prefixless: false,
         matches: HashMap::new(),
         probes: Vec::new(),
+        zones: Default::default(),
         notices: Vec::new(),
         tls: Default::default(),
     };
@@ -308,10 +307,15 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
             return Err(d.error(format!("duplicate match \"{}\"", d.args[0])));
         }
     }
-    for d in body
-        .iter()
-        .filter(|d| !matches!(d.name.as_str(), "server" | "upstream" | "match"))
-    {
+    // Then the limit zones, which a `limit_req` or `limit_conn` above them may name.
+    let zone_first = |d: &&Directive| modules::limit_zone::is_zone(&d.name);
+    for d in body.iter().filter(zone_first) {
+        level_directive(cfg, d, &mut conf, &mut lctx, Ctx::HTTP)?;
+    }
+    for d in body.iter().filter(|d| {
+        !matches!(d.name.as_str(), "server" | "upstream" | "match")
+            && !modules::limit_zone::is_zone(&d.name)
+    }) {
         level_directive(cfg, d, &mut conf, &mut lctx, Ctx::HTTP)?;
     }
     if conf.core.root.is_none() {

@@ -472,7 +472,7 @@ impl<S: Transport> Conn<S> {
             host,
         );
         let mut keep = req.head.keep_alive;
-        let mut handled = match self.tls_refusal(&req) {
+        let handled = match self.tls_refusal(&req) {
             // nginx's own status (497, 495, 496) or 421, through `error_page` like any
             // other; the connection closes after the answer.
             Some((status, why)) => {
@@ -482,6 +482,7 @@ impl<S: Transport> Conn<S> {
             }
             None => handler::handle(&mut req, &w),
         };
+        let mut handled = handler::settle(&mut req, &w, handled).await;
         let mut body = Vec::new();
         // `*_request_buffering off`: the gateway reads the body itself, passing it on as it
         // arrives.
@@ -540,6 +541,10 @@ impl<S: Transport> Conn<S> {
             match handled {
                 Handled::Respond(resp) => return self.respond(&req, resp, keep).await,
                 Handled::Close => return false,
+                Handled::Delay(d) => {
+                    tokio::time::sleep(d).await;
+                    handled = handler::resume(&mut req, &w, Flow::Delayed);
+                }
                 Handled::Gateway => {
                     let outcome = match stream_body.take() {
                         Some(how) => {

@@ -325,7 +325,7 @@ async fn answer(
         .as_ref()
         .zip(req.server.tls.as_ref())
         .and_then(|(t, s)| t.refusal(s));
-    let mut handled = match refusal {
+    let handled = match refusal {
         // nginx's 495 / 496, or 421, through `error_page` like any other status.
         Some((status, why)) => {
             errlog::request(Level::Info, &req, format_args!("{why}"));
@@ -333,6 +333,7 @@ async fn answer(
         }
         None => handler::handle(&mut req, w),
     };
+    let mut handled = handler::settle(&mut req, w, handled).await;
     let timeout = req.conf.core.client_body_timeout();
     let mut body = Vec::new();
     // As HTTP/1.x decides: `*_request_buffering off` passes it on as it arrives.
@@ -375,6 +376,10 @@ async fn answer(
             Handled::Close => {
                 respond.send_reset(h2::Reason::CANCEL);
                 return timeout;
+            }
+            Handled::Delay(d) => {
+                tokio::time::sleep(d).await;
+                handled = handler::resume(&mut req, w, Flow::Delayed);
             }
             Handled::Gateway => {
                 let outcome = match stream_body.take() {

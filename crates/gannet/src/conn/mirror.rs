@@ -30,6 +30,9 @@ pub fn spawn(w: &Rc<Worker>, req: &Request, body: &[u8]) {
             req.host.clone(),
         );
         copy.internal = true;
+        // Limited (or not) with the request it copies, as nginx's subrequests are.
+        copy.limit_req_status = req.limit_req_status;
+        copy.limit_conn_status = req.limit_conn_status;
         // $request_uri stays the client's; $uri is the mirror's.
         copy.uri_changed = true;
         let (w, body) = (w.clone(), body.clone());
@@ -38,7 +41,8 @@ pub fn spawn(w: &Rc<Worker>, req: &Request, body: &[u8]) {
 }
 
 async fn run(w: &Worker, mut req: Request, body: &[u8]) {
-    let mut handled = handler::resume(&mut req, w, Flow::Next);
+    let first = handler::resume(&mut req, w, Flow::Next);
+    let mut handled = handler::settle(&mut req, w, first).await;
     // An application's local redirect or intercepted error may lead to another one; the
     // request phases bound how often.
     while let Handled::Gateway = handled {
@@ -51,6 +55,7 @@ async fn run(w: &Worker, mut req: Request, body: &[u8]) {
             }
             Outcome::Upgrade(..) => return,
         };
-        handled = handler::resume(&mut req, w, flow);
+        let next = handler::resume(&mut req, w, flow);
+        handled = handler::settle(&mut req, w, next).await;
     }
 }

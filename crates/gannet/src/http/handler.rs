@@ -6,17 +6,21 @@
 //!    `internal` one refuses outside requests, and a `limit_except` block's settings
 //!    replace the location's for the methods it limits (before its rewrites, as in nginx)
 //! 3. rewrite (location level)
-//! 4. access: `allow` / `deny`
-//! 5. content: `try_files`, then the location's application (`fastcgi_pass`, `scgi_pass`,
+//! 4. pre-access: `limit_req` (which may refuse the request or make it wait), then
+//!    `limit_conn`; once per request
+//! 5. access: `allow` / `deny`
+//! 6. content: `try_files`, then the location's application (`fastcgi_pass`, `scgi_pass`,
 //!    `uwsgi_pass`) or else
 //!    `index`, `autoindex`, static files
-//! 6. errors: `error_page` redirect, else the built-in page
-//! 7. filters: `expires` / `add_header`, then conditional requests and ranges, then
+//! 7. errors: `error_page` redirect, else the built-in page
+//! 8. filters: `expires` / `add_header`, then conditional requests and ranges, then
 //!    compression (gzip, Brotli, zstd)
 //!
 //! Each handler returns a [`Flow`], like nginx's NGX_DECLINED / NGX_OK / status codes.
 //! The phases are synchronous; an application's answer is awaited by the connection, which
 //! then hands its outcome back to [`resume`] (so error_page and local redirects apply to it).
+//! A `limit_req` delay is waited out by the connection too, which then resumes with
+//! [`Flow::Delayed`] where the phases stopped.
 
 use crate::errlog::Level;
 use crate::http::request::Request;
@@ -25,9 +29,12 @@ use crate::http::router::{find_location, Matcher};
 use crate::http::{compress, conditional};
 use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
-use crate::modules::{access, autoindex, gateway, headers, index, static_files, try_files};
+use crate::modules::{
+    access, autoindex, gateway, headers, index, limit_zone, static_files, try_files,
+};
 use crate::runtime::worker::Worker;
 use gannet_proto::h1::{BodyKind, Method};
+use std::time::Duration;
 
 /// What a phase handler decided.
 pub enum Flow {
@@ -43,6 +50,10 @@ pub enum Flow {
     Close,
     /// Pass the request to the location's application (FastCGI, SCGI or uwsgi).
     Gateway,
+    /// Wait this long (`limit_req`), then go on with [`Flow::Delayed`].
+    Delay(Duration),
+    /// A delay is over: go on from the pre-access phase in the same location.
+    Delayed,
 }
 
 /// Where the phases got to.
@@ -53,6 +64,8 @@ pub enum Handled {
     Gateway,
     /// Close without an answer.
     Close,
+    /// The connection must wait this long, then call [`resume`] with [`Flow::Delayed`].
+    Delay(Duration),
 }
 
 /// The most internal redirects and location searches one request may make.
@@ -76,6 +89,8 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
             Flow::Done(r) => break r,
             Flow::Close => return Handled::Close,
             Flow::Gateway => return Handled::Gateway,
+            Flow::Delay(d) => return Handled::Delay(d),
+            Flow::Delayed => after_limit_req(req, w),
             Flow::Redirect(uri) => internal_redirect(req, w, &uri),
             Flow::Status(code) => match error_page(req, code) {
                 Some(f) => f,
@@ -91,6 +106,15 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
     }
     compress::apply(req, &mut resp, plan, false);
     Handled::Respond(resp)
+}
+
+/// Wait out `limit_req` delays: the phases' decision, once it is one to act on.
+pub async fn settle(req: &mut Request, w: &Worker, mut handled: Handled) -> Handled {
+    while let Handled::Delay(d) = handled {
+        tokio::time::sleep(d).await;
+        handled = resume(req, w, Flow::Delayed);
+    }
+    handled
 }
 
 /// [`finish`] for an application's answer that is streamed: its length is not known (unless
@@ -114,7 +138,7 @@ pub fn finish(req: &mut Request, resp: &mut Response) {
     headers::filter(req, resp);
 }
 
-/// Phases 2 to 5 for the current URI.
+/// Phases 2 to 6 for the current URI.
 fn locate_and_run(req: &mut Request, w: &Worker) -> Flow {
     if req.redirects > MAX_REDIRECTS {
         crate::errlog::error(format_args!(
@@ -142,7 +166,7 @@ fn locate_and_run(req: &mut Request, w: &Worker) -> Flow {
     run_location(req, w)
 }
 
-/// Phases 3 to 5 in the location already chosen.
+/// Phases 3 to 6 in the location already chosen.
 fn run_location(req: &mut Request, w: &Worker) -> Flow {
     // Checked as soon as the location is known, before its rewrites, as nginx does.
     if req.conf.core.internal && !req.internal {
@@ -170,6 +194,22 @@ fn run_location(req: &mut Request, w: &Worker) -> Flow {
             Outcome::Stay => {}
         }
     }
+    if let Some(limited) = limit_zone::check(req) {
+        return limited;
+    }
+    access_and_content(req, w)
+}
+
+/// The phases after a `limit_req` delay: the rest of pre-access, then on.
+fn after_limit_req(req: &mut Request, w: &Worker) -> Flow {
+    if let Some(limited) = limit_zone::after_delay(req) {
+        return limited;
+    }
+    access_and_content(req, w)
+}
+
+/// Phases 5 and 6.
+fn access_and_content(req: &mut Request, w: &Worker) -> Flow {
     if let Some(denied) = access::check(req) {
         return denied;
     }

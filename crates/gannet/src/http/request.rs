@@ -66,6 +66,13 @@ pub struct Request {
     /// Each upstream server tried, for `$upstream_addr`, `$upstream_status` and
     /// `$upstream_response_time` (filled in while the phases hold `&Request`).
     pub upstream: RefCell<Vec<UpstreamTry>>,
+    /// `$limit_req_status`; set once a `limit_req` key applied, which also means no later
+    /// location limits the request again.
+    pub limit_req_status: Option<&'static str>,
+    /// `$limit_conn_status`, the same for `limit_conn`.
+    pub limit_conn_status: Option<&'static str>,
+    /// The `limit_conn` counts this request holds until it is dropped.
+    pub limit_conns: Vec<crate::modules::limit_conn::Held>,
 }
 
 /// One upstream server a request was sent to.
@@ -107,6 +114,9 @@ impl Request {
             uri_changed: false,
             location_valid: true,
             upstream: RefCell::new(Vec::new()),
+            limit_req_status: None,
+            limit_conn_status: None,
+            limit_conns: Vec::new(),
         }
     }
 

@@ -23,6 +23,7 @@ pub fn reason(status: u16) -> &'static str {
         413 => "Request Entity Too Large",
         414 => "Request-URI Too Large",
         416 => "Requested Range Not Satisfiable",
+        503 => "Service Temporarily Unavailable",
         504 => "Gateway Time-out",
         _ => encode::reason(status),
     }

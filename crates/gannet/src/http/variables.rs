@@ -9,7 +9,8 @@
 //! `$bytes_sent` `$content_type` `$content_length` `$connection` `$connection_requests` `$msec`
 //! `$time_local` `$time_iso8601` `$pid` `$nginx_version` `$gannet_version` `$fastcgi_script_name`
 //! `$fastcgi_path_info` `$proxy_host` `$proxy_port` `$proxy_add_x_forwarded_for`
-//! `$upstream_addr` `$upstream_status` `$upstream_response_time` and `$1`..`$9`; the TLS
+//! `$upstream_addr` `$upstream_status` `$upstream_response_time` `$limit_req_status`
+//! `$limit_conn_status` and `$1`..`$9`; the TLS
 //! ones `$ssl_protocol` `$ssl_cipher` `$ssl_curve` `$ssl_server_name` `$ssl_session_reused`
 //! `$ssl_client_verify` `$ssl_client_s_dn` `$ssl_client_i_dn` `$ssl_client_serial`
 //! `$ssl_client_fingerprint` `$ssl_client_v_start` `$ssl_client_v_end`
@@ -57,6 +58,8 @@ pub enum Var {
     ContentLength,
     Connection,
     ConnectionRequests,
+    LimitReqStatus,
+    LimitConnStatus,
     Msec,
     TimeLocal,
     TimeIso8601,
@@ -199,6 +202,8 @@ impl Var {
             "upstream_addr" => Var::UpstreamAddr,
             "upstream_status" => Var::UpstreamStatus,
             "upstream_response_time" => Var::UpstreamResponseTime,
+            "limit_req_status" => Var::LimitReqStatus,
+            "limit_conn_status" => Var::LimitConnStatus,
             _ => {
                 if let Some(a) = name.strip_prefix("arg_") {
                     Var::Arg(a.to_string())
@@ -540,6 +545,8 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         Var::ConnectionRequests => {
             let _ = write!(out, "{}", req.conn.requests);
         }
+        Var::LimitReqStatus => out.push_str(req.limit_req_status.unwrap_or_default()),
+        Var::LimitConnStatus => out.push_str(req.limit_conn_status.unwrap_or_default()),
         Var::Msec => {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
