@@ -6,6 +6,7 @@
 
 pub mod access;
 pub mod access_log;
+pub mod auth_basic;
 pub mod autoindex;
 pub mod compress;
 pub mod core;
@@ -116,6 +117,10 @@ pub const MODULES: &[Module] = &[
         set: access::set,
     },
     Module {
+        directives: auth_basic::DIRECTIVES,
+        set: auth_basic::set,
+    },
+    Module {
         directives: limit_req::DIRECTIVES,
         set: limit_req::set,
     },
@@ -217,6 +222,7 @@ pub struct LocConf {
     pub headers: headers::HeadersConf,
     pub error_page: error_page::ErrorPageConf,
     pub access: access::AccessConf,
+    pub auth_basic: auth_basic::AuthBasicConf,
     pub limit_req: limit_req::LimitReqConf,
     pub limit_conn: limit_conn::LimitConnConf,
     pub rewrite: rewrite::RewriteConf,
@@ -244,6 +250,7 @@ impl LocConf {
         self.headers.merge(&parent.headers);
         self.error_page.merge(&parent.error_page);
         self.access.merge(&parent.access);
+        self.auth_basic.merge(&parent.auth_basic);
         self.limit_req.merge(&parent.limit_req);
         self.limit_conn.merge(&parent.limit_conn);
         self.log.merge(&parent.log);

@@ -37,7 +37,6 @@ const NOT_YET_FAMILIES: &[(&str, &str)] = &[
     ("scgi_", "this SCGI directive is not supported yet"),
     ("ssl_", "this TLS directive is not supported yet"),
     ("http2", "this HTTP/2 directive is not supported yet"),
-    ("auth_basic", "auth_basic is not supported yet"),
 ];
 
 const STRUCTURE: &[Spec] = &[
@@ -258,7 +257,7 @@ fn load_limit_except(
         // Directives nginx allows here that gannet does not implement here (yet).
         if matches!(c.name.as_str(), "proxy_pass" | "access_log") {
             return Err(c.error(format!(
-                "\"{}\" inside \"limit_except\" is not supported yet (only \"allow\" and \"deny\" are)",
+                "\"{}\" inside \"limit_except\" is not supported yet (only \"allow\", \"deny\" and \"auth_basic\" are)",
                 c.name
             )));
         }

@@ -8,7 +8,7 @@
 //! 3. rewrite (location level)
 //! 4. pre-access: `limit_req` (which may refuse the request or make it wait), then
 //!    `limit_conn`; once per request
-//! 5. access: `allow` / `deny`
+//! 5. access: `allow` / `deny`, `auth_basic` (`satisfy all | any`)
 //! 6. content: `try_files`, then the location's application (`fastcgi_pass`, `scgi_pass`,
 //!    `uwsgi_pass`) or else
 //!    `index`, `autoindex`, static files
@@ -133,6 +133,12 @@ pub fn finish(req: &mut Request, resp: &mut Response) {
         // ranges are offered only on a 200, as nginx does.
         if resp.status == 200 && code != 200 {
             resp.status = code;
+        }
+    }
+    if resp.status == 401 {
+        // auth_basic's challenge, also on its error page.
+        if let Some(c) = &req.auth_challenge {
+            resp.headers.push(("WWW-Authenticate".into(), c.clone()));
         }
     }
     headers::filter(req, resp);

@@ -71,6 +71,8 @@ pub struct Request {
     pub limit_req_status: Option<&'static str>,
     /// `$limit_conn_status`, the same for `limit_conn`.
     pub limit_conn_status: Option<&'static str>,
+    /// `auth_basic`'s `WWW-Authenticate` value, sent with the 401 (and its error page).
+    pub auth_challenge: Option<String>,
     /// The `limit_conn` counts this request holds until it is dropped.
     pub limit_conns: Vec<crate::modules::limit_conn::Held>,
 }
@@ -117,6 +119,7 @@ impl Request {
             limit_req_status: None,
             limit_conn_status: None,
             limit_conns: Vec::new(),
+            auth_challenge: None,
         }
     }
 

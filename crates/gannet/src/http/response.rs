@@ -137,11 +137,12 @@ impl Response {
         let mut r = Response::new(status);
         // 204 and 304 never carry a body; the others get nginx's small HTML page.
         if status != 204 && status != 304 && status >= 200 {
-            // nginx's 302 page says "Found", though its status line says "Moved Temporarily".
-            let phrase = if status == 302 {
-                "Found"
-            } else {
-                reason(status)
+            // nginx's pages for 302 and 401 say "Found" and "Authorization Required", though
+            // its status lines say "Moved Temporarily" and "Unauthorized".
+            let phrase = match status {
+                302 => "Found",
+                401 => "Authorization Required",
+                _ => reason(status),
             };
             let heading = format!("{status} {phrase}");
             let (title, why) = if why.is_empty() {

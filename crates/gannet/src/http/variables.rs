@@ -470,7 +470,11 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         Var::RemotePort => {
             let _ = write!(out, "{}", req.conn.peer.port());
         }
-        Var::RemoteUser => {}
+        Var::RemoteUser => {
+            if let Some((user, _)) = crate::modules::auth_basic::credentials(req) {
+                out.push_str(&user);
+            }
+        }
         Var::ServerAddr => {
             let _ = write!(out, "{}", req.conn.local.ip());
         }

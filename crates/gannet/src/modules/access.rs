@@ -10,11 +10,13 @@
 //! `limit_except` is a nested configuration, like nginx's: it inherits everything from
 //! its location, and a request whose method is not listed (GET includes HEAD) is served
 //! with it instead of the location's. As in nginx, the location's rewrite statements and
-//! `try_files` are not part of it. Inside it only `allow` and `deny` are implemented.
+//! `try_files` are not part of it. Inside it `allow`, `deny` and
+//! `auth_basic` are implemented; `satisfy` (http, server, location) says how they combine.
 //!
 //! The check runs after the location's rewrite statements (a `return` is not subject to
 //! it, as in nginx) and before the content handlers.
 
+use super::auth_basic::{self, Auth};
 use super::{LoadCtx, LocConf};
 use crate::errlog::Level;
 use crate::http::handler::Flow;
@@ -45,6 +47,12 @@ pub const DIRECTIVES: &[Spec] = &[
         ctx: Ctx::LOCATION,
         args: Args::AtLeast(1),
         block: true,
+    },
+    Spec {
+        name: "satisfy",
+        ctx: Ctx::HSL,
+        args: Args::Exactly(1),
+        block: false,
     },
 ];
 
@@ -83,6 +91,8 @@ pub struct AccessConf {
     rules: Option<Arc<Vec<Rule>>>,
     /// This location's `limit_except` (not inherited by nested locations, as in nginx).
     pub limit_except: Option<Arc<LimitExcept>>,
+    /// `satisfy any` (else `all`).
+    satisfy_any: Option<bool>,
 }
 
 impl AccessConf {
@@ -91,13 +101,13 @@ impl AccessConf {
         if self.rules.is_none() {
             self.rules = parent.rules.clone();
         }
+        super::inherit!(self, parent, satisfy_any);
     }
 
-    /// The first rule matching the client decides; `true` is denied.
-    fn denies(&self, peer: IpAddr) -> bool {
-        let Some(rules) = &self.rules else {
-            return false;
-        };
+    /// The first rule matching the client: `Some(true)` if it denies, `Some(false)` if it
+    /// allows, `None` when there are no rules or none matches.
+    fn matching(&self, peer: IpAddr) -> Option<bool> {
+        let rules = self.rules.as_ref()?;
         let peer = match peer {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer, IpAddr::V4),
             v4 => v4,
@@ -110,7 +120,7 @@ impl AccessConf {
                 (Who::V6 { net, mask }, IpAddr::V6(a)) => u128::from(a) & mask == net,
                 _ => false,
             })
-            .is_some_and(|r| r.deny)
+            .map(|r| r.deny)
     }
 }
 
@@ -173,6 +183,14 @@ pub fn merge_limit_except(lc: &mut LocConf) {
 }
 
 pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
+    if d.name == "satisfy" {
+        lc.access.satisfy_any = Some(match d.args[0].as_str() {
+            "all" => false,
+            "any" => true,
+            v => return Err(super::invalid(d, v)),
+        });
+        return Ok(());
+    }
     let rule = Rule {
         deny: d.name == "deny",
         who: parse_who(d, ctx)?,
@@ -240,13 +258,27 @@ fn parse_who(d: &Directive, ctx: &mut LoadCtx) -> Result<Who, ConfError> {
     Ok(who)
 }
 
-/// The access phase: 403 for a client the rules deny.
-pub fn check(req: &Request) -> Option<Flow> {
-    if !req.conf.access.denies(req.conn.peer.ip()) {
+/// The access phase: the address rules, then `auth_basic`. With `satisfy all` (the
+/// default) a request must pass both (403 from the rules first); with `satisfy any` an
+/// `allow` rule that matches or good credentials let it in, and when neither does, the
+/// 401 wins over the 403, as in nginx (whose `access forbidden by rule` is then not logged).
+pub fn check(req: &mut Request) -> Option<Flow> {
+    let rule = req.conf.access.matching(req.conn.peer.ip());
+    if req.conf.access.satisfy_any != Some(true) {
+        if rule == Some(true) {
+            crate::errlog::request(Level::Error, req, format_args!("access forbidden by rule"));
+            return Some(Flow::Status(403));
+        }
+        return auth_basic::check(req).refusal();
+    }
+    if rule == Some(false) {
         return None;
     }
-    crate::errlog::request(Level::Error, req, format_args!("access forbidden by rule"));
-    Some(Flow::Status(403))
+    match auth_basic::check(req) {
+        Auth::Passed => None,
+        Auth::Refused(flow) => Some(flow),
+        Auth::Off => (rule == Some(true)).then_some(Flow::Status(403)),
+    }
 }
 
 /// The settings a request is served with in its location: the `limit_except` block's when
@@ -260,6 +292,12 @@ pub fn limited_conf(req: &Request) -> Option<Arc<LocConf>> {
 mod tests {
     use super::*;
 
+    impl AccessConf {
+        fn denies(&self, peer: IpAddr) -> bool {
+            self.matching(peer) == Some(true)
+        }
+    }
+
     fn conf(rules: &[(bool, Who)]) -> AccessConf {
         AccessConf {
             rules: Some(Arc::new(
@@ -269,6 +307,7 @@ mod tests {
                     .collect(),
             )),
             limit_except: None,
+            satisfy_any: None,
         }
     }
 
