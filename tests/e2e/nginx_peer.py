@@ -11,10 +11,11 @@ import shutil
 import signal
 import socket
 import subprocess
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conftest import REPO, wait_port
+from conftest import REPO, Gannet, free_port, wait_port
 
 # None when nginx is not installed: differential tests skip (scripts/test-all.sh installs it).
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
@@ -60,6 +61,22 @@ class NginxPeer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+@contextmanager
+def side_by_side(tmp_path: Path, conf: str, files: dict | None = None):
+    """gannet and nginx on the same config and document root (`files`), each with its own
+    logs (`tmp_path/gannet`, `tmp_path/nginx`): yields gannet's `Server` and nginx's port."""
+    g = Gannet(tmp_path / "gannet")
+    g.tmp.mkdir()
+    root = g.write_files(files)
+    nginx_port = free_port()
+    nginx = NginxPeer(conf, nginx_port, root, tmp_path / "nginx")
+    try:
+        yield g.start(conf=conf), nginx_port
+    finally:
+        nginx.stop()
+        g.close()
 
 
 @dataclass

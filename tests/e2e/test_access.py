@@ -11,8 +11,8 @@ import socket
 
 import pytest
 
-from conftest import Gannet, free_port
-from nginx_peer import NGINX, PEER_MAIN, NginxPeer, exchange
+from conftest import free_port
+from nginx_peer import NGINX, PEER_MAIN, exchange, side_by_side
 from test_differential import normalise
 
 
@@ -233,17 +233,8 @@ def test_low_address_bits_are_a_notice(gannet):
 
 @pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
 def test_same_answers_as_nginx(tmp_path):
-    g = Gannet(tmp_path / "gannet")
-    g.tmp.mkdir()
-    root = g.write_files(FILES)
-    nginx_port = free_port()
-    nginx = NginxPeer(CONF, nginx_port, root, tmp_path / "nginx")
-    try:
-        srv = g.start(conf=CONF)
+    with side_by_side(tmp_path, CONF, FILES) as (srv, nginx_port):
         answers = [(exchange(nginx_port, r), exchange(srv.port, r)) for r in SENT]
-    finally:
-        nginx.stop()
-        g.close()
     diffs = []
     for r, (a_n, a_g) in zip(SENT, answers):
         n, got = normalise(a_n, nginx_port), normalise(a_g, srv.port)

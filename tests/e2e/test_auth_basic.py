@@ -14,8 +14,8 @@ import subprocess
 
 import pytest
 
-from conftest import Gannet, free_port, wait_until
-from nginx_peer import NGINX, PEER_MAIN, NginxPeer, exchange
+from conftest import wait_until
+from nginx_peer import NGINX, PEER_MAIN, exchange, side_by_side
 
 CONF = PEER_MAIN + r"""
 http {
@@ -85,14 +85,9 @@ SENT = [request("/f.txt", c) for c in CREDENTIALS] + [
 ]
 
 
-def start(g: Gannet):
-    root = g.write_files(FILES)
-    (root.parent / "users").write_text(users_file())
-    return root
-
-
 def test_basic_authentication(gannet):
-    start(gannet)
+    root = gannet.write_files(FILES)
+    (root.parent / "users").write_text(users_file())
     srv = gannet.start(conf=CONF)
     answers = {c: exchange(srv.port, request("/f.txt", c)) for c in CREDENTIALS}
     for c, a in answers.items():
@@ -122,21 +117,14 @@ def test_basic_authentication(gannet):
 
 @pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
 def test_same_answers_as_nginx(tmp_path):
-    g = Gannet(tmp_path / "gannet")
-    g.tmp.mkdir()
-    root = start(g)
-    nginx_port = free_port()
-    nginx = NginxPeer(CONF, nginx_port, root, tmp_path / "nginx")
-    try:
-        srv = g.start(conf=CONF)
+    with side_by_side(tmp_path, CONF, FILES) as (srv, nginx_port):
+        # Both read the user file on each request.
+        (srv.root.parent / "users").write_text(users_file())
         answers = [(exchange(nginx_port, r), exchange(srv.port, r)) for r in SENT]
         n_log = wait_until(lambda: len((tmp_path / "nginx" / "access.log").read_text().splitlines()) >= len(SENT))
         g_log = wait_until(lambda: len(srv.access_log().splitlines()) >= len(SENT))
         assert n_log and g_log
         logs = ((tmp_path / "nginx" / "access.log").read_text(), srv.access_log())
-    finally:
-        nginx.stop()
-        g.close()
     diffs = []
     for r, (n, got) in zip(SENT, answers):
         fields = lambda a: (a.status, a.headers.get("www-authenticate"), a.body.replace(b"nginx/1.22.1", b"SERVER").replace(b"gannet/0.1.0", b"SERVER"))  # noqa: E731

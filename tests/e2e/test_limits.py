@@ -19,8 +19,8 @@ import time
 import pytest
 
 import rawapps
-from conftest import Gannet, free_port, wait_until
-from nginx_peer import NGINX, PEER_MAIN, NginxPeer, exchange
+from conftest import wait_until
+from nginx_peer import NGINX, PEER_MAIN, exchange, side_by_side
 
 CONF = PEER_MAIN + r"""
 http {
@@ -111,18 +111,9 @@ def test_limit_req_refuses_past_the_burst(gannet):
 
 @pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
 def test_limit_req_same_as_nginx(tmp_path):
-    g = Gannet(tmp_path / "gannet")
-    g.tmp.mkdir()
-    root = g.write_files(FILES)
-    nginx_port = free_port()
-    nginx = NginxPeer(CONF, nginx_port, root, tmp_path / "nginx")
-    try:
-        srv = g.start(conf=CONF)
+    with side_by_side(tmp_path, CONF, FILES) as (srv, nginx_port):
         got = {"gannet": run(srv.port), "nginx": run(nginx_port)}
         logs = {"gannet": log_lines(srv.tmp / "access.log", len(SENT)), "nginx": log_lines(tmp_path / "nginx" / "access.log", len(SENT))}
-    finally:
-        nginx.stop()
-        g.close()
     assert got["gannet"] == got["nginx"] == EXPECTED, got
     assert logs["gannet"] == logs["nginx"]
 

@@ -10,7 +10,7 @@
 //! refused (503 unless `limit_conn_status` says otherwise). The lists are inherited by a
 //! level that has none of its own.
 
-use super::limit_zone::{self, Policy};
+use super::limit_zone;
 use super::{LoadCtx, LocConf};
 use crate::errlog::{self, Level};
 use crate::http::handler::Flow;
@@ -90,25 +90,12 @@ enum Refused {
 
 /// One `limit_conn` line.
 #[derive(Debug, Clone)]
-struct Limit {
+pub struct Limit {
     zone: Arc<ConnZone>,
     max: u64,
 }
 
-#[derive(Debug, Clone, Default)]
-pub struct LimitConnConf {
-    limits: Option<Arc<Vec<Limit>>>,
-    policy: Policy,
-}
-
-impl LimitConnConf {
-    pub fn merge(&mut self, parent: &LimitConnConf) {
-        if self.limits.is_none() {
-            self.limits = parent.limits.clone();
-        }
-        self.policy.merge(&parent.policy);
-    }
-}
+pub type LimitConnConf = limit_zone::Limits<Limit>;
 
 pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
     match d.name.as_str() {
@@ -139,12 +126,12 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
                     return Err(d.error(format!("invalid number of connections \"{}\"", d.args[1])))
                 }
             };
-            let mut limits = lc.limit_conn.limits.as_deref().cloned().unwrap_or_default();
+            let mut limits = lc.limit_conn.list.as_deref().cloned().unwrap_or_default();
             if limits.iter().any(|l| Arc::ptr_eq(&l.zone, &zone)) {
                 return Err(d.error("\"limit_conn\" directive is duplicate"));
             }
             limits.push(Limit { zone, max });
-            lc.limit_conn.limits = Some(Arc::new(limits));
+            lc.limit_conn.list = Some(Arc::new(limits));
             Ok(())
         }
         _ => lc.limit_conn.policy.set(d),
@@ -158,11 +145,11 @@ pub fn check(req: &mut Request) -> Option<Flow> {
         return None;
     }
     // The location's settings outlive the borrow of `req` the counts need.
-    let conf = match req.conf.limit_conn.limits {
+    let conf = match req.conf.limit_conn.list {
         Some(_) => req.conf.clone(),
         None => return None,
     };
-    let limits = conf.limit_conn.limits.as_deref()?;
+    let limits = conf.limit_conn.list.as_deref()?;
     let policy = &conf.limit_conn.policy;
     for l in limits {
         let Some(key) = limit_zone::key(req, &l.zone.key, &l.zone.key_src, MAX_KEY) else {

@@ -14,7 +14,7 @@
 //! limits of its own is not limited again (nginx's `limit_req_set`). The lists are
 //! inherited by a level that has none of its own.
 
-use super::limit_zone::{self, Policy};
+use super::limit_zone;
 use super::{LoadCtx, LocConf};
 use crate::errlog::{self, Level};
 use crate::http::handler::Flow;
@@ -160,39 +160,26 @@ impl ReqZone {
 
 /// One `limit_req` line.
 #[derive(Debug, Clone)]
-struct Limit {
+pub struct Limit {
     zone: Arc<ReqZone>,
     /// Thousandths of a request, as the excess.
     burst: u64,
     delay: u64,
 }
 
-#[derive(Debug, Clone, Default)]
-pub struct LimitReqConf {
-    limits: Option<Arc<Vec<Limit>>>,
-    policy: Policy,
-}
-
-impl LimitReqConf {
-    pub fn merge(&mut self, parent: &LimitReqConf) {
-        if self.limits.is_none() {
-            self.limits = parent.limits.clone();
-        }
-        self.policy.merge(&parent.policy);
-    }
-}
+pub type LimitReqConf = limit_zone::Limits<Limit>;
 
 pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
     match d.name.as_str() {
         "limit_req_zone" => zone(d, ctx),
         "limit_req" => {
             let limit = limit(d, ctx)?;
-            let mut limits = lc.limit_req.limits.as_deref().cloned().unwrap_or_default();
+            let mut limits = lc.limit_req.list.as_deref().cloned().unwrap_or_default();
             if limits.iter().any(|l| Arc::ptr_eq(&l.zone, &limit.zone)) {
                 return Err(d.error("\"limit_req\" directive is duplicate"));
             }
             limits.push(limit);
-            lc.limit_req.limits = Some(Arc::new(limits));
+            lc.limit_req.list = Some(Arc::new(limits));
             Ok(())
         }
         _ => lc.limit_req.policy.set(d),
@@ -295,11 +282,11 @@ pub fn check(req: &mut Request) -> Option<Flow> {
         return None;
     }
     // The location's settings outlive the borrow of `req` the status updates need.
-    let conf = match req.conf.limit_req.limits {
+    let conf = match req.conf.limit_req.list {
         Some(_) => req.conf.clone(),
         None => return None,
     };
-    let limits = conf.limit_req.limits.as_deref()?;
+    let limits = conf.limit_req.list.as_deref()?;
     let policy = &conf.limit_req.policy;
     let dry = if policy.dry_run() { ", dry run" } else { "" };
     // First whether every limit lets the request through, without counting it.

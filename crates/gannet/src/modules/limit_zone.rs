@@ -63,6 +63,32 @@ pub fn parse_zone(
     Ok((name.to_string(), keys.max(1)))
 }
 
+/// A level's limits of one kind with their settings: the list is inherited by a level that
+/// has none of its own, the settings one by one.
+#[derive(Debug, Clone)]
+pub struct Limits<L> {
+    pub list: Option<Arc<Vec<L>>>,
+    pub policy: Policy,
+}
+
+impl<L> Default for Limits<L> {
+    fn default() -> Self {
+        Limits {
+            list: None,
+            policy: Policy::default(),
+        }
+    }
+}
+
+impl<L> Limits<L> {
+    pub fn merge(&mut self, parent: &Limits<L>) {
+        if self.list.is_none() {
+            self.list = parent.list.clone();
+        }
+        self.policy.merge(&parent.policy);
+    }
+}
+
 /// The settings both limit modules have, inherited one by one.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Policy {
