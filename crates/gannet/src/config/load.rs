@@ -306,15 +306,11 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
             return Err(d.error(format!("duplicate match \"{}\"", d.args[0])));
         }
     }
-    // Then the limit zones, which a `limit_req` or `limit_conn` above them may name.
-    let zone_first = |d: &&Directive| modules::limit_zone::is_zone(&d.name);
-    for d in body.iter().filter(zone_first) {
-        level_directive(cfg, d, &mut conf, &mut lctx, Ctx::HTTP)?;
-    }
-    for d in body.iter().filter(|d| {
-        !matches!(d.name.as_str(), "server" | "upstream" | "match")
-            && !modules::limit_zone::is_zone(&d.name)
-    }) {
+    // The limit zones before the rest: a `limit_req` or `limit_conn` above one may name it.
+    let is_zone = |d: &&Directive| modules::limit_zone::is_zone(&d.name);
+    let rest =
+        |d: &&Directive| !matches!(d.name.as_str(), "server" | "upstream" | "match") && !is_zone(d);
+    for d in body.iter().filter(is_zone).chain(body.iter().filter(rest)) {
         level_directive(cfg, d, &mut conf, &mut lctx, Ctx::HTTP)?;
     }
     if conf.core.root.is_none() {

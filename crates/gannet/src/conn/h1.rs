@@ -541,10 +541,7 @@ impl<S: Transport> Conn<S> {
             match handled {
                 Handled::Respond(resp) => return self.respond(&req, resp, keep).await,
                 Handled::Close => return false,
-                Handled::Delay(d) => {
-                    tokio::time::sleep(d).await;
-                    handled = handler::resume(&mut req, &w, Flow::Delayed);
-                }
+                delay @ Handled::Delay(_) => handled = handler::settle(&mut req, &w, delay).await,
                 Handled::Gateway => {
                     let outcome = match stream_body.take() {
                         Some(how) => {

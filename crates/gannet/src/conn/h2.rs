@@ -377,10 +377,7 @@ async fn answer(
                 respond.send_reset(h2::Reason::CANCEL);
                 return timeout;
             }
-            Handled::Delay(d) => {
-                tokio::time::sleep(d).await;
-                handled = handler::resume(&mut req, w, Flow::Delayed);
-            }
+            delay @ Handled::Delay(_) => handled = handler::settle(&mut req, w, delay).await,
             Handled::Gateway => {
                 let outcome = match stream_body.take() {
                     Some(how) => {

@@ -30,7 +30,7 @@ use crate::http::{compress, conditional};
 use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{
-    access, autoindex, gateway, headers, index, limit_zone, static_files, try_files,
+    access, autoindex, gateway, headers, index, limit_conn, limit_zone, static_files, try_files,
 };
 use crate::runtime::worker::Worker;
 use gannet_proto::h1::{BodyKind, Method};
@@ -208,7 +208,7 @@ fn run_location(req: &mut Request, w: &Worker) -> Flow {
 
 /// The phases after a `limit_req` delay: the rest of pre-access, then on.
 fn after_limit_req(req: &mut Request, w: &Worker) -> Flow {
-    if let Some(limited) = limit_zone::after_delay(req) {
+    if let Some(limited) = limit_conn::check(req) {
         return limited;
     }
     access_and_content(req, w)

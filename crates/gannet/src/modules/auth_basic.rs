@@ -96,26 +96,25 @@ impl Auth {
 
 /// Check the request's credentials against the user file.
 pub fn check(req: &mut Request) -> Auth {
-    let conf = req.conf.clone();
-    let (Some(Some(realm)), Some(file)) = (&conf.auth_basic.realm, &conf.auth_basic.user_file)
+    let (Some(Some(realm)), Some(file)) =
+        (&req.conf.auth_basic.realm, &req.conf.auth_basic.user_file)
     else {
         return Auth::Off;
     };
-    match verdict(req, realm, file) {
+    let (realm, path) = (realm.eval(req, None), file.eval(req, None));
+    match verdict(req, &realm, &path) {
         Some(flow) => Auth::Refused(flow),
         None => Auth::Passed,
     }
 }
 
-fn verdict(req: &mut Request, realm: &Template, file: &Template) -> Option<Flow> {
-    let realm = realm.eval(req, None);
-    let path = file.eval(req, None);
+fn verdict(req: &mut Request, realm: &str, path: &str) -> Option<Flow> {
     let challenge = || Some(format!("Basic realm=\"{}\"", realm.replace('"', "\\\"")));
     let Some((user, password)) = credentials(req) else {
         req.auth_challenge = challenge();
         return Some(Flow::Status(401));
     };
-    let text = match std::fs::read(&path) {
+    let text = match std::fs::read(path) {
         Ok(t) => t,
         Err(e) => {
             errlog::request(

@@ -136,15 +136,9 @@ impl Policy {
 }
 
 /// The pre-access phase: `limit_req`, then `limit_conn` (nginx runs them in this order; a
-/// delayed request is counted by `limit_conn` only once its delay is over, see
-/// [`after_delay`]).
+/// request `limit_req` delays is counted by `limit_conn` once its delay is over).
 pub fn check(req: &mut Request) -> Option<Flow> {
     limit_req::check(req).or_else(|| limit_conn::check(req))
-}
-
-/// The rest of the pre-access phase for a request `limit_req` delayed.
-pub fn after_delay(req: &mut Request) -> Option<Flow> {
-    limit_conn::check(req)
 }
 
 /// A zone's table, also when a worker panicked while holding it (the table is only ever
