@@ -19,6 +19,7 @@ pub mod health_check;
 pub mod http2;
 pub mod index;
 pub mod limit_conn;
+pub mod limit_rate;
 pub mod limit_req;
 pub mod limit_zone;
 pub mod map;
@@ -129,6 +130,10 @@ pub const MODULES: &[Module] = &[
         set: limit_conn::set,
     },
     Module {
+        directives: limit_rate::DIRECTIVES,
+        set: limit_rate::set,
+    },
+    Module {
         directives: fastcgi::DIRECTIVES,
         set: fastcgi::set,
     },
@@ -225,6 +230,7 @@ pub struct LocConf {
     pub auth_basic: auth_basic::AuthBasicConf,
     pub limit_req: limit_req::LimitReqConf,
     pub limit_conn: limit_conn::LimitConnConf,
+    pub limit_rate: limit_rate::LimitRateConf,
     pub rewrite: rewrite::RewriteConf,
     pub log: access_log::LogConf,
     pub fastcgi: fastcgi::FastCgiConf,
@@ -253,6 +259,7 @@ impl LocConf {
         self.auth_basic.merge(&parent.auth_basic);
         self.limit_req.merge(&parent.limit_req);
         self.limit_conn.merge(&parent.limit_conn);
+        self.limit_rate.merge(&parent.limit_rate);
         self.log.merge(&parent.log);
         self.fastcgi.merge(&parent.fastcgi);
         self.compress.merge(&parent.compress);

@@ -1152,6 +1152,14 @@ fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
                 .and_then(|i| proxy::rewrite_location(req, &value[i..]).map(|u| (i, u)))
                 .map_or(value.clone(), |(i, u)| format!("{}{u}", &value[..i]));
             resp.headers.push((name.into(), v));
+        } else if name.eq_ignore_ascii_case("x-accel-limit-rate") {
+            // nginx takes a number of bytes per second and ignores anything else.
+            if let Some(n) = gannet_conf::setters::num(value.trim()) {
+                resp.limit_rate = Some(n);
+            }
+            if gateway::passes(c, &name) {
+                resp.headers.push((name.into(), value));
+            }
         } else if gateway::passes(c, &name) {
             resp.headers.push((name.into(), value));
         }

@@ -18,6 +18,7 @@
 
 use super::body::{self, BodyError};
 use super::gateway::{Outcome, Tunnel};
+use super::pace::Pace;
 use super::source::Source;
 use super::tls_stream::TlsStream;
 use super::transport::Transport;
@@ -28,6 +29,7 @@ use crate::http::request::{ConnInfo, Request};
 use crate::http::response::{encode_head, Body, HeadCtx, Part, Response};
 use crate::http::router::select_server;
 use crate::modules::gateway::Streamed;
+use crate::modules::limit_rate;
 use crate::runtime::clock;
 use crate::runtime::parking::{Parked, PARK_AFTER};
 use crate::runtime::read_timers::ReadTimers;
@@ -406,19 +408,12 @@ impl<S: Transport> Conn<S> {
         };
         let r = if done < self.out.len() || self.stream.has_pending() {
             let rest = &self.out[done..];
-            Box::pin(tokio::time::timeout(
-                self.send_timeout,
-                self.stream.write_all(rest),
-            ))
-            .await
+            Box::pin(self.stream.write_all(rest, self.send_timeout)).await
         } else {
-            Ok(Ok(()))
+            Ok(())
         };
         self.out.clear();
-        match r {
-            Ok(r) => r,
-            Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
-        }
+        r
     }
 
     /// Answer a request that could not be parsed (the connection then closes), and log it
@@ -637,9 +632,14 @@ impl<S: Transport> Conn<S> {
                 .await;
         }
         let (keep, head_len, send_body) = self.head(req, &mut resp, keep);
-        let core = &req.conf.core;
+        let sendfile = req.conf.core.sendfile();
         let body_len = resp.body.len();
-        let sent_ok = !send_body || self.send_body(&resp.body, core.sendfile()).await.is_ok();
+        let sent_ok = !send_body
+            || match limit_rate::pace(req, &resp) {
+                None => self.send_body(&resp.body, sendfile).await,
+                Some(mut pace) => self.send_paced(&resp.body, sendfile, &mut pace).await,
+            }
+            .is_ok();
         self.log(req, &resp, head_len, if send_body { body_len } else { 0 });
         keep && sent_ok
     }
@@ -667,6 +667,7 @@ impl<S: Transport> Conn<S> {
             }
         };
         let (keep, head_len, send_body) = self.head(req, &mut resp, keep && chunked);
+        let mut pace = limit_rate::pace(req, &resp);
         let mut sent = 0u64;
         let mut whole = true;
         // A body-less answer (HEAD, 304) reads no further: the application's connection is
@@ -717,12 +718,12 @@ impl<S: Transport> Conn<S> {
             // An application may pause before its next piece: what it said goes out now.
             // A file's pieces come at once and are written in FLUSH_AT batches.
             let due = src.may_pause() || self.out.len() >= FLUSH_AT;
-            if due && self.flush().await.is_err() {
+            if due && self.flush_paced(&mut pace).await.is_err() {
                 whole = false;
                 break;
             }
         }
-        let flushed = self.flush().await.is_ok();
+        let flushed = self.flush_paced(&mut pace).await.is_ok();
         if send_body && whole {
             src.finish(&self.w);
         }
@@ -788,27 +789,81 @@ impl<S: Transport> Conn<S> {
                 Part::Bytes(b) if b.len() <= COPY_MAX => self.out.extend_from_slice(b),
                 Part::Bytes(b) => {
                     // Head (and anything queued) and the body in one writev.
-                    let r = tokio::time::timeout(
-                        self.send_timeout,
-                        self.stream.write_pair(&self.out, b),
-                    )
-                    .await;
+                    let r = self
+                        .stream
+                        .write_pair(&self.out, b, self.send_timeout)
+                        .await;
                     self.out.clear();
-                    r.map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+                    r?;
                 }
                 Part::File(f) => {
                     let pending = std::mem::take(&mut self.out);
                     let t = self.send_timeout;
-                    let r =
-                        tokio::time::timeout(t, self.stream.send_file(&pending, f, use_sendfile))
-                            .await;
+                    let r = self.stream.send_file(&pending, f, use_sendfile, t).await;
                     self.out = pending;
                     self.out.clear();
-                    r.map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+                    r?;
                 }
             }
         }
         Ok(())
+    }
+
+    /// `limit_rate`: the head, then the body, in the pieces the pace allows.
+    async fn send_paced(
+        &mut self,
+        body: &Body,
+        use_sendfile: bool,
+        pace: &mut Pace,
+    ) -> std::io::Result<()> {
+        let Body::Parts(parts) = body else {
+            return self.write_paced(pace).await;
+        };
+        for p in parts {
+            match p {
+                Part::Bytes(b) => {
+                    self.out.extend_from_slice(b);
+                    self.write_paced(pace).await?;
+                }
+                Part::File(f) => {
+                    self.write_paced(pace).await?;
+                    let end = f.offset + f.len;
+                    let mut piece = f.clone();
+                    while piece.offset < end {
+                        piece.len = pace.allowance().await.min(end - piece.offset);
+                        let t = self.send_timeout;
+                        self.stream.send_file(&[], &piece, use_sendfile, t).await?;
+                        pace.wrote(piece.len);
+                        piece.offset += piece.len;
+                    }
+                }
+            }
+        }
+        self.write_paced(pace).await
+    }
+
+    /// Write the pending output in the pieces the pace allows.
+    async fn write_paced(&mut self, pace: &mut Pace) -> std::io::Result<()> {
+        let out = std::mem::take(&mut self.out);
+        let mut rest = &out[..];
+        let mut r = Ok(());
+        while !rest.is_empty() && r.is_ok() {
+            let n = (pace.allowance().await as usize).min(rest.len());
+            r = self.stream.write_all(&rest[..n], self.send_timeout).await;
+            pace.wrote(n as u64);
+            rest = &rest[n..];
+        }
+        self.out = out;
+        self.out.clear();
+        r
+    }
+
+    /// Write the pending output, paced when the answer has a `limit_rate`.
+    async fn flush_paced(&mut self, pace: &mut Option<Pace>) -> std::io::Result<()> {
+        match pace {
+            None => self.flush().await,
+            Some(p) => self.write_paced(p).await,
+        }
     }
 
     /// The log phase: one line per configured access log.

@@ -1,13 +1,16 @@
 //! HTTP/2 answers: a gannet `Response` as an HTTP/2 head (the fields the HTTP/1.x head has,
 //! less the connection-specific ones RFC 9113 8.2.2 forbids), the body in DATA frames of at
 //! most `http2_chunk_size` as the client's flow-control window opens (each wait bounded by
-//! `send_timeout`, after which the stream is reset), then the access-log line.
+//! `send_timeout`, after which the stream is reset) and as `limit_rate` allows (each stream
+//! is paced on its own, as nginx limits requests), then the access-log line.
 
+use super::pace::Pace;
 use super::source::Source;
 use crate::errlog::{self, Level};
 use crate::http::encoder::Encoder;
 use crate::http::request::Request;
 use crate::http::response::{Body, Part, Response};
+use crate::modules::limit_rate;
 use crate::runtime::clock;
 use crate::runtime::worker::Worker;
 use bytes::Bytes;
@@ -134,6 +137,11 @@ pub async fn send(
         chunk,
         timeout,
         ended: false,
+        pace: if end {
+            None
+        } else {
+            limit_rate::pace(req, &resp)
+        },
     };
     let whole = if end {
         true
@@ -160,6 +168,7 @@ struct Out<'a> {
     timeout: Duration,
     /// The frame that ends the stream has been sent.
     ended: bool,
+    pace: Option<Pace>,
 }
 
 impl Out<'_> {
@@ -169,19 +178,25 @@ impl Out<'_> {
     /// `chunk` of a large body.
     async fn data(&mut self, mut data: Bytes, end: bool) -> bool {
         while !data.is_empty() {
-            self.stream
-                .reserve_capacity(data.len().min(self.chunk * FRAMES_PER_WAIT));
+            let mut want = data.len().min(self.chunk * FRAMES_PER_WAIT);
+            if let Some(p) = &mut self.pace {
+                want = want.min(p.allowance().await as usize);
+            }
+            self.stream.reserve_capacity(want);
             let cap = tokio::time::timeout(
                 self.timeout,
                 std::future::poll_fn(|cx| self.stream.poll_capacity(cx)),
             )
             .await;
             let mut room = match cap {
-                Ok(Some(Ok(n))) => n.min(data.len()),
+                Ok(Some(Ok(n))) => n.min(want),
                 // A timeout (a client that never opens its window), a reset or a closed
                 // connection.
                 _ => return false,
             };
+            if let Some(p) = &mut self.pace {
+                p.wrote(room as u64);
+            }
             while room > 0 {
                 let n = room.min(self.chunk);
                 room -= n;

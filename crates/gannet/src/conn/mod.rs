@@ -12,6 +12,7 @@ pub mod h2_response;
 pub mod health;
 pub mod log;
 pub mod mirror;
+pub mod pace;
 pub mod send;
 pub mod source;
 pub mod tls_stream;

@@ -6,8 +6,17 @@ use crate::http::response::FileRange;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
-use tokio::io::{AsyncWriteExt, Interest};
+use std::time::Duration;
+use tokio::io::Interest;
 use tokio::net::TcpStream;
+
+/// Wait until the socket takes more, for at most `idle` (`send_timeout`).
+pub async fn writable(stream: &TcpStream, idle: Duration) -> io::Result<()> {
+    match tokio::time::timeout(idle, stream.writable()).await {
+        Ok(r) => r,
+        Err(_) => Err(io::ErrorKind::TimedOut.into()),
+    }
+}
 
 /// Write all of `buf`; with `more`, tell the kernel more data follows (MSG_MORE) so the
 /// head and the start of a file leave in full segments, as `tcp_nopush on` does in nginx.
@@ -16,26 +25,21 @@ use tokio::net::TcpStream;
 /// default) that halved the 394 KB image's rate at c=100 for nginx and gannet alike
 /// (3.6k vs 8.3k req/s, interleaved; see the README's performance notes). Unlike TCP_CORK
 /// it costs no extra system call.
-pub async fn write_all(stream: &mut TcpStream, buf: &[u8], more: bool) -> io::Result<()> {
-    if !more {
-        return AsyncWriteExt::write_all(stream, buf).await;
-    }
+pub async fn write_all(
+    stream: &mut TcpStream,
+    buf: &[u8],
+    more: bool,
+    idle: Duration,
+) -> io::Result<()> {
+    let flags = if more { libc::MSG_MORE } else { 0 } | libc::MSG_NOSIGNAL;
     let mut sent = 0;
     let fd = stream.as_raw_fd();
     while sent < buf.len() {
-        stream.writable().await?;
         let rest = &buf[sent..];
         let r = stream.try_io(Interest::WRITABLE, || {
             // SAFETY: `fd` is the live socket owned by `stream`; `rest` is a valid slice for
             // its whole length and send() only reads from it.
-            let n = unsafe {
-                libc::send(
-                    fd,
-                    rest.as_ptr().cast(),
-                    rest.len(),
-                    libc::MSG_MORE | libc::MSG_NOSIGNAL,
-                )
-            };
+            let n = unsafe { libc::send(fd, rest.as_ptr().cast(), rest.len(), flags) };
             if n < 0 {
                 Err(io::Error::last_os_error())
             } else {
@@ -44,7 +48,7 @@ pub async fn write_all(stream: &mut TcpStream, buf: &[u8], more: bool) -> io::Re
         });
         match r {
             Ok(n) => sent += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => writable(stream, idle).await?,
             Err(e) => return Err(e),
         }
     }
@@ -53,13 +57,12 @@ pub async fn write_all(stream: &mut TcpStream, buf: &[u8], more: bool) -> io::Re
 
 /// Send a file range with sendfile(2): the bytes go from the page cache to the socket
 /// without passing through this process.
-pub async fn sendfile(stream: &mut TcpStream, f: &FileRange) -> io::Result<()> {
+pub async fn sendfile(stream: &mut TcpStream, f: &FileRange, idle: Duration) -> io::Result<()> {
     let sock = stream.as_raw_fd();
     let file = f.file.as_raw_fd();
     let mut off = f.offset as libc::off_t;
     let end = (f.offset + f.len) as libc::off_t;
     while off < end {
-        stream.writable().await?;
         let chunk = ((end - off) as usize).min(1 << 30);
         let r = stream.try_io(Interest::WRITABLE, || {
             // SAFETY: both fds are open for the duration of the call (the socket is owned by
@@ -80,7 +83,7 @@ pub async fn sendfile(stream: &mut TcpStream, f: &FileRange) -> io::Result<()> {
                 ))
             }
             Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => writable(stream, idle).await?,
             Err(e) => return Err(e),
         }
     }
@@ -88,7 +91,11 @@ pub async fn sendfile(stream: &mut TcpStream, f: &FileRange) -> io::Result<()> {
 }
 
 /// `sendfile off` (and any file over TLS): read the range in pieces and write them.
-pub async fn copy_file<S: Transport>(stream: &mut S, f: &FileRange) -> io::Result<()> {
+pub async fn copy_file<S: Transport>(
+    stream: &mut S,
+    f: &FileRange,
+    idle: Duration,
+) -> io::Result<()> {
     let mut buf = vec![0u8; 64 * 1024];
     let mut off = f.offset;
     let end = f.offset + f.len;
@@ -101,7 +108,7 @@ pub async fn copy_file<S: Transport>(stream: &mut S, f: &FileRange) -> io::Resul
                 "file truncated while sending",
             ));
         }
-        stream.write_all(&buf[..n]).await?;
+        stream.write_all(&buf[..n], idle).await?;
         off += n as u64;
     }
     Ok(())

@@ -16,6 +16,7 @@ use bytes::BytesMut;
 use rustls::ServerConnection;
 use std::io::{self, Read, Write};
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::net::TcpStream;
 
 /// The most plaintext taken from rustls in one read (its own records are at most 16 KiB).
@@ -206,7 +207,7 @@ impl Transport for TlsStream {
         self.tls.wants_write()
     }
 
-    async fn write_all(&mut self, mut data: &[u8]) -> io::Result<()> {
+    async fn write_all(&mut self, mut data: &[u8], idle: Duration) -> io::Result<()> {
         loop {
             if !data.is_empty() {
                 // rustls takes what fits under its buffer limit; the rest after a push.
@@ -216,20 +217,28 @@ impl Transport for TlsStream {
             match self.push() {
                 Ok(()) if data.is_empty() => return Ok(()),
                 Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.tcp.writable().await?,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    send::writable(&self.tcp, idle).await?
+                }
                 Err(e) => return Err(e),
             }
         }
     }
 
-    async fn write_pair(&mut self, a: &[u8], b: &[u8]) -> io::Result<()> {
-        self.write_all(a).await?;
-        self.write_all(b).await
+    async fn write_pair(&mut self, a: &[u8], b: &[u8], idle: Duration) -> io::Result<()> {
+        self.write_all(a, idle).await?;
+        self.write_all(b, idle).await
     }
 
-    async fn send_file(&mut self, head: &[u8], f: &FileRange, _sendfile: bool) -> io::Result<()> {
-        self.write_all(head).await?;
-        send::copy_file(self, f).await
+    async fn send_file(
+        &mut self,
+        head: &[u8],
+        f: &FileRange,
+        _sendfile: bool,
+        idle: Duration,
+    ) -> io::Result<()> {
+        self.write_all(head, idle).await?;
+        send::copy_file(self, f, idle).await
     }
 
     fn close(&mut self) {

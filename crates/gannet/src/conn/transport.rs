@@ -5,6 +5,10 @@
 //! compiled on its own: the cleartext path keeps its `recv` / `try_read` / `sendfile` /
 //! parking code exactly as it was, and TLS (`conn::tls_stream`) reads and writes through
 //! rustls instead, with no branch on the kind in between.
+//!
+//! Writes that wait take `idle`, nginx's `send_timeout`: the longest the client may take
+//! no more bytes, timed per wait rather than for the whole write, so a large file to a slow
+//! (or `limit_rate`d) client is not cut off as long as it keeps reading.
 
 use super::send;
 use crate::http::response::FileRange;
@@ -12,7 +16,8 @@ use bytes::BytesMut;
 use std::future::Future;
 use std::io::{self, IoSlice};
 use std::task::{Context, Poll};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::TcpStream;
 
 /// What the connection loop needs from its stream. Reads never wait (they answer
@@ -46,10 +51,15 @@ pub trait Transport: Sized {
     fn has_pending(&self) -> bool;
 
     /// Write all of `data` (and anything pending before it).
-    fn write_all(&mut self, data: &[u8]) -> impl Future<Output = io::Result<()>>;
+    fn write_all(&mut self, data: &[u8], idle: Duration) -> impl Future<Output = io::Result<()>>;
 
     /// Write `a` then `b`, in one system call when the stream allows it.
-    fn write_pair(&mut self, a: &[u8], b: &[u8]) -> impl Future<Output = io::Result<()>>;
+    fn write_pair(
+        &mut self,
+        a: &[u8],
+        b: &[u8],
+        idle: Duration,
+    ) -> impl Future<Output = io::Result<()>>;
 
     /// Write `head` and then a file range, with `sendfile` as configured.
     fn send_file(
@@ -57,6 +67,7 @@ pub trait Transport: Sized {
         head: &[u8],
         f: &FileRange,
         sendfile: bool,
+        idle: Duration,
     ) -> impl Future<Output = io::Result<()>>;
 
     /// The connection is closing cleanly: say so if the protocol has a way (TLS
@@ -132,36 +143,47 @@ impl Transport for TcpStream {
         false
     }
 
-    async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
-        AsyncWriteExt::write_all(self, data).await
+    async fn write_all(&mut self, data: &[u8], idle: Duration) -> io::Result<()> {
+        send::write_all(self, data, false, idle).await
     }
 
-    async fn write_pair(&mut self, a: &[u8], b: &[u8]) -> io::Result<()> {
+    async fn write_pair(&mut self, a: &[u8], b: &[u8], idle: Duration) -> io::Result<()> {
         let mut bufs = [IoSlice::new(a), IoSlice::new(b)];
         let total = a.len() + b.len();
         let mut written = 0;
         let mut bufs: &mut [IoSlice<'_>] = &mut bufs;
         while written < total {
-            let n = self.write_vectored(bufs).await?;
-            if n == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
+            match self.try_write_vectored(bufs) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    written += n;
+                    IoSlice::advance_slices(&mut bufs, n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    send::writable(self, idle).await?
+                }
+                Err(e) => return Err(e),
             }
-            written += n;
-            IoSlice::advance_slices(&mut bufs, n);
         }
         Ok(())
     }
 
-    async fn send_file(&mut self, head: &[u8], f: &FileRange, sendfile: bool) -> io::Result<()> {
+    async fn send_file(
+        &mut self,
+        head: &[u8],
+        f: &FileRange,
+        sendfile: bool,
+        idle: Duration,
+    ) -> io::Result<()> {
         if !head.is_empty() {
             // MSG_MORE whatever `tcp_nopush` says (see `send::write_all`); not before an
             // empty range, where nothing would follow to push the head out.
-            send::write_all(self, head, f.len > 0).await?;
+            send::write_all(self, head, f.len > 0, idle).await?;
         }
         if sendfile {
-            send::sendfile(self, f).await
+            send::sendfile(self, f, idle).await
         } else {
-            send::copy_file(self, f).await
+            send::copy_file(self, f, idle).await
         }
     }
 }

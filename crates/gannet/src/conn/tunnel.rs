@@ -34,7 +34,7 @@ where
 {
     let mut n = Copied::default();
     if !within(idle, send_up(upstream, to_upstream)).await
-        || !within(idle, client.write_all(to_client)).await
+        || client.write_all(to_client, idle).await.is_err()
     {
         return n;
     }
@@ -79,7 +79,7 @@ where
             }
             (false, _) => {
                 n.to_client += len as u64;
-                within(idle, client.write_all(&b)).await
+                client.write_all(&b, idle).await.is_ok()
             }
         };
         if !wrote {

@@ -6,7 +6,7 @@ use crate::http::router::Location;
 use crate::http::user_vars;
 use crate::modules::LocConf;
 use gannet_proto::h1::{Method, RequestHead};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -71,6 +71,8 @@ pub struct Request {
     pub limit_req_status: Option<&'static str>,
     /// `$limit_conn_status`, the same for `limit_conn`.
     pub limit_conn_status: Option<&'static str>,
+    /// `$limit_rate`: set by `set $limit_rate`, or the rate the answer was sent at.
+    pub limit_rate: Cell<Option<u64>>,
     /// `auth_basic`'s `WWW-Authenticate` value, sent with the 401 (and its error page).
     pub auth_challenge: Option<String>,
     /// The `limit_conn` counts this request holds until it is dropped.
@@ -118,6 +120,7 @@ impl Request {
             upstream: RefCell::new(Vec::new()),
             limit_req_status: None,
             limit_conn_status: None,
+            limit_rate: Cell::new(None),
             limit_conns: Vec::new(),
             auth_challenge: None,
         }

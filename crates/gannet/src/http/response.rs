@@ -111,6 +111,8 @@ pub struct Response {
     /// Compress the body with this encoding and level while sending it (a large file or a
     /// streamed answer; in-memory bodies are compressed before).
     pub encode: Option<(Coding, u32)>,
+    /// An application's `X-Accel-Limit-Rate` (bytes per second; 0 lifts the limit).
+    pub limit_rate: Option<u64>,
 }
 
 impl Response {

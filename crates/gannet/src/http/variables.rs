@@ -60,6 +60,7 @@ pub enum Var {
     ConnectionRequests,
     LimitReqStatus,
     LimitConnStatus,
+    LimitRate,
     Msec,
     TimeLocal,
     TimeIso8601,
@@ -204,6 +205,7 @@ impl Var {
             "upstream_response_time" => Var::UpstreamResponseTime,
             "limit_req_status" => Var::LimitReqStatus,
             "limit_conn_status" => Var::LimitConnStatus,
+            "limit_rate" => Var::LimitRate,
             _ => {
                 if let Some(a) = name.strip_prefix("arg_") {
                     Var::Arg(a.to_string())
@@ -551,6 +553,9 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         }
         Var::LimitReqStatus => out.push_str(req.limit_req_status.unwrap_or_default()),
         Var::LimitConnStatus => out.push_str(req.limit_conn_status.unwrap_or_default()),
+        Var::LimitRate => {
+            let _ = write!(out, "{}", req.limit_rate.get().unwrap_or(0));
+        }
         Var::Msec => {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

@@ -93,6 +93,7 @@ pub enum Stmt {
     },
     /// `set $args ...` changes the query string, as in nginx.
     SetArgs(Template),
+    SetLimitRate(Template),
     If {
         cond: Cond,
         body: Vec<Stmt>,
@@ -129,6 +130,8 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
             let value = tpl(&d.args[1])?;
             if name == "args" {
                 Stmt::SetArgs(value)
+            } else if name == "limit_rate" {
+                Stmt::SetLimitRate(value)
             } else {
                 Stmt::Set {
                     var: user_vars::define(name).map_err(|e| d.error(e))?,
@@ -261,6 +264,9 @@ fn run_block(stmts: &[Stmt], req: &mut Request, changed: &mut bool) -> Option<Ou
             Stmt::SetArgs(value) => {
                 let v = value.eval(req, None);
                 req.args = (!v.is_empty()).then_some(v);
+            }
+            Stmt::SetLimitRate(value) => {
+                super::limit_rate::set_var(req, &value.eval(req, None));
             }
             Stmt::If { cond, body, conf } => {
                 if !cond.eval(req) {
