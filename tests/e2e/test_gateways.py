@@ -546,6 +546,9 @@ def test_config_errors(gannet):
         "scgi_next_upstream sometimes;": "invalid value",
         "scgi_buffer_size 10;": "invalid value",
         "uwsgi_cache zone;": "this uwsgi directive is not supported yet",
+        "fastcgi_ignore_headers Foo;": 'invalid value "Foo"',
+        "scgi_socket_keepalive maybe;": 'invalid value "maybe"',
+        "uwsgi_busy_buffers_size 1x;": '"uwsgi_busy_buffers_size" directive invalid value',
         "scgi_store on;": "this SCGI directive is not supported yet",
     }
     for stmt, msg in bad.items():
@@ -557,8 +560,18 @@ def test_config_errors(gannet):
         include {REPO}/conf/scgi_params;
         location /u {{ include {REPO}/conf/uwsgi_params; uwsgi_pass 127.0.0.1:9000; uwsgi_modifier1 0; }}
         location /s {{ scgi_pass unix:/run/app.sock; scgi_read_timeout 5s; scgi_temp_path /tmp; }}
+        location /f {{
+            fastcgi_pass unix:/run/php.sock; fastcgi_busy_buffers_size 64k;
+            fastcgi_ignore_headers Cache-Control expires Set-Cookie; fastcgi_socket_keepalive on;
+            fastcgi_cache_bypass $cookie_x; fastcgi_no_cache $cookie_x;
+            fastcgi_max_temp_file_size 0; fastcgi_temp_file_write_size 64k;
+        }}
+        location /p {{ proxy_pass http://127.0.0.1:9; proxy_cache_bypass $http_upgrade; proxy_headers_hash_max_size 1024; }}
     """)
     assert ok.returncode == 0, ok.stderr
+    # What the PHP and Node.js snippets people copy set: loaded, each with a notice.
+    for d in ("fastcgi_cache_bypass", "fastcgi_no_cache", "fastcgi_max_temp_file_size", "proxy_cache_bypass", "proxy_headers_hash_max_size"):
+        assert re.search(rf'\[notice\] .*check\.conf:\d+: "{d}" has no effect', ok.stderr), (d, ok.stderr)
 
 
 @pytest.mark.parametrize("proto", ["scgi", "uwsgi"])

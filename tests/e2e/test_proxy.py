@@ -407,6 +407,26 @@ def test_intercept_errors_and_hidden_headers(gannet, app):
     assert (status, body) == (404, b"our page")
 
 
+def keepalive_timers(conn, head, body):
+    """Answer with what `ss` says of the proxy's side of this very connection: a socket with
+    SO_KEEPALIVE shows a `keepalive` timer."""
+    gannet_port = conn.getpeername()[1]
+    out = subprocess.run(["ss", "-tnoH", "state", "established", f"( sport = :{gannet_port} )"], capture_output=True, text=True, timeout=10).stdout
+    conn.sendall(http_answer(out.encode() or b"no socket found"))
+
+
+def test_socket_keepalive_sets_keepalive_probes(gannet, app):
+    a = app(keepalive_timers)
+    srv = gannet.start(server=f"""
+        location /on/ {{ proxy_pass http://127.0.0.1:{a.port}; proxy_socket_keepalive on; }}
+        location /off/ {{ proxy_pass http://127.0.0.1:{a.port}; }}
+    """)
+    status, _, on = srv.get("/on/")
+    assert status == 200 and b"127.0.0.1" in on and b"keepalive" in on, on
+    status, _, off = srv.get("/off/")
+    assert status == 200 and b"127.0.0.1" in off and b"keepalive" not in off, off
+
+
 def test_variables_in_proxy_pass_and_groups_by_name(gannet, app):
     a = app(echo)
     srv = gannet.start(

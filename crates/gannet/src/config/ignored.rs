@@ -3,6 +3,8 @@
 //! accepted so that existing nginx.conf files load, and `gannet -t` prints a notice for
 //! each, naming its file:line.
 
+const NO_CACHE: &str = "gannet has no response cache, so nothing is bypassed or left uncached";
+
 /// (directive, why it has no effect)
 pub const IGNORED: &[(&str, &str)] = &[
     ("types_hash_max_size", "gannet's type table needs no sizing"),
@@ -96,12 +98,54 @@ pub const IGNORED: &[(&str, &str)] = &[
         "FastCGI answers are buffered in memory or streamed",
     ),
     (
+        "fastcgi_max_temp_file_size",
+        "FastCGI answers are buffered in memory or streamed",
+    ),
+    (
+        "fastcgi_temp_file_write_size",
+        "FastCGI answers are buffered in memory or streamed",
+    ),
+    (
         "uwsgi_temp_path",
+        "uwsgi answers are buffered in memory or streamed",
+    ),
+    (
+        "uwsgi_max_temp_file_size",
+        "uwsgi answers are buffered in memory or streamed",
+    ),
+    (
+        "uwsgi_temp_file_write_size",
         "uwsgi answers are buffered in memory or streamed",
     ),
     (
         "scgi_temp_path",
         "SCGI answers are buffered in memory or streamed",
+    ),
+    (
+        "scgi_max_temp_file_size",
+        "SCGI answers are buffered in memory or streamed",
+    ),
+    (
+        "scgi_temp_file_write_size",
+        "SCGI answers are buffered in memory or streamed",
+    ),
+    // Without a cache these decide nothing, in nginx too (the proxy_cache snippets people
+    // copy set them anyway); `*_cache` itself is reported as not supported yet.
+    ("proxy_cache_bypass", NO_CACHE),
+    ("proxy_no_cache", NO_CACHE),
+    ("fastcgi_cache_bypass", NO_CACHE),
+    ("fastcgi_no_cache", NO_CACHE),
+    ("scgi_cache_bypass", NO_CACHE),
+    ("scgi_no_cache", NO_CACHE),
+    ("uwsgi_cache_bypass", NO_CACHE),
+    ("uwsgi_no_cache", NO_CACHE),
+    (
+        "proxy_headers_hash_max_size",
+        "gannet's header tables need no sizing",
+    ),
+    (
+        "proxy_headers_hash_bucket_size",
+        "gannet's header tables need no sizing",
     ),
     (
         "ssl_dhparam",

@@ -846,13 +846,14 @@ fn idempotent(req: &Request) -> bool {
 
 /// A new connection to `addr`, with its TLS handshake for an `https://` upstream; both
 /// within `proxy_connect_timeout`, as in nginx.
-async fn connect(addr: &Addr, via: &Via, timeout: Duration) -> Result<Conn, Failure> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let conn = match tokio::time::timeout_at(deadline, connect_plain(addr)).await {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => return Err(Failure::Connect(e)),
-        Err(_) => return Err(Failure::Timeout(CONNECTING)),
-    };
+async fn connect(addr: &Addr, via: &Via, c: &GatewayConf) -> Result<Conn, Failure> {
+    let deadline = tokio::time::Instant::now() + c.connect_timeout();
+    let conn =
+        match tokio::time::timeout_at(deadline, connect_plain(addr, c.socket_keepalive())).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(Failure::Connect(e)),
+            Err(_) => return Err(Failure::Timeout(CONNECTING)),
+        };
     let Some(t) = &via.tls else {
         return Ok(conn);
     };
@@ -864,12 +865,16 @@ async fn connect(addr: &Addr, via: &Via, timeout: Duration) -> Result<Conn, Fail
     }
 }
 
-/// A new connection to `addr` (TCP with Nagle off, or a unix socket), without a deadline.
-pub async fn connect_plain(addr: &Addr) -> std::io::Result<Conn> {
+/// A new connection to `addr` (TCP with Nagle off, and with keep-alive probes when asked,
+/// or a unix socket), without a deadline.
+pub async fn connect_plain(addr: &Addr, keepalive: bool) -> std::io::Result<Conn> {
     Ok(match addr {
         Addr::Tcp(a) => {
             let s = tokio::net::TcpStream::connect(a.as_str()).await?;
             let _ = s.set_nodelay(true);
+            if keepalive {
+                socket2::SockRef::from(&s).set_keepalive(true)?;
+            }
             Box::new(s)
         }
         Addr::Unix(p) => Box::new(tokio::net::UnixStream::connect(p).await?),
@@ -959,7 +964,7 @@ async fn fresh(
     out: &mut Outgoing<'_>,
 ) -> Result<Answered, Failure> {
     let c = gateway::conf(&req.conf, via.proto);
-    let conn = connect(addr, via, c.connect_timeout()).await?;
+    let conn = connect(addr, via, c).await?;
     exchange(req, addr, Link::new(conn, via), out).await
 }
 
@@ -1154,8 +1159,9 @@ fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
             resp.headers.push((name.into(), v));
         } else if name.eq_ignore_ascii_case("x-accel-limit-rate") {
             // nginx takes a number of bytes per second and ignores anything else.
-            if let Some(n) = gannet_conf::setters::num(value.trim()) {
-                resp.limit_rate = Some(n);
+            let n = gannet_conf::setters::num(value.trim());
+            if !c.ignores("x-accel-limit-rate") {
+                resp.limit_rate = n.or(resp.limit_rate);
             }
             if gateway::passes(c, &name) {
                 resp.headers.push((name.into(), value));

@@ -81,6 +81,9 @@ macro_rules! directives {
             $crate::modules::gateway::directives!(@spec $p "next_upstream" [HSL] AtLeast(1)),
             $crate::modules::gateway::directives!(@spec $p "next_upstream_tries" [HSL] Exactly(1)),
             $crate::modules::gateway::directives!(@spec $p "next_upstream_timeout" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "busy_buffers_size" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "ignore_headers" [HSL] AtLeast(1)),
+            $crate::modules::gateway::directives!(@spec $p "socket_keepalive" [HSL] Exactly(1)),
             $($extra,)*
         ]
     };
@@ -150,6 +153,10 @@ pub struct GatewayConf {
     pub next_upstream_tries: Option<u64>,
     /// How long retries may go on; zero: no limit.
     pub next_upstream_timeout: Option<Duration>,
+    /// `*_ignore_headers`, lower case: of these, gannet acts only on `x-accel-limit-rate`.
+    pub ignore_headers: Option<Arc<Vec<String>>>,
+    /// `*_socket_keepalive`: TCP keep-alive probes on upstream connections.
+    pub socket_keepalive: Option<bool>,
 }
 
 impl GatewayConf {
@@ -171,6 +178,8 @@ impl GatewayConf {
             next_upstream,
             next_upstream_tries,
             next_upstream_timeout,
+            ignore_headers,
+            socket_keepalive,
         );
     }
     pub fn connect_timeout(&self) -> Duration {
@@ -178,6 +187,15 @@ impl GatewayConf {
     }
     pub fn send_timeout(&self) -> Duration {
         self.send_timeout.unwrap_or(Duration::from_secs(60))
+    }
+    /// Whether the application's `name` header (lower case) is to be ignored.
+    pub fn ignores(&self, name: &str) -> bool {
+        self.ignore_headers
+            .as_ref()
+            .is_some_and(|l| l.iter().any(|h| h == name))
+    }
+    pub fn socket_keepalive(&self) -> bool {
+        self.socket_keepalive.unwrap_or(false)
     }
     pub fn read_timeout(&self) -> Duration {
         self.read_timeout.unwrap_or(Duration::from_secs(60))
@@ -319,6 +337,36 @@ pub fn set(d: &Directive, p: Proto, lc: &mut LocConf, ctx: &LoadCtx) -> Result<b
         }
         "next_upstream_tries" => c.next_upstream_tries = Some(setters::num_arg(d, 0)?),
         "next_upstream_timeout" => c.next_upstream_timeout = duration(d)?,
+        // Checked, then without effect, as `buffers`.
+        "busy_buffers_size" => {
+            setters::size_arg(d, 0)?;
+        }
+        "ignore_headers" => {
+            // nginx's list. The cache's headers (Expires, Cache-Control, Set-Cookie, Vary,
+            // X-Accel-Expires) mean nothing without a cache; X-Accel-Redirect, -Buffering and
+            // -Charset are not acted on by gannet in the first place.
+            const KNOWN: &[&str] = &[
+                "x-accel-redirect",
+                "x-accel-expires",
+                "x-accel-limit-rate",
+                "x-accel-buffering",
+                "x-accel-charset",
+                "expires",
+                "cache-control",
+                "set-cookie",
+                "vary",
+            ];
+            let mut l = Vec::new();
+            for a in &d.args {
+                let lower = a.to_ascii_lowercase();
+                if !KNOWN.contains(&lower.as_str()) {
+                    return Err(d.error(format!("invalid value \"{a}\"")));
+                }
+                l.push(lower);
+            }
+            c.ignore_headers = Some(Arc::new(l));
+        }
+        "socket_keepalive" => c.socket_keepalive = Some(setters::flag(d)?),
         _ => return Ok(false),
     }
     Ok(true)

@@ -36,7 +36,7 @@ use crate::http::variables::Template;
 use crate::tls::client::ClientTls;
 use crate::upstream::{Addr, Upstream};
 use gannet_conf::registry::{Args, Ctx, Spec};
-use gannet_conf::{setters, ConfError, Directive};
+use gannet_conf::{ConfError, Directive};
 use regex::Regex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -57,7 +57,6 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("proxy_buffering", HSL, Args::Exactly(1)),
     spec("proxy_buffers", HSL, Args::Exactly(2)),
     spec("proxy_buffer_size", HSL, Args::Exactly(1)),
-    spec("proxy_busy_buffers_size", HSL, Args::Exactly(1)),
     spec("proxy_intercept_errors", HSL, Args::Exactly(1)),
     spec("proxy_hide_header", HSL, Args::Exactly(1)),
     spec("proxy_pass_header", HSL, Args::Exactly(1)),
@@ -67,6 +66,9 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("proxy_next_upstream", HSL, Args::AtLeast(1)),
     spec("proxy_next_upstream_tries", HSL, Args::Exactly(1)),
     spec("proxy_next_upstream_timeout", HSL, Args::Exactly(1)),
+    spec("proxy_busy_buffers_size", HSL, Args::Exactly(1)),
+    spec("proxy_ignore_headers", HSL, Args::AtLeast(1)),
+    spec("proxy_socket_keepalive", HSL, Args::Exactly(1)),
 ];
 
 /// Where `proxy_pass` sends requests.
@@ -174,9 +176,6 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             lc.proxy.body = Some(Template::compile(a0).map_err(|e| d.error(e))?);
         }
         "proxy_redirect" => set_redirect(d, &mut lc.proxy)?,
-        "proxy_busy_buffers_size" => {
-            setters::size_arg(d, 0)?;
-        }
         _ => {
             if !gateway::set(d, Proto::Http, lc, ctx)? {
                 unreachable!("not a proxy directive: {}", d.name)
