@@ -141,6 +141,13 @@ pub fn finish(req: &mut Request, resp: &mut Response) {
             resp.headers.push(("WWW-Authenticate".into(), c.clone()));
         }
     }
+    if let Some(abs) = resp
+        .location
+        .as_deref()
+        .and_then(|l| rewrite::absolute(req, l))
+    {
+        resp.location = Some(abs);
+    }
     headers::filter(req, resp);
 }
 

@@ -522,24 +522,22 @@ pub fn rewrite_location(req: &Request, value: &str) -> Option<String> {
                 }
             }
             Redirect::Rule(RedirectFrom::Regex(re), to) => {
-                // The match is replaced by the replacement with its captures as $1..$9.
+                // A match replaces the whole value (not only the part matched, as nginx
+                // does), with the captures as $1..$9.
                 if let Some(caps) = re.captures(value) {
-                    let list: Vec<Option<String>> = caps
-                        .iter()
-                        .map(|m| m.map(|m| m.as_str().to_string()))
-                        .collect();
-                    let whole = caps.get(0).map_or(0..0, |m| m.range());
-                    let new = to.eval_with(req, None, &list);
-                    return Some(format!(
-                        "{}{new}{}",
-                        &value[..whole.start],
-                        &value[whole.end..]
-                    ));
+                    return Some(to.eval_with(req, None, &captures(&caps)));
                 }
             }
         }
     }
     None
+}
+
+/// A regex match's groups as a template's $0..$9.
+pub fn captures(caps: &regex::Captures) -> Vec<Option<String>> {
+    caps.iter()
+        .map(|m| m.map(|m| m.as_str().to_string()))
+        .collect()
 }
 
 #[cfg(test)]

@@ -373,32 +373,36 @@ fn answer(req: &Request, code: u16, text: Option<&Template>) -> Flow {
     Flow::Done(r)
 }
 
-/// A redirect with nginx's body; a relative target is made absolute when
-/// `absolute_redirect` is on, from the Host (or the server name with
-/// `server_name_in_redirect on`) and the port (with `port_in_redirect on`).
+/// A redirect with nginx's body (its target is made absolute by [`absolute`]).
 pub fn redirect_response(req: &Request, code: u16, location: &str) -> Response {
-    let core = &req.conf.core;
-    let mut r = Response::error_page(code, core.server_tokens());
-    let loc = if location.starts_with('/') && core.absolute_redirect() {
-        let host = if core.server_name_in_redirect() || req.host.is_empty() {
-            &req.server.primary_name
-        } else {
-            &req.host
-        };
-        let port = req.conn.local.port();
-        let (scheme, default_port) = if req.conn.tls.is_some() {
-            ("https", 443)
-        } else {
-            ("http", 80)
-        };
-        if core.port_in_redirect() && port != default_port {
-            format!("{scheme}://{host}:{port}{location}")
-        } else {
-            format!("{scheme}://{host}{location}")
-        }
-    } else {
-        location.to_string()
-    };
-    r.location = Some(loc);
+    let mut r = Response::error_page(code, req.conf.core.server_tokens());
+    r.location = Some(absolute(req, location).unwrap_or_else(|| location.to_string()));
     r
+}
+
+/// A `Location` starting with `/` made absolute when `absolute_redirect` is on, from the
+/// Host (or the server name with `server_name_in_redirect on`) and the port (with
+/// `port_in_redirect on`). nginx does it in its header filter, so for every answer: a
+/// redirect of gannet's, or an application's or proxied server's `Location: /path`.
+pub fn absolute(req: &Request, location: &str) -> Option<String> {
+    let core = &req.conf.core;
+    if !location.starts_with('/') || !core.absolute_redirect() {
+        return None;
+    }
+    let host = if core.server_name_in_redirect() || req.host.is_empty() {
+        &req.server.primary_name
+    } else {
+        &req.host
+    };
+    let port = req.conn.local.port();
+    let (scheme, default_port) = if req.conn.tls.is_some() {
+        ("https", 443)
+    } else {
+        ("http", 80)
+    };
+    Some(if core.port_in_redirect() && port != default_port {
+        format!("{scheme}://{host}:{port}{location}")
+    } else {
+        format!("{scheme}://{host}{location}")
+    })
 }
