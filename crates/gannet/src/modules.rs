@@ -25,6 +25,7 @@ pub mod limit_zone;
 pub mod map;
 pub mod mirror;
 pub mod proxy;
+pub mod proxy_cookie;
 pub mod proxy_ssl;
 pub mod rewrite;
 pub mod scgi;
@@ -148,6 +149,10 @@ pub const MODULES: &[Module] = &[
     Module {
         directives: proxy::DIRECTIVES,
         set: proxy::set,
+    },
+    Module {
+        directives: proxy_cookie::DIRECTIVES,
+        set: proxy_cookie::set,
     },
     Module {
         directives: proxy_ssl::DIRECTIVES,

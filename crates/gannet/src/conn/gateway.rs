@@ -44,7 +44,7 @@ use crate::http::request::Request;
 use crate::http::request::UpstreamTry;
 use crate::http::response::{Body, Response};
 use crate::modules::gateway::{self, Answer, Backend, GatewayConf, Proto, Streamed};
-use crate::modules::proxy;
+use crate::modules::{proxy, proxy_cookie};
 use crate::runtime::worker::Worker;
 use crate::tls::client as tls_client;
 use crate::upstream::{Addr, Conn, Key, Lease, Pick, Upstream};
@@ -1156,6 +1156,9 @@ fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
             let v = at
                 .and_then(|i| proxy::rewrite_location(req, &value[i..]).map(|u| (i, u)))
                 .map_or(value.clone(), |(i, u)| format!("{}{u}", &value[..i]));
+            resp.headers.push((name.into(), v));
+        } else if proxied && name.eq_ignore_ascii_case("set-cookie") && gateway::passes(c, &name) {
+            let v = proxy_cookie::rewrite(req, &value).unwrap_or(value);
             resp.headers.push((name.into(), v));
         } else if name.eq_ignore_ascii_case("x-accel-limit-rate") {
             // nginx takes a number of bytes per second and ignores anything else.

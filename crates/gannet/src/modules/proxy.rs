@@ -122,6 +122,8 @@ pub struct ProxyConf {
     pub redirect: Option<Arc<Vec<Redirect>>>,
     /// `proxy_ssl_*`.
     pub ssl: ProxySslConf,
+    /// `proxy_cookie_*`.
+    pub cookie: super::proxy_cookie::ProxyCookieConf,
     /// The TLS client setup built from `ssl` for a location that may proxy to `https://`
     /// (`proxy_ssl::finish`, after the merge; not inherited).
     pub client_tls: Option<Arc<ClientTls>>,
@@ -131,6 +133,7 @@ impl ProxyConf {
     pub fn merge(&mut self, parent: &ProxyConf) {
         self.gw.merge(&parent.gw);
         self.ssl.merge(&parent.ssl);
+        self.cookie.merge(&parent.cookie);
         inherit!(self, parent, set_headers, http11, method, body, redirect);
     }
 }
