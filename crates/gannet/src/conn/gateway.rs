@@ -1143,6 +1143,12 @@ fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
         resp.length_unknown = resp.content_length.is_none();
     }
     for (name, value) in head.headers {
+        if name.eq_ignore_ascii_case("x-accel-limit-rate") && !c.ignores("x-accel-limit-rate") {
+            // nginx takes a number of bytes per second and ignores anything else.
+            if let Some(n) = gannet_conf::setters::num(value.trim()) {
+                resp.limit_rate = Some(n);
+            }
+        }
         if name.eq_ignore_ascii_case("content-type") {
             resp.content_type = Some(Arc::from(value.as_str()));
         } else if name.eq_ignore_ascii_case("location") {
@@ -1160,15 +1166,6 @@ fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
         } else if proxied && name.eq_ignore_ascii_case("set-cookie") && gateway::passes(c, &name) {
             let v = proxy_cookie::rewrite(req, &value).unwrap_or(value);
             resp.headers.push((name.into(), v));
-        } else if name.eq_ignore_ascii_case("x-accel-limit-rate") {
-            // nginx takes a number of bytes per second and ignores anything else.
-            let n = gannet_conf::setters::num(value.trim());
-            if !c.ignores("x-accel-limit-rate") {
-                resp.limit_rate = n.or(resp.limit_rate);
-            }
-            if gateway::passes(c, &name) {
-                resp.headers.push((name.into(), value));
-            }
         } else if gateway::passes(c, &name) {
             resp.headers.push((name.into(), value));
         }

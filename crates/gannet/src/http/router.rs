@@ -95,13 +95,9 @@ fn find_level(locs: &[Arc<Location>], uri: &str) -> (Option<Found>, bool) {
     for l in locs {
         if let Matcher::Regex(re) = &l.matcher {
             if let Some(caps) = re.re.captures(uri) {
-                let captures = caps
-                    .iter()
-                    .map(|m| m.map(|m| m.as_str().to_string()))
-                    .collect();
                 let here = Found {
                     location: l.clone(),
-                    captures,
+                    captures: crate::http::user_vars::captures(&caps),
                 };
                 // Locations nested in a regex location are searched too.
                 return match find_level(&l.children, uri) {

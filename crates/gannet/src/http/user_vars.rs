@@ -212,10 +212,15 @@ impl CapRegex {
             let v = caps.get(*i).map_or("", |m| m.as_str());
             req.vars.set(var.idx, v.to_string());
         }
-        caps.iter()
-            .map(|m| m.map(|m| m.as_str().to_string()))
-            .collect()
+        captures(caps)
     }
+}
+
+/// A match's groups as a template's `$0`..`$9`.
+pub fn captures(caps: &regex::Captures) -> Vec<Option<String>> {
+    caps.iter()
+        .map(|m| m.map(|m| m.as_str().to_string()))
+        .collect()
 }
 
 #[derive(Debug, Clone, Default)]

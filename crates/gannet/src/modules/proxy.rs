@@ -32,6 +32,7 @@ use super::gateway::{self, spec, Backend, GatewayConf, Proto, Streamed};
 use super::proxy_ssl::ProxySslConf;
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::http::request::Request;
+use crate::http::user_vars;
 use crate::http::variables::Template;
 use crate::tls::client::ClientTls;
 use crate::upstream::{Addr, Upstream};
@@ -217,7 +218,7 @@ fn set_redirect(d: &Directive, c: &mut ProxyConf) -> Result<(), ConfError> {
     Ok(())
 }
 
-fn compile_ci(d: &Directive, re: &str, ci: bool) -> Result<Regex, ConfError> {
+pub fn compile_ci(d: &Directive, re: &str, ci: bool) -> Result<Regex, ConfError> {
     regex::RegexBuilder::new(re)
         .case_insensitive(ci)
         .build()
@@ -528,19 +529,12 @@ pub fn rewrite_location(req: &Request, value: &str) -> Option<String> {
                 // A match replaces the whole value (not only the part matched, as nginx
                 // does), with the captures as $1..$9.
                 if let Some(caps) = re.captures(value) {
-                    return Some(to.eval_with(req, None, &captures(&caps)));
+                    return Some(to.eval_with(req, None, &user_vars::captures(&caps)));
                 }
             }
         }
     }
     None
-}
-
-/// A regex match's groups as a template's $0..$9.
-pub fn captures(caps: &regex::Captures) -> Vec<Option<String>> {
-    caps.iter()
-        .map(|m| m.map(|m| m.as_str().to_string()))
-        .collect()
 }
 
 #[cfg(test)]

@@ -11,13 +11,14 @@
 //! again as `name=value; attr; attr=value` (spaces trimmed). The lists are inherited only by
 //! levels that set none; `off` empties one.
 
-use super::proxy::captures;
+use super::proxy::compile_ci;
 use super::{invalid, LoadCtx, LocConf};
 use crate::http::request::Request;
+use crate::http::user_vars::captures;
 use crate::http::variables::Template;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{ConfError, Directive};
-use regex::{Regex, RegexBuilder};
+use regex::Regex;
 use std::sync::Arc;
 
 pub const DIRECTIVES: &[Spec] = &[
@@ -73,8 +74,10 @@ impl ProxyCookieConf {
     }
 
     fn active(&self) -> bool {
-        let some = |l: &Option<Arc<Vec<_>>>| l.as_ref().is_some_and(|l| !l.is_empty());
-        some(&self.domain) || some(&self.path) || self.flags.as_ref().is_some_and(|l| !l.is_empty())
+        fn some<T>(l: &Option<Arc<Vec<T>>>) -> bool {
+            l.as_ref().is_some_and(|l| !l.is_empty())
+        }
+        some(&self.domain) || some(&self.path) || some(&self.flags)
     }
 }
 
@@ -99,11 +102,7 @@ fn pattern(d: &Directive, s: &str, domain: bool) -> Result<Pattern, ConfError> {
                 .map_err(|e| d.error(e))
         }
     };
-    RegexBuilder::new(re)
-        .case_insensitive(ci)
-        .build()
-        .map(Pattern::Regex)
-        .map_err(|e| d.error(format!("invalid regex \"{re}\": {e}")))
+    compile_ci(d, re, ci).map(Pattern::Regex)
 }
 
 /// Add a rule to this level's list, or empty it with `off`: as in nginx, `off` and rules
