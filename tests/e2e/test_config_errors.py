@@ -9,7 +9,7 @@ import pytest
         ("location /api/ { proxy_cache zone; }", '"proxy_cache": this proxy directive is not supported yet'),
         ("location ~ \\.php$ { fastcgi_cache zone; }", '"fastcgi_cache": this FastCGI directive is not supported yet'),
         ("ssl_conf_command Options PrioritizeChaCha;", '"ssl_conf_command": this TLS directive is not supported yet'),
-        ("geo $x $y { default 0; }", '"geo": "geo" is not supported yet'),
+        ("geo $x $y { default 0; }", '"geo" directive is not allowed here'),
         ("frobnicate on;", 'unknown directive "frobnicate"'),
     ],
 )

@@ -14,6 +14,7 @@ pub mod error_page;
 pub mod fastcgi;
 pub mod file_cache;
 pub mod gateway;
+pub mod geo;
 pub mod headers;
 pub mod health_check;
 pub mod http2;
@@ -29,6 +30,7 @@ pub mod proxy_cookie;
 pub mod proxy_ssl;
 pub mod rewrite;
 pub mod scgi;
+pub mod split_clients;
 pub mod static_files;
 pub mod tls;
 pub mod try_files;
@@ -173,6 +175,14 @@ pub const MODULES: &[Module] = &[
     Module {
         directives: map::DIRECTIVES,
         set: map::set,
+    },
+    Module {
+        directives: geo::DIRECTIVES,
+        set: geo::set,
+    },
+    Module {
+        directives: split_clients::DIRECTIVES,
+        set: split_clients::set,
     },
     Module {
         directives: tls::DIRECTIVES,

@@ -23,8 +23,6 @@ use std::sync::Arc;
 
 /// Block directives nginx has that gannet does not implement yet, with the reason shown.
 const NOT_YET: &[(&str, &str)] = &[
-    ("geo", "\"geo\" is not supported yet"),
-    ("split_clients", "\"split_clients\" is not supported yet"),
     ("stream", "the stream module is not supported"),
     ("mail", "the mail module is not supported"),
 ];

@@ -1,5 +1,6 @@
-//! Variables the configuration defines: `set $name value`, `map $source $name {}` and named
-//! regex captures `(?<name>...)` in `location`, `if`, `rewrite` and `map` regexes.
+//! Variables the configuration defines: `set $name value`, the computed ones (`map`, `geo`,
+//! `split_clients`) and named regex captures `(?<name>...)` in `location`, `if`, `rewrite`
+//! and `map` regexes.
 //!
 //! Load time: every module compiles its own templates through `Template::compile`, so the
 //! table of names lives in a registry scoped to one config load ([`LoadScope`]) rather than
@@ -8,13 +9,12 @@
 //! `unknown "name" variable`, reported at the first directive that reads it ([`check`]).
 //!
 //! Run time: a request keeps one slot per variable, grown on the first write, so a request
-//! that never meets a user variable allocates nothing. A map variable is evaluated when
-//! first read and cached for the request (unless the map is `volatile`), as in nginx.
+//! that never meets a user variable allocates nothing. A computed variable is evaluated when
+//! first read and cached for the request (unless it is `volatile`), as in nginx.
 
 use crate::errlog::Level;
 use crate::http::request::Request;
 use crate::http::variables::{Sent, Var};
-use crate::modules::map::Map;
 use gannet_conf::{ConfError, Loc};
 use regex::{Regex, RegexBuilder};
 use std::cell::RefCell;
@@ -27,10 +27,21 @@ pub struct UserVar {
     pub name: Arc<str>,
 }
 
-/// The variables of one loaded config that need more than a slot: the maps, by index.
+/// A variable whose value a block directive computes from the request (`map`, `geo`,
+/// `split_clients`).
+pub trait Computed: Send + Sync + std::fmt::Debug {
+    fn value(&self, req: &Request, sent: Option<&Sent>) -> String;
+    /// Evaluated again at every read instead of once per request.
+    fn volatile(&self) -> bool {
+        false
+    }
+}
+
+/// The variables of one loaded config that need more than a slot: the computed ones, by
+/// index.
 #[derive(Debug, Default)]
 pub struct VarTable {
-    maps: Vec<Option<Arc<Map>>>,
+    computed: Vec<Option<Arc<dyn Computed>>>,
 }
 
 struct Entry {
@@ -38,7 +49,7 @@ struct Entry {
     defined: bool,
     /// Where it was first read, for the unknown-variable error.
     first_use: Option<Loc>,
-    map: Option<Arc<Map>>,
+    computed: Option<Arc<dyn Computed>>,
 }
 
 #[derive(Default)]
@@ -86,7 +97,7 @@ impl Registry {
                     name: Arc::from(name),
                     defined: false,
                     first_use: None,
-                    map: None,
+                    computed: None,
                 });
                 self.vars.len() - 1
             }
@@ -113,7 +124,7 @@ pub(crate) fn reference(name: &str) -> Option<UserVar> {
     })
 }
 
-/// Define `$name` (by `set`, `map` or a named capture). Built-in variables cannot be
+/// Define `$name` (by `set`, a computed variable or a named capture). Built-in variables cannot be
 /// redefined, as nginx's `the duplicate "uri" variable`.
 pub fn define(name: &str) -> Result<UserVar, String> {
     if Var::from_name(name).is_some() {
@@ -130,18 +141,19 @@ pub fn define(name: &str) -> Result<UserVar, String> {
     .ok_or_else(|| format!("\"${name}\" cannot be defined outside a config load"))
 }
 
-/// Define `$name` as the value of `map` (a later `map` of the same name replaces it).
-pub fn define_map(name: &str, map: Arc<Map>) -> Result<UserVar, String> {
+/// Define `$name` as computed by `c` (a later definition of the same name replaces it).
+pub fn define_computed(name: &str, c: Arc<dyn Computed>) -> Result<UserVar, String> {
     let v = define(name)?;
-    with_registry(|r| r.vars[v.idx as usize].map = Some(map));
+    with_registry(|r| r.vars[v.idx as usize].computed = Some(c));
     Ok(v)
 }
 
-/// The maps defined so far, for the servers loaded next (maps are all read first).
+/// The computed variables defined so far, for the servers loaded next (they are all
+/// http-level blocks, read first).
 pub fn table() -> Arc<VarTable> {
-    let maps = with_registry(|r| r.vars.iter().map(|e| e.map.clone()).collect());
+    let computed = with_registry(|r| r.vars.iter().map(|e| e.computed.clone()).collect());
     Arc::new(VarTable {
-        maps: maps.unwrap_or_default(),
+        computed: computed.unwrap_or_default(),
     })
 }
 
@@ -228,7 +240,7 @@ enum Slot {
     #[default]
     Unset,
     Value(String),
-    /// A map being evaluated: reading it again is a cycle.
+    /// A computed variable being evaluated: reading it again is a cycle.
     Busy,
 }
 
@@ -269,7 +281,7 @@ impl Values {
     }
 }
 
-/// Append the value of `var` for `req`: its slot, else its map (evaluated now), else
+/// Append the value of `var` for `req`: its slot, else its computation (run now), else
 /// nothing, with nginx's warning.
 pub fn append(out: &mut String, var: &UserVar, req: &Request, sent: Option<&Sent>) {
     match req.vars.append(var.idx, out) {
@@ -280,14 +292,14 @@ pub fn append(out: &mut String, var: &UserVar, req: &Request, sent: Option<&Sent
             format_args!("cycle while evaluating variable \"{}\"", var.name),
         ),
         Err(Missing::Unset) => {
-            let map = req
+            let computed = req
                 .server
                 .vars
-                .maps
+                .computed
                 .get(var.idx as usize)
                 .cloned()
                 .flatten();
-            let Some(map) = map else {
+            let Some(c) = computed else {
                 crate::errlog::request(
                     Level::Warn,
                     req,
@@ -296,9 +308,9 @@ pub fn append(out: &mut String, var: &UserVar, req: &Request, sent: Option<&Sent
                 return;
             };
             req.vars.put(var.idx, Slot::Busy);
-            let v = map.lookup(req, sent);
+            let v = c.value(req, sent);
             out.push_str(&v);
-            let slot = if map.volatile {
+            let slot = if c.volatile() {
                 Slot::Unset
             } else {
                 Slot::Value(v)

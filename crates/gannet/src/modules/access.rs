@@ -19,12 +19,13 @@
 use super::auth_basic::{self, Auth};
 use super::{LoadCtx, LocConf};
 use crate::errlog::Level;
+use crate::http::cidr::{self, Cidr};
 use crate::http::handler::Flow;
 use crate::http::request::Request;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{ConfError, Directive};
 use gannet_proto::h1::Method;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 const RULE_CTX: Ctx = Ctx::HSL.or(Ctx::LIMIT_EXCEPT);
@@ -60,14 +61,7 @@ pub const DIRECTIVES: &[Spec] = &[
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Who {
     All,
-    V4 {
-        net: u32,
-        mask: u32,
-    },
-    V6 {
-        net: u128,
-        mask: u128,
-    },
+    Net(Cidr),
     /// Clients on a UNIX-domain socket (gannet listens on none, so it never matches).
     Unix,
 }
@@ -108,17 +102,13 @@ impl AccessConf {
     /// allows, `None` when there are no rules or none matches.
     fn matching(&self, peer: IpAddr) -> Option<bool> {
         let rules = self.rules.as_ref()?;
-        let peer = match peer {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer, IpAddr::V4),
-            v4 => v4,
-        };
+        let peer = cidr::unmapped(peer);
         rules
             .iter()
-            .find(|r| match (r.who, peer) {
-                (Who::All, _) => true,
-                (Who::V4 { net, mask }, IpAddr::V4(a)) => u32::from(a) & mask == net,
-                (Who::V6 { net, mask }, IpAddr::V6(a)) => u128::from(a) & mask == net,
-                _ => false,
+            .find(|r| match r.who {
+                Who::All => true,
+                Who::Net(c) => c.contains(peer),
+                Who::Unix => false,
             })
             .map(|r| r.deny)
     }
@@ -210,52 +200,15 @@ fn parse_who(d: &Directive, ctx: &mut LoadCtx) -> Result<Who, ConfError> {
         "unix:" => return Ok(Who::Unix),
         _ => {}
     }
-    let invalid = || d.error(format!("invalid parameter \"{arg}\""));
-    let (addr, bits) = match arg.split_once('/') {
-        Some((a, b)) if !b.is_empty() && b.bytes().all(|c| c.is_ascii_digit()) => {
-            (a, Some(b.parse::<u32>().map_err(|_| invalid())?))
-        }
-        Some(_) => return Err(invalid()),
-        None => (arg, None),
-    };
-    let (who, meaningful) = if let Ok(v4) = addr.parse::<Ipv4Addr>() {
-        let bits = bits.unwrap_or(32);
-        if bits > 32 {
-            return Err(invalid());
-        }
-        let mask = u32::MAX.checked_shl(32 - bits).unwrap_or(0);
-        let a = u32::from(v4);
-        (
-            Who::V4 {
-                net: a & mask,
-                mask,
-            },
-            a & !mask == 0,
-        )
-    } else if let Ok(v6) = addr.parse::<Ipv6Addr>() {
-        let bits = bits.unwrap_or(128);
-        if bits > 128 {
-            return Err(invalid());
-        }
-        let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
-        let a = u128::from(v6);
-        (
-            Who::V6 {
-                net: a & mask,
-                mask,
-            },
-            a & !mask == 0,
-        )
-    } else {
-        return Err(invalid());
-    };
+    let (net, meaningful) =
+        Cidr::parse(arg).ok_or_else(|| d.error(format!("invalid parameter \"{arg}\"")))?;
     if !meaningful {
         ctx.notices.push(format!(
             "{}: low address bits of {arg} are meaningless",
             d.loc
         ));
     }
-    Ok(who)
+    Ok(Who::Net(net))
 }
 
 /// The access phase: the address rules, then `auth_basic`. With `satisfy all` (the
@@ -312,33 +265,28 @@ mod tests {
     }
 
     fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+        s.parse()
+            .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED))
+    }
+
+    fn net(s: &str) -> Who {
+        Who::Net(Cidr::parse(s).map_or(Cidr::V4 { net: 0, bits: 32 }, |(c, _)| c))
     }
 
     #[test]
     fn first_match_decides() {
-        let ten = Who::V4 {
-            net: 0x0a00_0000,
-            mask: 0xff00_0000,
-        };
+        let ten = net("10.0.0.0/8");
         let c = conf(&[(false, ten), (true, Who::All)]);
         assert!(!c.denies(ip("10.1.2.3")));
         assert!(c.denies(ip("11.0.0.1")));
         assert!(c.denies(ip("::1")));
         // An IPv4-mapped client is judged by its IPv4 address.
         assert!(!c.denies(ip("::ffff:10.0.0.9")));
-        let v6 = Who::V6 {
-            net: u128::from(ip_v6("2001:db8::")),
-            mask: u128::MAX << 96,
-        };
+        let v6 = net("2001:db8::/32");
         let c = conf(&[(true, v6), (true, Who::Unix)]);
         assert!(c.denies(ip("2001:db8::5")));
         assert!(!c.denies(ip("2001:db9::5")));
         assert!(!c.denies(ip("127.0.0.1")));
         assert!(!AccessConf::default().denies(ip("127.0.0.1")));
-    }
-
-    fn ip_v6(s: &str) -> Ipv6Addr {
-        s.parse().unwrap_or(Ipv6Addr::UNSPECIFIED)
     }
 }

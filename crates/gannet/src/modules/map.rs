@@ -37,7 +37,7 @@ pub struct Map {
     regexes: Vec<(CapRegex, Template)>,
     default: Option<Template>,
     hostnames: bool,
-    pub volatile: bool,
+    volatile: bool,
 }
 
 /// Which value a key selects.
@@ -51,7 +51,7 @@ pub fn set(d: &Directive, _lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), C
         .strip_prefix('$')
         .ok_or_else(|| d.error(format!("invalid variable name \"{}\"", d.args[1])))?;
     let map = parse(d)?;
-    user_vars::define_map(name, Arc::new(map)).map_err(|e| d.error(e))?;
+    user_vars::define_computed(name, Arc::new(map)).map_err(|e| d.error(e))?;
     Ok(())
 }
 
@@ -162,9 +162,15 @@ impl Map {
             .iter()
             .find_map(|(re, v)| re.re.captures(key).map(|caps| Hit::Regex(re, v, caps)))
     }
+}
+
+impl user_vars::Computed for Map {
+    fn volatile(&self) -> bool {
+        self.volatile
+    }
 
     /// The value of the map's variable for `req`.
-    pub fn lookup(&self, req: &Request, sent: Option<&Sent>) -> String {
+    fn value(&self, req: &Request, sent: Option<&Sent>) -> String {
         let mut key = self.source.eval(req, sent);
         if self.hostnames && key.ends_with('.') {
             key.pop();
