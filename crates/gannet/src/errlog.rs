@@ -111,7 +111,7 @@ pub fn request(level: Level, req: &crate::http::request::Request, args: fmt::Arg
     );
     let mut ctx = format!(
         ", client: {}, server: {}, request: \"{line}\"",
-        req.conn.peer.ip(),
+        req.client().ip(),
         req.server.primary_name
     );
     if let Some(h) = req.head.header("host") {

@@ -28,6 +28,7 @@ pub mod mirror;
 pub mod proxy;
 pub mod proxy_cookie;
 pub mod proxy_ssl;
+pub mod realip;
 pub mod rewrite;
 pub mod scgi;
 pub mod split_clients;
@@ -177,6 +178,10 @@ pub const MODULES: &[Module] = &[
         set: map::set,
     },
     Module {
+        directives: realip::DIRECTIVES,
+        set: realip::set,
+    },
+    Module {
         directives: geo::DIRECTIVES,
         set: geo::set,
     },
@@ -246,6 +251,7 @@ pub struct LocConf {
     pub limit_req: limit_req::LimitReqConf,
     pub limit_conn: limit_conn::LimitConnConf,
     pub limit_rate: limit_rate::LimitRateConf,
+    pub realip: realip::RealIpConf,
     pub rewrite: rewrite::RewriteConf,
     pub log: access_log::LogConf,
     pub fastcgi: fastcgi::FastCgiConf,
@@ -275,6 +281,7 @@ impl LocConf {
         self.limit_req.merge(&parent.limit_req);
         self.limit_conn.merge(&parent.limit_conn);
         self.limit_rate.merge(&parent.limit_rate);
+        self.realip.merge(&parent.realip);
         self.log.merge(&parent.log);
         self.fastcgi.merge(&parent.fastcgi);
         self.compress.merge(&parent.compress);

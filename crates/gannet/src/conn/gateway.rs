@@ -594,7 +594,7 @@ async fn run_with(
     };
     let hash = up.hash_key(req);
     let key = Key {
-        ip: Some(req.conn.peer.ip()),
+        ip: Some(req.client().ip()),
         hash: hash.as_deref().map(str::as_bytes),
     };
     let mut tried = Vec::new();

@@ -33,6 +33,8 @@ pub fn spawn(w: &Rc<Worker>, req: &Request, body: &[u8]) {
         // Limited (or not) with the request it copies, as nginx's subrequests are.
         copy.limit_req_status = req.limit_req_status;
         copy.limit_conn_status = req.limit_conn_status;
+        // Subrequests share the connection's (realip-changed) address in nginx.
+        copy.real_peer = req.real_peer;
         // $request_uri stays the client's; $uri is the mirror's.
         copy.uri_changed = true;
         let (w, body) = (w.clone(), body.clone());

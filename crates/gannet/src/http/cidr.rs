@@ -1,8 +1,9 @@
 //! Address blocks as nginx's configs write them, `address` or `address/bits`, IPv4 or IPv6
-//! (nginx's `ngx_ptocidr`): the rules of `allow` / `deny`, and the networks and trusted
-//! proxies of `geo`.
+//! (nginx's `ngx_ptocidr`): the rules of `allow` / `deny`, the networks and trusted
+//! proxies of `geo`, `set_real_ip_from`; and the walk through an X-Forwarded-For list
+//! from trusted proxy to client that `geo` and `real_ip_header` share.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Cidr {
@@ -68,6 +69,45 @@ pub fn unmapped(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// An element of an X-Forwarded-For list as nginx's `ngx_parse_addr_port` reads it:
+/// `addr`, `addr:port`, `[v6]` or `[v6]:port` (port 0 when none is given).
+fn parse_forwarded(s: &str) -> Option<SocketAddr> {
+    s.parse::<SocketAddr>()
+        .ok()
+        .or_else(|| s.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, 0)))
+        .or_else(|| {
+            let ip = s.strip_prefix('[')?.strip_suffix(']')?.parse().ok()?;
+            Some(SocketAddr::new(ip, 0))
+        })
+}
+
+/// The address `peer` speaks for, as nginx's `ngx_http_get_forwarded_addr`: when `peer` is
+/// trusted, the last element of `list` (separated by commas or spaces); with `recursive`,
+/// on from the right as long as the address in hand is trusted too. `None` when `peer` is
+/// not trusted or the last element is not an address; an element further left that is not
+/// one ends the walk at what was found.
+pub fn forwarded(
+    peer: SocketAddr,
+    list: &str,
+    trusted: impl Fn(IpAddr) -> bool,
+    recursive: bool,
+) -> Option<SocketAddr> {
+    let mut elements = list.split([',', ' ']).filter(|s| !s.is_empty()).rev();
+    let mut found = None;
+    let mut addr = peer;
+    while trusted(addr.ip()) {
+        let Some(next) = elements.next().and_then(parse_forwarded) else {
+            break;
+        };
+        addr = next;
+        found = Some(next);
+        if !recursive {
+            break;
+        }
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,6 +162,33 @@ mod tests {
         ] {
             assert_eq!(Cidr::parse(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn forwarded_walks_from_the_right() {
+        let peer: SocketAddr = "127.0.0.2:5000"
+            .parse()
+            .unwrap_or(SocketAddr::from(([0; 4], 0)));
+        let trusted = |a: IpAddr| a == ip("127.0.0.2") || a == ip("10.0.0.1");
+        let walk =
+            |list: &str, rec: bool| forwarded(peer, list, trusted, rec).map(|a| a.to_string());
+        assert_eq!(walk("1.2.3.4", false).as_deref(), Some("1.2.3.4:0"));
+        assert_eq!(
+            walk("1.2.3.4, 10.0.0.1", false).as_deref(),
+            Some("10.0.0.1:0")
+        );
+        assert_eq!(
+            walk("1.2.3.4, 10.0.0.1", true).as_deref(),
+            Some("1.2.3.4:0")
+        );
+        assert_eq!(walk("junk, 10.0.0.1", true).as_deref(), Some("10.0.0.1:0"));
+        assert_eq!(walk("1.2.3.4:80", false).as_deref(), Some("1.2.3.4:80"));
+        assert_eq!(walk("[::1]:81", false).as_deref(), Some("[::1]:81"));
+        assert_eq!(walk("[::1]", false).as_deref(), Some("[::1]:0"));
+        assert_eq!(walk("junk", false), None);
+        assert_eq!(walk("", false), None);
+        let stranger: SocketAddr = "127.0.0.9:5000".parse().unwrap_or(peer);
+        assert_eq!(forwarded(stranger, "1.2.3.4", trusted, false), None);
     }
 
     #[test]

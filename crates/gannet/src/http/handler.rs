@@ -30,7 +30,8 @@ use crate::http::{compress, conditional};
 use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{
-    access, autoindex, gateway, headers, index, limit_conn, limit_zone, static_files, try_files,
+    access, autoindex, gateway, headers, index, limit_conn, limit_zone, realip, static_files,
+    try_files,
 };
 use crate::runtime::worker::Worker;
 use gannet_proto::h1::{BodyKind, Method};
@@ -73,6 +74,8 @@ const MAX_REDIRECTS: u8 = 10;
 
 /// Run the phases.
 pub fn handle(req: &mut Request, w: &Worker) -> Handled {
+    let server = req.server.clone();
+    realip::apply(req, &server.conf.realip);
     let server_stmts = req.server.conf.rewrite.stmts.clone();
     let flow = match rewrite::run(&server_stmts, req) {
         Outcome::Flow(f) => f,
@@ -207,6 +210,8 @@ fn run_location(req: &mut Request, w: &Worker) -> Flow {
             Outcome::Stay => {}
         }
     }
+    let conf = req.conf.clone();
+    realip::apply(req, &conf.realip);
     if let Some(limited) = limit_zone::check(req) {
         return limited;
     }

@@ -77,6 +77,8 @@ pub struct Request {
     pub auth_challenge: Option<String>,
     /// The `limit_conn` counts this request holds until it is dropped.
     pub limit_conns: Vec<crate::modules::limit_conn::Held>,
+    /// The client's address from `real_ip_header` (see [`Request::client`]).
+    pub real_peer: Option<SocketAddr>,
 }
 
 /// One upstream server a request was sent to.
@@ -122,6 +124,7 @@ impl Request {
             limit_conn_status: None,
             limit_rate: Cell::new(None),
             limit_conns: Vec::new(),
+            real_peer: None,
             auth_challenge: None,
         }
     }

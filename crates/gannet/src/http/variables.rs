@@ -3,7 +3,7 @@
 //!
 //! Supported: `$uri` `$document_uri` `$request_uri` `$args` `$query_string` `$is_args`
 //! `$arg_NAME` `$http_NAME` `$cookie_NAME` `$sent_http_NAME` `$host` `$hostname`
-//! `$remote_addr` `$remote_port` `$remote_user` `$server_addr` `$server_port` `$server_name`
+//! `$remote_addr` `$remote_port` `$realip_remote_addr` `$realip_remote_port` `$remote_user` `$server_addr` `$server_port` `$server_name`
 //! `$server_protocol` `$scheme` `$https` `$document_root` `$realpath_root` `$request_filename`
 //! `$request_method` `$request` `$request_length` `$request_time` `$status` `$body_bytes_sent`
 //! `$bytes_sent` `$content_type` `$content_length` `$connection` `$connection_requests` `$msec`
@@ -15,7 +15,7 @@
 //! `$ssl_client_verify` `$ssl_client_s_dn` `$ssl_client_i_dn` `$ssl_client_serial`
 //! `$ssl_client_fingerprint` `$ssl_client_v_start` `$ssl_client_v_end`
 //! `$ssl_client_v_remain` `$ssl_client_raw_cert` `$ssl_client_escaped_cert` (empty on
-//! cleartext); and the variables a config defines with `set`, `map` or named captures (see
+//! cleartext); and the variables a config defines with `set`, `map`, `geo`, `split_clients` or named captures (see
 //! `http::user_vars`).
 
 use crate::http::request::Request;
@@ -37,6 +37,8 @@ pub enum Var {
     Hostname,
     RemoteAddr,
     RemotePort,
+    RealipRemoteAddr,
+    RealipRemotePort,
     RemoteUser,
     ServerAddr,
     ServerPort,
@@ -169,6 +171,8 @@ impl Var {
             "hostname" => Var::Hostname,
             "remote_addr" | "binary_remote_addr" => Var::RemoteAddr,
             "remote_port" => Var::RemotePort,
+            "realip_remote_addr" => Var::RealipRemoteAddr,
+            "realip_remote_port" => Var::RealipRemotePort,
             "remote_user" => Var::RemoteUser,
             "server_addr" => Var::ServerAddr,
             "server_port" => Var::ServerPort,
@@ -244,6 +248,19 @@ pub struct Sent {
     pub body_bytes: u64,
     pub bytes: u64,
     pub headers: Vec<(String, String)>,
+}
+
+impl Sent {
+    /// An answer being made: its status is known (`$status` in `return`'s text and in
+    /// `add_header`, as nginx has it), nothing is sent yet.
+    pub fn status(status: u16) -> Sent {
+        Sent {
+            status,
+            body_bytes: 0,
+            bytes: 0,
+            headers: Vec::new(),
+        }
+    }
 }
 
 impl Template {
@@ -467,9 +484,19 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         }
         Var::Hostname => out.push_str(crate::runtime::hostname()),
         Var::RemoteAddr => {
+            let _ = write!(out, "{}", req.client().ip());
+        }
+        // A client address from `real_ip_header` without a port has none (nginx: empty).
+        Var::RemotePort => {
+            let port = req.client().port();
+            if port != 0 {
+                let _ = write!(out, "{port}");
+            }
+        }
+        Var::RealipRemoteAddr => {
             let _ = write!(out, "{}", req.conn.peer.ip());
         }
-        Var::RemotePort => {
+        Var::RealipRemotePort => {
             let _ = write!(out, "{}", req.conn.peer.port());
         }
         Var::RemoteUser => {
@@ -524,10 +551,9 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
             let t = req.start.elapsed();
             let _ = write!(out, "{}.{:03}", t.as_secs(), t.subsec_millis());
         }
+        // Before an answer is made, nginx's "000".
         Var::Status => {
-            if let Some(s) = sent {
-                let _ = write!(out, "{:03}", s.status);
-            }
+            let _ = write!(out, "{:03}", sent.map_or(0, |s| s.status));
         }
         Var::BodyBytesSent => {
             let _ = write!(out, "{}", sent.map_or(0, |s| s.body_bytes));

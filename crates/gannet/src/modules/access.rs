@@ -216,7 +216,7 @@ fn parse_who(d: &Directive, ctx: &mut LoadCtx) -> Result<Who, ConfError> {
 /// `allow` rule that matches or good credentials let it in, and when neither does, the
 /// 401 wins over the 403, as in nginx (whose `access forbidden by rule` is then not logged).
 pub fn check(req: &mut Request) -> Option<Flow> {
-    let rule = req.conf.access.matching(req.conn.peer.ip());
+    let rule = req.conf.access.matching(req.client().ip());
     if req.conf.access.satisfy_any != Some(true) {
         if rule == Some(true) {
             crate::errlog::request(Level::Error, req, format_args!("access forbidden by rule"));

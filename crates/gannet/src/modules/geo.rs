@@ -367,46 +367,25 @@ fn range(
     added.map_err(|other| e.error(format!("range \"{text}\" overlaps \"{other}\"")))
 }
 
-/// An address as nginx's ngx_parse_addr_port reads an X-Forwarded-For element.
-fn parse_forwarded(s: &str) -> Option<IpAddr> {
-    s.parse::<IpAddr>()
-        .ok()
-        .or_else(|| s.parse::<SocketAddr>().ok().map(|a| a.ip()))
-        .or_else(|| s.strip_prefix('[')?.strip_suffix(']')?.parse().ok())
-}
-
 impl Geo {
     /// The address to look up; `None` when `$address` is not an address.
     fn address(&self, req: &Request, sent: Option<&Sent>) -> Option<IpAddr> {
-        let mut addr = match &self.source {
-            None => req.conn.peer.ip(),
+        let addr = match &self.source {
+            None => req.client().ip(),
             Some(t) => t.eval(req, sent).parse().ok()?,
         };
         if self.proxies.is_empty() {
             return Some(addr);
         }
-        // From the right of the X-Forwarded-For list (every such header, in order), as
-        // long as the address in hand is a trusted proxy's.
         let mut list = String::new();
         for v in req.head.header_all("x-forwarded-for") {
             list.push_str(&String::from_utf8_lossy(v));
             list.push(',');
         }
-        let mut elements = list.split([',', ' ']).filter(|s| !s.is_empty()).rev();
-        while self
-            .proxies
-            .iter()
-            .any(|p| p.contains(cidr::unmapped(addr)))
-        {
-            let Some(next) = elements.next().and_then(parse_forwarded) else {
-                break;
-            };
-            addr = next;
-            if !self.proxy_recursive {
-                break;
-            }
-        }
-        Some(addr)
+        let peer = SocketAddr::new(addr, 0);
+        let trusted = |a: IpAddr| self.proxies.iter().any(|p| p.contains(cidr::unmapped(a)));
+        let real = cidr::forwarded(peer, &list, trusted, self.proxy_recursive);
+        Some(real.map_or(addr, |a| a.ip()))
     }
 }
 
@@ -565,14 +544,5 @@ mod tests {
             let err = geo(body).err().unwrap_or_default();
             assert!(err.contains(msg), "{body}: {err}");
         }
-    }
-
-    #[test]
-    fn forwarded_elements() {
-        assert_eq!(parse_forwarded("1.2.3.4"), "1.2.3.4".parse().ok());
-        assert_eq!(parse_forwarded("1.2.3.4:80"), "1.2.3.4".parse().ok());
-        assert_eq!(parse_forwarded("[::1]:80"), "::1".parse().ok());
-        assert_eq!(parse_forwarded("[::1]"), "::1".parse().ok());
-        assert_eq!(parse_forwarded("unknown"), None);
     }
 }

@@ -7,7 +7,7 @@
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::http::request::Request;
 use crate::http::response::Response;
-use crate::http::variables::Template;
+use crate::http::variables::{Sent, Template};
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
 use gannet_proto::h1::encode::http_date;
@@ -119,8 +119,9 @@ pub fn filter(req: &Request, r: &mut Response) {
         }
     }
     if let Some(list) = &c.add {
+        let sent = Sent::status(r.status);
         for h in list.iter().filter(|h| ok || h.always) {
-            let v = h.value.eval(req, None);
+            let v = h.value.eval(req, Some(&sent));
             // An empty value adds nothing, as in nginx.
             if !v.is_empty() {
                 r.headers.push((Cow::Owned(h.name.clone()), v));

@@ -335,7 +335,7 @@ pub fn add_x_forwarded_for(req: &Request, out: &mut String) {
         out.push_str(&String::from_utf8_lossy(v));
         out.push_str(", ");
     }
-    out.push_str(&req.conn.peer.ip().to_string());
+    out.push_str(&req.client().ip().to_string());
 }
 
 /// The request line's URI (see the module docs).

@@ -17,7 +17,7 @@ use crate::http::handler::Flow;
 use crate::http::request::Request;
 use crate::http::response::{Body, Response};
 use crate::http::user_vars::{self, CapRegex, UserVar};
-use crate::http::variables::Template;
+use crate::http::variables::{Sent, Template};
 pub use condition::Cond;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{ConfError, Directive};
@@ -357,7 +357,7 @@ fn answer(req: &Request, code: u16, text: Option<&Template>) -> Flow {
     let Some(text) = text else {
         return Flow::Status(code);
     };
-    let value = text.eval(req, None);
+    let value = text.eval(req, Some(&Sent::status(code)));
     if is_redirect(code) {
         return Flow::Done(redirect_response(req, code, &value));
     }

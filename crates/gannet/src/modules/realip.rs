@@ -1,0 +1,162 @@
+//! The client address behind trusted proxies, as nginx's ngx_http_realip_module:
+//! `set_real_ip_from` (addresses, networks, `unix:`, or host names resolved at load),
+//! `real_ip_header` (`X-Real-IP` by default, `X-Forwarded-For` or any header) and
+//! `real_ip_recursive`, at http, server and location level; `$realip_remote_addr` and
+//! `$realip_remote_port` keep the connection's own address.
+//!
+//! A request from a trusted address takes the last address of the header (with
+//! `real_ip_recursive`, the last one from the right that is not trusted itself); from then
+//! on it is the client for everything - `$remote_addr`, `$remote_port` (the header's port,
+//! or empty), `allow`/`deny`, limit keys, `geo`, `ip_hash`, the logs. As in nginx it is
+//! tried twice: with the server's settings before its rewrite statements, and with the
+//! location's before `limit_req`; the first that finds an address wins, and the change
+//! lasts for the request (internal redirects included), not for the connection.
+
+use super::{inherit, LoadCtx, LocConf};
+use crate::http::cidr::{self, Cidr};
+use crate::http::request::Request;
+use gannet_conf::registry::{Args, Ctx, Spec};
+use gannet_conf::{ConfError, Directive};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+
+pub const DIRECTIVES: &[Spec] = &[
+    Spec {
+        name: "set_real_ip_from",
+        ctx: Ctx::HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "real_ip_header",
+        ctx: Ctx::HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "real_ip_recursive",
+        ctx: Ctx::HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+];
+
+#[derive(Debug, Clone)]
+enum Header {
+    XRealIp,
+    XForwardedFor,
+    /// Any other, lower-cased.
+    Named(String),
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RealIpConf {
+    /// The trusted networks (`unix:` clients never occur: gannet listens on none).
+    from: Option<Arc<Vec<Cidr>>>,
+    header: Option<Header>,
+    recursive: Option<bool>,
+}
+
+impl RealIpConf {
+    pub fn merge(&mut self, parent: &RealIpConf) {
+        inherit!(self, parent, from, header, recursive);
+    }
+}
+
+pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
+    let arg = d.args[0].as_str();
+    let conf = &mut lc.realip;
+    match d.name.as_str() {
+        "set_real_ip_from" => {
+            let mut from = conf.from.as_deref().cloned().unwrap_or_default();
+            if arg != "unix:" {
+                from.extend(trusted(d, arg, &mut ctx.notices)?);
+            }
+            conf.from = Some(Arc::new(from));
+        }
+        "real_ip_header" => {
+            if conf.header.is_some() {
+                return Err(d.error("\"real_ip_header\" directive is duplicate"));
+            }
+            conf.header = Some(match arg {
+                "X-Real-IP" => Header::XRealIp,
+                "X-Forwarded-For" => Header::XForwardedFor,
+                "proxy_protocol" => {
+                    return Err(d.error(
+                        "\"real_ip_header proxy_protocol\" is not supported yet (gannet has no \"listen ... proxy_protocol\")",
+                    ))
+                }
+                name => Header::Named(name.to_ascii_lowercase()),
+            });
+        }
+        _ => conf.recursive = Some(gannet_conf::setters::flag(d)?),
+    }
+    Ok(())
+}
+
+/// A `set_real_ip_from` address or network, or the addresses a host name resolves to.
+fn trusted(d: &Directive, arg: &str, notices: &mut Vec<String>) -> Result<Vec<Cidr>, ConfError> {
+    if let Some((net, meaningful)) = Cidr::parse(arg) {
+        if !meaningful {
+            notices.push(format!(
+                "{}: low address bits of {arg} are meaningless",
+                d.loc
+            ));
+        }
+        return Ok(vec![net]);
+    }
+    let not_found = || d.error(format!("host not found in set_real_ip_from \"{arg}\""));
+    let addrs = (arg, 0).to_socket_addrs().map_err(|_| not_found())?;
+    let nets: Vec<Cidr> = addrs
+        .filter_map(|a| Cidr::parse(&a.ip().to_string()).map(|(c, _)| c))
+        .collect();
+    if nets.is_empty() {
+        return Err(not_found());
+    }
+    Ok(nets)
+}
+
+/// Look for the client's address with `conf` (the server's or the location's settings),
+/// unless an earlier look found it already.
+pub fn apply(req: &mut Request, conf: &RealIpConf) {
+    if req.real_peer.is_some() {
+        return;
+    }
+    let Some(from) = &conf.from else {
+        return;
+    };
+    let name = match conf.header.as_ref().unwrap_or(&Header::XRealIp) {
+        Header::XRealIp => "x-real-ip",
+        Header::XForwardedFor => "x-forwarded-for",
+        Header::Named(n) => n,
+    };
+    // Every X-Forwarded-For line in order; of another header, the first.
+    let value = if name == "x-forwarded-for" {
+        let lines: Vec<_> = req
+            .head
+            .header_all(name)
+            .map(String::from_utf8_lossy)
+            .collect();
+        if lines.is_empty() {
+            return;
+        }
+        lines.join(",")
+    } else {
+        match req.head.header(name) {
+            Some(v) => String::from_utf8_lossy(v).into_owned(),
+            None => return,
+        }
+    };
+    let peer = req.conn.peer;
+    let trusted = |a: std::net::IpAddr| from.iter().any(|c| c.contains(cidr::unmapped(a)));
+    if let Some(real) = cidr::forwarded(peer, &value, trusted, conf.recursive == Some(true)) {
+        req.real_peer = Some(real);
+    }
+}
+
+impl Request {
+    /// The client's address: the connection's, or the one `real_ip_header` gave.
+    pub fn client(&self) -> SocketAddr {
+        self.real_peer.unwrap_or(self.conn.peer)
+    }
+}
