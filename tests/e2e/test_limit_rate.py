@@ -164,6 +164,17 @@ def test_send_timeout_times_each_write_not_the_whole_answer(gannet, sendfile):
     assert len(raw.partition(b"\r\n\r\n")[2]) < len(data)
 
 
+def test_send_timeout_is_the_locations(gannet):
+    # The default server says 60 s; only /short/ says 1 s, and only there a client that
+    # stops reading for three seconds is let go (gannet used the server's for every answer).
+    data = bytes(range(256)) * (12_000_000 // 256)
+    srv = gannet.start(files={"short/huge.bin": data, "long/huge.bin": data}, server="location /short/ { send_timeout 1s; }")
+    raw, _ = slow_read(srv.port, "/short/huge.bin", pause_after=1_000_000)
+    assert len(raw.partition(b"\r\n\r\n")[2]) < len(data)
+    raw, _ = slow_read(srv.port, "/long/huge.bin", pause_after=1_000_000)
+    assert raw.partition(b"\r\n\r\n")[2] == data
+
+
 @pytest.mark.parametrize(
     "server, message",
     [

@@ -64,6 +64,7 @@ struct Conn<S: Transport> {
     /// small write waiting behind an unacknowledged one, so a one-shot connection never
     /// pays the setsockopt).
     nodelay: bool,
+    /// The default server's until an answer's location says otherwise ([`Conn::head`]).
     send_timeout: Duration,
     /// Plain HTTP arrived on a TLS address: every request is answered 400.
     plain_on_tls: bool,
@@ -750,6 +751,8 @@ impl<S: Transport> Conn<S> {
     /// connection may stay open, the head's length, and whether a body follows.
     fn head(&mut self, req: &Request, resp: &mut Response, keep: bool) -> (bool, u64, bool) {
         let core = &req.conf.core;
+        // The answer is written under the location's send_timeout, as nginx's.
+        self.send_timeout = core.send_timeout();
         let (ka_timeout, ka_header) = core.keepalive_timeout();
         let max_requests = core.keepalive_requests();
         let keep = keep
