@@ -36,6 +36,11 @@
 //! a buffered answer -> 502 (nothing has been sent to the client yet), parameters the
 //! protocol cannot carry (uwsgi's 64 KiB block) -> 500. A streamed answer that fails is cut
 //! short and the client connection closed.
+//!
+//! A client that leaves while the exchange is under way (its connection closes, or its
+//! HTTP/2 stream is reset) ends it there, as nginx's `*_ignore_client_abort off`: the
+//! upstream connection is closed, not pooled, and the request is logged 499
+//! ([`unless_client_leaves`]). With `*_ignore_client_abort on` the exchange runs to its end.
 
 use super::body::{BodyError, BodySource};
 use crate::errlog::{self, Level};
@@ -492,6 +497,34 @@ pub fn streams(req: &Request) -> Option<Streamed> {
             Some(Streamed::Chunked)
         }
         _ => None,
+    }
+}
+
+/// Run `exchange` unless `gone` (the client left: the connection ended, or the HTTP/2
+/// stream was reset) comes first, in which case the exchange is dropped - its upstream
+/// connection closed - and the request gets nginx's info line and a 499 for the access
+/// log (`None`). With `*_ignore_client_abort on` the exchange runs to its end.
+pub async fn unless_client_leaves<F: std::future::Future>(
+    req: &Request,
+    exchange: F,
+    gone: impl std::future::Future<Output = ()>,
+) -> Option<F::Output> {
+    let ignore = gateway::active(&req.conf)
+        .is_none_or(|p| gateway::conf(&req.conf, p).ignore_client_abort());
+    if ignore {
+        return Some(exchange.await);
+    }
+    tokio::select! {
+        biased;
+        out = exchange => Some(out),
+        () = gone => {
+            errlog::request(
+                Level::Info,
+                req,
+                format_args!("client prematurely closed connection, so upstream connection is closed too while {READING_HEAD}"),
+            );
+            None
+        }
     }
 }
 

@@ -548,7 +548,18 @@ impl<S: Transport> Conn<S> {
                             req.body_length = n;
                             o
                         }
-                        None => super::gateway::run(&w, &req, &body).await,
+                        None => {
+                            let exchange = super::gateway::run(&w, &req, &body);
+                            let (stream, buf) = (&mut self.stream, &mut self.buf);
+                            let gone = client_gone(stream, buf);
+                            match super::gateway::unless_client_leaves(&req, exchange, gone).await {
+                                Some(o) => o,
+                                None => {
+                                    self.log(&req, &Response::new(499), 0, 0);
+                                    return false;
+                                }
+                            }
+                        }
                     };
                     let flow = match outcome {
                         Outcome::Flow(f) => f,
@@ -872,6 +883,24 @@ impl<S: Transport> Conn<S> {
     /// The log phase: one line per configured access log.
     fn log(&self, req: &Request, resp: &Response, head_len: u64, body_len: u64) {
         super::log::access(&self.w, req, resp, head_len, body_len);
+    }
+}
+
+/// Ends when the client has closed its connection (or it failed). Bytes that come instead
+/// are a pipelined request, kept in `buf` for later: the client is there, and nothing more
+/// is watched (nginx peeks at one byte and stops watching too).
+async fn client_gone<S: Transport>(stream: &mut S, buf: &mut BytesMut) {
+    loop {
+        if !std::future::poll_fn(|cx| stream.poll_readable(cx)).await {
+            return;
+        }
+        buf.reserve(1024);
+        match stream.read_some(buf) {
+            Ok(0) => return,
+            Ok(_) => std::future::pending::<()>().await,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return,
+        }
     }
 }
 

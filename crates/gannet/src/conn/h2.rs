@@ -388,7 +388,20 @@ async fn answer(
                         req.body_length = src.total;
                         o
                     }
-                    None => super::gateway::run(w, &req, &body).await,
+                    None => {
+                        let exchange = super::gateway::run(w, &req, &body);
+                        let reset = std::future::poll_fn(|cx| respond.poll_reset(cx));
+                        let gone = async {
+                            let _ = reset.await;
+                        };
+                        match super::gateway::unless_client_leaves(&req, exchange, gone).await {
+                            Some(o) => o,
+                            None => {
+                                super::log::access(w, &req, &Response::new(499), 0, 0);
+                                return timeout;
+                            }
+                        }
+                    }
                 };
                 let flow = match outcome {
                     Outcome::Flow(f) => f,

@@ -84,6 +84,7 @@ macro_rules! directives {
             $crate::modules::gateway::directives!(@spec $p "busy_buffers_size" [HSL] Exactly(1)),
             $crate::modules::gateway::directives!(@spec $p "ignore_headers" [HSL] AtLeast(1)),
             $crate::modules::gateway::directives!(@spec $p "socket_keepalive" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "ignore_client_abort" [HSL] Exactly(1)),
             $($extra,)*
         ]
     };
@@ -157,6 +158,8 @@ pub struct GatewayConf {
     pub ignore_headers: Option<Arc<Vec<String>>>,
     /// `*_socket_keepalive`: TCP keep-alive probes on upstream connections.
     pub socket_keepalive: Option<bool>,
+    /// `*_ignore_client_abort`: finish the exchange even when the client has left.
+    pub ignore_client_abort: Option<bool>,
 }
 
 impl GatewayConf {
@@ -180,6 +183,7 @@ impl GatewayConf {
             next_upstream_timeout,
             ignore_headers,
             socket_keepalive,
+            ignore_client_abort,
         );
     }
     pub fn connect_timeout(&self) -> Duration {
@@ -196,6 +200,9 @@ impl GatewayConf {
     }
     pub fn socket_keepalive(&self) -> bool {
         self.socket_keepalive.unwrap_or(false)
+    }
+    pub fn ignore_client_abort(&self) -> bool {
+        self.ignore_client_abort.unwrap_or(false)
     }
     pub fn read_timeout(&self) -> Duration {
         self.read_timeout.unwrap_or(Duration::from_secs(60))
@@ -313,6 +320,7 @@ pub fn set(d: &Directive, p: Proto, lc: &mut LocConf, ctx: &LoadCtx) -> Result<b
         "pass_request_headers" => c.pass_request_headers = Some(setters::flag(d)?),
         "pass_request_body" => c.pass_request_body = Some(setters::flag(d)?),
         "request_buffering" => c.request_buffering = Some(setters::flag(d)?),
+        "ignore_client_abort" => c.ignore_client_abort = Some(setters::flag(d)?),
         "next_upstream" => {
             const KNOWN: &[&str] = &[
                 "error",

@@ -70,6 +70,7 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("proxy_busy_buffers_size", HSL, Args::Exactly(1)),
     spec("proxy_ignore_headers", HSL, Args::AtLeast(1)),
     spec("proxy_socket_keepalive", HSL, Args::Exactly(1)),
+    spec("proxy_ignore_client_abort", HSL, Args::Exactly(1)),
 ];
 
 /// Where `proxy_pass` sends requests.
