@@ -500,20 +500,21 @@ pub fn streams(req: &Request) -> Option<Streamed> {
     }
 }
 
+/// `*_ignore_client_abort on`: the exchange runs to its end whatever the client does.
+pub fn ignores_client_abort(req: &Request) -> bool {
+    gateway::active(&req.conf).is_none_or(|p| gateway::conf(&req.conf, p).ignore_client_abort())
+}
+
 /// Run `exchange` unless `gone` (the client left: the connection ended, or the HTTP/2
 /// stream was reset) comes first, in which case the exchange is dropped - its upstream
 /// connection closed - and the request gets nginx's info line and a 499 for the access
-/// log (`None`). With `*_ignore_client_abort on` the exchange runs to its end.
+/// log (`None`). Callers skip this when [`ignores_client_abort`], awaiting the exchange
+/// itself (a wrapper moves the big exchange future once more per request).
 pub async fn unless_client_leaves<F: std::future::Future>(
     req: &Request,
     exchange: F,
     gone: impl std::future::Future<Output = ()>,
 ) -> Option<F::Output> {
-    let ignore = gateway::active(&req.conf)
-        .is_none_or(|p| gateway::conf(&req.conf, p).ignore_client_abort());
-    if ignore {
-        return Some(exchange.await);
-    }
     tokio::select! {
         biased;
         out = exchange => Some(out),

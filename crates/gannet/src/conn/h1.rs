@@ -548,6 +548,9 @@ impl<S: Transport> Conn<S> {
                             req.body_length = n;
                             o
                         }
+                        None if super::gateway::ignores_client_abort(&req) => {
+                            super::gateway::run(&w, &req, &body).await
+                        }
                         None => {
                             let exchange = super::gateway::run(&w, &req, &body);
                             let (stream, buf) = (&mut self.stream, &mut self.buf);

@@ -388,6 +388,9 @@ async fn answer(
                         req.body_length = src.total;
                         o
                     }
+                    None if super::gateway::ignores_client_abort(&req) => {
+                        super::gateway::run(w, &req, &body).await
+                    }
                     None => {
                         let exchange = super::gateway::run(w, &req, &body);
                         let reset = std::future::poll_fn(|cx| respond.poll_reset(cx));
