@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conftest import REPO, Gannet, free_port, wait_port
+from conftest import REPO, Gannet, free_port, gannet_bin, wait_port
 
 # None when nginx is not installed: differential tests skip (scripts/test-all.sh installs it).
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
@@ -77,6 +77,16 @@ def side_by_side(tmp_path: Path, conf: str, files: dict | None = None):
     finally:
         nginx.stop()
         g.close()
+
+
+def check_both(tmp_path: Path, http: str) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """`nginx -t` and `gannet -t` on one config: PEER_MAIN, then `http { <http> }` with a
+    server of its own after what `http` holds."""
+    conf = tmp_path / "check.conf"
+    conf.write_text(PEER_MAIN.replace("{tmp}", str(tmp_path)) + "http {\n" + http + "\nserver { listen 127.0.0.1:1; }\n}\n")
+    n = subprocess.run([NGINX, "-t", "-p", f"{tmp_path}/", "-c", str(conf)], capture_output=True, text=True, timeout=30)
+    g = subprocess.run([str(gannet_bin()), "-t", "-c", str(conf)], capture_output=True, text=True, timeout=30)
+    return n, g
 
 
 @dataclass

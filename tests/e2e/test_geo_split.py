@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import re
 import socket
-import subprocess
 
 import pytest
 
-from conftest import gannet_bin
-from nginx_peer import NGINX, PEER_MAIN, parse, side_by_side
+from nginx_peer import NGINX, PEER_MAIN, check_both, parse, side_by_side
 
 pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx is not installed")
 
@@ -195,11 +193,7 @@ geo $r {
 
 def checked(tmp_path, http: str) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     """`nginx -t` and `gannet -t` on one config: each one's (message, line) list."""
-    conf = tmp_path / "check.conf"
-    text = PEER_MAIN.replace("{tmp}", str(tmp_path)) + "http {\n" + http + "\nserver { listen 127.0.0.1:1; }\n}\n"
-    conf.write_text(text)
-    n = subprocess.run([NGINX, "-t", "-p", f"{tmp_path}/", "-c", str(conf)], capture_output=True, text=True, timeout=30)
-    g = subprocess.run([str(gannet_bin()), "-t", "-c", str(conf)], capture_output=True, text=True, timeout=30)
+    n, g = check_both(tmp_path, http)
     theirs = [(m, int(line)) for m, line in re.findall(r"\[(?:emerg|warn)\] (?:\d+#\d+: )?(.*) in \S+:(\d+)", n.stderr)]
     ours = [(m, int(line)) for line, m in re.findall(r"\[(?:emerg|notice)\] \S+:(\d+): (.*)", g.stderr) if "has no effect in gannet" not in m]
     assert (n.returncode == 0) == (g.returncode == 0), (n.stderr, g.stderr)

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import re
 import socket
-import subprocess
 
 import pytest
 
-from conftest import gannet_bin
-from nginx_peer import NGINX, PEER_MAIN, parse, side_by_side
+from nginx_peer import NGINX, PEER_MAIN, check_both, parse, side_by_side
 
 pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx is not installed")
 
@@ -146,19 +144,13 @@ def test_real_ip_is_nginx_real_ip(tmp_path):
     ],
 )
 def test_bad_settings_are_config_errors(tmp_path, stmt, message):
-    conf = tmp_path / "check.conf"
-    conf.write_text(PEER_MAIN.replace("{tmp}", str(tmp_path)) + "http { server { listen 127.0.0.1:1; " + stmt + " } }\n")
-    n = subprocess.run([NGINX, "-t", "-p", f"{tmp_path}/", "-c", str(conf)], capture_output=True, text=True, timeout=30)
-    g = subprocess.run([str(gannet_bin()), "-t", "-c", str(conf)], capture_output=True, text=True, timeout=30)
+    n, g = check_both(tmp_path, f"server {{ listen 127.0.0.1:2; {stmt} }}")
     assert n.returncode != 0 and message in n.stderr, n.stderr
     assert g.returncode != 0 and re.search(r"check\.conf:\d+: .*" + re.escape(message), g.stderr), g.stderr
 
 
 def test_low_bits_warning_and_unix(tmp_path):
-    conf = tmp_path / "check.conf"
-    conf.write_text(PEER_MAIN.replace("{tmp}", str(tmp_path)) + "http { set_real_ip_from 10.1.2.3/8; set_real_ip_from unix:; server { listen 127.0.0.1:1; } }\n")
-    n = subprocess.run([NGINX, "-t", "-p", f"{tmp_path}/", "-c", str(conf)], capture_output=True, text=True, timeout=30)
-    g = subprocess.run([str(gannet_bin()), "-t", "-c", str(conf)], capture_output=True, text=True, timeout=30)
+    n, g = check_both(tmp_path, "set_real_ip_from 10.1.2.3/8; set_real_ip_from unix:;")
     assert n.returncode == 0 and g.returncode == 0, (n.stderr, g.stderr)
     assert "low address bits of 10.1.2.3/8 are meaningless" in n.stderr
     assert re.search(r"check\.conf:\d+: low address bits of 10\.1\.2\.3/8 are meaningless", g.stderr), g.stderr
