@@ -74,8 +74,7 @@ const MAX_REDIRECTS: u8 = 10;
 
 /// Run the phases.
 pub fn handle(req: &mut Request, w: &Worker) -> Handled {
-    let server = req.server.clone();
-    realip::apply(req, &server.conf.realip);
+    realip::apply(req, true);
     let server_stmts = req.server.conf.rewrite.stmts.clone();
     let flow = match rewrite::run(&server_stmts, req) {
         Outcome::Flow(f) => f,
@@ -210,8 +209,7 @@ fn run_location(req: &mut Request, w: &Worker) -> Flow {
             Outcome::Stay => {}
         }
     }
-    let conf = req.conf.clone();
-    realip::apply(req, &conf.realip);
+    realip::apply(req, false);
     if let Some(limited) = limit_zone::check(req) {
         return limited;
     }

@@ -116,15 +116,21 @@ fn trusted(d: &Directive, arg: &str, notices: &mut Vec<String>) -> Result<Vec<Ci
     Ok(nets)
 }
 
-/// Look for the client's address with `conf` (the server's or the location's settings),
-/// unless an earlier look found it already.
-pub fn apply(req: &mut Request, conf: &RealIpConf) {
-    if req.real_peer.is_some() {
-        return;
+/// Look for the client's address with the server's settings (`server_level`) or the
+/// location's, unless an earlier look found it already.
+pub fn apply(req: &mut Request, server_level: bool) {
+    if req.real_peer.is_none() {
+        let conf = if server_level {
+            &req.server.conf.realip
+        } else {
+            &req.conf.realip
+        };
+        req.real_peer = find(req, conf);
     }
-    let Some(from) = &conf.from else {
-        return;
-    };
+}
+
+fn find(req: &Request, conf: &RealIpConf) -> Option<SocketAddr> {
+    let from = conf.from.as_ref()?;
     let name = match conf.header.as_ref().unwrap_or(&Header::XRealIp) {
         Header::XRealIp => "x-real-ip",
         Header::XForwardedFor => "x-forwarded-for",
@@ -138,20 +144,14 @@ pub fn apply(req: &mut Request, conf: &RealIpConf) {
             .map(String::from_utf8_lossy)
             .collect();
         if lines.is_empty() {
-            return;
+            return None;
         }
         lines.join(",")
     } else {
-        match req.head.header(name) {
-            Some(v) => String::from_utf8_lossy(v).into_owned(),
-            None => return,
-        }
+        String::from_utf8_lossy(req.head.header(name)?).into_owned()
     };
-    let peer = req.conn.peer;
     let trusted = |a: std::net::IpAddr| from.iter().any(|c| c.contains(cidr::unmapped(a)));
-    if let Some(real) = cidr::forwarded(peer, &value, trusted, conf.recursive == Some(true)) {
-        req.real_peer = Some(real);
-    }
+    cidr::forwarded(req.conn.peer, &value, trusted, conf.recursive == Some(true))
 }
 
 impl Request {
