@@ -377,11 +377,7 @@ impl Geo {
         if self.proxies.is_empty() {
             return Some(addr);
         }
-        let mut list = String::new();
-        for v in req.head.header_all("x-forwarded-for") {
-            list.push_str(&String::from_utf8_lossy(v));
-            list.push(',');
-        }
+        let list = req.x_forwarded_for().unwrap_or_default();
         let peer = SocketAddr::new(addr, 0);
         let trusted = |a: IpAddr| self.proxies.iter().any(|p| p.contains(cidr::unmapped(a)));
         let real = cidr::forwarded(peer, &list, trusted, self.proxy_recursive);

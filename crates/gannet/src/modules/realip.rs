@@ -136,17 +136,9 @@ fn find(req: &Request, conf: &RealIpConf) -> Option<SocketAddr> {
         Header::XForwardedFor => "x-forwarded-for",
         Header::Named(n) => n,
     };
-    // Every X-Forwarded-For line in order; of another header, the first.
+    // Every X-Forwarded-For line; of another header, the first.
     let value = if name == "x-forwarded-for" {
-        let lines: Vec<_> = req
-            .head
-            .header_all(name)
-            .map(String::from_utf8_lossy)
-            .collect();
-        if lines.is_empty() {
-            return None;
-        }
-        lines.join(",")
+        req.x_forwarded_for()?
     } else {
         String::from_utf8_lossy(req.head.header(name)?).into_owned()
     };
@@ -158,5 +150,17 @@ impl Request {
     /// The client's address: the connection's, or the one `real_ip_header` gave.
     pub fn client(&self) -> SocketAddr {
         self.real_peer.unwrap_or(self.conn.peer)
+    }
+
+    /// Every X-Forwarded-For line, in order, as one list (`None` without any), for the
+    /// walk from trusted proxy to client (`cidr::forwarded`).
+    pub fn x_forwarded_for(&self) -> Option<String> {
+        let mut lines = self.head.header_all("x-forwarded-for");
+        let mut list = String::from_utf8_lossy(lines.next()?).into_owned();
+        for l in lines {
+            list.push(',');
+            list.push_str(&String::from_utf8_lossy(l));
+        }
+        Some(list)
     }
 }
