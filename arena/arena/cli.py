@@ -32,15 +32,17 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("servers", help="list the servers and load tools, with versions")
 
     run = sub.add_parser("run", help="run a scenario")
-    run.add_argument("scenario")
+    run.add_argument("scenario", nargs="?")
+    run.add_argument("--resume", type=Path, metavar="FOLDER", help="measure the points an interrupted run "
+                     "(Ctrl-C) left, with its own scenario, servers and options, and complete its folder")
     run.add_argument("--servers", help="comma-separated (default: all that can serve the scenario's site)")
-    run.add_argument("--profile", default="tuned", choices=["tuned", "default"])
+    run.add_argument("--profile", choices=["tuned", "default"], help="tuned (the default) or default")
     run.add_argument("--rounds", type=int, help="measured rounds per point (default 3; 1 with --quick)")
     run.add_argument("--requests", type=int, help="requests per point (overrides the scenario's)")
     run.add_argument("--quick", action="store_true", help="small counts: a smoke run for CI")
     run.add_argument("--out", type=Path, help="result folder (default arena/results/<time>-<scenario>)")
-    run.add_argument("--server-cpus", default="0", help="CPUs the servers are pinned to (default 0)")
-    run.add_argument("--client-cpus", default="1", help="CPUs the load tools are pinned to (default 1)")
+    run.add_argument("--server-cpus", help="CPUs the servers are pinned to (default 0)")
+    run.add_argument("--client-cpus", help="CPUs the load tools are pinned to (default 1)")
     run.add_argument("--backend-cpus", help="CPUs a scenario's back ends are pinned to (the s4 scenarios; default: "
                      "the client CPUs)")
     run.add_argument("--tls", action="store_true", help="HTTPS/1.1: every server on TLS (s1-static, c10k)")
@@ -92,11 +94,36 @@ def _servers(console: Console) -> int:
 ALL_SERVERS = "gannet,nginx,apache-prefork,apache-worker,apache-event,lighttpd,h2o,caddy"
 
 
+# The `run` options that choose what a run measures: a resumed run takes its own.
+_RUN_CHOICES = ("scenario", "servers", "profile", "rounds", "requests", "quick", "out", "server_cpus",
+                "client_cpus", "backend_cpus", "tls", "h2", "cert", "resumption")
+
+
+def _resume(args, console: Console) -> int:
+    from arena import resume, runner, scenarios, servers
+
+    given = [name for name in _RUN_CHOICES if getattr(args, name) not in (None, False)]
+    if given:
+        shown = ", ".join(n if n == "scenario" else "--" + n.replace("_", "-") for n in given)
+        raise ArenaError(f"--resume continues a run with its own scenario, servers and options: drop {shown}")
+    previous = resume.load(args.resume)
+    chosen = servers.parse_list(",".join(previous["servers"]))
+    final = runner.run(scenarios.get(previous["scenario"]["name"]), chosen, resume.options(previous),
+                       args.resume, console, previous=previous)
+    console.print(f"results: {final}/report.md (and report.html, results.json)")
+    return 130 if _interrupted(final) else 0
+
+
 def _run(args, console: Console) -> int:
     from arena import runner, scenarios, servers
     from arena.scenarios.base import Options
     from arena.servers import sites
 
+    if args.resume:
+        return _resume(args, console)
+    if not args.scenario:
+        raise ArenaError("name a scenario (`arena list` shows them), or --resume FOLDER")
+    args.profile = args.profile or "tuned"
     scenario = scenarios.get(args.scenario)
     if args.servers:
         chosen = servers.parse_list(args.servers)
@@ -116,7 +143,7 @@ def _run(args, console: Console) -> int:
     if args.requests is not None and args.requests < 1:
         raise ArenaError("--requests must be at least 1")
     options = Options(quick=args.quick, rounds=rounds, requests=args.requests,
-                      server_cpus=args.server_cpus, client_cpus=args.client_cpus, profile=args.profile,
+                      server_cpus=args.server_cpus or "0", client_cpus=args.client_cpus or "1", profile=args.profile,
                       backend_cpus=args.backend_cpus, transport=transport, cert=args.cert or "ecdsa",
                       resumption=args.resumption)
     suffix = "" if transport == "http" else f"-{transport}"

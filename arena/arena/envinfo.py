@@ -3,6 +3,7 @@ exact command line, and (written beside it) the exact configs each server ran wi
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import subprocess
@@ -63,10 +64,20 @@ def collect(servers, tool_names: list[str], options) -> dict:
         "profile": options.profile,
         "repository_commit": git_commit(),
         "gannet_binary": str(gannet),
+        # What identifies the build measured (its version line does not): a resumed run
+        # (arena/resume.py) must measure the same one.
+        "gannet_sha256": sha256(gannet),
         "gannet_mime_types": str(mime_types()),
         "servers": {s.name: s.version() for s in servers},
         "tools": {name: tools.tool_version(name) for name in tool_names},
     }
+
+
+def sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None  # no gannet built: only a run without it gets this far
 
 
 def write_configs(folder: Path, running) -> None:

@@ -19,12 +19,14 @@ from arena.summary import summarize
 
 
 class RunFolder:
-    def __init__(self, final: Path):
+    def __init__(self, final: Path, resume: bool = False):
         self.final = final
         self.tmp = final.with_name(f".{final.name}.partial")
+        # A resumed run rewrites its own folder: the old one stays until the new one is whole.
+        self.resume = resume
 
     def create(self) -> None:
-        if self.final.exists():
+        if self.final.exists() and not self.resume:
             raise ArenaError(f"output folder {self.final} already exists: choose another --out")
         if self.tmp.exists():
             shutil.rmtree(self.tmp)
@@ -34,7 +36,14 @@ class RunFolder:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def finish(self) -> Path:
-        self.tmp.rename(self.final)
+        if self.resume and self.final.exists():
+            old = self.final.with_name(f".{self.final.name}.replaced")
+            shutil.rmtree(old, ignore_errors=True)
+            self.final.rename(old)
+            self.tmp.rename(self.final)
+            shutil.rmtree(old)
+        else:
+            self.tmp.rename(self.final)
         return self.final
 
 
@@ -82,9 +91,15 @@ def render_reports(results: dict, folder: Path) -> None:
 
 
 def write_run(folder: RunFolder, *, scenario, options, servers, points, samples, environment,
-              started: float, finished: float, interrupted: bool) -> dict:
+              started: float, finished: float, interrupted: bool, previous: dict | None = None) -> dict:
+    """`previous`: the interrupted run this session resumed (its samples are in `samples`)."""
     point_dicts = [p.to_dict() for p in points]
     done = {s["point"] for s in samples}
+    session = {"started": _iso(started), "finished": _iso(finished), "interrupted": interrupted}
+    sessions = [session]
+    if previous:
+        sessions = previous.get("sessions") or [{k: previous[k] for k in ("started", "finished", "interrupted")}]
+        sessions = [*sessions, session]
     results = {
         "format": 1,
         "scenario": {"name": scenario.name, "title": scenario.title, "study": scenario.study,
@@ -92,13 +107,15 @@ def write_run(folder: RunFolder, *, scenario, options, servers, points, samples,
                      "study_columns": scenario.study_columns},
         "options": {"quick": options.quick, "rounds": options.rounds, "requests": options.requests,
                     "profile": options.profile, "server_cpus": options.server_cpus,
-                    "client_cpus": options.client_cpus, "transport": options.transport,
+                    "client_cpus": options.client_cpus, "backend_cpus": options.backend_cpus,
+                    "transport": options.transport,
                     "cert": options.cert if options.transport != "http" else None,
                     "resumption": options.resumption if options.transport != "http" else None},
         "servers": servers,
-        "started": _iso(started),
-        "finished": _iso(finished),
+        "started": sessions[0]["started"],
+        "finished": session["finished"],
         "interrupted": interrupted,
+        "sessions": sessions,
         "points": [p for p in point_dicts if p["key"] in done],
         "points_planned": len(point_dicts),
         "samples": samples,

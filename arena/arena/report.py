@@ -226,8 +226,19 @@ def _intro(results: dict) -> list[tuple[str, str]]:
         ("Machine", f"{env['cpu_model']}, {env['cpus_online']} CPUs, {env['memory_mib']} MiB, kernel {env['kernel']}"),
         ("Command", " ".join(env["command"])),
         ("Started", results["started"]),
+        *_sessions(results),
         ("Status", "INTERRUPTED" if results["interrupted"] else "complete"),
     ]
+
+
+def _sessions(results: dict) -> list[tuple[str, str]]:
+    """A resumed run (arena/resume.py) says when each part of it ran."""
+    sessions = results.get("sessions") or []
+    if len(sessions) < 2:
+        return []
+    spans = "; ".join(f"{s['started']} to {s['finished']}" for s in sessions)
+    return [("Sessions", f"{len(sessions)}, resumed with `arena run --resume` (each point's rounds ran "
+                         f"within one session): {spans}")]
 
 
 def markdown(results: dict, plots: list[tuple[str, str]]) -> str:

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 
-from arena import envinfo, ports, probe, tls, tools
+from arena import envinfo, ports, probe, resume, tls, tools
 from arena.errors import ArenaError
 from arena.measure import TreeSample
 from arena.clients.base import LoadResult
@@ -156,8 +156,10 @@ def _summary_line(server: str, key: str, rnd: int, rec: dict) -> str:
 
 
 def run(scenario: Scenario, servers: list[Server], options: Options, out: Path,
-        console: Console | None = None) -> Path:
-    """Run `scenario` on `servers`; write the result folder `out`; return its final path."""
+        console: Console | None = None, previous: dict | None = None) -> Path:
+    """Run `scenario` on `servers`; write the result folder `out`; return its final path.
+    `previous`: the interrupted run in `out` to resume (arena/resume.py): its whole points are
+    kept and only the others are measured."""
     console = console or Console(stderr=True)
     check_transport(scenario, options)
     servers, skipped = transport_plan(servers, options)
@@ -167,22 +169,29 @@ def run(scenario: Scenario, servers: list[Server], options: Options, out: Path,
     for name, why in skipped.items():
         console.print(f"not run ({tls.LABELS[options.transport]}): {name}: {why}", highlight=False)
     preflight(scenario, servers, options)
-    folder = RunFolder(out)
+    folder = RunFolder(out, resume=previous is not None)
     # The arena's own work (sampling, bookkeeping) stays off the server CPUs.
     os.sched_setaffinity(0, parse_cpus(options.client_cpus))
     workdir = Path(tempfile.mkdtemp(prefix="arena-"))
     workdir.chmod(0o755)
     running: list[RunningServer] = []
-    samples: list[dict] = []
+    points = scenario.points(options)
+    kept = resume.kept_samples(previous, [p.key for p in points]) if previous else []
+    samples: list[dict] = []  # this session's
     interrupted = False
     environment: dict = {}
     started = time.time()
-    points = scenario.points(options)
+    done = {s["point"] for s in kept}
+    todo = [p for p in points if p.key not in done]
+    if previous and not todo:
+        raise ArenaError(f"every point of {out} was measured: nothing to resume")
     previous_term = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         folder.create()
         files = make_docroot(workdir / "www")
         environment = envinfo.collect(servers, scenario.tools, options)
+        if previous:
+            environment = resume.environment(previous["environment"], environment, [s.name for s in servers])
         if skipped:
             environment["skipped"] = skipped
         # One certificate per run, in the result folder, the same files for every server.
@@ -210,9 +219,9 @@ def run(scenario: Scenario, servers: list[Server], options: Options, out: Path,
         columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                    MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
         with Progress(*columns, console=console, transient=False) as progress:
-            task = progress.add_task(scenario.name, total=len(points) * per_point)
+            task = progress.add_task(scenario.name, total=len(todo) * per_point)
             ctx = Context(options, files, tick=progress.refresh, cert=cert.cert if cert else None)
-            for point in points:
+            for point in todo:
                 warmup = scenario.warmup(point, options)
                 if warmup:
                     for server in running:
@@ -250,8 +259,8 @@ def run(scenario: Scenario, servers: list[Server], options: Options, out: Path,
         shutil.rmtree(workdir, ignore_errors=True)
     if not samples:
         folder.discard()
-        raise ArenaError("interrupted before anything was measured")
+        raise ArenaError("interrupted before anything was measured" + (f": {out} is as it was" if previous else ""))
     write_run(folder, scenario=scenario, options=options, servers=[s.name for s in servers],
-              points=points, samples=samples, environment=environment,
-              started=started, finished=time.time(), interrupted=interrupted)
+              points=points, samples=kept + samples, environment=environment,
+              started=started, finished=time.time(), interrupted=interrupted, previous=previous)
     return folder.finish()
