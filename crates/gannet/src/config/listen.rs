@@ -1,5 +1,6 @@
 //! The `listen` directive: `listen [addr:]port | [ipv6]:port | addr [default_server] [ssl]
-//! [http2] [reuseport] [backlog=N] [ipv6only=on|off] [deferred] [bind] [so_keepalive=...]`.
+//! [http2] [proxy_protocol] [reuseport] [backlog=N] [ipv6only=on|off] [deferred] [bind]
+//! [so_keepalive=...]`.
 
 use gannet_conf::{ConfError, Directive};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -20,6 +21,9 @@ pub struct Listen {
     pub ssl: bool,
     /// `http2` (nginx's older form of `http2 on`): HTTP/2 on the address, for every server.
     pub http2: bool,
+    /// `proxy_protocol`: every connection opens with a PROXY protocol header
+    /// (`conn::proxy_protocol`); the address's, as `ssl`.
+    pub proxy_protocol: bool,
 }
 
 impl Listen {
@@ -44,6 +48,7 @@ impl Listen {
             deferred: false,
             ssl: false,
             http2: false,
+            proxy_protocol: false,
         }
     }
 
@@ -73,6 +78,7 @@ impl Listen {
                 ("deferred", None) => l.deferred = true,
                 ("ssl", None) => l.ssl = true,
                 ("http2", None) => l.http2 = true,
+                ("proxy_protocol", None) => l.proxy_protocol = true,
                 // Accepted for compatibility; gannet's behaviour does not depend on them.
                 ("bind", None)
                 | ("fastopen", Some(_))
@@ -81,7 +87,7 @@ impl Listen {
                 | ("sndbuf", Some(_))
                 | ("setfib", Some(_))
                 | ("accept_filter", Some(_)) => {}
-                ("quic", None) | ("proxy_protocol", None) => {
+                ("quic", None) => {
                     return Err(d.error(format!(
                         "the \"{key}\" parameter of \"listen\" is not supported yet"
                     )))

@@ -339,6 +339,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
                 Some(g) => {
                     g.listen.ssl |= l.ssl;
                     g.listen.http2 |= l.http2;
+                    g.listen.proxy_protocol |= l.proxy_protocol;
                     if l.default_server {
                         if g.listen.default_server {
                             return Err(ConfError::at(

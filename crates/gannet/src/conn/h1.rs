@@ -89,13 +89,21 @@ pub async fn serve(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: us
     } else {
         g.listen.addr
     };
-    let info = ConnInfo {
+    let mut info = ConnInfo {
         peer,
         local,
         id: Worker::next_conn_id(),
         requests: 0,
         tls: None,
+        proxy: None,
     };
+    if g.listen.proxy_protocol {
+        let limit = g.servers[g.default].conf.core.client_header_timeout();
+        match super::proxy_protocol::read(&stream, &info, limit).await {
+            Ok(addrs) => info.proxy = addrs,
+            Err(()) => return w.connection_closed(),
+        }
+    }
     if g.listen.ssl {
         // Boxed: the handshake's state would otherwise enlarge every cleartext
         // connection's task too.

@@ -13,6 +13,7 @@ pub mod health;
 pub mod log;
 pub mod mirror;
 pub mod pace;
+pub mod proxy_protocol;
 pub mod send;
 pub mod source;
 pub mod tls_stream;

@@ -23,6 +23,8 @@ pub struct ConnInfo {
     pub requests: u64,
     /// What the TLS handshake established (`None` on cleartext).
     pub tls: Option<Arc<crate::tls::TlsInfo>>,
+    /// The addresses of a `listen ... proxy_protocol` connection's PROXY header.
+    pub proxy: Option<Arc<crate::conn::proxy_protocol::ProxyAddrs>>,
 }
 
 pub struct Request {

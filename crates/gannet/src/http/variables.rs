@@ -39,6 +39,11 @@ pub enum Var {
     RemotePort,
     RealipRemoteAddr,
     RealipRemotePort,
+    /// `$proxy_protocol_addr` and its kin: a `listen ... proxy_protocol` header's addresses.
+    ProxyProtocolAddr,
+    ProxyProtocolPort,
+    ProxyProtocolServerAddr,
+    ProxyProtocolServerPort,
     RemoteUser,
     ServerAddr,
     ServerPort,
@@ -173,6 +178,10 @@ impl Var {
             "remote_port" => Var::RemotePort,
             "realip_remote_addr" => Var::RealipRemoteAddr,
             "realip_remote_port" => Var::RealipRemotePort,
+            "proxy_protocol_addr" => Var::ProxyProtocolAddr,
+            "proxy_protocol_port" => Var::ProxyProtocolPort,
+            "proxy_protocol_server_addr" => Var::ProxyProtocolServerAddr,
+            "proxy_protocol_server_port" => Var::ProxyProtocolServerPort,
             "remote_user" => Var::RemoteUser,
             "server_addr" => Var::ServerAddr,
             "server_port" => Var::ServerPort,
@@ -498,6 +507,28 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         }
         Var::RealipRemotePort => {
             let _ = write!(out, "{}", req.conn.peer.port());
+        }
+        // Empty without a header, or with one that carried no addresses; a port also when
+        // it is 0 (nginx).
+        Var::ProxyProtocolAddr => {
+            if let Some(p) = &req.conn.proxy {
+                out.push_str(&p.addr);
+            }
+        }
+        Var::ProxyProtocolPort => {
+            if let Some(p) = req.conn.proxy.as_ref().filter(|p| p.port != 0) {
+                let _ = write!(out, "{}", p.port);
+            }
+        }
+        Var::ProxyProtocolServerAddr => {
+            if let Some(p) = &req.conn.proxy {
+                out.push_str(&p.server_addr);
+            }
+        }
+        Var::ProxyProtocolServerPort => {
+            if let Some(p) = req.conn.proxy.as_ref().filter(|p| p.server_port != 0) {
+                let _ = write!(out, "{}", p.server_port);
+            }
         }
         Var::RemoteUser => {
             if let Some((user, _)) = crate::modules::auth_basic::credentials(req) {

@@ -1,6 +1,7 @@
 //! The client address behind trusted proxies, as nginx's ngx_http_realip_module:
 //! `set_real_ip_from` (addresses, networks, `unix:`, or host names resolved at load),
-//! `real_ip_header` (`X-Real-IP` by default, `X-Forwarded-For` or any header) and
+//! `real_ip_header` (`X-Real-IP` by default, `X-Forwarded-For`, `proxy_protocol` - the
+//! PROXY header of a `listen ... proxy_protocol` connection - or any header) and
 //! `real_ip_recursive`, at http, server and location level; `$realip_remote_addr` and
 //! `$realip_remote_port` keep the connection's own address.
 //!
@@ -45,6 +46,8 @@ pub const DIRECTIVES: &[Spec] = &[
 enum Header {
     XRealIp,
     XForwardedFor,
+    /// The connection's PROXY protocol header (`listen ... proxy_protocol`).
+    ProxyProtocol,
     /// Any other, lower-cased.
     Named(String),
 }
@@ -81,11 +84,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             conf.header = Some(match arg {
                 "X-Real-IP" => Header::XRealIp,
                 "X-Forwarded-For" => Header::XForwardedFor,
-                "proxy_protocol" => {
-                    return Err(d.error(
-                        "\"real_ip_header proxy_protocol\" is not supported yet (gannet has no \"listen ... proxy_protocol\")",
-                    ))
-                }
+                "proxy_protocol" => Header::ProxyProtocol,
                 name => Header::Named(name.to_ascii_lowercase()),
             });
         }
@@ -131,7 +130,13 @@ pub fn apply(req: &mut Request, server_level: bool) {
 
 fn find(req: &Request, conf: &RealIpConf) -> Option<SocketAddr> {
     let from = conf.from.as_ref()?;
+    let trusted = |a: std::net::IpAddr| from.iter().any(|c| c.contains(cidr::unmapped(a)));
     let name = match conf.header.as_ref().unwrap_or(&Header::XRealIp) {
+        // The header's client, with its port, when the proxy that sent it is trusted.
+        Header::ProxyProtocol => {
+            let client = req.conn.proxy.as_ref()?.client()?;
+            return trusted(req.conn.peer.ip()).then_some(client);
+        }
         Header::XRealIp => "x-real-ip",
         Header::XForwardedFor => "x-forwarded-for",
         Header::Named(n) => n,
@@ -142,7 +147,6 @@ fn find(req: &Request, conf: &RealIpConf) -> Option<SocketAddr> {
     } else {
         String::from_utf8_lossy(req.head.header(name)?).into_owned()
     };
-    let trusted = |a: std::net::IpAddr| from.iter().any(|c| c.contains(cidr::unmapped(a)));
     cidr::forwarded(req.conn.peer, &value, trusted, conf.recursive == Some(true))
 }
 
