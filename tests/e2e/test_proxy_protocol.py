@@ -82,6 +82,14 @@ def send(port: int, data: bytes, source: str = "127.0.0.1") -> tuple[bytes, int]
         return b"".join(chunks), s.getsockname()[1]
 
 
+def unanswered(s: socket.socket) -> bool:
+    """The server closed the connection without a byte (a reset when it left ours unread)."""
+    try:
+        return s.recv(100) == b""
+    except ConnectionResetError:
+        return True
+
+
 def get(port: int, header: bytes, path: str = "/", source: str = "127.0.0.1") -> bytes:
     """The answer to one GET behind `header`: its body (our port shown as PEER) or status."""
     raw, own = send(port, header + f"GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n".encode(), source)
@@ -183,11 +191,27 @@ def test_header_in_pieces_and_a_slow_proxy(gannet):
     # A header that stops half-way: closed at client_header_timeout, nothing answered.
     with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
         s.sendall(b"PROXY TCP4 192.0.2.7")
-        try:
-            assert s.recv(100) == b""
-        except ConnectionResetError:
-            pass  # closed with the partial header unread: a reset, still no answer
+        assert unanswered(s)
     assert "client timed out while reading PROXY protocol" in (srv.tmp / "error.log").read_text()
+
+
+def test_client_that_stops_mid_header(gannet):
+    """A half header, then the client's FIN: the header can never complete, so the
+    connection is closed at once as broken - not at client_header_timeout (a minute here),
+    and without spinning on the socket's lasting read-closed readiness meanwhile."""
+    srv = gannet.start(conf="""
+        error_log {tmp}/error.log info;
+        events {}
+        http { server { listen 127.0.0.1:{port} proxy_protocol; location / { return 200; } } }""")
+    for partial in (b"PROXY TCP4 1.2", v2_inet("203.0.113.9", "198.51.100.2", 1, 2)[:20]):
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+            s.sendall(partial)
+            s.shutdown(socket.SHUT_WR)
+            # Within the 5 s socket timeout, not the 60 s one; unread bytes make it a reset.
+            assert unanswered(s)
+    log = (srv.tmp / "error.log").read_text()
+    assert 'broken header: "PROXY TCP4 1.2" while reading PROXY protocol, client: 127.0.0.1' in log
+    assert log.count("broken header: ") == 2
 
 
 def test_tls_http2_and_h2c_behind_a_proxy(gannet, tmp_path):

@@ -206,7 +206,9 @@ fn broken(buf: &[u8]) -> Parsed {
 }
 
 /// What the socket holds now, without taking it: `Ok(None)` when the client has closed.
-fn peek(stream: &TcpStream) -> io::Result<Option<Parsed>> {
+/// `finished`: the client has sent all it will (its FIN is in), so a header still
+/// incomplete never will be: nginx calls what came a broken header.
+fn peek(stream: &TcpStream, finished: bool) -> io::Result<Option<Parsed>> {
     let mut buf = [0u8; V2_MAX];
     // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the whole call, and the
     // descriptor belongs to `stream`, which the borrow keeps open.
@@ -222,7 +224,10 @@ fn peek(stream: &TcpStream) -> io::Result<Option<Parsed>> {
         return Err(io::Error::last_os_error());
     }
     let n = n as usize;
-    Ok((n > 0).then(|| parse(&buf[..n])))
+    Ok((n > 0).then(|| match parse(&buf[..n]) {
+        Parsed::Incomplete if finished => broken(&buf[..n]),
+        parsed => parsed,
+    }))
 }
 
 /// Take the PROXY protocol header off a new connection: its addresses (or none), or
@@ -234,12 +239,17 @@ pub async fn read(
 ) -> Result<Option<Arc<ProxyAddrs>>, ()> {
     let deadline = Instant::now() + limit;
     let (len, addrs) = loop {
-        if timeout_at(deadline, stream.readable()).await.is_err() {
-            return fail(Level::Info, info, "client timed out");
-        }
+        let ready = match timeout_at(deadline, stream.ready(Interest::READABLE)).await {
+            Ok(Ok(ready)) => ready,
+            Ok(Err(e)) => return fail(Level::Info, info, &e.to_string()),
+            Err(_) => return fail(Level::Info, info, "client timed out"),
+        };
         // An incomplete header is reported as WouldBlock, which tells tokio to wait for
-        // the socket's next readiness: the rest of the header arriving.
-        let peeked = stream.try_io(Interest::READABLE, || match peek(stream)? {
+        // the socket's next readiness: the rest of the header arriving. Once the client
+        // has closed its side that readiness stays set, so an incomplete header is then
+        // final (else this loop would spin until the client went away entirely).
+        let finished = ready.is_read_closed();
+        let peeked = stream.try_io(Interest::READABLE, || match peek(stream, finished)? {
             Some(Parsed::Incomplete) => Err(io::ErrorKind::WouldBlock.into()),
             other => Ok(other),
         });
