@@ -94,15 +94,12 @@ def _servers(console: Console) -> int:
 ALL_SERVERS = "gannet,nginx,apache-prefork,apache-worker,apache-event,lighttpd,h2o,caddy"
 
 
-# The `run` options that choose what a run measures: a resumed run takes its own.
-_RUN_CHOICES = ("scenario", "servers", "profile", "rounds", "requests", "quick", "out", "server_cpus",
-                "client_cpus", "backend_cpus", "tls", "h2", "cert", "resumption")
-
-
 def _resume(args, console: Console) -> int:
     from arena import resume, runner, scenarios, servers
 
-    given = [name for name in _RUN_CHOICES if getattr(args, name) not in (None, False)]
+    # Every other `run` argument chooses what a run measures: a resumed run takes its own.
+    given = [name for name, value in vars(args).items()
+             if name not in ("command", "resume") and value not in (None, False)]
     if given:
         shown = ", ".join(n if n == "scenario" else "--" + n.replace("_", "-") for n in given)
         raise ArenaError(f"--resume continues a run with its own scenario, servers and options: drop {shown}")

@@ -112,6 +112,23 @@ def exchange(port: int, request: bytes, timeout: float = 5.0) -> Answer:
     return parse(b"".join(chunks), head_request=request.startswith(b"HEAD "))
 
 
+def exchange_from(port: int, data: bytes, source: str) -> tuple[bytes, int]:
+    """Send raw bytes from the loopback address `source`, read to EOF (or a reset): what
+    came back, and our own port (to blank it out of answers that show it)."""
+    with socket.socket() as s:
+        s.settimeout(5)
+        s.bind((source, 0))
+        s.connect(("127.0.0.1", port))
+        s.sendall(data)
+        chunks = []
+        try:
+            while b := s.recv(65536):
+                chunks.append(b)
+        except ConnectionResetError:
+            pass
+        return b"".join(chunks), s.getsockname()[1]
+
+
 def parse(raw: bytes, head_request: bool = False) -> Answer:
     if not raw:
         return Answer(status=0, raw=raw)

@@ -17,7 +17,7 @@ import subprocess
 import pytest
 
 from conftest import free_port
-from nginx_peer import NGINX, PEER_MAIN, check_both, parse, side_by_side
+from nginx_peer import NGINX, PEER_MAIN, check_both, exchange_from, parse, side_by_side
 
 pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx is not installed")
 
@@ -66,22 +66,6 @@ def v2_inet6(src: str, dst: str, sport: int, dport: int) -> bytes:
     return v2(1, 0x21, addrs + struct.pack("!HH", sport, dport))
 
 
-def send(port: int, data: bytes, source: str = "127.0.0.1") -> tuple[bytes, int]:
-    """Send `data` from `source`; everything the server wrote back, and our port."""
-    with socket.socket() as s:
-        s.settimeout(5)
-        s.bind((source, 0))
-        s.connect(("127.0.0.1", port))
-        s.sendall(data)
-        chunks = []
-        try:
-            while b := s.recv(65536):
-                chunks.append(b)
-        except ConnectionResetError:
-            pass
-        return b"".join(chunks), s.getsockname()[1]
-
-
 def unanswered(s: socket.socket) -> bool:
     """The server closed the connection without a byte (a reset when it left ours unread)."""
     try:
@@ -92,7 +76,7 @@ def unanswered(s: socket.socket) -> bool:
 
 def get(port: int, header: bytes, path: str = "/", source: str = "127.0.0.1") -> bytes:
     """The answer to one GET behind `header`: its body (our port shown as PEER) or status."""
-    raw, own = send(port, header + f"GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n".encode(), source)
+    raw, own = exchange_from(port, header + f"GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n".encode(), source)
     if not raw:
         return b"closed"
     a = parse(raw)

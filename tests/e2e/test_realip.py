@@ -8,11 +8,10 @@ real address, `$proxy_add_x_forwarded_for` - and the access logs line by line.
 from __future__ import annotations
 
 import re
-import socket
 
 import pytest
 
-from nginx_peer import NGINX, PEER_MAIN, check_both, parse, side_by_side
+from nginx_peer import NGINX, PEER_MAIN, check_both, exchange_from, parse, side_by_side
 
 pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx is not installed")
 
@@ -70,16 +69,8 @@ http {
 def get(port: int, host: str, path: str, source: str, headers: tuple = ()) -> bytes:
     """GET from `source`; the connection's own port is shown as PEER (it differs per run)."""
     extra = "".join(f"{n}: {v}\r\n" for n, v in headers)
-    with socket.socket() as s:
-        s.settimeout(5)
-        s.bind((source, 0))
-        s.connect(("127.0.0.1", port))
-        own = s.getsockname()[1]
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n".encode())
-        chunks = []
-        while b := s.recv(65536):
-            chunks.append(b)
-    a = parse(b"".join(chunks))
+    raw, own = exchange_from(port, f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n".encode(), source)
+    a = parse(raw)
     if a.status != 200:
         return str(a.status).encode()
     return re.sub(rb"\b%d\b" % own, b"PEER", a.body)
