@@ -21,7 +21,7 @@ use super::gateway::{Outcome, Tunnel};
 use super::pace::Pace;
 use super::source::Source;
 use super::tls_stream::TlsStream;
-use super::transport::Transport;
+use super::transport::{Plain, Transport};
 use crate::errlog::Level;
 use crate::http::encoder::Encoder;
 use crate::http::handler::{self, Flow, Handled};
@@ -80,7 +80,7 @@ enum End {
 }
 
 /// Serve one accepted connection until it closes or parks.
-pub async fn serve(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: usize) {
+pub async fn serve(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, group: usize) {
     let g = &w.config.listens[group];
     // A listen on a specific address already says where the connection arrived: spare
     // the getsockname() call (one of the handful of syscalls a short connection costs).
@@ -96,6 +96,14 @@ pub async fn serve(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: us
         requests: 0,
         tls: None,
         proxy: None,
+    };
+    let plain = !g.listen.proxy_protocol && !g.listen.ssl && !g.listen.http2;
+    if plain {
+        // Cleartext HTTP/1.x: the loop registers the socket only if it has to wait.
+        return run_conn(w, Plain::Raw(stream), info, group, Instant::now(), false).await;
+    }
+    let Ok(stream) = TcpStream::from_std(stream) else {
+        return w.connection_closed();
     };
     if g.listen.proxy_protocol {
         let limit = g.servers[g.default].conf.core.client_header_timeout();
@@ -118,7 +126,7 @@ pub async fn serve(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr, group: us
         }
         return Box::pin(super::h2::serve(w, stream, info, group, conf)).await;
     }
-    run_conn(w, stream, info, group, Instant::now(), false).await;
+    run_conn(w, Plain::Reg(stream), info, group, Instant::now(), false).await;
 }
 
 /// The handshake, then the loop over TLS (or over the socket, to answer plain HTTP).
@@ -140,17 +148,16 @@ async fn serve_tls(w: Rc<Worker>, stream: TcpStream, mut info: ConnInfo, group: 
             }
             super::h2::serve(w, stream, info, group, conf).await
         }
-        Accepted::PlainHttp(stream) => run_conn(w, stream, info, group, born, true).await,
+        Accepted::PlainHttp(stream) => {
+            run_conn(w, Plain::Reg(stream), info, group, born, true).await
+        }
         Accepted::Closed => w.connection_closed(),
     }
 }
 
 /// Take a parked connection back and go on serving it.
 pub async fn resume(w: Rc<Worker>, p: Parked) {
-    match TcpStream::from_std(p.stream) {
-        Ok(stream) => run_conn(w, stream, p.info, p.group, p.born, false).await,
-        Err(_) => w.connection_closed(),
-    }
+    run_conn(w, Plain::Raw(p.stream), p.info, p.group, p.born, false).await
 }
 
 async fn run_conn<S: Transport>(

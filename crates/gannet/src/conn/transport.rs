@@ -1,5 +1,6 @@
 //! How the connection loop reaches its client: the [`Transport`] trait, and its cleartext
-//! implementation straight on the TCP socket.
+//! implementation straight on the TCP socket ([`Plain`], which joins the event loop only
+//! when it has to wait).
 //!
 //! The HTTP/1.x loop (`conn::h1`) is generic over this trait, so each kind of connection is
 //! compiled on its own: the cleartext path keeps its `recv` / `try_read` / `sendfile` /
@@ -81,6 +82,134 @@ pub trait Transport: Sized {
     }
 }
 
+/// A cleartext client connection, registered with the event loop only once it has to
+/// wait. Most short connections never do: with deferred accept the request is there when
+/// the socket is accepted, a small answer fits the socket buffer, and the connection
+/// closes. nginx skips `epoll_ctl` for them the same way (it reads a deferred-accept
+/// socket before adding it); registering every socket (tokio's `accept`) cost two more
+/// system calls per connection, ADD and DEL, a tenth of the server's CPU time for
+/// robots.txt with a new connection per request. Writes that would block, files, and any
+/// wait register it, and from then on it is the plain tokio stream.
+pub enum Plain {
+    /// Not in the event loop yet: reads and writes are direct system calls.
+    Raw(std::net::TcpStream),
+    Reg(TcpStream),
+    /// Registering failed; every operation fails.
+    Failed,
+}
+
+impl Plain {
+    /// The tokio stream, registering the socket now if it is not yet.
+    fn reg(&mut self) -> io::Result<&mut TcpStream> {
+        if let Plain::Raw(_) = self {
+            if let Plain::Raw(s) = std::mem::replace(self, Plain::Failed) {
+                *self = Plain::Reg(TcpStream::from_std(s)?);
+            }
+        }
+        match self {
+            Plain::Reg(t) => Ok(t),
+            _ => Err(io::ErrorKind::NotConnected.into()),
+        }
+    }
+
+    /// The socket, registered or not.
+    fn sock(&self) -> Option<socket2::SockRef<'_>> {
+        match self {
+            Plain::Raw(s) => Some(s.into()),
+            Plain::Reg(t) => Some(t.into()),
+            Plain::Failed => None,
+        }
+    }
+}
+
+impl Transport for Plain {
+    const PARKABLE: bool = true;
+
+    fn shutdown_write(&mut self) {
+        if let Some(s) = self.sock() {
+            let _ = s.shutdown(std::net::Shutdown::Write);
+        }
+    }
+
+    /// A socket never registered leaves as it is: no `epoll_ctl` DEL.
+    fn into_parkable(self) -> Option<std::net::TcpStream> {
+        match self {
+            Plain::Raw(s) => Some(s),
+            Plain::Reg(t) => t.into_parkable(),
+            Plain::Failed => None,
+        }
+    }
+
+    fn set_nodelay(&self) -> bool {
+        self.sock().is_some_and(|s| s.set_tcp_nodelay(true).is_ok())
+    }
+
+    fn read_now(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        match self.sock() {
+            Some(s) => recv(&s, buf),
+            None => Err(io::ErrorKind::NotConnected.into()),
+        }
+    }
+
+    fn read_some(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        match self {
+            Plain::Reg(t) => t.read_some(buf),
+            _ => self.read_now(buf),
+        }
+    }
+
+    fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
+        match self.reg() {
+            Ok(t) => t.poll_readable(cx),
+            Err(_) => Poll::Ready(false),
+        }
+    }
+
+    async fn read_wait(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        self.reg()?.read_wait(buf).await
+    }
+
+    fn try_write(&mut self, data: &[u8]) -> io::Result<usize> {
+        match self {
+            // MSG_NOSIGNAL, as tokio's write: a closed peer is an error, not a signal.
+            Plain::Raw(s) => socket2::SockRef::from(&*s).send_with_flags(data, libc::MSG_NOSIGNAL),
+            Plain::Reg(t) => Transport::try_write(t, data),
+            Plain::Failed => Err(io::ErrorKind::NotConnected.into()),
+        }
+    }
+
+    fn has_pending(&self) -> bool {
+        false
+    }
+
+    async fn write_all(&mut self, data: &[u8], idle: Duration) -> io::Result<()> {
+        Transport::write_all(self.reg()?, data, idle).await
+    }
+
+    async fn write_pair(&mut self, a: &[u8], b: &[u8], idle: Duration) -> io::Result<()> {
+        self.reg()?.write_pair(a, b, idle).await
+    }
+
+    async fn send_file(
+        &mut self,
+        head: &[u8],
+        f: &FileRange,
+        sendfile: bool,
+        idle: Duration,
+    ) -> io::Result<()> {
+        self.reg()?.send_file(head, f, sendfile, idle).await
+    }
+}
+
+/// One `recv` into `buf`'s spare room (1 KiB at least).
+fn recv(s: &socket2::SockRef<'_>, buf: &mut BytesMut) -> io::Result<usize> {
+    buf.reserve(1024);
+    let n = s.recv(buf.spare_capacity_mut())?;
+    // SAFETY: recv() initialised the first `n` bytes of the spare capacity it was given.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
+}
+
 impl Transport for TcpStream {
     const PARKABLE: bool = true;
 
@@ -98,11 +227,7 @@ impl Transport for TcpStream {
 
     /// One `recv` straight on the socket.
     fn read_now(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-        buf.reserve(1024);
-        let n = socket2::SockRef::from(&*self).recv(buf.spare_capacity_mut())?;
-        // SAFETY: recv() initialised the first `n` bytes of the spare capacity it was given.
-        unsafe { buf.set_len(buf.len() + n) };
-        Ok(n)
+        recv(&socket2::SockRef::from(&*self), buf)
     }
 
     /// A short read means the socket is drained, and tokio is told so (by answering

@@ -10,13 +10,13 @@ use crate::modules::file_cache::FileCache;
 use crate::upstream::Upstreams;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::io::Write;
-use std::net::TcpListener as StdListener;
+use std::io::{self, Write};
+use std::net::{SocketAddr, TcpListener as StdListener};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::net::TcpListener;
+use tokio::io::unix::AsyncFd;
 use tokio::sync::{watch, Notify};
 
 /// What the master asks of the workers.
@@ -183,7 +183,11 @@ pub fn run(
         };
         let mut accepts = Vec::new();
         for (s, i) in sockets {
-            match TcpListener::from_std(s) {
+            // SAFETY: the AsyncFd owns the std listener, which owns its descriptor: it stays
+            // open, and the listener's as_raw_fd() stays the same, until the AsyncFd drops.
+            let registered =
+                unsafe { AsyncFd::register_with_interest(s, tokio::io::Interest::READABLE) };
+            match registered {
                 Ok(l) => accepts.push(tokio::task::spawn_local(accept_loop(w.clone(), l, i))),
                 Err(e) => crate::errlog::error(format_args!("listener setup failed: {e}")),
             }
@@ -245,7 +249,7 @@ async fn unpark_loop(w: Rc<Worker>) {
 /// Connections accepted before the worker's other tasks get a turn.
 const ACCEPTS_PER_TURN: u32 = 8;
 
-async fn accept_loop(w: Rc<Worker>, listener: TcpListener, group: usize) {
+async fn accept_loop(w: Rc<Worker>, listener: AsyncFd<StdListener>, group: usize) {
     let mut burst = 0;
     loop {
         // A few connections per turn, then the connections already in hand go first: a
@@ -258,7 +262,7 @@ async fn accept_loop(w: Rc<Worker>, listener: TcpListener, group: usize) {
             burst = 0;
             tokio::task::yield_now().await;
         }
-        match listener.accept().await {
+        match accept(&listener).await {
             Ok((stream, peer)) => {
                 if w.active.get() >= w.config.main.worker_connections {
                     crate::errlog::warn(format_args!(
@@ -279,6 +283,24 @@ async fn accept_loop(w: Rc<Worker>, listener: TcpListener, group: usize) {
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
+        }
+    }
+}
+
+/// The next connection, as a non-blocking socket that is not in the event loop yet
+/// (`conn::transport::Plain` adds it when it has to wait; tokio's `accept` would add every
+/// one at once).
+async fn accept(listener: &AsyncFd<StdListener>) -> io::Result<(std::net::TcpStream, SocketAddr)> {
+    loop {
+        let mut ready = listener.readable().await?;
+        let r = ready.try_io(|l| {
+            socket2::SockRef::from(l.get_ref()).accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+        });
+        if let Ok(r) = r {
+            let (sock, addr) = r?;
+            // Not an IP address: only a TCP listener's socket gets here.
+            let peer = addr.as_socket().ok_or(io::ErrorKind::InvalidInput)?;
+            return Ok((sock.into(), peer));
         }
     }
 }
