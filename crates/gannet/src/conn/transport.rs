@@ -135,7 +135,7 @@ impl Transport for Plain {
     fn into_parkable(self) -> Option<std::net::TcpStream> {
         match self {
             Plain::Raw(s) => Some(s),
-            Plain::Reg(t) => t.into_parkable(),
+            Plain::Reg(t) => t.into_std().ok(),
             Plain::Failed => None,
         }
     }
@@ -144,90 +144,14 @@ impl Transport for Plain {
         self.sock().is_some_and(|s| s.set_tcp_nodelay(true).is_ok())
     }
 
-    fn read_now(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-        match self.sock() {
-            Some(s) => recv(&s, buf),
-            None => Err(io::ErrorKind::NotConnected.into()),
-        }
-    }
-
-    fn read_some(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-        match self {
-            Plain::Reg(t) => t.read_some(buf),
-            _ => self.read_now(buf),
-        }
-    }
-
-    fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
-        match self.reg() {
-            Ok(t) => t.poll_readable(cx),
-            Err(_) => Poll::Ready(false),
-        }
-    }
-
-    async fn read_wait(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-        self.reg()?.read_wait(buf).await
-    }
-
-    fn try_write(&mut self, data: &[u8]) -> io::Result<usize> {
-        match self {
-            // MSG_NOSIGNAL, as tokio's write: a closed peer is an error, not a signal.
-            Plain::Raw(s) => socket2::SockRef::from(&*s).send_with_flags(data, libc::MSG_NOSIGNAL),
-            Plain::Reg(t) => Transport::try_write(t, data),
-            Plain::Failed => Err(io::ErrorKind::NotConnected.into()),
-        }
-    }
-
-    fn has_pending(&self) -> bool {
-        false
-    }
-
-    async fn write_all(&mut self, data: &[u8], idle: Duration) -> io::Result<()> {
-        Transport::write_all(self.reg()?, data, idle).await
-    }
-
-    async fn write_pair(&mut self, a: &[u8], b: &[u8], idle: Duration) -> io::Result<()> {
-        self.reg()?.write_pair(a, b, idle).await
-    }
-
-    async fn send_file(
-        &mut self,
-        head: &[u8],
-        f: &FileRange,
-        sendfile: bool,
-        idle: Duration,
-    ) -> io::Result<()> {
-        self.reg()?.send_file(head, f, sendfile, idle).await
-    }
-}
-
-/// One `recv` into `buf`'s spare room (1 KiB at least).
-fn recv(s: &socket2::SockRef<'_>, buf: &mut BytesMut) -> io::Result<usize> {
-    buf.reserve(1024);
-    let n = s.recv(buf.spare_capacity_mut())?;
-    // SAFETY: recv() initialised the first `n` bytes of the spare capacity it was given.
-    unsafe { buf.set_len(buf.len() + n) };
-    Ok(n)
-}
-
-impl Transport for TcpStream {
-    const PARKABLE: bool = true;
-
-    fn shutdown_write(&mut self) {
-        let _ = socket2::SockRef::from(&*self).shutdown(std::net::Shutdown::Write);
-    }
-
-    fn into_parkable(self) -> Option<std::net::TcpStream> {
-        self.into_std().ok()
-    }
-
-    fn set_nodelay(&self) -> bool {
-        TcpStream::set_nodelay(self, true).is_ok()
-    }
-
     /// One `recv` straight on the socket.
     fn read_now(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-        recv(&socket2::SockRef::from(&*self), buf)
+        let s = self.sock().ok_or(io::ErrorKind::NotConnected)?;
+        buf.reserve(1024);
+        let n = s.recv(buf.spare_capacity_mut())?;
+        // SAFETY: recv() initialised the first `n` bytes of the spare capacity it was given.
+        unsafe { buf.set_len(buf.len() + n) };
+        Ok(n)
     }
 
     /// A short read means the socket is drained, and tokio is told so (by answering
@@ -235,9 +159,11 @@ impl Transport for TcpStream {
     /// in meanwhile). Without that, every request would cost one more `recv` that only
     /// returns EAGAIN before the connection waits again.
     fn read_some(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        let Plain::Reg(stream) = self else {
+            return self.read_now(buf);
+        };
         let spare = buf.capacity() - buf.len();
         let mut got = 0;
-        let stream = &*self;
         let r = stream.try_io(Interest::READABLE, || {
             got = stream.try_read_buf(buf)?;
             if got > 0 && got < spare {
@@ -253,15 +179,23 @@ impl Transport for TcpStream {
     }
 
     fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
-        self.poll_read_ready(cx).map(|r| r.is_ok())
+        match self.reg() {
+            Ok(t) => t.poll_read_ready(cx).map(|r| r.is_ok()),
+            Err(_) => Poll::Ready(false),
+        }
     }
 
     async fn read_wait(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-        self.read_buf(buf).await
+        self.reg()?.read_buf(buf).await
     }
 
     fn try_write(&mut self, data: &[u8]) -> io::Result<usize> {
-        TcpStream::try_write(self, data)
+        match self {
+            // MSG_NOSIGNAL, as tokio's write: a closed peer is an error, not a signal.
+            Plain::Raw(s) => socket2::SockRef::from(&*s).send_with_flags(data, libc::MSG_NOSIGNAL),
+            Plain::Reg(t) => t.try_write(data),
+            Plain::Failed => Err(io::ErrorKind::NotConnected.into()),
+        }
     }
 
     fn has_pending(&self) -> bool {
@@ -269,23 +203,24 @@ impl Transport for TcpStream {
     }
 
     async fn write_all(&mut self, data: &[u8], idle: Duration) -> io::Result<()> {
-        send::write_all(self, data, false, idle).await
+        send::write_all(self.reg()?, data, false, idle).await
     }
 
     async fn write_pair(&mut self, a: &[u8], b: &[u8], idle: Duration) -> io::Result<()> {
+        let stream = self.reg()?;
         let mut bufs = [IoSlice::new(a), IoSlice::new(b)];
         let total = a.len() + b.len();
         let mut written = 0;
         let mut bufs: &mut [IoSlice<'_>] = &mut bufs;
         while written < total {
-            match self.try_write_vectored(bufs) {
+            match stream.try_write_vectored(bufs) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => {
                     written += n;
                     IoSlice::advance_slices(&mut bufs, n);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    send::writable(self, idle).await?
+                    send::writable(stream, idle).await?
                 }
                 Err(e) => return Err(e),
             }
@@ -300,13 +235,14 @@ impl Transport for TcpStream {
         sendfile: bool,
         idle: Duration,
     ) -> io::Result<()> {
+        let stream = self.reg()?;
         if !head.is_empty() {
             // MSG_MORE whatever `tcp_nopush` says (see `send::write_all`); not before an
             // empty range, where nothing would follow to push the head out.
-            send::write_all(self, head, f.len > 0, idle).await?;
+            send::write_all(stream, head, f.len > 0, idle).await?;
         }
         if sendfile {
-            send::sendfile(self, f, idle).await
+            send::sendfile(stream, f, idle).await
         } else {
             send::copy_file(self, f, idle).await
         }
