@@ -1,16 +1,22 @@
-"""A cleartext connection enters the event loop (epoll) only when it has to wait
-(`conn::transport::Plain`): a short connection whose request is there at accept and whose
-answer fits the socket buffer costs no `epoll_ctl` at all, as in nginx. Checked by running
-gannet under strace and counting its `epoll_ctl` calls per connection; every answer is
-checked too, since the point is that the unregistered paths still serve correctly."""
+"""System calls gannet's event loop saves, checked by running gannet under strace and
+counting them, with every answer checked too, since the point is that the paths that skip
+a call still serve correctly:
+
+- A cleartext connection enters the event loop (epoll) only when it has to wait
+  (`conn::transport::Plain`): a short connection whose request is there at accept and whose
+  answer fits the socket buffer costs no `epoll_ctl` at all, as in nginx.
+- A kept upstream connection is looked at (a MSG_PEEK recv) before it carries a request only
+  when the event loop saw it readable since its last answer (`upstream::still_open`)."""
 
 import os
 import re
 import signal
 import socket
 import subprocess
+import threading
 
 from conftest import free_port, gannet_bin, read_head, wait_port, wait_until
+from rawapps import HttpApp, http_answer
 
 CONF = """
 worker_processes 1;
@@ -20,26 +26,29 @@ events {{ worker_connections 1024; }}
 http {{
     access_log {tmp}/access.log;
     keepalive_timeout 30s;
+    {http}
     server {{
         listen 127.0.0.1:{port} deferred;
         root {root};
+        {server}
     }}
 }}
 """
 
 
-def traced(tmp, files):
-    """gannet under strace; returns (port, stop) where stop() ends it and gives the trace."""
+def traced(tmp, files, calls="epoll_ctl,accept4,close", http="", server=""):
+    """gannet under strace (the system `calls` named); returns (port, stop) where stop()
+    ends it and gives the trace."""
     root = tmp / "www"
     root.mkdir()
     for name, body in files.items():
         (root / name).write_bytes(body)
     port = free_port()
     conf = tmp / "gannet.conf"
-    conf.write_text(CONF.format(tmp=tmp, port=port, root=root))
+    conf.write_text(CONF.format(tmp=tmp, port=port, root=root, http=http, server=server))
     out = tmp / "trace"
     proc = subprocess.Popen(
-        ["strace", "-f", "-qq", "-e", "trace=epoll_ctl,accept4,close", "-o", str(out), str(gannet_bin()), "-c", str(conf)],
+        ["strace", "-f", "-qq", "-e", f"trace={calls}", "-o", str(out), str(gannet_bin()), "-c", str(conf)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -102,3 +111,45 @@ def test_short_connections_are_never_registered(tmp_path):
     # short connections, nor for wait_port's probe (it closes without a request: read at
     # accept, it is closed unregistered too).
     assert connection_adds(trace) == 2, trace
+
+
+def test_kept_upstream_connection_is_looked_at_only_after_an_event(tmp_path):
+    closed = threading.Event()
+
+    def behave(conn, head, body):
+        conn.sendall(http_answer(head.split(b" ")[1]))
+        if b" /bye " not in head:
+            return "again"
+        # Answer as if the connection stayed open, then close it (the server's idle timeout).
+        conn.close()
+        closed.set()
+        return None
+
+    app = HttpApp(behave)
+    try:
+        port, stop = traced(
+            tmp_path,
+            {},
+            calls="recvfrom",
+            http=f"upstream b {{ server 127.0.0.1:{app.port}; keepalive 4; }}",
+            server="""location / { proxy_pass http://b; proxy_http_version 1.1;
+                                   proxy_set_header Connection ""; }""",
+        )
+        for path in ["/1", "/2", "/3", "/4", "/5", "/bye"]:
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                assert get(s, path, close=True)[1] == path.encode()
+        assert closed.wait(10)
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            assert get(s, "/after", close=True)[1] == b"/after"
+        trace = stop()
+    finally:
+        app.close()
+    looks = [line for line in trace.splitlines() if "MSG_PEEK" in line]
+    # Six requests went on the kept connection with nothing come on it between them: no
+    # look. The server's close was an event, so the seventh request looked, found the end
+    # of the stream, and went on a new connection (not the dead one, then a retry).
+    assert len(looks) == 1 and looks[0].endswith("= 0"), looks
+    assert app.accepted == 2
+    assert [h.split(b" ")[1] for _, h, _ in app.requests] == [
+        b"/1", b"/2", b"/3", b"/4", b"/5", b"/bye", b"/after"
+    ]

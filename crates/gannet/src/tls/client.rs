@@ -340,6 +340,10 @@ impl Io for TlsConn {
             Err(_) => true,
         }
     }
+
+    fn maybe_readable(&self) -> bool {
+        self.inner.get_ref().0.maybe_readable()
+    }
 }
 
 #[cfg(test)]
