@@ -5,6 +5,45 @@
 //! (`HTTP/1.1 200 OK`, [`parse_head_or_status_line`]), as nginx accepts from them.
 
 use bytes::{Buf, BytesMut};
+use std::borrow::Cow;
+
+/// A header name as an application sent it: borrowed from [`COMMON_NAMES`] when it is
+/// spelled as one of them, else owned. Heads are parsed per answer and most names are a
+/// few usual ones, so this spares an allocation per field, and the name is passed on to
+/// the client's response (whose names are `Cow<'static, str>` too) without a copy.
+pub type HeaderName = Cow<'static, str>;
+
+/// The fields servers and applications usually send, in their usual spelling.
+pub const COMMON_NAMES: &[&str] = &[
+    "Accept-Ranges",
+    "Age",
+    "Cache-Control",
+    "Connection",
+    "Content-Encoding",
+    "Content-Language",
+    "Content-Length",
+    "Content-Type",
+    "Date",
+    "ETag",
+    "Expires",
+    "Keep-Alive",
+    "Last-Modified",
+    "Location",
+    "Pragma",
+    "Server",
+    "Set-Cookie",
+    "Transfer-Encoding",
+    "Vary",
+    "X-Powered-By",
+];
+
+/// `raw` as a [`HeaderName`]; bytes that are not UTF-8 are replaced, as in any value.
+pub fn header_name(raw: &[u8]) -> HeaderName {
+    match COMMON_NAMES.iter().find(|n| n.as_bytes() == raw) {
+        Some(n) => Cow::Borrowed(n),
+        None => Cow::Owned(String::from_utf8_lossy(raw).into_owned()),
+    }
+}
 
 /// Why a parameter could not be encoded.
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
@@ -35,7 +74,7 @@ pub struct CgiHead {
     /// From `Status: 404 Not Found` or an HTTP status line (the code only).
     pub status: Option<u16>,
     /// The header fields in order, `Status` excluded, names as sent.
-    pub headers: Vec<(String, String)>,
+    pub headers: Vec<(HeaderName, String)>,
 }
 
 impl CgiHead {
@@ -158,7 +197,7 @@ fn fields(
             return Err(HeadError::Invalid);
         }
         let value = trim(&line[colon + 1..]);
-        let name = String::from_utf8_lossy(name).into_owned();
+        let name = header_name(name);
         let value = String::from_utf8_lossy(value).into_owned();
         if name.eq_ignore_ascii_case("status") {
             // After a status line the field is not read at all, as in nginx: only hidden.

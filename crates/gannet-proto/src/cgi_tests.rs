@@ -120,3 +120,20 @@ fn malformed_status_lines() {
     assert_eq!(head_or_line(&long).0, Err(HeadError::TooBig));
     assert_eq!(head_or_line(&[b'H'; 5000]).0, Err(HeadError::TooBig));
 }
+
+#[test]
+fn header_names_keep_their_spelling_and_usual_ones_are_not_copied() {
+    use std::borrow::Cow;
+    assert!(matches!(
+        header_name(b"Content-Type"),
+        Cow::Borrowed("Content-Type")
+    ));
+    // Another spelling of a usual name is kept as sent, not made the usual one.
+    assert!(matches!(header_name(b"content-type"), Cow::Owned(ref n) if n == "content-type"));
+    assert!(matches!(header_name(b"X-Custom"), Cow::Owned(ref n) if n == "X-Custom"));
+    assert!(matches!(header_name(b"X-\xff"), Cow::Owned(ref n) if n == "X-\u{fffd}"));
+    let (r, _) = head_or_line(b"Status: 200 OK\r\nContent-Type: a\r\nx-pad: b\r\n\r\n");
+    let head = r.unwrap().unwrap();
+    assert!(matches!(head.headers[0].0, Cow::Borrowed("Content-Type")));
+    assert_eq!(head.headers[1].0, "x-pad");
+}

@@ -7,6 +7,7 @@
 //! could be read two ways (`Content-Length` with `Transfer-Encoding`, or two different
 //! lengths) is an error, as in nginx, because a proxy that guesses can be desynchronised.
 
+use crate::cgi::{header_name, HeaderName};
 use bytes::{Buf, BytesMut};
 use httparse::{Status, EMPTY_HEADER};
 
@@ -32,7 +33,7 @@ pub struct ResponseHead {
     /// 1 for HTTP/1.1, 0 for HTTP/1.0.
     pub minor: u8,
     /// The header fields in order, names as sent.
-    pub headers: Vec<(String, String)>,
+    pub headers: Vec<(HeaderName, String)>,
     pub framing: Framing,
     /// Whether the server keeps the connection open after this answer (HTTP/1.1 without
     /// `Connection: close`, or HTTP/1.0 with `Connection: keep-alive`), and the body is
@@ -141,7 +142,7 @@ pub fn parse_response(
                     }
                 }
             }
-            head.headers.push((h.name.to_string(), value));
+            head.headers.push((header_name(h.name.as_bytes()), value));
         }
         buf.advance(used);
         head.framing = if head_request || status < 200 || status == 204 || status == 304 {

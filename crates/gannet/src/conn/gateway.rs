@@ -559,7 +559,8 @@ async fn run_with(
         return Outcome::Flow(Flow::Status(500));
     };
     let how = streamed.as_ref().map(|(_, h)| *h);
-    let mut out = Vec::new();
+    // Room for a usual request head (and FastCGI's params) without growing it in steps.
+    let mut out = Vec::with_capacity(1024);
     // HTTP: whether the request lets the server keep the connection.
     let mut sent_keep = false;
     let mut via = Via { proto, tls: None };
@@ -586,7 +587,10 @@ async fn run_with(
             }
         };
         sent_keep = proxy::encode_request(req, &dest, body, how, &mut out);
-        backend = dest.backend;
+        backend = match dest {
+            std::borrow::Cow::Borrowed(d) => d.backend.clone(),
+            std::borrow::Cow::Owned(d) => d.backend,
+        };
     } else if let Err(e) = encode(req, proto, c, body, how, &mut out) {
         errlog::request(
             Level::Error,
@@ -1196,12 +1200,12 @@ fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
             let v = at
                 .and_then(|i| proxy::rewrite_location(req, &value[i..]).map(|u| (i, u)))
                 .map_or(value.clone(), |(i, u)| format!("{}{u}", &value[..i]));
-            resp.headers.push((name.into(), v));
+            resp.headers.push((name, v));
         } else if proxied && name.eq_ignore_ascii_case("set-cookie") && gateway::passes(c, &name) {
             let v = proxy_cookie::rewrite(req, &value).unwrap_or(value);
-            resp.headers.push((name.into(), v));
+            resp.headers.push((name, v));
         } else if gateway::passes(c, &name) {
-            resp.headers.push((name.into(), value));
+            resp.headers.push((name, value));
         }
     }
     Flow::Done(resp)

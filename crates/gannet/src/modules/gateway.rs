@@ -463,17 +463,17 @@ pub fn passes(c: &GatewayConf, name: &str) -> bool {
         "x-accel-buffering",
         "x-accel-charset",
     ];
-    let lower = name.to_ascii_lowercase();
-    if NEVER.contains(&lower.as_str()) {
+    // Compared without a lowercased copy: this runs for every header of every answer.
+    let named = |list: &[&str]| list.iter().any(|n| n.eq_ignore_ascii_case(name));
+    let listed = |list: &Option<Arc<Vec<String>>>| {
+        // The directives' names are kept lowercased (`push`).
+        list.as_ref()
+            .is_some_and(|l| l.iter().any(|n| n.eq_ignore_ascii_case(name)))
+    };
+    if named(NEVER) || listed(&c.hide) {
         return false;
     }
-    if c.hide.as_ref().is_some_and(|h| h.contains(&lower)) {
-        return false;
-    }
-    if HIDDEN.contains(&lower.as_str()) {
-        return c.pass_headers.as_ref().is_some_and(|p| p.contains(&lower));
-    }
-    true
+    !named(HIDDEN) || listed(&c.pass_headers)
 }
 
 /// What the application's head asks for.

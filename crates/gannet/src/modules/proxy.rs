@@ -39,6 +39,7 @@ use crate::upstream::{Addr, Upstream};
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{ConfError, Directive};
 use regex::Regex;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -316,10 +317,12 @@ pub fn parse_url(url: &str, groups: &HashMap<String, Arc<Upstream>>) -> Result<D
 impl Target {
     /// Where this request goes; `Err` with the reason for the log when a URL built from
     /// variables is not a valid one.
-    pub fn dest(&self, req: &Request) -> Result<Dest, String> {
+    /// Where a request goes: borrowed from the config for a fixed URL (most proxies; no
+    /// copy per request), made for this request from a URL with variables.
+    pub fn dest(&self, req: &Request) -> Result<Cow<'_, Dest>, String> {
         match self {
-            Target::Fixed(d) => Ok(d.clone()),
-            Target::Vars(t, groups) => parse_url(&t.eval(req, None), groups),
+            Target::Fixed(d) => Ok(Cow::Borrowed(d)),
+            Target::Vars(t, groups) => parse_url(&t.eval(req, None), groups).map(Cow::Owned),
         }
     }
 }
@@ -327,7 +330,7 @@ impl Target {
 /// `$proxy_host` / `$proxy_port` for a request in a proxied location.
 pub fn host_and_port(req: &Request) -> Option<(String, u16)> {
     let dest = req.conf.proxy.target.as_ref()?.dest(req).ok()?;
-    Some((dest.host, dest.port))
+    Some((dest.host.clone(), dest.port))
 }
 
 /// `$proxy_add_x_forwarded_for`: the client's X-Forwarded-For with its address added.
@@ -339,11 +342,12 @@ pub fn add_x_forwarded_for(req: &Request, out: &mut String) {
     out.push_str(&req.client().ip().to_string());
 }
 
-/// The request line's URI (see the module docs).
-fn upstream_uri(req: &Request, dest: &Dest, vars: bool) -> String {
+/// The request line's URI (see the module docs), written to `out`.
+fn upstream_uri(req: &Request, dest: &Dest, vars: bool, out: &mut Vec<u8>) {
     if vars {
         if let Some(u) = &dest.uri {
-            return u.clone();
+            out.extend_from_slice(u.as_bytes());
+            return;
         }
     }
     if dest.uri.is_none() && !req.uri_changed {
@@ -358,35 +362,32 @@ fn upstream_uri(req: &Request, dest: &Dest, vars: bool) -> String {
             }
             _ => raw,
         };
-        return String::from_utf8_lossy(raw).into_owned();
+        out.extend_from_slice(String::from_utf8_lossy(raw).as_bytes());
+        return;
     }
-    let mut out = String::new();
     let mut uri = req.uri.as_str();
     // After a rewrite with `break` the URI no longer starts with the location's prefix:
     // the whole changed URI goes, without the URI part (nginx's `valid_location`).
     if let (Some(part), true) = (&dest.uri, req.location_valid) {
         let prefix = req.location.as_ref().map_or("", |l| l.prefix());
         uri = uri.get(prefix.len()..).unwrap_or("");
-        out.push_str(part);
+        out.extend_from_slice(part.as_bytes());
     }
-    escape_uri(uri, &mut out);
+    escape_uri(uri, out);
     if let Some(a) = &req.args {
-        out.push('?');
-        out.push_str(a);
+        out.push(b'?');
+        out.extend_from_slice(a.as_bytes());
     }
-    out
 }
 
 /// nginx's NGX_ESCAPE_URI set: space, `#`, `%`, `?`, controls and bytes above 0x7e.
-fn escape_uri(s: &str, out: &mut String) {
+fn escape_uri(s: &str, out: &mut Vec<u8>) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for &c in s.as_bytes() {
         if c <= b' ' || c >= 0x7f || matches!(c, b'#' | b'%' | b'?') {
-            out.push('%');
-            out.push(char::from(HEX[usize::from(c >> 4)]));
-            out.push(char::from(HEX[usize::from(c & 15)]));
+            out.extend_from_slice(&[b'%', HEX[usize::from(c >> 4)], HEX[usize::from(c & 15)]]);
         } else {
-            out.push(char::from(c));
+            out.push(c);
         }
     }
 }
@@ -417,11 +418,11 @@ pub fn encode_request(
 ) -> bool {
     let c = &req.conf.proxy;
     let vars = matches!(c.target.as_deref(), Some(Target::Vars(..)));
-    let method = match &c.method {
-        Some(m) => m.eval(req, None),
+    let method: Cow<str> = match &c.method {
+        Some(m) => Cow::Owned(m.eval(req, None)),
         None => match req.method_override {
-            Some(_) => "GET".to_string(),
-            None => req.head.method_str().to_string(),
+            Some(_) => Cow::Borrowed("GET"),
+            None => Cow::Borrowed(req.head.method_str()),
         },
     };
     let set_body = c.body.as_ref().map(|t| t.eval(req, None));
@@ -437,7 +438,7 @@ pub fn encode_request(
     let streamed = streamed.filter(|_| set_body.is_none() && client_body);
     out.extend_from_slice(method.as_bytes());
     out.push(b' ');
-    out.extend_from_slice(upstream_uri(req, dest, vars).as_bytes());
+    upstream_uri(req, dest, vars, out);
     out.extend_from_slice(if c.http11.unwrap_or(false) {
         b" HTTP/1.1\r\n"
     } else {
@@ -583,8 +584,8 @@ mod tests {
 
     #[test]
     fn escaping_matches_nginx_set() {
-        let mut s = String::new();
+        let mut s = Vec::new();
         escape_uri("/a b/%?#/é\"<>", &mut s);
-        assert_eq!(s, "/a%20b/%25%3F%23/%C3%A9\"<>");
+        assert_eq!(s, b"/a%20b/%25%3F%23/%C3%A9\"<>");
     }
 }
