@@ -289,7 +289,7 @@ impl Io for tokio::net::UnixStream {
 
 /// tokio's read readiness of a socket, without waiting: a read that took less than it
 /// asked for, or found nothing, clears it; an epoll event sets it again.
-pub fn read_ready(poll: impl FnOnce(&mut Context<'_>) -> Poll<std::io::Result<()>>) -> bool {
+fn read_ready(poll: impl FnOnce(&mut Context<'_>) -> Poll<std::io::Result<()>>) -> bool {
     // The waker is never needed: nothing waits on an idle connection.
     !poll(&mut Context::from_waker(std::task::Waker::noop())).is_pending()
 }

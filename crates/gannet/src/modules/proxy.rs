@@ -315,10 +315,9 @@ pub fn parse_url(url: &str, groups: &HashMap<String, Arc<Upstream>>) -> Result<D
 }
 
 impl Target {
-    /// Where this request goes; `Err` with the reason for the log when a URL built from
-    /// variables is not a valid one.
-    /// Where a request goes: borrowed from the config for a fixed URL (most proxies; no
-    /// copy per request), made for this request from a URL with variables.
+    /// Where this request goes: borrowed from the config for a fixed URL (no copy per
+    /// request), made for the request from a URL with variables; `Err` with the reason for
+    /// the log when that is not a valid one.
     pub fn dest(&self, req: &Request) -> Result<Cow<'_, Dest>, String> {
         match self {
             Target::Fixed(d) => Ok(Cow::Borrowed(d)),
