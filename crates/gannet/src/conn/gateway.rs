@@ -555,7 +555,7 @@ async fn run_with(
         return Outcome::Flow(Flow::Status(500));
     };
     let c = gateway::conf(&req.conf, proto);
-    let Some(mut backend) = c.pass.clone() else {
+    let Some(pass) = &c.pass else {
         return Outcome::Flow(Flow::Status(500));
     };
     let how = streamed.as_ref().map(|(_, h)| *h);
@@ -564,7 +564,8 @@ async fn run_with(
     // HTTP: whether the request lets the server keep the connection.
     let mut sent_keep = false;
     let mut via = Via { proto, tls: None };
-    if proto == Proto::Http {
+    // The proxy's destination is evaluated per request (its URL may have variables).
+    let backend = if proto == Proto::Http {
         let dest = req
             .conf
             .proxy
@@ -587,10 +588,7 @@ async fn run_with(
             }
         };
         sent_keep = proxy::encode_request(req, &dest, body, how, &mut out);
-        backend = match dest {
-            std::borrow::Cow::Borrowed(d) => d.backend.clone(),
-            std::borrow::Cow::Owned(d) => d.backend,
-        };
+        dest.backend.clone()
     } else if let Err(e) = encode(req, proto, c, body, how, &mut out) {
         errlog::request(
             Level::Error,
@@ -598,7 +596,9 @@ async fn run_with(
             format_args!("{} request cannot be sent: {e}", proto.scheme()),
         );
         return Outcome::Flow(Flow::Status(500));
-    }
+    } else {
+        pass.clone()
+    };
     let mut out = Outgoing {
         out,
         body: streamed.map(|(src, how)| StreamBody {

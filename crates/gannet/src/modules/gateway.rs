@@ -466,7 +466,6 @@ pub fn passes(c: &GatewayConf, name: &str) -> bool {
     // Compared without a lowercased copy: this runs for every header of every answer.
     let named = |list: &[&str]| list.iter().any(|n| n.eq_ignore_ascii_case(name));
     let listed = |list: &Option<Arc<Vec<String>>>| {
-        // The directives' names are kept lowercased (`push`).
         list.as_ref()
             .is_some_and(|l| l.iter().any(|n| n.eq_ignore_ascii_case(name)))
     };
