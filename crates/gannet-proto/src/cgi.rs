@@ -41,7 +41,17 @@ pub const COMMON_NAMES: &[&str] = &[
 pub fn header_name(raw: &[u8]) -> HeaderName {
     match COMMON_NAMES.iter().find(|n| n.as_bytes() == raw) {
         Some(n) => Cow::Borrowed(n),
-        None => Cow::Owned(String::from_utf8_lossy(raw).into_owned()),
+        None => Cow::Owned(text(raw)),
+    }
+}
+
+/// A header name or value as text: almost always ASCII, checked and copied as is (the
+/// lossy conversion's chunk walk cost a proxied answer more than its parsing); other bytes
+/// (obs-text) become replacement characters.
+pub fn text(raw: &[u8]) -> String {
+    match std::str::from_utf8(raw) {
+        Ok(s) => s.to_owned(),
+        Err(_) => String::from_utf8_lossy(raw).into_owned(),
     }
 }
 
@@ -198,7 +208,7 @@ fn fields(
         }
         let value = trim(&line[colon + 1..]);
         let name = header_name(name);
-        let value = String::from_utf8_lossy(value).into_owned();
+        let value = text(value);
         if name.eq_ignore_ascii_case("status") {
             // After a status line the field is not read at all, as in nginx: only hidden.
             if line_status.is_some() {

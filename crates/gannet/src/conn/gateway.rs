@@ -50,6 +50,7 @@ use crate::http::request::UpstreamTry;
 use crate::http::response::{Body, Response};
 use crate::modules::gateway::{self, Answer, Backend, GatewayConf, Proto, Streamed};
 use crate::modules::{proxy, proxy_cookie};
+use crate::runtime::read_timers::ReadTimers;
 use crate::runtime::worker::Worker;
 use crate::tls::client as tls_client;
 use crate::upstream::{Addr, Conn, Key, Lease, Pick, Upstream};
@@ -59,6 +60,7 @@ use gannet_proto::fastcgi::{self, Record};
 use gannet_proto::h1::{parse_response, BodyKind, Chunk, ChunkedDecoder, Framing, Method};
 use gannet_proto::{scgi, uwsgi};
 use rustls::pki_types::ServerName;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -173,6 +175,8 @@ struct Link {
     /// Whether anything came: a FastCGI close before that is what a stale kept connection
     /// does, after it an answer cut short.
     got_any: bool,
+    /// The worker's deadlines, for the send and read timeouts.
+    timers: Rc<ReadTimers>,
 }
 
 impl Link {
@@ -186,6 +190,7 @@ impl Link {
             chunked: None,
             keep_alive: false,
             got_any: false,
+            timers: via.timers.clone(),
         }
     }
 
@@ -222,7 +227,14 @@ impl Link {
                 return Ok(Event::Data(b.freeze()));
             }
             let phase = if in_body { READING } else { READING_HEAD };
-            if read_more(&mut self.conn, &mut self.input, timeout, phase).await? == 0 {
+            let read = read_more(
+                &self.timers,
+                &mut self.conn,
+                &mut self.input,
+                timeout,
+                phase,
+            );
+            if read.await? == 0 {
                 let delimited = self.left.is_some() || self.chunked.is_some();
                 return match self.proto {
                     Proto::FastCgi if self.got_any => Err(Failure::Premature(self.proto)),
@@ -392,6 +404,7 @@ pub struct Pooled {
 struct Via {
     proto: Proto,
     tls: Option<UpTls>,
+    timers: Rc<ReadTimers>,
 }
 
 /// The TLS side of an `https://` upstream for one request.
@@ -509,24 +522,28 @@ pub fn ignores_client_abort(req: &Request) -> bool {
 /// stream was reset) comes first, in which case the exchange is dropped - its upstream
 /// connection closed - and the request gets nginx's info line and a 499 for the access
 /// log (`None`). Callers skip this when [`ignores_client_abort`], awaiting the exchange
-/// itself (a wrapper moves the big exchange future once more per request).
+/// itself. Both futures are raced where the caller pinned them: taken by value, the
+/// exchange (over 2 KiB) was copied twice per request, into this future and into the race.
 pub async fn unless_client_leaves<F: std::future::Future>(
     req: &Request,
-    exchange: F,
-    gone: impl std::future::Future<Output = ()>,
+    mut exchange: std::pin::Pin<&mut F>,
+    mut gone: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
 ) -> Option<F::Output> {
-    tokio::select! {
-        biased;
-        out = exchange => Some(out),
-        () = gone => {
-            errlog::request(
-                Level::Info,
-                req,
-                format_args!("client prematurely closed connection, so upstream connection is closed too while {READING_HEAD}"),
-            );
-            None
+    let raced = std::future::poll_fn(|cx| {
+        if let std::task::Poll::Ready(out) = exchange.as_mut().poll(cx) {
+            return std::task::Poll::Ready(Some(out));
         }
+        gone.as_mut().poll(cx).map(|()| None)
+    })
+    .await;
+    if raced.is_none() {
+        errlog::request(
+            Level::Info,
+            req,
+            format_args!("client prematurely closed connection, so upstream connection is closed too while {READING_HEAD}"),
+        );
     }
+    raced
 }
 
 /// Pass the request (with its body, already read) to the location's upstream.
@@ -563,7 +580,11 @@ async fn run_with(
     let mut out = Vec::with_capacity(1024);
     // HTTP: whether the request lets the server keep the connection.
     let mut sent_keep = false;
-    let mut via = Via { proto, tls: None };
+    let mut via = Via {
+        proto,
+        tls: None,
+        timers: w.timers.clone(),
+    };
     // The proxy's destination is evaluated per request (its URL may have variables).
     let backend = if proto == Proto::Http {
         let dest = req
@@ -750,7 +771,11 @@ fn attempt_status(r: Result<&Answered, &Failure>) -> u16 {
 
 fn record(req: &Request, addr: &Addr, status: u16, since: Instant) {
     req.upstream.borrow_mut().push(UpstreamTry {
-        addr: addr.to_string(),
+        // A TCP address is its own text: copied without the formatting machinery.
+        addr: match addr {
+            Addr::Tcp(a) => a.clone(),
+            a => a.to_string(),
+        },
         status,
         time: since.elapsed(),
     });
@@ -838,13 +863,14 @@ fn failed(req: &Request, scheme: &str, addr: &Addr, f: &Failure) -> Flow {
 
 /// Read what the application sent next into `input`; 0 is the end of the stream.
 async fn read_more(
+    timers: &ReadTimers,
     s: &mut Conn,
     input: &mut BytesMut,
     timeout: Duration,
     phase: &'static str,
 ) -> Result<usize, Failure> {
     input.reserve(16 * 1024);
-    match timed(timeout, s.read_buf(input)).await {
+    match timers.within(timeout, s.read_buf(input)).await {
         Ok(Ok(n)) => Ok(n),
         Ok(Err(e)) => Err(Failure::Io(e, phase)),
         Err(()) => Err(Failure::Timeout(phase)),
@@ -1006,10 +1032,6 @@ async fn fresh(
     exchange(req, addr, Link::new(conn, via), out).await
 }
 
-async fn timed<T>(d: Duration, f: impl std::future::Future<Output = T>) -> Result<T, ()> {
-    tokio::time::timeout(d, f).await.map_err(|_| ())
-}
-
 /// Send the request and read the answer, whole or its first [`STREAM_AT`] bytes.
 async fn exchange(
     req: &Request,
@@ -1018,9 +1040,9 @@ async fn exchange(
     out: &mut Outgoing<'_>,
 ) -> Result<Answered, Failure> {
     let c = gateway::conf(&req.conf, link.proto);
-    send(&mut link.conn, &out.out, c.send_timeout()).await?;
+    send(&link.timers, &mut link.conn, &out.out, c.send_timeout()).await?;
     if let Some(b) = &mut out.body {
-        send_body(&mut link.conn, b, c.send_timeout()).await?;
+        send_body(&link.timers, &mut link.conn, b, c.send_timeout()).await?;
     }
     let mut body = BytesMut::new();
     let mut head = None;
@@ -1063,12 +1085,17 @@ async fn exchange(
 
 /// Write `data` within `timeout`. The flush sends what TLS still holds when the socket was
 /// full (plain sockets hold nothing).
-async fn send(conn: &mut Conn, data: &[u8], timeout: Duration) -> Result<(), Failure> {
+async fn send(
+    timers: &ReadTimers,
+    conn: &mut Conn,
+    data: &[u8],
+    timeout: Duration,
+) -> Result<(), Failure> {
     let write = async {
         conn.write_all(data).await?;
         conn.flush().await
     };
-    match timed(timeout, write).await {
+    match timers.within(timeout, write).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(Failure::Io(e, SENDING)),
         Err(()) => Err(Failure::Timeout(SENDING)),
@@ -1079,6 +1106,7 @@ async fn send(conn: &mut Conn, data: &[u8], timeout: Duration) -> Result<(), Fai
 /// end of the body. Each read from the client waits at most `client_body_timeout` (in the
 /// body source), each write at most `*_send_timeout`.
 async fn send_body(
+    timers: &ReadTimers,
     conn: &mut Conn,
     b: &mut StreamBody<'_>,
     timeout: Duration,
@@ -1090,7 +1118,7 @@ async fn send_body(
         match (&piece, b.frame) {
             (Some(d), BodyFrame::Raw) => {
                 b.started = true;
-                send(conn, d, timeout).await?;
+                send(timers, conn, d, timeout).await?;
                 continue;
             }
             (None, BodyFrame::Raw) => return Ok(()),
@@ -1104,7 +1132,7 @@ async fn send_body(
             (None, BodyFrame::FastCgi) => fastcgi::stdin_end(&mut frame),
         }
         b.started = true;
-        send(conn, &frame, timeout).await?;
+        send(timers, conn, &frame, timeout).await?;
         if piece.is_none() {
             return Ok(());
         }

@@ -32,7 +32,6 @@ use crate::modules::gateway::Streamed;
 use crate::modules::limit_rate;
 use crate::runtime::clock;
 use crate::runtime::parking::{Parked, PARK_AFTER};
-use crate::runtime::read_timers::ReadTimers;
 use crate::runtime::worker::Worker;
 use crate::tls::handshake::{self, Accepted};
 use bytes::{Bytes, BytesMut};
@@ -258,7 +257,7 @@ impl<S: Transport> Conn<S> {
                     // Boxed: the request's state (head, response, body sends) is large and lives
                     // only while the request does; inline it would sit in every idle
                     // connection's task for its whole life.
-                    if !Box::pin(c.request(head)).await {
+                    if !super::boxed(|| c.request(head)).await {
                         let _ = c.flush().await;
                         return End::Close;
                     }
@@ -374,15 +373,6 @@ fn h2c_enabled(g: &crate::config::ListenGroup) -> bool {
     g.servers[g.default].conf.http2.enabled()
 }
 
-/// Gives a read deadline back to the worker's table however the wait ends.
-struct Deadline<'a>(&'a ReadTimers, usize);
-
-impl Drop for Deadline<'_> {
-    fn drop(&mut self) {
-        self.0.remove(self.1);
-    }
-}
-
 impl<S: Transport> Conn<S> {
     /// Read now, whatever the event loop last heard about the stream (see `Transport`).
     fn read_now(&mut self) -> std::io::Result<usize> {
@@ -400,12 +390,12 @@ impl<S: Transport> Conn<S> {
     async fn wait_readable(&mut self, deadline: Instant, idle: bool) -> bool {
         let timers = &self.w.timers;
         let stream = &mut self.stream;
-        let key = Deadline(timers, timers.insert(deadline, idle));
+        let held = timers.hold(deadline, idle);
         std::future::poll_fn(|cx| {
             if let Poll::Ready(r) = stream.poll_readable(cx) {
                 return Poll::Ready(r);
             }
-            timers.poll(key.1, cx).map(|()| false)
+            timers.poll(held.key, cx).map(|()| false)
         })
         .await
     }
@@ -567,10 +557,13 @@ impl<S: Transport> Conn<S> {
                             super::gateway::run(&w, &req, &body).await
                         }
                         None => {
-                            let exchange = super::gateway::run(&w, &req, &body);
-                            let (stream, buf) = (&mut self.stream, &mut self.buf);
-                            let gone = client_gone(stream, buf);
-                            match super::gateway::unless_client_leaves(&req, exchange, gone).await {
+                            let raced = {
+                                let exchange = std::pin::pin!(super::gateway::run(&w, &req, &body));
+                                let (stream, buf) = (&mut self.stream, &mut self.buf);
+                                let gone = std::pin::pin!(client_gone(stream, buf));
+                                super::gateway::unless_client_leaves(&req, exchange, gone).await
+                            };
+                            match raced {
                                 Some(o) => o,
                                 None => {
                                     self.log(&req, &Response::new(499), 0, 0);

@@ -392,11 +392,11 @@ async fn answer(
                         super::gateway::run(w, &req, &body).await
                     }
                     None => {
-                        let exchange = super::gateway::run(w, &req, &body);
+                        let exchange = std::pin::pin!(super::gateway::run(w, &req, &body));
                         let reset = std::future::poll_fn(|cx| respond.poll_reset(cx));
-                        let gone = async {
+                        let gone = std::pin::pin!(async {
                             let _ = reset.await;
-                        };
+                        });
                         match super::gateway::unless_client_leaves(&req, exchange, gone).await {
                             Some(o) => o,
                             None => {

@@ -49,7 +49,7 @@ pub struct Worker {
     pub active: Cell<usize>,
     pub draining: Cell<bool>,
     /// Deadlines of connections waiting for their client.
-    pub timers: ReadTimers,
+    pub timers: Rc<ReadTimers>,
     /// Woken when a connection ends (a draining worker waits for the last one).
     pub conn_closed: Notify,
     /// Where idle keep-alive connections wait without a task (`None` if the worker's
@@ -162,7 +162,7 @@ pub fn run(
             logs: RefCell::new(HashMap::new()),
             active: Cell::new(0),
             draining: Cell::new(false),
-            timers: ReadTimers::default(),
+            timers: Rc::default(),
             conn_closed: Notify::new(),
             emfile_logged: Cell::new(false),
             last_trim: Cell::new(Instant::now()),
