@@ -4,8 +4,10 @@
 //! SCGI and uwsgi applications may also start with an HTTP status line
 //! (`HTTP/1.1 200 OK`, [`parse_head_or_status_line`]), as nginx accepts from them.
 
-use bytes::{Buf, BytesMut};
+use bytes::{Bytes, BytesMut};
+pub use bytestring::ByteString;
 use std::borrow::Cow;
+use std::ops::Range;
 
 /// A header name as an application sent it: borrowed from [`COMMON_NAMES`] when it is
 /// spelled as one of them, else owned. Heads are parsed per answer and most names are a
@@ -45,14 +47,27 @@ pub fn header_name(raw: &[u8]) -> HeaderName {
     }
 }
 
-/// A header name or value as text: almost always ASCII, checked and copied as is (the
-/// lossy conversion's chunk walk cost a proxied answer more than its parsing); other bytes
-/// (obs-text) become replacement characters.
-pub fn text(raw: &[u8]) -> String {
+/// A header name as text: almost always ASCII, checked and copied as is (the lossy
+/// conversion's chunk walk costs more); other bytes (obs-text) become replacement
+/// characters.
+fn text(raw: &[u8]) -> String {
     match std::str::from_utf8(raw) {
         Ok(s) => s.to_owned(),
         Err(_) => String::from_utf8_lossy(raw).into_owned(),
     }
+}
+
+/// A header value: a slice of the received head, shared, not copied (an answer's values
+/// were a String each: an allocation and a copy per field, most of them for fields the
+/// client never sees, such as Date, Server and Connection). Bytes that are not UTF-8
+/// (obs-text) are replaced, in a copy of their own.
+pub type HeaderValue = ByteString;
+
+/// The value at `span` of a frozen `head`.
+pub fn value_at(head: &Bytes, span: Range<usize>) -> HeaderValue {
+    let b = head.slice(span);
+    ByteString::try_from(b.clone())
+        .unwrap_or_else(|_| ByteString::from(String::from_utf8_lossy(&b).into_owned()))
 }
 
 /// Why a parameter could not be encoded.
@@ -84,7 +99,7 @@ pub struct CgiHead {
     /// From `Status: 404 Not Found` or an HTTP status line (the code only).
     pub status: Option<u16>,
     /// The header fields in order, `Status` excluded, names as sent.
-    pub headers: Vec<(HeaderName, String)>,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl CgiHead {
@@ -92,7 +107,7 @@ impl CgiHead {
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+            .map(|(_, v)| &**v)
     }
 }
 
@@ -121,11 +136,44 @@ impl std::fmt::Display for HeadError {
 /// has not arrived yet. On success the head is removed and `buf` starts with the body.
 /// Lines may end in CRLF or a bare LF (PHP sends CRLF; CGI scripts often send LF).
 pub fn parse_head(buf: &mut BytesMut, max: usize) -> Result<Option<CgiHead>, HeadError> {
-    let Some((head, used)) = fields(buf, 0, max, None)? else {
+    head_from(buf, 0, max, None)
+}
+
+/// The head whose fields start at `pos`, once it has all come: split off `buf` and frozen,
+/// so that the values are slices of it.
+fn head_from(
+    buf: &mut BytesMut,
+    pos: usize,
+    max: usize,
+    line_status: Option<u16>,
+) -> Result<Option<CgiHead>, HeadError> {
+    let Some(used) = head_end(buf, pos, max)? else {
         return Ok(None);
     };
-    buf.advance(used);
-    Ok(Some(head))
+    let raw = buf.split_to(used).freeze();
+    fields(&raw, pos, line_status).map(Some)
+}
+
+/// Where the head whose fields start at `pos` ends (after its empty line), once it has come.
+fn head_end(buf: &[u8], mut pos: usize, max: usize) -> Result<Option<usize>, HeadError> {
+    loop {
+        let Some(nl) = memchr::memchr(b'\n', &buf[pos..]) else {
+            return if buf.len() > max {
+                Err(HeadError::TooBig)
+            } else {
+                Ok(None)
+            };
+        };
+        let end = pos + nl;
+        if end > max {
+            return Err(HeadError::TooBig);
+        }
+        let line = &buf[pos..end];
+        pos = end + 1;
+        if line.is_empty() || line == b"\r" {
+            return Ok(Some(pos));
+        }
+    }
 }
 
 /// [`parse_head`], except that the head may start with an HTTP status line, whose code then
@@ -146,11 +194,7 @@ pub fn parse_head_or_status_line(
     let Some(code) = status_line(line.strip_suffix(b"\r").unwrap_or(line)) else {
         return parse_head(buf, max);
     };
-    let Some((head, used)) = fields(buf, nl + 1, max, Some(code))? else {
-        return Ok(None);
-    };
-    buf.advance(used);
-    Ok(Some(head))
+    head_from(buf, nl + 1, max, Some(code))
 }
 
 /// The code of `HTTP/major.minor NNN [reason]`, or `None` if `line` is not one.
@@ -171,63 +215,52 @@ fn status_line(line: &[u8]) -> Option<u16> {
     (100..1000).contains(&code).then_some(code)
 }
 
-/// The header fields from `pos` up to the empty line: the head and where the body starts.
-/// `line_status` is the code of a status line before them.
-fn fields(
-    buf: &[u8],
-    mut pos: usize,
-    max: usize,
-    line_status: Option<u16>,
-) -> Result<Option<(CgiHead, usize)>, HeadError> {
-    let mut head = CgiHead {
+/// The header fields of a whole `head` from `pos` to its empty line. `line_status` is the
+/// code of a status line before them.
+fn fields(head: &Bytes, mut pos: usize, line_status: Option<u16>) -> Result<CgiHead, HeadError> {
+    let mut out = CgiHead {
         status: line_status,
         headers: Vec::new(),
     };
-    loop {
-        let Some(nl) = memchr::memchr(b'\n', &buf[pos..]) else {
-            return if buf.len() > max {
-                Err(HeadError::TooBig)
-            } else {
-                Ok(None)
-            };
-        };
+    while let Some(nl) = memchr::memchr(b'\n', &head[pos..]) {
         let end = pos + nl;
-        if end > max {
-            return Err(HeadError::TooBig);
-        }
-        let line = &buf[pos..end];
+        let line = &head[pos..end];
+        let line_start = pos;
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         pos = end + 1;
         if line.is_empty() {
-            return Ok(Some((head, pos)));
+            break;
         }
         let colon = memchr::memchr(b':', line).ok_or(HeadError::Invalid)?;
         let name = &line[..colon];
         if name.is_empty() || !name.iter().all(|&c| is_token(c)) {
             return Err(HeadError::Invalid);
         }
-        let value = trim(&line[colon + 1..]);
+        let raw_value = &line[colon + 1..];
+        let value = trim(raw_value);
+        let at = line_start + colon + 1 + (value.as_ptr() as usize - raw_value.as_ptr() as usize);
         let name = header_name(name);
-        let value = text(value);
         if name.eq_ignore_ascii_case("status") {
             // After a status line the field is not read at all, as in nginx: only hidden.
             if line_status.is_some() {
                 continue;
             }
-            let code = value.get(..3).and_then(|c| c.parse::<u16>().ok());
+            let code = value
+                .get(..3)
+                .filter(|c| c.iter().all(u8::is_ascii_digit))
+                .map(|c| c.iter().fold(0u16, |n, d| n * 10 + u16::from(d - b'0')));
             match code {
-                Some(c)
-                    if (100..1000).contains(&c)
-                        && value.as_bytes().get(3).is_none_or(|&b| b == b' ') =>
-                {
-                    head.status = Some(c)
+                Some(c) if (100..1000).contains(&c) && value.get(3).is_none_or(|&b| b == b' ') => {
+                    out.status = Some(c)
                 }
                 _ => return Err(HeadError::BadStatus),
             }
         } else {
-            head.headers.push((name, value));
+            out.headers
+                .push((name, value_at(head, at..at + value.len())));
         }
     }
+    Ok(out)
 }
 
 fn trim(v: &[u8]) -> &[u8] {

@@ -7,7 +7,7 @@
 //! could be read two ways (`Content-Length` with `Transfer-Encoding`, or two different
 //! lengths) is an error, as in nginx, because a proxy that guesses can be desynchronised.
 
-use crate::cgi::{header_name, text, HeaderName};
+use crate::cgi::{header_name, value_at, HeaderName, HeaderValue};
 use bytes::{Buf, BytesMut};
 use httparse::{Header, ParserConfig, Status};
 use std::mem::MaybeUninit;
@@ -34,7 +34,7 @@ pub struct ResponseHead {
     /// 1 for HTTP/1.1, 0 for HTTP/1.0.
     pub minor: u8,
     /// The header fields in order, names as sent.
-    pub headers: Vec<(HeaderName, String)>,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
     pub framing: Framing,
     /// Whether the server keeps the connection open after this answer (HTTP/1.1 without
     /// `Connection: close`, or HTTP/1.0 with `Connection: keep-alive`), and the body is
@@ -47,7 +47,7 @@ impl ResponseHead {
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+            .map(|(_, v)| &**v)
     }
 }
 
@@ -122,10 +122,16 @@ pub fn parse_response(
         };
         let mut length: Option<u64> = None;
         let mut chunked = None::<bool>;
-        for h in r.headers.iter() {
-            let value = text(h.value);
+        // Where each value lies in the head: they become slices of it once it is split off
+        // `buf` and frozen, which `r`'s borrow of `buf` forbids until the loop ends.
+        let base = buf.as_ptr() as usize;
+        let mut spans = [(0usize, 0usize); MAX_HEADERS];
+        for (h, span) in r.headers.iter().zip(spans.iter_mut()) {
+            *span = (h.value.as_ptr() as usize - base, h.value.len());
+            // Only the framing fields are read here; a value that is not UTF-8 matches nothing.
+            let value = || std::str::from_utf8(h.value).unwrap_or("\u{FFFD}");
             if h.name.eq_ignore_ascii_case("content-length") {
-                let n = value
+                let n = value()
                     .trim()
                     .parse::<u64>()
                     .map_err(|_| ResponseError::BadLength)?;
@@ -135,10 +141,10 @@ pub fn parse_response(
                 length = Some(n);
             } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
                 // Only the last coding says how the message ends.
-                let last = value.rsplit(',').next().unwrap_or("").trim();
+                let last = value().rsplit(',').next().unwrap_or("").trim();
                 chunked = Some(last.eq_ignore_ascii_case("chunked"));
             } else if h.name.eq_ignore_ascii_case("connection") {
-                for token in value.split(',').map(str::trim) {
+                for token in value().split(',').map(str::trim) {
                     if token.eq_ignore_ascii_case("close") {
                         head.keep_alive = false;
                     } else if token.eq_ignore_ascii_case("keep-alive") && minor == 0 {
@@ -146,9 +152,13 @@ pub fn parse_response(
                     }
                 }
             }
-            head.headers.push((header_name(h.name.as_bytes()), value));
+            head.headers
+                .push((header_name(h.name.as_bytes()), HeaderValue::new()));
         }
-        buf.advance(used);
+        let raw = buf.split_to(used).freeze();
+        for ((_, v), &(at, len)) in head.headers.iter_mut().zip(&spans) {
+            *v = value_at(&raw, at..at + len);
+        }
         head.framing = if head_request || status < 200 || status == 204 || status == 304 {
             Framing::Empty
         } else {

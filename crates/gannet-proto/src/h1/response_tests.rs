@@ -26,7 +26,7 @@ fn length_delimited_keep_alive() {
         .headers
         .iter()
         .filter(|(n, _)| n == "X-A")
-        .map(|(_, v)| v.as_str())
+        .map(|(_, v)| &**v)
         .collect();
     assert_eq!(xa, ["1", "2"]);
 }

@@ -55,7 +55,7 @@ use crate::runtime::worker::Worker;
 use crate::tls::client as tls_client;
 use crate::upstream::{Addr, Conn, Key, Lease, Pick, Upstream};
 use bytes::{Bytes, BytesMut};
-use gannet_proto::cgi::{self, CgiHead, ParamError};
+use gannet_proto::cgi::{self, CgiHead, HeaderValue, ParamError};
 use gannet_proto::fastcgi::{self, Record};
 use gannet_proto::h1::{parse_response, BodyKind, Chunk, ChunkedDecoder, Framing, Method};
 use gannet_proto::{scgi, uwsgi};
@@ -63,7 +63,7 @@ use rustls::pki_types::ServerName;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 /// Answers up to this size are buffered whole; bigger ones are streamed.
 pub const STREAM_AT: usize = 1024 * 1024;
@@ -185,7 +185,7 @@ impl Link {
             conn,
             proto: via.proto,
             scheme: via.scheme(),
-            input: BytesMut::with_capacity(16 * 1024),
+            input: BytesMut::new(),
             left: None,
             chunked: None,
             keep_alive: false,
@@ -218,7 +218,9 @@ impl Link {
             } else if self.left == Some(0) {
                 return Ok(Event::End);
             } else if !self.input.is_empty() {
-                let mut b = self.input.split();
+                // Taken whole, not split: a split would make the buffer shared (an
+                // allocation for its count).
+                let mut b = std::mem::take(&mut self.input);
                 if let Some(left) = &mut self.left {
                     // Bytes past the announced length are not part of the answer.
                     b.truncate(usize::try_from(*left).unwrap_or(usize::MAX));
@@ -862,6 +864,10 @@ fn failed(req: &Request, scheme: &str, addr: &Addr, f: &Failure) -> Flow {
 }
 
 /// Read what the application sent next into `input`; 0 is the end of the stream.
+///
+/// Read into the stack and appended to `input`: `input` holds what came, not a 16 KiB
+/// buffer reserved per exchange for an answer of a few hundred bytes (an allocation large
+/// enough to make the allocator consolidate its small free chunks each time).
 async fn read_more(
     timers: &ReadTimers,
     s: &mut Conn,
@@ -869,8 +875,14 @@ async fn read_more(
     timeout: Duration,
     phase: &'static str,
 ) -> Result<usize, Failure> {
-    input.reserve(16 * 1024);
-    match timers.within(timeout, s.read_buf(input)).await {
+    let read = std::future::poll_fn(|cx| {
+        let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); 16 * 1024];
+        let mut rb = tokio::io::ReadBuf::uninit(&mut chunk);
+        std::task::ready!(std::pin::Pin::new(&mut **s).poll_read(cx, &mut rb))?;
+        input.extend_from_slice(rb.filled());
+        std::task::Poll::Ready(Ok::<_, std::io::Error>(rb.filled().len()))
+    });
+    match timers.within(timeout, read).await {
         Ok(Ok(n)) => Ok(n),
         Ok(Err(e)) => Err(Failure::Io(e, phase)),
         Err(()) => Err(Failure::Timeout(phase)),
@@ -1049,7 +1061,12 @@ async fn exchange(
     loop {
         match link.next(c.read_timeout(), head.is_some()).await? {
             Event::Data(b) => {
-                body.extend_from_slice(&b);
+                if body.is_empty() {
+                    // Usually the whole answer: taken as it is rather than copied.
+                    body = BytesMut::from(b);
+                } else {
+                    body.extend_from_slice(&b);
+                }
                 if head.is_none() {
                     head = read_head(req, c, &mut link, &mut body)?;
                 }
@@ -1216,21 +1233,19 @@ fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
             }
         }
         if name.eq_ignore_ascii_case("content-type") {
-            resp.content_type = Some(Arc::from(value.as_str()));
+            resp.content_type = Some(Arc::from(&*value));
         } else if name.eq_ignore_ascii_case("location") {
-            resp.location = Some(match proxied {
-                true => proxy::rewrite_location(req, &value).unwrap_or(value),
-                false => value,
-            });
+            let rewritten = proxied.then(|| proxy::rewrite_location(req, &value));
+            resp.location = Some(rewritten.flatten().unwrap_or_else(|| value.to_string()));
         } else if proxied && name.eq_ignore_ascii_case("refresh") {
             // `Refresh: 5; url=URL`: the URL is rewritten as a Location would be.
             let at = value.to_ascii_lowercase().find("url=").map(|i| i + 4);
             let v = at
                 .and_then(|i| proxy::rewrite_location(req, &value[i..]).map(|u| (i, u)))
-                .map_or(value.clone(), |(i, u)| format!("{}{u}", &value[..i]));
+                .map_or(value.clone(), |(i, u)| format!("{}{u}", &value[..i]).into());
             resp.headers.push((name, v));
         } else if proxied && name.eq_ignore_ascii_case("set-cookie") && gateway::passes(c, &name) {
-            let v = proxy_cookie::rewrite(req, &value).unwrap_or(value);
+            let v = proxy_cookie::rewrite(req, &value).map_or(value, HeaderValue::from);
             resp.headers.push((name, v));
         } else if gateway::passes(c, &name) {
             resp.headers.push((name, value));

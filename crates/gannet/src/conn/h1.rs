@@ -456,7 +456,8 @@ impl<S: Transport> Conn<S> {
         };
         let host = match target.host.as_deref() {
             Some(h) => h.to_string(),
-            None => head.header("host").map(normalize_host).unwrap_or_default(),
+            // The Host header's host, validated by the parser (port and trailing dot off).
+            None => head.host().map(lowercase).unwrap_or_default(),
         };
         let server = select_server(&g.servers, g.default, &host).clone();
         let host = if host.is_empty() {
@@ -923,16 +924,10 @@ fn compress_failed(req: &Request, e: &std::io::Error) {
     );
 }
 
-/// Host header value -> `$host`: lowercased, without port or trailing dot.
-fn normalize_host(v: &[u8]) -> String {
-    let s = String::from_utf8_lossy(v).to_ascii_lowercase();
-    let s = if s.starts_with('[') {
-        match s.find(']') {
-            Some(i) => s[..=i].to_string(),
-            None => s,
-        }
-    } else {
-        s.rsplit_once(':').map_or(s.clone(), |(h, _)| h.to_string())
-    };
-    s.trim_end_matches('.').to_string()
+/// `$host` from the Host header's host part (without port or trailing dot): one String,
+/// lowercased in place.
+fn lowercase(host: &[u8]) -> String {
+    let mut s = String::from_utf8_lossy(host).into_owned();
+    s.make_ascii_lowercase();
+    s
 }

@@ -73,7 +73,7 @@ fn head(resp: &Response, body_len: u64, server_tokens: bool) -> (http::Response<
     }
     for (n, v) in &resp.headers {
         if !HOP_BY_HOP.iter().any(|h| n.eq_ignore_ascii_case(h)) {
-            fields.push((n, v.clone()));
+            fields.push((n, v.to_string()));
         }
     }
     let mut out = http::Response::new(());

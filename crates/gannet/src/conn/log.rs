@@ -25,7 +25,7 @@ pub fn access(w: &Worker, req: &Request, resp: &Response, head_len: u64, body_le
     headers.extend(
         resp.headers
             .iter()
-            .map(|(n, v)| (n.to_ascii_lowercase(), v.clone())),
+            .map(|(n, v)| (n.to_ascii_lowercase(), v.to_string())),
     );
     let sent = Sent {
         status: resp.status,

@@ -25,6 +25,7 @@ use crate::http::request::Request;
 use crate::http::response::{Body, Part, Response};
 use crate::modules::compress::{Coding, CompressConf};
 use bytes::Bytes;
+use gannet_proto::cgi::HeaderValue;
 use gannet_proto::h1::encode::parse_http_date;
 use gannet_proto::h1::Version;
 use std::time::SystemTime;
@@ -150,7 +151,7 @@ pub fn apply(req: &Request, resp: &mut Response, plan: Plan, streamed: bool) {
         .retain(|(name, _)| !name.eq_ignore_ascii_case("accept-ranges"));
     for (name, value) in &mut resp.headers {
         if name.eq_ignore_ascii_case("etag") && !value.starts_with("W/") {
-            value.insert_str(0, "W/");
+            *value = format!("W/{value}").into();
         }
     }
 }
@@ -177,7 +178,8 @@ fn whole_body(body: &Body) -> Option<Bytes> {
 /// `Vary: Accept-Encoding`, unless the response says so already.
 pub fn add_vary(resp: &mut Response) {
     if !header(resp, "vary").is_some_and(names_accept_encoding) {
-        resp.headers.push(("Vary".into(), "Accept-Encoding".into()));
+        resp.headers
+            .push(("Vary".into(), HeaderValue::from_static("Accept-Encoding")));
     }
 }
 
@@ -185,7 +187,7 @@ fn header<'a>(resp: &'a Response, name: &str) -> Option<&'a str> {
     resp.headers
         .iter()
         .find(|(n, _)| n.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_str())
+        .map(|(_, v)| &**v)
 }
 
 fn names_accept_encoding(v: &str) -> bool {

@@ -154,8 +154,10 @@ fn range(req: &Request, r: &mut Response) {
     if ranges.is_empty() {
         let tokens = req.conf.core.server_tokens();
         let mut e = Response::error_page(416, tokens);
-        e.headers
-            .push((Cow::Borrowed("Content-Range"), format!("bytes */{len}")));
+        e.headers.push((
+            Cow::Borrowed("Content-Range"),
+            format!("bytes */{len}").into(),
+        ));
         *r = e;
         return;
     }
@@ -170,7 +172,7 @@ fn range(req: &Request, r: &mut Response) {
         r.status = 206;
         r.headers.push((
             Cow::Borrowed("Content-Range"),
-            format!("bytes {s}-{e}/{len}"),
+            format!("bytes {s}-{e}/{len}").into(),
         ));
         r.body = Body::Parts(vec![part]);
         return;

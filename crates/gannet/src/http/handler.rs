@@ -140,7 +140,8 @@ pub fn finish(req: &mut Request, resp: &mut Response) {
     if resp.status == 401 {
         // auth_basic's challenge, also on its error page.
         if let Some(c) = &req.auth_challenge {
-            resp.headers.push(("WWW-Authenticate".into(), c.clone()));
+            resp.headers
+                .push(("WWW-Authenticate".into(), c.as_str().into()));
         }
     }
     if let Some(abs) = resp

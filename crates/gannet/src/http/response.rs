@@ -6,6 +6,7 @@
 use crate::modules::compress::Coding;
 use crate::modules::file_cache::Variants;
 use bytes::Bytes;
+use gannet_proto::cgi::HeaderValue;
 use gannet_proto::h1::encode;
 use std::borrow::Cow;
 use std::fs::File;
@@ -97,7 +98,7 @@ pub struct Response {
     pub accept_ranges: bool,
     pub location: Option<String>,
     /// Further headers in order (ETag-like standard ones first, then add_header's).
-    pub headers: Vec<(Cow<'static, str>, String)>,
+    pub headers: Vec<(Cow<'static, str>, HeaderValue)>,
     pub body: Body,
     /// Close the connection after this response.
     pub close: bool,

@@ -124,7 +124,7 @@ pub fn filter(req: &Request, r: &mut Response) {
             let v = h.value.eval(req, Some(&sent));
             // An empty value adds nothing, as in nginx.
             if !v.is_empty() {
-                r.headers.push((Cow::Owned(h.name.clone()), v));
+                r.headers.push((Cow::Owned(h.name.clone()), v.into()));
             }
         }
     }
@@ -164,6 +164,6 @@ fn expires(e: Expires, r: &mut Response) {
     r.headers.retain(|(n, _)| {
         !n.eq_ignore_ascii_case("expires") && !n.eq_ignore_ascii_case("cache-control")
     });
-    r.headers.push((Cow::Borrowed("Expires"), exp));
-    r.headers.push((Cow::Borrowed("Cache-Control"), cc));
+    r.headers.push((Cow::Borrowed("Expires"), exp.into()));
+    r.headers.push((Cow::Borrowed("Cache-Control"), cc.into()));
 }

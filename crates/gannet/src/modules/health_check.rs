@@ -10,7 +10,7 @@
 use super::{invalid, LoadCtx, LocConf};
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
-use gannet_proto::cgi::HeaderName;
+use gannet_proto::cgi::{HeaderName, HeaderValue};
 use regex::Regex;
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,7 +55,7 @@ pub enum HeaderCond {
 
 impl Match {
     /// Whether an answer with this status, headers and body is a healthy one.
-    pub fn accepts(&self, status: u16, headers: &[(HeaderName, String)], body: &[u8]) -> bool {
+    pub fn accepts(&self, status: u16, headers: &[(HeaderName, HeaderValue)], body: &[u8]) -> bool {
         if let Some((neg, ranges)) = &self.status {
             let hit = ranges.iter().any(|&(lo, hi)| (lo..=hi).contains(&status));
             if hit == *neg {
@@ -66,7 +66,7 @@ impl Match {
             headers
                 .iter()
                 .find(|(n, _)| n.eq_ignore_ascii_case(name))
-                .map(|(_, v)| v.as_str())
+                .map(|(_, v)| &**v)
         };
         for h in &self.headers {
             let ok = match h {
@@ -205,7 +205,7 @@ mod tests {
     fn conditions() {
         let ok =
             m("match ok { status 200-299 304; header Content-Type ~ json; body !~ \"error\"; }");
-        let json = vec![("content-type".into(), "application/json".to_string())];
+        let json = vec![("content-type".into(), "application/json".into())];
         assert!(ok.accepts(200, &json, b"{\"fine\":1}"));
         assert!(ok.accepts(304, &json, b""));
         assert!(!ok.accepts(500, &json, b"{}"));

@@ -247,9 +247,17 @@ impl View<'_> {
 
     /// Smooth weighted round robin among `candidates`: each gains its weight, the one with
     /// the most (the first on a tie) is chosen and pays back the total.
-    fn swrr(&mut self, candidates: impl Iterator<Item = usize>) -> Option<usize> {
+    fn swrr(&mut self, candidates: &[usize]) -> Option<usize> {
+        self.swrr_where(|_, i| candidates.contains(&i))
+    }
+
+    /// [`View::swrr`] over the servers `candidate` accepts, in config order.
+    fn swrr_where(&mut self, candidate: impl Fn(&Self, usize) -> bool) -> Option<usize> {
         let (mut total, mut best) = (0, None::<usize>);
-        for i in candidates {
+        for i in 0..self.up.servers.len() {
+            if !candidate(self, i) {
+                continue;
+            }
             self.g.current[i] += self.up.servers[i].weight;
             total += self.up.servers[i].weight;
             if best.is_none_or(|b| self.g.current[i] > self.g.current[b]) {
@@ -333,9 +341,12 @@ pub(super) fn choose(v: &mut View, ip: Option<IpAddr>, key: Option<&[u8]>) -> Fo
 fn round_robin(v: &mut View) -> Found {
     let mut any_full = false;
     for backup in [false, true] {
-        let (ok, full) = v.usable_in(backup);
-        any_full |= full;
-        if let Some(i) = v.swrr(ok.into_iter()) {
+        // The tier is walked twice rather than its usable servers collected: this is every
+        // proxied request's path, and the list was an allocation per request.
+        any_full |= v.tier(backup).any(|i| v.fit(i) == Fit::Full);
+        let usable =
+            |v: &View, i: usize| v.up.servers[i].backup == backup && v.fit(i) == Fit::Usable;
+        if let Some(i) = v.swrr_where(usable) {
             return Found::Server(i);
         }
     }
@@ -363,7 +374,7 @@ fn least_conn(v: &mut View) -> Found {
             .into_iter()
             .filter(|&i| !v.busier(i, least) && !v.busier(least, i))
             .collect();
-        if let Some(i) = v.swrr(tied.into_iter()) {
+        if let Some(i) = v.swrr(&tied) {
             return Found::Server(i);
         }
     }
@@ -420,7 +431,7 @@ fn consistent(v: &mut View, ring: &Ring, key: &[u8]) -> Found {
             .tier(false)
             .filter(|&i| v.up.servers[i].addr == *addr && v.usable(i))
             .collect();
-        if let Some(i) = v.swrr(same.into_iter()) {
+        if let Some(i) = v.swrr(&same) {
             return Found::Server(i);
         }
     }
