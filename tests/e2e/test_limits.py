@@ -147,7 +147,9 @@ def test_limit_req_delays_past_delay_and_logs_it(gannet):
     assert first[0] == second[0] == 200 and second[1] >= 0.05, (first, second)
     log = log_lines(srv.tmp / "lim.log", 6)
     assert log == ["/d/f.txt 200 PASSED"] * 3 + ["/d/f.txt 200 DELAYED", "/n/f.txt 200 PASSED", "/n/f.txt 200 DELAYED"]
-    assert re.search(r'\[warn\] .*delaying request, excess: 2\.\d{3}, by zone "fast"', srv.error_log())
+    # About 3.000: exactly 3.000 when the four requests came within one millisecond (the
+    # bucket leaks by whole milliseconds, as nginx's does).
+    assert re.search(r'\[warn\] .*delaying request, excess: (2\.\d{3}|3\.000), by zone "fast"', srv.error_log())
 
 
 class Held:

@@ -57,17 +57,92 @@ fn text(raw: &[u8]) -> String {
     }
 }
 
-/// A header value: a slice of the received head, shared, not copied (an answer's values
-/// were a String each: an allocation and a copy per field, most of them for fields the
-/// client never sees, such as Date, Server and Connection). Bytes that are not UTF-8
-/// (obs-text) are replaced, in a copy of their own.
+/// A header value kept apart from its head (in a response): shares the head's text.
 pub type HeaderValue = ByteString;
 
-/// The value at `span` of a frozen `head`.
-pub fn value_at(head: &Bytes, span: Range<usize>) -> HeaderValue {
-    let b = head.slice(span);
-    ByteString::try_from(b.clone())
-        .unwrap_or_else(|_| ByteString::from(String::from_utf8_lossy(&b).into_owned()))
+/// A head's header fields in order: names, and values as places in the head's text.
+///
+/// Why not a String per value, nor a shared slice per value: a proxied answer has eight or
+/// so fields and the client gets three of them. A String each was an allocation and a copy
+/// per field; a slice each (`Bytes`) two atomic count changes per field, which cost more
+/// than the copies. Here the head's text is shared once, and a value becomes a
+/// [`HeaderValue`] only where it is kept ([`Fields::keep`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fields {
+    /// The head as received (or, for a head that is not UTF-8, its values with the other
+    /// bytes replaced).
+    pub text: ByteString,
+    /// Each field's name, and where its value is in `text`.
+    pub list: Vec<(HeaderName, Range<usize>)>,
+}
+
+impl Fields {
+    /// The fields of `head` whose values are at the places `list` gives.
+    pub(crate) fn from_head(head: Bytes, mut list: Vec<(HeaderName, Range<usize>)>) -> Fields {
+        if std::str::from_utf8(&head).is_ok() {
+            if let Ok(text) = ByteString::try_from(head) {
+                return Fields { text, list };
+            }
+            return Fields::default();
+        }
+        // obs-text: the values, each made valid, in a text of their own.
+        let mut text = String::new();
+        for (_, at) in &mut list {
+            let value = String::from_utf8_lossy(head.get(at.clone()).unwrap_or_default());
+            let start = text.len();
+            text.push_str(&value);
+            *at = start..text.len();
+        }
+        Fields {
+            text: text.into(),
+            list,
+        }
+    }
+
+    /// Fields made from (name, value) pairs, for heads not parsed from the wire.
+    pub fn from_pairs(pairs: &[(&str, &str)]) -> Fields {
+        let mut text = String::new();
+        let mut list = Vec::with_capacity(pairs.len());
+        for (name, value) in pairs {
+            let start = text.len();
+            text.push_str(value);
+            list.push((header_name(name.as_bytes()), start..text.len()));
+        }
+        Fields {
+            text: text.into(),
+            list,
+        }
+    }
+
+    /// The value at `at` (a place from `list`).
+    pub fn value(&self, at: &Range<usize>) -> &str {
+        self.text.get(at.clone()).unwrap_or_default()
+    }
+
+    /// A value (from [`Fields::value`]) made to outlive the head, sharing its text.
+    pub fn keep(&self, value: &str) -> HeaderValue {
+        self.text.slice_ref(value)
+    }
+
+    /// The fields in order as (name, value).
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.list.iter().map(|(n, at)| (&**n, self.value(at)))
+    }
+
+    /// The first value of a field, case-insensitive name.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    }
+
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
 }
 
 /// Why a parameter could not be encoded.
@@ -99,15 +174,12 @@ pub struct CgiHead {
     /// From `Status: 404 Not Found` or an HTTP status line (the code only).
     pub status: Option<u16>,
     /// The header fields in order, `Status` excluded, names as sent.
-    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub headers: Fields,
 }
 
 impl CgiHead {
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| &**v)
+        self.headers.get(name)
     }
 }
 
@@ -151,7 +223,7 @@ fn head_from(
         return Ok(None);
     };
     let raw = buf.split_to(used).freeze();
-    fields(&raw, pos, line_status).map(Some)
+    fields(raw, pos, line_status).map(Some)
 }
 
 /// Where the head whose fields start at `pos` ends (after its empty line), once it has come.
@@ -217,11 +289,9 @@ fn status_line(line: &[u8]) -> Option<u16> {
 
 /// The header fields of a whole `head` from `pos` to its empty line. `line_status` is the
 /// code of a status line before them.
-fn fields(head: &Bytes, mut pos: usize, line_status: Option<u16>) -> Result<CgiHead, HeadError> {
-    let mut out = CgiHead {
-        status: line_status,
-        headers: Vec::new(),
-    };
+fn fields(head: Bytes, mut pos: usize, line_status: Option<u16>) -> Result<CgiHead, HeadError> {
+    let mut status = line_status;
+    let mut list = Vec::new();
     while let Some(nl) = memchr::memchr(b'\n', &head[pos..]) {
         let end = pos + nl;
         let line = &head[pos..end];
@@ -251,16 +321,18 @@ fn fields(head: &Bytes, mut pos: usize, line_status: Option<u16>) -> Result<CgiH
                 .map(|c| c.iter().fold(0u16, |n, d| n * 10 + u16::from(d - b'0')));
             match code {
                 Some(c) if (100..1000).contains(&c) && value.get(3).is_none_or(|&b| b == b' ') => {
-                    out.status = Some(c)
+                    status = Some(c)
                 }
                 _ => return Err(HeadError::BadStatus),
             }
         } else {
-            out.headers
-                .push((name, value_at(head, at..at + value.len())));
+            list.push((name, at..at + value.len()));
         }
     }
-    Ok(out)
+    Ok(CgiHead {
+        status,
+        headers: Fields::from_head(head, list),
+    })
 }
 
 fn trim(v: &[u8]) -> &[u8] {

@@ -56,7 +56,9 @@ pub use balance::Method;
 /// An address a request can be sent to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Addr {
-    Tcp(String),
+    /// `host:port`, shared: each attempt notes its address (`$upstream_addr`) with a count,
+    /// not a copy.
+    Tcp(Arc<str>),
     Unix(PathBuf),
 }
 
@@ -77,7 +79,7 @@ impl Addr {
         }
         let (host, port) = a.rsplit_once(':')?;
         let ok = !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0);
-        ok.then(|| Addr::Tcp(a.to_string()))
+        ok.then(|| Addr::Tcp(a.into()))
     }
 }
 
@@ -133,6 +135,51 @@ impl Upstream {
 pub struct Key<'a> {
     pub ip: Option<IpAddr>,
     pub hash: Option<&'a [u8]>,
+}
+
+/// Where a connection whose answer ended cleanly goes back ([`Upstreams::put_idle`]).
+#[derive(Clone, Copy)]
+pub struct Slot {
+    pub server: usize,
+    /// What the connection is over (see [`Idle`]).
+    pub kind: u64,
+    /// Requests it has carried, the one just answered included.
+    pub requests: u64,
+    /// May stay as surplus over `keepalive` for a moment ([`SURPLUS_GRACE`]).
+    pub linger: bool,
+}
+
+/// The servers one request has tried, in order (what [`Upstreams::pick`] skips). The usual
+/// one or two are kept inline: a Vec was an allocation per proxied request.
+#[derive(Default)]
+pub struct Tried {
+    few: [usize; 4],
+    len: usize,
+    more: Vec<usize>,
+}
+
+impl Tried {
+    pub fn push(&mut self, server: usize) {
+        if self.len < self.few.len() {
+            self.few[self.len] = server;
+        } else {
+            if self.more.is_empty() {
+                self.more.extend_from_slice(&self.few);
+            }
+            self.more.push(server);
+        }
+        self.len += 1;
+    }
+}
+
+impl std::ops::Deref for Tried {
+    type Target = [usize];
+    fn deref(&self) -> &[usize] {
+        match self.few.get(..self.len) {
+            Some(few) => few,
+            None => &self.more,
+        }
+    }
 }
 
 /// Parse an `upstream` block.
@@ -498,19 +545,16 @@ impl Upstreams {
     /// not carried `keepalive_requests` yet. When `keepalive` are idle already, the oldest
     /// makes room - unless the connection may `linger`: then it is kept as surplus for
     /// [`SURPLUS_GRACE`] (see there).
-    pub fn put_idle(
-        &self,
-        up: &Arc<Upstream>,
-        server: usize,
-        kind: u64,
-        conn: Conn,
-        requests: u64,
-        linger: bool,
-    ) {
+    pub fn put_idle(&self, up: &Arc<Upstream>, slot: Slot, conn: Conn, now: Instant) {
+        let Slot {
+            server,
+            kind,
+            requests,
+            linger,
+        } = slot;
         if up.keepalive == 0 || requests >= up.keepalive_requests {
             return;
         }
-        let now = Instant::now();
         let mut groups = self.groups.borrow_mut();
         let g = groups.entry(group_key(up)).or_default();
         g.keep = (up.keepalive, up.keepalive_timeout);
@@ -759,6 +803,17 @@ mod tests {
         tried.sort();
         assert_eq!(tried, vec![0, 1, 2]);
         assert!(matches!(ups.pick(&up, &key, &tried, now), Pick::None));
+    }
+
+    #[test]
+    fn tried_keeps_order_past_its_inline_room() {
+        let mut t = Tried::default();
+        assert!(t.is_empty());
+        for i in [3, 1, 4, 1, 5, 9] {
+            t.push(i);
+        }
+        assert_eq!(&*t, [3, 1, 4, 1, 5, 9]);
+        assert!(t.contains(&9) && !t.contains(&2));
     }
 
     #[test]

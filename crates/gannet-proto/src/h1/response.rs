@@ -7,7 +7,7 @@
 //! could be read two ways (`Content-Length` with `Transfer-Encoding`, or two different
 //! lengths) is an error, as in nginx, because a proxy that guesses can be desynchronised.
 
-use crate::cgi::{header_name, value_at, HeaderName, HeaderValue};
+use crate::cgi::{header_name, Fields};
 use bytes::{Buf, BytesMut};
 use httparse::{Header, ParserConfig, Status};
 use std::mem::MaybeUninit;
@@ -34,7 +34,7 @@ pub struct ResponseHead {
     /// 1 for HTTP/1.1, 0 for HTTP/1.0.
     pub minor: u8,
     /// The header fields in order, names as sent.
-    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub headers: Fields,
     pub framing: Framing,
     /// Whether the server keeps the connection open after this answer (HTTP/1.1 without
     /// `Connection: close`, or HTTP/1.0 with `Connection: keep-alive`), and the body is
@@ -44,10 +44,7 @@ pub struct ResponseHead {
 
 impl ResponseHead {
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| &**v)
+        self.headers.get(name)
     }
 }
 
@@ -116,18 +113,19 @@ pub fn parse_response(
         let mut head = ResponseHead {
             status,
             minor,
-            headers: Vec::with_capacity(r.headers.len()),
+            headers: Fields::default(),
             framing: Framing::Close,
             keep_alive: minor == 1,
         };
         let mut length: Option<u64> = None;
         let mut chunked = None::<bool>;
-        // Where each value lies in the head: they become slices of it once it is split off
-        // `buf` and frozen, which `r`'s borrow of `buf` forbids until the loop ends.
+        // Where each value lies in the head, which becomes the fields' text once split off
+        // `buf` (`r` borrows `buf` until then).
         let base = buf.as_ptr() as usize;
-        let mut spans = [(0usize, 0usize); MAX_HEADERS];
-        for (h, span) in r.headers.iter().zip(spans.iter_mut()) {
-            *span = (h.value.as_ptr() as usize - base, h.value.len());
+        let mut list = Vec::with_capacity(r.headers.len());
+        for h in r.headers.iter() {
+            let at = (h.value.as_ptr() as usize).wrapping_sub(base);
+            list.push((header_name(h.name.as_bytes()), at..at + h.value.len()));
             // Only the framing fields are read here; a value that is not UTF-8 matches nothing.
             let value = || std::str::from_utf8(h.value).unwrap_or("\u{FFFD}");
             if h.name.eq_ignore_ascii_case("content-length") {
@@ -152,13 +150,8 @@ pub fn parse_response(
                     }
                 }
             }
-            head.headers
-                .push((header_name(h.name.as_bytes()), HeaderValue::new()));
         }
-        let raw = buf.split_to(used).freeze();
-        for ((_, v), &(at, len)) in head.headers.iter_mut().zip(&spans) {
-            *v = value_at(&raw, at..at + len);
-        }
+        head.headers = Fields::from_head(buf.split_to(used).freeze(), list);
         head.framing = if head_request || status < 200 || status == 204 || status == 304 {
             Framing::Empty
         } else {

@@ -25,8 +25,8 @@ fn length_delimited_keep_alive() {
     let xa: Vec<_> = h
         .headers
         .iter()
-        .filter(|(n, _)| n == "X-A")
-        .map(|(_, v)| &**v)
+        .filter(|(n, _)| *n == "X-A")
+        .map(|(_, v)| v)
         .collect();
     assert_eq!(xa, ["1", "2"]);
 }
@@ -155,4 +155,34 @@ fn garbage_and_oversize() {
         parse_response(&mut buf, 1 << 20, false).unwrap_err(),
         ResponseError::TooBig
     );
+}
+
+#[test]
+fn values_are_places_in_the_head_and_obs_text_is_replaced() {
+    let (h, rest) = parse(
+        "HTTP/1.1 200 OK\r\nA: one\r\nB:  two  \r\nC:\r\nContent-Length: 1\r\n\r\nx",
+        false,
+    )
+    .unwrap()
+    .unwrap();
+    let got: Vec<_> = h.headers.iter().collect();
+    assert_eq!(
+        got,
+        [
+            ("A", "one"),
+            ("B", "two"),
+            ("C", ""),
+            ("Content-Length", "1")
+        ]
+    );
+    assert_eq!(&rest[..], b"x");
+    // A value kept apart from the head still reads the same once the head is gone.
+    let kept = h.headers.keep(h.headers.get("b").unwrap());
+    drop(h);
+    assert_eq!(&*kept, "two");
+    // Bytes that are not UTF-8 in one value: replaced there, the other values intact.
+    let mut buf = BytesMut::from(&b"HTTP/1.1 204 No Content\r\nX: a\xffb\r\nY: fine\r\n\r\n"[..]);
+    let h = parse_response(&mut buf, 4096, false).unwrap().unwrap();
+    assert_eq!(h.headers.get("x"), Some("a\u{fffd}b"));
+    assert_eq!(h.headers.get("y"), Some("fine"));
 }

@@ -53,7 +53,7 @@ use crate::modules::{proxy, proxy_cookie};
 use crate::runtime::read_timers::ReadTimers;
 use crate::runtime::worker::Worker;
 use crate::tls::client as tls_client;
-use crate::upstream::{Addr, Conn, Key, Lease, Pick, Upstream};
+use crate::upstream::{Addr, Conn, Key, Lease, Pick, Slot, Tried, Upstream};
 use bytes::{Bytes, BytesMut};
 use gannet_proto::cgi::{self, CgiHead, HeaderValue, ParamError};
 use gannet_proto::fastcgi::{self, Record};
@@ -378,28 +378,16 @@ impl Streaming {
     /// The answer was sent whole: keep the connection if it may be reused.
     pub fn finish(self, w: &Worker) {
         if let (true, true, Some(p)) = (self.done, self.link.reusable(), self.pool) {
-            w.upstreams.put_idle(
-                &p.up,
-                p.server,
-                p.kind,
-                self.link.conn,
-                p.requests + 1,
-                p.linger,
-            );
+            w.upstreams
+                .put_idle(&p.up, p.slot, self.link.conn, Instant::now());
         }
     }
 }
 
-/// Where a kept connection goes back when its answer ended cleanly.
+/// Where a kept connection goes back when its streamed answer ended cleanly.
 pub struct Pooled {
     up: Arc<Upstream>,
-    server: usize,
-    /// See `upstream::Idle`.
-    kind: u64,
-    /// Requests it carried before this one.
-    requests: u64,
-    /// May stay as surplus over `keepalive` for a moment (`upstream::SURPLUS_GRACE`).
-    linger: bool,
+    slot: Slot,
 }
 
 /// How a request reaches its upstream: the protocol, and TLS for `https://`.
@@ -658,14 +646,27 @@ async fn run_with(
         ip: Some(req.client().ip()),
         hash: hash.as_deref().map(str::as_bytes),
     };
-    let mut tried = Vec::new();
+    let mut tried = Tried::default();
+    // One clock read per attempt: each attempt's end (see `record`) is the next one's start.
     let start = Instant::now();
-    let queue_deadline = tokio::time::Instant::now() + up.queue.map_or(Duration::ZERO, |(_, t)| t);
+    let mut now = start;
+    let mut queue_deadline = None;
     loop {
-        let now = Instant::now();
-        let (i, lease) = match w.upstreams.pick(&up, &key, &tried, now) {
+        let pick = match w.upstreams.pick(&up, &key, &tried, now) {
+            Pick::Full => {
+                let wait = up.queue.map_or(Duration::ZERO, |(_, t)| t);
+                let deadline =
+                    *queue_deadline.get_or_insert_with(|| tokio::time::Instant::now() + wait);
+                if w.upstreams.wait_for_slot(&up, deadline).await {
+                    now = Instant::now();
+                    continue;
+                }
+                Pick::Full
+            }
+            pick => pick,
+        };
+        let (i, lease) = match pick {
             Pick::Server(i, lease) => (i, lease),
-            Pick::Full if w.upstreams.wait_for_slot(&up, queue_deadline).await => continue,
             Pick::Full | Pick::None => {
                 errlog::request(
                     Level::Error,
@@ -697,7 +698,7 @@ async fn run_with(
             },
             None => fresh(req, &via, addr, &mut out).await.map(|a| (a, 0)),
         };
-        record(
+        now = record(
             req,
             addr,
             attempt_status(result.as_ref().map(|(a, _)| a)),
@@ -710,41 +711,35 @@ async fn run_with(
             && c.next_upstream_tries
                 .is_none_or(|n| n == 0 || (tried.len() as u64) < n)
             && c.next_upstream_timeout
-                .is_none_or(|t| t.is_zero() || start.elapsed() < t);
+                .is_none_or(|t| t.is_zero() || now.duration_since(start) < t);
         match result {
             Ok((a, n)) => {
                 let status = a.head.status.unwrap_or(200);
                 if more && retry_status(status, c, req) {
                     // nginx counts these against the server, except 403 and 404.
                     if status != 403 && status != 404 {
-                        w.upstreams.failed(&up, i, Instant::now());
+                        w.upstreams.failed(&up, i, now);
                     }
                     continue;
                 }
                 w.upstreams.succeeded(&up, i);
-                let pool = keep.then(|| Pooled {
-                    up: up.clone(),
+                let slot = Slot {
                     server: i,
                     kind: via.kind(),
-                    requests: n,
+                    requests: n + 1,
                     linger: via.proto == Proto::Http,
-                });
-                if a.done {
-                    if let (true, Some(p)) = (a.link.reusable(), &pool) {
-                        let Answered {
-                            head, body, link, ..
-                        } = a;
-                        w.upstreams.put_idle(
-                            &p.up,
-                            p.server,
-                            p.kind,
-                            link.conn,
-                            p.requests + 1,
-                            p.linger,
-                        );
-                        return Outcome::Flow(whole(req, c, head, body));
-                    }
+                };
+                if keep && a.done && a.link.reusable() {
+                    let Answered {
+                        head, body, link, ..
+                    } = a;
+                    w.upstreams.put_idle(&up, slot, link.conn, now);
+                    return Outcome::Flow(whole(req, c, head, body));
                 }
+                let pool = keep.then(|| Pooled {
+                    up: up.clone(),
+                    slot,
+                });
                 return outcome(req, c, a, addr.clone(), pool, Some(lease));
             }
             Err(f) => {
@@ -753,7 +748,7 @@ async fn run_with(
                     // The client's fault, not the server's.
                     return Outcome::Flow(flow);
                 }
-                w.upstreams.failed(&up, i, Instant::now());
+                w.upstreams.failed(&up, i, now);
                 if !more || !retryable(&f, c, req) {
                     return Outcome::Flow(flow);
                 }
@@ -771,16 +766,15 @@ fn attempt_status(r: Result<&Answered, &Failure>) -> u16 {
     }
 }
 
-fn record(req: &Request, addr: &Addr, status: u16, since: Instant) {
+/// Note an attempt for the `$upstream_*` variables; returns when it ended.
+fn record(req: &Request, addr: &Addr, status: u16, since: Instant) -> Instant {
+    let end = Instant::now();
     req.upstream.borrow_mut().push(UpstreamTry {
-        // A TCP address is its own text: copied without the formatting machinery.
-        addr: match addr {
-            Addr::Tcp(a) => a.clone(),
-            a => a.to_string(),
-        },
+        addr: addr.clone(),
         status,
-        time: since.elapsed(),
+        time: end.duration_since(since),
     });
+    end
 }
 
 /// Whether `*_next_upstream http_NNN` sends a request that got this answer on to the next
@@ -946,7 +940,7 @@ async fn connect(addr: &Addr, via: &Via, c: &GatewayConf) -> Result<Conn, Failur
 pub async fn connect_plain(addr: &Addr, keepalive: bool) -> std::io::Result<Conn> {
     Ok(match addr {
         Addr::Tcp(a) => {
-            let s = tokio::net::TcpStream::connect(a.as_str()).await?;
+            let s = tokio::net::TcpStream::connect(&**a).await?;
             let _ = s.set_nodelay(true);
             if keepalive {
                 socket2::SockRef::from(&s).set_keepalive(true)?;
@@ -1225,7 +1219,10 @@ fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
         resp.content_length = head.get("content-length").and_then(|v| v.parse().ok());
         resp.length_unknown = resp.content_length.is_none();
     }
-    for (name, value) in head.headers {
+    // Only the values the client gets are made into values of their own.
+    let mut fields = head.headers;
+    for (name, at) in std::mem::take(&mut fields.list) {
+        let value = fields.value(&at);
         if name.eq_ignore_ascii_case("x-accel-limit-rate") && !c.ignores("x-accel-limit-rate") {
             // nginx takes a number of bytes per second and ignores anything else.
             if let Some(n) = gannet_conf::setters::num(value.trim()) {
@@ -1233,22 +1230,26 @@ fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
             }
         }
         if name.eq_ignore_ascii_case("content-type") {
-            resp.content_type = Some(Arc::from(&*value));
+            resp.content_type = Some(Arc::from(value));
         } else if name.eq_ignore_ascii_case("location") {
-            let rewritten = proxied.then(|| proxy::rewrite_location(req, &value));
+            let rewritten = proxied.then(|| proxy::rewrite_location(req, value));
             resp.location = Some(rewritten.flatten().unwrap_or_else(|| value.to_string()));
         } else if proxied && name.eq_ignore_ascii_case("refresh") {
             // `Refresh: 5; url=URL`: the URL is rewritten as a Location would be.
             let at = value.to_ascii_lowercase().find("url=").map(|i| i + 4);
             let v = at
                 .and_then(|i| proxy::rewrite_location(req, &value[i..]).map(|u| (i, u)))
-                .map_or(value.clone(), |(i, u)| format!("{}{u}", &value[..i]).into());
+                .map_or_else(
+                    || fields.keep(value),
+                    |(i, u)| format!("{}{u}", &value[..i]).into(),
+                );
             resp.headers.push((name, v));
         } else if proxied && name.eq_ignore_ascii_case("set-cookie") && gateway::passes(c, &name) {
-            let v = proxy_cookie::rewrite(req, &value).map_or(value, HeaderValue::from);
+            let v = proxy_cookie::rewrite(req, value)
+                .map_or_else(|| fields.keep(value), HeaderValue::from);
             resp.headers.push((name, v));
         } else if gateway::passes(c, &name) {
-            resp.headers.push((name, value));
+            resp.headers.push((name, fields.keep(value)));
         }
     }
     Flow::Done(resp)

@@ -320,14 +320,12 @@ impl<S: Transport> Conn<S> {
             } else {
                 header_timeout
             };
-            let deadline = Instant::now() + wait;
+            let now = Instant::now();
+            let deadline = now + wait;
             let may_park = S::PARKABLE && !c.plain_on_tls && w.parking.is_some();
             if idle && may_park && wait > PARK_AFTER && !w.draining.get() {
                 // Most keep-alive clients come back at once: wait a moment here before parking.
-                if !c
-                    .wait_readable(Instant::now() + PARK_AFTER, between_requests)
-                    .await
-                {
+                if !c.wait_readable(now + PARK_AFTER, between_requests).await {
                     return if w.draining.get() {
                         End::Close
                     } else {
@@ -337,10 +335,7 @@ impl<S: Transport> Conn<S> {
             } else if idle && !S::PARKABLE && wait > PARK_AFTER && !w.draining.get() {
                 // A connection that cannot park (TLS) still gives its buffers back once it
                 // has been idle that long; the next request allocates them again.
-                if !c
-                    .wait_readable(Instant::now() + PARK_AFTER, between_requests)
-                    .await
-                {
+                if !c.wait_readable(now + PARK_AFTER, between_requests).await {
                     c.buf = BytesMut::new();
                     c.out = Vec::new();
                     w.buffers_shed();
@@ -783,7 +778,8 @@ impl<S: Transport> Conn<S> {
             && !ka_timeout.is_zero()
             && !self.w.draining.get()
             && (max_requests == 0 || self.info.requests < max_requests)
-            && self.born.elapsed() < core.keepalive_time();
+            // As of the request's start, whose time is at hand: no clock read per answer.
+            && req.start.saturating_duration_since(self.born) < core.keepalive_time();
         if keep && !self.nodelay && core.tcp_nodelay() {
             self.nodelay = self.stream.set_nodelay();
         }

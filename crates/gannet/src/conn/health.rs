@@ -34,8 +34,8 @@ async fn probe_loop(p: Probe, i: usize) {
     let server = &p.upstream.servers[i];
     let addr = match (&server.addr, p.check.port) {
         (Addr::Tcp(a), Some(port)) => {
-            let host = a.rsplit_once(':').map_or(a.as_str(), |(h, _)| h);
-            Addr::Tcp(format!("{host}:{port}"))
+            let host = a.rsplit_once(':').map_or(&**a, |(h, _)| h);
+            Addr::Tcp(format!("{host}:{port}").into())
         }
         (a, _) => a.clone(),
     };

@@ -86,7 +86,7 @@ pub struct Request {
 /// One upstream server a request was sent to.
 #[derive(Debug, Clone)]
 pub struct UpstreamTry {
-    pub addr: String,
+    pub addr: crate::upstream::Addr,
     /// What it answered, or the status its failure maps to (502, 504).
     pub status: u16,
     pub time: std::time::Duration,

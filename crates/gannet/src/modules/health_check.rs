@@ -10,7 +10,7 @@
 use super::{invalid, LoadCtx, LocConf};
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
-use gannet_proto::cgi::{HeaderName, HeaderValue};
+use gannet_proto::cgi::Fields;
 use regex::Regex;
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,19 +55,14 @@ pub enum HeaderCond {
 
 impl Match {
     /// Whether an answer with this status, headers and body is a healthy one.
-    pub fn accepts(&self, status: u16, headers: &[(HeaderName, HeaderValue)], body: &[u8]) -> bool {
+    pub fn accepts(&self, status: u16, headers: &Fields, body: &[u8]) -> bool {
         if let Some((neg, ranges)) = &self.status {
             let hit = ranges.iter().any(|&(lo, hi)| (lo..=hi).contains(&status));
             if hit == *neg {
                 return false;
             }
         }
-        let value = |name: &str| {
-            headers
-                .iter()
-                .find(|(n, _)| n.eq_ignore_ascii_case(name))
-                .map(|(_, v)| &**v)
-        };
+        let value = |name: &str| headers.get(name);
         for h in &self.headers {
             let ok = match h {
                 HeaderCond::Present(n, neg) => value(n).is_some() != *neg,
@@ -205,16 +200,18 @@ mod tests {
     fn conditions() {
         let ok =
             m("match ok { status 200-299 304; header Content-Type ~ json; body !~ \"error\"; }");
-        let json = vec![("content-type".into(), "application/json".into())];
+        let json = Fields::from_pairs(&[("content-type", "application/json")]);
+        let none = Fields::default();
         assert!(ok.accepts(200, &json, b"{\"fine\":1}"));
         assert!(ok.accepts(304, &json, b""));
         assert!(!ok.accepts(500, &json, b"{}"));
-        assert!(!ok.accepts(200, &[], b"{}"));
+        assert!(!ok.accepts(200, &none, b"{}"));
         assert!(!ok.accepts(200, &json, b"{\"error\":1}"));
         let not5 = m("match n { status ! 500-599; header ! X-Down; }");
-        assert!(not5.accepts(404, &[], b""));
-        assert!(!not5.accepts(503, &[], b""));
-        assert!(!not5.accepts(200, &[("X-Down".into(), "1".into())], b""));
+        assert!(not5.accepts(404, &none, b""));
+        assert!(!not5.accepts(503, &none, b""));
+        let down = Fields::from_pairs(&[("X-Down", "1")]);
+        assert!(!not5.accepts(200, &down, b""));
         assert!(default_accepts(301) && !default_accepts(404));
     }
 }

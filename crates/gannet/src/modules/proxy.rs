@@ -305,7 +305,7 @@ pub fn parse_url(url: &str, groups: &HashMap<String, Arc<Upstream>>) -> Result<D
         return Err(format!("no host in \"{url}\""));
     }
     Ok(Dest {
-        backend: Backend::Addr(Addr::Tcp(format!("{host}:{port}"))),
+        backend: Backend::Addr(Addr::Tcp(format!("{host}:{port}").into())),
         tls,
         host: authority.to_string(),
         port,
@@ -546,23 +546,23 @@ mod tests {
     fn urls() {
         let none = HashMap::new();
         let d = parse_url("http://127.0.0.1:8080/two/", &none).unwrap();
-        assert!(matches!(d.backend, Backend::Addr(Addr::Tcp(ref a)) if a == "127.0.0.1:8080"));
+        assert!(matches!(d.backend, Backend::Addr(Addr::Tcp(ref a)) if &**a == "127.0.0.1:8080"));
         assert_eq!(
             (d.host.as_str(), d.port, d.uri.as_deref()),
             ("127.0.0.1:8080", 8080, Some("/two/"))
         );
         let d = parse_url("http://example.com", &none).unwrap();
-        assert!(matches!(d.backend, Backend::Addr(Addr::Tcp(ref a)) if a == "example.com:80"));
+        assert!(matches!(d.backend, Backend::Addr(Addr::Tcp(ref a)) if &**a == "example.com:80"));
         assert_eq!((d.host.as_str(), d.uri), ("example.com", None));
         let d = parse_url("http://[::1]:81/x", &none).unwrap();
-        assert!(matches!(d.backend, Backend::Addr(Addr::Tcp(ref a)) if a == "[::1]:81"));
+        assert!(matches!(d.backend, Backend::Addr(Addr::Tcp(ref a)) if &**a == "[::1]:81"));
         let d = parse_url("http://unix:/run/app.sock:/api/", &none).unwrap();
         assert!(
             matches!(d.backend, Backend::Addr(Addr::Unix(ref p)) if p.to_str() == Some("/run/app.sock"))
         );
         assert_eq!(d.uri.as_deref(), Some("/api/"));
         let d = parse_url("https://example.com/x", &none).unwrap();
-        assert!(matches!(d.backend, Backend::Addr(Addr::Tcp(ref a)) if a == "example.com:443"));
+        assert!(matches!(d.backend, Backend::Addr(Addr::Tcp(ref a)) if &**a == "example.com:443"));
         assert!(d.tls);
         assert_eq!((d.host.as_str(), d.port), ("example.com", 443));
         assert_eq!(d.base, "https://example.com");
