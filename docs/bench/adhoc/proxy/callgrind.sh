@@ -1,7 +1,7 @@
 #!/bin/bash
 # User-space instructions per proxied request, counted by callgrind: exact and repeatable where
 # CPU time on this machine swings by several percent from run to run (for finding what to cut;
-# claims are still made with builds.py's CPU times). Needs valgrind and h2load, the back end
+# claims are still made with the CPU times of robots/bench.py). Needs valgrind and h2load, the back end
 # of run.sh running, and a build with line tables for per-line figures:
 #   CARGO_PROFILE_RELEASE_DEBUG=line-tables-only RUSTFLAGS="-C force-frame-pointers=yes" \
 #     CARGO_TARGET_DIR=/tmp/tgt-prof cargo build --release -p gannet
