@@ -6,7 +6,9 @@ a call still serve correctly:
   (`conn::transport::Plain`): a short connection whose request is there at accept and whose
   answer fits the socket buffer costs no `epoll_ctl` at all, as in nginx.
 - A kept upstream connection is looked at (a MSG_PEEK recv) before it carries a request only
-  when the event loop saw it readable since its last answer (`upstream::still_open`)."""
+  when the event loop saw it readable since its last answer (`upstream::still_open`).
+- Nor does a proxied request on a new connection register the client's socket to watch for
+  the client leaving, unless the exchange lasts 250 ms or more (`conn::h1`, `client_gone`)."""
 
 import os
 import re
@@ -153,3 +155,31 @@ def test_kept_upstream_connection_is_looked_at_only_after_an_event(tmp_path):
     assert [h.split(b" ")[1] for _, h, _ in app.requests] == [
         b"/1", b"/2", b"/3", b"/4", b"/5", b"/bye", b"/after"
     ]
+
+
+def test_proxied_short_connections_are_never_registered(tmp_path):
+    def behave(conn, head, body):
+        conn.sendall(http_answer(head.split(b" ")[1]))
+        return "again"
+
+    app = HttpApp(behave)
+    try:
+        port, stop = traced(
+            tmp_path,
+            {},
+            http=f"upstream b {{ server 127.0.0.1:{app.port}; keepalive 4; }}",
+            server="""location / { proxy_pass http://b; proxy_http_version 1.1;
+                                   proxy_set_header Connection ""; }""",
+        )
+        for i in range(20):
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                head, body = get(s, f"/{i}", close=True)
+                assert head.startswith(b"HTTP/1.1 200") and body == f"/{i}".encode()
+                assert s.recv(1) == b"", "the connection should close after its answer"
+        trace = stop()
+    finally:
+        app.close()
+    # The upstream connection is registered (it waits for its answers); no client's is:
+    # each was read at accept, answered when the upstream's answer came, and closed.
+    assert connection_adds(trace) == 0, trace
+    assert app.accepted == 1

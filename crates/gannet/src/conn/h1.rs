@@ -32,6 +32,7 @@ use crate::modules::gateway::Streamed;
 use crate::modules::limit_rate;
 use crate::runtime::clock;
 use crate::runtime::parking::{Parked, PARK_AFTER};
+use crate::runtime::read_timers::{ReadTimers, TICK};
 use crate::runtime::worker::Worker;
 use crate::tls::handshake::{self, Accepted};
 use bytes::{Bytes, BytesMut};
@@ -556,7 +557,7 @@ impl<S: Transport> Conn<S> {
                             let raced = {
                                 let exchange = std::pin::pin!(super::gateway::run(&w, &req, &body));
                                 let (stream, buf) = (&mut self.stream, &mut self.buf);
-                                let gone = std::pin::pin!(client_gone(stream, buf));
+                                let gone = std::pin::pin!(client_gone(&w.timers, stream, buf));
                                 super::gateway::unless_client_leaves(&req, exchange, gone).await
                             };
                             match raced {
@@ -897,7 +898,18 @@ impl<S: Transport> Conn<S> {
 /// Ends when the client has closed its connection (or it failed). Bytes that come instead
 /// are a pipelined request, kept in `buf` for later: the client is there, and nothing more
 /// is watched (nginx peeks at one byte and stops watching too).
-async fn client_gone<S: Transport>(stream: &mut S, buf: &mut BytesMut) {
+///
+/// A connection not in the event loop yet (a new one whose request was read at once) is
+/// watched only once the exchange has lasted a `TICK` (250 to 500 ms, the worker's
+/// deadlines being swept every `TICK`): watching it at once would register it, an
+/// `epoll_ctl` ADD now and a DEL at its close - two system calls per proxied request on a
+/// new connection, for an exchange that is over in a millisecond most of the time. A
+/// client that leaves sooner is noticed then.
+async fn client_gone<S: Transport>(timers: &ReadTimers, stream: &mut S, buf: &mut BytesMut) {
+    if !stream.in_loop() {
+        let tick = timers.hold(Instant::now() + TICK, false);
+        std::future::poll_fn(|cx| timers.poll(tick.key, cx)).await;
+    }
     loop {
         if !std::future::poll_fn(|cx| stream.poll_readable(cx)).await {
             return;

@@ -42,6 +42,12 @@ pub trait Transport: Sized {
     /// Ready (true) when a read will not answer `WouldBlock`; false when the stream broke.
     fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<bool>;
 
+    /// Whether the stream is in the event loop already, so that waiting on it costs no
+    /// system call to register it (and none to take it out at its close).
+    fn in_loop(&self) -> bool {
+        true
+    }
+
     /// Wait for data and read it (a request body's next piece). Ok(0) is the end.
     fn read_wait(&mut self, buf: &mut BytesMut) -> impl Future<Output = io::Result<usize>>;
 
@@ -124,6 +130,10 @@ impl Plain {
 
 impl Transport for Plain {
     const PARKABLE: bool = true;
+
+    fn in_loop(&self) -> bool {
+        matches!(self, Plain::Reg(_))
+    }
 
     fn shutdown_write(&mut self) {
         if let Some(s) = self.sock() {
