@@ -136,10 +136,6 @@ impl Fields {
             .map(|(_, v)| v)
     }
 
-    pub fn len(&self) -> usize {
-        self.list.len()
-    }
-
     pub fn is_empty(&self) -> bool {
         self.list.is_empty()
     }
