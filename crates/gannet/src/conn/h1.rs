@@ -51,6 +51,8 @@ const FLUSH_AT: usize = 64 * 1024;
 /// Body parts up to this size are copied into the output buffer; larger ones are written
 /// from where they are with writev.
 const COPY_MAX: usize = 8 * 1024;
+/// Output buffer room for a usual response head.
+const HEAD_ROOM: usize = 512;
 
 struct Conn<S: Transport> {
     w: Rc<Worker>,
@@ -651,9 +653,14 @@ impl<S: Transport> Conn<S> {
                 .respond_streamed(req, resp, Source::Parts(parts), keep)
                 .await;
         }
+        // Room for the head and a body copied after it, at once: a new connection's empty
+        // buffer otherwise grew by doubling from a few bytes, eight reallocations per
+        // short connection.
+        let body_len = resp.body.len();
+        let copied = usize::try_from(body_len).map_or(0, |n| if n <= COPY_MAX { n } else { 0 });
+        self.out.reserve(HEAD_ROOM + copied);
         let (keep, head_len, send_body) = self.head(req, &mut resp, keep);
         let sendfile = req.conf.core.sendfile();
-        let body_len = resp.body.len();
         let sent_ok = !send_body
             || match limit_rate::pace(req, &resp) {
                 None => self.send_body(&resp.body, sendfile).await,
