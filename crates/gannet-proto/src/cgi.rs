@@ -80,10 +80,9 @@ impl Fields {
     /// The fields of `head` whose values are at the places `list` gives.
     pub(crate) fn from_head(head: Bytes, mut list: Vec<(HeaderName, Range<usize>)>) -> Fields {
         if std::str::from_utf8(&head).is_ok() {
-            if let Ok(text) = ByteString::try_from(head) {
-                return Fields { text, list };
-            }
-            return Fields::default();
+            // Checked: the conversion cannot fail.
+            let text = ByteString::try_from(head).unwrap_or_default();
+            return Fields { text, list };
         }
         // obs-text: the values, each made valid, in a text of their own.
         let mut text = String::new();

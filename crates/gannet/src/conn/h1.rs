@@ -941,7 +941,7 @@ fn compress_failed(req: &Request, e: &std::io::Error) {
 
 /// `$host` from the Host header's host part (without port or trailing dot): one String,
 /// lowercased in place.
-fn lowercase(host: &[u8]) -> String {
+pub(super) fn lowercase(host: &[u8]) -> String {
     let mut s = String::from_utf8_lossy(host).into_owned();
     s.make_ascii_lowercase();
     s

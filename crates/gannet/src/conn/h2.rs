@@ -306,10 +306,7 @@ async fn answer(
     };
     let host = match target.host.as_deref() {
         Some(h) => h.to_string(),
-        None => head
-            .host()
-            .map(|h| String::from_utf8_lossy(h).to_ascii_lowercase())
-            .unwrap_or_default(),
+        None => head.host().map(super::h1::lowercase).unwrap_or_default(),
     };
     let host = host.trim_end_matches('.').to_string();
     let server = select_server(&g.servers, g.default, &host).clone();
