@@ -65,6 +65,10 @@ http {
         location /args/ { set $args "n=1&$args"; return 200 "args=$args n=$arg_n\n"; }
         location ~ ^/loc/(?<first>[^/]+)/(.*)$ { return 200 "first=$first rest=$2\n"; }
         location /named/ { rewrite ^/named/(?<word>\w+)$ /ret?w=$word last; }
+        # A regex location without groups clears a rewrite's captures; a prefix one keeps them.
+        location /cap/ { rewrite ^/cap/(\w+)/(.*)$ /$2 last; }
+        location ~ \.cl$ { return 200 "cl [$1]\n"; }
+        location /kept/ { return 200 "kept [$1]\n"; }
         location /if/ {
             add_header X-If location;
             if ($arg_r = 1) { return 403; }
@@ -189,6 +193,8 @@ REQUESTS = [
     req("/args/?q=1"),
     req("/named/hello"),
     req("/loc/a/b/c"),
+    req("/cap/r/x.cl"),
+    req("/cap/r/kept/y"),
     req("/if/?r=1"),
     req("/if/present.txt?v=X12"),
     req("/if/nothing?v=x7"),

@@ -31,10 +31,14 @@ pub const MAX_CONTENT: usize = 65535;
 const HEADER_LEN: usize = 8;
 
 fn header(out: &mut Vec<u8>, kind: u8, len: usize) {
+    out.extend_from_slice(&header_bytes(kind, len));
+}
+
+fn header_bytes(kind: u8, len: usize) -> [u8; HEADER_LEN] {
     debug_assert!(len <= MAX_CONTENT);
     // Pad content to a multiple of 8, as the spec recommends and nginx does.
     let pad = (8 - len % 8) % 8;
-    out.extend_from_slice(&[
+    [
         VERSION,
         kind,
         (REQUEST_ID >> 8) as u8,
@@ -43,7 +47,7 @@ fn header(out: &mut Vec<u8>, kind: u8, len: usize) {
         len as u8,
         pad as u8,
         0,
-    ]);
+    ]
 }
 
 fn padding(out: &mut Vec<u8>, len: usize) {
@@ -81,49 +85,65 @@ fn put_len(out: &mut Vec<u8>, n: usize) {
     }
 }
 
-/// The name-value pairs of the PARAMS stream, encoded; [`params`] cuts them into records.
-#[derive(Default, Debug, Clone)]
-pub struct Params {
-    buf: Vec<u8>,
+/// The PARAMS stream, written straight into the request's output: the pairs follow a record
+/// header left blank until [`Params::finish`] knows their length (a separate buffer for the
+/// pairs was an allocation and a copy of some 600 bytes per request). Streams over one
+/// record's 65,535 bytes are cut into records then.
+#[derive(Debug)]
+pub struct Params<'a> {
+    out: &'a mut Vec<u8>,
+    /// Where the first record's header is.
+    start: usize,
 }
 
-impl Params {
-    pub fn new() -> Params {
-        // Room for a typical request's pairs (fastcgi_params and a browser's headers come
-        // to 500-1,000 bytes), so the buffer is not grown several times per request.
-        Params {
-            buf: Vec::with_capacity(1024),
-        }
+impl<'a> Params<'a> {
+    pub fn new(out: &'a mut Vec<u8>) -> Params<'a> {
+        let start = out.len();
+        out.extend_from_slice(&[0; HEADER_LEN]);
+        Params { out, start }
     }
 
+    /// The bytes of the pairs so far.
     pub fn len(&self) -> usize {
-        self.buf.len()
+        self.out.len() - self.start - HEADER_LEN
     }
 
     pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
+        self.len() == 0
+    }
+
+    /// Close the stream: the pairs in as many records as they need, then the empty record
+    /// that ends it.
+    pub fn finish(self) {
+        let len = self.len();
+        if len == 0 {
+            // No pairs: an empty first record would end the stream by itself.
+            self.out.truncate(self.start);
+        } else if len <= MAX_CONTENT {
+            self.out[self.start..self.start + HEADER_LEN]
+                .copy_from_slice(&header_bytes(PARAMS, len));
+            padding(self.out, len);
+        } else {
+            let pairs = self.out.split_off(self.start + HEADER_LEN);
+            self.out.truncate(self.start);
+            stream(self.out, PARAMS, &pairs);
+        }
+        header(self.out, PARAMS, 0);
     }
 }
 
-impl ParamSink for Params {
+impl ParamSink for Params<'_> {
     /// Add one pair. Names and values are limited to 2^31-1 bytes by the format.
     fn push(&mut self, name: &[u8], value: &[u8]) -> Result<(), ParamError> {
         if name.len() > i32::MAX as usize || value.len() > i32::MAX as usize {
             return Err(ParamError::TooBig);
         }
-        put_len(&mut self.buf, name.len());
-        put_len(&mut self.buf, value.len());
-        self.buf.extend_from_slice(name);
-        self.buf.extend_from_slice(value);
+        put_len(self.out, name.len());
+        put_len(self.out, value.len());
+        self.out.extend_from_slice(name);
+        self.out.extend_from_slice(value);
         Ok(())
     }
-}
-
-/// The PARAMS stream: the pairs in as many records as they need, then the empty record
-/// that ends the stream.
-pub fn params(out: &mut Vec<u8>, p: &Params) {
-    stream(out, PARAMS, &p.buf);
-    header(out, PARAMS, 0);
 }
 
 /// Request body bytes as STDIN records (without the end-of-stream record).

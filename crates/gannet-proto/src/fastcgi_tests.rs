@@ -23,12 +23,12 @@ fn begin_request_bytes() {
 
 #[test]
 fn params_short_and_long_lengths() {
-    let mut p = Params::new();
+    let mut out = Vec::new();
+    let mut p = Params::new(&mut out);
     p.push(b"SCRIPT_NAME", b"/index.php").unwrap();
     let long = vec![b'x'; 300];
     p.push(b"QUERY_STRING", &long).unwrap();
-    let mut out = Vec::new();
-    params(&mut out, &p);
+    p.finish();
     // First record: header, then the pairs.
     assert_eq!(&out[..2], &[1, PARAMS]);
     let len = usize::from(u16::from_be_bytes([out[4], out[5]]));
@@ -44,6 +44,39 @@ fn params_short_and_long_lengths() {
     assert_eq!(body.len(), 40 + 300);
     // Then the empty record that ends the stream.
     assert_eq!(&out[out.len() - 8..], &[1, PARAMS, 0, 1, 0, 0, 0, 0]);
+}
+
+#[test]
+fn no_params_is_only_the_end_of_the_stream() {
+    let mut out = vec![9];
+    Params::new(&mut out).finish();
+    assert_eq!(out, [9, 1, PARAMS, 0, 1, 0, 0, 0, 0]);
+}
+
+#[test]
+fn params_over_one_record_are_cut_into_records() {
+    let mut out = vec![9];
+    let mut p = Params::new(&mut out);
+    let value = vec![b'v'; 40_000];
+    p.push(b"A", &value).unwrap();
+    p.push(b"B", &value).unwrap();
+    let pairs = p.len();
+    p.finish();
+    assert_eq!(out[0], 9);
+    let (mut pos, mut got, mut lens) = (1, Vec::new(), Vec::new());
+    while pos < out.len() {
+        assert_eq!(&out[pos..pos + 4], &[1, PARAMS, 0, 1]);
+        let len = usize::from(u16::from_be_bytes([out[pos + 4], out[pos + 5]]));
+        let pad = usize::from(out[pos + 6]);
+        assert_eq!((len + pad) % 8, 0);
+        got.extend_from_slice(&out[pos + 8..pos + 8 + len]);
+        lens.push(len);
+        pos += 8 + len + pad;
+    }
+    assert_eq!(pos, out.len());
+    assert_eq!(lens, [MAX_CONTENT, pairs - MAX_CONTENT, 0]);
+    assert_eq!(&got[..6], &[1, 0x80, 0, 0x9c, 0x40, b'A']);
+    assert_eq!(got.len(), pairs);
 }
 
 #[test]

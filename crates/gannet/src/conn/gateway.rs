@@ -806,10 +806,10 @@ fn encode(
     out.reserve(1024 + body.len() + body.len() / 8);
     match proto {
         Proto::FastCgi => {
-            let mut p = fastcgi::Params::new();
-            gateway::build_params(req, c, len, &mut p)?;
             fastcgi::begin_request(out, req.conf.fastcgi.keep_conn());
-            fastcgi::params(out, &p);
+            let mut p = fastcgi::Params::new(out);
+            gateway::build_params(req, c, len, &mut p)?;
+            p.finish();
             if !streamed {
                 fastcgi::stdin(out, body);
                 fastcgi::stdin_end(out);

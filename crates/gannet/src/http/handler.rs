@@ -168,8 +168,8 @@ fn locate_and_run(req: &mut Request, w: &Worker) -> Flow {
     let server = req.server.clone();
     if let Some(found) = find_location(&server.locations, &req.uri) {
         req.conf = found.location.conf.clone();
-        if !found.captures.is_empty() {
-            req.captures = found.captures;
+        if let Some(captures) = found.captures {
+            req.captures = captures;
             if let Matcher::Regex(re) = &found.location.matcher {
                 re.bind_collected(&req.captures, req);
             }

@@ -67,7 +67,7 @@ pub struct Request {
     pub location_valid: bool,
     /// Each upstream server tried, for `$upstream_addr`, `$upstream_status` and
     /// `$upstream_response_time` (filled in while the phases hold `&Request`).
-    pub upstream: RefCell<Vec<UpstreamTry>>,
+    pub upstream: RefCell<Tries>,
     /// `$limit_req_status`; set once a `limit_req` key applied, which also means no later
     /// location limits the request again.
     pub limit_req_status: Option<&'static str>,
@@ -90,6 +90,27 @@ pub struct UpstreamTry {
     /// What it answered, or the status its failure maps to (502, 504).
     pub status: u16,
     pub time: std::time::Duration,
+}
+
+/// The upstream servers a request was sent to, in order. The first is kept inline: nearly
+/// every request has exactly one, and a Vec was an allocation per proxied request.
+#[derive(Debug, Default)]
+pub struct Tries {
+    first: Option<UpstreamTry>,
+    more: Vec<UpstreamTry>,
+}
+
+impl Tries {
+    pub fn push(&mut self, t: UpstreamTry) {
+        match self.first {
+            None => self.first = Some(t),
+            Some(_) => self.more.push(t),
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &UpstreamTry> {
+        self.first.iter().chain(&self.more)
+    }
 }
 
 impl Request {
@@ -121,7 +142,7 @@ impl Request {
             vars: user_vars::Values::default(),
             uri_changed: false,
             location_valid: true,
-            upstream: RefCell::new(Vec::new()),
+            upstream: RefCell::default(),
             limit_req_status: None,
             limit_conn_status: None,
             limit_rate: Cell::new(None),
@@ -154,10 +175,17 @@ impl Request {
 
     /// `$document_root`: the `root` (or `alias`) in force, variables expanded.
     pub fn document_root(&self) -> String {
+        let mut root = String::new();
+        self.append_document_root(&mut root);
+        root
+    }
+
+    /// Append `$document_root` (FastCGI's params use it twice per request).
+    pub fn append_document_root(&self, out: &mut String) {
         let core = &self.conf.core;
         match &core.alias {
-            Some(a) => a.eval(self, None),
-            None => core.root().eval(self, None),
+            Some(a) => a.append_to(out, self, None),
+            None => core.root().append_to(out, self, None),
         }
     }
 

@@ -43,10 +43,11 @@ impl Location {
     }
 }
 
-/// The result of location matching: the location and regex captures (`$1`...).
+/// The result of location matching: the location and, for a regex location, its captures
+/// (`$1`...), which replace the request's (none for a regex without groups, as nginx).
 pub struct Found {
     pub location: Arc<Location>,
-    pub captures: Vec<Option<String>>,
+    pub captures: Option<Vec<Option<String>>>,
 }
 
 /// Find the location for `uri` among `locs` (one level), nginx's ngx_http_core_find_location.
@@ -64,7 +65,7 @@ fn find_level(locs: &[Arc<Location>], uri: &str) -> (Option<Found>, bool) {
                 return (
                     Some(Found {
                         location: l.clone(),
-                        captures: Vec::new(),
+                        captures: None,
                     }),
                     true,
                 );
@@ -80,7 +81,7 @@ fn find_level(locs: &[Arc<Location>], uri: &str) -> (Option<Found>, bool) {
     }
     let mut found = best.map(|b| Found {
         location: b.clone(),
-        captures: Vec::new(),
+        captures: None,
     });
     if let Some(b) = best {
         let (inner, is_final) = find_level(&b.children, uri);
@@ -94,17 +95,29 @@ fn find_level(locs: &[Arc<Location>], uri: &str) -> (Option<Found>, bool) {
     }
     for l in locs {
         if let Matcher::Regex(re) = &l.matcher {
-            if let Some(caps) = re.re.captures(uri) {
-                let here = Found {
-                    location: l.clone(),
-                    captures: crate::http::user_vars::captures(&caps),
-                };
-                // Locations nested in a regex location are searched too.
-                return match find_level(&l.children, uri) {
-                    (Some(inner), _) => (Some(inner), true),
-                    (None, _) => (Some(here), true),
-                };
-            }
+            // A regex without groups leaves no captures (nginx clears `$1`.. too): a plain
+            // match test, without the captures' allocations (`location ~ \.php$` runs for
+            // every PHP request).
+            let captures = if re.re.captures_len() == 1 {
+                if !re.re.is_match(uri) {
+                    continue;
+                }
+                Vec::new()
+            } else {
+                match re.re.captures(uri) {
+                    Some(caps) => crate::http::user_vars::captures(&caps),
+                    None => continue,
+                }
+            };
+            let here = Found {
+                location: l.clone(),
+                captures: Some(captures),
+            };
+            // Locations nested in a regex location are searched too.
+            return match find_level(&l.children, uri) {
+                (Some(inner), _) => (Some(inner), true),
+                (None, _) => (Some(here), true),
+            };
         }
     }
     (found, false)

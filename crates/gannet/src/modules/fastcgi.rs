@@ -60,20 +60,36 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
     Ok(())
 }
 
-/// `$fastcgi_script_name` and `$fastcgi_path_info` for the current URI.
-pub fn script_name_and_path_info(req: &Request) -> (String, String) {
-    let c = &req.conf.fastcgi;
-    let (mut script, info) = match c.split.as_ref().and_then(|re| re.captures(&req.uri)) {
+/// `$fastcgi_script_name` and `$fastcgi_path_info` for the current URI, as parts of it; a
+/// script name ending in `/` gets `fastcgi_index` appended by [`append_script_name`].
+fn split_path_info(req: &Request) -> (&str, &str) {
+    match req
+        .conf
+        .fastcgi
+        .split
+        .as_ref()
+        .and_then(|re| re.captures(&req.uri))
+    {
         Some(caps) => (
-            caps.get(1).map_or("", |m| m.as_str()).to_string(),
-            caps.get(2).map_or("", |m| m.as_str()).to_string(),
+            caps.get(1).map_or("", |m| m.as_str()),
+            caps.get(2).map_or("", |m| m.as_str()),
         ),
-        None => (req.uri.clone(), String::new()),
-    };
+        None => (&req.uri, ""),
+    }
+}
+
+/// Append `$fastcgi_script_name`.
+pub fn append_script_name(req: &Request, out: &mut String) {
+    let script = split_path_info(req).0;
+    out.push_str(script);
     if script.ends_with('/') {
-        if let Some(index) = &c.index {
-            script.push_str(index);
+        if let Some(index) = &req.conf.fastcgi.index {
+            out.push_str(index);
         }
     }
-    (script, info)
+}
+
+/// Append `$fastcgi_path_info`.
+pub fn append_path_info(req: &Request, out: &mut String) {
+    out.push_str(split_path_info(req).1);
 }
