@@ -1,3 +1,8 @@
+"""FastCGI overhead side by side: gannet (kept connections) and nginx in front of PHP-FPM
+pools of 4 children each, all on CPU 0, wrk on CPU 1, interleaved 5 s rounds; prints req/s
+and server / PHP-FPM CPU seconds per 10k requests.
+Usage: mkdir -p /tmp/fcgi/www && cp * /tmp/fcgi/ && mv /tmp/fcgi/hello.php /tmp/fcgi/www/ &&
+  cd /tmp/fcgi && [BASE=/path/to/older/gannet] python3 bench.py CONNECTIONS ROUNDS"""
 import subprocess, sys, time, re, os, signal, statistics
 def cpu(pid):
     tot=0
@@ -8,6 +13,9 @@ def cpu(pid):
     return tot/100
 S={"gannet":(["/work/main/target/release/gannet","-c","/tmp/fcgi/gannet.conf"],18091),
    "nginx":(["nginx","-p","/tmp/fcgi","-c","/tmp/fcgi/nginx.conf","-g","daemon off;"],18092)}
+# BASE=/path/to/an/older/gannet: that build too, side by side on its own pool (base.conf).
+if os.environ.get("BASE"):
+  S["base"]=([os.environ["BASE"],"-c","/tmp/fcgi/base.conf"],18093)
 conns=int(sys.argv[1]); rounds=int(sys.argv[2])
 fpm=subprocess.Popen(["taskset","-c","0","php-fpm8.2","-F","-y","/tmp/fcgi/fpm.conf","-R"],stdout=subprocess.DEVNULL,stderr=subprocess.DEVNULL)
 procs={n:subprocess.Popen(["taskset","-c","0"]+c,stdout=subprocess.DEVNULL,stderr=subprocess.DEVNULL) for n,(c,p) in S.items()}
