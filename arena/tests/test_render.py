@@ -32,7 +32,8 @@ CHECKERS = {
 GANNET_DIRECTIVES = {
     "worker_processes", "pid", "error_log", "events", "worker_connections", "http", "include",
     "default_type", "sendfile", "tcp_nopush", "tcp_nodelay", "keepalive_timeout",
-    "keepalive_requests", "access_log", "open_file_cache", "gzip", "gzip_types", "server", "listen",
+    "keepalive_requests", "access_log", "open_file_cache", "open_file_cache_valid",
+    "open_file_cache_errors", "gzip", "gzip_types", "server", "listen",
     "server_name", "root", "index", "location",
 }
 

@@ -700,6 +700,28 @@ mod tests {
     }
 
     #[test]
+    fn numbers_and_addresses_as_display_writes_them() {
+        for n in [0, 7, 10, 99, 65535, 1_000_000, u64::MAX] {
+            let mut out = String::from("x");
+            push_uint(&mut out, n);
+            assert_eq!(out, format!("x{n}"));
+        }
+        for ip in [
+            "0.0.0.0",
+            "127.0.0.1",
+            "10.200.3.255",
+            "::1",
+            "2001:db8::ff",
+            "::ffff:1.2.3.4",
+        ] {
+            let ip: std::net::IpAddr = ip.parse().unwrap();
+            let mut out = String::new();
+            push_ip(&mut out, ip);
+            assert_eq!(out, ip.to_string());
+        }
+    }
+
+    #[test]
     fn escapes_log_values() {
         let mut out = Vec::new();
         escape_log(b"a\"b\\c\x01\xff", &mut out);
