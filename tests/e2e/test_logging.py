@@ -87,6 +87,29 @@ def test_custom_format_variables(gannet):
     assert second.endswith("|-"), second
 
 
+def test_sent_http_variables(gannet):
+    """`$sent_http_NAME`: the response's Content-Type, Location and other headers as sent
+    (any case in the name), `-` for one it does not have."""
+    fmt = ("log_format sent '$sent_http_content_type|$sent_http_location|$sent_http_x_tag|"
+           "$sent_http_etag|$sent_http_last_modified|$sent_http_x_none';")
+    srv = gannet.start(
+        http=fmt,
+        server=f"""access_log {gannet.tmp}/sent.log sent;
+            location /t/ {{ add_header X-Tag tagged; }}
+            location = /go {{ return 302 /t/a.txt; }}""",
+        files={"t/a.txt": "a"},
+    )
+    assert srv.get("/t/a.txt")[0] == 200
+    assert srv.get("/go")[0] == 302
+    first, second = wait_lines(srv.tmp / "sent.log", 2)
+    ctype, location, tag, etag, modified, none = first.split("|")
+    assert (ctype, location, tag, none) == ("text/plain", "-", "tagged", "-")
+    assert re.fullmatch(r"\\x22[0-9a-f]+-1\\x22", etag), etag  # the quotes, escaped as nginx does
+    assert re.fullmatch(r"\w{3}, \d\d \w{3} \d{4} \d\d:\d\d:\d\d GMT", modified), modified
+    second = second.split("|")
+    assert second == ["text/html", f"http://127.0.0.1:{srv.port}/t/a.txt", "-", "-", "-", "-"]
+
+
 def test_access_log_off_in_location(gannet):
     srv = gannet.start(server="location /quiet/ { access_log off; }", files={"quiet/q.txt": "q", "loud.txt": "l"})
     assert srv.get("/quiet/q.txt")[0] == 200

@@ -15,23 +15,11 @@ pub fn access(w: &Worker, req: &Request, resp: &Response, head_len: u64, body_le
     if logs.is_empty() {
         return;
     }
-    let mut headers = Vec::new();
-    if let Some(ct) = &resp.content_type {
-        headers.push(("content-type".to_string(), ct.to_string()));
-    }
-    if let Some(l) = &resp.location {
-        headers.push(("location".to_string(), l.clone()));
-    }
-    headers.extend(
-        resp.headers
-            .iter()
-            .map(|(n, v)| (n.to_ascii_lowercase(), v.to_string())),
-    );
     let sent = Sent {
         status: resp.status,
         body_bytes: body_len,
         bytes: head_len + body_len,
-        headers,
+        response: Some(resp),
     };
     let mut line = Vec::with_capacity(256);
     for log in logs.iter() {

@@ -19,6 +19,7 @@
 //! `http::user_vars`).
 
 use crate::http::request::Request;
+use crate::http::response::Response;
 use crate::http::user_vars::{self, UserVar};
 use std::fmt::Write;
 
@@ -252,22 +253,55 @@ pub struct Template {
 
 /// What the response side contributes to variables (filled in by the log phase).
 #[derive(Debug, Default, Clone)]
-pub struct Sent {
+pub struct Sent<'a> {
     pub status: u16,
     pub body_bytes: u64,
     pub bytes: u64,
-    pub headers: Vec<(String, String)>,
+    /// The response sent, for `$sent_http_*`: looked up when a format asks, where copying
+    /// every header for each log line was two allocations a header per request.
+    pub response: Option<&'a Response>,
 }
 
-impl Sent {
+impl Sent<'_> {
     /// An answer being made: its status is known (`$status` in `return`'s text and in
     /// `add_header`, as nginx has it), nothing is sent yet.
-    pub fn status(status: u16) -> Sent {
+    pub fn status(status: u16) -> Sent<'static> {
         Sent {
             status,
             body_bytes: 0,
             bytes: 0,
-            headers: Vec::new(),
+            response: None,
+        }
+    }
+
+    /// Append `$sent_http_NAME` (`name` lowercase, with `-`): the first such header sent.
+    fn append_header(&self, name: &str, out: &mut String) {
+        let Some(r) = self.response else { return };
+        let own = match name {
+            "content-type" => r.content_type.as_deref(),
+            "location" => r.location.as_deref(),
+            "etag" => r.etag.as_deref(),
+            // Sent only with these statuses (`http::response::encode_head`).
+            "last-modified" => {
+                if let Some(lm) = r
+                    .last_modified
+                    .filter(|_| matches!(r.status, 200 | 206 | 304))
+                {
+                    crate::runtime::clock::with_http_date(lm, |d| out.push_str(d));
+                    return;
+                }
+                None
+            }
+            _ => None,
+        };
+        let value = own.or_else(|| {
+            r.headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| &v[..])
+        });
+        if let Some(v) = value {
+            out.push_str(v);
         }
     }
 }
@@ -380,7 +414,8 @@ impl Template {
     /// Evaluate for a log line: values are escaped as nginx's default `escape=default`
     /// does (`"`, `\` and bytes outside 0x20..0x7e as `\xHH`), and empty values become `-`.
     pub fn eval_log(&self, req: &Request, sent: &Sent, out: &mut Vec<u8>) {
-        let mut val = String::new();
+        // One value at a time; sized once for the usual ones (a User-Agent, a request line).
+        let mut val = String::with_capacity(128);
         for p in &self.parts {
             match p {
                 Part::Lit(s) => out.extend_from_slice(s.as_bytes()),
@@ -496,9 +531,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         }
         Var::SentHttp(name) => {
             if let Some(s) = sent {
-                if let Some((_, v)) = s.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
-                    out.push_str(v)
-                }
+                s.append_header(name, out);
             }
         }
         Var::Host => out.push_str(&req.host),
@@ -654,8 +687,8 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                 .unwrap_or_default();
             let _ = write!(out, "{}.{:03}", now.as_secs(), now.subsec_millis());
         }
-        Var::TimeLocal => out.push_str(&crate::runtime::clock::time_local()),
-        Var::TimeIso8601 => out.push_str(&crate::runtime::clock::time_iso8601()),
+        Var::TimeLocal => crate::runtime::clock::append_time_local(out),
+        Var::TimeIso8601 => crate::runtime::clock::append_time_iso8601(out),
         Var::Pid => {
             let _ = write!(out, "{}", std::process::id());
         }

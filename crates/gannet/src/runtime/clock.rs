@@ -107,14 +107,14 @@ pub fn with_http_date<R>(t: SystemTime, f: impl FnOnce(&str) -> R) -> R {
     })
 }
 
-/// `$time_local`: `22/Nov/2026:12:00:00 +0000`.
-pub fn time_local() -> String {
-    with_cache(|c| c.local.clone())
+/// Append `$time_local`: `22/Nov/2026:12:00:00 +0000` (in place: it is in every log line).
+pub fn append_time_local(out: &mut String) {
+    with_cache(|c| out.push_str(&c.local))
 }
 
-/// `$time_iso8601`: `2026-11-22T12:00:00+00:00`.
-pub fn time_iso8601() -> String {
-    with_cache(|c| c.iso.clone())
+/// Append `$time_iso8601`: `2026-11-22T12:00:00+00:00`.
+pub fn append_time_iso8601(out: &mut String) {
+    with_cache(|c| out.push_str(&c.iso))
 }
 
 /// The error log's stamp: `2026/11/22 12:00:00`.
