@@ -454,18 +454,8 @@ impl std::fmt::Write for HexOut<'_> {
 /// A number in decimal. The variables a FastCGI request sends for every request (ports) and
 /// the log's counters are written often enough that `write!`'s formatting machinery showed in
 /// profiles (about 150 instructions a number, callgrind).
-fn push_uint(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.push_str(std::str::from_utf8(&digits[i..]).unwrap_or_default());
+fn push_uint(out: &mut String, n: u64) {
+    out.push_str(gannet_proto::h1::encode::decimal(n, &mut [0; 20]));
 }
 
 /// An address as `Display` writes it; IPv4 without the formatter (`$remote_addr` and
