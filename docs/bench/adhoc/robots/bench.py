@@ -66,4 +66,5 @@ def main():
         rps=[x[0] for x in res[n]]; cpu=[x[1] for x in res[n]]; busy=[x[2] for x in res[n]]
         user=statistics.median([x[5] for x in res[n]]); system=statistics.median([x[6] for x in res[n]])
         print(f"{n:9s} req/s median {statistics.median(rps):9.0f} (min {min(rps):7.0f} max {max(rps):7.0f})  cpu s/10k {statistics.median(cpu):.3f} ({min(cpu):.3f}-{max(cpu):.3f}; user {user:.3f} system {system:.3f})  busy {statistics.median(busy):.2f}s errors {[x[3] for x in res[n] if x[3]]} non2xx {[x[4] for x in res[n]]}")
-main()
+if __name__ == "__main__":
+    main()
