@@ -2,7 +2,9 @@
 proxy on CPU 0 in front of run.sh's back end, rounds interleaved; prints server CPU seconds
 per 10k requests (user and system apart) and what httperf counted.
 Usage, from the folder bench.py and this folder's files were copied to (see run.sh), with the
-back end running and enough client ports (sysctl net.ipv4.ip_local_port_range="1024 65000"):
+back end running and enough client ports (sysctl net.ipv4.ip_local_port_range="1024 65000";
+set it back after: for a minute the TIME-WAIT sockets on low ports keep other servers from
+binding those ports):
   [GANNETS=base=/path/to/older/gannet] SERVERS=gannet,base,nginx RATE=2000 NUM=10000 ROUNDS=5 \\
     python3 rate.py"""
 import os, re, signal, statistics, subprocess, time
