@@ -53,10 +53,7 @@ fn head(resp: &Response, body_len: u64, server_tokens: bool) -> (http::Response<
             resp.content_length.unwrap_or(body_len).to_string(),
         ));
     }
-    if let Some(lm) = resp
-        .last_modified
-        .filter(|_| matches!(resp.status, 200 | 206 | 304))
-    {
+    if let Some(lm) = resp.last_modified_sent() {
         fields.push((
             "last-modified",
             clock::with_http_date(lm, |d| d.to_string()),

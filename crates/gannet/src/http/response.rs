@@ -117,6 +117,12 @@ pub struct Response {
 }
 
 impl Response {
+    /// The Last-Modified time the response is sent with: as nginx, only on 200, 206 and 304.
+    pub fn last_modified_sent(&self) -> Option<SystemTime> {
+        self.last_modified
+            .filter(|_| matches!(self.status, 200 | 206 | 304))
+    }
+
     pub fn new(status: u16) -> Response {
         Response {
             status,
@@ -213,11 +219,7 @@ pub fn encode_head(r: &Response, body_len: u64, ctx: &HeadCtx, out: &mut Vec<u8>
         encode::write_u64(out, r.content_length.unwrap_or(body_len));
         out.extend_from_slice(b"\r\n");
     }
-    // As nginx: Last-Modified only on 200, 206 and 304.
-    if let Some(lm) = r
-        .last_modified
-        .filter(|_| matches!(r.status, 200 | 206 | 304))
-    {
+    if let Some(lm) = r.last_modified_sent() {
         crate::runtime::clock::with_http_date(lm, |d| put(out, "Last-Modified", d));
     }
     if let Some(loc) = &r.location {

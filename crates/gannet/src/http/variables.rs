@@ -281,12 +281,8 @@ impl Sent<'_> {
             "content-type" => r.content_type.as_deref(),
             "location" => r.location.as_deref(),
             "etag" => r.etag.as_deref(),
-            // Sent only with these statuses (`http::response::encode_head`).
             "last-modified" => {
-                if let Some(lm) = r
-                    .last_modified
-                    .filter(|_| matches!(r.status, 200 | 206 | 304))
-                {
+                if let Some(lm) = r.last_modified_sent() {
                     crate::runtime::clock::with_http_date(lm, |d| out.push_str(d));
                     return;
                 }
@@ -452,7 +448,7 @@ impl std::fmt::Write for HexOut<'_> {
 }
 
 /// A number in decimal. The variables a FastCGI request sends for every request (ports) and
-/// the log's counters are written often enough that `write!`'s formatting machinery showed in
+/// the log's numbers (`$status`, `$body_bytes_sent`...) are written often enough that `write!`'s formatting machinery showed in
 /// profiles (about 150 instructions a number, callgrind).
 fn push_uint(out: &mut String, n: u64) {
     out.push_str(gannet_proto::h1::encode::decimal(n, &mut [0; 20]));
@@ -532,7 +528,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         }
         Var::ProxyPort => {
             if let Some((_, p)) = crate::modules::proxy::host_and_port(req) {
-                let _ = write!(out, "{p}");
+                push_uint(out, p.into());
             }
         }
         Var::ProxyAddXForwardedFor => crate::modules::proxy::add_x_forwarded_for(req, out),
@@ -542,11 +538,15 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                 if i > 0 {
                     out.push_str(", ");
                 }
-                let _ = match v {
-                    Var::UpstreamAddr => write!(out, "{}", t.addr),
-                    Var::UpstreamStatus => write!(out, "{}", t.status),
-                    _ => write!(out, "{}.{:03}", t.time.as_secs(), t.time.subsec_millis()),
-                };
+                match v {
+                    Var::UpstreamAddr => {
+                        let _ = write!(out, "{}", t.addr);
+                    }
+                    Var::UpstreamStatus => push_uint(out, t.status.into()),
+                    _ => {
+                        let _ = write!(out, "{}.{:03}", t.time.as_secs(), t.time.subsec_millis());
+                    }
+                }
             }
         }
         Var::Hostname => out.push_str(crate::runtime::hostname()),
@@ -575,7 +575,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         }
         Var::ProxyProtocolPort => {
             if let Some(p) = req.conn.proxy.as_ref().filter(|p| p.port != 0) {
-                let _ = write!(out, "{}", p.port);
+                push_uint(out, p.port.into());
             }
         }
         Var::ProxyProtocolServerAddr => {
@@ -585,7 +585,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         }
         Var::ProxyProtocolServerPort => {
             if let Some(p) = req.conn.proxy.as_ref().filter(|p| p.server_port != 0) {
-                let _ = write!(out, "{}", p.server_port);
+                push_uint(out, p.server_port.into());
             }
         }
         Var::RemoteUser => {
@@ -634,21 +634,24 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
             out.push_str(&String::from_utf8_lossy(line));
         }
         Var::RequestLength => {
-            let _ = write!(out, "{}", req.head.raw().len() as u64 + req.body_length);
+            push_uint(out, req.head.raw().len() as u64 + req.body_length);
         }
         Var::RequestTime => {
             let t = req.start.elapsed();
             let _ = write!(out, "{}.{:03}", t.as_secs(), t.subsec_millis());
         }
         // Before an answer is made, nginx's "000".
-        Var::Status => {
-            let _ = write!(out, "{:03}", sent.map_or(0, |s| s.status));
-        }
+        Var::Status => match sent.map_or(0, |s| s.status) {
+            s @ 100.. => push_uint(out, s.into()),
+            s => {
+                let _ = write!(out, "{s:03}");
+            }
+        },
         Var::BodyBytesSent => {
-            let _ = write!(out, "{}", sent.map_or(0, |s| s.body_bytes));
+            push_uint(out, sent.map_or(0, |s| s.body_bytes));
         }
         Var::BytesSent => {
-            let _ = write!(out, "{}", sent.map_or(0, |s| s.bytes));
+            push_uint(out, sent.map_or(0, |s| s.bytes));
         }
         Var::ContentType => {
             if let Some(v) = header_str(req, "content-type") {
@@ -669,7 +672,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         Var::LimitReqStatus => out.push_str(req.limit_req_status.unwrap_or_default()),
         Var::LimitConnStatus => out.push_str(req.limit_conn_status.unwrap_or_default()),
         Var::LimitRate => {
-            let _ = write!(out, "{}", req.limit_rate.get().unwrap_or(0));
+            push_uint(out, req.limit_rate.get().unwrap_or(0));
         }
         Var::Msec => {
             let now = std::time::SystemTime::now()
@@ -680,7 +683,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         Var::TimeLocal => crate::runtime::clock::append_time_local(out),
         Var::TimeIso8601 => crate::runtime::clock::append_time_iso8601(out),
         Var::Pid => {
-            let _ = write!(out, "{}", std::process::id());
+            push_uint(out, std::process::id().into());
         }
         Var::Version => out.push_str(env!("CARGO_PKG_VERSION")),
         Var::FastcgiScriptName => crate::modules::fastcgi::append_script_name(req, out),
