@@ -3,11 +3,13 @@
 # must have run), one worker each on CPU 0, wrk on CPU 1 cycling the app's URL list, rounds
 # interleaved; prints req/s and server CPU seconds per 10k requests (utime + stime of the
 # server's processes, and each alone). With `strace` as last argument, also counts each
-# server's system calls over 3 s of load (strace slows the server: those req/s mean nothing).
+# server's system calls over 3 s of load (strace slows the server: those req/s mean nothing);
+# with `perf`, counts per request (perf stat over 5 s of load, little slowed): system calls,
+# epoll_wait calls, context switches, and the microseconds the server's worker was on a CPU.
 # With KEEP=1 both keep their FastCGI connections (gannet-keep.conf, nginx-keep.conf: 16 each,
 # gannet's bounded with max_conns and a queue; nginx's only while idle, which is safe here
 # because wrk's connections stay below the pool's children).
-# usage: mkdir -p /tmp/dynprof && cp docs/bench/adhoc/shakespeare/* /tmp/dynprof/ && [KEEP=1] /tmp/dynprof/run.sh ROUNDS SECONDS CONNECTIONS [strace]
+# usage: mkdir -p /tmp/dynprof && cp docs/bench/adhoc/shakespeare/* /tmp/dynprof/ && [KEEP=1] /tmp/dynprof/run.sh ROUNDS SECONDS CONNECTIONS [strace|perf]
 R=${1:-3}; D=${2:-8}; C=${3:-10}
 V=${KEEP:+-keep}
 cd /tmp/dynprof || exit 1
@@ -48,5 +50,18 @@ if [ "$4" = strace ]; then
     n=$(taskset -c 1 wrk -t1 -c"$C" -d3s -s cycle.lua "http://127.0.0.1:$port/" | awk '/requests in/{print $1}')
     wait $tracer
     echo "$name: $(awk '/total/{print $4}' strace-$name.txt) system calls for $n requests"
+  done
+fi
+if [ "$4" = perf ]; then
+  events=raw_syscalls:sys_enter,syscalls:sys_enter_epoll_wait,context-switches,task-clock
+  for s in gannet:65201 nginx:65202; do
+    name=${s%:*}; port=${s#*:}; pid=$(cat $name.pid)
+    [ $name = nginx ] && pid=$(pgrep -P "$pid")
+    perf stat -x, -e "$events" -p "$pid" -o perf-$name.txt & counter=$!
+    n=$(taskset -c 1 wrk -t1 -c"$C" -d5s -s cycle.lua "http://127.0.0.1:$port/" | awk '/requests in/{print $1}')
+    kill -INT $counter; wait $counter
+    # -x, lines: value,unit,event,...; task-clock is in milliseconds, shown in microseconds
+    echo "$name, per request over $n: $(awk -F, -v n="$n" '$1 ~ /^[0-9.]+$/ {
+      if ($3 == "task-clock") printf "on-CPU %.1f us  ", $1 * 1000 / n; else printf "%s %.2f  ", $3, $1 / n }' perf-$name.txt)"
   done
 fi
