@@ -81,3 +81,44 @@ def test_listen_deferred_serves(gannet):
     )
     assert "deferred" in srv.conf_path.read_text()
     assert srv.get("/a.txt")[::2] == (200, b"deferred")
+
+
+def _buffers(port):
+    """(rb, tb) of the server side of the one established connection on `port`, from `ss`."""
+    out = subprocess.run(["ss", "-tmnH", "state", "established", f"sport = :{port}"],
+                         capture_output=True, text=True, check=True).stdout
+    mem = out.split("skmem:(", 1)[1].split(")", 1)[0].split(",")
+    fields = {f.rstrip("0123456789"): int(f.lstrip("abcdefghijklmnopqrstuvwxyz")) for f in mem}
+    return fields["rb"], fields["tb"]
+
+
+def _connected_buffers(srv):
+    with socket.create_connection(("127.0.0.1", srv.port)) as c:
+        c.sendall(b"GET /a.txt HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert c.recv(4096).startswith(b"HTTP/1.1 200")
+        return _buffers(srv.port)
+
+
+def test_listen_socket_buffers(gannet):
+    """`rcvbuf=` / `sndbuf=` set SO_RCVBUF / SO_SNDBUF on the listening socket, which its
+    connections inherit (Linux stores twice the size asked for); a reload that changes them
+    applies the new sizes to the kept socket, as nginx does."""
+    port = gannet.render()[1]
+    plain = f"listen 127.0.0.1:{port};"
+    conf = gannet.render(port=port)[0]
+    srv = gannet.start(conf=conf.replace(plain, f"listen 127.0.0.1:{port} rcvbuf=32k sndbuf=64k;"),
+                       files={"a.txt": "x"}, port=port)
+    assert _connected_buffers(srv) == (65536, 131072)
+    srv.conf_path.write_text(conf.replace(plain, f"listen 127.0.0.1:{port} rcvbuf=48k sndbuf=96k;"))
+    srv.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: _connected_buffers(srv) == (98304, 196608), what="the reloaded sizes")
+    assert srv.proc.poll() is None
+
+
+def test_listen_socket_buffer_sizes_are_checked(gannet):
+    conf, port = gannet.render()
+    for bad in ("sndbuf=1x", "rcvbuf=", "sndbuf=4g"):
+        r = gannet.check(conf=conf.replace(f"listen 127.0.0.1:{port};", f"listen 127.0.0.1:{port} {bad};"))
+        key, value = bad.split("=")
+        assert r.returncode != 0
+        assert f'check.conf:{conf.splitlines().index(f"        listen 127.0.0.1:{port};") + 1}: invalid {key} "{value}"' in r.stderr, r.stderr

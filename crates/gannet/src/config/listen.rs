@@ -1,6 +1,6 @@
 //! The `listen` directive: `listen [addr:]port | [ipv6]:port | addr [default_server] [ssl]
-//! [http2] [proxy_protocol] [reuseport] [backlog=N] [ipv6only=on|off] [deferred] [bind]
-//! [so_keepalive=...]`.
+//! [http2] [proxy_protocol] [reuseport] [backlog=N] [rcvbuf=SIZE] [sndbuf=SIZE]
+//! [ipv6only=on|off] [deferred] [bind] [so_keepalive=...]`.
 
 use gannet_conf::{ConfError, Directive};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -24,6 +24,10 @@ pub struct Listen {
     /// `proxy_protocol`: every connection opens with a PROXY protocol header
     /// (`conn::proxy_protocol`); the address's, as `ssl`.
     pub proxy_protocol: bool,
+    /// `rcvbuf=` / `sndbuf=`: SO_RCVBUF / SO_SNDBUF of the listening socket, which accepted
+    /// connections inherit (the kernel's autotuning otherwise, as nginx leaves it).
+    pub rcvbuf: Option<usize>,
+    pub sndbuf: Option<usize>,
 }
 
 impl Listen {
@@ -49,6 +53,8 @@ impl Listen {
             ssl: false,
             http2: false,
             proxy_protocol: false,
+            rcvbuf: None,
+            sndbuf: None,
         }
     }
 
@@ -73,6 +79,8 @@ impl Listen {
                         .parse()
                         .map_err(|_| d.error(format!("invalid backlog \"{v}\"")))?
                 }
+                ("rcvbuf", Some(v)) => l.rcvbuf = Some(buffer_size(d, key, v)?),
+                ("sndbuf", Some(v)) => l.sndbuf = Some(buffer_size(d, key, v)?),
                 ("ipv6only", Some("on")) => l.ipv6only = true,
                 ("ipv6only", Some("off")) => l.ipv6only = false,
                 ("deferred", None) => l.deferred = true,
@@ -83,8 +91,6 @@ impl Listen {
                 ("bind", None)
                 | ("fastopen", Some(_))
                 | ("so_keepalive", Some(_))
-                | ("rcvbuf", Some(_))
-                | ("sndbuf", Some(_))
                 | ("setfib", Some(_))
                 | ("accept_filter", Some(_)) => {}
                 ("quic", None) => {
@@ -97,6 +103,14 @@ impl Listen {
         }
         Ok(l)
     }
+}
+
+/// A socket buffer size (`64k`, `1m`), as nginx's "invalid sndbuf" when it is not one.
+fn buffer_size(d: &Directive, key: &str, v: &str) -> Result<usize, ConfError> {
+    gannet_conf::setters::size(v)
+        .filter(|&n| n <= i32::MAX as u64)
+        .map(|n| n as usize)
+        .ok_or_else(|| d.error(format!("invalid {key} \"{v}\"")))
 }
 
 /// `8080`, `127.0.0.1:8080`, `127.0.0.1` (port 80), `*:8080`, `[::]:8080`, `[::1]`,

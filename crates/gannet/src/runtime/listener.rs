@@ -9,7 +9,7 @@
 
 use crate::config::listen::Listen;
 use crate::config::Config;
-use socket2::{Domain, Protocol, Socket, Type};
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
@@ -33,9 +33,23 @@ fn bound_socket(l: &Listen, reuseport: bool) -> io::Result<Socket> {
     Ok(s)
 }
 
+/// `listen ... rcvbuf= sndbuf=` on a listening socket; accepted connections inherit them.
+/// Applied to the sockets a reload keeps too, as nginx does, so a changed size takes
+/// effect for new connections (a size taken out of the config leaves the last one set).
+fn set_buffers(s: SockRef<'_>, l: &Listen) -> io::Result<()> {
+    if let Some(n) = l.rcvbuf {
+        s.set_recv_buffer_size(n)?;
+    }
+    if let Some(n) = l.sndbuf {
+        s.set_send_buffer_size(n)?;
+    }
+    Ok(())
+}
+
 pub fn bind(l: &Listen) -> io::Result<TcpListener> {
     let s = bound_socket(l, true)?;
     s.set_nonblocking(true)?;
+    set_buffers(SockRef::from(&s), l)?;
     if l.deferred {
         let secs: libc::c_int = 1;
         // SAFETY: the fd is the open socket owned by `s`; the option value is a c_int that
@@ -86,9 +100,12 @@ pub fn bind_for(config: &Config, old: &Bound) -> Result<Bound, String> {
         let mut socks = match old.get(&l.addr) {
             Some(v) => v
                 .iter()
-                .map(TcpListener::try_clone)
-                .collect::<io::Result<Vec<_>>>()
-                .map_err(|e| format!("socket dup failed: {e}"))?,
+                .map(|s| {
+                    set_buffers(SockRef::from(s), l)
+                        .map_err(|e| format!("setsockopt() on {} failed ({e})", l.addr))?;
+                    s.try_clone().map_err(|e| format!("socket dup failed: {e}"))
+                })
+                .collect::<Result<Vec<_>, String>>()?,
             None => {
                 probe(l).map_err(|e| bind_error(l, e))?;
                 Vec::new()
