@@ -1,6 +1,7 @@
 """Process-level behaviour: `daemon on`, and running out of file descriptors (EMFILE)
 without failing the connections already open."""
 
+import ctypes
 import os
 import signal
 import socket
@@ -84,9 +85,13 @@ def test_listen_deferred_serves(gannet):
 
 
 def _buffers(port):
-    """(rb, tb) of the server side of the one established connection on `port`, from `ss`."""
+    """(rb, tb) of the server side of the one established connection on `port`, from `ss`;
+    None when the server has closed it already (a worker that a reload is retiring answers
+    and closes)."""
     out = subprocess.run(["ss", "-tmnH", "state", "established", f"sport = :{port}"],
                          capture_output=True, text=True, check=True).stdout
+    if "skmem:(" not in out:
+        return None
     mem = out.split("skmem:(", 1)[1].split(")", 1)[0].split(",")
     fields = {f.rstrip("0123456789"): int(f.lstrip("abcdefghijklmnopqrstuvwxyz")) for f in mem}
     return fields["rb"], fields["tb"]
@@ -113,6 +118,82 @@ def test_listen_socket_buffers(gannet):
     srv.proc.send_signal(signal.SIGHUP)
     wait_for(lambda: _connected_buffers(srv) == (98304, 196608), what="the reloaded sizes")
     assert srv.proc.poll() is None
+
+
+def _listening_socket(pid, port):
+    """A duplicate of gannet's listening socket on `port` (pidfd_getfd, Linux 5.6+), to read
+    its options as the kernel has them."""
+    inodes = set()
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        f = line.split()
+        if f[3] == "0A" and int(f[1].split(":")[1], 16) == port:  # LISTEN
+            inodes.add(f[9])
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link[8:-1] in inodes:
+            pidfd = os.pidfd_open(pid)
+            try:
+                dup = ctypes.CDLL(None).syscall(438, pidfd, int(fd), 0)  # SYS_pidfd_getfd
+            finally:
+                os.close(pidfd)
+            if dup >= 0:  # else closed since the listing (a copy a reload let go)
+                return socket.socket(fileno=dup)
+    raise AssertionError(f"no listening socket on {port} in {pid}")
+
+
+def test_listen_keepalive_and_fastopen(gannet):
+    """`so_keepalive=` and `fastopen=` set the listening socket's options, as nginx does;
+    without them the system's defaults stay (no keepalive probes)."""
+    port = gannet.render()[1]
+    plain = f"listen 127.0.0.1:{port};"
+    conf = gannet.render(port=port)[0]
+    srv = gannet.start(conf=conf, files={"a.txt": "x"}, port=port)
+    with _listening_socket(srv.proc.pid, port) as s:
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_FASTOPEN) == 0
+    srv.stop()
+    srv = gannet.start(conf=conf.replace(plain, f"listen 127.0.0.1:{port} so_keepalive=10m::4 fastopen=64;"),
+                       files={"a.txt": "x"}, port=port)
+    with _listening_socket(srv.proc.pid, port) as s:
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 600
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == int(open("/proc/sys/net/ipv4/tcp_keepalive_intvl").read())
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 4
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_FASTOPEN) == 64
+    # An accepted connection inherits them (seen from its keepalive timer in `ss`).
+    with socket.create_connection(("127.0.0.1", port)) as c:
+        c.sendall(b"GET /a.txt HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert c.recv(4096).startswith(b"HTTP/1.1 200")
+        out = subprocess.run(["ss", "-tonH", "state", "established", f"sport = :{port}"],
+                             capture_output=True, text=True, check=True).stdout
+        assert "timer:(keepalive,9min" in out or "timer:(keepalive,10min" in out, out
+    # Reloaded with so_keepalive=off: the kept socket has it off again.
+    srv.conf_path.write_text(conf.replace(plain, f"listen 127.0.0.1:{port} so_keepalive=off;"))
+    srv.proc.send_signal(signal.SIGHUP)
+
+    def off():
+        with _listening_socket(srv.proc.pid, port) as s:
+            return s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
+    wait_for(off, what="keepalive off after the reload")
+
+
+def test_listen_keepalive_and_fastopen_values_are_checked(gannet):
+    conf, port = gannet.render()
+    line = conf.splitlines().index(f"        listen 127.0.0.1:{port};") + 1
+    for bad, says in (("so_keepalive=::", 'invalid so_keepalive value: "::"'),
+                      ("so_keepalive=1x", 'invalid so_keepalive value: "1x"'),
+                      ("so_keepalive=::200", 'invalid so_keepalive value: "::200"'),
+                      ("so_keepalive=yes", 'invalid so_keepalive value: "yes"'),
+                      ("fastopen=-1", 'invalid fastopen "-1"'),
+                      ("fastopen=", 'invalid fastopen ""')):
+        r = gannet.check(conf=conf.replace(f"listen 127.0.0.1:{port};", f"listen 127.0.0.1:{port} {bad};"))
+        assert r.returncode != 0
+        assert f"check.conf:{line}: {says}" in r.stderr, r.stderr
+    ok = gannet.check(conf=conf.replace(f"listen 127.0.0.1:{port};", f"listen 127.0.0.1:{port} so_keepalive=on;"))
+    assert ok.returncode == 0, ok.stderr
 
 
 def test_listen_socket_buffer_sizes_are_checked(gannet):

@@ -1,6 +1,7 @@
 //! The `listen` directive: `listen [addr:]port | [ipv6]:port | addr [default_server] [ssl]
 //! [http2] [proxy_protocol] [reuseport] [backlog=N] [rcvbuf=SIZE] [sndbuf=SIZE]
-//! [ipv6only=on|off] [deferred] [bind] [so_keepalive=...]`.
+//! [fastopen=N] [ipv6only=on|off] [deferred] [bind]
+//! [so_keepalive=on|off|[keepidle]:[keepintvl]:[keepcnt]]`.
 
 use gannet_conf::{ConfError, Directive};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -28,6 +29,26 @@ pub struct Listen {
     /// connections inherit (the kernel's autotuning otherwise, as nginx leaves it).
     pub rcvbuf: Option<usize>,
     pub sndbuf: Option<usize>,
+    /// `so_keepalive=`: TCP keepalive probes on the address's connections (inherited from
+    /// the listening socket), so a client that vanished without a FIN is found and closed.
+    pub so_keepalive: Option<SoKeepalive>,
+    /// `fastopen=N`: TCP_FASTOPEN with a queue of N connections not yet through the
+    /// three-way handshake.
+    pub fastopen: Option<i32>,
+}
+
+/// `so_keepalive=on|off|[keepidle]:[keepintvl]:[keepcnt]`, as nginx: `on` / `off` set
+/// SO_KEEPALIVE and leave the timings to the system; the third form turns it on and sets
+/// the timings given (seconds, nginx's time syntax; the count a number), the rest as the
+/// system has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SoKeepalive {
+    Off,
+    On {
+        idle: Option<u64>,
+        interval: Option<u64>,
+        count: Option<u32>,
+    },
 }
 
 impl Listen {
@@ -55,6 +76,8 @@ impl Listen {
             proxy_protocol: false,
             rcvbuf: None,
             sndbuf: None,
+            so_keepalive: None,
+            fastopen: None,
         }
     }
 
@@ -81,18 +104,29 @@ impl Listen {
                 }
                 ("rcvbuf", Some(v)) => l.rcvbuf = Some(buffer_size(d, key, v)?),
                 ("sndbuf", Some(v)) => l.sndbuf = Some(buffer_size(d, key, v)?),
+                ("so_keepalive", Some(v)) => {
+                    l.so_keepalive =
+                        Some(so_keepalive(v).ok_or_else(|| {
+                            d.error(format!("invalid so_keepalive value: \"{v}\""))
+                        })?)
+                }
+                ("fastopen", Some(v)) => {
+                    l.fastopen = Some(
+                        v.parse()
+                            .ok()
+                            .filter(|n: &i32| *n >= 0)
+                            .ok_or_else(|| d.error(format!("invalid fastopen \"{v}\"")))?,
+                    )
+                }
                 ("ipv6only", Some("on")) => l.ipv6only = true,
                 ("ipv6only", Some("off")) => l.ipv6only = false,
                 ("deferred", None) => l.deferred = true,
                 ("ssl", None) => l.ssl = true,
                 ("http2", None) => l.http2 = true,
                 ("proxy_protocol", None) => l.proxy_protocol = true,
-                // Accepted for compatibility; gannet's behaviour does not depend on them.
-                ("bind", None)
-                | ("fastopen", Some(_))
-                | ("so_keepalive", Some(_))
-                | ("setfib", Some(_))
-                | ("accept_filter", Some(_)) => {}
+                // Accepted for compatibility: `bind` because gannet binds every address on
+                // its own socket anyway, the other two are FreeBSD's.
+                ("bind", None) | ("setfib", Some(_)) | ("accept_filter", Some(_)) => {}
                 ("quic", None) => {
                     return Err(d.error(format!(
                         "the \"{key}\" parameter of \"listen\" is not supported yet"
@@ -103,6 +137,37 @@ impl Listen {
         }
         Ok(l)
     }
+}
+
+/// The value of `so_keepalive=`; None when malformed, when a timing is beyond what Linux
+/// takes (32,767 s; 127 probes), or when the timed form sets nothing (`::`, which nginx
+/// refuses too). A part that is empty or 0 is left as the system has it, as in nginx.
+fn so_keepalive(v: &str) -> Option<SoKeepalive> {
+    match v {
+        "on" => {
+            return Some(SoKeepalive::On {
+                idle: None,
+                interval: None,
+                count: None,
+            })
+        }
+        "off" => return Some(SoKeepalive::Off),
+        _ => {}
+    }
+    let mut parts = v.splitn(3, ':');
+    // Some(None): the part is empty or 0; None: it is malformed or too large.
+    let mut part = |parse: fn(&str) -> Option<u64>, max: u64| match parts.next() {
+        None | Some("") => Some(None),
+        Some(p) => parse(p).filter(|&n| n <= max).map(|n| (n > 0).then_some(n)),
+    };
+    let idle = part(gannet_conf::setters::sec, 32_767)?;
+    let interval = part(gannet_conf::setters::sec, 32_767)?;
+    let count = part(|p| p.parse().ok(), 127)?.map(|n| n as u32);
+    (idle.is_some() || interval.is_some() || count.is_some()).then_some(SoKeepalive::On {
+        idle,
+        interval,
+        count,
+    })
 }
 
 /// A socket buffer size (`64k`, `1m`), as nginx's "invalid sndbuf" when it is not one.
@@ -143,7 +208,27 @@ fn parse_addr(s: &str) -> Option<SocketAddr> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_addr;
+    use super::{parse_addr, so_keepalive, SoKeepalive};
+
+    #[test]
+    fn keepalive_values() {
+        let on = |idle, interval, count| {
+            Some(SoKeepalive::On {
+                idle,
+                interval,
+                count,
+            })
+        };
+        assert_eq!(so_keepalive("on"), on(None, None, None));
+        assert_eq!(so_keepalive("off"), Some(SoKeepalive::Off));
+        assert_eq!(so_keepalive("30m::10"), on(Some(1800), None, Some(10)));
+        assert_eq!(so_keepalive("1h"), on(Some(3600), None, None));
+        assert_eq!(so_keepalive(":5s"), on(None, Some(5), None));
+        assert_eq!(so_keepalive("0:0:3"), on(None, None, Some(3)));
+        for bad in ["", "::", "0:0:0", "x", "1:2:3:4", "10h", "::128", "1ms"] {
+            assert_eq!(so_keepalive(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn addresses() {

@@ -7,13 +7,14 @@
 //! listens on keeps its sockets (only missing ones are added), so no connection queued in
 //! a socket's backlog is lost when workers change.
 
-use crate::config::listen::Listen;
+use crate::config::listen::{Listen, SoKeepalive};
 use crate::config::Config;
-use socket2::{Domain, Protocol, SockRef, Socket, Type};
+use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
+use std::time::Duration;
 
 /// A TCP socket for `l`'s address family, with SO_REUSEADDR (and the `ipv6only` choice),
 /// bound to it; with `reuseport`, SO_REUSEPORT too.
@@ -33,15 +34,59 @@ fn bound_socket(l: &Listen, reuseport: bool) -> io::Result<Socket> {
     Ok(s)
 }
 
-/// `listen ... rcvbuf= sndbuf=` on a listening socket; accepted connections inherit them.
-/// Applied to the sockets a reload keeps too, as nginx does, so a changed size takes
-/// effect for new connections (a size taken out of the config leaves the last one set).
-fn set_buffers(s: SockRef<'_>, l: &Listen) -> io::Result<()> {
+/// An integer option at the TCP level, one socket2 has no setter for.
+fn set_tcp_int(s: SockRef<'_>, option: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: the fd is the open socket `s` borrows; the option value is a c_int that lives
+    // across the call, and its size is passed with it.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            option,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `listen ... rcvbuf= sndbuf= so_keepalive= fastopen=` on a listening socket; accepted
+/// connections inherit them. Applied to the sockets a reload keeps too, as nginx does, so
+/// a changed value takes effect for new connections (one taken out of the config leaves
+/// the last one set).
+fn set_options(s: SockRef<'_>, l: &Listen) -> io::Result<()> {
     if let Some(n) = l.rcvbuf {
         s.set_recv_buffer_size(n)?;
     }
     if let Some(n) = l.sndbuf {
         s.set_send_buffer_size(n)?;
+    }
+    match l.so_keepalive {
+        None => {}
+        Some(SoKeepalive::Off) => s.set_keepalive(false)?,
+        Some(SoKeepalive::On {
+            idle,
+            interval,
+            count,
+        }) => {
+            let mut k = TcpKeepalive::new();
+            if let Some(secs) = idle {
+                k = k.with_time(Duration::from_secs(secs));
+            }
+            if let Some(secs) = interval {
+                k = k.with_interval(Duration::from_secs(secs));
+            }
+            if let Some(n) = count {
+                k = k.with_retries(n);
+            }
+            s.set_tcp_keepalive(&k)?;
+        }
+    }
+    if let Some(n) = l.fastopen {
+        set_tcp_int(s, libc::TCP_FASTOPEN, n)?;
     }
     Ok(())
 }
@@ -49,23 +94,10 @@ fn set_buffers(s: SockRef<'_>, l: &Listen) -> io::Result<()> {
 pub fn bind(l: &Listen) -> io::Result<TcpListener> {
     let s = bound_socket(l, true)?;
     s.set_nonblocking(true)?;
-    set_buffers(SockRef::from(&s), l)?;
+    set_options(SockRef::from(&s), l)?;
     if l.deferred {
-        let secs: libc::c_int = 1;
-        // SAFETY: the fd is the open socket owned by `s`; the option value is a c_int that
-        // lives across the call, and its size is passed with it.
-        let r = unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_DEFER_ACCEPT,
-                (&secs as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        // TCP_DEFER_ACCEPT's value is how long (s) to wait for the first data.
+        set_tcp_int(SockRef::from(&s), libc::TCP_DEFER_ACCEPT, 1)?;
     }
     s.listen(l.backlog)?;
     Ok(s.into())
@@ -101,7 +133,7 @@ pub fn bind_for(config: &Config, old: &Bound) -> Result<Bound, String> {
             Some(v) => v
                 .iter()
                 .map(|s| {
-                    set_buffers(SockRef::from(s), l)
+                    set_options(SockRef::from(s), l)
                         .map_err(|e| format!("setsockopt() on {} failed ({e})", l.addr))?;
                     s.try_clone().map_err(|e| format!("socket dup failed: {e}"))
                 })
