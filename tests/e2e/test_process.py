@@ -1,11 +1,14 @@
-"""Process-level behaviour: `daemon on`, and running out of file descriptors (EMFILE)
-without failing the connections already open."""
+"""Process-level behaviour: `daemon on`, running out of file descriptors (EMFILE) without
+failing the connections already open, the listening sockets' options, and where and at what
+priority the workers run."""
 
 import ctypes
 import os
 import signal
 import socket
 import subprocess
+
+import pytest
 
 from conftest import gannet_bin, wait_port, wait_until
 
@@ -203,3 +206,51 @@ def test_listen_socket_buffer_sizes_are_checked(gannet):
         key, value = bad.split("=")
         assert r.returncode != 0
         assert f'check.conf:{conf.splitlines().index(f"        listen 127.0.0.1:{port};") + 1}: invalid {key} "{value}"' in r.stderr, r.stderr
+
+
+def _workers(pid):
+    """{worker number: (CPUs it may run on, nice value)} of gannet's worker threads."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
+            status = open(f"/proc/{pid}/task/{tid}/status").read()
+            stat = open(f"/proc/{pid}/task/{tid}/stat").read()
+        except OSError:
+            continue
+        if name.startswith("gannet-worker-"):
+            cpus = next(l.split()[1] for l in status.splitlines() if l.startswith("Cpus_allowed_list:"))
+            nice = int(stat.rsplit(")", 1)[1].split()[16])  # field 19 of stat
+            out[int(name.rsplit("-", 1)[1])] = (cpus, nice)
+    return out
+
+
+def test_worker_cpu_affinity_and_priority(gannet):
+    """`worker_cpu_affinity` binds each worker thread (a mask per worker, or `auto`: one CPU
+    each, round robin), `worker_priority` sets the workers' nice value; the workers serve."""
+    if not {0, 1} <= os.sched_getaffinity(0):
+        pytest.skip("needs CPUs 0 and 1")
+    conf, port = gannet.render()
+    two = conf.replace("worker_processes 1;", "worker_processes 2;")
+    srv = gannet.start(conf=two.replace("worker_processes 2;", "worker_processes 2;\nworker_cpu_affinity 01 10;\nworker_priority 5;"),
+                       files={"a.txt": "x"}, port=port)
+    assert wait_until(lambda: len(_workers(srv.proc.pid)) == 2)
+    assert _workers(srv.proc.pid) == {0: ("0", 5), 1: ("1", 5)}
+    assert srv.get("/a.txt")[::2] == (200, b"x")
+    srv.stop()
+    srv = gannet.start(conf=two.replace("worker_processes 2;", "worker_processes 2;\nworker_cpu_affinity auto;"),
+                       files={"a.txt": "x"}, port=port)
+    assert wait_until(lambda: len(_workers(srv.proc.pid)) == 2)
+    workers = _workers(srv.proc.pid)
+    assert {workers[0][0], workers[1][0]} == {"0", "1"} and workers[0][1] == 0, workers
+    assert srv.get("/a.txt")[::2] == (200, b"x")
+
+
+def test_worker_cpu_affinity_and_priority_values_are_checked(gannet):
+    conf, _ = gannet.render()
+    for bad, says in (("worker_cpu_affinity 012;", 'invalid character "2" in "worker_cpu_affinity"'),
+                      ("worker_cpu_affinity auto 01 10;", 'invalid number of arguments in "worker_cpu_affinity" directive'),
+                      ("worker_priority high;", '"worker_priority" directive invalid number')):
+        r = gannet.check(conf=conf.replace("worker_processes 1;", f"worker_processes 1;\n{bad}"))
+        assert r.returncode != 0
+        assert f"check.conf:3: {says}" in r.stderr, r.stderr

@@ -41,8 +41,6 @@ pub const IGNORED: &[(&str, &str)] = &[
         "workers always accept every pending connection",
     ),
     ("use", "gannet picks epoll itself"),
-    ("worker_cpu_affinity", "not supported yet; pin with taskset"),
-    ("worker_priority", "not supported yet; use nice"),
     ("pcre_jit", "gannet's regex engine needs no JIT switch"),
     ("load_module", "gannet has no dynamic modules"),
     (

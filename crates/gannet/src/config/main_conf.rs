@@ -1,5 +1,6 @@
 //! Main- and events-context settings: `worker_processes`, `worker_connections`, `pid`,
-//! `daemon`, `error_log`, `worker_rlimit_nofile`, `worker_shutdown_timeout`.
+//! `daemon`, `error_log`, `worker_rlimit_nofile`, `worker_shutdown_timeout`,
+//! `worker_cpu_affinity`, `worker_priority`.
 
 use crate::errlog::Level;
 use gannet_conf::registry::{Args, Ctx, Spec};
@@ -45,6 +46,18 @@ pub const DIRECTIVES: &[Spec] = &[
         block: false,
     },
     Spec {
+        name: "worker_cpu_affinity",
+        ctx: Ctx::MAIN,
+        args: Args::AtLeast(1),
+        block: false,
+    },
+    Spec {
+        name: "worker_priority",
+        ctx: Ctx::MAIN,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
         name: "worker_connections",
         ctx: Ctx::EVENTS,
         args: Args::Exactly(1),
@@ -63,6 +76,45 @@ pub struct MainConf {
     pub rlimit_nofile: Option<u64>,
     /// How long a graceful stop (SIGQUIT) waits for in-flight requests.
     pub shutdown_timeout: Option<Duration>,
+    /// `worker_cpu_affinity`: the CPUs each worker thread may run on.
+    pub cpu_affinity: Option<CpuAffinity>,
+    /// `worker_priority`: the workers' nice value.
+    pub priority: Option<i32>,
+}
+
+/// `worker_cpu_affinity auto [mask]` or `worker_cpu_affinity mask...`; a mask is binary
+/// digits, the rightmost for CPU 0 (`0101` = CPUs 0 and 2), kept as the CPU numbers it sets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CpuAffinity {
+    /// Worker N on the Nth CPU of the mask (of all CPUs without one), round robin.
+    Auto(Option<Vec<usize>>),
+    /// Worker N on the Nth mask; workers beyond the last mask share it, as in nginx.
+    Masks(Vec<Vec<usize>>),
+}
+
+/// The most CPUs a mask may name: CPU_SETSIZE, nginx's limit too.
+const MAX_CPUS: usize = libc::CPU_SETSIZE as usize;
+
+fn cpu_mask(d: &Directive, mask: &str) -> Result<Vec<usize>, ConfError> {
+    if mask.len() > MAX_CPUS {
+        return Err(d.error(format!(
+            "\"worker_cpu_affinity\" supports up to {MAX_CPUS} CPUs only"
+        )));
+    }
+    let mut cpus = Vec::new();
+    for (cpu, c) in mask.bytes().rev().enumerate() {
+        match c {
+            b'1' => cpus.push(cpu),
+            b'0' | b' ' => {}
+            _ => {
+                return Err(d.error(format!(
+                    "invalid character \"{}\" in \"worker_cpu_affinity\"",
+                    c as char
+                )))
+            }
+        }
+    }
+    Ok(cpus)
 }
 
 impl Default for MainConf {
@@ -76,6 +128,8 @@ impl Default for MainConf {
             error_level: Level::Error,
             rlimit_nofile: None,
             shutdown_timeout: None,
+            cpu_affinity: None,
+            priority: None,
         }
     }
 }
@@ -133,6 +187,31 @@ impl MainConf {
                         d.args[0]
                     ))
                 })?)
+            }
+            "worker_cpu_affinity" => {
+                self.cpu_affinity = Some(if d.args[0] == "auto" {
+                    if d.args.len() > 2 {
+                        return Err(d.error(
+                            "invalid number of arguments in \"worker_cpu_affinity\" directive",
+                        ));
+                    }
+                    CpuAffinity::Auto(d.args.get(1).map(|m| cpu_mask(d, m)).transpose()?)
+                } else {
+                    CpuAffinity::Masks(
+                        d.args
+                            .iter()
+                            .map(|m| cpu_mask(d, m))
+                            .collect::<Result<_, _>>()?,
+                    )
+                })
+            }
+            "worker_priority" => {
+                // As nginx: any integer, which the kernel clamps to -20..19.
+                self.priority = Some(
+                    d.args[0]
+                        .parse::<i32>()
+                        .map_err(|_| d.error("\"worker_priority\" directive invalid number"))?,
+                )
             }
             "worker_shutdown_timeout" => {
                 let ms = setters::msec(&d.args[0]).ok_or_else(|| {

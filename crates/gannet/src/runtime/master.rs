@@ -16,6 +16,7 @@
 //! generation is already being replaced).
 
 use super::listener::{self, Bound, WorkerSockets};
+use super::placement;
 use super::worker::{self, Command};
 use crate::config::Config;
 use crate::errlog::Level;
@@ -153,6 +154,7 @@ impl Generation {
             .name(format!("gannet-worker-{w}"))
             .spawn(move || {
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    placement::apply(&config.main, w);
                     // The first worker of a generation runs its health checks.
                     worker::run(config, mine, cmd, w == 0)
                 }));

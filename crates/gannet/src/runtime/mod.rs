@@ -6,6 +6,7 @@ pub mod listener;
 pub mod log_reopen;
 pub mod master;
 pub mod parking;
+pub mod placement;
 pub mod read_timers;
 pub mod worker;
 
