@@ -86,7 +86,8 @@ pub struct MainConf {
 /// digits, the rightmost for CPU 0 (`0101` = CPUs 0 and 2), kept as the CPU numbers it sets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CpuAffinity {
-    /// Worker N on the Nth CPU of the mask (of all CPUs without one), round robin.
+    /// Worker N on the Nth CPU of the mask (without one, of the CPUs the process may use),
+    /// round robin.
     Auto(Option<Vec<usize>>),
     /// Worker N on the Nth mask; workers beyond the last mask share it, as in nginx.
     Masks(Vec<Vec<usize>>),
