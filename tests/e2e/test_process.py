@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import gannet_bin, wait_port, wait_until
+from conftest import gannet_bin, read_head, wait_port, wait_until
 
 
 def wait_for(predicate, deadline: float = 10.0, what: str = "condition"):
@@ -123,13 +123,13 @@ def test_listen_socket_buffers(gannet):
     assert srv.proc.poll() is None
 
 
-def _listening_socket(pid, port):
+def _listening_socket(pid, port, state="0A"):
     """A duplicate of gannet's listening socket on `port` (pidfd_getfd, Linux 5.6+), to read
-    its options as the kernel has them."""
+    its options as the kernel has them; with `state="01"`, of a connection it accepted there."""
     inodes = set()
     for line in open("/proc/net/tcp").read().splitlines()[1:]:
         f = line.split()
-        if f[3] == "0A" and int(f[1].split(":")[1], 16) == port:  # LISTEN
+        if f[3] == state and int(f[1].split(":")[1], 16) == port:  # 0A LISTEN, 01 ESTABLISHED
             inodes.add(f[9])
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -181,6 +181,23 @@ def test_listen_keepalive_and_fastopen(gannet):
         with _listening_socket(srv.proc.pid, port) as s:
             return s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
     wait_for(off, what="keepalive off after the reload")
+
+
+def test_client_connections_keep_little_unsent(gannet):
+    """Every listening socket, and so every connection it accepts, has TCP_NOTSENT_LOWAT at
+    16 KiB (listener.rs says why); a large file still arrives whole."""
+    big = os.urandom(3 << 20)
+    srv = gannet.start(files={"big.bin": big})
+    with _listening_socket(srv.proc.pid, srv.port) as s:
+        assert s.getsockopt(socket.IPPROTO_TCP, 25) == 16384  # TCP_NOTSENT_LOWAT
+    with socket.create_connection(("127.0.0.1", srv.port)) as c:
+        c.sendall(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        f = c.makefile("rb")
+        head = read_head(f)
+        assert head.startswith(b"HTTP/1.1 200") and f"Content-Length: {len(big)}".encode() in head
+        with _listening_socket(srv.proc.pid, srv.port, state="01") as conn:
+            assert conn.getsockopt(socket.IPPROTO_TCP, 25) == 16384
+        assert f.read(len(big)) == big
 
 
 def test_listen_keepalive_and_fastopen_values_are_checked(gannet):
