@@ -66,6 +66,8 @@ struct Conn<S: Transport> {
     /// small write waiting behind an unacknowledged one, so a one-shot connection never
     /// pays the setsockopt).
     nodelay: bool,
+    /// Whether the socket keeps little unsent yet (`send::limit_unsent`, kept connections).
+    unsent_limited: bool,
     /// The default server's until an answer's location says otherwise ([`Conn::head`]).
     send_timeout: Duration,
     /// Plain HTTP arrived on a TLS address: every request is answered 400.
@@ -184,6 +186,7 @@ async fn run_conn<S: Transport>(
         born,
         send_timeout,
         nodelay: false,
+        unsent_limited: false,
         plain_on_tls,
     };
     let end = c.run().await;
@@ -790,6 +793,9 @@ impl<S: Transport> Conn<S> {
             && req.start.saturating_duration_since(self.born) < core.keepalive_time();
         if keep && !self.nodelay && core.tcp_nodelay() {
             self.nodelay = self.stream.set_nodelay();
+        }
+        if keep && !self.unsent_limited {
+            self.unsent_limited = self.stream.limit_unsent();
         }
         let body_len = resp.body.len();
         let send_body = !req.is_head() && resp.status_has_body();

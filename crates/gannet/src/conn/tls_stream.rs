@@ -143,6 +143,10 @@ impl Transport for TlsStream {
         self.tcp.set_nodelay(true).is_ok()
     }
 
+    fn limit_unsent(&self) -> bool {
+        super::send::limit_unsent((&self.tcp).into())
+    }
+
     fn read_now(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
         self.read_plain(buf)
     }

@@ -33,6 +33,9 @@ pub trait Transport: Sized {
     /// Set TCP_NODELAY; returns whether it worked.
     fn set_nodelay(&self) -> bool;
 
+    /// Keep little unsent (`send::limit_unsent`); returns whether it worked.
+    fn limit_unsent(&self) -> bool;
+
     /// Read what has arrived, whatever the event loop last heard about the socket.
     fn read_now(&mut self, buf: &mut BytesMut) -> io::Result<usize>;
 
@@ -152,6 +155,10 @@ impl Transport for Plain {
 
     fn set_nodelay(&self) -> bool {
         self.sock().is_some_and(|s| s.set_tcp_nodelay(true).is_ok())
+    }
+
+    fn limit_unsent(&self) -> bool {
+        self.sock().is_some_and(send::limit_unsent)
     }
 
     /// One `recv` straight on the socket.

@@ -35,7 +35,7 @@ fn bound_socket(l: &Listen, reuseport: bool) -> io::Result<Socket> {
 }
 
 /// An integer option at the TCP level, one socket2 has no setter for.
-fn set_tcp_int(s: SockRef<'_>, option: libc::c_int, value: libc::c_int) -> io::Result<()> {
+pub fn set_tcp_int(s: SockRef<'_>, option: libc::c_int, value: libc::c_int) -> io::Result<()> {
     // SAFETY: the fd is the open socket `s` borrows; the option value is a c_int that lives
     // across the call, and its size is passed with it.
     let r = unsafe {
@@ -53,24 +53,11 @@ fn set_tcp_int(s: SockRef<'_>, option: libc::c_int, value: libc::c_int) -> io::R
     Ok(())
 }
 
-/// TCP_NOTSENT_LOWAT of every client connection: the socket takes more only once fewer
-/// than this many of its bytes wait unsent (bytes in flight do not count, so a connection
-/// on a long fat path still fills its window). Without it a large answer went into the
-/// socket whole (the autotuned buffer takes the 394 KB image in one sendfile) and the
-/// kernel sent it as the client's window opened, in small segments, much of it from the
-/// client's ACK processing: the image at c=100 cost 0.60 server CPU s per 10k requests at
-/// 16.4k req/s, against 0.28 at 23.3k with it, and every concurrency from 1 to 1,000 gained
-/// (docs/bench/adhoc/image, interleaved; README, *Performance*). nginx sets nothing here;
-/// 16 KiB is the value commonly used for it (h2o, Cloudflare) and measured best of 16, 64
-/// and 128 KiB.
-const NOTSENT_LOWAT: libc::c_int = 16 << 10;
-
-/// `listen ... rcvbuf= sndbuf= so_keepalive= fastopen=`, and [`NOTSENT_LOWAT`], on a
-/// listening socket; accepted connections inherit them. Applied to the sockets a reload
-/// keeps too, as nginx does, so a changed value takes effect for new connections (one
-/// taken out of the config leaves the last one set).
+/// `listen ... rcvbuf= sndbuf= so_keepalive= fastopen=` on a listening socket; accepted
+/// connections inherit them. Applied to the sockets a reload keeps too, as nginx does, so
+/// a changed value takes effect for new connections (one taken out of the config leaves
+/// the last one set).
 fn set_options(s: SockRef<'_>, l: &Listen) -> io::Result<()> {
-    set_tcp_int(SockRef::from(&*s), libc::TCP_NOTSENT_LOWAT, NOTSENT_LOWAT)?;
     if let Some(n) = l.rcvbuf {
         s.set_recv_buffer_size(n)?;
     }
