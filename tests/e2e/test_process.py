@@ -123,9 +123,10 @@ def test_listen_socket_buffers(gannet):
     assert srv.proc.poll() is None
 
 
-def _listening_socket(pid, port, state="0A"):
-    """A duplicate of gannet's listening socket on `port` (pidfd_getfd, Linux 5.6+), to read
-    its options as the kernel has them; with `state="01"`, of a connection it accepted there."""
+def _gannet_socket(pid, port, state="0A"):
+    """A duplicate (pidfd_getfd, Linux 5.6+) of gannet's listening socket on `port`, or with
+    `state="01"` of a connection it accepted there, to read its options as the kernel has
+    them."""
     inodes = set()
     for line in open("/proc/net/tcp").read().splitlines()[1:]:
         f = line.split()
@@ -144,7 +145,7 @@ def _listening_socket(pid, port, state="0A"):
                 os.close(pidfd)
             if dup >= 0:  # else closed since the listing (a copy a reload let go)
                 return socket.socket(fileno=dup)
-    raise AssertionError(f"no listening socket on {port} in {pid}")
+    raise AssertionError(f"no socket in state {state} on {port} in {pid}")
 
 
 def test_listen_keepalive_and_fastopen(gannet):
@@ -154,13 +155,13 @@ def test_listen_keepalive_and_fastopen(gannet):
     plain = f"listen 127.0.0.1:{port};"
     conf = gannet.render(port=port)[0]
     srv = gannet.start(conf=conf, files={"a.txt": "x"}, port=port)
-    with _listening_socket(srv.proc.pid, port) as s:
+    with _gannet_socket(srv.proc.pid, port) as s:
         assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
         assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_FASTOPEN) == 0
     srv.stop()
     srv = gannet.start(conf=conf.replace(plain, f"listen 127.0.0.1:{port} so_keepalive=10m::4 fastopen=64;"),
                        files={"a.txt": "x"}, port=port)
-    with _listening_socket(srv.proc.pid, port) as s:
+    with _gannet_socket(srv.proc.pid, port) as s:
         assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
         assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 600
         assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == int(open("/proc/sys/net/ipv4/tcp_keepalive_intvl").read())
@@ -178,14 +179,14 @@ def test_listen_keepalive_and_fastopen(gannet):
     srv.proc.send_signal(signal.SIGHUP)
 
     def off():
-        with _listening_socket(srv.proc.pid, port) as s:
+        with _gannet_socket(srv.proc.pid, port) as s:
             return s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
     wait_for(off, what="keepalive off after the reload")
 
 
 def _unsent_limit(srv):
     """TCP_NOTSENT_LOWAT of gannet's side of the one connection on its port."""
-    with _listening_socket(srv.proc.pid, srv.port, state="01") as conn:
+    with _gannet_socket(srv.proc.pid, srv.port, state="01") as conn:
         return conn.getsockopt(socket.IPPROTO_TCP, 25)  # TCP_NOTSENT_LOWAT
 
 
@@ -196,7 +197,7 @@ def test_kept_connections_keep_little_unsent(gannet):
     while it reads nothing, so gannet's side is still sending when the test looks at it."""
     big = os.urandom(12 << 20)
     srv = gannet.start(files={"big.bin": big})
-    with _listening_socket(srv.proc.pid, srv.port) as s:
+    with _gannet_socket(srv.proc.pid, srv.port) as s:
         system = s.getsockopt(socket.IPPROTO_TCP, 25)
     assert system != 16384
     for close, expected in ((True, system), (False, 16384)):
