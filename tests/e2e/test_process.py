@@ -262,14 +262,18 @@ def test_worker_cpu_affinity_and_priority(gannet):
     two = conf.replace("worker_processes 1;", "worker_processes 2;")
     srv = gannet.start(conf=two.replace("worker_processes 2;", "worker_processes 2;\nworker_cpu_affinity 01 10;\nworker_priority 5;"),
                        files={"a.txt": "x"}, port=port)
-    assert wait_until(lambda: len(_workers(srv.proc.pid)) == 2)
-    assert _workers(srv.proc.pid) == {0: ("0", 5), 1: ("1", 5)}
+    # Each worker thread binds itself and sets its nice value as it starts: wait for that
+    # state, not only for the threads to exist.
+    want = {0: ("0", 5), 1: ("1", 5)}
+    assert wait_until(lambda: _workers(srv.proc.pid) == want) == want, _workers(srv.proc.pid)
     assert srv.get("/a.txt")[::2] == (200, b"x")
     srv.stop()
     srv = gannet.start(conf=two.replace("worker_processes 2;", "worker_processes 2;\nworker_cpu_affinity auto;"),
                        files={"a.txt": "x"}, port=port)
-    assert wait_until(lambda: len(_workers(srv.proc.pid)) == 2)
-    workers = _workers(srv.proc.pid)
+    def placed():
+        w = _workers(srv.proc.pid)
+        return len(w) == 2 and {w[0][0], w[1][0]} == {"0", "1"} and w
+    workers = wait_until(placed) or _workers(srv.proc.pid)
     assert {workers[0][0], workers[1][0]} == {"0", "1"} and workers[0][1] == 0, workers
     assert srv.get("/a.txt")[::2] == (200, b"x")
 
