@@ -436,7 +436,12 @@ def test_answer_cut_short_is_502(gannet, backend):
 
     b = backend(die)
     srv = pass_to(gannet, b.port)
-    assert srv.get("/x.php")[0] == 502
+    # The client never sees a complete answer: a 502 if the close came with the head, else
+    # the head and what came, then the connection closes without the last chunk (nginx
+    # sends the last chunk, so its client takes the cut answer for a whole one).
+    raw = srv.raw(b"GET /x.php HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert raw.startswith(b"HTTP/1.1 502") or (
+        raw.startswith(b"HTTP/1.1 200") and raw.endswith(b"partial bo\r\n")), raw
     assert wait_until(lambda: "prematurely closed" in srv.error_log())
 
 

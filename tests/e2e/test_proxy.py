@@ -156,7 +156,12 @@ def test_answer_framings_reach_the_client(gannet, app, framing):
     status, h, body = srv.get("/f")
     assert (status, body) == (200, payload)
     assert h["x-from"] == "app"
-    assert h["content-length"] == str(len(payload))
+    # An announced length goes as is; an answer of unknown length that came whole at once
+    # gets its length, one the application paused in is streamed in chunks.
+    if framing == "length":
+        assert h["content-length"] == str(len(payload))
+    else:
+        assert h.get("content-length") == str(len(payload)) or h.get("transfer-encoding") == "chunked", h
     # HEAD gets the head only; the answer to it has no body whatever its fields say.
     status, h, body = srv.request("HEAD", "/f")
     assert status == 200 and body == b""
@@ -182,10 +187,10 @@ def test_big_answer_is_streamed_and_a_cut_closes_the_client(gannet, app):
         f = s.makefile("rb")
         head = read_head(f)
         assert head.startswith(b"HTTP/1.1 200")
-        assert b"transfer-encoding: chunked" in head.lower()
-        # The body ends without its last chunk: the client sees the answer is incomplete.
-        with pytest.raises((ValueError, ConnectionError, OSError)):
-            read_chunked(f)
+        # The announced length goes as is, and the body ends short of it: the client sees
+        # the answer is incomplete.
+        assert b"content-length: %d\r\n" % (3 * len(block)) in head.lower()
+        assert len(f.read()) < 3 * len(block)
     assert wait_until(lambda: "upstream prematurely closed connection" in srv.error_log())
 
 

@@ -22,13 +22,19 @@
 //! framed for the protocol (as is, HTTP chunks, FastCGI STDIN records); once a piece has
 //! gone, the request cannot go to another server. The answer is read once the body is sent.
 //!
-//! An answer up to [`STREAM_AT`] bytes is buffered whole before it is sent: the application
-//! is released as soon as it is done, and the client gets a Content-Length. A bigger one is
-//! streamed as it comes ([`Streaming`], chunked to HTTP/1.1 clients, close-delimited to
-//! HTTP/1.0 ones); if the application dies mid-way the client connection is closed, so the
-//! client sees the answer is incomplete. With an `upstream` group, the server is picked by
-//! the group's balancing method and failed servers are skipped per `*_next_upstream`; a
-//! plain address gets a new connection per request, as in nginx.
+//! An answer that has come whole by the time its last byte is read (the usual small one, in
+//! one or a few reads with no wait between them), up to [`STREAM_AT`] bytes, is sent whole:
+//! the application is released at once and the client gets a Content-Length. As soon as
+//! the application pauses (a read would wait), or past [`STREAM_AT`], the answer is
+//! streamed ([`Streaming`]): what came goes to the client at once and the rest as it comes
+//! (with the application's Content-Length if it gave one, else chunked to HTTP/1.1 clients
+//! and close-delimited to HTTP/1.0 ones), so nothing is held while an application thinks.
+//! `*_buffering off`, or the application's `X-Accel-Buffering: no`, streams from the head
+//! on, each read handed on as it is read. If the application dies mid-way the client
+//! connection is closed, so the client sees the answer is incomplete. With an `upstream`
+//! group, the server is picked by the group's balancing method and failed servers are
+//! skipped per `*_next_upstream`; a plain address gets a new connection per request, as in
+//! nginx.
 //!
 //! Failures map to nginx's statuses and log lines: refused or unreachable -> 502, a failed
 //! TLS handshake or certificate check -> 502 (retried as `error`: nothing was sent), a
@@ -65,7 +71,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
-/// Answers up to this size are buffered whole; bigger ones are streamed.
+/// Answers that come whole up to this size are sent whole; past it they are streamed.
 pub const STREAM_AT: usize = 1024 * 1024;
 
 const CONNECTING: &str = "connecting to upstream";
@@ -197,36 +203,8 @@ impl Link {
     /// The next piece of the answer, reading when none is buffered.
     async fn next(&mut self, timeout: Duration, in_body: bool) -> Result<Event, Failure> {
         loop {
-            if self.proto == Proto::FastCgi {
-                let record = fastcgi::decode(&mut self.input)
-                    .map_err(|e| Failure::Protocol(e.to_string()))?;
-                match record {
-                    Some(Record::Stdout(b)) => return Ok(Event::Data(b)),
-                    Some(Record::Stderr(b)) => return Ok(Event::Stderr(b)),
-                    Some(Record::End { .. }) => return Ok(Event::End),
-                    None => {}
-                }
-            } else if let Some(dec) = &mut self.chunked {
-                let chunk = dec
-                    .decode(&mut self.input)
-                    .map_err(|_| Failure::Body("upstream sent invalid chunked response"))?;
-                match chunk {
-                    Chunk::Data(b) => return Ok(Event::Data(b)),
-                    Chunk::Done => return Ok(Event::End),
-                    Chunk::NeedMore => {}
-                }
-            } else if self.left == Some(0) {
-                return Ok(Event::End);
-            } else if !self.input.is_empty() {
-                // Taken whole, not split: a split would make the buffer shared (an
-                // allocation for its count).
-                let mut b = std::mem::take(&mut self.input);
-                if let Some(left) = &mut self.left {
-                    // Bytes past the announced length are not part of the answer.
-                    b.truncate(usize::try_from(*left).unwrap_or(usize::MAX));
-                    *left -= b.len() as u64;
-                }
-                return Ok(Event::Data(b.freeze()));
+            if let Some(ev) = self.buffered()? {
+                return Ok(ev);
             }
             let phase = if in_body { READING } else { READING_HEAD };
             let read = read_more(
@@ -237,18 +215,89 @@ impl Link {
                 phase,
             );
             if read.await? == 0 {
-                let delimited = self.left.is_some() || self.chunked.is_some();
-                return match self.proto {
-                    Proto::FastCgi if self.got_any => Err(Failure::Premature(self.proto)),
-                    Proto::FastCgi => Err(Failure::ClosedEarly),
-                    // A stream's end is the answer's end, once its head has come and unless
-                    // it announced a length or chunks.
-                    _ if in_body && !delimited => Ok(Event::End),
-                    _ if in_body => Err(Failure::Premature(self.proto)),
-                    _ => Err(Failure::ClosedEarly),
-                };
+                return self.closed(in_body);
             }
             self.got_any = true;
+        }
+    }
+
+    /// The next piece of the body if the application has sent it already; `None` when it
+    /// must be waited for (the answer is then streamed: nothing is held while the
+    /// application pauses). One poll of the socket, no timer: an answer that came whole
+    /// costs no deadline.
+    async fn next_ready(&mut self) -> Option<Result<Event, Failure>> {
+        loop {
+            match self.buffered() {
+                Ok(Some(ev)) => return Some(Ok(ev)),
+                Err(f) => return Some(Err(f)),
+                Ok(None) => {}
+            }
+            let (conn, input) = (&mut self.conn, &mut self.input);
+            let polled = std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(match poll_read_into(conn, input, cx) {
+                    std::task::Poll::Ready(r) => Some(r),
+                    std::task::Poll::Pending => None,
+                })
+            })
+            .await?;
+            match polled {
+                Err(e) => return Some(Err(Failure::Io(e, READING))),
+                Ok(0) => return Some(self.closed(true)),
+                Ok(_) => self.got_any = true,
+            }
+        }
+    }
+
+    /// The next piece that the bytes already read make, if they make one.
+    fn buffered(&mut self) -> Result<Option<Event>, Failure> {
+        if self.proto == Proto::FastCgi {
+            let record =
+                fastcgi::decode(&mut self.input).map_err(|e| Failure::Protocol(e.to_string()))?;
+            return Ok(match record {
+                Some(Record::Stdout(b)) => Some(Event::Data(b)),
+                Some(Record::Stderr(b)) => Some(Event::Stderr(b)),
+                Some(Record::End { .. }) => Some(Event::End),
+                None => None,
+            });
+        }
+        if let Some(dec) = &mut self.chunked {
+            let chunk = dec
+                .decode(&mut self.input)
+                .map_err(|_| Failure::Body("upstream sent invalid chunked response"))?;
+            return Ok(match chunk {
+                Chunk::Data(b) => Some(Event::Data(b)),
+                Chunk::Done => Some(Event::End),
+                Chunk::NeedMore => None,
+            });
+        }
+        if self.left == Some(0) {
+            return Ok(Some(Event::End));
+        }
+        if self.input.is_empty() {
+            return Ok(None);
+        }
+        // Taken whole, not split: a split would make the buffer shared (an allocation for
+        // its count).
+        let mut b = std::mem::take(&mut self.input);
+        if let Some(left) = &mut self.left {
+            // Bytes past the announced length are not part of the answer.
+            b.truncate(usize::try_from(*left).unwrap_or(usize::MAX));
+            *left -= b.len() as u64;
+        }
+        Ok(Some(Event::Data(b.freeze())))
+    }
+
+    /// What the application closing its connection means here.
+    fn closed(&self, in_body: bool) -> Result<Event, Failure> {
+        let delimited = self.left.is_some() || self.chunked.is_some();
+        match self.proto {
+            Proto::FastCgi if self.got_any => Err(Failure::Premature(self.proto)),
+            Proto::FastCgi => Err(Failure::ClosedEarly),
+            // A stream's end is the answer's end, once its head has come and unless it
+            // announced a length or chunks.
+            _ if in_body && !delimited => Ok(Event::End),
+            _ if in_body => Err(Failure::Premature(self.proto)),
+            _ => Err(Failure::ClosedEarly),
         }
     }
 
@@ -310,8 +359,8 @@ impl Link {
     }
 }
 
-/// The application's answer: its head and body, whole (`done`), or its first
-/// [`STREAM_AT`] bytes and the connection to read on.
+/// The application's answer: its head and body, whole (`done`), or what came of it before
+/// it paused (at most about [`STREAM_AT`] bytes) and the connection to read on.
 struct Answered {
     head: CgiHead,
     body: BytesMut,
@@ -334,7 +383,7 @@ pub struct Tunnel {
     pub early: BytesMut,
 }
 
-/// The rest of a big answer, read from the application while it is sent on.
+/// The rest of a streamed answer, read from the application while it is sent on.
 pub struct Streaming {
     link: Link,
     first: Option<Bytes>,
@@ -869,18 +918,25 @@ async fn read_more(
     timeout: Duration,
     phase: &'static str,
 ) -> Result<usize, Failure> {
-    let read = std::future::poll_fn(|cx| {
-        let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); 16 * 1024];
-        let mut rb = tokio::io::ReadBuf::uninit(&mut chunk);
-        std::task::ready!(std::pin::Pin::new(&mut **s).poll_read(cx, &mut rb))?;
-        input.extend_from_slice(rb.filled());
-        std::task::Poll::Ready(Ok::<_, std::io::Error>(rb.filled().len()))
-    });
+    let read = std::future::poll_fn(|cx| poll_read_into(s, input, cx));
     match timers.within(timeout, read).await {
         Ok(Ok(n)) => Ok(n),
         Ok(Err(e)) => Err(Failure::Io(e, phase)),
         Err(()) => Err(Failure::Timeout(phase)),
     }
+}
+
+/// One read from `s` appended to `input`: the byte count, 0 at the end of the stream.
+fn poll_read_into(
+    s: &mut Conn,
+    input: &mut BytesMut,
+    cx: &mut std::task::Context<'_>,
+) -> std::task::Poll<std::io::Result<usize>> {
+    let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); 16 * 1024];
+    let mut rb = tokio::io::ReadBuf::uninit(&mut chunk);
+    std::task::ready!(std::pin::Pin::new(&mut **s).poll_read(cx, &mut rb))?;
+    input.extend_from_slice(rb.filled());
+    std::task::Poll::Ready(Ok(rb.filled().len()))
 }
 
 /// Whether `*_next_upstream` (default `error timeout`) sends the request on to the next
@@ -980,17 +1036,24 @@ fn outcome(
         return Outcome::Flow(whole(req, c, a.head, a.body));
     }
     match answer(req, c, a.head) {
-        Flow::Done(resp) => Outcome::Stream(
-            resp,
-            Box::new(Streaming {
-                link: a.link,
-                first: (!a.body.is_empty()).then(|| a.body.freeze()),
-                addr,
-                done: false,
-                pool,
-                _lease: lease,
-            }),
-        ),
+        Flow::Done(mut resp) => {
+            // A length the application announced goes to the client as is (nginx's way),
+            // not turned into chunks.
+            if let (Some(left), false) = (a.link.left, req.is_head()) {
+                resp.content_length = Some(a.body.len() as u64 + left);
+            }
+            Outcome::Stream(
+                resp,
+                Box::new(Streaming {
+                    link: a.link,
+                    first: (!a.body.is_empty()).then(|| a.body.freeze()),
+                    addr,
+                    done: false,
+                    pool,
+                    _lease: lease,
+                }),
+            )
+        }
         // A redirect or an intercepted error: the rest of the answer is not wanted.
         flow => Outcome::Flow(flow),
     }
@@ -1038,7 +1101,8 @@ async fn fresh(
     exchange(req, addr, Link::new(conn, via), out).await
 }
 
-/// Send the request and read the answer, whole or its first [`STREAM_AT`] bytes.
+/// Send the request and read the answer: whole, or up to where the application pauses (see
+/// the module's header).
 async fn exchange(
     req: &Request,
     addr: &Addr,
@@ -1051,9 +1115,22 @@ async fn exchange(
         send_body(&link.timers, &mut link.conn, b, c.send_timeout()).await?;
     }
     let mut body = BytesMut::new();
-    let mut head = None;
+    let mut head: Option<CgiHead> = None;
+    // Whether the answer is held until it is whole (or STREAM_AT): `*_buffering`, or the
+    // application's `X-Accel-Buffering`. Known once the head has come.
+    let mut buffering = true;
     loop {
-        match link.next(c.read_timeout(), head.is_some()).await? {
+        let event = if head.is_none() {
+            link.next(c.read_timeout(), false).await?
+        } else {
+            match link.next_ready().await {
+                Some(ev) => ev?,
+                // The application pauses: what came goes to the client now, the rest as
+                // it comes.
+                None => break,
+            }
+        };
+        match event {
             Event::Data(b) => {
                 if body.is_empty() {
                     // Usually the whole answer: taken as it is rather than copied.
@@ -1063,16 +1140,10 @@ async fn exchange(
                 }
                 if head.is_none() {
                     head = read_head(req, c, &mut link, &mut body)?;
+                    buffering = head.as_ref().is_some_and(|h| buffers(c, h));
                 }
-                if body.len() >= STREAM_AT {
-                    if let Some(head) = head.take() {
-                        return Ok(Answered {
-                            head,
-                            body,
-                            done: false,
-                            link,
-                        });
-                    }
+                if head.is_some() && (!buffering || body.len() >= STREAM_AT) {
+                    break;
                 }
             }
             Event::Stderr(b) => log_stderr(req, addr, &b, head.is_some()),
@@ -1091,6 +1162,24 @@ async fn exchange(
                 };
             }
         }
+    }
+    let head = head.ok_or_else(|| Failure::Protocol("upstream sent invalid header".into()))?;
+    Ok(Answered {
+        head,
+        body,
+        done: false,
+        link,
+    })
+}
+
+/// Whether an answer is buffered: `*_buffering`, unless the application's
+/// `X-Accel-Buffering: yes|no` says otherwise (and `*_ignore_headers` does not list it), as
+/// nginx.
+fn buffers(c: &GatewayConf, head: &CgiHead) -> bool {
+    match head.get("x-accel-buffering") {
+        Some(v) if v.eq_ignore_ascii_case("yes") && !c.ignores("x-accel-buffering") => true,
+        Some(v) if v.eq_ignore_ascii_case("no") && !c.ignores("x-accel-buffering") => false,
+        _ => c.buffering(),
     }
 }
 

@@ -674,10 +674,11 @@ impl<S: Transport> Conn<S> {
         keep && sent_ok
     }
 
-    /// Send a body of unknown length as it comes (an application's big answer, or one being
-    /// compressed): chunked to an HTTP/1.1 client, close-delimited to an HTTP/1.0 one. If
-    /// the source fails half-way, what came is sent and the connection closes (a chunked
-    /// body then lacks its last chunk, so the client knows).
+    /// Send a body as it comes (an application's streamed answer, or one being compressed):
+    /// with the length the application announced, else chunked to an HTTP/1.1 client and
+    /// close-delimited to an HTTP/1.0 one. If the source fails half-way, what came is sent
+    /// and the connection closes (the body is then short, or lacks its last chunk, so the
+    /// client knows).
     async fn respond_streamed(
         &mut self,
         req: &Request,
@@ -685,9 +686,10 @@ impl<S: Transport> Conn<S> {
         mut src: Source,
         keep: bool,
     ) -> bool {
-        let chunked = req.head.version == Version::Http11;
+        // A length known beforehand (an application announced it) goes as is.
+        let chunked = req.head.version == Version::Http11 && resp.content_length.is_none();
         resp.chunked = chunked;
-        resp.length_unknown = !chunked;
+        resp.length_unknown = !chunked && resp.content_length.is_none();
         let mut encoder = match resp.encode.map(|(c, level)| Encoder::new(c, level)) {
             None => None,
             Some(Ok(e)) => Some(e),
@@ -696,7 +698,8 @@ impl<S: Transport> Conn<S> {
                 return false;
             }
         };
-        let (keep, head_len, send_body) = self.head(req, &mut resp, keep && chunked);
+        let delimited = !resp.length_unknown;
+        let (keep, head_len, send_body) = self.head(req, &mut resp, keep && delimited);
         let mut pace = limit_rate::pace(req, &resp);
         let mut sent = 0u64;
         let mut whole = true;

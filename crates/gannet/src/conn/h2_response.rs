@@ -112,7 +112,7 @@ pub async fn send(
         },
         None => None,
     };
-    if src.is_some() {
+    if src.is_some() && resp.content_length.is_none() {
         resp.length_unknown = true;
     }
     let body_len = resp.body.len();

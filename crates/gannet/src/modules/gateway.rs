@@ -141,6 +141,8 @@ pub struct GatewayConf {
     pub connect_timeout: Option<Duration>,
     pub send_timeout: Option<Duration>,
     pub read_timeout: Option<Duration>,
+    /// `*_buffering`: off sends each piece of the answer on as it is read (`conn::gateway`).
+    pub buffering: Option<bool>,
     pub buffer_size: Option<u64>,
     pub intercept_errors: Option<bool>,
     pub hide: Option<Arc<Vec<String>>>,
@@ -154,7 +156,8 @@ pub struct GatewayConf {
     pub next_upstream_tries: Option<u64>,
     /// How long retries may go on; zero: no limit.
     pub next_upstream_timeout: Option<Duration>,
-    /// `*_ignore_headers`, lower case: of these, gannet acts only on `x-accel-limit-rate`.
+    /// `*_ignore_headers`, lower case: the application's `X-Accel-*` headers listed here are
+    /// not acted on.
     pub ignore_headers: Option<Arc<Vec<String>>>,
     /// `*_socket_keepalive`: TCP keep-alive probes on upstream connections.
     pub socket_keepalive: Option<bool>,
@@ -171,6 +174,7 @@ impl GatewayConf {
             connect_timeout,
             send_timeout,
             read_timeout,
+            buffering,
             buffer_size,
             intercept_errors,
             hide,
@@ -210,6 +214,9 @@ impl GatewayConf {
     /// The most a response head may take (`*_buffer_size`, one page by default).
     pub fn buffer_size(&self) -> usize {
         self.buffer_size.unwrap_or(4096) as usize
+    }
+    pub fn buffering(&self) -> bool {
+        self.buffering.unwrap_or(true)
     }
     pub fn intercept_errors(&self) -> bool {
         self.intercept_errors.unwrap_or(false)
@@ -298,11 +305,7 @@ pub fn set(d: &Directive, p: Proto, lc: &mut LocConf, ctx: &LoadCtx) -> Result<b
         "connect_timeout" => c.connect_timeout = duration(d)?,
         "send_timeout" => c.send_timeout = duration(d)?,
         "read_timeout" => c.read_timeout = duration(d)?,
-        // Checked, then without effect: small answers are buffered whole, big ones streamed
-        // (see `conn::gateway`).
-        "buffering" => {
-            setters::flag(d)?;
-        }
+        "buffering" => c.buffering = Some(setters::flag(d)?),
         "buffers" => {
             setters::num_arg(d, 0)?;
             setters::size_arg(d, 1)?;
@@ -351,8 +354,7 @@ pub fn set(d: &Directive, p: Proto, lc: &mut LocConf, ctx: &LoadCtx) -> Result<b
         }
         "ignore_headers" => {
             // nginx's list. The cache's headers (Expires, Cache-Control, Set-Cookie, Vary,
-            // X-Accel-Expires) mean nothing without a cache; X-Accel-Redirect, -Buffering and
-            // -Charset are not acted on by gannet in the first place.
+            // X-Accel-Expires) mean nothing without a cache.
             const KNOWN: &[&str] = &[
                 "x-accel-redirect",
                 "x-accel-expires",
