@@ -1293,8 +1293,9 @@ fn log_stderr(req: &Request, addr: &Addr, msg: &[u8], in_body: bool) {
 
 /// The answer's head as the next step of the request phases (the caller adds the body).
 fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
-    let (status, head) = match gateway::classify(head) {
+    let (status, head) = match gateway::classify(c, head) {
         Answer::LocalRedirect(uri) => return Flow::Redirect(uri),
+        Answer::AccelRedirect(uri, carried) => return Flow::Accel(uri, carried),
         Answer::Respond(s, h) => (s, h),
     };
     if status >= 300 && c.intercept_errors() && req.conf.error_page.find(status).is_some() {
@@ -1310,6 +1311,7 @@ fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
     }
     // Only the values the client gets are made into values of their own.
     let mut fields = head.headers;
+    let mut charset = None;
     for (name, at) in std::mem::take(&mut fields.list) {
         let value = fields.value(&at);
         if name.eq_ignore_ascii_case("x-accel-limit-rate") && !c.ignores("x-accel-limit-rate") {
@@ -1320,6 +1322,8 @@ fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
         }
         if name.eq_ignore_ascii_case("content-type") {
             resp.content_type = Some(Arc::from(value));
+        } else if name.eq_ignore_ascii_case("x-accel-charset") && !c.ignores("x-accel-charset") {
+            charset = Some(value);
         } else if name.eq_ignore_ascii_case("location") {
             let rewritten = proxied.then(|| proxy::rewrite_location(req, value));
             resp.location = Some(rewritten.flatten().unwrap_or_else(|| value.to_string()));
@@ -1339,6 +1343,14 @@ fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
             resp.headers.push((name, v));
         } else if gateway::passes(c, &name) {
             resp.headers.push((name, fields.keep(value)));
+        }
+    }
+    // `X-Accel-Charset`: the charset the answer is said to be in, added to a Content-Type
+    // that names none (gannet recodes nothing: nginx too leaves a type that names another
+    // charset as it is when it has no map between the two).
+    if let (Some(cs), Some(ct)) = (charset, &resp.content_type) {
+        if !cs.is_empty() && !ct.to_ascii_lowercase().contains("charset=") {
+            resp.content_type = Some(Arc::from(format!("{ct}; charset={cs}")));
         }
     }
     Flow::Done(resp)

@@ -34,7 +34,10 @@ use crate::modules::{
     try_files,
 };
 use crate::runtime::worker::Worker;
+use gannet_proto::cgi::HeaderValue;
 use gannet_proto::h1::{BodyKind, Method};
+use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What a phase handler decided.
@@ -47,6 +50,9 @@ pub enum Flow {
     Status(u16),
     /// Internal redirect to this URI (`/path?args` or `@name`).
     Redirect(String),
+    /// An application's `X-Accel-Redirect`: an internal redirect to this URI (`/path?args`
+    /// or `@name`) as a GET (HEAD stays HEAD), whose answer carries these headers.
+    Accel(String, Vec<(Cow<'static, str>, HeaderValue)>),
     /// Close the connection without answering (`return 444`).
     Close,
     /// Pass the request to the location's application (FastCGI, SCGI or uwsgi).
@@ -94,6 +100,7 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
             Flow::Delay(d) => return Handled::Delay(d),
             Flow::Delayed => after_limit_req(req, w),
             Flow::Redirect(uri) => internal_redirect(req, w, &uri),
+            Flow::Accel(uri, carried) => accel_redirect(req, w, &uri, carried),
             Flow::Status(code) => match error_page(req, code) {
                 Some(f) => f,
                 None => break Response::error_page(code, req.conf.core.server_tokens()),
@@ -142,6 +149,17 @@ pub fn finish(req: &mut Request, resp: &mut Response) {
         if let Some(c) = &req.auth_challenge {
             resp.headers
                 .push(("WWW-Authenticate".into(), c.as_str().into()));
+        }
+    }
+    if !req.carried.is_empty() && resp.status < 400 {
+        // X-Accel-Redirect's answer: the application's Content-Type wins over the file's,
+        // as nginx sets a file's type only where none is set.
+        for (name, value) in std::mem::take(&mut req.carried) {
+            if name.eq_ignore_ascii_case("content-type") {
+                resp.content_type = Some(Arc::from(value.as_ref()));
+            } else {
+                resp.headers.push((name, value));
+            }
         }
     }
     if let Some(abs) = resp
@@ -289,6 +307,31 @@ fn internal_redirect(req: &mut Request, w: &Worker, uri: &str) -> Flow {
         None => req.uri = uri.to_string(),
     }
     Flow::Next
+}
+
+/// `X-Accel-Redirect`, as nginx: a URI that could climb out of its folders (`.`/`..`
+/// segments, no leading `/`) is a 404; else an internal redirect as a GET, the headers
+/// carried to the answer.
+fn accel_redirect(
+    req: &mut Request,
+    w: &Worker,
+    uri: &str,
+    carried: Vec<(Cow<'static, str>, HeaderValue)>,
+) -> Flow {
+    if !uri.starts_with('@') {
+        let path = uri.split_once('?').map_or(uri, |(p, _)| p);
+        let unsafe_uri = !path.starts_with('/')
+            || path.contains('\0')
+            || path.split('/').any(|seg| seg == "." || seg == "..");
+        if unsafe_uri {
+            return Flow::Status(404);
+        }
+        if !req.is_head() {
+            req.method_override = Some(Method::Get);
+        }
+    }
+    req.carried = carried;
+    internal_redirect(req, w, uri)
 }
 
 /// `error_page` for `code`, if the location has one: an internal redirect (GET) carrying

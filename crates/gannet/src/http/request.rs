@@ -5,7 +5,9 @@ use crate::config::ServerConf;
 use crate::http::router::Location;
 use crate::http::user_vars;
 use crate::modules::LocConf;
+use gannet_proto::cgi::HeaderValue;
 use gannet_proto::h1::{Method, RequestHead};
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -77,6 +79,10 @@ pub struct Request {
     pub limit_rate: Cell<Option<u64>>,
     /// `auth_basic`'s `WWW-Authenticate` value, sent with the 401 (and its error page).
     pub auth_challenge: Option<String>,
+    /// An application's `X-Accel-Redirect` answer's headers that the redirected request's
+    /// answer carries (nginx's list: Content-Type, Set-Cookie, Content-Disposition,
+    /// Cache-Control, Expires, Accept-Ranges).
+    pub carried: Vec<(Cow<'static, str>, HeaderValue)>,
     /// The `limit_conn` counts this request holds until it is dropped.
     pub limit_conns: Vec<crate::modules::limit_conn::Held>,
     /// The client's address from `real_ip_header` (see [`Request::client`]).
@@ -149,6 +155,7 @@ impl Request {
             limit_conns: Vec::new(),
             real_peer: None,
             auth_challenge: None,
+            carried: Vec::new(),
         }
     }
 

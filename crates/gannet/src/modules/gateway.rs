@@ -20,7 +20,8 @@ use crate::http::variables::Template;
 use crate::upstream::{Addr, Upstream};
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
-use gannet_proto::cgi::{CgiHead, ParamError, ParamSink};
+use gannet_proto::cgi::{CgiHead, HeaderValue, ParamError, ParamSink};
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -489,9 +490,33 @@ pub enum Answer {
     Respond(u16, CgiHead),
     /// A CGI local redirect (`Location: /path` and no `Status`): serve that URI instead.
     LocalRedirect(String),
+    /// `X-Accel-Redirect: /uri` or `@name`: serve that instead, with the headers nginx
+    /// carries over to the redirected request's answer.
+    AccelRedirect(String, Vec<(Cow<'static, str>, HeaderValue)>),
 }
 
-pub fn classify(head: CgiHead) -> Answer {
+/// The answer headers nginx keeps across an `X-Accel-Redirect` (its `redirect` flag).
+const CARRIED: &[&str] = &[
+    "content-type",
+    "set-cookie",
+    "content-disposition",
+    "cache-control",
+    "expires",
+    "accept-ranges",
+];
+
+pub fn classify(c: &GatewayConf, head: CgiHead) -> Answer {
+    if let Some(uri) = head.get("x-accel-redirect").filter(|u| !u.is_empty()) {
+        if !c.ignores("x-accel-redirect") {
+            let carried = head
+                .headers
+                .iter()
+                .filter(|(n, _)| CARRIED.iter().any(|k| n.eq_ignore_ascii_case(k)))
+                .map(|(n, v)| (Cow::Owned(n.to_string()), HeaderValue::from(v)))
+                .collect();
+            return Answer::AccelRedirect(uri.to_string(), carried);
+        }
+    }
     match (head.status, head.get("location")) {
         (None, Some(l)) if l.starts_with('/') && !l.starts_with("//") => {
             Answer::LocalRedirect(l.to_string())
