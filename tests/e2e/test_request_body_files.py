@@ -156,6 +156,7 @@ def test_big_uploads_stay_out_of_memory_and_arrive_whole(gannet, app):
     assert listed == set(), f"files appeared in the temp folder: {listed}"
     assert os.listdir(temp) == []
     assert temp_fds(pid, temp) == [], "temporary files still open after the requests"
+    assert f"[warn] " in srv.error_log() and f"a client request body is buffered to a temporary file {temp}" in srv.error_log()
     growth = max(peak[0], vm(pid, "VmHWM")) - base
     assert growth < 32 * 1024 * 1024, f"RSS grew by {growth >> 20} MiB for two {mib} MiB bodies"
 

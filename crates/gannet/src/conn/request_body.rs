@@ -117,10 +117,25 @@ pub async fn read<B: BodySource + ?Sized>(
 }
 
 fn open(req: &Request) -> Result<TempFile, Failed> {
-    temp_file::create(&req.conf.client_body.temp_path()).map_err(|why| {
-        errlog::request(Level::Crit, req, format_args!("{why}"));
-        Failed::Store
-    })
+    match temp_file::create(&req.conf.client_body.temp_path()) {
+        Ok(t) => {
+            // nginx's notice of the same event, at its level (the name is the folder for
+            // a file that never had one).
+            errlog::request(
+                Level::Warn,
+                req,
+                format_args!(
+                    "a client request body is buffered to a temporary file {}",
+                    t.name.display()
+                ),
+            );
+            Ok(t)
+        }
+        Err(why) => {
+            errlog::request(Level::Crit, req, format_args!("{why}"));
+            Err(Failed::Store)
+        }
+    }
 }
 
 /// Append `data` at `*at`, as nginx's `pwrite()`, with its log line on failure.
