@@ -151,6 +151,12 @@ pub fn stdin(out: &mut Vec<u8>, data: &[u8]) {
     stream(out, STDIN, data);
 }
 
+/// The header of a STDIN record of `len` (at most [`MAX_CONTENT`]) bytes, and how many
+/// zero bytes of padding follow them: for a body framed where it lies, without a copy.
+pub fn stdin_header(len: usize) -> ([u8; HEADER_LEN], usize) {
+    (header_bytes(STDIN, len), (8 - len % 8) % 8)
+}
+
 /// The empty STDIN record: the request body is complete.
 pub fn stdin_end(out: &mut Vec<u8>) {
     header(out, STDIN, 0);

@@ -8,6 +8,7 @@ pub mod access;
 pub mod access_log;
 pub mod auth_basic;
 pub mod autoindex;
+pub mod client_body;
 pub mod compress;
 pub mod core;
 pub mod error_page;
@@ -166,6 +167,10 @@ pub const MODULES: &[Module] = &[
         set: health_check::set,
     },
     Module {
+        directives: client_body::DIRECTIVES,
+        set: client_body::set,
+    },
+    Module {
         directives: mirror::DIRECTIVES,
         set: mirror::set,
     },
@@ -239,6 +244,7 @@ mod tests {
 #[derive(Debug, Clone, Default)]
 pub struct LocConf {
     pub core: core::CoreConf,
+    pub client_body: client_body::ClientBodyConf,
     pub types: types::TypesConf,
     pub files: static_files::FilesConf,
     pub index: index::IndexConf,
@@ -270,6 +276,7 @@ impl LocConf {
     /// Fill what this level left unset from its parent (nginx's merge_loc_conf).
     pub fn merge(&mut self, parent: &LocConf) {
         self.core.merge(&parent.core);
+        self.client_body.merge(&parent.client_body);
         self.types.merge(&parent.types);
         self.files.merge(&parent.files);
         self.index.merge(&parent.index);

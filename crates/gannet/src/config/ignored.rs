@@ -72,14 +72,6 @@ pub const IGNORED: &[(&str, &str)] = &[
     ("msie_padding", "not needed by any current browser"),
     ("msie_refresh", "not needed by any current browser"),
     (
-        "client_body_buffer_size",
-        "request bodies are kept in memory (up to client_max_body_size)",
-    ),
-    (
-        "client_body_temp_path",
-        "request bodies are kept in memory (up to client_max_body_size)",
-    ),
-    (
         "proxy_temp_path",
         "proxied answers are buffered in memory or streamed",
     ),

@@ -315,6 +315,9 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
         // nginx's compiled-in default: `html` under the prefix.
         conf.core.root = Some(Template::literal(&prefix.join("html").to_string_lossy()));
     }
+    if conf.client_body.temp_path.is_none() {
+        conf.client_body.temp_path = Some(modules::client_body::default_temp_path(prefix));
+    }
     // Every `map` is an http-level directive, so all are known by now.
     let vars = user_vars::table();
     let mut groups: Vec<ListenGroup> = Vec::new();

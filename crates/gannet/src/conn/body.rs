@@ -1,7 +1,9 @@
-//! Request bodies: read whole (up to `client_max_body_size`) for an application, read and
-//! dropped for static content (so the next request on the connection is framed right), or
-//! handed on piece by piece as they arrive ([`BodyStream`], for `*_request_buffering off`).
-//! The size limit and `client_body_timeout` apply the same way to all three.
+//! Request bodies off an HTTP/1.x connection, piece by piece as they arrive
+//! ([`BodyStream`]): kept whole for an application (by `conn::request_body`, in memory or
+//! a temporary file), read and dropped for static content (so the next request on the
+//! connection is framed right, [`discard`]), or handed on as they come
+//! (`*_request_buffering off`). The size limit and `client_body_timeout` apply the same
+//! way to all three.
 
 use super::transport::Transport;
 use bytes::{Bytes, BytesMut};
@@ -20,22 +22,17 @@ pub enum BodyError {
     Io,
 }
 
-/// Read the body, into `keep` if given, else dropping it. `limit` 0 means no limit.
-/// Returns the body's length.
-pub async fn read<S: Transport>(
+/// Read a body nobody wants off the wire and drop it (the connection is then framed for
+/// the next request). `limit` 0 means no limit. Returns the body's length.
+pub async fn discard<S: Transport>(
     stream: &mut S,
     buf: &mut BytesMut,
     kind: BodyKind,
     limit: u64,
     timeout: Duration,
-    mut keep: Option<&mut Vec<u8>>,
 ) -> Result<u64, BodyError> {
     let mut body = BodyStream::new(stream, buf, kind, limit, timeout)?;
-    while let Some(data) = body.next().await? {
-        if let Some(k) = keep.as_deref_mut() {
-            k.extend_from_slice(&data);
-        }
-    }
+    while body.next().await?.is_some() {}
     Ok(body.total())
 }
 

@@ -49,6 +49,7 @@
 //! ([`unless_client_leaves`]). With `*_ignore_client_abort on` the exchange runs to its end.
 
 use super::body::{BodyError, BodySource};
+use super::request_body::{BodyFile, RequestBody};
 use crate::errlog::{self, Level};
 use crate::http::handler::Flow;
 use crate::http::request::Request;
@@ -79,6 +80,7 @@ const HANDSHAKING: &str = "SSL handshaking to upstream";
 const SENDING: &str = "sending request to upstream";
 const READING_HEAD: &str = "reading response header from upstream";
 const READING: &str = "reading upstream";
+const READING_BODY_FILE: &str = "reading request body from its temporary file";
 
 /// Why an exchange failed, with nginx's wording for the error log.
 enum Failure {
@@ -509,12 +511,26 @@ impl Outgoing<'_> {
     }
 }
 
-/// A client's body passed on as it arrives, and how each piece is framed upstream.
+/// A body sent after the request's head, and how each piece is framed upstream.
 struct StreamBody<'a> {
-    src: &'a mut dyn BodySource,
+    from: BodyFrom<'a>,
     frame: BodyFrame,
+    /// Client bytes were taken for this attempt (never for a file, which is sent again from
+    /// its start to the next server tried).
     started: bool,
 }
+
+/// Where a body sent in pieces comes from.
+enum BodyFrom<'a> {
+    /// The client, as it arrives (`*_request_buffering off`).
+    Client(&'a mut dyn BodySource),
+    /// A body read whole into a temporary file.
+    File(&'a BodyFile),
+}
+
+/// The most of a file body read into memory at once: one FastCGI record's worth (a multiple
+/// of 8, so the record needs no padding).
+const FILE_PIECE: usize = 64 * 1024 - 8;
 
 #[derive(Clone, Copy)]
 enum BodyFrame {
@@ -585,9 +601,10 @@ pub async fn unless_client_leaves<F: std::future::Future>(
     raced
 }
 
-/// Pass the request (with its body, already read) to the location's upstream.
-pub async fn run(w: &Worker, req: &Request, body: &[u8]) -> Outcome {
-    run_with(w, req, body, None).await
+/// Pass the request (with its body, already read into `req.body`) to the location's
+/// upstream.
+pub async fn run(w: &Worker, req: &Request) -> Outcome {
+    run_with(w, req, None).await
 }
 
 /// Pass the request to the location's upstream with its body read from `src` as it
@@ -598,13 +615,12 @@ pub async fn run_streaming(
     src: &mut dyn BodySource,
     how: Streamed,
 ) -> Outcome {
-    run_with(w, req, &[], Some((src, how))).await
+    run_with(w, req, Some((src, how))).await
 }
 
 async fn run_with(
     w: &Worker,
     req: &Request,
-    body: &[u8],
     streamed: Option<(&mut dyn BodySource, Streamed)>,
 ) -> Outcome {
     let Some(proto) = gateway::active(&req.conf) else {
@@ -614,7 +630,29 @@ async fn run_with(
     let Some(pass) = &c.pass else {
         return Outcome::Flow(Flow::Status(500));
     };
-    let how = streamed.as_ref().map(|(_, h)| *h);
+    // A body read whole: one in memory is encoded with the head, one in a file follows it
+    // in pieces (when it is passed at all: not with `*_pass_request_body off`, nor in place
+    // of `proxy_set_body`, nor on an error page's GET).
+    let (body, file): (&[u8], Option<&BodyFile>) = match req.body.as_deref() {
+        Some(RequestBody::Memory(v)) => (v, None),
+        Some(RequestBody::File(f)) => (&[], Some(f)),
+        None => (&[], None),
+    };
+    let file = file.filter(|_| {
+        c.pass_request_body()
+            && req.method_override.is_none()
+            && !(proto == Proto::Http && req.conf.proxy.body.is_some())
+    });
+    let how = match (&streamed, file) {
+        (Some((_, h)), _) => Some(*h),
+        (None, Some(f)) => Some(Streamed::Length(f.len())),
+        (None, None) => None,
+    };
+    // The length the parameters announce (`CONTENT_LENGTH`), passed or not.
+    let len = match how {
+        Some(Streamed::Length(n)) => n,
+        _ => req.body.as_deref().map_or(0, RequestBody::len),
+    };
     // Room for a usual request head (and FastCGI's params) without growing it in steps.
     let mut out = Vec::with_capacity(1024);
     // HTTP: whether the request lets the server keep the connection.
@@ -649,7 +687,7 @@ async fn run_with(
         };
         sent_keep = proxy::encode_request(req, &dest, body, how, &mut out);
         dest.backend.clone()
-    } else if let Err(e) = encode(req, proto, c, body, how, &mut out) {
+    } else if let Err(e) = encode(req, proto, c, body, len, how.is_some(), &mut out) {
         errlog::request(
             Level::Error,
             req,
@@ -659,10 +697,14 @@ async fn run_with(
     } else {
         pass.clone()
     };
+    let from = match streamed {
+        Some((src, _)) => Some(BodyFrom::Client(src)),
+        None => file.map(BodyFrom::File),
+    };
     let mut out = Outgoing {
         out,
-        body: streamed.map(|(src, how)| StreamBody {
-            src,
+        body: from.zip(how).map(|(from, how)| StreamBody {
+            from,
             frame: match (proto, how) {
                 (Proto::FastCgi, _) => BodyFrame::FastCgi,
                 (_, Streamed::Chunked) => BodyFrame::Chunked,
@@ -838,19 +880,18 @@ fn retry_status(status: u16, c: &GatewayConf, req: &Request) -> bool {
 
 /// The request in the protocol's encoding: parameters, then the body (unless
 /// `*_pass_request_body off`).
+/// `len` is the body's length, `follows` says it is sent after this (from the client as
+/// it arrives, or from a file) rather than being `body`.
 fn encode(
     req: &Request,
     proto: Proto,
     c: &GatewayConf,
     body: &[u8],
-    streamed: Option<Streamed>,
+    len: u64,
+    follows: bool,
     out: &mut Vec<u8>,
 ) -> Result<(), ParamError> {
-    // A body passed on as it arrives has a length ([`streams`]) and follows the encoding.
-    let (len, streamed) = match streamed {
-        Some(Streamed::Length(n)) => (n, true),
-        _ => (body.len() as u64, false),
-    };
+    let streamed = follows;
     let body = if c.pass_request_body() { body } else { &[] };
     out.reserve(1024 + body.len() + body.len() / 8);
     match proto {
@@ -1202,18 +1243,23 @@ async fn send(
     }
 }
 
-/// Pass the client's body on as it arrives, each piece framed for the upstream, then the
-/// end of the body. Each read from the client waits at most `client_body_timeout` (in the
-/// body source), each write at most `*_send_timeout`.
+/// Send the body that follows the head, each piece framed for the upstream, then the end
+/// of the body: the client's as it arrives (each read waits at most
+/// `client_body_timeout`, in the body source), or a file's from its start. Each write
+/// waits at most `*_send_timeout`.
 async fn send_body(
     timers: &ReadTimers,
     conn: &mut Conn,
     b: &mut StreamBody<'_>,
     timeout: Duration,
 ) -> Result<(), Failure> {
+    let src = match &mut b.from {
+        BodyFrom::Client(src) => &mut **src,
+        BodyFrom::File(f) => return send_file(timers, conn, f, b.frame, timeout).await,
+    };
     let mut frame = Vec::new();
     loop {
-        let piece = b.src.next_piece().await.map_err(Failure::Client)?;
+        let piece = src.next_piece().await.map_err(Failure::Client)?;
         frame.clear();
         match (&piece, b.frame) {
             (Some(d), BodyFrame::Raw) => {
@@ -1237,6 +1283,48 @@ async fn send_body(
             return Ok(());
         }
     }
+}
+
+/// Send a body kept in a temporary file, [`FILE_PIECE`] bytes at a time, framed for the
+/// upstream (as is after a Content-Length or an SCGI / uwsgi header, or as FastCGI STDIN
+/// records). A failed read of the file is reported as a failed send: the request cannot
+/// be completed.
+async fn send_file(
+    timers: &ReadTimers,
+    conn: &mut Conn,
+    f: &BodyFile,
+    frame: BodyFrame,
+    timeout: Duration,
+) -> Result<(), Failure> {
+    let fastcgi = matches!(frame, BodyFrame::FastCgi);
+    // A FastCGI record's header goes before the piece and its padding after it, so the
+    // piece is read in after room for the header.
+    let room = if fastcgi { 8 } else { 0 };
+    let mut buf = vec![0u8; room + FILE_PIECE + room];
+    let mut at = 0;
+    loop {
+        let n = f
+            .piece(at, &mut buf[room..room + FILE_PIECE])
+            .map_err(|e| Failure::Io(e, READING_BODY_FILE))?;
+        if n == 0 {
+            break;
+        }
+        at += n as u64;
+        let mut end = room + n;
+        if fastcgi {
+            let (head, pad) = fastcgi::stdin_header(n);
+            buf[..8].copy_from_slice(&head);
+            buf[end..end + pad].fill(0);
+            end += pad;
+        }
+        send(timers, conn, &buf[..end], timeout).await?;
+    }
+    if fastcgi {
+        let mut last = Vec::with_capacity(8);
+        fastcgi::stdin_end(&mut last);
+        send(timers, conn, &last, timeout).await?;
+    }
+    Ok(())
 }
 
 /// The answer's head off the front of `body` once it has all come, with the body's

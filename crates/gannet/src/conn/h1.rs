@@ -19,6 +19,7 @@
 use super::body::{self, BodyError};
 use super::gateway::{Outcome, Tunnel};
 use super::pace::Pace;
+use super::request_body::Failed;
 use super::source::Source;
 use super::tls_stream::TlsStream;
 use super::transport::{Plain, Transport};
@@ -53,6 +54,9 @@ const FLUSH_AT: usize = 64 * 1024;
 const COPY_MAX: usize = 8 * 1024;
 /// Output buffer room for a usual response head.
 const HEAD_ROOM: usize = 512;
+/// How long the rest of a body is read off after its temporary file failed (nginx's
+/// `lingering_time` default).
+const STORE_FAILED_DRAIN: std::time::Duration = std::time::Duration::from_secs(30);
 
 struct Conn<S: Transport> {
     w: Rc<Worker>,
@@ -486,7 +490,6 @@ impl<S: Transport> Conn<S> {
             None => handler::handle(&mut req, &w),
         };
         let mut handled = handler::settle(&mut req, &w, handled).await;
-        let mut body = Vec::new();
         // `*_request_buffering off`: the gateway reads the body itself, passing it on as it
         // arrives.
         let mut stream_body = match handled {
@@ -507,19 +510,20 @@ impl<S: Transport> Conn<S> {
                 if self.flush().await.is_err() {
                     return false;
                 }
-                let core = &req.conf.core;
                 let read = match stream_body {
                     Some(_) => Ok(0),
+                    None if wanted => self.keep_body(&mut req).await,
                     None => {
-                        body::read(
+                        let core = &req.conf.core;
+                        body::discard(
                             &mut self.stream,
                             &mut self.buf,
                             req.head.body,
                             core.client_max_body_size(),
                             core.client_body_timeout(),
-                            wanted.then_some(&mut body),
                         )
                         .await
+                        .map_err(Failed::Client)
                     }
                 };
                 match read {
@@ -528,10 +532,8 @@ impl<S: Transport> Conn<S> {
                         keep = false;
                         if wanted {
                             // The application cannot be given half a body.
-                            let status = match e {
-                                BodyError::TooLarge => 413,
-                                BodyError::Malformed => 400,
-                                BodyError::Io => return false,
+                            let Some(status) = e.status() else {
+                                return false;
                             };
                             handled = handler::resume(&mut req, &w, Flow::Status(status));
                         }
@@ -539,7 +541,7 @@ impl<S: Transport> Conn<S> {
                 }
             }
         }
-        super::mirror::spawn(&w, &req, &body);
+        super::mirror::spawn(&w, &req);
         loop {
             match handled {
                 Handled::Respond(resp) => return self.respond(&req, resp, keep).await,
@@ -556,11 +558,11 @@ impl<S: Transport> Conn<S> {
                             o
                         }
                         None if super::gateway::ignores_client_abort(&req) => {
-                            super::gateway::run(&w, &req, &body).await
+                            super::gateway::run(&w, &req).await
                         }
                         None => {
                             let raced = {
-                                let exchange = std::pin::pin!(super::gateway::run(&w, &req, &body));
+                                let exchange = std::pin::pin!(super::gateway::run(&w, &req));
                                 let (stream, buf) = (&mut self.stream, &mut self.buf);
                                 let gone = std::pin::pin!(client_gone(&w.timers, stream, buf));
                                 super::gateway::unless_client_leaves(&req, exchange, gone).await
@@ -591,11 +593,39 @@ impl<S: Transport> Conn<S> {
                     }
                     // An error page or local redirect that reaches an application again
                     // passes no body (it is fetched with GET).
-                    body.clear();
+                    req.body = None;
                     handled = handler::resume(&mut req, &w, flow);
                 }
             }
         }
+    }
+
+    /// Read the body whole for the application (memory or temporary file, see
+    /// `conn::request_body`) into `req.body`; returns its length.
+    async fn keep_body(&mut self, req: &mut Request) -> Result<u64, Failed> {
+        let core = &req.conf.core;
+        let mut src = body::BodyStream::new(
+            &mut self.stream,
+            &mut self.buf,
+            req.head.body,
+            core.client_max_body_size(),
+            core.client_body_timeout(),
+        )
+        .map_err(Failed::Client)?;
+        let kept = match super::request_body::read(&mut src, req).await {
+            Err(Failed::Store) => {
+                // The client is still sending: the rest is read off and dropped (for a
+                // while, as nginx's lingering close) so that it gets the 500, not a reset
+                // from a close with its bytes unread.
+                let drain = async { while let Ok(Some(_)) = src.next().await {} };
+                let _ = tokio::time::timeout(STORE_FAILED_DRAIN, drain).await;
+                return Err(Failed::Store);
+            }
+            r => r?,
+        };
+        let n = kept.len();
+        req.body = Some(std::rc::Rc::new(kept));
+        Ok(n)
     }
 
     /// Pass the request upstream with its body read as it arrives. Returns the outcome,

@@ -22,6 +22,7 @@ use super::body::{BodyError, BodySource};
 use super::gateway::Outcome;
 use super::h2_flood::{Flood, FloodGuard};
 use super::h2_response;
+use super::request_body::Failed;
 use super::source::Source;
 use crate::errlog::{self, Level};
 use crate::http::handler::{self, Flow, Handled};
@@ -253,11 +254,7 @@ async fn stream(
     // while so the client sees the answer and the stream ends cleanly. Past that, the
     // client is told to stop (RST_STREAM NO_ERROR, RFC 9113 8.1), which may cost it the
     // answer. Dropped unread, the stream would be cancelled at once.
-    if !recv.is_end_stream()
-        && read_body(&mut recv, DISCARD_MAX, timeout, None)
-            .await
-            .is_err()
-    {
+    if !recv.is_end_stream() && read_body(&mut recv, DISCARD_MAX, timeout).await.is_err() {
         respond.send_reset(h2::Reason::NO_ERROR);
     }
 }
@@ -332,7 +329,6 @@ async fn answer(
     };
     let mut handled = handler::settle(&mut req, w, handled).await;
     let timeout = req.conf.core.client_body_timeout();
-    let mut body = Vec::new();
     // As HTTP/1.x decides: `*_request_buffering off` passes it on as it arrives.
     let mut stream_body = match handled {
         Handled::Gateway if !recv.is_end_stream() => super::gateway::streams(&req),
@@ -346,16 +342,27 @@ async fn answer(
     // go unanswered, which h2spec 6.9.1 checks.)
     let wanted = matches!(handled, Handled::Gateway);
     if stream_body.is_none() && !recv.is_end_stream() && (wanted || !req.head.expect_continue) {
-        let core = &req.conf.core;
-        let limit = core.client_max_body_size();
-        let keep = wanted.then_some(&mut body);
-        match read_body(recv, limit, core.client_body_timeout(), keep).await {
+        let read = if wanted {
+            // Kept for the application the way HTTP/1.x keeps it (memory, else a file).
+            let mut src = H2Body::new(recv, &req);
+            let kept = super::request_body::read(&mut src, &req).await;
+            kept.map(|b| {
+                let n = b.len();
+                req.body = Some(std::rc::Rc::new(b));
+                n
+            })
+        } else {
+            let core = &req.conf.core;
+            let limit = core.client_max_body_size();
+            read_body(recv, limit, core.client_body_timeout())
+                .await
+                .map_err(Failed::Client)
+        };
+        match read {
             Ok(n) => req.body_length = n,
             Err(e) if wanted => {
-                let status = match e {
-                    BodyError::TooLarge => 413,
-                    BodyError::Malformed => 400,
-                    BodyError::Io => return timeout,
+                let Some(status) = e.status() else {
+                    return timeout;
                 };
                 handled = handler::resume(&mut req, w, Flow::Status(status));
             }
@@ -363,7 +370,7 @@ async fn answer(
             Err(_) => {}
         }
     }
-    super::mirror::spawn(w, &req, &body);
+    super::mirror::spawn(w, &req);
     loop {
         match handled {
             Handled::Respond(resp) => {
@@ -386,10 +393,10 @@ async fn answer(
                         o
                     }
                     None if super::gateway::ignores_client_abort(&req) => {
-                        super::gateway::run(w, &req, &body).await
+                        super::gateway::run(w, &req).await
                     }
                     None => {
-                        let exchange = std::pin::pin!(super::gateway::run(w, &req, &body));
+                        let exchange = std::pin::pin!(super::gateway::run(w, &req));
                         let reset = std::future::poll_fn(|cx| respond.poll_reset(cx));
                         let gone = std::pin::pin!(async {
                             let _ = reset.await;
@@ -419,32 +426,23 @@ async fn answer(
                     // A CGI local redirect is served as a GET (RFC 3875, 6.2.2).
                     req.method_override = Some(Method::Get);
                 }
-                body.clear();
+                req.body = None;
                 handled = handler::resume(&mut req, w, flow);
             }
         }
     }
 }
 
-/// Read a request body, into `keep` if given, else dropping it, giving the window back as
-/// it is read. `limit` 0 means no limit.
-async fn read_body(
-    recv: &mut RecvStream,
-    limit: u64,
-    timeout: Duration,
-    mut keep: Option<&mut Vec<u8>>,
-) -> Result<u64, BodyError> {
+/// Read a request body nobody wants and drop it, giving the window back as it is read.
+/// `limit` 0 means no limit.
+async fn read_body(recv: &mut RecvStream, limit: u64, timeout: Duration) -> Result<u64, BodyError> {
     let mut body = H2Body {
         recv,
         limit,
         timeout,
         total: 0,
     };
-    while let Some(chunk) = body.next().await? {
-        if let Some(k) = keep.as_deref_mut() {
-            k.extend_from_slice(&chunk);
-        }
-    }
+    while body.next().await?.is_some() {}
     Ok(body.total)
 }
 

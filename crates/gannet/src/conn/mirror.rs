@@ -10,16 +10,14 @@ use crate::runtime::worker::Worker;
 use std::rc::Rc;
 
 /// Start a copy of `req` for each mirror URI of its location (none: nothing to do).
-pub fn spawn(w: &Rc<Worker>, req: &Request, body: &[u8]) {
+pub fn spawn(w: &Rc<Worker>, req: &Request) {
     let m = &req.conf.mirror;
     if m.uris().is_empty() {
         return;
     }
-    let body: Rc<[u8]> = if m.request_body() {
-        body.into()
-    } else {
-        Rc::from(&[][..])
-    };
+    // The body (in memory or its temporary file) is shared, not copied: each copy reads
+    // its file from the start on its own.
+    let body = req.body.clone().filter(|_| m.request_body());
     for uri in m.uris() {
         let mut copy = Request::new(
             req.head.clone(),
@@ -37,18 +35,19 @@ pub fn spawn(w: &Rc<Worker>, req: &Request, body: &[u8]) {
         copy.real_peer = req.real_peer;
         // $request_uri stays the client's; $uri is the mirror's.
         copy.uri_changed = true;
-        let (w, body) = (w.clone(), body.clone());
-        tokio::task::spawn_local(async move { run(&w, copy, &body).await });
+        copy.body = body.clone();
+        let w = w.clone();
+        tokio::task::spawn_local(async move { run(&w, copy).await });
     }
 }
 
-async fn run(w: &Worker, mut req: Request, body: &[u8]) {
+async fn run(w: &Worker, mut req: Request) {
     let first = handler::resume(&mut req, w, Flow::Next);
     let mut handled = handler::settle(&mut req, w, first).await;
     // An application's local redirect or intercepted error may lead to another one; the
     // request phases bound how often.
     while let Handled::Gateway = handled {
-        let flow = match gateway::run(w, &req, body).await {
+        let flow = match gateway::run(w, &req).await {
             Outcome::Flow(f) => f,
             Outcome::Stream(_, mut s) => {
                 while let Ok(Some(_)) = s.next(&req).await {}

@@ -1,6 +1,7 @@
 //! Client connections: the HTTP/1.x connection loop (and HTTP/2's, over TLS or h2c), the
 //! streams they run on (cleartext or TLS), the ways a body leaves the process
-//! (whole, or streamed from a `source`), and the exchange with a FastCGI, SCGI or uwsgi
+//! (whole, or streamed from a `source`), request bodies (kept in memory or a temporary
+//! file, or passed on as they arrive), and the exchange with a FastCGI, SCGI or uwsgi
 //! application a request may wait for.
 
 pub mod body;
@@ -14,8 +15,10 @@ pub mod log;
 pub mod mirror;
 pub mod pace;
 pub mod proxy_protocol;
+pub mod request_body;
 pub mod send;
 pub mod source;
+pub mod temp_file;
 pub mod tls_stream;
 pub mod transport;
 pub mod tunnel;

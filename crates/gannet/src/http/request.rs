@@ -49,6 +49,9 @@ pub struct Request {
     pub start: Instant,
     /// Bytes of request body read (for `$request_length`).
     pub body_length: u64,
+    /// The body read whole for an application (memory or temporary file), shared with
+    /// mirrored copies; `None` when there is none or it is passed on as it arrives.
+    pub body: Option<std::rc::Rc<crate::conn::request_body::RequestBody>>,
     /// Set once an internal redirect (index, try_files, error_page, rewrite) happened.
     pub internal: bool,
     /// Internal redirects so far; a loop is cut at 10 with a 500, as nginx does.
@@ -140,6 +143,7 @@ impl Request {
             captures: Vec::new(),
             start: Instant::now(),
             body_length: 0,
+            body: None,
             internal: false,
             redirects: 0,
             error_status: None,

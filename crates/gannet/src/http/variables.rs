@@ -58,6 +58,7 @@ pub enum Var {
     RequestMethod,
     Request,
     RequestLength,
+    RequestBody,
     RequestTime,
     Status,
     BodyBytesSent,
@@ -196,6 +197,7 @@ impl Var {
             "request_method" => Var::RequestMethod,
             "request" => Var::Request,
             "request_length" => Var::RequestLength,
+            "request_body" => Var::RequestBody,
             "request_time" => Var::RequestTime,
             "status" => Var::Status,
             "body_bytes_sent" => Var::BodyBytesSent,
@@ -632,6 +634,12 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
             let line = &raw[..end];
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             out.push_str(&String::from_utf8_lossy(line));
+        }
+        Var::RequestBody => {
+            // As nginx: the body when it is in memory, nothing when it is in a file.
+            if let Some(crate::conn::request_body::RequestBody::Memory(b)) = req.body.as_deref() {
+                out.push_str(&String::from_utf8_lossy(b));
+            }
         }
         Var::RequestLength => {
             push_uint(out, req.head.raw().len() as u64 + req.body_length);
