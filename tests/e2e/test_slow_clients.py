@@ -112,3 +112,94 @@ def test_client_body_timeout_counts_between_two_reads(gannet):
         took = time.monotonic() - start
     assert 2 - 0.1 <= took < 2 + LATE, took
     assert got == b"" or b"Connection: close" in got
+
+
+SMALL = """
+worker_processes 1;
+pid {tmp}/gannet.pid;
+error_log {tmp}/error.log info;
+events { worker_connections 32; }
+http {
+    access_log {tmp}/access.log;
+    client_header_timeout 2s;
+    keepalive_timeout 60s;
+    server {
+        listen 127.0.0.1:{port};
+        location / { return 200 "served\\n"; }
+    }
+}
+"""
+
+
+def closed(s: socket.socket) -> bool:
+    """Whether the server has closed `s` (without waiting)."""
+    if not select.select([s], [], [], 0)[0]:
+        return False
+    try:
+        return s.recv(4096) == b""
+    except ConnectionResetError:
+        return True
+
+
+def get(port: int) -> bytes | None:
+    """One GET on a new connection: the answer, or None if the connection was refused."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            out = b""
+            while chunk := s.recv(4096):
+                out += chunk
+            return out or None
+    except (ConnectionResetError, BrokenPipeError):
+        return None
+
+
+def test_full_worker_closes_its_longest_idle_connections_for_new_ones(gannet):
+    srv = gannet.start(conf=SMALL)
+    kept = []
+    for _ in range(16):
+        s = connect(srv.port)
+        s.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        assert s.recv(4096).startswith(b"HTTP/1.1 200")
+        kept.append(s)
+    # Held idle past a second, the kept connections leave their tasks (runtime/parking.rs):
+    # both kinds of waiting connection are in play.
+    assert select.select(kept, [], [], 1.8)[0] == []
+    silent = [connect(srv.port) for _ in range(24)]
+    try:
+        # 40 connections on a worker of 32, and a real client is still served.
+        assert get(srv.port).startswith(b"HTTP/1.1 200")
+        # Room was made by closing the connections idle the longest: the first kept ones.
+        n = wait_until(lambda: sum(closed(s) for s in kept), 5)
+        assert n >= 40 + 1 - 32, n
+        gone = [closed(s) for s in kept]
+        assert gone == [True] * n + [False] * (16 - n)
+        assert not any(closed(s) for s in silent)
+        assert "32 worker_connections are not enough, reusing connections" in srv.error_log()
+    finally:
+        for s in kept + silent:
+            s.close()
+
+
+def test_slow_heads_lock_a_full_worker_for_client_header_timeout_at_most(gannet):
+    srv = gannet.start(conf=SMALL)
+    slow = []
+    start = time.monotonic()
+    for _ in range(40):
+        s = connect(srv.port)
+        try:
+            s.sendall(b"GET /slow HTTP/1.1\r\nHost: a\r\n")
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+        slow.append(s)
+    try:
+        # A connection half-way through its head is not closed for room (as in nginx):
+        # new clients wait until client_header_timeout ends the slow ones.
+        served = wait_until(lambda: get(srv.port), 2 + LATE + 2, every=0.1)
+        took = time.monotonic() - start
+        assert served and served.startswith(b"HTTP/1.1 200"), served
+        assert took < 2 + LATE + 1, took
+        assert wait_until(lambda: all(closed(s) for s in slow), 2)
+    finally:
+        for s in slow:
+            s.close()

@@ -74,6 +74,8 @@ struct Conn<S: Transport> {
     send_timeout: Duration,
     /// Plain HTTP arrived on a TLS address: every request is answered 400.
     plain_on_tls: bool,
+    /// Closed by a worker out of connections, to make room (`Worker::reuse_connections`).
+    reused: bool,
 }
 
 /// How a connection's loop ended.
@@ -81,8 +83,8 @@ enum End {
     Close,
     /// The client opened with the HTTP/2 preface (h2c with prior knowledge).
     H2c,
-    /// Idle long enough to park until this keep-alive deadline.
-    Park(Instant),
+    /// Idle long enough to park until this keep-alive deadline; idle since the second.
+    Park(Instant, Instant),
 }
 
 /// Serve one accepted connection until it closes or parks.
@@ -198,6 +200,7 @@ async fn run_conn<S: Transport>(
         nodelay: false,
         unsent_limited: false,
         plain_on_tls,
+        reused: false,
     };
     let end = c.run().await;
     if let End::H2c = end {
@@ -222,7 +225,7 @@ async fn run_conn<S: Transport>(
             }
         }
     }
-    if let (End::Park(deadline), Some(lot)) = (end, &w.parking) {
+    if let (End::Park(deadline, idle_since), Some(lot)) = (end, &w.parking) {
         let Conn { stream, info, .. } = c;
         if let Some(stream) = stream.into_parkable() {
             if lot
@@ -232,6 +235,7 @@ async fn run_conn<S: Transport>(
                     group,
                     born,
                     deadline,
+                    idle_since,
                 })
                 .is_ok()
             {
@@ -345,28 +349,43 @@ impl<S: Transport> Conn<S> {
                 *head_deadline.get_or_insert(now + header_timeout)
             };
             let wait = deadline.saturating_duration_since(now);
+            // A connection with no request in hand may be closed to make room; the worker
+            // closes the one that has waited longest first.
+            let since = if c.info.requests == 0 { c.born } else { now };
+            let reusable = idle.then_some(since);
             let may_park = S::PARKABLE && !c.plain_on_tls && w.parking.is_some();
             if idle && may_park && wait > PARK_AFTER && !w.draining.get() {
                 // Most keep-alive clients come back at once: wait a moment here before parking.
-                if !c.wait_readable(now + PARK_AFTER, between_requests).await {
-                    return if w.draining.get() {
+                if !c
+                    .wait_readable(now + PARK_AFTER, between_requests, reusable)
+                    .await
+                {
+                    return if w.draining.get() || c.reused {
                         End::Close
                     } else {
-                        End::Park(deadline)
+                        End::Park(deadline, since)
                     };
                 }
             } else if idle && !S::PARKABLE && wait > PARK_AFTER && !w.draining.get() {
                 // A connection that cannot park (TLS) still gives its buffers back once it
                 // has been idle that long; the next request allocates them again.
-                if !c.wait_readable(now + PARK_AFTER, between_requests).await {
+                if !c
+                    .wait_readable(now + PARK_AFTER, between_requests, reusable)
+                    .await
+                {
+                    if c.reused {
+                        return End::Close;
+                    }
                     c.buf = BytesMut::new();
                     c.out = Vec::new();
                     w.buffers_shed();
-                    if w.draining.get() || !c.wait_readable(deadline, between_requests).await {
+                    if w.draining.get()
+                        || !c.wait_readable(deadline, between_requests, reusable).await
+                    {
                         return End::Close;
                     }
                 }
-            } else if !c.wait_readable(deadline, between_requests).await {
+            } else if !c.wait_readable(deadline, between_requests, reusable).await {
                 // Past the deadline (not a stream that broke) with part of a head in hand.
                 if !idle && Instant::now() >= deadline {
                     c.head_timed_out();
@@ -409,17 +428,31 @@ impl<S: Transport> Conn<S> {
     /// Wait until the stream is readable (true) or the deadline passes (false). Polls the
     /// stream's readiness directly and keeps the deadline in the worker's table, so a
     /// waiting connection's task holds a few words (see `runtime::read_timers`).
-    async fn wait_readable(&mut self, deadline: Instant, idle: bool) -> bool {
+    /// With `reusable` (waiting with no request in hand since then), the worker may end
+    /// the wait to close the connection for room: false, and `reused` set.
+    async fn wait_readable(
+        &mut self,
+        deadline: Instant,
+        idle: bool,
+        reusable: Option<Instant>,
+    ) -> bool {
         let timers = &self.w.timers;
         let stream = &mut self.stream;
-        let held = timers.hold(deadline, idle);
-        std::future::poll_fn(|cx| {
+        let held = match reusable {
+            Some(since) => timers.hold_reusable(deadline, idle, since),
+            None => timers.hold(deadline, idle),
+        };
+        let ready = std::future::poll_fn(|cx| {
             if let Poll::Ready(r) = stream.poll_readable(cx) {
                 return Poll::Ready(r);
             }
             timers.poll(held.key, cx).map(|()| false)
         })
-        .await
+        .await;
+        if !ready && timers.was_reused(held.key) {
+            self.reused = true;
+        }
+        ready
     }
 
     /// Write the pending output. Most of the time the socket takes it all at once, so try
