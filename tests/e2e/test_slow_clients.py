@@ -203,3 +203,75 @@ def test_slow_heads_lock_a_full_worker_for_client_header_timeout_at_most(gannet)
     finally:
         for s in slow:
             s.close()
+
+
+MALFORMED_CHUNKED = {
+    "bad size": b"Z\r\nZ\r\n",
+    "size overflow": b"ffffffffffffffffffff\r\nx\r\n0\r\n\r\n",
+    "data longer than its size": b"3\r\nabcdef\r\n0\r\n\r\n",
+    "no CRLF after the data": b"3\r\nabc0\r\n\r\n",
+    "CR in a chunk extension": b"3;a=\rb\r\nabc\r\n0\r\n\r\n",
+}
+
+CHUNKED_CONF = PEER_MAIN + r"""
+http {
+    access_log {tmp}/access.log;
+    server_tokens off;
+    server {
+        listen 127.0.0.1:{port};
+        root {root};
+        location = /ret { return 200 "ret\n"; }
+        location = /empty { return 204; }
+        location = /moved { return 302 /ret; }
+    }
+}
+"""
+
+
+def statuses_and_close(port: int, request: bytes) -> tuple[list[str], bool]:
+    """Send `request`, read until the server closes (or 3 s pass): the status lines that
+    came back, and whether it closed."""
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+        s.sendall(request)
+        out, closed_by_server = b"", False
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+            closed_by_server = True
+        except ConnectionResetError:
+            closed_by_server = True
+        except socket.timeout:
+            pass
+    lines = [line.decode() for line in out.split(b"\r\n") if line.startswith(b"HTTP/1.")]
+    return lines, closed_by_server
+
+
+@pytest.mark.skipif(NGINX is None, reason="nginx is not installed (scripts/test-all.sh installs it)")
+def test_malformed_chunked_body_answers_as_nginx(tmp_path):
+    # A GET pipelined behind each request shows whether the connection was kept.
+    after = b"GET /ret HTTP/1.1\r\nHost: a\r\n\r\n"
+    cases = []
+    for path in ("/ret", "/empty", "/moved", "/file.txt", "/missing"):
+        for name, body in MALFORMED_CHUNKED.items():
+            method = b"GET" if path == "/file.txt" else b"POST"
+            head = b"%s %s HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n" % (method, path.encode())
+            cases.append((f"{method.decode()} {path} {name}", head + body + after))
+    diffs = []
+    with side_by_side(tmp_path, CHUNKED_CONF, files={"file.txt": "file\n"}) as (srv, nginx_port):
+        for name, request in cases:
+            ours = statuses_and_close(srv.port, request)
+            theirs = statuses_and_close(nginx_port, request)
+            if ours != theirs:
+                diffs.append(f"{name}: gannet {ours}, nginx {theirs}")
+        assert "client sent invalid chunked body" in srv.error_log()
+    assert not diffs, "\n".join(diffs)
+    # What nginx does, so the comparison cannot pass with both servers wrong the same way:
+    # a refused body is a 400 where the answer was not an error, and the connection closes.
+    assert theirs == (["HTTP/1.1 404 Not Found"], True)
+
+
+def test_malformed_chunked_body_is_a_400_for_a_return_200(gannet):
+    srv = gannet.start(server='location / { return 200 "fine\\n"; }')
+    for name, body in MALFORMED_CHUNKED.items():
+        request = b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n" + body
+        assert statuses_and_close(srv.port, request) == (["HTTP/1.1 400 Bad Request"], True), name

@@ -604,6 +604,21 @@ impl<S: Transport> Conn<S> {
                     Ok(n) => req.body_length = n,
                     Err(e) => {
                         keep = false;
+                        if e == BodyError::Malformed {
+                            crate::errlog::request(
+                                Level::Info,
+                                &req,
+                                format_args!("client sent invalid chunked body"),
+                            );
+                        }
+                        let answered = matches!(&handled, Handled::Respond(r) if r.status < 400);
+                        if !wanted && e == BodyError::Malformed && answered {
+                            // nginx reads off (discards) a body before a `return`, a file
+                            // or any other answer that is not an error already, and a
+                            // broken chunked body turns it into a 400; an error answer
+                            // stands (the connection closes either way).
+                            handled = handler::resume(&mut req, &w, Flow::Status(400));
+                        }
                         if wanted {
                             // The application cannot be given half a body.
                             let status = match e {
