@@ -275,3 +275,59 @@ def test_malformed_chunked_body_is_a_400_for_a_return_200(gannet):
     for name, body in MALFORMED_CHUNKED.items():
         request = b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n" + body
         assert statuses_and_close(srv.port, request) == (["HTTP/1.1 400 Bad Request"], True), name
+
+
+def frames(data: bytes) -> list[tuple[int, bytes]]:
+    """HTTP/2 frames as (type, payload)."""
+    out = []
+    while len(data) >= 9:
+        length = int.from_bytes(data[:3], "big")
+        out.append((data[3], data[9 : 9 + length]))
+        data = data[9 + length :]
+    return out
+
+
+def read_all(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(data)
+        out = b""
+        try:
+            while chunk := s.recv(4096):
+                out += chunk
+        except ConnectionResetError:
+            pass
+        return out
+
+
+@pytest.mark.parametrize("opening", [
+    b"INVALID CONNECTION PREFACE\r\n\r\n",  # h2spec 3.5/2
+    b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n",
+    b"PRI * HTTP/2.0\r\nHost: a\r\n\r\n",
+])
+def test_invalid_h2_preface_on_a_port_shared_with_http11_is_refused_as_http2(gannet, opening):
+    # `http2 on` on a cleartext address: HTTP/1.1 and prior-knowledge h2c on one port.
+    srv = gannet.start(server='http2 on; location / { return 200 "fine\\n"; }')
+    got = frames(read_all(srv.port, opening))
+    assert got[-1] == (0x7, struct.pack(">II", 0, 1)), got  # GOAWAY, no stream, PROTOCOL_ERROR
+    assert got[0][0] == 0x4, got  # after the server's SETTINGS
+    # HTTP/1.1 still answered, a broken request line that is HTTP/1 still a 400.
+    assert read_all(srv.port, b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
+    assert read_all(srv.port, b"GET /a b HTTP/1.1\r\nHost: a\r\n\r\n").startswith(b"HTTP/1.1 400")
+
+
+def h2spec_bin() -> str | None:
+    import os
+    import shutil
+
+    home = os.path.expanduser("~/go/bin/h2spec")
+    return shutil.which("h2spec") or (home if os.path.exists(home) else None)
+
+
+@pytest.mark.skipif(h2spec_bin() is None, reason="h2spec is not installed (scripts/test-all.sh installs it)")
+def test_h2spec_preface_cases_pass_on_a_shared_port(gannet):
+    import subprocess
+
+    srv = gannet.start(server="http2 on;", files={"index.html": "hello\n"})
+    r = subprocess.run([h2spec_bin(), "-h", "127.0.0.1", "-p", str(srv.port), "-o", "5", "http2/3.5"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip().splitlines()[-1] == "2 tests, 2 passed, 0 skipped, 0 failed", r.stdout[-2000:]

@@ -299,6 +299,20 @@ impl<S: Transport> Conn<S> {
                 {
                     return End::H2c;
                 }
+                // On an address that also speaks h2c, a connection that opens with a line
+                // HTTP/1 refuses and that names no HTTP/ version at all is taken for an
+                // HTTP/2 client with a wrong preface: HTTP/2 answers it (GOAWAY with
+                // PROTOCOL_ERROR, as h2spec 3.5/2 expects), not an HTTP/1 400 page it could
+                // not read.
+                Err(e @ ParseError::BadRequest(_))
+                    if e.in_request_line()
+                        && c.info.requests == 0
+                        && h2c_enabled(g)
+                        && !c.plain_on_tls
+                        && !names_http_version(&c.buf) =>
+                {
+                    return End::H2c;
+                }
                 Err(e) => {
                     // Log what nginx would: the request line up to the buffer's size, and the
                     // headers when it was the headers that were refused.
@@ -408,6 +422,13 @@ impl<S: Transport> Conn<S> {
 /// The start of the HTTP/2 connection preface (RFC 9113 3.4), as an HTTP/1 parser sees it:
 /// a request line with version 2.0.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n";
+
+/// Whether the first line in `buf` (as much of it as came) has an `HTTP/` in it, as any
+/// HTTP/1 request line has.
+fn names_http_version(buf: &[u8]) -> bool {
+    let line = buf.split(|&b| b == b'\n').next().unwrap_or_default();
+    line.windows(5).any(|w| w == b"HTTP/")
+}
 
 /// h2c with prior knowledge next to HTTP/1.x: `http2 on` in the address's default server.
 fn h2c_enabled(g: &crate::config::ListenGroup) -> bool {
