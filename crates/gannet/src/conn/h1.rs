@@ -5,10 +5,12 @@
 //! (`runtime::parking`), which is what lets ten thousand idle keep-alive connections cost
 //! little; until then it keeps its buffers for the next request.
 //!
-//! Timeouts: `client_header_timeout` for a new connection's first request and for a partial
-//! head, `keepalive_timeout` between requests, `client_body_timeout` per body read,
-//! `send_timeout` per write. Framing errors are answered (400/413/414/431/501/505) and the
-//! connection is closed, since what follows can no longer be trusted.
+//! Timeouts: `client_header_timeout` for a whole request head (from the accept for a
+//! connection's first request, from the request's first byte after that; a head still
+//! incomplete then is closed unanswered and logged as 408), `keepalive_timeout` between
+//! requests, `client_body_timeout` between two body reads, `send_timeout` between two
+//! writes. Framing errors are answered (400/413/414/431/501/505) and the connection is
+//! closed, since what follows can no longer be trusted.
 //!
 //! On a `listen ... ssl` address the TLS handshake comes first (`tls::handshake`), and the
 //! loop then runs over the encrypted stream (`conn::tls_stream`); a client speaking plain
@@ -76,6 +78,8 @@ struct Conn<S: Transport> {
     send_timeout: Duration,
     /// Plain HTTP arrived on a TLS address: every request is answered 400.
     plain_on_tls: bool,
+    /// Closed by a worker out of connections, to make room (`Worker::reuse_connections`).
+    reused: bool,
 }
 
 /// How a connection's loop ended.
@@ -83,8 +87,8 @@ enum End {
     Close,
     /// The client opened with the HTTP/2 preface (h2c with prior knowledge).
     H2c,
-    /// Idle long enough to park until this keep-alive deadline.
-    Park(Instant),
+    /// Idle long enough to park until this keep-alive deadline; idle since the second.
+    Park(Instant, Instant),
 }
 
 /// Serve one accepted connection until it closes or parks.
@@ -105,10 +109,13 @@ pub async fn serve(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr,
         tls: None,
         proxy: None,
     };
+    // client_header_timeout runs from here, through a PROXY protocol header and a TLS
+    // handshake, to the end of the first request's head, as nginx's one timer does.
+    let born = Instant::now();
     let plain = !g.listen.proxy_protocol && !g.listen.ssl && !g.listen.http2;
     if plain {
         // Cleartext HTTP/1.x: the loop registers the socket only if it has to wait.
-        return run_conn(w, Plain::Raw(stream), info, group, Instant::now(), false).await;
+        return run_conn(w, Plain::Raw(stream), info, group, born, false).await;
     }
     let Ok(stream) = TcpStream::from_std(stream) else {
         return w.connection_closed();
@@ -123,7 +130,7 @@ pub async fn serve(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr,
     if g.listen.ssl {
         // Boxed: the handshake's state would otherwise enlarge every cleartext
         // connection's task too.
-        return Box::pin(serve_tls(w, stream, info, group)).await;
+        return Box::pin(serve_tls(w, stream, info, group, born)).await;
     }
     if g.listen.http2 {
         // `listen ... http2` without `ssl`: HTTP/2 only, with prior knowledge (nginx's
@@ -134,12 +141,17 @@ pub async fn serve(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr,
         }
         return Box::pin(super::h2::serve(w, stream, info, group, conf)).await;
     }
-    run_conn(w, Plain::Reg(stream), info, group, Instant::now(), false).await;
+    run_conn(w, Plain::Reg(stream), info, group, born, false).await;
 }
 
 /// The handshake, then the loop over TLS (or over the socket, to answer plain HTTP).
-async fn serve_tls(w: Rc<Worker>, stream: TcpStream, mut info: ConnInfo, group: usize) {
-    let born = Instant::now();
+async fn serve_tls(
+    w: Rc<Worker>,
+    stream: TcpStream,
+    mut info: ConnInfo,
+    group: usize,
+    born: Instant,
+) {
     let accepted = handshake::accept(&w.config.listens[group], stream, &info).await;
     match accepted {
         Accepted::Tls(stream, tls) => {
@@ -192,6 +204,7 @@ async fn run_conn<S: Transport>(
         nodelay: false,
         unsent_limited: false,
         plain_on_tls,
+        reused: false,
     };
     let end = c.run().await;
     if let End::H2c = end {
@@ -216,7 +229,7 @@ async fn run_conn<S: Transport>(
             }
         }
     }
-    if let (End::Park(deadline), Some(lot)) = (end, &w.parking) {
+    if let (End::Park(deadline, idle_since), Some(lot)) = (end, &w.parking) {
         let Conn { stream, info, .. } = c;
         if let Some(stream) = stream.into_parkable() {
             if lot
@@ -226,6 +239,7 @@ async fn run_conn<S: Transport>(
                     group,
                     born,
                     deadline,
+                    idle_since,
                 })
                 .is_ok()
             {
@@ -260,9 +274,16 @@ impl<S: Transport> Conn<S> {
         let mut fresh = true;
         let header_timeout = core.client_header_timeout();
         let (keepalive, _) = core.keepalive_timeout();
+        // When the head being read must be complete: `client_header_timeout` bounds the
+        // whole head, as in nginx, not each read (a client trickling a header line at a
+        // time would otherwise keep the connection for ever). It runs from the accept for
+        // a connection's first request, else from the first byte of the request (or from
+        // the end of the previous one when it is pipelined right behind it).
+        let mut head_deadline = (c.info.requests == 0).then(|| c.born + header_timeout);
         loop {
             match parse_request(&mut c.buf, &limits) {
                 Ok(Some(head)) => {
+                    head_deadline = None;
                     c.info.requests += 1;
                     // Boxed: the request's state (head, response, body sends) is large and lives
                     // only while the request does; inline it would sit in every idle
@@ -279,6 +300,20 @@ impl<S: Transport> Conn<S> {
                 Ok(None) => {}
                 Err(ParseError::VersionNotSupported)
                     if c.buf.starts_with(H2_PREFACE) && h2c_enabled(g) && !c.plain_on_tls =>
+                {
+                    return End::H2c;
+                }
+                // On an address that also speaks h2c, a connection that opens with a line
+                // HTTP/1 refuses and that names no HTTP/ version at all is taken for an
+                // HTTP/2 client with a wrong preface: HTTP/2 answers it (GOAWAY with
+                // PROTOCOL_ERROR, as h2spec 3.5/2 expects), not an HTTP/1 400 page it could
+                // not read.
+                Err(e @ ParseError::BadRequest(_))
+                    if e.in_request_line()
+                        && c.info.requests == 0
+                        && h2c_enabled(g)
+                        && !c.plain_on_tls
+                        && !names_http_version(&c.buf) =>
                 {
                     return End::H2c;
                 }
@@ -325,35 +360,54 @@ impl<S: Transport> Conn<S> {
                     c.out = Vec::new();
                 }
             }
-            let wait = if idle && c.info.requests > 0 {
-                keepalive
-            } else {
-                header_timeout
-            };
             let now = Instant::now();
-            let deadline = now + wait;
+            let deadline = if idle && c.info.requests > 0 {
+                now + keepalive
+            } else {
+                *head_deadline.get_or_insert(now + header_timeout)
+            };
+            let wait = deadline.saturating_duration_since(now);
+            // A connection with no request in hand may be closed to make room; the worker
+            // closes the one that has waited longest first.
+            let since = if c.info.requests == 0 { c.born } else { now };
+            let reusable = idle.then_some(since);
             let may_park = S::PARKABLE && !c.plain_on_tls && w.parking.is_some();
             if idle && may_park && wait > PARK_AFTER && !w.draining.get() {
                 // Most keep-alive clients come back at once: wait a moment here before parking.
-                if !c.wait_readable(now + PARK_AFTER, between_requests).await {
-                    return if w.draining.get() {
+                if !c
+                    .wait_readable(now + PARK_AFTER, between_requests, reusable)
+                    .await
+                {
+                    return if w.draining.get() || c.reused {
                         End::Close
                     } else {
-                        End::Park(deadline)
+                        End::Park(deadline, since)
                     };
                 }
             } else if idle && !S::PARKABLE && wait > PARK_AFTER && !w.draining.get() {
                 // A connection that cannot park (TLS) still gives its buffers back once it
                 // has been idle that long; the next request allocates them again.
-                if !c.wait_readable(now + PARK_AFTER, between_requests).await {
+                if !c
+                    .wait_readable(now + PARK_AFTER, between_requests, reusable)
+                    .await
+                {
+                    if c.reused {
+                        return End::Close;
+                    }
                     c.buf = BytesMut::new();
                     c.out = Vec::new();
                     w.buffers_shed();
-                    if w.draining.get() || !c.wait_readable(deadline, between_requests).await {
+                    if w.draining.get()
+                        || !c.wait_readable(deadline, between_requests, reusable).await
+                    {
                         return End::Close;
                     }
                 }
-            } else if !c.wait_readable(deadline, between_requests).await {
+            } else if !c.wait_readable(deadline, between_requests, reusable).await {
+                // Past the deadline (not a stream that broke) with part of a head in hand.
+                if !idle && Instant::now() >= deadline {
+                    c.head_timed_out();
+                }
                 return End::Close;
             }
             if c.buf.capacity() - c.buf.len() < 512 {
@@ -372,6 +426,13 @@ impl<S: Transport> Conn<S> {
 /// The start of the HTTP/2 connection preface (RFC 9113 3.4), as an HTTP/1 parser sees it:
 /// a request line with version 2.0.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n";
+
+/// Whether the first line in `buf` (as much of it as came) has an `HTTP/` in it, as any
+/// HTTP/1 request line has.
+fn names_http_version(buf: &[u8]) -> bool {
+    let line = buf.split(|&b| b == b'\n').next().unwrap_or_default();
+    line.windows(5).any(|w| w == b"HTTP/")
+}
 
 /// h2c with prior knowledge next to HTTP/1.x: `http2 on` in the address's default server.
 fn h2c_enabled(g: &crate::config::ListenGroup) -> bool {
@@ -392,17 +453,31 @@ impl<S: Transport> Conn<S> {
     /// Wait until the stream is readable (true) or the deadline passes (false). Polls the
     /// stream's readiness directly and keeps the deadline in the worker's table, so a
     /// waiting connection's task holds a few words (see `runtime::read_timers`).
-    async fn wait_readable(&mut self, deadline: Instant, idle: bool) -> bool {
+    /// With `reusable` (waiting with no request in hand since then), the worker may end
+    /// the wait to close the connection for room: false, and `reused` set.
+    async fn wait_readable(
+        &mut self,
+        deadline: Instant,
+        idle: bool,
+        reusable: Option<Instant>,
+    ) -> bool {
         let timers = &self.w.timers;
         let stream = &mut self.stream;
-        let held = timers.hold(deadline, idle);
-        std::future::poll_fn(|cx| {
+        let held = match reusable {
+            Some(since) => timers.hold_reusable(deadline, idle, since),
+            None => timers.hold(deadline, idle),
+        };
+        let ready = std::future::poll_fn(|cx| {
             if let Poll::Ready(r) = stream.poll_readable(cx) {
                 return Poll::Ready(r);
             }
             timers.poll(held.key, cx).map(|()| false)
         })
-        .await
+        .await;
+        if !ready && timers.was_reused(held.key) {
+            self.reused = true;
+        }
+        ready
     }
 
     /// Write the pending output. Most of the time the socket takes it all at once, so try
@@ -445,6 +520,30 @@ impl<S: Transport> Conn<S> {
         let resp = Response::error_page(e.status(), req.conf.core.server_tokens());
         self.respond(&req, resp, false).await;
         let _ = self.flush().await;
+    }
+
+    /// The head did not arrive whole within `client_header_timeout`. Nothing is answered
+    /// (the client is too slow to be waiting for it, or is an attack), but it is logged as
+    /// nginx does: "client timed out" in the error log and a 408 in the access log, with
+    /// what came of the request line.
+    fn head_timed_out(&mut self) {
+        let w = self.w.clone();
+        let g = &w.config.listens[self.group];
+        let server = g.servers[g.default].clone();
+        let host = server.primary_name.clone();
+        let part = if self.buf.contains(&b'\n') {
+            "headers"
+        } else {
+            "line"
+        };
+        let head = RequestHead::unparsed(self.buf.split().freeze(), true);
+        let req = Request::new(head, self.info.clone(), server, String::new(), None, host);
+        crate::errlog::request(
+            Level::Info,
+            &req,
+            format_args!("client timed out while reading client request {part}"),
+        );
+        self.log(&req, &Response::new(408), 0, 0);
     }
 
     /// Serve one request. Returns whether the connection stays open.
@@ -530,6 +629,21 @@ impl<S: Transport> Conn<S> {
                     Ok(n) => req.body_length = n,
                     Err(e) => {
                         keep = false;
+                        if e == BodyError::Malformed {
+                            crate::errlog::request(
+                                Level::Info,
+                                &req,
+                                format_args!("client sent invalid chunked body"),
+                            );
+                        }
+                        let answered = matches!(&handled, Handled::Respond(r) if r.status < 400);
+                        if !wanted && e == BodyError::Malformed && answered {
+                            // nginx reads off (discards) a body before a `return`, a file
+                            // or any other answer that is not an error already, and a
+                            // broken chunked body turns it into a 400; an error answer
+                            // stands (the connection closes either way).
+                            handled = handler::resume(&mut req, &w, Flow::Status(400));
+                        }
                         if wanted {
                             // The application cannot be given half a body.
                             let Some(status) = e.status() else {

@@ -93,7 +93,7 @@ where
         .max_send_buffer_size(h2c.chunk_size() as usize * 4);
     let flood = Rc::new(Flood::default());
     let io = FloodGuard::new(io, flood.clone(), PREFACE.len());
-    let Some(io) = preface(io, core.client_header_timeout()).await else {
+    let Some(io) = preface(io, core.client_header_timeout(), &info).await else {
         w.connection_closed();
         return;
     };
@@ -199,18 +199,45 @@ async fn sleep_until_or_never(t: Option<tokio::time::Instant>) {
 /// The client connection preface (RFC 9113 3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
+/// What the server says to a client whose preface is wrong, as nginx does: its own
+/// preface (an empty SETTINGS frame), then GOAWAY with PROTOCOL_ERROR and no stream
+/// processed (RFC 9113 3.4: an invalid preface is a connection error of that type).
+const REFUSE_PREFACE: [u8; 26] = [
+    0, 0, 0, 0x4, 0, 0, 0, 0, 0, // SETTINGS, empty
+    0, 0, 8, 0x7, 0, 0, 0, 0, 0, // GOAWAY, 8 bytes
+    0, 0, 0, 0, // last stream: none
+    0, 0, 0, 0x1, // PROTOCOL_ERROR
+];
+
 /// Read and check the client's preface before the codec starts. Anything else ends the
-/// connection, cleanly: our side is shut, and what the client sent is read off for a moment
-/// (closing with unread input would reset the connection, and the client might not see the
-/// end).
-async fn preface<IO>(mut io: IO, timeout: Duration) -> Option<Prefixed<IO>>
+/// connection, cleanly: a preface that goes wrong is answered GOAWAY (PROTOCOL_ERROR) as
+/// soon as a byte differs, our side is shut, and what the client sent is read off for a
+/// moment (closing with unread input would reset the connection, and the client might not
+/// see the end). A client that says nothing within `timeout` is closed.
+async fn preface<IO>(mut io: IO, timeout: Duration, info: &ConnInfo) -> Option<Prefixed<IO>>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
+    let deadline = tokio::time::Instant::now() + timeout;
     let mut got = [0u8; 24];
-    let read = tokio::time::timeout(timeout, io.read_exact(&mut got)).await;
-    if matches!(read, Ok(Ok(_))) && &got == PREFACE {
+    let mut n = 0;
+    let mut wrong = false;
+    while n < got.len() {
+        match tokio::time::timeout_at(deadline, io.read(&mut got[n..])).await {
+            Ok(Ok(k)) if k > 0 => n += k,
+            _ => break,
+        }
+        if got[..n] != PREFACE[..n] {
+            wrong = true;
+            break;
+        }
+    }
+    if n == PREFACE.len() && !wrong {
         return Some(Prefixed::new(BytesMut::from(&got[..]), io));
+    }
+    if wrong {
+        log_conn(info, format_args!("invalid connection preface"));
+        let _ = tokio::time::timeout(LINGER, io.write_all(&REFUSE_PREFACE)).await;
     }
     let _ = io.shutdown().await;
     let mut sink = [0u8; 4096];

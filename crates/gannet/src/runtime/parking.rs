@@ -26,8 +26,11 @@ pub struct Parked {
     pub info: ConnInfo,
     pub group: usize,
     pub born: Instant,
-    /// When its keep-alive time runs out.
+    /// When its keep-alive time (or, before a first request, its header time) runs out.
     pub deadline: Instant,
+    /// Since when it has waited with no request in hand: a worker out of connections
+    /// closes the longest waiting first (`Worker::reuse_connections`).
+    pub idle_since: Instant,
 }
 
 pub struct ParkingLot {
@@ -138,6 +141,23 @@ impl ParkingLot {
             }
             return out;
         }
+    }
+
+    /// The parked connections, as (waiting since, key), for `close`.
+    pub fn waiting(&self, out: &mut Vec<(Instant, usize)>) {
+        let slots = self.slots.borrow();
+        for (k, p) in slots.iter().enumerate() {
+            if let Some(p) = p {
+                out.push((p.idle_since, k));
+            }
+        }
+    }
+
+    /// Close one parked connection (to make room for a new one). Returns whether it was
+    /// still there.
+    pub fn close(&self, key: usize) -> bool {
+        // Dropped, the socket closes and leaves the epoll set.
+        self.take(key).is_some()
     }
 
     /// Close parked connections whose keep-alive time is over (all of them with `all`).

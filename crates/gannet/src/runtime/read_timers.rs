@@ -9,12 +9,16 @@
 //! timeout notices. A graceful stop fires every *idle* slot at once (between requests),
 //! and leaves connections with a partial request alone, as nginx does.
 //!
+//! A slot may also be *reusable* (nginx's word): a connection waiting for a request with
+//! nothing of it in hand, new or kept alive. A worker out of `worker_connections` closes
+//! the oldest of those to make room ([`ReadTimers::reuse`], `runtime::worker`).
+//!
 //! The upstream exchanges (`*_send_timeout`, `*_read_timeout`) use the table through
 //! [`ReadTimers::within`]: a proxied request waits once for its answer, and a tokio timeout
 //! there cost a clock read per read and write, and an insertion into and a removal from
 //! tokio's timer wheel per wait (about 7% of the user time of a proxied request).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -24,6 +28,11 @@ pub const TICK: Duration = Duration::from_millis(250);
 struct Slot {
     deadline: Instant,
     idle: bool,
+    /// Since when the connection has waited with no request in hand, if it may be closed
+    /// to make room for a new one.
+    reusable: Option<Instant>,
+    /// Fired to make room, not by its deadline.
+    reused: bool,
     fired: bool,
     waker: Option<Waker>,
 }
@@ -32,14 +41,23 @@ struct Slot {
 pub struct ReadTimers {
     slots: RefCell<Vec<Option<Slot>>>,
     free: RefCell<Vec<usize>>,
+    /// Slots fired by `reuse` whose connection has not given them back yet: room that is
+    /// being made.
+    reusing: Cell<usize>,
 }
 
 impl ReadTimers {
     /// Start a deadline; the returned key must be given back with `remove`.
     pub fn insert(&self, deadline: Instant, idle: bool) -> usize {
+        self.insert_slot(deadline, idle, None)
+    }
+
+    fn insert_slot(&self, deadline: Instant, idle: bool, reusable: Option<Instant>) -> usize {
         let slot = Some(Slot {
             deadline,
             idle,
+            reusable,
+            reused: false,
             fired: false,
             waker: None,
         });
@@ -95,12 +113,69 @@ impl ReadTimers {
         }
     }
 
+    /// [`hold`](Self::hold) for a connection that waits with no request in hand since
+    /// `since`: it may be closed for room ([`reuse`](Self::reuse)).
+    pub fn hold_reusable(&self, deadline: Instant, idle: bool, since: Instant) -> Held<'_> {
+        Held {
+            timers: self,
+            key: self.insert_slot(deadline, idle, Some(since)),
+        }
+    }
+
     pub fn remove(&self, key: usize) {
         if let Some(s) = self.slots.borrow_mut().get_mut(key) {
-            if s.take().is_some() {
+            if let Some(slot) = s.take() {
+                if slot.reused {
+                    self.reusing.set(self.reusing.get() - 1);
+                }
                 self.free.borrow_mut().push(key);
             }
         }
+    }
+
+    /// Whether the slot was fired to make room (its connection is to close).
+    pub fn was_reused(&self, key: usize) -> bool {
+        let slots = self.slots.borrow();
+        slots
+            .get(key)
+            .and_then(Option::as_ref)
+            .is_some_and(|s| s.reused)
+    }
+
+    /// The reusable slots not fired yet, as (waiting since, key).
+    pub fn reusable(&self, out: &mut Vec<(Instant, usize)>) {
+        let slots = self.slots.borrow();
+        for (k, s) in slots.iter().enumerate() {
+            if let Some(since) = s.as_ref().filter(|s| !s.fired).and_then(|s| s.reusable) {
+                out.push((since, k));
+            }
+        }
+    }
+
+    /// Fire a reusable slot so that its connection closes.
+    pub fn reuse(&self, key: usize) {
+        let waker = {
+            let mut slots = self.slots.borrow_mut();
+            let Some(s) = slots.get_mut(key).and_then(Option::as_mut) else {
+                return;
+            };
+            if s.fired || s.reusable.is_none() {
+                return;
+            }
+            s.fired = true;
+            s.reused = true;
+            s.waker.take()
+        };
+        self.reusing.set(self.reusing.get() + 1);
+        // Outside the borrow, as in `sweep`.
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// Connections fired by `reuse` that have not closed yet.
+    pub fn reusing(&self) -> usize {
+        self.reusing.get()
     }
 
     /// Fire the slots whose deadline passed, and with `drain` every idle one.
@@ -154,6 +229,33 @@ mod tests {
         assert!(t.poll(busy, &mut cx).is_pending());
         t.remove(soon);
         assert_eq!(t.insert(now, false), soon, "freed slots are reused");
+    }
+
+    #[test]
+    fn reuse_fires_only_reusable_slots_and_counts_them_until_removed() {
+        let t = ReadTimers::default();
+        let now = Instant::now();
+        let mut cx = Context::from_waker(Waker::noop());
+        let later = now + Duration::from_secs(100);
+        let busy = t.insert(later, false);
+        let old = t.insert_slot(later, true, Some(now));
+        let new = t.insert_slot(later, true, Some(now + Duration::from_secs(1)));
+        let mut found = Vec::new();
+        t.reusable(&mut found);
+        found.sort();
+        assert_eq!(found, vec![(now, old), (now + Duration::from_secs(1), new)]);
+        t.reuse(busy);
+        t.reuse(old);
+        t.reuse(old);
+        assert!(t.poll(busy, &mut cx).is_pending());
+        assert!(t.poll(old, &mut cx).is_ready());
+        assert!(t.was_reused(old) && !t.was_reused(new));
+        assert_eq!(t.reusing(), 1);
+        found.clear();
+        t.reusable(&mut found);
+        assert_eq!(found, vec![(now + Duration::from_secs(1), new)]);
+        t.remove(old);
+        assert_eq!(t.reusing(), 0);
     }
 
     #[test]

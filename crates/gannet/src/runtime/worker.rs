@@ -60,6 +60,8 @@ pub struct Worker {
     /// last trim.
     shed: Cell<usize>,
     emfile_logged: Cell<bool>,
+    /// The second the worker last said it is reusing connections (said once a second).
+    reuse_logged: Cell<Option<Instant>>,
 }
 
 impl Worker {
@@ -97,6 +99,62 @@ impl Worker {
                 self.shed.set(0);
             }
         }
+    }
+
+    /// A worker close to `worker_connections` makes room before it takes a new connection,
+    /// as nginx's `ngx_drain_connections`: it closes the connections that have waited
+    /// longest with no request in hand (kept alive, or new and silent), a few at a time
+    /// (an eighth of them, between 1 and 32). Connections in the middle of a request are
+    /// left to their timeouts. So a flood of idle connections cannot lock real clients
+    /// out, and a flood of slow ones only for as long as `client_header_timeout` (or the
+    /// body's and send timeouts) lets them stay.
+    fn reuse_connections(&self) {
+        let limit = self.config.main.worker_connections;
+        let free = limit.saturating_sub(self.in_use());
+        // nginx starts when a sixteenth of the connections are left.
+        if free > limit / 16 {
+            return;
+        }
+        // (waiting since, parked?, key)
+        let mut waiting: Vec<(Instant, bool, usize)> = Vec::new();
+        let mut found = Vec::new();
+        if let Some(lot) = &self.parking {
+            lot.waiting(&mut found);
+            waiting.extend(found.drain(..).map(|(t, k)| (t, true, k)));
+        }
+        self.timers.reusable(&mut found);
+        waiting.extend(found.drain(..).map(|(t, k)| (t, false, k)));
+        if waiting.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let said = self.reuse_logged.get();
+        if said.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1)) {
+            self.reuse_logged.set(Some(now));
+            crate::errlog::warn(format_args!(
+                "{limit} worker_connections are not enough, reusing connections"
+            ));
+        }
+        let n = (waiting.len() / 8).clamp(1, 32);
+        if waiting.len() > n {
+            waiting.select_nth_unstable(n - 1);
+            waiting.truncate(n);
+        }
+        for (_, parked, key) in waiting {
+            if parked {
+                if self.parking.as_ref().is_some_and(|lot| lot.close(key)) {
+                    self.connection_closed();
+                }
+            } else {
+                // Its task closes it when it next runs; until then it counts as free.
+                self.timers.reuse(key);
+            }
+        }
+    }
+
+    /// Connections open, less those told to close for room that have not yet.
+    fn in_use(&self) -> usize {
+        self.active.get().saturating_sub(self.timers.reusing())
     }
 
     /// Append a finished log line; written at once without `buffer=`, else when full.
@@ -165,6 +223,7 @@ pub fn run(
             timers: Rc::default(),
             conn_closed: Notify::new(),
             emfile_logged: Cell::new(false),
+            reuse_logged: Cell::new(None),
             last_trim: Cell::new(Instant::now()),
             shed: Cell::new(0),
             parking: ParkingLot::new()
@@ -264,7 +323,8 @@ async fn accept_loop(w: Rc<Worker>, listener: AsyncFd<StdListener>, group: usize
         }
         match accept(&listener).await {
             Ok((stream, peer)) => {
-                if w.active.get() >= w.config.main.worker_connections {
+                w.reuse_connections();
+                if w.in_use() >= w.config.main.worker_connections {
                     crate::errlog::warn(format_args!(
                         "{} worker_connections are not enough",
                         w.config.main.worker_connections
