@@ -629,7 +629,8 @@ impl<S: Transport> Conn<S> {
                     Ok(n) => req.body_length = n,
                     Err(e) => {
                         keep = false;
-                        if e == BodyError::Malformed {
+                        let malformed = e == Failed::Client(BodyError::Malformed);
+                        if malformed {
                             crate::errlog::request(
                                 Level::Info,
                                 &req,
@@ -637,7 +638,7 @@ impl<S: Transport> Conn<S> {
                             );
                         }
                         let answered = matches!(&handled, Handled::Respond(r) if r.status < 400);
-                        if !wanted && e == BodyError::Malformed && answered {
+                        if !wanted && malformed && answered {
                             // nginx reads off (discards) a body before a `return`, a file
                             // or any other answer that is not an error already, and a
                             // broken chunked body turns it into a 400; an error answer
