@@ -265,7 +265,7 @@ def test_worker_cpu_affinity_and_priority(gannet):
     # Each worker thread binds itself and sets its nice value as it starts: wait for that
     # state, not only for the threads to exist.
     want = {0: ("0", 5), 1: ("1", 5)}
-    assert wait_until(lambda: _workers(srv.proc.pid) == want) == want, _workers(srv.proc.pid)
+    assert wait_until(lambda: _workers(srv.proc.pid) == want), _workers(srv.proc.pid)
     assert srv.get("/a.txt")[::2] == (200, b"x")
     srv.stop()
     srv = gannet.start(conf=two.replace("worker_processes 2;", "worker_processes 2;\nworker_cpu_affinity auto;"),

@@ -12,7 +12,9 @@ the test sees. No timing is asserted: arrival before the next send is the proper
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import subprocess
 import threading
 import uuid
@@ -21,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import rawapps
-from conftest import REPO, free_port, wait_until
+from conftest import REPO, free_port, read_head, wait_until
 from nginx_peer import NGINX, PEER_MAIN, side_by_side
 from test_fastcgi import PHP_FPM, fpm  # noqa: F401  (the fixture is reused)
 from test_gateways import UWSGI, connectable
@@ -249,3 +251,167 @@ http {
             held = stream(nginx_port, "/accel", acks, gzip=True)[0]
             assert held[:2] == ["0", "late 0"], held
         assert stream(srv.port, "/accel", acks, gzip=True)[0] == expected()
+
+
+# Reading ahead of a slow client (`*_buffering on`): the answer is taken from the
+# application as fast as it sends, into `*_buffers` and then a temporary file, so the
+# application is free long before the client has it all; memory stays bounded.
+
+BIG = 48 * 1024 * 1024
+
+
+class BigApp(rawapps.HttpApp):
+    """Answers BIG bytes (a pattern the client checks), counting what it has handed to its
+    socket; `done` is set once all of it is."""
+
+    def __init__(self, accel: str = ""):
+        self.sent = 0
+        self.done = threading.Event()
+        block = bytes(range(256)) * 256
+
+        def behave(conn, _head, _body):
+            extra = f"X-Accel-Buffering: {accel}\r\n" if accel else ""
+            conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {BIG}\r\n{extra}\r\n".encode())
+            while self.sent < BIG:
+                conn.sendall(block)
+                self.sent += len(block)
+            self.done.set()
+        super().__init__(behave)
+
+
+def rss_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def deleted_files(pid: int, folder: Path) -> list[int]:
+    """Sizes of the files gannet holds open that were in `folder` and are unlinked."""
+    sizes = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith(str(folder)) and target.endswith("(deleted)"):
+            sizes.append(os.stat(fd).st_size)
+    return sizes
+
+
+def slow_client(port: int, path: str = "/big"):
+    """A client that reads the head and then nothing until told: (socket, file, head)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+    f = s.makefile("rb")
+    return s, f, read_head(f)
+
+
+def read_all_and_check(f) -> None:
+    block = bytes(range(256)) * 256
+    got = 0
+    while got < BIG:
+        data = f.read(min(1 << 20, BIG - got))
+        assert data, f"answer cut at {got}"
+        assert data == (block * ((len(data) // len(block)) + 2))[got % len(block):got % len(block) + len(data)]
+        got += len(data)
+
+
+def test_buffered_answer_frees_the_application_before_a_slow_client(gannet):
+    app = BigApp()
+    try:
+        srv = gannet.start(server=f"location /big {{ proxy_pass http://127.0.0.1:{app.port}; }}")
+        idle = rss_kib(srv.proc.pid)
+        s, f, head = slow_client(srv.port)
+        with s:
+            assert head.startswith(b"HTTP/1.1 200") and f"Content-Length: {BIG}".encode() in head
+            # The client has read nothing past the head, yet the application has sent it all.
+            assert app.done.wait(30), f"application still sending: {app.sent} of {BIG}"
+            temp = srv.tmp / "proxy_temp"
+            held = deleted_files(srv.proc.pid, temp)
+            assert held and max(held) > BIG // 2, held
+            assert rss_kib(srv.proc.pid) - idle < 16 * 1024, "the answer waits in the file, not in memory"
+            assert "an upstream response is buffered to a temporary file" in srv.error_log()
+            read_all_and_check(f)
+        assert not list(temp.iterdir()), "nothing is left in the temp folder"
+    finally:
+        app.close()
+
+
+def sending_stalls(app: BigApp) -> bool:
+    """The application's sending has stopped short of the end (it waits for the client):
+    its count stays the same over several looks."""
+    looks = []
+
+    def stalled():
+        looks.append(app.sent)
+        return len(looks) >= 5 and len(set(looks[-5:])) == 1
+    return bool(wait_until(stalled, deadline=20, every=0.1)) and app.sent < BIG
+
+
+@pytest.mark.parametrize("how", ["buffering-off", "accel-no", "no-temp-file"])
+def test_unbuffered_answer_waits_for_the_client(gannet, how):
+    """`proxy_buffering off`, `X-Accel-Buffering: no`, or `proxy_max_temp_file_size 0` once
+    the buffers are full: the application waits for the client, nothing goes to a file."""
+    app = BigApp(accel="no" if how == "accel-no" else "")
+    extra = {"buffering-off": "proxy_buffering off;", "accel-no": "",
+             "no-temp-file": "proxy_max_temp_file_size 0;"}[how]
+    try:
+        srv = gannet.start(server=f"location /big {{ proxy_pass http://127.0.0.1:{app.port}; {extra} }}")
+        s, f, head = slow_client(srv.port)
+        with s:
+            assert head.startswith(b"HTTP/1.1 200")
+            assert sending_stalls(app), app.sent
+            assert not deleted_files(srv.proc.pid, srv.tmp / "proxy_temp")
+            read_all_and_check(f)
+        assert app.done.wait(10)
+        assert "buffered to a temporary file" not in srv.error_log()
+    finally:
+        app.close()
+
+
+def test_accel_buffering_yes_reads_ahead_with_buffering_off(gannet):
+    app = BigApp(accel="yes")
+    try:
+        srv = gannet.start(server=f"location /big {{ proxy_pass http://127.0.0.1:{app.port}; proxy_buffering off; }}")
+        s, f, _ = slow_client(srv.port)
+        with s:
+            assert app.done.wait(30), f"application still sending: {app.sent} of {BIG}"
+            read_all_and_check(f)
+    finally:
+        app.close()
+
+
+def test_full_temp_disk_makes_the_application_wait(gannet, tmp_path):
+    """A temp folder on a 1 MiB tmpfs: the file fills, gannet logs nginx's pwrite() line,
+    and the rest waits for the client; the answer still arrives whole."""
+    temp = tmp_path / "small"
+    temp.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(temp)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode(errors='replace').strip()}")
+    app = BigApp()
+    try:
+        srv = gannet.start(server=f"location /big {{ proxy_pass http://127.0.0.1:{app.port}; proxy_temp_path {temp}; }}")
+        s, f, _ = slow_client(srv.port)
+        with s:
+            assert sending_stalls(app), app.sent
+            assert wait_until(lambda: "No space left on device" in srv.error_log())
+            read_all_and_check(f)
+        assert app.done.wait(10)
+    finally:
+        app.close()
+        subprocess.run(["umount", str(temp)], capture_output=True)
+
+
+def test_temp_directives_are_checked(gannet):
+    for bad, says in (("proxy_buffers 1 4k;", 'there must be at least 2 "proxy_buffers"'),
+                      ("fastcgi_max_temp_file_size 1x;", "invalid value"),
+                      ("scgi_temp_path /tmp/x 11;", '"scgi_temp_path" directive invalid value'),
+                      ("uwsgi_temp_file_write_size;", "invalid number of arguments")):
+        r = gannet.check(server=bad)
+        assert r.returncode != 0 and "check.conf:" in r.stderr and says in r.stderr, (bad, r.stderr)
+    ok = gannet.check(server="proxy_buffers 16 8k; proxy_busy_buffers_size 16k; proxy_temp_path /tmp/gt 1 2; "
+                             "proxy_max_temp_file_size 10m; proxy_temp_file_write_size 32k;")
+    assert ok.returncode == 0, ok.stderr

@@ -71,54 +71,6 @@ pub const IGNORED: &[(&str, &str)] = &[
     ("directio", "not supported"),
     ("msie_padding", "not needed by any current browser"),
     ("msie_refresh", "not needed by any current browser"),
-    (
-        "proxy_temp_path",
-        "proxied answers are buffered in memory or streamed",
-    ),
-    (
-        "proxy_max_temp_file_size",
-        "proxied answers are buffered in memory or streamed",
-    ),
-    (
-        "proxy_temp_file_write_size",
-        "proxied answers are buffered in memory or streamed",
-    ),
-    (
-        "fastcgi_temp_path",
-        "FastCGI answers are buffered in memory or streamed",
-    ),
-    (
-        "fastcgi_max_temp_file_size",
-        "FastCGI answers are buffered in memory or streamed",
-    ),
-    (
-        "fastcgi_temp_file_write_size",
-        "FastCGI answers are buffered in memory or streamed",
-    ),
-    (
-        "uwsgi_temp_path",
-        "uwsgi answers are buffered in memory or streamed",
-    ),
-    (
-        "uwsgi_max_temp_file_size",
-        "uwsgi answers are buffered in memory or streamed",
-    ),
-    (
-        "uwsgi_temp_file_write_size",
-        "uwsgi answers are buffered in memory or streamed",
-    ),
-    (
-        "scgi_temp_path",
-        "SCGI answers are buffered in memory or streamed",
-    ),
-    (
-        "scgi_max_temp_file_size",
-        "SCGI answers are buffered in memory or streamed",
-    ),
-    (
-        "scgi_temp_file_write_size",
-        "SCGI answers are buffered in memory or streamed",
-    ),
     // Without a cache these decide nothing, in nginx too (the proxy_cache snippets people
     // copy set them anyway); `*_cache` itself is reported as not supported yet.
     ("proxy_cache_bypass", NO_CACHE),

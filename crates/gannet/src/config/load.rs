@@ -318,6 +318,14 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
     if conf.client_body.temp_path.is_none() {
         conf.client_body.temp_path = Some(modules::client_body::default_temp_path(prefix));
     }
+    // nginx's compiled-in temp paths for answers read ahead of their clients.
+    for p in modules::gateway::Proto::ALL {
+        let c = modules::gateway::conf_mut(&mut conf, p);
+        if c.temp_path.is_none() {
+            let name = format!("{}temp", p.prefix());
+            c.temp_path = Some(modules::client_body::temp_path_in(prefix, &name));
+        }
+    }
     // Every `map` is an http-level directive, so all are known by now.
     let vars = user_vars::table();
     let mut groups: Vec<ListenGroup> = Vec::new();

@@ -50,6 +50,7 @@
 
 use super::body::{BodyError, BodySource};
 use super::request_body::{BodyFile, RequestBody};
+use super::spool::Spool;
 use crate::errlog::{self, Level};
 use crate::http::handler::Flow;
 use crate::http::request::Request;
@@ -98,6 +99,8 @@ enum Failure {
     ClosedEarly,
     /// The client's body, passed on as it arrived, could not be read to its end.
     Client(BodyError),
+    /// What was read ahead could not be read back from its temporary file.
+    Spool(std::io::Error),
 }
 
 impl Failure {
@@ -151,6 +154,11 @@ impl std::fmt::Display for Failure {
             Failure::Client(BodyError::Io) => write!(
                 f,
                 "client prematurely closed connection or timed out while {SENDING}"
+            ),
+            Failure::Spool(e) => write!(
+                f,
+                "{} while reading the buffered response from its temporary file",
+                super::temp_file::failed("pread()", std::path::Path::new("temp file"), e)
             ),
         }
     }
@@ -368,6 +376,8 @@ struct Answered {
     body: BytesMut,
     done: bool,
     link: Link,
+    /// `*_buffering` or `X-Accel-Buffering` for this answer: read it ahead of the client.
+    buffering: bool,
 }
 
 /// What the request phases go on with.
@@ -385,15 +395,24 @@ pub struct Tunnel {
     pub early: BytesMut,
 }
 
-/// The rest of a streamed answer, read from the application while it is sent on.
+/// The rest of a streamed answer, read from the application while it is sent on. When
+/// the answer is buffered it is also read ahead of the client into a [`Spool`] while the
+/// client takes what it has ([`Streaming::alongside`]), and the application's connection is
+/// let go as soon as the answer has come whole.
 pub struct Streaming {
-    link: Link,
+    /// `None` once the answer has come whole and the connection was let go.
+    link: Option<Link>,
+    scheme: &'static str,
     first: Option<Bytes>,
     addr: Addr,
     done: bool,
+    /// What was read ahead of the client (buffered answers only).
+    spool: Option<Spool>,
+    /// A failure met while reading ahead: the answer is cut once what came before it is sent.
+    failed: Option<Failure>,
     /// Where the connection goes back when the answer ended cleanly.
     pool: Option<Pooled>,
-    _lease: Option<Lease>,
+    lease: Option<Lease>,
 }
 
 impl Streaming {
@@ -403,7 +422,7 @@ impl Streaming {
         match self.pull(req).await {
             Ok(b) => Ok(b),
             Err(f) => {
-                log_failure(req, self.link.scheme, &self.addr, &f);
+                log_failure(req, self.scheme, &self.addr, &f);
                 Err(())
             }
         }
@@ -413,9 +432,22 @@ impl Streaming {
         if let Some(b) = self.first.take() {
             return Ok(Some(b));
         }
-        let timeout = gateway::conf(&req.conf, self.link.proto).read_timeout();
+        if let Some(spool) = &mut self.spool {
+            match spool.pop() {
+                Ok(Some(b)) => return Ok(Some(b)),
+                Ok(None) => {}
+                Err(e) => return Err(Failure::Spool(e)),
+            }
+        }
+        if let Some(f) = self.failed.take() {
+            return Err(f);
+        }
+        let Some(link) = self.link.as_mut().filter(|_| !self.done) else {
+            return Ok(None);
+        };
+        let timeout = gateway::conf(&req.conf, link.proto).read_timeout();
         loop {
-            match self.link.next(timeout, true).await? {
+            match link.next(timeout, true).await? {
                 Event::Data(b) => return Ok(Some(b)),
                 Event::Stderr(b) => log_stderr(req, &self.addr, &b, true),
                 Event::End => {
@@ -426,11 +458,75 @@ impl Streaming {
         }
     }
 
+    /// Whether a piece is at hand without waiting for the application.
+    pub fn at_hand(&self) -> bool {
+        self.first.is_some() || self.spool.as_ref().is_some_and(|s| !s.is_empty())
+    }
+
+    /// Run `send` (a write to the client) to its end; meanwhile, for a buffered answer,
+    /// read the application's answer ahead into the spool while it has room. One driver
+    /// for HTTP/1.x and HTTP/2: each wraps its writes in it.
+    pub async fn alongside<T>(
+        &mut self,
+        w: &Worker,
+        req: &Request,
+        send: impl std::future::Future<Output = T>,
+    ) -> T {
+        let mut send = std::pin::pin!(send);
+        if self.spool.is_none() {
+            return send.await;
+        }
+        let mut fill = std::pin::pin!(self.fill(w, req));
+        std::future::poll_fn(|cx| {
+            if let std::task::Poll::Ready(out) = std::future::Future::poll(send.as_mut(), cx) {
+                return std::task::Poll::Ready(out);
+            }
+            // Never ends by itself: it waits once the spool is full or the answer is in.
+            let _ = std::future::Future::poll(fill.as_mut(), cx);
+            std::task::Poll::Pending
+        })
+        .await
+    }
+
+    /// Read the application's answer into the spool while it has room; then wait for ever
+    /// (the caller drops this once its write is done). Safe to drop at any wait: a read
+    /// that has not completed has taken nothing.
+    async fn fill(&mut self, w: &Worker, req: &Request) {
+        while let (Some(link), Some(spool)) = (&mut self.link, &mut self.spool) {
+            if self.done || self.failed.is_some() || !spool.has_room() {
+                break;
+            }
+            let timeout = gateway::conf(&req.conf, link.proto).read_timeout();
+            match link.next(timeout, true).await {
+                Ok(Event::Data(b)) => spool.push(req, b),
+                Ok(Event::Stderr(b)) => log_stderr(req, &self.addr, &b, true),
+                Ok(Event::End) => {
+                    self.done = true;
+                    self.release(w);
+                }
+                Err(f) => self.failed = Some(f),
+            }
+        }
+        std::future::pending::<()>().await;
+    }
+
+    /// The answer has come whole: its connection goes back to the pool if it may be
+    /// reused (else it closes), and the server's slot is freed, even while the client is
+    /// still being sent what came.
+    fn release(&mut self, w: &Worker) {
+        if let Some(link) = self.link.take() {
+            if let (true, Some(p)) = (link.reusable(), self.pool.take()) {
+                w.upstreams
+                    .put_idle(&p.up, p.slot, link.conn, Instant::now());
+            }
+        }
+        self.lease = None;
+    }
+
     /// The answer was sent whole: keep the connection if it may be reused.
-    pub fn finish(self, w: &Worker) {
-        if let (true, true, Some(p)) = (self.done, self.link.reusable(), self.pool) {
-            w.upstreams
-                .put_idle(&p.up, p.slot, self.link.conn, Instant::now());
+    pub fn finish(mut self, w: &Worker) {
+        if self.done {
+            self.release(w);
         }
     }
 }
@@ -998,7 +1094,7 @@ fn retryable(f: &Failure, c: &GatewayConf, req: &Request) -> bool {
         Failure::Io(..) | Failure::Premature(_) | Failure::ClosedEarly => ("error", true),
         Failure::Protocol(_) => ("invalid_header", true),
         Failure::Body(_) => ("error", true),
-        Failure::Client(_) => return false,
+        Failure::Client(_) | Failure::Spool(_) => return false,
     };
     has(kind) && (!sent || idempotent(req) || has("non_idempotent"))
 }
@@ -1086,12 +1182,15 @@ fn outcome(
             Outcome::Stream(
                 resp,
                 Box::new(Streaming {
-                    link: a.link,
+                    scheme: a.link.scheme,
+                    spool: a.buffering.then(|| Spool::new(c)),
+                    link: Some(a.link),
                     first: (!a.body.is_empty()).then(|| a.body.freeze()),
                     addr,
                     done: false,
+                    failed: None,
                     pool,
-                    _lease: lease,
+                    lease,
                 }),
             )
         }
@@ -1195,6 +1294,7 @@ async fn exchange(
                         body,
                         done: true,
                         link,
+                        buffering,
                     }),
                     None if body.is_empty() => Err(Failure::Protocol(
                         "upstream sent no valid FastCGI stdout".into(),
@@ -1210,6 +1310,7 @@ async fn exchange(
         body,
         done: false,
         link,
+        buffering,
     })
 }
 

@@ -832,6 +832,7 @@ impl<S: Transport> Conn<S> {
         keep: bool,
     ) -> bool {
         // A length known beforehand (an application announced it) goes as is.
+        let w = self.w.clone();
         let chunked = req.head.version == Version::Http11 && resp.content_length.is_none();
         resp.chunked = chunked;
         resp.length_unknown = !chunked && resp.content_length.is_none();
@@ -893,10 +894,16 @@ impl<S: Transport> Conn<S> {
             if !more && chunked {
                 self.out.extend_from_slice(b"0\r\n\r\n");
             }
-            // An application may pause before its next piece: what it said goes out now.
-            // A file's pieces come at once and are written in FLUSH_AT batches.
-            let due = src.may_pause() || self.out.len() >= FLUSH_AT;
-            if due && self.flush_paced(&mut pace).await.is_err() {
+            // An application may pause before its next piece: what it said goes out now,
+            // unless more of it is at hand. A file's pieces come at once and are written in
+            // FLUSH_AT batches. A buffered answer is read ahead while the client takes it.
+            let due = (src.may_pause() && !src.at_hand()) || self.out.len() >= FLUSH_AT;
+            if due
+                && src
+                    .alongside(&w, req, self.flush_paced(&mut pace))
+                    .await
+                    .is_err()
+            {
                 whole = false;
                 break;
             }

@@ -297,7 +297,8 @@ async fn streamed(
                 return false;
             }
         };
-        if !out.data(piece, !more).await {
+        // A buffered answer is read ahead while the client takes what came.
+        if !src.alongside(w, req, out.data(piece, !more)).await {
             return false;
         }
         if !more {

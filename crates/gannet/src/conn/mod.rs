@@ -1,8 +1,8 @@
 //! Client connections: the HTTP/1.x connection loop (and HTTP/2's, over TLS or h2c), the
 //! streams they run on (cleartext or TLS), the ways a body leaves the process
 //! (whole, or streamed from a `source`), request bodies (kept in memory or a temporary
-//! file, or passed on as they arrive), and the exchange with a FastCGI, SCGI or uwsgi
-//! application a request may wait for.
+//! file, or passed on as they arrive), the exchange with a FastCGI, SCGI or uwsgi
+//! application a request may wait for, and its answer read ahead of a slow client (`spool`).
 
 pub mod body;
 pub mod gateway;
@@ -18,6 +18,7 @@ pub mod proxy_protocol;
 pub mod request_body;
 pub mod send;
 pub mod source;
+pub mod spool;
 pub mod temp_file;
 pub mod tls_stream;
 pub mod transport;

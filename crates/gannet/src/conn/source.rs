@@ -69,6 +69,29 @@ impl Source {
         matches!(self, Source::App(_))
     }
 
+    /// Whether the next piece is at hand, with no wait for an application (a file's pieces
+    /// always are): a write may then wait to gather more.
+    pub fn at_hand(&self) -> bool {
+        match self {
+            Source::App(s) => s.at_hand(),
+            Source::Parts(_) => true,
+        }
+    }
+
+    /// Run `send`, a write of what came to the client; meanwhile an application's buffered
+    /// answer is read ahead of the client (see `gateway::Streaming::alongside`).
+    pub async fn alongside<T>(
+        &mut self,
+        w: &Worker,
+        req: &Request,
+        send: impl std::future::Future<Output = T>,
+    ) -> T {
+        match self {
+            Source::App(s) => s.alongside(w, req, send).await,
+            Source::Parts(_) => send.await,
+        }
+    }
+
     /// The body was sent whole: an application's connection may go back to its pool.
     pub fn finish(self, w: &Worker) {
         if let Source::App(s) = self {

@@ -111,8 +111,13 @@ impl ClientBodyConf {
 
 /// The default temp path: `client_body_temp` under the prefix, as nginx's compiled-in one.
 pub fn default_temp_path(prefix: &std::path::Path) -> Arc<TempPath> {
+    temp_path_in(prefix, "client_body_temp")
+}
+
+/// `name` under the prefix, without levels: the form of nginx's compiled-in temp paths.
+pub fn temp_path_in(prefix: &std::path::Path, name: &str) -> Arc<TempPath> {
     Arc::new(TempPath {
-        dir: prefix.join("client_body_temp"),
+        dir: prefix.join(name),
         levels: Vec::new(),
     })
 }
@@ -148,7 +153,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
 
 /// `path [level1 [level2 [level3]]]`: a relative path is under the prefix; each level is
 /// 1 to 10 digits, as nginx takes them.
-fn temp_path(d: &Directive, ctx: &LoadCtx) -> Result<TempPath, ConfError> {
+pub fn temp_path(d: &Directive, ctx: &LoadCtx) -> Result<TempPath, ConfError> {
     let raw = d.args[0].as_str();
     if raw.is_empty() {
         return Err(invalid(d, raw));

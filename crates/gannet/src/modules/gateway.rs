@@ -3,7 +3,8 @@
 //! gannet's. This module owns the directives all of them have, generated from the
 //! protocol's prefix (`fastcgi_`, `scgi_`, `uwsgi_`) by [`directives!`]: `*_pass`, `*_param`
 //! (with `if_not_empty`), `*_connect_timeout`, `*_send_timeout`, `*_read_timeout`,
-//! `*_buffering`, `*_buffers`, `*_buffer_size`, `*_intercept_errors`, `*_hide_header`,
+//! `*_buffering`, `*_buffers`, `*_buffer_size`, `*_busy_buffers_size`, `*_temp_path`,
+//! `*_max_temp_file_size`, `*_temp_file_write_size`, `*_intercept_errors`, `*_hide_header`,
 //! `*_pass_header`, `*_pass_request_headers`, `*_pass_request_body`, `*_request_buffering`,
 //! `*_next_upstream`, `*_next_upstream_tries`, `*_next_upstream_timeout`; the parameters a
 //! request sends and
@@ -14,6 +15,7 @@
 //! As in nginx, `*_param` lists (and the hide/pass header lists) are inherited only by
 //! levels that set none of their own.
 
+use super::client_body::{self, temp_path_in, TempPath};
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::http::request::Request;
 use crate::http::variables::Template;
@@ -86,6 +88,9 @@ macro_rules! directives {
             $crate::modules::gateway::directives!(@spec $p "ignore_headers" [HSL] AtLeast(1)),
             $crate::modules::gateway::directives!(@spec $p "socket_keepalive" [HSL] Exactly(1)),
             $crate::modules::gateway::directives!(@spec $p "ignore_client_abort" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "temp_path" [HSL] Between(1, 4)),
+            $crate::modules::gateway::directives!(@spec $p "max_temp_file_size" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "temp_file_write_size" [HSL] Exactly(1)),
             $($extra,)*
         ]
     };
@@ -145,6 +150,16 @@ pub struct GatewayConf {
     /// `*_buffering`: off sends each piece of the answer on as it is read (`conn::gateway`).
     pub buffering: Option<bool>,
     pub buffer_size: Option<u64>,
+    /// `*_buffers N size`: the memory an answer read ahead of its client may take.
+    pub buffers: Option<(u64, u64)>,
+    /// `*_busy_buffers_size`: the most handed to the client at once from what was read ahead.
+    pub busy_buffers_size: Option<u64>,
+    /// `*_temp_path`: where an answer read ahead goes past `buffers` (`conn::spool`).
+    pub temp_path: Option<Arc<TempPath>>,
+    /// `*_max_temp_file_size`: the most of an answer in the temp file; 0: none.
+    pub max_temp_file_size: Option<u64>,
+    /// `*_temp_file_write_size`: what is gathered before each write to the file.
+    pub temp_file_write_size: Option<u64>,
     pub intercept_errors: Option<bool>,
     pub hide: Option<Arc<Vec<String>>>,
     pub pass_headers: Option<Arc<Vec<String>>>,
@@ -177,6 +192,11 @@ impl GatewayConf {
             read_timeout,
             buffering,
             buffer_size,
+            buffers,
+            busy_buffers_size,
+            temp_path,
+            max_temp_file_size,
+            temp_file_write_size,
             intercept_errors,
             hide,
             pass_headers,
@@ -219,6 +239,41 @@ impl GatewayConf {
     pub fn buffering(&self) -> bool {
         self.buffering.unwrap_or(true)
     }
+    /// `*_buffers`' total: nginx's default is 8 pages.
+    pub fn buffers_total(&self) -> usize {
+        let (n, size) = self.buffers.unwrap_or((8, 4096));
+        usize::try_from(n.saturating_mul(size)).unwrap_or(usize::MAX)
+    }
+    /// nginx's defaults for the busy and write sizes: two of the larger of a buffer and
+    /// the head's buffer.
+    fn two_buffers(&self) -> u64 {
+        2 * self
+            .buffers
+            .map_or(4096, |(_, s)| s)
+            .max(self.buffer_size() as u64)
+    }
+    pub fn busy_buffers_size(&self) -> usize {
+        usize::try_from(self.busy_buffers_size.unwrap_or_else(|| self.two_buffers()))
+            .unwrap_or(usize::MAX)
+            .max(1)
+    }
+    pub fn temp_file_write_size(&self) -> usize {
+        usize::try_from(
+            self.temp_file_write_size
+                .unwrap_or_else(|| self.two_buffers()),
+        )
+        .unwrap_or(usize::MAX)
+    }
+    pub fn max_temp_file_size(&self) -> u64 {
+        self.max_temp_file_size.unwrap_or(1024 * 1024 * 1024)
+    }
+    /// The loader sets the http level's (`proxy_temp` and the like under the prefix); the
+    /// fallback only serves a LocConf built outside it.
+    pub fn temp_path(&self) -> Arc<TempPath> {
+        self.temp_path
+            .clone()
+            .unwrap_or_else(|| temp_path_in(std::path::Path::new("."), "proxy_temp"))
+    }
     pub fn intercept_errors(&self) -> bool {
         self.intercept_errors.unwrap_or(false)
     }
@@ -240,7 +295,7 @@ pub fn conf(lc: &LocConf, p: Proto) -> &GatewayConf {
     }
 }
 
-fn conf_mut(lc: &mut LocConf, p: Proto) -> &mut GatewayConf {
+pub fn conf_mut(lc: &mut LocConf, p: Proto) -> &mut GatewayConf {
     match p {
         Proto::FastCgi => &mut lc.fastcgi.gw,
         Proto::Scgi => &mut lc.scgi,
@@ -308,8 +363,12 @@ pub fn set(d: &Directive, p: Proto, lc: &mut LocConf, ctx: &LoadCtx) -> Result<b
         "read_timeout" => c.read_timeout = duration(d)?,
         "buffering" => c.buffering = Some(setters::flag(d)?),
         "buffers" => {
-            setters::num_arg(d, 0)?;
-            setters::size_arg(d, 1)?;
+            let n = setters::num_arg(d, 0)?;
+            let size = setters::size_arg(d, 1)?;
+            if n < 2 {
+                return Err(d.error(format!("there must be at least 2 \"{}\"", d.name)));
+            }
+            c.buffers = Some((n, size));
         }
         "buffer_size" => {
             let n = setters::size_arg(d, 0)?;
@@ -349,10 +408,15 @@ pub fn set(d: &Directive, p: Proto, lc: &mut LocConf, ctx: &LoadCtx) -> Result<b
         }
         "next_upstream_tries" => c.next_upstream_tries = Some(setters::num_arg(d, 0)?),
         "next_upstream_timeout" => c.next_upstream_timeout = duration(d)?,
-        // Checked, then without effect, as `buffers`.
-        "busy_buffers_size" => {
-            setters::size_arg(d, 0)?;
+        "busy_buffers_size" => c.busy_buffers_size = Some(setters::size_arg(d, 0)?),
+        "temp_path" => {
+            if c.temp_path.is_some() {
+                return Err(d.error(format!("\"{}\" directive is duplicate", d.name)));
+            }
+            c.temp_path = Some(Arc::new(client_body::temp_path(d, ctx)?));
         }
+        "max_temp_file_size" => c.max_temp_file_size = Some(setters::size_arg(d, 0)?),
+        "temp_file_write_size" => c.temp_file_write_size = Some(setters::size_arg(d, 0)?),
         "ignore_headers" => {
             // nginx's list. The cache's headers (Expires, Cache-Control, Set-Cookie, Vary,
             // X-Accel-Expires) mean nothing without a cache.

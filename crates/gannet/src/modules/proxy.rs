@@ -72,6 +72,9 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("proxy_ignore_headers", HSL, Args::AtLeast(1)),
     spec("proxy_socket_keepalive", HSL, Args::Exactly(1)),
     spec("proxy_ignore_client_abort", HSL, Args::Exactly(1)),
+    spec("proxy_temp_path", HSL, Args::Between(1, 4)),
+    spec("proxy_max_temp_file_size", HSL, Args::Exactly(1)),
+    spec("proxy_temp_file_write_size", HSL, Args::Exactly(1)),
 ];
 
 /// Where `proxy_pass` sends requests.
