@@ -588,7 +588,7 @@ def test_config_errors(gannet):
     """)
     assert ok.returncode == 0, ok.stderr
     # What the PHP and Node.js snippets people copy set: loaded, each with a notice.
-    for d in ("fastcgi_cache_bypass", "fastcgi_no_cache", "fastcgi_max_temp_file_size", "proxy_cache_bypass", "proxy_headers_hash_max_size"):
+    for d in ("fastcgi_cache_bypass", "fastcgi_no_cache", "proxy_cache_bypass", "proxy_headers_hash_max_size"):
         assert re.search(rf'\[notice\] .*check\.conf:\d+: "{d}" has no effect', ok.stderr), (d, ok.stderr)
 
 
