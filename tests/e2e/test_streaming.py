@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -415,3 +416,24 @@ def test_temp_directives_are_checked(gannet):
     ok = gannet.check(server="proxy_buffers 16 8k; proxy_busy_buffers_size 16k; proxy_temp_path /tmp/gt 1 2; "
                              "proxy_max_temp_file_size 10m; proxy_temp_file_write_size 32k;")
     assert ok.returncode == 0, ok.stderr
+
+
+def test_read_timeout_counts_between_reads(gannet):
+    """`proxy_read_timeout 1s` bounds each wait for the upstream, not the answer: a stream
+    with an event every 0.4 s outlives it (2 s in all), then a silence past it ends the
+    stream (no last chunk) with nginx's log line."""
+    def behave(conn, _head, _body):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(5):
+            data = b"data: %d\n\n" % i
+            conn.sendall(b"%x\r\n%s\r\n" % (len(data), data))
+            time.sleep(0.4)  # the application's pace is what is tested here
+        conn.recv(1)  # then silent until the proxy gives up and closes
+    app = rawapps.HttpApp(behave)
+    try:
+        srv = gannet.start(server=f"location / {{ proxy_pass http://127.0.0.1:{app.port}; proxy_buffering off; proxy_read_timeout 1s; }}")
+        events, head = stream(srv.port, "/s", Path(srv.tmp))
+        assert events == ["0", "1", "2", "3", "4"], head
+        assert wait_until(lambda: "upstream timed out" in srv.error_log() and "while reading upstream" in srv.error_log())
+    finally:
+        app.close()

@@ -1,0 +1,226 @@
+"""Streaming answers side by side, gannet and nginx (each one worker, pinned to CPU 0; this
+script - upstream and clients - on CPU 1), rounds interleaved:
+
+  events  Server-Sent Events through `proxy_pass`: STREAMS streams at once, EVENTS events
+          each, one every GAP ms; each event carries the upstream's send time
+          (CLOCK_MONOTONIC), the client notes its arrival: p50 / p99 / max of the delay,
+          for `proxy_buffering off` and for the default `on`.
+  slow    A 1 MB answer to CLIENTS clients that read 64 KiB every 100 ms (about 1.6 s per
+          answer): how long each upstream connection stays open (accept to the proxy's
+          close: read ahead frees it early) and the peak RSS of the server's processes.
+
+Usage (a release build of gannet; nginx from Debian):
+  python3 docs/bench/adhoc/streaming/bench.py [events|slow|all] [ROUNDS]
+  GANNET=/path/to/gannet STREAMS=100 EVENTS=100 GAP=50 CLIENTS=100 python3 ...
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[4]
+GANNET = os.environ.get("GANNET", str(REPO / "target/release/gannet"))
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+STREAMS = int(os.environ.get("STREAMS", "100"))
+EVENTS = int(os.environ.get("EVENTS", "100"))
+GAP = float(os.environ.get("GAP", "50")) / 1000
+CLIENTS = int(os.environ.get("CLIENTS", "100"))
+BIG = 1_000_000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+CONF = """
+worker_processes 1;
+pid {tmp}/pid;
+error_log {tmp}/error.log error;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location /off {{ proxy_pass http://127.0.0.1:{up}; proxy_buffering off; }}
+        location / {{ proxy_pass http://127.0.0.1:{up}; proxy_temp_path {tmp}/proxy_temp; }}
+    }}
+}}
+"""
+
+
+class Server:
+    def __init__(self, name: str, up: int):
+        self.name, self.port = name, free_port()
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"stream-{name}-"))
+        conf = self.tmp / "server.conf"
+        conf.write_text(CONF.format(tmp=self.tmp, port=self.port, up=up))
+        if name == "nginx":
+            cmd = [NGINX, "-p", f"{self.tmp}/", "-c", str(conf), "-g", "daemon off; master_process on;"]
+        else:
+            cmd = [GANNET, "-c", str(conf)]
+        self.proc = subprocess.Popen(["taskset", "-c", "0", *cmd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.1).close()
+                return
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError(f"{name} did not start")
+
+    def pids(self) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout.split()
+        return [self.proc.pid, *map(int, out)]
+
+    def rss_kib(self, key: str = "VmRSS") -> int:
+        total = 0
+        for pid in self.pids():
+            try:
+                for line in open(f"/proc/{pid}/status"):
+                    if line.startswith(key + ":"):
+                        total += int(line.split()[1])
+            except OSError:
+                pass
+        return total
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(10)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class Upstream:
+    """One asyncio HTTP/1.1 server: `/events` and `/off/events` stream events, anything else
+    is a 1 MB answer; notes how long each connection stayed open."""
+
+    def __init__(self):
+        self.held: list[float] = []
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        opened = time.monotonic()
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            if b"/events" in head.split(b"\r\n", 1)[0]:
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+                for i in range(EVENTS):
+                    data = b"data: %d %d\n\n" % (i, time.monotonic_ns())
+                    writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    await writer.drain()
+                    await asyncio.sleep(GAP)
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
+            else:
+                writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % BIG + b"x" * BIG)
+                await writer.drain()
+                await reader.read()  # until the proxy closes its side
+                self.held.append(time.monotonic() - opened)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+async def one_stream(port: int, path: str, delays: list[float]) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".encode())
+    await writer.drain()
+    buf = b""
+    while True:
+        got = await reader.read(65536)
+        if not got:
+            break
+        now = time.monotonic_ns()
+        buf += got
+        while b"data: " in buf and b"\n\n" in buf[buf.index(b"data: "):]:
+            start = buf.index(b"data: ")
+            end = buf.index(b"\n\n", start)
+            _, sent = buf[start + 6:end].split()
+            delays.append((now - int(sent)) / 1e6)
+            buf = buf[end + 2:]
+    writer.close()
+
+
+async def slow_client(port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=64 * 1024)
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    writer.write(b"GET /big HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    await writer.drain()
+    got = 0
+    while True:
+        piece = await reader.read(64 * 1024)
+        if not piece:
+            break
+        got += len(piece)
+        await asyncio.sleep(0.1)
+    writer.close()
+    assert got > BIG, got
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * p))]
+
+
+async def main() -> None:
+    what = sys.argv[1] if len(sys.argv) > 1 else "all"
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    os.sched_setaffinity(0, {1})
+    upstream = Upstream()
+    up = await asyncio.start_server(upstream.serve, "127.0.0.1", 0, backlog=4096)
+    up_port = up.sockets[0].getsockname()[1]
+    servers = [Server("gannet", up_port), Server("nginx", up_port)]
+    results: dict[str, list] = {}
+    try:
+        for r in range(rounds):
+            for s in servers:
+                if what in ("events", "all"):
+                    for path in ("/off/events", "/events"):
+                        delays: list[float] = []
+                        await asyncio.gather(*(one_stream(s.port, path, delays) for _ in range(STREAMS)))
+                        assert len(delays) == STREAMS * EVENTS, (s.name, path, len(delays))
+                        results.setdefault(f"{s.name} {path}", []).append(
+                            (statistics.median(delays), pct(delays, 0.99), max(delays)))
+                if what in ("slow", "all"):
+                    upstream.held.clear()
+                    base = s.rss_kib()
+                    peak = [base]
+
+                    async def watch():
+                        while True:
+                            peak.append(s.rss_kib())
+                            await asyncio.sleep(0.05)
+                    w = asyncio.create_task(watch())
+                    await asyncio.gather(*(slow_client(s.port) for _ in range(CLIENTS)))
+                    w.cancel()
+                    held = list(upstream.held)
+                    results.setdefault(f"{s.name} slow", []).append(
+                        (statistics.median(held), max(held), (max(peak) - base) / 1024, base / 1024))
+    finally:
+        for s in servers:
+            s.stop()
+        up.close()
+    for key, rows in results.items():
+        if key.endswith("slow"):
+            print(f"{key:22s} upstream held median {statistics.median(r[0] for r in rows):.3f} s"
+                  f" (rounds {', '.join(f'{r[0]:.3f}' for r in rows)}), max {max(r[1] for r in rows):.3f} s;"
+                  f" RSS growth median {statistics.median(r[2] for r in rows):.1f} MiB"
+                  f" (rounds {', '.join(f'{r[2]:.1f}' for r in rows)}) over {rows[0][3]:.1f} MiB idle")
+        else:
+            print(f"{key:22s} delay ms p50 {statistics.median(r[0] for r in rows):.2f}"
+                  f" p99 {statistics.median(r[1] for r in rows):.2f} max {max(r[2] for r in rows):.2f}"
+                  f" (p99 by round {', '.join(f'{r[1]:.2f}' for r in rows)})")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
