@@ -23,9 +23,10 @@
 //! gone, the request cannot go to another server. The answer is read once the body is sent.
 //!
 //! An answer that has come whole by the time its last byte is read (the usual small one, in
-//! one or a few reads with no wait between them), up to [`STREAM_AT`] bytes, is sent whole:
-//! the application is released at once and the client gets a Content-Length. As soon as
-//! the application pauses (a read would wait), or past [`STREAM_AT`], the answer is
+//! one or a few reads with no wait between them), up to `*_buffers` (32 KiB by default: the
+//! memory nginx would give it), is sent whole: the application is released at once and the
+//! client gets a Content-Length. As soon as the application pauses (a read would wait), or
+//! past `*_buffers`, the answer is
 //! streamed ([`Streaming`]): what came goes to the client at once and the rest as it comes
 //! (with the application's Content-Length if it gave one, else chunked to HTTP/1.1 clients
 //! and close-delimited to HTTP/1.0 ones), so nothing is held while an application thinks.
@@ -72,9 +73,6 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
-
-/// Answers that come whole up to this size are sent whole; past it they are streamed.
-pub const STREAM_AT: usize = 1024 * 1024;
 
 const CONNECTING: &str = "connecting to upstream";
 const HANDSHAKING: &str = "SSL handshaking to upstream";
@@ -370,7 +368,7 @@ impl Link {
 }
 
 /// The application's answer: its head and body, whole (`done`), or what came of it before
-/// it paused (at most about [`STREAM_AT`] bytes) and the connection to read on.
+/// it paused (at most about `*_buffers`) and the connection to read on.
 struct Answered {
     head: CgiHead,
     body: BytesMut,
@@ -1179,13 +1177,20 @@ fn outcome(
             if let (Some(left), false) = (a.link.left, req.is_head()) {
                 resp.content_length = Some(a.body.len() as u64 + left);
             }
+            let body = a.body.freeze();
+            // A buffered answer's first bytes count against its spool's memory.
+            let (spool, first) = if a.buffering {
+                (Some(Spool::new(c, body)), None)
+            } else {
+                (None, (!body.is_empty()).then_some(body))
+            };
             Outcome::Stream(
                 resp,
                 Box::new(Streaming {
                     scheme: a.link.scheme,
-                    spool: a.buffering.then(|| Spool::new(c)),
+                    spool,
                     link: Some(a.link),
-                    first: (!a.body.is_empty()).then(|| a.body.freeze()),
+                    first,
                     addr,
                     done: false,
                     failed: None,
@@ -1256,8 +1261,8 @@ async fn exchange(
     }
     let mut body = BytesMut::new();
     let mut head: Option<CgiHead> = None;
-    // Whether the answer is held until it is whole (or STREAM_AT): `*_buffering`, or the
-    // application's `X-Accel-Buffering`. Known once the head has come.
+    // Whether the answer is held until it is whole (or `*_buffers` are full): `*_buffering`,
+    // or the application's `X-Accel-Buffering`. Known once the head has come.
     let mut buffering = true;
     loop {
         let event = if head.is_none() {
@@ -1282,7 +1287,7 @@ async fn exchange(
                     head = read_head(req, c, &mut link, &mut body)?;
                     buffering = head.as_ref().is_some_and(|h| buffers(c, h));
                 }
-                if head.is_some() && (!buffering || body.len() >= STREAM_AT) {
+                if head.is_some() && (!buffering || body.len() >= c.buffers_total()) {
                     break;
                 }
             }

@@ -40,10 +40,16 @@ pub struct Spool {
 }
 
 impl Spool {
-    pub fn new(c: &GatewayConf) -> Spool {
+    /// A spool holding `first`, what came with the answer's head.
+    pub fn new(c: &GatewayConf, first: Bytes) -> Spool {
+        let mem_len = first.len();
+        let mut mem = VecDeque::new();
+        if !first.is_empty() {
+            mem.push_back(first);
+        }
         Spool {
-            mem: VecDeque::new(),
-            mem_len: 0,
+            mem,
+            mem_len,
             mem_max: c.buffers_total(),
             file: None,
             written: 0,
