@@ -17,30 +17,33 @@
 //!   that ends when the application closes the connection (or after the Content-Length it
 //!   announced). Their connections are never kept, as in nginx.
 //!
-//! The request body has been read whole, or (`*_request_buffering off`, see [`streams`])
-//! is read from the client piece by piece after the request's head is sent, each piece
-//! framed for the protocol (as is, HTTP chunks, FastCGI STDIN records); once a piece has
-//! gone, the request cannot go to another server. The answer is read once the body is sent.
+//! The request body has been read whole (in memory, or in a temporary file past
+//! `client_body_buffer_size`: see `conn::request_body`), or (`*_request_buffering off`, see
+//! [`streams`]) is read from the client piece by piece after the request's head is sent,
+//! each piece framed for the protocol (as is, HTTP chunks, FastCGI STDIN records); once a
+//! piece has gone, the request cannot go to another server. The answer is read once the
+//! body is sent.
 //!
 //! An answer that has come whole by the time its last byte is read (the usual small one, in
 //! one or a few reads with no wait between them), up to `*_buffers` (32 KiB by default: the
 //! memory nginx would give it), is sent whole: the application is released at once and the
 //! client gets a Content-Length. As soon as the application pauses (a read would wait), or
-//! past `*_buffers`, the answer is
-//! streamed ([`Streaming`]): what came goes to the client at once and the rest as it comes
-//! (with the application's Content-Length if it gave one, else chunked to HTTP/1.1 clients
-//! and close-delimited to HTTP/1.0 ones), so nothing is held while an application thinks.
+//! past `*_buffers`, the answer is streamed ([`Streaming`]): what came goes to the client at
+//! once and the rest as it comes (with the application's Content-Length if it gave one, else
+//! chunked to HTTP/1.1 clients and close-delimited to HTTP/1.0 ones), so nothing is held
+//! while an application thinks; meanwhile the rest is read ahead of a slow client into
+//! `*_buffers` and a temporary file (`conn::spool`), freeing the application early.
 //! `*_buffering off`, or the application's `X-Accel-Buffering: no`, streams from the head
-//! on, each read handed on as it is read. If the application dies mid-way the client
-//! connection is closed, so the client sees the answer is incomplete. With an `upstream`
-//! group, the server is picked by the group's balancing method and failed servers are
-//! skipped per `*_next_upstream`; a plain address gets a new connection per request, as in
-//! nginx.
+//! on, each read handed on as it is read and the application read only as fast as the
+//! client takes it. If the application dies mid-way the client connection is closed, so
+//! the client sees the answer is incomplete. With an `upstream` group, the server is picked
+//! by the group's balancing method and failed servers are skipped per `*_next_upstream`; a
+//! plain address gets a new connection per request, as in nginx.
 //!
 //! Failures map to nginx's statuses and log lines: refused or unreachable -> 502, a failed
 //! TLS handshake or certificate check -> 502 (retried as `error`: nothing was sent), a
-//! timeout -> 504, malformed records or head -> 502, an application that closes before the end of
-//! a buffered answer -> 502 (nothing has been sent to the client yet), parameters the
+//! timeout -> 504, malformed records or head -> 502, an application that closes before the
+//! answer's head has gone to the client -> 502, parameters the
 //! protocol cannot carry (uwsgi's 64 KiB block) -> 500. A streamed answer that fails is cut
 //! short and the client connection closed.
 //!
