@@ -10,7 +10,7 @@ script - upstream and clients - on CPU 1), rounds interleaved:
           close: read ahead frees it early) and the peak RSS of the server's processes.
 
 Usage (a release build of gannet; nginx from Debian):
-  python3 docs/bench/adhoc/streaming/bench.py [events|slow|all] [ROUNDS]
+  python3 docs/bench/adhoc/streaming/bench.py [events|slow|download|all] [ROUNDS]
   GANNET=/path/to/gannet STREAMS=100 EVENTS=100 GAP=50 CLIENTS=100 python3 ...
 """
 from __future__ import annotations
@@ -35,6 +35,8 @@ EVENTS = int(os.environ.get("EVENTS", "100"))
 GAP = float(os.environ.get("GAP", "50")) / 1000
 CLIENTS = int(os.environ.get("CLIENTS", "100"))
 BIG = 1_000_000
+HUGE = 1_000_000_000
+SECONDS = float(os.environ.get("SECONDS", "20"))
 
 
 def free_port() -> int:
@@ -105,12 +107,23 @@ class Upstream:
 
     def __init__(self):
         self.held: list[float] = []
+        self.sent = 0
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         opened = time.monotonic()
         try:
             head = await reader.readuntil(b"\r\n\r\n")
-            if b"/events" in head.split(b"\r\n", 1)[0]:
+            target = head.split(b"\r\n", 1)[0]
+            if b"/huge" in target:
+                self.sent = 0
+                writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % HUGE)
+                block = b"x" * (1 << 20)
+                while self.sent < HUGE:
+                    writer.write(block)
+                    await writer.drain()
+                    self.sent += len(block)
+                await reader.read()
+            elif b"/events" in target:
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
                 for i in range(EVENTS):
                     data = b"data: %d %d\n\n" % (i, time.monotonic_ns())
@@ -167,6 +180,27 @@ async def slow_client(port: int) -> None:
     assert got > BIG, got
 
 
+async def paced_client(port: int) -> int:
+    """Reads the huge answer at 1 MB/s for SECONDS, then leaves: bytes read."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 * 1024)
+    writer.write(b"GET /huge HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    await writer.drain()
+    got, end = 0, time.monotonic() + SECONDS
+    while time.monotonic() < end:
+        tick = time.monotonic()
+        want = 1 << 20
+        while want > 0:
+            piece = await reader.read(min(want, 64 * 1024))
+            if not piece:
+                return got
+            got += len(piece)
+            want -= len(piece)
+        await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
+    writer.close()
+    return got
+
+
 def pct(values: list[float], p: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(len(values) * p))]
@@ -206,12 +240,29 @@ async def main() -> None:
                     held = list(upstream.held)
                     results.setdefault(f"{s.name} slow", []).append(
                         (statistics.median(held), max(held), (max(peak) - base) / 1024, base / 1024))
+                if what in ("download", "all"):
+                    base = s.rss_kib()
+                    peak = [base]
+
+                    async def watch_rss():
+                        while True:
+                            peak.append(s.rss_kib())
+                            await asyncio.sleep(0.1)
+                    w = asyncio.create_task(watch_rss())
+                    got = await paced_client(s.port)
+                    w.cancel()
+                    results.setdefault(f"{s.name} download", []).append(
+                        (upstream.sent / 1e6, got / 1e6, (max(peak) - base) / 1024))
     finally:
         for s in servers:
             s.stop()
         up.close()
     for key, rows in results.items():
-        if key.endswith("slow"):
+        if key.endswith("download"):
+            print(f"{key:22s} upstream sent {statistics.median(r[0] for r in rows):.0f} MB while the client read"
+                  f" {statistics.median(r[1] for r in rows):.0f} MB; RSS growth median"
+                  f" {statistics.median(r[2] for r in rows):.1f} MiB (rounds {', '.join(f'{r[2]:.1f}' for r in rows)})")
+        elif key.endswith("slow"):
             print(f"{key:22s} upstream held median {statistics.median(r[0] for r in rows):.3f} s"
                   f" (rounds {', '.join(f'{r[0]:.3f}' for r in rows)}), max {max(r[1] for r in rows):.3f} s;"
                   f" RSS growth median {statistics.median(r[2] for r in rows):.1f} MiB"
