@@ -105,6 +105,17 @@ pub fn write_u64(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(decimal(n, &mut [0; 20]).as_bytes());
 }
 
+/// A chunk's size line (`1a2f\r\n`) appended to `out`, without the formatter: a streamed
+/// answer writes one per piece.
+pub fn chunk_size(out: &mut Vec<u8>, n: usize) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digits = (usize::BITS - n.leading_zeros()).div_ceil(4).max(1);
+    for i in (0..digits).rev() {
+        out.push(HEX[(n >> (i * 4)) & 0xf]);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
 /// `n` in decimal, written into `buf` (u64::MAX has 20 digits): the formatter's machinery
 /// costs several times more for the numbers a request's head and variables carry.
 pub fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &str {

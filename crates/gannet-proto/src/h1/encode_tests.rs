@@ -98,3 +98,25 @@ fn dates() {
         "Fri, 31 Dec 9999 23:59:59 GMT"
     );
 }
+
+#[test]
+fn chunk_size_lines_match_the_formatter() {
+    for n in [
+        0usize,
+        1,
+        9,
+        10,
+        15,
+        16,
+        255,
+        256,
+        4095,
+        65536,
+        1 << 20,
+        usize::MAX,
+    ] {
+        let mut out = Vec::new();
+        chunk_size(&mut out, n);
+        assert_eq!(out, format!("{n:x}\r\n").into_bytes(), "{n}");
+    }
+}

@@ -1378,7 +1378,7 @@ async fn send_body(
             }
             (None, BodyFrame::Raw) => return Ok(()),
             (Some(d), BodyFrame::Chunked) => {
-                frame.extend_from_slice(format!("{:x}\r\n", d.len()).as_bytes());
+                gannet_proto::h1::encode::chunk_size(&mut frame, d.len());
                 frame.extend_from_slice(d);
                 frame.extend_from_slice(b"\r\n");
             }

@@ -882,8 +882,7 @@ impl<S: Transport> Conn<S> {
             };
             if !piece.is_empty() {
                 if chunked {
-                    self.out
-                        .extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+                    gannet_proto::h1::encode::chunk_size(&mut self.out, piece.len());
                 }
                 self.out.extend_from_slice(&piece);
                 if chunked {
