@@ -77,6 +77,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
+/// The most one read from an application takes.
+const READ_MAX: usize = 16 * 1024;
+
 const CONNECTING: &str = "connecting to upstream";
 const HANDSHAKING: &str = "SSL handshaking to upstream";
 const SENDING: &str = "sending request to upstream";
@@ -194,6 +197,9 @@ struct Link {
     got_any: bool,
     /// The worker's deadlines, for the send and read timeouts.
     timers: Rc<ReadTimers>,
+    /// The most one read takes: [`READ_MAX`], or `*_buffer_size` for an unbuffered
+    /// answer (nginx holds no more than that of it).
+    read_max: usize,
 }
 
 impl Link {
@@ -208,6 +214,7 @@ impl Link {
             keep_alive: false,
             got_any: false,
             timers: via.timers.clone(),
+            read_max: READ_MAX,
         }
     }
 
@@ -221,7 +228,7 @@ impl Link {
             let read = read_more(
                 &self.timers,
                 &mut self.conn,
-                &mut self.input,
+                (&mut self.input, self.read_max),
                 timeout,
                 phase,
             );
@@ -243,9 +250,9 @@ impl Link {
                 Err(f) => return Some(Err(f)),
                 Ok(None) => {}
             }
-            let (conn, input) = (&mut self.conn, &mut self.input);
+            let (conn, input, max) = (&mut self.conn, &mut self.input, self.read_max);
             let polled = std::future::poll_fn(|cx| {
-                std::task::Poll::Ready(match poll_read_into(conn, input, cx) {
+                std::task::Poll::Ready(match poll_read_into(conn, (input, max), cx) {
                     std::task::Poll::Ready(r) => Some(r),
                     std::task::Poll::Pending => None,
                 })
@@ -1052,11 +1059,11 @@ fn failed(req: &Request, scheme: &str, addr: &Addr, f: &Failure) -> Flow {
 async fn read_more(
     timers: &ReadTimers,
     s: &mut Conn,
-    input: &mut BytesMut,
+    (input, max): (&mut BytesMut, usize),
     timeout: Duration,
     phase: &'static str,
 ) -> Result<usize, Failure> {
-    let read = std::future::poll_fn(|cx| poll_read_into(s, input, cx));
+    let read = std::future::poll_fn(|cx| poll_read_into(s, (&mut *input, max), cx));
     match timers.within(timeout, read).await {
         Ok(Ok(n)) => Ok(n),
         Ok(Err(e)) => Err(Failure::Io(e, phase)),
@@ -1064,14 +1071,16 @@ async fn read_more(
     }
 }
 
-/// One read from `s` appended to `input`: the byte count, 0 at the end of the stream.
+/// One read of at most `max` bytes from `s` appended to `input`: the byte count, 0 at the
+/// end of the stream.
 fn poll_read_into(
     s: &mut Conn,
-    input: &mut BytesMut,
+    (input, max): (&mut BytesMut, usize),
     cx: &mut std::task::Context<'_>,
 ) -> std::task::Poll<std::io::Result<usize>> {
-    let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); 16 * 1024];
-    let mut rb = tokio::io::ReadBuf::uninit(&mut chunk);
+    let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); READ_MAX];
+    let n = max.clamp(1, READ_MAX);
+    let mut rb = tokio::io::ReadBuf::uninit(&mut chunk[..n]);
     std::task::ready!(std::pin::Pin::new(&mut **s).poll_read(cx, &mut rb))?;
     input.extend_from_slice(rb.filled());
     std::task::Poll::Ready(Ok(rb.filled().len()))
@@ -1180,6 +1189,10 @@ fn outcome(
             if let (Some(left), false) = (a.link.left, req.is_head()) {
                 resp.content_length = Some(a.body.len() as u64 + left);
             }
+            let mut link = a.link;
+            if !a.buffering {
+                link.read_max = c.buffer_size();
+            }
             let body = a.body.freeze();
             // A buffered answer's first bytes count against its spool's memory.
             let (spool, first) = if a.buffering {
@@ -1190,9 +1203,9 @@ fn outcome(
             Outcome::Stream(
                 resp,
                 Box::new(Streaming {
-                    scheme: a.link.scheme,
+                    scheme: link.scheme,
                     spool,
-                    link: Some(a.link),
+                    link: Some(link),
                     first,
                     addr,
                     done: false,
