@@ -8,6 +8,7 @@ mod config;
 mod conn;
 mod errlog;
 mod http;
+mod log_open;
 mod modules;
 mod runtime;
 mod tls;

@@ -11,10 +11,11 @@
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::http::request::Request;
 use crate::http::variables::{Sent, Template};
+use crate::log_open::Target;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
-use std::fs::{File, OpenOptions};
-use std::path::PathBuf;
+use std::fs::File;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,8 +50,9 @@ pub struct LogFormat {
 pub struct LogFile {
     pub id: usize,
     pub file: File,
-    /// For reopening (SIGUSR1).
-    pub path: PathBuf,
+    /// For reopening (SIGUSR1); `None` for `/dev/stdout` and `/dev/stderr`, which write to
+    /// the inherited descriptors.
+    pub path: Option<PathBuf>,
     pub format: Arc<LogFormat>,
     pub buffer: usize,
     /// Without `flush=`, a buffer is written only when full or when the worker stops.
@@ -71,13 +73,11 @@ impl LogConf {
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
 
-/// Open a log file for appending (created if missing).
-fn open_log(path: &PathBuf, d: &Directive) -> Result<File, ConfError> {
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| d.error(format!("open() \"{}\" failed ({e})", path.display())))
+/// Open a log for appending (created if missing), or duplicate the inherited stdout/stderr.
+fn open_log(target: &Target, d: &Directive) -> Result<File, ConfError> {
+    target
+        .open()
+        .map_err(|e| d.error(format!("open() \"{}\" failed ({e})", target.display())))
 }
 
 pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
@@ -101,7 +101,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         lc.log.logs = Some(Arc::new(Vec::new()));
         return Ok(());
     }
-    let path = ctx.prefix.join(&d.args[0]);
+    let target = Target::parse(&d.args[0], &ctx.prefix, false);
     let format = match d.args.get(1) {
         None => ctx.log_formats.get("combined").cloned(),
         Some(name) => ctx.log_formats.get(name).cloned(),
@@ -121,11 +121,11 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             )));
         }
     }
-    let file = open_log(&path, d)?;
+    let file = open_log(&target, d)?;
     let log = Arc::new(LogFile {
         id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         file,
-        path,
+        path: target.path().map(Path::to_path_buf),
         format,
         buffer,
         flush,

@@ -31,11 +31,9 @@ pub fn reopen_all<'a>(configs: impl Iterator<Item = &'a Config>) {
     }
     for cfg in configs {
         for log in &cfg.log_files {
-            if let Err(e) = reopen_in_place(&log.file, &log.path) {
-                crate::errlog::error(format_args!(
-                    "open() \"{}\" failed ({e})",
-                    log.path.display()
-                ));
+            let Some(path) = &log.path else { continue };
+            if let Err(e) = reopen_in_place(&log.file, path) {
+                crate::errlog::error(format_args!("open() \"{}\" failed ({e})", path.display()));
             }
         }
     }
