@@ -28,7 +28,8 @@ def test_stdout_and_stderr_share_one_file_whole_lines(tmp_path):
     out_path = tmp_path / "server.log"
     with open(out_path, "wb") as out:
         proc = subprocess.Popen([str(gannet_bin())], cwd=root, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "GANNET_LISTEN": f"127.0.0.1:{port}"})
+                                env={**os.environ, "GANNET_LISTEN": f"127.0.0.1:{port}",
+                                     "GANNET_DEFAULT_CONF": str(tmp_path / "absent.conf")})
     try:
         wait_port(port, proc)
         for i in range(n):

@@ -29,7 +29,10 @@ pub fn parse_file(path: &Path) -> Result<Vec<Directive>, ConfError> {
 pub type Dump = Vec<(Arc<str>, Vec<u8>)>;
 
 /// [`parse_file`], also recording into `dump` the main file and every included one.
-pub fn parse_file_dumped(path: &Path, dump: Option<&mut Dump>) -> Result<Vec<Directive>, ConfError> {
+pub fn parse_file_dumped(
+    path: &Path,
+    dump: Option<&mut Dump>,
+) -> Result<Vec<Directive>, ConfError> {
     let src = include::read_main(path)?;
     let base = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
@@ -243,7 +246,10 @@ mod tests {
         assert_eq!(d[1].block.as_ref().unwrap()[0].loc, loc(COMMAND_LINE, 0));
         assert_eq!(d[0].error("bad").to_string(), "command line: bad");
         let e = parse_params("daemon on", Path::new("/")).unwrap_err();
-        assert!(e.to_string().starts_with("command line: unexpected end"), "{e}");
+        assert!(
+            e.to_string().starts_with("command line: unexpected end"),
+            "{e}"
+        );
     }
 
     #[test]
