@@ -130,7 +130,8 @@ def test_no_arguments_serves_current_directory(tmp_path):
     (tmp_path / "hello.txt").write_text("hi there")
     (tmp_path / "sub").mkdir()
     port = free_port()
-    env = dict(os.environ, GANNET_LISTEN=f"127.0.0.1:{port}")
+    # No /etc/gannet/gannet.conf stand-in, whatever the machine has.
+    env = dict(os.environ, GANNET_LISTEN=f"127.0.0.1:{port}", GANNET_DEFAULT_CONF=str(tmp_path / "absent.conf"))
     proc = subprocess.Popen([str(gannet_bin())], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_port(port, proc)

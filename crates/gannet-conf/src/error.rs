@@ -3,7 +3,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-/// A source position: the file (as given or resolved) and its 1-based line.
+/// A source position: the file (as given or resolved) and its 1-based line; line 0 is text
+/// with no lines to count (the command line's `-g`), printed as the name alone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Loc {
     pub file: Arc<str>,
@@ -12,7 +13,10 @@ pub struct Loc {
 
 impl fmt::Display for Loc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.file, self.line)
+        match self.line {
+            0 => f.write_str(&self.file),
+            n => write!(f, "{}:{n}", self.file),
+        }
     }
 }
 

@@ -2,7 +2,8 @@
 //!
 //! - [`parse_file`] / [`parse_str`] turn a config into a tree of [`Directive`]s, each carrying
 //!   the `file:line` it came from; `include` (with globs) is resolved here, relative to the
-//!   directory of the main config file, as nginx does.
+//!   directory of the main config file, as nginx does. [`parse_file_dumped`] also keeps the
+//!   bytes of every file read (`-T`); [`parse_params`] reads `-g`'s directives.
 //! - [`registry`] describes a directive (name, allowed contexts, argument count) so that each
 //!   server module can own a table of them, and checks a parsed directive against it.
 //! - [`setters`] parse the shared argument kinds: flags, sizes, durations.
@@ -20,7 +21,10 @@ pub mod setters;
 
 pub use error::{ConfError, Loc};
 pub use include::MAX_FILE_SIZE;
-pub use parser::{parse_file, parse_str, MAX_BLOCK_DEPTH, MAX_INCLUDE_DEPTH};
+pub use parser::{
+    parse_file, parse_file_dumped, parse_params, parse_str, Dump, COMMAND_LINE, MAX_BLOCK_DEPTH,
+    MAX_INCLUDE_DEPTH,
+};
 
 /// One directive: `name arg1 arg2;` or `name args { block }`.
 #[derive(Debug, Clone, PartialEq, Eq)]

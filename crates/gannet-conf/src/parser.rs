@@ -21,17 +21,31 @@ pub const MAX_INCLUDE_DEPTH: usize = 32;
 /// Parse the main config file. `include` paths that are relative are taken relative to the
 /// directory holding `path` (nginx's conf prefix).
 pub fn parse_file(path: &Path) -> Result<Vec<Directive>, ConfError> {
+    parse_file_dumped(path, None)
+}
+
+/// A file the parser read, in the order read: its name (as in error locations) and bytes.
+/// `nginx -T` prints these.
+pub type Dump = Vec<(Arc<str>, Vec<u8>)>;
+
+/// [`parse_file`], also recording into `dump` the main file and every included one.
+pub fn parse_file_dumped(
+    path: &Path,
+    dump: Option<&mut Dump>,
+) -> Result<Vec<Directive>, ConfError> {
     let src = include::read_main(path)?;
     let base = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
     let name: Arc<str> = Arc::from(path.display().to_string());
-    Parser {
+    let mut parser = Parser {
         include_base: base,
         includes: 0,
-    }
-    .file(&src, name)
+        dump,
+    };
+    parser.record(&name, &src);
+    parser.file(&src, name)
 }
 
 /// Parse config text; `name` is used in locations, `include_base` resolves relative includes.
@@ -39,8 +53,37 @@ pub fn parse_str(src: &str, name: &str, include_base: &Path) -> Result<Vec<Direc
     Parser {
         include_base,
         includes: 0,
+        dump: None,
     }
     .file(src.as_bytes(), Arc::from(name))
+}
+
+/// Where directives given with `-g` say they come from, as nginx's "in command line".
+pub const COMMAND_LINE: &str = "command line";
+
+/// Parse the directives of `-g` (main context). Their locations, and errors in them, name
+/// [`COMMAND_LINE`] with line 0, which prints without a line number.
+pub fn parse_params(src: &str, include_base: &Path) -> Result<Vec<Directive>, ConfError> {
+    fn unnumber(ds: &mut [Directive]) {
+        for d in ds {
+            d.loc.line = 0;
+            if let Some(b) = &mut d.block {
+                unnumber(b);
+            }
+        }
+    }
+    match parse_str(src, COMMAND_LINE, include_base) {
+        Ok(mut ds) => {
+            unnumber(&mut ds);
+            Ok(ds)
+        }
+        Err(mut e) => {
+            if let Some(loc) = e.loc.as_mut().filter(|l| &*l.file == COMMAND_LINE) {
+                loc.line = 0;
+            }
+            Err(e)
+        }
+    }
 }
 
 /// What ends a list of words: a directive's terminator, or a block's or file's end.
@@ -56,9 +99,17 @@ struct Parser<'p> {
     include_base: &'p Path,
     /// How many include files are being parsed right now (the include stack's height).
     includes: usize,
+    /// Every file read, for `-T`.
+    dump: Option<&'p mut Dump>,
 }
 
 impl Parser<'_> {
+    fn record(&mut self, name: &Arc<str>, src: &[u8]) {
+        if let Some(d) = self.dump.as_mut() {
+            d.push((name.clone(), src.to_vec()));
+        }
+    }
+
     fn file(&mut self, src: &[u8], name: Arc<str>) -> Result<Vec<Directive>, ConfError> {
         let mut lx = Lexer::new(src, name);
         let mut out = Vec::new();
@@ -153,7 +204,9 @@ impl Parser<'_> {
         }
         for path in include::resolve(self.include_base, pattern) {
             let src = include::read_included(&path, &d.loc)?;
-            let mut lx = Lexer::new(&src, Arc::from(path.display().to_string()));
+            let name: Arc<str> = Arc::from(path.display().to_string());
+            self.record(&name, &src);
+            let mut lx = Lexer::new(&src, name);
             self.includes += 1;
             let r = self.block(&mut lx, depth, End::Eof, out);
             self.includes -= 1;
@@ -184,6 +237,19 @@ mod tests {
             Ok(d) => panic!("expected an error for {src:?}, got {d:?}"),
             Err(e) => e.to_string(),
         }
+    }
+
+    #[test]
+    fn command_line_params_have_no_line() {
+        let d = parse_params("daemon on; events { x; }", Path::new("/")).unwrap();
+        assert_eq!(d[0].loc, loc(COMMAND_LINE, 0));
+        assert_eq!(d[1].block.as_ref().unwrap()[0].loc, loc(COMMAND_LINE, 0));
+        assert_eq!(d[0].error("bad").to_string(), "command line: bad");
+        let e = parse_params("daemon on", Path::new("/")).unwrap_err();
+        assert!(
+            e.to_string().starts_with("command line: unexpected end"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,12 +1,21 @@
-//! The error log (`error_log path level`): process-wide, lines in nginx's layout
-//! `YYYY/MM/DD HH:MM:SS [level] PID#TID: message`, written with one `write` each to a file
-//! opened `O_APPEND` (or stderr).
+//! The error log, as nginx's `error_log`: lines in nginx's layout
+//! `YYYY/MM/DD HH:MM:SS [level] PID#TID: message`, each written with one `write`.
+//!
+//! `error_log` may be given several times at one level, each with its own destination and
+//! level; a line goes to every log whose level admits it. Destinations: a file (`O_APPEND`),
+//! `stderr`, `/dev/stdout` / `/dev/stderr` (the inherited descriptors, see `log_open`), or
+//! `syslog:...` (see `syslog`). The main context's logs get the messages that concern
+//! no request; an `error_log` in http, server or location replaces them for the messages
+//! about a request handled there, as nginx's per-location error logs do.
 
+use crate::log_open::Target;
+use crate::syslog::{self, Peer};
+use gannet_conf::{ConfError, Directive};
 use std::fmt;
-use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::fs::File;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, RwLock};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
@@ -35,95 +44,260 @@ impl Level {
         })
     }
     fn name(self) -> &'static str {
-        match self {
-            Level::Debug => "debug",
-            Level::Info => "info",
-            Level::Notice => "notice",
-            Level::Warn => "warn",
-            Level::Error => "error",
-            Level::Crit => "crit",
-            Level::Alert => "alert",
-            Level::Emerg => "emerg",
+        syslog::SEVERITIES[self.severity() as usize]
+    }
+    /// Syslog's severity: 0 for emerg .. 7 for debug.
+    fn severity(self) -> u8 {
+        Level::Emerg as u8 - self as u8
+    }
+}
+
+/// Where one `error_log` writes, as configured (opened by [`Spec::open`]).
+#[derive(Debug, Clone)]
+pub enum Dest {
+    Target(Target),
+    Syslog(Arc<Peer>),
+}
+
+/// One `error_log` directive, parsed.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub dest: Dest,
+    pub level: Level,
+}
+
+impl Spec {
+    /// `error_log dest [level]` (the level defaults to `error`).
+    pub fn parse(d: &Directive, prefix: &Path) -> Result<Spec, ConfError> {
+        let level = match d.args.get(1) {
+            Some(l) => {
+                Level::parse(l).ok_or_else(|| d.error(format!("invalid log level \"{l}\"")))?
+            }
+            None => Level::Error,
+        };
+        let dest = if syslog::is_syslog(&d.args[0]) {
+            Dest::Syslog(Arc::new(Peer::parse(&d.args[0], d)?))
+        } else {
+            Dest::Target(Target::parse(&d.args[0], prefix, true))
+        };
+        Ok(Spec { dest, level })
+    }
+
+    /// The default when the config names none: stderr at `error`.
+    pub fn stderr() -> Spec {
+        Spec {
+            dest: Dest::Target(Target::Stderr),
+            level: Level::Error,
+        }
+    }
+
+    pub fn open(&self) -> io::Result<Arc<Log>> {
+        let out = match &self.dest {
+            // fd 2 itself: nothing to open, and it follows a daemon's redirection to /dev/null.
+            Dest::Target(Target::Stderr) => Out::Stderr,
+            Dest::Target(t) => Out::File(t.open()?, t.path().map(Path::to_path_buf)),
+            Dest::Syslog(p) => Out::Syslog(p.clone()),
+        };
+        Ok(Arc::new(Log {
+            level: self.level,
+            out,
+        }))
+    }
+
+    /// How an `open()` failure names it.
+    pub fn display(&self) -> String {
+        match &self.dest {
+            Dest::Target(t) => t.display(),
+            Dest::Syslog(_) => "syslog".to_string(),
         }
     }
 }
 
-struct ErrLog {
-    level: Level,
-    file: Option<(File, PathBuf)>,
+#[derive(Debug)]
+enum Out {
+    /// The file and, unless it is an inherited descriptor, its path for reopening.
+    File(File, Option<PathBuf>),
+    Stderr,
+    Syslog(Arc<Peer>),
 }
 
-static LOG: OnceLock<ErrLog> = OnceLock::new();
+/// One open error log.
+#[derive(Debug)]
+pub struct Log {
+    level: Level,
+    out: Out,
+}
 
-/// Open the error log. Until this is called, messages at `error` and above go to stderr.
-pub fn init(path: Option<&Path>, level: Level) -> std::io::Result<()> {
-    let file = match path {
-        Some(p) => Some((
-            OpenOptions::new().create(true).append(true).open(p)?,
-            p.to_path_buf(),
-        )),
-        None => None,
+impl Log {
+    fn write(&self, level: Level, line: &[u8]) {
+        let _ = match &self.out {
+            Out::File(f, _) => (&*f).write_all(line),
+            Out::Stderr => io::stderr().write_all(line),
+            Out::Syslog(p) => p.send(level.severity(), line),
+        };
+    }
+
+    /// Reopen the file by its name (SIGUSR1); nothing to do for the other destinations.
+    pub fn reopen(&self) -> io::Result<()> {
+        match &self.out {
+            Out::File(f, Some(p)) => crate::runtime::log_reopen::reopen_in_place(f, p),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The error logs of one level of the config (main, or an http/server/location).
+#[derive(Debug, Default)]
+pub struct ErrorLogs {
+    logs: Vec<Arc<Log>>,
+    /// The lowest level any of them admits: below it, a message is not even formatted.
+    min: Option<Level>,
+}
+
+impl ErrorLogs {
+    /// These logs plus `log` (for a second `error_log` at the same level).
+    pub fn with(&self, log: Arc<Log>) -> ErrorLogs {
+        let mut logs = self.logs.clone();
+        logs.push(log);
+        let min = logs.iter().map(|l| l.level).min();
+        ErrorLogs { logs, min }
+    }
+
+    fn admits(&self, level: Level) -> bool {
+        self.min.is_some_and(|m| level >= m)
+    }
+
+    fn write(&self, level: Level, args: fmt::Arguments) {
+        if !self.admits(level) {
+            return;
+        }
+        // SAFETY: gettid has no preconditions and cannot fail.
+        let tid = unsafe { libc::gettid() };
+        let line = format!(
+            "{} [{}] {}#{}: {}\n",
+            crate::runtime::clock::log_time(),
+            level.name(),
+            std::process::id(),
+            tid,
+            args
+        );
+        for log in self.logs.iter().filter(|l| level >= l.level) {
+            log.write(level, line.as_bytes());
+        }
+    }
+}
+
+/// `error_log` in http, server or location: add it to that level's logs (`logs`), and to
+/// `opened` for reopening.
+pub fn set_nested(
+    d: &Directive,
+    prefix: &Path,
+    logs: &mut Option<Arc<ErrorLogs>>,
+    opened: &mut Vec<Arc<Log>>,
+) -> Result<(), ConfError> {
+    let spec = Spec::parse(d, prefix)?;
+    let log = spec
+        .open()
+        .map_err(|e| d.error(format!("open() \"{}\" failed ({e})", spec.display())))?;
+    opened.push(log.clone());
+    let base = logs.take().unwrap_or_default();
+    *logs = Some(Arc::new(base.with(log)));
+    Ok(())
+}
+
+/// The main context's logs. Until [`init`], messages at `error` and above go to stderr.
+static MAIN: RwLock<Option<Arc<ErrorLogs>>> = RwLock::new(None);
+
+fn main_logs() -> Option<Arc<ErrorLogs>> {
+    MAIN.read().ok().and_then(|m| m.clone())
+}
+
+/// Open the main context's logs (stderr at `error` when `specs` is empty) and use them from
+/// now on; called again, it replaces them (`-e` names a log for the start, the config's
+/// replace it).
+pub fn init(specs: &[Spec]) -> Result<(), String> {
+    let default = [Spec::stderr()];
+    let specs = if specs.is_empty() {
+        &default[..]
+    } else {
+        specs
     };
-    let _ = LOG.set(ErrLog { level, file });
+    let mut logs = ErrorLogs::default();
+    for s in specs {
+        let log = s
+            .open()
+            .map_err(|e| format!("could not open error log {}: {e}", s.display()))?;
+        logs = logs.with(log);
+    }
+    if let Ok(mut m) = MAIN.write() {
+        *m = Some(Arc::new(logs));
+    }
     Ok(())
 }
 
 pub fn log(level: Level, args: fmt::Arguments) {
-    let (min, file) = match LOG.get() {
-        Some(l) => (l.level, l.file.as_ref().map(|(f, _)| f)),
-        None => (Level::Error, None),
-    };
-    if level < min {
-        return;
-    }
-    // SAFETY: gettid has no preconditions and cannot fail.
-    let tid = unsafe { libc::gettid() };
-    let line = format!(
-        "{} [{}] {}#{}: {}\n",
-        crate::runtime::clock::log_time(),
-        level.name(),
-        std::process::id(),
-        tid,
-        args
-    );
-    match file {
-        Some(mut f) => {
-            let _ = f.write_all(line.as_bytes());
-        }
-        None => {
-            let _ = std::io::stderr().write_all(line.as_bytes());
-        }
+    match main_logs() {
+        Some(l) => l.write(level, args),
+        None => ErrorLogs::default()
+            .with(Arc::new(Log {
+                level: Level::Error,
+                out: Out::Stderr,
+            }))
+            .write(level, args),
     }
 }
 
 /// A message about a request, with nginx's context:
-/// `*CONN message, client: IP, server: NAME, request: "LINE", host: "HOST"`.
+/// `*CONN message, client: IP, server: NAME, request: "LINE", host: "HOST"`; it goes to the
+/// error logs of the request's location (the main ones unless http/server/location set some).
 pub fn request(level: Level, req: &crate::http::request::Request, args: fmt::Arguments) {
-    if LOG.get().map_or(Level::Error, |l| l.level) > level {
-        return;
+    let logs = match &req.conf.error_log {
+        Some(l) => l.clone(),
+        None => match main_logs() {
+            Some(l) => l,
+            None if level >= Level::Error => {
+                return log(level, format_args!("{}", Context(req, args)))
+            }
+            None => return,
+        },
+    };
+    if logs.admits(level) {
+        logs.write(level, format_args!("{}", Context(req, args)));
     }
-    let raw = req.head.raw();
-    let line_end = memchr::memchr(b'\n', raw).unwrap_or(raw.len());
-    let line = String::from_utf8_lossy(
-        raw[..line_end]
-            .strip_suffix(b"\r")
-            .unwrap_or(&raw[..line_end]),
-    );
-    let mut ctx = format!(
-        ", client: {}, server: {}, request: \"{line}\"",
-        req.client().ip(),
-        req.server.primary_name
-    );
-    if let Some(h) = req.head.header("host") {
-        ctx.push_str(&format!(", host: \"{}\"", String::from_utf8_lossy(h)));
-    }
-    log(level, format_args!("*{} {args}{ctx}", req.conn.id));
 }
 
-/// Reopen the error log file by its name (SIGUSR1); nothing to do when it is stderr.
-pub fn reopen() -> std::io::Result<()> {
-    match LOG.get().and_then(|l| l.file.as_ref()) {
-        Some((f, p)) => crate::runtime::log_reopen::reopen_in_place(f, p),
+/// A request message followed by nginx's context.
+struct Context<'a>(&'a crate::http::request::Request, fmt::Arguments<'a>);
+
+impl fmt::Display for Context<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let req = self.0;
+        let raw = req.head.raw();
+        let line_end = memchr::memchr(b'\n', raw).unwrap_or(raw.len());
+        let line = String::from_utf8_lossy(
+            raw[..line_end]
+                .strip_suffix(b"\r")
+                .unwrap_or(&raw[..line_end]),
+        );
+        write!(
+            f,
+            "*{} {}, client: {}, server: {}, request: \"{line}\"",
+            req.conn.id,
+            self.1,
+            req.client().ip(),
+            req.server.primary_name
+        )?;
+        if let Some(h) = req.head.header("host") {
+            write!(f, ", host: \"{}\"", String::from_utf8_lossy(h))?;
+        }
+        Ok(())
+    }
+}
+
+/// Reopen the main error log files by their names (SIGUSR1).
+pub fn reopen() -> io::Result<()> {
+    match main_logs() {
+        Some(l) => l.logs.iter().try_for_each(|l| l.reopen()),
         None => Ok(()),
     }
 }

@@ -260,6 +260,8 @@ pub struct LocConf {
     pub realip: realip::RealIpConf,
     pub rewrite: rewrite::RewriteConf,
     pub log: access_log::LogConf,
+    /// `error_log` at this level (else inherited; none at all: the main context's logs).
+    pub error_log: Option<Arc<crate::errlog::ErrorLogs>>,
     pub fastcgi: fastcgi::FastCgiConf,
     pub compress: compress::CompressConf,
     pub scgi: gateway::GatewayConf,
@@ -290,6 +292,9 @@ impl LocConf {
         self.limit_rate.merge(&parent.limit_rate);
         self.realip.merge(&parent.realip);
         self.log.merge(&parent.log);
+        if self.error_log.is_none() {
+            self.error_log = parent.error_log.clone();
+        }
         self.fastcgi.merge(&parent.fastcgi);
         self.compress.merge(&parent.compress);
         self.scgi.merge(&parent.scgi);

@@ -88,13 +88,8 @@ const STRUCTURE: &[Spec] = &[
     },
 ];
 
-/// Load and check the config at `path`; relative paths in it resolve against `prefix`.
-pub fn load(path: &Path, prefix: &Path) -> Result<Config, ConfError> {
-    let tree = gannet_conf::parse_file(path)?;
-    build(&tree, prefix)
-}
-
-/// Build from an already parsed tree (used for the embedded default config too).
+/// Build from a parsed tree (the file's, or the embedded default's, after `-g`'s directives);
+/// relative paths in it resolve against `prefix`.
 pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
     let _vars = user_vars::LoadScope::begin();
     let mut cfg = Config {
@@ -102,6 +97,7 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
         listens: Vec::new(),
         notices: Vec::new(),
         log_files: Vec::new(),
+        error_files: Vec::new(),
         probes: Vec::new(),
     };
     let mut http_blocks = Vec::new();
@@ -147,7 +143,7 @@ fn main_directive(
 ) -> Result<(), ConfError> {
     if let Some(spec) = main_conf::DIRECTIVES.iter().find(|s| s.name == d.name) {
         registry::check(spec, d, ctx)?;
-        cfg.main.set(d, prefix, false)?;
+        cfg.main.set(d, prefix)?;
         return Ok(());
     }
     other_directive(cfg, d)
@@ -204,7 +200,7 @@ fn level_directive(
         if let Some(spec) = spec {
             registry::check(spec, d, ctx)?;
         }
-        return cfg.main.set(d, &lctx.prefix, true).map(|_| ());
+        return crate::errlog::set_nested(d, &lctx.prefix, &mut lc.error_log, &mut cfg.error_files);
     }
     other_directive(cfg, d)
 }

@@ -1,8 +1,11 @@
 //! Main- and events-context settings: `worker_processes`, `worker_connections`, `pid`,
-//! `daemon`, `error_log`, `worker_rlimit_nofile`, `worker_shutdown_timeout`,
+//! `daemon`, `master_process`, `error_log`, `worker_rlimit_nofile`, `worker_shutdown_timeout`,
 //! `worker_cpu_affinity`, `worker_priority`.
+//!
+//! As in nginx, each of them but `error_log` may be set once: a second one, in the file or
+//! after the same directive given with `-g`, is a "directive is duplicate" error.
 
-use crate::errlog::Level;
+use crate::errlog;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
 use std::path::PathBuf;
@@ -23,6 +26,12 @@ pub const DIRECTIVES: &[Spec] = &[
     },
     Spec {
         name: "daemon",
+        ctx: Ctx::MAIN,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "master_process",
         ctx: Ctx::MAIN,
         args: Args::Exactly(1),
         block: false,
@@ -71,8 +80,11 @@ pub struct MainConf {
     pub worker_connections: usize,
     pub pid: Option<PathBuf>,
     pub daemon: bool,
-    pub error_log: Option<PathBuf>,
-    pub error_level: Level,
+    /// `master_process`: accepted for nginx's command lines (`-g 'master_process on;'`).
+    /// gannet is one process either way today: a supervising thread and worker threads.
+    pub master_process: bool,
+    /// The main context's `error_log`s (none: stderr, or `-e`'s log).
+    pub error_logs: Vec<errlog::Spec>,
     pub rlimit_nofile: Option<u64>,
     /// How long a graceful stop (SIGQUIT) waits for in-flight requests.
     pub shutdown_timeout: Option<Duration>,
@@ -80,6 +92,8 @@ pub struct MainConf {
     pub cpu_affinity: Option<CpuAffinity>,
     /// `worker_priority`: the workers' nice value.
     pub priority: Option<i32>,
+    /// The single-valued directives already set, for the "duplicate" error.
+    seen: Vec<&'static str>,
 }
 
 /// `worker_cpu_affinity auto [mask]` or `worker_cpu_affinity mask...`; a mask is binary
@@ -125,12 +139,13 @@ impl Default for MainConf {
             worker_connections: 512,
             pid: None,
             daemon: false,
-            error_log: None,
-            error_level: Level::Error,
+            master_process: true,
+            error_logs: Vec::new(),
             rlimit_nofile: None,
             shutdown_timeout: None,
             cpu_affinity: None,
             priority: None,
+            seen: Vec::new(),
         }
     }
 }
@@ -138,12 +153,15 @@ impl Default for MainConf {
 impl MainConf {
     /// Apply one main/events directive. `prefix` resolves relative paths as nginx's `-p` does.
     /// Returns Ok(false) when the directive is not one of ours.
-    pub fn set(
-        &mut self,
-        d: &Directive,
-        prefix: &std::path::Path,
-        nested: bool,
-    ) -> Result<bool, ConfError> {
+    pub fn set(&mut self, d: &Directive, prefix: &std::path::Path) -> Result<bool, ConfError> {
+        if d.name != "error_log" {
+            if let Some(spec) = DIRECTIVES.iter().find(|s| s.name == d.name) {
+                if self.seen.contains(&spec.name) {
+                    return Err(d.error(format!("\"{}\" directive is duplicate", d.name)));
+                }
+                self.seen.push(spec.name);
+            }
+        }
         match d.name.as_str() {
             "worker_processes" => {
                 self.worker_processes = if d.args[0] == "auto" {
@@ -181,6 +199,7 @@ impl MainConf {
                 }
             }
             "daemon" => self.daemon = setters::flag(d)?,
+            "master_process" => self.master_process = setters::flag(d)?,
             "worker_rlimit_nofile" => {
                 self.rlimit_nofile = Some(d.args[0].parse::<u64>().map_err(|_| {
                     d.error(format!(
@@ -223,24 +242,8 @@ impl MainConf {
                 })?;
                 self.shutdown_timeout = Some(Duration::from_millis(ms));
             }
-            "error_log" => {
-                let level = match d.args.get(1) {
-                    Some(l) => Level::parse(l)
-                        .ok_or_else(|| d.error(format!("invalid log level \"{l}\"")))?,
-                    None => Level::Error,
-                };
-                // The error log is process-wide in gannet: the first one set (main level wins,
-                // being read first) is used; ones in http/server/location are accepted so that
-                // nginx configs load, and share it.
-                if nested && self.error_log.is_some() {
-                    return Ok(true);
-                }
-                self.error_log = match d.args[0].as_str() {
-                    "stderr" => None,
-                    p => Some(prefix.join(p)),
-                };
-                self.error_level = level;
-            }
+            // http/server/location `error_log`s are the load step's (`errlog::set_nested`).
+            "error_log" => self.error_logs.push(errlog::Spec::parse(d, prefix)?),
             _ => return Ok(false),
         }
         Ok(true)

@@ -17,7 +17,6 @@ use crate::http::user_vars::VarTable;
 use crate::modules::access_log::LogFile;
 use crate::modules::LocConf;
 use listen::Listen;
-pub use load::load;
 pub use main_conf::MainConf;
 use std::sync::Arc;
 
@@ -31,6 +30,8 @@ pub struct Config {
     pub notices: Vec<String>,
     /// Every access log file, for reopening (SIGUSR1).
     pub log_files: Vec<Arc<LogFile>>,
+    /// Every http/server/location error log, for reopening (SIGUSR1).
+    pub error_files: Vec<Arc<crate::errlog::Log>>,
     /// Every `health_check`: what the first worker probes.
     pub probes: Vec<Probe>,
 }

@@ -23,6 +23,12 @@ pub fn access(w: &Worker, req: &Request, resp: &Response, head_len: u64, body_le
     };
     let mut line = Vec::with_capacity(256);
     for log in logs.iter() {
+        if let Some(cond) = &log.filter {
+            let v = cond.eval(req, Some(&sent));
+            if v.is_empty() || v == "0" {
+                continue;
+            }
+        }
         line.clear();
         access_log::format_line(&log.format, req, &sent, &mut line);
         w.log_line(log, &line);

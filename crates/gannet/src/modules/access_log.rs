@@ -1,5 +1,8 @@
 //! `log_format name [escape=default|none] string ...;` and
-//! `access_log path [format [buffer=size] [flush=time]] | off;`.
+//! `access_log path|syslog:... [format [buffer=size] [flush=time] [if=condition]] | off;`.
+//!
+//! `syslog:server=...` sends each line as one datagram (see `syslog`), unbuffered as nginx
+//! requires; `if=` skips the line when the condition is empty or `0`.
 //!
 //! Lines are built in nginx's formats (the predefined `combined` byte for byte) and kept in
 //! a per-worker buffer per file, written with one `write` to a file opened `O_APPEND` when
@@ -11,10 +14,13 @@
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::http::request::Request;
 use crate::http::variables::{Sent, Template};
+use crate::log_open::Target;
+use crate::syslog::{is_syslog, Peer};
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
-use std::fs::{File, OpenOptions};
-use std::path::PathBuf;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,17 +50,52 @@ pub struct LogFormat {
     pub escape: bool,
 }
 
-/// An open log file, shared by all workers; each worker buffers its own lines.
+/// An open log, shared by all workers; each worker buffers its own lines.
 #[derive(Debug)]
 pub struct LogFile {
     pub id: usize,
-    pub file: File,
-    /// For reopening (SIGUSR1).
-    pub path: PathBuf,
+    out: Output,
     pub format: Arc<LogFormat>,
     pub buffer: usize,
     /// Without `flush=`, a buffer is written only when full or when the worker stops.
     pub flush: Option<Duration>,
+    /// `if=`: the line is written unless this is empty or `0`.
+    pub filter: Option<Template>,
+}
+
+#[derive(Debug)]
+enum Output {
+    /// The file and, unless it is an inherited descriptor (`/dev/stdout`, `/dev/stderr`),
+    /// its path for reopening (SIGUSR1).
+    File(File, Option<PathBuf>),
+    Syslog(Peer),
+}
+
+impl LogFile {
+    /// Write whole lines (a syslog log is never buffered, so it gets one line at a time).
+    pub fn write(&self, lines: &[u8]) -> std::io::Result<()> {
+        match &self.out {
+            Output::File(f, _) => (&*f).write_all(lines),
+            Output::Syslog(p) => p.send(p.severity, lines),
+        }
+    }
+
+    /// Reopen the file by its name; nothing to do for the other outputs.
+    pub fn reopen(&self) -> std::io::Result<()> {
+        match &self.out {
+            Output::File(f, Some(p)) => crate::runtime::log_reopen::reopen_in_place(f, p),
+            _ => Ok(()),
+        }
+    }
+
+    /// The path logged when reopening fails.
+    pub fn name(&self) -> String {
+        match &self.out {
+            Output::File(_, Some(p)) => p.display().to_string(),
+            Output::File(_, None) => "(inherited descriptor)".to_string(),
+            Output::Syslog(_) => "syslog".to_string(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -71,13 +112,11 @@ impl LogConf {
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
 
-/// Open a log file for appending (created if missing).
-fn open_log(path: &PathBuf, d: &Directive) -> Result<File, ConfError> {
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| d.error(format!("open() \"{}\" failed ({e})", path.display())))
+/// Open a log for appending (created if missing), or duplicate the inherited stdout/stderr.
+fn open_log(target: &Target, d: &Directive) -> Result<File, ConfError> {
+    target
+        .open()
+        .map_err(|e| d.error(format!("open() \"{}\" failed ({e})", target.display())))
 }
 
 pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
@@ -101,13 +140,17 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         lc.log.logs = Some(Arc::new(Vec::new()));
         return Ok(());
     }
-    let path = ctx.prefix.join(&d.args[0]);
+    let syslog = if is_syslog(&d.args[0]) {
+        Some(Peer::parse(&d.args[0], d)?)
+    } else {
+        None
+    };
     let format = match d.args.get(1) {
         None => ctx.log_formats.get("combined").cloned(),
         Some(name) => ctx.log_formats.get(name).cloned(),
     }
     .ok_or_else(|| d.error(format!("unknown log format \"{}\"", d.args[1])))?;
-    let (mut buffer, mut flush) = (0usize, None);
+    let (mut buffer, mut flush, mut filter) = (0usize, None, None);
     for a in d.args.iter().skip(2) {
         if let Some(v) = a.strip_prefix("buffer=") {
             buffer = setters::size(v).ok_or_else(|| invalid(d, a))? as usize;
@@ -115,20 +158,30 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             flush = Some(Duration::from_millis(
                 setters::msec(v).ok_or_else(|| invalid(d, a))?,
             ));
+        } else if let Some(v) = a.strip_prefix("if=") {
+            filter = Some(Template::compile(v).map_err(|e| d.error(e))?);
         } else {
             return Err(d.error(format!(
                 "parameter \"{a}\" of \"access_log\" is not supported"
             )));
         }
     }
-    let file = open_log(&path, d)?;
+    let out = match syslog {
+        Some(_) if buffer > 0 => return Err(d.error("logs to syslog cannot be buffered")),
+        Some(peer) => Output::Syslog(peer),
+        None => {
+            let target = Target::parse(&d.args[0], &ctx.prefix, false);
+            let file = open_log(&target, d)?;
+            Output::File(file, target.path().map(Path::to_path_buf))
+        }
+    };
     let log = Arc::new(LogFile {
         id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-        file,
-        path,
+        out,
         format,
         buffer,
         flush,
+        filter,
     });
     ctx.log_files.push(log.clone());
     let mut logs = match &lc.log.logs {

@@ -1,5 +1,5 @@
 //! Time strings, rendered at most once per second per thread: the Date header, `$time_local`,
-//! `$time_iso8601`, the error log's stamp and autoindex dates. Rendering a date costs more
+//! `$time_iso8601`, the error log's and syslog's stamps and autoindex dates. Rendering a date costs more
 //! than serving a cached file's bytes, so it must not happen per request.
 
 use std::cell::RefCell;
@@ -52,6 +52,7 @@ struct Cache {
     local: String,
     iso: String,
     log: String,
+    syslog: String,
 }
 
 thread_local! {
@@ -80,6 +81,8 @@ fn with_cache<R>(f: impl FnOnce(&Cache) -> R) -> R {
                 mo + 1
             );
             c.log = format!("{y}/{:02}/{d:02} {h:02}:{mi:02}:{s:02}", mo + 1);
+            // RFC 3164's TIMESTAMP, the day padded with a space as nginx writes it.
+            c.syslog = format!("{} {d:2} {h:02}:{mi:02}:{s:02}", MONTHS[mo]);
         }
         f(&c)
     })
@@ -120,6 +123,11 @@ pub fn append_time_iso8601(out: &mut String) {
 /// The error log's stamp: `2026/11/22 12:00:00`.
 pub fn log_time() -> String {
     with_cache(|c| c.log.clone())
+}
+
+/// Append syslog's stamp: `Nov  2 12:00:00`.
+pub fn append_syslog_time(out: &mut Vec<u8>) {
+    with_cache(|c| out.extend_from_slice(c.syslog.as_bytes()))
 }
 
 /// autoindex's `22-Nov-2026 12:00`.

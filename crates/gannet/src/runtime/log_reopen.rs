@@ -1,4 +1,4 @@
-//! SIGUSR1 (`gannet -s reopen`): reopen the error log and every access log by name, for
+//! SIGUSR1 (`gannet -s reopen`): reopen the error logs and every access log by name, for
 //! logrotate.
 //!
 //! Each log is reopened in place: the path is opened again (created if logrotate moved the
@@ -30,12 +30,14 @@ pub fn reopen_all<'a>(configs: impl Iterator<Item = &'a Config>) {
         crate::errlog::error(format_args!("reopening the error log failed ({e})"));
     }
     for cfg in configs {
+        for log in &cfg.error_files {
+            if let Err(e) = log.reopen() {
+                crate::errlog::error(format_args!("reopening an error log failed ({e})"));
+            }
+        }
         for log in &cfg.log_files {
-            if let Err(e) = reopen_in_place(&log.file, &log.path) {
-                crate::errlog::error(format_args!(
-                    "open() \"{}\" failed ({e})",
-                    log.path.display()
-                ));
+            if let Err(e) = log.reopen() {
+                crate::errlog::error(format_args!("open() \"{}\" failed ({e})", log.name()));
             }
         }
     }

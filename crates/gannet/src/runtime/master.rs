@@ -31,14 +31,7 @@ use tokio::sync::{mpsc, watch};
 pub fn run(config: Config, reload: impl Fn() -> Result<Config, ConfError>) -> Result<(), String> {
     let config = Arc::new(config);
     let main = &config.main;
-    crate::errlog::init(main.error_log.as_deref(), main.error_level).map_err(|e| {
-        format!(
-            "could not open error log {}: {e}",
-            main.error_log
-                .as_ref()
-                .map_or(String::new(), |p| p.display().to_string())
-        )
-    })?;
+    crate::errlog::init(&main.error_logs)?;
     if let Some(n) = main.rlimit_nofile {
         set_nofile(n)?;
     }

@@ -10,7 +10,7 @@ use crate::modules::file_cache::FileCache;
 use crate::upstream::Upstreams;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::io::{self, Write};
+use std::io;
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -160,7 +160,7 @@ impl Worker {
     /// Append a finished log line; written at once without `buffer=`, else when full.
     pub fn log_line(&self, log: &Arc<LogFile>, line: &[u8]) {
         if log.buffer == 0 {
-            let _ = (&log.file).write_all(line);
+            let _ = log.write(line);
             return;
         }
         let mut logs = self.logs.borrow_mut();
@@ -168,7 +168,7 @@ impl Worker {
             .entry(log.id)
             .or_insert_with(|| (log.clone(), Vec::with_capacity(log.buffer), Instant::now()));
         if entry.1.len() + line.len() > log.buffer {
-            let _ = (&log.file).write_all(&entry.1);
+            let _ = log.write(&entry.1);
             entry.1.clear();
             entry.2 = Instant::now();
         }
@@ -182,7 +182,7 @@ impl Worker {
             if !buf.is_empty()
                 && (all || log.flush.is_some_and(|f| now.duration_since(*since) >= f))
             {
-                let _ = (&log.file).write_all(buf);
+                let _ = log.write(buf);
                 buf.clear();
                 *since = now;
             }

@@ -1,0 +1,178 @@
+//! The command line, nginx's flags: `-c FILE`, `-p PREFIX`, `-g DIRECTIVES`, `-e LOG`,
+//! `-t`, `-T`, `-q`, `-s SIGNAL`, `-v`, `-V`; and which config they select.
+//!
+//! Without `-c`, gannet runs `/etc/gannet/gannet.conf` (prefix `/etc/gannet/`) when that file
+//! exists, as nginx runs its compiled-in path; otherwise the embedded default that serves the
+//! current directory. `GANNET_DEFAULT_CONF` replaces that path; it exists for the tests, so
+//! they need not write to `/etc`.
+
+use crate::config::{self, Config};
+use crate::errlog;
+use crate::log_open::Target;
+use clap::{Arg, ArgAction, ArgMatches, Command};
+use gannet_conf::{ConfError, Directive, Dump};
+use std::path::{Path, PathBuf};
+
+const DEFAULT_CONF: &str = include_str!("default.conf");
+const MIME_TYPES: &str = include_str!("../../../conf/mime.types");
+/// Where the embedded default listens unless `GANNET_LISTEN` says otherwise.
+const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// The config run when `-c` is not given, if it exists.
+const SYSTEM_CONF: &str = "/etc/gannet/gannet.conf";
+/// Test-only: replaces [`SYSTEM_CONF`].
+const SYSTEM_CONF_ENV: &str = "GANNET_DEFAULT_CONF";
+
+pub fn command() -> Command {
+    let value = |id: &'static str, short: char, name: &'static str, help: &'static str| {
+        Arg::new(id).short(short).value_name(name).help(help)
+    };
+    let flag = |id: &'static str, short: char, help: &'static str| {
+        Arg::new(id)
+            .short(short)
+            .action(ArgAction::SetTrue)
+            .help(help)
+    };
+    Command::new("gannet")
+        .about("An event-driven HTTP server configured with nginx's syntax")
+        .disable_version_flag(true)
+        .arg(value(
+            "conf",
+            'c',
+            "FILE",
+            "use this configuration file (default: /etc/gannet/gannet.conf if it exists)",
+        ))
+        .arg(value(
+            "prefix",
+            'p',
+            "PREFIX",
+            "resolve relative paths against PREFIX (default: the config file's directory)",
+        ))
+        .arg(value(
+            "globals",
+            'g',
+            "DIRECTIVES",
+            "main-context directives read before the file's, e.g. 'daemon on; master_process on;'",
+        ))
+        .arg(value(
+            "errlog",
+            'e',
+            "LOG",
+            "the error log until the config is read, and after it if the config names none \
+             (a path or \"stderr\")",
+        ))
+        .arg(flag("test", 't', "check the configuration and exit"))
+        .arg(flag(
+            "dump",
+            'T',
+            "check the configuration, then print it with every included file",
+        ))
+        .arg(flag("quiet", 'q', "with -t or -T, print errors only"))
+        .arg(
+            value(
+                "signal",
+                's',
+                "SIGNAL",
+                "send a signal to the running gannet (pid from the config)",
+            )
+            .value_parser(["stop", "quit", "reload", "reopen"]),
+        )
+        .arg(flag("version", 'v', "print the version and exit"))
+        .arg(flag(
+            "Version",
+            'V',
+            "print the version and build details and exit",
+        ))
+}
+
+/// What to load: the file (or the embedded default), the prefix and `-g`'s directives. Kept
+/// for SIGHUP, which reads the same again.
+pub struct Source {
+    pub conf: Option<PathBuf>,
+    pub prefix: PathBuf,
+    params: Vec<Directive>,
+}
+
+impl Source {
+    /// From the parsed flags; `Err` when `-g` does not parse.
+    pub fn new(m: &ArgMatches) -> Result<Source, ConfError> {
+        let conf = match m.get_one::<String>("conf") {
+            Some(c) => Some(PathBuf::from(c)),
+            None => system_conf(),
+        };
+        let prefix = match (m.get_one::<String>("prefix"), &conf) {
+            (Some(p), _) => PathBuf::from(p),
+            (None, Some(c)) => c
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+            (None, None) => std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+        };
+        let prefix = std::fs::canonicalize(&prefix).unwrap_or(prefix);
+        let params = match m.get_one::<String>("globals") {
+            Some(g) => gannet_conf::parse_params(g, &prefix)?,
+            None => Vec::new(),
+        };
+        Ok(Source {
+            conf,
+            prefix,
+            params,
+        })
+    }
+
+    /// How messages name the config.
+    pub fn shown(&self) -> String {
+        self.conf.as_ref().map_or_else(
+            || "(embedded default)".to_string(),
+            |p| p.display().to_string(),
+        )
+    }
+
+    /// Read and build the config; with `dump`, keep the text of every file read.
+    pub fn load(&self, dump: Option<&mut Dump>) -> Result<Config, ConfError> {
+        let file = match &self.conf {
+            Some(p) => gannet_conf::parse_file_dumped(p, dump)?,
+            None => {
+                let text = embedded_text(&self.prefix);
+                if let Some(d) = dump {
+                    d.push((self.shown().into(), text.clone().into_bytes()));
+                }
+                gannet_conf::parse_str(&text, "(embedded default)", &self.prefix)?
+            }
+        };
+        // `-g` first, as nginx: a directive there and in the file is a "duplicate".
+        let mut tree = self.params.clone();
+        tree.extend(file);
+        config::load::build(&tree, &self.prefix)
+    }
+}
+
+/// `/etc/gannet/gannet.conf` (or the test override) when it exists.
+fn system_conf() -> Option<PathBuf> {
+    let path =
+        std::env::var_os(SYSTEM_CONF_ENV).map_or_else(|| PathBuf::from(SYSTEM_CONF), PathBuf::from);
+    path.is_file().then_some(path)
+}
+
+/// `-e`: `stderr`, or a path relative to the prefix.
+pub fn error_log(m: &ArgMatches, prefix: &Path) -> Option<errlog::Spec> {
+    m.get_one::<String>("errlog").map(|e| errlog::Spec {
+        dest: errlog::Dest::Target(Target::parse(e, prefix, true)),
+        level: errlog::Level::Error,
+    })
+}
+
+pub fn listen_addr() -> String {
+    std::env::var("GANNET_LISTEN").unwrap_or_else(|_| DEFAULT_LISTEN.to_string())
+}
+
+/// The embedded default config's text, serving `root`.
+fn embedded_text(root: &Path) -> String {
+    let root = root
+        .to_string_lossy()
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"");
+    DEFAULT_CONF
+        .replace("{{MIME}}", MIME_TYPES)
+        .replace("{{ROOT}}", &root)
+        .replace("{{LISTEN}}", &listen_addr())
+}
