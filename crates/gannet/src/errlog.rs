@@ -137,3 +137,9 @@ pub fn warn(args: fmt::Arguments) {
 pub fn notice(args: fmt::Arguments) {
     log(Level::Notice, args)
 }
+
+/// The error log file, if not stderr (the master passes its descriptor to worker processes
+/// when it reopens it).
+pub fn file() -> Option<&'static File> {
+    LOG.get().and_then(|l| l.file.as_ref().map(|(f, _)| f))
+}

@@ -10,7 +10,7 @@
 //! be defined (`set`, `map`, a named capture) somewhere, or the load fails at its first read.
 
 use super::listen::Listen;
-use super::{ignored, main_conf, Config, ListenGroup, MainConf, ServerConf};
+use super::{ignored, main_conf, process_conf, Config, ListenGroup, MainConf, ServerConf};
 use crate::http::router::{Location, Matcher, ServerNames};
 use crate::http::user_vars::{self, CapRegex, VarTable};
 use crate::http::variables::Template;
@@ -99,6 +99,7 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
     let _vars = user_vars::LoadScope::begin();
     let mut cfg = Config {
         main: MainConf::default(),
+        process: Default::default(),
         listens: Vec::new(),
         notices: Vec::new(),
         log_files: Vec::new(),
@@ -150,6 +151,11 @@ fn main_directive(
         cfg.main.set(d, prefix, false)?;
         return Ok(());
     }
+    if let Some(spec) = process_conf::DIRECTIVES.iter().find(|s| s.name == d.name) {
+        registry::check(spec, d, ctx)?;
+        cfg.process.set(d, prefix)?;
+        return Ok(());
+    }
     other_directive(cfg, d)
 }
 
@@ -168,6 +174,7 @@ fn other_directive(cfg: &mut Config, d: &Directive) -> Result<(), ConfError> {
     if STRUCTURE.iter().any(|s| s.name == d.name)
         || modules::find(&d.name).is_some()
         || main_conf::DIRECTIVES.iter().any(|s| s.name == d.name)
+        || process_conf::DIRECTIVES.iter().any(|s| s.name == d.name)
     {
         return Err(d.error(format!("\"{}\" directive is not allowed here", d.name)));
     }
