@@ -110,6 +110,9 @@ def test_worker_threads_run_as_user_and_the_master_as_root(gannet, docroot):
         assert got["Uid"] == [WWW.pw_uid] * 4, (tid, got)
         assert got["Gid"] == [grp.getgrnam("www-data").gr_gid] * 4, (tid, got)
         assert sorted(got["Groups"]) == want_groups, (tid, got)
+    # Not dumpable (no core wanted): its /proc entries, memory included, stay root's, out
+    # of reach of www-data's other processes.
+    assert os.stat(f"/proc/{worker}/mem").st_uid == 0
     # The master keeps root, and it has one thread: no thread of it serves clients.
     master = ids(srv.proc.pid)
     assert master["Uid"] == [0] * 4 and master["Gid"] == [0] * 4
@@ -282,6 +285,8 @@ worker_rlimit_nofile 2048;""")
         assert b"do-not-leak" not in raw and b"PATH=" not in raw
         assert b"do-not-leak" in open(f"/proc/{srv.proc.pid}/environ", "rb").read(), "the master keeps its own"
         assert os.readlink(f"/proc/{worker}/cwd") == str(work)
+        # Cores wanted: dumpable again after setuid, so its /proc entries are www-data's.
+        assert os.stat(f"/proc/{worker}/mem").st_uid == WWW.pw_uid
         limits = {l[:26].strip(): l[26:].split() for l in open(f"/proc/{worker}/limits").read().splitlines()[1:]}
         assert limits["Max core file size"][:2] == [str(10 << 20)] * 2, limits
         assert limits["Max open files"][:2] == ["2048", "2048"], limits

@@ -1,8 +1,9 @@
 //! What the worker process does to itself between fork and its first thread, in nginx's
 //! order (`ngx_worker_process_init`): its environment (`env`), its resource limits
 //! (`worker_rlimit_nofile`, `worker_rlimit_core`), its identity (`user`: setgid,
-//! initgroups, setuid, then dumpable again so `worker_rlimit_core` can produce cores) and
-//! its current directory (`working_directory`).
+//! initgroups, setuid) and its current directory (`working_directory`). Unlike nginx, it
+//! is made dumpable again after setuid only when the config asks for core files (see
+//! `drop_to`).
 //!
 //! It runs while the process has a single thread: changing the environment is only sound
 //! then, and setuid applies to every thread only if there is one (Linux credentials are
@@ -88,14 +89,18 @@ fn drop_to(p: &ProcessConf) -> Result<(), Fatal> {
     if unsafe { libc::setuid(a.uid) } != 0 {
         return Err(Fatal(format!("setuid({}) failed ({})", a.uid, os_err())));
     }
-    // A process that changed uid is not dumpable: no core files, whatever
-    // worker_rlimit_core says. nginx makes it dumpable again; so do we.
-    // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers.
-    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) } != 0 {
-        crate::errlog::log(
-            crate::errlog::Level::Alert,
-            format_args!("prctl(PR_SET_DUMPABLE) failed ({})", os_err()),
-        );
+    // A process that changed uid is not dumpable: no core files, and its /proc entries
+    // (environ, mem...) stay root's, so other processes of `user` (PHP-FPM as www-data...)
+    // cannot read the keys in its memory. nginx makes it dumpable again always; gannet only
+    // when the config asks for cores (`worker_rlimit_core` or `working_directory`).
+    if p.rlimit_core.is_some() || p.working_directory.is_some() {
+        // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers.
+        if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) } != 0 {
+            crate::errlog::log(
+                crate::errlog::Level::Alert,
+                format_args!("prctl(PR_SET_DUMPABLE) failed ({})", os_err()),
+            );
+        }
     }
     Ok(())
 }
