@@ -151,6 +151,20 @@ def test_unknown_user_or_group_is_a_config_error(gannet, docroot):
     assert r.returncode != 0 and '"user" directive is duplicate' in r.stderr, r.stderr
 
 
+@needs_www
+@pytest.mark.skipif(shutil.which("runuser") is None, reason="needs runuser")
+def test_user_without_root_is_ignored_with_a_warning(gannet, docroot):
+    """As nginx: started by an ordinary user, `user` cannot be obeyed; said, not fatal."""
+    path = docroot / "check.conf"
+    path.write_text("events {}\nuser nobody;\nhttp { access_log off; }\n")
+    path.chmod(0o644)
+    from conftest import gannet_bin
+    r = subprocess.run(["runuser", "-u", "www-data", "--", str(gannet_bin()), "-t", "-c", str(path)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert f'the "user" directive makes sense only if the master process runs with super-user privileges, ignored in {path}:2' in r.stderr, r.stderr
+
+
 def free_low_port(host: str = "127.0.0.2") -> int:
     """A port below 1024 free on `host` (only root may bind it)."""
     for port in range(1023, 600, -1):

@@ -128,6 +128,8 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
         load_http(&mut cfg, http, prefix)?;
     }
     user_vars::check()?;
+    // Printed by `gannet -t` as well as logged at start.
+    cfg.notices.extend(cfg.process.warnings.iter().cloned());
     Ok(cfg)
 }
 
