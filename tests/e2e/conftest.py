@@ -90,6 +90,22 @@ def read_chunked(f) -> bytes:
         body += chunk[:-2]
 
 
+def worker_pids(master: int) -> list[int]:
+    """The children of `master` named as gannet names its worker processes, oldest first."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{entry}/stat").read()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if int(rest[1]) == master and name == "gannet: worker" and rest[0] != "Z":
+            found.append((int(rest[19]), int(entry)))  # field 22: start time
+    return [pid for _, pid in sorted(found)]
+
+
 DEFAULT_CONF = """
 worker_processes 1;
 pid {tmp}/gannet.pid;
@@ -155,6 +171,16 @@ class Server:
     def access_log(self) -> str:
         p = self.tmp / "access.log"
         return p.read_text(errors="replace") if p.exists() else ""
+
+    def worker_pids(self) -> list[int]:
+        """The master's worker processes (one; two or more while a reload drains the old)."""
+        return worker_pids(self.proc.pid)
+
+    def worker_pid(self, deadline: float = 5.0) -> int:
+        """The worker process, the one holding the worker threads, once there is only one."""
+        pids = wait_until(lambda: len(self.worker_pids()) == 1 and self.worker_pids(), deadline)
+        assert pids, f"not one worker process: {self.worker_pids()}"
+        return pids[0]
 
     def stop(self, sig=signal.SIGTERM, timeout: float = 10.0) -> int:
         if self.proc.poll() is None:

@@ -186,7 +186,7 @@ def test_listen_keepalive_and_fastopen(gannet):
 
 def _unsent_limit(srv):
     """TCP_NOTSENT_LOWAT of gannet's side of the one connection on its port."""
-    with _gannet_socket(srv.proc.pid, srv.port, state="01") as conn:
+    with _gannet_socket(srv.worker_pid(), srv.port, state="01") as conn:
         return conn.getsockopt(socket.IPPROTO_TCP, 25)  # TCP_NOTSENT_LOWAT
 
 
@@ -237,7 +237,8 @@ def test_listen_socket_buffer_sizes_are_checked(gannet):
 
 
 def _workers(pid):
-    """{worker number: (CPUs it may run on, nice value)} of gannet's worker threads."""
+    """{worker number: (CPUs it may run on, nice value)} of the worker threads of worker
+    process `pid`."""
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
@@ -265,15 +266,15 @@ def test_worker_cpu_affinity_and_priority(gannet):
     # Each worker thread binds itself and sets its nice value as it starts: wait for that
     # state, not only for the threads to exist.
     want = {0: ("0", 5), 1: ("1", 5)}
-    assert wait_until(lambda: _workers(srv.proc.pid) == want), _workers(srv.proc.pid)
+    assert wait_until(lambda: _workers(srv.worker_pid()) == want), _workers(srv.worker_pid())
     assert srv.get("/a.txt")[::2] == (200, b"x")
     srv.stop()
     srv = gannet.start(conf=two.replace("worker_processes 2;", "worker_processes 2;\nworker_cpu_affinity auto;"),
                        files={"a.txt": "x"}, port=port)
     def placed():
-        w = _workers(srv.proc.pid)
+        w = _workers(srv.worker_pid())
         return len(w) == 2 and {w[0][0], w[1][0]} == {"0", "1"} and w
-    workers = wait_until(placed) or _workers(srv.proc.pid)
+    workers = wait_until(placed) or _workers(srv.worker_pid())
     assert {workers[0][0], workers[1][0]} == {"0", "1"} and workers[0][1] == 0, workers
     assert srv.get("/a.txt")[::2] == (200, b"x")
 

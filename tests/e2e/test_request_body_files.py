@@ -127,7 +127,7 @@ def test_big_uploads_stay_out_of_memory_and_arrive_whole(gannet, app):
         client_body_temp_path {temp} 1 2;
         location / {{ proxy_pass http://127.0.0.1:{upstream.port}; }}
     """)
-    pid = srv.proc.pid
+    pid = srv.worker_pid()
     # A first body through a file, so the folder and the code paths are warm.
     assert body_of(post(srv.port, "/warm", 1)).startswith(f"{len(BLOCK)} ".encode())
     base = vm(pid, "VmRSS")

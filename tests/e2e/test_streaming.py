@@ -323,16 +323,16 @@ def test_buffered_answer_frees_the_application_before_a_slow_client(gannet):
     app = BigApp()
     try:
         srv = gannet.start(server=f"location /big {{ proxy_pass http://127.0.0.1:{app.port}; }}")
-        idle = rss_kib(srv.proc.pid)
+        idle = rss_kib(srv.worker_pid())
         s, f, head = slow_client(srv.port)
         with s:
             assert head.startswith(b"HTTP/1.1 200") and f"Content-Length: {BIG}".encode() in head
             # The client has read nothing past the head, yet the application has sent it all.
             assert app.done.wait(30), f"application still sending: {app.sent} of {BIG}"
             temp = srv.tmp / "proxy_temp"
-            held = deleted_files(srv.proc.pid, temp)
+            held = deleted_files(srv.worker_pid(), temp)
             assert held and max(held) > BIG // 2, held
-            assert rss_kib(srv.proc.pid) - idle < 16 * 1024, "the answer waits in the file, not in memory"
+            assert rss_kib(srv.worker_pid()) - idle < 16 * 1024, "the answer waits in the file, not in memory"
             assert "an upstream response is buffered to a temporary file" in srv.error_log()
             read_all_and_check(f)
         assert not list(temp.iterdir()), "nothing is left in the temp folder"
@@ -364,7 +364,7 @@ def test_unbuffered_answer_waits_for_the_client(gannet, how):
         with s:
             assert head.startswith(b"HTTP/1.1 200")
             assert sending_stalls(app), app.sent
-            assert not deleted_files(srv.proc.pid, srv.tmp / "proxy_temp")
+            assert not deleted_files(srv.worker_pid(), srv.tmp / "proxy_temp")
             read_all_and_check(f)
         assert app.done.wait(10)
         assert "buffered to a temporary file" not in srv.error_log()

@@ -144,6 +144,14 @@ impl Log {
             _ => Ok(()),
         }
     }
+
+    /// The descriptor [`Log::reopen`] replaces, if it is a file opened by name.
+    pub fn reopened_fd(&self) -> Option<std::os::fd::RawFd> {
+        match &self.out {
+            Out::File(f, Some(_)) => Some(std::os::fd::AsRawFd::as_raw_fd(f)),
+            _ => None,
+        }
+    }
 }
 
 /// The error logs of one level of the config (main, or an http/server/location).
@@ -310,4 +318,12 @@ pub fn warn(args: fmt::Arguments) {
 }
 pub fn notice(args: fmt::Arguments) {
     log(Level::Notice, args)
+}
+
+/// The main context's logs' descriptors, in order, where they are files reopened by name
+/// (the master passes its reopened ones to worker processes).
+pub fn main_fds() -> Vec<Option<std::os::fd::RawFd>> {
+    main_logs().map_or_else(Vec::new, |l| {
+        l.logs.iter().map(|l| l.reopened_fd()).collect()
+    })
 }

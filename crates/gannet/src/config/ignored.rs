@@ -44,10 +44,6 @@ pub const IGNORED: &[(&str, &str)] = &[
     ("pcre_jit", "gannet's regex engine needs no JIT switch"),
     ("load_module", "gannet has no dynamic modules"),
     (
-        "user",
-        "not supported yet: workers run as the starting user",
-    ),
-    (
         "lingering_close",
         "gannet closes after the response is flushed",
     ),

@@ -10,7 +10,7 @@
 //! be defined (`set`, `map`, a named capture) somewhere, or the load fails at its first read.
 
 use super::listen::Listen;
-use super::{ignored, main_conf, Config, ListenGroup, MainConf, ServerConf};
+use super::{ignored, main_conf, process_conf, Config, ListenGroup, MainConf, ServerConf};
 use crate::http::router::{Location, Matcher, ServerNames};
 use crate::http::user_vars::{self, CapRegex, VarTable};
 use crate::http::variables::Template;
@@ -94,6 +94,7 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
     let _vars = user_vars::LoadScope::begin();
     let mut cfg = Config {
         main: MainConf::default(),
+        process: Default::default(),
         listens: Vec::new(),
         notices: Vec::new(),
         log_files: Vec::new(),
@@ -123,6 +124,8 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
         load_http(&mut cfg, http, prefix)?;
     }
     user_vars::check()?;
+    // Printed by `gannet -t` as well as logged at start.
+    cfg.notices.extend(cfg.process.warnings.iter().cloned());
     Ok(cfg)
 }
 
@@ -146,6 +149,11 @@ fn main_directive(
         cfg.main.set(d, prefix)?;
         return Ok(());
     }
+    if let Some(spec) = process_conf::DIRECTIVES.iter().find(|s| s.name == d.name) {
+        registry::check(spec, d, ctx)?;
+        cfg.process.set(d, prefix)?;
+        return Ok(());
+    }
     other_directive(cfg, d)
 }
 
@@ -164,6 +172,7 @@ fn other_directive(cfg: &mut Config, d: &Directive) -> Result<(), ConfError> {
     if STRUCTURE.iter().any(|s| s.name == d.name)
         || modules::find(&d.name).is_some()
         || main_conf::DIRECTIVES.iter().any(|s| s.name == d.name)
+        || process_conf::DIRECTIVES.iter().any(|s| s.name == d.name)
     {
         return Err(d.error(format!("\"{}\" directive is not allowed here", d.name)));
     }

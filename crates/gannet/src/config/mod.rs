@@ -11,6 +11,7 @@ mod ignored;
 pub mod listen;
 pub mod load;
 pub mod main_conf;
+pub mod process_conf;
 
 use crate::http::router::{Location, ServerNames};
 use crate::http::user_vars::VarTable;
@@ -24,6 +25,8 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct Config {
     pub main: MainConf,
+    /// What the worker process runs as and with: `user`, `env`, `working_directory`...
+    pub process: process_conf::ProcessConf,
     /// One entry per address to bind; several servers may share it.
     pub listens: Vec<ListenGroup>,
     /// Messages for directives accepted without effect (printed by `gannet -t`).

@@ -88,6 +88,14 @@ impl LogFile {
         }
     }
 
+    /// The descriptor [`LogFile::reopen`] replaces, if it is a file opened by name.
+    pub fn reopened_fd(&self) -> Option<std::os::fd::RawFd> {
+        match &self.out {
+            Output::File(f, Some(_)) => Some(std::os::fd::AsRawFd::as_raw_fd(f)),
+            _ => None,
+        }
+    }
+
     /// The path logged when reopening fails.
     pub fn name(&self) -> String {
         match &self.out {

@@ -1,37 +1,61 @@
 //! The master: binds every listening socket, optionally becomes a daemon, writes the pid
-//! file, starts the workers and then only waits for signals and for workers that die.
+//! file, starts the worker process and then only waits for signals and for workers that
+//! die.
+//!
+//! # Processes
+//!
+//! gannet runs as two kinds of process, as nginx does:
+//!
+//! - the **master** (the process started, whose pid is in the `pid` file) keeps the
+//!   privileges it was started with (root, typically). It loads the config - reading
+//!   certificates and keys, opening log files - binds the listening sockets, handles the
+//!   signals and reloads. It has a single thread and never reads a byte from a client or
+//!   an upstream.
+//! - a **worker process** per config generation, forked by the master once the config is
+//!   loaded (`worker_process`): it inherits the parsed config and the sockets, drops to
+//!   `user` when started as root (`privileges`), then runs the worker threads
+//!   (`worker_processes` of them, `threads`) that accept and serve connections. Every
+//!   thread that parses client or upstream input runs in it, unprivileged.
+//!
+//! The master talks to a worker process over a socketpair (`channel`): "drain" for a
+//! graceful stop, and log descriptors it reopened for SIGUSR1 (the worker, not root, may
+//! not open them itself).
 //!
 //! Signals, as nginx: SIGTERM / SIGINT stop at once; SIGQUIT stops gracefully (workers stop
 //! accepting, finish what is in flight, close idle connections; `worker_shutdown_timeout`
 //! caps the wait); SIGUSR1 reopens the log files; SIGHUP reloads.
 //!
-//! A reload reads the config again; a bad one is logged with its file:line and the running
-//! one keeps serving. Otherwise a new generation of workers starts on the new config and
-//! the old generation drains (stops accepting, finishes its in-flight requests, exits).
+//! A reload reads the config again (as root, so a new port below 1024 and a root-only key
+//! are fine); a bad one is logged with its file:line and the running one keeps serving.
+//! Otherwise a new worker process starts on the new config and the old one drains (stops
+//! accepting, finishes its in-flight requests, exits).
 //! The listening sockets outlive generations (`listener::Bound`): the new workers accept
 //! on the very sockets the old ones stop accepting on, so a connection arriving during the
 //! switch waits in the backlog instead of being refused.
 //!
-//! A worker thread that panics is logged and started again on the same sockets (unless its
-//! generation is already being replaced).
+//! A worker thread that panics is logged and started again on the same sockets by its
+//! worker process. A worker process that dies (killed, crashed) is logged and the master
+//! forks a new one on the same config and sockets, unless its generation is being replaced
+//! or it exited with code 2 (it cannot run: `user` or `working_directory` failed).
 
 use super::listener::{self, Bound, WorkerSockets};
-use super::placement;
-use super::worker::{self, Command};
+use super::worker_process::{self, WorkerProcess};
 use crate::config::Config;
 use crate::errlog::Level;
 use gannet_conf::ConfError;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::Path;
 use std::sync::Arc;
-use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::{mpsc, watch};
+use std::time::{Duration, Instant};
 
 /// Run `config`; `reload` reads the config again for SIGHUP.
 pub fn run(config: Config, reload: impl Fn() -> Result<Config, ConfError>) -> Result<(), String> {
     let config = Arc::new(config);
     let main = &config.main;
     crate::errlog::init(&main.error_logs)?;
+    for w in &config.process.warnings {
+        crate::errlog::warn(format_args!("{w}"));
+    }
     if let Some(n) = main.rlimit_nofile {
         set_nofile(n)?;
     }
@@ -93,82 +117,65 @@ fn daemonize() -> Result<(), String> {
     }
 }
 
-/// A worker's end: its generation, its id and whether it panicked.
-type Exit = (u64, usize, bool);
-
-/// The workers started on one config.
+/// The worker process started on one config, and what it was given.
 struct Generation {
     id: u64,
     config: Arc<Config>,
+    /// Each worker thread's sockets, kept to start the process again if it dies.
     sockets: Vec<WorkerSockets>,
-    cmd: watch::Sender<Command>,
-    running: usize,
+    process: WorkerProcess,
+    /// Told to drain: its exit is expected, not a death to repair.
+    draining: bool,
 }
 
 impl Generation {
-    /// Start a worker for each socket set.
     fn start(
         id: u64,
         config: Arc<Config>,
         sockets: Vec<WorkerSockets>,
-        exited: &mpsc::UnboundedSender<Exit>,
+        foreign: &[RawFd],
     ) -> Result<Generation, String> {
-        let (cmd, _) = watch::channel(Command::Run);
-        let mut g = Generation {
+        let process = worker_process::spawn(&config, &sockets, foreign)?;
+        Ok(Generation {
             id,
             config,
             sockets,
-            cmd,
-            running: 0,
-        };
-        for w in 0..g.sockets.len() {
-            if let Err(e) = g.spawn(w, exited) {
-                g.drain();
-                return Err(e);
-            }
-            g.running += 1;
+            process,
+            draining: false,
+        })
+    }
+
+    fn drain(&mut self) {
+        if !self.draining {
+            self.draining = true;
+            self.process.drain();
         }
-        Ok(g)
-    }
-
-    fn spawn(&self, w: usize, exited: &mpsc::UnboundedSender<Exit>) -> Result<(), String> {
-        let mine = self.sockets[w]
-            .iter()
-            .map(|(s, group)| s.try_clone().map(|s| (s, *group)))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("socket dup failed: {e}"))?;
-        let (config, cmd, exited, gen) = (
-            self.config.clone(),
-            self.cmd.subscribe(),
-            exited.clone(),
-            self.id,
-        );
-        std::thread::Builder::new()
-            .name(format!("gannet-worker-{w}"))
-            .spawn(move || {
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    placement::apply(&config.main, w);
-                    // The first worker of a generation runs its health checks.
-                    worker::run(config, mine, cmd, w == 0)
-                }));
-                let _ = exited.send((gen, w, r.is_err()));
-            })
-            .map(|_| ())
-            .map_err(|e| format!("worker thread failed to start: {e}"))
-    }
-
-    fn drain(&self) {
-        self.cmd.send_replace(Command::Drain);
     }
 }
 
-/// SIGHUP: read the config again and, if it loads and its sockets bind, start a new
-/// generation on it and drain the others. On any failure the running config stays.
+/// The master's descriptors a new worker process must not keep: every bound socket and
+/// every generation's channel, and the sockets of generations other than `own`.
+fn foreign_fds(bound: &[&Bound], gens: &[Generation], own: Option<u64>) -> Vec<RawFd> {
+    let mut fds: Vec<RawFd> = bound
+        .iter()
+        .flat_map(|b| b.values().flatten())
+        .map(|s| s.as_raw_fd())
+        .collect();
+    for g in gens {
+        fds.push(g.process.channel_fd());
+        if Some(g.id) != own {
+            fds.extend(g.sockets.iter().flatten().map(|(s, _)| s.as_raw_fd()));
+        }
+    }
+    fds
+}
+
+/// SIGHUP: read the config again and, if it loads and its sockets bind, start a worker
+/// process on it and drain the others. On any failure the running config stays.
 fn reload(
     gens: &mut Vec<Generation>,
     bound: &mut Bound,
     next_id: &mut u64,
-    exited: &mpsc::UnboundedSender<Exit>,
     load: &impl Fn() -> Result<Config, ConfError>,
 ) {
     crate::errlog::notice(format_args!("reconfiguring (SIGHUP)"));
@@ -177,17 +184,20 @@ fn reload(
         Ok(c) => Arc::new(c),
         Err(e) => return crate::errlog::log(Level::Emerg, format_args!("{e}{kept}")),
     };
-    // A fresh id even if this start fails, so late exits of its workers match nothing.
+    for w in &config.process.warnings {
+        crate::errlog::warn(format_args!("{w}"));
+    }
     let id = *next_id;
     *next_id += 1;
     let started = listener::bind_for(&config, bound).and_then(|new_bound| {
         let sockets = listener::assign(&config, &new_bound)?;
-        let g = Generation::start(id, config, sockets, exited)?;
+        let foreign = foreign_fds(&[bound, &new_bound], gens, None);
+        let g = Generation::start(id, config, sockets, &foreign)?;
         Ok((g, new_bound))
     });
     match started {
         Ok((g, new_bound)) => {
-            for old in gens.iter() {
+            for old in gens.iter_mut() {
                 old.drain();
             }
             gens.push(g);
@@ -199,65 +209,165 @@ fn reload(
     }
 }
 
-/// Set up signal handling, then write the pid file (so a signal sent as soon as the pid
-/// file exists is always handled), start the workers and wait.
+/// A worker process ended: start it again if it should be serving, else forget its
+/// generation. `Err` when the last generation is gone for good after a failure.
+fn exited(
+    gens: &mut Vec<Generation>,
+    bound: &Bound,
+    stopping: bool,
+    pid: libc::pid_t,
+    status: libc::c_int,
+) -> Result<(), String> {
+    let Some(pos) = gens.iter().position(|g| g.process.pid == pid) else {
+        return Ok(());
+    };
+    let (how, fatal) = worker_process::describe(status);
+    let current = pos + 1 == gens.len();
+    let expected = gens[pos].draining || stopping;
+    if expected {
+        crate::errlog::notice(format_args!("worker process {pid} {how}"));
+    } else if fatal {
+        crate::errlog::log(
+            Level::Alert,
+            format_args!("worker process {pid} {how} and cannot be started again"),
+        );
+    } else if current {
+        crate::errlog::log(
+            Level::Alert,
+            format_args!("worker process {pid} {how}; starting it again"),
+        );
+        let g = &gens[pos];
+        let foreign = foreign_fds(&[bound], gens, Some(g.id));
+        match worker_process::spawn(&g.config, &g.sockets, &foreign) {
+            Ok(p) => {
+                gens[pos].process = p;
+                return Ok(());
+            }
+            Err(e) => crate::errlog::log(Level::Alert, format_args!("{e}")),
+        }
+    }
+    gens.remove(pos);
+    if gens.is_empty() && !expected {
+        return Err(format!("worker process {pid} {how}; no worker left"));
+    }
+    Ok(())
+}
+
+/// SIGTERM / SIGINT: the worker processes stop at once; wait for them (a few seconds, then
+/// SIGKILL) so that their sockets are closed when the master is gone.
+fn terminate(gens: &[Generation]) {
+    for g in gens {
+        g.process.terminate();
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut left: Vec<libc::pid_t> = gens.iter().map(|g| g.process.pid).collect();
+    while !left.is_empty() {
+        left.retain(|&pid| {
+            let mut status = 0;
+            // SAFETY: waitpid writes the status into `status`, valid for the call.
+            unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) == 0 }
+        });
+        if Instant::now() >= deadline {
+            for &pid in &left {
+                // SAFETY: kill takes plain integers; `pid` is our unreaped child.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        if !left.is_empty() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// The signals the master handles, blocked and taken one at a time with sigwaitinfo: no
+/// handler, no event loop (a tokio runtime here would share its wake-up pipe and epoll set
+/// with every worker process forked from it).
+const SIGNALS: [libc::c_int; 6] = [
+    libc::SIGTERM,
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGHUP,
+    libc::SIGUSR1,
+    libc::SIGCHLD,
+];
+
+fn signal_set() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it and sigaddset is given
+    // valid signal numbers.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in SIGNALS {
+            libc::sigaddset(&mut set, s);
+        }
+        set
+    }
+}
+
+/// Wait for the next of the master's signals.
+fn next_signal(set: &libc::sigset_t) -> libc::c_int {
+    loop {
+        // SAFETY: `set` is an initialised signal set; a null siginfo is allowed.
+        let s = unsafe { libc::sigwaitinfo(set, std::ptr::null_mut()) };
+        if s > 0 {
+            return s;
+        }
+        // EINTR (a signal outside the set, e.g. SIGSTOP/SIGCONT): wait again.
+    }
+}
+
+/// Block the master's signals (so none is lost, and none kills the master, before it
+/// waits for them), then write the pid file (a signal sent as soon as the pid file
+/// exists is always handled), start the worker process and wait.
 fn supervise(
     config: Arc<Config>,
     mut bound: Bound,
     pid_file: Option<&Path>,
     load: impl Fn() -> Result<Config, ConfError>,
 ) -> Result<(), String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    rt.block_on(async move {
-        let sig = |k| signal(k).map_err(|e| format!("signal setup failed: {e}"));
-        let (mut term, mut int, mut quit, mut hup, mut usr1) = (
-            sig(SignalKind::terminate())?,
-            sig(SignalKind::interrupt())?,
-            sig(SignalKind::quit())?,
-            sig(SignalKind::hangup())?,
-            sig(SignalKind::user_defined1())?,
-        );
-        if let Some(p) = pid_file {
-            std::fs::write(p, format!("{}\n", std::process::id())).map_err(|e| format!("open() \"{}\" failed ({e})", p.display()))?;
-        }
-        let (exit_tx, mut exit_rx) = mpsc::unbounded_channel::<Exit>();
-        let sockets = listener::assign(&config, &bound)?;
-        let mut gens = vec![Generation::start(0, config, sockets, &exit_tx)?];
-        let mut next_id = 1;
-        let mut draining = false;
-        loop {
-            tokio::select! {
-                _ = term.recv() => return Ok(()),
-                _ = int.recv() => return Ok(()),
-                _ = quit.recv(), if !draining => {
-                    crate::errlog::notice(format_args!("gracefully shutting down"));
-                    draining = true;
-                    for g in &gens {
-                        g.drain();
-                    }
-                }
-                _ = hup.recv(), if !draining => reload(&mut gens, &mut bound, &mut next_id, &exit_tx, &load),
-                _ = usr1.recv() => super::log_reopen::reopen_all(gens.iter().map(|g| &*g.config)),
-                Some((gen, w, panicked)) = exit_rx.recv() => {
-                    let Some(pos) = gens.iter().position(|g| g.id == gen) else { continue };
-                    let current = pos + 1 == gens.len();
-                    if panicked && current && !draining {
-                        crate::errlog::error(format_args!("worker {w} exited on a panic; starting it again"));
-                        gens[pos].spawn(w, &exit_tx)?;
-                        continue;
-                    }
-                    gens[pos].running -= 1;
-                    if gens[pos].running == 0 {
-                        gens.remove(pos);
-                        if gens.is_empty() {
-                            return Ok(());
-                        }
-                    }
+    let set = signal_set();
+    // SAFETY: `set` is initialised; the master is single-threaded, so the mask is its own
+    // (worker processes unblock these again after fork).
+    if unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) } != 0 {
+        return Err("signal setup failed".into());
+    }
+    if let Some(p) = pid_file {
+        std::fs::write(p, format!("{}\n", std::process::id()))
+            .map_err(|e| format!("open() \"{}\" failed ({e})", p.display()))?;
+    }
+    let sockets = listener::assign(&config, &bound)?;
+    let foreign = foreign_fds(&[&bound], &[], None);
+    let mut gens = vec![Generation::start(0, config, sockets, &foreign)?];
+    let mut next_id = 1;
+    let mut draining = false;
+    loop {
+        match next_signal(&set) {
+            libc::SIGTERM | libc::SIGINT => break,
+            libc::SIGQUIT if !draining => {
+                crate::errlog::notice(format_args!("gracefully shutting down"));
+                draining = true;
+                for g in gens.iter_mut() {
+                    g.drain();
                 }
             }
+            libc::SIGHUP if !draining => reload(&mut gens, &mut bound, &mut next_id, &load),
+            libc::SIGUSR1 => {
+                super::log_reopen::reopen_all(gens.iter().map(|g| &*g.config));
+                for g in &gens {
+                    g.process.reopen_logs(&g.config);
+                }
+            }
+            libc::SIGCHLD => {
+                while let Some((pid, status)) = worker_process::reap() {
+                    exited(&mut gens, &bound, draining, pid, status)?;
+                }
+                if gens.is_empty() {
+                    return Ok(());
+                }
+            }
+            _ => {}
         }
-    })
+    }
+    terminate(&gens);
+    Ok(())
 }

@@ -1,14 +1,19 @@
-//! The process: the master thread (signals, pid file) and the worker threads, each a
-//! single-threaded event loop with its own listening sockets and caches.
+//! The processes: the master (signals, pid file, binding, loading; keeps root) and a worker
+//! process per config generation holding the worker threads, each a single-threaded event
+//! loop with its own listening sockets and caches. See `master` for the model.
 
+pub mod channel;
 pub mod clock;
 pub mod listener;
 pub mod log_reopen;
 pub mod master;
 pub mod parking;
 pub mod placement;
+pub mod privileges;
 pub mod read_timers;
+pub mod threads;
 pub mod worker;
+pub mod worker_process;
 
 use std::sync::OnceLock;
 
