@@ -79,7 +79,7 @@ def test_cookies_and_redirects_match_nginx(tmp_path):
         ("proxy_cookie_flags a;", 'invalid parameter "a"'),
         ("proxy_cookie_flags a sometimes;", 'invalid value "sometimes" in "proxy_cookie_flags" directive'),
         ("proxy_cookie_domain a b c;", 'invalid number of arguments in "proxy_cookie_domain" directive'),
-        ("proxy_cookie_path ~(unclosed /;", "invalid regex"),
+        ("proxy_cookie_path ~(unclosed /;", 'pcre2_compile() failed: missing closing parenthesis in "(unclosed"'),
         ("proxy_cookie_path off; proxy_cookie_path /a /b;", '"proxy_cookie_path" directive is duplicate'),
         ("proxy_cookie_flags a secure; proxy_cookie_flags off;", '"proxy_cookie_flags" directive is duplicate'),
     ],

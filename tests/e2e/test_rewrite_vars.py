@@ -238,7 +238,7 @@ def test_config_errors(gannet):
         ("set novar x;", 'invalid variable name "novar"'),
         ("if ($a == b) { }", 'unexpected "==" in condition'),
         ("if $a { }", 'invalid condition "$a"'),
-        ("if ($uri ~ \"(\") { }", 'invalid regex "("'),
+        ("if ($uri ~ \"(\") { }", 'pcre2_compile() failed: missing closing parenthesis in "("'),
         ("location /i/ { if ($uri) { if ($uri) { } } }", '"if" directive is not allowed here'),
         ("location /j/ { if ($uri) { try_files $uri =404; } }", '"try_files" directive is not allowed here'),
         ("location /k/ { if ($uri) { index a.html; } }", '"index" directive is not allowed here'),

@@ -41,7 +41,7 @@ pub const IGNORED: &[(&str, &str)] = &[
         "workers always accept every pending connection",
     ),
     ("use", "gannet picks epoll itself"),
-    ("pcre_jit", "gannet's regex engine needs no JIT switch"),
+    ("pcre_jit", "gannet JIT-compiles every regex when PCRE2 can"),
     ("load_module", "gannet has no dynamic modules"),
     (
         "lingering_close",

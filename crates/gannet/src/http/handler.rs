@@ -80,6 +80,7 @@ const MAX_REDIRECTS: u8 = 10;
 
 /// Run the phases.
 pub fn handle(req: &mut Request, w: &Worker) -> Handled {
+    crate::http::router::bind_server_captures(req);
     realip::apply(req, true);
     let server_stmts = req.server.conf.rewrite.stmts.clone();
     let flow = match rewrite::run(&server_stmts, req) {
@@ -184,7 +185,10 @@ fn locate_and_run(req: &mut Request, w: &Worker) -> Flow {
     req.redirects += 1;
     req.location_valid = true;
     let server = req.server.clone();
-    if let Some(found) = find_location(&server.locations, &req.uri) {
+    let Ok(found) = find_location(&server.locations, &req.uri) else {
+        return Flow::Status(500);
+    };
+    if let Some(found) = found {
         req.conf = found.location.conf.clone();
         if let Some(captures) = found.captures {
             req.captures = captures;

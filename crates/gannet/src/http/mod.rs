@@ -6,6 +6,7 @@ pub mod compress;
 pub mod conditional;
 pub mod encoder;
 pub mod handler;
+pub mod regex;
 pub mod request;
 pub mod response;
 pub mod router;

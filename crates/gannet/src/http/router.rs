@@ -9,9 +9,9 @@
 //! (nested regexes before their parent's level), else the longest prefix match.
 
 use crate::config::ServerConf;
+use crate::http::request::Request;
 use crate::http::user_vars::CapRegex;
 use crate::modules::LocConf;
-use regex::Regex;
 use std::sync::Arc;
 
 #[derive(Debug)]
@@ -50,25 +50,29 @@ pub struct Found {
     pub captures: Option<Vec<Option<String>>>,
 }
 
+/// A regex location's match failed (logged): nginx answers 500 rather than guess.
+#[derive(Debug)]
+pub struct Failed;
+
 /// Find the location for `uri` among `locs` (one level), nginx's ngx_http_core_find_location.
-pub fn find_location(locs: &[Arc<Location>], uri: &str) -> Option<Found> {
-    find_level(locs, uri).0
+pub fn find_location(locs: &[Arc<Location>], uri: &str) -> Result<Option<Found>, Failed> {
+    Ok(find_level(locs, uri)?.0)
 }
 
 /// One level of the search. The flag says the match is final (an exact or a regex match),
 /// which stops the regex search of the levels above, as nginx's NGX_OK does.
-fn find_level(locs: &[Arc<Location>], uri: &str) -> (Option<Found>, bool) {
+fn find_level(locs: &[Arc<Location>], uri: &str) -> Result<(Option<Found>, bool), Failed> {
     let mut best: Option<&Arc<Location>> = None;
     for l in locs {
         match &l.matcher {
             Matcher::Exact(p) if p == uri => {
-                return (
+                return Ok((
                     Some(Found {
                         location: l.clone(),
                         captures: None,
                     }),
                     true,
-                );
+                ));
             }
             Matcher::Prefix { path, .. }
                 if uri.starts_with(path.as_str())
@@ -84,13 +88,13 @@ fn find_level(locs: &[Arc<Location>], uri: &str) -> (Option<Found>, bool) {
         captures: None,
     });
     if let Some(b) = best {
-        let (inner, is_final) = find_level(&b.children, uri);
+        let (inner, is_final) = find_level(&b.children, uri)?;
         if inner.is_some() {
             found = inner;
         }
         // A `^~` match at this level skips this level's regexes (not the levels above).
         if is_final || matches!(b.matcher, Matcher::Prefix { no_regex: true, .. }) {
-            return (found, is_final);
+            return Ok((found, is_final));
         }
     }
     for l in locs {
@@ -98,14 +102,14 @@ fn find_level(locs: &[Arc<Location>], uri: &str) -> (Option<Found>, bool) {
             // A regex without groups leaves no captures (nginx clears `$1`.. too): a plain
             // match test, without the captures' allocations (`location ~ \.php$` runs for
             // every PHP request).
-            let captures = if re.re.captures_len() == 1 {
-                if !re.re.is_match(uri) {
+            let captures = if re.re.groups() == 1 {
+                if !re.re.matches(uri.as_bytes()).map_err(|_| Failed)? {
                     continue;
                 }
                 Vec::new()
             } else {
-                match re.re.captures(uri) {
-                    Some(caps) => crate::http::user_vars::captures(&caps),
+                match re.re.captures_checked(uri.as_bytes()).map_err(|_| Failed)? {
+                    Some(caps) => caps.to_strings(),
                     None => continue,
                 }
             };
@@ -114,13 +118,13 @@ fn find_level(locs: &[Arc<Location>], uri: &str) -> (Option<Found>, bool) {
                 captures: Some(captures),
             };
             // Locations nested in a regex location are searched too.
-            return match find_level(&l.children, uri) {
+            return Ok(match find_level(&l.children, uri)? {
                 (Some(inner), _) => (Some(inner), true),
                 (None, _) => (Some(here), true),
-            };
+            });
         }
     }
-    (found, false)
+    Ok((found, false))
 }
 
 /// A server's names, split by kind for the lookup order.
@@ -131,17 +135,24 @@ pub struct ServerNames {
     pub suffix: Vec<String>,
     /// `www.example.*` stored as `www.example.`
     pub prefix: Vec<String>,
-    pub regex: Vec<Regex>,
+    /// `~regex` names; their captures set `$1`.. and named variables, as in nginx.
+    pub regex: Vec<CapRegex>,
 }
 
 impl ServerNames {
     pub fn add(&mut self, name: &str) -> Result<(), String> {
-        let name = name.to_ascii_lowercase();
         if let Some(re) = name.strip_prefix('~') {
-            self.regex.push(
-                Regex::new(re).map_err(|e| format!("invalid server_name regex \"{re}\": {e}"))?,
-            );
-        } else if let Some(s) = name.strip_prefix('*') {
+            if re.is_empty() {
+                return Err(format!("empty regex in server name \"{name}\""));
+            }
+            // As nginx: the pattern is not lowercased (`\D` is not `\d`); one with an
+            // upper-case letter matches caselessly instead, the host being lowercase.
+            let caseless = re.bytes().any(|b| b.is_ascii_uppercase());
+            self.regex.push(CapRegex::compile(re, caseless)?);
+            return Ok(());
+        }
+        let name = name.to_ascii_lowercase();
+        if let Some(s) = name.strip_prefix('*') {
             self.suffix.push(s.to_string());
         } else if let Some(s) = name.strip_prefix('.') {
             // `.example.com` = `example.com` + `*.example.com`
@@ -196,10 +207,36 @@ pub fn select_server<'a>(
         }
         if let Some(s) = servers
             .iter()
-            .find(|s| s.names.regex.iter().any(|r| r.is_match(host)))
+            .find(|s| s.names.regex.iter().any(|r| r.re.is_match(host.as_bytes())))
         {
             return s;
         }
     }
     &servers[default]
+}
+
+/// When `req`'s server was chosen by one of its `~regex` names, set that match's captures
+/// (`$1`.., named variables) for the request, as nginx does while it picks the server.
+pub fn bind_server_captures(req: &mut Request) {
+    let names = &req.server.names;
+    if names.regex.is_empty() {
+        return;
+    }
+    let host = req.host.as_str();
+    // Chosen by an exact or wildcard name of its own: no regex took part.
+    if names.exact.iter().any(|n| n == host)
+        || names.suffix.iter().any(|w| host.ends_with(w.as_str()))
+        || names.prefix.iter().any(|w| host.starts_with(w.as_str()))
+    {
+        return;
+    }
+    let server = req.server.clone();
+    for re in &server.names.regex {
+        if let Some(caps) = re.captures(&req.host, req) {
+            if re.re.groups() > 1 {
+                req.captures = caps;
+            }
+            return;
+        }
+    }
 }

@@ -13,10 +13,10 @@
 //! first read and cached for the request (unless it is `volatile`), as in nginx.
 
 use crate::errlog::Level;
+use crate::http::regex::{Captures, Regex};
 use crate::http::request::Request;
 use crate::http::variables::{Sent, Var};
 use gannet_conf::{ConfError, Loc};
-use regex::{Regex, RegexBuilder};
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -190,15 +190,10 @@ pub struct CapRegex {
 impl CapRegex {
     /// Compile `pattern`; its named groups become defined variables.
     pub fn compile(pattern: &str, caseless: bool) -> Result<CapRegex, String> {
-        let re = RegexBuilder::new(pattern)
-            .case_insensitive(caseless)
-            .build()
-            .map_err(|e| format!("invalid regex \"{pattern}\": {e}"))?;
+        let re = Regex::new(pattern, caseless)?;
         let mut named = Vec::new();
-        for (i, name) in re.capture_names().enumerate() {
-            if let Some(n) = name {
-                named.push((i, define(n)?));
-            }
+        for (i, name) in re.names() {
+            named.push((i, define(name)?));
         }
         Ok(CapRegex { re, named })
     }
@@ -206,7 +201,7 @@ impl CapRegex {
     /// Match `subject`: on a match, the named captures are stored in `req`'s variables and
     /// the numbered ones returned (`$0`..).
     pub fn captures(&self, subject: &str, req: &Request) -> Option<Vec<Option<String>>> {
-        let caps = self.re.captures(subject)?;
+        let caps = self.re.captures(subject.as_bytes())?;
         Some(self.bind(&caps, req))
     }
 
@@ -219,20 +214,12 @@ impl CapRegex {
     }
 
     /// Store a match's named captures in `req`'s variables; return the numbered ones.
-    pub fn bind(&self, caps: &regex::Captures, req: &Request) -> Vec<Option<String>> {
+    pub fn bind(&self, caps: &Captures, req: &Request) -> Vec<Option<String>> {
         for (i, var) in &self.named {
-            let v = caps.get(*i).map_or("", |m| m.as_str());
-            req.vars.set(var.idx, v.to_string());
+            req.vars.set(var.idx, caps.text(*i).into_owned());
         }
-        captures(caps)
+        caps.to_strings()
     }
-}
-
-/// A match's groups as a template's `$0`..`$9`.
-pub fn captures(caps: &regex::Captures) -> Vec<Option<String>> {
-    caps.iter()
-        .map(|m| m.map(|m| m.as_str().to_string()))
-        .collect()
 }
 
 #[derive(Debug, Clone, Default)]

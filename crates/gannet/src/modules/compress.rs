@@ -12,9 +12,9 @@
 //! encodings (the Brotli and zstd modules follow the gzip module's settings for these too).
 
 use super::{inherit, invalid, LoadCtx, LocConf};
+use crate::http::regex::Regex;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
-use regex::{Regex, RegexBuilder};
 use std::sync::Arc;
 
 const LOC_IF: Ctx = Ctx(Ctx::HSL.0 | Ctx::IF.0);
@@ -231,7 +231,7 @@ impl CompressConf {
         self.disable.as_ref().is_some_and(|list| {
             list.iter().any(|d| match d {
                 Disable::Msie6 => is_msie6(user_agent),
-                Disable::Regex(r) => r.is_match(user_agent),
+                Disable::Regex(r) => r.is_match(user_agent.as_bytes()),
             })
         })
     }
@@ -270,12 +270,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
                     Disable::Msie6
                 } else {
                     // nginx compiles these caseless.
-                    Disable::Regex(
-                        RegexBuilder::new(a)
-                            .case_insensitive(true)
-                            .build()
-                            .map_err(|e| d.error(format!("invalid regex \"{a}\": {e}")))?,
-                    )
+                    Disable::Regex(Regex::new(a, true).map_err(|e| d.error(e))?)
                 });
             }
             c.disable = Some(Arc::new(list));

@@ -9,10 +9,11 @@
 
 use super::gateway::{self, spec, GatewayConf, Proto};
 use super::{inherit, LoadCtx, LocConf};
+use crate::http::regex::Regex;
 use crate::http::request::Request;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
-use regex::Regex;
+use std::borrow::Cow;
 
 pub const DIRECTIVES: &[Spec] = gateway::directives!(
     "fastcgi_",
@@ -48,8 +49,8 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
     match d.name.as_str() {
         "fastcgi_index" => c.index = Some(a0.to_string()),
         "fastcgi_split_path_info" => {
-            let re = Regex::new(a0).map_err(|e| d.error(format!("invalid regex \"{a0}\": {e}")))?;
-            if re.captures_len() < 3 {
+            let re = Regex::new(a0, false).map_err(|e| d.error(e))?;
+            if re.groups() < 3 {
                 return Err(d.error(format!("pattern \"{a0}\" must have 2 captures")));
             }
             c.split = Some(re);
@@ -62,26 +63,25 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
 
 /// `$fastcgi_script_name` and `$fastcgi_path_info` for the current URI, as parts of it; a
 /// script name ending in `/` gets `fastcgi_index` appended by [`append_script_name`].
-fn split_path_info(req: &Request) -> (&str, &str) {
+fn split_path_info(req: &Request) -> (Cow<'_, str>, Cow<'_, str>) {
+    let uri = req.uri.as_str();
     match req
         .conf
         .fastcgi
         .split
         .as_ref()
-        .and_then(|re| re.captures(&req.uri))
+        .and_then(|re| re.captures(uri.as_bytes()))
     {
-        Some(caps) => (
-            caps.get(1).map_or("", |m| m.as_str()),
-            caps.get(2).map_or("", |m| m.as_str()),
-        ),
-        None => (&req.uri, ""),
+        // Bytes, not chars: a group may split a UTF-8 sequence (see http::regex).
+        Some(caps) => (caps.text(1), caps.text(2)),
+        None => (Cow::Borrowed(uri), Cow::Borrowed("")),
     }
 }
 
 /// Append `$fastcgi_script_name`.
 pub fn append_script_name(req: &Request, out: &mut String) {
     let script = split_path_info(req).0;
-    out.push_str(script);
+    out.push_str(&script);
     if script.ends_with('/') {
         if let Some(index) = &req.conf.fastcgi.index {
             out.push_str(index);
@@ -91,5 +91,5 @@ pub fn append_script_name(req: &Request, out: &mut String) {
 
 /// Append `$fastcgi_path_info`.
 pub fn append_path_info(req: &Request, out: &mut String) {
-    out.push_str(split_path_info(req).1);
+    out.push_str(&split_path_info(req).1);
 }

@@ -8,10 +8,10 @@
 //! any worker until it passes again.
 
 use super::{invalid, LoadCtx, LocConf};
+use crate::http::regex::Regex;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
 use gannet_proto::cgi::Fields;
-use regex::Regex;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,14 +67,16 @@ impl Match {
             let ok = match h {
                 HeaderCond::Present(n, neg) => value(n).is_some() != *neg,
                 HeaderCond::Equals(n, neg, v) => (value(n) == Some(v.as_str())) != *neg,
-                HeaderCond::Matches(n, neg, re) => value(n).is_some_and(|v| re.is_match(v)) != *neg,
+                HeaderCond::Matches(n, neg, re) => {
+                    value(n).is_some_and(|v| re.is_match(v.as_bytes())) != *neg
+                }
             };
             if !ok {
                 return false;
             }
         }
         match &self.body {
-            Some((neg, re)) => re.is_match(&String::from_utf8_lossy(body)) != *neg,
+            Some((neg, re)) => re.is_match(body) != *neg,
             None => true,
         }
     }
@@ -116,8 +118,7 @@ pub fn parse_match(d: &Directive) -> Result<Match, ConfError> {
                         HeaderCond::Equals(name.clone(), neg ^ (op == "!="), v.clone())
                     }
                     [name, op, re] if op == "~" || op == "!~" => {
-                        let re = Regex::new(re)
-                            .map_err(|e| c.error(format!("invalid regex \"{re}\": {e}")))?;
+                        let re = Regex::new(re, false).map_err(|e| c.error(e))?;
                         HeaderCond::Matches(name.clone(), neg ^ (op == "!~"), re)
                     }
                     _ => return Err(c.error("invalid \"header\" condition in \"match\"")),
@@ -126,8 +127,7 @@ pub fn parse_match(d: &Directive) -> Result<Match, ConfError> {
             }
             "body" => match args {
                 [op, re] if op == "~" || op == "!~" => {
-                    let re = Regex::new(re)
-                        .map_err(|e| c.error(format!("invalid regex \"{re}\": {e}")))?;
+                    let re = Regex::new(re, false).map_err(|e| c.error(e))?;
                     m.body = Some((neg ^ (op == "!~"), re));
                 }
                 _ => return Err(c.error("invalid \"body\" condition in \"match\"")),

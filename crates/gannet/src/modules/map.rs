@@ -10,6 +10,7 @@
 //! with a leading `\`. Values may contain variables.
 
 use super::{LoadCtx, LocConf};
+use crate::http::regex::Captures;
 use crate::http::request::Request;
 use crate::http::user_vars::{self, CapRegex};
 use crate::http::variables::{Sent, Template};
@@ -43,7 +44,7 @@ pub struct Map {
 /// Which value a key selects.
 enum Hit<'m, 'k> {
     Value(&'m Template),
-    Regex(&'m CapRegex, &'m Template, regex::Captures<'k>),
+    Regex(&'m CapRegex, &'m Template, Captures<'m, 'k>),
 }
 
 pub fn set(d: &Directive, _lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), ConfError> {
@@ -158,9 +159,11 @@ impl Map {
         if key.is_empty() {
             return None;
         }
-        self.regexes
-            .iter()
-            .find_map(|(re, v)| re.re.captures(key).map(|caps| Hit::Regex(re, v, caps)))
+        self.regexes.iter().find_map(|(re, v)| {
+            re.re
+                .captures(key.as_bytes())
+                .map(|caps| Hit::Regex(re, v, caps))
+        })
     }
 }
 
@@ -175,7 +178,7 @@ impl user_vars::Computed for Map {
         if self.hostnames && key.ends_with('.') {
             key.pop();
         }
-        match self.find(&key) {
+        let value = match self.find(&key) {
             Some(Hit::Value(v)) => v.eval(req, sent),
             Some(Hit::Regex(re, v, caps)) => {
                 let caps = re.bind(&caps, req);
@@ -185,7 +188,8 @@ impl user_vars::Computed for Map {
                 .default
                 .as_ref()
                 .map_or_else(String::new, |v| v.eval(req, sent)),
-        }
+        };
+        value
     }
 }
 
@@ -244,10 +248,11 @@ mod tests {
     #[test]
     fn regex_captures_are_numbered() {
         let m = map("~^(\\w+)\\.(\\w+)$ v;").unwrap();
-        match m.find("www.test") {
+        let hit = m.find("www.test");
+        match &hit {
             Some(Hit::Regex(_, _, caps)) => {
-                assert_eq!(&caps[1], "www");
-                assert_eq!(&caps[2], "test");
+                assert_eq!(caps.text(1), "www");
+                assert_eq!(caps.text(2), "test");
             }
             _ => panic!("regex did not match"),
         }
@@ -283,7 +288,9 @@ mod tests {
         assert!(map("a 1 2;")
             .unwrap_err()
             .contains("invalid number of the map parameters"));
-        assert!(map("~( bad;").unwrap_err().contains("invalid regex"));
+        assert!(map("~( bad;")
+            .unwrap_err()
+            .contains("pcre2_compile() failed: missing closing parenthesis in \"(\""));
         assert!(map("hostnames;\nw*w.x good;")
             .unwrap_err()
             .contains("invalid hostname or wildcard"));

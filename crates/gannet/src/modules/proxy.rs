@@ -31,14 +31,13 @@
 use super::gateway::{self, spec, Backend, GatewayConf, Proto, Streamed};
 use super::proxy_ssl::ProxySslConf;
 use super::{inherit, invalid, LoadCtx, LocConf};
+use crate::http::regex::Regex;
 use crate::http::request::Request;
-use crate::http::user_vars;
 use crate::http::variables::Template;
 use crate::tls::client::ClientTls;
 use crate::upstream::{Addr, Upstream};
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{ConfError, Directive};
-use regex::Regex;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -224,10 +223,7 @@ fn set_redirect(d: &Directive, c: &mut ProxyConf) -> Result<(), ConfError> {
 }
 
 pub fn compile_ci(d: &Directive, re: &str, ci: bool) -> Result<Regex, ConfError> {
-    regex::RegexBuilder::new(re)
-        .case_insensitive(ci)
-        .build()
-        .map_err(|e| d.error(format!("invalid regex \"{re}\": {e}")))
+    Regex::new(re, ci).map_err(|e| d.error(e))
 }
 
 fn parse_target(d: &Directive, url: &str, ctx: &LoadCtx) -> Result<Target, ConfError> {
@@ -532,8 +528,8 @@ pub fn rewrite_location(req: &Request, value: &str) -> Option<String> {
             Redirect::Rule(RedirectFrom::Regex(re), to) => {
                 // A match replaces the whole value (not only the part matched, as nginx
                 // does), with the captures as $1..$9.
-                if let Some(caps) = re.captures(value) {
-                    return Some(to.eval_with(req, None, &user_vars::captures(&caps)));
+                if let Some(caps) = re.captures(value.as_bytes()) {
+                    return Some(to.eval_with(req, None, &caps.to_strings()));
                 }
             }
         }

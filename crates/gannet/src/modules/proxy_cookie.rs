@@ -13,12 +13,11 @@
 
 use super::proxy::compile_ci;
 use super::{invalid, LoadCtx, LocConf};
+use crate::http::regex::Regex;
 use crate::http::request::Request;
-use crate::http::user_vars::captures;
 use crate::http::variables::Template;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{ConfError, Directive};
-use regex::Regex;
 use std::sync::Arc;
 
 pub const DIRECTIVES: &[Spec] = &[
@@ -199,7 +198,7 @@ pub fn rewrite(req: &Request, value: &str) -> Option<String> {
     if let Some(rule) = c.flags.as_deref().and_then(|l| {
         l.iter().find(|r| match &r.cookie {
             Pattern::Text(t) => t.eval(req, None).eq_ignore_ascii_case(name),
-            Pattern::Regex(re) => re.is_match(name),
+            Pattern::Regex(re) => re.is_match(name.as_bytes()),
         })
     }) {
         changed |= apply_flags(req, rule, &mut attrs);
@@ -235,7 +234,10 @@ fn apply(req: &Request, rules: &[Rule], v: &str, domain: bool) -> Option<String>
                 Some(format!("{}{rest}", r.to.eval(req, None)))
             }
         }
-        Pattern::Regex(re) => Some(r.to.eval_with(req, None, &captures(&re.captures(v)?))),
+        Pattern::Regex(re) => {
+            let caps = re.captures(v.as_bytes())?.to_strings();
+            Some(r.to.eval_with(req, None, &caps))
+        }
     })
 }
 
