@@ -271,7 +271,11 @@ def test_reopened_logs_reach_the_unprivileged_worker(gannet, docroot):
     assert wait_until(lambda: log.exists())
     # The new file appears before the worker has it: ask until a line lands in it.
     assert wait_until(lambda: srv.get("/public.txt?after")[0] == 200 and "after" in log.read_text())
-    assert "after" not in (gannet.tmp / "access.log.1").read_text()
+    # Requests made before the worker had it went to the old file; once it has it, every
+    # line goes to the new one only.
+    assert srv.get("/public.txt?final")[0] == 200
+    assert wait_until(lambda: "final" in log.read_text())
+    assert "final" not in (gannet.tmp / "access.log.1").read_text()
 
 
 @needs_www
