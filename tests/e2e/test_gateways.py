@@ -20,6 +20,7 @@ import socket
 import struct
 import subprocess
 import threading
+from contextlib import contextmanager
 
 import pytest
 
@@ -80,6 +81,30 @@ def connectable(addr) -> bool:
     return True
 
 
+@contextmanager
+def uwsgi_running(tmp, addrs, *args: str):
+    """A uWSGI running the WSGI app in `tmp/app.py` with `args` (its sockets), until the
+    block ends; ready once every address in `addrs` accepts."""
+    proc = subprocess.Popen([
+        UWSGI, "--plugin", "python3", "--master", "--processes", "2", "--die-on-term",
+        "--need-app", "--chdir", str(tmp), "--wsgi-file", str(tmp / "app.py"), *args,
+        "--disable-logging",
+    ], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    ready = lambda: all(connectable(a) for a in addrs)
+    if not wait_until(lambda: proc.poll() is not None or ready(), deadline=20) or proc.poll() is not None:
+        proc.kill()
+        raise AssertionError(f"uwsgi did not start: {proc.communicate()[0].decode(errors='replace')}")
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.fixture(scope="module")
 def uwsgi(tmp_path_factory):
     """One uWSGI: the uwsgi protocol on a unix socket and a TCP port, SCGI on another port."""
@@ -87,25 +112,12 @@ def uwsgi(tmp_path_factory):
     (tmp / "app.py").write_text(APP)
     sock = tmp / "uwsgi.sock"
     uport, sport = free_port(), free_port()
-    proc = subprocess.Popen([
-        UWSGI, "--plugin", "python3", "--master", "--processes", "2", "--die-on-term",
-        "--need-app", "--chdir", str(tmp), "--wsgi-file", str(tmp / "app.py"),
-        "--uwsgi-socket", str(sock), "--uwsgi-socket", f"127.0.0.1:{uport}",
-        "--scgi-socket", f"127.0.0.1:{sport}",
-        # uWSGI refuses parameter blocks over 4 KiB by default; nginx sends up to 64 KiB.
-        "--buffer-size", "65535", "--disable-logging",
-    ], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    ready = lambda: all(connectable(a) for a in (str(sock), ("127.0.0.1", uport), ("127.0.0.1", sport)))
-    if not wait_until(lambda: proc.poll() is not None or ready(), deadline=20) or proc.poll() is not None:
-        proc.kill()
-        raise AssertionError(f"uwsgi did not start: {proc.communicate()[0].decode(errors='replace')}")
-    yield {"uwsgi-unix": f"unix:{sock}", "uwsgi-tcp": f"127.0.0.1:{uport}", "scgi-tcp": f"127.0.0.1:{sport}"}
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    addrs = (str(sock), ("127.0.0.1", uport), ("127.0.0.1", sport))
+    with uwsgi_running(tmp, addrs, "--uwsgi-socket", str(sock), "--uwsgi-socket", f"127.0.0.1:{uport}",
+                       "--scgi-socket", f"127.0.0.1:{sport}",
+                       # uWSGI refuses parameter blocks over 4 KiB by default; nginx sends up to 64 KiB.
+                       "--buffer-size", "65535"):
+        yield {"uwsgi-unix": f"unix:{sock}", "uwsgi-tcp": f"127.0.0.1:{uport}", "scgi-tcp": f"127.0.0.1:{sport}"}
 
 
 TARGETS = ["uwsgi-unix", "uwsgi-tcp", "scgi-tcp"]

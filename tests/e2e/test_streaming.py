@@ -13,7 +13,6 @@ the test sees. No timing is asserted: arrival before the next send is the proper
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import threading
@@ -27,7 +26,7 @@ import rawapps
 from conftest import REPO, free_port, read_head, wait_until
 from nginx_peer import NGINX, PEER_MAIN, side_by_side
 from test_fastcgi import PHP_FPM, fpm  # noqa: F401  (the fixture is reused)
-from test_gateways import UWSGI, connectable
+from test_gateways import UWSGI, uwsgi_running
 
 EVENTS = 3
 GIVE_UP = 5.0
@@ -123,23 +122,10 @@ def sse_uwsgi(tmp_path_factory, acks):
     tmp = tmp_path_factory.mktemp("sse-uwsgi")
     (tmp / "app.py").write_text(SSE_WSGI)
     uport, sport = free_port(), free_port()
-    proc = subprocess.Popen([
-        UWSGI, "--plugin", "python3", "--master", "--processes", "2", "--die-on-term",
-        "--need-app", "--chdir", str(tmp), "--wsgi-file", str(tmp / "app.py"),
-        "--uwsgi-socket", f"127.0.0.1:{uport}", "--scgi-socket", f"127.0.0.1:{sport}",
-        "--env", f"ACKS={acks}", "--disable-logging",
-    ], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    ready = lambda: all(connectable(("127.0.0.1", p)) for p in (uport, sport))
-    if not wait_until(lambda: proc.poll() is not None or ready(), deadline=20) or proc.poll() is not None:
-        proc.kill()
-        raise AssertionError(f"uwsgi did not start: {proc.communicate()[0].decode(errors='replace')}")
-    yield {"uwsgi": f"127.0.0.1:{uport}", "scgi": f"127.0.0.1:{sport}"}
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    with uwsgi_running(tmp, (("127.0.0.1", uport), ("127.0.0.1", sport)),
+                       "--uwsgi-socket", f"127.0.0.1:{uport}", "--scgi-socket", f"127.0.0.1:{sport}",
+                       "--env", f"ACKS={acks}"):
+        yield {"uwsgi": f"127.0.0.1:{uport}", "scgi": f"127.0.0.1:{sport}"}
 
 
 @pytest.fixture

@@ -201,6 +201,23 @@ async def paced_client(port: int) -> int:
     return got
 
 
+async def with_peak_rss(s: Server, work):
+    """`work`'s result, and the server's RSS growth over its run and RSS before (MiB)."""
+    base = s.rss_kib()
+    peak = [base]
+
+    async def watch():
+        while True:
+            peak.append(s.rss_kib())
+            await asyncio.sleep(0.05)
+    w = asyncio.create_task(watch())
+    try:
+        out = await work
+    finally:
+        w.cancel()
+    return out, (max(peak) - base) / 1024, base / 1024
+
+
 def pct(values: list[float], p: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(len(values) * p))]
@@ -227,32 +244,15 @@ async def main() -> None:
                             (statistics.median(delays), pct(delays, 0.99), max(delays)))
                 if what in ("slow", "all"):
                     upstream.held.clear()
-                    base = s.rss_kib()
-                    peak = [base]
-
-                    async def watch():
-                        while True:
-                            peak.append(s.rss_kib())
-                            await asyncio.sleep(0.05)
-                    w = asyncio.create_task(watch())
-                    await asyncio.gather(*(slow_client(s.port) for _ in range(CLIENTS)))
-                    w.cancel()
+                    _, growth, base = await with_peak_rss(
+                        s, asyncio.gather(*(slow_client(s.port) for _ in range(CLIENTS))))
                     held = list(upstream.held)
                     results.setdefault(f"{s.name} slow", []).append(
-                        (statistics.median(held), max(held), (max(peak) - base) / 1024, base / 1024))
+                        (statistics.median(held), max(held), growth, base))
                 if what in ("download", "all"):
-                    base = s.rss_kib()
-                    peak = [base]
-
-                    async def watch_rss():
-                        while True:
-                            peak.append(s.rss_kib())
-                            await asyncio.sleep(0.1)
-                    w = asyncio.create_task(watch_rss())
-                    got = await paced_client(s.port)
-                    w.cancel()
+                    got, growth, _ = await with_peak_rss(s, paced_client(s.port))
                     results.setdefault(f"{s.name} download", []).append(
-                        (upstream.sent / 1e6, got / 1e6, (max(peak) - base) / 1024))
+                        (upstream.sent / 1e6, got / 1e6, growth))
     finally:
         for s in servers:
             s.stop()
