@@ -65,6 +65,9 @@ class Server:
     def __init__(self, name: str, up: int):
         self.name, self.port = name, free_port()
         self.tmp = Path(tempfile.mkdtemp(prefix=f"stream-{name}-"))
+        # nginx's workers run as nobody (started as root without `user`): they must reach
+        # the temp path nginx makes for them in here.
+        self.tmp.chmod(0o755)
         conf = self.tmp / "server.conf"
         conf.write_text(CONF.format(tmp=self.tmp, port=self.port, up=up))
         if name == "nginx":
@@ -98,6 +101,9 @@ class Server:
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(10)
+        errors = (self.tmp / "error.log").read_text(errors="replace") if (self.tmp / "error.log").exists() else ""
+        if errors.strip():
+            print(f"{self.name}'s error log:\n{errors[-2000:]}")
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -138,6 +144,9 @@ class Upstream:
                 await reader.read()  # until the proxy closes its side
                 self.held.append(time.monotonic() - opened)
         except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            # The run is over while a huge answer was still being sent.
             pass
         finally:
             writer.close()
