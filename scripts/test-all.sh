@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 step() { printf '\n==> %s\n' "$*"; }
 
 step "system packages"
-pkgs=(curl openssl libcrypt-dev nginx slowhttptest lighttpd lighttpd-mod-openssl h2o caddy apache2 apache2-utils libapache2-mod-php8.2 wrk nghttp2-client httperf siege iproute2 strace php-fpm uwsgi-core uwsgi-plugin-python3)
+pkgs=(curl openssl dpkg-dev libcrypt-dev nginx slowhttptest lighttpd lighttpd-mod-openssl h2o caddy apache2 apache2-utils libapache2-mod-php8.2 wrk nghttp2-client httperf siege iproute2 strace php-fpm uwsgi-core uwsgi-plugin-python3)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -26,6 +26,11 @@ if ! command -v cargo >/dev/null; then
   exit 1
 fi
 rustup component add clippy rustfmt >/dev/null 2>&1 || true
+
+step "cargo-deb (tests/e2e/test_package.py builds the Debian package with it)"
+if ! command -v cargo-deb >/dev/null; then
+  cargo install --locked -q cargo-deb --version '^3.8'
+fi
 
 step "python packages"
 python3 -m pip install -q -e './arena[test]'

@@ -1,5 +1,6 @@
 //! The command line, nginx's flags: `-c FILE`, `-p PREFIX`, `-g DIRECTIVES`, `-e LOG`,
-//! `-t`, `-T`, `-q`, `-s SIGNAL`, `-v`, `-V`; and which config they select.
+//! `-t`, `-T`, `-q`, `-s SIGNAL`, `-v`, `-V`; and which config they select. The hidden
+//! `--man` prints the manual page generated from the same definition (clap_mangen).
 //!
 //! Without `-c`, gannet runs `/etc/gannet/gannet.conf` (prefix `/etc/gannet/`) when that file
 //! exists, as nginx runs its compiled-in path; otherwise the embedded default that serves the
@@ -82,6 +83,71 @@ pub fn command() -> Command {
             'V',
             "print the version and build details and exit",
         ))
+        .arg(
+            Arg::new("man")
+                .long("man")
+                .action(ArgAction::SetTrue)
+                .hide(true)
+                .help("print the gannet(8) manual page (roff) and exit"),
+        )
+}
+
+/// The sections of gannet(8) that are not in `--help`: troff source, after the options.
+const MAN_EXTRA: &str = r#".SH SIGNALS
+The master process (the one started; its pid is in the \fBpid\fR file) takes:
+.TP
+\fBTERM\fR, \fBINT\fR
+stop at once
+.TP
+\fBQUIT\fR
+stop gracefully: stop accepting, finish the requests in flight
+.TP
+\fBHUP\fR
+reload the configuration; a bad one is logged and the running one kept
+.TP
+\fBUSR1\fR
+reopen the log files (after logrotate moved them)
+.SH SYSTEMD
+Under a \fBType=notify\fR unit gannet reports READY=1 once it serves,
+RELOADING=1 and READY=1 around a reload, and STOPPING=1, to \fBNOTIFY_SOCKET\fR.
+Listening sockets passed by a socket unit (\fBLISTEN_FDS\fR, \fBLISTEN_PID\fR,
+\fBLISTEN_FDNAMES\fR) are used for the \fBlisten\fR addresses they are bound to,
+instead of binding them.
+.SH FILES
+.TP
+\fI/etc/gannet/gannet.conf\fR
+the configuration run when \fB\-c\fR is not given
+.TP
+\fI/etc/gannet/sites\-available/\fR, \fI/etc/gannet/sites\-enabled/\fR
+server blocks, and the links to those enabled (the packaged configuration includes them)
+.TP
+\fI/var/log/gannet/\fR
+access and error logs of the packaged configuration
+.TP
+\fI/run/gannet.pid\fR
+the master's pid in the packaged configuration
+.SH SEE ALSO
+\fBnginx\fR(8), \fBsystemd.service\fR(5), \fBsd_notify\fR(3), \fBsd_listen_fds\fR(3)
+"#;
+
+/// `gannet --man`: the manual page, from the same definition as `--help` (the Debian
+/// package ships it gzipped as gannet.8.gz).
+pub fn man_page(out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    // clap_mangen's synopsis leaves out the options' values: spell it out.
+    let cmd = command().version(env!("CARGO_PKG_VERSION")).override_usage(
+        "gannet [-c FILE] [-p PREFIX] [-g DIRECTIVES] [-e LOG] [-t | -T [-q]] \
+             [-s stop|quit|reload|reopen] [-v | -V]",
+    );
+    let man = clap_mangen::Man::new(cmd)
+        .section("8")
+        .manual("System Manager's Manual");
+    man.render_title(out)?;
+    man.render_name_section(out)?;
+    man.render_synopsis_section(out)?;
+    man.render_description_section(out)?;
+    man.render_options_section(out)?;
+    out.write_all(MAN_EXTRA.as_bytes())?;
+    man.render_version_section(out)
 }
 
 /// What to load: the file (or the embedded default), the prefix and `-g`'s directives. Kept
@@ -175,4 +241,31 @@ fn embedded_text(root: &Path) -> String {
         .replace("{{MIME}}", MIME_TYPES)
         .replace("{{ROOT}}", &root)
         .replace("{{LISTEN}}", &listen_addr())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_man_page_has_every_option_of_help_and_not_the_hidden_one() {
+        let mut out = Vec::new();
+        man_page(&mut out).unwrap();
+        let man = String::from_utf8(out).unwrap();
+        assert!(man.contains(".TH gannet 8"), "{man}");
+        // roff escapes dashes; compare text with them unescaped.
+        let options = man[man.find(".SH OPTIONS").unwrap()..man.find(".SH SIGNALS").unwrap()]
+            .replace("\\-", "-");
+        for arg in command().get_arguments().filter(|a| !a.is_hide_set()) {
+            let short = arg.get_short().unwrap();
+            assert!(options.contains(&format!("-{short}")), "-{short} missing");
+            let help = arg.get_help().unwrap().to_string();
+            let words: Vec<&str> = help.split_whitespace().take(3).collect();
+            assert!(
+                options.contains(&words.join(" ")),
+                "help of -{short} missing"
+            );
+        }
+        assert!(!man.contains("\\-\\-man"));
+    }
 }

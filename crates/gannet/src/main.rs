@@ -23,6 +23,12 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let m = cli::command().get_matches();
+    if m.get_flag("man") {
+        return match cli::man_page(&mut std::io::stdout().lock()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::FAILURE,
+        };
+    }
     let version = concat!("gannet version: gannet/", env!("CARGO_PKG_VERSION"));
     if m.get_flag("version") {
         eprintln!("{version}");

@@ -144,7 +144,15 @@ pub fn bind_for(config: &Config, old: &Bound) -> Result<Bound, String> {
             }
         };
         while socks.len() < workers {
-            socks.push(bind(l).map_err(|e| bind_error(l, e))?);
+            // A socket passed by systemd (`activation`) was bound without SO_REUSEPORT:
+            // the workers share it rather than bind siblings beside it.
+            let s = match socks.first() {
+                Some(s) if super::activation::inherited(&l.addr) => s
+                    .try_clone()
+                    .map_err(|e| format!("socket dup failed: {e}"))?,
+                _ => bind(l).map_err(|e| bind_error(l, e))?,
+            };
+            socks.push(s);
         }
         out.insert(l.addr, socks);
     }

@@ -37,8 +37,12 @@
 //! worker process. A worker process that dies (killed, crashed) is logged and the master
 //! forks a new one on the same config and sockets, unless its generation is being replaced
 //! or it exited with code 2 (it cannot run: `user` or `working_directory` failed).
+//!
+//! Under systemd, `notify` reports the master's state (`Type=notify`) and `activation`
+//! hands over the sockets a `.socket` unit bound.
 
 use super::listener::{self, Bound, WorkerSockets};
+use super::notify;
 use super::worker_process::{self, WorkerProcess};
 use crate::config::Config;
 use crate::errlog::Level;
@@ -59,7 +63,8 @@ pub fn run(config: Config, reload: impl Fn() -> Result<Config, ConfError>) -> Re
     if let Some(n) = main.rlimit_nofile {
         set_nofile(n)?;
     }
-    let bound = listener::bind_for(&config, &Bound::new())?;
+    // Sockets systemd passed (socket activation) stand for binding their addresses.
+    let bound = listener::bind_for(&config, &super::activation::take(&config))?;
     if main.daemon {
         daemonize()?;
     }
@@ -338,19 +343,29 @@ fn supervise(
     let sockets = listener::assign(&config, &bound)?;
     let foreign = foreign_fds(&[&bound], &[], None);
     let mut gens = vec![Generation::start(0, config, sockets, &foreign)?];
+    notify::ready(&notify::serving(&bound));
     let mut next_id = 1;
     let mut draining = false;
     loop {
         match next_signal(&set) {
-            libc::SIGTERM | libc::SIGINT => break,
+            libc::SIGTERM | libc::SIGINT => {
+                notify::stopping("stopping");
+                break;
+            }
             libc::SIGQUIT if !draining => {
+                notify::stopping("gracefully shutting down");
                 crate::errlog::notice(format_args!("gracefully shutting down"));
                 draining = true;
                 for g in gens.iter_mut() {
                     g.drain();
                 }
             }
-            libc::SIGHUP if !draining => reload(&mut gens, &mut bound, &mut next_id, &load),
+            libc::SIGHUP if !draining => {
+                notify::reloading();
+                let before = gens.last().map(|g| g.id);
+                reload(&mut gens, &mut bound, &mut next_id, &load);
+                notify::reloaded(gens.last().map(|g| g.id) != before, &bound);
+            }
             libc::SIGUSR1 => {
                 super::log_reopen::reopen_all(gens.iter().map(|g| &*g.config));
                 for g in &gens {

@@ -2,11 +2,13 @@
 //! process per config generation holding the worker threads, each a single-threaded event
 //! loop with its own listening sockets and caches. See `master` for the model.
 
+pub mod activation;
 pub mod channel;
 pub mod clock;
 pub mod listener;
 pub mod log_reopen;
 pub mod master;
+pub mod notify;
 pub mod parking;
 pub mod placement;
 pub mod privileges;
