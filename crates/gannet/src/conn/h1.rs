@@ -56,6 +56,8 @@ const FLUSH_AT: usize = 64 * 1024;
 const COPY_MAX: usize = 8 * 1024;
 /// Output buffer room for a usual response head.
 const HEAD_ROOM: usize = 512;
+/// The longest a draining worker reads off a closing connection (`Conn::linger`).
+const LINGER: Duration = Duration::from_secs(2);
 /// How long the rest of a body is read off after its temporary file failed (nginx's
 /// `lingering_time` default).
 const STORE_FAILED_DRAIN: std::time::Duration = std::time::Duration::from_secs(30);
@@ -249,7 +251,11 @@ async fn run_conn<S: Transport>(
         w.connection_closed();
         return;
     }
-    c.stream.close();
+    if w.draining.get() && c.info.requests > 0 {
+        c.linger().await;
+    } else {
+        c.stream.close();
+    }
     w.connection_closed();
 }
 
@@ -343,14 +349,12 @@ impl<S: Transport> Conn<S> {
                 }
             }
             let idle = c.buf.is_empty();
-            // Only a connection between requests is closed by a graceful stop. One that has
-            // not sent its first request yet was accepted just before the stop (a reload
+            // Only a connection between requests is closed by a graceful stop, once its
+            // grace time is over (`read_timers`): the wait below is cut short to it. One that
+            // has not sent its first request yet was accepted just before the stop (a reload
             // hands the sockets to new workers at any moment) and its request is on the way.
             let between_requests = idle && c.info.requests > 0;
             if idle {
-                if between_requests && w.draining.get() {
-                    return End::Close;
-                }
                 // Buffers are kept for the next request (a connection that stays idle
                 // parks and frees them), except ones a big request or answer grew.
                 if c.buf.capacity() > BUF_KEEP {
@@ -478,6 +482,27 @@ impl<S: Transport> Conn<S> {
             self.reused = true;
         }
         ready
+    }
+
+    /// Close a kept-alive connection of a draining worker the careful way, as nginx's
+    /// lingering close: FIN first, then read and drop what the client still sends until it
+    /// closes too (at most `LINGER`). Closed at once with bytes unread, the socket would send
+    /// a reset instead, which can destroy the last answer in the client's receive buffer
+    /// before it reads it; a request that crossed the FIN gets an end of stream, which a
+    /// client may retry, not a reset.
+    async fn linger(&mut self) {
+        self.stream.shutdown_write();
+        let until = Instant::now() + LINGER;
+        while self.wait_readable(until, false, None).await {
+            self.buf.clear();
+            self.buf.reserve(4096);
+            match self.read_some() {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            }
+        }
     }
 
     /// Write the pending output. Most of the time the socket takes it all at once, so try

@@ -23,7 +23,8 @@
 //!
 //! Signals, as nginx: SIGTERM / SIGINT stop at once; SIGQUIT stops gracefully (workers stop
 //! accepting, finish what is in flight, close idle connections; `worker_shutdown_timeout`
-//! caps the wait); SIGUSR1 reopens the log files; SIGHUP reloads.
+//! caps the wait); SIGUSR1 reopens the log files; SIGHUP reloads; SIGUSR2 and SIGWINCH
+//! upgrade the binary (below).
 //!
 //! A reload reads the config again (as root, so a new port below 1024 and a root-only key
 //! are fine); a bad one is logged with its file:line and the running one keeps serving.
@@ -32,6 +33,30 @@
 //! The listening sockets outlive generations (`listener::Bound`): the new workers accept
 //! on the very sockets the old ones stop accepting on, so a connection arriving during the
 //! switch waits in the backlog instead of being refused.
+//!
+//! A draining worker answers the requests it has with `Connection: close`, and closes a
+//! kept-alive connection only between requests, after a short grace time for one already
+//! on its way, with a lingering close (`runtime::read_timers`, `conn::h1`): a busy
+//! keep-alive client sees no error across a reload.
+//!
+//! # Binary upgrade
+//!
+//! nginx's sequence, with no connection refused or reset (`runtime::upgrade`):
+//!
+//! 1. SIGUSR2 to the master: it renames the pid file to `PID.oldbin` and starts the
+//!    executable it was started from, with the same arguments and its listening sockets
+//!    (`GANNET_INHERIT`). The new master loads the config, takes the inherited sockets,
+//!    writes the pid file and starts its workers: both generations accept now.
+//! 2. SIGWINCH to the old master: its workers drain and exit; the master stays, so that
+//!    SIGHUP starts them again (same config, no reread) if the new binary misbehaves.
+//! 3. SIGQUIT to the old master: it exits. (Or, to go back, SIGQUIT to the new master:
+//!    the old one renames `PID.oldbin` back and, after SIGWINCH, starts its workers again.)
+//!
+//! A new binary that fails (bad config, crash) is reaped by the old master, which renames
+//! its pid file back, as nginx does. SIGWINCH is honoured, as nginx does, by a daemon or
+//! a master started by an upgrade, and also during an upgrade: a terminal's resize sends
+//! it to a foreground process group. A master ignores SIGUSR2 while a new binary of its
+//! own runs, or while the old master that started it does.
 //!
 //! A worker thread that panics is logged and started again on the same sockets by its
 //! worker process. A worker process that dies (killed, crashed) is logged and the master
@@ -43,6 +68,8 @@
 
 use super::listener::{self, Bound, WorkerSockets};
 use super::notify;
+use super::pid_file::PidFile;
+use super::upgrade::{self, Exec};
 use super::worker_process::{self, WorkerProcess};
 use crate::config::Config;
 use crate::errlog::Level;
@@ -63,17 +90,35 @@ pub fn run(config: Config, reload: impl Fn() -> Result<Config, ConfError>) -> Re
     if let Some(n) = main.rlimit_nofile {
         set_nofile(n)?;
     }
-    // Sockets systemd passed (socket activation) stand for binding their addresses.
-    let bound = listener::bind_for(&config, &super::activation::take(&config))?;
-    if main.daemon {
+    let exec = Exec::at_start();
+    // Started by an upgrade: the old master's sockets for the addresses still listened on
+    // (the others close with `old`); else the sockets systemd passed (socket activation)
+    // stand for binding their addresses.
+    let (old, parent) = match upgrade::inherited() {
+        Some(i) => {
+            crate::errlog::notice(format_args!(
+                "using the listening sockets of master process {}",
+                i.parent
+            ));
+            (i.bound, Some(i.parent))
+        }
+        None => (super::activation::take(&config), None),
+    };
+    let bound = listener::bind_for(&config, &old)?;
+    drop(old);
+    // A new binary stays in the old master's session, as nginx's: the old one is a daemon
+    // already (or runs in the foreground on purpose).
+    if main.daemon && parent.is_none() {
         daemonize()?;
     }
-    let pid_file = main.pid.clone();
-    let result = supervise(config.clone(), bound, pid_file.as_deref(), reload);
-    if let Some(p) = &pid_file {
-        let _ = std::fs::remove_file(p);
-    }
-    result
+    let up = Upgrade {
+        exec,
+        parent,
+        daemon: main.daemon,
+        new_binary: None,
+        no_accept: false,
+    };
+    supervise(config.clone(), bound, main.pid.as_deref(), up, reload)
 }
 
 fn set_nofile(n: u64) -> Result<(), String> {
@@ -287,12 +332,14 @@ fn terminate(gens: &[Generation]) {
 /// The signals the master handles, blocked and taken one at a time with sigwaitinfo: no
 /// handler, no event loop (a tokio runtime here would share its wake-up pipe and epoll set
 /// with every worker process forked from it).
-const SIGNALS: [libc::c_int; 6] = [
+const SIGNALS: [libc::c_int; 8] = [
     libc::SIGTERM,
     libc::SIGINT,
     libc::SIGQUIT,
     libc::SIGHUP,
     libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGWINCH,
     libc::SIGCHLD,
 ];
 
@@ -321,13 +368,83 @@ fn next_signal(set: &libc::sigset_t) -> libc::c_int {
     }
 }
 
+/// The binary upgrade's state in a master (see the module docs).
+struct Upgrade {
+    /// What SIGUSR2 starts.
+    exec: Exec,
+    /// The old master that started this one, while it may still run.
+    parent: Option<libc::pid_t>,
+    daemon: bool,
+    /// The new binary this master started, until it exits.
+    new_binary: Option<libc::pid_t>,
+    /// SIGWINCH stopped the workers; the master stays for SIGHUP or SIGQUIT.
+    no_accept: bool,
+}
+
+impl Upgrade {
+    /// SIGUSR2: start the new binary, unless an upgrade is under way already.
+    fn start(&mut self, bound: &Bound, pid_file: &mut Option<PidFile>) {
+        let ignored = "the changing binary signal is ignored";
+        if let Some(pid) = self.new_binary {
+            return crate::errlog::warn(format_args!(
+                "{ignored}: new binary process {pid} is running; stop it or this one first"
+            ));
+        }
+        // SAFETY: getppid has no preconditions.
+        if self.parent == Some(unsafe { libc::getppid() }) {
+            return crate::errlog::warn(format_args!(
+                "{ignored}: the old binary's master is still running"
+            ));
+        }
+        crate::errlog::notice(format_args!("changing binary"));
+        if let Some(f) = pid_file {
+            if let Err(e) = f.rename_oldbin() {
+                return crate::errlog::log(Level::Alert, format_args!("{e}; {ignored}"));
+            }
+        }
+        match upgrade::start_new_binary(&self.exec, bound) {
+            Ok(pid) => {
+                crate::errlog::notice(format_args!("started new binary process {pid}"));
+                self.new_binary = Some(pid);
+            }
+            Err(e) => {
+                crate::errlog::log(Level::Alert, format_args!("{e}"));
+                if let Some(f) = pid_file {
+                    f.back();
+                }
+            }
+        }
+    }
+
+    /// Whether SIGWINCH is meant for the master (see the module docs).
+    fn winch_honoured(&self) -> bool {
+        self.daemon || self.parent.is_some() || self.new_binary.is_some()
+    }
+}
+
+/// Start a worker process on `config` again, after SIGWINCH stopped them all.
+fn restart(gens: &mut Vec<Generation>, bound: &Bound, next_id: &mut u64, config: &Arc<Config>) {
+    crate::errlog::notice(format_args!("starting the worker processes again"));
+    let started = listener::assign(config, bound).and_then(|sockets| {
+        let foreign = foreign_fds(&[bound], gens, None);
+        Generation::start(*next_id, config.clone(), sockets, &foreign)
+    });
+    *next_id += 1;
+    match started {
+        Ok(g) => gens.push(g),
+        Err(e) => crate::errlog::log(Level::Alert, format_args!("{e}")),
+    }
+}
+
 /// Block the master's signals (so none is lost, and none kills the master, before it
 /// waits for them), then write the pid file (a signal sent as soon as the pid file
-/// exists is always handled), start the worker process and wait.
+/// exists is always handled), start the worker process and wait. The pid file this master
+/// owns at the end is removed.
 fn supervise(
     config: Arc<Config>,
     mut bound: Bound,
-    pid_file: Option<&Path>,
+    pid_path: Option<&Path>,
+    mut up: Upgrade,
     load: impl Fn() -> Result<Config, ConfError>,
 ) -> Result<(), String> {
     let set = signal_set();
@@ -336,18 +453,36 @@ fn supervise(
     if unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) } != 0 {
         return Err("signal setup failed".into());
     }
-    if let Some(p) = pid_file {
-        std::fs::write(p, format!("{}\n", std::process::id()))
-            .map_err(|e| format!("open() \"{}\" failed ({e})", p.display()))?;
+    let mut pid_file = pid_path.map(PidFile::write).transpose()?;
+    let result = serve(config, &mut bound, &mut pid_file, &mut up, &set, load);
+    if let Some(f) = pid_file {
+        f.remove();
     }
-    let sockets = listener::assign(&config, &bound)?;
-    let foreign = foreign_fds(&[&bound], &[], None);
+    result
+}
+
+/// The master's signal loop.
+fn serve(
+    config: Arc<Config>,
+    bound: &mut Bound,
+    pid_file: &mut Option<PidFile>,
+    up: &mut Upgrade,
+    set: &libc::sigset_t,
+    load: impl Fn() -> Result<Config, ConfError>,
+) -> Result<(), String> {
+    let sockets = listener::assign(&config, bound)?;
+    let foreign = foreign_fds(&[bound], &[], None);
+    // The config workers run on (the last one loaded), to start them again after SIGWINCH.
+    let mut current = config.clone();
     let mut gens = vec![Generation::start(0, config, sockets, &foreign)?];
-    notify::ready(&notify::serving(&bound));
+    notify::ready(&notify::serving(bound));
     let mut next_id = 1;
     let mut draining = false;
     loop {
-        match next_signal(&set) {
+        if let Some(g) = gens.last() {
+            current = g.config.clone();
+        }
+        match next_signal(set) {
             libc::SIGTERM | libc::SIGINT => {
                 notify::stopping("stopping");
                 break;
@@ -359,12 +494,20 @@ fn supervise(
                 for g in gens.iter_mut() {
                     g.drain();
                 }
+                if gens.is_empty() {
+                    return Ok(());
+                }
+            }
+            libc::SIGHUP if !draining && up.no_accept => {
+                // After SIGWINCH, as nginx: the same config again, not reread.
+                up.no_accept = false;
+                restart(&mut gens, bound, &mut next_id, &current);
             }
             libc::SIGHUP if !draining => {
                 notify::reloading();
                 let before = gens.last().map(|g| g.id);
-                reload(&mut gens, &mut bound, &mut next_id, &load);
-                notify::reloaded(gens.last().map(|g| g.id) != before, &bound);
+                reload(&mut gens, bound, &mut next_id, &load);
+                notify::reloaded(gens.last().map(|g| g.id) != before, bound);
             }
             libc::SIGUSR1 => {
                 super::log_reopen::reopen_all(gens.iter().map(|g| &*g.config));
@@ -372,11 +515,36 @@ fn supervise(
                     g.process.reopen_logs(&g.config);
                 }
             }
+            libc::SIGUSR2 if !draining => up.start(bound, pid_file),
+            libc::SIGWINCH if !draining && !up.no_accept && up.winch_honoured() => {
+                crate::errlog::notice(format_args!(
+                    "stopping the worker processes (SIGWINCH); the master stays"
+                ));
+                up.no_accept = true;
+                for g in gens.iter_mut() {
+                    g.drain();
+                }
+            }
             libc::SIGCHLD => {
                 while let Some((pid, status)) = worker_process::reap() {
-                    exited(&mut gens, &bound, draining, pid, status)?;
+                    if up.new_binary == Some(pid) {
+                        let (how, _) = worker_process::describe(status);
+                        crate::errlog::notice(format_args!("new binary process {pid} {how}"));
+                        up.new_binary = None;
+                        if let Some(f) = pid_file.as_mut() {
+                            f.back();
+                        }
+                        // nginx too: the old binary serves again if its workers were stopped.
+                        if up.no_accept && !draining {
+                            up.no_accept = false;
+                            restart(&mut gens, bound, &mut next_id, &current);
+                        }
+                        continue;
+                    }
+                    exited(&mut gens, bound, draining, pid, status)?;
                 }
-                if gens.is_empty() {
+                // After SIGWINCH the master stays with no worker, until SIGQUIT.
+                if gens.is_empty() && (draining || !up.no_accept) {
                     return Ok(());
                 }
             }

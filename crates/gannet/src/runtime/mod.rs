@@ -10,10 +10,12 @@ pub mod log_reopen;
 pub mod master;
 pub mod notify;
 pub mod parking;
+pub mod pid_file;
 pub mod placement;
 pub mod privileges;
 pub mod read_timers;
 pub mod threads;
+pub mod upgrade;
 pub mod worker;
 pub mod worker_process;
 

@@ -160,6 +160,20 @@ impl ParkingLot {
         self.take(key).is_some()
     }
 
+    /// Every parked connection, out of the epoll set: a draining worker gives them a task
+    /// again to close them the careful way (`conn::h1`), or answer a request that came.
+    pub fn take_all(&self) -> Vec<Parked> {
+        let n = self.slots.borrow().len();
+        let mut out = Vec::new();
+        for key in 0..n {
+            if let Some(p) = self.take(key) {
+                let _ = self.ctl(libc::EPOLL_CTL_DEL, p.stream.as_raw_fd(), 0);
+                out.push(p);
+            }
+        }
+        out
+    }
+
     /// Close parked connections whose keep-alive time is over (all of them with `all`).
     /// Returns how many were closed.
     pub fn expire(&self, now: Instant, all: bool) -> usize {

@@ -6,8 +6,12 @@
 //! day), and tokio's `Sleep` (112 bytes) plus a `readable()` future (152 bytes) would be
 //! most of its memory. Here a waiting connection holds an index into this table, and its
 //! slot is a deadline and a waker. Timeouts fire up to one `TICK` late, which no HTTP
-//! timeout notices. A graceful stop fires every *idle* slot at once (between requests),
-//! and leaves connections with a partial request alone, as nginx does.
+//! timeout notices. A graceful stop ([`ReadTimers::drain`]) cuts every *idle* slot
+//! (between requests) short to a grace time, and leaves connections with a partial request
+//! alone. nginx closes idle kept connections at once; but a busy keep-alive client has its
+//! next request on the wire at any moment, and a close then is a reset or an unanswered
+//! request on its side. Within the grace time that request arrives and is answered (with
+//! `Connection: close`, the worker draining), so only connections really idle are closed.
 //!
 //! A slot may also be *reusable* (nginx's word): a connection waiting for a request with
 //! nothing of it in hand, new or kept alive. A worker out of `worker_connections` closes
@@ -44,6 +48,8 @@ pub struct ReadTimers {
     /// Slots fired by `reuse` whose connection has not given them back yet: room that is
     /// being made.
     reusing: Cell<usize>,
+    /// Set by a graceful stop: no idle slot waits past it.
+    drain_by: Cell<Option<Instant>>,
 }
 
 impl ReadTimers {
@@ -53,6 +59,10 @@ impl ReadTimers {
     }
 
     fn insert_slot(&self, deadline: Instant, idle: bool, reusable: Option<Instant>) -> usize {
+        let deadline = match self.drain_by.get() {
+            Some(by) if idle => deadline.min(by),
+            _ => deadline,
+        };
         let slot = Some(Slot {
             deadline,
             idle,
@@ -74,7 +84,7 @@ impl ReadTimers {
         }
     }
 
-    /// Ready once the deadline has passed (or a graceful stop fired an idle slot).
+    /// Ready once the deadline has passed.
     pub fn poll(&self, key: usize, cx: &mut Context<'_>) -> Poll<()> {
         let mut slots = self.slots.borrow_mut();
         match slots.get_mut(key).and_then(Option::as_mut) {
@@ -178,11 +188,21 @@ impl ReadTimers {
         self.reusing.get()
     }
 
-    /// Fire the slots whose deadline passed, and with `drain` every idle one.
-    pub fn sweep(&self, now: Instant, drain: bool) {
+    /// A graceful stop: idle slots, now and from now on, end by `by` at the latest.
+    pub fn drain(&self, by: Instant) {
+        self.drain_by.set(Some(by));
+        for s in self.slots.borrow_mut().iter_mut().flatten() {
+            if s.idle {
+                s.deadline = s.deadline.min(by);
+            }
+        }
+    }
+
+    /// Fire the slots whose deadline passed.
+    pub fn sweep(&self, now: Instant) {
         let mut wake = Vec::new();
         for s in self.slots.borrow_mut().iter_mut().flatten() {
-            if !s.fired && (s.deadline <= now || (drain && s.idle)) {
+            if !s.fired && s.deadline <= now {
                 s.fired = true;
                 wake.extend(s.waker.take());
             }
@@ -213,19 +233,31 @@ mod tests {
     use std::task::Waker;
 
     #[test]
-    fn fires_past_deadline_and_on_drain_only_idle() {
+    fn fires_past_deadline_and_a_drain_cuts_only_idle_slots_short() {
         let t = ReadTimers::default();
         let now = Instant::now();
+        let secs = |n| now + Duration::from_secs(n);
         let mut cx = Context::from_waker(Waker::noop());
-        let soon = t.insert(now + Duration::from_secs(1), false);
-        let idle = t.insert(now + Duration::from_secs(100), true);
-        let busy = t.insert(now + Duration::from_secs(100), false);
+        let soon = t.insert(secs(1), false);
+        let idle = t.insert(secs(100), true);
+        let busy = t.insert(secs(100), false);
         assert!(t.poll(soon, &mut cx).is_pending());
-        t.sweep(now + Duration::from_secs(2), false);
+        t.sweep(secs(2));
         assert!(t.poll(soon, &mut cx).is_ready());
         assert!(t.poll(idle, &mut cx).is_pending());
-        t.sweep(now + Duration::from_secs(2), true);
+        t.drain(secs(3));
+        let late = t.insert(secs(100), true);
+        t.sweep(secs(2));
+        assert!(
+            t.poll(idle, &mut cx).is_pending(),
+            "idle slots get the grace time"
+        );
+        t.sweep(secs(3));
         assert!(t.poll(idle, &mut cx).is_ready());
+        assert!(
+            t.poll(late, &mut cx).is_ready(),
+            "idle slots taken after the drain too"
+        );
         assert!(t.poll(busy, &mut cx).is_pending());
         t.remove(soon);
         assert_eq!(t.insert(now, false), soon, "freed slots are reused");
@@ -271,7 +303,7 @@ mod tests {
         let mut waiting = Box::pin(t.within(second, std::future::pending::<()>()));
         assert!(waiting.as_mut().poll(&mut cx).is_pending());
         assert_eq!(t.slots.borrow().iter().flatten().count(), 1);
-        t.sweep(Instant::now() + 2 * second, false);
+        t.sweep(Instant::now() + 2 * second);
         assert_eq!(waiting.as_mut().poll(&mut cx), Poll::Ready(Err(())));
         drop(waiting);
         assert_eq!(t.slots.borrow().iter().flatten().count(), 0);

@@ -31,6 +31,12 @@ pub enum Command {
 /// Connection serial numbers are process-wide, as nginx's are.
 static CONN_SEQ: AtomicU64 = AtomicU64::new(1);
 
+/// How long a kept-alive connection of a draining worker may still bring a request (it is
+/// answered with `Connection: close`) before it is closed. A busy client's next request is
+/// at most a round trip away; one idle that long is closed while its client is unlikely to
+/// be sending (`PARK_AFTER`: as long as an idle connection waits before it parks).
+pub const DRAIN_GRACE: Duration = super::parking::PARK_AFTER;
+
 /// The least time between two hand-backs of freed memory to the system.
 const TRIM_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -259,8 +265,8 @@ pub fn run(
                 loop {
                     tick.tick().await;
                     let now = Instant::now();
-                    w.timers.sweep(now, w.draining.get());
-                    w.expire_parked(now, w.draining.get());
+                    w.timers.sweep(now);
+                    w.expire_parked(now, false);
                     w.upstreams.expire_idle(now);
                     w.flush_logs(false);
                 }
@@ -271,13 +277,20 @@ pub fn run(
                 break;
             }
         }
-        // Draining: no new connections; idle ones close now, busy ones after their response.
+        // Draining: no new connections; busy ones close after their response (said with
+        // `Connection: close`); kept ones waiting for a request close if none came within
+        // `DRAIN_GRACE` (see `read_timers`). Parked ones get a task again for that, and to be
+        // closed the careful way (`conn::h1`).
         for a in accepts.iter().chain(&probes) {
             a.abort();
         }
         w.draining.set(true);
-        w.timers.sweep(Instant::now(), true);
-        w.expire_parked(Instant::now(), true);
+        w.timers.drain(Instant::now() + DRAIN_GRACE);
+        if let Some(lot) = &w.parking {
+            for p in lot.take_all() {
+                tokio::task::spawn_local(crate::conn::h1::resume(w.clone(), p));
+            }
+        }
         let deadline = w.config.main.shutdown_timeout;
         let wait_idle = async {
             while w.active.get() > 0 {

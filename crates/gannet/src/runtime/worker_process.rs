@@ -150,6 +150,8 @@ fn reset_signals() {
         (libc::SIGQUIT, libc::SIG_IGN),
         (libc::SIGHUP, libc::SIG_IGN),
         (libc::SIGUSR1, libc::SIG_IGN),
+        (libc::SIGUSR2, libc::SIG_IGN),
+        (libc::SIGWINCH, libc::SIG_IGN),
     ] {
         // SAFETY: SIG_DFL and SIG_IGN are valid dispositions for these catchable signals.
         unsafe { libc::signal(sig, action) };
