@@ -7,6 +7,7 @@
 pub mod access;
 pub mod access_log;
 pub mod auth_basic;
+pub mod auth_request;
 pub mod autoindex;
 pub mod client_body;
 pub mod compress;
@@ -125,6 +126,10 @@ pub const MODULES: &[Module] = &[
     Module {
         directives: auth_basic::DIRECTIVES,
         set: auth_basic::set,
+    },
+    Module {
+        directives: auth_request::DIRECTIVES,
+        set: auth_request::set,
     },
     Module {
         directives: limit_req::DIRECTIVES,
@@ -254,6 +259,7 @@ pub struct LocConf {
     pub error_page: error_page::ErrorPageConf,
     pub access: access::AccessConf,
     pub auth_basic: auth_basic::AuthBasicConf,
+    pub auth_request: auth_request::AuthRequestConf,
     pub limit_req: limit_req::LimitReqConf,
     pub limit_conn: limit_conn::LimitConnConf,
     pub limit_rate: limit_rate::LimitRateConf,
@@ -287,6 +293,7 @@ impl LocConf {
         self.error_page.merge(&parent.error_page);
         self.access.merge(&parent.access);
         self.auth_basic.merge(&parent.auth_basic);
+        self.auth_request.merge(&parent.auth_request);
         self.limit_req.merge(&parent.limit_req);
         self.limit_conn.merge(&parent.limit_conn);
         self.limit_rate.merge(&parent.limit_rate);

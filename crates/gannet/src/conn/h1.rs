@@ -661,7 +661,9 @@ impl<S: Transport> Conn<S> {
             match handled {
                 Handled::Respond(resp) => return self.respond(&req, resp, keep).await,
                 Handled::Close => return false,
-                delay @ Handled::Delay(_) => handled = handler::settle(&mut req, &w, delay).await,
+                waiting @ (Handled::Delay(_) | Handled::AuthRequest(_)) => {
+                    handled = handler::settle(&mut req, &w, waiting).await
+                }
                 Handled::Gateway => {
                     let outcome = match stream_body.take() {
                         Some(how) => {
