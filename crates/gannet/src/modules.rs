@@ -35,6 +35,7 @@ pub mod rewrite;
 pub mod scgi;
 pub mod split_clients;
 pub mod static_files;
+pub mod sub_filter;
 pub mod tls;
 pub mod try_files;
 pub mod types;
@@ -184,6 +185,10 @@ pub const MODULES: &[Module] = &[
         set: compress::set,
     },
     Module {
+        directives: sub_filter::DIRECTIVES,
+        set: sub_filter::set,
+    },
+    Module {
         directives: map::DIRECTIVES,
         set: map::set,
     },
@@ -270,6 +275,7 @@ pub struct LocConf {
     pub error_log: Option<Arc<crate::errlog::ErrorLogs>>,
     pub fastcgi: fastcgi::FastCgiConf,
     pub compress: compress::CompressConf,
+    pub sub_filter: sub_filter::SubFilterConf,
     pub scgi: gateway::GatewayConf,
     pub uwsgi: uwsgi::UwsgiConf,
     pub proxy: proxy::ProxyConf,
@@ -304,6 +310,7 @@ impl LocConf {
         }
         self.fastcgi.merge(&parent.fastcgi);
         self.compress.merge(&parent.compress);
+        self.sub_filter.merge(&parent.sub_filter);
         self.scgi.merge(&parent.scgi);
         self.uwsgi.merge(&parent.uwsgi);
         self.proxy.merge(&parent.proxy);

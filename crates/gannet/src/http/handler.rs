@@ -15,7 +15,7 @@
 //!    `index`, `autoindex`, static files
 //! 7. errors: `error_page` redirect, else the built-in page
 //! 8. filters: `expires` / `add_header`, then conditional requests and ranges, then
-//!    compression (gzip, Brotli, zstd)
+//!    `sub_filter`, then compression (gzip, Brotli, zstd)
 //!
 //! Each handler returns a [`Flow`], like nginx's NGX_DECLINED / NGX_OK / status codes.
 //! The phases are synchronous; an application's answer is awaited by the connection, which
@@ -33,7 +33,7 @@ use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{
     access, autoindex, gateway, headers, index, limit_conn, limit_zone, realip, static_files,
-    try_files,
+    sub_filter, try_files,
 };
 use crate::runtime::worker::Worker;
 use gannet_proto::cgi::HeaderValue;
@@ -123,12 +123,23 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
         };
     };
     finish(req, &mut resp);
-    let len = (!resp.length_unknown).then(|| resp.content_length.unwrap_or(resp.body.len()));
+    // sub_filter's length is not known before it is sent; it is set up after the
+    // conditional filter, which must see the validators it may remove.
+    let sub = sub_filter::applies(req, &resp);
+    if sub {
+        resp.accept_ranges = false;
+    }
+    let len =
+        (!resp.length_unknown && !sub).then(|| resp.content_length.unwrap_or(resp.body.len()));
     let plan = compress::plan(req, &resp, len);
     if resp.status == 200 {
         conditional::filter(req, &mut resp);
     }
-    compress::apply(req, &mut resp, plan, false);
+    if sub {
+        sub_filter::start(req, &mut resp);
+    }
+    let rewritten = resp.sub_filter.is_some();
+    compress::apply(req, &mut resp, plan, rewritten);
     Handled::Respond(resp)
 }
 
@@ -155,6 +166,7 @@ pub async fn settle(req: &mut Request, w: &Worker, mut handled: Handled) -> Hand
 /// it declared one) and its body comes later, compressed on the way if the filter says so.
 pub fn finish_streamed(req: &mut Request, resp: &mut Response) {
     finish(req, resp);
+    sub_filter::start(req, resp);
     let plan = compress::plan(req, resp, resp.content_length);
     compress::apply(req, resp, plan, true);
 }
