@@ -249,11 +249,14 @@ def test_config_errors(gannet, body, message):
 
 
 def test_fastcgi_answer_in_records_split_mid_match(gannet):
-    """A FastCGI answer whose match is cut across two STDOUT records."""
+    """A FastCGI answer of unknown length, streamed: its match is cut across two STDOUT
+    records, the second sent only once the client has what came before the match."""
+    gate = Pieces()
 
     def app(conn):
-        conn.sendall(rawapps.stdout(b"Content-Type: text/html\r\n\r\n<b>hello wo"))
-        conn.sendall(rawapps.stdout(b"rld</b> and Hello World\n") + rawapps.end_request())
+        conn.sendall(rawapps.stdout(b"Content-Type: text/html\r\n\r\n<b>first</b> hello wo"))
+        if gate.go.wait(10):
+            conn.sendall(rawapps.stdout(b"rld</b> and Hello World\n") + rawapps.end_request())
 
     listener = rawapps.FastCgiApp(app)
     try:
@@ -263,8 +266,8 @@ def test_fastcgi_answer_in_records_split_mid_match(gannet):
                 sub_filter_once off;
                 fastcgi_pass 127.0.0.1:{listener.port};
             }}""")
-        a = exchange(srv.port, req("/php/x"))
+        a = pieces_exchange(srv.port, gate, req("/php/x"), b"<b>first</b> ")
         assert a.status == 200
-        assert a.body == b"<b>HI</b> and HI\n"
+        assert a.body == b"<b>first</b> HI</b> and HI\n"
     finally:
         listener.close()

@@ -125,7 +125,7 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
     finish(req, &mut resp);
     // sub_filter's length is not known before it is sent; it is set up after the
     // conditional filter, which must see the validators it may remove.
-    let sub = sub_filter::applies(req, &resp);
+    let sub = sub_filter::applies(req, &resp, false);
     if sub {
         resp.accept_ranges = false;
     }
@@ -136,7 +136,7 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
         conditional::filter(req, &mut resp);
     }
     if sub {
-        sub_filter::start(req, &mut resp);
+        sub_filter::start(req, &mut resp, false);
     }
     let rewritten = resp.sub_filter.is_some();
     compress::apply(req, &mut resp, plan, rewritten);
@@ -166,7 +166,7 @@ pub async fn settle(req: &mut Request, w: &Worker, mut handled: Handled) -> Hand
 /// it declared one) and its body comes later, compressed on the way if the filter says so.
 pub fn finish_streamed(req: &mut Request, resp: &mut Response) {
     finish(req, resp);
-    sub_filter::start(req, resp);
+    sub_filter::start(req, resp, true);
     let plan = compress::plan(req, resp, resp.content_length);
     compress::apply(req, resp, plan, true);
 }

@@ -105,8 +105,8 @@ pub struct Patterns {
 
 /// Whether the filter applies to `resp` (decided before the conditional filter, which
 /// must still see the validators, and before compression, which must not take its
-/// length as known).
-pub fn applies(req: &Request, resp: &Response) -> bool {
+/// length as known). `streamed`: the body is not in `resp` but comes from an application.
+pub fn applies(req: &Request, resp: &Response, streamed: bool) -> bool {
     let c = &req.conf.sub_filter;
     if c.pairs.as_ref().is_none_or(|p| p.is_empty()) {
         return false;
@@ -118,8 +118,10 @@ pub fn applies(req: &Request, resp: &Response) -> bool {
         Some(t) => t.matches(ct),
         None => Types::List(Vec::new()).matches(ct),
     };
-    let known_empty = resp.content_length == Some(0)
-        || (resp.content_length.is_none() && !resp.length_unknown && resp.body.len() == 0);
+    let known_empty = match resp.content_length {
+        Some(n) => n == 0,
+        None => !streamed && !resp.length_unknown && resp.body.len() == 0,
+    };
     let encoded = resp
         .headers
         .iter()
@@ -129,8 +131,8 @@ pub fn applies(req: &Request, resp: &Response) -> bool {
 
 /// Set `resp` up to be rewritten (its headers as nginx's header filter leaves them; the
 /// strings it is sent through in `resp.sub_filter`), if the filter applies to it.
-pub fn start(req: &Request, resp: &mut Response) {
-    if !applies(req, resp) {
+pub fn start(req: &Request, resp: &mut Response, streamed: bool) {
+    if !applies(req, resp, streamed) {
         return;
     }
     let c = &req.conf.sub_filter;
