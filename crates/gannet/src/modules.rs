@@ -7,6 +7,7 @@
 pub mod access;
 pub mod access_log;
 pub mod auth_basic;
+pub mod auth_request;
 pub mod autoindex;
 pub mod client_body;
 pub mod compress;
@@ -34,6 +35,7 @@ pub mod rewrite;
 pub mod scgi;
 pub mod split_clients;
 pub mod static_files;
+pub mod sub_filter;
 pub mod tls;
 pub mod try_files;
 pub mod types;
@@ -127,6 +129,10 @@ pub const MODULES: &[Module] = &[
         set: auth_basic::set,
     },
     Module {
+        directives: auth_request::DIRECTIVES,
+        set: auth_request::set,
+    },
+    Module {
         directives: limit_req::DIRECTIVES,
         set: limit_req::set,
     },
@@ -177,6 +183,10 @@ pub const MODULES: &[Module] = &[
     Module {
         directives: compress::DIRECTIVES,
         set: compress::set,
+    },
+    Module {
+        directives: sub_filter::DIRECTIVES,
+        set: sub_filter::set,
     },
     Module {
         directives: map::DIRECTIVES,
@@ -254,6 +264,7 @@ pub struct LocConf {
     pub error_page: error_page::ErrorPageConf,
     pub access: access::AccessConf,
     pub auth_basic: auth_basic::AuthBasicConf,
+    pub auth_request: auth_request::AuthRequestConf,
     pub limit_req: limit_req::LimitReqConf,
     pub limit_conn: limit_conn::LimitConnConf,
     pub limit_rate: limit_rate::LimitRateConf,
@@ -264,6 +275,7 @@ pub struct LocConf {
     pub error_log: Option<Arc<crate::errlog::ErrorLogs>>,
     pub fastcgi: fastcgi::FastCgiConf,
     pub compress: compress::CompressConf,
+    pub sub_filter: sub_filter::SubFilterConf,
     pub scgi: gateway::GatewayConf,
     pub uwsgi: uwsgi::UwsgiConf,
     pub proxy: proxy::ProxyConf,
@@ -287,6 +299,7 @@ impl LocConf {
         self.error_page.merge(&parent.error_page);
         self.access.merge(&parent.access);
         self.auth_basic.merge(&parent.auth_basic);
+        self.auth_request.merge(&parent.auth_request);
         self.limit_req.merge(&parent.limit_req);
         self.limit_conn.merge(&parent.limit_conn);
         self.limit_rate.merge(&parent.limit_rate);
@@ -297,6 +310,7 @@ impl LocConf {
         }
         self.fastcgi.merge(&parent.fastcgi);
         self.compress.merge(&parent.compress);
+        self.sub_filter.merge(&parent.sub_filter);
         self.scgi.merge(&parent.scgi);
         self.uwsgi.merge(&parent.uwsgi);
         self.proxy.merge(&parent.proxy);

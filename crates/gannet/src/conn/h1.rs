@@ -686,7 +686,9 @@ impl<S: Transport> Conn<S> {
             match handled {
                 Handled::Respond(resp) => return self.respond(&req, resp, keep).await,
                 Handled::Close => return false,
-                delay @ Handled::Delay(_) => handled = handler::settle(&mut req, &w, delay).await,
+                waiting @ (Handled::Delay(_) | Handled::AuthRequest(_)) => {
+                    handled = handler::settle(&mut req, &w, waiting).await
+                }
                 Handled::Gateway => {
                     let outcome = match stream_body.take() {
                         Some(how) => {
@@ -816,15 +818,9 @@ impl<S: Transport> Conn<S> {
     /// Write the response (head into the output buffer, body after it), then log it.
     /// Returns whether the connection stays open.
     async fn respond(&mut self, req: &Request, mut resp: Response, keep: bool) -> bool {
-        if resp.encode.is_some() {
-            // Compressed while sent (a large file).
-            let parts = match std::mem::take(&mut resp.body) {
-                Body::Parts(p) => p.into(),
-                Body::Empty => Default::default(),
-            };
-            return self
-                .respond_streamed(req, resp, Source::Parts(parts), keep)
-                .await;
+        if let Some(src) = Source::from_body(&mut resp) {
+            // Compressed or rewritten while sent.
+            return self.respond_streamed(req, resp, src, keep).await;
         }
         // Room for the head and a body copied after it, at once: a new connection's empty
         // buffer otherwise grew by doubling from a few bytes, eight reallocations per
@@ -853,9 +849,10 @@ impl<S: Transport> Conn<S> {
         &mut self,
         req: &Request,
         mut resp: Response,
-        mut src: Source,
+        src: Source,
         keep: bool,
     ) -> bool {
+        let mut src = src.filtered(&mut resp);
         // A length known beforehand (an application announced it) goes as is.
         let w = self.w.clone();
         let chunked = req.head.version == Version::Http11 && resp.content_length.is_none();

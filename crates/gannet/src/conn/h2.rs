@@ -408,7 +408,9 @@ async fn answer(
                 respond.send_reset(h2::Reason::CANCEL);
                 return timeout;
             }
-            delay @ Handled::Delay(_) => handled = handler::settle(&mut req, w, delay).await,
+            waiting @ (Handled::Delay(_) | Handled::AuthRequest(_)) => {
+                handled = handler::settle(&mut req, w, waiting).await
+            }
             Handled::Gateway => {
                 let outcome = match stream_body.take() {
                     Some(how) => {

@@ -106,12 +106,9 @@ pub async fn send(
     // A compressed-while-sent answer is streamed from its own parts.
     let src = match src {
         Some(s) => Some(s),
-        None if resp.encode.is_some() => match std::mem::take(&mut resp.body) {
-            Body::Parts(p) => Some(Source::Parts(p.into())),
-            Body::Empty => Some(Source::Parts(Default::default())),
-        },
-        None => None,
-    };
+        None => Source::from_body(&mut resp),
+    }
+    .map(|s| s.filtered(&mut resp));
     if src.is_some() && resp.content_length.is_none() {
         resp.length_unknown = true;
     }

@@ -5,7 +5,8 @@
 use super::gateway::Streaming;
 use crate::errlog::{self, Level};
 use crate::http::request::Request;
-use crate::http::response::Part;
+use crate::http::response::{Body, Part, Response};
+use crate::modules::sub_filter;
 use crate::runtime::worker::Worker;
 use bytes::Bytes;
 use std::collections::VecDeque;
@@ -17,13 +18,48 @@ const PIECE: u64 = 64 * 1024;
 pub enum Source {
     App(Box<Streaming>),
     Parts(VecDeque<Part>),
+    /// Another source's pieces rewritten by `sub_filter`.
+    Sub(Box<Source>, Box<sub_filter::Stream>),
 }
 
 impl Source {
+    /// `self` rewritten by the response's `sub_filter` strings, if it has any (HTTP/1 and
+    /// HTTP/2 both send streamed bodies through here).
+    pub fn filtered(self, resp: &mut Response) -> Source {
+        match resp.sub_filter.take() {
+            Some(p) => Source::Sub(Box::new(self), Box::new(sub_filter::Stream::new(p))),
+            None => self,
+        }
+    }
+
+    /// A body at hand that must still be streamed: compressed or rewritten while sent.
+    pub fn from_body(resp: &mut Response) -> Option<Source> {
+        if resp.encode.is_none() && resp.sub_filter.is_none() {
+            return None;
+        }
+        Some(match std::mem::take(&mut resp.body) {
+            Body::Parts(p) => Source::Parts(p.into()),
+            Body::Empty => Source::Parts(VecDeque::new()),
+        })
+    }
+
     /// The next piece; `Ok(None)` at the end. An error is logged and cuts the body short.
     pub async fn next(&mut self, req: &Request) -> Result<Option<Bytes>, ()> {
         match self {
             Source::App(s) => s.next(req).await,
+            Source::Sub(inner, sub) => loop {
+                if sub.ended() {
+                    return Ok(None);
+                }
+                // Boxed: the inner source's future is of this same function.
+                let piece = Box::pin(inner.next(req)).await?;
+                let last = piece.is_none();
+                let out = sub.feed(piece.as_deref().unwrap_or_default(), last);
+                // Nothing may come out of a piece that only began a match: read on.
+                if !out.is_empty() {
+                    return Ok(Some(out.into()));
+                }
+            },
             Source::Parts(parts) => {
                 let Some(part) = parts.front_mut() else {
                     return Ok(None);
@@ -66,7 +102,11 @@ impl Source {
     /// Whether the source may pause between pieces (an application): compressed output is
     /// then flushed after each piece rather than held for a fuller block.
     pub fn may_pause(&self) -> bool {
-        matches!(self, Source::App(_))
+        match self {
+            Source::App(_) => true,
+            Source::Parts(_) => false,
+            Source::Sub(inner, _) => inner.may_pause(),
+        }
     }
 
     /// Whether the next piece is at hand, with no wait for an application (a file's pieces
@@ -75,6 +115,7 @@ impl Source {
         match self {
             Source::App(s) => s.at_hand(),
             Source::Parts(_) => true,
+            Source::Sub(inner, _) => inner.at_hand(),
         }
     }
 
@@ -89,13 +130,16 @@ impl Source {
         match self {
             Source::App(s) => s.alongside(w, req, send).await,
             Source::Parts(_) => send.await,
+            Source::Sub(inner, _) => Box::pin(inner.alongside(w, req, send)).await,
         }
     }
 
     /// The body was sent whole: an application's connection may go back to its pool.
     pub fn finish(self, w: &Worker) {
-        if let Source::App(s) = self {
-            s.finish(w);
+        match self {
+            Source::App(s) => s.finish(w),
+            Source::Sub(inner, _) => inner.finish(w),
+            Source::Parts(_) => {}
         }
     }
 }

@@ -8,13 +8,14 @@
 //! 3. rewrite (location level)
 //! 4. pre-access: `limit_req` (which may refuse the request or make it wait), then
 //!    `limit_conn`; once per request
-//! 5. access: `allow` / `deny`, `auth_basic` (`satisfy all | any`)
+//! 5. access: `allow` / `deny`, `auth_basic`, `auth_request` (`satisfy all | any`); an
+//!    `auth_request` subrequest is run by [`settle`], which then resumes here
 //! 6. content: `try_files`, then the location's application (`fastcgi_pass`, `scgi_pass`,
 //!    `uwsgi_pass`) or else
 //!    `index`, `autoindex`, static files
 //! 7. errors: `error_page` redirect, else the built-in page
 //! 8. filters: `expires` / `add_header`, then conditional requests and ranges, then
-//!    compression (gzip, Brotli, zstd)
+//!    `sub_filter`, then compression (gzip, Brotli, zstd)
 //!
 //! Each handler returns a [`Flow`], like nginx's NGX_DECLINED / NGX_OK / status codes.
 //! The phases are synchronous; an application's answer is awaited by the connection, which
@@ -27,11 +28,12 @@ use crate::http::request::Request;
 use crate::http::response::Response;
 use crate::http::router::{find_location, Matcher};
 use crate::http::{compress, conditional};
+use crate::modules::auth_request::Subrequest;
 use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{
     access, autoindex, gateway, headers, index, limit_conn, limit_zone, realip, static_files,
-    try_files,
+    sub_filter, try_files,
 };
 use crate::runtime::worker::Worker;
 use gannet_proto::cgi::HeaderValue;
@@ -61,6 +63,10 @@ pub enum Flow {
     Delay(Duration),
     /// A delay is over: go on from the pre-access phase in the same location.
     Delayed,
+    /// Run `auth_request`'s subrequest, then go on with [`Flow::AuthAnswered`].
+    AuthRequest(Box<Subrequest>),
+    /// The subrequest answered: finish the access phase with it, then the content phase.
+    AuthAnswered(Box<Subrequest>),
 }
 
 /// Where the phases got to.
@@ -73,6 +79,9 @@ pub enum Handled {
     Close,
     /// The connection must wait this long, then call [`resume`] with [`Flow::Delayed`].
     Delay(Duration),
+    /// [`settle`] must run this `auth_request` subrequest, then call [`resume`] with
+    /// [`Flow::AuthAnswered`].
+    AuthRequest(Box<Subrequest>),
 }
 
 /// The most internal redirects and location searches one request may make.
@@ -100,6 +109,11 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
             Flow::Gateway => return Handled::Gateway,
             Flow::Delay(d) => return Handled::Delay(d),
             Flow::Delayed => after_limit_req(req, w),
+            Flow::AuthRequest(sub) => return Handled::AuthRequest(sub),
+            Flow::AuthAnswered(sub) => match access::auth_answered(req, &sub) {
+                Some(refused) => refused,
+                None => content(req, w),
+            },
             Flow::Redirect(uri) => internal_redirect(req, w, &uri),
             Flow::Accel(uri, carried) => accel_redirect(req, w, &uri, carried),
             Flow::Status(code) => match error_page(req, code) {
@@ -109,28 +123,50 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
         };
     };
     finish(req, &mut resp);
-    let len = (!resp.length_unknown).then(|| resp.content_length.unwrap_or(resp.body.len()));
+    // sub_filter's length is not known before it is sent; it is set up after the
+    // conditional filter, which must see the validators it may remove.
+    let sub = sub_filter::applies(req, &resp, false);
+    if sub {
+        resp.accept_ranges = false;
+    }
+    let len =
+        (!resp.length_unknown && !sub).then(|| resp.content_length.unwrap_or(resp.body.len()));
     let plan = compress::plan(req, &resp, len);
     if resp.status == 200 {
         conditional::filter(req, &mut resp);
     }
-    compress::apply(req, &mut resp, plan, false);
+    if sub {
+        sub_filter::start(req, &mut resp, false);
+    }
+    let rewritten = resp.sub_filter.is_some();
+    compress::apply(req, &mut resp, plan, rewritten);
     Handled::Respond(resp)
 }
 
-/// Wait out `limit_req` delays: the phases' decision, once it is one to act on.
+/// Wait out `limit_req` delays and `auth_request` subrequests: the phases' decision, once
+/// it is one to act on. HTTP/1 and HTTP/2 both come through here.
 pub async fn settle(req: &mut Request, w: &Worker, mut handled: Handled) -> Handled {
-    while let Handled::Delay(d) = handled {
-        tokio::time::sleep(d).await;
-        handled = resume(req, w, Flow::Delayed);
+    loop {
+        handled = match handled {
+            Handled::Delay(d) => {
+                tokio::time::sleep(d).await;
+                resume(req, w, Flow::Delayed)
+            }
+            Handled::AuthRequest(mut sub) => {
+                // Boxed: the subrequest goes through the phases (and so `settle`) itself.
+                Box::pin(crate::conn::subrequest::auth(w, req, &mut sub)).await;
+                resume(req, w, Flow::AuthAnswered(sub))
+            }
+            done => return done,
+        };
     }
-    handled
 }
 
 /// [`finish`] for an application's answer that is streamed: its length is not known (unless
 /// it declared one) and its body comes later, compressed on the way if the filter says so.
 pub fn finish_streamed(req: &mut Request, resp: &mut Response) {
     finish(req, resp);
+    sub_filter::start(req, resp, true);
     let plan = compress::plan(req, resp, resp.content_length);
     compress::apply(req, resp, plan, true);
 }
@@ -146,8 +182,8 @@ pub fn finish(req: &mut Request, resp: &mut Response) {
         }
     }
     if resp.status == 401 {
-        // auth_basic's challenge, also on its error page.
-        if let Some(c) = &req.auth_challenge {
+        // auth_basic's or auth_request's challenges, also on the error page.
+        for c in &req.auth_challenge {
             resp.headers
                 .push(("WWW-Authenticate".into(), c.as_str().into()));
         }
@@ -252,6 +288,11 @@ fn access_and_content(req: &mut Request, w: &Worker) -> Flow {
     if let Some(denied) = access::check(req) {
         return denied;
     }
+    content(req, w)
+}
+
+/// Phase 6.
+fn content(req: &mut Request, w: &Worker) -> Flow {
     match try_files::handle(req, w) {
         Flow::Next => {}
         other => return other,

@@ -80,8 +80,14 @@ pub struct Request {
     pub limit_conn_status: Option<&'static str>,
     /// `$limit_rate`: set by `set $limit_rate`, or the rate the answer was sent at.
     pub limit_rate: Cell<Option<u64>>,
-    /// `auth_basic`'s `WWW-Authenticate` value, sent with the 401 (and its error page).
-    pub auth_challenge: Option<String>,
+    /// `auth_basic`'s and `auth_request`'s `WWW-Authenticate` values, sent with the 401
+    /// (and its error page).
+    pub auth_challenge: Vec<String>,
+    /// An `auth_request` subrequest (it skips the access phase, as nginx's subrequests do).
+    pub subrequest: bool,
+    /// The answer headers of the application this request was passed to, for
+    /// `$upstream_http_NAME`. Kept only for `auth_request`'s subrequest for now.
+    pub upstream_headers: Vec<(Cow<'static, str>, HeaderValue)>,
     /// An application's `X-Accel-Redirect` answer's headers that the redirected request's
     /// answer carries (nginx's list: Content-Type, Set-Cookie, Content-Disposition,
     /// Cache-Control, Expires, Accept-Ranges).
@@ -158,7 +164,9 @@ impl Request {
             limit_rate: Cell::new(None),
             limit_conns: Vec::new(),
             real_peer: None,
-            auth_challenge: None,
+            auth_challenge: Vec::new(),
+            subrequest: false,
+            upstream_headers: Vec::new(),
             carried: Vec::new(),
         }
     }

@@ -9,7 +9,8 @@
 //! `$bytes_sent` `$content_type` `$content_length` `$connection` `$connection_requests` `$msec`
 //! `$time_local` `$time_iso8601` `$pid` `$nginx_version` `$gannet_version` `$fastcgi_script_name`
 //! `$fastcgi_path_info` `$proxy_host` `$proxy_port` `$proxy_add_x_forwarded_for`
-//! `$upstream_addr` `$upstream_status` `$upstream_response_time` `$limit_req_status`
+//! `$upstream_addr` `$upstream_status` `$upstream_response_time` `$upstream_http_NAME`
+//! (in `auth_request_set`) `$limit_req_status`
 //! `$limit_conn_status` and `$1`..`$9`; the TLS
 //! ones `$ssl_protocol` `$ssl_cipher` `$ssl_curve` `$ssl_server_name` `$ssl_session_reused`
 //! `$ssl_client_verify` `$ssl_client_s_dn` `$ssl_client_i_dn` `$ssl_client_serial`
@@ -34,6 +35,9 @@ pub enum Var {
     Http(String),
     Cookie(String),
     SentHttp(String),
+    /// `$upstream_http_NAME`: only `auth_request`'s subrequest keeps its answer's headers
+    /// so far (for `auth_request_set`); elsewhere it is empty.
+    UpstreamHttp(String),
     Host,
     Hostname,
     RemoteAddr,
@@ -229,6 +233,8 @@ impl Var {
                     Var::Http(lower(h).replace('_', "-"))
                 } else if let Some(h) = name.strip_prefix("sent_http_") {
                     Var::SentHttp(lower(h).replace('_', "-"))
+                } else if let Some(h) = name.strip_prefix("upstream_http_") {
+                    Var::UpstreamHttp(lower(h).replace('_', "-"))
                 } else if let Some(c) = name.strip_prefix("cookie_") {
                     Var::Cookie(c.to_string())
                 } else if let Some(s) = name.strip_prefix("ssl_").and_then(SslVar::from_name) {
@@ -520,6 +526,16 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         Var::SentHttp(name) => {
             if let Some(s) = sent {
                 s.append_header(name, out);
+            }
+        }
+        Var::UpstreamHttp(name) => {
+            // The first such header, as nginx's lookup in the upstream's headers.
+            if let Some((_, v)) = req
+                .upstream_headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            {
+                out.push_str(v);
             }
         }
         Var::Host => out.push_str(&req.host),

@@ -17,6 +17,7 @@
 //! it, as in nginx) and before the content handlers.
 
 use super::auth_basic::{self, Auth};
+use super::auth_request::{self, Subrequest};
 use super::{LoadCtx, LocConf};
 use crate::errlog::Level;
 use crate::http::cidr::{self, Cidr};
@@ -211,26 +212,67 @@ fn parse_who(d: &Directive, ctx: &mut LoadCtx) -> Result<Who, ConfError> {
     Ok(Who::Net(net))
 }
 
-/// The access phase: the address rules, then `auth_basic`. With `satisfy all` (the
-/// default) a request must pass both (403 from the rules first); with `satisfy any` an
-/// `allow` rule that matches or good credentials let it in, and when neither does, the
-/// 401 wins over the 403, as in nginx (whose `access forbidden by rule` is then not logged).
+/// The access phase: the address rules, then `auth_basic`, then `auth_request` (nginx runs
+/// its access handlers in that order). With `satisfy all` (the default) a request must pass
+/// each (the first refusal is the answer); with `satisfy any` an `allow` rule that matches,
+/// good credentials or an `auth_request` that allows let it in, and when none does, a 401
+/// wins over a 403, as in nginx (whose `access forbidden by rule` is then not logged).
+/// `auth_request` needs its subrequest answered first: the phases stop at
+/// [`Flow::AuthRequest`] and go on in [`auth_answered`].
+///
+/// Subrequests (`auth_request`'s own) skip the phase, as nginx's do.
 pub fn check(req: &mut Request) -> Option<Flow> {
+    if req.subrequest {
+        return None;
+    }
     let rule = req.conf.access.matching(req.client().ip());
+    let uri = req.conf.auth_request.uri().cloned();
+    let ask = |denied| uri.map(|uri| Flow::AuthRequest(Box::new(Subrequest::new(uri, denied))));
     if req.conf.access.satisfy_any != Some(true) {
         if rule == Some(true) {
             crate::errlog::request(Level::Error, req, format_args!("access forbidden by rule"));
             return Some(Flow::Status(403));
         }
-        return auth_basic::check(req).refusal();
+        if let Some(refused) = auth_basic::check(req).refusal() {
+            return Some(refused);
+        }
+        return ask(None);
     }
     if rule == Some(false) {
         return None;
     }
-    match auth_basic::check(req) {
-        Auth::Passed => None,
-        Auth::Refused(flow) => Some(flow),
-        Auth::Off => (rule == Some(true)).then_some(Flow::Status(403)),
+    let denied = match auth_basic::check(req) {
+        Auth::Passed => return None,
+        Auth::Refused(Flow::Status(401)) => Some(401),
+        // A user file that cannot be read ends the phase whatever else would allow.
+        Auth::Refused(flow) => return Some(flow),
+        Auth::Off => (rule == Some(true)).then_some(403),
+    };
+    ask(denied).or(denied.map(Flow::Status))
+}
+
+/// The access phase once `auth_request`'s subrequest has answered: its variables set, its
+/// verdict combined with what the rules and `auth_basic` said (see [`check`]).
+pub fn auth_answered(req: &mut Request, sub: &Subrequest) -> Option<Flow> {
+    let status = sub.answer.status;
+    if req.conf.access.satisfy_any != Some(true) {
+        return auth_request::verdict(req, &sub.answer);
+    }
+    match status {
+        200..=299 => {
+            // Let in: a challenge auth_basic made is not sent with whatever comes next.
+            req.auth_challenge.clear();
+            None
+        }
+        401 | 403 => {
+            let refused = auth_request::verdict(req, &sub.answer);
+            if sub.denied == Some(401) {
+                Some(Flow::Status(401))
+            } else {
+                refused
+            }
+        }
+        _ => auth_request::verdict(req, &sub.answer),
     }
 }
 

@@ -109,7 +109,7 @@ pub fn check(req: &mut Request) -> Auth {
 }
 
 fn verdict(req: &mut Request, realm: &str, path: &str) -> Option<Flow> {
-    let challenge = || Some(format!("Basic realm=\"{}\"", realm.replace('"', "\\\"")));
+    let challenge = || vec![format!("Basic realm=\"{}\"", realm.replace('"', "\\\""))];
     let Some((user, password)) = credentials(req) else {
         req.auth_challenge = challenge();
         return Some(Flow::Status(401));

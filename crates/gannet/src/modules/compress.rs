@@ -321,7 +321,8 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
     Ok(())
 }
 
-fn types(d: &Directive) -> Types {
+/// `*_types` arguments (`sub_filter_types` reads them the same way).
+pub fn types(d: &Directive) -> Types {
     if d.args.iter().any(|a| a == "*") {
         Types::Any
     } else {

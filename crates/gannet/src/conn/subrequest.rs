@@ -1,0 +1,101 @@
+//! `auth_request`'s subrequest (see `modules::auth_request`): a GET without a body, with the
+//! client's headers, through the request phases from the auth URI as an internal request
+//! (so `internal` locations take it), skipping the access phase as nginx's subrequests do.
+//! What it answered (status and headers) goes back to the phases; its body is dropped.
+//!
+//! It runs inside `handler::settle`, which HTTP/1 and HTTP/2 both call, so there is one
+//! code path for both protocols.
+
+use super::gateway::{self, Outcome};
+use crate::http::handler::{self, Flow, Handled};
+use crate::http::request::Request;
+use crate::http::response::Response;
+use crate::modules::auth_request::{self, Answer, Subrequest};
+use crate::runtime::worker::Worker;
+use gannet_proto::h1::{BodyKind, Method};
+
+/// Run `sub` for `main`: fill in its answer and set `main`'s `auth_request_set` variables.
+pub async fn auth(w: &Worker, main: &Request, sub: &mut Subrequest) {
+    let (uri, args) = match sub.uri.split_once('?') {
+        Some((p, a)) => (p.to_string(), (!a.is_empty()).then(|| a.to_string())),
+        None => (sub.uri.to_string(), None),
+    };
+    let mut head = main.head.clone();
+    // A GET without a body whatever the client's method: the body is not read yet, and a
+    // HEAD would make the gateway expect an answer without one.
+    head.method = Method::Get;
+    head.body = BodyKind::None;
+    let mut r = Request::new(
+        head,
+        main.conn.clone(),
+        main.server.clone(),
+        uri,
+        args,
+        main.host.clone(),
+    );
+    r.internal = true;
+    r.subrequest = true;
+    r.method_override = Some(Method::Get);
+    // $request_uri stays the client's (X-Original-URI); $uri is the auth URI.
+    r.uri_changed = true;
+    r.real_peer = main.real_peer;
+    // Limited (or not) with the request it serves, as nginx's subrequests are.
+    r.limit_req_status = main.limit_req_status;
+    r.limit_conn_status = main.limit_conn_status;
+    let resp = answer(w, &mut r).await;
+    let mut headers = resp.headers;
+    // The gateway keeps these apart from the other headers; $upstream_http_* sees them too.
+    if let Some(ct) = resp.content_type {
+        headers.push(("Content-Type".into(), ct.as_ref().into()));
+    }
+    if let Some(loc) = resp.location {
+        headers.push(("Location".into(), loc.as_str().into()));
+    }
+    r.upstream_headers = headers;
+    auth_request::set_vars(main, &r);
+    sub.answer = Answer {
+        status: resp.status,
+        headers: std::mem::take(&mut r.upstream_headers),
+    };
+}
+
+/// The subrequest's answer, its body read off (an application's) or dropped.
+async fn answer(w: &Worker, r: &mut Request) -> Response {
+    let first = handler::resume(r, w, Flow::Next);
+    let mut handled = handler::settle(r, w, first).await;
+    loop {
+        match handled {
+            Handled::Respond(resp) => return resp,
+            // `return 444` and a 101 are no answer to an authentication question: a 500
+            // follows, as for any status that is neither 2xx, 401 nor 403.
+            Handled::Close => return Response::new(444),
+            Handled::Delay(_) | Handled::AuthRequest(_) => {
+                handled = handler::settle(r, w, handled).await
+            }
+            Handled::Gateway => {
+                let flow = match gateway::run(w, r).await {
+                    Outcome::Flow(f) => f,
+                    Outcome::Stream(resp, mut s) => {
+                        // Read to its end (an authentication answer is short), so that a
+                        // kept-alive upstream connection can serve the next check.
+                        loop {
+                            match s.next(r).await {
+                                Ok(Some(_)) => {}
+                                Ok(None) => {
+                                    s.finish(w);
+                                    break;
+                                }
+                                // Cut short: the connection is not reused; the status
+                                // stands, as the head came whole.
+                                Err(()) => break,
+                            }
+                        }
+                        return resp;
+                    }
+                    Outcome::Upgrade(resp, _) => return resp,
+                };
+                handled = handler::resume(r, w, flow);
+            }
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! `auth_request URI | off` and `auth_request_set $variable value` (nginx's
+//! ngx_http_auth_request_module): in the access phase a subrequest, a GET without a body
+//! carrying the client's headers, goes to URI's location (typically `internal` with a
+//! `proxy_pass` to an authentication service), and its status decides: 2xx lets the request
+//! go on, 401 (with the subrequest's WWW-Authenticate headers) and 403 are the answer, any
+//! other status is a 500. The subrequest's body is dropped.
+//!
+//! `auth_request_set` values are evaluated once the subrequest is done, against the
+//! subrequest (so `$upstream_http_NAME` is the authentication service's answer header, the
+//! way Authelia, oauth2-proxy and Authentik pass the user on), and stored in the main
+//! request's variable; they are set whatever the verdict, as nginx does.
+//!
+//! The subrequest itself runs in `conn::subrequest` (it awaits an upstream); this file
+//! holds the settings and what the answer means. Where it sits among `allow` / `deny` /
+//! `auth_basic` and `satisfy` is in `modules::access`.
+
+use super::{LoadCtx, LocConf};
+use crate::errlog::{self, Level};
+use crate::http::handler::Flow;
+use crate::http::request::Request;
+use crate::http::user_vars::{self, UserVar};
+use crate::http::variables::Template;
+use gannet_conf::registry::{Args, Ctx, Spec};
+use gannet_conf::{ConfError, Directive};
+use gannet_proto::cgi::HeaderValue;
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use super::gateway::spec;
+
+pub const DIRECTIVES: &[Spec] = &[
+    spec("auth_request", Ctx::HSL, Args::Exactly(1)),
+    spec("auth_request_set", Ctx::HSL, Args::Exactly(2)),
+];
+
+#[derive(Debug, Clone, Default)]
+pub struct AuthRequestConf {
+    /// The subrequest's URI; `Some(None)` is `auth_request off`.
+    uri: Option<Option<Arc<str>>>,
+    /// `auth_request_set` lines, in order. A level with lines of its own replaces the outer
+    /// level's, as nginx's merge of the array does.
+    sets: Option<Arc<Vec<(UserVar, Template)>>>,
+}
+
+impl AuthRequestConf {
+    pub fn merge(&mut self, parent: &AuthRequestConf) {
+        super::inherit!(self, parent, uri, sets);
+    }
+
+    /// The URI to ask, when `auth_request` is on here.
+    pub fn uri(&self) -> Option<&Arc<str>> {
+        self.uri.as_ref()?.as_ref()
+    }
+}
+
+pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), ConfError> {
+    let c = &mut lc.auth_request;
+    let a0 = d.args[0].as_str();
+    match d.name.as_str() {
+        "auth_request" => {
+            if c.uri.is_some() {
+                return Err(d.error("\"auth_request\" directive is duplicate"));
+            }
+            c.uri = Some(match a0 {
+                "off" => None,
+                // nginx takes any string and fails each request at run time; a URI that
+                // cannot name a location is refused here instead.
+                uri if uri.starts_with('/') && !uri.contains(char::is_whitespace) => {
+                    Some(Arc::from(uri))
+                }
+                other => return Err(super::invalid(d, other)),
+            });
+        }
+        "auth_request_set" => {
+            let name = a0
+                .strip_prefix('$')
+                .ok_or_else(|| d.error(format!("invalid variable name \"{a0}\"")))?;
+            let var = user_vars::define(name).map_err(|e| d.error(e))?;
+            let value = Template::compile(&d.args[1]).map_err(|e| d.error(e))?;
+            let mut sets = c.sets.as_deref().cloned().unwrap_or_default();
+            sets.push((var, value));
+            c.sets = Some(Arc::new(sets));
+        }
+        _ => unreachable!("not an auth_request directive: {}", d.name),
+    }
+    Ok(())
+}
+
+/// One `auth_request` check under way: asked for by the access phase, run by the
+/// connection (`conn::subrequest`), handed back to the phases with its answer.
+#[derive(Debug)]
+pub struct Subrequest {
+    pub uri: Arc<str>,
+    /// Under `satisfy any`, the refusal the rules or `auth_basic` already made (403, 401).
+    pub denied: Option<u16>,
+    pub answer: Answer,
+}
+
+impl Subrequest {
+    pub fn new(uri: Arc<str>, denied: Option<u16>) -> Subrequest {
+        Subrequest {
+            uri,
+            denied,
+            answer: Answer::default(),
+        }
+    }
+}
+
+/// What the subrequest answered: its status and its headers (the upstream's, for
+/// `$upstream_http_NAME` and WWW-Authenticate).
+#[derive(Debug, Default)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: Vec<(Cow<'static, str>, HeaderValue)>,
+}
+
+/// Set the `auth_request_set` variables of `main` from `sub`, the finished subrequest.
+pub fn set_vars(main: &Request, sub: &Request) {
+    let Some(sets) = &main.conf.auth_request.sets else {
+        return;
+    };
+    for (var, value) in sets.iter() {
+        main.vars.set(var.idx, value.eval(sub, None));
+    }
+}
+
+/// The verdict on the subrequest's answer: `None` lets the request in, else its refusal
+/// (401 carries the subrequest's WWW-Authenticate headers, through `req.auth_challenge`).
+pub fn verdict(req: &mut Request, answer: &Answer) -> Option<Flow> {
+    match answer.status {
+        200..=299 => None,
+        403 => Some(Flow::Status(403)),
+        401 => {
+            req.auth_challenge.extend(
+                answer
+                    .headers
+                    .iter()
+                    .filter(|(n, _)| n.eq_ignore_ascii_case("www-authenticate"))
+                    .map(|(_, v)| v.to_string()),
+            );
+            Some(Flow::Status(401))
+        }
+        other => {
+            errlog::request(
+                Level::Error,
+                req,
+                format_args!("auth request unexpected status: {other}"),
+            );
+            Some(Flow::Status(500))
+        }
+    }
+}
