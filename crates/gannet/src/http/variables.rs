@@ -241,6 +241,27 @@ impl Var {
     }
 }
 
+impl Var {
+    /// Whether an empty value is one nginx has (empty, but found) rather than its "not
+    /// found": the difference between `""` and `-` in a default-escaped log line.
+    fn found_empty(&self, req: &Request, sent: &Sent) -> bool {
+        match self {
+            Var::Http(name) => req.head.header(name).is_some(),
+            Var::Arg(name) => req.arg(name).is_some(),
+            Var::Cookie(name) => req.cookie(name).is_some(),
+            Var::Args => req.args.is_some(),
+            Var::IsArgs => true,
+            Var::SentHttp(name) => sent
+                .response
+                .is_some_and(|r| r.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))),
+            // `set`, `map`, `geo` and named captures give a value even when it is empty
+            // (nginx logs `set $x ""` as `""`).
+            Var::User(_) => true,
+            _ => false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Part {
     Lit(String),
@@ -409,10 +430,18 @@ impl Template {
         }
     }
 
-    /// Evaluate for a log line: values are escaped as nginx's default `escape=default`
-    /// does (`"`, `\` and bytes outside 0x20..0x7e as `\xHH`), and empty values become `-`.
-    pub fn eval_log(&self, req: &Request, sent: &Sent, out: &mut Vec<u8>) {
-        // One value at a time; sized once for the usual ones (a User-Agent, a request line).
+    /// Evaluate for a log line: literal text as it is, each variable's value through
+    /// `value`, which escapes it as the format's `escape=` says; `None` for a variable nginx
+    /// calls "not found" (logged as `-` by default), `Some("")` for one that is there but
+    /// empty (an empty header, `$is_args` without a query). One value buffer for the whole
+    /// line, sized once for the usual ones (a User-Agent, a request line).
+    pub fn eval_log(
+        &self,
+        req: &Request,
+        sent: &Sent,
+        out: &mut Vec<u8>,
+        value: impl Fn(Option<&[u8]>, &mut Vec<u8>),
+    ) {
         let mut val = String::with_capacity(128);
         for p in &self.parts {
             match p {
@@ -420,32 +449,12 @@ impl Template {
                 Part::Var(v) => {
                     val.clear();
                     append(&mut val, v, req, Some(sent), &req.captures);
-                    if val.is_empty() {
-                        out.push(b'-');
-                    } else {
-                        escape_log(val.as_bytes(), out);
-                    }
+                    // Only an empty value needs the second look.
+                    let found = !val.is_empty() || v.found_empty(req, sent);
+                    value(found.then_some(val.as_bytes()), out);
                 }
             }
         }
-    }
-}
-
-fn escape_log(v: &[u8], out: &mut Vec<u8>) {
-    for &c in v {
-        if c == b'"' || c == b'\\' || !(0x20..=0x7e).contains(&c) {
-            let _ = write!(HexOut(out), "\\x{c:02X}");
-        } else {
-            out.push(c);
-        }
-    }
-}
-
-struct HexOut<'a>(&'a mut Vec<u8>);
-impl std::fmt::Write for HexOut<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.extend_from_slice(s.as_bytes());
-        Ok(())
     }
 }
 
@@ -753,12 +762,5 @@ mod tests {
             push_ip(&mut out, ip);
             assert_eq!(out, ip.to_string());
         }
-    }
-
-    #[test]
-    fn escapes_log_values() {
-        let mut out = Vec::new();
-        escape_log(b"a\"b\\c\x01\xff", &mut out);
-        assert_eq!(out, b"a\\x22b\\x5Cc\\x01\\xFF");
     }
 }
