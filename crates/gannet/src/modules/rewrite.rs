@@ -373,10 +373,11 @@ fn answer(req: &Request, code: u16, text: Option<&Template>) -> Flow {
     Flow::Done(r)
 }
 
-/// A redirect with nginx's body (its target is made absolute by [`absolute`]).
+/// A redirect with nginx's body. Its target is made absolute by [`absolute`] in the
+/// response filters (`http::handler::finish`), after `add_header` has seen it as it is.
 pub fn redirect_response(req: &Request, code: u16, location: &str) -> Response {
     let mut r = Response::error_page(code, req.conf.core.server_tokens());
-    r.location = Some(absolute(req, location).unwrap_or_else(|| location.to_string()));
+    r.location = Some(location.to_string());
     r
 }
 
