@@ -9,7 +9,8 @@
 //! `$bytes_sent` `$content_type` `$content_length` `$connection` `$connection_requests` `$msec`
 //! `$time_local` `$time_iso8601` `$pid` `$nginx_version` `$gannet_version` `$fastcgi_script_name`
 //! `$fastcgi_path_info` `$proxy_host` `$proxy_port` `$proxy_add_x_forwarded_for`
-//! `$upstream_addr` `$upstream_status` `$upstream_response_time` `$limit_req_status`
+//! `$upstream_addr` `$upstream_status` `$upstream_response_time` `$upstream_connect_time`
+//! `$upstream_header_time` `$upstream_http_NAME` `$request_id` `$http2` `$limit_req_status`
 //! `$limit_conn_status` and `$1`..`$9`; the TLS
 //! ones `$ssl_protocol` `$ssl_cipher` `$ssl_curve` `$ssl_server_name` `$ssl_session_reused`
 //! `$ssl_client_verify` `$ssl_client_s_dn` `$ssl_client_i_dn` `$ssl_client_serial`
@@ -22,6 +23,18 @@ use crate::http::request::Request;
 use crate::http::response::Response;
 use crate::http::user_vars::{self, UserVar};
 use std::fmt::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A loaded config reads `$upstream_http_*`: the gateways then keep each answer's header
+/// fields on the request (a copy of their list per proxied request, which no other config
+/// pays for). Never cleared: after a reload that dropped the variable the copy is made
+/// for nothing, but nothing is wrong.
+static UPSTREAM_HEADERS: AtomicBool = AtomicBool::new(false);
+
+/// Whether upstream answers' header fields are to be kept for `$upstream_http_*`.
+pub fn keeps_upstream_headers() -> bool {
+    UPSTREAM_HEADERS.load(Ordering::Relaxed)
+}
 
 /// One variable reference.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,6 +96,12 @@ pub enum Var {
     UpstreamAddr,
     UpstreamStatus,
     UpstreamResponseTime,
+    UpstreamConnectTime,
+    UpstreamHeaderTime,
+    /// `$upstream_http_NAME` (lowercase, with `-`).
+    UpstreamHttp(String),
+    RequestId,
+    Http2,
     Capture(usize),
     Ssl(SslVar),
     /// Defined by the config (`set`, `map`, a named capture).
@@ -219,6 +238,10 @@ impl Var {
             "upstream_addr" => Var::UpstreamAddr,
             "upstream_status" => Var::UpstreamStatus,
             "upstream_response_time" => Var::UpstreamResponseTime,
+            "upstream_connect_time" => Var::UpstreamConnectTime,
+            "upstream_header_time" => Var::UpstreamHeaderTime,
+            "request_id" => Var::RequestId,
+            "http2" => Var::Http2,
             "limit_req_status" => Var::LimitReqStatus,
             "limit_conn_status" => Var::LimitConnStatus,
             "limit_rate" => Var::LimitRate,
@@ -229,6 +252,9 @@ impl Var {
                     Var::Http(lower(h).replace('_', "-"))
                 } else if let Some(h) = name.strip_prefix("sent_http_") {
                     Var::SentHttp(lower(h).replace('_', "-"))
+                } else if let Some(h) = name.strip_prefix("upstream_http_") {
+                    UPSTREAM_HEADERS.store(true, Ordering::Relaxed);
+                    Var::UpstreamHttp(lower(h).replace('_', "-"))
                 } else if let Some(c) = name.strip_prefix("cookie_") {
                     Var::Cookie(c.to_string())
                 } else if let Some(s) = name.strip_prefix("ssl_").and_then(SslVar::from_name) {
@@ -250,7 +276,7 @@ impl Var {
             Var::Arg(name) => req.arg(name).is_some(),
             Var::Cookie(name) => req.cookie(name).is_some(),
             Var::Args => req.args.is_some(),
-            Var::IsArgs => true,
+            Var::IsArgs | Var::Http2 => true,
             Var::SentHttp(name) => sent
                 .response
                 .is_some_and(|r| r.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))),
@@ -465,6 +491,16 @@ fn push_uint(out: &mut String, n: u64) {
     out.push_str(gannet_proto::h1::encode::decimal(n, &mut [0; 20]));
 }
 
+/// A duration as nginx writes its times: seconds with three decimals ("0.012").
+fn push_secs(out: &mut String, t: std::time::Duration) {
+    push_uint(out, t.as_secs());
+    let ms = t.subsec_millis();
+    out.push('.');
+    for d in [ms / 100, ms / 10 % 10, ms % 10] {
+        out.push(char::from(b'0' + d as u8));
+    }
+}
+
 /// An address as `Display` writes it; IPv4 without the formatter (`$remote_addr` and
 /// `$server_addr` went through it for every FastCGI request: ~950 instructions each).
 fn push_ip(out: &mut String, ip: std::net::IpAddr) {
@@ -543,21 +579,59 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
             }
         }
         Var::ProxyAddXForwardedFor => crate::modules::proxy::add_x_forwarded_for(req, out),
-        Var::UpstreamAddr | Var::UpstreamStatus | Var::UpstreamResponseTime => {
-            // One entry per server tried, as nginx lists them: "a, b".
+        Var::UpstreamAddr
+        | Var::UpstreamStatus
+        | Var::UpstreamResponseTime
+        | Var::UpstreamConnectTime
+        | Var::UpstreamHeaderTime => {
+            // One entry per server tried, as nginx lists them: "a, b"; a time the attempt
+            // never reached (no connection, no head) as "-".
             for (i, t) in req.upstream.borrow().iter().enumerate() {
                 if i > 0 {
                     out.push_str(", ");
                 }
-                match v {
+                let time = match v {
                     Var::UpstreamAddr => {
                         let _ = write!(out, "{}", t.addr);
+                        continue;
                     }
-                    Var::UpstreamStatus => push_uint(out, t.status.into()),
-                    _ => {
-                        let _ = write!(out, "{}.{:03}", t.time.as_secs(), t.time.subsec_millis());
+                    Var::UpstreamStatus => {
+                        push_uint(out, t.status.into());
+                        continue;
                     }
+                    Var::UpstreamConnectTime => t.connect,
+                    Var::UpstreamHeaderTime => t.header,
+                    _ => Some(t.time),
+                };
+                match time {
+                    Some(t) => push_secs(out, t),
+                    None => out.push('-'),
                 }
+            }
+        }
+        Var::UpstreamHttp(name) => {
+            if let Some(v) = req
+                .upstream_headers
+                .borrow()
+                .as_ref()
+                .and_then(|f| f.get(name))
+            {
+                out.push_str(v);
+            }
+        }
+        Var::RequestId => {
+            // 128 random bits, as nginx (which reads them from OpenSSL's RAND_bytes, or its
+            // own random() without OpenSSL): a label for a request, not a secret.
+            let id = req.request_id.get().unwrap_or_else(|| {
+                let id = fastrand::u128(..);
+                req.request_id.set(Some(id));
+                id
+            });
+            let _ = write!(out, "{id:032x}");
+        }
+        Var::Http2 => {
+            if req.head.version == gannet_proto::h1::Version::Http2 {
+                out.push_str(if req.conn.tls.is_some() { "h2" } else { "h2c" });
             }
         }
         Var::Hostname => out.push_str(crate::runtime::hostname()),
@@ -653,10 +727,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         Var::RequestLength => {
             push_uint(out, req.head.raw().len() as u64 + req.body_length);
         }
-        Var::RequestTime => {
-            let t = req.start.elapsed();
-            let _ = write!(out, "{}.{:03}", t.as_secs(), t.subsec_millis());
-        }
+        Var::RequestTime => push_secs(out, req.start.elapsed()),
         // Before an answer is made, nginx's "000".
         Var::Status => match sent.map_or(0, |s| s.status) {
             s @ 100.. => push_uint(out, s.into()),
@@ -740,6 +811,21 @@ mod tests {
             .contains("unknown \"nosuchvar\" variable"));
         assert!(Template::compile("${uri").is_err());
         assert_eq!(Template::compile("").unwrap().as_literal(), Some(""));
+    }
+
+    #[test]
+    fn times_as_nginx_writes_them() {
+        use std::time::Duration;
+        for (t, text) in [
+            (Duration::ZERO, "0.000"),
+            (Duration::from_millis(7), "0.007"),
+            (Duration::from_millis(12_345), "12.345"),
+            (Duration::from_micros(1_999_999), "1.999"),
+        ] {
+            let mut out = String::new();
+            push_secs(&mut out, t);
+            assert_eq!(out, text);
+        }
     }
 
     #[test]
