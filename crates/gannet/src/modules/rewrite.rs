@@ -390,10 +390,17 @@ pub fn absolute(req: &Request, location: &str) -> Option<String> {
     if !location.starts_with('/') || !core.absolute_redirect() {
         return None;
     }
-    let host = if core.server_name_in_redirect() || req.host.is_empty() {
+    // The host the client named (Host, or an absolute-form target); without one, nginx
+    // names the address the connection came to, not the server.
+    let named = req.head.host().is_some() || !req.head.target().starts_with(b"/");
+    let local;
+    let host = if core.server_name_in_redirect() {
         &req.server.primary_name
-    } else {
+    } else if named && !req.host.is_empty() {
         &req.host
+    } else {
+        local = req.conn.local.ip().to_string();
+        &local
     };
     let port = req.conn.local.port();
     let (scheme, default_port) = if req.conn.tls.is_some() {
