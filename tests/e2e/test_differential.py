@@ -51,6 +51,10 @@ http {
 
         location /auto/ { autoindex on; }
         location /tf/ { try_files $uri $uri.html /tf/fallback.txt; }
+        # `$uri/` on a directory named without its slash: the static module's 301 to it.
+        location /tfd/ { try_files $uri $uri/ =404; }
+        location /tfa/ { try_files $uri $uri/ =404; absolute_redirect off; }
+        location /tfp/ { try_files $uri $uri/ /tf/fallback.txt; port_in_redirect off; }
         location /ep/ { error_page 404 /404.html; }
         location /ep200/ { error_page 404 =200 /404.html; }
         location = /ret { return 200 "ret uri=$uri args=$args host=$host\n"; }
@@ -108,6 +112,11 @@ FILES = {
     "noindex/f.txt": "f\n",
     "tf/page.html": "<p>tf page</p>\n",
     "tf/fallback.txt": "fallback\n",
+    "tfd/sub/index.html": "<p>tfd sub</p>\n",
+    "tfd/noidx/f.txt": "f\n",
+    "tfd/file.txt": "file\n",
+    "tfa/sub/index.html": "<p>tfa sub</p>\n",
+    "tfp/sub/index.html": "<p>tfp sub</p>\n",
     "hdr/h.txt": "with headers\n",
     "exp-max/m.txt": "m\n",
     "exp-epoch/e.txt": "e\n",
@@ -176,6 +185,19 @@ REQUESTS = [
     # try_files, error_page, return, rewrite
     req("/tf/page"),
     req("/tf/nothing"),
+    req("/tfd/sub"),
+    req("/tfd/sub?q=1"),
+    req("/tfd/sub/"),
+    req("/tfd/sub/index.html"),
+    req("/tfd/noidx"),
+    req("/tfd/noidx/"),
+    req("/tfd/file.txt"),
+    req("/tfd/file.txt/"),
+    req("/tfd/missing"),
+    req("/tfa/sub"),
+    req("/tfp/sub"),
+    req("/tfp/sub", version="HTTP/1.0", host=None),
+    req("/tfp/nothing/"),
     req("/ep/missing"),
     req("/ep200/missing"),
     req("/ret?x=1"),

@@ -492,3 +492,16 @@ def test_h2spec_passes_every_case(gannet, pki):
         summary = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr
         assert summary == "145 tests, 145 passed, 0 skipped, 0 failed", r.stdout[-3000:]
     assert srv.proc.poll() is None
+
+
+def test_http2_variable(gannet, pki):
+    """`$http2`: `h2` over TLS, `h2c` in cleartext, empty over HTTP/1.x (nginx's values)."""
+    text, tls = servers(pki, extra='location = /h2v { add_header X-H2 "$http2"; return 200 "[$http2]"; }')
+    srv = gannet.start(conf=text)
+    r = curl(f"https://127.0.0.1:{tls}/h2v", "--http2", "-i")
+    assert r.stdout.endswith(b"[h2]") and b"x-h2: h2\r\n" in r.stdout
+    r = curl(f"http://127.0.0.1:{srv.port}/h2v", "--http2-prior-knowledge")
+    assert r.stdout == b"[h2c]"
+    r = curl(f"https://127.0.0.1:{tls}/h2v", "--http1.1")
+    assert r.stdout == b"[]"
+    assert srv.get("/h2v")[2] == b"[]"

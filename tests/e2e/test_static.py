@@ -125,7 +125,11 @@ TRY_FILES = {"a.txt": "A", "d/index.html": "D", "fallback.html": "FB"}
 def test_try_files_uri_dir_or_404(gannet):
     srv = gannet.start(server="location / { try_files $uri $uri/ =404; }", files=TRY_FILES)
     assert srv.get("/a.txt")[::2] == (200, b"A")
-    assert srv.get("/d")[::2] == (200, b"D")  # `$uri/` matched: the index is served, no redirect
+    # `$uri/` matched `/d`: the URI stays `/d`, a directory, so the 301 to `/d/` (nginx's
+    # way: the index at `/d` would break every relative link in it).
+    status, headers, _ = srv.get("/d")
+    assert status == 301 and headers["location"] == f"http://127.0.0.1:{srv.port}/d/"
+    assert srv.get("/d/")[::2] == (200, b"D")
     assert srv.get("/nope")[0] == 404
 
 

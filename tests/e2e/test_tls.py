@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import free_port, wait_until
-from nginx_peer import NGINX, PEER_MAIN
+from nginx_peer import NGINX, PEER_MAIN, check_both
 
 
 pytestmark = pytest.mark.skipif(
@@ -102,6 +102,7 @@ def pki(tmp_path_factory):
     p.issue("client", "client", org="Gannet Test")
     p.self_signed("stranger", "stranger")
     p.issue("expired", "expired.test", dates=("20200101000000Z", "20200102000000Z"))
+    p.issue("future", "future.test", dates=("20990101000000Z", "20990102000000Z"))
     p.issue("revoked", "revoked")
     openssl("ca", "-config", "ca.cnf", "-cert", "ca.pem", "-keyfile", "ca.key", "-revoke", "revoked.pem", cwd=p.d)
     openssl("ca", "-config", "ca.cnf", "-cert", "ca.pem", "-keyfile", "ca.key", "-gencrl", "-crldays", "2",
@@ -323,12 +324,12 @@ def test_reload_picks_up_a_new_certificate(gannet, pki):
     srv.conf_path.write_text(text)
     srv.proc.send_signal(signal.SIGHUP)
     assert wait_until(lambda: subject_cn(s_client(srv.port)) == "b.test", deadline=10)
-    # A new config whose certificate has expired is refused; the old one keeps serving.
+    # A new config whose certificate has expired is taken, with a warning, as nginx takes it.
     text, _ = gannet.render(conf=one_server(pki, certs=pair(pki, "expired")), port=srv.port)
     srv.conf_path.write_text(text)
     srv.proc.send_signal(signal.SIGHUP)
-    assert wait_until(lambda: "has expired" in srv.error_log(), deadline=10), srv.error_log()
-    assert subject_cn(s_client(srv.port)) == "b.test"
+    assert wait_until(lambda: subject_cn(s_client(srv.port)) == "expired.test", deadline=10)
+    assert "[warn]" in srv.error_log() and "has expired" in srv.error_log(), srv.error_log()
 
 
 def test_reject_handshake_default_needs_no_certificate(gannet, pki):
@@ -830,9 +831,30 @@ def check_error(gannet, text: str) -> str:
     return r.stderr
 
 
+def test_expired_or_future_certificate_is_served_with_a_warning(gannet, pki):
+    """A certificate out of its validity period does not stop the server (nginx serves it:
+    a restart on the day a renewal failed must not take every site down); the error log
+    and `gannet -t` say so."""
+    certs = pair(pki, "expired")
+    other = f"server {{ listen 127.0.0.1:{{port}} ssl; server_name future.test; {pair(pki, 'future')} }}"
+    r = gannet.check(conf=one_server(pki, certs=certs, http=other))
+    assert r.returncode == 0, r.stderr
+    assert '[notice] ' in r.stderr and f'certificate "{pki.path("expired.pem")}" has expired (not valid after' in r.stderr
+    assert f'certificate "{pki.path("future.pem")}" is not valid yet (not before' in r.stderr
+    srv = gannet.start(conf=one_server(pki, certs=certs, http=other))
+    assert subject_cn(s_client(srv.port, "-servername", "localhost")) == "expired.test"
+    assert curl(srv.port, "/v", "-w", "|%{http_code}").stdout.endswith("|200")
+    assert subject_cn(s_client(srv.port, "-servername", "future.test")) == "future.test"
+    log = srv.error_log()
+    assert '[warn]' in log and f'certificate "{pki.path("expired.pem")}" has expired' in log, log
+    assert f'certificate "{pki.path("future.pem")}" is not valid yet' in log, log
+    if NGINX:
+        # nginx takes the same certificate without a word.
+        n, _ = check_both(gannet.tmp, f"server {{ listen 127.0.0.1:1 ssl; {certs} }}")
+        assert n.returncode == 0, n.stderr
+
+
 def test_certificate_errors_name_the_file(gannet, pki):
-    err = check_error(gannet, one_server(pki, certs=pair(pki, "expired")))
-    assert f'certificate "{pki.path("expired.pem")}" has expired' in err
     mismatched = f"ssl_certificate {pki.path('a.pem')}; ssl_certificate_key {pki.path('b.key')};"
     err = check_error(gannet, one_server(pki, certs=mismatched))
     assert f'"{pki.path("b.key")}" does not match certificate "{pki.path("a.pem")}"' in err

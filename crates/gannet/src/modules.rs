@@ -67,6 +67,9 @@ pub struct LoadCtx {
     pub zones: limit_zone::Zones,
     /// Notices for `gannet -t` (settings accepted in part).
     pub notices: Vec<String>,
+    /// Problems that do not stop the config from loading but that an operator must see in
+    /// the error log (an expired certificate): logged as warnings at start and at reload.
+    pub warnings: Vec<String>,
     /// What the TLS setups of the servers share (session caches, ticket keys).
     pub tls: crate::tls::LoadState,
 }

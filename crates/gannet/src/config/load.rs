@@ -97,6 +97,7 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
         process: Default::default(),
         listens: Vec::new(),
         notices: Vec::new(),
+        warnings: Vec::new(),
         log_files: Vec::new(),
         error_files: Vec::new(),
         probes: Vec::new(),
@@ -126,6 +127,7 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
     user_vars::check()?;
     // Printed by `gannet -t` as well as logged at start.
     cfg.notices.extend(cfg.process.warnings.iter().cloned());
+    cfg.notices.extend(cfg.warnings.iter().cloned());
     Ok(cfg)
 }
 
@@ -285,6 +287,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
         probes: Vec::new(),
         zones: Default::default(),
         notices: Vec::new(),
+        warnings: Vec::new(),
         tls: Default::default(),
     };
     let mut conf = LocConf::default();
@@ -395,6 +398,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
     cfg.log_files = lctx.log_files;
     cfg.probes = lctx.probes;
     cfg.notices.append(&mut lctx.notices);
+    cfg.warnings.append(&mut lctx.warnings);
     Ok(())
 }
 
@@ -436,7 +440,7 @@ fn load_server(
     conf.merge(http);
     // ALPN offers h2 when the server has `http2 on` or one of its addresses `listen ... http2`.
     let h2 = conf.http2.enabled() || listens.iter().any(|(l, _)| l.http2);
-    let tls = crate::tls::build_server(&conf.tls, h2, &mut lctx.tls, &mut lctx.notices, &sd.loc)?;
+    let tls = crate::tls::build_server(&conf.tls, h2, lctx, &sd.loc)?;
     if listens.is_empty() {
         listens.push((Listen::default_for_server(), sd.loc.clone()));
     }

@@ -31,6 +31,9 @@ pub struct Config {
     pub listens: Vec<ListenGroup>,
     /// Messages for directives accepted without effect (printed by `gannet -t`).
     pub notices: Vec<String>,
+    /// Logged as warnings at start and at reload (and printed by `gannet -t` with the
+    /// notices): see `LoadCtx::warnings`.
+    pub warnings: Vec<String>,
     /// Every access log file, for reopening (SIGUSR1).
     pub log_files: Vec<Arc<LogFile>>,
     /// Every http/server/location error log, for reopening (SIGUSR1).

@@ -964,10 +964,15 @@ fn attempt_status(r: Result<&Answered, &Failure>) -> u16 {
 /// Note an attempt for the `$upstream_*` variables; returns when it ended.
 fn record(req: &Request, addr: &Addr, status: u16, since: Instant) -> Instant {
     let end = Instant::now();
-    req.upstream.borrow_mut().push(UpstreamTry {
+    let mut tries = req.upstream.borrow_mut();
+    let connect = tries.connected.take().map(|t| t.duration_since(since));
+    let header = tries.head_read.take().map(|t| t.duration_since(since));
+    tries.push(UpstreamTry {
         addr: addr.clone(),
         status,
         time: end.duration_since(since),
+        connect,
+        header,
     });
     end
 }
@@ -1271,6 +1276,7 @@ async fn exchange(
     out: &mut Outgoing<'_>,
 ) -> Result<Answered, Failure> {
     let c = gateway::conf(&req.conf, link.proto);
+    req.upstream.borrow_mut().mark_connected();
     send(&link.timers, &mut link.conn, &out.out, c.send_timeout()).await?;
     if let Some(b) = &mut out.body {
         send_body(&link.timers, &mut link.conn, b, c.send_timeout()).await?;
@@ -1302,6 +1308,9 @@ async fn exchange(
                 if head.is_none() {
                     head = read_head(req, c, &mut link, &mut body)?;
                     buffering = head.as_ref().is_some_and(|h| buffers(c, h));
+                    if head.is_some() {
+                        req.upstream.borrow_mut().head_read = Some(Instant::now());
+                    }
                 }
                 if head.is_some() && (!buffering || body.len() >= c.buffers_total()) {
                     break;
@@ -1518,6 +1527,10 @@ fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
         // one, is the only true one.
         resp.content_length = head.get("content-length").and_then(|v| v.parse().ok());
         resp.length_unknown = resp.content_length.is_none();
+    }
+    if crate::http::variables::keeps_upstream_headers() {
+        // `$upstream_http_NAME`: the text is shared, only the list is copied.
+        *req.upstream_headers.borrow_mut() = Some(head.headers.clone());
     }
     // Only the values the client gets are made into values of their own.
     let mut fields = head.headers;

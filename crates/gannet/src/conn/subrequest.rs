@@ -44,18 +44,19 @@ pub async fn auth(w: &Worker, main: &Request, sub: &mut Subrequest) {
     r.limit_conn_status = main.limit_conn_status;
     let resp = answer(w, &mut r).await;
     let mut headers = resp.headers;
-    // The gateway keeps these apart from the other headers; $upstream_http_* sees them too.
+    // The gateway keeps these apart from the other headers.
     if let Some(ct) = resp.content_type {
         headers.push(("Content-Type".into(), ct.as_ref().into()));
     }
     if let Some(loc) = resp.location {
         headers.push(("Location".into(), loc.as_str().into()));
     }
-    r.upstream_headers = headers;
+    // `$upstream_http_*` in `auth_request_set` reads the subrequest's upstream answer,
+    // which the gateway kept on `r` (the variable's use in the config asks it to).
     auth_request::set_vars(main, &r);
     sub.answer = Answer {
         status: resp.status,
-        headers: std::mem::take(&mut r.upstream_headers),
+        headers,
     };
 }
 

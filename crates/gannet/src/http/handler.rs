@@ -199,6 +199,9 @@ pub fn finish(req: &mut Request, resp: &mut Response) {
             }
         }
     }
+    // Before the Location is made absolute: nginx's header filters see it as it was set
+    // (`$sent_http_location` in an add_header is `/path`).
+    headers::filter(req, resp);
     if let Some(abs) = resp
         .location
         .as_deref()
@@ -206,7 +209,6 @@ pub fn finish(req: &mut Request, resp: &mut Response) {
     {
         resp.location = Some(abs);
     }
-    headers::filter(req, resp);
 }
 
 /// Phases 2 to 6 for the current URI.

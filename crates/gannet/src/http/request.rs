@@ -85,9 +85,6 @@ pub struct Request {
     pub auth_challenge: Vec<String>,
     /// An `auth_request` subrequest (it skips the access phase, as nginx's subrequests do).
     pub subrequest: bool,
-    /// The answer headers of the application this request was passed to, for
-    /// `$upstream_http_NAME`. Kept only for `auth_request`'s subrequest for now.
-    pub upstream_headers: Vec<(Cow<'static, str>, HeaderValue)>,
     /// An application's `X-Accel-Redirect` answer's headers that the redirected request's
     /// answer carries (nginx's list: Content-Type, Set-Cookie, Content-Disposition,
     /// Cache-Control, Expires, Accept-Ranges).
@@ -96,6 +93,11 @@ pub struct Request {
     pub limit_conns: Vec<crate::modules::limit_conn::Held>,
     /// The client's address from `real_ip_header` (see [`Request::client`]).
     pub real_peer: Option<SocketAddr>,
+    /// `$request_id`, made the first time it is read and then kept for the request.
+    pub request_id: Cell<Option<u128>>,
+    /// The last upstream answer's header fields, for `$upstream_http_NAME`; kept only while
+    /// a loaded config reads such a variable (see `http::variables::keeps_upstream_headers`).
+    pub upstream_headers: RefCell<Option<gannet_proto::cgi::Fields>>,
 }
 
 /// One upstream server a request was sent to.
@@ -105,6 +107,11 @@ pub struct UpstreamTry {
     /// What it answered, or the status its failure maps to (502, 504).
     pub status: u16,
     pub time: std::time::Duration,
+    /// From the attempt's start until the connection was there to send on
+    /// (`$upstream_connect_time`; `None`: never connected).
+    pub connect: Option<std::time::Duration>,
+    /// Until the answer's head was read (`$upstream_header_time`; `None`: no head came).
+    pub header: Option<std::time::Duration>,
 }
 
 /// The upstream servers a request was sent to, in order. The first is kept inline: nearly
@@ -113,6 +120,10 @@ pub struct UpstreamTry {
 pub struct Tries {
     first: Option<UpstreamTry>,
     more: Vec<UpstreamTry>,
+    /// When the attempt under way got its connection and its answer's head; taken by the
+    /// [`UpstreamTry`] that records the attempt.
+    pub connected: Option<Instant>,
+    pub head_read: Option<Instant>,
 }
 
 impl Tries {
@@ -121,6 +132,12 @@ impl Tries {
             None => self.first = Some(t),
             Some(_) => self.more.push(t),
         }
+    }
+
+    /// The attempt under way has a connection to send on (kept or new); the first mark
+    /// counts, as nginx sets its connect time once per attempt.
+    pub fn mark_connected(&mut self) {
+        self.connected.get_or_insert_with(Instant::now);
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &UpstreamTry> {
@@ -166,8 +183,9 @@ impl Request {
             real_peer: None,
             auth_challenge: Vec::new(),
             subrequest: false,
-            upstream_headers: Vec::new(),
             carried: Vec::new(),
+            request_id: Cell::new(None),
+            upstream_headers: RefCell::new(None),
         }
     }
 

@@ -9,8 +9,8 @@
 //! `$bytes_sent` `$content_type` `$content_length` `$connection` `$connection_requests` `$msec`
 //! `$time_local` `$time_iso8601` `$pid` `$nginx_version` `$gannet_version` `$fastcgi_script_name`
 //! `$fastcgi_path_info` `$proxy_host` `$proxy_port` `$proxy_add_x_forwarded_for`
-//! `$upstream_addr` `$upstream_status` `$upstream_response_time` `$upstream_http_NAME`
-//! (in `auth_request_set`) `$limit_req_status`
+//! `$upstream_addr` `$upstream_status` `$upstream_response_time` `$upstream_connect_time`
+//! `$upstream_header_time` `$upstream_http_NAME` `$request_id` `$http2` `$limit_req_status`
 //! `$limit_conn_status` and `$1`..`$9`; the TLS
 //! ones `$ssl_protocol` `$ssl_cipher` `$ssl_curve` `$ssl_server_name` `$ssl_session_reused`
 //! `$ssl_client_verify` `$ssl_client_s_dn` `$ssl_client_i_dn` `$ssl_client_serial`
@@ -23,6 +23,18 @@ use crate::http::request::Request;
 use crate::http::response::Response;
 use crate::http::user_vars::{self, UserVar};
 use std::fmt::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A loaded config reads `$upstream_http_*`: the gateways then keep each answer's header
+/// fields on the request (a copy of their list per proxied request, which no other config
+/// pays for). Never cleared: after a reload that dropped the variable the copy is made
+/// for nothing, but nothing is wrong.
+static UPSTREAM_HEADERS: AtomicBool = AtomicBool::new(false);
+
+/// Whether upstream answers' header fields are to be kept for `$upstream_http_*`.
+pub fn keeps_upstream_headers() -> bool {
+    UPSTREAM_HEADERS.load(Ordering::Relaxed)
+}
 
 /// One variable reference.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,9 +47,6 @@ pub enum Var {
     Http(String),
     Cookie(String),
     SentHttp(String),
-    /// `$upstream_http_NAME`: only `auth_request`'s subrequest keeps its answer's headers
-    /// so far (for `auth_request_set`); elsewhere it is empty.
-    UpstreamHttp(String),
     Host,
     Hostname,
     RemoteAddr,
@@ -87,6 +96,12 @@ pub enum Var {
     UpstreamAddr,
     UpstreamStatus,
     UpstreamResponseTime,
+    UpstreamConnectTime,
+    UpstreamHeaderTime,
+    /// `$upstream_http_NAME` (lowercase, with `-`).
+    UpstreamHttp(String),
+    RequestId,
+    Http2,
     Capture(usize),
     Ssl(SslVar),
     /// Defined by the config (`set`, `map`, a named capture).
@@ -223,6 +238,10 @@ impl Var {
             "upstream_addr" => Var::UpstreamAddr,
             "upstream_status" => Var::UpstreamStatus,
             "upstream_response_time" => Var::UpstreamResponseTime,
+            "upstream_connect_time" => Var::UpstreamConnectTime,
+            "upstream_header_time" => Var::UpstreamHeaderTime,
+            "request_id" => Var::RequestId,
+            "http2" => Var::Http2,
             "limit_req_status" => Var::LimitReqStatus,
             "limit_conn_status" => Var::LimitConnStatus,
             "limit_rate" => Var::LimitRate,
@@ -234,6 +253,7 @@ impl Var {
                 } else if let Some(h) = name.strip_prefix("sent_http_") {
                     Var::SentHttp(lower(h).replace('_', "-"))
                 } else if let Some(h) = name.strip_prefix("upstream_http_") {
+                    UPSTREAM_HEADERS.store(true, Ordering::Relaxed);
                     Var::UpstreamHttp(lower(h).replace('_', "-"))
                 } else if let Some(c) = name.strip_prefix("cookie_") {
                     Var::Cookie(c.to_string())
@@ -244,6 +264,27 @@ impl Var {
                 }
             }
         })
+    }
+}
+
+impl Var {
+    /// Whether an empty value is one nginx has (empty, but found) rather than its "not
+    /// found": the difference between `""` and `-` in a default-escaped log line.
+    fn found_empty(&self, req: &Request, sent: &Sent) -> bool {
+        match self {
+            Var::Http(name) => req.head.header(name).is_some(),
+            Var::Arg(name) => req.arg(name).is_some(),
+            Var::Cookie(name) => req.cookie(name).is_some(),
+            Var::Args => req.args.is_some(),
+            Var::IsArgs | Var::Http2 => true,
+            Var::SentHttp(name) => sent
+                .response
+                .is_some_and(|r| r.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))),
+            // `set`, `map`, `geo` and named captures give a value even when it is empty
+            // (nginx logs `set $x ""` as `""`).
+            Var::User(_) => true,
+            _ => false,
+        }
     }
 }
 
@@ -415,10 +456,18 @@ impl Template {
         }
     }
 
-    /// Evaluate for a log line: values are escaped as nginx's default `escape=default`
-    /// does (`"`, `\` and bytes outside 0x20..0x7e as `\xHH`), and empty values become `-`.
-    pub fn eval_log(&self, req: &Request, sent: &Sent, out: &mut Vec<u8>) {
-        // One value at a time; sized once for the usual ones (a User-Agent, a request line).
+    /// Evaluate for a log line: literal text as it is, each variable's value through
+    /// `value`, which escapes it as the format's `escape=` says; `None` for a variable nginx
+    /// calls "not found" (logged as `-` by default), `Some("")` for one that is there but
+    /// empty (an empty header, `$is_args` without a query). One value buffer for the whole
+    /// line, sized once for the usual ones (a User-Agent, a request line).
+    pub fn eval_log(
+        &self,
+        req: &Request,
+        sent: &Sent,
+        out: &mut Vec<u8>,
+        value: impl Fn(Option<&[u8]>, &mut Vec<u8>),
+    ) {
         let mut val = String::with_capacity(128);
         for p in &self.parts {
             match p {
@@ -426,32 +475,12 @@ impl Template {
                 Part::Var(v) => {
                     val.clear();
                     append(&mut val, v, req, Some(sent), &req.captures);
-                    if val.is_empty() {
-                        out.push(b'-');
-                    } else {
-                        escape_log(val.as_bytes(), out);
-                    }
+                    // Only an empty value needs the second look.
+                    let found = !val.is_empty() || v.found_empty(req, sent);
+                    value(found.then_some(val.as_bytes()), out);
                 }
             }
         }
-    }
-}
-
-fn escape_log(v: &[u8], out: &mut Vec<u8>) {
-    for &c in v {
-        if c == b'"' || c == b'\\' || !(0x20..=0x7e).contains(&c) {
-            let _ = write!(HexOut(out), "\\x{c:02X}");
-        } else {
-            out.push(c);
-        }
-    }
-}
-
-struct HexOut<'a>(&'a mut Vec<u8>);
-impl std::fmt::Write for HexOut<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.extend_from_slice(s.as_bytes());
-        Ok(())
     }
 }
 
@@ -460,6 +489,16 @@ impl std::fmt::Write for HexOut<'_> {
 /// profiles (about 150 instructions a number, callgrind).
 fn push_uint(out: &mut String, n: u64) {
     out.push_str(gannet_proto::h1::encode::decimal(n, &mut [0; 20]));
+}
+
+/// A duration as nginx writes its times: seconds with three decimals ("0.012").
+fn push_secs(out: &mut String, t: std::time::Duration) {
+    push_uint(out, t.as_secs());
+    let ms = t.subsec_millis();
+    out.push('.');
+    for d in [ms / 100, ms / 10 % 10, ms % 10] {
+        out.push(char::from(b'0' + d as u8));
+    }
 }
 
 /// An address as `Display` writes it; IPv4 without the formatter (`$remote_addr` and
@@ -528,16 +567,6 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                 s.append_header(name, out);
             }
         }
-        Var::UpstreamHttp(name) => {
-            // The first such header, as nginx's lookup in the upstream's headers.
-            if let Some((_, v)) = req
-                .upstream_headers
-                .iter()
-                .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            {
-                out.push_str(v);
-            }
-        }
         Var::Host => out.push_str(&req.host),
         Var::ProxyHost => {
             if let Some((h, _)) = crate::modules::proxy::host_and_port(req) {
@@ -550,21 +579,59 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
             }
         }
         Var::ProxyAddXForwardedFor => crate::modules::proxy::add_x_forwarded_for(req, out),
-        Var::UpstreamAddr | Var::UpstreamStatus | Var::UpstreamResponseTime => {
-            // One entry per server tried, as nginx lists them: "a, b".
+        Var::UpstreamAddr
+        | Var::UpstreamStatus
+        | Var::UpstreamResponseTime
+        | Var::UpstreamConnectTime
+        | Var::UpstreamHeaderTime => {
+            // One entry per server tried, as nginx lists them: "a, b"; a time the attempt
+            // never reached (no connection, no head) as "-".
             for (i, t) in req.upstream.borrow().iter().enumerate() {
                 if i > 0 {
                     out.push_str(", ");
                 }
-                match v {
+                let time = match v {
                     Var::UpstreamAddr => {
                         let _ = write!(out, "{}", t.addr);
+                        continue;
                     }
-                    Var::UpstreamStatus => push_uint(out, t.status.into()),
-                    _ => {
-                        let _ = write!(out, "{}.{:03}", t.time.as_secs(), t.time.subsec_millis());
+                    Var::UpstreamStatus => {
+                        push_uint(out, t.status.into());
+                        continue;
                     }
+                    Var::UpstreamConnectTime => t.connect,
+                    Var::UpstreamHeaderTime => t.header,
+                    _ => Some(t.time),
+                };
+                match time {
+                    Some(t) => push_secs(out, t),
+                    None => out.push('-'),
                 }
+            }
+        }
+        Var::UpstreamHttp(name) => {
+            if let Some(v) = req
+                .upstream_headers
+                .borrow()
+                .as_ref()
+                .and_then(|f| f.get(name))
+            {
+                out.push_str(v);
+            }
+        }
+        Var::RequestId => {
+            // 128 random bits, as nginx (which reads them from OpenSSL's RAND_bytes, or its
+            // own random() without OpenSSL): a label for a request, not a secret.
+            let id = req.request_id.get().unwrap_or_else(|| {
+                let id = fastrand::u128(..);
+                req.request_id.set(Some(id));
+                id
+            });
+            let _ = write!(out, "{id:032x}");
+        }
+        Var::Http2 => {
+            if req.head.version == gannet_proto::h1::Version::Http2 {
+                out.push_str(if req.conn.tls.is_some() { "h2" } else { "h2c" });
             }
         }
         Var::Hostname => out.push_str(crate::runtime::hostname()),
@@ -660,10 +727,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         Var::RequestLength => {
             push_uint(out, req.head.raw().len() as u64 + req.body_length);
         }
-        Var::RequestTime => {
-            let t = req.start.elapsed();
-            let _ = write!(out, "{}.{:03}", t.as_secs(), t.subsec_millis());
-        }
+        Var::RequestTime => push_secs(out, req.start.elapsed()),
         // Before an answer is made, nginx's "000".
         Var::Status => match sent.map_or(0, |s| s.status) {
             s @ 100.. => push_uint(out, s.into()),
@@ -750,6 +814,21 @@ mod tests {
     }
 
     #[test]
+    fn times_as_nginx_writes_them() {
+        use std::time::Duration;
+        for (t, text) in [
+            (Duration::ZERO, "0.000"),
+            (Duration::from_millis(7), "0.007"),
+            (Duration::from_millis(12_345), "12.345"),
+            (Duration::from_micros(1_999_999), "1.999"),
+        ] {
+            let mut out = String::new();
+            push_secs(&mut out, t);
+            assert_eq!(out, text);
+        }
+    }
+
+    #[test]
     fn numbers_and_addresses_as_display_writes_them() {
         for n in [0, 7, 10, 99, 65535, 1_000_000, u64::MAX] {
             let mut out = String::from("x");
@@ -769,12 +848,5 @@ mod tests {
             push_ip(&mut out, ip);
             assert_eq!(out, ip.to_string());
         }
-    }
-
-    #[test]
-    fn escapes_log_values() {
-        let mut out = Vec::new();
-        escape_log(b"a\"b\\c\x01\xff", &mut out);
-        assert_eq!(out, b"a\\x22b\\x5Cc\\x01\\xFF");
     }
 }

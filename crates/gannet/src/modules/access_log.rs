@@ -1,4 +1,4 @@
-//! `log_format name [escape=default|none] string ...;` and
+//! `log_format name [escape=default|json|none] string ...;` and
 //! `access_log path|syslog:... [format [buffer=size] [flush=time] [if=condition]] | off;`.
 //!
 //! `syslog:server=...` sends each line as one datagram (see `syslog`), unbuffered as nginx
@@ -46,8 +46,77 @@ pub const COMBINED: &str =
 #[derive(Debug)]
 pub struct LogFormat {
     pub template: Template,
-    /// `escape=none` writes values as they are.
-    pub escape: bool,
+    pub escape: Escape,
+}
+
+/// How a variable's value is written into a line (`escape=`), byte for byte as nginx's
+/// `ngx_http_log_escape` / `ngx_escape_json` do, so tools that parse nginx's logs parse
+/// gannet's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Escape {
+    /// `"`, `\`, control bytes and bytes from 0x7f up as `\xHH`; a value that is not there as `-`.
+    Default,
+    /// For a JSON string: `\"`, `\\`, `\n` `\r` `\t` `\b` `\f`, other control bytes as
+    /// `\u00HH`; bytes from 0x7f up as they are (UTF-8 stays UTF-8); a value that is not
+    /// there as nothing, so `"$x"` stays a valid string.
+    Json,
+    /// As it is; a value that is not there as nothing.
+    None,
+}
+
+impl Escape {
+    /// Write one variable's value (`None`: a variable nginx calls "not found").
+    fn value(self, v: Option<&[u8]>, out: &mut Vec<u8>) {
+        match (self, v) {
+            (Escape::Default, None) => out.push(b'-'),
+            (_, None) => {}
+            (Escape::Default, Some(v)) => escape_default(v, out),
+            (Escape::Json, Some(v)) => escape_json(v, out),
+            (Escape::None, Some(v)) => out.extend_from_slice(v),
+        }
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
+
+fn escape_default(v: &[u8], out: &mut Vec<u8>) {
+    // Runs of bytes that need nothing are copied at once: most values have no byte to escape.
+    let mut start = 0;
+    for (i, &c) in v.iter().enumerate() {
+        if c == b'"' || c == b'\\' || !(0x20..=0x7e).contains(&c) {
+            out.extend_from_slice(&v[start..i]);
+            out.extend_from_slice(&[b'\\', b'x', HEX[(c >> 4) as usize], HEX[(c & 15) as usize]]);
+            start = i + 1;
+        }
+    }
+    out.extend_from_slice(&v[start..]);
+}
+
+fn escape_json(v: &[u8], out: &mut Vec<u8>) {
+    let mut start = 0;
+    for (i, &c) in v.iter().enumerate() {
+        let short = match c {
+            b'"' => b'"',
+            b'\\' => b'\\',
+            b'\n' => b'n',
+            b'\r' => b'r',
+            b'\t' => b't',
+            0x08 => b'b',
+            0x0c => b'f',
+            0..=0x1f => 0,
+            _ => continue,
+        };
+        out.extend_from_slice(&v[start..i]);
+        if short != 0 {
+            out.extend_from_slice(&[b'\\', short]);
+        } else {
+            // nginx writes the high digit as '0' + (c >> 4): always 0 or 1 here.
+            out.extend_from_slice(b"\\u00");
+            out.extend_from_slice(&[HEX[(c >> 4) as usize], HEX[(c & 15) as usize]]);
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&v[start..]);
 }
 
 /// An open log, shared by all workers; each worker buffers its own lines.
@@ -130,10 +199,11 @@ fn open_log(target: &Target, d: &Directive) -> Result<File, ConfError> {
 pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
     if d.name == "log_format" {
         let (escape, start) = match d.args[1].strip_prefix("escape=") {
-            Some("default") | Some("json") => (true, 2),
-            Some("none") => (false, 2),
-            Some(v) => return Err(invalid(d, v)),
-            None => (true, 1),
+            Some("default") => (Escape::Default, 2),
+            Some("json") => (Escape::Json, 2),
+            Some("none") => (Escape::None, 2),
+            Some(v) => return Err(d.error(format!("unknown log format escaping \"{v}\""))),
+            None => (Escape::Default, 1),
         };
         if d.args[0] == "combined" {
             return Err(d.error("duplicate \"log_format\" name \"combined\""));
@@ -209,7 +279,7 @@ pub fn predefined() -> std::collections::HashMap<String, Arc<LogFormat>> {
             "combined".to_string(),
             Arc::new(LogFormat {
                 template,
-                escape: true,
+                escape: Escape::Default,
             }),
         );
     }
@@ -218,10 +288,48 @@ pub fn predefined() -> std::collections::HashMap<String, Arc<LogFormat>> {
 
 /// Build the line for one request into `out` (with its newline).
 pub fn format_line(f: &LogFormat, req: &Request, sent: &Sent, out: &mut Vec<u8>) {
-    if f.escape {
-        f.template.eval_log(req, sent, out);
-    } else {
-        out.extend_from_slice(f.template.eval(req, Some(sent)).as_bytes());
-    }
+    let escape = f.escape;
+    f.template
+        .eval_log(req, sent, out, |v, out| escape.value(v, out));
     out.push(b'\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn esc(e: Escape, v: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        e.value(Some(v), &mut out);
+        out
+    }
+
+    #[test]
+    fn escapes_as_nginx() {
+        let v = b"a\"b\\c\x01\n\x7f\xc3\xa9";
+        assert_eq!(
+            esc(Escape::Default, v),
+            b"a\\x22b\\x5Cc\\x01\\x0A\\x7F\\xC3\\xA9".to_vec()
+        );
+        assert_eq!(
+            esc(Escape::Json, v),
+            b"a\\\"b\\\\c\\u0001\\n\x7f\xc3\xa9".to_vec()
+        );
+        assert_eq!(
+            esc(Escape::Json, b"\x08\x0c\t\r\x1f"),
+            b"\\b\\f\\t\\r\\u001F".to_vec()
+        );
+        assert_eq!(esc(Escape::None, v), v.to_vec());
+        for (e, unset) in [
+            (Escape::Default, &b"-"[..]),
+            (Escape::Json, b""),
+            (Escape::None, b""),
+        ] {
+            let mut out = Vec::new();
+            e.value(None, &mut out);
+            assert_eq!(out, unset);
+            assert_eq!(esc(e, b""), b"".to_vec());
+        }
+        assert_eq!(esc(Escape::Default, b"plain"), b"plain".to_vec());
+    }
 }

@@ -1,8 +1,15 @@
-//! Response header filter: `add_header name value [always]` and `expires`.
+//! Response header filter: `add_header name value [always]` and
+//! `expires [modified] time|@time|epoch|max|off|$variable`.
 //!
 //! As in nginx, both act on 200, 201, 204, 206, 301, 302, 303, 304, 307 and 308 responses
 //! (add_header on any status with `always`), and add_header lists are inherited only by
 //! levels that set none of their own.
+//!
+//! Both run once the response's own headers are known, so their variables see them:
+//! `$sent_http_content_type` in an `add_header` value (or in a `map` it reads) is the type
+//! being sent, and each `add_header` sees the ones before it. `expires $var` parses the
+//! variable's value per response as nginx parses the directive's argument; a value that does
+//! not parse sets nothing.
 
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::http::request::Request;
@@ -10,10 +17,11 @@ use crate::http::response::Response;
 use crate::http::variables::{Sent, Template};
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
+use gannet_proto::cgi::HeaderValue;
 use gannet_proto::h1::encode::http_date;
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub const DIRECTIVES: &[Spec] = &[
     Spec {
@@ -37,7 +45,7 @@ pub struct AddHeader {
     pub always: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Expires {
     Off,
     Epoch,
@@ -47,6 +55,48 @@ pub enum Expires {
         secs: i64,
         modified: bool,
     },
+    /// `@time`: the next time the local clock shows this time of day (seconds after
+    /// midnight).
+    Daily(i64),
+    /// A value with variables, parsed per response.
+    Var {
+        value: Template,
+        modified: bool,
+    },
+}
+
+/// nginx's `ngx_http_parse_expires`: at load time for a fixed argument, per response for a
+/// variable's value (with the same messages, though those are only shown at load time).
+fn parse_expires(v: &str, modified: bool) -> Result<Expires, &'static str> {
+    if !modified {
+        match v {
+            "epoch" => return Ok(Expires::Epoch),
+            "max" => return Ok(Expires::Max),
+            "off" => return Ok(Expires::Off),
+            _ => {}
+        }
+    }
+    let (daily, neg, t) = if let Some(t) = v.strip_prefix('@') {
+        if modified {
+            return Err("daily time cannot be used with \"modified\" parameter");
+        }
+        (true, false, t)
+    } else if let Some(t) = v.strip_prefix('-') {
+        (false, true, t)
+    } else {
+        (false, false, v.strip_prefix('+').unwrap_or(v))
+    };
+    let secs = setters::sec(t).ok_or("invalid value")? as i64;
+    if daily {
+        if secs > 24 * 60 * 60 {
+            return Err("daily time value must be less than 24 hours");
+        }
+        return Ok(Expires::Daily(secs));
+    }
+    Ok(Expires::After {
+        secs: if neg { -secs } else { secs },
+        modified,
+    })
 }
 
 #[derive(Debug, Clone, Default)]
@@ -79,26 +129,19 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
             c.add = Some(Arc::new(list));
         }
         _ => {
+            if c.expires.is_some() {
+                return Err(d.error("\"expires\" directive is duplicate"));
+            }
             let (modified, v) = match d.args.as_slice() {
                 [m, v] if m == "modified" => (true, v),
                 [v] => (false, v),
                 _ => return Err(invalid(d, &d.args[0])),
             };
-            c.expires = Some(match v.as_str() {
-                "off" => Expires::Off,
-                "epoch" => Expires::Epoch,
-                "max" => Expires::Max,
-                t => {
-                    let (neg, t) = match t.strip_prefix('-') {
-                        Some(rest) => (true, rest),
-                        None => (false, t.strip_prefix('+').unwrap_or(t)),
-                    };
-                    let secs = setters::sec(t).ok_or_else(|| invalid(d, v))? as i64;
-                    Expires::After {
-                        secs: if neg { -secs } else { secs },
-                        modified,
-                    }
-                }
+            let value = Template::compile(v).map_err(|e| d.error(e))?;
+            c.expires = Some(if value.has_vars() {
+                Expires::Var { value, modified }
+            } else {
+                parse_expires(v, modified).map_err(|e| d.error(e))?
             });
         }
     }
@@ -114,14 +157,23 @@ pub fn filter(req: &Request, r: &mut Response) {
     let c = &req.conf.headers;
     let ok = status_gets_headers(r.status);
     if ok {
-        if let Some(e) = c.expires {
-            expires(e, r);
+        match &c.expires {
+            None | Some(Expires::Off) => {}
+            Some(Expires::Var { value, modified }) => {
+                let v = value.eval(req, Some(&sent(r)));
+                // A value that does not parse sets nothing (nginx: NGX_OK, no header).
+                if let Ok(e) = parse_expires(&v, *modified) {
+                    expires(&e, false, r);
+                }
+            }
+            Some(e) => expires(e, true, r),
         }
     }
     if let Some(list) = &c.add {
-        let sent = Sent::status(r.status);
         for h in list.iter().filter(|h| ok || h.always) {
-            let v = h.value.eval(req, Some(&sent));
+            // Evaluated against the response as it is now, the headers added before it
+            // included (nginx adds them one by one).
+            let v = h.value.eval(req, Some(&sent(r)));
             // An empty value adds nothing, as in nginx.
             if !v.is_empty() {
                 r.headers.push((Cow::Owned(h.name.clone()), v.into()));
@@ -130,40 +182,102 @@ pub fn filter(req: &Request, r: &mut Response) {
     }
 }
 
-fn expires(e: Expires, r: &mut Response) {
-    let (exp, cc) = match e {
-        Expires::Off => return,
-        Expires::Epoch => (
-            "Thu, 01 Jan 1970 00:00:01 GMT".to_string(),
-            "no-cache".to_string(),
-        ),
-        Expires::Max => (
-            "Thu, 31 Dec 2037 23:55:55 GMT".to_string(),
-            "max-age=315360000".to_string(),
-        ),
-        Expires::After { secs, modified } => {
-            let now = SystemTime::now();
-            let base = if modified {
-                r.last_modified.unwrap_or(now)
-            } else {
-                now
-            };
-            let at = if secs >= 0 {
-                base + Duration::from_secs(secs as u64)
-            } else {
-                base - Duration::from_secs(secs.unsigned_abs())
-            };
-            let max_age = at.duration_since(now).map(|d| d.as_secs()).ok();
-            let cc = match max_age {
-                Some(a) if secs >= 0 || a > 0 => format!("max-age={a}"),
-                _ => "no-cache".to_string(),
-            };
-            (http_date(at), cc)
+/// The response as `$status` and `$sent_http_*` see it while its head is being made.
+fn sent(r: &Response) -> Sent<'_> {
+    Sent {
+        response: Some(r),
+        ..Sent::status(r.status)
+    }
+}
+
+/// Set Expires and Cache-Control as nginx's `ngx_http_set_expires` does. `fixed`: the
+/// setting is the directive's own argument (nginx looks at its configured time for
+/// `no-cache`, which is 0 when the time came from a variable).
+fn expires(e: &Expires, fixed: bool, r: &mut Response) {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let (secs, modified, daily) = match *e {
+        Expires::Off | Expires::Var { .. } => return,
+        Expires::Epoch => {
+            return set_expires(r, "Thu, 01 Jan 1970 00:00:01 GMT".into(), "no-cache".into())
         }
+        Expires::Max => {
+            return set_expires(
+                r,
+                "Thu, 31 Dec 2037 23:55:55 GMT".into(),
+                "max-age=315360000".into(),
+            )
+        }
+        // A time of 0 is "now", even with `modified`.
+        Expires::After { secs: 0, .. } => {
+            return set_expires(r, http_date(at(now)).into(), "max-age=0".into())
+        }
+        Expires::After { secs, modified } => (secs, modified, false),
+        Expires::Daily(secs) => (secs, false, true),
     };
+    let last_modified = r.last_modified.map(|t| {
+        t.duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64)
+    });
+    let (when, max_age) = if daily {
+        let when = crate::runtime::clock::next_local_time(secs, now);
+        (when, when - now)
+    } else if let (true, Some(lm)) = (modified, last_modified) {
+        (lm + secs, lm + secs - now)
+    } else {
+        (now + secs, secs)
+    };
+    let cc = if (fixed && secs < 0) || max_age < 0 {
+        "no-cache".into()
+    } else {
+        format!("max-age={max_age}").into()
+    };
+    set_expires(r, http_date(at(when)).into(), cc);
+}
+
+/// Replace any Expires and Cache-Control the response has.
+fn set_expires(r: &mut Response, exp: HeaderValue, cc: HeaderValue) {
     r.headers.retain(|(n, _)| {
         !n.eq_ignore_ascii_case("expires") && !n.eq_ignore_ascii_case("cache-control")
     });
-    r.headers.push((Cow::Borrowed("Expires"), exp.into()));
-    r.headers.push((Cow::Borrowed("Cache-Control"), cc.into()));
+    r.headers.push((Cow::Borrowed("Expires"), exp));
+    r.headers.push((Cow::Borrowed("Cache-Control"), cc));
+}
+
+/// A time in seconds since the epoch (before it: the epoch).
+fn at(secs: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(secs.max(0) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_expires_as_nginx() {
+        assert_eq!(parse_expires("max", false), Ok(Expires::Max));
+        assert_eq!(parse_expires("epoch", false), Ok(Expires::Epoch));
+        assert_eq!(parse_expires("off", false), Ok(Expires::Off));
+        assert_eq!(parse_expires("max", true), Err("invalid value"));
+        assert_eq!(
+            parse_expires("-1h", false),
+            Ok(Expires::After {
+                secs: -3600,
+                modified: false
+            })
+        );
+        assert_eq!(
+            parse_expires("+30d", true),
+            Ok(Expires::After {
+                secs: 30 * 86400,
+                modified: true
+            })
+        );
+        assert_eq!(parse_expires("@15h30m", false), Ok(Expires::Daily(55800)));
+        assert!(parse_expires("@25h", false).is_err());
+        assert!(parse_expires("@1h", true).is_err());
+        assert_eq!(parse_expires("", false), Err("invalid value"));
+        assert_eq!(parse_expires("soon", false), Err("invalid value"));
+    }
 }

@@ -373,10 +373,11 @@ fn answer(req: &Request, code: u16, text: Option<&Template>) -> Flow {
     Flow::Done(r)
 }
 
-/// A redirect with nginx's body (its target is made absolute by [`absolute`]).
+/// A redirect with nginx's body. Its target is made absolute by [`absolute`] in the
+/// response filters (`http::handler::finish`), after `add_header` has seen it as it is.
 pub fn redirect_response(req: &Request, code: u16, location: &str) -> Response {
     let mut r = Response::error_page(code, req.conf.core.server_tokens());
-    r.location = Some(absolute(req, location).unwrap_or_else(|| location.to_string()));
+    r.location = Some(location.to_string());
     r
 }
 
@@ -389,10 +390,17 @@ pub fn absolute(req: &Request, location: &str) -> Option<String> {
     if !location.starts_with('/') || !core.absolute_redirect() {
         return None;
     }
-    let host = if core.server_name_in_redirect() || req.host.is_empty() {
+    // The host the client named (Host, or an absolute-form target); without one, nginx
+    // names the address the connection came to, not the server.
+    let named = req.head.host().is_some() || !req.head.target().starts_with(b"/");
+    let local;
+    let host = if core.server_name_in_redirect() {
         &req.server.primary_name
-    } else {
+    } else if named && !req.host.is_empty() {
         &req.host
+    } else {
+        local = req.conn.local.ip().to_string();
+        &local
     };
     let port = req.conn.local.port();
     let (scheme, default_port) = if req.conn.tls.is_some() {

@@ -1,6 +1,6 @@
 //! `try_files file ... uri | =code`: serve the first file that exists (a name ending in `/`
-//! tests for a directory), else make an internal redirect to the last argument (a URI or
-//! `@name`), or answer with `=code`.
+//! tests for a directory, and the URI it leaves has that `/` removed, as in nginx), else make
+//! an internal redirect to the last argument (a URI or `@name`), or answer with `=code`.
 
 use super::{LoadCtx, LocConf};
 use crate::http::handler::Flow;
@@ -24,9 +24,19 @@ pub enum Fallback {
     Code(u16),
 }
 
+/// One name to try.
+#[derive(Debug, Clone)]
+pub struct Try {
+    /// The name, without the `/` that asks for a directory.
+    pub name: Template,
+    /// The argument ended in `/` (in the config, not in a variable's value, as nginx
+    /// decides): a directory is looked for, and the URI it leaves has no final `/`.
+    pub dir: bool,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct TryFilesConf {
-    pub tries: Option<Arc<(Vec<Template>, Fallback)>>,
+    pub tries: Option<Arc<(Vec<Try>, Fallback)>>,
 }
 
 pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), ConfError> {
@@ -48,7 +58,13 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
     };
     let files = files
         .iter()
-        .map(|f| Template::compile(f).map_err(|e| d.error(e)))
+        .map(|f| {
+            let dir = f.len() > 1 && f.ends_with('/');
+            let name = if dir { &f[..f.len() - 1] } else { &f[..] };
+            Template::compile(name)
+                .map(|name| Try { name, dir })
+                .map_err(|e| d.error(e))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     lc.try_files.tries = Some(Arc::new((files, fallback)));
     Ok(())
@@ -61,11 +77,13 @@ pub fn handle(req: &mut Request, w: &Worker) -> Flow {
     };
     let policy = req.conf.files.policy();
     for t in &tries.0 {
-        let name = t.eval(req, None);
-        let want_dir = name.ends_with('/') && name.len() > 1;
+        let name = t.name.eval(req, None);
         let path = req.filename_for(&name);
         if let Ok(f) = w.files.open(&path, &policy) {
-            if (want_dir && f.is_dir) || (!want_dir && f.is_file) {
+            if (t.dir && f.is_dir) || (!t.dir && f.is_file) {
+                // `$uri/` for `/sub` leaves `/sub`, which the static module redirects to
+                // `/sub/` (so relative links resolve), as nginx does; `/sub/` leaves `/sub/`
+                // for the index module.
                 req.uri = name;
                 return Flow::Next;
             }

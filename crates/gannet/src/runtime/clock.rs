@@ -39,6 +39,21 @@ fn breakdown(secs: i64, local: bool) -> Tm {
     )
 }
 
+/// The next moment after `now` (seconds since the epoch) when the local clock shows
+/// `of_day` seconds after midnight: `expires @time` (nginx's `ngx_next_time`). Today's if it
+/// is still ahead, else tomorrow's; a day is taken as 24 hours (a daylight-saving change
+/// between now and then moves the answer by its hour).
+pub fn next_local_time(of_day: i64, now: i64) -> i64 {
+    let (.., h, m, s, _) = breakdown(now, true);
+    let midnight = now - i64::from(h * 3600 + m * 60 + s);
+    let next = midnight + of_day;
+    if next > now {
+        next
+    } else {
+        next + 24 * 60 * 60
+    }
+}
+
 fn unix(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)

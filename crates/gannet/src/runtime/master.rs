@@ -84,7 +84,7 @@ pub fn run(config: Config, reload: impl Fn() -> Result<Config, ConfError>) -> Re
     let config = Arc::new(config);
     let main = &config.main;
     crate::errlog::init(&main.error_logs)?;
-    for w in &config.process.warnings {
+    for w in config.process.warnings.iter().chain(&config.warnings) {
         crate::errlog::warn(format_args!("{w}"));
     }
     if let Some(n) = main.rlimit_nofile {
@@ -234,7 +234,7 @@ fn reload(
         Ok(c) => Arc::new(c),
         Err(e) => return crate::errlog::log(Level::Emerg, format_args!("{e}{kept}")),
     };
-    for w in &config.process.warnings {
+    for w in config.process.warnings.iter().chain(&config.warnings) {
         crate::errlog::warn(format_args!("{w}"));
     }
     let id = *next_id;

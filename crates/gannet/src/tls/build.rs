@@ -8,6 +8,7 @@ use super::session::{rotating_keys, TimedCache, TimedTickets};
 use super::verify::DeferredVerifier;
 use super::ServerTls;
 use crate::modules::tls::{FileArg, SessionCache, TlsConf, VerifyClient};
+use crate::modules::LoadCtx;
 use gannet_conf::{ConfError, Loc};
 use rustls::crypto::CryptoProvider;
 use rustls::server::danger::ClientCertVerifier;
@@ -40,8 +41,7 @@ fn err(loc: &Loc, msg: impl std::fmt::Display) -> ConfError {
 pub fn build_server(
     c: &TlsConf,
     h2: bool,
-    state: &mut LoadState,
-    notices: &mut Vec<String>,
+    lctx: &mut LoadCtx,
     at: &Loc,
 ) -> Result<Option<Arc<ServerTls>>, ConfError> {
     let certs = c.certificates.as_deref().unwrap_or_default();
@@ -69,7 +69,11 @@ pub fn build_server(
             )
         })?;
         let chain = load_chain(cert_file, "certificate")?;
-        certs::check_current(cert_file, &chain[0])?;
+        // Expired or not yet valid: loaded anyway, as nginx does (a restart on the day a
+        // renewal failed must not take every site of the server down), with a warning.
+        if let Some(w) = certs::validity_warning(cert_file, &chain[0])? {
+            lctx.warnings.push(w);
+        }
         let key = load_key(key_file, c.password_file.as_deref())?;
         let signer = provider.key_provider.load_private_key(key).map_err(|e| {
             err(
@@ -93,7 +97,7 @@ pub fn build_server(
                 ),
             ));
         }
-        ck.ocsp = stapled(c, notices)?;
+        ck.ocsp = stapled(c, &mut lctx.notices)?;
         pairs.push(Arc::new(ck));
     }
     let protocols = c.protocols();
@@ -127,14 +131,14 @@ pub fn build_server(
         vec![b"http/1.1".to_vec()]
     };
     let timeout = c.session_timeout().as_secs();
-    config.session_storage = sessions(c, state, timeout);
+    config.session_storage = sessions(c, &mut lctx.tls, timeout);
     if c.session_tickets() {
-        let keys = match state.ticket_keys.get(&timeout) {
+        let keys = match lctx.tls.ticket_keys.get(&timeout) {
             Some(k) => k.clone(),
             None => {
                 let k = rotating_keys(timeout)
                     .map_err(|e| err(at, format!("cannot make session ticket keys: {e}")))?;
-                state.ticket_keys.insert(timeout, k.clone());
+                lctx.tls.ticket_keys.insert(timeout, k.clone());
                 k
             }
         };

@@ -1,5 +1,5 @@
 //! Certificates and keys from PEM files, with the checks `gannet -t` reports by file name
-//! (missing, unreadable, not PEM, key not matching, expired or not yet valid), encrypted
+//! (missing, unreadable, not PEM, key not matching; expired or not yet valid is a warning), encrypted
 //! keys opened with `ssl_password_file`, and the facts of a client certificate that the
 //! `$ssl_client_*` variables show.
 
@@ -190,31 +190,40 @@ fn now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
-/// A server certificate must parse and be within its validity period.
-pub fn check_current(f: &FileArg, der: &CertificateDer<'_>) -> Result<(), ConfError> {
-    let fail = |msg: String| {
-        ConfError::at(
-            &f.loc,
-            format!("certificate \"{}\" {msg}", f.path.display()),
+/// A server certificate must parse; outside its validity period it is still served (as
+/// nginx serves it), and this says so for the error log.
+pub fn validity_warning(
+    f: &FileArg,
+    der: &CertificateDer<'_>,
+) -> Result<Option<String>, ConfError> {
+    let say = |msg: String| {
+        format!(
+            "{}: certificate \"{}\" {msg}; served anyway, clients will refuse it",
+            f.loc,
+            f.path.display()
         )
     };
-    let (_, cert) =
-        X509Certificate::from_der(der).map_err(|e| fail(format!("cannot be parsed: {e}")))?;
+    let (_, cert) = X509Certificate::from_der(der).map_err(|e| {
+        ConfError::at(
+            &f.loc,
+            format!("certificate \"{}\" cannot be parsed: {e}", f.path.display()),
+        )
+    })?;
     let v = cert.validity();
     let now = now();
-    if v.not_after.timestamp() < now {
-        return Err(fail(format!(
+    Ok(if v.not_after.timestamp() < now {
+        Some(say(format!(
             "has expired (not valid after {})",
             v.not_after
-        )));
-    }
-    if v.not_before.timestamp() > now {
-        return Err(fail(format!(
+        )))
+    } else if v.not_before.timestamp() > now {
+        Some(say(format!(
             "is not valid yet (not before {})",
             v.not_before
-        )));
-    }
-    Ok(())
+        )))
+    } else {
+        None
+    })
 }
 
 /// What nginx's `$ssl_client_*` variables show of a certificate.
