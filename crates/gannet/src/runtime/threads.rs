@@ -116,8 +116,11 @@ fn read_channel(chan: &Channel, tx: &mpsc::Sender<Event>) {
         let mut fds = Vec::new();
         let n = match chan.recv(&mut buf, &mut fds) {
             Ok(0) => {
-                crate::errlog::notice(format_args!("the master process is gone; draining"));
-                let _ = tx.send(Event::Drain);
+                // Only news while the worker threads run: in single-process mode this thread
+                // outlives them, and the master drops its end once they are done.
+                if tx.send(Event::Drain).is_ok() {
+                    crate::errlog::notice(format_args!("the master process is gone; draining"));
+                }
                 return;
             }
             Ok(n) => n,
