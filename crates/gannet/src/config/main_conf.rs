@@ -80,8 +80,8 @@ pub struct MainConf {
     pub worker_connections: usize,
     pub pid: Option<PathBuf>,
     pub daemon: bool,
-    /// `master_process`: accepted for nginx's command lines (`-g 'master_process on;'`).
-    /// gannet is one process either way today: a supervising thread and worker threads.
+    /// `master_process`: `off` runs the worker threads in the process started, with no
+    /// worker process and no `user` (`runtime::master`, "Single process").
     pub master_process: bool,
     /// The main context's `error_log`s (none: stderr, or `-e`'s log).
     pub error_logs: Vec<errlog::Spec>,

@@ -63,6 +63,19 @@
 //! forks a new one on the same config and sockets, unless its generation is being replaced
 //! or it exited with code 2 (it cannot run: `user` or `working_directory` failed).
 //!
+//! # Single process
+//!
+//! `master_process off`, as nginx's development mode: nothing is forked. The process
+//! started loads the config, binds, becomes a daemon if `daemon on`, and runs each
+//! generation's worker threads itself (`worker_process::spawn`), still driving them from
+//! this signal loop and over the same channel: SIGTERM / SIGINT, SIGQUIT (a graceful stop,
+//! where nginx's single process exits at once), SIGHUP and SIGUSR1 behave as above. As in
+//! nginx, `user`, `working_directory` and `worker_rlimit_core` are not applied, silently.
+//! Nor is `env`, unlike nginx: the master reads its own environment later (systemd's
+//! `NOTIFY_SOCKET`, what a reload of the embedded config listens on). There is no binary
+//! upgrade (SIGUSR2 is ignored with a notice, SIGWINCH silently). The mode is read at
+//! start only: a reload does not change it.
+//!
 //! Under systemd, `notify` reports the master's state (`Type=notify`) and `activation`
 //! hands over the sockets a `.socket` unit bound.
 
@@ -90,6 +103,7 @@ pub fn run(config: Config, reload: impl Fn() -> Result<Config, ConfError>) -> Re
     if let Some(n) = main.rlimit_nofile {
         set_nofile(n)?;
     }
+    worker_process::set_single_process(!main.master_process);
     let exec = Exec::at_start();
     // Started by an upgrade: the old master's sockets for the addresses still listened on
     // (the others close with `old`); else the sockets systemd passed (socket activation)
@@ -272,20 +286,18 @@ fn exited(
         return Ok(());
     };
     let (how, fatal) = worker_process::describe(status);
+    let who = gens[pos].process.to_string();
     let current = pos + 1 == gens.len();
     let expected = gens[pos].draining || stopping;
     if expected {
-        crate::errlog::notice(format_args!("worker process {pid} {how}"));
+        crate::errlog::notice(format_args!("{who} {how}"));
     } else if fatal {
         crate::errlog::log(
             Level::Alert,
-            format_args!("worker process {pid} {how} and cannot be started again"),
+            format_args!("{who} {how} and cannot be started again"),
         );
     } else if current {
-        crate::errlog::log(
-            Level::Alert,
-            format_args!("worker process {pid} {how}; starting it again"),
-        );
+        crate::errlog::log(Level::Alert, format_args!("{who} {how}; starting it again"));
         let g = &gens[pos];
         let foreign = foreign_fds(&[bound], gens, Some(g.id));
         match worker_process::spawn(&g.config, &g.sockets, &foreign) {
@@ -298,7 +310,7 @@ fn exited(
     }
     gens.remove(pos);
     if gens.is_empty() && !expected {
-        return Err(format!("worker process {pid} {how}; no worker left"));
+        return Err(format!("{who} {how}; no worker left"));
     }
     Ok(())
 }
@@ -306,11 +318,8 @@ fn exited(
 /// SIGTERM / SIGINT: the worker processes stop at once; wait for them (a few seconds, then
 /// SIGKILL) so that their sockets are closed when the master is gone.
 fn terminate(gens: &[Generation]) {
-    for g in gens {
-        g.process.terminate();
-    }
     let deadline = Instant::now() + Duration::from_secs(5);
-    let mut left: Vec<libc::pid_t> = gens.iter().map(|g| g.process.pid).collect();
+    let mut left: Vec<libc::pid_t> = gens.iter().filter_map(|g| g.process.terminate()).collect();
     while !left.is_empty() {
         left.retain(|&pid| {
             let mut status = 0;
@@ -385,6 +394,11 @@ impl Upgrade {
     /// SIGUSR2: start the new binary, unless an upgrade is under way already.
     fn start(&mut self, bound: &Bound, pid_file: &mut Option<PidFile>) {
         let ignored = "the changing binary signal is ignored";
+        if worker_process::single_process() {
+            // A new binary forked from a process running worker threads would not be a
+            // sound copy; nginx's single process does not upgrade either.
+            return crate::errlog::notice(format_args!("{ignored}: master_process is off"));
+        }
         if let Some(pid) = self.new_binary {
             return crate::errlog::warn(format_args!(
                 "{ignored}: new binary process {pid} is running; stop it or this one first"
@@ -418,7 +432,9 @@ impl Upgrade {
 
     /// Whether SIGWINCH is meant for the master (see the module docs).
     fn winch_honoured(&self) -> bool {
-        self.daemon || self.parent.is_some() || self.new_binary.is_some()
+        // A single process has no worker process to stop while it stays.
+        !worker_process::single_process()
+            && (self.daemon || self.parent.is_some() || self.new_binary.is_some())
     }
 }
 
@@ -449,7 +465,8 @@ fn supervise(
 ) -> Result<(), String> {
     let set = signal_set();
     // SAFETY: `set` is initialised; the master is single-threaded, so the mask is its own
-    // (worker processes unblock these again after fork).
+    // (worker processes unblock these again after fork; in single-process mode the worker
+    // threads inherit it, leaving every one of these signals to this thread).
     if unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) } != 0 {
         return Err("signal setup failed".into());
     }
@@ -526,7 +543,12 @@ fn serve(
                 }
             }
             libc::SIGCHLD => {
-                while let Some((pid, status)) = worker_process::reap() {
+                // Worker processes, or in single-process mode worker threads, that ended.
+                let ended = |gens: &[Generation]| {
+                    worker_process::reap()
+                        .or_else(|| gens.iter().find_map(|g| g.process.finished()))
+                };
+                while let Some((pid, status)) = ended(&gens) {
                     if up.new_binary == Some(pid) {
                         let (how, _) = worker_process::describe(status);
                         crate::errlog::notice(format_args!("new binary process {pid} {how}"));

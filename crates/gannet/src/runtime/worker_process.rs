@@ -9,18 +9,55 @@
 //! workers' channels), puts signals back to their defaults, applies `runtime::privileges`
 //! (env, limits, `user`, `working_directory`) and only then starts the worker threads
 //! (`runtime::threads`). It never returns into the master's code: it exits when drained.
+//!
+//! With `master_process off` (nginx's development mode, decided once at start) nothing is
+//! forked: `spawn` runs the worker threads of a generation in the master's own process,
+//! under a thread of their own, with the same channel and the same `threads::run`, so the
+//! master's signal loop drives them exactly as it drives a worker process. Nothing of
+//! `runtime::privileges` is applied then (see `master`, "Single process").
 
 use super::channel::{self, Channel, MAX_FDS};
 use super::listener::WorkerSockets;
 use super::threads::{MSG_DRAIN, MSG_REOPEN};
 use crate::config::Config;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, OnceLock};
 
 /// The master's handle on a worker process.
 pub struct WorkerProcess {
+    /// The child's pid; in single-process mode the id of the thread that runs the worker
+    /// threads (unique among this process's threads and children, so it names the
+    /// generation in the master's bookkeeping and logs as a pid does).
     pub pid: libc::pid_t,
     chan: Channel,
+    /// Single-process mode: where that thread leaves its exit code when it ends.
+    here: Option<mpsc::Receiver<i32>>,
+}
+
+/// How the logs name it: "worker process PID", or in single-process mode "worker threads
+/// (thread TID)", so that no one looks for a process that never existed.
+impl std::fmt::Display for WorkerProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.here {
+            None => write!(f, "worker process {}", self.pid),
+            Some(_) => write!(f, "worker threads (thread {})", self.pid),
+        }
+    }
+}
+
+/// `master_process off`: set once by the master before its first generation. nginx too
+/// reads `master_process` only at start: a reload does not switch modes (and forking from
+/// a process that already runs worker threads would not be sound).
+static SINGLE: OnceLock<bool> = OnceLock::new();
+
+/// Choose, once, whether worker threads run in this process (`master_process off`).
+pub fn set_single_process(single: bool) {
+    let _ = SINGLE.set(single);
+}
+
+/// Whether the worker threads run in the master's process (`master_process off`).
+pub fn single_process() -> bool {
+    SINGLE.get().copied().unwrap_or(false)
 }
 
 /// Exit code of a worker process that cannot run (user, directory): not started again.
@@ -47,6 +84,11 @@ impl WorkerProcess {
 
     /// Hand over the master's (just reopened) log descriptors of `config`.
     pub fn reopen_logs(&self, config: &Config) {
+        if self.here.is_some() {
+            // Worker threads in this process write to the very descriptors the master
+            // just reopened in place: nothing to hand over.
+            return;
+        }
         for batch in super::log_reopen::descriptors(config).chunks(MAX_FDS) {
             let mut msg = vec![MSG_REOPEN];
             let mut fds = Vec::with_capacity(batch.len());
@@ -63,15 +105,33 @@ impl WorkerProcess {
         }
     }
 
-    /// Stop at once (SIGTERM: the worker process keeps its default action and dies).
-    pub fn terminate(&self) {
+    /// Stop at once (SIGTERM: the worker process keeps its default action and dies); the
+    /// pid to wait for. Worker threads in this process need nothing: they end with it.
+    pub fn terminate(&self) -> Option<libc::pid_t> {
+        if self.here.is_some() {
+            return None;
+        }
         // SAFETY: kill takes plain integers; `pid` is our child, not yet reaped.
         unsafe { libc::kill(self.pid, libc::SIGTERM) };
+        Some(self.pid)
+    }
+
+    /// Single-process mode: (id, wait status) once the worker threads have ended, as
+    /// `reap` reports a process, so that the master handles both alike.
+    pub fn finished(&self) -> Option<(libc::pid_t, libc::c_int)> {
+        let code = match self.here.as_ref()?.try_recv() {
+            Ok(code) => code,
+            Err(mpsc::TryRecvError::Empty) => return None,
+            // Gone without a code: cannot happen (the code is sent even after a panic).
+            Err(mpsc::TryRecvError::Disconnected) => EXIT_FATAL,
+        };
+        Some((self.pid, libc::W_EXITCODE(code, 0)))
     }
 }
 
 /// Fork a worker process running `config` on `sockets`. `foreign`: descriptors of the
-/// master's the child must close (sockets and channels of other generations).
+/// master's the child must close (sockets and channels of other generations). In
+/// single-process mode, run the worker threads here instead (`foreign` stays open).
 pub fn spawn(
     config: &Arc<Config>,
     sockets: &[WorkerSockets],
@@ -79,6 +139,9 @@ pub fn spawn(
 ) -> Result<WorkerProcess, String> {
     let (master_end, worker_end) =
         channel::pair().map_err(|e| format!("socketpair() failed ({e})"))?;
+    if single_process() {
+        return start_here(config, sockets, master_end, worker_end);
+    }
     // SAFETY: the master is single-threaded (its one thread waits for signals; worker
     // threads live only in worker processes), so the child is a complete copy of it. The
     // child runs `child`, which never returns into the caller's frames.
@@ -101,8 +164,60 @@ pub fn spawn(
         pid => Ok(WorkerProcess {
             pid,
             chan: master_end,
+            here: None,
         }),
     }
+}
+
+/// Single-process mode: run `threads::run` on a thread of this process. It inherits the
+/// master's mask (every signal the master takes is blocked), and so do the worker threads
+/// it starts: the master's `sigwaitinfo` gets every signal. When the worker threads are
+/// done, it leaves its exit code and raises SIGCHLD, which is what wakes the master when a
+/// worker process ends.
+fn start_here(
+    config: &Arc<Config>,
+    sockets: &[WorkerSockets],
+    master_end: Channel,
+    worker_end: Channel,
+) -> Result<WorkerProcess, String> {
+    let mine = dup_sockets(sockets).map_err(|e| format!("socket dup failed: {e}"))?;
+    let config = config.clone();
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("gannet-workers".into())
+        .spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            let _ = tx.send(unsafe { libc::gettid() });
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                super::threads::run(config, mine, worker_end)
+            }));
+            let _ = tx.send(r.unwrap_or(EXIT_FATAL));
+            // SAFETY: kill takes plain integers; the signal goes to this very process.
+            unsafe { libc::kill(libc::getpid(), libc::SIGCHLD) };
+        })
+        .map_err(|e| format!("worker thread failed to start: {e}"))?;
+    // The thread's first message is its id.
+    let pid = rx
+        .recv()
+        .map_err(|_| "worker thread failed to start".to_string())?;
+    Ok(WorkerProcess {
+        pid,
+        chan: master_end,
+        here: Some(rx),
+    })
+}
+
+/// Each worker thread's sockets, duplicated (the master keeps its own to start workers
+/// again).
+fn dup_sockets(sockets: &[WorkerSockets]) -> std::io::Result<Vec<WorkerSockets>> {
+    sockets
+        .iter()
+        .map(|set| {
+            set.iter()
+                .map(|(s, group)| s.try_clone().map(|s| (s, *group)))
+                .collect()
+        })
+        .collect()
 }
 
 /// The worker process, from fork to its exit code.
@@ -120,15 +235,7 @@ fn child(config: Arc<Config>, sockets: &[WorkerSockets], foreign: &[RawFd], chan
         crate::errlog::log(crate::errlog::Level::Emerg, format_args!("{e}"));
         return EXIT_FATAL;
     }
-    let mine = sockets
-        .iter()
-        .map(|set| {
-            set.iter()
-                .map(|(s, group)| s.try_clone().map(|s| (s, *group)))
-                .collect::<Result<Vec<_>, _>>()
-        })
-        .collect::<Result<Vec<_>, _>>();
-    match mine {
+    match dup_sockets(sockets) {
         Ok(mine) => super::threads::run(config, mine, chan),
         Err(e) => {
             crate::errlog::error(format_args!("socket dup failed: {e}"));
