@@ -88,6 +88,16 @@ def test_sighup_reloads_in_the_same_process(gannet):
     assert srv.proc.poll() is None
 
 
+def test_a_reload_does_not_switch_modes(gannet):
+    srv = gannet.start(main=OFF, server='location = /v { return 200 "one\\n"; }')
+    conf, _ = gannet.render(main="master_process on;", server='location = /v { return 200 "two\\n"; }', port=srv.port)
+    srv.conf_path.write_text(conf)
+    srv.proc.send_signal(signal.SIGHUP)
+    assert wait_until(lambda: text(srv) == (200, "two\n")), srv.error_log()
+    assert 'changing "master_process" takes a restart; it stays off' in srv.error_log()
+    assert_single(srv.proc.pid)
+
+
 def test_sigusr1_reopens_the_moved_access_log(gannet):
     srv = gannet.start(main=OFF, files={"a.txt": "a", "b.txt": "b"})
     log = gannet.tmp / "access.log"

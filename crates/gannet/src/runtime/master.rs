@@ -251,6 +251,18 @@ fn reload(
     for w in config.process.warnings.iter().chain(&config.warnings) {
         crate::errlog::warn(format_args!("{w}"));
     }
+    if config.main.master_process == worker_process::single_process() {
+        // Switching needs a restart: forking worker processes from a process that runs
+        // worker threads would not be sound. nginx ignores the change silently; say it.
+        crate::errlog::warn(format_args!(
+            "changing \"master_process\" takes a restart; it stays {}",
+            if worker_process::single_process() {
+                "off"
+            } else {
+                "on"
+            }
+        ));
+    }
     let id = *next_id;
     *next_id += 1;
     let started = listener::bind_for(&config, bound).and_then(|new_bound| {

@@ -1,6 +1,7 @@
 //! The processes: the master (signals, pid file, binding, loading; keeps root) and a worker
 //! process per config generation holding the worker threads, each a single-threaded event
-//! loop with its own listening sockets and caches. See `master` for the model.
+//! loop with its own listening sockets and caches. See `master` for the model, and its
+//! "Single process" for `master_process off`, where the worker threads run in the master.
 
 pub mod activation;
 pub mod channel;
