@@ -3,8 +3,8 @@ slow connections on loopback in four seconds, with 5 s timeouts. Its CSV has, pe
 the connections closed, pending, connected (as the client sees them) and whether its probe
 request was answered within 2 s. Each run ends when no connection is left or at its length.
 
-Measured against nginx 1.22 with the same config (README, *Slow clients*): the same
-seconds to the row for slow headers and slow bodies.
+Measured against nginx 1.22 with the same config (docs/modules/http_core.md, *Slow
+clients*): the same seconds to the row for slow headers and slow bodies.
 """
 
 from __future__ import annotations

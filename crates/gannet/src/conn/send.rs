@@ -16,9 +16,9 @@ use tokio::net::TcpStream;
 /// (the autotuned buffer takes the 394 KB image in one sendfile) and the kernel sent it as
 /// the client's window opened, in small segments, much of it from the client's ACK
 /// processing: the image with keep-alive at c=100 cost 0.56 server CPU s per 10k requests at
-/// 17.6k req/s, against 0.26 at 23.5k with it (docs/bench/adhoc/image, interleaved; README,
-/// *Performance*). Only kept connections get it: on one that closes after its answer, the
-/// kernel may as well send the rest after the close, and waiting for the queue to drain cost
+/// 17.6k req/s, against 0.26 at 23.5k with it (docs/bench/adhoc/image, interleaved;
+/// docs/bench/README.md). Only kept connections get it: on one that closes after its answer,
+/// the kernel may as well send the rest after the close, and waiting for the queue to drain cost
 /// that case half its rate (3.9k vs 7.0k req/s at c=1). 16 KiB is the value commonly used
 /// (h2o, Cloudflare) and measured best of 16, 64, 128 and 256 KiB. nginx sets nothing here.
 const NOTSENT_LOWAT: libc::c_int = 16 << 10;
@@ -41,7 +41,7 @@ pub async fn writable(stream: &TcpStream, idle: Duration) -> io::Result<()> {
 /// gannet does it for every file, `tcp_nopush` or not: a head in a segment of its own
 /// costs the client a wake-up and a read more per answer, and with `tcp_nopush off` (nginx's
 /// default) that halved the 394 KB image's rate at c=100 for nginx and gannet alike
-/// (3.6k vs 8.3k req/s, interleaved; see the README's performance notes). Unlike TCP_CORK
+/// (3.6k vs 8.3k req/s, interleaved; see docs/bench/README.md). Unlike TCP_CORK
 /// it costs no extra system call.
 pub async fn write_all(
     stream: &mut TcpStream,
