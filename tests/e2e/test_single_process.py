@@ -18,19 +18,9 @@ from pathlib import Path
 import pytest
 
 from conftest import free_port, gannet_bin, wait_port, wait_until
+from test_privileges import threads as tasks
 
 OFF = "master_process off;"
-
-
-def tasks(pid: int) -> dict[str, str]:
-    """{thread id: name} of a process."""
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            out[tid] = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
-        except OSError:
-            pass
-    return out
 
 
 def children(pid: int) -> list[str]:
