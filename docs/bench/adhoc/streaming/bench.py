@@ -9,7 +9,8 @@ script - upstream and clients - on CPU 1), rounds interleaved:
           answer): how long each upstream connection stays open (accept to the proxy's
           close: read ahead frees it early) and the peak RSS of the server's processes.
 
-Usage (a release build of gannet; nginx from Debian):
+The events' client is sse_client.c (compiled with cc on the fly; PYCLIENT=1 uses the Python
+one instead). Usage (a release build of gannet; nginx from Debian):
   python3 docs/bench/adhoc/streaming/bench.py [events|slow|download|all] [ROUNDS]
   GANNET=/path/to/gannet STREAMS=100 EVENTS=100 GAP=50 CLIENTS=100 python3 ...
 """
@@ -172,6 +173,26 @@ async def one_stream(port: int, path: str, delays: list[float]) -> None:
     writer.close()
 
 
+def build_client() -> str | None:
+    """sse_client.c compiled (a C epoll client adds less to the tail than asyncio), or None
+    without a C compiler (then the Python client is used)."""
+    cc = shutil.which("cc")
+    if cc is None:
+        return None
+    out = os.path.join(tempfile.gettempdir(), "gannet-sse-client")
+    subprocess.run([cc, "-O2", "-o", out, str(Path(__file__).with_name("sse_client.c"))], check=True)
+    return out
+
+
+async def c_streams(client: str, port: int, path: str) -> list[float]:
+    """STREAMS streams through the C client: each event's delay in ms."""
+    proc = await asyncio.create_subprocess_exec(client, str(port), path, str(STREAMS),
+                                                stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0, proc.returncode
+    return [int(v) / 1000 for v in out.split()]
+
+
 async def slow_client(port: int) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=64 * 1024)
     sock = writer.get_extra_info("socket")
@@ -236,6 +257,7 @@ async def main() -> None:
     what = sys.argv[1] if len(sys.argv) > 1 else "all"
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     os.sched_setaffinity(0, {1})
+    client = build_client() if what in ("events", "all") and not os.environ.get("PYCLIENT") else None
     upstream = Upstream()
     up = await asyncio.start_server(upstream.serve, "127.0.0.1", 0, backlog=4096)
     up_port = up.sockets[0].getsockname()[1]
@@ -247,7 +269,10 @@ async def main() -> None:
                 if what in ("events", "all"):
                     for path in ("/off/events", "/events"):
                         delays: list[float] = []
-                        await asyncio.gather(*(one_stream(s.port, path, delays) for _ in range(STREAMS)))
+                        if client:
+                            delays = await c_streams(client, s.port, path)
+                        else:
+                            await asyncio.gather(*(one_stream(s.port, path, delays) for _ in range(STREAMS)))
                         assert len(delays) == STREAMS * EVENTS, (s.name, path, len(delays))
                         results.setdefault(f"{s.name} {path}", []).append(
                             (statistics.median(delays), pct(delays, 0.99), max(delays)))
