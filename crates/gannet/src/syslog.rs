@@ -72,20 +72,12 @@ impl Peer {
                 if facility.is_some() {
                     return Err(dup("facility"));
                 }
-                let i = FACILITIES
-                    .iter()
-                    .position(|f| *f == v)
-                    .ok_or_else(|| d.error(format!("unknown syslog facility \"{v}\"")))?;
-                facility = Some(i as u8);
+                facility = Some(index_of(&FACILITIES, v, "facility", d)?);
             } else if let Some(v) = p.strip_prefix("severity=") {
                 if severity.is_some() {
                     return Err(dup("severity"));
                 }
-                let i = SEVERITIES
-                    .iter()
-                    .position(|s| *s == v)
-                    .ok_or_else(|| d.error(format!("unknown syslog severity \"{v}\"")))?;
-                severity = Some(i as u8);
+                severity = Some(index_of(&SEVERITIES, v, "severity", d)?);
             } else if let Some(v) = p.strip_prefix("tag=") {
                 if tag.is_some() {
                     return Err(dup("tag"));
@@ -205,6 +197,15 @@ fn hostname() -> &'static str {
         let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
         String::from_utf8_lossy(&buf[..end]).to_lowercase()
     })
+}
+
+/// `v`'s number in syslog's table of names (facilities, severities), or nginx's error.
+fn index_of(table: &[&str], v: &str, what: &str, d: &Directive) -> Result<u8, ConfError> {
+    table
+        .iter()
+        .position(|n| *n == v)
+        .map(|i| i as u8)
+        .ok_or_else(|| d.error(format!("unknown syslog {what} \"{v}\"")))
 }
 
 #[cfg(test)]
