@@ -470,6 +470,39 @@ def test_application_dying_mid_stream_closes_the_connection(gannet, backend):
     assert wait_until(lambda: "prematurely closed" in srv.error_log())
 
 
+@pytest.mark.parametrize("sent", [b"world", b"world and more", b"wor"], ids=["exact", "longer", "shorter"])
+def test_paused_answer_keeps_its_content_length(gannet, backend, sent):
+    """An answer that pauses after its head is streamed, and PHP's Content-Length still
+    reaches the client: no chunks, the connection stays open for the next request. As
+    nginx: bytes past the length are dropped with a warning; an answer that ends short of it
+    closes the connection (the client sees it cut, never whole)."""
+    go_on = threading.Event()
+
+    def paced(conn):
+        conn.sendall(record(6, b"Content-Type: text/plain\r\nContent-Length: 10\r\n\r\nhello"))
+        go_on.wait(10)
+        conn.sendall(record(6, sent) + end_request())
+
+    b = backend(paced)
+    srv = pass_to(gannet, b.port)
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+        f = s.makefile("rb")
+        s.sendall(b"GET /x.php HTTP/1.1\r\nHost: t\r\n\r\n")
+        head = read_head(f)
+        assert b"\r\nContent-Length: 10\r\n" in head and b"chunked" not in head, head
+        assert f.read(5) == b"hello"
+        go_on.set()
+        if len(sent) < 5:
+            assert f.read(10) == b"wor", "then the close"
+            assert wait_until(lambda: "prematurely closed FastCGI stdout" in srv.error_log())
+            return
+        assert f.read(5) == b"world"
+        s.sendall(b"GET /nothing-here HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert read_head(f).startswith(b"HTTP/1.1 404 "), "the connection carried on"
+    if len(sent) > 5:
+        assert wait_until(lambda: "upstream sent more data than specified" in srv.error_log())
+
+
 def test_local_redirect(gannet, backend):
     """`Location: /path` without `Status` is a CGI local redirect: gannet serves that URI."""
     b = backend(lambda conn: conn.sendall(record(6, b"Location: /target.txt\r\n\r\n") + end_request()))

@@ -271,12 +271,28 @@ impl Link {
         if self.proto == Proto::FastCgi {
             let record =
                 fastcgi::decode(&mut self.input).map_err(|e| Failure::Protocol(e.to_string()))?;
-            return Ok(match record {
-                Some(Record::Stdout(b)) => Some(Event::Data(b)),
-                Some(Record::Stderr(b)) => Some(Event::Stderr(b)),
-                Some(Record::End { .. }) => Some(Event::End),
-                None => None,
-            });
+            return match record {
+                Some(Record::Stdout(mut b)) => {
+                    if let Some(left) = &mut self.left {
+                        // nginx's rule: an answer ends at its Content-Length; the rest of
+                        // STDOUT is dropped.
+                        if b.len() as u64 > *left {
+                            errlog::warn(format_args!(
+                                "upstream sent more data than specified in \"Content-Length\" header while {READING}"
+                            ));
+                            b.truncate(usize::try_from(*left).unwrap_or(usize::MAX));
+                        }
+                        *left -= b.len() as u64;
+                    }
+                    Ok(Some(Event::Data(b)))
+                }
+                Some(Record::Stderr(b)) => Ok(Some(Event::Stderr(b))),
+                Some(Record::End { .. }) if self.left.is_some_and(|n| n > 0) => {
+                    Err(Failure::Premature(Proto::FastCgi))
+                }
+                Some(Record::End { .. }) => Ok(Some(Event::End)),
+                None => Ok(None),
+            };
         }
         if let Some(dec) = &mut self.chunked {
             let chunk = dec
@@ -321,9 +337,11 @@ impl Link {
 
     /// After the head of a stream: where its body ends, given the part of it already in
     /// `body`. Read to the close for HEAD (the length is the entity's, not this answer's),
-    /// nothing for 204 and 304, else the Content-Length if there is one.
+    /// nothing for 204 and 304, else the Content-Length if there is one. A FastCGI answer
+    /// ends with its END_REQUEST record, but no later than its Content-Length (so the
+    /// client, which gets that length, is never sent more).
     fn frame(&mut self, req: &Request, head: &CgiHead, body: &mut BytesMut) {
-        if self.proto == Proto::FastCgi || req.is_head() {
+        if req.is_head() {
             return;
         }
         let framing = match head.status {
@@ -333,6 +351,9 @@ impl Link {
                 .and_then(|v| v.parse::<u64>().ok())
                 .map_or(Framing::Close, Framing::Length),
         };
+        if self.proto == Proto::FastCgi && !matches!(framing, Framing::Length(_)) {
+            return;
+        }
         self.set_framing(framing, false, body);
     }
 
