@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -104,6 +105,12 @@ def worker_pids(master: int) -> list[int]:
         if int(rest[1]) == master and name == "gannet: worker" and rest[0] != "Z":
             found.append((int(rest[19]), int(entry)))  # field 22: start time
     return [pid for _, pid in sorted(found)]
+
+
+def root_default(conf: str) -> bool:
+    """Whether a whole config (one with `events`) run as root names no `user`: the harness
+    then adds `user root;` (see `Gannet.render`)."""
+    return os.geteuid() == 0 and "events" in conf and not re.search(r"(^|[;{}\s])user\s", conf)
 
 
 DEFAULT_CONF = """
@@ -210,18 +217,29 @@ class Gannet:
                 p.write_bytes(content.encode() if isinstance(content, str) else content)
         return root
 
-    def render(self, conf: str | None = None, server: str = "", http: str = "", main: str = "", port: int | None = None) -> tuple[str, int]:
+    def render(self, conf: str | None = None, server: str = "", http: str = "", main: str = "", port: int | None = None, as_root: bool = True) -> tuple[str, int]:
+        """The config text and its port; `as_root=False` leaves a config without `user` to
+        run its workers as gannet's default account."""
         port = port or free_port()
         root = self.tmp / "www"
         if conf is None:
+            # Started as root, gannet's workers run as nobody unless told otherwise (as
+            # nginx's); the tests' files are in root's 0700 temp folders, so the default
+            # config keeps them root, as the differential peer's does (test_privileges
+            # covers the default account).
+            if as_root and root_default(main + "events"):
+                main = "user root;\n" + main
             text = DEFAULT_CONF.format(tmp=self.tmp, repo=REPO, port=port, root=root, server=server, http=http, main=main)
         else:
             text = conf.replace("{port}", str(port)).replace("{root}", str(root)).replace("{tmp}", str(self.tmp)).replace("{repo}", str(REPO))
+            if as_root and root_default(text):
+                # At the end, so the lines the tests name keep their numbers.
+                text += "\nuser root;\n"
         return text, port
 
-    def start(self, conf: str | None = None, files: dict | None = None, server: str = "", http: str = "", main: str = "", port: int | None = None, wait: bool = True) -> Server:
+    def start(self, conf: str | None = None, files: dict | None = None, server: str = "", http: str = "", main: str = "", port: int | None = None, wait: bool = True, as_root: bool = True) -> Server:
         self.write_files(files)
-        text, port = self.render(conf, server, http, main, port)
+        text, port = self.render(conf, server, http, main, port, as_root)
         conf_path = self.tmp / "gannet.conf"
         conf_path.write_text(text)
         proc = subprocess.Popen([str(gannet_bin()), "-c", str(conf_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from conftest import free_port, gannet_bin, wait_port, wait_until
 
-CONF = """pid {tmp}/gannet.pid;
+CONF = """user root;
+pid {tmp}/gannet.pid;
 events {}
 http {
     include {tmp}/site.conf;

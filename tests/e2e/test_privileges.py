@@ -86,12 +86,12 @@ http {
         SERVER
     }
 }
-""".replace("{main}", main).replace("DOCROOT", str(docroot)).replace("SERVER", server), port=port)
+""".replace("{main}", main).replace("DOCROOT", str(docroot)).replace("SERVER", server), port=port, as_root=False)
     return conf, port
 
 
 def start(gannet, conf: str, port: int):
-    return gannet.start(conf=conf, port=port)
+    return gannet.start(conf=conf, port=port, as_root=False)
 
 
 @needs_www
@@ -130,6 +130,47 @@ def test_root_only_files_are_forbidden_public_ones_served(gannet, docroot):
     assert "(13: Permission denied)" in srv.error_log()
 
 
+def test_root_without_user_runs_workers_as_nobody(gannet, docroot):
+    """Started as root with no `user`, the workers run as nginx's default account, nobody
+    in group nogroup, never as root. The master makes the temp folders for them (owned by
+    nobody, mode 0700) before they start, so a body too big for memory still goes through
+    a file."""
+    from test_request_body_files import HashApp, post, upload_of
+    nobody = pwd.getpwnam("nobody")
+    nogroup = grp.getgrnam("nogroup").gr_gid
+    app = HashApp()
+    try:
+        (docroot / "temp").mkdir(mode=0o755)
+        temp = docroot / "temp" / "body"
+        conf, port = main_conf(gannet, docroot, main="", server=f"""
+            client_body_temp_path {temp};
+            client_body_buffer_size 8k;
+            location /up {{ proxy_pass http://127.0.0.1:{app.port}; }}""")
+        srv = start(gannet, conf, port)
+        worker = srv.worker_pid()
+        for tid in threads(worker):
+            got = ids(worker, tid)
+            assert got["Uid"] == [nobody.pw_uid] * 4 and got["Gid"] == [nogroup] * 4, (tid, got)
+        st = temp.stat()
+        assert (st.st_uid, st.st_mode & 0o777) == (nobody.pw_uid, 0o700)
+        assert srv.get("/public.txt")[::2] == (200, b"public")
+        assert srv.get("/secret.txt")[0] == 403
+        length, digest = upload_of(1)
+        out = post(port, "/up", 1)
+        assert out.startswith(b"HTTP/1.1 200") and f"{length} {digest}".encode() in out, out[:300]
+    finally:
+        app.close()
+
+
+def test_temp_folder_that_cannot_be_made_stops_the_start(gannet, docroot):
+    """As nginx: the master makes each temp folder, whose parent must exist; if it cannot,
+    gannet does not start, and says which folder and why."""
+    conf, _ = main_conf(gannet, docroot, main="", server=f"client_body_temp_path {docroot}/no/such;")
+    r = gannet.check(conf=conf, as_root=False)
+    assert r.returncode == 1
+    assert f'mkdir() "{docroot}/no/such" failed (2: No such file or directory)' in r.stderr, r.stderr
+
+
 @needs_www
 def test_group_argument_and_default(gannet, docroot):
     """The group is the one named like the user unless given, as nginx."""
@@ -155,7 +196,11 @@ def test_unknown_user_or_group_is_a_config_error(gannet, docroot):
 @pytest.mark.skipif(shutil.which("runuser") is None, reason="needs runuser")
 def test_user_without_root_is_ignored_with_a_warning(gannet, docroot):
     """As nginx: started by an ordinary user, `user` cannot be obeyed; said, not fatal."""
-    path = docroot / "check.conf"
+    # In a folder of that user's, where the temp folders can be made.
+    own = docroot / "www-data"
+    own.mkdir()
+    os.chown(own, WWW.pw_uid, WWW.pw_gid)
+    path = own / "check.conf"
     path.write_text("events {}\nuser nobody;\nhttp { access_log off; }\n")
     path.chmod(0o644)
     from conftest import gannet_bin

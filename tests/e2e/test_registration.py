@@ -21,6 +21,7 @@ from conftest import free_port, gannet_bin, read_head, wait_port, wait_until
 from rawapps import HttpApp, http_answer
 
 CONF = """
+user root;
 worker_processes 1;
 pid {tmp}/gannet.pid;
 error_log {tmp}/error.log info;

@@ -281,18 +281,20 @@ def test_full_disk_is_a_500_for_that_request_only(gannet, app, tmp_path):
 
 
 def test_unusable_temp_path_is_a_500_with_the_reason(gannet, app):
-    """A temp path under a plain file cannot be made: a body over the buffer gets a 500 and
-    nginx's line with the call and errno; a body in memory does not need the folder."""
+    """A temp folder that became a plain file after the start: a body over the buffer gets
+    a 500 and nginx's line with the call and errno; a body in memory does not need the
+    folder."""
     upstream = app()
-    blocker = gannet.tmp / "a-file"
-    blocker.write_text("not a folder")
+    bodies = gannet.tmp / "bodies"
     srv = gannet.start(server=f"""
-        client_body_temp_path {blocker}/bodies;
+        client_body_temp_path {bodies};
         location / {{ proxy_pass http://127.0.0.1:{upstream.port}; }}
     """)
+    bodies.rmdir()
+    bodies.write_text("not a folder")
     status, _, _ = srv.request("POST", "/big", {}, b"x" * 100_000)
     assert status == 500
-    assert wait_until(lambda: f'"{blocker}/bodies" failed (20: Not a directory)' in srv.error_log()), srv.error_log()
+    assert wait_until(lambda: f'"{bodies}" failed (20: Not a directory)' in srv.error_log()), srv.error_log()
     status, _, body = srv.request("POST", "/small", {}, b"ok")
     assert status == 200 and body.startswith(b"2 ")
 

@@ -37,7 +37,7 @@ class Notify:
         self.sock.close()
 
 
-def write_conf(tmp, port, main="", listen=None):
+def write_conf(tmp, port, main="user root;", listen=None):
     root = tmp / "www"
     root.mkdir(exist_ok=True)
     (root / "index.html").write_text("hello\n")
@@ -183,7 +183,7 @@ def socket_inodes(pid):
 
 def test_passed_sockets_are_served_on_instead_of_binding(tmp_path, procs):
     port, unused = free_port(), free_port()
-    conf = write_conf(tmp_path, port, main="", listen=f"listen 127.0.0.1:{port};")
+    conf = write_conf(tmp_path, port, listen=f"listen 127.0.0.1:{port};")
     conf.write_text(conf.read_text().replace("worker_processes 1;", "worker_processes 2;"))
     # One socket the config listens on, one it does not. Had gannet bound the address
     # itself, the test's socket (no SO_REUSEPORT) would make that fail.

@@ -208,7 +208,11 @@ impl Source {
         // `-g` first, as nginx: a directive there and in the file is a "duplicate".
         let mut tree = self.params.clone();
         tree.extend(file);
-        config::load::build(&tree, &self.prefix)
+        let cfg = config::load::build(&tree, &self.prefix)?;
+        if self.conf.is_some() {
+            config::temp_dirs::create(&cfg).map_err(ConfError::bare)?;
+        }
+        Ok(cfg)
     }
 }
 
@@ -237,7 +241,17 @@ fn embedded_text(root: &Path) -> String {
         .to_string_lossy()
         .replace('\\', "\\\\")
         .replace('"', "\\\"");
+    // Started as root it serves the current directory as root could read it: the folder is
+    // the operator's choice of the moment, often their own home, where `nobody` (a written
+    // config's default) would get 403 for everything.
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let user = if unsafe { libc::geteuid() } == 0 {
+        "user root;"
+    } else {
+        ""
+    };
     DEFAULT_CONF
+        .replace("{{USER}}", user)
         .replace("{{MIME}}", MIME_TYPES)
         .replace("{{ROOT}}", &root)
         .replace("{{LISTEN}}", &listen_addr())

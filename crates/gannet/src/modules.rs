@@ -65,6 +65,8 @@ pub struct LoadCtx {
     pub probes: Vec<crate::config::Probe>,
     /// `limit_req_zone` and `limit_conn_zone` by name (all of http's, read before the rest).
     pub zones: limit_zone::Zones,
+    /// Every `*_temp_path` folder, for the master to make (`config::temp_dirs`).
+    pub temp_dirs: Vec<PathBuf>,
     /// Notices for `gannet -t` (settings accepted in part).
     pub notices: Vec<String>,
     /// Problems that do not stop the config from loading but that an operator must see in

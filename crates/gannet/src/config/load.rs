@@ -101,6 +101,7 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
         log_files: Vec::new(),
         error_files: Vec::new(),
         probes: Vec::new(),
+        temp_dirs: Vec::new(),
     };
     let mut http_blocks = Vec::new();
     for d in tree {
@@ -121,6 +122,7 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
             _ => main_directive(&mut cfg, d, prefix, Ctx::MAIN)?,
         }
     }
+    cfg.process.finish()?;
     if let Some(http) = http_blocks.first() {
         load_http(&mut cfg, http, prefix)?;
     }
@@ -288,6 +290,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
         zones: Default::default(),
         notices: Vec::new(),
         warnings: Vec::new(),
+        temp_dirs: Vec::new(),
         tls: Default::default(),
     };
     let mut conf = LocConf::default();
@@ -324,14 +327,17 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
         conf.core.root = Some(Template::literal(&prefix.join("html").to_string_lossy()));
     }
     if conf.client_body.temp_path.is_none() {
-        conf.client_body.temp_path = Some(modules::client_body::default_temp_path(prefix));
+        let t = modules::client_body::default_temp_path(prefix);
+        lctx.temp_dirs.push(t.dir.clone());
+        conf.client_body.temp_path = Some(t);
     }
     // nginx's compiled-in temp paths for answers read ahead of their clients.
     for p in modules::gateway::Proto::ALL {
         let c = modules::gateway::conf_mut(&mut conf, p);
         if c.temp_path.is_none() {
-            let name = format!("{}temp", p.prefix());
-            c.temp_path = Some(modules::client_body::temp_path_in(prefix, &name));
+            let t = modules::client_body::temp_path_in(prefix, &format!("{}temp", p.prefix()));
+            lctx.temp_dirs.push(t.dir.clone());
+            c.temp_path = Some(t);
         }
     }
     // Every `map` is an http-level directive, so all are known by now.
@@ -397,6 +403,9 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
     cfg.listens = groups;
     cfg.log_files = lctx.log_files;
     cfg.probes = lctx.probes;
+    lctx.temp_dirs.sort();
+    lctx.temp_dirs.dedup();
+    cfg.temp_dirs = lctx.temp_dirs;
     cfg.notices.append(&mut lctx.notices);
     cfg.warnings.append(&mut lctx.warnings);
     Ok(())

@@ -12,6 +12,7 @@ pub mod listen;
 pub mod load;
 pub mod main_conf;
 pub mod process_conf;
+pub mod temp_dirs;
 
 use crate::http::router::{Location, ServerNames};
 use crate::http::user_vars::VarTable;
@@ -40,6 +41,9 @@ pub struct Config {
     pub error_files: Vec<Arc<crate::errlog::Log>>,
     /// Every `health_check`: what the first worker probes.
     pub probes: Vec<Probe>,
+    /// Every `*_temp_path` folder: made by the master for the workers' account
+    /// (`temp_dirs::create`).
+    pub temp_dirs: Vec<std::path::PathBuf>,
 }
 
 /// A `health_check` and the group it watches.

@@ -7,7 +7,9 @@
 //! that does not exist is a config error with its file:line, and a reload picks up a
 //! changed account. As in nginx, `user` only means something when gannet starts as root:
 //! otherwise it is accepted with a warning and ignored, and the group defaults to the one
-//! named like the user.
+//! named like the user. Started as root without `user`, the workers run as nginx's
+//! compiled-in default: `nobody`, in group `nogroup` (or `nobody` where there is no
+//! `nogroup`), never as root.
 
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
@@ -53,7 +55,8 @@ pub struct Account {
 
 #[derive(Debug, Clone, Default)]
 pub struct ProcessConf {
-    /// `user`, resolved; `None` when not given or when gannet does not run as root.
+    /// The account the workers run as: `user`, resolved, or the default; `None` when
+    /// gannet does not run as root.
     pub user: Option<Account>,
     /// Whether a `user` directive was seen (a second one is an error, even if ignored).
     user_seen: bool,
@@ -86,7 +89,7 @@ impl ProcessConf {
                     ));
                     return Ok(true);
                 }
-                self.user = Some(account(d)?);
+                self.user = Some(user_directive(d)?);
             }
             "worker_rlimit_core" => self.rlimit_core = Some(setters::offset_arg(d, 0)?),
             "working_directory" => self.working_directory = Some(prefix.join(&d.args[0])),
@@ -95,30 +98,49 @@ impl ProcessConf {
         }
         Ok(true)
     }
+
+    /// After the main context: started as root without `user`, the default account
+    /// (nginx's `ngx_core_module_init_conf`); its lookup failing is an error without a line.
+    pub fn finish(&mut self) -> Result<(), ConfError> {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if self.user_seen || unsafe { libc::geteuid() } != 0 {
+            return Ok(());
+        }
+        // nginx's configure picks the group the same way (auto/unix).
+        let group = match group_id(c"nogroup") {
+            Ok(Some(_)) => "nogroup",
+            _ => "nobody",
+        };
+        self.user = Some(account("nobody", group).map_err(ConfError::bare)?);
+        Ok(())
+    }
 }
 
 /// `user NAME [GROUP]`: NAME's uid; GROUP's gid, or that of the group named NAME (nginx
 /// does not take the user's primary group from passwd).
-fn account(d: &Directive) -> Result<Account, ConfError> {
-    let cname = |s: &str| CString::new(s).map_err(|_| d.error(format!("invalid name \"{s}\"")));
-    let name = cname(&d.args[0])?;
-    let group_name = d.args.get(1).unwrap_or(&d.args[0]);
-    let group = cname(group_name)?;
-    let failed = |call: &str, what: &str, e: Option<io::Error>| {
-        d.error(match e {
-            Some(e) => format!("{call}(\"{what}\") failed ({e})"),
-            None => format!("{call}(\"{what}\") failed"),
-        })
+fn user_directive(d: &Directive) -> Result<Account, ConfError> {
+    let group = d.args.get(1).unwrap_or(&d.args[0]);
+    account(&d.args[0], group).map_err(|e| d.error(e))
+}
+
+/// The account named `user` in group `group`, or nginx's message for the failed lookup.
+fn account(user: &str, group: &str) -> Result<Account, String> {
+    let cname = |s: &str| CString::new(s).map_err(|_| format!("invalid name \"{s}\""));
+    let name = cname(user)?;
+    let group_name = cname(group)?;
+    let failed = |call: &str, what: &str, e: Option<io::Error>| match e {
+        Some(e) => format!("{call}(\"{what}\") failed ({e})"),
+        None => format!("{call}(\"{what}\") failed"),
     };
     let uid = match user_id(&name) {
         Ok(Some(uid)) => uid,
-        Ok(None) => return Err(failed("getpwnam", &d.args[0], None)),
-        Err(e) => return Err(failed("getpwnam", &d.args[0], Some(e))),
+        Ok(None) => return Err(failed("getpwnam", user, None)),
+        Err(e) => return Err(failed("getpwnam", user, Some(e))),
     };
-    let gid = match group_id(&group) {
+    let gid = match group_id(&group_name) {
         Ok(Some(gid)) => gid,
-        Ok(None) => return Err(failed("getgrnam", group_name, None)),
-        Err(e) => return Err(failed("getgrnam", group_name, Some(e))),
+        Ok(None) => return Err(failed("getgrnam", group, None)),
+        Err(e) => return Err(failed("getgrnam", group, Some(e))),
     };
     Ok(Account { name, uid, gid })
 }

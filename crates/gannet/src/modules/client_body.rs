@@ -153,7 +153,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
 
 /// `path [level1 [level2 [level3]]]`: a relative path is under the prefix; each level is
 /// 1 to 10 digits, as nginx takes them.
-pub fn temp_path(d: &Directive, ctx: &LoadCtx) -> Result<TempPath, ConfError> {
+pub fn temp_path(d: &Directive, ctx: &mut LoadCtx) -> Result<TempPath, ConfError> {
     let raw = d.args[0].as_str();
     if raw.is_empty() {
         return Err(invalid(d, raw));
@@ -171,5 +171,6 @@ pub fn temp_path(d: &Directive, ctx: &LoadCtx) -> Result<TempPath, ConfError> {
             _ => return Err(d.error(format!("\"{}\" directive invalid value", d.name))),
         }
     }
+    ctx.temp_dirs.push(dir.clone());
     Ok(TempPath { dir, levels })
 }

@@ -320,7 +320,12 @@ fn push(list: &mut Option<Arc<Vec<String>>>, v: &str) {
 }
 
 /// Apply `d` if it is one of the shared directives of `p`; false if it is the protocol's own.
-pub fn set(d: &Directive, p: Proto, lc: &mut LocConf, ctx: &LoadCtx) -> Result<bool, ConfError> {
+pub fn set(
+    d: &Directive,
+    p: Proto,
+    lc: &mut LocConf,
+    ctx: &mut LoadCtx,
+) -> Result<bool, ConfError> {
     let Some(suffix) = d.name.strip_prefix(p.prefix()) else {
         return Ok(false);
     };
