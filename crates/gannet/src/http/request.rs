@@ -146,6 +146,23 @@ impl Tries {
 }
 
 impl Request {
+    /// Logs the fields left out for their names (`ignore_invalid_headers`) at info, with
+    /// nginx's words for each protocol.
+    pub fn log_ignored_headers(&self) {
+        for line in &self.head.ignored {
+            let line = String::from_utf8_lossy(line);
+            let what = match self.head.version {
+                gannet_proto::h1::Version::Http2 => "invalid header",
+                _ => "invalid header line",
+            };
+            crate::errlog::request(
+                crate::errlog::Level::Info,
+                self,
+                format_args!("client sent {what}: \"{line}\""),
+            );
+        }
+    }
+
     pub fn new(
         head: RequestHead,
         conn: ConnInfo,

@@ -6,7 +6,8 @@
 //! `client_body_timeout`, `send_timeout`, `keepalive_timeout`, `keepalive_requests`,
 //! `keepalive_time`, `sendfile`, `tcp_nopush`, `tcp_nodelay`, `server_tokens`,
 //! `log_not_found`, `absolute_redirect`, `port_in_redirect`, `server_name_in_redirect`,
-//! `merge_slashes`.
+//! `merge_slashes`, `underscores_in_headers`, `ignore_invalid_headers`, `max_ranges`,
+//! `chunked_transfer_encoding`.
 
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::http::variables::Template;
@@ -147,6 +148,30 @@ pub const DIRECTIVES: &[Spec] = &[
         args: Args::Exactly(1),
         block: false,
     },
+    Spec {
+        name: "underscores_in_headers",
+        ctx: HS,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "ignore_invalid_headers",
+        ctx: HS,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "max_ranges",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "chunked_transfer_encoding",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
 ];
 
 #[derive(Debug, Clone, Default)]
@@ -172,6 +197,11 @@ pub struct CoreConf {
     pub port_in_redirect: Option<bool>,
     pub server_name_in_redirect: Option<bool>,
     pub merge_slashes: Option<bool>,
+    pub underscores_in_headers: Option<bool>,
+    pub ignore_invalid_headers: Option<bool>,
+    /// Most ranges answered with a 206; `None`: no limit (nginx's default).
+    pub max_ranges: Option<u32>,
+    pub chunked_transfer_encoding: Option<bool>,
 }
 
 impl CoreConf {
@@ -199,7 +229,11 @@ impl CoreConf {
             absolute_redirect,
             port_in_redirect,
             server_name_in_redirect,
-            merge_slashes
+            merge_slashes,
+            underscores_in_headers,
+            ignore_invalid_headers,
+            max_ranges,
+            chunked_transfer_encoding
         );
     }
 
@@ -261,6 +295,17 @@ impl CoreConf {
     }
     pub fn server_name_in_redirect(&self) -> bool {
         self.server_name_in_redirect.unwrap_or(false)
+    }
+    /// The header-name policy. Like the buffer sizes, it is read from the default server
+    /// of the address, since the names are checked before the Host header picks a server.
+    pub fn header_names(&self) -> gannet_proto::h1::HeaderNames {
+        gannet_proto::h1::HeaderNames {
+            underscores: self.underscores_in_headers.unwrap_or(false),
+            ignore_invalid: self.ignore_invalid_headers.unwrap_or(true),
+        }
+    }
+    pub fn chunked_transfer_encoding(&self) -> bool {
+        self.chunked_transfer_encoding.unwrap_or(true)
     }
 }
 
@@ -358,6 +403,12 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         "port_in_redirect" => c.port_in_redirect = Some(setters::flag(d)?),
         "server_name_in_redirect" => c.server_name_in_redirect = Some(setters::flag(d)?),
         "merge_slashes" => c.merge_slashes = Some(setters::flag(d)?),
+        "underscores_in_headers" => c.underscores_in_headers = Some(setters::flag(d)?),
+        "ignore_invalid_headers" => c.ignore_invalid_headers = Some(setters::flag(d)?),
+        "max_ranges" => {
+            c.max_ranges = Some(d.args[0].parse().map_err(|_| invalid(d, &d.args[0]))?)
+        }
+        "chunked_transfer_encoding" => c.chunked_transfer_encoding = Some(setters::flag(d)?),
         _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
     }
     Ok(())
