@@ -18,5 +18,6 @@ mod response_tests;
 
 pub use chunked::{Chunk, ChunkedDecoder};
 pub use parse::{
-    parse_request, BodyKind, HeaderNames, Limits, Method, ParseError, RequestHead, Version};
+    parse_request, BodyKind, HeaderNames, Limits, Method, ParseError, RequestHead, Version,
+};
 pub use response::{parse_response, Framing, ResponseError, ResponseHead};

@@ -84,9 +84,9 @@ impl HeaderNames {
     /// Whether a field of this name is left out of the request.
     pub fn drops(&self, name: &[u8]) -> bool {
         self.ignore_invalid
-            && !name.iter().all(|&c| {
-                c.is_ascii_alphanumeric() || c == b'-' || (c == b'_' && self.underscores)
-            })
+            && !name
+                .iter()
+                .all(|&c| c.is_ascii_alphanumeric() || c == b'-' || (c == b'_' && self.underscores))
     }
 }
 

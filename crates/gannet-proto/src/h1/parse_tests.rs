@@ -611,6 +611,7 @@ fn partial_input_byte_by_byte() {
         max_header_line: 30,
         max_head: 120,
         max_headers: 4,
+        names: HeaderNames::default(),
     };
     for req in [
         &b"GET /a/b?c=d HTTP/1.1\r\nHost: example.com\r\nAccept: */*\r\n\r\n"[..],
@@ -655,8 +656,15 @@ fn head_from_fields_reads_like_an_http1_head() {
         ("content-length", b"5"),
         ("cookie", b"a=1"),
     ];
-    let h =
-        RequestHead::from_fields("POST", "/x?y=1", Some("Example.com:8443"), fields, true, HeaderNames::default()).unwrap();
+    let h = RequestHead::from_fields(
+        "POST",
+        "/x?y=1",
+        Some("Example.com:8443"),
+        fields,
+        true,
+        HeaderNames::default(),
+    )
+    .unwrap();
     assert_eq!(h.method, Method::Post);
     assert_eq!(h.version, Version::Http2);
     assert_eq!(h.target(), b"/x?y=1");
@@ -672,7 +680,8 @@ fn head_from_fields_reads_like_an_http1_head() {
 #[test]
 fn head_from_fields_checks_host_and_length() {
     let none: [(&str, &[u8]); 0] = [];
-    let h = RequestHead::from_fields("GET", "/", None, none, false, HeaderNames::default()).unwrap();
+    let h =
+        RequestHead::from_fields("GET", "/", None, none, false, HeaderNames::default()).unwrap();
     assert_eq!((h.host(), h.body), (None, BodyKind::None));
     // A body without Content-Length ends with the stream.
     assert_eq!(
@@ -682,14 +691,29 @@ fn head_from_fields_checks_host_and_length() {
         BodyKind::Chunked
     );
     let bad_host: [(&str, &[u8]); 1] = [("host", b"a b")];
-    assert!(RequestHead::from_fields("GET", "/", None, bad_host, false, HeaderNames::default()).is_err());
+    assert!(
+        RequestHead::from_fields("GET", "/", None, bad_host, false, HeaderNames::default())
+            .is_err()
+    );
     // :authority wins over a Host field, which is then not kept.
-    let h = RequestHead::from_fields("GET", "/", Some("a.test"), bad_host, false, HeaderNames::default()).unwrap();
+    let h = RequestHead::from_fields(
+        "GET",
+        "/",
+        Some("a.test"),
+        bad_host,
+        false,
+        HeaderNames::default(),
+    )
+    .unwrap();
     assert_eq!(h.header_all("host").count(), 1);
     let two: [(&str, &[u8]); 2] = [("content-length", b"1"), ("content-length", b"1")];
-    assert!(RequestHead::from_fields("GET", "/", None, two, false, HeaderNames::default()).is_err());
+    assert!(
+        RequestHead::from_fields("GET", "/", None, two, false, HeaderNames::default()).is_err()
+    );
     let junk: [(&str, &[u8]); 1] = [("content-length", b"x")];
-    assert!(RequestHead::from_fields("GET", "/", None, junk, false, HeaderNames::default()).is_err());
+    assert!(
+        RequestHead::from_fields("GET", "/", None, junk, false, HeaderNames::default()).is_err()
+    );
 }
 
 #[test]

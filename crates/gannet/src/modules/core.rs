@@ -421,9 +421,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         "merge_slashes" => c.merge_slashes = Some(setters::flag(d)?),
         "underscores_in_headers" => c.underscores_in_headers = Some(setters::flag(d)?),
         "ignore_invalid_headers" => c.ignore_invalid_headers = Some(setters::flag(d)?),
-        "max_ranges" => {
-            c.max_ranges = Some(d.args[0].parse().map_err(|_| invalid(d, &d.args[0]))?)
-        }
+        "max_ranges" => c.max_ranges = Some(d.args[0].parse().map_err(|_| invalid(d, &d.args[0]))?),
         "chunked_transfer_encoding" => c.chunked_transfer_encoding = Some(setters::flag(d)?),
         "disable_symlinks" => {
             if c.disable_symlinks.is_some() {

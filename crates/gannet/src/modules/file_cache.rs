@@ -122,9 +122,13 @@ pub const LINK_REFUSED: io::ErrorKind = io::ErrorKind::Unsupported;
 pub enum Symlinks {
     Off,
     /// Any symbolic link refused.
-    On { from: usize },
+    On {
+        from: usize,
+    },
     /// A symbolic link refused when its owner is not its target's.
-    IfNotOwner { from: usize },
+    IfNotOwner {
+        from: usize,
+    },
 }
 
 #[derive(Default)]
@@ -246,7 +250,8 @@ fn load(path: &Path, symlinks: Symlinks) -> Result<OpenFile, io::ErrorKind> {
 
 /// `openat(dir, name, flags)`, as an owned descriptor.
 fn openat(dir: &OwnedFd, name: &[u8], flags: libc::c_int) -> io::Result<OwnedFd> {
-    let name = std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::NotFound))?;
+    let name =
+        std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::NotFound))?;
     // SAFETY: `dir` is an open descriptor and `name` a NUL-terminated string, both alive for
     // the call; the flags open no file for creation, so no mode argument is read.
     let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags | libc::O_CLOEXEC) };
@@ -276,10 +281,17 @@ fn open_checked(path: &Path, check: Symlinks) -> io::Result<File> {
         (&b"/"[..], bytes.strip_prefix(b"/").unwrap_or(bytes))
     };
     let mut dir: OwnedFd = File::open(std::ffi::OsStr::from_bytes(start))?.into();
-    let mut parts = rest.split(|&c| c == b'/').filter(|p| !p.is_empty()).peekable();
+    let mut parts = rest
+        .split(|&c| c == b'/')
+        .filter(|p| !p.is_empty())
+        .peekable();
     while let Some(name) = parts.next() {
         let last = parts.peek().is_none();
-        let flags = if last { libc::O_RDONLY | libc::O_NONBLOCK } else { dir_flags };
+        let flags = if last {
+            libc::O_RDONLY | libc::O_NONBLOCK
+        } else {
+            dir_flags
+        };
         let fd = if not_owner {
             let fd = openat(&dir, name, flags)?;
             if owner_differs(&dir, name, &fd)? {
@@ -300,12 +312,18 @@ fn open_checked(path: &Path, check: Symlinks) -> io::Result<File> {
 
 /// Whether `name` in `dir` (not followed) has another owner than the file `fd` opened.
 fn owner_differs(dir: &OwnedFd, name: &[u8], fd: &OwnedFd) -> io::Result<bool> {
-    let name = std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::NotFound))?;
+    let name =
+        std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::NotFound))?;
     let mut at = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: valid descriptor and NUL-terminated name; `at` is written by the call before
     // it is read, and only read when the call succeeded.
     let rc = unsafe {
-        libc::fstatat(dir.as_raw_fd(), name.as_ptr(), at.as_mut_ptr(), libc::AT_SYMLINK_NOFOLLOW)
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            at.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
     };
     if rc != 0 {
         return Err(io::Error::last_os_error());
