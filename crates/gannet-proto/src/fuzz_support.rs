@@ -9,7 +9,7 @@ use bytes::BytesMut;
 
 use crate::h1::chunked::{Chunk, ChunkedDecoder};
 use crate::h1::encode::parse_http_date;
-use crate::h1::{parse_request, BodyKind, Limits};
+use crate::h1::{parse_request, BodyKind, HeaderNames, Limits};
 use crate::uri::{parse_target, percent_encode_path};
 
 /// Limits small enough for fuzzed inputs to hit them.
@@ -18,6 +18,11 @@ const SMALL: Limits = Limits {
     max_header_line: 48,
     max_head: 256,
     max_headers: 4,
+    // The other policy than the default, so both are fuzzed.
+    names: HeaderNames {
+        underscores: true,
+        ignore_invalid: false,
+    },
 };
 /// Inputs up to this size also get the (quadratic) byte-by-byte comparison.
 const BYTEWISE_MAX: usize = 512;

@@ -17,5 +17,7 @@ mod parse_tests;
 mod response_tests;
 
 pub use chunked::{Chunk, ChunkedDecoder};
-pub use parse::{parse_request, BodyKind, Limits, Method, ParseError, RequestHead, Version};
+pub use parse::{
+    parse_request, BodyKind, HeaderNames, Limits, Method, ParseError, RequestHead, Version,
+};
 pub use response::{parse_response, Framing, ResponseError, ResponseHead};

@@ -57,6 +57,37 @@ pub struct Limits {
     pub max_head: usize,
     /// Most header fields.
     pub max_headers: usize,
+    /// Which header names are accepted (`underscores_in_headers`, `ignore_invalid_headers`).
+    pub names: HeaderNames,
+}
+
+/// nginx's header-name policy: a name is valid when made of `[A-Za-z0-9-]` (and `_` with
+/// `underscores_in_headers on`); an invalid one is dropped (and logged by the caller) with
+/// `ignore_invalid_headers on`, nginx's default, else kept as sent. HTTP/1 and HTTP/2 heads
+/// both go through [`HeaderNames::drops`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderNames {
+    pub underscores: bool,
+    pub ignore_invalid: bool,
+}
+
+impl Default for HeaderNames {
+    fn default() -> Self {
+        HeaderNames {
+            underscores: false,
+            ignore_invalid: true,
+        }
+    }
+}
+
+impl HeaderNames {
+    /// Whether a field of this name is left out of the request.
+    pub fn drops(&self, name: &[u8]) -> bool {
+        self.ignore_invalid
+            && !name
+                .iter()
+                .all(|&c| c.is_ascii_alphanumeric() || c == b'-' || (c == b'_' && self.underscores))
+    }
 }
 
 impl Default for Limits {
@@ -67,6 +98,7 @@ impl Default for Limits {
             max_header_line: 8192,
             max_head: 32768,
             max_headers: 100,
+            names: HeaderNames::default(),
         }
     }
 }
@@ -133,6 +165,9 @@ pub struct RequestHead {
     pub keep_alive: bool,
     /// `Expect: 100-continue` was sent.
     pub expect_continue: bool,
+    /// Fields left out for their names (see [`HeaderNames`]), for the error log: the whole
+    /// line for HTTP/1, the name for HTTP/2. Empty (no allocation) in the usual case.
+    pub ignored: Vec<Bytes>,
 }
 
 impl RequestHead {
@@ -186,6 +221,7 @@ impl RequestHead {
             body: BodyKind::None,
             keep_alive: false,
             expect_continue: false,
+            ignored: Vec::new(),
         }
     }
 
@@ -194,13 +230,15 @@ impl RequestHead {
     /// an HTTP/1 head, `GET /x HTTP/2.0` then a `host` line from `:authority` (which wins
     /// over a Host field, RFC 9113 8.3.1) and the fields, so that `$request`, logs and
     /// header lookups work as for HTTP/1. The Host is checked and a Content-Length parsed
-    /// as in HTTP/1; `body` says whether a body follows.
+    /// as in HTTP/1; `body` says whether a body follows. Fields whose names `names` drops
+    /// are left out and listed in `ignored`.
     pub fn from_fields<'a>(
         method: &str,
         target: &str,
         authority: Option<&str>,
         fields: impl IntoIterator<Item = (&'a str, &'a [u8])>,
         body_follows: bool,
+        names: HeaderNames,
     ) -> Result<RequestHead, ParseError> {
         let mut raw = Vec::with_capacity(256);
         raw.extend_from_slice(method.as_bytes());
@@ -224,7 +262,12 @@ impl RequestHead {
         }
         let mut length = None;
         let mut expect_continue = false;
+        let mut ignored = Vec::new();
         for (name, value) in fields {
+            if names.drops(name.as_bytes()) {
+                ignored.push(Bytes::copy_from_slice(name.as_bytes()));
+                continue;
+            }
             if name.eq_ignore_ascii_case("expect") {
                 expect_continue = fields::trim_ows(value).eq_ignore_ascii_case(b"100-continue");
             }
@@ -278,6 +321,7 @@ impl RequestHead {
             body,
             keep_alive: true,
             expect_continue,
+            ignored,
         })
     }
 
@@ -348,6 +392,8 @@ struct Parsed {
     len: usize,
     line: RequestLine,
     headers: Vec<(Range<usize>, Range<usize>)>,
+    /// Lines of fields dropped for their names.
+    ignored: Vec<Range<usize>>,
     fields: Fields,
 }
 
@@ -388,6 +434,7 @@ pub fn parse_request(
         Err(Fail::Parse(e)) => return Err(e),
     };
     let raw = buf.split_to(parsed.len).freeze();
+    let ignored = parsed.ignored.into_iter().map(|r| raw.slice(r)).collect();
     let method = Method::from_token(&raw[parsed.line.method.clone()]);
     Ok(Some(RequestHead {
         raw,
@@ -400,6 +447,7 @@ pub fn parse_request(
         body: parsed.fields.body,
         keep_alive: parsed.fields.keep_alive,
         expect_continue: parsed.fields.expect_continue,
+        ignored,
     }))
 }
 
@@ -528,25 +576,31 @@ fn finish(
         let len = next.saturating_sub(start).saturating_sub(eol_len(b, next));
         len <= limits.max_header_line
     };
+    let mut ignored = Vec::new();
+    // Where the previous line started: a dropped field's line counts for the limits too.
+    let mut prev: Option<usize> = None;
     for h in headers {
         let name = span(b, h.name.as_bytes())?;
-        if let Some((prev, _)) = ranges.last() {
-            if !line_ok(prev.start, name.start) {
-                return Err(ParseError::HeaderTooLarge.into());
-            }
-        }
-        ranges.push((name, span(b, h.value)?));
-    }
-    if let Some((last, _)) = ranges.last() {
-        if !line_ok(last.start, len.saturating_sub(eol_len(b, len))) {
+        if prev.is_some_and(|p| !line_ok(p, name.start)) {
             return Err(ParseError::HeaderTooLarge.into());
         }
+        prev = Some(name.start);
+        let value = span(b, h.value)?;
+        if limits.names.drops(&b[name.clone()]) {
+            ignored.push(name.start..value.end);
+            continue;
+        }
+        ranges.push((name, value));
+    }
+    if prev.is_some_and(|p| !line_ok(p, len.saturating_sub(eol_len(b, len)))) {
+        return Err(ParseError::HeaderTooLarge.into());
     }
     let fields = fields::interpret(b, line.version, &ranges)?;
     Ok(Parsed {
         len,
         line,
         headers: ranges,
+        ignored,
         fields,
     })
 }

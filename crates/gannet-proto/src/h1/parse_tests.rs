@@ -611,6 +611,7 @@ fn partial_input_byte_by_byte() {
         max_header_line: 30,
         max_head: 120,
         max_headers: 4,
+        names: HeaderNames::default(),
     };
     for req in [
         &b"GET /a/b?c=d HTTP/1.1\r\nHost: example.com\r\nAccept: */*\r\n\r\n"[..],
@@ -655,8 +656,15 @@ fn head_from_fields_reads_like_an_http1_head() {
         ("content-length", b"5"),
         ("cookie", b"a=1"),
     ];
-    let h =
-        RequestHead::from_fields("POST", "/x?y=1", Some("Example.com:8443"), fields, true).unwrap();
+    let h = RequestHead::from_fields(
+        "POST",
+        "/x?y=1",
+        Some("Example.com:8443"),
+        fields,
+        true,
+        HeaderNames::default(),
+    )
+    .unwrap();
     assert_eq!(h.method, Method::Post);
     assert_eq!(h.version, Version::Http2);
     assert_eq!(h.target(), b"/x?y=1");
@@ -672,22 +680,85 @@ fn head_from_fields_reads_like_an_http1_head() {
 #[test]
 fn head_from_fields_checks_host_and_length() {
     let none: [(&str, &[u8]); 0] = [];
-    let h = RequestHead::from_fields("GET", "/", None, none, false).unwrap();
+    let h =
+        RequestHead::from_fields("GET", "/", None, none, false, HeaderNames::default()).unwrap();
     assert_eq!((h.host(), h.body), (None, BodyKind::None));
     // A body without Content-Length ends with the stream.
     assert_eq!(
-        RequestHead::from_fields("PUT", "/", None, none, true)
+        RequestHead::from_fields("PUT", "/", None, none, true, HeaderNames::default())
             .unwrap()
             .body,
         BodyKind::Chunked
     );
     let bad_host: [(&str, &[u8]); 1] = [("host", b"a b")];
-    assert!(RequestHead::from_fields("GET", "/", None, bad_host, false).is_err());
+    assert!(
+        RequestHead::from_fields("GET", "/", None, bad_host, false, HeaderNames::default())
+            .is_err()
+    );
     // :authority wins over a Host field, which is then not kept.
-    let h = RequestHead::from_fields("GET", "/", Some("a.test"), bad_host, false).unwrap();
+    let h = RequestHead::from_fields(
+        "GET",
+        "/",
+        Some("a.test"),
+        bad_host,
+        false,
+        HeaderNames::default(),
+    )
+    .unwrap();
     assert_eq!(h.header_all("host").count(), 1);
     let two: [(&str, &[u8]); 2] = [("content-length", b"1"), ("content-length", b"1")];
-    assert!(RequestHead::from_fields("GET", "/", None, two, false).is_err());
+    assert!(
+        RequestHead::from_fields("GET", "/", None, two, false, HeaderNames::default()).is_err()
+    );
     let junk: [(&str, &[u8]); 1] = [("content-length", b"x")];
-    assert!(RequestHead::from_fields("GET", "/", None, junk, false).is_err());
+    assert!(
+        RequestHead::from_fields("GET", "/", None, junk, false, HeaderNames::default()).is_err()
+    );
+}
+
+#[test]
+fn invalid_header_names_dropped_or_kept_as_configured() {
+    let req = b"GET / HTTP/1.1\r\nHost: a\r\nX_Under: 1\r\nX.Dot: 2\r\nX-Ok: 3\r\n\r\n";
+    // nginx's defaults: both dropped, listed for the log as whole lines.
+    let h = parse(req).unwrap().unwrap();
+    assert_eq!(h.header("x-ok"), Some(&b"3"[..]));
+    assert_eq!(h.header("x_under"), None);
+    assert_eq!(h.header("x.dot"), None);
+    assert_eq!(h.ignored, vec![&b"X_Under: 1"[..], &b"X.Dot: 2"[..]]);
+    // underscores_in_headers on: the underscore name is valid.
+    let names = HeaderNames {
+        underscores: true,
+        ignore_invalid: true,
+    };
+    let limits = Limits {
+        names,
+        ..Limits::default()
+    };
+    let h = parse_request(&mut BytesMut::from(&req[..]), &limits)
+        .unwrap()
+        .unwrap();
+    assert_eq!(h.header("x_under"), Some(&b"1"[..]));
+    assert_eq!(h.header("x.dot"), None);
+    // ignore_invalid_headers off: everything kept.
+    let limits = Limits {
+        names: HeaderNames {
+            underscores: false,
+            ignore_invalid: false,
+        },
+        ..Limits::default()
+    };
+    let h = parse_request(&mut BytesMut::from(&req[..]), &limits)
+        .unwrap()
+        .unwrap();
+    assert_eq!(h.header("x_under"), Some(&b"1"[..]));
+    assert_eq!(h.header("x.dot"), Some(&b"2"[..]));
+    assert!(h.ignored.is_empty());
+    // A dropped Host is no Host: HTTP/1.1 without one is refused.
+    assert!(parse(b"GET / HTTP/1.1\r\nHo_st: a\r\n\r\n").is_err());
+    // HTTP/2 fields go through the same policy.
+    let fields = [("x_under", &b"1"[..]), ("x-ok", &b"2"[..])];
+    let h = RequestHead::from_fields("GET", "/", Some("a"), fields, false, HeaderNames::default())
+        .unwrap();
+    assert_eq!(h.header("x_under"), None);
+    assert_eq!(h.ignored, vec![&b"x_under"[..]]);
 }

@@ -274,6 +274,7 @@ impl<S: Transport> Conn<S> {
             max_header_line: size,
             max_head: n * size,
             max_headers: 100,
+            names: core.header_names(),
         };
         // A new connection, or one just taken back from parking, usually has its request
         // waiting already.
@@ -602,6 +603,7 @@ impl<S: Transport> Conn<S> {
             target.query,
             host,
         );
+        req.log_ignored_headers();
         let mut keep = req.head.keep_alive;
         let handled = match self.tls_refusal(&req) {
             // nginx's own status (497, 495, 496) or 421, through `error_page` like any
@@ -855,7 +857,10 @@ impl<S: Transport> Conn<S> {
         let mut src = src.filtered(&mut resp);
         // A length known beforehand (an application announced it) goes as is.
         let w = self.w.clone();
-        let chunked = req.head.version == Version::Http11 && resp.content_length.is_none();
+        // `chunked_transfer_encoding off`: close-delimited instead, as nginx.
+        let chunked = req.head.version == Version::Http11
+            && resp.content_length.is_none()
+            && req.conf.core.chunked_transfer_encoding();
         resp.chunked = chunked;
         resp.length_unknown = !chunked && resp.content_length.is_none();
         let mut encoder = match resp.encode.map(|(c, level)| Encoder::new(c, level)) {

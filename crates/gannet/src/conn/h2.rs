@@ -314,6 +314,7 @@ async fn answer(
         authority,
         fields,
         !recv.is_end_stream(),
+        default.conf.core.header_names(),
     )
     .and_then(|head| parse_target(head.target()).map(|t| (head, t)));
     let (head, target) = match parsed {
@@ -340,6 +341,7 @@ async fn answer(
         host
     };
     let mut req = Request::new(head, info, server, target.path, target.query, host);
+    req.log_ignored_headers();
     let refusal = req
         .conn
         .tls

@@ -129,6 +129,12 @@ fn slice(body: &Body, start: u64, end: u64) -> Option<Part> {
 }
 
 fn range(req: &Request, r: &mut Response) {
+    let max_ranges = req.conf.core.max_ranges;
+    // `max_ranges 0`: ranges are off, and not offered either (no Accept-Ranges), as nginx.
+    if max_ranges == Some(0) {
+        r.accept_ranges = false;
+        return;
+    }
     // Only what offers ranges (nginx's allow_ranges: plain files) is cut into them.
     let Some(rv) = req.head.header("range").filter(|_| r.accept_ranges) else {
         return;
@@ -159,6 +165,10 @@ fn range(req: &Request, r: &mut Response) {
             format!("bytes */{len}").into(),
         ));
         *r = e;
+        return;
+    }
+    // More ranges than `max_ranges` allows are answered whole (200), as nginx.
+    if max_ranges.is_some_and(|m| ranges.len() > m as usize) {
         return;
     }
     // Overlapping ranges that add up to more than the file are answered whole, as nginx.

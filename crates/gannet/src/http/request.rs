@@ -146,6 +146,61 @@ impl Tries {
 }
 
 impl Request {
+    /// Open `path` through the worker's file cache with this location's policy, checking
+    /// symbolic links as `disable_symlinks` says (nginx's `ngx_http_set_disable_symlinks`:
+    /// a `from=` value that is a prefix of the path leaves that part unchecked, and the
+    /// whole path unchecked when equal to it). Nothing is evaluated when it is off.
+    pub fn open_file(
+        &self,
+        w: &crate::runtime::worker::Worker,
+        path: &std::path::Path,
+    ) -> Result<crate::modules::file_cache::OpenFile, std::io::ErrorKind> {
+        use crate::modules::core::SymlinkMode;
+        use crate::modules::file_cache::Symlinks;
+        let mut policy = self.conf.files.policy();
+        if let Some((mode, from)) = &self.conf.core.disable_symlinks {
+            let p = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str());
+            let from = match from.as_ref().map(|t| t.eval(self, None)) {
+                Some(f) if !f.is_empty() && p.starts_with(f.as_bytes()) => {
+                    let f = f.as_bytes();
+                    if f.len() == p.len() {
+                        None
+                    } else if p[f.len()] == b'/' {
+                        Some(f.len())
+                    } else if f.ends_with(b"/") {
+                        Some(f.len() - 1)
+                    } else {
+                        Some(0)
+                    }
+                }
+                _ => Some(0),
+            };
+            policy.symlinks = match (mode, from) {
+                (SymlinkMode::Off, _) | (_, None) => Symlinks::Off,
+                (SymlinkMode::On, Some(from)) => Symlinks::On { from },
+                (SymlinkMode::IfNotOwner, Some(from)) => Symlinks::IfNotOwner { from },
+            };
+        }
+        w.files.open(path, &policy)
+    }
+
+    /// Logs the fields left out for their names (`ignore_invalid_headers`) at info, with
+    /// nginx's words for each protocol.
+    pub fn log_ignored_headers(&self) {
+        for line in &self.head.ignored {
+            let line = String::from_utf8_lossy(line);
+            let what = match self.head.version {
+                gannet_proto::h1::Version::Http2 => "invalid header",
+                _ => "invalid header line",
+            };
+            crate::errlog::request(
+                crate::errlog::Level::Info,
+                self,
+                format_args!("client sent {what}: \"{line}\""),
+            );
+        }
+    }
+
     pub fn new(
         head: RequestHead,
         conn: ConnInfo,

@@ -6,7 +6,8 @@
 //! `client_body_timeout`, `send_timeout`, `keepalive_timeout`, `keepalive_requests`,
 //! `keepalive_time`, `sendfile`, `tcp_nopush`, `tcp_nodelay`, `server_tokens`,
 //! `log_not_found`, `absolute_redirect`, `port_in_redirect`, `server_name_in_redirect`,
-//! `merge_slashes`.
+//! `merge_slashes`, `underscores_in_headers`, `ignore_invalid_headers`, `max_ranges`,
+//! `chunked_transfer_encoding`, `disable_symlinks`.
 
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::http::variables::Template;
@@ -147,7 +148,45 @@ pub const DIRECTIVES: &[Spec] = &[
         args: Args::Exactly(1),
         block: false,
     },
+    Spec {
+        name: "underscores_in_headers",
+        ctx: HS,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "ignore_invalid_headers",
+        ctx: HS,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "max_ranges",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "chunked_transfer_encoding",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "disable_symlinks",
+        ctx: HSL,
+        args: Args::Between(1, 2),
+        block: false,
+    },
 ];
+
+/// `disable_symlinks`' mode, and its `from=` part (a template, often `$document_root`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SymlinkMode {
+    Off,
+    On,
+    IfNotOwner,
+}
 
 #[derive(Debug, Clone, Default)]
 pub struct CoreConf {
@@ -172,6 +211,12 @@ pub struct CoreConf {
     pub port_in_redirect: Option<bool>,
     pub server_name_in_redirect: Option<bool>,
     pub merge_slashes: Option<bool>,
+    pub underscores_in_headers: Option<bool>,
+    pub ignore_invalid_headers: Option<bool>,
+    /// Most ranges answered with a 206; `None`: no limit (nginx's default).
+    pub max_ranges: Option<u32>,
+    pub chunked_transfer_encoding: Option<bool>,
+    pub disable_symlinks: Option<(SymlinkMode, Option<Template>)>,
 }
 
 impl CoreConf {
@@ -199,7 +244,12 @@ impl CoreConf {
             absolute_redirect,
             port_in_redirect,
             server_name_in_redirect,
-            merge_slashes
+            merge_slashes,
+            underscores_in_headers,
+            ignore_invalid_headers,
+            max_ranges,
+            chunked_transfer_encoding,
+            disable_symlinks
         );
     }
 
@@ -261,6 +311,17 @@ impl CoreConf {
     }
     pub fn server_name_in_redirect(&self) -> bool {
         self.server_name_in_redirect.unwrap_or(false)
+    }
+    /// The header-name policy. Like the buffer sizes, it is read from the default server
+    /// of the address, since the names are checked before the Host header picks a server.
+    pub fn header_names(&self) -> gannet_proto::h1::HeaderNames {
+        gannet_proto::h1::HeaderNames {
+            underscores: self.underscores_in_headers.unwrap_or(false),
+            ignore_invalid: self.ignore_invalid_headers.unwrap_or(true),
+        }
+    }
+    pub fn chunked_transfer_encoding(&self) -> bool {
+        self.chunked_transfer_encoding.unwrap_or(true)
     }
 }
 
@@ -358,7 +419,50 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         "port_in_redirect" => c.port_in_redirect = Some(setters::flag(d)?),
         "server_name_in_redirect" => c.server_name_in_redirect = Some(setters::flag(d)?),
         "merge_slashes" => c.merge_slashes = Some(setters::flag(d)?),
+        "underscores_in_headers" => c.underscores_in_headers = Some(setters::flag(d)?),
+        "ignore_invalid_headers" => c.ignore_invalid_headers = Some(setters::flag(d)?),
+        "max_ranges" => c.max_ranges = Some(d.args[0].parse().map_err(|_| invalid(d, &d.args[0]))?),
+        "chunked_transfer_encoding" => c.chunked_transfer_encoding = Some(setters::flag(d)?),
+        "disable_symlinks" => {
+            if c.disable_symlinks.is_some() {
+                return Err(dup(d));
+            }
+            c.disable_symlinks = Some(disable_symlinks(d)?);
+        }
         _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
     }
     Ok(())
+}
+
+/// `disable_symlinks off | on | if_not_owner [from=part]`, with nginx's checks and words.
+fn disable_symlinks(d: &Directive) -> Result<(SymlinkMode, Option<Template>), ConfError> {
+    let mut mode = None;
+    let mut from = None;
+    for a in &d.args {
+        match a.as_str() {
+            "off" => mode = Some(SymlinkMode::Off),
+            "on" => mode = Some(SymlinkMode::On),
+            "if_not_owner" => mode = Some(SymlinkMode::IfNotOwner),
+            _ => match a.strip_prefix("from=") {
+                Some(v) => from = Some(Template::compile(v).map_err(|e| d.error(e))?),
+                None => return Err(d.error(format!("invalid parameter \"{a}\""))),
+            },
+        }
+    }
+    let Some(mode) = mode else {
+        return Err(d.error(format!(
+            "\"{}\" must have \"off\", \"on\" or \"if_not_owner\" parameter",
+            d.name
+        )));
+    };
+    if d.args.len() == 2 && from.is_none() {
+        return Err(d.error(format!(
+            "duplicate parameters \"{} {}\"",
+            d.args[0], d.args[1]
+        )));
+    }
+    if mode == SymlinkMode::Off && from.is_some() {
+        return Err(d.error("\"from=\" cannot be used with \"off\" parameter"));
+    }
+    Ok((mode, from))
 }

@@ -7,6 +7,10 @@
 //! `valid` period (1 s, or `open_file_cache_valid`) is over; a changed file is re-read.
 //! Not-found results are cached only with `open_file_cache_errors on`, as in nginx.
 //! Nothing here is shared between workers, so there are no locks.
+//!
+//! `disable_symlinks` (see [`Symlinks`]) opens a path component by component with `openat`
+//! and `O_NOFOLLOW`, as nginx's `ngx_open_file_wrapper`; an entry remembers the check it was
+//! opened under, and one opened under a check is re-validated by opening it again that way.
 
 use super::compress::Coding;
 use bytes::Bytes;
@@ -14,6 +18,8 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fs::{File, Metadata};
 use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -77,6 +83,7 @@ enum Entry {
 #[derive(Debug)]
 struct Slot {
     entry: Entry,
+    symlinks: Symlinks,
     checked: Instant,
     last_used: Instant,
 }
@@ -89,6 +96,7 @@ pub struct Policy {
     pub inactive: Duration,
     pub valid: Duration,
     pub errors: bool,
+    pub symlinks: Symlinks,
 }
 
 impl Default for Policy {
@@ -98,8 +106,29 @@ impl Default for Policy {
             inactive: Duration::from_secs(60),
             valid: Duration::from_secs(1),
             errors: false,
+            symlinks: Symlinks::Off,
         }
     }
+}
+
+/// The error a link refused by `disable_symlinks` (ELOOP) is cached and returned as: std's
+/// own kind for it is not stable, and opening a file never otherwise reports this one.
+pub const LINK_REFUSED: io::ErrorKind = io::ErrorKind::Unsupported;
+
+/// `disable_symlinks`: how symbolic links on the way to a file are refused (ELOOP, which the
+/// caller answers 403). `from` is the length of a leading part of the path (`from=`) that is
+/// not checked; 0 checks from `/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Symlinks {
+    Off,
+    /// Any symbolic link refused.
+    On {
+        from: usize,
+    },
+    /// A symbolic link refused when its owner is not its target's.
+    IfNotOwner {
+        from: usize,
+    },
 }
 
 #[derive(Default)]
@@ -112,7 +141,7 @@ impl FileCache {
     pub fn open(&self, path: &Path, policy: &Policy) -> Result<OpenFile, io::ErrorKind> {
         let now = Instant::now();
         let mut map = self.map.borrow_mut();
-        if let Some(slot) = map.get_mut(path) {
+        if let Some(slot) = map.get_mut(path).filter(|s| s.symlinks == policy.symlinks) {
             if now.duration_since(slot.checked) < policy.valid {
                 slot.last_used = now;
                 return match &slot.entry {
@@ -120,8 +149,13 @@ impl FileCache {
                     Entry::Error(e) => Err(*e),
                 };
             }
-            // Re-validate: the same inode, size and mtime keep the entry.
-            if let (Entry::Found(f), Ok(meta)) = (&slot.entry, std::fs::metadata(path)) {
+            // Re-validate: the same inode, size and mtime keep the entry. Under a symlink
+            // check, the metadata comes from opening the path again with that check.
+            let meta = match policy.symlinks {
+                Symlinks::Off => std::fs::metadata(path),
+                check => open_checked(path, check).and_then(|f| f.metadata()),
+            };
+            if let (Entry::Found(f), Ok(meta)) = (&slot.entry, meta) {
                 if meta.ino() == f.ino
                     && meta.dev() == f.dev
                     && meta.size() == f.size
@@ -132,9 +166,9 @@ impl FileCache {
                     return Ok(f.clone());
                 }
             }
-            map.remove(path);
         }
-        let result = load(path);
+        map.remove(path);
+        let result = load(path, policy.symlinks);
         if map.len() >= policy.max {
             evict(&mut map, now, policy);
         }
@@ -143,6 +177,7 @@ impl FileCache {
                 map.insert(
                     path.to_path_buf(),
                     Slot {
+                        symlinks: policy.symlinks,
                         entry: Entry::Found(f.clone()),
                         checked: now,
                         last_used: now,
@@ -153,6 +188,7 @@ impl FileCache {
                 map.insert(
                     path.to_path_buf(),
                     Slot {
+                        symlinks: policy.symlinks,
                         entry: Entry::Error(*e),
                         checked: now,
                         last_used: now,
@@ -176,10 +212,17 @@ fn evict(map: &mut HashMap<PathBuf, Slot>, now: Instant, policy: &Policy) {
     }
 }
 
-fn load(path: &Path) -> Result<OpenFile, io::ErrorKind> {
+fn load(path: &Path, symlinks: Symlinks) -> Result<OpenFile, io::ErrorKind> {
     // Blocking open/stat/read, as nginx does without aio: for files in the page cache these
     // take microseconds, less than a hop to a thread pool would.
-    let mut file = File::open(path).map_err(|e| e.kind())?;
+    let mut file = match symlinks {
+        Symlinks::Off => File::open(path),
+        check => open_checked(path, check),
+    }
+    .map_err(|e| match e.raw_os_error() {
+        Some(libc::ELOOP) => LINK_REFUSED,
+        _ => e.kind(),
+    })?;
     let meta: Metadata = file.metadata().map_err(|e| e.kind())?;
     let size = meta.len();
     let data = if meta.is_file() && size <= SMALL_FILE {
@@ -203,4 +246,90 @@ fn load(path: &Path) -> Result<OpenFile, io::ErrorKind> {
         dev: meta.dev(),
         file: Rc::new(file),
     })
+}
+
+/// `openat(dir, name, flags)`, as an owned descriptor.
+fn openat(dir: &OwnedFd, name: &[u8], flags: libc::c_int) -> io::Result<OwnedFd> {
+    let name =
+        std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::NotFound))?;
+    // SAFETY: `dir` is an open descriptor and `name` a NUL-terminated string, both alive for
+    // the call; the flags open no file for creation, so no mode argument is read.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by openat and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Open `path` refusing symbolic links past its first `from` bytes, as nginx's
+/// `ngx_open_file_wrapper`: each directory with `openat(O_NOFOLLOW)` from the previous one,
+/// or (`if_not_owner`) following links but refusing one whose owner differs from its
+/// target's. A refused link is ELOOP.
+fn open_checked(path: &Path, check: Symlinks) -> io::Result<File> {
+    let (from, not_owner) = match check {
+        Symlinks::Off => return File::open(path),
+        Symlinks::On { from } => (from, false),
+        Symlinks::IfNotOwner { from } => (from, true),
+    };
+    let bytes = path.as_os_str().as_bytes();
+    let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK;
+    // The unchecked prefix (or `/`) is opened as is.
+    let (start, rest) = if from > 0 && from < bytes.len() {
+        (&bytes[..from], &bytes[from + 1..])
+    } else {
+        (&b"/"[..], bytes.strip_prefix(b"/").unwrap_or(bytes))
+    };
+    let mut dir: OwnedFd = File::open(std::ffi::OsStr::from_bytes(start))?.into();
+    let mut parts = rest
+        .split(|&c| c == b'/')
+        .filter(|p| !p.is_empty())
+        .peekable();
+    while let Some(name) = parts.next() {
+        let last = parts.peek().is_none();
+        let flags = if last {
+            libc::O_RDONLY | libc::O_NONBLOCK
+        } else {
+            dir_flags
+        };
+        let fd = if not_owner {
+            let fd = openat(&dir, name, flags)?;
+            if owner_differs(&dir, name, &fd)? {
+                return Err(io::Error::from_raw_os_error(libc::ELOOP));
+            }
+            fd
+        } else {
+            openat(&dir, name, flags | libc::O_NOFOLLOW)?
+        };
+        if last {
+            return Ok(File::from(fd));
+        }
+        dir = fd;
+    }
+    // The path named only the unchecked part.
+    Ok(File::from(dir))
+}
+
+/// Whether `name` in `dir` (not followed) has another owner than the file `fd` opened.
+fn owner_differs(dir: &OwnedFd, name: &[u8], fd: &OwnedFd) -> io::Result<bool> {
+    let name =
+        std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::NotFound))?;
+    let mut at = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: valid descriptor and NUL-terminated name; `at` is written by the call before
+    // it is read, and only read when the call succeeded.
+    let rc = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            at.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstatat succeeded, so it filled `at`.
+    let at = unsafe { at.assume_init() };
+    let target = File::from(fd.try_clone()?).metadata()?;
+    Ok(target.uid() != at.st_uid)
 }

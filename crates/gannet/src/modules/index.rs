@@ -57,7 +57,6 @@ pub fn handle(req: &Request, w: &Worker) -> Flow {
         .files
         .as_deref()
         .map_or(&default[..], |v| v.as_slice());
-    let policy = req.conf.files.policy();
     for (i, t) in files.iter().enumerate() {
         let name = t.eval(req, None);
         if name.starts_with('/') {
@@ -65,7 +64,7 @@ pub fn handle(req: &Request, w: &Worker) -> Flow {
             return Flow::Redirect(name);
         }
         let uri = format!("{}{}", req.uri, name);
-        match w.files.open(&req.filename_for(&uri), &policy) {
+        match req.open_file(w, &req.filename_for(&uri)) {
             Ok(f) if f.is_file => return Flow::Redirect(uri),
             Ok(_) => {}
             Err(ErrorKind::NotFound) if i + 1 == files.len() => {}
@@ -80,7 +79,7 @@ pub fn handle(req: &Request, w: &Worker) -> Flow {
         }
     }
     let dir = req.filename_for(&req.uri);
-    match w.files.open(&dir, &policy) {
+    match req.open_file(w, &dir) {
         Ok(f) if f.is_dir => Flow::Next,
         Ok(_) => Flow::Status(404),
         Err(kind) => Flow::Status(super::static_files::file_error(req, kind, &dir)),

@@ -108,6 +108,8 @@ impl FilesConf {
             // surprise one who did not.
             valid: self.cache_valid.unwrap_or(d.valid),
             errors: self.cache_errors.unwrap_or(false),
+            // Set per request by `Request::open_file` from `disable_symlinks`.
+            symlinks: d.symlinks,
         }
     }
 }
@@ -189,7 +191,7 @@ pub fn handle(req: &Request, w: &Worker) -> Flow {
             Precompressed::None => {}
         }
     }
-    let f = match w.files.open(&path, &req.conf.files.policy()) {
+    let f = match req.open_file(w, &path) {
         Ok(f) => f,
         Err(kind) => return Flow::Status(file_error(req, kind, &path)),
     };
@@ -236,12 +238,10 @@ fn precompressed(req: &Request, w: &Worker, path: &std::path::Path) -> Precompre
             Static::Always => (on[c as usize], always[c as usize]) = (true, true),
         }
     }
-    let policy = req.conf.files.policy();
     let open = |c: Coding| {
         let mut p = path.as_os_str().to_owned();
         p.push(c.suffix());
-        w.files
-            .open(std::path::Path::new(&p), &policy)
+        req.open_file(w, std::path::Path::new(&p))
             .ok()
             .filter(|f| f.is_file)
     };
@@ -315,13 +315,20 @@ pub fn file_error(req: &Request, kind: ErrorKind, path: &std::path::Path) -> u16
         ErrorKind::NotADirectory => (404, 20, "Not a directory"),
         ErrorKind::PermissionDenied => (403, 13, "Permission denied"),
         ErrorKind::InvalidFilename => (414, 36, "File name too long"),
+        // `disable_symlinks` refused a link.
+        super::file_cache::LINK_REFUSED => (403, 40, "Too many levels of symbolic links"),
         _ => (500, 5, "Input/output error"),
+    };
+    // Under `disable_symlinks` nginx opens with openat() and says so.
+    let call = match &req.conf.core.disable_symlinks {
+        Some((m, _)) if *m != crate::modules::core::SymlinkMode::Off => "openat",
+        _ => "open",
     };
     if status != 404 || req.conf.core.log_not_found() {
         crate::errlog::request(
             Level::Error,
             req,
-            format_args!("open() \"{}\" failed ({errno}: {why})", path.display()),
+            format_args!("{call}() \"{}\" failed ({errno}: {why})", path.display()),
         );
     }
     status

@@ -75,11 +75,10 @@ pub fn handle(req: &mut Request, w: &Worker) -> Flow {
     let Some(tries) = req.conf.try_files.tries.clone() else {
         return Flow::Next;
     };
-    let policy = req.conf.files.policy();
     for t in &tries.0 {
         let name = t.name.eval(req, None);
         let path = req.filename_for(&name);
-        if let Ok(f) = w.files.open(&path, &policy) {
+        if let Ok(f) = req.open_file(w, &path) {
             if (t.dir && f.is_dir) || (!t.dir && f.is_file) {
                 // `$uri/` for `/sub` leaves `/sub`, which the static module redirects to
                 // `/sub/` (so relative links resolve), as nginx does; `/sub/` leaves `/sub/`
