@@ -32,8 +32,8 @@ use crate::modules::auth_request::Subrequest;
 use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{
-    access, autoindex, charset, gateway, headers, index, limit_conn, limit_zone, realip, static_files,
-    sub_filter, try_files,
+    access, autoindex, charset, gateway, headers, index, limit_conn, limit_zone, realip,
+    static_files, sub_filter, try_files,
 };
 use crate::runtime::worker::Worker;
 use gannet_proto::cgi::HeaderValue;

@@ -83,8 +83,8 @@ pub struct Table {
 #[derive(Debug)]
 enum Map {
     Bytes {
-        to: [u8; 256],
-        back: [u8; 256],
+        to: Box<[u8; 256]>,
+        back: Box<[u8; 256]>,
     },
     Utf8 {
         to: Vec<Vec<u8>>,
@@ -132,7 +132,11 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
         "override_charset" => c.override_charset = Some(setters::flag(d)?),
         "charset_types" => c.types = Some(Arc::new(super::compress::types(d))),
         "charset_map" => {
-            let mut maps = c.maps.as_deref().map(clone_tables).unwrap_or_default();
+            let mut maps = c
+                .maps
+                .as_deref()
+                .map(|t| clone_tables(t))
+                .unwrap_or_default();
             maps.push(table(d, &maps)?);
             c.maps = Some(Arc::new(maps));
         }
@@ -141,15 +145,15 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
     Ok(())
 }
 
-fn clone_tables(t: &Vec<Table>) -> Vec<Table> {
+fn clone_tables(t: &[Table]) -> Vec<Table> {
     t.iter()
         .map(|t| Table {
             src: t.src.clone(),
             dst: t.dst.clone(),
             map: match &t.map {
                 Map::Bytes { to, back } => Map::Bytes {
-                    to: *to,
-                    back: *back,
+                    to: to.clone(),
+                    back: back.clone(),
                 },
                 Map::Utf8 { to, back } => Map::Utf8 {
                     to: to.clone(),
@@ -176,9 +180,9 @@ fn table(d: &Directive, others: &[Table]) -> Result<Table, ConfError> {
         )));
     }
     if src.eq_ignore_ascii_case("utf-8") {
-        return Err(d.error(
-            "\"charset_map\" with \"utf-8\" charset should be given in the second column",
-        ));
+        return Err(
+            d.error("\"charset_map\" with \"utf-8\" charset should be given in the second column")
+        );
     }
     if others.iter().any(|t| {
         (t.src.eq_ignore_ascii_case(src) && t.dst.eq_ignore_ascii_case(dst))
@@ -237,8 +241,8 @@ fn table(d: &Directive, others: &[Table]) -> Result<Table, ConfError> {
             }
         } else {
             Map::Bytes {
-                to: bytes_to,
-                back: bytes_back,
+                to: Box::new(bytes_to),
+                back: Box::new(bytes_back),
             }
         },
     })
@@ -250,7 +254,10 @@ pub enum Recode {
     /// A `charset_map` (index among http's), forwards or backwards.
     Table(Arc<Vec<Table>>, usize, bool),
     /// Between two charsets encoding_rs knows.
-    Whatwg(&'static encoding_rs::Encoding, &'static encoding_rs::Encoding),
+    Whatwg(
+        &'static encoding_rs::Encoding,
+        &'static encoding_rs::Encoding,
+    ),
 }
 
 /// The charset an answer's Content-Type names, and where its type ends.
@@ -342,7 +349,8 @@ pub fn start(req: &Request, resp: &mut Response) {
         return;
     };
     named(resp);
-    let bytewise = matches!(&recode, Recode::Table(t, i, _) if matches!(t[*i].map, Map::Bytes { .. }));
+    let bytewise =
+        matches!(&recode, Recode::Table(t, i, _) if matches!(t[*i].map, Map::Bytes { .. }));
     if bytewise {
         // Same length: a body at hand keeps its Content-Length though it is now streamed.
         if resp.content_length.is_none() && !resp.length_unknown && resp.body.len() > 0 {
