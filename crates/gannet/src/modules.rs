@@ -9,6 +9,7 @@ pub mod access_log;
 pub mod auth_basic;
 pub mod auth_request;
 pub mod autoindex;
+pub mod charset;
 pub mod client_body;
 pub mod compress;
 pub mod core;
@@ -31,6 +32,7 @@ pub mod proxy;
 pub mod proxy_cookie;
 pub mod proxy_ssl;
 pub mod realip;
+pub mod referer;
 pub mod rewrite;
 pub mod scgi;
 pub mod split_clients;
@@ -202,6 +204,14 @@ pub const MODULES: &[Module] = &[
         set: realip::set,
     },
     Module {
+        directives: referer::DIRECTIVES,
+        set: referer::set,
+    },
+    Module {
+        directives: charset::DIRECTIVES,
+        set: charset::set,
+    },
+    Module {
         directives: geo::DIRECTIVES,
         set: geo::set,
     },
@@ -297,6 +307,8 @@ pub struct LocConf {
     pub limit_conn: limit_conn::LimitConnConf,
     pub limit_rate: limit_rate::LimitRateConf,
     pub realip: realip::RealIpConf,
+    pub referer: referer::RefererConf,
+    pub charset: charset::CharsetConf,
     pub rewrite: rewrite::RewriteConf,
     pub log: access_log::LogConf,
     /// `error_log` at this level (else inherited; none at all: the main context's logs).
@@ -332,6 +344,8 @@ impl LocConf {
         self.limit_conn.merge(&parent.limit_conn);
         self.limit_rate.merge(&parent.limit_rate);
         self.realip.merge(&parent.realip);
+        self.referer.merge(&parent.referer);
+        self.charset.merge(&parent.charset);
         self.log.merge(&parent.log);
         if self.error_log.is_none() {
             self.error_log = parent.error_log.clone();

@@ -6,7 +6,7 @@ use super::gateway::Streaming;
 use crate::errlog::{self, Level};
 use crate::http::request::Request;
 use crate::http::response::{Body, Part, Response};
-use crate::modules::sub_filter;
+use crate::modules::{charset, sub_filter};
 use crate::runtime::worker::Worker;
 use bytes::Bytes;
 use std::collections::VecDeque;
@@ -20,21 +20,27 @@ pub enum Source {
     Parts(VecDeque<Part>),
     /// Another source's pieces rewritten by `sub_filter`.
     Sub(Box<Source>, Box<sub_filter::Stream>),
+    /// Another source's pieces recoded by the charset module.
+    Recode(Box<Source>, Box<charset::Stream>),
 }
 
 impl Source {
-    /// `self` rewritten by the response's `sub_filter` strings, if it has any (HTTP/1 and
-    /// HTTP/2 both send streamed bodies through here).
+    /// `self` rewritten by the response's `sub_filter` strings, then recoded to its
+    /// charset, if it has either (HTTP/1 and HTTP/2 both send streamed bodies through here).
     pub fn filtered(self, resp: &mut Response) -> Source {
-        match resp.sub_filter.take() {
+        let s = match resp.sub_filter.take() {
             Some(p) => Source::Sub(Box::new(self), Box::new(sub_filter::Stream::new(p))),
             None => self,
+        };
+        match resp.charset.take() {
+            Some(r) => Source::Recode(Box::new(s), Box::new(charset::Stream::new(r))),
+            None => s,
         }
     }
 
     /// A body at hand that must still be streamed: compressed or rewritten while sent.
     pub fn from_body(resp: &mut Response) -> Option<Source> {
-        if resp.encode.is_none() && resp.sub_filter.is_none() {
+        if resp.encode.is_none() && resp.sub_filter.is_none() && resp.charset.is_none() {
             return None;
         }
         Some(match std::mem::take(&mut resp.body) {
@@ -56,6 +62,18 @@ impl Source {
                 let last = piece.is_none();
                 let out = sub.feed(piece.as_deref().unwrap_or_default(), last);
                 // Nothing may come out of a piece that only began a match: read on.
+                if !out.is_empty() {
+                    return Ok(Some(out.into()));
+                }
+            },
+            Source::Recode(inner, rec) => loop {
+                if rec.ended() {
+                    return Ok(None);
+                }
+                let piece = Box::pin(inner.next(req)).await?;
+                let last = piece.is_none();
+                let out = rec.feed(piece.as_deref().unwrap_or_default(), last);
+                // A piece that held only part of a character gives nothing yet: read on.
                 if !out.is_empty() {
                     return Ok(Some(out.into()));
                 }
@@ -105,7 +123,7 @@ impl Source {
         match self {
             Source::App(_) => true,
             Source::Parts(_) => false,
-            Source::Sub(inner, _) => inner.may_pause(),
+            Source::Sub(inner, _) | Source::Recode(inner, _) => inner.may_pause(),
         }
     }
 
@@ -115,7 +133,7 @@ impl Source {
         match self {
             Source::App(s) => s.at_hand(),
             Source::Parts(_) => true,
-            Source::Sub(inner, _) => inner.at_hand(),
+            Source::Sub(inner, _) | Source::Recode(inner, _) => inner.at_hand(),
         }
     }
 
@@ -130,7 +148,9 @@ impl Source {
         match self {
             Source::App(s) => s.alongside(w, req, send).await,
             Source::Parts(_) => send.await,
-            Source::Sub(inner, _) => Box::pin(inner.alongside(w, req, send)).await,
+            Source::Sub(inner, _) | Source::Recode(inner, _) => {
+                Box::pin(inner.alongside(w, req, send)).await
+            }
         }
     }
 
@@ -138,7 +158,7 @@ impl Source {
     pub fn finish(self, w: &Worker) {
         match self {
             Source::App(s) => s.finish(w),
-            Source::Sub(inner, _) => inner.finish(w),
+            Source::Sub(inner, _) | Source::Recode(inner, _) => inner.finish(w),
             Source::Parts(_) => {}
         }
     }

@@ -15,7 +15,7 @@
 //!    `index`, `autoindex`, static files
 //! 7. errors: `error_page` redirect, else the built-in page
 //! 8. filters: `expires` / `add_header`, then conditional requests and ranges, then
-//!    `sub_filter`, then compression (gzip, Brotli, zstd)
+//!    `sub_filter`, then `charset`, then compression (gzip, Brotli, zstd)
 //!
 //! Each handler returns a [`Flow`], like nginx's NGX_DECLINED / NGX_OK / status codes.
 //! The phases are synchronous; an application's answer is awaited by the connection, which
@@ -32,8 +32,8 @@ use crate::modules::auth_request::Subrequest;
 use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{
-    access, autoindex, gateway, headers, index, limit_conn, limit_zone, realip, static_files,
-    sub_filter, try_files,
+    access, autoindex, charset, gateway, headers, index, limit_conn, limit_zone, realip,
+    static_files, sub_filter, try_files,
 };
 use crate::runtime::worker::Worker;
 use gannet_proto::cgi::HeaderValue;
@@ -129,8 +129,9 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
     if sub {
         resp.accept_ranges = false;
     }
-    let len =
-        (!resp.length_unknown && !sub).then(|| resp.content_length.unwrap_or(resp.body.len()));
+    let recoded = charset::changes_length(req, &resp);
+    let len = (!resp.length_unknown && !sub && !recoded)
+        .then(|| resp.content_length.unwrap_or(resp.body.len()));
     let plan = compress::plan(req, &resp, len);
     if resp.status == 200 {
         conditional::filter(req, &mut resp);
@@ -138,7 +139,8 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
     if sub {
         sub_filter::start(req, &mut resp, false);
     }
-    let rewritten = resp.sub_filter.is_some();
+    charset::start(req, &mut resp);
+    let rewritten = resp.sub_filter.is_some() || resp.charset.is_some();
     compress::apply(req, &mut resp, plan, rewritten);
     Handled::Respond(resp)
 }
@@ -167,6 +169,7 @@ pub async fn settle(req: &mut Request, w: &Worker, mut handled: Handled) -> Hand
 pub fn finish_streamed(req: &mut Request, resp: &mut Response) {
     finish(req, resp);
     sub_filter::start(req, resp, true);
+    charset::start(req, resp);
     let plan = compress::plan(req, resp, resp.content_length);
     compress::apply(req, resp, plan, true);
 }

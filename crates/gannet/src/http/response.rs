@@ -117,6 +117,9 @@ pub struct Response {
     /// Rewrite the body with these `sub_filter` strings while sending it (streamed, before
     /// `encode`).
     pub sub_filter: Option<Rc<crate::modules::sub_filter::Patterns>>,
+    /// Recode the body to the charset its Content-Type names while sending it (after
+    /// `sub_filter`, before `encode`), as the charset module set it up.
+    pub charset: Option<Rc<crate::modules::charset::Recode>>,
 }
 
 impl Response {

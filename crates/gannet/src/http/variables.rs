@@ -102,6 +102,8 @@ pub enum Var {
     UpstreamHttp(String),
     RequestId,
     Http2,
+    /// `$invalid_referer` (the referer module).
+    InvalidReferer,
     Capture(usize),
     Ssl(SslVar),
     /// Defined by the config (`set`, `map`, a named capture).
@@ -210,6 +212,7 @@ impl Var {
             "server_protocol" => Var::ServerProtocol,
             "scheme" => Var::Scheme,
             "https" => Var::Https,
+            "invalid_referer" => Var::InvalidReferer,
             "document_root" => Var::DocumentRoot,
             "realpath_root" => Var::RealpathRoot,
             "request_filename" => Var::RequestFilename,
@@ -276,7 +279,7 @@ impl Var {
             Var::Arg(name) => req.arg(name).is_some(),
             Var::Cookie(name) => req.cookie(name).is_some(),
             Var::Args => req.args.is_some(),
-            Var::IsArgs | Var::Http2 => true,
+            Var::IsArgs | Var::Http2 | Var::InvalidReferer => true,
             Var::SentHttp(name) => sent
                 .response
                 .is_some_and(|r| r.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))),
@@ -628,6 +631,11 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                 id
             });
             let _ = write!(out, "{id:032x}");
+        }
+        Var::InvalidReferer => {
+            if crate::modules::referer::invalid(req) {
+                out.push('1');
+            }
         }
         Var::Http2 => {
             if req.head.version == gannet_proto::h1::Version::Http2 {
