@@ -117,6 +117,9 @@ pub struct Response {
     /// Rewrite the body with these `sub_filter` strings while sending it (streamed, before
     /// `encode`).
     pub sub_filter: Option<Rc<crate::modules::sub_filter::Patterns>>,
+    /// `add_trailer`'s fields, when one applies to the status: evaluated and sent after the
+    /// body (`modules::headers::trailers`).
+    pub trailers: Option<Arc<Vec<crate::modules::headers::AddHeader>>>,
 }
 
 impl Response {
