@@ -180,7 +180,7 @@ impl Out<'_> {
         }
         match self.trailers.filter(|_| end) {
             Some((req, resp)) => {
-                let fields = crate::modules::headers::trailers(req, resp, self.sent);
+                let fields = crate::modules::headers::trailers(req, resp);
                 let mut map = http::HeaderMap::new();
                 for (n, v) in fields {
                     // A name or value HTTP/2 cannot carry is left out.

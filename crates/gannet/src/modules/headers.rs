@@ -213,18 +213,16 @@ pub fn sends_trailers(req: &Request, r: &Response) -> bool {
     r.trailers.is_some() && !req.is_head() && r.status_has_body()
 }
 
-/// The trailer fields of an answer whose body has been sent (`body_bytes` of it), for the
-/// HTTP/1 chunked ending and the HTTP/2 trailing HEADERS frame alike: `add_trailer`'s that
-/// apply to the status, evaluated now; those with an empty value are left out.
-pub fn trailers(req: &Request, r: &Response, body_bytes: u64) -> Vec<(String, String)> {
+/// The trailer fields of an answer whose body has been sent, for the HTTP/1 chunked ending
+/// and the HTTP/2 trailing HEADERS frame alike: `add_trailer`'s that apply to the status,
+/// evaluated now; those with an empty value are left out. nginx evaluates them before its
+/// last buffer is written, so `$body_bytes_sent` is not counted yet: 0 here too.
+pub fn trailers(req: &Request, r: &Response) -> Vec<(String, String)> {
     let Some(list) = &r.trailers else {
         return Vec::new();
     };
     let ok = status_gets_headers(r.status);
-    let sent = Sent {
-        body_bytes,
-        ..sent(r)
-    };
+    let sent = sent(r);
     list.iter()
         .filter(|h| ok || h.always)
         .filter_map(|h| {
