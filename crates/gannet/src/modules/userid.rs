@@ -159,9 +159,8 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
             c.expires = Some(match v {
                 "max" => MAX_EXPIRES,
                 "off" => 0,
-                _ => setters::sec(v).ok_or_else(|| {
-                    d.error(format!("\"{}\" directive invalid value", d.name))
-                })?,
+                _ => setters::sec(v)
+                    .ok_or_else(|| d.error(format!("\"{}\" directive invalid value", d.name)))?,
             });
         }
         "userid_mark" => {
@@ -320,11 +319,7 @@ fn create_uid(req: &Request, u: &mut Uid) {
                     crate::errlog::request(
                         Level::Notice,
                         req,
-                        format_args!(
-                            "userid cookie \"{}={}\" was reset",
-                            c.name(),
-                            words(&got)
-                        ),
+                        format_args!("userid cookie \"{}={}\" was reset", c.name(), words(&got)),
                     );
                 }
             }
@@ -336,7 +331,11 @@ fn create_uid(req: &Request, u: &mut Uid) {
         put(&mut b, 0, c.service.unwrap_or(0).to_ne_bytes());
         put(&mut b, 1, (now() as u32).to_ne_bytes());
         put(&mut b, 2, start_value().to_ne_bytes());
-        put(&mut b, 3, SEQ_V1.fetch_add(0x100, Ordering::Relaxed).to_ne_bytes());
+        put(
+            &mut b,
+            3,
+            SEQ_V1.fetch_add(0x100, Ordering::Relaxed).to_ne_bytes(),
+        );
     } else {
         let service = match c.service {
             Some(s) => s.to_be_bytes(),
@@ -455,7 +454,8 @@ fn cookie_time(out: &mut String, secs: u64) {
     // "Sun, 06 Nov 1994 08:49:37 GMT"
     let (wday, rest) = d.split_at(5);
     let mut it = rest.split(' ');
-    let (Some(day), Some(mon), Some(year), Some(time)) = (it.next(), it.next(), it.next(), it.next())
+    let (Some(day), Some(mon), Some(year), Some(time)) =
+        (it.next(), it.next(), it.next(), it.next())
     else {
         return;
     };
@@ -482,6 +482,6 @@ mod tests {
         assert_eq!(s, "Thu, 31-Dec-37 23:55:55 GMT");
         s.clear();
         cookie_time(&mut s, 2208988800);
-        assert_eq!(s, "Mon, 01-Jan-2040 00:00:00 GMT");
+        assert_eq!(s, "Sun, 01-Jan-2040 00:00:00 GMT");
     }
 }
