@@ -35,12 +35,14 @@ pub mod realip;
 pub mod referer;
 pub mod rewrite;
 pub mod scgi;
+pub mod secure_link;
 pub mod split_clients;
 pub mod static_files;
 pub mod sub_filter;
 pub mod tls;
 pub mod try_files;
 pub mod types;
+pub mod userid;
 pub mod uwsgi;
 
 use gannet_conf::registry::Spec;
@@ -227,6 +229,14 @@ pub const MODULES: &[Module] = &[
         directives: http2::DIRECTIVES,
         set: http2::set,
     },
+    Module {
+        directives: secure_link::DIRECTIVES,
+        set: secure_link::set,
+    },
+    Module {
+        directives: userid::DIRECTIVES,
+        set: userid::set,
+    },
 ];
 
 /// Find the spec and setter for an http/server/location directive.
@@ -324,6 +334,8 @@ pub struct LocConf {
     pub health_check: Option<Arc<health_check::HealthCheck>>,
     pub tls: tls::TlsConf,
     pub http2: http2::Http2Conf,
+    pub secure_link: secure_link::SecureLinkConf,
+    pub userid: userid::UseridConf,
 }
 
 impl LocConf {
@@ -359,6 +371,8 @@ impl LocConf {
         self.mirror.merge(&parent.mirror);
         self.tls.merge(&parent.tls);
         self.http2.merge(&parent.http2);
+        self.secure_link.merge(&parent.secure_link);
+        self.userid.merge(&parent.userid);
         // try_files and the rewrite statements are not inherited, as in nginx.
     }
 }

@@ -32,7 +32,7 @@ use crate::http::request::{ConnInfo, Request};
 use crate::http::response::{encode_head, Body, HeadCtx, Part, Response};
 use crate::http::router::select_server;
 use crate::modules::gateway::Streamed;
-use crate::modules::limit_rate;
+use crate::modules::{headers, limit_rate};
 use crate::runtime::clock;
 use crate::runtime::parking::{Parked, PARK_AFTER};
 use crate::runtime::read_timers::{ReadTimers, TICK};
@@ -824,6 +824,11 @@ impl<S: Transport> Conn<S> {
             // Compressed or rewritten while sent.
             return self.respond_streamed(req, resp, src, keep).await;
         }
+        if req.head.version == Version::Http11 && headers::sends_trailers(req, &resp) {
+            // Chunked, for its trailer fields to follow the body.
+            let src = Source::whole(&mut resp);
+            return self.respond_streamed(req, resp, src, keep).await;
+        }
         // Room for the head and a body copied after it, at once: a new connection's empty
         // buffer otherwise grew by doubling from a few bytes, eight reallocations per
         // short connection.
@@ -857,10 +862,16 @@ impl<S: Transport> Conn<S> {
         let mut src = src.filtered(&mut resp);
         // A length known beforehand (an application announced it) goes as is.
         let w = self.w.clone();
-        // `chunked_transfer_encoding off`: close-delimited instead, as nginx.
-        let chunked = req.head.version == Version::Http11
-            && resp.content_length.is_none()
-            && req.conf.core.chunked_transfer_encoding();
+        // `chunked_transfer_encoding off`: close-delimited instead, as nginx. Trailer fields
+        // need the chunked encoding: a known length is dropped for it, as nginx's chunked
+        // filter does.
+        let chunking =
+            req.head.version == Version::Http11 && req.conf.core.chunked_transfer_encoding();
+        let trailing = chunking && headers::sends_trailers(req, &resp);
+        if trailing {
+            resp.content_length = None;
+        }
+        let chunked = chunking && resp.content_length.is_none();
         resp.chunked = chunked;
         resp.length_unknown = !chunked && resp.content_length.is_none();
         let mut encoder = match resp.encode.map(|(c, level)| Encoder::new(c, level)) {
@@ -918,7 +929,15 @@ impl<S: Transport> Conn<S> {
                 sent += piece.len() as u64;
             }
             if !more && chunked {
-                self.out.extend_from_slice(b"0\r\n\r\n");
+                self.out.extend_from_slice(b"0\r\n");
+                if trailing {
+                    for (n, v) in headers::trailers(req, &resp) {
+                        for part in [n.as_bytes(), b": ", v.as_bytes(), b"\r\n"] {
+                            self.out.extend_from_slice(part);
+                        }
+                    }
+                }
+                self.out.extend_from_slice(b"\r\n");
             }
             // An application may pause before its next piece: what it said goes out now,
             // unless more of it is at hand. A file's pieces come at once and are written in

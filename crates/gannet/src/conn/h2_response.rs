@@ -117,7 +117,8 @@ pub async fn send(
         resp.content_length = Some(body_len);
     }
     let (h, head_len) = head(&resp, body_len, core.server_tokens());
-    let end = !send_body || (src.is_none() && body_len == 0);
+    let trailing = crate::modules::headers::sends_trailers(req, &resp);
+    let end = !send_body || (src.is_none() && body_len == 0 && !trailing);
     let mut stream = match respond.send_response(h, end) {
         Ok(s) => s,
         Err(_) => {
@@ -131,6 +132,7 @@ pub async fn send(
         chunk,
         timeout,
         ended: false,
+        trailers: trailing.then_some((req, &resp)),
         pace: if end {
             None
         } else {
@@ -162,6 +164,8 @@ struct Out<'a> {
     timeout: Duration,
     /// The frame that ends the stream has been sent.
     ended: bool,
+    /// `add_trailer`'s fields end the stream, after the last DATA frame.
+    trailers: Option<(&'a Request, &'a Response)>,
     pace: Option<Pace>,
 }
 
@@ -170,7 +174,37 @@ impl Out<'_> {
     /// is asked for several frames at a time and every frame it covers is queued at once:
     /// one frame per wait would cost a round trip through the connection's task for each
     /// `chunk` of a large body.
-    async fn data(&mut self, mut data: Bytes, end: bool) -> bool {
+    async fn data(&mut self, data: Bytes, end: bool) -> bool {
+        if !self.data_frames(data, end && self.trailers.is_none()).await {
+            return false;
+        }
+        match self.trailers.filter(|_| end) {
+            Some((req, resp)) => {
+                let fields = crate::modules::headers::trailers(req, resp);
+                let mut map = http::HeaderMap::new();
+                for (n, v) in fields {
+                    // A name or value HTTP/2 cannot carry is left out.
+                    if let (Ok(n), Ok(v)) = (
+                        http::HeaderName::from_bytes(n.to_ascii_lowercase().as_bytes()),
+                        http::HeaderValue::from_str(&v),
+                    ) {
+                        map.append(n, v);
+                    }
+                }
+                self.ended = if map.is_empty() {
+                    // Nothing to send after all: an empty DATA frame ends the stream.
+                    self.stream.send_data(Bytes::new(), true).is_ok()
+                } else {
+                    self.stream.send_trailers(map).is_ok()
+                };
+                self.ended
+            }
+            None => true,
+        }
+    }
+
+    /// [`Out::data`]'s DATA frames; `end`: the last one ends the stream.
+    async fn data_frames(&mut self, mut data: Bytes, end: bool) -> bool {
         while !data.is_empty() {
             let mut want = data.len().min(self.chunk * FRAMES_PER_WAIT);
             if let Some(p) = &mut self.pace {

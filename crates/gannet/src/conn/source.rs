@@ -43,10 +43,16 @@ impl Source {
         if resp.encode.is_none() && resp.sub_filter.is_none() && resp.charset.is_none() {
             return None;
         }
-        Some(match std::mem::take(&mut resp.body) {
+        Some(Source::whole(resp))
+    }
+
+    /// The response's body, taken out of it to be sent piece by piece (chunked, so that
+    /// trailer fields can follow it).
+    pub fn whole(resp: &mut Response) -> Source {
+        match std::mem::take(&mut resp.body) {
             Body::Parts(p) => Source::Parts(p.into()),
             Body::Empty => Source::Parts(VecDeque::new()),
-        })
+        }
     }
 
     /// The next piece; `Ok(None)` at the end. An error is logged and cuts the body short.

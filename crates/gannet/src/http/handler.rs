@@ -33,7 +33,7 @@ use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{
     access, autoindex, charset, gateway, headers, index, limit_conn, limit_zone, realip,
-    static_files, sub_filter, try_files,
+    static_files, sub_filter, try_files, userid,
 };
 use crate::runtime::worker::Worker;
 use gannet_proto::cgi::HeaderValue;
@@ -205,6 +205,8 @@ pub fn finish(req: &mut Request, resp: &mut Response) {
     // Before the Location is made absolute: nginx's header filters see it as it was set
     // (`$sent_http_location` in an add_header is `/path`).
     headers::filter(req, resp);
+    // After add_header's, as nginx's userid filter runs after the headers filter.
+    userid::filter(req, resp);
     if let Some(abs) = resp
         .location
         .as_deref()

@@ -98,6 +98,10 @@ pub struct Request {
     /// The last upstream answer's header fields, for `$upstream_http_NAME`; kept only while
     /// a loaded config reads such a variable (see `http::variables::keeps_upstream_headers`).
     pub upstream_headers: RefCell<Option<gannet_proto::cgi::Fields>>,
+    /// `$secure_link_expires`, known once `$secure_link` was evaluated (as in nginx).
+    pub secure_link_expires: RefCell<Option<String>>,
+    /// The userid filter's view of the request's cookie, made when first asked for.
+    pub userid: RefCell<Option<Box<crate::modules::userid::Uid>>>,
 }
 
 /// One upstream server a request was sent to.
@@ -241,6 +245,8 @@ impl Request {
             carried: Vec::new(),
             request_id: Cell::new(None),
             upstream_headers: RefCell::new(None),
+            secure_link_expires: RefCell::new(None),
+            userid: RefCell::new(None),
         }
     }
 

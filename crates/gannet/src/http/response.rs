@@ -120,6 +120,9 @@ pub struct Response {
     /// Recode the body to the charset its Content-Type names while sending it (after
     /// `sub_filter`, before `encode`), as the charset module set it up.
     pub charset: Option<Rc<crate::modules::charset::Recode>>,
+    /// `add_trailer`'s fields, when one applies to the status: evaluated and sent after the
+    /// body (`modules::headers::trailers`).
+    pub trailers: Option<Arc<Vec<crate::modules::headers::AddHeader>>>,
 }
 
 impl Response {

@@ -268,6 +268,13 @@ impl Values {
     }
 }
 
+/// The value `set` gave `var` in this request, if any (no computation, no warning): for a
+/// variable a module reads but that is nobody's to define but the config's (`$uid_reset`).
+pub fn value(var: &UserVar, req: &Request) -> Option<String> {
+    let mut out = String::new();
+    req.vars.append(var.idx, &mut out).ok().map(|()| out)
+}
+
 /// Append the value of `var` for `req`: its slot, else its computation (run now), else
 /// nothing, with nginx's warning.
 pub fn append(out: &mut String, var: &UserVar, req: &Request, sent: Option<&Sent>) {

@@ -11,7 +11,7 @@
 //! `$fastcgi_path_info` `$proxy_host` `$proxy_port` `$proxy_add_x_forwarded_for`
 //! `$upstream_addr` `$upstream_status` `$upstream_response_time` `$upstream_connect_time`
 //! `$upstream_header_time` `$upstream_http_NAME` `$request_id` `$http2` `$limit_req_status`
-//! `$limit_conn_status` and `$1`..`$9`; the TLS
+//! `$limit_conn_status` `$secure_link` `$secure_link_expires` `$uid_got` `$uid_set` and `$1`..`$9`; the TLS
 //! ones `$ssl_protocol` `$ssl_cipher` `$ssl_curve` `$ssl_server_name` `$ssl_session_reused`
 //! `$ssl_client_verify` `$ssl_client_s_dn` `$ssl_client_i_dn` `$ssl_client_serial`
 //! `$ssl_client_fingerprint` `$ssl_client_v_start` `$ssl_client_v_end`
@@ -104,6 +104,10 @@ pub enum Var {
     Http2,
     /// `$invalid_referer` (the referer module).
     InvalidReferer,
+    SecureLink,
+    SecureLinkExpires,
+    UidGot,
+    UidSet,
     Capture(usize),
     Ssl(SslVar),
     /// Defined by the config (`set`, `map`, a named capture).
@@ -245,6 +249,10 @@ impl Var {
             "upstream_header_time" => Var::UpstreamHeaderTime,
             "request_id" => Var::RequestId,
             "http2" => Var::Http2,
+            "secure_link" => Var::SecureLink,
+            "secure_link_expires" => Var::SecureLinkExpires,
+            "uid_got" => Var::UidGot,
+            "uid_set" => Var::UidSet,
             "limit_req_status" => Var::LimitReqStatus,
             "limit_conn_status" => Var::LimitConnStatus,
             "limit_rate" => Var::LimitRate,
@@ -642,6 +650,10 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                 out.push_str(if req.conn.tls.is_some() { "h2" } else { "h2c" });
             }
         }
+        Var::SecureLink => crate::modules::secure_link::append_secure_link(out, req),
+        Var::SecureLinkExpires => crate::modules::secure_link::append_expires(out, req),
+        Var::UidGot => crate::modules::userid::append_got(out, req),
+        Var::UidSet => crate::modules::userid::append_set(out, req),
         Var::Hostname => out.push_str(crate::runtime::hostname()),
         Var::RemoteAddr => {
             push_ip(out, req.client().ip());

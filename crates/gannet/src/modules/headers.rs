@@ -1,5 +1,12 @@
-//! Response header filter: `add_header name value [always]` and
-//! `expires [modified] time|@time|epoch|max|off|$variable`.
+//! Response header filter: `add_header name value [always]`,
+//! `add_trailer name value [always]` and `expires [modified] time|@time|epoch|max|off|$variable`.
+//!
+//! `add_trailer`: when one applies to the answer's status, an HTTP/1.1 answer with a body
+//! is sent chunked (its Content-Length dropped, as nginx's chunked filter does) and the
+//! trailer fields follow the last chunk; HTTP/2 sends them in a HEADERS frame that ends the
+//! stream. Their values are evaluated once the body is sent ([`trailers`], which both
+//! protocols call); an empty value sends nothing. HTTP/1.0 clients, HEAD, 204 and 304 get
+//! none.
 //!
 //! As in nginx, both act on 200, 201, 204, 206, 301, 302, 303, 304, 307 and 308 responses
 //! (add_header on any status with `always`), and add_header lists are inherited only by
@@ -26,6 +33,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub const DIRECTIVES: &[Spec] = &[
     Spec {
         name: "add_header",
+        ctx: Ctx::HSL.or(Ctx::IF),
+        args: Args::Between(2, 3),
+        block: false,
+    },
+    Spec {
+        name: "add_trailer",
         ctx: Ctx::HSL.or(Ctx::IF),
         args: Args::Between(2, 3),
         block: false,
@@ -102,31 +115,37 @@ fn parse_expires(v: &str, modified: bool) -> Result<Expires, &'static str> {
 #[derive(Debug, Clone, Default)]
 pub struct HeadersConf {
     pub add: Option<Arc<Vec<AddHeader>>>,
+    pub trailers: Option<Arc<Vec<AddHeader>>>,
     pub expires: Option<Expires>,
 }
 
 impl HeadersConf {
     pub fn merge(&mut self, p: &HeadersConf) {
-        inherit!(self, p, add, expires);
+        inherit!(self, p, add, trailers, expires);
     }
 }
 
 pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), ConfError> {
     let c = &mut lc.headers;
     match d.name.as_str() {
-        "add_header" => {
+        "add_header" | "add_trailer" => {
             let always = match d.args.get(2).map(String::as_str) {
                 None => false,
                 Some("always") => true,
                 Some(v) => return Err(invalid(d, v)),
             };
-            let mut list = c.add.as_deref().cloned().unwrap_or_default();
+            let slot = if d.name == "add_header" {
+                &mut c.add
+            } else {
+                &mut c.trailers
+            };
+            let mut list = slot.as_deref().cloned().unwrap_or_default();
             list.push(AddHeader {
                 name: d.args[0].clone(),
                 value: Template::compile(&d.args[1]).map_err(|e| d.error(e))?,
                 always,
             });
-            c.add = Some(Arc::new(list));
+            *slot = Some(Arc::new(list));
         }
         _ => {
             if c.expires.is_some() {
@@ -180,6 +199,37 @@ pub fn filter(req: &Request, r: &mut Response) {
             }
         }
     }
+    // nginx's `expect_trailers`: some add_trailer applies to this status.
+    if let Some(list) = &c.trailers {
+        if list.iter().any(|h| ok || h.always) {
+            r.trailers = Some(list.clone());
+        }
+    }
+}
+
+/// Whether the answer ends with trailer fields: one is expected for its status and it has
+/// a body that is sent (nginx's `expect_trailers` without `header_only`).
+pub fn sends_trailers(req: &Request, r: &Response) -> bool {
+    r.trailers.is_some() && !req.is_head() && r.status_has_body()
+}
+
+/// The trailer fields of an answer whose body has been sent, for the HTTP/1 chunked ending
+/// and the HTTP/2 trailing HEADERS frame alike: `add_trailer`'s that apply to the status,
+/// evaluated now; those with an empty value are left out. nginx evaluates them before its
+/// last buffer is written, so `$body_bytes_sent` is not counted yet: 0 here too.
+pub fn trailers(req: &Request, r: &Response) -> Vec<(String, String)> {
+    let Some(list) = &r.trailers else {
+        return Vec::new();
+    };
+    let ok = status_gets_headers(r.status);
+    let sent = sent(r);
+    list.iter()
+        .filter(|h| ok || h.always)
+        .filter_map(|h| {
+            let v = h.value.eval(req, Some(&sent));
+            (!v.is_empty()).then(|| (h.name.clone(), v))
+        })
+        .collect()
 }
 
 /// The response as `$status` and `$sent_http_*` see it while its head is being made.
