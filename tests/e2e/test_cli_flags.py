@@ -15,12 +15,12 @@ from pathlib import Path
 
 from conftest import free_port, gannet_bin, wait_port, wait_until
 
-CONF = """user root;
-pid {tmp}/gannet.pid;
+CONF = """pid {tmp}/gannet.pid;
 events {}
 http {
     include {tmp}/site.conf;
 }
+user root;
 """
 SITE = "server { listen 127.0.0.1:%d; root %s; }\n"
 

@@ -104,6 +104,15 @@ pub fn run(config: Config, reload: impl Fn() -> Result<Config, ConfError>) -> Re
         set_nofile(n)?;
     }
     worker_process::set_single_process(!main.master_process);
+    // Blocked before the first socket listens: a signal sent as soon as the port answers
+    // (SIGHUP, SIGUSR2: deadly by default) waits for the signal loop instead.
+    let set = signal_set();
+    // SAFETY: `set` is initialised; the master is single-threaded, so the mask is its own
+    // (worker processes unblock these again after fork; in single-process mode the worker
+    // threads inherit it, leaving every one of these signals to this thread).
+    if unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) } != 0 {
+        return Err("signal setup failed".into());
+    }
     let exec = Exec::at_start();
     // Started by an upgrade: the old master's sockets for the addresses still listened on
     // (the others close with `old`); else the sockets systemd passed (socket activation)
@@ -476,12 +485,6 @@ fn supervise(
     load: impl Fn() -> Result<Config, ConfError>,
 ) -> Result<(), String> {
     let set = signal_set();
-    // SAFETY: `set` is initialised; the master is single-threaded, so the mask is its own
-    // (worker processes unblock these again after fork; in single-process mode the worker
-    // threads inherit it, leaving every one of these signals to this thread).
-    if unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) } != 0 {
-        return Err("signal setup failed".into());
-    }
     let mut pid_file = pid_path.map(PidFile::write).transpose()?;
     let result = serve(config, &mut bound, &mut pid_file, &mut up, &set, load);
     if let Some(f) = pid_file {
