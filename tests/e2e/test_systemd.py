@@ -223,3 +223,36 @@ def test_sockets_for_another_pid_are_not_taken(tmp_path, procs):
         assert f"bind() to 127.0.0.1:{port} failed" in p.stderr.read().decode()
     finally:
         held.close()
+
+
+def test_binary_upgrade_hands_the_main_pid_to_the_new_master(tmp_path, procs):
+    """USR2 starts the new binary (its READY names itself, which systemd drops while it is
+    not the main process); the old master's QUIT then names the new master as the main
+    process instead of saying the service stops, so systemd keeps it; the new master's own
+    stop is a stop."""
+    n = Notify(str(tmp_path / "notify"))
+    new = None
+    try:
+        port = free_port()
+        conf = write_conf(tmp_path, port)
+        env = dict(os.environ, NOTIFY_SOCKET=n.env)
+        p = subprocess.Popen([str(gannet_bin()), "-c", str(conf)], env=env, stderr=subprocess.PIPE)
+        procs.append(p)
+        assert n.next()["MAINPID"] == str(p.pid)
+        p.send_signal(signal.SIGUSR2)
+        ready = n.next()
+        new = int(ready["MAINPID"])
+        assert ready["READY"] == "1" and new != p.pid, ready
+        p.send_signal(signal.SIGQUIT)
+        handover = n.next()
+        assert handover["MAINPID"] == str(new) and "STOPPING" not in handover, handover
+        assert p.wait(10) == 0
+        assert get(port).startswith(b"HTTP/1.1 200 ")
+        os.kill(new, signal.SIGQUIT)
+        assert n.next()["STOPPING"] == "1"
+        assert wait_until(lambda: not os.path.exists(f"/proc/{new}") or open(f"/proc/{new}/stat").read().split(")")[1].split()[0] == "Z", 10)
+        new = None
+    finally:
+        if new is not None:
+            os.kill(new, signal.SIGKILL)
+        n.close()

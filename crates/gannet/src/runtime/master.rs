@@ -516,11 +516,11 @@ fn serve(
         }
         match next_signal(set) {
             libc::SIGTERM | libc::SIGINT => {
-                notify::stopping("stopping");
+                notify::stopping("stopping", up.new_binary);
                 break;
             }
             libc::SIGQUIT if !draining => {
-                notify::stopping("gracefully shutting down");
+                notify::stopping("gracefully shutting down", up.new_binary);
                 crate::errlog::notice(format_args!("gracefully shutting down"));
                 draining = true;
                 for g in gens.iter_mut() {

@@ -1,7 +1,8 @@
 //! systemd's readiness protocol (sd_notify(3)), for a unit with `Type=notify`: the master
 //! tells the service manager when it serves (`READY=1`), when a SIGHUP reload starts
 //! (`RELOADING=1` with `MONOTONIC_USEC=`) and ends (`READY=1` again), and when it stops
-//! (`STOPPING=1`), each with a `STATUS=` line `systemctl status` shows.
+//! (`STOPPING=1`), each with a `STATUS=` line `systemctl status` shows; an old master
+//! leaving after a binary upgrade names the new one as the main process (`MAINPID=`).
 //!
 //! Only when `NOTIFY_SOCKET` names a socket: a path, or an abstract name written `@name`
 //! (systemd's own is a path; containers and tests use either). Each message is one
@@ -100,9 +101,16 @@ pub fn reloading() {
     ));
 }
 
-/// The master is stopping (fast or graceful).
-pub fn stopping(status: &str) {
-    send(&format!("STOPPING=1\nSTATUS={status}"));
+/// The master is stopping (fast or graceful). With a new binary running (the last step of
+/// a binary upgrade) the service goes on in it: the manager is told that its master is the
+/// main process now, not that the service stops (which would make systemd kill it).
+pub fn stopping(status: &str, successor: Option<libc::pid_t>) {
+    match successor {
+        Some(pid) => send(&format!(
+            "MAINPID={pid}\nSTATUS=upgraded: the new master process {pid} serves"
+        )),
+        None => send(&format!("STOPPING=1\nSTATUS={status}")),
+    }
 }
 
 fn monotonic_usec() -> u64 {
