@@ -368,3 +368,29 @@ def test_working_directory_that_cannot_be_entered_is_fatal_not_a_fork_loop(ganne
     assert srv.proc.returncode != 0
     log = srv.error_log()
     assert 'chdir("/nonexistent-gannet") failed' in log and "cannot be started again" in log, log
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_fast_stop_without_cap_kill_does_not_hang(gannet, docroot):
+    """A root master that may not signal its workers (no CAP_KILL, a unit's bounding set
+    without it) still stops on SIGTERM: after its wait it logs the failed kill and leaves;
+    the worker process, its master gone, ends too."""
+    from conftest import gannet_bin, wait_port, worker_pids
+    conf, port = main_conf(gannet, docroot, main="user nobody nogroup;")
+    path = gannet.tmp / "gannet.conf"
+    path.write_text(conf)
+    p = subprocess.Popen(["setpriv", "--bounding-set=-kill", "--", str(gannet_bin()), "-c", str(path)],
+                         stderr=subprocess.PIPE)
+    try:
+        wait_port(port, p)
+        workers = wait_until(lambda: worker_pids(p.pid))
+        assert workers
+        p.send_signal(signal.SIGTERM)
+        p.wait(30)
+        log = (gannet.tmp / "error.log").read_text()
+        assert f"kill({workers[0]}, 9) failed (Operation not permitted" in log, log
+        assert wait_until(lambda: not os.path.exists(f"/proc/{workers[0]}"), 10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

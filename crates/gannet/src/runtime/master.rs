@@ -348,10 +348,20 @@ fn terminate(gens: &[Generation]) {
             unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) == 0 }
         });
         if Instant::now() >= deadline {
-            for &pid in &left {
+            // SIGKILL once; a worker it cannot reach (no CAP_KILL over another user) is
+            // left with an alert rather than waited for forever.
+            left.retain(|&pid| {
                 // SAFETY: kill takes plain integers; `pid` is our unreaped child.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
+                if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+                    return true;
+                }
+                let e = std::io::Error::last_os_error();
+                crate::errlog::log(
+                    Level::Alert,
+                    format_args!("kill({pid}, 9) failed ({e}); not waiting for it"),
+                );
+                false
+            });
         }
         if !left.is_empty() {
             std::thread::sleep(Duration::from_millis(10));
