@@ -10,7 +10,7 @@
 //! `$time_local` `$time_iso8601` `$pid` `$nginx_version` `$gannet_version` `$fastcgi_script_name`
 //! `$fastcgi_path_info` `$proxy_host` `$proxy_port` `$proxy_add_x_forwarded_for`
 //! `$upstream_addr` `$upstream_status` `$upstream_response_time` `$upstream_connect_time`
-//! `$upstream_header_time` `$upstream_http_NAME` `$request_id` `$http2` `$limit_req_status`
+//! `$upstream_header_time` `$upstream_cache_status` (never set: no cache) `$upstream_http_NAME` `$request_id` `$http2` `$limit_req_status`
 //! `$limit_conn_status` and `$1`..`$9`; the TLS
 //! ones `$ssl_protocol` `$ssl_cipher` `$ssl_curve` `$ssl_server_name` `$ssl_session_reused`
 //! `$ssl_client_verify` `$ssl_client_s_dn` `$ssl_client_i_dn` `$ssl_client_serial`
@@ -98,6 +98,9 @@ pub enum Var {
     UpstreamResponseTime,
     UpstreamConnectTime,
     UpstreamHeaderTime,
+    /// `$upstream_cache_status`: gannet has no cache, so never a value (nginx's "not
+    /// found", logged as `-`, as for a location without `proxy_cache`).
+    UpstreamCacheStatus,
     /// `$upstream_http_NAME` (lowercase, with `-`).
     UpstreamHttp(String),
     RequestId,
@@ -240,6 +243,7 @@ impl Var {
             "upstream_response_time" => Var::UpstreamResponseTime,
             "upstream_connect_time" => Var::UpstreamConnectTime,
             "upstream_header_time" => Var::UpstreamHeaderTime,
+            "upstream_cache_status" => Var::UpstreamCacheStatus,
             "request_id" => Var::RequestId,
             "http2" => Var::Http2,
             "limit_req_status" => Var::LimitReqStatus,
@@ -609,6 +613,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                 }
             }
         }
+        Var::UpstreamCacheStatus => {}
         Var::UpstreamHttp(name) => {
             if let Some(v) = req
                 .upstream_headers
