@@ -640,6 +640,8 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
             }
         }
         Var::Hostname => out.push_str(crate::runtime::hostname()),
+        // A unix socket's client is `unix:`, with no port (nginx).
+        Var::RemoteAddr if req.unix_client() => out.push_str("unix:"),
         Var::RemoteAddr => {
             push_ip(out, req.client().ip());
         }
@@ -650,11 +652,14 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                 push_uint(out, port.into());
             }
         }
+        Var::RealipRemoteAddr if req.conn.unix.is_some() => out.push_str("unix:"),
         Var::RealipRemoteAddr => {
             push_ip(out, req.conn.peer.ip());
         }
         Var::RealipRemotePort => {
-            push_uint(out, req.conn.peer.port().into());
+            if req.conn.unix.is_none() {
+                push_uint(out, req.conn.peer.port().into());
+            }
         }
         // Empty without a header, or with one that carried no addresses; a port also when
         // it is 0 (nginx).
@@ -683,11 +688,18 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                 out.push_str(&user);
             }
         }
-        Var::ServerAddr => {
-            push_ip(out, req.conn.local.ip());
-        }
+        // `unix:PATH` and no port for a unix listener, as nginx.
+        Var::ServerAddr => match &req.conn.unix {
+            Some(path) => {
+                out.push_str("unix:");
+                out.push_str(&path.to_string_lossy());
+            }
+            None => push_ip(out, req.conn.local.ip()),
+        },
         Var::ServerPort => {
-            push_uint(out, req.conn.local.port().into());
+            if req.conn.unix.is_none() {
+                push_uint(out, req.conn.local.port().into());
+            }
         }
         Var::ServerName => out.push_str(&req.server.primary_name),
         Var::ServerProtocol => out.push_str(match req.head.version {
