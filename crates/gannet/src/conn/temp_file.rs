@@ -56,7 +56,7 @@ pub fn failed(call: &str, path: &Path, e: &io::Error) -> String {
 
 /// `28: No space left on device`: nginx's form of an OS error (std's is the other way
 /// round, with "os error").
-fn errno_text(e: &io::Error) -> String {
+pub fn errno_text(e: &io::Error) -> String {
     match e.raw_os_error() {
         Some(n) => {
             let text = e.to_string();

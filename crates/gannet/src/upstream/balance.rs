@@ -523,6 +523,7 @@ mod tests {
             max_fails: 1,
             fail_timeout: Duration::from_secs(10),
             max_conns: 0,
+            slow_start: None,
             backup: false,
             down: false,
         }
