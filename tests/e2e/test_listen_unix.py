@@ -165,3 +165,25 @@ def test_config_errors_as_nginx(tmp_path, addr, why):
     # 107 bytes is the longest path that fits (sun_path holds 108 with the NUL).
     n, g = check_both(tmp_path, "server { listen unix:/tmp/%s; }" % ("a" * 102))
     assert n.returncode == 0 and g.returncode == 0, (n.stderr, g.stderr)
+
+
+def test_allow_unix_and_set_real_ip_from_unix(gannet):
+    # Static files: `return` would answer before the access phase.
+    srv = gannet.start(files={"only-unix": "in", "no-unix": "in"}, conf=conf(f"""
+ server {{ listen unix:{{tmp}}/u.sock; set_real_ip_from 0.0.0.0/0; location / {{ {VARS} }} }}
+ server {{ listen unix:{{tmp}}/s.sock; listen 127.0.0.1:{{port}}; root {{root}};
+  location /only-unix {{ allow unix:; deny all; }}
+  location /no-unix {{ allow 0.0.0.0/0; deny all; }}
+  location /real {{ {VARS} }}
+  set_real_ip_from unix:;
+ }}
+"""))
+    sock = srv.tmp / "s.sock"
+    code = ["-o", "/dev/null", "-w", "%{http_code}"]
+    assert get(sock, "http://t/only-unix", *code) == "200"
+    assert srv.get("/only-unix")[0] == 403
+    # 0.0.0.0/0 is no network a unix client is in (nginx: only `unix:` and `all` match it).
+    assert get(sock, "http://t/no-unix", *code) == "403"
+    assert srv.get("/no-unix")[0] == 200
+    assert get(sock, "http://t/real", "-H", "X-Real-IP: 192.0.2.7").startswith("ra=192.0.2.7 rp= sa=unix:")
+    assert get(srv.tmp / "u.sock", "http://t/", "-H", "X-Real-IP: 192.0.2.7").startswith("ra=unix: ")
