@@ -678,6 +678,34 @@ mod tests {
         parse(&tree[0]).map(Arc::new).map_err(|e| e.to_string())
     }
 
+    #[test]
+    fn slow_start_ramps_the_weight_up_after_fail_timeout() {
+        let up = group("server 127.0.0.1:1; server 127.0.0.1:2 fail_timeout=10s slow_start=100s;")
+            .unwrap();
+        let ups = Upstreams::default();
+        let t0 = Instant::now();
+        ups.failed(&up, 1, t0);
+        // Share of server 1 over 1000 picks at `at`.
+        let share = |at: Instant| {
+            (0..1000)
+                .filter(|_| matches!(ups.pick(&up, &Key::default(), &[], at), Pick::Server(1, _)))
+                .count()
+        };
+        assert_eq!(share(t0 + Duration::from_secs(5)), 0, "still failed");
+        // A quarter of the way: weight 0.25 against 1, a fifth of the picks.
+        let quarter = share(t0 + Duration::from_secs(35));
+        assert!((190..=210).contains(&quarter), "{quarter}");
+        // Once the ramp is over, its whole weight: half.
+        assert_eq!(share(t0 + Duration::from_secs(110)), 500);
+        // Back from failing its health checks: the ramp starts when the balancer sees it.
+        up.set_healthy(1, false);
+        assert_eq!(share(t0 + Duration::from_secs(200)), 0);
+        up.set_healthy(1, true);
+        assert!(share(t0 + Duration::from_secs(201)) <= 10);
+        let quarter = share(t0 + Duration::from_secs(226));
+        assert!((190..=210).contains(&quarter), "{quarter}");
+    }
+
     fn servers(n: usize, extra: &str) -> String {
         (0..n)
             .map(|i| format!("server 127.0.0.1:{} {extra};\n", 9001 + i))
