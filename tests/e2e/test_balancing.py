@@ -18,7 +18,7 @@ import threading
 
 import pytest
 
-from conftest import free_port
+from conftest import free_port, wait_until
 from nginx_peer import NGINX, PEER_MAIN, NginxPeer, parse
 from rawapps import Listener, end_request, record
 
@@ -350,6 +350,76 @@ def test_backup_is_refused_by_hashing_and_random(gannet, method):
     assert 'balancing method does not support parameter "backup"' in r.stderr, r.stderr
     ok = gannet.check(http="upstream u {\nleast_conn;\nserver 127.0.0.1:9;\nserver 127.0.0.1:10 backup;\n}")
     assert ok.returncode == 0, ok.stderr
+
+
+# --- slow_start --------------------------------------------------------------------------
+
+class LateApp(IdApp):
+    """An IdApp whose port is bound but refuses connections until `open()`."""
+
+    def __init__(self, index: int, hold: Hold):
+        self.index, self.hold, self.hits, self.conns = index, hold, [], []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+
+    def open(self):
+        self.sock.listen(16)
+        threading.Thread(target=self.loop, daemon=True).start()
+
+
+SLOW_CONF = PEER_MAIN + r"""
+http {
+    access_log off;
+    upstream ramp {
+        server 127.0.0.1:%(a)d;
+        server 127.0.0.1:%(b)d max_fails=1 fail_timeout=1s slow_start=10m;
+    }
+    upstream plain {
+        server 127.0.0.1:%(a)d;
+        server 127.0.0.1:%(b)d max_fails=1 fail_timeout=1s;
+    }
+    server {
+        listen 127.0.0.1:{port};
+        location /ramp { fastcgi_pass ramp; }
+        location /plain { fastcgi_pass plain; }
+    }
+}
+"""
+
+
+def test_slow_start_ramps_a_server_back_from_failure(gannet, apps):
+    """A server that failed comes back after `fail_timeout`: without slow_start it takes its
+    half at once; with a long slow_start its weight is still near 0, so it gets (almost) none."""
+    (a,) = apps(1)
+    b = LateApp(1, apps.hold)
+    try:
+        srv = gannet.start(conf=SLOW_CONF % {"a": a.port, "b": b.port})
+        # Round robin: the second request of each group goes to b, fails, and marks it.
+        assert [ask(srv.port, p) for p in ("/ramp", "/ramp", "/plain", "/plain")] == [0] * 4
+        assert srv.error_log().count("connect() failed") == 2, srv.error_log()
+        b.open()
+        # The plain group's b is back once its fail_timeout ran out (the ramp group's, marked
+        # first, is back too by then).
+        assert wait_until(lambda: ask(srv.port, "/plain") == 1, deadline=10)
+        ramp = [ask(srv.port, "/ramp") for _ in range(60)]
+        plain = [ask(srv.port, "/plain") for _ in range(60)]
+    finally:
+        b.close()
+    assert plain.count(1) == 30, plain
+    assert ramp.count(1) <= 1, ramp
+
+
+@pytest.mark.parametrize("method", ["ip_hash;", "hash $uri;", "random;"])
+def test_slow_start_is_refused_by_hashing_and_random(gannet, method):
+    r = gannet.check(http=f"upstream u {{\n{method}\nserver 127.0.0.1:9;\nserver 127.0.0.1:10 slow_start=30s;\n}}")
+    assert r.returncode != 0
+    assert 'balancing method does not support parameter "slow_start"' in r.stderr, r.stderr
+    assert re.search(r"check\.conf:\d+", r.stderr), r.stderr
+    ok = gannet.check(http="upstream u {\nleast_conn;\nserver 127.0.0.1:9 slow_start=30s;\nserver 127.0.0.1:10;\n}")
+    assert ok.returncode == 0, ok.stderr
+    bad = gannet.check(http="upstream u {\nserver 127.0.0.1:9 slow_start=soon;\n}")
+    assert 'invalid parameter "slow_start=soon"' in bad.stderr, bad.stderr
 
 
 # --- against nginx ----------------------------------------------------------------------

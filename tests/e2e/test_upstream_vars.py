@@ -117,3 +117,31 @@ def test_request_id(tmp_path):
             lines = log_lines(log, 3)
             assert [line.split()[1] for line in lines] == ids
             seen[name] = ids
+
+
+CACHE_STATUS = PEER_MAIN + r"""
+http {
+    log_format cs '$upstream_cache_status|"$upstream_cache_status"|$uri';
+    access_log {tmp}/access.log cs;
+    server {
+        listen 127.0.0.1:{port};
+        location / { return 200 "[$upstream_cache_status]\n"; }
+    }
+}
+"""
+
+
+@pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
+def test_upstream_cache_status_is_not_found_as_without_proxy_cache(tmp_path):
+    """No cache: the variable is defined (the config loads) and "not found", logged `-`."""
+    with side_by_side(tmp_path, CACHE_STATUS) as (g, nginx_port):
+        for port in (g.port, nginx_port):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(b"GET /x HTTP/1.0\r\n\r\n")
+                raw = b""
+                while chunk := s.recv(65536):
+                    raw += chunk
+            assert raw.endswith(b"\r\n\r\n[]\n"), raw
+        logs = [(tmp_path / side / "access.log") for side in ("gannet", "nginx")]
+        assert wait_until(lambda: all(p.exists() and p.read_text() for p in logs))
+        assert [p.read_text() for p in logs] == ['-|"-"|/x\n'] * 2

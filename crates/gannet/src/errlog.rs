@@ -292,7 +292,7 @@ impl fmt::Display for Context<'_> {
             "*{} {}, client: {}, server: {}, request: \"{line}\"",
             req.conn.id,
             self.1,
-            req.client().ip(),
+            ClientAddr(req),
             req.server.primary_name
         )?;
         if let Some(h) = req.head.header("host") {
@@ -326,4 +326,17 @@ pub fn main_fds() -> Vec<Option<std::os::fd::RawFd>> {
     main_logs().map_or_else(Vec::new, |l| {
         l.logs.iter().map(|l| l.reopened_fd()).collect()
     })
+}
+
+/// The client as an error log line names it: its address, or `unix:` (nginx).
+struct ClientAddr<'a>(&'a crate::http::request::Request);
+
+impl fmt::Display for ClientAddr<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.unix_client() {
+            f.write_str("unix:")
+        } else {
+            write!(f, "{}", self.0.client().ip())
+        }
+    }
 }

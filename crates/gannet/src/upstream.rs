@@ -3,7 +3,7 @@
 //! idle connections kept open for reuse.
 //!
 //! Directives inside `upstream`: `server ADDRESS [weight=N] [max_fails=N] [fail_timeout=T]
-//! [max_conns=N] [backup] [down]`, `keepalive N`, `keepalive_timeout`, `keepalive_requests`,
+//! [max_conns=N] [slow_start=T] [backup] [down]`, `keepalive N`, `keepalive_timeout`, `keepalive_requests`,
 //! `queue N [timeout=T]` (nginx Plus's: wait for a server under `max_conns` instead of
 //! failing), `zone` (accepted: gannet's state is per worker, there is nothing to share;
 //! so `max_conns` counts per worker, as nginx's does without a zone), and one balancing
@@ -91,6 +91,9 @@ pub struct Server {
     pub fail_timeout: Duration,
     /// Most connections in use at once (per worker); 0: no limit.
     pub max_conns: usize,
+    /// `slow_start=T` (nginx Plus's, documented there; nginx OSS has only the struct
+    /// field): a server back from being unavailable ramps its weight up from 0 over T.
+    pub slow_start: Option<Duration>,
     pub backup: bool,
     pub down: bool,
 }
@@ -106,6 +109,8 @@ pub struct Upstream {
     /// `queue N timeout=T`: requests that may wait for a server under `max_conns`.
     pub queue: Option<(usize, Duration)>,
     pub method: Method,
+    /// Whether a server has `slow_start` (the balancer tracks ramps only then).
+    pub slow_start: bool,
     /// Per server: whether its active health checks pass (`health_check`; always true
     /// without them). Shared by every worker of the config: the checks run in one worker
     /// and the balancers of all read it.
@@ -192,6 +197,7 @@ pub fn parse(d: &Directive) -> Result<Upstream, ConfError> {
         keepalive_requests: 1000,
         queue: None,
         method: Method::RoundRobin,
+        slow_start: false,
         health: Box::new([]),
     };
     let mut method_set = false;
@@ -256,18 +262,31 @@ pub fn parse(d: &Directive) -> Result<Upstream, ConfError> {
     if up.servers.is_empty() {
         return Err(d.error(format!("no servers are inside upstream \"{}\"", up.name)));
     }
-    if !up.method.allows_backup() {
-        // nginx checks only the servers after the method line; any order is meant the same.
-        let backup = d
-            .block
-            .iter()
-            .flatten()
-            .find(|s| s.name == "server" && s.args.iter().skip(1).any(|a| a == "backup"));
-        if let Some(s) = backup {
-            return Err(s.error("balancing method does not support parameter \"backup\""));
+    // nginx checks only the servers after the method line; any order is meant the same.
+    let refused = |param: &str, prefix: bool| {
+        let found = d.block.iter().flatten().find(|s| {
+            s.name == "server"
+                && s.args
+                    .iter()
+                    .skip(1)
+                    .any(|a| a == param || (prefix && a.starts_with(param)))
+        });
+        match found {
+            Some(s) => Err(s.error(format!(
+                "balancing method does not support parameter \"{}\"",
+                param.trim_end_matches('=')
+            ))),
+            None => Ok(()),
         }
+    };
+    if !up.method.allows_backup() {
+        refused("backup", false)?;
+    }
+    if !up.method.allows_slow_start() {
+        refused("slow_start=", true)?;
     }
     up.method.finish(&up.servers);
+    up.slow_start = up.servers.iter().any(|s| s.slow_start.is_some());
     up.health = up.servers.iter().map(|_| AtomicBool::new(true)).collect();
     Ok(up)
 }
@@ -285,6 +304,7 @@ fn parse_server(s: &Directive) -> Result<Server, ConfError> {
         max_fails: 1,
         fail_timeout: Duration::from_secs(10),
         max_conns: 0,
+        slow_start: None,
         backup: false,
         down: false,
     };
@@ -302,6 +322,9 @@ fn parse_server(s: &Directive) -> Result<Server, ConfError> {
             srv.down = true;
         } else if let Some(v) = a.strip_prefix("max_conns=") {
             srv.max_conns = setters::num(v).ok_or_else(bad)? as usize;
+        } else if let Some(v) = a.strip_prefix("slow_start=") {
+            let ms = setters::msec(v).ok_or_else(bad)?;
+            srv.slow_start = (ms > 0).then(|| Duration::from_millis(ms));
         } else if a == "resolve" {
             // Accepted: names resolve when connecting.
         } else {
@@ -363,6 +386,9 @@ struct GroupState {
     fails: Vec<(u32, Instant)>,
     /// Per server: connections in use (for `max_conns`).
     active: Vec<usize>,
+    /// Per server with `slow_start`: when it last became usable again (its weight ramps
+    /// up from then), and whether it was seen failing its health checks.
+    ramp: Vec<(Option<Instant>, bool)>,
     /// Oldest first (each is pushed when freed); taken newest first, so the ones at the
     /// front are those no request needed lately.
     idle: VecDeque<Idle>,
@@ -449,6 +475,10 @@ impl Upstreams {
         g.current.resize(up.servers.len(), 0);
         g.fails.resize(up.servers.len(), (0, now));
         g.active.resize(up.servers.len(), 0);
+        if up.slow_start {
+            g.ramp.resize(up.servers.len(), (None, false));
+            balance::track_ramps(up, g, now);
+        }
         let mut view = balance::View { up, g, tried, now };
         match balance::choose(&mut view, key.ip, key.hash) {
             balance::Found::Server(i) => {
@@ -646,6 +676,34 @@ mod tests {
         let tree =
             gannet_conf::parse_str(&src, "t.conf", Path::new("/")).map_err(|e| e.to_string())?;
         parse(&tree[0]).map(Arc::new).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn slow_start_ramps_the_weight_up_after_fail_timeout() {
+        let up = group("server 127.0.0.1:1; server 127.0.0.1:2 fail_timeout=10s slow_start=100s;")
+            .unwrap();
+        let ups = Upstreams::default();
+        let t0 = Instant::now();
+        ups.failed(&up, 1, t0);
+        // Share of server 1 over 1000 picks at `at`.
+        let share = |at: Instant| {
+            (0..1000)
+                .filter(|_| matches!(ups.pick(&up, &Key::default(), &[], at), Pick::Server(1, _)))
+                .count()
+        };
+        assert_eq!(share(t0 + Duration::from_secs(5)), 0, "still failed");
+        // A quarter of the way: weight 0.25 against 1, a fifth of the picks.
+        let quarter = share(t0 + Duration::from_secs(35));
+        assert!((190..=210).contains(&quarter), "{quarter}");
+        // Once the ramp is over, its whole weight: half.
+        assert_eq!(share(t0 + Duration::from_secs(110)), 500);
+        // Back from failing its health checks: the ramp starts when the balancer sees it.
+        up.set_healthy(1, false);
+        assert_eq!(share(t0 + Duration::from_secs(200)), 0);
+        up.set_healthy(1, true);
+        assert!(share(t0 + Duration::from_secs(201)) <= 10);
+        let quarter = share(t0 + Duration::from_secs(226));
+        assert!((190..=210).contains(&quarter), "{quarter}");
     }
 
     fn servers(n: usize, extra: &str) -> String {

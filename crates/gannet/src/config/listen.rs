@@ -1,14 +1,40 @@
-//! The `listen` directive: `listen [addr:]port | [ipv6]:port | addr [default_server] [ssl]
+//! The `listen` directive: `listen [addr:]port | [ipv6]:port | addr | unix:PATH [default_server] [ssl]
 //! [http2] [proxy_protocol] [reuseport] [backlog=N] [rcvbuf=SIZE] [sndbuf=SIZE]
 //! [fastopen=N] [ipv6only=on|off] [deferred] [bind]
 //! [so_keepalive=on|off|[keepidle]:[keepintvl]:[keepcnt]]`.
 
 use gannet_conf::{ConfError, Directive};
+use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Where a `listen` listens: a TCP address or a unix domain socket's path.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    Tcp(SocketAddr),
+    Unix(Arc<Path>),
+}
+
+impl fmt::Display for Endpoint {
+    /// As nginx writes a listening address: `127.0.0.1:80`, `unix:/run/app.sock`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Tcp(a) => write!(f, "{a}"),
+            Endpoint::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// The longest path a unix domain socket address holds (`sun_path`, with its NUL).
+const SUN_PATH_MAX: usize = 108;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listen {
+    /// The TCP address; for `listen unix:`, 0.0.0.0:0, unused (see `unix`).
     pub addr: SocketAddr,
+    /// `listen unix:PATH`: the socket file's path.
+    pub unix: Option<Arc<Path>>,
     pub default_server: bool,
     pub backlog: i32,
     /// Kept for nginx compatibility: gannet always uses SO_REUSEPORT, one socket per worker.
@@ -66,6 +92,7 @@ impl Listen {
     pub fn with_addr(addr: SocketAddr) -> Listen {
         Listen {
             addr,
+            unix: None,
             default_server: false,
             backlog: 511,
             reuseport: false,
@@ -81,14 +108,36 @@ impl Listen {
         }
     }
 
+    /// Where the listen listens.
+    pub fn endpoint(&self) -> Endpoint {
+        match &self.unix {
+            Some(p) => Endpoint::Unix(p.clone()),
+            None => Endpoint::Tcp(self.addr),
+        }
+    }
+
     pub fn parse(d: &Directive) -> Result<Listen, ConfError> {
-        let addr = parse_addr(&d.args[0]).ok_or_else(|| {
-            d.error(format!(
-                "invalid address \"{}\" in \"listen\" directive",
-                d.args[0]
-            ))
-        })?;
-        let mut l = Listen::with_addr(addr);
+        let arg = &d.args[0];
+        let mut l = if arg.len() >= 5 && arg[..5].eq_ignore_ascii_case("unix:") {
+            // nginx's ngx_parse_unix_domain_url, with its messages.
+            let path = &arg[5..];
+            let err =
+                |why: &str| d.error(format!("{why} in \"{arg}\" of the \"listen\" directive"));
+            if path.is_empty() {
+                return Err(err("no path in the unix domain socket"));
+            }
+            if path.len() + 1 > SUN_PATH_MAX {
+                return Err(err("too long path in the unix domain socket"));
+            }
+            let mut l = Listen::with_addr(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0));
+            l.unix = Some(Arc::from(Path::new(path)));
+            l
+        } else {
+            let addr = parse_addr(arg).ok_or_else(|| {
+                d.error(format!("invalid address \"{arg}\" in \"listen\" directive"))
+            })?;
+            Listen::with_addr(addr)
+        };
         for opt in &d.args[1..] {
             let (key, val) = match opt.split_once('=') {
                 Some((k, v)) => (k, Some(v)),

@@ -352,7 +352,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
         for (l, loc) in listens {
             let i = groups
                 .iter()
-                .position(|g| g.listen.addr == l.addr)
+                .position(|g| g.listen.endpoint() == l.endpoint())
                 .unwrap_or(groups.len());
             if i == ssl_at.len() {
                 ssl_at.push(None);
@@ -369,7 +369,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
                         if g.listen.default_server {
                             return Err(ConfError::at(
                                 &loc,
-                                format!("a duplicate default server for {}", l.addr),
+                                format!("a duplicate default server for {}", l.endpoint()),
                             ));
                         }
                         g.default = g.servers.len();

@@ -859,7 +859,8 @@ async fn run_with(
     };
     let hash = up.hash_key(req);
     let key = Key {
-        ip: Some(req.client().ip()),
+        // A unix client has no address: ip_hash hashes it as nginx does one without.
+        ip: (!req.unix_client()).then(|| req.client().ip()),
         hash: hash.as_deref().map(str::as_bytes),
     };
     let mut tried = Tried::default();

@@ -98,7 +98,9 @@ pub async fn serve(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr,
     let g = &w.config.listens[group];
     // A listen on a specific address already says where the connection arrived: spare
     // the getsockname() call (one of the handful of syscalls a short connection costs).
-    let local = if g.listen.addr.ip().is_unspecified() {
+    let local = if g.listen.unix.is_some() {
+        g.listen.addr
+    } else if g.listen.addr.ip().is_unspecified() {
         stream.local_addr().unwrap_or(g.listen.addr)
     } else {
         g.listen.addr
@@ -110,6 +112,7 @@ pub async fn serve(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr,
         requests: 0,
         tls: None,
         proxy: None,
+        unix: g.listen.unix.clone(),
     };
     // client_header_timeout runs from here, through a PROXY protocol header and a TLS
     // handshake, to the end of the first request's head, as nginx's one timer does.

@@ -31,6 +31,6 @@ pub fn access(w: &Worker, req: &Request, resp: &Response, head_len: u64, body_le
         }
         line.clear();
         access_log::format_line(&log.format, req, &sent, &mut line);
-        w.log_line(log, &line);
+        log.write_line(w, req, &line);
     }
 }

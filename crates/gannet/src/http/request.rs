@@ -27,6 +27,9 @@ pub struct ConnInfo {
     pub tls: Option<Arc<crate::tls::TlsInfo>>,
     /// The addresses of a `listen ... proxy_protocol` connection's PROXY header.
     pub proxy: Option<Arc<crate::conn::proxy_protocol::ProxyAddrs>>,
+    /// A connection to `listen unix:PATH`: the path. Its `peer` and `local` are 0.0.0.0:0
+    /// then; the variables give nginx's `unix:` instead (`Request::unix_client`).
+    pub unix: Option<Arc<std::path::Path>>,
 }
 
 pub struct Request {

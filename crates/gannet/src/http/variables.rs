@@ -10,8 +10,9 @@
 //! `$time_local` `$time_iso8601` `$pid` `$nginx_version` `$gannet_version` `$fastcgi_script_name`
 //! `$fastcgi_path_info` `$proxy_host` `$proxy_port` `$proxy_add_x_forwarded_for`
 //! `$upstream_addr` `$upstream_status` `$upstream_response_time` `$upstream_connect_time`
-//! `$upstream_header_time` `$upstream_http_NAME` `$request_id` `$http2` `$limit_req_status`
-//! `$limit_conn_status` `$secure_link` `$secure_link_expires` `$uid_got` `$uid_set` and `$1`..`$9`; the TLS
+//! `$upstream_header_time` `$upstream_cache_status` (never set: no cache) `$upstream_http_NAME`
+//! `$request_id` `$http2` `$limit_req_status` `$limit_conn_status` `$secure_link`
+//! `$secure_link_expires` `$uid_got` `$uid_set` and `$1`..`$9`; the TLS
 //! ones `$ssl_protocol` `$ssl_cipher` `$ssl_curve` `$ssl_server_name` `$ssl_session_reused`
 //! `$ssl_client_verify` `$ssl_client_s_dn` `$ssl_client_i_dn` `$ssl_client_serial`
 //! `$ssl_client_fingerprint` `$ssl_client_v_start` `$ssl_client_v_end`
@@ -98,6 +99,9 @@ pub enum Var {
     UpstreamResponseTime,
     UpstreamConnectTime,
     UpstreamHeaderTime,
+    /// `$upstream_cache_status`: gannet has no cache, so never a value (nginx's "not
+    /// found", logged as `-`, as for a location without `proxy_cache`).
+    UpstreamCacheStatus,
     /// `$upstream_http_NAME` (lowercase, with `-`).
     UpstreamHttp(String),
     RequestId,
@@ -247,6 +251,7 @@ impl Var {
             "upstream_response_time" => Var::UpstreamResponseTime,
             "upstream_connect_time" => Var::UpstreamConnectTime,
             "upstream_header_time" => Var::UpstreamHeaderTime,
+            "upstream_cache_status" => Var::UpstreamCacheStatus,
             "request_id" => Var::RequestId,
             "http2" => Var::Http2,
             "secure_link" => Var::SecureLink,
@@ -620,6 +625,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                 }
             }
         }
+        Var::UpstreamCacheStatus => {}
         Var::UpstreamHttp(name) => {
             if let Some(v) = req
                 .upstream_headers
@@ -655,6 +661,8 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         Var::UidGot => crate::modules::userid::append_got(out, req),
         Var::UidSet => crate::modules::userid::append_set(out, req),
         Var::Hostname => out.push_str(crate::runtime::hostname()),
+        // A unix socket's client is `unix:`, with no port (nginx).
+        Var::RemoteAddr if req.unix_client() => out.push_str("unix:"),
         Var::RemoteAddr => {
             push_ip(out, req.client().ip());
         }
@@ -665,11 +673,14 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                 push_uint(out, port.into());
             }
         }
+        Var::RealipRemoteAddr if req.conn.unix.is_some() => out.push_str("unix:"),
         Var::RealipRemoteAddr => {
             push_ip(out, req.conn.peer.ip());
         }
         Var::RealipRemotePort => {
-            push_uint(out, req.conn.peer.port().into());
+            if req.conn.unix.is_none() {
+                push_uint(out, req.conn.peer.port().into());
+            }
         }
         // Empty without a header, or with one that carried no addresses; a port also when
         // it is 0 (nginx).
@@ -698,11 +709,18 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                 out.push_str(&user);
             }
         }
-        Var::ServerAddr => {
-            push_ip(out, req.conn.local.ip());
-        }
+        // `unix:PATH` and no port for a unix listener, as nginx.
+        Var::ServerAddr => match &req.conn.unix {
+            Some(path) => {
+                out.push_str("unix:");
+                out.push_str(&path.to_string_lossy());
+            }
+            None => push_ip(out, req.conn.local.ip()),
+        },
         Var::ServerPort => {
-            push_uint(out, req.conn.local.port().into());
+            if req.conn.unix.is_none() {
+                push_uint(out, req.conn.local.port().into());
+            }
         }
         Var::ServerName => out.push_str(&req.server.primary_name),
         Var::ServerProtocol => out.push_str(match req.head.version {

@@ -101,15 +101,17 @@ impl AccessConf {
 
     /// The first rule matching the client: `Some(true)` if it denies, `Some(false)` if it
     /// allows, `None` when there are no rules or none matches.
-    fn matching(&self, peer: IpAddr) -> Option<bool> {
+    /// `peer` is `None` for a `listen unix:` client, which only `unix:` and `all` match.
+    fn matching(&self, peer: Option<IpAddr>) -> Option<bool> {
         let rules = self.rules.as_ref()?;
-        let peer = cidr::unmapped(peer);
+        let peer = peer.map(cidr::unmapped);
         rules
             .iter()
-            .find(|r| match r.who {
-                Who::All => true,
-                Who::Net(c) => c.contains(peer),
-                Who::Unix => false,
+            .find(|r| match (&r.who, peer) {
+                (Who::All, _) => true,
+                (Who::Net(c), Some(ip)) => c.contains(ip),
+                (Who::Net(_), None) => false,
+                (Who::Unix, p) => p.is_none(),
             })
             .map(|r| r.deny)
     }
@@ -225,7 +227,13 @@ pub fn check(req: &mut Request) -> Option<Flow> {
     if req.subrequest {
         return None;
     }
-    let rule = req.conf.access.matching(req.client().ip());
+    let rule = (req.conf.access.rules.is_some())
+        .then(|| {
+            req.conf
+                .access
+                .matching((!req.unix_client()).then(|| req.client().ip()))
+        })
+        .flatten();
     let uri = req.conf.auth_request.uri().cloned();
     let ask = |denied| uri.map(|uri| Flow::AuthRequest(Box::new(Subrequest::new(uri, denied))));
     if req.conf.access.satisfy_any != Some(true) {
@@ -289,7 +297,7 @@ mod tests {
 
     impl AccessConf {
         fn denies(&self, peer: IpAddr) -> bool {
-            self.matching(peer) == Some(true)
+            self.matching(Some(peer)) == Some(true)
         }
     }
 
@@ -330,5 +338,9 @@ mod tests {
         assert!(!c.denies(ip("2001:db9::5")));
         assert!(!c.denies(ip("127.0.0.1")));
         assert!(!AccessConf::default().denies(ip("127.0.0.1")));
+        // A unix client: only `unix:` and `all` apply to it.
+        assert_eq!(c.matching(None), Some(true));
+        let open = conf(&[(false, net("0.0.0.0/0")), (true, Who::All)]);
+        assert_eq!(open.matching(None), Some(true));
     }
 }

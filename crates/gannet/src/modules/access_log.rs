@@ -1,5 +1,9 @@
-//! `log_format name [escape=default|json|none] string ...;` and
-//! `access_log path|syslog:... [format [buffer=size] [flush=time] [if=condition]] | off;`.
+//! `log_format name [escape=default|json|none] string ...;`,
+//! `access_log path|syslog:... [format [buffer=size] [flush=time] [if=condition]] | off;` and
+//! `open_log_file_cache max=N [inactive=time] [min_uses=N] [valid=time] | off;`.
+//!
+//! A path with variables is evaluated and opened per line by the worker (see
+//! [`log_cache`], with `open_log_file_cache`); it cannot be buffered, as in nginx.
 //!
 //! `syslog:server=...` sends each line as one datagram (see `syslog`), unbuffered as nginx
 //! requires; `if=` skips the line when the condition is empty or `0`.
@@ -25,7 +29,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod log_cache;
+pub use log_cache::CacheConf;
+
 pub const DIRECTIVES: &[Spec] = &[
+    Spec {
+        name: "open_log_file_cache",
+        ctx: Ctx::HSL,
+        args: Args::Between(1, 4),
+        block: false,
+    },
     Spec {
         name: "log_format",
         ctx: Ctx::HTTP,
@@ -138,6 +151,8 @@ enum Output {
     /// its path for reopening (SIGUSR1).
     File(File, Option<PathBuf>),
     Syslog(Peer),
+    /// A path with variables, opened per line (`log_cache`); its text for messages.
+    Path(Template, String),
 }
 
 impl LogFile {
@@ -146,6 +161,25 @@ impl LogFile {
         match &self.out {
             Output::File(f, _) => (&*f).write_all(lines),
             Output::Syslog(p) => p.send(p.severity, lines),
+            // Written by `write_line`, which has the request.
+            Output::Path(..) => Ok(()),
+        }
+    }
+
+    /// Write one request's line: to the file, or for a path with variables, to the file
+    /// it names for this request.
+    pub fn write_line(
+        self: &Arc<Self>,
+        w: &crate::runtime::worker::Worker,
+        req: &Request,
+        line: &[u8],
+    ) {
+        match &self.out {
+            Output::Path(path, _) => {
+                let cache = req.conf.log.cache.as_ref().and_then(Option::as_deref);
+                log_cache::write(req, path, cache, line)
+            }
+            _ => w.log_line(self, line),
         }
     }
 
@@ -171,6 +205,7 @@ impl LogFile {
             Output::File(_, Some(p)) => p.display().to_string(),
             Output::File(_, None) => "(inherited descriptor)".to_string(),
             Output::Syslog(_) => "syslog".to_string(),
+            Output::Path(_, text) => text.clone(),
         }
     }
 }
@@ -179,12 +214,54 @@ impl LogFile {
 pub struct LogConf {
     /// `Some(empty)` is `access_log off`.
     pub logs: Option<Arc<Vec<Arc<LogFile>>>>,
+    /// `open_log_file_cache`: `Some(None)` is `off` (the default).
+    pub cache: Option<Option<Arc<CacheConf>>>,
 }
 
 impl LogConf {
     pub fn merge(&mut self, p: &LogConf) {
-        inherit!(self, p, logs);
+        inherit!(self, p, logs, cache);
     }
+}
+
+/// `open_log_file_cache`, with nginx's defaults (inactive 10s, min_uses 1, valid 60s) and
+/// messages.
+fn cache_conf(d: &Directive, lc: &mut LocConf) -> Result<(), ConfError> {
+    if lc.log.cache.is_some() {
+        return Err(d.error("\"open_log_file_cache\" directive is duplicate"));
+    }
+    let (mut max, mut inactive, mut min_uses, mut valid, mut off) = (0, 10, 1, 60, false);
+    for a in &d.args {
+        let bad = || d.error(format!("invalid \"open_log_file_cache\" parameter \"{a}\""));
+        if let Some(v) = a.strip_prefix("max=") {
+            max = setters::num(v).ok_or_else(bad)?;
+        } else if let Some(v) = a.strip_prefix("inactive=") {
+            inactive = setters::sec(v).ok_or_else(bad)?;
+        } else if let Some(v) = a.strip_prefix("min_uses=") {
+            min_uses = setters::num(v).ok_or_else(bad)?;
+        } else if let Some(v) = a.strip_prefix("valid=") {
+            valid = setters::sec(v).ok_or_else(bad)?;
+        } else if a == "off" {
+            off = true;
+        } else {
+            return Err(bad());
+        }
+    }
+    if off {
+        lc.log.cache = Some(None);
+        return Ok(());
+    }
+    if max == 0 {
+        return Err(d.error("\"open_log_file_cache\" must have \"max\" parameter"));
+    }
+    lc.log.cache = Some(Some(Arc::new(CacheConf {
+        id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        max: max as usize,
+        inactive: Duration::from_secs(inactive),
+        min_uses: min_uses.min(u32::MAX as u64) as u32,
+        valid: Duration::from_secs(valid),
+    })));
+    Ok(())
 }
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
@@ -213,6 +290,9 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         ctx.log_formats
             .insert(d.args[0].clone(), Arc::new(LogFormat { template, escape }));
         return Ok(());
+    }
+    if d.name == "open_log_file_cache" {
+        return cache_conf(d, lc);
     }
     if d.args[0] == "off" {
         lc.log.logs = Some(Arc::new(Vec::new()));
@@ -244,9 +324,31 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             )));
         }
     }
+    // A path with variables: made absolute under the prefix first, as nginx's
+    // ngx_conf_full_name on the text.
+    let dynamic = match &syslog {
+        None if d.args[0].contains('$') => {
+            let text = if d.args[0].starts_with('/') {
+                d.args[0].clone()
+            } else {
+                ctx.prefix.join(&d.args[0]).to_string_lossy().into_owned()
+            };
+            crate::http::user_vars::at(&d.loc);
+            let t = Template::compile(&text).map_err(|e| d.error(e))?;
+            t.has_vars().then_some((t, text))
+        }
+        _ => None,
+    };
     let out = match syslog {
         Some(_) if buffer > 0 => return Err(d.error("logs to syslog cannot be buffered")),
         Some(peer) => Output::Syslog(peer),
+        None if dynamic.is_some() && buffer > 0 => {
+            return Err(d.error("buffered logs cannot have variables in name"))
+        }
+        None if dynamic.is_some() => {
+            let (t, text) = dynamic.unwrap_or_else(|| unreachable!());
+            Output::Path(t, text)
+        }
         None => {
             let target = Target::parse(&d.args[0], &ctx.prefix, false);
             let file = open_log(&target, d)?;

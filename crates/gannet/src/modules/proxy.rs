@@ -337,7 +337,11 @@ pub fn add_x_forwarded_for(req: &Request, out: &mut String) {
         out.push_str(&String::from_utf8_lossy(v));
         out.push_str(", ");
     }
-    out.push_str(&req.client().ip().to_string());
+    if req.unix_client() {
+        out.push_str("unix:");
+    } else {
+        out.push_str(&req.client().ip().to_string());
+    }
 }
 
 /// The request line's URI (see the module docs), written to `out`.

@@ -54,8 +54,8 @@ enum Header {
 
 #[derive(Debug, Clone, Default)]
 pub struct RealIpConf {
-    /// The trusted networks (`unix:` clients never occur: gannet listens on none).
-    from: Option<Arc<Vec<Cidr>>>,
+    /// The trusted networks, and whether `unix:` (a `listen unix:` client) is trusted.
+    from: Option<Arc<(Vec<Cidr>, bool)>>,
     header: Option<Header>,
     recursive: Option<bool>,
 }
@@ -72,8 +72,10 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
     match d.name.as_str() {
         "set_real_ip_from" => {
             let mut from = conf.from.as_deref().cloned().unwrap_or_default();
-            if arg != "unix:" {
-                from.extend(trusted(d, arg, &mut ctx.notices)?);
+            if arg == "unix:" {
+                from.1 = true;
+            } else {
+                from.0.extend(trusted(d, arg, &mut ctx.notices)?);
             }
             conf.from = Some(Arc::new(from));
         }
@@ -130,7 +132,15 @@ pub fn apply(req: &mut Request, server_level: bool) {
 
 fn find(req: &Request, conf: &RealIpConf) -> Option<SocketAddr> {
     let from = conf.from.as_ref()?;
-    let trusted = |a: std::net::IpAddr| from.iter().any(|c| c.contains(cidr::unmapped(a)));
+    // The first address asked about is the connection's: a unix client is trusted by
+    // `unix:` alone (its stand-in address 0.0.0.0 is no network's).
+    let peer_is_unix = std::cell::Cell::new(req.conn.unix.is_some());
+    let trusted = |a: std::net::IpAddr| {
+        if peer_is_unix.replace(false) {
+            return from.1;
+        }
+        from.0.iter().any(|c| c.contains(cidr::unmapped(a)))
+    };
     let name = match conf.header.as_ref().unwrap_or(&Header::XRealIp) {
         // The header's client, with its port, when the proxy that sent it is trusted.
         Header::ProxyProtocol => {
@@ -154,6 +164,12 @@ impl Request {
     /// The client's address: the connection's, or the one `real_ip_header` gave.
     pub fn client(&self) -> SocketAddr {
         self.real_peer.unwrap_or(self.conn.peer)
+    }
+
+    /// Whether the client is a `listen unix:` connection's, with no address of its own
+    /// (none from `real_ip_header` either): nginx's `unix:` for `$remote_addr`.
+    pub fn unix_client(&self) -> bool {
+        self.real_peer.is_none() && self.conn.unix.is_some()
     }
 
     /// Every X-Forwarded-For line, in order, as one list (`None` without any), for the

@@ -21,6 +21,7 @@
 //! reload that adds the address again binds it anew).
 
 use super::listener::Bound;
+use crate::config::listen::Endpoint;
 use crate::config::Config;
 use socket2::{Domain, Socket, Type};
 use std::collections::HashSet;
@@ -36,8 +37,8 @@ static INHERITED: OnceLock<HashSet<SocketAddr>> = OnceLock::new();
 
 /// Whether `addr`'s socket came from the starter: its workers share it instead of each
 /// binding its own.
-pub fn inherited(addr: &SocketAddr) -> bool {
-    INHERITED.get().is_some_and(|s| s.contains(addr))
+pub fn inherited(at: &Endpoint) -> bool {
+    matches!(at, Endpoint::Tcp(addr) if INHERITED.get().is_some_and(|s| s.contains(addr)))
 }
 
 /// The passed sockets that `config` listens on, by address. Empty when the environment
@@ -49,7 +50,13 @@ pub fn take(config: &Config) -> Bound {
         let _ = INHERITED.set(HashSet::new());
         return bound;
     };
-    let wanted: HashSet<SocketAddr> = config.listens.iter().map(|g| g.listen.addr).collect();
+    // Unix listeners are bound by the master (a passed unix socket matches none).
+    let wanted: HashSet<SocketAddr> = config
+        .listens
+        .iter()
+        .filter(|g| g.listen.unix.is_none())
+        .map(|g| g.listen.addr)
+        .collect();
     for i in 0..n {
         let fd = FIRST_FD + i as RawFd;
         let name = names.get(i).map_or("", |s| s.as_str());
@@ -69,9 +76,9 @@ pub fn take(config: &Config) -> Bound {
         // `Socket` alone.
         let s = unsafe { Socket::from_raw_fd(fd) };
         match usable(&s) {
-            Ok(addr) if wanted.contains(&addr) && !bound.contains_key(&addr) => {
+            Ok(addr) if wanted.contains(&addr) && !bound.contains_key(&Endpoint::Tcp(addr)) => {
                 crate::errlog::notice(format_args!("using {shown} passed for {addr}"));
-                bound.insert(addr, vec![TcpListener::from(s)]);
+                bound.insert(Endpoint::Tcp(addr), vec![TcpListener::from(s)]);
             }
             Ok(addr) => crate::errlog::warn(format_args!(
                 "{shown} passed for {addr} matches no \"listen\" address; closed"
@@ -79,7 +86,11 @@ pub fn take(config: &Config) -> Bound {
             Err(why) => crate::errlog::warn(format_args!("{shown} passed is {why}; closed")),
         }
     }
-    let _ = INHERITED.set(bound.keys().copied().collect());
+    let addrs = bound.keys().filter_map(|e| match e {
+        Endpoint::Tcp(a) => Some(*a),
+        Endpoint::Unix(_) => None,
+    });
+    let _ = INHERITED.set(addrs.collect());
     bound
 }
 

@@ -3,16 +3,23 @@
 //! and no accept lock. They are all created by the master before any worker starts, so a
 //! port in use is a start-up error, not a worker failure.
 //!
+//! A `listen unix:PATH` is one socket, bound (creating the file, mode 0666 as nginx
+//! leaves it, owned by the master's user: root before workers drop privileges) and shared
+//! by every worker, as SO_REUSEPORT does not apply to unix sockets. nginx does not remove
+//! a file already at the path: binding fails with EADDRINUSE, as it does there. The file
+//! is removed when the master stops listening on it: a reload without it ("deleting
+//! socket"), and the master's exit unless a new binary took the socket over.
+//!
 //! The master keeps every socket ([`Bound`]) across reloads: an address the new config still
 //! listens on keeps its sockets (only missing ones are added), so no connection queued in
 //! a socket's backlog is lost when workers change.
 
-use crate::config::listen::{Listen, SoKeepalive};
+use crate::config::listen::{Endpoint, Listen, SoKeepalive};
 use crate::config::Config;
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use std::collections::HashMap;
 use std::io;
-use std::net::{SocketAddr, TcpListener};
+use std::net::TcpListener;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
@@ -91,7 +98,54 @@ fn set_options(s: SockRef<'_>, l: &Listen) -> io::Result<()> {
     Ok(())
 }
 
+/// The listening socket of `listen unix:PATH`. Held as a std `TcpListener` like the TCP
+/// ones, so that the master, the upgrade and the workers handle one type: every call made
+/// on a listener (dup, fcntl, accept4 through socket2) is the same for both families.
+fn bind_unix(l: &Listen, path: &std::path::Path) -> io::Result<TcpListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Socket::new(Domain::UNIX, Type::STREAM, None)?;
+    s.bind(&socket2::SockAddr::unix(path)?)?;
+    // rw for everyone, as nginx's chmod(): who may connect is the directory's business.
+    if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)) {
+        crate::errlog::error(format_args!("chmod() \"{}\" failed ({e})", path.display()));
+    }
+    s.set_nonblocking(true)?;
+    if let Some(n) = l.rcvbuf {
+        s.set_recv_buffer_size(n)?;
+    }
+    if let Some(n) = l.sndbuf {
+        s.set_send_buffer_size(n)?;
+    }
+    s.listen(l.backlog)?;
+    Ok(std::os::fd::OwnedFd::from(s).into())
+}
+
+/// Remove the socket file of a unix listener the master no longer listens on.
+pub fn delete_unix(e: &Endpoint) {
+    if let Endpoint::Unix(path) = e {
+        crate::errlog::warn(format_args!("deleting socket {}", path.display()));
+        if let Err(err) = std::fs::remove_file(path) {
+            crate::errlog::error(format_args!("unlink() {} failed ({err})", path.display()));
+        }
+    }
+}
+
+/// At the master's exit (not when a new binary took the sockets over, as nginx): remove
+/// the socket files of its unix listeners.
+pub fn remove_unix_files(bound: &Bound) {
+    for e in bound.keys() {
+        if let Endpoint::Unix(path) = e {
+            if let Err(err) = std::fs::remove_file(path) {
+                crate::errlog::error(format_args!("unlink() {} failed ({err})", path.display()));
+            }
+        }
+    }
+}
+
 pub fn bind(l: &Listen) -> io::Result<TcpListener> {
+    if let Some(path) = &l.unix {
+        return bind_unix(l, path);
+    }
     let s = bound_socket(l, true)?;
     s.set_nonblocking(true)?;
     set_options(SockRef::from(&s), l)?;
@@ -111,13 +165,13 @@ fn probe(l: &Listen) -> io::Result<()> {
 }
 
 /// The listening sockets of each address.
-pub type Bound = HashMap<SocketAddr, Vec<TcpListener>>;
+pub type Bound = HashMap<Endpoint, Vec<TcpListener>>;
 
 /// A worker's sockets, each with the index of the `config.listens` group it serves.
 pub type WorkerSockets = Vec<(TcpListener, usize)>;
 
 fn bind_error(l: &Listen, e: io::Error) -> String {
-    format!("bind() to {} failed ({e})", l.addr)
+    format!("bind() to {} failed ({e})", l.endpoint())
 }
 
 /// The sockets `config` needs, one per worker for each address: those of `old` for the
@@ -129,15 +183,20 @@ pub fn bind_for(config: &Config, old: &Bound) -> Result<Bound, String> {
     let mut out = Bound::new();
     for g in &config.listens {
         let l = &g.listen;
-        let mut socks = match old.get(&l.addr) {
+        let at = l.endpoint();
+        let mut socks = match old.get(&at) {
             Some(v) => v
                 .iter()
                 .map(|s| {
-                    set_options(SockRef::from(s), l)
-                        .map_err(|e| format!("setsockopt() on {} failed ({e})", l.addr))?;
+                    if l.unix.is_none() {
+                        set_options(SockRef::from(s), l)
+                            .map_err(|e| format!("setsockopt() on {at} failed ({e})"))?;
+                    }
                     s.try_clone().map_err(|e| format!("socket dup failed: {e}"))
                 })
                 .collect::<Result<Vec<_>, String>>()?,
+            // A unix socket's bind is its own probe: it fails if the file exists.
+            None if l.unix.is_some() => vec![bind(l).map_err(|e| bind_error(l, e))?],
             None => {
                 probe(l).map_err(|e| bind_error(l, e))?;
                 Vec::new()
@@ -145,16 +204,18 @@ pub fn bind_for(config: &Config, old: &Bound) -> Result<Bound, String> {
         };
         while socks.len() < workers {
             // A socket passed by systemd (`activation`) was bound without SO_REUSEPORT:
-            // the workers share it rather than bind siblings beside it.
+            // the workers share it rather than bind siblings beside it; so do they a
+            // unix socket.
             let s = match socks.first() {
-                Some(s) if super::activation::inherited(&l.addr) => s
-                    .try_clone()
-                    .map_err(|e| format!("socket dup failed: {e}"))?,
+                Some(s) if l.unix.is_some() || super::activation::inherited(&at) => {
+                    s.try_clone()
+                        .map_err(|e| format!("socket dup failed: {e}"))?
+                }
                 _ => bind(l).map_err(|e| bind_error(l, e))?,
             };
             socks.push(s);
         }
-        out.insert(l.addr, socks);
+        out.insert(at, socks);
     }
     Ok(out)
 }
@@ -165,7 +226,12 @@ pub fn assign(config: &Config, bound: &Bound) -> Result<Vec<WorkerSockets>, Stri
     let workers = config.main.worker_processes.max(1);
     let mut per: Vec<WorkerSockets> = (0..workers).map(|_| Vec::new()).collect();
     for (group, g) in config.listens.iter().enumerate() {
-        for (k, s) in bound.get(&g.listen.addr).into_iter().flatten().enumerate() {
+        for (k, s) in bound
+            .get(&g.listen.endpoint())
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
             let s = s
                 .try_clone()
                 .map_err(|e| format!("socket dup failed: {e}"))?;

@@ -287,7 +287,10 @@ fn reload(
             }
             gens.push(g);
             // Sockets of addresses no longer listened on close once the old workers,
-            // which hold copies, are gone.
+            // which hold copies, are gone; a unix socket's file goes now, as nginx's.
+            for gone in bound.keys().filter(|e| !new_bound.contains_key(*e)) {
+                listener::delete_unix(gone);
+            }
             *bound = new_bound;
         }
         Err(e) => crate::errlog::log(Level::Emerg, format_args!("{e}{kept}")),
@@ -497,6 +500,13 @@ fn supervise(
     let set = signal_set();
     let mut pid_file = pid_path.map(PidFile::write).transpose()?;
     let result = serve(config, &mut bound, &mut pid_file, &mut up, &set, load);
+    // The unix sockets' files, unless another master serves on them: the new binary this
+    // one started, or the old master that started this one (nginx's condition).
+    // SAFETY: getppid has no preconditions.
+    let parent_lives = up.parent == Some(unsafe { libc::getppid() });
+    if up.new_binary.is_none() && !parent_lives {
+        listener::remove_unix_files(&bound);
+    }
     if let Some(f) = pid_file {
         f.remove();
     }

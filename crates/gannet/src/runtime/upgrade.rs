@@ -10,12 +10,14 @@
 //! them is going away. The sequence, signals and pid files are in `runtime::master`.
 
 use super::listener::Bound;
+use crate::config::listen::Endpoint;
 use std::ffi::OsString;
 use std::io;
 use std::net::TcpListener;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The environment variable that lists inherited listening sockets.
 pub const INHERIT_VAR: &str = "GANNET_INHERIT";
@@ -120,10 +122,7 @@ pub fn inherited() -> Option<Inherited> {
         }
         seen.push(fd);
         match adopt(fd) {
-            Ok(s) => match s.local_addr() {
-                Ok(addr) => bound.entry(addr).or_default().push(s),
-                Err(e) => crate::errlog::warn(format_args!("inherited socket #{fd}: {e}")),
-            },
+            Ok((s, at)) => bound.entry(at).or_default().push(s),
             Err(e) => crate::errlog::warn(format_args!("inherited socket #{fd} ignored: {e}")),
         }
     }
@@ -132,8 +131,9 @@ pub fn inherited() -> Option<Inherited> {
     Some(Inherited { bound, parent })
 }
 
-/// Take ownership of `fd` if it is an open listening TCP socket; close-on-exec again.
-fn adopt(fd: RawFd) -> io::Result<TcpListener> {
+/// Take ownership of `fd` if it is an open listening TCP or unix stream socket (held as a
+/// `TcpListener`, see `listener::bind`); close-on-exec again. Returns it with its address.
+fn adopt(fd: RawFd) -> io::Result<(TcpListener, Endpoint)> {
     if fd < 0 {
         return Err(io::ErrorKind::InvalidInput.into());
     }
@@ -141,17 +141,21 @@ fn adopt(fd: RawFd) -> io::Result<TcpListener> {
     if unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
         return Err(io::Error::last_os_error());
     }
-    {
+    let at = {
         // SAFETY: `fd` is open (F_GETFD succeeded) and nothing closes it while borrowed.
         let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
         let s = socket2::SockRef::from(&borrowed);
-        let tcp = s.r#type()? == socket2::Type::STREAM
-            && s.local_addr()?.as_socket().is_some()
-            && s.is_listener()?;
-        if !tcp {
-            return Err(io::Error::other("not a listening TCP socket"));
+        let local = s.local_addr()?;
+        let at = match (local.as_socket(), local.as_pathname()) {
+            (Some(a), _) => Some(Endpoint::Tcp(a)),
+            (None, Some(p)) => Some(Endpoint::Unix(Arc::from(p))),
+            _ => None,
+        };
+        match at {
+            Some(at) if s.r#type()? == socket2::Type::STREAM && s.is_listener()? => at,
+            _ => return Err(io::Error::other("not a listening TCP or unix socket")),
         }
-    }
+    };
     // SAFETY: `fd` is an open listening socket this process inherited across exec and that
     // nothing else in it owns (the variable is read once and duplicates are skipped).
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -161,7 +165,7 @@ fn adopt(fd: RawFd) -> io::Result<TcpListener> {
     }
     let l = TcpListener::from(owned);
     l.set_nonblocking(true)?;
-    Ok(l)
+    Ok((l, at))
 }
 
 #[cfg(test)]
@@ -185,8 +189,9 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let raw = std::os::fd::IntoRawFd::into_raw_fd(l);
-        let got = adopt(raw).unwrap();
+        let (got, at) = adopt(raw).unwrap();
         assert_eq!(got.local_addr().unwrap(), addr);
+        assert_eq!(at, Endpoint::Tcp(addr));
         let f = std::fs::File::open("/dev/null").unwrap();
         assert!(adopt(f.as_raw_fd()).is_err(), "a file is refused");
         let c = std::net::TcpStream::connect(addr).unwrap();

@@ -371,8 +371,13 @@ async fn accept(listener: &AsyncFd<StdListener>) -> io::Result<(std::net::TcpStr
         });
         if let Ok(r) = r {
             let (sock, addr) = r?;
-            // Not an IP address: only a TCP listener's socket gets here.
-            let peer = addr.as_socket().ok_or(io::ErrorKind::InvalidInput)?;
+            // A unix socket's client has no address: 0.0.0.0:0 stands for it, and the
+            // connection knows it is a unix one from its listener (`ConnInfo::unix`).
+            let peer = match addr.as_socket() {
+                Some(a) => a,
+                None if addr.is_unix() => SocketAddr::from(([0, 0, 0, 0], 0)),
+                None => return Err(io::ErrorKind::InvalidInput.into()),
+            };
             return Ok((sock.into(), peer));
         }
     }

@@ -108,6 +108,12 @@ impl Method {
         matches!(self, Method::RoundRobin | Method::LeastConn)
     }
 
+    /// Whether `slow_start` goes with the method: not with the ones that map a key or a
+    /// draw to a weight slot (nginx Plus's documented `hash`, `ip_hash`, `random`).
+    pub fn allows_slow_start(&self) -> bool {
+        matches!(self, Method::RoundRobin | Method::LeastConn)
+    }
+
     /// Set up what depends on the group's servers.
     pub fn finish(&mut self, servers: &[Server]) {
         if let Method::Consistent(_, ring) = self {
@@ -200,6 +206,35 @@ fn ip_step(hash: u64, bytes: &[u8]) -> u64 {
         .fold(hash, |h, &b| (h * 113 + u64::from(b)) % 6271)
 }
 
+/// Weights are counted in thousandths, so that a ramping server's share grows smoothly.
+/// Smooth weighted round robin chooses the same with every weight scaled alike.
+const WEIGHT_SCALE: i64 = 1000;
+
+/// Note the `slow_start` servers that became usable again since the last choice: back from
+/// `max_fails` (the ramp starts when `fail_timeout` ran out) or from failing health checks
+/// (it starts when the balancer first sees the server healthy). A worker sees the failures
+/// of its own requests, as nginx's per-worker state without a zone.
+pub(super) fn track_ramps(up: &Upstream, g: &mut GroupState, now: Instant) {
+    for (i, s) in up.servers.iter().enumerate() {
+        if s.slow_start.is_none() {
+            continue;
+        }
+        let (fails, since) = g.fails[i];
+        let ramp = &mut g.ramp[i];
+        if s.max_fails > 0 && fails >= s.max_fails {
+            let back = since + s.fail_timeout;
+            if now >= back && ramp.0.is_none_or(|r| r < back) {
+                ramp.0 = Some(back);
+            }
+        }
+        if !up.healthy(i) {
+            ramp.1 = true;
+        } else if std::mem::take(&mut ramp.1) {
+            ramp.0 = Some(now);
+        }
+    }
+}
+
 /// What a choice came to.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Found {
@@ -245,6 +280,23 @@ impl View<'_> {
         self.fit(i) == Fit::Usable
     }
 
+    /// The weight `i` has now, scaled by [`WEIGHT_SCALE`]: its own, or while it ramps up
+    /// after coming back (`slow_start`), the part of it that the time since has earned (at
+    /// least one thousandth, so a ramping server alone is still chosen).
+    fn weight(&self, i: usize) -> i64 {
+        let s = &self.up.servers[i];
+        let full = s.weight.saturating_mul(WEIGHT_SCALE);
+        let (Some(span), Some((Some(from), _))) = (s.slow_start, self.g.ramp.get(i)) else {
+            return full;
+        };
+        let gone = self.now.saturating_duration_since(*from);
+        if gone >= span {
+            return full;
+        }
+        let part = full as u128 * gone.as_millis() / span.as_millis().max(1);
+        (part as i64).max(1)
+    }
+
     /// Smooth weighted round robin among `candidates`: each gains its weight, the one with
     /// the most (the first on a tie) is chosen and pays back the total.
     fn swrr(&mut self, candidates: &[usize]) -> Option<usize> {
@@ -258,8 +310,9 @@ impl View<'_> {
             if !candidate(self, i) {
                 continue;
             }
-            self.g.current[i] += self.up.servers[i].weight;
-            total += self.up.servers[i].weight;
+            let w = self.weight(i);
+            self.g.current[i] += w;
+            total += w;
             if best.is_none_or(|b| self.g.current[i] > self.g.current[b]) {
                 best = Some(i);
             }
@@ -310,8 +363,7 @@ impl View<'_> {
 
     /// Whether connections-in-use per weight of `a` exceed those of `b`.
     fn busier(&self, a: usize, b: usize) -> bool {
-        let load =
-            |x: usize, y: usize| self.g.active[x] as u128 * self.up.servers[y].weight as u128;
+        let load = |x: usize, y: usize| self.g.active[x] as u128 * self.weight(y) as u128;
         load(a, b) > load(b, a)
     }
 
@@ -471,6 +523,7 @@ mod tests {
             max_fails: 1,
             fail_timeout: Duration::from_secs(10),
             max_conns: 0,
+            slow_start: None,
             backup: false,
             down: false,
         }
