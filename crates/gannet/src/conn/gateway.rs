@@ -822,6 +822,31 @@ async fn run_with(
     } else {
         pass.clone()
     };
+    // A destination with variables: its group, address, or a name to resolve now.
+    let backend = match backend {
+        Backend::Vars(v) => match v.eval(req) {
+            Ok(b) => dynamic(req, b).await,
+            Err((status, why)) => {
+                errlog::request(Level::Error, req, format_args!("{why}"));
+                return Outcome::Flow(Flow::Status(status));
+            }
+        },
+        b if proto == Proto::Http
+            && req
+                .conf
+                .proxy
+                .target
+                .as_deref()
+                .is_some_and(proxy::Target::vars) =>
+        {
+            dynamic(req, b).await
+        }
+        b => Ok(b),
+    };
+    let backend = match backend {
+        Ok(b) => b,
+        Err(flow) => return Outcome::Flow(flow),
+    };
     let from = match streamed {
         Some((src, _)) => Some(BodyFrom::Client(src)),
         None => file.map(BodyFrom::File),
@@ -850,7 +875,7 @@ async fn run_with(
         }
         Backend::Group(up) => up,
         // A URL with variables was evaluated above into an address or a group.
-        Backend::Dynamic => return Outcome::Flow(Flow::Status(500)),
+        Backend::Dynamic | Backend::Vars(_) => return Outcome::Flow(Flow::Status(500)),
     };
     let keep = match proto {
         Proto::FastCgi => req.conf.fastcgi.keep_conn(),
@@ -897,7 +922,19 @@ async fn run_with(
             }
         };
         tried.push(i);
-        let addr = &up.servers[i].addr;
+        // `server NAME resolve`: its current address; none while the name has none, and the
+        // next server is tried (nginx has no peer for it then).
+        let resolved;
+        let addr = match &up.servers[i].resolve {
+            None => &up.servers[i].addr,
+            Some(r) => match r.addr().await {
+                Some(a) => {
+                    resolved = a;
+                    &resolved
+                }
+                None => continue,
+            },
+        };
         let idle = if keep {
             w.upstreams.take_idle(&up, i, via.kind(), now)
         } else {
@@ -969,6 +1006,51 @@ async fn run_with(
                     return Outcome::Flow(flow);
                 }
             }
+        }
+    }
+}
+
+/// A backend named by variables: a `host:port` whose host is a name is looked up through
+/// the location's `resolver` (nginx's `ngx_http_upstream_init_request`); the first address
+/// found is used. A name without a resolver, or one that does not resolve, is a 502.
+async fn dynamic(req: &Request, b: Backend) -> Result<Backend, Flow> {
+    let Backend::Addr(Addr::Tcp(a)) = &b else {
+        return Ok(b);
+    };
+    let Some((host, port)) = a.rsplit_once(':') else {
+        return Ok(b);
+    };
+    if crate::resolver::is_literal(host) {
+        return Ok(b);
+    }
+    let Some(resolver) = &req.conf.core.resolver else {
+        errlog::request(
+            Level::Error,
+            req,
+            format_args!("no resolver defined to resolve {host}"),
+        );
+        return Err(Flow::Status(502));
+    };
+    match resolver
+        .lookup(host, req.conf.core.resolver_timeout())
+        .await
+    {
+        Ok(ips) => {
+            let ip = ips[0];
+            let addr = if ip.is_ipv6() {
+                format!("[{ip}]:{port}")
+            } else {
+                format!("{ip}:{port}")
+            };
+            Ok(Backend::Addr(Addr::Tcp(addr.into())))
+        }
+        Err(f) => {
+            errlog::request(
+                Level::Error,
+                req,
+                format_args!("{host} could not be resolved ({f})"),
+            );
+            Err(Flow::Status(502))
         }
     }
 }

@@ -6,7 +6,8 @@
 //! `client_body_timeout`, `send_timeout`, `keepalive_timeout`, `keepalive_requests`,
 //! `keepalive_time`, `sendfile`, `tcp_nopush`, `tcp_nodelay`, `server_tokens`,
 //! `log_not_found`, `absolute_redirect`, `port_in_redirect`, `server_name_in_redirect`,
-//! `merge_slashes`.
+//! `merge_slashes`, `resolver`, `resolver_timeout` (the name servers for names met at run
+//! time: `crate::resolver`).
 
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::http::variables::Template;
@@ -142,6 +143,18 @@ pub const DIRECTIVES: &[Spec] = &[
         block: false,
     },
     Spec {
+        name: "resolver",
+        ctx: HSL,
+        args: Args::AtLeast(1),
+        block: false,
+    },
+    Spec {
+        name: "resolver_timeout",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
         name: "merge_slashes",
         ctx: HS,
         args: Args::Exactly(1),
@@ -172,6 +185,9 @@ pub struct CoreConf {
     pub port_in_redirect: Option<bool>,
     pub server_name_in_redirect: Option<bool>,
     pub merge_slashes: Option<bool>,
+    /// `resolver`: the name servers for names met at run time.
+    pub resolver: Option<std::sync::Arc<crate::resolver::Resolver>>,
+    pub resolver_timeout: Option<Duration>,
 }
 
 impl CoreConf {
@@ -199,7 +215,9 @@ impl CoreConf {
             absolute_redirect,
             port_in_redirect,
             server_name_in_redirect,
-            merge_slashes
+            merge_slashes,
+            resolver,
+            resolver_timeout
         );
     }
 
@@ -210,6 +228,10 @@ impl CoreConf {
         self.root
             .as_ref()
             .unwrap_or_else(|| HTML.get_or_init(|| Template::literal("html")))
+    }
+    pub fn resolver_timeout(&self) -> Duration {
+        self.resolver_timeout
+            .unwrap_or(crate::resolver::DEFAULT_TIMEOUT)
     }
     pub fn client_max_body_size(&self) -> u64 {
         self.client_max_body_size.unwrap_or(1024 * 1024)
@@ -358,6 +380,15 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         "port_in_redirect" => c.port_in_redirect = Some(setters::flag(d)?),
         "server_name_in_redirect" => c.server_name_in_redirect = Some(setters::flag(d)?),
         "merge_slashes" => c.merge_slashes = Some(setters::flag(d)?),
+        "resolver" => {
+            if c.resolver.is_some() {
+                return Err(dup(d));
+            }
+            c.resolver = Some(std::sync::Arc::new(crate::resolver::parse(d)?));
+        }
+        "resolver_timeout" => {
+            c.resolver_timeout = Some(Duration::from_millis(setters::msec_arg(d, 0)?));
+        }
         _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
     }
     Ok(())
