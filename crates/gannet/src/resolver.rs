@@ -49,7 +49,7 @@ impl std::fmt::Debug for Resolver {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failure {
     NotFound,
-    ServerFailure,
+    ServFail,
     Refused,
     TimedOut,
 }
@@ -58,7 +58,7 @@ impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Failure::NotFound => "3: Host not found",
-            Failure::ServerFailure => "2: Server failure",
+            Failure::ServFail => "2: Server failure",
             Failure::Refused => "5: Operation refused",
             Failure::TimedOut => "110: Operation timed out",
         })
@@ -205,7 +205,7 @@ fn classify(e: &hickory_resolver::ResolveError) -> Failure {
     use hickory_resolver::proto::op::ResponseCode;
     match e.proto().map(|p| p.kind()) {
         Some(ProtoErrorKind::NoRecordsFound { response_code, .. }) => match *response_code {
-            ResponseCode::ServFail => Failure::ServerFailure,
+            ResponseCode::ServFail => Failure::ServFail,
             ResponseCode::Refused => Failure::Refused,
             _ => Failure::NotFound,
         },

@@ -333,6 +333,10 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
     for d in body.iter().filter(is_zone).chain(body.iter().filter(rest)) {
         level_directive(cfg, d, &mut conf, &mut lctx, Ctx::HTTP)?;
     }
+    if http_resolver.0.is_some() {
+        // One resolver (one cache of answers) for the groups and the locations.
+        conf.core.resolver = http_resolver.0.clone();
+    }
     if conf.core.root.is_none() {
         // nginx's compiled-in default: `html` under the prefix.
         conf.core.root = Some(Template::literal(&prefix.join("html").to_string_lossy()));

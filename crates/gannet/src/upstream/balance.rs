@@ -473,6 +473,7 @@ mod tests {
             max_conns: 0,
             backup: false,
             down: false,
+            resolve: None,
         }
     }
 
