@@ -50,6 +50,16 @@ class Dns:
             except OSError:
                 return None
 
+    def address(self, name):
+        """The one IPv4 address dnsmasq gives `name` now (None for none)."""
+        q = b"\x12\x35\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00"
+        q += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\x00\x00\x01\x00\x01"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.settimeout(0.5)
+            s.sendto(q, ("127.0.0.1", self.port))
+            r = s.recv(512)
+        return socket.inet_ntoa(r[-4:]) if r[7] == 1 else None
+
     def set(self, records: dict):
         """Serve these names (name -> list of addresses) from now on."""
         self.hosts.write_text("".join(f"{ip} {name}\n" for name, ips in records.items() for ip in ips))
@@ -177,6 +187,23 @@ def test_variable_proxy_pass_as_nginx(tmp_path, dns, backends):
         ]:
             assert line in log and line in nlog, line
     dead.close()
+
+
+def test_answers_are_kept_for_valid(gannet, dns, backends):
+    """`valid=` keeps an answer past its TTL (dnsmasq's is 0); without it the next request
+    asks again."""
+    dns.set({"app.test": ["127.0.0.2"]})
+    wait_until(lambda: dns.address("app.test") == "127.0.0.2")
+    srv = gannet.start(server=f"""
+        location /kept/ {{ resolver 127.0.0.1:{dns.port} valid=300s; proxy_pass http://$arg_h:{backends}; }}
+        location /ttl/ {{ resolver 127.0.0.1:{dns.port}; proxy_pass http://$arg_h:{backends}; }}
+    """)
+    assert fetch(srv.port, "/kept/?h=app.test")[1].startswith("127.0.0.2 ")
+    assert fetch(srv.port, "/ttl/?h=app.test")[1].startswith("127.0.0.2 ")
+    dns.set({"app.test": ["127.0.0.3"]})
+    wait_until(lambda: dns.address("app.test") == "127.0.0.3")
+    assert fetch(srv.port, "/ttl/?h=app.test")[1].startswith("127.0.0.3 ")
+    assert fetch(srv.port, "/kept/?h=app.test")[1].startswith("127.0.0.2 ")
 
 
 def test_fastcgi_pass_with_variables_resolves(gannet, dns):
