@@ -221,12 +221,15 @@ def test_fastcgi_pass_with_variables_resolves(gannet, dns):
     assert "nope.test could not be resolved (3: Host not found)" in srv.error_log()
 
 
-def test_upstream_server_resolve_follows_dns(gannet, dns, backends):
+@pytest.mark.parametrize("where", ["http", "upstream"])
+def test_upstream_server_resolve_follows_dns(gannet, dns, backends, where):
     dns.set({"svc.test": ["127.0.0.2"]})
     wait_until(lambda: dns.answers("svc.test") == 0)
+    resolver = f"resolver 127.0.0.1:{dns.port} valid=1s; resolver_timeout 5s;"
+    http_level, block = (resolver, "") if where == "http" else ("", resolver)
     srv = gannet.start(http=f"""
-        resolver 127.0.0.1:{dns.port} valid=1s;
-        upstream dyn {{ zone dyn 64k; server svc.test:{backends} resolve; }}
+        {http_level}
+        upstream dyn {{ zone dyn 64k; {block} server svc.test:{backends} resolve; }}
     """, server="location / { proxy_pass http://dyn; }")
     assert fetch(srv.port, "/a") == (200, "127.0.0.2 /a\n")
     # The name moves: requests follow once the answer expires, without a reload.

@@ -22,7 +22,7 @@ use hickory_resolver::proto::xfer::Protocol;
 use hickory_resolver::proto::ProtoErrorKind;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// nginx's `resolver_timeout` default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -179,8 +179,13 @@ impl Resolver {
         })
     }
 
-    /// The addresses of `name`, within `timeout` (the location's `resolver_timeout`).
-    pub async fn lookup(&self, name: &str, timeout: Duration) -> Result<Vec<IpAddr>, Failure> {
+    /// The addresses of `name`, within `timeout` (the location's `resolver_timeout`), and
+    /// until when they hold (their TTL, or `valid=`).
+    pub async fn lookup(
+        &self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<(Vec<IpAddr>, Instant), Failure> {
         // A fully qualified name: no search domain is ever appended.
         let fqdn = if name.ends_with('.') {
             name.to_string()
@@ -197,7 +202,7 @@ impl Resolver {
         if addrs.is_empty() {
             return Err(Failure::NotFound);
         }
-        Ok(addrs)
+        Ok((addrs, lookup.valid_until()))
     }
 }
 

@@ -112,42 +112,56 @@ pub struct Resolving {
     port: u16,
     resolver: Arc<crate::resolver::Resolver>,
     timeout: Duration,
-    /// The last addresses found (kept when a name server fails, as nginx does).
-    last: std::sync::Mutex<Vec<IpAddr>>,
+    /// The last addresses found (kept when a name server fails, as nginx does) and until
+    /// when they hold.
+    last: std::sync::Mutex<(Vec<IpAddr>, Option<Instant>)>,
     /// Which of them the next request takes.
     turn: std::sync::atomic::AtomicUsize,
 }
 
 impl Resolving {
-    /// The address the next connection goes to, looked up again when the last answer has
-    /// expired (the resolver's cache keeps it until then); `None` while the name has no
-    /// address.
+    /// The address the next connection goes to, looked up again once the last answer has
+    /// expired; `None` while the name has no address.
     pub async fn addr(&self) -> Option<Addr> {
-        let found = self.resolver.lookup(&self.host, self.timeout).await;
-        let ips = {
-            let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-            match found {
-                Ok(ips) => *last = ips,
-                Err(crate::resolver::Failure::NotFound) => {
-                    if !last.is_empty() {
-                        crate::errlog::log(
-                            crate::errlog::Level::Error,
-                            format_args!("{} could not be resolved (3: Host not found)", self.host),
-                        );
-                    }
-                    last.clear();
-                }
-                Err(f) => crate::errlog::log(
-                    crate::errlog::Level::Error,
-                    format_args!("{} could not be resolved ({f})", self.host),
-                ),
-            }
-            last.clone()
+        let ip = |last: &(Vec<IpAddr>, Option<Instant>)| {
+            let ips = &last.0;
+            (!ips.is_empty()).then(|| ips[self.turn.fetch_add(1, Ordering::Relaxed) % ips.len()])
         };
-        if ips.is_empty() {
-            return None;
-        }
-        let ip = ips[self.turn.fetch_add(1, Ordering::Relaxed) % ips.len()];
+        let fresh = {
+            let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+            // Still valid: no lookup, no allocation.
+            last.1
+                .filter(|&until| Instant::now() < until)
+                .map(|_| ip(&last))
+        };
+        let ip = match fresh {
+            Some(ip) => ip,
+            None => {
+                let found = self.resolver.lookup(&self.host, self.timeout).await;
+                let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+                match found {
+                    Ok(got) => *last = (got.0, Some(got.1)),
+                    Err(crate::resolver::Failure::NotFound) => {
+                        if !last.0.is_empty() {
+                            crate::errlog::log(
+                                crate::errlog::Level::Error,
+                                format_args!(
+                                    "{} could not be resolved (3: Host not found)",
+                                    self.host
+                                ),
+                            );
+                        }
+                        *last = (Vec::new(), None);
+                    }
+                    Err(f) => crate::errlog::log(
+                        crate::errlog::Level::Error,
+                        format_args!("{} could not be resolved ({f})", self.host),
+                    ),
+                }
+                ip(&last)
+            }
+        };
+        let ip = ip?;
         Some(Addr::Tcp(
             std::net::SocketAddr::new(ip, self.port).to_string().into(),
         ))

@@ -1035,7 +1035,7 @@ async fn dynamic(req: &Request, b: Backend) -> Result<Backend, Flow> {
         .lookup(host, req.conf.core.resolver_timeout())
         .await
     {
-        Ok(ips) => {
+        Ok((ips, _)) => {
             let ip = ips[0];
             let addr = if ip.is_ipv6() {
                 format!("[{ip}]:{port}")
