@@ -160,13 +160,15 @@ CASES = [
     "/nores/a?h=app.test",
     "/name/a?h=missing.test",
     "/slow/a?h=app.test",
+    "/name/b?h=two.test",
 ]
 
 
 @pytest.mark.skipif(NGINX is None, reason="nginx is not installed")
 def test_variable_proxy_pass_as_nginx(tmp_path, dns, backends):
-    dns.set({"app.test": ["127.0.0.2"]})
-    wait_until(lambda: dns.answers("app.test") == 0)
+    # two.test's first address refuses: the next one answers.
+    dns.set({"app.test": ["127.0.0.2"], "two.test": ["127.0.0.4", "127.0.0.2"]})
+    wait_until(lambda: dns.answers("two.test") == 0)
     dead = silent_udp()
     with side_by_side(tmp_path, proxy_conf(dns.port, backends, dead.getsockname()[1])) as (srv, nginx_port):
         got = {p: fetch(srv.port, p) for p in CASES}
@@ -176,6 +178,7 @@ def test_variable_proxy_pass_as_nginx(tmp_path, dns, backends):
         assert got["/name/a?h=app.test"] == (200, "127.0.0.2 /name/a?h=app.test\n")
         assert got["/uri/x/y?z=1"] == (200, "127.0.0.2 /uri/x/y?z=1\n")
         assert got["/group/g?g=grp"][1].startswith("127.0.0.3 ")
+        assert got["/name/b?h=two.test"] == (200, "127.0.0.2 /name/b?h=two.test\n")
         for p in ["/nores/a?h=app.test", "/name/a?h=missing.test", "/slow/a?h=app.test"]:
             assert got[p][0] == 502
         log = srv.error_log()
@@ -186,6 +189,9 @@ def test_variable_proxy_pass_as_nginx(tmp_path, dns, backends):
             "app.test could not be resolved (110: Operation timed out)",
         ]:
             assert line in log and line in nlog, line
+        # Both tried the refusing address first, then the next.
+        assert 'connect() failed' in log and '"http://127.0.0.4:' in log
+        assert 'connect() failed' in nlog and '"http://127.0.0.4:' in nlog
     dead.close()
 
 
