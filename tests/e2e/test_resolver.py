@@ -212,6 +212,29 @@ def test_answers_are_kept_for_valid(gannet, dns, backends):
     assert fetch(srv.port, "/kept/?h=app.test")[1].startswith("127.0.0.2 ")
 
 
+@pytest.mark.skipif(NGINX is None, reason="nginx is not installed")
+def test_gateways_with_variables_as_nginx(tmp_path, dns):
+    """`fastcgi_pass`, `scgi_pass`, `uwsgi_pass` with variables: the same 502s and log lines."""
+    dns.set({"app.test": ["127.0.0.2"]})
+    wait_until(lambda: dns.answers("app.test") == 0)
+    locs = "".join(
+        f"location /{p}/ {{ {p}_pass $arg_h:1; }}\n"
+        f"location /r{p}/ {{ resolver 127.0.0.1:{dns.port}; {p}_pass $arg_h:1; }}\n"
+        for p in ("fastcgi", "scgi", "uwsgi"))
+    conf = PEER_MAIN + f"http {{ access_log off; server {{ listen 127.0.0.1:{{port}}; {locs} }} }}"
+    paths = [f"/{r}{p}/?h={h}" for p in ("fastcgi", "scgi", "uwsgi") for r in ("", "r")
+             for h in ("app.test", "gone.test")]
+    with side_by_side(tmp_path, conf) as (srv, nginx_port):
+        got = {p: fetch(srv.port, p)[0] for p in paths}
+        assert got == {p: fetch(nginx_port, p)[0] for p in paths}
+        assert set(got.values()) == {502}
+        log = srv.error_log()
+        nlog = (tmp_path / "nginx" / "error.log").read_text()
+        for line in ["no resolver defined to resolve app.test",
+                     "gone.test could not be resolved (3: Host not found)"]:
+            assert log.count(line) == nlog.count(line) > 0, line
+
+
 def test_fastcgi_pass_with_variables_resolves(gannet, dns):
     """`fastcgi_pass $var`: a name through the resolver, a missing one a 502 with nginx's line."""
     dns.set({"php.test": ["127.0.0.2"]})

@@ -227,3 +227,45 @@ pub fn is_literal(host: &str) -> bool {
         .parse::<IpAddr>()
         .is_ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn parsed(line: &str) -> Result<Resolver, String> {
+        let tree =
+            gannet_conf::parse_str(line, "t.conf", Path::new("/")).map_err(|e| e.to_string())?;
+        parse(&tree[0]).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn name_servers_default_to_port_53() {
+        let r = parsed("resolver 127.0.0.1 127.0.0.2:5353 [::1] [::1]:54 valid=30s;").unwrap();
+        let want: Vec<SocketAddr> = ["127.0.0.1:53", "127.0.0.2:5353", "[::1]:53", "[::1]:54"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        assert_eq!(r.servers, want);
+        assert_eq!(r.valid, Some(Duration::from_secs(30)));
+        assert_eq!(r.strategy, LookupIpStrategy::Ipv4AndIpv6);
+        assert_eq!(
+            parsed("resolver 127.0.0.1 ipv6=off;").unwrap().strategy,
+            LookupIpStrategy::Ipv4Only
+        );
+        assert_eq!(
+            parsed("resolver 127.0.0.1 ipv4=off;").unwrap().strategy,
+            LookupIpStrategy::Ipv6Only
+        );
+    }
+
+    #[test]
+    fn literals_need_no_lookup() {
+        for a in ["127.0.0.1", "::1", "[::1]", "[2001:db8::1]"] {
+            assert!(is_literal(a), "{a}");
+        }
+        for a in ["app.test", "localhost", "[app]", ""] {
+            assert!(!is_literal(a), "{a}");
+        }
+    }
+}
