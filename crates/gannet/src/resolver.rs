@@ -162,7 +162,9 @@ impl Resolver {
             opts.use_hosts_file = ResolveHosts::Never;
             // The names are looked up as written: no search list, no `ndots`.
             opts.ndots = 0;
-            opts.attempts = 2;
+            // nginx asks again every 5 s until `resolver_timeout` (30 s by default), which
+            // bounds every lookup from outside.
+            opts.attempts = 6;
             opts.timeout = Duration::from_secs(5);
             if let Some(v) = self.valid {
                 opts.positive_min_ttl = Some(v);
