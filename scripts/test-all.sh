@@ -11,13 +11,20 @@ cd "$(dirname "$0")/.."
 step() { printf '\n==> %s\n' "$*"; }
 
 step "system packages"
-pkgs=(curl openssl python3-yaml dpkg-dev libcrypt-dev nginx slowhttptest lighttpd lighttpd-mod-openssl h2o caddy apache2 apache2-utils libapache2-mod-php8.2 wrk nghttp2-client httperf siege iproute2 strace php-fpm uwsgi-core uwsgi-plugin-python3)
+pkgs=(curl openssl python3-yaml dpkg-dev libcrypt-dev nginx slowhttptest lighttpd lighttpd-mod-openssl h2o caddy apache2 apache2-utils libapache2-mod-php8.2 wrk nghttp2-client httperf siege iproute2 strace php-fpm uwsgi-core uwsgi-plugin-python3 dnsmasq)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+# Debian's dnsmasq starts a system DNS service on install; the tests run their own on a test
+# port (tests/e2e/test_resolver.py), and a service holding port 53 is not wanted.
+if [ -d /run/systemd/system ]; then
+  systemctl disable --now dnsmasq >/dev/null 2>&1 || true
+elif [ -f /run/dnsmasq/dnsmasq.pid ]; then
+  kill "$(cat /run/dnsmasq/dnsmasq.pid)" 2>/dev/null || true
 fi
 
 step "rust toolchain"

@@ -13,6 +13,7 @@ mod errlog;
 mod http;
 mod log_open;
 mod modules;
+mod resolver;
 mod runtime;
 mod syslog;
 mod tls;

@@ -12,6 +12,14 @@
 //! [`balance`]). As in nginx, `backup` servers go only with round robin and `least_conn`;
 //! unlike nginx, which warns and keeps the last, a second method in a block is an error.
 //!
+//! `server NAME resolve` (nginx 1.27.3's, with `zone` and a `resolver` in the block or in
+//! http): the name is looked up at run time through the resolver, again once its answer's
+//! TTL (or the resolver's `valid=`) has passed, so its addresses follow DNS without a
+//! reload; a name that stops existing leaves the server out until it resolves again, and a
+//! name server that fails keeps the last addresses, as in nginx. Unlike nginx, which makes
+//! each address a peer of its own, the addresses of one server share its weight and
+//! failure count and take turns ([`Resolving`]).
+//!
 //! Like nginx's, the state is per worker: no lock on the request path, and a worker that
 //! saw a server fail stops sending to it for `fail_timeout` on its own.
 //!
@@ -96,6 +104,71 @@ pub struct Server {
     pub slow_start: Option<Duration>,
     pub backup: bool,
     pub down: bool,
+    /// `resolve` with a name: its addresses are looked up at run time.
+    pub resolve: Option<Resolving>,
+}
+
+/// A `server NAME resolve`'s name and what it resolved to last.
+#[derive(Debug)]
+pub struct Resolving {
+    host: String,
+    port: u16,
+    resolver: Arc<crate::resolver::Resolver>,
+    timeout: Duration,
+    /// The last addresses found (kept when a name server fails, as nginx does) and until
+    /// when they hold.
+    last: std::sync::Mutex<(Vec<IpAddr>, Option<Instant>)>,
+    /// Which of them the next request takes.
+    turn: std::sync::atomic::AtomicUsize,
+}
+
+impl Resolving {
+    /// The address the next connection goes to, looked up again once the last answer has
+    /// expired; `None` while the name has no address.
+    pub async fn addr(&self) -> Option<Addr> {
+        let ip = |last: &(Vec<IpAddr>, Option<Instant>)| {
+            let ips = &last.0;
+            (!ips.is_empty()).then(|| ips[self.turn.fetch_add(1, Ordering::Relaxed) % ips.len()])
+        };
+        let fresh = {
+            let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+            // Still valid: no lookup, no allocation.
+            last.1
+                .filter(|&until| Instant::now() < until)
+                .map(|_| ip(&last))
+        };
+        let ip = match fresh {
+            Some(ip) => ip,
+            None => {
+                let found = self.resolver.lookup(&self.host, self.timeout).await;
+                let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+                match found {
+                    Ok(got) => *last = (got.0, Some(got.1)),
+                    Err(crate::resolver::Failure::NotFound) => {
+                        if !last.0.is_empty() {
+                            crate::errlog::log(
+                                crate::errlog::Level::Error,
+                                format_args!(
+                                    "{} could not be resolved (3: Host not found)",
+                                    self.host
+                                ),
+                            );
+                        }
+                        *last = (Vec::new(), None);
+                    }
+                    Err(f) => crate::errlog::log(
+                        crate::errlog::Level::Error,
+                        format_args!("{} could not be resolved ({f})", self.host),
+                    ),
+                }
+                ip(&last)
+            }
+        };
+        let ip = ip?;
+        Some(Addr::Tcp(
+            std::net::SocketAddr::new(ip, self.port).to_string().into(),
+        ))
+    }
 }
 
 #[derive(Debug)]
@@ -187,8 +260,11 @@ impl std::ops::Deref for Tried {
     }
 }
 
+/// The http level's `resolver` and `resolver_timeout`, for `server ... resolve`.
+pub type HttpResolver = (Option<Arc<crate::resolver::Resolver>>, Option<Duration>);
+
 /// Parse an `upstream` block.
-pub fn parse(d: &Directive) -> Result<Upstream, ConfError> {
+pub fn parse(d: &Directive, http: &HttpResolver) -> Result<Upstream, ConfError> {
     let mut up = Upstream {
         name: d.args[0].clone(),
         servers: Vec::new(),
@@ -201,6 +277,10 @@ pub fn parse(d: &Directive) -> Result<Upstream, ConfError> {
         health: Box::new([]),
     };
     let mut method_set = false;
+    let mut zone = false;
+    let (mut resolver, mut resolver_timeout) = (None, None);
+    // Servers with `resolve`: their names are looked up once the block's resolver is known.
+    let mut names = Vec::new();
     for s in d.block.as_deref().unwrap_or_default() {
         let nargs = |lo: usize, hi: usize| {
             if (lo..=hi).contains(&s.args.len()) {
@@ -214,8 +294,26 @@ pub fn parse(d: &Directive) -> Result<Upstream, ConfError> {
         };
         match s.name.as_str() {
             "server" => {
-                nargs(1, 8)?;
-                up.servers.push(parse_server(s)?);
+                nargs(1, 9)?;
+                let (srv, name) = parse_server(s)?;
+                if let Some(name) = name {
+                    names.push((up.servers.len(), name));
+                }
+                up.servers.push(srv);
+            }
+            "resolver" => {
+                if resolver.is_some() {
+                    return Err(s.error("\"resolver\" directive is duplicate"));
+                }
+                resolver = Some(Arc::new(crate::resolver::parse(s)?));
+            }
+            "resolver_timeout" => {
+                nargs(1, 1)?;
+                resolver_timeout = Some(Duration::from_millis(setters::msec_arg(s, 0)?));
+            }
+            "zone" => {
+                nargs(1, 2)?;
+                zone = true;
             }
             "keepalive" => {
                 nargs(1, 1)?;
@@ -248,7 +346,7 @@ pub fn parse(d: &Directive) -> Result<Upstream, ConfError> {
                 }
                 up.queue = Some((n, timeout));
             }
-            "keepalive_time" | "zone" => nargs(1, 2)?,
+            "keepalive_time" => nargs(1, 2)?,
             "least_conn" | "ip_hash" | "hash" | "random" => {
                 // nginx warns and keeps the last; one of two was surely not meant.
                 if std::mem::replace(&mut method_set, true) {
@@ -285,13 +383,49 @@ pub fn parse(d: &Directive) -> Result<Upstream, ConfError> {
     if !up.method.allows_slow_start() {
         refused("slow_start=", true)?;
     }
+    if !names.is_empty() {
+        let at = format!("{}:{}", d.loc.file, d.loc.line);
+        if !zone {
+            return Err(ConfError::bare(format!(
+                "resolving names at run time requires upstream \"{}\" in {at} to be in shared memory",
+                up.name
+            )));
+        }
+        let Some(resolver) = resolver.or_else(|| http.0.clone()) else {
+            return Err(ConfError::bare(format!(
+                "no resolver defined to resolve names at run time in upstream \"{}\" in {at}",
+                up.name
+            )));
+        };
+        let timeout = resolver_timeout
+            .or(http.1)
+            .unwrap_or(crate::resolver::DEFAULT_TIMEOUT);
+        for (i, (host, port)) in names {
+            up.servers[i].resolve = Some(Resolving {
+                host,
+                port,
+                resolver: resolver.clone(),
+                timeout,
+                last: Default::default(),
+                turn: Default::default(),
+            });
+        }
+    }
     up.method.finish(&up.servers);
     up.slow_start = up.servers.iter().any(|s| s.slow_start.is_some());
     up.health = up.servers.iter().map(|_| AtomicBool::new(true)).collect();
     Ok(up)
 }
 
-fn parse_server(s: &Directive) -> Result<Server, ConfError> {
+/// A `server` line, with the name and port to look up at run time for `resolve`.
+fn parse_server(s: &Directive) -> Result<(Server, Option<(String, u16)>), ConfError> {
+    let resolve = s.args[1..].iter().any(|a| a == "resolve");
+    if resolve && !s.args[0].contains(':') && !s.args[0].starts_with("unix:") {
+        // nginx's default port for a server without one.
+        let mut s = s.clone();
+        s.args[0].push_str(":80");
+        return parse_server(&s);
+    }
     let addr = Addr::parse(&s.args[0]).ok_or_else(|| {
         s.error(format!(
             "invalid address \"{}\" in \"server\" (host:port or unix:/path)",
@@ -307,6 +441,7 @@ fn parse_server(s: &Directive) -> Result<Server, ConfError> {
         slow_start: None,
         backup: false,
         down: false,
+        resolve: None,
     };
     for a in &s.args[1..] {
         let bad = || s.error(format!("invalid parameter \"{a}\""));
@@ -326,12 +461,19 @@ fn parse_server(s: &Directive) -> Result<Server, ConfError> {
             let ms = setters::msec(v).ok_or_else(bad)?;
             srv.slow_start = (ms > 0).then(|| Duration::from_millis(ms));
         } else if a == "resolve" {
-            // Accepted: names resolve when connecting.
+            // See the end: only names are looked up.
         } else {
             return Err(bad());
         }
     }
-    Ok(srv)
+    let name = match &srv.addr {
+        Addr::Tcp(a) if resolve => a
+            .rsplit_once(':')
+            .filter(|(h, _)| !crate::resolver::is_literal(h))
+            .and_then(|(h, p)| Some((h.to_string(), p.parse().ok()?))),
+        _ => None,
+    };
+    Ok((srv, name))
 }
 
 /// A connection to an upstream server: a socket, or TLS over one (`tls::client`).
@@ -675,7 +817,9 @@ mod tests {
         let src = format!("upstream u {{\n{body}\n}}");
         let tree =
             gannet_conf::parse_str(&src, "t.conf", Path::new("/")).map_err(|e| e.to_string())?;
-        parse(&tree[0]).map(Arc::new).map_err(|e| e.to_string())
+        parse(&tree[0], &(None, None))
+            .map(Arc::new)
+            .map_err(|e| e.to_string())
     }
 
     #[test]

@@ -295,10 +295,24 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
     };
     let mut conf = LocConf::default();
     let body = http.block.as_deref().unwrap_or_default();
+    // http's `resolver` before the groups: a `server ... resolve` without its own uses it.
+    let mut http_resolver: crate::upstream::HttpResolver = (None, None);
+    for d in body.iter() {
+        match d.name.as_str() {
+            "resolver" => {
+                http_resolver.0 = Some(Arc::new(crate::resolver::parse(d)?));
+            }
+            "resolver_timeout" if d.args.len() == 1 => {
+                let ms = gannet_conf::setters::msec_arg(d, 0)?;
+                http_resolver.1 = Some(std::time::Duration::from_millis(ms));
+            }
+            _ => {}
+        }
+    }
     // Groups first: a location may name one defined further down, as in nginx.
     for d in body.iter().filter(|d| d.name == "upstream") {
         check(d, Ctx::HTTP)?;
-        let up = crate::upstream::parse(d)?;
+        let up = crate::upstream::parse(d, &http_resolver)?;
         if lctx.upstreams.contains_key(&up.name) {
             return Err(d.error(format!("duplicate upstream \"{}\"", up.name)));
         }
@@ -321,6 +335,10 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
         |d: &&Directive| !matches!(d.name.as_str(), "server" | "upstream" | "match") && !is_zone(d);
     for d in body.iter().filter(is_zone).chain(body.iter().filter(rest)) {
         level_directive(cfg, d, &mut conf, &mut lctx, Ctx::HTTP)?;
+    }
+    if http_resolver.0.is_some() {
+        // One resolver (one cache of answers) for the groups and the locations.
+        conf.core.resolver = http_resolver.0.clone();
     }
     if conf.core.root.is_none() {
         // nginx's compiled-in default: `html` under the prefix.

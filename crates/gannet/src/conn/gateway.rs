@@ -822,6 +822,31 @@ async fn run_with(
     } else {
         pass.clone()
     };
+    // A destination with variables: its group, address, or a name to resolve now.
+    let backend = match backend {
+        Backend::Vars(v) => match v.eval(req) {
+            Ok(b) => dynamic(req, b).await,
+            Err((status, why)) => {
+                errlog::request(Level::Error, req, format_args!("{why}"));
+                return Outcome::Flow(Flow::Status(status));
+            }
+        },
+        b if proto == Proto::Http
+            && req
+                .conf
+                .proxy
+                .target
+                .as_deref()
+                .is_some_and(proxy::Target::vars) =>
+        {
+            dynamic(req, b).await
+        }
+        b => Ok((b, Vec::new())),
+    };
+    let (backend, spare) = match backend {
+        Ok(b) => b,
+        Err(flow) => return Outcome::Flow(flow),
+    };
     let from = match streamed {
         Some((src, _)) => Some(BodyFrom::Client(src)),
         None => file.map(BodyFrom::File),
@@ -839,18 +864,40 @@ async fn run_with(
         }),
     };
     let up = match backend {
-        Backend::Addr(addr) => {
-            let t0 = Instant::now();
-            let r = fresh(req, &via, &addr, &mut out).await;
-            record(req, &addr, attempt_status(r.as_ref()), t0);
-            return match r {
-                Ok(a) => outcome(req, c, a, addr, None, None),
-                Err(f) => Outcome::Flow(failed(req, via.scheme(), &addr, &f)),
-            };
+        Backend::Addr(mut addr) => {
+            // One address, or those a name resolved to: the next is tried after a failure
+            // as nginx's round robin over them does (`spare` is empty otherwise).
+            let start = Instant::now();
+            let mut t0 = start;
+            let mut spare = spare.into_iter();
+            let mut tries = 1u64;
+            loop {
+                let r = fresh(req, &via, &addr, &mut out).await;
+                let now = record(req, &addr, attempt_status(r.as_ref()), t0);
+                let f = match r {
+                    Ok(a) => return outcome(req, c, a, addr, None, None),
+                    Err(f) => f,
+                };
+                let flow = failed(req, via.scheme(), &addr, &f);
+                let more = !out.started()
+                    && !matches!(f, Failure::Client(_))
+                    && retryable(&f, c, req)
+                    && c.next_upstream_tries.is_none_or(|n| n == 0 || tries < n)
+                    && c.next_upstream_timeout
+                        .is_none_or(|t| t.is_zero() || now.duration_since(start) < t);
+                match spare.next() {
+                    Some(next) if more => {
+                        addr = next;
+                        t0 = now;
+                        tries += 1;
+                    }
+                    _ => return Outcome::Flow(flow),
+                }
+            }
         }
         Backend::Group(up) => up,
         // A URL with variables was evaluated above into an address or a group.
-        Backend::Dynamic => return Outcome::Flow(Flow::Status(500)),
+        Backend::Dynamic | Backend::Vars(_) => return Outcome::Flow(Flow::Status(500)),
     };
     let keep = match proto {
         Proto::FastCgi => req.conf.fastcgi.keep_conn(),
@@ -898,7 +945,19 @@ async fn run_with(
             }
         };
         tried.push(i);
-        let addr = &up.servers[i].addr;
+        // `server NAME resolve`: its current address; none while the name has none, and the
+        // next server is tried (nginx has no peer for it then).
+        let resolved;
+        let addr = match &up.servers[i].resolve {
+            None => &up.servers[i].addr,
+            Some(r) => match r.addr().await {
+                Some(a) => {
+                    resolved = a;
+                    &resolved
+                }
+                None => continue,
+            },
+        };
         let idle = if keep {
             w.upstreams.take_idle(&up, i, via.kind(), now)
         } else {
@@ -970,6 +1029,53 @@ async fn run_with(
                     return Outcome::Flow(flow);
                 }
             }
+        }
+    }
+}
+
+/// A backend named by variables: a `host:port` whose host is a name is looked up through
+/// the location's `resolver` (nginx's `ngx_http_upstream_init_request`); the first address
+/// found is used, the others (returned apart) are tried after it fails. A name without a
+/// resolver, or one that does not resolve, is a 502.
+async fn dynamic(req: &Request, b: Backend) -> Result<(Backend, Vec<Addr>), Flow> {
+    let Backend::Addr(Addr::Tcp(a)) = &b else {
+        return Ok((b, Vec::new()));
+    };
+    let Some((host, port)) = a.rsplit_once(':') else {
+        return Ok((b, Vec::new()));
+    };
+    if crate::resolver::is_literal(host) {
+        return Ok((b, Vec::new()));
+    }
+    let Some(resolver) = &req.conf.core.resolver else {
+        errlog::request(
+            Level::Error,
+            req,
+            format_args!("no resolver defined to resolve {host}"),
+        );
+        return Err(Flow::Status(502));
+    };
+    match resolver
+        .lookup(host, req.conf.core.resolver_timeout())
+        .await
+    {
+        Ok((ips, _)) => {
+            let port: u16 = port.parse().unwrap_or(80);
+            let mut addrs = ips
+                .into_iter()
+                .map(|ip| Addr::Tcp(std::net::SocketAddr::new(ip, port).to_string().into()));
+            match addrs.next() {
+                Some(first) => Ok((Backend::Addr(first), addrs.collect())),
+                None => Err(Flow::Status(502)),
+            }
+        }
+        Err(f) => {
+            errlog::request(
+                Level::Error,
+                req,
+                format_args!("{host} could not be resolved ({f})"),
+            );
+            Err(Flow::Status(502))
         }
     }
 }

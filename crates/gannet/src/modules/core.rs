@@ -7,7 +7,8 @@
 //! `keepalive_time`, `sendfile`, `tcp_nopush`, `tcp_nodelay`, `server_tokens`,
 //! `log_not_found`, `absolute_redirect`, `port_in_redirect`, `server_name_in_redirect`,
 //! `merge_slashes`, `underscores_in_headers`, `ignore_invalid_headers`, `max_ranges`,
-//! `chunked_transfer_encoding`, `disable_symlinks`.
+//! `chunked_transfer_encoding`, `disable_symlinks`, `resolver`, `resolver_timeout` (the
+//! name servers for names met at run time: `crate::resolver`).
 
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::http::variables::Template;
@@ -143,6 +144,18 @@ pub const DIRECTIVES: &[Spec] = &[
         block: false,
     },
     Spec {
+        name: "resolver",
+        ctx: HSL,
+        args: Args::AtLeast(1),
+        block: false,
+    },
+    Spec {
+        name: "resolver_timeout",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
         name: "merge_slashes",
         ctx: HS,
         args: Args::Exactly(1),
@@ -217,6 +230,9 @@ pub struct CoreConf {
     pub max_ranges: Option<u32>,
     pub chunked_transfer_encoding: Option<bool>,
     pub disable_symlinks: Option<(SymlinkMode, Option<Template>)>,
+    /// `resolver`: the name servers for names met at run time.
+    pub resolver: Option<std::sync::Arc<crate::resolver::Resolver>>,
+    pub resolver_timeout: Option<Duration>,
 }
 
 impl CoreConf {
@@ -249,7 +265,9 @@ impl CoreConf {
             ignore_invalid_headers,
             max_ranges,
             chunked_transfer_encoding,
-            disable_symlinks
+            disable_symlinks,
+            resolver,
+            resolver_timeout
         );
     }
 
@@ -260,6 +278,10 @@ impl CoreConf {
         self.root
             .as_ref()
             .unwrap_or_else(|| HTML.get_or_init(|| Template::literal("html")))
+    }
+    pub fn resolver_timeout(&self) -> Duration {
+        self.resolver_timeout
+            .unwrap_or(crate::resolver::DEFAULT_TIMEOUT)
     }
     pub fn client_max_body_size(&self) -> u64 {
         self.client_max_body_size.unwrap_or(1024 * 1024)
@@ -428,6 +450,15 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
                 return Err(dup(d));
             }
             c.disable_symlinks = Some(disable_symlinks(d)?);
+        }
+        "resolver" => {
+            if c.resolver.is_some() {
+                return Err(dup(d));
+            }
+            c.resolver = Some(std::sync::Arc::new(crate::resolver::parse(d)?));
+        }
+        "resolver_timeout" => {
+            c.resolver_timeout = Some(Duration::from_millis(setters::msec_arg(d, 0)?));
         }
         _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
     }

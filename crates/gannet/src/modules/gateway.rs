@@ -129,6 +129,34 @@ pub enum Backend {
     Group(Arc<Upstream>),
     /// Known per request: a `proxy_pass` URL with variables.
     Dynamic,
+    /// Known per request: a `fastcgi_pass` (`scgi_pass`, `uwsgi_pass`) with variables.
+    Vars(Arc<PassVars>),
+}
+
+/// A `*_pass` address with variables and the groups its value may name.
+#[derive(Debug)]
+pub struct PassVars {
+    pub value: Template,
+    pub groups: std::collections::HashMap<String, Arc<Upstream>>,
+}
+
+impl PassVars {
+    /// The backend this request's value names, as nginx reads it (`ngx_http_fastcgi_eval`):
+    /// a group, a unix socket, or `host:port` whose host may still need resolving; `Err`
+    /// with the status and the log line for a value that is none of them.
+    pub fn eval(&self, req: &Request) -> Result<Backend, (u16, String)> {
+        let v = self.value.eval(req, None);
+        if let Some(up) = self.groups.get(&v) {
+            return Ok(Backend::Group(up.clone()));
+        }
+        match Addr::parse(&v) {
+            Some(a) => Ok(Backend::Addr(a)),
+            None if v.starts_with("unix:") || v.is_empty() => {
+                Err((500, format!("invalid URL in upstream \"{v}\"")))
+            }
+            None => Err((502, format!("no port in upstream \"{v}\""))),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -454,7 +482,11 @@ pub fn set(
 
 fn parse_backend(d: &Directive, a: &str, ctx: &LoadCtx) -> Result<Backend, ConfError> {
     if a.contains('$') {
-        return Err(d.error(format!("variables in \"{}\" are not supported yet", d.name)));
+        let value = Template::compile(a).map_err(|e| d.error(e))?;
+        return Ok(Backend::Vars(Arc::new(PassVars {
+            value,
+            groups: ctx.upstreams.clone(),
+        })));
     }
     if let Some(up) = ctx.upstreams.get(a) {
         return Ok(Backend::Group(up.clone()));

@@ -314,6 +314,11 @@ pub fn parse_url(url: &str, groups: &HashMap<String, Arc<Upstream>>) -> Result<D
 }
 
 impl Target {
+    /// Whether the URL has variables (its host is known per request).
+    pub fn vars(&self) -> bool {
+        matches!(self, Target::Vars(..))
+    }
+
     /// Where this request goes: borrowed from the config for a fixed URL (no copy per
     /// request), made for the request from a URL with variables; `Err` with the reason for
     /// the log when that is not a valid one.

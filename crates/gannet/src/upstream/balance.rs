@@ -526,6 +526,7 @@ mod tests {
             slow_start: None,
             backup: false,
             down: false,
+            resolve: None,
         }
     }
 
