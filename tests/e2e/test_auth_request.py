@@ -27,7 +27,7 @@ def auth_service(conn, head, body):
     method = lines[0].split()[0]
     if method != "GET" or body:
         conn.sendall(rawapps.http_answer(b"", "400 Bad Request"))
-    elif what in ("ok", "static", "any", "ok-basic", "h2") or (what == "bearer" and headers.get("authorization") == "Bearer good"):
+    elif what in ("ok", "static", "any", "ok-basic", "h2", "var") or (what == "bearer" and headers.get("authorization") == "Bearer good"):
         # A body nobody should see: the subrequest's body is dropped.
         conn.sendall(rawapps.http_answer(b"auth body\n", headers="X-Auth-User: alice\r\nX-Auth-Groups: admins\r\n"))
     elif what in ("bearer", "u401", "any401"):
@@ -60,7 +60,22 @@ http {
     server {
         listen 127.0.0.1:{port};
         server_name main.test;
+        # Authelia's snippets: the auth service's URL in a server-level variable, which the
+        # subrequest sees; what its location sets, the main request sees.
+        set $auth_url http://127.0.0.1:AUTHPORT/check;
 
+        location = /auth-var {
+            internal;
+            set $from_sub "set in the subrequest";
+            proxy_pass $auth_url;
+            proxy_set_header X-Original-URI $request_uri;
+        }
+        location /var/ {
+            auth_request /auth-var;
+            auth_request_set $user $upstream_http_x_auth_user;
+            add_header X-User $user;
+            add_header X-From-Sub $from_sub;
+        }
         location = /auth {
             internal;
             proxy_pass http://127.0.0.1:AUTHPORT/check;
@@ -135,6 +150,7 @@ FILES = {
     "any401/page.txt": "any401 page\n",
     "file/page.txt": "file page\n",
     "nofile/page.txt": "nofile page\n",
+    "var/x": "var page\n",
 }
 
 
@@ -166,9 +182,10 @@ SENT = [
     req("/all/page.txt"),
     req("/any401/page.txt"),
     req("/ok-basic/x"),
+    req("/var/x"),
 ]
 
-COMPARED = ["www-authenticate", "x-user", "content-type", "location"]
+COMPARED = ["www-authenticate", "x-user", "content-type", "location", "x-from-sub"]
 
 
 def config(app_port: int, auth_port: int) -> str:
@@ -212,6 +229,8 @@ def test_same_answers_as_nginx(tmp_path, apps):
     assert got["GET /all/page.txt"].status == 403
     assert got["GET /ok-basic/x"].status == 200
     assert got["GET /any-allowed/page.txt"].status == 200
+    assert got["GET /var/x"].headers["x-user"] == "alice"
+    assert got["GET /var/x"].headers["x-from-sub"] == "set in the subrequest"
 
 
 def test_subrequest_is_a_bodiless_get_with_the_clients_headers(gannet, apps):

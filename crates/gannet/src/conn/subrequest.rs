@@ -42,7 +42,11 @@ pub async fn auth(w: &Worker, main: &Request, sub: &mut Subrequest) {
     // Limited (or not) with the request it serves, as nginx's subrequests are.
     r.limit_req_status = main.limit_req_status;
     r.limit_conn_status = main.limit_conn_status;
+    // The variables are the main request's (a server-level `set` naming the auth
+    // service's URL, as Authelia's snippets do), and what the subrequest sets is seen after.
+    r.vars.copy_from(&main.vars);
     let resp = answer(w, &mut r).await;
+    main.vars.copy_from(&r.vars);
     let mut headers = resp.headers;
     // The gateway keeps these apart from the other headers.
     if let Some(ct) = resp.content_type {

@@ -242,6 +242,12 @@ enum Missing {
 }
 
 impl Values {
+    /// Take `other`'s values: a subrequest and its main request see one set of variables,
+    /// as nginx's share one array (`sr->variables = r->variables`).
+    pub fn copy_from(&self, other: &Values) {
+        self.0.borrow_mut().clone_from(&other.0.borrow());
+    }
+
     pub fn set(&self, idx: u32, value: String) {
         self.put(idx, Slot::Value(value));
     }
