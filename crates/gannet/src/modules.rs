@@ -37,6 +37,7 @@ pub mod rewrite;
 pub mod scgi;
 pub mod secure_link;
 pub mod split_clients;
+pub mod ssi;
 pub mod static_files;
 pub mod sub_filter;
 pub mod tls;
@@ -198,6 +199,10 @@ pub const MODULES: &[Module] = &[
         set: sub_filter::set,
     },
     Module {
+        directives: ssi::DIRECTIVES,
+        set: ssi::set,
+    },
+    Module {
         directives: map::DIRECTIVES,
         set: map::set,
     },
@@ -326,6 +331,7 @@ pub struct LocConf {
     pub fastcgi: fastcgi::FastCgiConf,
     pub compress: compress::CompressConf,
     pub sub_filter: sub_filter::SubFilterConf,
+    pub ssi: ssi::SsiConf,
     pub scgi: gateway::GatewayConf,
     pub uwsgi: uwsgi::UwsgiConf,
     pub proxy: proxy::ProxyConf,
@@ -365,6 +371,7 @@ impl LocConf {
         self.fastcgi.merge(&parent.fastcgi);
         self.compress.merge(&parent.compress);
         self.sub_filter.merge(&parent.sub_filter);
+        self.ssi.merge(&parent.ssi);
         self.scgi.merge(&parent.scgi);
         self.uwsgi.merge(&parent.uwsgi);
         self.proxy.merge(&parent.proxy);

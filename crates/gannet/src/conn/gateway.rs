@@ -1668,7 +1668,7 @@ fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
         if name.eq_ignore_ascii_case("x-accel-limit-rate") && !c.ignores("x-accel-limit-rate") {
             // nginx takes a number of bytes per second and ignores anything else.
             if let Some(n) = gannet_conf::setters::num(value.trim()) {
-                resp.limit_rate = Some(n);
+                resp.limit_rate = Some(u32::try_from(n).unwrap_or(u32::MAX));
             }
         }
         if name.eq_ignore_ascii_case("content-type") {

@@ -19,6 +19,7 @@ pub mod request_body;
 pub mod send;
 pub mod source;
 pub mod spool;
+pub mod ssi;
 pub mod subrequest;
 pub mod temp_file;
 pub mod tls_stream;

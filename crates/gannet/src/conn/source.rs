@@ -6,7 +6,7 @@ use super::gateway::Streaming;
 use crate::errlog::{self, Level};
 use crate::http::request::Request;
 use crate::http::response::{Body, Part, Response};
-use crate::modules::{charset, sub_filter};
+use crate::modules::{charset, ssi, sub_filter};
 use crate::runtime::worker::Worker;
 use bytes::Bytes;
 use std::collections::VecDeque;
@@ -18,6 +18,8 @@ const PIECE: u64 = 64 * 1024;
 pub enum Source {
     App(Box<Streaming>),
     Parts(VecDeque<Part>),
+    /// Another source's pieces parsed for SSI commands (`conn::ssi` runs its includes).
+    Ssi(Box<super::ssi::Included>),
     /// Another source's pieces rewritten by `sub_filter`.
     Sub(Box<Source>, Box<sub_filter::Stream>),
     /// Another source's pieces recoded by the charset module.
@@ -28,9 +30,27 @@ impl Source {
     /// `self` rewritten by the response's `sub_filter` strings, then recoded to its
     /// charset, if it has either (HTTP/1 and HTTP/2 both send streamed bodies through here).
     pub fn filtered(self, resp: &mut Response) -> Source {
-        let s = match resp.sub_filter.take() {
-            Some(p) => Source::Sub(Box::new(self), Box::new(sub_filter::Stream::new(p))),
+        self.filtered_in(resp, None)
+    }
+
+    /// [`filtered`](Source::filtered) for a body that is part of an SSI page (`within`: the
+    /// page's shared SSI state and how deep the include is).
+    pub fn filtered_in(
+        self,
+        resp: &mut Response,
+        within: Option<(std::rc::Rc<std::cell::RefCell<ssi::Shared>>, u8)>,
+    ) -> Source {
+        let s = match resp.ssi.take() {
+            Some(setup) => {
+                let (shared, depth) = within.map_or((None, 0), |(s, d)| (Some(s), d));
+                let stream = ssi::Stream::new(setup, shared, depth);
+                Source::Ssi(Box::new(super::ssi::Included::new(self, stream)))
+            }
             None => self,
+        };
+        let s = match resp.sub_filter.take() {
+            Some(p) => Source::Sub(Box::new(s), Box::new(sub_filter::Stream::new(p))),
+            None => s,
         };
         match resp.charset.take() {
             Some(r) => Source::Recode(Box::new(s), Box::new(charset::Stream::new(r))),
@@ -40,7 +60,11 @@ impl Source {
 
     /// A body at hand that must still be streamed: compressed or rewritten while sent.
     pub fn from_body(resp: &mut Response) -> Option<Source> {
-        if resp.encode.is_none() && resp.sub_filter.is_none() && resp.charset.is_none() {
+        if resp.encode.is_none()
+            && resp.ssi.is_none()
+            && resp.sub_filter.is_none()
+            && resp.charset.is_none()
+        {
             return None;
         }
         Some(Source::whole(resp))
@@ -56,15 +80,17 @@ impl Source {
     }
 
     /// The next piece; `Ok(None)` at the end. An error is logged and cuts the body short.
-    pub async fn next(&mut self, req: &Request) -> Result<Option<Bytes>, ()> {
+    pub async fn next(&mut self, w: &Worker, req: &Request) -> Result<Option<Bytes>, ()> {
         match self {
             Source::App(s) => s.next(req).await,
+            // Boxed: the page's includes are sources of this same function.
+            Source::Ssi(inc) => Box::pin(inc.next(w, req)).await,
             Source::Sub(inner, sub) => loop {
                 if sub.ended() {
                     return Ok(None);
                 }
                 // Boxed: the inner source's future is of this same function.
-                let piece = Box::pin(inner.next(req)).await?;
+                let piece = Box::pin(inner.next(w, req)).await?;
                 let last = piece.is_none();
                 let out = sub.feed(piece.as_deref().unwrap_or_default(), last);
                 // Nothing may come out of a piece that only began a match: read on.
@@ -76,7 +102,7 @@ impl Source {
                 if rec.ended() {
                     return Ok(None);
                 }
-                let piece = Box::pin(inner.next(req)).await?;
+                let piece = Box::pin(inner.next(w, req)).await?;
                 let last = piece.is_none();
                 let out = rec.feed(piece.as_deref().unwrap_or_default(), last);
                 // A piece that held only part of a character gives nothing yet: read on.
@@ -130,6 +156,7 @@ impl Source {
             Source::App(_) => true,
             Source::Parts(_) => false,
             Source::Sub(inner, _) | Source::Recode(inner, _) => inner.may_pause(),
+            Source::Ssi(inc) => inc.may_pause(),
         }
     }
 
@@ -140,6 +167,7 @@ impl Source {
             Source::App(s) => s.at_hand(),
             Source::Parts(_) => true,
             Source::Sub(inner, _) | Source::Recode(inner, _) => inner.at_hand(),
+            Source::Ssi(inc) => inc.at_hand(),
         }
     }
 
@@ -157,6 +185,7 @@ impl Source {
             Source::Sub(inner, _) | Source::Recode(inner, _) => {
                 Box::pin(inner.alongside(w, req, send)).await
             }
+            Source::Ssi(inc) => Box::pin(inc.alongside(w, req, send)).await,
         }
     }
 
@@ -165,6 +194,7 @@ impl Source {
         match self {
             Source::App(s) => s.finish(w),
             Source::Sub(inner, _) | Source::Recode(inner, _) => inner.finish(w),
+            Source::Ssi(inc) => inc.finish(w),
             Source::Parts(_) => {}
         }
     }

@@ -1,12 +1,13 @@
-//! `auth_request`'s subrequest (see `modules::auth_request`): a GET without a body, with the
-//! client's headers, through the request phases from the auth URI as an internal request
-//! (so `internal` locations take it), skipping the access phase as nginx's subrequests do.
-//! What it answered (status and headers) goes back to the phases; its body is dropped.
+//! Subrequests: a GET without a body, with the client's headers, through the request phases
+//! from a URI as an internal request (so `internal` locations take it), skipping the access
+//! phase as nginx's subrequests do. `auth_request`'s (see `modules::auth_request`): what it
+//! answered (status and headers) goes back to the phases, its body is dropped. SSI's
+//! `include` (see `conn::ssi`): its answer with its body, to be sent within the page.
 //!
 //! It runs inside `handler::settle`, which HTTP/1 and HTTP/2 both call, so there is one
 //! code path for both protocols.
 
-use super::gateway::{self, Outcome};
+use super::gateway::{self, Outcome, Streaming};
 use crate::http::handler::{self, Flow, Handled};
 use crate::http::request::Request;
 use crate::http::response::Response;
@@ -20,31 +21,7 @@ pub async fn auth(w: &Worker, main: &Request, sub: &mut Subrequest) {
         Some((p, a)) => (p.to_string(), (!a.is_empty()).then(|| a.to_string())),
         None => (sub.uri.to_string(), None),
     };
-    let mut head = main.head.clone();
-    // A GET without a body whatever the client's method: the body is not read yet, and a
-    // HEAD would make the gateway expect an answer without one.
-    head.method = Method::Get;
-    head.body = BodyKind::None;
-    let mut r = Request::new(
-        head,
-        main.conn.clone(),
-        main.server.clone(),
-        uri,
-        args,
-        main.host.clone(),
-    );
-    r.internal = true;
-    r.subrequest = true;
-    r.method_override = Some(Method::Get);
-    // $request_uri stays the client's (X-Original-URI); $uri is the auth URI.
-    r.uri_changed = true;
-    r.real_peer = main.real_peer;
-    // Limited (or not) with the request it serves, as nginx's subrequests are.
-    r.limit_req_status = main.limit_req_status;
-    r.limit_conn_status = main.limit_conn_status;
-    // The variables are the main request's (a server-level `set` naming the auth
-    // service's URL, as Authelia's snippets do), and what the subrequest sets is seen after.
-    r.vars.copy_from(&main.vars);
+    let mut r = request(main, uri, args);
     let resp = answer(w, &mut r).await;
     main.vars.copy_from(&r.vars);
     let mut headers = resp.headers;
@@ -64,43 +41,83 @@ pub async fn auth(w: &Worker, main: &Request, sub: &mut Subrequest) {
     };
 }
 
-/// The subrequest's answer, its body read off (an application's) or dropped.
-async fn answer(w: &Worker, r: &mut Request) -> Response {
+/// A subrequest of `main` for `uri` (a path) and `args`.
+pub fn request(main: &Request, uri: String, args: Option<String>) -> Request {
+    let mut head = main.head.clone();
+    // A GET without a body whatever the client's method: the body is not read yet, and a
+    // HEAD would make the gateway expect an answer without one.
+    head.method = Method::Get;
+    head.body = BodyKind::None;
+    let mut r = Request::new(
+        head,
+        main.conn.clone(),
+        main.server.clone(),
+        uri,
+        args,
+        main.host.clone(),
+    );
+    r.internal = true;
+    r.subrequest = true;
+    r.method_override = Some(Method::Get);
+    // $request_uri stays the client's (X-Original-URI); $uri is the subrequest's URI.
+    r.uri_changed = true;
+    r.real_peer = main.real_peer;
+    // Limited (or not) with the request it serves, as nginx's subrequests are.
+    r.limit_req_status = main.limit_req_status;
+    r.limit_conn_status = main.limit_conn_status;
+    // The variables are the main request's (a server-level `set` naming the auth
+    // service's URL, as Authelia's snippets do); the caller takes back what it set.
+    r.vars.copy_from(&main.vars);
+    r
+}
+
+/// Run `r` through the phases (and its application): its answer, with the application's
+/// body still to read when it is streamed (its headers then went through the filters).
+pub async fn run(w: &Worker, r: &mut Request) -> (Response, Option<Box<Streaming>>) {
     let first = handler::resume(r, w, Flow::Next);
     let mut handled = handler::settle(r, w, first).await;
     loop {
         match handled {
-            Handled::Respond(resp) => return resp,
+            Handled::Respond(resp) => return (resp, None),
             // `return 444` and a 101 are no answer to an authentication question: a 500
             // follows, as for any status that is neither 2xx, 401 nor 403.
-            Handled::Close => return Response::new(444),
+            Handled::Close => return (Response::new(444), None),
             Handled::Delay(_) | Handled::AuthRequest(_) => {
                 handled = handler::settle(r, w, handled).await
             }
             Handled::Gateway => {
                 let flow = match gateway::run(w, r).await {
                     Outcome::Flow(f) => f,
-                    Outcome::Stream(resp, mut s) => {
-                        // Read to its end (an authentication answer is short), so that a
-                        // kept-alive upstream connection can serve the next check.
-                        loop {
-                            match s.next(r).await {
-                                Ok(Some(_)) => {}
-                                Ok(None) => {
-                                    s.finish(w);
-                                    break;
-                                }
-                                // Cut short: the connection is not reused; the status
-                                // stands, as the head came whole.
-                                Err(()) => break,
-                            }
-                        }
-                        return resp;
+                    Outcome::Stream(mut resp, s) => {
+                        handler::finish_streamed(r, &mut resp);
+                        return (resp, Some(s));
                     }
-                    Outcome::Upgrade(resp, _) => return resp,
+                    Outcome::Upgrade(resp, _) => return (resp, None),
                 };
                 handled = handler::resume(r, w, flow);
             }
         }
     }
+}
+
+/// The subrequest's answer, its body read off (an application's) or dropped.
+async fn answer(w: &Worker, r: &mut Request) -> Response {
+    let (resp, streamed) = run(w, r).await;
+    if let Some(mut s) = streamed {
+        // Read to its end (an authentication answer is short), so that a kept-alive
+        // upstream connection can serve the next check.
+        loop {
+            match s.next(r).await {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    s.finish(w);
+                    break;
+                }
+                // Cut short: the connection is not reused; the status stands, as the
+                // head came whole.
+                Err(()) => break,
+            }
+        }
+    }
+    resp
 }

@@ -45,7 +45,8 @@ pub enum Plan {
 /// `len` is the body's length when known.
 pub fn plan(req: &Request, resp: &Response, len: Option<u64>) -> Plan {
     let conf = &req.conf.compress;
-    if !conf.any_enabled() || !matches!(resp.status, 200 | 403 | 404) {
+    // A subrequest's body goes into its parent's, compressed (or not) with it, as nginx.
+    if req.subrequest || !conf.any_enabled() || !matches!(resp.status, 200 | 403 | 404) {
         return Plan::Skip;
     }
     let Some(ct) = resp.content_type.as_deref() else {

@@ -15,7 +15,7 @@
 //!    `index`, `autoindex`, static files
 //! 7. errors: `error_page` redirect, else the built-in page
 //! 8. filters: `expires` / `add_header`, then conditional requests and ranges, then
-//!    `sub_filter`, then `charset`, then compression (gzip, Brotli, zstd)
+//!    `ssi`, then `sub_filter`, then `charset`, then compression (gzip, Brotli, zstd)
 //!
 //! Each handler returns a [`Flow`], like nginx's NGX_DECLINED / NGX_OK / status codes.
 //! The phases are synchronous; an application's answer is awaited by the connection, which
@@ -32,7 +32,7 @@ use crate::modules::auth_request::Subrequest;
 use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{
-    access, autoindex, charset, gateway, headers, index, limit_conn, limit_zone, realip,
+    access, autoindex, charset, gateway, headers, index, limit_conn, limit_zone, realip, ssi,
     static_files, sub_filter, try_files, userid,
 };
 use crate::runtime::worker::Worker;
@@ -125,7 +125,7 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
     finish(req, &mut resp);
     // sub_filter's length is not known before it is sent; it is set up after the
     // conditional filter, which must see the validators it may remove.
-    let sub = sub_filter::applies(req, &resp, false);
+    let sub = sub_filter::applies(req, &resp, false) || ssi::applies(req, &resp, false);
     if sub {
         resp.accept_ranges = false;
     }
@@ -137,10 +137,11 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
         conditional::filter(req, &mut resp);
     }
     if sub {
+        ssi::start(req, &mut resp, false);
         sub_filter::start(req, &mut resp, false);
     }
     charset::start(req, &mut resp);
-    let rewritten = resp.sub_filter.is_some() || resp.charset.is_some();
+    let rewritten = resp.ssi.is_some() || resp.sub_filter.is_some() || resp.charset.is_some();
     compress::apply(req, &mut resp, plan, rewritten);
     Handled::Respond(resp)
 }
@@ -168,6 +169,7 @@ pub async fn settle(req: &mut Request, w: &Worker, mut handled: Handled) -> Hand
 /// it declared one) and its body comes later, compressed on the way if the filter says so.
 pub fn finish_streamed(req: &mut Request, resp: &mut Response) {
     finish(req, resp);
+    ssi::start(req, resp, true);
     sub_filter::start(req, resp, true);
     charset::start(req, resp);
     let plan = compress::plan(req, resp, resp.content_length);

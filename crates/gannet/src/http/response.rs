@@ -113,10 +113,13 @@ pub struct Response {
     /// streamed answer; in-memory bodies are compressed before).
     pub encode: Option<(Coding, u32)>,
     /// An application's `X-Accel-Limit-Rate` (bytes per second; 0 lifts the limit).
-    pub limit_rate: Option<u64>,
+    /// (A u32: 4 GiB/s is no limit in practice, and it keeps `Response` small.)
+    pub limit_rate: Option<u32>,
     /// Rewrite the body with these `sub_filter` strings while sending it (streamed, before
     /// `encode`).
     pub sub_filter: Option<Rc<crate::modules::sub_filter::Patterns>>,
+    /// Parse the body for SSI commands while sending it (before `sub_filter`).
+    pub ssi: Option<crate::modules::ssi::Setup>,
     /// Recode the body to the charset its Content-Type names while sending it (after
     /// `sub_filter`, before `encode`), as the charset module set it up.
     pub charset: Option<Rc<crate::modules::charset::Recode>>,

@@ -86,6 +86,9 @@ pub enum Var {
     LimitRate,
     Msec,
     TimeLocal,
+    /// The SSI module's `$date_local` / `$date_gmt` (in its default `timefmt` outside a page).
+    DateLocal,
+    DateGmt,
     TimeIso8601,
     Pid,
     Version,
@@ -238,6 +241,8 @@ impl Var {
             "connection_requests" => Var::ConnectionRequests,
             "msec" => Var::Msec,
             "time_local" => Var::TimeLocal,
+            "date_local" => Var::DateLocal,
+            "date_gmt" => Var::DateGmt,
             "time_iso8601" => Var::TimeIso8601,
             "pid" => Var::Pid,
             "nginx_version" | "gannet_version" => Var::Version,
@@ -365,6 +370,26 @@ impl Sent<'_> {
             out.push_str(v);
         }
     }
+}
+
+/// The value of the built-in variable `name` for `req` at run time (SSI's `echo` and
+/// expressions): `None` when there is no such variable, or when a header, argument or
+/// cookie variable names none that is there (nginx's "not found").
+pub fn lookup(name: &str, req: &Request) -> Option<String> {
+    let var = Var::from_name(name)?;
+    let mut out = String::new();
+    append(&mut out, &var, req, None, &req.captures);
+    let absent = out.is_empty()
+        && matches!(
+            var,
+            Var::Capture(_)
+                | Var::Arg(_)
+                | Var::Http(_)
+                | Var::Cookie(_)
+                | Var::SentHttp(_)
+                | Var::UpstreamHttp(_)
+        );
+    (!absent).then_some(out)
 }
 
 impl Template {
@@ -807,6 +832,10 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
             let _ = write!(out, "{}.{:03}", now.as_secs(), now.subsec_millis());
         }
         Var::TimeLocal => crate::runtime::clock::append_time_local(out),
+        Var::DateLocal | Var::DateGmt => {
+            let d = crate::modules::ssi::date(b"%A, %d-%b-%Y %H:%M:%S %Z", *v == Var::DateGmt);
+            out.push_str(&String::from_utf8_lossy(&d));
+        }
         Var::TimeIso8601 => crate::runtime::clock::append_time_iso8601(out),
         Var::Pid => {
             push_uint(out, std::process::id().into());

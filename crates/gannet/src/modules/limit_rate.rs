@@ -107,7 +107,7 @@ pub fn set_var(req: &Request, value: &str) {
 /// directive; the rate found is what `$limit_rate` says from then on (the access log).
 pub fn pace(req: &Request, resp: &Response) -> Option<Pace> {
     let c = &req.conf.limit_rate;
-    let rate = match resp.limit_rate.or(req.limit_rate.get()) {
+    let rate = match resp.limit_rate.map(u64::from).or(req.limit_rate.get()) {
         Some(r) => r,
         None => c.rate.as_ref()?.eval(req),
     };
