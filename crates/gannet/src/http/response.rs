@@ -129,6 +129,35 @@ pub struct Response {
 }
 
 impl Response {
+    /// A body filter is to change the body (`sub_filter`, SSI): its length and ranges no
+    /// longer hold (nginx's `clear_content_length`, `clear_accept_ranges`), and its
+    /// validators go (`clear_last_modified`, `clear_etag`) or, with the filter's
+    /// `*_last_modified on`, the Last-Modified stays and the ETag turns weak.
+    pub fn body_rewritten(&mut self, keep_last_modified: bool) {
+        self.content_length = None;
+        self.length_unknown = true;
+        self.accept_ranges = false;
+        self.headers.retain(|(n, _)| {
+            !n.eq_ignore_ascii_case("content-length") && !n.eq_ignore_ascii_case("accept-ranges")
+        });
+        if keep_last_modified {
+            if let Some(e) = self.etag.as_deref().filter(|e| !e.starts_with("W/")) {
+                self.etag = Some(format!("W/{e}").into());
+            }
+            for (n, v) in &mut self.headers {
+                if n.eq_ignore_ascii_case("etag") && !v.starts_with("W/") {
+                    *v = format!("W/{v}").into();
+                }
+            }
+        } else {
+            self.last_modified = None;
+            self.etag = None;
+            self.headers.retain(|(n, _)| {
+                !n.eq_ignore_ascii_case("last-modified") && !n.eq_ignore_ascii_case("etag")
+            });
+        }
+    }
+
     /// The Last-Modified time the response is sent with: as nginx, only on 200, 206 and 304.
     pub fn last_modified_sent(&self) -> Option<SystemTime> {
         self.last_modified

@@ -149,28 +149,7 @@ pub fn start(req: &Request, resp: &mut Response, streamed: bool) {
     }
     let c = &req.conf.ssi;
     if !req.subrequest {
-        resp.content_length = None;
-        resp.length_unknown = true;
-        resp.accept_ranges = false;
-        resp.headers.retain(|(n, _)| {
-            !n.eq_ignore_ascii_case("content-length") && !n.eq_ignore_ascii_case("accept-ranges")
-        });
-        if c.last_modified == Some(true) {
-            if let Some(e) = resp.etag.as_deref().filter(|e| !e.starts_with("W/")) {
-                resp.etag = Some(format!("W/{e}").into());
-            }
-            for (n, v) in &mut resp.headers {
-                if n.eq_ignore_ascii_case("etag") && !v.starts_with("W/") {
-                    *v = format!("W/{v}").into();
-                }
-            }
-        } else {
-            resp.last_modified = None;
-            resp.etag = None;
-            resp.headers.retain(|(n, _)| {
-                !n.eq_ignore_ascii_case("last-modified") && !n.eq_ignore_ascii_case("etag")
-            });
-        }
+        resp.body_rewritten(c.last_modified == Some(true));
     }
     if !req.is_head() {
         resp.ssi = Some(Setup::new(
