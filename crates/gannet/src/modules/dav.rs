@@ -450,11 +450,7 @@ fn delete(req: &Request) -> Flow {
             }
         }
         if !deep {
-            return refuse(
-                req,
-                409,
-                &format!("insufficient URI depth:{d} to DELETE"),
-            );
+            return refuse(req, 409, &format!("insufficient URI depth:{d} to DELETE"));
         }
     }
     let path = req.filename_for(&req.uri);

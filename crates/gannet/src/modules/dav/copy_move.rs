@@ -359,12 +359,18 @@ mod tests {
 
     #[test]
     fn nested_collections_are_found() {
-        assert!(matches!(same_or_inside("/r/a/", "/r/a", true), Some(Inside::Same)));
+        assert!(matches!(
+            same_or_inside("/r/a/", "/r/a", true),
+            Some(Inside::Same)
+        ));
         assert!(matches!(
             same_or_inside("/r/a/", "/r/a/b", true),
             Some(Inside::Nested)
         ));
-        assert!(matches!(same_or_inside("/r/a/b/", "/r/a", true), Some(Inside::Nested)));
+        assert!(matches!(
+            same_or_inside("/r/a/b/", "/r/a", true),
+            Some(Inside::Nested)
+        ));
         assert!(same_or_inside("/r/a/", "/r/ab", true).is_none());
     }
 }
