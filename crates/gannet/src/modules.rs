@@ -13,6 +13,7 @@ pub mod charset;
 pub mod client_body;
 pub mod compress;
 pub mod core;
+pub mod dav;
 pub mod error_page;
 pub mod fastcgi;
 pub mod file_cache;
@@ -101,6 +102,10 @@ pub const MODULES: &[Module] = &[
     Module {
         directives: static_files::DIRECTIVES,
         set: static_files::set,
+    },
+    Module {
+        directives: dav::DIRECTIVES,
+        set: dav::set,
     },
     Module {
         directives: index::DIRECTIVES,
@@ -311,6 +316,7 @@ pub struct LocConf {
     pub types: types::TypesConf,
     pub files: static_files::FilesConf,
     pub index: index::IndexConf,
+    pub dav: dav::DavConf,
     pub try_files: try_files::TryFilesConf,
     pub autoindex: autoindex::AutoindexConf,
     pub headers: headers::HeadersConf,
@@ -352,6 +358,7 @@ impl LocConf {
         self.types.merge(&parent.types);
         self.files.merge(&parent.files);
         self.index.merge(&parent.index);
+        self.dav.merge(&parent.dav);
         self.autoindex.merge(&parent.autoindex);
         self.headers.merge(&parent.headers);
         self.error_page.merge(&parent.error_page);

@@ -626,7 +626,7 @@ impl<S: Transport> Conn<S> {
             _ => None,
         };
         if req.head.body != BodyKind::None {
-            let wanted = matches!(handled, Handled::Gateway);
+            let wanted = matches!(handled, Handled::Gateway | Handled::Put);
             // An unused body is read off the wire, unless the client waits for 100-continue
             // (it will not send it) or the answer is to close anyway.
             if !wanted && (req.head.expect_continue || matches!(handled, Handled::Close)) {
@@ -641,7 +641,10 @@ impl<S: Transport> Conn<S> {
                 }
                 let read = match stream_body {
                     Some(_) => Ok(0),
-                    None if wanted => self.keep_body(&mut req).await,
+                    None if wanted => {
+                        let named = matches!(handled, Handled::Put);
+                        self.keep_body(&mut req, named).await
+                    }
                     None => {
                         let core = &req.conf.core;
                         body::discard(
@@ -686,10 +689,14 @@ impl<S: Transport> Conn<S> {
                 }
             }
         }
+        if let Handled::Put = handled {
+            handled = handler::put_body_read(&mut req, &w);
+        }
         super::mirror::spawn(&w, &req);
         loop {
             match handled {
                 Handled::Respond(resp) => return self.respond(&req, resp, keep).await,
+                Handled::Put => handled = handler::put_body_read(&mut req, &w),
                 Handled::Close => return false,
                 waiting @ (Handled::Delay(_) | Handled::AuthRequest(_)) => {
                     handled = handler::settle(&mut req, &w, waiting).await
@@ -748,8 +755,9 @@ impl<S: Transport> Conn<S> {
     }
 
     /// Read the body whole for the application (memory or temporary file, see
-    /// `conn::request_body`) into `req.body`; returns its length.
-    async fn keep_body(&mut self, req: &mut Request) -> Result<u64, Failed> {
+    /// `conn::request_body`; always a named file if `named`) into `req.body`; returns its
+    /// length.
+    async fn keep_body(&mut self, req: &mut Request, named: bool) -> Result<u64, Failed> {
         let core = &req.conf.core;
         let mut src = body::BodyStream::new(
             &mut self.stream,
@@ -759,7 +767,7 @@ impl<S: Transport> Conn<S> {
             core.client_body_timeout(),
         )
         .map_err(Failed::Client)?;
-        let kept = match super::request_body::read(&mut src, req).await {
+        let kept = match super::request_body::read(&mut src, req, named).await {
             Err(Failed::Store) => {
                 // The client is still sending: the rest is read off and dropped (for a
                 // while, as nginx's lingering close) so that it gets the 500, not a reset

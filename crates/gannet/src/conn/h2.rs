@@ -369,12 +369,13 @@ async fn answer(
     // `stream` reads off whatever comes after. (Answering every unwanted body first would
     // close the stream's sending side early, and a WINDOW_UPDATE overflow on it would then
     // go unanswered, which h2spec 6.9.1 checks.)
-    let wanted = matches!(handled, Handled::Gateway);
+    let wanted = matches!(handled, Handled::Gateway | Handled::Put);
     if stream_body.is_none() && !recv.is_end_stream() && (wanted || !req.head.expect_continue) {
         let read = if wanted {
             // Kept for the application the way HTTP/1.x keeps it (memory, else a file).
             let mut src = H2Body::new(recv, &req);
-            let kept = super::request_body::read(&mut src, &req).await;
+            let named = matches!(handled, Handled::Put);
+            let kept = super::request_body::read(&mut src, &req, named).await;
             kept.map(|b| {
                 let n = b.len();
                 req.body = Some(std::rc::Rc::new(b));
@@ -399,9 +400,13 @@ async fn answer(
             Err(_) => {}
         }
     }
+    if let Handled::Put = handled {
+        handled = handler::put_body_read(&mut req, w);
+    }
     super::mirror::spawn(w, &req);
     loop {
         match handled {
+            Handled::Put => handled = handler::put_body_read(&mut req, w),
             Handled::Respond(resp) => {
                 h2_response::send(w, &req, resp, None, respond).await;
                 return timeout;

@@ -10,6 +10,7 @@ use super::temp_file::{self, TempFile};
 use crate::errlog::{self, Level};
 use crate::http::request::Request;
 use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 
 /// A body read whole.
 pub enum RequestBody {
@@ -27,13 +28,33 @@ impl RequestBody {
     }
 }
 
-/// A body in an unlinked temporary file.
+/// A body in an unlinked temporary file, or in a named one (`kept`) that is to be renamed
+/// into place (a DAV `PUT`): unlinked when dropped unless its name was taken.
 pub struct BodyFile {
     file: std::fs::File,
     len: u64,
+    kept: std::cell::RefCell<Option<PathBuf>>,
+}
+
+impl Drop for BodyFile {
+    fn drop(&mut self) {
+        if let Some(name) = self.kept.get_mut().take() {
+            let _ = std::fs::remove_file(name);
+        }
+    }
 }
 
 impl BodyFile {
+    /// The open file (to set its mode and times before it is renamed).
+    pub fn file(&self) -> &std::fs::File {
+        &self.file
+    }
+
+    /// The name of a kept file, taken: from now on the caller renames or unlinks it.
+    pub fn take_name(&self) -> Option<PathBuf> {
+        self.kept.borrow_mut().take()
+    }
+
     pub fn len(&self) -> u64 {
         self.len
     }
@@ -76,60 +97,85 @@ impl Failed {
 /// Read the whole body from `src`: in memory while it fits in `client_body_buffer_size`
 /// (and `client_body_in_file_only` is off), else into a temporary file, written each time
 /// that much has gathered. Memory held: at most the buffer size, whatever the body's size.
+/// `named`: always into a file, one with a name in `client_body_temp_path` (a DAV `PUT`
+/// renames it into place), even for an empty body.
 pub async fn read<B: BodySource + ?Sized>(
     src: &mut B,
     req: &Request,
+    named: bool,
 ) -> Result<RequestBody, Failed> {
     let c = &req.conf.client_body;
     let cap = usize::try_from(c.buffer_size()).unwrap_or(usize::MAX);
-    let file_only = c.in_file_only();
+    let file_only = named || c.in_file_only();
     let mut held: Vec<u8> = Vec::new();
-    let mut file: Option<(TempFile, u64)> = None;
+    // The file and its name for the log.
+    let mut file: Option<(BodyFile, PathBuf)> = None;
     while let Some(piece) = src.next_piece().await.map_err(Failed::Client)? {
         if file.is_none() && !file_only && held.len() + piece.len() <= cap {
             held.extend_from_slice(&piece);
             continue;
         }
-        let (t, at) = match &mut file {
+        let (f, name) = match &mut file {
             Some(f) => f,
-            None => file.insert((open(req)?, 0)),
+            None => file.insert(open(req, named)?),
         };
         if held.len() + piece.len() > cap {
-            write(req, t, at, &held)?;
+            write(req, f, name, &held)?;
             held.clear();
         }
         if piece.len() >= cap {
-            write(req, t, at, &piece)?;
+            write(req, f, name, &piece)?;
         } else {
             held.extend_from_slice(&piece);
         }
     }
+    if named && file.is_none() {
+        file = Some(open(req, true)?);
+    }
     match file {
         None => Ok(RequestBody::Memory(held)),
-        Some((mut t, mut at)) => {
-            write(req, &mut t, &mut at, &held)?;
-            Ok(RequestBody::File(BodyFile {
-                file: t.file,
-                len: at,
-            }))
+        Some((mut f, name)) => {
+            write(req, &mut f, &name, &held)?;
+            Ok(RequestBody::File(f))
         }
     }
 }
 
-fn open(req: &Request) -> Result<TempFile, Failed> {
-    match temp_file::create(&req.conf.client_body.temp_path()) {
+/// An empty named body file, for a DAV `PUT` that sent no body at all.
+pub fn empty_named(req: &Request) -> Result<BodyFile, Failed> {
+    Ok(open(req, true)?.0)
+}
+
+/// A new body file (a named one is unlinked when dropped, unless renamed) and its name for
+/// the log.
+fn open(req: &Request, named: bool) -> Result<(BodyFile, PathBuf), Failed> {
+    let tp = req.conf.client_body.temp_path();
+    let made = if named {
+        temp_file::create_named(&tp)
+    } else {
+        temp_file::create(&tp)
+    };
+    match made {
         Ok(t) => {
             // nginx's notice of the same event, at its level (the name is the folder for
-            // a file that never had one).
-            errlog::request(
-                Level::Warn,
-                req,
-                format_args!(
-                    "a client request body is buffered to a temporary file {}",
-                    t.name.display()
-                ),
-            );
-            Ok(t)
+            // a file that never had one); not for a PUT's body, which is meant for a file.
+            if !named {
+                errlog::request(
+                    Level::Warn,
+                    req,
+                    format_args!(
+                        "a client request body is buffered to a temporary file {}",
+                        t.name.display()
+                    ),
+                );
+            }
+            let TempFile { file, name } = t;
+            let body = BodyFile {
+                file,
+                len: 0,
+                kept: std::cell::RefCell::new(named.then(|| name.clone())),
+            };
+            Ok((body, name))
         }
         Err(why) => {
             errlog::request(Level::Crit, req, format_args!("{why}"));
@@ -138,16 +184,16 @@ fn open(req: &Request) -> Result<TempFile, Failed> {
     }
 }
 
-/// Append `data` at `*at`, as nginx's `pwrite()`, with its log line on failure.
-fn write(req: &Request, t: &mut TempFile, at: &mut u64, data: &[u8]) -> Result<(), Failed> {
+/// Append `data` at the file's end, as nginx's `pwrite()`, with its log line on failure.
+fn write(req: &Request, f: &mut BodyFile, name: &Path, data: &[u8]) -> Result<(), Failed> {
     if data.is_empty() {
         return Ok(());
     }
-    if let Err(e) = t.file.write_all_at(data, *at) {
-        let why = temp_file::failed("pwrite()", &t.name, &e);
+    if let Err(e) = f.file.write_all_at(data, f.len) {
+        let why = temp_file::failed("pwrite()", name, &e);
         errlog::request(Level::Crit, req, format_args!("{why}"));
         return Err(Failed::Store);
     }
-    *at += data.len() as u64;
+    f.len += data.len() as u64;
     Ok(())
 }

@@ -82,6 +82,8 @@ pub async fn run(w: &Worker, r: &mut Request) -> (Response, Option<Box<Streaming
             // `return 444` and a 101 are no answer to an authentication question: a 500
             // follows, as for any status that is neither 2xx, 401 nor 403.
             Handled::Close => return (Response::new(444), None),
+            // A subrequest has no body of its own: `dav::put` answers 500, as nginx.
+            Handled::Put => handled = handler::put_body_read(r, w),
             Handled::Delay(_) | Handled::AuthRequest(_) => {
                 handled = handler::settle(r, w, handled).await
             }

@@ -93,6 +93,15 @@ fn make_dirs(dir: &Path) -> io::Result<()> {
 
 /// The fallback: a fresh name, created exclusively, then unlinked.
 fn named(tp: &TempPath) -> Result<TempFile, String> {
+    let t = create_named(tp)?;
+    std::fs::remove_file(&t.name).map_err(|e| failed("unlink()", &t.name, &e))?;
+    Ok(t)
+}
+
+/// A new, empty file in `tp` under a fresh name (nginx's ten digits, in its level
+/// folders), left in place: for a body that is to be renamed into place (a DAV `PUT`).
+/// The caller unlinks it if it is not.
+pub fn create_named(tp: &TempPath) -> Result<TempFile, String> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     // Other workers and processes use the same folder: a taken name is skipped.
     for _ in 0..64 {
@@ -115,10 +124,7 @@ fn named(tp: &TempPath) -> Result<TempFile, String> {
             r => r,
         };
         match file {
-            Ok(file) => {
-                std::fs::remove_file(&path).map_err(|e| failed("unlink()", &path, &e))?;
-                return Ok(TempFile { file, name: path });
-            }
+            Ok(file) => return Ok(TempFile { file, name: path }),
             Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(failed("open()", &path, &e)),
         }

@@ -32,7 +32,7 @@ use crate::modules::auth_request::Subrequest;
 use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{
-    access, autoindex, charset, gateway, headers, index, limit_conn, limit_zone, realip, ssi,
+    access, autoindex, charset, dav, gateway, headers, index, limit_conn, limit_zone, realip, ssi,
     static_files, sub_filter, try_files, userid,
 };
 use crate::runtime::worker::Worker;
@@ -59,6 +59,9 @@ pub enum Flow {
     Close,
     /// Pass the request to the location's application (FastCGI, SCGI or uwsgi).
     Gateway,
+    /// A DAV `PUT`: read the body into a named temporary file, then finish with
+    /// `dav::put`.
+    Put,
     /// Wait this long (`limit_req`), then go on with [`Flow::Delayed`].
     Delay(Duration),
     /// A delay is over: go on from the pre-access phase in the same location.
@@ -75,6 +78,9 @@ pub enum Handled {
     /// The connection must run the exchange with the application, then call [`resume`]
     /// with its outcome.
     Gateway,
+    /// The connection must read the body into a named file (`request_body::read`), then
+    /// call [`put_body_read`].
+    Put,
     /// Close without an answer.
     Close,
     /// The connection must wait this long, then call [`resume`] with [`Flow::Delayed`].
@@ -107,6 +113,7 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
             Flow::Done(r) => break r,
             Flow::Close => return Handled::Close,
             Flow::Gateway => return Handled::Gateway,
+            Flow::Put => return Handled::Put,
             Flow::Delay(d) => return Handled::Delay(d),
             Flow::Delayed => after_limit_req(req, w),
             Flow::AuthRequest(sub) => return Handled::AuthRequest(sub),
@@ -144,6 +151,14 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
     let rewritten = resp.ssi.is_some() || resp.sub_filter.is_some() || resp.charset.is_some();
     compress::apply(req, &mut resp, plan, rewritten);
     Handled::Respond(resp)
+}
+
+/// A DAV `PUT`'s body has been read (into `req.body`, or none was sent): put it in place
+/// and go on to the answer.
+pub fn put_body_read(req: &mut Request, w: &Worker) -> Handled {
+    let flow = dav::put(req);
+    req.body = None;
+    resume(req, w, flow)
 }
 
 /// Wait out `limit_req` delays and `auth_request` subrequests: the phases' decision, once
@@ -308,6 +323,10 @@ fn content(req: &mut Request, w: &Worker) -> Flow {
     }
     if gateway::active(&req.conf).is_some() {
         return Flow::Gateway;
+    }
+    match dav::handle(req) {
+        Flow::Next => {}
+        other => return other,
     }
     let content: [fn(&Request, &Worker) -> Flow; 3] = [
         index::handle,

@@ -172,6 +172,10 @@ fn daemonize() -> Result<(), String> {
         0 => {
             // SAFETY: setsid has no memory-safety preconditions.
             unsafe { libc::setsid() };
+            // As nginx's ngx_daemon: a daemon's files get exactly the modes it asks for
+            // (`dav_access`, a DAV COPY keeping the source's mode), not the starter's umask.
+            // SAFETY: umask has no memory-safety preconditions.
+            unsafe { libc::umask(0) };
             // Let go of the terminal or pipes the starter gave us, as nginx does: whoever
             // started gannet must not wait on a daemon's stdout.
             let null = std::fs::OpenOptions::new()
