@@ -38,6 +38,7 @@ pub mod scgi;
 pub mod secure_link;
 pub mod split_clients;
 pub mod static_files;
+pub mod stub_status;
 pub mod sub_filter;
 pub mod tls;
 pub mod try_files;
@@ -237,6 +238,10 @@ pub const MODULES: &[Module] = &[
         directives: userid::DIRECTIVES,
         set: userid::set,
     },
+    Module {
+        directives: stub_status::DIRECTIVES,
+        set: stub_status::set,
+    },
 ];
 
 /// Find the spec and setter for an http/server/location directive.
@@ -336,6 +341,8 @@ pub struct LocConf {
     pub http2: http2::Http2Conf,
     pub secure_link: secure_link::SecureLinkConf,
     pub userid: userid::UseridConf,
+    /// `stub_status` (this level only: a content handler is not inherited).
+    pub stub_status: bool,
 }
 
 impl LocConf {

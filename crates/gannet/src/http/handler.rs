@@ -33,7 +33,7 @@ use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{
     access, autoindex, charset, gateway, headers, index, limit_conn, limit_zone, realip,
-    static_files, sub_filter, try_files, userid,
+    static_files, stub_status, sub_filter, try_files, userid,
 };
 use crate::runtime::worker::Worker;
 use gannet_proto::cgi::HeaderValue;
@@ -306,6 +306,9 @@ fn content(req: &mut Request, w: &Worker) -> Flow {
     }
     if gateway::active(&req.conf).is_some() {
         return Flow::Gateway;
+    }
+    if req.conf.stub_status {
+        return stub_status::handle(req);
     }
     let content: [fn(&Request, &Worker) -> Flow; 3] = [
         index::handle,

@@ -104,6 +104,8 @@ pub fn run(config: Config, reload: impl Fn() -> Result<Config, ConfError>) -> Re
         set_nofile(n)?;
     }
     worker_process::set_single_process(!main.master_process);
+    // Before any fork: every worker process shares the counters (`stub_status`).
+    super::conn_stats::init();
     let exec = Exec::at_start();
     // Started by an upgrade: the old master's sockets for the addresses still listened on
     // (the others close with `old`); else the sockets systemd passed (socket activation)
