@@ -31,6 +31,7 @@ pub mod mirror;
 pub mod proxy;
 pub mod proxy_cookie;
 pub mod proxy_ssl;
+pub mod random_index;
 pub mod realip;
 pub mod referer;
 pub mod rewrite;
@@ -239,6 +240,10 @@ pub const MODULES: &[Module] = &[
         set: userid::set,
     },
     Module {
+        directives: random_index::DIRECTIVES,
+        set: random_index::set,
+    },
+    Module {
         directives: stub_status::DIRECTIVES,
         set: stub_status::set,
     },
@@ -311,6 +316,7 @@ pub struct LocConf {
     pub types: types::TypesConf,
     pub files: static_files::FilesConf,
     pub index: index::IndexConf,
+    pub random_index: random_index::RandomIndexConf,
     pub try_files: try_files::TryFilesConf,
     pub autoindex: autoindex::AutoindexConf,
     pub headers: headers::HeadersConf,
@@ -353,6 +359,7 @@ impl LocConf {
         self.types.merge(&parent.types);
         self.files.merge(&parent.files);
         self.index.merge(&parent.index);
+        self.random_index.merge(&parent.random_index);
         self.autoindex.merge(&parent.autoindex);
         self.headers.merge(&parent.headers);
         self.error_page.merge(&parent.error_page);

@@ -32,8 +32,8 @@ use crate::modules::auth_request::Subrequest;
 use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{
-    access, autoindex, charset, gateway, headers, index, limit_conn, limit_zone, realip,
-    static_files, stub_status, sub_filter, try_files, userid,
+    access, autoindex, charset, gateway, headers, index, limit_conn, limit_zone, random_index,
+    realip, static_files, stub_status, sub_filter, try_files, userid,
 };
 use crate::runtime::worker::Worker;
 use gannet_proto::cgi::HeaderValue;
@@ -310,7 +310,8 @@ fn content(req: &mut Request, w: &Worker) -> Flow {
     if req.conf.stub_status {
         return stub_status::handle(req);
     }
-    let content: [fn(&Request, &Worker) -> Flow; 3] = [
+    let content: [fn(&Request, &Worker) -> Flow; 4] = [
+        |r, _| random_index::handle(r),
         index::handle,
         |r, _| autoindex::handle(r),
         static_files::handle,
