@@ -18,6 +18,7 @@ pub mod fastcgi;
 pub mod file_cache;
 pub mod gateway;
 pub mod geo;
+pub mod gunzip;
 pub mod headers;
 pub mod health_check;
 pub mod http2;
@@ -240,6 +241,10 @@ pub const MODULES: &[Module] = &[
         set: userid::set,
     },
     Module {
+        directives: gunzip::DIRECTIVES,
+        set: gunzip::set,
+    },
+    Module {
         directives: random_index::DIRECTIVES,
         set: random_index::set,
     },
@@ -336,6 +341,7 @@ pub struct LocConf {
     pub error_log: Option<Arc<crate::errlog::ErrorLogs>>,
     pub fastcgi: fastcgi::FastCgiConf,
     pub compress: compress::CompressConf,
+    pub gunzip: gunzip::GunzipConf,
     pub sub_filter: sub_filter::SubFilterConf,
     pub scgi: gateway::GatewayConf,
     pub uwsgi: uwsgi::UwsgiConf,
@@ -378,6 +384,7 @@ impl LocConf {
         }
         self.fastcgi.merge(&parent.fastcgi);
         self.compress.merge(&parent.compress);
+        self.gunzip.merge(&parent.gunzip);
         self.sub_filter.merge(&parent.sub_filter);
         self.scgi.merge(&parent.scgi);
         self.uwsgi.merge(&parent.uwsgi);

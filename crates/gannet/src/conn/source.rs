@@ -6,7 +6,7 @@ use super::gateway::Streaming;
 use crate::errlog::{self, Level};
 use crate::http::request::Request;
 use crate::http::response::{Body, Part, Response};
-use crate::modules::{charset, sub_filter};
+use crate::modules::{charset, gunzip, sub_filter};
 use crate::runtime::worker::Worker;
 use bytes::Bytes;
 use std::collections::VecDeque;
@@ -18,6 +18,8 @@ const PIECE: u64 = 64 * 1024;
 pub enum Source {
     App(Box<Streaming>),
     Parts(VecDeque<Part>),
+    /// Another source's gzip pieces inflated (`gunzip`).
+    Gunzip(Box<Source>, Box<gunzip::Stream>),
     /// Another source's pieces rewritten by `sub_filter`.
     Sub(Box<Source>, Box<sub_filter::Stream>),
     /// Another source's pieces recoded by the charset module.
@@ -28,9 +30,14 @@ impl Source {
     /// `self` rewritten by the response's `sub_filter` strings, then recoded to its
     /// charset, if it has either (HTTP/1 and HTTP/2 both send streamed bodies through here).
     pub fn filtered(self, resp: &mut Response) -> Source {
+        let s = if std::mem::take(&mut resp.gunzip) {
+            Source::Gunzip(Box::new(self), Box::default())
+        } else {
+            self
+        };
         let s = match resp.sub_filter.take() {
-            Some(p) => Source::Sub(Box::new(self), Box::new(sub_filter::Stream::new(p))),
-            None => self,
+            Some(p) => Source::Sub(Box::new(s), Box::new(sub_filter::Stream::new(p))),
+            None => s,
         };
         match resp.charset.take() {
             Some(r) => Source::Recode(Box::new(s), Box::new(charset::Stream::new(r))),
@@ -40,7 +47,11 @@ impl Source {
 
     /// A body at hand that must still be streamed: compressed or rewritten while sent.
     pub fn from_body(resp: &mut Response) -> Option<Source> {
-        if resp.encode.is_none() && resp.sub_filter.is_none() && resp.charset.is_none() {
+        if resp.encode.is_none()
+            && resp.sub_filter.is_none()
+            && resp.charset.is_none()
+            && !resp.gunzip
+        {
             return None;
         }
         Some(Source::whole(resp))
@@ -70,6 +81,23 @@ impl Source {
                 // Nothing may come out of a piece that only began a match: read on.
                 if !out.is_empty() {
                     return Ok(Some(out.into()));
+                }
+            },
+            Source::Gunzip(inner, gz) => loop {
+                if gz.ended() {
+                    return Ok(None);
+                }
+                let piece = Box::pin(inner.next(req)).await?;
+                let last = piece.is_none();
+                match gz.feed(piece.as_deref().unwrap_or_default(), last) {
+                    // A piece of header or of a deflate block may give nothing yet.
+                    Ok(out) if out.is_empty() && !last => {}
+                    Ok(out) if out.is_empty() => return Ok(None),
+                    Ok(out) => return Ok(Some(out.into())),
+                    Err(e) => {
+                        errlog::request(Level::Error, req, format_args!("inflate() failed: {e}"));
+                        return Err(());
+                    }
                 }
             },
             Source::Recode(inner, rec) => loop {
@@ -129,7 +157,9 @@ impl Source {
         match self {
             Source::App(_) => true,
             Source::Parts(_) => false,
-            Source::Sub(inner, _) | Source::Recode(inner, _) => inner.may_pause(),
+            Source::Sub(inner, _) | Source::Recode(inner, _) | Source::Gunzip(inner, _) => {
+                inner.may_pause()
+            }
         }
     }
 
@@ -139,7 +169,9 @@ impl Source {
         match self {
             Source::App(s) => s.at_hand(),
             Source::Parts(_) => true,
-            Source::Sub(inner, _) | Source::Recode(inner, _) => inner.at_hand(),
+            Source::Sub(inner, _) | Source::Recode(inner, _) | Source::Gunzip(inner, _) => {
+                inner.at_hand()
+            }
         }
     }
 
@@ -154,7 +186,7 @@ impl Source {
         match self {
             Source::App(s) => s.alongside(w, req, send).await,
             Source::Parts(_) => send.await,
-            Source::Sub(inner, _) | Source::Recode(inner, _) => {
+            Source::Sub(inner, _) | Source::Recode(inner, _) | Source::Gunzip(inner, _) => {
                 Box::pin(inner.alongside(w, req, send)).await
             }
         }
@@ -164,7 +196,9 @@ impl Source {
     pub fn finish(self, w: &Worker) {
         match self {
             Source::App(s) => s.finish(w),
-            Source::Sub(inner, _) | Source::Recode(inner, _) => inner.finish(w),
+            Source::Sub(inner, _) | Source::Recode(inner, _) | Source::Gunzip(inner, _) => {
+                inner.finish(w)
+            }
             Source::Parts(_) => {}
         }
     }

@@ -32,8 +32,8 @@ use crate::modules::auth_request::Subrequest;
 use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{
-    access, autoindex, charset, gateway, headers, index, limit_conn, limit_zone, random_index,
-    realip, static_files, stub_status, sub_filter, try_files, userid,
+    access, autoindex, charset, gateway, gunzip, headers, index, limit_conn, limit_zone,
+    random_index, realip, static_files, stub_status, sub_filter, try_files, userid,
 };
 use crate::runtime::worker::Worker;
 use gannet_proto::cgi::HeaderValue;
@@ -123,6 +123,7 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
         };
     };
     finish(req, &mut resp);
+    gunzip::start(req, &mut resp);
     // sub_filter's length is not known before it is sent; it is set up after the
     // conditional filter, which must see the validators it may remove.
     let sub = sub_filter::applies(req, &resp, false);
@@ -168,6 +169,7 @@ pub async fn settle(req: &mut Request, w: &Worker, mut handled: Handled) -> Hand
 /// it declared one) and its body comes later, compressed on the way if the filter says so.
 pub fn finish_streamed(req: &mut Request, resp: &mut Response) {
     finish(req, resp);
+    gunzip::start(req, resp);
     sub_filter::start(req, resp, true);
     charset::start(req, resp);
     let plan = compress::plan(req, resp, resp.content_length);

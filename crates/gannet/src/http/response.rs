@@ -114,6 +114,8 @@ pub struct Response {
     pub encode: Option<(Coding, u32)>,
     /// An application's `X-Accel-Limit-Rate` (bytes per second; 0 lifts the limit).
     pub limit_rate: Option<u64>,
+    /// Inflate the gzip-encoded body while sending it (`gunzip`; first of the rewrites).
+    pub gunzip: bool,
     /// Rewrite the body with these `sub_filter` strings while sending it (streamed, before
     /// `encode`).
     pub sub_filter: Option<Rc<crate::modules::sub_filter::Patterns>>,
