@@ -6,6 +6,7 @@
 
 pub mod access;
 pub mod access_log;
+pub mod addition;
 pub mod auth_basic;
 pub mod auth_request;
 pub mod autoindex;
@@ -241,6 +242,10 @@ pub const MODULES: &[Module] = &[
         set: userid::set,
     },
     Module {
+        directives: addition::DIRECTIVES,
+        set: addition::set,
+    },
+    Module {
         directives: gunzip::DIRECTIVES,
         set: gunzip::set,
     },
@@ -342,6 +347,7 @@ pub struct LocConf {
     pub fastcgi: fastcgi::FastCgiConf,
     pub compress: compress::CompressConf,
     pub gunzip: gunzip::GunzipConf,
+    pub addition: addition::AdditionConf,
     pub sub_filter: sub_filter::SubFilterConf,
     pub scgi: gateway::GatewayConf,
     pub uwsgi: uwsgi::UwsgiConf,
@@ -385,6 +391,7 @@ impl LocConf {
         self.fastcgi.merge(&parent.fastcgi);
         self.compress.merge(&parent.compress);
         self.gunzip.merge(&parent.gunzip);
+        self.addition.merge(&parent.addition);
         self.sub_filter.merge(&parent.sub_filter);
         self.scgi.merge(&parent.scgi);
         self.uwsgi.merge(&parent.uwsgi);

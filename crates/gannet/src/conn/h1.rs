@@ -905,7 +905,7 @@ impl<S: Transport> Conn<S> {
         // dropped, not kept.
         let mut more = send_body;
         while more {
-            let piece = match src.next(req).await {
+            let piece = match src.next(&w, req).await {
                 Ok(Some(data)) => match &mut encoder {
                     None => Ok(data),
                     Some(e) => e

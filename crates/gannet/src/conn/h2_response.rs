@@ -303,7 +303,7 @@ async fn streamed(
         }
     };
     loop {
-        let (piece, more) = match src.next(req).await {
+        let (piece, more) = match src.next(w, req).await {
             Ok(Some(data)) => match &mut encoder {
                 None => (Ok(data), true),
                 Some(e) => (

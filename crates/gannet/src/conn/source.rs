@@ -6,7 +6,7 @@ use super::gateway::Streaming;
 use crate::errlog::{self, Level};
 use crate::http::request::Request;
 use crate::http::response::{Body, Part, Response};
-use crate::modules::{charset, gunzip, sub_filter};
+use crate::modules::{addition, charset, gunzip, sub_filter};
 use crate::runtime::worker::Worker;
 use bytes::Bytes;
 use std::collections::VecDeque;
@@ -24,34 +24,56 @@ pub enum Source {
     Sub(Box<Source>, Box<sub_filter::Stream>),
     /// Another source's pieces recoded by the charset module.
     Recode(Box<Source>, Box<charset::Stream>),
+    /// Another source's pieces with subrequests' bodies before and after them.
+    Addition(Box<Addition>),
+}
+
+/// The main answer's body (filtered by its own location) between the bodies of the
+/// `add_before_body` and `add_after_body` subrequests, each run when its turn comes.
+pub struct Addition {
+    around: addition::Around,
+    main: Source,
+    main_done: bool,
+    /// The subrequest being sent, and its body.
+    sub: Option<(Box<Request>, Source)>,
 }
 
 impl Source {
     /// `self` rewritten by the response's `sub_filter` strings, then recoded to its
     /// charset, if it has either (HTTP/1 and HTTP/2 both send streamed bodies through here).
     pub fn filtered(self, resp: &mut Response) -> Source {
-        let s = if std::mem::take(&mut resp.gunzip) {
+        let Some(rw) = resp.rewrites.take() else {
+            return self;
+        };
+        let s = if rw.gunzip {
             Source::Gunzip(Box::new(self), Box::default())
         } else {
             self
         };
-        let s = match resp.sub_filter.take() {
+        let s = match rw.sub_filter {
             Some(p) => Source::Sub(Box::new(s), Box::new(sub_filter::Stream::new(p))),
             None => s,
         };
-        match resp.charset.take() {
+        let s = match rw.charset {
             Some(r) => Source::Recode(Box::new(s), Box::new(charset::Stream::new(r))),
+            None => s,
+        };
+        // The subrequests' bodies are not the main answer's filters' to rewrite (nginx's
+        // postpone filter joins them after those); compression takes them all.
+        match rw.addition {
+            Some(around) => Source::Addition(Box::new(Addition {
+                around,
+                main: s,
+                main_done: false,
+                sub: None,
+            })),
             None => s,
         }
     }
 
     /// A body at hand that must still be streamed: compressed or rewritten while sent.
     pub fn from_body(resp: &mut Response) -> Option<Source> {
-        if resp.encode.is_none()
-            && resp.sub_filter.is_none()
-            && resp.charset.is_none()
-            && !resp.gunzip
-        {
+        if resp.encode.is_none() && resp.rewrites.is_none() {
             return None;
         }
         Some(Source::whole(resp))
@@ -67,7 +89,7 @@ impl Source {
     }
 
     /// The next piece; `Ok(None)` at the end. An error is logged and cuts the body short.
-    pub async fn next(&mut self, req: &Request) -> Result<Option<Bytes>, ()> {
+    pub async fn next(&mut self, w: &Worker, req: &Request) -> Result<Option<Bytes>, ()> {
         match self {
             Source::App(s) => s.next(req).await,
             Source::Sub(inner, sub) => loop {
@@ -75,7 +97,7 @@ impl Source {
                     return Ok(None);
                 }
                 // Boxed: the inner source's future is of this same function.
-                let piece = Box::pin(inner.next(req)).await?;
+                let piece = Box::pin(inner.next(w, req)).await?;
                 let last = piece.is_none();
                 let out = sub.feed(piece.as_deref().unwrap_or_default(), last);
                 // Nothing may come out of a piece that only began a match: read on.
@@ -87,7 +109,7 @@ impl Source {
                 if gz.ended() {
                     return Ok(None);
                 }
-                let piece = Box::pin(inner.next(req)).await?;
+                let piece = Box::pin(inner.next(w, req)).await?;
                 let last = piece.is_none();
                 match gz.feed(piece.as_deref().unwrap_or_default(), last) {
                     // A piece of header or of a deflate block may give nothing yet.
@@ -100,11 +122,34 @@ impl Source {
                     }
                 }
             },
+            Source::Addition(a) => loop {
+                if let Some((r, src)) = &mut a.sub {
+                    match Box::pin(src.next(w, r)).await? {
+                        Some(piece) => return Ok(Some(piece)),
+                        None => {
+                            if let Some((_, src)) = a.sub.take() {
+                                src.finish(w);
+                            }
+                        }
+                    }
+                } else if let Some(uri) = a.around.before.take() {
+                    a.sub = Some(Box::pin(super::subrequest::body(w, req, &uri)).await);
+                } else if !a.main_done {
+                    match Box::pin(a.main.next(w, req)).await? {
+                        Some(piece) => return Ok(Some(piece)),
+                        None => a.main_done = true,
+                    }
+                } else if let Some(uri) = a.around.after.take() {
+                    a.sub = Some(Box::pin(super::subrequest::body(w, req, &uri)).await);
+                } else {
+                    return Ok(None);
+                }
+            },
             Source::Recode(inner, rec) => loop {
                 if rec.ended() {
                     return Ok(None);
                 }
-                let piece = Box::pin(inner.next(req)).await?;
+                let piece = Box::pin(inner.next(w, req)).await?;
                 let last = piece.is_none();
                 let out = rec.feed(piece.as_deref().unwrap_or_default(), last);
                 // A piece that held only part of a character gives nothing yet: read on.
@@ -160,6 +205,8 @@ impl Source {
             Source::Sub(inner, _) | Source::Recode(inner, _) | Source::Gunzip(inner, _) => {
                 inner.may_pause()
             }
+            // Subrequests may wait for applications.
+            Source::Addition(_) => true,
         }
     }
 
@@ -172,6 +219,10 @@ impl Source {
             Source::Sub(inner, _) | Source::Recode(inner, _) | Source::Gunzip(inner, _) => {
                 inner.at_hand()
             }
+            Source::Addition(a) => match &a.sub {
+                Some((_, s)) => s.at_hand(),
+                None => a.main_done || a.main.at_hand(),
+            },
         }
     }
 
@@ -189,6 +240,10 @@ impl Source {
             Source::Sub(inner, _) | Source::Recode(inner, _) | Source::Gunzip(inner, _) => {
                 Box::pin(inner.alongside(w, req, send)).await
             }
+            Source::Addition(a) => match &mut a.sub {
+                Some((r, s)) => Box::pin(s.alongside(w, r, send)).await,
+                None => Box::pin(a.main.alongside(w, req, send)).await,
+            },
         }
     }
 
@@ -199,6 +254,7 @@ impl Source {
             Source::Sub(inner, _) | Source::Recode(inner, _) | Source::Gunzip(inner, _) => {
                 inner.finish(w)
             }
+            Source::Addition(a) => a.main.finish(w),
             Source::Parts(_) => {}
         }
     }

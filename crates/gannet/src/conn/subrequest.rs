@@ -2,11 +2,13 @@
 //! client's headers, through the request phases from the auth URI as an internal request
 //! (so `internal` locations take it), skipping the access phase as nginx's subrequests do.
 //! What it answered (status and headers) goes back to the phases; its body is dropped.
+//! `add_before_body` / `add_after_body` run the same subrequests for their bodies.
 //!
 //! It runs inside `handler::settle`, which HTTP/1 and HTTP/2 both call, so there is one
 //! code path for both protocols.
 
-use super::gateway::{self, Outcome};
+use super::gateway::{self, Outcome, Streaming};
+use super::source::Source;
 use crate::http::handler::{self, Flow, Handled};
 use crate::http::request::Request;
 use crate::http::response::Response;
@@ -14,11 +16,12 @@ use crate::modules::auth_request::{self, Answer, Subrequest};
 use crate::runtime::worker::Worker;
 use gannet_proto::h1::{BodyKind, Method};
 
-/// Run `sub` for `main`: fill in its answer and set `main`'s `auth_request_set` variables.
-pub async fn auth(w: &Worker, main: &Request, sub: &mut Subrequest) {
-    let (uri, args) = match sub.uri.split_once('?') {
+/// A GET subrequest of `main` for `uri` (`/path?args`): an internal request with the
+/// client's headers and no body, which skips the access phase.
+fn subrequest(main: &Request, uri: &str) -> Request {
+    let (uri, args) = match uri.split_once('?') {
         Some((p, a)) => (p.to_string(), (!a.is_empty()).then(|| a.to_string())),
-        None => (sub.uri.to_string(), None),
+        None => (uri.to_string(), None),
     };
     let mut head = main.head.clone();
     // A GET without a body whatever the client's method: the body is not read yet, and a
@@ -36,13 +39,35 @@ pub async fn auth(w: &Worker, main: &Request, sub: &mut Subrequest) {
     r.internal = true;
     r.subrequest = true;
     r.method_override = Some(Method::Get);
-    // $request_uri stays the client's (X-Original-URI); $uri is the auth URI.
+    // $request_uri stays the client's (X-Original-URI); $uri is the subrequest's.
     r.uri_changed = true;
     r.real_peer = main.real_peer;
     // Limited (or not) with the request it serves, as nginx's subrequests are.
     r.limit_req_status = main.limit_req_status;
     r.limit_conn_status = main.limit_conn_status;
-    let resp = answer(w, &mut r).await;
+    r
+}
+
+/// Run `sub` for `main`: fill in its answer and set `main`'s `auth_request_set` variables.
+pub async fn auth(w: &Worker, main: &Request, sub: &mut Subrequest) {
+    let mut r = subrequest(main, &sub.uri);
+    let (resp, stream) = answer(w, &mut r).await;
+    if let Some(mut s) = stream {
+        // Read to its end (an authentication answer is short), so that a kept-alive
+        // upstream connection can serve the next check.
+        loop {
+            match s.next(&r).await {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    s.finish(w);
+                    break;
+                }
+                // Cut short: the connection is not reused; the status stands, as the
+                // head came whole.
+                Err(()) => break,
+            }
+        }
+    }
     let mut headers = resp.headers;
     // The gateway keeps these apart from the other headers.
     if let Some(ct) = resp.content_type {
@@ -60,40 +85,41 @@ pub async fn auth(w: &Worker, main: &Request, sub: &mut Subrequest) {
     };
 }
 
-/// The subrequest's answer, its body read off (an application's) or dropped.
-async fn answer(w: &Worker, r: &mut Request) -> Response {
+/// `add_before_body` / `add_after_body`'s subrequest: its body (whatever its status, as
+/// nginx), as a source to send in the main answer's, filtered by its own location's
+/// settings. The subrequest is returned with it: reading the source needs it.
+pub async fn body(w: &Worker, main: &Request, uri: &str) -> (Box<Request>, Source) {
+    let mut r = Box::new(subrequest(main, uri));
+    let (mut resp, stream) = answer(w, &mut r).await;
+    let src = match stream {
+        Some(s) => {
+            handler::finish_streamed(&mut r, &mut resp);
+            Source::App(s)
+        }
+        None => Source::whole(&mut resp),
+    };
+    let src = src.filtered(&mut resp);
+    (r, src)
+}
+
+/// The subrequest's answer, and its body still to come from an application.
+async fn answer(w: &Worker, r: &mut Request) -> (Response, Option<Box<Streaming>>) {
     let first = handler::resume(r, w, Flow::Next);
     let mut handled = handler::settle(r, w, first).await;
     loop {
         match handled {
-            Handled::Respond(resp) => return resp,
+            Handled::Respond(resp) => return (resp, None),
             // `return 444` and a 101 are no answer to an authentication question: a 500
             // follows, as for any status that is neither 2xx, 401 nor 403.
-            Handled::Close => return Response::new(444),
+            Handled::Close => return (Response::new(444), None),
             Handled::Delay(_) | Handled::AuthRequest(_) => {
                 handled = handler::settle(r, w, handled).await
             }
             Handled::Gateway => {
                 let flow = match gateway::run(w, r).await {
                     Outcome::Flow(f) => f,
-                    Outcome::Stream(resp, mut s) => {
-                        // Read to its end (an authentication answer is short), so that a
-                        // kept-alive upstream connection can serve the next check.
-                        loop {
-                            match s.next(r).await {
-                                Ok(Some(_)) => {}
-                                Ok(None) => {
-                                    s.finish(w);
-                                    break;
-                                }
-                                // Cut short: the connection is not reused; the status
-                                // stands, as the head came whole.
-                                Err(()) => break,
-                            }
-                        }
-                        return resp;
-                    }
-                    Outcome::Upgrade(resp, _) => return resp,
+                    Outcome::Stream(resp, s) => return (resp, Some(s)),
+                    Outcome::Upgrade(resp, _) => return (resp, None),
                 };
                 handled = handler::resume(r, w, flow);
             }

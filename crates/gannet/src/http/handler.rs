@@ -32,7 +32,7 @@ use crate::modules::auth_request::Subrequest;
 use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{
-    access, autoindex, charset, gateway, gunzip, headers, index, limit_conn, limit_zone,
+    access, addition, autoindex, charset, gateway, gunzip, headers, index, limit_conn, limit_zone,
     random_index, realip, static_files, stub_status, sub_filter, try_files, userid,
 };
 use crate::runtime::worker::Worker;
@@ -124,6 +124,7 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
     };
     finish(req, &mut resp);
     gunzip::start(req, &mut resp);
+    addition::start(req, &mut resp);
     // sub_filter's length is not known before it is sent; it is set up after the
     // conditional filter, which must see the validators it may remove.
     let sub = sub_filter::applies(req, &resp, false);
@@ -134,14 +135,17 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
     let len = (!resp.length_unknown && !sub && !recoded)
         .then(|| resp.content_length.unwrap_or(resp.body.len()));
     let plan = compress::plan(req, &resp, len);
-    if resp.status == 200 {
+    // Conditions and ranges are the main request's (nginx's not_modified and range
+    // filters skip subrequests): a subrequest's whole body goes into the main answer.
+    if resp.status == 200 && !req.subrequest {
         conditional::filter(req, &mut resp);
     }
     if sub {
         sub_filter::start(req, &mut resp, false);
     }
     charset::start(req, &mut resp);
-    let rewritten = resp.sub_filter.is_some() || resp.charset.is_some();
+    // A body changed while sent (gunzip's, addition's too) is not the one at hand.
+    let rewritten = resp.rewrites.is_some();
     compress::apply(req, &mut resp, plan, rewritten);
     Handled::Respond(resp)
 }
@@ -170,6 +174,7 @@ pub async fn settle(req: &mut Request, w: &Worker, mut handled: Handled) -> Hand
 pub fn finish_streamed(req: &mut Request, resp: &mut Response) {
     finish(req, resp);
     gunzip::start(req, resp);
+    addition::start(req, resp);
     sub_filter::start(req, resp, true);
     charset::start(req, resp);
     let plan = compress::plan(req, resp, resp.content_length);

@@ -86,17 +86,8 @@ pub fn start(req: &Request, resp: &mut Response) {
     resp.content_length = None;
     resp.length_unknown = true;
     resp.accept_ranges = false;
-    if let Some(etag) = &resp.etag {
-        if !etag.starts_with("W/") {
-            resp.etag = Some(format!("W/{etag}").into());
-        }
-    }
-    for (name, value) in &mut resp.headers {
-        if name.eq_ignore_ascii_case("etag") && !value.starts_with("W/") {
-            *value = format!("W/{value}").into();
-        }
-    }
-    resp.gunzip = true;
+    resp.weak_etag();
+    resp.rewrites().gunzip = true;
 }
 
 /// The inflater of one answer's body.
