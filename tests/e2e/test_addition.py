@@ -72,3 +72,18 @@ def test_addition_config(tmp_path):
         assert n.returncode != 0 and g.returncode != 0, (n.stderr, g.stderr)
         msg, line = re.search(r"#\d+: (.*) in \S+:(\d+)", n.stderr).groups()
         assert f":{line}: {msg}" in g.stderr, (n.stderr, g.stderr)
+
+
+def test_addition_and_gunzip_over_http2(gannet):
+    """HTTP/2 (h2c, curl) goes through the same filters: the subrequest's body, and an
+    inflated gzip file."""
+    import subprocess
+    srv = gannet.start(
+        server="http2 on; location = /index.html { add_before_body /parts/before.html; add_after_body /parts/after.html; }"
+               " location /s/ { gzip_static always; gunzip on; }",
+        files={**FILES, "s/g.txt.gz": gzip.compress(b"inflated\n")})
+    def curl(path):
+        return subprocess.run(["curl", "-s", "--http2-prior-knowledge", "-w", "%{http_version}", f"{srv.base}{path}"],
+                              capture_output=True, timeout=10).stdout
+    assert curl("/index.html") == b"<header>B</header>\n<main>page</main>\n<footer>A</footer>\n2"
+    assert curl("/s/g.txt") == b"inflated\n2"
