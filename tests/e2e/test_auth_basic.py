@@ -149,3 +149,26 @@ def test_bad_auth_config_is_an_error_with_its_line(gannet, server, message):
     r = gannet.check(server=server)
     assert r.returncode != 0
     assert re.search(r"check\.conf:\d+: .*" + re.escape(message), r.stderr), r.stderr
+
+
+VAR_CONF = PEER_MAIN + r"""
+http {
+    server {
+        listen 127.0.0.1:{port};
+        root {root};
+        location / { auth_basic "team"; auth_basic_user_file {root}/../users_$arg_team; }
+    }
+}
+"""
+
+
+@pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
+def test_user_file_with_variables_as_nginx(tmp_path):
+    """`auth_basic_user_file` with a variable: the file is chosen per request."""
+    with side_by_side(tmp_path, VAR_CONF, {"f.txt": "in\n"}) as (srv, nginx_port):
+        (srv.root.parent / "users_red").write_text("alice:{PLAIN}a\n")
+        (srv.root.parent / "users_blue").write_text("bob:{PLAIN}b\n")
+        cases = [(t, c) for t in ("red", "blue", "none", "") for c in (("alice", "a"), ("bob", "b"), None)]
+        got = [(exchange(srv.port, request(f"/f.txt?team={t}", c)).status, exchange(nginx_port, request(f"/f.txt?team={t}", c)).status) for t, c in cases]
+    assert [g for g, _ in got] == [n for _, n in got], list(zip(cases, got))
+    assert [g for g, _ in got][:6] == [200, 401, 401, 401, 200, 401]

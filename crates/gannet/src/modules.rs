@@ -6,6 +6,7 @@
 
 pub mod access;
 pub mod access_log;
+pub mod addition;
 pub mod auth_basic;
 pub mod auth_request;
 pub mod autoindex;
@@ -19,6 +20,7 @@ pub mod fastcgi;
 pub mod file_cache;
 pub mod gateway;
 pub mod geo;
+pub mod gunzip;
 pub mod headers;
 pub mod health_check;
 pub mod http2;
@@ -32,6 +34,7 @@ pub mod mirror;
 pub mod proxy;
 pub mod proxy_cookie;
 pub mod proxy_ssl;
+pub mod random_index;
 pub mod realip;
 pub mod referer;
 pub mod rewrite;
@@ -40,6 +43,7 @@ pub mod secure_link;
 pub mod split_clients;
 pub mod ssi;
 pub mod static_files;
+pub mod stub_status;
 pub mod sub_filter;
 pub mod tls;
 pub mod try_files;
@@ -247,6 +251,22 @@ pub const MODULES: &[Module] = &[
         directives: userid::DIRECTIVES,
         set: userid::set,
     },
+    Module {
+        directives: addition::DIRECTIVES,
+        set: addition::set,
+    },
+    Module {
+        directives: gunzip::DIRECTIVES,
+        set: gunzip::set,
+    },
+    Module {
+        directives: random_index::DIRECTIVES,
+        set: random_index::set,
+    },
+    Module {
+        directives: stub_status::DIRECTIVES,
+        set: stub_status::set,
+    },
 ];
 
 /// Find the spec and setter for an http/server/location directive.
@@ -317,6 +337,7 @@ pub struct LocConf {
     pub files: static_files::FilesConf,
     pub index: index::IndexConf,
     pub dav: dav::DavConf,
+    pub random_index: random_index::RandomIndexConf,
     pub try_files: try_files::TryFilesConf,
     pub autoindex: autoindex::AutoindexConf,
     pub headers: headers::HeadersConf,
@@ -336,6 +357,8 @@ pub struct LocConf {
     pub error_log: Option<Arc<crate::errlog::ErrorLogs>>,
     pub fastcgi: fastcgi::FastCgiConf,
     pub compress: compress::CompressConf,
+    pub gunzip: gunzip::GunzipConf,
+    pub addition: addition::AdditionConf,
     pub sub_filter: sub_filter::SubFilterConf,
     pub ssi: ssi::SsiConf,
     pub scgi: gateway::GatewayConf,
@@ -348,6 +371,8 @@ pub struct LocConf {
     pub http2: http2::Http2Conf,
     pub secure_link: secure_link::SecureLinkConf,
     pub userid: userid::UseridConf,
+    /// `stub_status` (this level only: a content handler is not inherited).
+    pub stub_status: bool,
 }
 
 impl LocConf {
@@ -359,6 +384,7 @@ impl LocConf {
         self.files.merge(&parent.files);
         self.index.merge(&parent.index);
         self.dav.merge(&parent.dav);
+        self.random_index.merge(&parent.random_index);
         self.autoindex.merge(&parent.autoindex);
         self.headers.merge(&parent.headers);
         self.error_page.merge(&parent.error_page);
@@ -377,6 +403,8 @@ impl LocConf {
         }
         self.fastcgi.merge(&parent.fastcgi);
         self.compress.merge(&parent.compress);
+        self.gunzip.merge(&parent.gunzip);
+        self.addition.merge(&parent.addition);
         self.sub_filter.merge(&parent.sub_filter);
         self.ssi.merge(&parent.ssi);
         self.scgi.merge(&parent.scgi);

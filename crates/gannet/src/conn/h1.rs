@@ -290,11 +290,17 @@ impl<S: Transport> Conn<S> {
         // a connection's first request, else from the first byte of the request (or from
         // the end of the previous one when it is pipelined right behind it).
         let mut head_deadline = (c.info.requests == 0).then(|| c.born + header_timeout);
+        // `stub_status`'s Reading: from a request's first byte to its whole head.
+        let mut reading = None;
         loop {
             match parse_request(&mut c.buf, &limits) {
                 Ok(Some(head)) => {
                     head_deadline = None;
                     c.info.requests += 1;
+                    if reading.take().is_none() {
+                        w.stats.request();
+                    }
+                    let _writing = w.stats.writing();
                     // Boxed: the request's state (head, response, body sends) is large and lives
                     // only while the request does; inline it would sit in every idle
                     // connection's task for its whole life.
@@ -307,7 +313,12 @@ impl<S: Transport> Conn<S> {
                     }
                     continue;
                 }
-                Ok(None) => {}
+                Ok(None) => {
+                    if reading.is_none() && !c.buf.is_empty() {
+                        w.stats.request();
+                        reading = Some(w.stats.reading());
+                    }
+                }
                 Err(ParseError::VersionNotSupported)
                     if c.buf.starts_with(H2_PREFACE) && h2c_enabled(g) && !c.plain_on_tls =>
                 {
@@ -328,6 +339,9 @@ impl<S: Transport> Conn<S> {
                     return End::H2c;
                 }
                 Err(e) => {
+                    if reading.is_none() {
+                        w.stats.request();
+                    }
                     // Log what nginx would: the request line up to the buffer's size, and the
                     // headers when it was the headers that were refused.
                     let mut raw = c.buf.split().freeze();

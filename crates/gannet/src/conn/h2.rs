@@ -276,6 +276,8 @@ async fn stream(
     _in_flight: InFlight,
 ) {
     let (parts, mut recv) = req.into_parts();
+    w.stats.request();
+    let writing = w.stats.writing();
     let timeout = answer(&w, info, group, parts, &mut recv, &mut respond).await;
     // A body not read to its end (not wanted, too large, too slow): it is read off for a
     // while so the client sees the answer and the stream ends cleanly. Past that, the
@@ -284,6 +286,7 @@ async fn stream(
     if !recv.is_end_stream() && read_body(&mut recv, DISCARD_MAX, timeout).await.is_err() {
         respond.send_reset(h2::Reason::NO_ERROR);
     }
+    drop(writing);
 }
 
 /// The most of an unwanted body read off after the answer before the stream is stopped.

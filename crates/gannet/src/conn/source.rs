@@ -6,7 +6,7 @@ use super::gateway::Streaming;
 use crate::errlog::{self, Level};
 use crate::http::request::Request;
 use crate::http::response::{Body, Part, Response};
-use crate::modules::{charset, ssi, sub_filter};
+use crate::modules::{addition, charset, gunzip, ssi, sub_filter};
 use crate::runtime::worker::Worker;
 use bytes::Bytes;
 use std::collections::VecDeque;
@@ -20,10 +20,24 @@ pub enum Source {
     Parts(VecDeque<Part>),
     /// Another source's pieces parsed for SSI commands (`conn::ssi` runs its includes).
     Ssi(Box<super::ssi::Included>),
+    /// Another source's gzip pieces inflated (`gunzip`).
+    Gunzip(Box<Source>, Box<gunzip::Stream>),
     /// Another source's pieces rewritten by `sub_filter`.
     Sub(Box<Source>, Box<sub_filter::Stream>),
     /// Another source's pieces recoded by the charset module.
     Recode(Box<Source>, Box<charset::Stream>),
+    /// Another source's pieces with subrequests' bodies before and after them.
+    Addition(Box<Addition>),
+}
+
+/// The main answer's body (filtered by its own location) between the bodies of the
+/// `add_before_body` and `add_after_body` subrequests, each run when its turn comes.
+pub struct Addition {
+    around: addition::Around,
+    main: Source,
+    main_done: bool,
+    /// The subrequest being sent, and its body.
+    sub: Option<(Box<Request>, Source)>,
 }
 
 impl Source {
@@ -40,31 +54,46 @@ impl Source {
         resp: &mut Response,
         within: Option<(std::rc::Rc<std::cell::RefCell<ssi::Shared>>, u8)>,
     ) -> Source {
-        let s = match resp.ssi.take() {
-            Some(setup) => {
-                let (shared, depth) = within.map_or((None, 0), |(s, d)| (Some(s), d));
-                let stream = ssi::Stream::new(setup, shared, depth);
-                Source::Ssi(Box::new(super::ssi::Included::new(self, stream)))
-            }
-            None => self,
+        let Some(rw) = resp.rewrites.take() else {
+            return self;
         };
-        let s = match resp.sub_filter.take() {
+        let s = if rw.gunzip {
+            Source::Gunzip(Box::new(self), Box::default())
+        } else {
+            self
+        };
+        let s = match rw.sub_filter {
             Some(p) => Source::Sub(Box::new(s), Box::new(sub_filter::Stream::new(p))),
             None => s,
         };
-        match resp.charset.take() {
+        let s = match rw.charset {
             Some(r) => Source::Recode(Box::new(s), Box::new(charset::Stream::new(r))),
+            None => s,
+        };
+        let s = match rw.ssi {
+            Some(setup) => {
+                let (shared, depth) = within.map_or((None, 0), |(s, d)| (Some(s), d));
+                let stream = ssi::Stream::new(setup, shared, depth);
+                Source::Ssi(Box::new(super::ssi::Included::new(s, stream)))
+            }
+            None => s,
+        };
+        // The subrequests' bodies are not the main answer's filters' to rewrite (nginx's
+        // postpone filter joins them after those); compression takes them all.
+        match rw.addition {
+            Some(around) => Source::Addition(Box::new(Addition {
+                around,
+                main: s,
+                main_done: false,
+                sub: None,
+            })),
             None => s,
         }
     }
 
     /// A body at hand that must still be streamed: compressed or rewritten while sent.
     pub fn from_body(resp: &mut Response) -> Option<Source> {
-        if resp.encode.is_none()
-            && resp.ssi.is_none()
-            && resp.sub_filter.is_none()
-            && resp.charset.is_none()
-        {
+        if resp.encode.is_none() && resp.rewrites.is_none() {
             return None;
         }
         Some(Source::whole(resp))
@@ -83,8 +112,6 @@ impl Source {
     pub async fn next(&mut self, w: &Worker, req: &Request) -> Result<Option<Bytes>, ()> {
         match self {
             Source::App(s) => s.next(req).await,
-            // Boxed: the page's includes are sources of this same function.
-            Source::Ssi(inc) => Box::pin(inc.next(w, req)).await,
             Source::Sub(inner, sub) => loop {
                 if sub.ended() {
                     return Ok(None);
@@ -96,6 +123,48 @@ impl Source {
                 // Nothing may come out of a piece that only began a match: read on.
                 if !out.is_empty() {
                     return Ok(Some(out.into()));
+                }
+            },
+            // Boxed: the page's includes are sources of this same function.
+            Source::Ssi(inc) => Box::pin(inc.next(w, req)).await,
+            Source::Gunzip(inner, gz) => loop {
+                if gz.ended() {
+                    return Ok(None);
+                }
+                let piece = Box::pin(inner.next(w, req)).await?;
+                let last = piece.is_none();
+                match gz.feed(piece.as_deref().unwrap_or_default(), last) {
+                    // A piece of header or of a deflate block may give nothing yet.
+                    Ok(out) if out.is_empty() && !last => {}
+                    Ok(out) if out.is_empty() => return Ok(None),
+                    Ok(out) => return Ok(Some(out.into())),
+                    Err(e) => {
+                        errlog::request(Level::Error, req, format_args!("inflate() failed: {e}"));
+                        return Err(());
+                    }
+                }
+            },
+            Source::Addition(a) => loop {
+                if let Some((r, src)) = &mut a.sub {
+                    match Box::pin(src.next(w, r)).await? {
+                        Some(piece) => return Ok(Some(piece)),
+                        None => {
+                            if let Some((_, src)) = a.sub.take() {
+                                src.finish(w);
+                            }
+                        }
+                    }
+                } else if let Some(uri) = a.around.before.take() {
+                    a.sub = Some(Box::pin(super::subrequest::body(w, req, &uri)).await);
+                } else if !a.main_done {
+                    match Box::pin(a.main.next(w, req)).await? {
+                        Some(piece) => return Ok(Some(piece)),
+                        None => a.main_done = true,
+                    }
+                } else if let Some(uri) = a.around.after.take() {
+                    a.sub = Some(Box::pin(super::subrequest::body(w, req, &uri)).await);
+                } else {
+                    return Ok(None);
                 }
             },
             Source::Recode(inner, rec) => loop {
@@ -155,8 +224,12 @@ impl Source {
         match self {
             Source::App(_) => true,
             Source::Parts(_) => false,
-            Source::Sub(inner, _) | Source::Recode(inner, _) => inner.may_pause(),
+            Source::Sub(inner, _) | Source::Recode(inner, _) | Source::Gunzip(inner, _) => {
+                inner.may_pause()
+            }
             Source::Ssi(inc) => inc.may_pause(),
+            // Subrequests may wait for applications.
+            Source::Addition(_) => true,
         }
     }
 
@@ -166,8 +239,14 @@ impl Source {
         match self {
             Source::App(s) => s.at_hand(),
             Source::Parts(_) => true,
-            Source::Sub(inner, _) | Source::Recode(inner, _) => inner.at_hand(),
+            Source::Sub(inner, _) | Source::Recode(inner, _) | Source::Gunzip(inner, _) => {
+                inner.at_hand()
+            }
             Source::Ssi(inc) => inc.at_hand(),
+            Source::Addition(a) => match &a.sub {
+                Some((_, s)) => s.at_hand(),
+                None => a.main_done || a.main.at_hand(),
+            },
         }
     }
 
@@ -182,10 +261,14 @@ impl Source {
         match self {
             Source::App(s) => s.alongside(w, req, send).await,
             Source::Parts(_) => send.await,
-            Source::Sub(inner, _) | Source::Recode(inner, _) => {
+            Source::Sub(inner, _) | Source::Recode(inner, _) | Source::Gunzip(inner, _) => {
                 Box::pin(inner.alongside(w, req, send)).await
             }
             Source::Ssi(inc) => Box::pin(inc.alongside(w, req, send)).await,
+            Source::Addition(a) => match &mut a.sub {
+                Some((r, s)) => Box::pin(s.alongside(w, r, send)).await,
+                None => Box::pin(a.main.alongside(w, req, send)).await,
+            },
         }
     }
 
@@ -193,8 +276,11 @@ impl Source {
     pub fn finish(self, w: &Worker) {
         match self {
             Source::App(s) => s.finish(w),
-            Source::Sub(inner, _) | Source::Recode(inner, _) => inner.finish(w),
+            Source::Sub(inner, _) | Source::Recode(inner, _) | Source::Gunzip(inner, _) => {
+                inner.finish(w)
+            }
             Source::Ssi(inc) => inc.finish(w),
+            Source::Addition(a) => a.main.finish(w),
             Source::Parts(_) => {}
         }
     }

@@ -125,7 +125,7 @@ impl Included {
             Some(s) => Source::App(s),
             None => Source::whole(&mut resp),
         };
-        let parsed = resp.ssi;
+        let parsed = resp.rewrites.as_ref().and_then(|r| r.ssi);
         let src = src.filtered_in(&mut resp, Some((self.stream.shared(), self.depth())));
         Child {
             req: r,

@@ -2,12 +2,14 @@
 //! from a URI as an internal request (so `internal` locations take it), skipping the access
 //! phase as nginx's subrequests do. `auth_request`'s (see `modules::auth_request`): what it
 //! answered (status and headers) goes back to the phases, its body is dropped. SSI's
-//! `include` (see `conn::ssi`): its answer with its body, to be sent within the page.
+//! `include` (see `conn::ssi`) and `add_before_body` / `add_after_body`'s: its answer with
+//! its body, to be sent within the main answer.
 //!
 //! It runs inside `handler::settle`, which HTTP/1 and HTTP/2 both call, so there is one
 //! code path for both protocols.
 
 use super::gateway::{self, Outcome, Streaming};
+use super::source::Source;
 use crate::http::handler::{self, Flow, Handled};
 use crate::http::request::Request;
 use crate::http::response::Response;
@@ -17,10 +19,7 @@ use gannet_proto::h1::{BodyKind, Method};
 
 /// Run `sub` for `main`: fill in its answer and set `main`'s `auth_request_set` variables.
 pub async fn auth(w: &Worker, main: &Request, sub: &mut Subrequest) {
-    let (uri, args) = match sub.uri.split_once('?') {
-        Some((p, a)) => (p.to_string(), (!a.is_empty()).then(|| a.to_string())),
-        None => (sub.uri.to_string(), None),
-    };
+    let (uri, args) = split(&sub.uri);
     let mut r = request(main, uri, args);
     let resp = answer(w, &mut r).await;
     main.vars.copy_from(&r.vars);
@@ -69,6 +68,30 @@ pub fn request(main: &Request, uri: String, args: Option<String>) -> Request {
     // service's URL, as Authelia's snippets do); the caller takes back what it set.
     r.vars.copy_from(&main.vars);
     r
+}
+
+/// `add_before_body` / `add_after_body`'s subrequest for `uri` (`/path?args`): its body
+/// (whatever its status, as nginx), as a source to send in the main answer's, filtered by
+/// its own location's settings. The subrequest is returned with it: reading the source
+/// needs it.
+pub async fn body(w: &Worker, main: &Request, uri: &str) -> (Box<Request>, Source) {
+    let (path, args) = split(uri);
+    let mut r = Box::new(request(main, path, args));
+    let (mut resp, stream) = run(w, &mut r).await;
+    let src = match stream {
+        Some(s) => Source::App(s),
+        None => Source::whole(&mut resp),
+    };
+    let src = src.filtered(&mut resp);
+    (r, src)
+}
+
+/// `/path?args` as the path and the arguments (none if empty).
+fn split(uri: &str) -> (String, Option<String>) {
+    match uri.split_once('?') {
+        Some((p, a)) => (p.to_string(), (!a.is_empty()).then(|| a.to_string())),
+        None => (uri.to_string(), None),
+    }
 }
 
 /// Run `r` through the phases (and its application): its answer, with the application's

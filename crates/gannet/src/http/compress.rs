@@ -45,8 +45,9 @@ pub enum Plan {
 /// `len` is the body's length when known.
 pub fn plan(req: &Request, resp: &Response, len: Option<u64>) -> Plan {
     let conf = &req.conf.compress;
-    // A subrequest's body goes into its parent's, compressed (or not) with it, as nginx.
-    if req.subrequest || !conf.any_enabled() || !matches!(resp.status, 200 | 403 | 404) {
+    // A subrequest's body goes into the main answer, which is compressed whole (nginx's
+    // gzip filter skips subrequests).
+    if !conf.any_enabled() || !matches!(resp.status, 200 | 403 | 404) || req.subrequest {
         return Plan::Skip;
     }
     let Some(ct) = resp.content_type.as_deref() else {
@@ -142,19 +143,10 @@ pub fn apply(req: &Request, resp: &mut Response, plan: Plan, streamed: bool) {
     resp.headers
         .push(("Content-Encoding".into(), coding.token().into()));
     resp.accept_ranges = false;
-    if let Some(etag) = &resp.etag {
-        if !etag.starts_with("W/") {
-            resp.etag = Some(format!("W/{etag}").into());
-        }
-    }
     // An upstream's answer carries its validators as plain headers: the same rules.
     resp.headers
         .retain(|(name, _)| !name.eq_ignore_ascii_case("accept-ranges"));
-    for (name, value) in &mut resp.headers {
-        if name.eq_ignore_ascii_case("etag") && !value.starts_with("W/") {
-            *value = format!("W/{value}").into();
-        }
-    }
+    resp.weak_etag();
 }
 
 /// The whole body as one buffer when it is in memory (a file to be sent with sendfile is

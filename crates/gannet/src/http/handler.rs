@@ -32,8 +32,9 @@ use crate::modules::auth_request::Subrequest;
 use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{
-    access, autoindex, charset, dav, gateway, headers, index, limit_conn, limit_zone, realip, ssi,
-    static_files, sub_filter, try_files, userid,
+    access, addition, autoindex, charset, dav, gateway, gunzip, headers, index, limit_conn,
+    limit_zone, random_index, realip, ssi, static_files, stub_status, sub_filter, try_files,
+    userid,
 };
 use crate::runtime::worker::Worker;
 use gannet_proto::cgi::HeaderValue;
@@ -130,6 +131,8 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
         };
     };
     finish(req, &mut resp);
+    gunzip::start(req, &mut resp);
+    addition::start(req, &mut resp);
     // sub_filter's length is not known before it is sent; it is set up after the
     // conditional filter, which must see the validators it may remove.
     let sub = sub_filter::applies(req, &resp, false) || ssi::applies(req, &resp, false);
@@ -140,7 +143,9 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
     let len = (!resp.length_unknown && !sub && !recoded)
         .then(|| resp.content_length.unwrap_or(resp.body.len()));
     let plan = compress::plan(req, &resp, len);
-    if resp.status == 200 {
+    // Conditions and ranges are the main request's (nginx's not_modified and range
+    // filters skip subrequests): a subrequest's whole body goes into the main answer.
+    if resp.status == 200 && !req.subrequest {
         conditional::filter(req, &mut resp);
     }
     if sub {
@@ -148,7 +153,8 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
         sub_filter::start(req, &mut resp, false);
     }
     charset::start(req, &mut resp);
-    let rewritten = resp.ssi.is_some() || resp.sub_filter.is_some() || resp.charset.is_some();
+    // A body changed while sent (gunzip's, addition's too) is not the one at hand.
+    let rewritten = resp.rewrites.is_some();
     compress::apply(req, &mut resp, plan, rewritten);
     Handled::Respond(resp)
 }
@@ -184,6 +190,8 @@ pub async fn settle(req: &mut Request, w: &Worker, mut handled: Handled) -> Hand
 /// it declared one) and its body comes later, compressed on the way if the filter says so.
 pub fn finish_streamed(req: &mut Request, resp: &mut Response) {
     finish(req, resp);
+    gunzip::start(req, resp);
+    addition::start(req, resp);
     ssi::start(req, resp, true);
     sub_filter::start(req, resp, true);
     charset::start(req, resp);
@@ -324,11 +332,15 @@ fn content(req: &mut Request, w: &Worker) -> Flow {
     if gateway::active(&req.conf).is_some() {
         return Flow::Gateway;
     }
+    if req.conf.stub_status {
+        return stub_status::handle(req);
+    }
     match dav::handle(req) {
         Flow::Next => {}
         other => return other,
     }
-    let content: [fn(&Request, &Worker) -> Flow; 3] = [
+    let content: [fn(&Request, &Worker) -> Flow; 4] = [
+        |r, _| random_index::handle(r),
         index::handle,
         |r, _| autoindex::handle(r),
         static_files::handle,

@@ -86,6 +86,24 @@ impl Body {
     }
 }
 
+/// The filters that change a body while it is sent, in nginx's order (`conn::source`).
+#[derive(Debug, Clone, Default)]
+pub struct Rewrites {
+    /// Inflate the gzip-encoded body (`gunzip`).
+    pub gunzip: bool,
+    /// Rewrite the body with these `sub_filter` strings.
+    pub sub_filter: Option<Rc<crate::modules::sub_filter::Patterns>>,
+    /// Recode the body to the charset its Content-Type names, as the charset module set
+    /// it up.
+    pub charset: Option<Rc<crate::modules::charset::Recode>>,
+    /// Parse the body for SSI commands (after `sub_filter` and `charset`, as nginx's filter
+    /// order has it).
+    pub ssi: Option<crate::modules::ssi::Setup>,
+    /// Send the bodies of these subrequests around the body (`add_before_body`,
+    /// `add_after_body`).
+    pub addition: Option<crate::modules::addition::Around>,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Response {
     pub status: u16,
@@ -115,14 +133,9 @@ pub struct Response {
     /// An application's `X-Accel-Limit-Rate` (bytes per second; 0 lifts the limit).
     /// (A u32: 4 GiB/s is no limit in practice, and it keeps `Response` small.)
     pub limit_rate: Option<u32>,
-    /// Rewrite the body with these `sub_filter` strings while sending it (streamed, before
-    /// `encode`).
-    pub sub_filter: Option<Rc<crate::modules::sub_filter::Patterns>>,
-    /// Parse the body for SSI commands while sending it (before `sub_filter`).
-    pub ssi: Option<crate::modules::ssi::Setup>,
-    /// Recode the body to the charset its Content-Type names while sending it (after
-    /// `sub_filter`, before `encode`), as the charset module set it up.
-    pub charset: Option<Rc<crate::modules::charset::Recode>>,
+    /// What changes the body while it is sent (before `encode`); boxed, as most answers
+    /// have none of it.
+    pub rewrites: Option<Box<Rewrites>>,
     /// `add_trailer`'s fields, when one applies to the status: evaluated and sent after the
     /// body (`modules::headers::trailers`).
     pub trailers: Option<Arc<Vec<crate::modules::headers::AddHeader>>>,
@@ -162,6 +175,26 @@ impl Response {
     pub fn last_modified_sent(&self) -> Option<SystemTime> {
         self.last_modified
             .filter(|_| matches!(self.status, 200 | 206 | 304))
+    }
+
+    /// The body rewrites, made on first use.
+    pub fn rewrites(&mut self) -> &mut Rewrites {
+        self.rewrites.get_or_insert_with(Box::default)
+    }
+
+    /// nginx's `ngx_http_weak_etag`, for a filter that changes the body: a strong ETag
+    /// (the file's, or an application's among the headers) becomes weak.
+    pub fn weak_etag(&mut self) {
+        if let Some(etag) = &self.etag {
+            if !etag.starts_with("W/") {
+                self.etag = Some(format!("W/{etag}").into());
+            }
+        }
+        for (name, value) in &mut self.headers {
+            if name.eq_ignore_ascii_case("etag") && !value.starts_with("W/") {
+                *value = format!("W/{value}").into();
+            }
+        }
     }
 
     pub fn new(status: u16) -> Response {

@@ -23,6 +23,7 @@
 use crate::http::request::Request;
 use crate::http::response::Response;
 use crate::http::user_vars::{self, UserVar};
+use crate::modules::stub_status::Gauge;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -81,6 +82,7 @@ pub enum Var {
     ContentLength,
     Connection,
     ConnectionRequests,
+    Connections(crate::modules::stub_status::Gauge),
     LimitReqStatus,
     LimitConnStatus,
     LimitRate,
@@ -239,6 +241,10 @@ impl Var {
             "content_length" => Var::ContentLength,
             "connection" => Var::Connection,
             "connection_requests" => Var::ConnectionRequests,
+            "connections_active" => Var::Connections(Gauge::Active),
+            "connections_reading" => Var::Connections(Gauge::Reading),
+            "connections_writing" => Var::Connections(Gauge::Writing),
+            "connections_waiting" => Var::Connections(Gauge::Waiting),
             "msec" => Var::Msec,
             "time_local" => Var::TimeLocal,
             "date_local" => Var::DateLocal,
@@ -820,6 +826,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         Var::ConnectionRequests => {
             push_uint(out, req.conn.requests);
         }
+        Var::Connections(g) => push_uint(out, crate::modules::stub_status::variable(*g)),
         Var::LimitReqStatus => out.push_str(req.limit_req_status.unwrap_or_default()),
         Var::LimitConnStatus => out.push_str(req.limit_conn_status.unwrap_or_default()),
         Var::LimitRate => {

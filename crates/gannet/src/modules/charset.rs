@@ -280,7 +280,7 @@ fn eval(n: &Name, req: &Request) -> Option<String> {
 }
 
 /// The charset header filter: name the charset in `resp`'s Content-Type and set up its
-/// recoding (in `resp.charset`), as nginx's. Free for a location without `charset`.
+/// recoding (in `resp.rewrites`), as nginx's. Free for a location without `charset`.
 pub fn start(req: &Request, resp: &mut Response) {
     let c = &req.conf.charset;
     let Some(dst_conf) = c.charset.as_ref().filter(|n| !matches!(n, Name::Off)) else {
@@ -366,7 +366,7 @@ pub fn start(req: &Request, resp: &mut Response) {
     resp.headers
         .retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
     if !req.is_head() {
-        resp.charset = Some(Rc::new(recode));
+        resp.rewrites().charset = Some(Rc::new(recode));
     }
 }
 

@@ -152,7 +152,7 @@ pub fn start(req: &Request, resp: &mut Response, streamed: bool) {
         resp.body_rewritten(c.last_modified == Some(true));
     }
     if !req.is_head() {
-        resp.ssi = Some(Setup::new(
+        resp.rewrites().ssi = Some(Setup::new(
             c.silent_errors == Some(true),
             c.value_len.unwrap_or(255),
         ));

@@ -155,7 +155,7 @@ pub fn start(req: &Request, resp: &mut Response, streamed: bool) {
     resp.body_rewritten(c.last_modified == Some(true));
     // A HEAD answer has no body to rewrite; its headers say what a GET's would.
     if !req.is_head() {
-        resp.sub_filter = Some(Rc::new(Patterns {
+        resp.rewrites().sub_filter = Some(Rc::new(Patterns {
             pairs,
             once: c.once != Some(false),
             starts,

@@ -113,6 +113,8 @@ pub fn run(config: Config, reload: impl Fn() -> Result<Config, ConfError>) -> Re
     if unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) } != 0 {
         return Err("signal setup failed".into());
     }
+    // Before any fork: every worker process shares the counters (`stub_status`).
+    super::conn_stats::init();
     let exec = Exec::at_start();
     // Started by an upgrade: the old master's sockets for the addresses still listened on
     // (the others close with `old`); else the sockets systemd passed (socket activation)

@@ -6,6 +6,7 @@
 pub mod activation;
 pub mod channel;
 pub mod clock;
+pub mod conn_stats;
 pub mod listener;
 pub mod log_reopen;
 pub mod master;

@@ -53,6 +53,8 @@ pub struct Worker {
     /// Per log file: buffered lines and when they were last written.
     logs: RefCell<HashMap<usize, LogBuffer>>,
     pub active: Cell<usize>,
+    /// This thread's share of the server's counters (`stub_status`).
+    pub stats: super::conn_stats::Counter,
     pub draining: Cell<bool>,
     /// Deadlines of connections waiting for their client.
     pub timers: Rc<ReadTimers>,
@@ -74,6 +76,7 @@ impl Worker {
     /// A connection (in a task or parked) has closed.
     pub fn connection_closed(&self) {
         self.active.set(self.active.get() - 1);
+        self.stats.closed();
         self.conn_closed.notify_waiters();
     }
 
@@ -225,6 +228,7 @@ pub fn run(
             tls_sessions: Default::default(),
             logs: RefCell::new(HashMap::new()),
             active: Cell::new(0),
+            stats: super::conn_stats::Counter::claim(),
             draining: Cell::new(false),
             timers: Rc::default(),
             conn_closed: Notify::new(),
@@ -343,9 +347,11 @@ async fn accept_loop(w: Rc<Worker>, listener: AsyncFd<StdListener>, group: usize
                         w.config.main.worker_connections
                     ));
                     drop(stream);
+                    w.stats.dropped();
                     continue;
                 }
                 w.active.set(w.active.get() + 1);
+                w.stats.accepted();
                 tokio::task::spawn_local(crate::conn::h1::serve(w.clone(), stream, peer, group));
             }
             Err(e) => {
