@@ -178,18 +178,18 @@ pub fn finish_streamed(req: &mut Request, resp: &mut Response) {
 /// carries, then `add_header` / `expires`.
 pub fn finish(req: &mut Request, resp: &mut Response) {
     if let Some(code) = req.error_status.take() {
-        // error_page's page keeps the original status (or its =code) over its own 200;
-        // ranges are offered only on a 200, as nginx does.
-        if resp.status == 200 && code != 200 {
+        // error_page's page is answered with the original status (or its =code) whatever
+        // it answered itself, a proxied 401 or 404 as well as a file's 200, unless it is
+        // one of nginx's own answers. Ranges and conditionals, after this, see the status.
+        if !resp.special {
             resp.status = code;
         }
     }
-    if resp.status == 401 {
-        // auth_basic's or auth_request's challenges, also on the error page.
-        for c in &req.auth_challenge {
-            resp.headers
-                .push(("WWW-Authenticate".into(), c.as_str().into()));
-        }
+    // auth_basic's or auth_request's challenges: nginx sets them in the answer's headers
+    // when refusing, so they go out whatever the error_page made of the refusal.
+    for c in &req.auth_challenge {
+        resp.headers
+            .push(("WWW-Authenticate".into(), c.as_str().into()));
     }
     if !req.carried.is_empty() && resp.status < 400 {
         // X-Accel-Redirect's answer: the application's Content-Type wins over the file's,
