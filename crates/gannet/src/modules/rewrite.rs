@@ -13,6 +13,7 @@
 mod condition;
 
 use super::{LoadCtx, LocConf};
+use crate::errlog::{self, Level};
 use crate::http::handler::Flow;
 use crate::http::request::Request;
 use crate::http::response::{Body, Response};
@@ -83,7 +84,7 @@ pub enum Stmt {
     },
     Rewrite {
         re: CapRegex,
-        to: Template,
+        to: Replacement,
         flag: Flag,
     },
     Break,
@@ -113,6 +114,49 @@ fn is_redirect(code: u16) -> bool {
 
 fn is_url(s: &str) -> bool {
     s.starts_with("http://") || s.starts_with("https://") || s.starts_with("$scheme")
+}
+
+/// A `rewrite`'s replacement, split as nginx compiles it: what makes it a redirect, where
+/// the arguments start and whether the original ones follow are all read from the text in
+/// the config, never from what its variables hold (`rewrite ^ $request_uri;` makes a URI
+/// with a `?` in it and keeps the arguments, which `proxy_pass http://h$uri` then sends).
+#[derive(Debug, Clone)]
+pub struct Replacement {
+    /// The new URI up to the text's first `?`; for a redirect, the whole target.
+    path: Template,
+    /// After the text's first `?` (not for a redirect): the new arguments.
+    args: Option<Template>,
+    /// The text has a `?`: a redirect's original arguments follow an `&`, not a `?`.
+    has_query: bool,
+    /// The text does not end with `?`: the original arguments are kept (or appended).
+    keep_args: bool,
+    /// The text starts with `http://`, `https://` or `$scheme`, or the flag says so.
+    redirect: bool,
+}
+
+impl Replacement {
+    fn compile(text: &str, flag: Flag) -> Result<Replacement, String> {
+        if text.is_empty() {
+            return Err("empty replacement".into());
+        }
+        let (text, keep_args) = match text.strip_suffix('?') {
+            Some(t) => (t, false),
+            None => (text, true),
+        };
+        let redirect = is_url(text) || matches!(flag, Flag::Redirect | Flag::Permanent);
+        // A `?` cannot be part of a variable's name, so the first one is the text's own.
+        let (path, args) = match text.split_once('?') {
+            Some((p, a)) if !redirect => (p, Some(Template::compile(a)?)),
+            _ => (text, None),
+        };
+        Ok(Replacement {
+            path: Template::compile(path)?,
+            args,
+            has_query: text.contains('?'),
+            keep_args,
+            redirect,
+        })
+    }
 }
 
 pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), ConfError> {
@@ -171,7 +215,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
             };
             Stmt::Rewrite {
                 re,
-                to: tpl(&d.args[1])?,
+                to: Replacement::compile(&d.args[1], flag).map_err(|e| d.error(e))?,
                 flag,
             }
         }
@@ -284,26 +328,20 @@ fn run_block(stmts: &[Stmt], req: &mut Request, changed: &mut bool) -> Option<Ou
                     continue;
                 };
                 req.captures = caps;
-                let new = to.eval(req, None);
-                let redirect = matches!(flag, Flag::Redirect | Flag::Permanent) || is_url(&new);
-                if redirect {
+                if to.redirect {
                     let code = if *flag == Flag::Permanent { 301 } else { 302 };
-                    let mut loc = new;
-                    // The original arguments follow unless the replacement ends with '?'.
-                    match loc.strip_suffix('?') {
-                        Some(l) => loc = l.to_string(),
-                        None => {
-                            if let Some(a) = &req.args {
-                                loc.push(if loc.contains('?') { '&' } else { '?' });
-                                loc.push_str(a);
-                            }
-                        }
+                    let mut loc = to.path.eval(req, None);
+                    if let (true, Some(a)) = (to.keep_args, &req.args) {
+                        loc.push(if to.has_query { '&' } else { '?' });
+                        loc.push_str(a);
                     }
                     return Some(Outcome::Flow(Flow::Done(redirect_response(
                         req, code, &loc,
                     ))));
                 }
-                set_uri(req, &new);
+                if let Err(flow) = set_uri(req, to) {
+                    return Some(Outcome::Flow(flow));
+                }
                 *changed = true;
                 match flag {
                     Flag::Last => return Some(Outcome::Research),
@@ -316,37 +354,38 @@ fn run_block(stmts: &[Stmt], req: &mut Request, changed: &mut bool) -> Option<Ou
     None
 }
 
-/// Replace the URI with a rewrite result: `path?args` replaces the args (original ones
-/// appended unless it ends with `?`).
-fn set_uri(req: &mut Request, new: &str) {
+/// Replace the URI (and the arguments, after a `?` in the replacement; the original ones
+/// appended with `&` unless it ends with `?`) with a rewrite's result.
+fn set_uri(req: &mut Request, to: &Replacement) -> Result<(), Flow> {
+    let uri = to.path.eval(req, None);
+    if uri.is_empty() {
+        errlog::request(
+            Level::Error,
+            req,
+            format_args!("the rewritten URI has a zero length"),
+        );
+        return Err(Flow::Status(500));
+    }
+    let args = match &to.args {
+        Some(t) => {
+            let mut a = t.eval(req, None);
+            if let (true, Some(old)) = (to.keep_args, &req.args) {
+                // nginx adds the `&` even after nothing: `rewrite ^ /x?$arg_none;`
+                // makes `&q=1` of `?q=1`.
+                a.push('&');
+                a.push_str(old);
+            }
+            (!a.is_empty()).then_some(a)
+        }
+        None if to.keep_args => req.args.take(),
+        None => None,
+    };
     // The client's URI no longer applies, nor (after a `break`) the location's prefix.
     req.uri_changed = true;
     req.location_valid = false;
-    let (new, keep_old) = match new.strip_suffix('?') {
-        Some(n) => (n, false),
-        None => (new, true),
-    };
-    match new.split_once('?') {
-        Some((path, args)) => {
-            let mut a = args.to_string();
-            if keep_old {
-                if let Some(old) = &req.args {
-                    if !a.is_empty() {
-                        a.push('&');
-                    }
-                    a.push_str(old);
-                }
-            }
-            req.uri = path.to_string();
-            req.args = if a.is_empty() { None } else { Some(a) };
-        }
-        None => {
-            req.uri = new.to_string();
-            if !keep_old {
-                req.args = None;
-            }
-        }
-    }
+    req.uri = uri;
+    req.args = args;
+    Ok(())
 }
 
 /// `return`'s answer.
