@@ -293,6 +293,11 @@ http {
         location /r4/ { set $t "http://x.test/p"; rewrite ^ $t; return 200 "[$uri|$args|$is_args]\n"; }
         location /r5/ { rewrite ^ /x?; return 200 "[$uri|$args|$is_args]\n"; }
         location /r6/ { set $t "/y?"; rewrite ^ $t; return 200 "[$uri|$args|$is_args]\n"; }
+        # nginx's own redirects go through error_page, the page carrying the Location.
+        location /r7/ { error_page 302 =200 /page.txt; return 302 /elsewhere; }
+        location /r8/ { error_page 301 /page.txt; rewrite ^/r8/(.*)$ /to/$1 permanent; }
+        location /r9/ { root {root}; error_page 301 = /page.txt; }
+        location = /page.txt { root {root}; }
     }
 }
 """
@@ -307,9 +312,9 @@ def test_rewrite_arguments_as_nginx_sets_them(tmp_path):
     app = rawapps.HttpApp(echo_line)
     try:
         conf = REWRITE_ARGS_CONF.replace("APP", str(app.port))
-        paths = [f"/{loc}/a/b{q}" for loc in ("g1", "g2", "g3", "g4", "g5", "g6", "g7", "g8", "r1", "r2", "r3", "r4", "r5", "r6") for q in ("", "?q=x")]
+        paths = [f"/{loc}/a/b{q}" for loc in ("g1", "g2", "g3", "g4", "g5", "g6", "g7", "g8", "r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8", "r9") for q in ("", "?q=x")]
         paths += ["/g1/api/v1/repos/search?q=x&sort=a%20b", "/g1/a%2Fb/c?x=%2F"]
-        with side_by_side(tmp_path, conf) as (srv, nginx_port):
+        with side_by_side(tmp_path, conf, {"page.txt": "page\n", "r9/a/b/x": "x\n"}) as (srv, nginx_port):
             sent = [f"GET {p} HTTP/1.1\r\nHost: main.test\r\nConnection: close\r\n\r\n".encode() for p in paths]
             answers = [(exchange(nginx_port, r), exchange(srv.port, r)) for r in sent]
     finally:
@@ -325,3 +330,4 @@ def test_rewrite_arguments_as_nginx_sets_them(tmp_path):
     got = dict(zip(paths, (g for _, g in answers)))
     assert got["/g1/a/b?q=x"].body == b"GET /a/b?q=x HTTP/1.0 seen=/a/b?q=x|q=x|?\n"
     assert got["/r4/a/b?q=x"].body == b"[http://x.test/p|q=x|?]\n"
+    assert got["/r7/a/b"].status == 200 and got["/r7/a/b"].headers["location"] == f"http://main.test:{srv.port}/elsewhere"

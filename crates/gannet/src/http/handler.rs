@@ -50,6 +50,10 @@ pub enum Flow {
     Done(Response),
     /// Answer with this status (through `error_page` if one is set for it).
     Status(u16),
+    /// A redirect nginx makes itself (`rewrite`, `return`, a directory's slash, a location's
+    /// auto_redirect): through `error_page` if one is set for its status, as any of nginx's
+    /// own answers, else its page with this Location.
+    Moved(u16, String),
     /// Internal redirect to this URI (`/path?args` or `@name`).
     Redirect(String),
     /// An application's `X-Accel-Redirect`: an internal redirect to this URI (`/path?args`
@@ -119,6 +123,13 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
             Flow::Status(code) => match error_page(req, code) {
                 Some(f) => f,
                 None => break Response::error_page(code, req.conf.core.server_tokens()),
+            },
+            Flow::Moved(code, to) => match error_page(req, code) {
+                Some(f) => {
+                    req.moved_to = Some(to);
+                    f
+                }
+                None => break rewrite::redirect_response(req, code, &to),
             },
         };
     };
@@ -202,6 +213,9 @@ pub fn finish(req: &mut Request, resp: &mut Response) {
             }
         }
     }
+    if let Some(to) = req.moved_to.take() {
+        resp.location.get_or_insert(to);
+    }
     // Before the Location is made absolute: nginx's header filters see it as it was set
     // (`$sent_http_location` in an add_header is `/path`).
     headers::filter(req, resp);
@@ -231,7 +245,9 @@ fn locate_and_run(req: &mut Request, w: &Worker) -> Flow {
     let Ok(found) = find_location(&server.locations, &req.uri) else {
         return Flow::Status(500);
     };
+    let mut redirect = false;
     if let Some(found) = found {
+        redirect = found.redirect;
         req.conf = found.location.conf.clone();
         if let Some(captures) = found.captures {
             req.captures = captures;
@@ -244,14 +260,34 @@ fn locate_and_run(req: &mut Request, w: &Worker) -> Flow {
         req.conf = server.conf.clone();
         req.location = None;
     }
+    if redirect {
+        return location_checks(req).unwrap_or_else(|| auto_redirect(req));
+    }
     run_location(req, w)
 }
 
-/// Phases 3 to 6 in the location already chosen.
-fn run_location(req: &mut Request, w: &Worker) -> Flow {
-    // Checked as soon as the location is known, before its rewrites, as nginx does.
+/// `/path` for a `location /path/ { proxy_pass ...; }`: a 301 to the location's name, with
+/// the arguments (nginx's auto_redirect, after the location's checks).
+fn auto_redirect(req: &Request) -> Flow {
+    let Some(name) = req
+        .location
+        .as_ref()
+        .and_then(|l| l.auto_redirect.as_deref())
+    else {
+        return Flow::Status(500);
+    };
+    let target = match &req.args {
+        Some(a) => format!("{name}?{a}"),
+        None => name.to_string(),
+    };
+    Flow::Moved(301, target)
+}
+
+/// What is checked as soon as the location is known, before its rewrites, as nginx does:
+/// `internal`, `limit_except`'s settings, `client_max_body_size` against Content-Length.
+fn location_checks(req: &mut Request) -> Option<Flow> {
     if req.conf.core.internal && !req.internal {
-        return Flow::Status(404);
+        return Some(Flow::Status(404));
     }
     if let Some(limited) = access::limited_conf(req) {
         req.conf = limited;
@@ -264,8 +300,16 @@ fn run_location(req: &mut Request, w: &Worker) -> Flow {
                 req,
                 format_args!("client intended to send too large body: {n} bytes"),
             );
-            return Flow::Status(413);
+            return Some(Flow::Status(413));
         }
+    }
+    None
+}
+
+/// Phases 3 to 6 in the location already chosen.
+fn run_location(req: &mut Request, w: &Worker) -> Flow {
+    if let Some(refused) = location_checks(req) {
+        return refused;
     }
     if req.location.is_some() {
         let stmts = req.conf.rewrite.stmts.clone();

@@ -379,7 +379,7 @@ fn upstream_uri(req: &Request, dest: &Dest, vars: bool, out: &mut Vec<u8>) {
 }
 
 /// nginx's NGX_ESCAPE_URI set: space, `#`, `%`, `?`, controls and bytes above 0x7e.
-fn escape_uri(s: &str, out: &mut Vec<u8>) {
+pub fn escape_uri(s: &str, out: &mut Vec<u8>) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for &c in s.as_bytes() {
         if c <= b' ' || c >= 0x7f || matches!(c, b'#' | b'%' | b'?') {

@@ -335,12 +335,10 @@ fn run_block(stmts: &[Stmt], req: &mut Request, changed: &mut bool) -> Option<Ou
                         loc.push(if to.has_query { '&' } else { '?' });
                         loc.push_str(a);
                     }
-                    return Some(Outcome::Flow(Flow::Done(redirect_response(
-                        req, code, &loc,
-                    ))));
+                    return Some(Outcome::Flow(Flow::Moved(code, loc)));
                 }
-                if let Err(flow) = set_uri(req, to) {
-                    return Some(Outcome::Flow(flow));
+                if !set_uri(req, to) {
+                    return Some(Outcome::Flow(Flow::Status(500)));
                 }
                 *changed = true;
                 match flag {
@@ -356,7 +354,8 @@ fn run_block(stmts: &[Stmt], req: &mut Request, changed: &mut bool) -> Option<Ou
 
 /// Replace the URI (and the arguments, after a `?` in the replacement; the original ones
 /// appended with `&` unless it ends with `?`) with a rewrite's result.
-fn set_uri(req: &mut Request, to: &Replacement) -> Result<(), Flow> {
+/// `false` for an empty URI (logged; nginx answers 500).
+fn set_uri(req: &mut Request, to: &Replacement) -> bool {
     let uri = to.path.eval(req, None);
     if uri.is_empty() {
         errlog::request(
@@ -364,7 +363,7 @@ fn set_uri(req: &mut Request, to: &Replacement) -> Result<(), Flow> {
             req,
             format_args!("the rewritten URI has a zero length"),
         );
-        return Err(Flow::Status(500));
+        return false;
     }
     let args = match &to.args {
         Some(t) => {
@@ -385,7 +384,7 @@ fn set_uri(req: &mut Request, to: &Replacement) -> Result<(), Flow> {
     req.location_valid = false;
     req.uri = uri;
     req.args = args;
-    Ok(())
+    true
 }
 
 /// `return`'s answer.
@@ -398,7 +397,7 @@ fn answer(req: &Request, code: u16, text: Option<&Template>) -> Flow {
     };
     let value = text.eval(req, Some(&Sent::status(code)));
     if is_redirect(code) {
-        return Flow::Done(redirect_response(req, code, &value));
+        return Flow::Moved(code, value);
     }
     let mut r = Response::new(code);
     r.content_type = Some(
