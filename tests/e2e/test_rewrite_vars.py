@@ -298,6 +298,10 @@ http {
         location /r8/ { error_page 301 /page.txt; rewrite ^/r8/(.*)$ /to/$1 permanent; }
         location /r9/ { root {root}; error_page 301 = /page.txt; }
         location = /page.txt { root {root}; }
+        location /c1/ { rewrite ^/c1/(.*)$ /new?v=$1 break; proxy_pass http://127.0.0.1:APP; }
+        location /c2/ { rewrite ^/c2/(.*)$ /to/$1 redirect; }
+        location /c3/ { rewrite ^/c3/(.*)$ /new/$1 break; proxy_pass http://127.0.0.1:APP; }
+        location /c4/ { rewrite ^/c4/(.*)$ /to/%41$1%20x%26%zz%4 redirect; }
     }
 }
 """
@@ -314,6 +318,8 @@ def test_rewrite_arguments_as_nginx_sets_them(tmp_path):
         conf = REWRITE_ARGS_CONF.replace("APP", str(app.port))
         paths = [f"/{loc}/a/b{q}" for loc in ("g1", "g2", "g3", "g4", "g5", "g6", "g7", "g8", "r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8", "r9") for q in ("", "?q=x")]
         paths += ["/g1/api/v1/repos/search?q=x&sort=a%20b", "/g1/a%2Fb/c?x=%2F"]
+        paths += [f"/{c}/{p}" for c in ("c1", "c2", "c3", "c4") for p in ("a%20b&c", "a+b", "x%3Fy?q=1", "plain", "%C3%A9")]
+        paths += ["/r1/a%2Fb%20c%3Fd?q=1", "/r1/a%26b"]
         with side_by_side(tmp_path, conf, {"page.txt": "page\n", "r9/a/b/x": "x\n"}) as (srv, nginx_port):
             sent = [f"GET {p} HTTP/1.1\r\nHost: main.test\r\nConnection: close\r\n\r\n".encode() for p in paths]
             answers = [(exchange(nginx_port, r), exchange(srv.port, r)) for r in sent]

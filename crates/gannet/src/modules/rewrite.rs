@@ -135,6 +135,17 @@ pub struct Replacement {
 }
 
 impl Replacement {
+    /// `t` evaluated; where it makes arguments or a redirect (`quote`), its captures are
+    /// escaped as nginx's NGX_ESCAPE_ARGS when the client's URI had a `%` or `+` in it
+    /// (nginx's `quoted_uri` / `plus_in_uri`: the captures come from the decoded URI).
+    fn eval(t: &Template, req: &Request, quote: bool) -> String {
+        if quote && t.has_vars() && client_uri_quoted(req) {
+            t.eval_escaping_captures(req, escape_args)
+        } else {
+            t.eval(req, None)
+        }
+    }
+
     fn compile(text: &str, flag: Flag) -> Result<Replacement, String> {
         if text.is_empty() {
             return Err("empty replacement".into());
@@ -330,7 +341,7 @@ fn run_block(stmts: &[Stmt], req: &mut Request, changed: &mut bool) -> Option<Ou
                 req.captures = caps;
                 if to.redirect {
                     let code = if *flag == Flag::Permanent { 301 } else { 302 };
-                    let mut loc = to.path.eval(req, None);
+                    let mut loc = unescape_redirect(&Replacement::eval(&to.path, req, true));
                     if let (true, Some(a)) = (to.keep_args, &req.args) {
                         loc.push(if to.has_query { '&' } else { '?' });
                         loc.push_str(a);
@@ -367,7 +378,7 @@ fn set_uri(req: &mut Request, to: &Replacement) -> bool {
     }
     let args = match &to.args {
         Some(t) => {
-            let mut a = t.eval(req, None);
+            let mut a = Replacement::eval(t, req, true);
             if let (true, Some(old)) = (to.keep_args, &req.args) {
                 // nginx adds the `&` even after nothing: `rewrite ^ /x?$arg_none;`
                 // makes `&q=1` of `?q=1`.
@@ -385,6 +396,83 @@ fn set_uri(req: &mut Request, to: &Replacement) -> bool {
     req.uri = uri;
     req.args = args;
     true
+}
+
+/// Whether the client's path (before `?`) was percent-encoded or had a `+` in it.
+fn client_uri_quoted(req: &Request) -> bool {
+    let t = req.head.target();
+    let path = t.split(|&c| c == b'?').next().unwrap_or(t);
+    path.iter().any(|&c| c == b'%' || c == b'+')
+}
+
+/// nginx's NGX_ESCAPE_ARGS: controls, space, `"#%&+;<>?\^`{|}`, DEL and non-ASCII bytes.
+fn escape_args(s: &str, out: &mut String) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &c in s.as_bytes() {
+        if c <= b' ' || c >= 0x7f || b"\"#%&+;<>?\\^`{|}".contains(&c) {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(c >> 4)]));
+            out.push(char::from(HEX[usize::from(c & 15)]));
+        } else {
+            out.push(char::from(c));
+        }
+    }
+}
+
+/// nginx's NGX_UNESCAPE_REDIRECT over a redirect's target before its arguments are added:
+/// `%XX` of a printable character above `%` is decoded, others stay as they are; a `%3F`
+/// (`?`, its second digit a letter) or a `?` ends the decoding; a broken `%` sequence loses
+/// characters as nginx's does.
+fn unescape_redirect(s: &str) -> String {
+    let hex = |c: u8| char::from(c).to_digit(16).map(|d| d as u8);
+    let b = s.as_bytes();
+    if !b.contains(&b'%') {
+        return s.to_string();
+    }
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        i += 1;
+        if c == b'?' {
+            out.push(c);
+            break;
+        }
+        if c != b'%' {
+            out.push(c);
+            continue;
+        }
+        let Some(hi) = b.get(i).and_then(|&d| hex(d)) else {
+            // nginx keeps the character after a lone `%`, without the `%`.
+            if let Some(&d) = b.get(i) {
+                out.push(d);
+                i += 1;
+            }
+            continue;
+        };
+        let Some(second) = b.get(i + 1).copied() else {
+            i += 1;
+            continue;
+        };
+        let Some(lo) = hex(second) else {
+            // An invalid second digit: nginx drops the three characters.
+            i += 2;
+            continue;
+        };
+        let ch = (hi << 4) | lo;
+        i += 2;
+        if ch == b'?' && !second.is_ascii_digit() {
+            out.push(ch);
+            break;
+        }
+        if ch > b'%' && ch < 0x7f {
+            out.push(ch);
+        } else {
+            out.extend_from_slice(&b[i - 3..i]);
+        }
+    }
+    out.extend_from_slice(&b[i..]);
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `return`'s answer.
