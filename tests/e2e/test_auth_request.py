@@ -295,3 +295,86 @@ def test_config_errors(gannet, body, message):
     assert r.returncode != 0
     assert message in r.stderr, r.stderr
     assert re.search(r"\.conf:\d+", r.stderr), r.stderr
+
+
+def sign_in_service(conn, head, body):
+    """The auth check (200 for an X-Original-URI with `ok` in it, else 401 with a challenge)
+    and the pages an `error_page` may show: a sign-in page answering 401 with a Location (as
+    oauth2-proxy's /oauth2/sign_in does) and a page answering 404."""
+    lines = head.decode("latin-1").split("\r\n")
+    path = lines[0].split()[1]
+    original = next((v.strip() for k, _, v in (line.partition(":") for line in lines[1:]) if k.lower() == "x-original-uri"), "")
+    if path == "/check":
+        if "ok" in original:
+            conn.sendall(rawapps.http_answer(b""))
+        else:
+            conn.sendall(rawapps.http_answer(b"", "401 Unauthorized", 'WWW-Authenticate: Bearer realm="s"\r\n'))
+    elif path.startswith("/signin/"):
+        conn.sendall(rawapps.http_answer(b"sign in here\n", "401 Unauthorized", "Location: http://login.test/\r\n"))
+    else:
+        conn.sendall(rawapps.http_answer(b"gone page\n", "404 Not Found"))
+    return "again"
+
+
+ERROR_PAGE_CONF = PEER_MAIN + r"""
+http {
+    access_log {tmp}/access.log;
+    server_tokens off;
+    root {root};
+    server {
+        listen 127.0.0.1:{port};
+        server_name main.test;
+
+        location = /auth {
+            internal;
+            proxy_pass http://127.0.0.1:AUTHPORT/check;
+            proxy_pass_request_body off;
+            proxy_set_header Content-Length "";
+            proxy_set_header X-Original-URI $request_uri;
+        }
+        location /signin/ { proxy_pass http://127.0.0.1:AUTHPORT; }
+        location /gone/ { proxy_pass http://127.0.0.1:AUTHPORT; }
+        location = /bounce { return 302 /login.txt; }
+
+        location /ep403/ { auth_request /auth; error_page 401 =403 /signin/x; }
+        location /epkeep/ { auth_request /auth; error_page 401 /signin/x; }
+        location /eppage/ { auth_request /auth; error_page 401 = /signin/x; }
+        location /ep200/ { auth_request /auth; error_page 401 =200 /signin/x; }
+        location /epgone/ { auth_request /auth; error_page 401 =403 /gone/x; }
+        location /epfile/ { auth_request /auth; error_page 401 =403 /login.txt; }
+        location /epbounce/ { auth_request /auth; error_page 401 =403 /bounce; }
+        location /epmissing/ { auth_request /auth; error_page 401 =403 /nofile.txt; }
+        location /notfound/ { error_page 404 =410 /gone/x; }
+        location /notfound-keep/ { error_page 404 /signin/x; }
+    }
+}
+"""
+
+
+@pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
+def test_error_page_status_overrides_the_pages_own_like_nginx(tmp_path, apps):
+    """`error_page 401 =403 /oauth2/sign_in` after an auth_request refusal: the `=403` (or the
+    kept 401, or the page's own with `=`) is the answer's status whatever the page answered
+    (a proxied 401 or 404, a file's 200), except where the page is itself one of nginx's
+    own answers (a redirect, a missing file)."""
+    auth = apps(sign_in_service)
+    conf = ERROR_PAGE_CONF.replace("AUTHPORT", str(auth.port))
+    paths = ["/ep403/x", "/ep403/ok", "/epkeep/x", "/eppage/x", "/ep200/x", "/epgone/x", "/epfile/x",
+             "/epbounce/x", "/epmissing/x", "/notfound/x", "/notfound-keep/x"]  # fmt: skip
+    sent = [req(p) for p in paths] + [req("/ep403/x", method="HEAD")]
+    with side_by_side(tmp_path, conf, {"login.txt": "login page\n", "ep403/ok": "in\n"}) as (srv, nginx_port):
+        answers = [(exchange(nginx_port, r), exchange(srv.port, r)) for r in sent]
+    diffs = []
+    for r, (a_n, a_g) in zip(sent, answers):
+        n, g = view(a_n, nginx_port), view(a_g, srv.port)
+        # A redirect names the server's own port.
+        n[0]["location"] = (n[0]["location"] or "").replace(f":{nginx_port}/", ":PORT/")
+        g[0]["location"] = (g[0]["location"] or "").replace(f":{srv.port}/", ":PORT/")
+        if n != g:
+            diffs.append(f"{r.split(b' HTTP')[0].decode()}: nginx {n}, gannet {g}")
+    assert not diffs, f"{len(diffs)} differences from nginx:\n" + "\n".join(diffs)
+    got = {r.split(b" HTTP")[0].decode(): a_g for r, (_, a_g) in zip(sent, answers)}
+    assert got["GET /ep403/x"].status == 403 and got["GET /ep403/x"].body == b"sign in here\n"
+    assert got["GET /ep403/ok"].status == 200
+    assert got["GET /epgone/x"].status == 403 and got["GET /notfound/x"].status == 410
+    assert got["GET /epbounce/x"].status == 302 and got["GET /epmissing/x"].status == 404

@@ -6,6 +6,9 @@ conditions of every kind with their captures, the `if` block's settings replacin
 location's, and the config errors with their file:line (`gannet -t`).
 """
 
+import pytest
+import rawapps
+from nginx_peer import NGINX, PEER_MAIN, exchange, side_by_side
 from test_logging import wait_lines
 
 
@@ -236,6 +239,7 @@ def test_config_errors(gannet):
     cases = [
         ("set $uri x;", 'the duplicate "uri" variable'),
         ("set novar x;", 'invalid variable name "novar"'),
+        ('rewrite ^ "";', "empty replacement"),
         ("if ($a == b) { }", 'unexpected "==" in condition'),
         ("if $a { }", 'invalid condition "$a"'),
         ("if ($uri ~ \"(\") { }", 'pcre2_compile() failed: missing closing parenthesis in "("'),
@@ -252,3 +256,84 @@ def test_config_errors(gannet):
         assert f"check.conf:{n}: {message}" in err, (line, err)
     err, n = conf_error(gannet, "default b;", http="map $uri $m {\n default a;\n default b;\n}")
     assert f"check.conf:{n}: duplicate default map parameter" in err
+
+
+def echo_line(conn, head, body):
+    """Answers with the request line it got and the X-Seen header (`$uri|$args|$is_args`)."""
+    lines = head.decode("latin-1").split("\r\n")
+    seen = next((line.split(":", 1)[1].strip() for line in lines if line.lower().startswith("x-seen:")), "-")
+    conn.sendall(rawapps.http_answer(f"{lines[0]} seen={seen}\n".encode()))
+    return "again"
+
+
+REWRITE_ARGS_CONF = PEER_MAIN + r"""
+http {
+    server_tokens off;
+    server {
+        listen 127.0.0.1:{port};
+        server_name main.test;
+        proxy_set_header X-Seen "$uri|$args|$is_args";
+
+        # Gitea's sub-path recipe: the URI gets the client's query in it, args kept.
+        location ~ ^/g1($|/) {
+            rewrite ^ $request_uri;
+            rewrite ^(/g1)?(/.*) $2 break;
+            proxy_pass http://127.0.0.1:APP$uri;
+        }
+        location /g2/ { rewrite ^/g2/(.*)$ /new/$1?added=1 break; proxy_pass http://127.0.0.1:APP; }
+        location /g3/ { rewrite ^/g3/(.*)$ /new/$1?added=1? break; proxy_pass http://127.0.0.1:APP; }
+        location /g4/ { rewrite ^/g4/(.*)$ /new/$1? break; proxy_pass http://127.0.0.1:APP; }
+        location /g5/ { rewrite ^/g5/(.*)$ /new/$1?$arg_none break; proxy_pass http://127.0.0.1:APP; }
+        location /g6/ { rewrite ^ $request_uri break; proxy_pass http://127.0.0.1:APP; }
+        location /g7/ { rewrite ^ $request_uri? break; proxy_pass http://127.0.0.1:APP$uri$is_args$args; }
+        location /g8/ { rewrite ^/g8/(.*)$ /new/$1 break; proxy_pass http://127.0.0.1:APP/base$uri; }
+        location /r1/ { rewrite ^ $request_uri redirect; }
+        location /r2/ { rewrite ^/r2/(.*)$ /to/$1?a=1 redirect; }
+        location /r3/ { rewrite ^/r3/(.*)$ /to/$1?a=1? permanent; }
+        location /r4/ { set $t "http://x.test/p"; rewrite ^ $t; return 200 "[$uri|$args|$is_args]\n"; }
+        location /r5/ { rewrite ^ /x?; return 200 "[$uri|$args|$is_args]\n"; }
+        location /r6/ { set $t "/y?"; rewrite ^ $t; return 200 "[$uri|$args|$is_args]\n"; }
+        # nginx's own redirects go through error_page, the page carrying the Location.
+        location /r7/ { error_page 302 =200 /page.txt; return 302 /elsewhere; }
+        location /r8/ { error_page 301 /page.txt; rewrite ^/r8/(.*)$ /to/$1 permanent; }
+        location /r9/ { root {root}; error_page 301 = /page.txt; }
+        location = /page.txt { root {root}; }
+        location /c1/ { rewrite ^/c1/(.*)$ /new?v=$1 break; proxy_pass http://127.0.0.1:APP; }
+        location /c2/ { rewrite ^/c2/(.*)$ /to/$1 redirect; }
+        location /c3/ { rewrite ^/c3/(.*)$ /new/$1 break; proxy_pass http://127.0.0.1:APP; }
+        location /c4/ { rewrite ^/c4/(.*)$ /to/%41$1%20x%26%zz%4 redirect; }
+    }
+}
+"""
+
+
+@pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
+def test_rewrite_arguments_as_nginx_sets_them(tmp_path):
+    """Where a rewrite's arguments start, whether the original ones follow and whether it
+    redirects come from the replacement's text, not from what its variables hold: Gitea's
+    `rewrite ^ $request_uri; rewrite ^(/gitea)?(/.*) $2 break; proxy_pass http://h$uri;`
+    passes the query on, as nginx does."""
+    app = rawapps.HttpApp(echo_line)
+    try:
+        conf = REWRITE_ARGS_CONF.replace("APP", str(app.port))
+        paths = [f"/{loc}/a/b{q}" for loc in ("g1", "g2", "g3", "g4", "g5", "g6", "g7", "g8", "r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8", "r9") for q in ("", "?q=x")]
+        paths += ["/g1/api/v1/repos/search?q=x&sort=a%20b", "/g1/a%2Fb/c?x=%2F"]
+        paths += [f"/{c}/{p}" for c in ("c1", "c2", "c3", "c4") for p in ("a%20b&c", "a+b", "x%3Fy?q=1", "plain", "%C3%A9")]
+        paths += ["/r1/a%2Fb%20c%3Fd?q=1", "/r1/a%26b"]
+        with side_by_side(tmp_path, conf, {"page.txt": "page\n", "r9/a/b/x": "x\n"}) as (srv, nginx_port):
+            sent = [f"GET {p} HTTP/1.1\r\nHost: main.test\r\nConnection: close\r\n\r\n".encode() for p in paths]
+            answers = [(exchange(nginx_port, r), exchange(srv.port, r)) for r in sent]
+    finally:
+        app.close()
+
+    def view(a, port):
+        body = a.body.replace(b"<center>gannet</center>", b"<center>nginx</center>")
+        return a.status, (a.headers.get("location") or "").replace(f":{port}/", ":PORT/"), body
+
+    diffs = [f"{p}: nginx {view(n, nginx_port)}, gannet {view(g, srv.port)}"
+             for p, (n, g) in zip(paths, answers) if view(n, nginx_port) != view(g, srv.port)]  # fmt: skip
+    assert not diffs, f"{len(diffs)} differences from nginx:\n" + "\n".join(diffs)
+    got = dict(zip(paths, (g for _, g in answers)))
+    assert got["/g1/a/b?q=x"].body == b"GET /a/b?q=x HTTP/1.0 seen=/a/b?q=x|q=x|?\n"
+    assert got["/r4/a/b?q=x"].body == b"[http://x.test/p|q=x|?]\n"
+    assert got["/r7/a/b"].status == 200 and got["/r7/a/b"].headers["location"] == f"http://main.test:{srv.port}/elsewhere"

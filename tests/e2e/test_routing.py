@@ -8,8 +8,9 @@ import re
 import time
 
 import pytest
-
+import rawapps
 from conftest import free_port
+from nginx_peer import NGINX, PEER_MAIN, exchange, side_by_side
 
 
 def loc(name: str, match: str, extra: str = "") -> str:
@@ -348,3 +349,67 @@ def test_variables_in_return_text(gannet):
     plain = body_for(srv, "/vars/x", host="h", method="POST")
     assert re.search(r"\|args=\|arg_a=\|host=h\|.*\|method=POST\|.*\|is_args=\|c1=x$", plain), plain
 
+
+
+AUTO_REDIRECT_CONF = PEER_MAIN + r"""
+http {
+    server_tokens off;
+    root {root};
+    server {
+        listen 127.0.0.1:{port};
+        server_name main.test;
+
+        location /px/ { proxy_pass http://127.0.0.1:APP; }
+        location /fc/ { fastcgi_pass 127.0.0.1:APP; }
+        location = /ex/ { proxy_pass http://127.0.0.1:APP; }
+        location /both/ { proxy_pass http://127.0.0.1:APP; }
+        location = /both { return 200 "exact both\n"; }
+        location /named { return 200 "prefix named\n"; }
+        location /named/ { proxy_pass http://127.0.0.1:APP; }
+        location "/sp ace/" { proxy_pass http://127.0.0.1:APP; }
+        location ~ ^/rx { return 200 "regex\n"; }
+        location /rxp/ { proxy_pass http://127.0.0.1:APP; }
+        location /st/ { }
+        location /int/ { internal; proxy_pass http://127.0.0.1:APP; }
+        location /outer/ { location /outer/in/ { proxy_pass http://127.0.0.1:APP; } }
+        location /ifp/ { if ($arg_x) { proxy_pass http://127.0.0.1:APP; } }
+        location /lim/ { client_max_body_size 1; proxy_pass http://127.0.0.1:APP; }
+        location /sub/ { proxy_pass http://127.0.0.1:APP; }
+        location = /go { rewrite ^ /sub last; }
+        location /ep/ { error_page 301 =200 /st/page.txt; proxy_pass http://127.0.0.1:APP; }
+    }
+}
+"""
+
+
+@pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
+def test_slash_location_of_an_application_redirects_its_name_without_slash(tmp_path):
+    """nginx's auto_redirect: `location /grafana/ { proxy_pass ...; }` answers `/grafana` with
+    a 301 to `/grafana/` (arguments kept), before regexes, unless a location is named
+    `/grafana` itself; only for the pass directives in the location's own block."""
+    app = rawapps.HttpApp(lambda conn, head, body: conn.sendall(rawapps.http_answer(b"app\n")))
+    try:
+        conf = AUTO_REDIRECT_CONF.replace("APP", str(app.port))
+        paths = ["/px", "/px?a=1&b=%20", "/px/", "/fc", "/ex", "/both", "/named", "/sp%20ace", "/rxp", "/rx",
+                 "/st", "/int", "/outer/in", "/ifp", "/ifp?x=1", "/go", "/ep", "/pxx"]  # fmt: skip
+        sent = [f"GET {p} HTTP/1.1\r\nHost: main.test\r\nConnection: close\r\n\r\n".encode() for p in paths]
+        sent.append(b"HEAD /px HTTP/1.1\r\nHost: main.test\r\nConnection: close\r\n\r\n")
+        sent.append(b"POST /lim HTTP/1.1\r\nHost: main.test\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello")
+        with side_by_side(tmp_path, conf, {"st/page.txt": "page\n"}) as (srv, nginx_port):
+            answers = [(exchange(nginx_port, r), exchange(srv.port, r)) for r in sent]
+    finally:
+        app.close()
+
+    def view(a, port):
+        body = a.body.replace(b"<center>gannet</center>", b"<center>nginx</center>")
+        return a.status, (a.headers.get("location") or "").replace(f":{port}/", ":PORT/"), body
+
+    names = [r.split(b" HTTP")[0].decode() for r in sent]
+    diffs = [f"{name}: nginx {view(n, nginx_port)}, gannet {view(g, srv.port)}"
+             for name, (n, g) in zip(names, answers) if view(n, nginx_port) != view(g, srv.port)]  # fmt: skip
+    assert not diffs, f"{len(diffs)} differences from nginx:\n" + "\n".join(diffs)
+    got = dict(zip(names, (g for _, g in answers)))
+    assert got["GET /px?a=1&b=%20"].status == 301
+    assert got["GET /px?a=1&b=%20"].headers["location"] == f"http://main.test:{srv.port}/px/?a=1&b=%20"
+    assert got["GET /sp%20ace"].headers["location"] == f"http://main.test:{srv.port}/sp%20ace/"
+    assert got["GET /both"].body == b"exact both\n" and got["GET /rx"].body == b"regex\n"

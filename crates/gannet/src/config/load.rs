@@ -11,7 +11,7 @@
 
 use super::listen::Listen;
 use super::{ignored, main_conf, process_conf, Config, ListenGroup, MainConf, ServerConf};
-use crate::http::router::{Location, Matcher, ServerNames};
+use crate::http::router::{self, Location, Matcher, ServerNames};
 use crate::http::user_vars::{self, CapRegex, VarTable};
 use crate::http::variables::Template;
 use crate::modules::{self, LoadCtx, LocConf};
@@ -654,9 +654,11 @@ fn load_location(
             lctx,
         )?));
     }
+    let auto_redirect = router::auto_redirect(&matcher, body.iter().map(|c| c.name.as_str()));
     Ok(Location {
         matcher,
         conf,
         children,
+        auto_redirect,
     })
 }

@@ -51,6 +51,10 @@ pub enum Flow {
     Done(Response),
     /// Answer with this status (through `error_page` if one is set for it).
     Status(u16),
+    /// A redirect nginx makes itself (`rewrite`, `return`, a directory's slash, a location's
+    /// auto_redirect): through `error_page` if one is set for its status, as any of nginx's
+    /// own answers, else its page with this Location.
+    Moved(u16, String),
     /// Internal redirect to this URI (`/path?args` or `@name`).
     Redirect(String),
     /// An application's `X-Accel-Redirect`: an internal redirect to this URI (`/path?args`
@@ -128,6 +132,13 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
                 Some(f) => f,
                 None => break Response::error_page(code, req.conf.core.server_tokens()),
             },
+            Flow::Moved(code, to) => match error_page(req, code) {
+                Some(f) => {
+                    req.moved_to = Some(to);
+                    f
+                }
+                None => break rewrite::redirect_response(req, code, &to),
+            },
         };
     };
     finish(req, &mut resp);
@@ -203,18 +214,18 @@ pub fn finish_streamed(req: &mut Request, resp: &mut Response) {
 /// carries, then `add_header` / `expires`.
 pub fn finish(req: &mut Request, resp: &mut Response) {
     if let Some(code) = req.error_status.take() {
-        // error_page's page keeps the original status (or its =code) over its own 200;
-        // ranges are offered only on a 200, as nginx does.
-        if resp.status == 200 && code != 200 {
+        // error_page's page is answered with the original status (or its =code) whatever
+        // it answered itself, a proxied 401 or 404 as well as a file's 200, unless it is
+        // one of nginx's own answers. Ranges and conditionals, after this, see the status.
+        if !resp.special {
             resp.status = code;
         }
     }
-    if resp.status == 401 {
-        // auth_basic's or auth_request's challenges, also on the error page.
-        for c in &req.auth_challenge {
-            resp.headers
-                .push(("WWW-Authenticate".into(), c.as_str().into()));
-        }
+    // auth_basic's or auth_request's challenges: nginx sets them in the answer's headers
+    // when refusing, so they go out whatever the error_page made of the refusal.
+    for c in &req.auth_challenge {
+        resp.headers
+            .push(("WWW-Authenticate".into(), c.as_str().into()));
     }
     if !req.carried.is_empty() && resp.status < 400 {
         // X-Accel-Redirect's answer: the application's Content-Type wins over the file's,
@@ -226,6 +237,9 @@ pub fn finish(req: &mut Request, resp: &mut Response) {
                 resp.headers.push((name, value));
             }
         }
+    }
+    if let Some(to) = req.moved_to.take() {
+        resp.location.get_or_insert(to);
     }
     // Before the Location is made absolute: nginx's header filters see it as it was set
     // (`$sent_http_location` in an add_header is `/path`).
@@ -256,7 +270,9 @@ fn locate_and_run(req: &mut Request, w: &Worker) -> Flow {
     let Ok(found) = find_location(&server.locations, &req.uri) else {
         return Flow::Status(500);
     };
+    let mut redirect = false;
     if let Some(found) = found {
+        redirect = found.redirect;
         req.conf = found.location.conf.clone();
         if let Some(captures) = found.captures {
             req.captures = captures;
@@ -269,14 +285,34 @@ fn locate_and_run(req: &mut Request, w: &Worker) -> Flow {
         req.conf = server.conf.clone();
         req.location = None;
     }
+    if redirect {
+        return location_checks(req).unwrap_or_else(|| auto_redirect(req));
+    }
     run_location(req, w)
 }
 
-/// Phases 3 to 6 in the location already chosen.
-fn run_location(req: &mut Request, w: &Worker) -> Flow {
-    // Checked as soon as the location is known, before its rewrites, as nginx does.
+/// `/path` for a `location /path/ { proxy_pass ...; }`: a 301 to the location's name, with
+/// the arguments (nginx's auto_redirect, after the location's checks).
+fn auto_redirect(req: &Request) -> Flow {
+    let Some(name) = req
+        .location
+        .as_ref()
+        .and_then(|l| l.auto_redirect.as_deref())
+    else {
+        return Flow::Status(500);
+    };
+    let target = match &req.args {
+        Some(a) => format!("{name}?{a}"),
+        None => name.to_string(),
+    };
+    Flow::Moved(301, target)
+}
+
+/// What is checked as soon as the location is known, before its rewrites, as nginx does:
+/// `internal`, `limit_except`'s settings, `client_max_body_size` against Content-Length.
+fn location_checks(req: &mut Request) -> Option<Flow> {
     if req.conf.core.internal && !req.internal {
-        return Flow::Status(404);
+        return Some(Flow::Status(404));
     }
     if let Some(limited) = access::limited_conf(req) {
         req.conf = limited;
@@ -289,8 +325,16 @@ fn run_location(req: &mut Request, w: &Worker) -> Flow {
                 req,
                 format_args!("client intended to send too large body: {n} bytes"),
             );
-            return Flow::Status(413);
+            return Some(Flow::Status(413));
         }
+    }
+    None
+}
+
+/// Phases 3 to 6 in the location already chosen.
+fn run_location(req: &mut Request, w: &Worker) -> Flow {
+    if let Some(refused) = location_checks(req) {
+        return refused;
     }
     if req.location.is_some() {
         let stmts = req.conf.rewrite.stmts.clone();

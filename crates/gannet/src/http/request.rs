@@ -92,6 +92,9 @@ pub struct Request {
     /// answer carries (nginx's list: Content-Type, Set-Cookie, Content-Disposition,
     /// Cache-Control, Expires, Accept-Ranges).
     pub carried: Vec<(Cow<'static, str>, HeaderValue)>,
+    /// A redirect's Location when an `error_page` for its status answers instead: the page
+    /// carries it (unless it has one of its own), as nginx keeps it in the answer's headers.
+    pub moved_to: Option<String>,
     /// The `limit_conn` counts this request holds until it is dropped.
     pub limit_conns: Vec<crate::modules::limit_conn::Held>,
     /// The client's address from `real_ip_header` (see [`Request::client`]).
@@ -246,6 +249,7 @@ impl Request {
             auth_challenge: Vec::new(),
             subrequest: false,
             carried: Vec::new(),
+            moved_to: None,
             request_id: Cell::new(None),
             upstream_headers: RefCell::new(None),
             secure_link_expires: RefCell::new(None),

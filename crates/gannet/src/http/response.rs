@@ -139,6 +139,11 @@ pub struct Response {
     /// `add_trailer`'s fields, when one applies to the status: evaluated and sent after the
     /// body (`modules::headers::trailers`).
     pub trailers: Option<Arc<Vec<crate::modules::headers::AddHeader>>>,
+    /// One of nginx's own answers (a built-in error page or redirect): its status stands
+    /// over an `error_page`'s, as nginx's special response handler sets `r->err_status` to
+    /// it, where any other answer to the page's URI (a file, a proxied answer) takes the
+    /// error_page's status.
+    pub special: bool,
 }
 
 impl Response {
@@ -218,6 +223,7 @@ impl Response {
     /// "The plain HTTP request was sent to HTTPS port").
     fn error_page_because(status: u16, server_tokens: bool, why: &str) -> Response {
         let mut r = Response::new(status);
+        r.special = true;
         // 204 and 304 never carry a body; the others get nginx's small HTML page.
         if status != 204 && status != 304 && status >= 200 {
             // nginx's pages for 302 and 401 say "Found" and "Authorization Required", though

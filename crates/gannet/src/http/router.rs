@@ -31,6 +31,37 @@ pub struct Location {
     pub matcher: Matcher,
     pub conf: Arc<LocConf>,
     pub children: Vec<Arc<Location>>,
+    /// nginx's `auto_redirect`: for a `/path/` location (prefix or exact) that passes to an
+    /// application itself, a request for `/path` that no location names exactly is sent
+    /// there with a 301 (this is its Location, the name escaped).
+    pub auto_redirect: Option<Box<str>>,
+}
+
+/// The directives that give a location nginx's `auto_redirect`.
+const PASSES: &[&str] = &[
+    "proxy_pass",
+    "fastcgi_pass",
+    "uwsgi_pass",
+    "scgi_pass",
+    "grpc_pass",
+    "memcached_pass",
+];
+
+/// A location's `auto_redirect` target, from its matcher and the names of the directives
+/// in its own block (one in a nested `if` or `limit_except` does not count, as in nginx).
+pub fn auto_redirect<'a>(
+    matcher: &Matcher,
+    mut directives: impl Iterator<Item = &'a str>,
+) -> Option<Box<str>> {
+    let (Matcher::Exact(p) | Matcher::Prefix { path: p, .. }) = matcher else {
+        return None;
+    };
+    if !p.ends_with('/') || !directives.any(|n| PASSES.contains(&n)) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(p.len());
+    crate::modules::proxy::escape_uri(p, &mut out);
+    Some(String::from_utf8_lossy(&out).into())
 }
 
 impl Location {
@@ -48,6 +79,9 @@ impl Location {
 pub struct Found {
     pub location: Arc<Location>,
     pub captures: Option<Vec<Option<String>>>,
+    /// The URI is the location's name without its final `/`: answer with its
+    /// `auto_redirect` (checked before any regex location, as nginx does).
+    pub redirect: bool,
 }
 
 /// A regex location's match failed (logged): nginx answers 500 rather than guess.
@@ -63,6 +97,8 @@ pub fn find_location(locs: &[Arc<Location>], uri: &str) -> Result<Option<Found>,
 /// which stops the regex search of the levels above, as nginx's NGX_OK does.
 fn find_level(locs: &[Arc<Location>], uri: &str) -> Result<(Option<Found>, bool), Failed> {
     let mut best: Option<&Arc<Location>> = None;
+    // A `/uri/` location with auto_redirect (an exact one's settings over a prefix one's).
+    let mut slash: Option<&Arc<Location>> = None;
     for l in locs {
         match &l.matcher {
             Matcher::Exact(p) if p == uri => {
@@ -70,6 +106,7 @@ fn find_level(locs: &[Arc<Location>], uri: &str) -> Result<(Option<Found>, bool)
                     Some(Found {
                         location: l.clone(),
                         captures: None,
+                        redirect: false,
                     }),
                     true,
                 ));
@@ -80,12 +117,33 @@ fn find_level(locs: &[Arc<Location>], uri: &str) -> Result<(Option<Found>, bool)
             {
                 best = Some(l);
             }
+            Matcher::Exact(p) | Matcher::Prefix { path: p, .. }
+                if l.auto_redirect.is_some()
+                    && p.len() == uri.len() + 1
+                    && p.starts_with(uri)
+                    && slash.is_none_or(|s| !matches!(s.matcher, Matcher::Exact(_))) =>
+            {
+                slash = Some(l);
+            }
             _ => {}
         }
+    }
+    // Unless a prefix location is named the URI itself, the redirect wins over shorter
+    // prefixes and over regexes.
+    if let Some(l) = slash.filter(|_| best.is_none_or(|b| b.prefix().len() != uri.len())) {
+        return Ok((
+            Some(Found {
+                location: l.clone(),
+                captures: None,
+                redirect: true,
+            }),
+            true,
+        ));
     }
     let mut found = best.map(|b| Found {
         location: b.clone(),
         captures: None,
+        redirect: false,
     });
     if let Some(b) = best {
         let (inner, is_final) = find_level(&b.children, uri)?;
@@ -116,6 +174,7 @@ fn find_level(locs: &[Arc<Location>], uri: &str) -> Result<(Option<Found>, bool)
             let here = Found {
                 location: l.clone(),
                 captures: Some(captures),
+                redirect: false,
             };
             // Locations nested in a regex location are searched too.
             return Ok(match find_level(&l.children, uri)? {

@@ -482,6 +482,29 @@ impl Template {
         out
     }
 
+    /// Evaluate with the regex captures (`$0`..`$9`) written through `escape`: nginx
+    /// escapes a rewrite's captures where they make arguments or a redirect, when the
+    /// client's URI was percent-encoded.
+    pub fn eval_escaping_captures(
+        &self,
+        req: &Request,
+        escape: impl Fn(&str, &mut String),
+    ) -> String {
+        let mut out = String::new();
+        for p in &self.parts {
+            match p {
+                Part::Lit(s) => out.push_str(s),
+                Part::Var(Var::Capture(n)) => {
+                    if let Some(Some(c)) = req.captures.get(*n) {
+                        escape(c, &mut out);
+                    }
+                }
+                Part::Var(v) => append(&mut out, v, req, None, &req.captures),
+            }
+        }
+        out
+    }
+
     /// Evaluate onto the end of `out`: for callers that evaluate many templates per request
     /// (the FastCGI parameters) into one reused buffer instead of a string each.
     pub fn append_to(&self, out: &mut String, req: &Request, sent: Option<&Sent>) {

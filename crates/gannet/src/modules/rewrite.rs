@@ -13,6 +13,7 @@
 mod condition;
 
 use super::{LoadCtx, LocConf};
+use crate::errlog::{self, Level};
 use crate::http::handler::Flow;
 use crate::http::request::Request;
 use crate::http::response::{Body, Response};
@@ -83,7 +84,7 @@ pub enum Stmt {
     },
     Rewrite {
         re: CapRegex,
-        to: Template,
+        to: Replacement,
         flag: Flag,
     },
     Break,
@@ -113,6 +114,60 @@ fn is_redirect(code: u16) -> bool {
 
 fn is_url(s: &str) -> bool {
     s.starts_with("http://") || s.starts_with("https://") || s.starts_with("$scheme")
+}
+
+/// A `rewrite`'s replacement, split as nginx compiles it: what makes it a redirect, where
+/// the arguments start and whether the original ones follow are all read from the text in
+/// the config, never from what its variables hold (`rewrite ^ $request_uri;` makes a URI
+/// with a `?` in it and keeps the arguments, which `proxy_pass http://h$uri` then sends).
+#[derive(Debug, Clone)]
+pub struct Replacement {
+    /// The new URI up to the text's first `?`; for a redirect, the whole target.
+    path: Template,
+    /// After the text's first `?` (not for a redirect): the new arguments.
+    args: Option<Template>,
+    /// The text has a `?`: a redirect's original arguments follow an `&`, not a `?`.
+    has_query: bool,
+    /// The text does not end with `?`: the original arguments are kept (or appended).
+    keep_args: bool,
+    /// The text starts with `http://`, `https://` or `$scheme`, or the flag says so.
+    redirect: bool,
+}
+
+impl Replacement {
+    /// `t` evaluated; where it makes arguments or a redirect (`quote`), its captures are
+    /// escaped as nginx's NGX_ESCAPE_ARGS when the client's URI had a `%` or `+` in it
+    /// (nginx's `quoted_uri` / `plus_in_uri`: the captures come from the decoded URI).
+    fn eval(t: &Template, req: &Request, quote: bool) -> String {
+        if quote && t.has_vars() && client_uri_quoted(req) {
+            t.eval_escaping_captures(req, escape_args)
+        } else {
+            t.eval(req, None)
+        }
+    }
+
+    fn compile(text: &str, flag: Flag) -> Result<Replacement, String> {
+        if text.is_empty() {
+            return Err("empty replacement".into());
+        }
+        let (text, keep_args) = match text.strip_suffix('?') {
+            Some(t) => (t, false),
+            None => (text, true),
+        };
+        let redirect = is_url(text) || matches!(flag, Flag::Redirect | Flag::Permanent);
+        // A `?` cannot be part of a variable's name, so the first one is the text's own.
+        let (path, args) = match text.split_once('?') {
+            Some((p, a)) if !redirect => (p, Some(Template::compile(a)?)),
+            _ => (text, None),
+        };
+        Ok(Replacement {
+            path: Template::compile(path)?,
+            args,
+            has_query: text.contains('?'),
+            keep_args,
+            redirect,
+        })
+    }
 }
 
 pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), ConfError> {
@@ -171,7 +226,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
             };
             Stmt::Rewrite {
                 re,
-                to: tpl(&d.args[1])?,
+                to: Replacement::compile(&d.args[1], flag).map_err(|e| d.error(e))?,
                 flag,
             }
         }
@@ -284,26 +339,18 @@ fn run_block(stmts: &[Stmt], req: &mut Request, changed: &mut bool) -> Option<Ou
                     continue;
                 };
                 req.captures = caps;
-                let new = to.eval(req, None);
-                let redirect = matches!(flag, Flag::Redirect | Flag::Permanent) || is_url(&new);
-                if redirect {
+                if to.redirect {
                     let code = if *flag == Flag::Permanent { 301 } else { 302 };
-                    let mut loc = new;
-                    // The original arguments follow unless the replacement ends with '?'.
-                    match loc.strip_suffix('?') {
-                        Some(l) => loc = l.to_string(),
-                        None => {
-                            if let Some(a) = &req.args {
-                                loc.push(if loc.contains('?') { '&' } else { '?' });
-                                loc.push_str(a);
-                            }
-                        }
+                    let mut loc = unescape_redirect(&Replacement::eval(&to.path, req, true));
+                    if let (true, Some(a)) = (to.keep_args, &req.args) {
+                        loc.push(if to.has_query { '&' } else { '?' });
+                        loc.push_str(a);
                     }
-                    return Some(Outcome::Flow(Flow::Done(redirect_response(
-                        req, code, &loc,
-                    ))));
+                    return Some(Outcome::Flow(Flow::Moved(code, loc)));
                 }
-                set_uri(req, &new);
+                if !set_uri(req, to) {
+                    return Some(Outcome::Flow(Flow::Status(500)));
+                }
                 *changed = true;
                 match flag {
                     Flag::Last => return Some(Outcome::Research),
@@ -316,37 +363,116 @@ fn run_block(stmts: &[Stmt], req: &mut Request, changed: &mut bool) -> Option<Ou
     None
 }
 
-/// Replace the URI with a rewrite result: `path?args` replaces the args (original ones
-/// appended unless it ends with `?`).
-fn set_uri(req: &mut Request, new: &str) {
+/// Replace the URI (and the arguments, after a `?` in the replacement; the original ones
+/// appended with `&` unless it ends with `?`) with a rewrite's result.
+/// `false` for an empty URI (logged; nginx answers 500).
+fn set_uri(req: &mut Request, to: &Replacement) -> bool {
+    let uri = to.path.eval(req, None);
+    if uri.is_empty() {
+        errlog::request(
+            Level::Error,
+            req,
+            format_args!("the rewritten URI has a zero length"),
+        );
+        return false;
+    }
+    let args = match &to.args {
+        Some(t) => {
+            let mut a = Replacement::eval(t, req, true);
+            if let (true, Some(old)) = (to.keep_args, &req.args) {
+                // nginx adds the `&` even after nothing: `rewrite ^ /x?$arg_none;`
+                // makes `&q=1` of `?q=1`.
+                a.push('&');
+                a.push_str(old);
+            }
+            (!a.is_empty()).then_some(a)
+        }
+        None if to.keep_args => req.args.take(),
+        None => None,
+    };
     // The client's URI no longer applies, nor (after a `break`) the location's prefix.
     req.uri_changed = true;
     req.location_valid = false;
-    let (new, keep_old) = match new.strip_suffix('?') {
-        Some(n) => (n, false),
-        None => (new, true),
-    };
-    match new.split_once('?') {
-        Some((path, args)) => {
-            let mut a = args.to_string();
-            if keep_old {
-                if let Some(old) = &req.args {
-                    if !a.is_empty() {
-                        a.push('&');
-                    }
-                    a.push_str(old);
-                }
-            }
-            req.uri = path.to_string();
-            req.args = if a.is_empty() { None } else { Some(a) };
-        }
-        None => {
-            req.uri = new.to_string();
-            if !keep_old {
-                req.args = None;
-            }
+    req.uri = uri;
+    req.args = args;
+    true
+}
+
+/// Whether the client's path (before `?`) was percent-encoded or had a `+` in it.
+fn client_uri_quoted(req: &Request) -> bool {
+    let t = req.head.target();
+    let path = t.split(|&c| c == b'?').next().unwrap_or(t);
+    path.iter().any(|&c| c == b'%' || c == b'+')
+}
+
+/// nginx's NGX_ESCAPE_ARGS: controls, space, `"#%&+;<>?\^`{|}`, DEL and non-ASCII bytes.
+fn escape_args(s: &str, out: &mut String) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &c in s.as_bytes() {
+        if c <= b' ' || c >= 0x7f || b"\"#%&+;<>?\\^`{|}".contains(&c) {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(c >> 4)]));
+            out.push(char::from(HEX[usize::from(c & 15)]));
+        } else {
+            out.push(char::from(c));
         }
     }
+}
+
+/// nginx's NGX_UNESCAPE_REDIRECT over a redirect's target before its arguments are added:
+/// `%XX` of a printable character above `%` is decoded, others stay as they are; a `%3F`
+/// (`?`, its second digit a letter) or a `?` ends the decoding; a broken `%` sequence loses
+/// characters as nginx's does.
+fn unescape_redirect(s: &str) -> String {
+    let hex = |c: u8| char::from(c).to_digit(16).map(|d| d as u8);
+    let b = s.as_bytes();
+    if !b.contains(&b'%') {
+        return s.to_string();
+    }
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        i += 1;
+        if c == b'?' {
+            out.push(c);
+            break;
+        }
+        if c != b'%' {
+            out.push(c);
+            continue;
+        }
+        let Some(hi) = b.get(i).and_then(|&d| hex(d)) else {
+            // nginx keeps the character after a lone `%`, without the `%`.
+            if let Some(&d) = b.get(i) {
+                out.push(d);
+                i += 1;
+            }
+            continue;
+        };
+        let Some(second) = b.get(i + 1).copied() else {
+            i += 1;
+            continue;
+        };
+        let Some(lo) = hex(second) else {
+            // An invalid second digit: nginx drops the three characters.
+            i += 2;
+            continue;
+        };
+        let ch = (hi << 4) | lo;
+        i += 2;
+        if ch == b'?' && !second.is_ascii_digit() {
+            out.push(ch);
+            break;
+        }
+        if ch > b'%' && ch < 0x7f {
+            out.push(ch);
+        } else {
+            out.extend_from_slice(&b[i - 3..i]);
+        }
+    }
+    out.extend_from_slice(&b[i..]);
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `return`'s answer.
@@ -359,7 +485,7 @@ fn answer(req: &Request, code: u16, text: Option<&Template>) -> Flow {
     };
     let value = text.eval(req, Some(&Sent::status(code)));
     if is_redirect(code) {
-        return Flow::Done(redirect_response(req, code, &value));
+        return Flow::Moved(code, value);
     }
     let mut r = Response::new(code);
     r.content_type = Some(

@@ -196,11 +196,7 @@ pub fn handle(req: &Request, w: &Worker) -> Flow {
         Err(kind) => return Flow::Status(file_error(req, kind, &path)),
     };
     if f.is_dir {
-        return Flow::Done(crate::modules::rewrite::redirect_response(
-            req,
-            301,
-            &dir_location(req),
-        ));
+        return Flow::Moved(301, dir_location(req));
     }
     if !f.is_file {
         return Flow::Status(404);
