@@ -27,6 +27,7 @@ pub mod limit_rate;
 pub mod limit_req;
 pub mod limit_zone;
 pub mod map;
+pub mod memcached;
 pub mod mirror;
 pub mod proxy;
 pub mod proxy_cookie;
@@ -164,6 +165,10 @@ pub const MODULES: &[Module] = &[
     Module {
         directives: uwsgi::DIRECTIVES,
         set: uwsgi::set,
+    },
+    Module {
+        directives: memcached::DIRECTIVES,
+        set: memcached::set,
     },
     Module {
         directives: proxy::DIRECTIVES,
@@ -328,6 +333,7 @@ pub struct LocConf {
     pub sub_filter: sub_filter::SubFilterConf,
     pub scgi: gateway::GatewayConf,
     pub uwsgi: uwsgi::UwsgiConf,
+    pub memcached: memcached::MemcachedConf,
     pub proxy: proxy::ProxyConf,
     pub mirror: mirror::MirrorConf,
     /// `health_check`, of this location only (not inherited).
@@ -367,6 +373,7 @@ impl LocConf {
         self.sub_filter.merge(&parent.sub_filter);
         self.scgi.merge(&parent.scgi);
         self.uwsgi.merge(&parent.uwsgi);
+        self.memcached.merge(&parent.memcached);
         self.proxy.merge(&parent.proxy);
         self.mirror.merge(&parent.mirror);
         self.tls.merge(&parent.tls);
