@@ -16,6 +16,7 @@ pub mod core;
 pub mod error_page;
 pub mod fastcgi;
 pub mod file_cache;
+pub mod flv;
 pub mod gateway;
 pub mod geo;
 pub mod headers;
@@ -242,6 +243,10 @@ pub const MODULES: &[Module] = &[
         directives: userid::DIRECTIVES,
         set: userid::set,
     },
+    Module {
+        directives: flv::DIRECTIVES,
+        set: flv::set,
+    },
 ];
 
 /// Find the spec and setter for an http/server/location directive.
@@ -342,6 +347,8 @@ pub struct LocConf {
     pub http2: http2::Http2Conf,
     pub secure_link: secure_link::SecureLinkConf,
     pub userid: userid::UseridConf,
+    /// `flv`: this location's content handler (not inherited, as nginx's handlers).
+    pub flv: bool,
 }
 
 impl LocConf {

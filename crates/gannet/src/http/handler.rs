@@ -307,6 +307,12 @@ fn content(req: &mut Request, w: &Worker) -> Flow {
     if gateway::active(&req.conf).is_some() {
         return Flow::Gateway;
     }
+    if req.conf.flv {
+        match crate::modules::flv::handle(req, w) {
+            Flow::Next => {}
+            other => return other,
+        }
+    }
     let content: [fn(&Request, &Worker) -> Flow; 3] = [
         index::handle,
         |r, _| autoindex::handle(r),
