@@ -5,9 +5,11 @@ escaping, ranges, a dead server (502) and the next server of a group."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 
 import pytest
@@ -24,19 +26,32 @@ pytestmark = pytest.mark.skipif(
 
 
 class Memcached:
-    """A memcached of our own on a free port, stopped at the end of the test."""
+    """A memcached of our own on a free port (or a unix socket), stopped at the end of the
+    test."""
 
-    def __init__(self):
-        self.port = free_port()
+    def __init__(self, unix: str | None = None):
+        self.port, self.unix = free_port(), unix
+        where = ["-s", unix, "-a", "0666"] if unix else ["-l", "127.0.0.1", "-p", str(self.port)]
         self.proc = subprocess.Popen(
-            [MEMCACHED, "-u", "nobody", "-l", "127.0.0.1", "-p", str(self.port), "-U", "0"],
+            [MEMCACHED, "-u", "nobody", "-U", "0", *where],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
-        wait_port(self.port, self.proc)
+        if unix:
+            assert wait_until(lambda: os.path.exists(unix) or self.proc.poll() is not None)
+        else:
+            wait_port(self.port, self.proc)
+
+    def connect(self) -> socket.socket:
+        if self.unix:
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(5)
+            s.connect(self.unix)
+            return s
+        return socket.create_connection(("127.0.0.1", self.port), timeout=5)
 
     def set(self, key: bytes, value: bytes, flags: int = 0) -> None:
-        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+        with self.connect() as s:
             s.sendall(b"set %s %d 0 %d\r\n%s\r\n" % (key, flags, len(value), value))
             got = b""
             while not got.endswith(b"\r\n"):
@@ -183,8 +198,9 @@ def test_next_upstream(gannet, memcached):
         other.stop()
 
 
-def fake_memcached(answer: bytes) -> tuple[int, threading.Thread]:
-    """A server that reads one request line and sends `answer` back, then closes."""
+def fake_memcached(answer: bytes, hold: threading.Event | None = None) -> tuple[int, threading.Thread]:
+    """A server that reads one request line and sends `answer` back, then closes (once
+    `hold` is set, if given)."""
     ls = socket.socket()
     ls.bind(("127.0.0.1", 0))
     ls.listen(8)
@@ -197,6 +213,8 @@ def fake_memcached(answer: bytes) -> tuple[int, threading.Thread]:
                 while not got.endswith(b"\r\n"):
                     got += c.recv(1000)
                 c.sendall(answer)
+                if hold:
+                    hold.wait(10)
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
@@ -247,7 +265,7 @@ def test_config_errors_as_nginx(tmp_path):
 
 
 def total_connections(m: Memcached) -> int:
-    with socket.create_connection(("127.0.0.1", m.port), timeout=5) as s:
+    with m.connect() as s:
         s.sendall(b"stats\r\n")
         got = b""
         while not got.endswith(b"END\r\n"):
@@ -271,3 +289,30 @@ def test_keepalive_reuses_connections(gannet, memcached):
         assert srv.get(path)[0::2] == (200, b"v")
     # One connection for all eight gets (and one for this `stats`).
     assert total_connections(memcached) - before == 2
+
+
+def test_read_timeout_is_504(gannet):
+    hold = threading.Event()
+    port, t = fake_memcached(b"", hold)
+    try:
+        srv = gannet.start(
+            server=f"location / {{ set $memcached_key $uri; memcached_read_timeout 200ms; memcached_pass 127.0.0.1:{port}; }}"
+        )
+        assert srv.get("/x")[0] == 504
+        assert wait_until(lambda: "upstream timed out" in srv.error_log() and "while reading response header from upstream" in srv.error_log())
+    finally:
+        hold.set()
+        t.join(5)
+
+
+def test_unix_socket(gannet):
+    d = tempfile.mkdtemp(prefix="gannet-mc-")
+    os.chmod(d, 0o777)
+    m = Memcached(unix=f"{d}/m.sock")
+    try:
+        m.set(b"/u", b"over unix\n")
+        srv = gannet.start(server=f"location / {{ set $memcached_key $uri; memcached_pass unix:{d}/m.sock; }}")
+        assert srv.get("/u")[0::2] == (200, b"over unix\n")
+    finally:
+        m.stop()
+        shutil.rmtree(d, ignore_errors=True)
