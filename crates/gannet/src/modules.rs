@@ -18,6 +18,7 @@ pub mod dav;
 pub mod error_page;
 pub mod fastcgi;
 pub mod file_cache;
+pub mod flv;
 pub mod gateway;
 pub mod geo;
 pub mod gunzip;
@@ -30,6 +31,7 @@ pub mod limit_rate;
 pub mod limit_req;
 pub mod limit_zone;
 pub mod map;
+pub mod memcached;
 pub mod mirror;
 pub mod proxy;
 pub mod proxy_cookie;
@@ -176,6 +178,10 @@ pub const MODULES: &[Module] = &[
         set: uwsgi::set,
     },
     Module {
+        directives: memcached::DIRECTIVES,
+        set: memcached::set,
+    },
+    Module {
         directives: proxy::DIRECTIVES,
         set: proxy::set,
     },
@@ -266,6 +272,10 @@ pub const MODULES: &[Module] = &[
     Module {
         directives: stub_status::DIRECTIVES,
         set: stub_status::set,
+    },
+    Module {
+        directives: flv::DIRECTIVES,
+        set: flv::set,
     },
 ];
 
@@ -363,6 +373,7 @@ pub struct LocConf {
     pub ssi: ssi::SsiConf,
     pub scgi: gateway::GatewayConf,
     pub uwsgi: uwsgi::UwsgiConf,
+    pub memcached: memcached::MemcachedConf,
     pub proxy: proxy::ProxyConf,
     pub mirror: mirror::MirrorConf,
     /// `health_check`, of this location only (not inherited).
@@ -373,6 +384,8 @@ pub struct LocConf {
     pub userid: userid::UseridConf,
     /// `stub_status` (this level only: a content handler is not inherited).
     pub stub_status: bool,
+    /// `flv`: this location's content handler (not inherited, as nginx's handlers).
+    pub flv: bool,
 }
 
 impl LocConf {
@@ -409,6 +422,7 @@ impl LocConf {
         self.ssi.merge(&parent.ssi);
         self.scgi.merge(&parent.scgi);
         self.uwsgi.merge(&parent.uwsgi);
+        self.memcached.merge(&parent.memcached);
         self.proxy.merge(&parent.proxy);
         self.mirror.merge(&parent.mirror);
         self.tls.merge(&parent.tls);

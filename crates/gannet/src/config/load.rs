@@ -350,7 +350,11 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
         conf.client_body.temp_path = Some(t);
     }
     // nginx's compiled-in temp paths for answers read ahead of their clients.
+    // (memcached's answers are never read ahead: nginx has no `memcached_temp_path`.)
     for p in modules::gateway::Proto::ALL {
+        if p == modules::gateway::Proto::Memcached {
+            continue;
+        }
         let c = modules::gateway::conf_mut(&mut conf, p);
         if c.temp_path.is_none() {
             let t = modules::client_body::temp_path_in(prefix, &format!("{}temp", p.prefix()));

@@ -61,7 +61,7 @@ use crate::http::request::Request;
 use crate::http::request::UpstreamTry;
 use crate::http::response::{Body, Response};
 use crate::modules::gateway::{self, Answer, Backend, GatewayConf, Proto, Streamed};
-use crate::modules::{proxy, proxy_cookie};
+use crate::modules::{memcached, proxy, proxy_cookie};
 use crate::runtime::read_timers::ReadTimers;
 use crate::runtime::worker::Worker;
 use crate::tls::client as tls_client;
@@ -72,6 +72,7 @@ use gannet_proto::fastcgi::{self, Record};
 use gannet_proto::h1::{parse_response, BodyKind, Chunk, ChunkedDecoder, Framing, Method};
 use gannet_proto::{scgi, uwsgi};
 use rustls::pki_types::ServerName;
+use std::borrow::Cow;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -200,6 +201,8 @@ struct Link {
     /// The most one read takes: [`READ_MAX`], or `*_buffer_size` for an unbuffered
     /// answer (nginx holds no more than that of it).
     read_max: usize,
+    /// memcached: how much of the `\r\nEND\r\n` after the value is still to come.
+    trailer: usize,
 }
 
 impl Link {
@@ -215,6 +218,7 @@ impl Link {
             got_any: false,
             timers: via.timers.clone(),
             read_max: READ_MAX,
+            trailer: 0,
         }
     }
 
@@ -268,6 +272,9 @@ impl Link {
 
     /// The next piece that the bytes already read make, if they make one.
     fn buffered(&mut self) -> Result<Option<Event>, Failure> {
+        if self.proto == Proto::Memcached {
+            return Ok(self.memcached_piece());
+        }
         if self.proto == Proto::FastCgi {
             let record =
                 fastcgi::decode(&mut self.input).map_err(|e| Failure::Protocol(e.to_string()))?;
@@ -319,6 +326,45 @@ impl Link {
             *left -= b.len() as u64;
         }
         Ok(Some(Event::Data(b.freeze())))
+    }
+
+    /// memcached: the next piece of the value, then its trailer checked (nginx's
+    /// `ngx_http_memcached_filter`: a wrong trailer is logged and ends the answer, the
+    /// connection not kept).
+    fn memcached_piece(&mut self) -> Option<Event> {
+        const END: &[u8] = b"\r\nEND\r\n";
+        let Some(left) = self.left else {
+            // The first line is still to come: what came goes to `memcached_head`.
+            return (!self.input.is_empty())
+                .then(|| Event::Data(std::mem::take(&mut self.input).freeze()));
+        };
+        if left > 0 {
+            if self.input.is_empty() {
+                return None;
+            }
+            let n = usize::try_from(left).map_or(self.input.len(), |l| l.min(self.input.len()));
+            self.left = Some(left - n as u64);
+            return Some(Event::Data(self.input.split_to(n).freeze()));
+        }
+        if self.trailer > 0 {
+            let want = &END[END.len() - self.trailer..];
+            let n = self.input.len().min(self.trailer);
+            if self.input[..n] != want[..n] {
+                errlog::error(format_args!(
+                    "memcached sent invalid trailer while {READING}"
+                ));
+                self.trailer = 0;
+                self.keep_alive = false;
+                return Some(Event::End);
+            }
+            let _ = self.input.split_to(n);
+            self.trailer -= n;
+            if self.trailer > 0 {
+                return None;
+            }
+            self.keep_alive = true;
+        }
+        Some(Event::End)
     }
 
     /// What the application closing its connection means here.
@@ -392,7 +438,7 @@ impl Link {
         let complete = self.left == Some(0) || self.chunked.as_ref().is_some_and(|d| d.is_done());
         match self.proto {
             Proto::FastCgi => self.input.is_empty(),
-            Proto::Http => self.keep_alive && complete && self.input.is_empty(),
+            Proto::Http | Proto::Memcached => self.keep_alive && complete && self.input.is_empty(),
             Proto::Scgi | Proto::Uwsgi => false,
         }
     }
@@ -755,6 +801,9 @@ async fn run_with(
     let Some(pass) = &c.pass else {
         return Outcome::Flow(Flow::Status(500));
     };
+    if proto == Proto::Memcached && !matches!(req.method(), Method::Get | Method::Head) {
+        return Outcome::Flow(Flow::Status(405));
+    }
     // A body read whole: one in memory is encoded with the head, one in a file follows it
     // in pieces (when it is passed at all: not with `*_pass_request_body off`, nor in place
     // of `proxy_set_body`, nor on an error page's GET).
@@ -812,6 +861,12 @@ async fn run_with(
         };
         sent_keep = proxy::encode_request(req, &dest, body, how, &mut out);
         dest.backend.clone()
+    } else if proto == Proto::Memcached {
+        if let Err(why) = memcached::request_line(req, &mut out) {
+            errlog::request(Level::Error, req, format_args!("{why}"));
+            return Outcome::Flow(Flow::Status(500));
+        }
+        pass.clone()
     } else if let Err(e) = encode(req, proto, c, body, len, how.is_some(), &mut out) {
         errlog::request(
             Level::Error,
@@ -902,6 +957,7 @@ async fn run_with(
     let keep = match proto {
         Proto::FastCgi => req.conf.fastcgi.keep_conn(),
         Proto::Http => sent_keep && up.keepalive > 0,
+        Proto::Memcached => up.keepalive > 0,
         Proto::Scgi | Proto::Uwsgi => false,
     };
     let hash = up.hash_key(req);
@@ -1161,8 +1217,8 @@ fn encode(
             uwsgi::request(out, u.modifier1.unwrap_or(0), u.modifier2.unwrap_or(0), &v);
             out.extend_from_slice(body);
         }
-        // Built by `modules::proxy::encode_request`.
-        Proto::Http => {}
+        // Built by `modules::proxy::encode_request` and `modules::memcached::request_line`.
+        Proto::Http | Proto::Memcached => {}
     }
     Ok(())
 }
@@ -1317,6 +1373,8 @@ fn outcome(
     }
     match answer(req, c, a.head) {
         Flow::Done(mut resp) => {
+            // Ranges are cut from a body at hand only (a memcached value that came whole).
+            resp.accept_ranges = false;
             // A length the application announced goes to the client as is (nginx's way),
             // not turned into chunks.
             if let (Some(left), false) = (a.link.left, req.is_head()) {
@@ -1434,7 +1492,7 @@ async fn exchange(
                     body.extend_from_slice(&b);
                 }
                 if head.is_none() {
-                    head = read_head(req, c, &mut link, &mut body)?;
+                    head = read_head(req, c, &mut link, &mut body, &out.out)?;
                     buffering = head.as_ref().is_some_and(|h| buffers(c, h));
                     if head.is_some() {
                         req.upstream.borrow_mut().head_read = Some(Instant::now());
@@ -1588,15 +1646,18 @@ async fn send_file(
 
 /// The answer's head off the front of `body` once it has all come, with the body's
 /// framing noted in the link.
+/// `sent` is the request as sent (memcached's answer must name its key).
 fn read_head(
     req: &Request,
     c: &GatewayConf,
     link: &mut Link,
     body: &mut BytesMut,
+    sent: &[u8],
 ) -> Result<Option<CgiHead>, Failure> {
     let max = c.buffer_size();
     let bad = |e: &dyn std::fmt::Display| Failure::Protocol(e.to_string());
     let head = match link.proto {
+        Proto::Memcached => return memcached_head(req, link, body, sent, max),
         Proto::Http => {
             let Some(h) = parse_response(body, max, req.is_head()).map_err(|e| bad(&e))? else {
                 return Ok(None);
@@ -1624,6 +1685,72 @@ fn read_head(
     Ok(head)
 }
 
+/// memcached's first line off the front of `body`, once it has come: a value is a 200 with
+/// its length (and `Content-Encoding: gzip` per `memcached_gzip_flag`), a miss a 404. What
+/// follows the line goes back to the link's input, to be read as the value and its trailer.
+fn memcached_head(
+    req: &Request,
+    link: &mut Link,
+    body: &mut BytesMut,
+    sent: &[u8],
+    max: usize,
+) -> Result<Option<CgiHead>, Failure> {
+    let Some(lf) = body.iter().position(|&b| b == b'\n') else {
+        if body.len() >= max {
+            return Err(Failure::Protocol("upstream sent too big header".into()));
+        }
+        return Ok(None);
+    };
+    let line = body.split_to(lf + 1);
+    let mut rest = std::mem::take(body);
+    rest.extend_from_slice(&link.input);
+    link.input = rest;
+    let line = &line[..lf];
+    let Some(line) = line.strip_suffix(b"\r") else {
+        return Err(Failure::Protocol(format!(
+            "memcached sent invalid response: \"{}\"",
+            String::from_utf8_lossy(line)
+        )));
+    };
+    let key = sent
+        .strip_prefix(b"get ")
+        .and_then(|k| k.strip_suffix(b"\r\n"))
+        .unwrap_or(b"");
+    let reply = memcached::parse_reply(line, key, req.conf.memcached.gzip_flag());
+    let reply = reply.map_err(Failure::Protocol)?;
+    Ok(Some(match reply {
+        memcached::Reply::Miss => {
+            errlog::request(
+                Level::Info,
+                req,
+                format_args!(
+                    "key: \"{}\" was not found by memcached",
+                    String::from_utf8_lossy(key)
+                ),
+            );
+            link.left = Some(0);
+            link.keep_alive = true;
+            CgiHead {
+                status: Some(404),
+                headers: cgi::Fields::from_pairs(&[]),
+            }
+        }
+        memcached::Reply::Value { len, gzip } => {
+            link.left = Some(len);
+            link.trailer = 7;
+            let n = len.to_string();
+            let mut pairs = vec![("Content-Length", n.as_str())];
+            if gzip {
+                pairs.push(("Content-Encoding", "gzip"));
+            }
+            CgiHead {
+                status: Some(200),
+                headers: cgi::Fields::from_pairs(&pairs),
+            }
+        }
+    }))
+}
+
 /// Each FastCGI STDERR line goes to the error log, as nginx logs them.
 fn log_stderr(req: &Request, addr: &Addr, msg: &[u8], in_body: bool) {
     let text = String::from_utf8_lossy(msg);
@@ -1638,8 +1765,34 @@ fn log_stderr(req: &Request, addr: &Addr, msg: &[u8], in_body: bool) {
     );
 }
 
+/// memcached's answer: a miss is always gannet's own 404 (or the location's `error_page`,
+/// nginx's `intercept_404`); a value gets the type of the URI's extension, as a static file.
+fn memcached_answer(req: &Request, head: CgiHead) -> Flow {
+    let status = head.status.unwrap_or(200);
+    if status != 200 {
+        return Flow::Status(status);
+    }
+    let mut resp = Response::new(200);
+    resp.content_type = Some(req.conf.types.lookup(&req.uri));
+    if req.is_head() {
+        // No body is read for the client: the value's length is the only one (a body at
+        // hand gives its own, which ranges then cut).
+        resp.content_length = head.get("content-length").and_then(|v| v.parse().ok());
+    }
+    // nginx's `force_ranges`: a value is cut into ranges as a file is (when it came whole).
+    resp.accept_ranges = true;
+    if head.get("content-encoding").is_some() {
+        resp.headers
+            .push((Cow::Borrowed("Content-Encoding"), HeaderValue::from("gzip")));
+    }
+    Flow::Done(resp)
+}
+
 /// The answer's head as the next step of the request phases (the caller adds the body).
 fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
+    if gateway::active(&req.conf) == Some(Proto::Memcached) {
+        return memcached_answer(req, head);
+    }
     let (status, head) = match gateway::classify(c, head) {
         Answer::LocalRedirect(uri) => return Flow::Redirect(uri),
         Answer::AccelRedirect(uri, carried) => return Flow::Accel(uri, carried),

@@ -112,20 +112,32 @@ fn parse_spec(spec: &str, len: u64) -> Option<Vec<(u64, u64)>> {
     Some(out)
 }
 
-fn slice(body: &Body, start: u64, end: u64) -> Option<Part> {
+/// Bytes `start..=end` of a body, as the pieces of its parts they fall in (one part for a
+/// plain file; an FLV answer is its header and the file from `?start`).
+fn slice(body: &Body, start: u64, end: u64) -> Option<Vec<Part>> {
     let Body::Parts(parts) = body else {
         return None;
     };
-    match parts.as_slice() {
-        [Part::Bytes(b)] => Some(Part::Bytes(b.slice(start as usize..=end as usize))),
-        [Part::File(f)] => {
-            let mut f = f.clone();
-            f.offset += start;
-            f.len = end - start + 1;
-            Some(Part::File(f))
+    let mut out = Vec::with_capacity(1);
+    let mut at = 0u64;
+    for p in parts {
+        let (from, to) = (at, at + p.len());
+        at = to;
+        if to <= start || from > end {
+            continue;
         }
-        _ => None,
+        let (s, e) = (start.max(from) - from, end.min(to - 1) - from);
+        out.push(match p {
+            Part::Bytes(b) => Part::Bytes(b.slice(s as usize..=e as usize)),
+            Part::File(f) => {
+                let mut f = f.clone();
+                f.offset += s;
+                f.len = e - s + 1;
+                Part::File(f)
+            }
+        });
     }
+    Some(out)
 }
 
 fn range(req: &Request, r: &mut Response) {
@@ -184,7 +196,7 @@ fn range(req: &Request, r: &mut Response) {
             Cow::Borrowed("Content-Range"),
             format!("bytes {s}-{e}/{len}").into(),
         ));
-        r.body = Body::Parts(vec![part]);
+        r.body = Body::Parts(part);
         return;
     }
     let boundary = format!("{:020}", secs(SystemTime::now()) ^ 0x005e_ed9a_77e7);
@@ -201,7 +213,7 @@ fn range(req: &Request, r: &mut Response) {
             "\r\n--{boundary}\r\nContent-Type: {ct}\r\nContent-Range: bytes {s}-{e}/{len}\r\n\r\n"
         );
         parts.push(Part::Bytes(Bytes::from(head)));
-        parts.push(part);
+        parts.extend(part);
     }
     parts.push(Part::Bytes(Bytes::from(format!("\r\n--{boundary}--\r\n"))));
     r.status = 206;

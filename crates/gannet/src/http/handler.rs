@@ -379,6 +379,12 @@ fn content(req: &mut Request, w: &Worker) -> Flow {
     if req.conf.stub_status {
         return stub_status::handle(req);
     }
+    if req.conf.flv {
+        match crate::modules::flv::handle(req, w) {
+            Flow::Next => {}
+            other => return other,
+        }
+    }
     match dav::handle(req) {
         Flow::Next => {}
         other => return other,

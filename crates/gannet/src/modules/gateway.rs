@@ -35,10 +35,18 @@ pub enum Proto {
     Uwsgi,
     /// HTTP/1.x to a server behind a reverse proxy (`proxy_pass`).
     Http,
+    /// A `get` to memcached (`memcached_pass`).
+    Memcached,
 }
 
 impl Proto {
-    pub const ALL: [Proto; 4] = [Proto::FastCgi, Proto::Scgi, Proto::Uwsgi, Proto::Http];
+    pub const ALL: [Proto; 5] = [
+        Proto::FastCgi,
+        Proto::Scgi,
+        Proto::Uwsgi,
+        Proto::Http,
+        Proto::Memcached,
+    ];
 
     /// The start of its directives' names.
     pub fn prefix(self) -> &'static str {
@@ -47,6 +55,7 @@ impl Proto {
             Proto::Scgi => "scgi_",
             Proto::Uwsgi => "uwsgi_",
             Proto::Http => "proxy_",
+            Proto::Memcached => "memcached_",
         }
     }
 
@@ -57,6 +66,7 @@ impl Proto {
             Proto::Scgi => "scgi",
             Proto::Uwsgi => "uwsgi",
             Proto::Http => "http",
+            Proto::Memcached => "memcached",
         }
     }
 }
@@ -320,6 +330,7 @@ pub fn conf(lc: &LocConf, p: Proto) -> &GatewayConf {
         Proto::Scgi => &lc.scgi,
         Proto::Uwsgi => &lc.uwsgi.gw,
         Proto::Http => &lc.proxy.gw,
+        Proto::Memcached => &lc.memcached.gw,
     }
 }
 
@@ -329,6 +340,7 @@ pub fn conf_mut(lc: &mut LocConf, p: Proto) -> &mut GatewayConf {
         Proto::Scgi => &mut lc.scgi,
         Proto::Uwsgi => &mut lc.uwsgi.gw,
         Proto::Http => &mut lc.proxy.gw,
+        Proto::Memcached => &mut lc.memcached.gw,
     }
 }
 
@@ -641,10 +653,14 @@ mod tests {
                 Proto::Scgi => super::super::scgi::DIRECTIVES,
                 Proto::Uwsgi => super::super::uwsgi::DIRECTIVES,
                 Proto::Http => super::super::proxy::DIRECTIVES,
+                Proto::Memcached => super::super::memcached::DIRECTIVES,
             };
             assert!(table.iter().all(|s| s.name.starts_with(p.prefix())));
             for shared in ["pass", "param", "next_upstream", "hide_header"] {
-                if p == Proto::Http && shared == "param" {
+                // memcached has nginx's subset: no params, no answer headers to pick.
+                if (p == Proto::Http && shared == "param")
+                    || (p == Proto::Memcached && matches!(shared, "param" | "hide_header"))
+                {
                     continue;
                 }
                 let name = format!("{}{shared}", p.prefix());
