@@ -399,6 +399,8 @@ def test_nothing_listening_is_502(gannet):
     assert status == 502 and b"502 Bad Gateway" in body
     log = wait_until(lambda: "connect() failed" in srv.error_log() and srv.error_log())
     assert f'upstream: "fastcgi://127.0.0.1:{port}"' in log
+    # nginx's wording, which log watchers (fail2ban filters, alerting rules) match.
+    assert "connect() failed (111: Connection refused) while connecting to upstream" in log
     # The server is fine afterwards.
     assert srv.get("/x.php")[0] == 502
 

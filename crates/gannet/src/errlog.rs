@@ -340,3 +340,21 @@ impl fmt::Display for ClientAddr<'_> {
         }
     }
 }
+
+/// The log's rendering of a failed call: `CALL "PATH" failed (ERRNO: TEXT)`, as nginx.
+pub fn failed(call: &str, path: &std::path::Path, e: &std::io::Error) -> String {
+    format!("{call} \"{}\" failed ({})", path.display(), errno_text(e))
+}
+
+/// `28: No space left on device`: nginx's form of an OS error (std's is the other way
+/// round, with "os error").
+pub fn errno_text(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(n) => {
+            let text = e.to_string();
+            let suffix = format!(" (os error {n})");
+            format!("{n}: {}", text.strip_suffix(&suffix).unwrap_or(&text))
+        }
+        None => e.to_string(),
+    }
+}

@@ -8,7 +8,6 @@
 //! first use (`conn::temp_file`).
 
 use super::Config;
-use crate::conn::temp_file;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -23,7 +22,7 @@ pub fn create(cfg: &Config) -> Result<(), String> {
 }
 
 fn prepare(dir: &Path, uid: Option<libc::uid_t>) -> Result<(), String> {
-    let failed = |call: &str, e: std::io::Error| temp_file::failed(call, dir, &e);
+    let failed = |call: &str, e: std::io::Error| crate::errlog::failed(call, dir, &e);
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -40,7 +39,7 @@ fn prepare(dir: &Path, uid: Option<libc::uid_t>) -> Result<(), String> {
             return Err(format!(
                 "chown(\"{}\", {uid}) failed ({})",
                 dir.display(),
-                temp_file::errno_text(&e)
+                crate::errlog::errno_text(&e)
             ));
         }
     }

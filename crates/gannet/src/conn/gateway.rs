@@ -129,10 +129,23 @@ impl Failure {
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Failure::Connect(e) => write!(f, "connect() failed ({e}) while {CONNECTING}"),
+            Failure::Connect(e) => write!(
+                f,
+                "connect() failed ({}) while {CONNECTING}",
+                crate::errlog::errno_text(e)
+            ),
             Failure::Handshake(why) => write!(f, "{why} while {HANDSHAKING}"),
             Failure::Timeout(phase) => write!(f, "upstream timed out while {phase}"),
-            Failure::Io(e, phase) => write!(f, "{e} while {phase}"),
+            // nginx's form: the call, then `(errno: text)`.
+            Failure::Io(e, phase) => {
+                let call = match *phase {
+                    SENDING => "writev()",
+                    READING_BODY_FILE => "pread()",
+                    _ => "recv()",
+                };
+                let text = crate::errlog::errno_text(e);
+                write!(f, "{call} failed ({text}) while {phase}")
+            }
             Failure::Protocol(why) => write!(f, "{why} while {READING_HEAD}"),
             Failure::Body(why) => write!(f, "{why} while {READING}"),
             Failure::Premature(Proto::FastCgi) => {
@@ -163,7 +176,7 @@ impl std::fmt::Display for Failure {
             Failure::Spool(e) => write!(
                 f,
                 "{} while reading the buffered response from its temporary file",
-                super::temp_file::failed("pread()", std::path::Path::new("temp file"), e)
+                crate::errlog::failed("pread()", std::path::Path::new("temp file"), e)
             ),
         }
     }

@@ -190,7 +190,7 @@ fn write(req: &Request, f: &mut BodyFile, name: &Path, data: &[u8]) -> Result<()
         return Ok(());
     }
     if let Err(e) = f.file.write_all_at(data, f.len) {
-        let why = temp_file::failed("pwrite()", name, &e);
+        let why = crate::errlog::failed("pwrite()", name, &e);
         errlog::request(Level::Crit, req, format_args!("{why}"));
         return Err(Failed::Store);
     }

@@ -159,7 +159,7 @@ impl Spool {
                 self.pending.clear();
             }
             Err(e) => {
-                let why = temp_file::failed("pwrite()", &t.name, &e);
+                let why = crate::errlog::failed("pwrite()", &t.name, &e);
                 errlog::request(Level::Crit, req, format_args!("{why}"));
                 self.file_failed = true;
             }

@@ -30,7 +30,7 @@ pub fn create(tp: &TempPath) -> Result<TempFile, String> {
         // The folder is missing: made (as nginx makes its temp paths), then tried again.
         Err(e) if e.kind() == ErrorKind::NotFound => {
             if let Err(e) = make_dirs(&tp.dir) {
-                return Err(failed("mkdir()", &tp.dir, &e));
+                return Err(crate::errlog::failed("mkdir()", &tp.dir, &e));
             }
             match nameless(&tp.dir) {
                 Ok(file) => {
@@ -39,32 +39,16 @@ pub fn create(tp: &TempPath) -> Result<TempFile, String> {
                         name: tp.dir.clone(),
                     })
                 }
-                Err(e) if !unsupported(&e) => return Err(failed("open()", &tp.dir, &e)),
+                Err(e) if !unsupported(&e) => {
+                    return Err(crate::errlog::failed("open()", &tp.dir, &e))
+                }
                 Err(_) => {}
             }
         }
-        Err(e) if !unsupported(&e) => return Err(failed("open()", &tp.dir, &e)),
+        Err(e) if !unsupported(&e) => return Err(crate::errlog::failed("open()", &tp.dir, &e)),
         Err(_) => {}
     }
     named(tp)
-}
-
-/// The log's rendering of a failed call: `CALL "PATH" failed (ERRNO: TEXT)`, as nginx.
-pub fn failed(call: &str, path: &Path, e: &io::Error) -> String {
-    format!("{call} \"{}\" failed ({})", path.display(), errno_text(e))
-}
-
-/// `28: No space left on device`: nginx's form of an OS error (std's is the other way
-/// round, with "os error").
-pub fn errno_text(e: &io::Error) -> String {
-    match e.raw_os_error() {
-        Some(n) => {
-            let text = e.to_string();
-            let suffix = format!(" (os error {n})");
-            format!("{n}: {}", text.strip_suffix(&suffix).unwrap_or(&text))
-        }
-        None => e.to_string(),
-    }
 }
 
 fn nameless(dir: &Path) -> io::Result<File> {
@@ -94,7 +78,7 @@ fn make_dirs(dir: &Path) -> io::Result<()> {
 /// The fallback: a fresh name, created exclusively, then unlinked.
 fn named(tp: &TempPath) -> Result<TempFile, String> {
     let t = create_named(tp)?;
-    std::fs::remove_file(&t.name).map_err(|e| failed("unlink()", &t.name, &e))?;
+    std::fs::remove_file(&t.name).map_err(|e| crate::errlog::failed("unlink()", &t.name, &e))?;
     Ok(t)
 }
 
@@ -118,7 +102,7 @@ pub fn create_named(tp: &TempPath) -> Result<TempFile, String> {
         let file = match open(&path) {
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 let parent = path.parent().unwrap_or(&tp.dir);
-                make_dirs(parent).map_err(|e| failed("mkdir()", parent, &e))?;
+                make_dirs(parent).map_err(|e| crate::errlog::failed("mkdir()", parent, &e))?;
                 open(&path)
             }
             r => r,
@@ -126,7 +110,7 @@ pub fn create_named(tp: &TempPath) -> Result<TempFile, String> {
         match file {
             Ok(file) => return Ok(TempFile { file, name: path }),
             Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(failed("open()", &path, &e)),
+            Err(e) => return Err(crate::errlog::failed("open()", &path, &e)),
         }
     }
     Err(format!(
@@ -170,7 +154,7 @@ mod tests {
     fn os_errors_read_as_nginx_writes_them() {
         let e = io::Error::from_raw_os_error(libc::ENOSPC);
         assert_eq!(
-            failed("pwrite()", Path::new("/x"), &e),
+            crate::errlog::failed("pwrite()", Path::new("/x"), &e),
             "pwrite() \"/x\" failed (28: No space left on device)"
         );
     }

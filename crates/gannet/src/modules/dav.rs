@@ -10,7 +10,7 @@
 
 use super::{LoadCtx, LocConf};
 use crate::conn::request_body::{self, BodyFile, RequestBody};
-use crate::conn::temp_file::errno_text;
+use crate::errlog::errno_text;
 use crate::errlog::{self, Level};
 use crate::http::handler::Flow;
 use crate::http::request::Request;

@@ -12,8 +12,8 @@
 //! the old one away), that one is opened instead. As in nginx, SIGUSR1 does not touch
 //! these descriptors: `valid` is what brings a renamed log back to its name.
 
-use crate::conn::temp_file::{errno_text, failed};
 use crate::errlog::Level;
+use crate::errlog::{errno_text, failed};
 use crate::http::request::Request;
 use crate::http::variables::Template;
 use std::cell::RefCell;

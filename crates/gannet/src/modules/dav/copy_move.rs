@@ -105,7 +105,7 @@ pub fn copy_move(req: &Request, mv: bool) -> Flow {
                     format_args!(
                         "\"{}\" could not be created ({})",
                         to.display(),
-                        crate::conn::temp_file::errno_text(&e)
+                        crate::errlog::errno_text(&e)
                     ),
                 );
                 return Flow::Status(412);
