@@ -8,7 +8,9 @@
 # CHECKOUT is a clone of nginx-tests (it is never copied into this repository); FILEs are
 # test files relative to it (default: all *.t). Environment: GANNET_BIN (default
 # target/release/gannet), NGINX_BIN (default /usr/sbin/nginx), TIMEOUT (seconds per file,
-# default 60), JOBS (prove -j, default 2). -o keeps the TAP output and the tables in DIR.
+# default 60), JOBS (prove -j, default 2), SERVERS (default "nginx gannet": the servers to
+# run; with -o, a server left out keeps its results from an earlier run in DIR, so the two
+# can run in parallel and be tabulated together). -o keeps the TAP output and the tables in DIR.
 #
 # Module selection: nginx-tests reads `BINARY -V` to skip the tests of modules a binary lacks.
 # Debian's nginx is given through a wrapper that answers `-V` with gannet's list (gannet
@@ -36,8 +38,12 @@ jobs="${JOBS:-2}"
 [ -x "$gannet" ] || { echo "no gannet binary at $gannet (cargo build --release)" >&2; exit 2; }
 [ -x "$nginx" ] || { echo "no nginx binary at $nginx" >&2; exit 2; }
 
-work="$(mktemp -d /tmp/nginx-tests-run.XXXXXX)"
-[ -n "$out" ] || trap 'rm -rf "$work"' EXIT
+if [ -n "$out" ]; then
+  mkdir -p "$out" && work="$(cd "$out" && pwd)"
+else
+  work="$(mktemp -d /tmp/nginx-tests-run.XXXXXX)"
+  trap 'rm -rf "$work"' EXIT
+fi
 chmod 755 "$work"
 
 # Debian's nginx, answering -V as gannet does (nginx's own version line).
@@ -71,7 +77,8 @@ fi
 as_user=()
 if [ "$(id -u)" -eq 0 ]; then as_user=(runuser -u nobody --); fi
 
-for server in nginx gannet; do
+for server in ${SERVERS-nginx gannet}; do
+  rm -rf "${work:?}/$server"
   bin="$work/debian-nginx"; [ $server = gannet ] && bin="$gannet"
   mkdir -p "$work/$server"; chmod 777 "$work/$server"
   echo "==> $server: ${#files[@]} files, prove -j$jobs, ${timeout}s per file" >&2
@@ -111,6 +118,11 @@ def result(server, f):
     fail += max(0, planned - ok - fail - skip)
     if not m and not status:
         status = "no plan"
+    # Why a server did not start: its first [emerg], without the config's path.
+    err = work / server / f"{name}.err"
+    emerg = re.search(r"\[emerg\] (.*)", err.read_text(errors="replace")) if err.exists() else None
+    if emerg and fail:
+        status = (status + " " if status else "") + "emerg: " + re.sub(r"^\S+:\d+: | in \S+:\d+$", "", emerg.group(1))
     return ok, fail, skip, status
 
 rows, tot = [], {s: [0, 0, 0, 0, 0, 0] for s in ("nginx", "gannet")}
@@ -141,4 +153,4 @@ for s in ("nginx", "gannet"):
     run, ok, fail, skip, skipped, hc = tot[s]
     print(f"{s:<16}{run:>10}{skipped:>9}{ok:>9}{fail:>9}{skip:>9}{hc:>11}")
 EOF
-if [ -n "$out" ]; then mkdir -p "$out" && cp -r "$work"/. "$out"/ && echo "results in $out" >&2; fi
+[ -z "$out" ] || echo "results in $out (table.tsv, SERVER/FILE.tap)" >&2
