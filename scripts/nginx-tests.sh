@@ -62,6 +62,9 @@ TMPDIR="$tmp" TEST_NGINX_LEAVE=1 timeout -k 10 "$TIMEOUT" perl "$t" >"$RESULTS/$
 rc=$?
 cat "$RESULTS/$name.tap"
 [ $rc -eq 124 ] || [ $rc -eq 137 ] && echo hang >"$RESULTS/$name.status"
+# A server that would not start under try_run() (the test is then skipped, with stderr
+# closed): its error log says why.
+grep -sh '\[emerg\]' "$tmp"/*/error.log | head -n 1 >>"$RESULTS/$name.err"
 if grep -sqE 'panicked|exited on signal' "$tmp"/*/error.log; then
   echo crash >>"$RESULTS/$name.status"
 fi
@@ -103,8 +106,7 @@ def result(server, f):
     status = ",".join(sorted(set(st.read_text().split()))) if st.exists() else ""
     m = re.search(r"^1\.\.(\d+)(.*)$", text, re.M)
     planned = int(m.group(1)) if m else 0
-    if m and planned == 0:
-        return 0, 0, 0, "skip: " + m.group(2).replace("# SKIP", "").strip()
+    skipped = m and planned == 0
     ok = fail = skip = 0
     for line in text.splitlines():
         if re.match(r"^(not )?ok\b", line):
@@ -116,28 +118,47 @@ def result(server, f):
                 fail += 1
     # Planned but never run (the script died): failures.
     fail += max(0, planned - ok - fail - skip)
-    if not m and not status:
+    if skipped:
+        status = "skip: " + m.group(2).replace("# SKIP", "").strip()
+    elif not m and not status:
         status = "no plan"
-    # Why a server did not start: its first [emerg], without the config's path.
+    # Why a server did not start ("Can't start nginx"): its first [emerg], without the
+    # config's path.
     err = work / server / f"{name}.err"
-    emerg = re.search(r"\[emerg\] (.*)", err.read_text(errors="replace")) if err.exists() else None
-    if emerg and fail:
+    errs = err.read_text(errors="replace") if err.exists() else ""
+    emerg = re.search(r"\[emerg\] (.*)", errs)
+    if emerg and (fail and "Can't start nginx" in errs or planned == 0 or not m):
         status = (status + " " if status else "") + "emerg: " + re.sub(r"^\S+:\d+: | in \S+:\d+$", "", emerg.group(1))
     return ok, fail, skip, status
 
 rows, tot = [], {s: [0, 0, 0, 0, 0, 0] for s in ("nginx", "gannet")}
+causes = {s: {} for s in ("nginx", "gannet")}
 for f in files:
     row = [f]
-    for s in ("nginx", "gannet"):
-        ok, fail, skip, status = result(s, f)
+    res = {s: result(s, f) for s in ("nginx", "gannet")}
+    for s, other in (("nginx", "gannet"), ("gannet", "nginx")):
+        ok, fail, skip, status = res[s]
+        # Nothing run (a try_run() skip: the server did not start; or the test died before
+        # its plan) where the other server ran the file: what the other ran is lost.
+        if not ok + fail + skip and sum(res[other][:3]):
+            fail = sum(res[other][:3])
+            status = status.replace("skip: ", "skipped: ")
         t = tot[s]
-        if status.startswith("skip"):
+        if status.startswith("skip:"):
             t[4] += 1
         else:
             t[0] += 1
         t[1] += ok; t[2] += fail; t[3] += skip
         t[5] += ("hang" in status) + ("crash" in status)
         row.append(f"{ok}/{fail}/{skip} {status}".strip())
+        if fail:
+            # Subtests lost, by cause: the config error that stopped the server, a hang,
+            # or wrong answers (the file's own failures).
+            e = re.search(r"emerg: (.*)", status)
+            cause = e.group(1) if e else "hang" if "hang" in status else "wrong answers"
+            cause = re.sub(r"/tmp/\S+", "PATH", cause)
+            n, fs = causes[s].get(cause, (0, []))
+            causes[s][cause] = (n + fail, fs + [f])
     rows.append(row)
 
 out = ["file\tnginx pass/fail/skip\tgannet pass/fail/skip"]
@@ -152,5 +173,15 @@ print(f"{'':<16}{'files run':>10}{'skipped':>9}{'passed':>9}{'failed':>9}{'sub-s
 for s in ("nginx", "gannet"):
     run, ok, fail, skip, skipped, hc = tot[s]
     print(f"{s:<16}{run:>10}{skipped:>9}{ok:>9}{fail:>9}{skip:>9}{hc:>11}")
+lines = []
+for s in ("nginx", "gannet"):
+    lines.append(f"\n{s}: subtests lost, by cause")
+    for cause, (n, fs) in sorted(causes[s].items(), key=lambda c: -c[1][0]):
+        lines.append(f"{n:>6}  {cause}  ({len(fs)} files: {' '.join(fs[:8])}{' ...' if len(fs) > 8 else ''})")
+(work / "causes.txt").write_text("\n".join(lines) + "\n")
+for s in ("nginx", "gannet"):
+    print(f"\n{s}: top causes by subtests lost (all in {work}/causes.txt)")
+    for cause, (n, fs) in sorted(causes[s].items(), key=lambda c: -c[1][0])[:10]:
+        print(f"{n:>6}  {cause}  ({len(fs)} files)")
 EOF
 [ -z "$out" ] || echo "results in $out (table.tsv, SERVER/FILE.tap)" >&2
