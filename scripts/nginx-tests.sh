@@ -128,7 +128,7 @@ def result(server, f):
     errs = err.read_text(errors="replace") if err.exists() else ""
     emerg = re.search(r"\[emerg\] (.*)", errs)
     if emerg and (fail and "Can't start nginx" in errs or planned == 0 or not m):
-        status = (status + " " if status else "") + "emerg: " + re.sub(r"^\S+:\d+: | in \S+:\d+$", "", emerg.group(1))
+        status = (status + " " if status else "") + "emerg: " + re.sub(r"^(\d+#\d+: )?\S+:\d+: | in \S+:\d+$", "", emerg.group(1))
     return ok, fail, skip, status
 
 rows, tot = [], {s: [0, 0, 0, 0, 0, 0] for s in ("nginx", "gannet")}
