@@ -180,7 +180,7 @@ for s in ("nginx", "gannet"):
         lines.append(f"{n:>6}  {cause}  ({len(fs)} files: {' '.join(fs[:8])}{' ...' if len(fs) > 8 else ''})")
 (work / "causes.txt").write_text("\n".join(lines) + "\n")
 for s in ("nginx", "gannet"):
-    print(f"\n{s}: top causes by subtests lost (all in {work}/causes.txt)")
+    print(f"\n{s}: top causes by subtests lost (all of them in causes.txt, kept with -o)")
     for cause, (n, fs) in sorted(causes[s].items(), key=lambda c: -c[1][0])[:10]:
         print(f"{n:>6}  {cause}  ({len(fs)} files)")
 EOF
