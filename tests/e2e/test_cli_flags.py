@@ -151,3 +151,65 @@ def test_default_config_path_when_no_c(tmp_path):
     r = run("-t", env=env)
     assert r.returncode == 0 and "(embedded default) test is successful" in r.stderr, r.stderr
 
+
+
+# --- as nginx's test suite (nginx-tests' lib/Test/Nginx.pm) runs the binary -----------------
+
+def test_relative_c_is_under_the_prefix_as_nginx_tests_start_it(tmp_path):
+    """Test::Nginx runs `BIN -p DIR/ -c nginx.conf -e error.log -g 'pid ...; error_log ...
+    debug;'` from another directory, waits for the pid file, and stops with SIGQUIT; the
+    error log must then hold no [alert]."""
+    port = free_port()
+    (tmp_path / "a.txt").write_text("A")
+    (tmp_path / "nginx.conf").write_text(
+        "daemon off;\nuser root;\nevents {}\nhttp {\n    root %s;\n    access_log %s/access.log;\n"
+        "    server { listen 127.0.0.1:%d; }\n}\n" % (tmp_path, tmp_path, port)
+    )
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    globals_ = f"pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log debug;"
+    proc = subprocess.Popen(
+        [str(gannet_bin()), "-p", f"{tmp_path}/", "-c", "nginx.conf", "-e", "error.log", "-g", globals_],
+        cwd=elsewhere, stderr=subprocess.PIPE,
+    )
+    try:
+        wait_until(lambda: (tmp_path / "nginx.pid").exists() or proc.poll() is not None)
+        assert proc.poll() is None, proc.stderr.read()
+        wait_port(port, proc)
+        assert get(port, "/a.txt") == b"A"
+        assert int((tmp_path / "nginx.pid").read_text()) == proc.pid
+    finally:
+        proc.send_signal(15 if proc.poll() is not None else 3)  # SIGQUIT, as Test::Nginx::stop
+        proc.wait(timeout=20)
+    assert "[alert]" not in (tmp_path / "error.log").read_text()
+    # -t too: the same relative name under the prefix.
+    r = run("-t", "-p", f"{tmp_path}/", "-c", "nginx.conf", "-g", globals_, cwd=elsewhere)
+    assert r.returncode == 0, r.stderr
+
+
+def debian_nginx_configure_args() -> set[str]:
+    r = subprocess.run(["/usr/sbin/nginx", "-V"], capture_output=True, text=True, timeout=10)
+    return set(r.stderr.split("configure arguments:", 1)[1].split())
+
+
+def test_V_is_nginx_style_and_names_only_real_nginx_modules():
+    """nginx-tests' has_version()/has() read `-V`: the version line as nginx's, and module
+    switches in nginx's own spelling. The `--with-` ones gannet claims are those Debian's
+    nginx is built with (the same names, not invented ones)."""
+    r = run("-V")
+    assert r.returncode == 0
+    lines = r.stderr.splitlines()
+    assert re.match(r"nginx version: nginx/1\.22\.1 \(gannet/\d+\.\d+", lines[0]), lines[0]
+    assert "TLS SNI support enabled" in lines
+    args = r.stderr.split("configure arguments:", 1)[1].split()
+    withs = {a for a in args if a.startswith("--with-")}
+    assert {"--with-http_ssl_module", "--with-http_v2_module", "--with-http_realip_module"} <= withs
+    assert withs <= debian_nginx_configure_args()
+    # What gannet lacks is off: nginx-tests skips cache, grpc, stream, mail...; what it has
+    # of the default modules (ssi, memcached) is not switched off.
+    assert "--without-http-cache" in args and "--without-http_grpc_module" in args
+    assert not re.search(r"--without-http_(ssi|memcached)_module", r.stderr)
+    assert {"--with-http_dav_module", "--with-http_stub_status_module"} <= withs
+    assert not re.search(r"--with-stream|--with-mail|mp4|slice|http_v3|OpenSSL", r.stderr)
+    v = run("-v")
+    assert v.returncode == 0 and v.stderr.strip() == lines[0]

@@ -23,6 +23,59 @@ const SYSTEM_CONF: &str = "/etc/gannet/gannet.conf";
 /// Test-only: replaces [`SYSTEM_CONF`].
 const SYSTEM_CONF_ENV: &str = "GANNET_DEFAULT_CONF";
 
+/// The nginx release whose behaviour gannet follows (Debian 12's), printed by `-v` / `-V`
+/// in nginx's form so tools that read `nginx -V` (nginx's own test suite among them) see
+/// which nginx gannet stands in for.
+pub const NGINX_VERSION: &str = "1.22.1";
+
+/// `-V`'s `configure arguments:`: nginx's names for the modules gannet implements, and a
+/// `--without-...` for each module nginx builds by default that gannet lacks, so a script
+/// that reads them (nginx-tests' `has()`) selects what gannet can do. Modules nginx builds
+/// only on request and gannet lacks (mail, stream, mp4, slice...) are simply not named:
+/// naming them at all would match nginx-tests' plain-substring checks.
+const CONFIGURE_ARGS: &[&str] = &[
+    "--with-http_ssl_module",
+    "--with-http_v2_module",
+    "--with-http_realip_module",
+    "--with-http_auth_request_module",
+    "--with-http_secure_link_module",
+    "--with-http_sub_module",
+    "--with-http_gzip_static_module",
+    "--with-http_stub_status_module",
+    "--with-http_dav_module",
+    "--with-http_addition_module",
+    "--with-http_flv_module",
+    "--with-http_gunzip_module",
+    "--with-http_random_index_module",
+    "--without-http-cache",
+    "--without-http_grpc_module",
+    "--without-http_empty_gif_module",
+    "--without-http_browser_module",
+    "--without-http_upstream_sticky",
+    "--without-http_upstream_least_time_module",
+    "--without-http_tunnel_module",
+    "--without-mail_pop3_module",
+    "--without-mail_imap_module",
+    "--without-mail_smtp_module",
+];
+
+/// `-v`: nginx's first line, naming gannet's own version too.
+pub fn version_line() -> String {
+    format!(
+        "nginx version: nginx/{NGINX_VERSION} (gannet/{})",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// `-V`: the version, the TLS library and the modules, in `nginx -V`'s layout.
+pub fn version_details() -> String {
+    format!(
+        "{}\nbuilt with rustls 0.23 (aws-lc-rs)\nTLS SNI support enabled\nconfigure arguments: {}",
+        version_line(),
+        CONFIGURE_ARGS.join(" ")
+    )
+}
+
 pub fn command() -> Command {
     let value = |id: &'static str, short: char, name: &'static str, help: &'static str| {
         Arg::new(id).short(short).value_name(name).help(help)
@@ -174,6 +227,14 @@ impl Source {
             (None, None) => std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
         };
         let prefix = std::fs::canonicalize(&prefix).unwrap_or(prefix);
+        // As nginx: with `-p`, a relative `-c` names a file under the prefix
+        // (`-p /srv/site/ -c nginx.conf`, as nginx's test suite runs it).
+        let conf = match conf {
+            Some(c) if c.is_relative() && m.get_one::<String>("prefix").is_some() => {
+                Some(prefix.join(c))
+            }
+            c => c,
+        };
         let params = match m.get_one::<String>("globals") {
             Some(g) => gannet_conf::parse_params(g, &prefix)?,
             None => Vec::new(),

@@ -30,13 +30,12 @@ fn main() -> ExitCode {
             Err(_) => ExitCode::FAILURE,
         };
     }
-    let version = concat!("gannet version: gannet/", env!("CARGO_PKG_VERSION"));
     if m.get_flag("version") {
-        eprintln!("{version}");
+        eprintln!("{}", cli::version_line());
         return ExitCode::SUCCESS;
     }
     if m.get_flag("Version") {
-        eprintln!("{version}\nbuilt with rustc, tokio; HTTP/1.1, static files\nconfigure arguments: none (one binary, everything built in)");
+        eprintln!("{}", cli::version_details());
         return ExitCode::SUCCESS;
     }
     let (test, dump) = (m.get_flag("test") || m.get_flag("dump"), m.get_flag("dump"));
