@@ -943,6 +943,9 @@ impl<S: Transport> Conn<S> {
                     break;
                 }
             };
+            // `$body_bytes_sent` is what went out after the head, the chunks' framing too,
+            // as nginx counts it.
+            let framed = self.out.len();
             if !piece.is_empty() {
                 if chunked {
                     gannet_proto::h1::encode::chunk_size(&mut self.out, piece.len());
@@ -951,7 +954,6 @@ impl<S: Transport> Conn<S> {
                 if chunked {
                     self.out.extend_from_slice(b"\r\n");
                 }
-                sent += piece.len() as u64;
             }
             if !more && chunked {
                 self.out.extend_from_slice(b"0\r\n");
@@ -964,6 +966,7 @@ impl<S: Transport> Conn<S> {
                 }
                 self.out.extend_from_slice(b"\r\n");
             }
+            sent += (self.out.len() - framed) as u64;
             // An application may pause before its next piece: what it said goes out now,
             // unless more of it is at hand. A file's pieces come at once and are written in
             // FLUSH_AT batches. A buffered answer is read ahead while the client takes it.

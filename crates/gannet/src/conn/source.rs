@@ -37,7 +37,7 @@ pub struct Addition {
     main: Source,
     main_done: bool,
     /// The subrequest being sent, and its body.
-    sub: Option<(Box<Request>, Source)>,
+    sub: Option<super::subrequest::Body>,
 }
 
 impl Source {
@@ -145,12 +145,13 @@ impl Source {
                 }
             },
             Source::Addition(a) => loop {
-                if let Some((r, src)) = &mut a.sub {
-                    match Box::pin(src.next(w, r)).await? {
+                if let Some(sub) = &mut a.sub {
+                    match Box::pin(sub.src.next(w, &sub.req)).await? {
                         Some(piece) => return Ok(Some(piece)),
                         None => {
-                            if let Some((_, src)) = a.sub.take() {
-                                src.finish(w);
+                            if let Some(sub) = a.sub.take() {
+                                sub.src.finish(w);
+                                super::subrequest::log(w, &sub.req, sub.status);
                             }
                         }
                     }
@@ -244,7 +245,7 @@ impl Source {
             }
             Source::Ssi(inc) => inc.at_hand(),
             Source::Addition(a) => match &a.sub {
-                Some((_, s)) => s.at_hand(),
+                Some(sub) => sub.src.at_hand(),
                 None => a.main_done || a.main.at_hand(),
             },
         }
@@ -266,7 +267,7 @@ impl Source {
             }
             Source::Ssi(inc) => Box::pin(inc.alongside(w, req, send)).await,
             Source::Addition(a) => match &mut a.sub {
-                Some((r, s)) => Box::pin(s.alongside(w, r, send)).await,
+                Some(sub) => Box::pin(sub.src.alongside(w, &sub.req, send)).await,
                 None => Box::pin(a.main.alongside(w, req, send)).await,
             },
         }

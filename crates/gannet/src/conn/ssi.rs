@@ -31,6 +31,8 @@ struct Child {
     /// Whether the body had anything (else a `stub=` stands in).
     any: bool,
     ok: bool,
+    /// Its status, for `log_subrequest`.
+    status: u16,
     /// The subrequest's answer was itself an SSI page: a stub standing in for it is
     /// parsed too, as nginx sends it through the subrequest's filters.
     parsed: Option<ssi::Setup>,
@@ -71,10 +73,14 @@ impl Included {
                             kept,
                             any,
                             ok,
+                            status,
                             parsed,
                         } = *c;
                         if end.is_ok() {
                             src.finish(w);
+                        }
+                        if status != 0 {
+                            super::subrequest::log(w, &sub, status);
                         }
                         if let Some(name) = &include.set {
                             if ok {
@@ -97,6 +103,8 @@ impl Included {
                                 kept: Vec::new(),
                                 any: false,
                                 ok: true,
+                                // Logged already: a stub is no subrequest of its own.
+                                status: 0,
                                 parsed: None,
                             }));
                         }
@@ -132,6 +140,7 @@ impl Included {
             src,
             parsed,
             ok: resp.status < 300,
+            status: resp.status,
             include,
             kept: Vec::new(),
             any: false,

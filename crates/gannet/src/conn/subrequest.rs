@@ -22,6 +22,7 @@ pub async fn auth(w: &Worker, main: &Request, sub: &mut Subrequest) {
     let (uri, args) = split(&sub.uri);
     let mut r = request(main, uri, args);
     let resp = answer(w, &mut r).await;
+    log(w, &r, resp.status);
     main.vars.copy_from(&r.vars);
     let mut headers = resp.headers;
     // The gateway keeps these apart from the other headers.
@@ -74,7 +75,7 @@ pub fn request(main: &Request, uri: String, args: Option<String>) -> Request {
 /// (whatever its status, as nginx), as a source to send in the main answer's, filtered by
 /// its own location's settings. The subrequest is returned with it: reading the source
 /// needs it.
-pub async fn body(w: &Worker, main: &Request, uri: &str) -> (Box<Request>, Source) {
+pub async fn body(w: &Worker, main: &Request, uri: &str) -> Body {
     let (path, args) = split(uri);
     let mut r = Box::new(request(main, path, args));
     let (mut resp, stream) = run(w, &mut r).await;
@@ -83,7 +84,28 @@ pub async fn body(w: &Worker, main: &Request, uri: &str) -> (Box<Request>, Sourc
         None => Source::whole(&mut resp),
     };
     let src = src.filtered(&mut resp);
-    (r, src)
+    Body {
+        req: r,
+        src,
+        status: resp.status,
+    }
+}
+
+/// A subrequest whose body goes into the main answer, and its status (for
+/// `log_subrequest`).
+pub struct Body {
+    pub req: Box<Request>,
+    pub src: Source,
+    pub status: u16,
+}
+
+/// `log_subrequest on` in the subrequest's location: a finished subrequest's line in its
+/// access logs, with its status; its bytes count as the main request's (nginx logs a
+/// subrequest's `$body_bytes_sent` as 0).
+pub fn log(w: &Worker, r: &Request, status: u16) {
+    if r.conf.core.log_subrequest() {
+        super::log::access(w, r, &Response::new(status), 0, 0);
+    }
 }
 
 /// `/path?args` as the path and the arguments (none if empty).

@@ -7,7 +7,7 @@
 //! `keepalive_time`, `sendfile`, `tcp_nopush`, `tcp_nodelay`, `server_tokens`,
 //! `log_not_found`, `absolute_redirect`, `port_in_redirect`, `server_name_in_redirect`,
 //! `merge_slashes`, `underscores_in_headers`, `ignore_invalid_headers`, `max_ranges`,
-//! `chunked_transfer_encoding`, `disable_symlinks`, `resolver`, `resolver_timeout` (the
+//! `chunked_transfer_encoding`, `log_subrequest`, `disable_symlinks`, `resolver`, `resolver_timeout` (the
 //! name servers for names met at run time: `crate::resolver`).
 
 use super::{inherit, invalid, LoadCtx, LocConf};
@@ -186,6 +186,12 @@ pub const DIRECTIVES: &[Spec] = &[
         block: false,
     },
     Spec {
+        name: "log_subrequest",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
         name: "disable_symlinks",
         ctx: HSL,
         args: Args::Between(1, 2),
@@ -229,6 +235,8 @@ pub struct CoreConf {
     /// Most ranges answered with a 206; `None`: no limit (nginx's default).
     pub max_ranges: Option<u32>,
     pub chunked_transfer_encoding: Option<bool>,
+    /// `log_subrequest`: subrequests (auth_request, SSI includes, additions) are logged too.
+    pub log_subrequest: Option<bool>,
     pub disable_symlinks: Option<(SymlinkMode, Option<Template>)>,
     /// `resolver`: the name servers for names met at run time.
     pub resolver: Option<std::sync::Arc<crate::resolver::Resolver>>,
@@ -265,6 +273,7 @@ impl CoreConf {
             ignore_invalid_headers,
             max_ranges,
             chunked_transfer_encoding,
+            log_subrequest,
             disable_symlinks,
             resolver,
             resolver_timeout
@@ -344,6 +353,9 @@ impl CoreConf {
     }
     pub fn chunked_transfer_encoding(&self) -> bool {
         self.chunked_transfer_encoding.unwrap_or(true)
+    }
+    pub fn log_subrequest(&self) -> bool {
+        self.log_subrequest.unwrap_or(false)
     }
 }
 
@@ -445,6 +457,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         "ignore_invalid_headers" => c.ignore_invalid_headers = Some(setters::flag(d)?),
         "max_ranges" => c.max_ranges = Some(d.args[0].parse().map_err(|_| invalid(d, &d.args[0]))?),
         "chunked_transfer_encoding" => c.chunked_transfer_encoding = Some(setters::flag(d)?),
+        "log_subrequest" => c.log_subrequest = Some(setters::flag(d)?),
         "disable_symlinks" => {
             if c.disable_symlinks.is_some() {
                 return Err(dup(d));
