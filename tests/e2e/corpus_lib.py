@@ -22,6 +22,7 @@ import ssl
 import subprocess
 import threading
 from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -329,10 +330,23 @@ def send(inst: Instance, req: dict) -> Answer:
     return parse(raw, head_request=method == "HEAD")
 
 
+def _from_date(date: str, expires: str) -> str:
+    """An Expires as its distance from the same answer's Date (`Date+604800`): two servers
+    asked a moment apart may straddle a second."""
+    try:
+        delta = parsedate_to_datetime(expires) - parsedate_to_datetime(date)
+    except (TypeError, ValueError):
+        return expires
+    return f"Date{int(delta.total_seconds()):+d}"
+
+
 def view(inst: Instance, req: dict, ans: Answer) -> dict:
     """The parts of an answer that matter for this request, normalized."""
     out = {"status": ans.status}
     for part in req.get("compare") or []:
+        if part.lower() == "expires" and "date" in ans.headers:
+            out["expires"] = _from_date(ans.headers["date"], ans.headers.get("expires", "<absent>"))
+            continue
         if part != "body":
             out[part.lower()] = inst.normalize(ans.headers.get(part.lower(), "<absent>"))
             continue

@@ -31,17 +31,31 @@ class Listener:
             try:
                 conn, _ = self.sock.accept()
             except OSError:
+                self.sock.close()
                 return
             self.conns.append(conn)
-            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        try:
+            self.serve(conn)
+        finally:
+            conn.close()
 
     def serve(self, conn):
         raise NotImplementedError
 
     def close(self):
-        self.sock.close()
-        for c in self.conns:
-            c.close()
+        """Stop listening and end every connection. Shut down, not closed: each socket is
+        closed by the thread that uses it. Closed under a thread blocked on it, its
+        descriptor number would go to the next socket this process opens, which that thread
+        would then read and answer (seen: a finished test's application answering through
+        a later test's upstream connection)."""
+        for s in (self.sock, *self.conns):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 def made(cls):
