@@ -31,6 +31,7 @@ pub mod limit_req;
 pub mod limit_zone;
 pub mod map;
 pub mod mirror;
+pub mod otel;
 pub mod proxy;
 pub mod proxy_cookie;
 pub mod proxy_ssl;
@@ -84,6 +85,8 @@ pub struct LoadCtx {
     pub warnings: Vec<String>,
     /// What the TLS setups of the servers share (session caches, ticket keys).
     pub tls: crate::tls::LoadState,
+    /// The first `otel_trace`, which needs an `otel_exporter` at http level.
+    pub otel_trace_at: Option<gannet_conf::Loc>,
 }
 
 type Setter = fn(&Directive, &mut LocConf, &mut LoadCtx) -> Result<(), ConfError>;
@@ -267,6 +270,10 @@ pub const MODULES: &[Module] = &[
         directives: stub_status::DIRECTIVES,
         set: stub_status::set,
     },
+    Module {
+        directives: otel::DIRECTIVES,
+        set: otel::set,
+    },
 ];
 
 /// Find the spec and setter for an http/server/location directive.
@@ -371,6 +378,7 @@ pub struct LocConf {
     pub http2: http2::Http2Conf,
     pub secure_link: secure_link::SecureLinkConf,
     pub userid: userid::UseridConf,
+    pub otel: otel::OtelConf,
     /// `stub_status` (this level only: a content handler is not inherited).
     pub stub_status: bool,
 }
@@ -415,6 +423,7 @@ impl LocConf {
         self.http2.merge(&parent.http2);
         self.secure_link.merge(&parent.secure_link);
         self.userid.merge(&parent.userid);
+        self.otel.merge(&parent.otel);
         // try_files and the rewrite statements are not inherited, as in nginx.
     }
 }
