@@ -391,7 +391,8 @@ impl RequestHead {
                 raw.extend_from_slice(name.as_bytes());
                 let name_range = start..raw.len();
                 raw.extend_from_slice(value);
-                self.headers.push((name_range, start + name.len()..raw.len()));
+                self.headers
+                    .push((name_range, start + name.len()..raw.len()));
             }
         }
         self.added += raw.len() - self.raw.len();

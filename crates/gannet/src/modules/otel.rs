@@ -50,6 +50,9 @@ const fn spec(name: &'static str, ctx: Ctx, args: Args, block: bool) -> Spec {
     }
 }
 
+/// `otel_span_attr name value`.
+type SpanAttr = (Box<str>, Template);
+
 /// `otel_trace_context` bits.
 const EXTRACT: u8 = 1;
 const INJECT: u8 = 2;
@@ -59,7 +62,7 @@ pub struct OtelConf {
     trace: Option<Arc<Template>>,
     context: Option<u8>,
     span_name: Option<Arc<Template>>,
-    span_attrs: Option<Arc<[(Box<str>, Template)]>>,
+    span_attrs: Option<Arc<[SpanAttr]>>,
     /// The http level's exporter and resource (`otel_exporter`, `otel_service_name`,
     /// `otel_resource_attr`), shared by every level below.
     pub exporter: Option<Arc<Exporter>>,
@@ -81,7 +84,13 @@ impl OtelConf {
 /// `otel_trace` here).
 pub fn check_exporter(http: &LocConf, ctx: &LoadCtx) -> Result<(), ConfError> {
     match &ctx.otel_trace_at {
-        Some(at) if !http.otel.exporter.as_ref().is_some_and(|e| e.has_endpoint()) => {
+        Some(at)
+            if !http
+                .otel
+                .exporter
+                .as_ref()
+                .is_some_and(|e| e.has_endpoint()) =>
+        {
             Err(ConfError::at(at, "\"otel_exporter\" block is missing"))
         }
         _ => Ok(()),
@@ -370,7 +379,9 @@ pub fn finish(req: &Request, resp: &Response, body_len: u64) {
     for (name, value) in c.span_attrs.as_deref().unwrap_or_default() {
         let v = Value::StringValue(value.eval(req, Some(&sent)));
         // nginx-otel sends header attributes as arrays, as the conventions have them.
-        let v = if name.starts_with("http.request.header.") || name.starts_with("http.response.header.") {
+        let v = if name.starts_with("http.request.header.")
+            || name.starts_with("http.response.header.")
+        {
             Value::ArrayValue(export::ArrayValue {
                 values: vec![AnyValue { value: Some(v) }],
             })

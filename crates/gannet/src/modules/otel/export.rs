@@ -167,7 +167,9 @@ impl Exporter {
     /// Queue a finished span (from any worker thread); the export thread starts with the
     /// first. A full queue drops it.
     pub fn push(&self, span: Span) {
-        let Some(endpoint) = &self.endpoint else { return };
+        let Some(endpoint) = &self.endpoint else {
+            return;
+        };
         let q = self.queue.get_or_init(|| self.start(endpoint));
         if q.tx.try_send(span).is_ok() {
             return;
@@ -352,9 +354,7 @@ async fn export(
         req.headers_mut().append(n.clone(), v.clone());
     }
     let mut ready = client.clone().ready().await.map_err(|e| e.to_string())?;
-    let (answer, mut stream) = ready
-        .send_request(req, false)
-        .map_err(|e| e.to_string())?;
+    let (answer, mut stream) = ready.send_request(req, false).map_err(|e| e.to_string())?;
     stream.send_data(body, true).map_err(|e| e.to_string())?;
     let answer = answer.await.map_err(|e| e.to_string())?;
     if answer.status() != http::StatusCode::OK {
@@ -376,7 +376,9 @@ async fn export(
             String::from_utf8_lossy(code),
             fields
                 .get("grpc-message")
-                .map_or(std::borrow::Cow::Borrowed(""), |m| String::from_utf8_lossy(m.as_bytes()))
+                .map_or(std::borrow::Cow::Borrowed(""), |m| String::from_utf8_lossy(
+                    m.as_bytes()
+                ))
         )),
         None => Err("no gRPC status".into()),
     }
