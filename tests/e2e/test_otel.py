@@ -22,6 +22,7 @@ import pytest
 
 from conftest import free_port, wait_port, wait_until
 from rawapps import FastCgiApp, HttpApp, end_request, http_answer, made, stdout
+from test_tls import Pki
 
 
 def jaeger_bin() -> str | None:
@@ -59,7 +60,7 @@ receivers:
   otlp:
     protocols:
       grpc:
-        endpoint: 127.0.0.1:{otlp}
+        endpoint: 127.0.0.1:{otlp}{tls}
 exporters:
   jaeger_storage_exporter:
     trace_storage: mem
@@ -67,10 +68,11 @@ exporters:
 
 
 class Jaeger:
-    def __init__(self, tmp):
+    def __init__(self, tmp, cert=None, key=None):
         self.otlp, self.query, query_grpc = free_port(), free_port(), free_port()
         conf = tmp / "jaeger.yaml"
-        conf.write_text(JAEGER_CONF.format(otlp=self.otlp, query=self.query, query_grpc=query_grpc))
+        tls = f"\n        tls:\n          cert_file: {cert}\n          key_file: {key}" if cert else ""
+        conf.write_text(JAEGER_CONF.format(otlp=self.otlp, query=self.query, query_grpc=query_grpc, tls=tls))
         self.log = open(tmp / "jaeger.log", "wb")
         self.proc = subprocess.Popen([jaeger_bin(), "--config", str(conf)], stdout=self.log, stderr=subprocess.STDOUT)
         wait_port(self.otlp, self.proc, deadline=60)
@@ -312,6 +314,28 @@ def test_fastcgi_gets_the_context_as_http_traceparent(gannet, jaeger, fcgi):
     assert (status, body) == (200, b"fcgi")
     params = b"".join(app.seen)
     assert b"HTTP_TRACEPARENT" + f"00-{tid}-{h['x-span']}-01".encode() in params
+
+
+def test_export_over_tls_with_trusted_certificate(gannet, tmp_path):
+    """`endpoint https://...` with `trusted_certificate`: gRPC over TLS, the receiver's
+    certificate checked against that CA."""
+    if jaeger_bin() is None:
+        pytest.skip("jaeger is not installed (scripts/test-all.sh installs it)")
+    (tmp_path / "pki").mkdir()
+    pki = Pki(tmp_path / "pki")
+    cert, key = pki.issue("otlp", "localhost", sans=("localhost",))
+    j = Jaeger(tmp_path, cert, key)
+    try:
+        srv = gannet.start(http=f"""
+            otel_exporter {{ endpoint https://localhost:{j.otlp}; trusted_certificate {pki.d}/ca.pem; interval 50ms; }}
+            otel_service_name gannet-tls;
+        """, server="location / { otel_trace on; otel_trace_context propagate; return 204; }")
+        tid = uuid.uuid4().hex
+        assert srv.get("/", headers={"traceparent": f"00-{tid}-{'1' * 16}-01"})[0] == 204
+        spans = wait_until(lambda: j.spans(tid), deadline=20, every=0.1)
+        assert len(spans) == 1 and spans[0]["process"]["serviceName"] == "gannet-tls"
+    finally:
+        j.close()
 
 
 @pytest.mark.parametrize("http,server,error", [

@@ -111,7 +111,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         "otel_exporter" => {
             let e = exporter_mut(c);
             dup(e.has_endpoint())?;
-            e.parse_block(d)?;
+            e.parse_block(d, &ctx.prefix)?;
         }
         "otel_service_name" => exporter_mut(c).set_service_name(d)?,
         "otel_resource_attr" => exporter_mut(c).add_resource_attr(&d.args[0], &d.args[1]),

@@ -7,7 +7,9 @@
 //! and tonic's channel stack, where gannet runs one single-threaded tokio runtime per
 //! thread. So the messages are `opentelemetry-proto`'s types, encoded by prost, and the
 //! unary gRPC call is one HTTP/2 request through the `h2` client gannet already links
-//! (a 5-byte frame prefix, `grpc-status` in the trailers) on a thread of its own.
+//! (a 5-byte frame prefix, `grpc-status` in the trailers) on a thread of its own; an
+//! `https://` endpoint is reached over rustls (the CAs of `trusted_certificate`, else the
+//! system's).
 //!
 //! The request path only `try_send`s a finished span into a bounded queue of
 //! `batch_size * batch_count` spans (nginx-otel's batches in flight); a full queue drops
@@ -15,6 +17,7 @@
 //! records: N", as nginx-otel). The thread sends a batch when it has `batch_size` spans or
 //! `interval` has passed, and everything left when the configuration is dropped.
 
+use crate::modules::tls::FileArg;
 use bytes::{BufMut, Bytes, BytesMut};
 use gannet_conf::{setters, ConfError, Directive};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -22,6 +25,7 @@ use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans};
 use prost::Message;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -54,8 +58,15 @@ pub struct Exporter {
     headers: Vec<(http::HeaderName, http::HeaderValue)>,
     service_name: Option<String>,
     resource: Vec<(String, String)>,
+    /// `trusted_certificate`: the CAs an `https://` endpoint is verified against.
+    trusted: Option<FileArg>,
+    /// The TLS setup of an `https://` endpoint.
+    tls: Option<Arc<rustls::ClientConfig>>,
     queue: OnceLock<Arc<Queue>>,
 }
+
+/// The CAs gRPC trusts when `trusted_certificate` names none: the system's (Debian's path).
+const SYSTEM_CAS: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 #[derive(Debug)]
 struct Queue {
@@ -79,7 +90,7 @@ impl Exporter {
     }
 
     /// `otel_exporter { ... }`.
-    pub fn parse_block(&mut self, d: &Directive) -> Result<(), ConfError> {
+    pub fn parse_block(&mut self, d: &Directive, prefix: &Path) -> Result<(), ConfError> {
         for e in d.block.as_deref().unwrap_or_default() {
             let argc = match e.name.as_str() {
                 "endpoint" | "interval" | "batch_size" | "batch_count" | "trusted_certificate" => 1,
@@ -122,20 +133,31 @@ impl Exporter {
                         .map_err(|_| sub_error(e, "has invalid header value"))?;
                     self.headers.push((name, value));
                 }
-                // gRPC over TLS is not built in: refused rather than sent in clear.
-                _ => return Err(sub_error(e, "is not supported (gRPC over TLS)")),
+                _ => {
+                    self.trusted = Some(FileArg {
+                        path: prefix.join(v),
+                        loc: e.loc.clone(),
+                    })
+                }
             }
         }
         let endpoint = self.endpoint.take().unwrap_or_default();
-        if starts_with_ignore_case(&endpoint, "https://") {
-            return Err(d.error("\"otel_exporter\" endpoint over TLS (https://) is not supported"));
-        }
-        let endpoint = match starts_with_ignore_case(&endpoint, "http://") {
-            true => endpoint[7..].to_string(),
-            false => endpoint,
+        let (endpoint, ssl) = if starts_with_ignore_case(&endpoint, "https://") {
+            (endpoint[8..].to_string(), true)
+        } else if starts_with_ignore_case(&endpoint, "http://") {
+            (endpoint[7..].to_string(), false)
+        } else {
+            (endpoint, false)
         };
         if endpoint.is_empty() {
             return Err(d.error("\"otel_exporter\" requires \"endpoint\""));
+        }
+        if ssl {
+            let cas = self.trusted.clone().unwrap_or_else(|| FileArg {
+                path: SYSTEM_CAS.into(),
+                loc: d.loc.clone(),
+            });
+            self.tls = Some(crate::tls::client::otlp(&cas)?);
         }
         self.endpoint = Some(endpoint);
         Ok(())
@@ -191,6 +213,7 @@ impl Exporter {
             batch_size: self.batch_size(),
             headers: self.headers.clone(),
             resource: self.resource_attrs(),
+            tls: self.tls.clone(),
         };
         let spawned = std::thread::Builder::new()
             .name("otel-export".into())
@@ -253,6 +276,40 @@ struct Target {
     batch_size: usize,
     headers: Vec<(http::HeaderName, http::HeaderValue)>,
     resource: Vec<KeyValue>,
+    tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl Target {
+    /// A new HTTP/2 connection to the endpoint (over TLS for `https://`).
+    async fn connect(&self) -> Result<h2::client::SendRequest<Bytes>, String> {
+        let tcp = tokio::net::TcpStream::connect(&self.endpoint)
+            .await
+            .map_err(|e| format!("connect() to {} failed: {e}", self.endpoint))?;
+        let _ = tcp.set_nodelay(true);
+        let Some(tls) = &self.tls else {
+            return open(tcp).await;
+        };
+        // SNI and the certificate's check name the endpoint's host.
+        let name = crate::tls::client::server_name(&self.endpoint)
+            .ok_or_else(|| format!("invalid host in \"{}\"", self.endpoint))?;
+        let tls = tokio_rustls::TlsConnector::from(tls.clone())
+            .connect(name, tcp)
+            .await
+            .map_err(|e| format!("TLS handshake with {} failed: {e}", self.endpoint))?;
+        open(tls).await
+    }
+}
+
+/// The HTTP/2 handshake on `io`; the connection is driven by a task of its own.
+async fn open<T>(io: T) -> Result<h2::client::SendRequest<Bytes>, String>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (client, connection) = h2::client::handshake(io).await.map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
 }
 
 /// The export thread: batches by size or time, until every sender is gone (the
@@ -331,21 +388,10 @@ async fn export(
 ) -> Result<(), String> {
     let client = match conn {
         Some(c) => c,
-        None => {
-            let tcp = tokio::net::TcpStream::connect(&t.endpoint)
-                .await
-                .map_err(|e| format!("connect() to {} failed: {e}", t.endpoint))?;
-            let _ = tcp.set_nodelay(true);
-            let (client, connection) = h2::client::handshake(tcp)
-                .await
-                .map_err(|e| e.to_string())?;
-            tokio::spawn(async move {
-                let _ = connection.await;
-            });
-            conn.insert(client)
-        }
+        None => conn.insert(t.connect().await?),
     };
-    let mut req = http::Request::post(format!("http://{}{PATH}", t.endpoint))
+    let scheme = if t.tls.is_some() { "https" } else { "http" };
+    let mut req = http::Request::post(format!("{scheme}://{}{PATH}", t.endpoint))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
         .body(())
