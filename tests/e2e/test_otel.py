@@ -21,7 +21,7 @@ import uuid
 import pytest
 
 from conftest import free_port, wait_port, wait_until
-from rawapps import FastCgiApp, HttpApp, end_request, http_answer, made, stdout
+from rawapps import FastCgiApp, HttpApp, Listener, end_request, http_answer, made, stdout
 from test_tls import Pki
 
 
@@ -336,6 +336,29 @@ def test_export_over_tls_with_trusted_certificate(gannet, tmp_path):
         assert len(spans) == 1 and spans[0]["process"]["serviceName"] == "gannet-tls"
     finally:
         j.close()
+
+
+class Silent(Listener):
+    """A receiver that accepts and never answers: the export of the first batch hangs."""
+
+    def serve(self, conn):
+        while conn.recv(65536):
+            pass
+
+
+def test_a_full_queue_drops_spans_and_says_so(gannet):
+    """`batch_size 1; batch_count 1`: one span in the queue while the export thread is stuck
+    on a receiver that never answers; the others are dropped, counted in a notice, and the
+    requests are answered all the same."""
+    receiver = Silent()
+    try:
+        srv = gannet.start(http=f"otel_exporter {{ endpoint 127.0.0.1:{receiver.port}; batch_size 1; batch_count 1; interval 10ms; }}",
+                           server="location / { otel_trace on; return 204; }")
+        for _ in range(6):
+            assert srv.get("/")[0] == 204
+        assert wait_until(lambda: re.search(r"\[notice\] .*OTel dropped records: [1-5]\b", srv.error_log())), srv.error_log()
+    finally:
+        receiver.close()
 
 
 @pytest.mark.parametrize("http,server,error", [

@@ -474,3 +474,47 @@ fn default_attrs(span: &mut Span, req: &Request, status: u16, body_len: u64) {
     a.push(text("net.sock.peer.addr", peer));
     a.push(int("net.sock.peer.port", req.client().port().into()));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparent_is_read_as_nginx_otel_reads_it() {
+        let tid = "0af7651916cd43dd8448eb211c80319c";
+        let good = format!("00-{tid}-b7ad6b7169203331-01");
+        let tc = TraceContext::parse(Some(good.as_bytes()), Some(b"k=v"));
+        assert!(tc.sampled && valid(&tc.trace_id) && valid(&tc.span_id));
+        assert_eq!(tc.traceparent(true), good);
+        assert_eq!(tc.state.as_deref(), Some("k=v"));
+        let unsampled = TraceContext::parse(
+            Some(format!("00-{tid}-b7ad6b7169203331-00").as_bytes()),
+            None,
+        );
+        assert!(!unsampled.sampled && valid(&unsampled.trace_id));
+        for bad in [
+            format!("01-{tid}-b7ad6b7169203331-01"),
+            format!("00-{tid}-b7ad6b716920333-01"),
+            format!("00-{tid}-b7ad6b7169203331-01-x"),
+            format!("00-{tid}-b7ad6b716920333g-01"),
+            format!("00-{tid}b7ad6b7169203331-01"),
+            String::new(),
+        ] {
+            let tc = TraceContext::parse(Some(bad.as_bytes()), Some(b"k=v"));
+            assert!(!valid(&tc.trace_id) && tc.state.is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_child_keeps_the_trace_and_gets_a_new_span() {
+        let parent = TraceContext::parse(
+            Some(b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            None,
+        );
+        let child = TraceContext::child_of(&parent);
+        assert_eq!(child.trace_id, parent.trace_id);
+        assert_ne!(child.span_id, parent.span_id);
+        let root = TraceContext::child_of(&TraceContext::default());
+        assert!(valid(&root.trace_id) && valid(&root.span_id));
+    }
+}
