@@ -14,6 +14,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import urllib.request
 import uuid
@@ -336,6 +337,18 @@ def test_export_over_tls_with_trusted_certificate(gannet, tmp_path):
         assert len(spans) == 1 and spans[0]["process"]["serviceName"] == "gannet-tls"
     finally:
         j.close()
+
+
+def test_spans_left_are_sent_when_the_worker_exits(gannet, jaeger):
+    """`interval 1h`: nothing is sent before the graceful stop (QUIT), which sends it."""
+    srv = gannet.start(http=f"otel_exporter {{ endpoint 127.0.0.1:{jaeger.otlp}; interval 1h; }} otel_service_name gannet-exit;",
+                       server="location / { otel_trace on; otel_trace_context extract; return 204; }")
+    tid = uuid.uuid4().hex
+    assert srv.get("/", headers={"traceparent": f"00-{tid}-{'2' * 16}-01"})[0] == 204
+    assert jaeger.spans(tid) == []
+    assert srv.stop(signal.SIGQUIT) == 0
+    spans = wait_until(lambda: jaeger.spans(tid), deadline=10, every=0.1)
+    assert len(spans) == 1 and spans[0]["references"][0]["spanID"] == "2" * 16
 
 
 class Silent(Listener):

@@ -29,7 +29,7 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-pub use export::Exporter;
+pub use export::{flush_at_exit, Exporter};
 
 pub const DIRECTIVES: &[Spec] = &[
     spec("otel_exporter", Ctx::HTTP, Args::Exactly(0), true),

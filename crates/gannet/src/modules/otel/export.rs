@@ -15,7 +15,8 @@
 //! `batch_size * batch_count` spans (nginx-otel's batches in flight); a full queue drops
 //! the span and counts it, logged at `notice` at most once a second ("OTel dropped
 //! records: N", as nginx-otel). The thread sends a batch when it has `batch_size` spans or
-//! `interval` has passed, and everything left when the configuration is dropped.
+//! `interval` has passed, and everything left when the configuration is dropped or the
+//! worker process exits (`flush_at_exit`, waited for at most 5 seconds).
 
 use crate::modules::tls::FileArg;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -27,7 +28,7 @@ use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans};
 use prost::Message;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -74,6 +75,34 @@ struct Queue {
     dropped: AtomicU64,
     /// The second the last drop notice was logged in.
     logged: AtomicU64,
+    /// Tells the export thread to send what it has and end (the worker process exits).
+    stop: Arc<tokio::sync::Notify>,
+    /// Disconnected when the export thread has ended.
+    done: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+/// The queues whose export threads run in this process, for [`flush_at_exit`].
+static STARTED: Mutex<Vec<Weak<Queue>>> = Mutex::new(Vec::new());
+
+/// How long an exiting worker process waits for its spans to be sent.
+const EXIT_FLUSH: Duration = Duration::from_secs(5);
+
+/// The worker process is exiting: every export thread sends the spans it still has (as
+/// nginx-otel flushes when its worker exits), waited for at most [`EXIT_FLUSH`].
+pub fn flush_at_exit() {
+    let started = std::mem::take(&mut *STARTED.lock().unwrap_or_else(|e| e.into_inner()));
+    let queues: Vec<_> = started.iter().filter_map(Weak::upgrade).collect();
+    for q in &queues {
+        q.stop.notify_one();
+    }
+    let deadline = std::time::Instant::now() + EXIT_FLUSH;
+    for q in &queues {
+        let done = q.done.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(done) = done {
+            let _ =
+                done.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()));
+        }
+    }
 }
 
 /// "OTel: ..." / nginx-otel's wording for a bad exporter setting.
@@ -207,6 +236,8 @@ impl Exporter {
 
     fn start(&self, endpoint: &str) -> Arc<Queue> {
         let (tx, rx) = mpsc::channel(self.capacity());
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let (ended, done) = std::sync::mpsc::channel::<()>();
         let target = Target {
             endpoint: endpoint.to_string(),
             interval: Duration::from_millis(self.interval.unwrap_or(5000).max(1)),
@@ -217,23 +248,33 @@ impl Exporter {
         };
         let spawned = std::thread::Builder::new()
             .name("otel-export".into())
-            .spawn(move || {
-                match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt.block_on(run(rx, target)),
-                    Err(e) => crate::errlog::error(format_args!("OTel worker init error: {e}")),
+            .spawn({
+                let stop = stop.clone();
+                move || {
+                    let _ended = ended;
+                    match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt.block_on(run(rx, target, &stop)),
+                        Err(e) => crate::errlog::error(format_args!("OTel worker init error: {e}")),
+                    }
                 }
             });
         if let Err(e) = spawned {
             crate::errlog::error(format_args!("OTel worker init error: {e}"));
         }
-        Arc::new(Queue {
+        let q = Arc::new(Queue {
             tx,
             dropped: AtomicU64::new(0),
             logged: AtomicU64::new(0),
-        })
+            stop,
+            done: Mutex::new(Some(done)),
+        });
+        let mut started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
+        started.retain(|w| w.strong_count() > 0);
+        started.push(Arc::downgrade(&q));
+        q
     }
 
     /// The resource's attributes: `otel_resource_attr`s, `service.name` from
@@ -313,14 +354,30 @@ where
 }
 
 /// The export thread: batches by size or time, until every sender is gone (the
-/// configuration was dropped), then what is left.
-async fn run(mut rx: mpsc::Receiver<Span>, t: Target) {
+/// configuration was dropped) or `stop` (the process exits), then what is left.
+async fn run(mut rx: mpsc::Receiver<Span>, t: Target, stop: &tokio::sync::Notify) {
     let mut conn: Option<h2::client::SendRequest<Bytes>> = None;
     let mut batch = Vec::with_capacity(t.batch_size);
+    let mut stopping = false;
     loop {
         let deadline = tokio::time::Instant::now() + t.interval;
         let closed = loop {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
+            let got = if stopping {
+                // What is queued now, without waiting for more.
+                match rx.try_recv() {
+                    Ok(span) => Ok(Some(span)),
+                    Err(_) => Ok(None),
+                }
+            } else {
+                tokio::select! {
+                    got = tokio::time::timeout_at(deadline, rx.recv()) => got,
+                    _ = stop.notified() => {
+                        stopping = true;
+                        continue;
+                    }
+                }
+            };
+            match got {
                 Ok(Some(span)) => {
                     batch.push(span);
                     if batch.len() >= t.batch_size {
