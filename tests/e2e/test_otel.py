@@ -194,12 +194,14 @@ def test_client_context_goes_through_to_upstream_and_span(gannet, jaeger, app, t
 
 
 def test_http2_request_is_traced_the_same_way(gannet, jaeger, app):
-    """HTTP/2 goes through the same phases: injected context upstream, `http.flavor` 2.0."""
-    up = app(lambda conn, head, body: conn.sendall(http_answer(b"up", keep=False)))
+    """HTTP/2 goes through the same phases: injected context upstream, `http.flavor` 2.0;
+    `otel_span_name` with variables; a 5xx answer marks the span as an error."""
+    up = app(lambda conn, head, body: conn.sendall(http_answer(b"up", status="503 Busy", keep=False)))
     service = f"gannet-{uuid.uuid4().hex[:8]}"
     srv = gannet.start(http=exporter(jaeger, service), server=f"""
         http2 on;
-        location /h2 {{ otel_trace on; otel_trace_context propagate; proxy_pass http://127.0.0.1:{up.port}; }}
+        location /h2 {{ otel_trace on; otel_trace_context propagate; otel_span_name "h2 $request_method $uri";
+                        proxy_pass http://127.0.0.1:{up.port}; }}
     """)
     tid, sid = uuid.uuid4().hex, uuid.uuid4().hex[:16]
     r = subprocess.run(["curl", "-s", "--http2-prior-knowledge", "-H", f"traceparent: 00-{tid}-{sid}-00",
@@ -209,7 +211,9 @@ def test_http2_request_is_traced_the_same_way(gannet, jaeger, app):
     span_id = re.fullmatch(rf"00-{tid}-([0-9a-f]{{16}})-01", header(head, b"traceparent").decode())[1]
     spans = wait_until(lambda: jaeger.spans(tid), deadline=20, every=0.1)
     assert [s["spanID"] for s in spans] == [span_id]
-    assert tags(spans[0])["http.flavor"] == "2.0"
+    assert spans[0]["operationName"] == "h2 GET /h2"
+    t = tags(spans[0])
+    assert (t["http.flavor"], t["http.status_code"], t["otel.status_code"]) == ("2.0", 503, "ERROR")
     assert [r["spanID"] for r in spans[0]["references"]] == [sid]
 
 
