@@ -54,6 +54,21 @@ if ! command -v h2spec >/dev/null && [ ! -x "$HOME/go/bin/h2spec" ]; then
   fi
 fi
 
+step "jaeger (an OTLP receiver with a query API, for tests/e2e/test_otel.py)"
+if ! command -v jaeger >/dev/null && [ ! -x "$HOME/go/bin/jaeger" ]; then
+  if command -v go >/dev/null; then
+    # Its go.mod has replace directives, so `go install pkg@version` refuses it: it is
+    # built as a tool of a throwaway module, kept in the cache for the next run.
+    tools="$HOME/.cache/gannet-tools/jaeger"
+    mkdir -p "$tools"
+    (cd "$tools" && { [ -f go.mod ] || go mod init gannet-tools/jaeger; } &&
+      go get -tool github.com/jaegertracing/jaeger/cmd/jaeger@v1.76.0 &&
+      GOBIN="$HOME/go/bin" go install github.com/jaegertracing/jaeger/cmd/jaeger)
+  else
+    echo "go not found: the OpenTelemetry tests will be skipped"
+  fi
+fi
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -33,6 +33,7 @@ pub mod limit_zone;
 pub mod map;
 pub mod memcached;
 pub mod mirror;
+pub mod otel;
 pub mod proxy;
 pub mod proxy_cookie;
 pub mod proxy_ssl;
@@ -86,6 +87,8 @@ pub struct LoadCtx {
     pub warnings: Vec<String>,
     /// What the TLS setups of the servers share (session caches, ticket keys).
     pub tls: crate::tls::LoadState,
+    /// The first `otel_trace`, which needs an `otel_exporter` at http level.
+    pub otel_trace_at: Option<gannet_conf::Loc>,
 }
 
 type Setter = fn(&Directive, &mut LocConf, &mut LoadCtx) -> Result<(), ConfError>;
@@ -277,6 +280,10 @@ pub const MODULES: &[Module] = &[
         directives: flv::DIRECTIVES,
         set: flv::set,
     },
+    Module {
+        directives: otel::DIRECTIVES,
+        set: otel::set,
+    },
 ];
 
 /// Find the spec and setter for an http/server/location directive.
@@ -382,6 +389,7 @@ pub struct LocConf {
     pub http2: http2::Http2Conf,
     pub secure_link: secure_link::SecureLinkConf,
     pub userid: userid::UseridConf,
+    pub otel: otel::OtelConf,
     /// `stub_status` (this level only: a content handler is not inherited).
     pub stub_status: bool,
     /// `flv`: this location's content handler (not inherited, as nginx's handlers).
@@ -429,6 +437,7 @@ impl LocConf {
         self.http2.merge(&parent.http2);
         self.secure_link.merge(&parent.secure_link);
         self.userid.merge(&parent.userid);
+        self.otel.merge(&parent.otel);
         // try_files and the rewrite statements are not inherited, as in nginx.
     }
 }

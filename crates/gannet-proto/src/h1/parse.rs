@@ -168,6 +168,10 @@ pub struct RequestHead {
     /// Fields left out for their names (see [`HeaderNames`]), for the error log: the whole
     /// line for HTTP/1, the name for HTTP/2. Empty (no allocation) in the usual case.
     pub ignored: Vec<Bytes>,
+    /// Bytes at the end of `raw` that were not received but added by [`Self::set_header`]
+    /// (0 in the usual case): `raw()` leaves them out, so `$request` and
+    /// `$request_length` stay what the client sent.
+    added: usize,
 }
 
 impl RequestHead {
@@ -222,6 +226,7 @@ impl RequestHead {
             keep_alive: false,
             expect_continue: false,
             ignored: Vec::new(),
+            added: 0,
         }
     }
 
@@ -322,6 +327,7 @@ impl RequestHead {
             keep_alive: true,
             expect_continue,
             ignored,
+            added: 0,
         })
     }
 
@@ -350,9 +356,47 @@ impl RequestHead {
             )
         })
     }
-    /// The whole head's bytes (request line through the empty line).
-    pub fn raw(&self) -> &Bytes {
-        &self.raw
+    /// The whole head's bytes as received (request line through the empty line).
+    pub fn raw(&self) -> &[u8] {
+        &self.raw[..self.raw.len() - self.added]
+    }
+    /// Give the first header field called `name` (case-insensitive) the value `value`, or
+    /// add one when there is none; an absent field is not added for an empty value. This
+    /// is how a module changes what later phases and the gateways see of the request (as
+    /// nginx modules edit `headers_in`), e.g. a `traceparent` for the upstream. A value of
+    /// the same length is written over the old one; otherwise the new bytes go after the
+    /// received ones (one copy of the head either way). Not for Host or the framing fields,
+    /// whose meaning was read at parse time.
+    pub fn set_header(&mut self, name: &str, value: &[u8]) {
+        let found = self
+            .headers
+            .iter()
+            .position(|(n, _)| self.raw[n.clone()].eq_ignore_ascii_case(name.as_bytes()));
+        if found.is_none() && value.is_empty() {
+            return;
+        }
+        let mut raw = BytesMut::with_capacity(self.raw.len() + name.len() + value.len());
+        raw.extend_from_slice(&self.raw);
+        match found {
+            Some(i) if self.headers[i].1.len() == value.len() => {
+                raw[self.headers[i].1.clone()].copy_from_slice(value);
+            }
+            Some(i) => {
+                let start = raw.len();
+                raw.extend_from_slice(value);
+                self.headers[i].1 = start..raw.len();
+            }
+            None => {
+                let start = raw.len();
+                raw.extend_from_slice(name.as_bytes());
+                let name_range = start..raw.len();
+                raw.extend_from_slice(value);
+                self.headers
+                    .push((name_range, start + name.len()..raw.len()));
+            }
+        }
+        self.added += raw.len() - self.raw.len();
+        self.raw = raw.freeze();
     }
     /// The validated Host header's host part: port and one trailing dot removed, case as
     /// sent (`Example.COM:8080` -> `Example.COM`). `None` when no Host header was sent.
@@ -448,6 +492,7 @@ pub fn parse_request(
         keep_alive: parsed.fields.keep_alive,
         expect_continue: parsed.fields.expect_continue,
         ignored,
+        added: 0,
     }))
 }
 

@@ -762,3 +762,25 @@ fn invalid_header_names_dropped_or_kept_as_configured() {
     assert_eq!(h.header("x_under"), None);
     assert_eq!(h.ignored, vec![&b"x_under"[..]]);
 }
+
+#[test]
+fn set_header_replaces_or_adds_and_keeps_the_received_bytes() {
+    let sent: &[u8] = b"GET / HTTP/1.1\r\nHost: a\r\nTraceparent: 0123\r\nX: y\r\n\r\n";
+    let mut h = ok(sent);
+    // Same length: written over in place.
+    h.set_header("traceparent", b"abcd");
+    assert_eq!(h.header("TRACEPARENT"), Some(&b"abcd"[..]));
+    // Another length, and a new field: after the received bytes.
+    h.set_header("traceparent", b"00-long");
+    h.set_header("tracestate", b"k=v");
+    // An empty value adds nothing.
+    h.set_header("x-none", b"");
+    assert_eq!(h.header("traceparent"), Some(&b"00-long"[..]));
+    assert_eq!(h.header("tracestate"), Some(&b"k=v"[..]));
+    assert_eq!(h.header("x-none"), None);
+    assert_eq!(h.header("x"), Some(&b"y"[..]));
+    assert_eq!(h.header_count(), 4);
+    // What was received keeps its length ($request_length) and request line ($request).
+    assert_eq!(h.raw().len(), sent.len());
+    assert!(h.raw().starts_with(b"GET / HTTP/1.1\r\nHost: a\r\n"));
+}

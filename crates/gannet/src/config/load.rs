@@ -292,6 +292,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
         warnings: Vec::new(),
         temp_dirs: Vec::new(),
         tls: Default::default(),
+        otel_trace_at: None,
     };
     let mut conf = LocConf::default();
     let body = http.block.as_deref().unwrap_or_default();
@@ -422,6 +423,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
             }
         }
     }
+    modules::otel::check_exporter(&conf, &lctx)?;
     cfg.listens = groups;
     cfg.log_files = lctx.log_files;
     cfg.probes = lctx.probes;

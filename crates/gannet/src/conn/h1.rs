@@ -596,7 +596,8 @@ impl<S: Transport> Conn<S> {
         let target = match parse_target(head.target()) {
             Ok(t) => t,
             Err(e) => {
-                let line_only = RequestHead::unparsed(head.raw().clone(), false);
+                let line_only =
+                    RequestHead::unparsed(bytes::Bytes::copy_from_slice(head.raw()), false);
                 self.reject(&e, line_only).await;
                 return false;
             }

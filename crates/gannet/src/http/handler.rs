@@ -33,7 +33,7 @@ use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{
     access, addition, autoindex, charset, dav, gateway, gunzip, headers, index, limit_conn,
-    limit_zone, random_index, realip, ssi, static_files, stub_status, sub_filter, try_files,
+    limit_zone, otel, random_index, realip, ssi, static_files, stub_status, sub_filter, try_files,
     userid,
 };
 use crate::runtime::worker::Worker;
@@ -336,6 +336,8 @@ fn run_location(req: &mut Request, w: &Worker) -> Flow {
     if let Some(refused) = location_checks(req) {
         return refused;
     }
+    // nginx-otel's rewrite-phase handler runs before the location's rewrites.
+    otel::start(req);
     if req.location.is_some() {
         let stmts = req.conf.rewrite.stmts.clone();
         match rewrite::run(&stmts, req) {

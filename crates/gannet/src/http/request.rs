@@ -108,6 +108,9 @@ pub struct Request {
     pub secure_link_expires: RefCell<Option<String>>,
     /// The userid filter's view of the request's cookie, made when first asked for.
     pub userid: RefCell<Option<Box<crate::modules::userid::Uid>>>,
+    /// The request's OpenTelemetry trace (`modules::otel`), made when a location traces
+    /// or an `$otel_*` variable is read.
+    pub otel: std::cell::OnceCell<Box<crate::modules::otel::Trace>>,
 }
 
 /// One upstream server a request was sent to.
@@ -254,6 +257,7 @@ impl Request {
             upstream_headers: RefCell::new(None),
             secure_link_expires: RefCell::new(None),
             userid: RefCell::new(None),
+            otel: std::cell::OnceCell::new(),
         }
     }
 

@@ -12,7 +12,8 @@
 //! `$upstream_addr` `$upstream_status` `$upstream_response_time` `$upstream_connect_time`
 //! `$upstream_header_time` `$upstream_cache_status` (never set: no cache) `$upstream_http_NAME`
 //! `$request_id` `$http2` `$limit_req_status` `$limit_conn_status` `$secure_link`
-//! `$secure_link_expires` `$uid_got` `$uid_set` and `$1`..`$9`; the TLS
+//! `$secure_link_expires` `$uid_got` `$uid_set` `$otel_trace_id` `$otel_span_id`
+//! `$otel_parent_id` `$otel_parent_sampled` and `$1`..`$9`; the TLS
 //! ones `$ssl_protocol` `$ssl_cipher` `$ssl_curve` `$ssl_server_name` `$ssl_session_reused`
 //! `$ssl_client_verify` `$ssl_client_s_dn` `$ssl_client_i_dn` `$ssl_client_serial`
 //! `$ssl_client_fingerprint` `$ssl_client_v_start` `$ssl_client_v_end`
@@ -117,6 +118,7 @@ pub enum Var {
     SecureLinkExpires,
     UidGot,
     UidSet,
+    Otel(crate::modules::otel::OtelVar),
     Capture(usize),
     Ssl(SslVar),
     /// Defined by the config (`set`, `map`, a named capture).
@@ -286,6 +288,8 @@ impl Var {
                     Var::Cookie(c.to_string())
                 } else if let Some(s) = name.strip_prefix("ssl_").and_then(SslVar::from_name) {
                     Var::Ssl(s)
+                } else if let Some(o) = crate::modules::otel::OtelVar::from_name(name) {
+                    Var::Otel(o)
                 } else {
                     return None;
                 }
@@ -714,6 +718,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         Var::SecureLinkExpires => crate::modules::secure_link::append_expires(out, req),
         Var::UidGot => crate::modules::userid::append_got(out, req),
         Var::UidSet => crate::modules::userid::append_set(out, req),
+        Var::Otel(o) => o.append(out, req),
         Var::Hostname => out.push_str(crate::runtime::hostname()),
         // A unix socket's client is `unix:`, with no port (nginx).
         Var::RemoteAddr if req.unix_client() => out.push_str("unix:"),

@@ -78,6 +78,7 @@ pub fn run(config: Arc<Config>, sockets: Vec<WorkerSockets>, chan: Channel) -> i
             Event::Reopen(fds) => super::log_reopen::adopt(&config, fds),
         }
     }
+    crate::modules::otel::flush_at_exit();
     0
 }
 

@@ -346,6 +346,22 @@ impl Io for TlsConn {
     }
 }
 
+/// The client setup of an OTLP exporter over TLS (`otel_exporter`'s `https://` endpoint):
+/// servers verified against `trusted_certificate`'s CAs, or the system's bundle as gRPC
+/// uses without one; ALPN `h2`, as gRPC runs on HTTP/2.
+pub fn otlp(trusted: &crate::modules::tls::FileArg) -> Result<Arc<ClientConfig>, ConfError> {
+    let provider = Arc::new(provider(None, None));
+    let mut roots = RootCertStore::empty();
+    add_cas(&mut roots, trusted, "trusted certificate")?;
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| err(&trusted.loc, format!("OTel TLS setup failed: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
 #[cfg(test)]
 mod tests {
     use super::server_name;
