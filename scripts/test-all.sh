@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 step() { printf '\n==> %s\n' "$*"; }
 
 step "system packages"
-pkgs=(curl openssl python3-yaml dpkg-dev libcrypt-dev nginx slowhttptest lighttpd lighttpd-mod-openssl h2o caddy apache2 apache2-utils libapache2-mod-php8.2 wrk nghttp2-client httperf siege iproute2 strace php-fpm uwsgi-core uwsgi-plugin-python3 dnsmasq prometheus-nginx-exporter)
+pkgs=(curl openssl python3-yaml dpkg-dev libcrypt-dev nginx slowhttptest lighttpd lighttpd-mod-openssl h2o caddy apache2 apache2-utils libapache2-mod-php8.2 wrk nghttp2-client httperf siege iproute2 strace php-fpm uwsgi-core uwsgi-plugin-python3 dnsmasq prometheus-nginx-exporter libnginx-mod-stream bind9-dnsutils mariadb-server mariadb-client)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

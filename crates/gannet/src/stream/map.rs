@@ -1,0 +1,146 @@
+//! `map $source $variable { ... }` in the stream context (nginx's ngx_stream_map_module):
+//! exact keys, `~regex` / `~*regex` keys tried in order after them, `default`. The value is
+//! worked out when the variable is read, as nginx's (not cached: a session reads a map a
+//! couple of times at most). `hostnames` and `volatile` are accepted; `hostnames`' wildcard
+//! keys are matched as nginx does for `.example.com` and `*.example.com`.
+
+use super::variables::{Session, Template};
+use crate::http::regex::Regex;
+use gannet_conf::{ConfError, Directive};
+use std::collections::HashMap;
+
+/// How deep maps may read other maps before the value is cut short (a map reading itself).
+const MAX_DEPTH: usize = 16;
+
+#[derive(Debug, Default)]
+pub struct Maps {
+    names: Vec<String>,
+    defs: Vec<Map>,
+}
+
+#[derive(Debug)]
+struct Map {
+    source: Template,
+    exact: HashMap<String, Template>,
+    /// `hostnames`: `.example.com` / `*.example.com` keys, stored as `.example.com`.
+    wildcards: Vec<(String, Template)>,
+    regexes: Vec<(Regex, Template)>,
+    default: Option<Template>,
+    hostnames: bool,
+}
+
+impl Maps {
+    /// The index of the map defining `$name`.
+    pub fn index(&self, name: &str) -> Option<usize> {
+        self.names.iter().position(|n| n == name)
+    }
+
+    /// Read every `map` of the stream block: names first, so values may read any map.
+    pub fn build(blocks: &[&Directive]) -> Result<Maps, ConfError> {
+        let mut maps = Maps::default();
+        for d in blocks {
+            if d.args.len() != 2 {
+                return Err(d.error("invalid number of arguments in \"map\" directive"));
+            }
+            let name = d.args[1]
+                .strip_prefix('$')
+                .ok_or_else(|| d.error(format!("invalid variable name \"{}\"", d.args[1])))?;
+            if maps.index(name).is_some() || super::variables::Var::from_name(name).is_some() {
+                return Err(d.error(format!("duplicate \"{name}\" variable")));
+            }
+            maps.names.push(name.to_string());
+        }
+        for d in blocks {
+            let def = maps.parse(d)?;
+            maps.defs.push(def);
+        }
+        Ok(maps)
+    }
+
+    fn parse(&self, d: &Directive) -> Result<Map, ConfError> {
+        let source = Template::compile(&d.args[0], self).map_err(|e| d.error(e))?;
+        let mut m = Map {
+            source,
+            exact: HashMap::new(),
+            wildcards: Vec::new(),
+            regexes: Vec::new(),
+            default: None,
+            hostnames: false,
+        };
+        for e in d.block.as_deref().unwrap_or_default() {
+            let key = e.name.as_str();
+            if e.args.is_empty() && matches!(key, "hostnames" | "volatile") {
+                m.hostnames |= key == "hostnames";
+                continue;
+            }
+            if e.block.is_some() || e.args.len() != 1 {
+                return Err(e.error("invalid number of the map parameters"));
+            }
+            let value = Template::compile(&e.args[0], self).map_err(|err| e.error(err))?;
+            if key == "default" {
+                if m.default.replace(value).is_some() {
+                    return Err(e.error("duplicate default map parameter"));
+                }
+            } else if let Some(re) = key.strip_prefix('~') {
+                let (re, caseless) = match re.strip_prefix('*') {
+                    Some(r) => (r, true),
+                    None => (re, false),
+                };
+                let re = Regex::new(re, caseless).map_err(|err| e.error(err))?;
+                m.regexes.push((re, value));
+            } else if m.hostnames && (key.starts_with('.') || key.starts_with("*.")) {
+                let suffix = key.trim_start_matches('*').to_ascii_lowercase();
+                m.wildcards.push((suffix, value));
+            } else {
+                let key = key.strip_prefix('\\').unwrap_or(key);
+                let key = if m.hostnames {
+                    key.to_ascii_lowercase()
+                } else {
+                    key.to_string()
+                };
+                if m.exact.insert(key, value).is_some() {
+                    return Err(e.error(format!("duplicate parameter \"{}\"", e.name)));
+                }
+            }
+        }
+        // Longest suffix first, as nginx's wildcard hash prefers the most specific.
+        m.wildcards.sort_by_key(|w| std::cmp::Reverse(w.0.len()));
+        Ok(m)
+    }
+
+    /// `hostnames`: a key compared without case, then its wildcard suffixes.
+    fn by_name<'m>(&self, m: &'m Map, key: &str) -> Option<&'m Template> {
+        if !m.hostnames {
+            return None;
+        }
+        let lower = key.to_ascii_lowercase();
+        m.exact.get(&lower).or_else(|| {
+            m.wildcards
+                .iter()
+                .find(|(suffix, _)| lower.ends_with(suffix.as_str()) || lower == suffix[1..])
+                .map(|(_, v)| v)
+        })
+    }
+
+    /// Append the value of map `i` for the session.
+    pub fn append(&self, i: usize, out: &mut String, s: &Session, depth: usize) {
+        let Some(m) = self.defs.get(i) else { return };
+        if depth >= MAX_DEPTH {
+            return;
+        }
+        let mut key = String::new();
+        m.source.append_to(&mut key, s, self, depth + 1);
+        let found = m.exact.get(&key).or_else(|| self.by_name(m, &key));
+        let found = found
+            .or_else(|| {
+                m.regexes
+                    .iter()
+                    .find(|(re, _)| re.is_match(key.as_bytes()))
+                    .map(|(_, v)| v)
+            })
+            .or(m.default.as_ref());
+        if let Some(v) = found {
+            v.append_to(out, s, self, depth + 1);
+        }
+    }
+}

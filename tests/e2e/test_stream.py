@@ -1,0 +1,350 @@
+"""The `stream {}` layer-4 proxy: TCP relayed to echo backends (round robin, failover,
+`max_fails`), `allow`/`deny`, PROXY protocol v1 to the upstream, TLS routed by SNI with
+`ssl_preread` (openssl s_server backends, openssl s_client), UDP DNS through the proxy to
+dnsmasq (dig), a real MariaDB client through the proxy, the stream access log, and the same
+configs side by side with Debian's nginx (its stream module loaded) for statuses, log
+variables and routing.
+
+Each config has a small http server on `{port}` so the harness knows when the process is up
+without opening a stream session itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import free_port, wait_port, wait_until
+from nginx_peer import NGINX, NginxPeer
+
+STREAM_MODULE = "/usr/lib/nginx/modules/ngx_stream_module.so"
+DIG = shutil.which("dig")
+DNSMASQ = shutil.which("dnsmasq") or ("/usr/sbin/dnsmasq" if os.path.exists("/usr/sbin/dnsmasq") else None)
+MYSQLD = shutil.which("mariadbd") or shutil.which("mysqld") or ("/usr/sbin/mariadbd" if os.path.exists("/usr/sbin/mariadbd") else None)
+MARIADB = shutil.which("mariadb")
+
+
+def conf(stream: str, load: bool = False) -> str:
+    """A whole config: `stream { <stream> }` and the readiness server on {port}."""
+    head = f"load_module {STREAM_MODULE};\n" if load else ""
+    return head + """
+worker_processes 1;
+pid {tmp}/server.pid;
+error_log {tmp}/error.log info;
+events { worker_connections 64; }
+http { access_log off; server { listen 127.0.0.1:{port}; return 204; } }
+stream {
+    log_format s '$remote_addr $protocol $status $bytes_sent $bytes_received "$upstream_addr" $upstream_bytes_sent $upstream_bytes_received';
+    access_log {tmp}/stream.log s;
+""" + stream + "\n}\n"
+
+
+class Echo:
+    """TCP backends that answer each read with their tag and the bytes read; `seen` keeps
+    what each connection sent first (the PROXY line)."""
+
+    def __init__(self, n: int):
+        self.ports, self.first, self.socks = [], [], []
+        for i in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            s.listen(16)
+            self.socks.append(s)
+            self.ports.append(s.getsockname()[1])
+            threading.Thread(target=self._serve, args=(s, f"[{i}]".encode()), daemon=True).start()
+
+    def _serve(self, s, tag):
+        while True:
+            try:
+                c, _ = s.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._conn, args=(c, tag), daemon=True).start()
+
+    def _conn(self, c, tag):
+        with c:
+            first = True
+            while True:
+                d = c.recv(4096)
+                if not d:
+                    return
+                if first:
+                    self.first.append(d)
+                    first = False
+                c.sendall(tag + d)
+
+    def close(self):
+        for s in self.socks:
+            s.close()
+
+
+@pytest.fixture
+def echo():
+    e = Echo(2)
+    yield e
+    e.close()
+
+
+def talk(port: int, data: bytes = b"hello", timeout: float = 5.0) -> bytes:
+    """Send, read one answer (b"" when the proxy closes at once), close."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        try:
+            return s.recv(4096)
+        except ConnectionResetError:
+            return b""
+
+
+def log_lines(tmp: Path, n: int) -> list[str]:
+    p = tmp / "stream.log"
+    read = lambda: p.read_text().splitlines() if p.exists() else []
+    assert wait_until(lambda: len(read()) >= n), read()
+    return read()
+
+
+def dead_port() -> int:
+    return free_port()
+
+
+def test_tcp_round_robin_and_log(gannet, echo):
+    p = free_port()
+    a, b = echo.ports
+    srv = gannet.start(conf=conf(f"upstream back {{ server 127.0.0.1:{a}; server 127.0.0.1:{b}; }}\n"
+                                 f"server {{ listen 127.0.0.1:{p}; proxy_pass back; }}"))
+    assert [talk(p) for _ in range(4)] == [b"[0]hello", b"[1]hello", b"[0]hello", b"[1]hello"]
+    lines = log_lines(srv.tmp, 4)
+    assert lines[0] == f'127.0.0.1 TCP 200 8 5 "127.0.0.1:{a}" 5 8'
+    assert lines[1] == f'127.0.0.1 TCP 200 8 5 "127.0.0.1:{b}" 5 8'
+
+
+def test_weights_and_hash(gannet, echo):
+    p, q = free_port(), free_port()
+    a, b = echo.ports
+    srv = gannet.start(conf=conf(
+        f"upstream w {{ server 127.0.0.1:{a} weight=3; server 127.0.0.1:{b}; }}\n"
+        f"upstream h {{ hash $remote_addr consistent; server 127.0.0.1:{a}; server 127.0.0.1:{b}; }}\n"
+        f"server {{ listen 127.0.0.1:{p}; proxy_pass w; }}\n"
+        f"server {{ listen 127.0.0.1:{q}; proxy_pass h; }}"))
+    got = [talk(p)[:3] for _ in range(8)]
+    assert got.count(b"[0]") == 6 and got.count(b"[1]") == 2, got
+    # One client address: the same server every time.
+    assert len({talk(q)[:3] for _ in range(4)}) == 1
+
+
+def test_failover_skips_dead_server(gannet, echo):
+    p, dead = free_port(), dead_port()
+    a = echo.ports[0]
+    srv = gannet.start(conf=conf(
+        f"upstream back {{ server 127.0.0.1:{dead} max_fails=1 fail_timeout=30s; server 127.0.0.1:{a}; }}\n"
+        f"server {{ listen 127.0.0.1:{p}; proxy_pass back; }}"))
+    assert [talk(p) for _ in range(4)] == [b"[0]hello"] * 4
+    lines = log_lines(srv.tmp, 4)
+    # The first session tried the dead one first; after that it is left out for fail_timeout.
+    assert f'"127.0.0.1:{dead}, 127.0.0.1:{a}"' in lines[0]
+    assert all(f'"127.0.0.1:{a}"' in l for l in lines[1:]), lines
+    assert srv.error_log().count("connect() failed (111: Connection refused)") == 1
+
+
+def test_next_upstream_off_gives_502(gannet, echo):
+    p, dead = free_port(), dead_port()
+    srv = gannet.start(conf=conf(
+        f"upstream back {{ server 127.0.0.1:{dead}; server 127.0.0.1:{echo.ports[0]}; }}\n"
+        f"server {{ listen 127.0.0.1:{p}; proxy_next_upstream off; proxy_pass back; }}"))
+    assert talk(p) == b""
+    assert log_lines(srv.tmp, 1)[0] == f'127.0.0.1 TCP 502 0 0 "127.0.0.1:{dead}" 0 0'
+
+
+def test_allow_deny(gannet, echo):
+    p, q = free_port(), free_port()
+    srv = gannet.start(conf=conf(
+        "deny 127.0.0.1;\n"
+        f"server {{ listen 127.0.0.1:{p}; proxy_pass 127.0.0.1:{echo.ports[0]}; }}\n"
+        f"server {{ listen 127.0.0.1:{q}; allow 127.0.0.0/8; deny all; proxy_pass 127.0.0.1:{echo.ports[0]}; }}"))
+    assert talk(p) == b""
+    assert talk(q) == b"[0]hello"
+    lines = log_lines(srv.tmp, 2)
+    assert lines[0] == '127.0.0.1 TCP 403 0 0 "-" - -'
+    assert "access forbidden by rule" in srv.error_log()
+
+
+def test_proxy_protocol_to_upstream(gannet, echo):
+    p = free_port()
+    gannet.start(conf=conf(f"server {{ listen 127.0.0.1:{p}; proxy_protocol on; proxy_pass 127.0.0.1:{echo.ports[0]}; }}"))
+    with socket.create_connection(("127.0.0.1", p), timeout=5) as s:
+        s.sendall(b"x")
+        got = b""
+        while b"x" not in got:
+            got += s.recv(4096)
+        port = s.getsockname()[1]
+    assert echo.first[0].startswith(f"PROXY TCP4 127.0.0.1 127.0.0.1 {port} {p}\r\n".encode()), echo.first
+
+
+def test_config_errors(gannet):
+    cases = [
+        ("server { listen 127.0.0.1; proxy_pass 127.0.0.1:1; }", 'no port in "127.0.0.1" of the "listen" directive'),
+        ("server { listen 127.0.0.1:1; }", "no handler for server"),
+        ("server { listen 127.0.0.1:1; proxy_pass $nope; }", 'unknown "nope" variable'),
+        ("access_log {tmp}/x.log;\nserver { listen 127.0.0.1:1; proxy_pass 127.0.0.1:2; }", "log format is not specified"),
+        ("upstream u { ip_hash; server 127.0.0.1:2; }\nserver { listen 127.0.0.1:1; proxy_pass u; }", 'unknown directive "ip_hash"'),
+    ]
+    for body, msg in cases:
+        r = gannet.check(conf=conf(body))
+        assert r.returncode != 0 and msg in r.stderr, (body, r.stderr)
+        assert "gannet.conf" in r.stderr or "check.conf" in r.stderr
+
+
+# --- TLS routed by SNI without terminating it ---------------------------------------------
+
+
+def make_cert(d: Path, name: str) -> tuple[Path, Path]:
+    key, crt = d / f"{name}.key", d / f"{name}.crt"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", str(key), "-out", str(crt), "-days", "2", "-subj", f"/CN={name}"],
+                   check=True, capture_output=True, timeout=60)
+    return crt, key
+
+
+class TlsBackend:
+    """`openssl s_server` with a certificate for `name`."""
+
+    def __init__(self, d: Path, name: str):
+        crt, key = make_cert(d, name)
+        self.port = free_port()
+        self.proc = subprocess.Popen(["openssl", "s_server", "-accept", f"127.0.0.1:{self.port}", "-cert", str(crt),
+                                      "-key", str(key), "-www", "-quiet"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.port, self.proc)
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def subject_via(port: int, sni: str) -> str:
+    r = subprocess.run(["openssl", "s_client", "-connect", f"127.0.0.1:{port}", "-servername", sni, "-alpn", "h2,http/1.1"],
+                       input="", capture_output=True, text=True, timeout=30)
+    return next((l for l in r.stdout.splitlines() if l.startswith("subject=")), "")
+
+
+SNI_STREAM = """
+    log_format sni '$ssl_preread_server_name $ssl_preread_alpn_protocols $upstream_addr $status';
+    map $ssl_preread_server_name $backend {{
+        a.test 127.0.0.1:{a};
+        ~^b\\. 127.0.0.1:{b};
+        default 127.0.0.1:{dead};
+    }}
+    server {{ listen 127.0.0.1:{p}; ssl_preread on; proxy_pass $backend; access_log {{tmp}}/sni.log sni; }}
+"""
+
+
+def test_sni_routing(gannet, tmp_path):
+    a, b = TlsBackend(tmp_path, "a.test"), TlsBackend(tmp_path, "b.test")
+    try:
+        p, dead = free_port(), dead_port()
+        srv = gannet.start(conf=conf(SNI_STREAM.format(a=a.port, b=b.port, dead=dead, p=p)))
+        assert "CN = a.test" in subject_via(p, "a.test")
+        assert "CN = b.test" in subject_via(p, "b.test")
+        assert subject_via(p, "c.test") == ""
+        log = srv.tmp / "sni.log"
+        assert wait_until(lambda: log.exists() and len(log.read_text().splitlines()) == 3)
+        lines = log.read_text().splitlines()
+        assert lines[0] == f"a.test h2,http/1.1 127.0.0.1:{a.port} 200"
+        assert lines[1] == f"b.test h2,http/1.1 127.0.0.1:{b.port} 200"
+        assert lines[2] == f"c.test h2,http/1.1 127.0.0.1:{dead} 502"
+    finally:
+        a.stop()
+        b.stop()
+
+
+# --- UDP: DNS through the proxy --------------------------------------------------------------
+
+
+@pytest.mark.skipif(DNSMASQ is None or DIG is None, reason="needs dnsmasq and dig (scripts/test-all.sh)")
+def test_udp_dns(gannet, tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("192.0.2.7 web.test\n")
+    dns_port = free_port()
+    dns = subprocess.Popen([DNSMASQ, "-k", "--conf-file=/dev/null", "--no-resolv", "--no-hosts", f"--addn-hosts={hosts}",
+                            f"--port={dns_port}", "--listen-address=127.0.0.1", "--bind-interfaces", "--local=/test/",
+                            "--user=root", "--group=root", "--pid-file="], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        p = free_port()
+        srv = gannet.start(conf=conf(f"server {{ listen 127.0.0.1:{p} udp; proxy_responses 1; proxy_timeout 5s; proxy_pass 127.0.0.1:{dns_port}; }}"))
+        dig = lambda: subprocess.run([DIG, "@127.0.0.1", "-p", str(p), "+short", "+tries=1", "+time=2", "web.test"],
+                                     capture_output=True, text=True, timeout=30).stdout.strip()
+        assert wait_until(lambda: dig() == "192.0.2.7", deadline=10)
+        line = log_lines(srv.tmp, 1)[-1]
+        assert line.startswith("127.0.0.1 UDP 200 ") and f'"127.0.0.1:{dns_port}"' in line, line
+    finally:
+        dns.kill()
+        dns.wait()
+
+
+# --- MariaDB through the proxy ---------------------------------------------------------------
+
+
+@pytest.mark.skipif(MYSQLD is None or MARIADB is None, reason="needs mariadb-server and mariadb-client (scripts/test-all.sh)")
+def test_mariadb_client(gannet, tmp_path):
+    data, sock, db_port = tmp_path / "db", tmp_path / "db.sock", free_port()
+    r = subprocess.run(["mariadb-install-db", f"--datadir={data}", "--user=root", "--auth-root-authentication-method=normal",
+                        "--skip-test-db"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    db = subprocess.Popen([MYSQLD, "--no-defaults", f"--datadir={data}", f"--socket={sock}", f"--port={db_port}",
+                           "--bind-address=127.0.0.1", "--user=root", "--skip-grant-tables", f"--pid-file={tmp_path}/db.pid",
+                           f"--log-error={tmp_path}/db.err"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(db_port, db, deadline=60)
+        p = free_port()
+        srv = gannet.start(conf=conf(f"server {{ listen 127.0.0.1:{p}; proxy_pass 127.0.0.1:{db_port}; }}"))
+        q = subprocess.run([MARIADB, "-h", "127.0.0.1", "-P", str(p), "--protocol=TCP", "-u", "root", "-N", "-e",
+                            "SELECT 6*7, @@port"], capture_output=True, text=True, timeout=60)
+        assert q.returncode == 0, q.stderr
+        assert q.stdout.split() == ["42", str(db_port)]
+        line = log_lines(srv.tmp, 1)[-1]
+        assert line.startswith("127.0.0.1 TCP 200 ") and f'"127.0.0.1:{db_port}"' in line, line
+    finally:
+        db.terminate()
+        db.wait(60)
+
+
+# --- side by side with Debian's nginx --------------------------------------------------------
+
+
+@pytest.mark.skipif(NGINX is None or not os.path.exists(STREAM_MODULE), reason="needs nginx and libnginx-mod-stream")
+def test_differential_statuses_and_log(gannet, tmp_path, echo):
+    """The same stream config in both: answers, `$status`, `$upstream_addr` and the byte
+    counters of an answered session, a refused one (403), a dead upstream (502) and a
+    failover; the log lines must be the same but for the ports of each side."""
+    a = echo.ports[0]
+    dead = dead_port()
+    ports = {}
+
+    def body(side: str) -> str:
+        p = ports.setdefault(side, [free_port() for _ in range(4)])
+        return (f"upstream fo {{ server 127.0.0.1:{dead}; server 127.0.0.1:{a}; }}\n"
+                f"server {{ listen 127.0.0.1:{p[0]}; proxy_pass 127.0.0.1:{a}; }}\n"
+                f"server {{ listen 127.0.0.1:{p[1]}; deny all; proxy_pass 127.0.0.1:{a}; }}\n"
+                f"server {{ listen 127.0.0.1:{p[2]}; proxy_pass 127.0.0.1:{dead}; }}\n"
+                f"server {{ listen 127.0.0.1:{p[3]}; proxy_pass fo; }}")
+
+    srv = gannet.start(conf=conf(body("g"), load=True))
+    ng_tmp = tmp_path / "nginx"
+    nginx = NginxPeer(conf(body("n"), load=True), free_port(), tmp_path, ng_tmp)
+    try:
+        results = {}
+        for side, tmp in (("g", srv.tmp), ("n", ng_tmp)):
+            answers = [talk(port) for port in ports[side]]
+            lines = log_lines(tmp, 4)
+            results[side] = (answers, lines)
+        assert results["g"][0] == results["n"][0] == [b"[0]hello", b"", b"", b"[0]hello"]
+        assert results["g"][1] == results["n"][1]
+        assert results["g"][1][2] == f'127.0.0.1 TCP 502 0 0 "127.0.0.1:{dead}" 0 0'
+    finally:
+        nginx.stop()
