@@ -348,3 +348,19 @@ def test_differential_statuses_and_log(gannet, tmp_path, echo):
         assert results["g"][1][2] == f'127.0.0.1 TCP 502 0 0 "127.0.0.1:{dead}" 0 0'
     finally:
         nginx.stop()
+
+
+def test_limit_conn(gannet, echo):
+    p = free_port()
+    srv = gannet.start(conf=conf(
+        "limit_conn_zone $binary_remote_addr zone=addr:1m;\n"
+        f"server {{ listen 127.0.0.1:{p}; limit_conn addr 1; proxy_pass 127.0.0.1:{echo.ports[0]}; }}"))
+    with socket.create_connection(("127.0.0.1", p), timeout=5) as first:
+        first.sendall(b"a")
+        assert first.recv(100) == b"[0]a"
+        assert talk(p) == b""
+        assert log_lines(srv.tmp, 1)[0] == '127.0.0.1 TCP 503 0 0 "-" - -'
+        assert 'limiting connections by zone "addr"' in srv.error_log()
+    # The first session's place is given back when it ends.
+    assert wait_until(lambda: len(log_lines(srv.tmp, 2)) == 2)
+    assert talk(p) == b"[0]hello"

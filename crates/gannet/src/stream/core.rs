@@ -30,6 +30,7 @@ pub struct LoadCtx {
     pub maps: Arc<Maps>,
     pub upstreams: Arc<HashMap<String, Arc<Group>>>,
     pub formats: HashMap<String, Arc<Format>>,
+    pub zones: HashMap<String, Arc<super::limit_conn::Zone>>,
 }
 
 /// A server's settings (the stream level's, then each server's over them).
@@ -42,6 +43,7 @@ pub struct ServerConf {
     pub logs: Vec<Arc<Log>>,
     logs_own: bool,
     pub preread: Preread,
+    pub limits: super::limit_conn::Limits,
 }
 
 /// A `server {}` block, loaded.
@@ -89,6 +91,9 @@ pub fn apply(
                 c.logs.push(log);
             }
         }
+        "limit_conn" | "limit_conn_log_level" | "limit_conn_dry_run" => {
+            c.limits.set(d, &ctx.zones, in_server)?
+        }
         "ssl_preread" => {
             one()?;
             c.preread.on = setters::flag(d)?;
@@ -126,6 +131,7 @@ pub fn server(
     conf.access_own = false;
     conf.logs_own = false;
     conf.proxy.pass = None;
+    conf.limits = top.limits.inherited();
     let mut listens = Vec::new();
     for e in d.block.as_deref().unwrap_or_default() {
         match e.name.as_str() {
@@ -223,6 +229,7 @@ pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketA
 
 async fn run_tcp(w: &Rc<Worker>, srv: &Server, mut client: tokio::net::TcpStream, s: &mut Session) {
     let c = &srv.conf;
+    let Some(_held) = enter(srv, s) else { return };
     if !check_access(srv, s) {
         return;
     }
@@ -234,6 +241,16 @@ async fn run_tcp(w: &Rc<Worker>, srv: &Server, mut client: tokio::net::TcpStream
         }
     }
     super::proxy::tcp(w, srv, client, head, s).await;
+}
+
+/// The preaccess phase (`limit_conn`): the session's places in its zones, or `None` (and
+/// `$status` 503) when a limit is reached.
+pub fn enter(srv: &Server, s: &mut Session) -> Option<super::limit_conn::Held> {
+    let held = srv.conf.limits.enter(s, &srv.maps).ok();
+    if held.is_none() {
+        s.status = 503;
+    }
+    held
 }
 
 /// The access phase: false (and `$status` 403) for a denied client.

@@ -8,6 +8,7 @@
 //! - [`upstream`]: `upstream` groups, with the HTTP side's balancing
 //!   (ngx_stream_upstream_module and its hash / least_conn / random methods);
 //! - [`access`]: `allow` / `deny` (ngx_stream_access_module);
+//! - [`limit_conn`]: `limit_conn_zone` / `limit_conn` (ngx_stream_limit_conn_module);
 //! - [`log`]: `log_format` / `access_log` (ngx_stream_log_module);
 //! - [`ssl_preread`]: the ClientHello's fields without terminating TLS
 //!   (ngx_stream_ssl_preread_module);
@@ -21,6 +22,7 @@
 
 pub mod access;
 pub mod core;
+pub mod limit_conn;
 pub mod log;
 pub mod map;
 pub mod proxy;
@@ -63,7 +65,15 @@ pub fn build(d: &Directive, prefix: &Path, http: &[Endpoint]) -> Result<StreamCo
         maps: maps.clone(),
         upstreams: Arc::new(upstreams),
         formats: Default::default(),
+        zones: Default::default(),
     };
+    for z in body.iter().filter(|d| d.name == "limit_conn_zone") {
+        let zone = limit_conn::zone(z, &ctx.maps)?;
+        let name = z.args[1]["zone=".len()..].split(':').next().unwrap_or_default();
+        if ctx.zones.insert(name.to_string(), zone).is_some() {
+            return Err(z.error(format!("duplicate zone \"{name}\"")));
+        }
+    }
     for f in body.iter().filter(|d| d.name == "log_format") {
         log::format(f, &mut ctx)?;
     }
@@ -71,7 +81,7 @@ pub fn build(d: &Directive, prefix: &Path, http: &[Endpoint]) -> Result<StreamCo
     let mut top = core::ServerConf::default();
     for e in body {
         match e.name.as_str() {
-            "map" | "upstream" | "log_format" | "server" => {}
+            "map" | "upstream" | "log_format" | "server" | "limit_conn_zone" => {}
             _ => core::apply(e, &mut top, &ctx, false)?,
         }
     }

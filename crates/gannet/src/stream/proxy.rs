@@ -457,8 +457,10 @@ async fn udp_session(
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
     sessions: UdpSessions,
 ) {
-    if super::core::check_access(&srv, &mut s) {
-        run_udp(&w, &srv, &sock, &mut s, &mut rx, &sessions).await;
+    if let Some(_held) = super::core::enter(&srv, &mut s) {
+        if super::core::check_access(&srv, &mut s) {
+            run_udp(&w, &srv, &sock, &mut s, &mut rx, &sessions).await;
+        }
     }
     let forget = |m: &mut HashMap<_, (u64, _)>| {
         if m.get(&s.peer).is_some_and(|(id, _)| *id == s.id) {
