@@ -364,3 +364,28 @@ def test_limit_conn(gannet, echo):
     # The first session's place is given back when it ends.
     assert wait_until(lambda: len(log_lines(srv.tmp, 2)) == 2)
     assert talk(p) == b"[0]hello"
+
+
+def test_tls_termination(gannet, echo, tmp_path):
+    import ssl
+    crt, key = make_cert(tmp_path, "t.test")
+    p = free_port()
+    srv = gannet.start(conf=conf(
+        "log_format tls '$ssl_protocol $ssl_server_name $status $bytes_received';\n"
+        f"server {{ listen 127.0.0.1:{p} ssl; ssl_certificate {crt}; ssl_certificate_key {key};\n"
+        f"  access_log {{tmp}}/tls.log tls; proxy_pass 127.0.0.1:{echo.ports[0]}; }}"))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(crt)
+    with socket.create_connection(("127.0.0.1", p), timeout=5) as raw:
+        with ctx.wrap_socket(raw, server_hostname="t.test") as s:
+            assert s.getpeercert()["subject"] == ((("commonName", "t.test"),),)
+            s.sendall(b"secret")
+            assert s.recv(100) == b"[0]secret"
+    # Plain bytes on the TLS port: the handshake fails, 500 as nginx.
+    answer = talk(p, b"GET / HTTP/1.0\r\n\r\n")
+    assert answer == b"" or answer[0] == 0x15, answer  # nothing, or a TLS alert
+    log = srv.tmp / "tls.log"
+    assert wait_until(lambda: log.exists() and len(log.read_text().splitlines()) == 2)
+    assert log.read_text().splitlines() == ["TLSv1.3 t.test 200 6", "- - 500 0"]
+    r = gannet.check(conf=conf(f"server {{ listen 127.0.0.1:{p} ssl; proxy_pass 127.0.0.1:1; }}"))
+    assert 'no "ssl_certificate" is defined for server' in r.stderr

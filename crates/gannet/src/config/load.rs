@@ -17,7 +17,6 @@ use crate::http::variables::Template;
 use crate::modules::{self, LoadCtx, LocConf};
 use gannet_conf::registry::{self, Ctx, Spec};
 use gannet_conf::{ConfError, Directive};
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -135,7 +134,8 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
     }
     if let Some(stream) = stream_block {
         let http: Vec<_> = cfg.listens.iter().map(|g| g.listen.endpoint()).collect();
-        let conf = crate::stream::build(stream, prefix, &http)?;
+        let notes = (&mut cfg.notices, &mut cfg.warnings);
+        let conf = crate::stream::build(stream, prefix, &http, notes)?;
         cfg.stream = Some(Arc::new(conf));
     }
     user_vars::check()?;
@@ -291,20 +291,7 @@ fn load_limit_except(
 }
 
 fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), ConfError> {
-    let mut lctx = LoadCtx {
-        prefix: prefix.to_path_buf(),
-        log_formats: modules::access_log::predefined(),
-        upstreams: HashMap::new(),
-        log_files: Vec::new(),
-        prefixless: false,
-        matches: HashMap::new(),
-        probes: Vec::new(),
-        zones: Default::default(),
-        notices: Vec::new(),
-        warnings: Vec::new(),
-        temp_dirs: Vec::new(),
-        tls: Default::default(),
-    };
+    let mut lctx = LoadCtx::new(prefix);
     let mut conf = LocConf::default();
     let body = http.block.as_deref().unwrap_or_default();
     // http's `resolver` before the groups: a `server ... resolve` without its own uses it.

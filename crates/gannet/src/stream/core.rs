@@ -31,6 +31,8 @@ pub struct LoadCtx {
     pub upstreams: Arc<HashMap<String, Arc<Group>>>,
     pub formats: HashMap<String, Arc<Format>>,
     pub zones: HashMap<String, Arc<super::limit_conn::Zone>>,
+    /// The http side's load state, for the TLS setups (`ssl`).
+    pub http: std::cell::RefCell<crate::modules::LoadCtx>,
 }
 
 /// A server's settings (the stream level's, then each server's over them).
@@ -44,6 +46,7 @@ pub struct ServerConf {
     logs_own: bool,
     pub preread: Preread,
     pub limits: super::limit_conn::Limits,
+    pub ssl: super::ssl::SslConf,
 }
 
 /// A `server {}` block, loaded.
@@ -53,6 +56,8 @@ pub struct Server {
     pub maps: Arc<Maps>,
     /// The stream block's groups by name, for `proxy_pass $var`.
     pub groups: Arc<HashMap<String, Arc<Group>>>,
+    /// Its TLS setup, when it has a `listen ... ssl`.
+    pub tls: Option<Arc<crate::tls::ServerTls>>,
     /// The groups of addresses `proxy_pass $var` gave.
     pub by_addr: std::sync::Mutex<HashMap<String, Arc<Group>>>,
 }
@@ -93,6 +98,9 @@ pub fn apply(
         }
         "limit_conn" | "limit_conn_log_level" | "limit_conn_dry_run" => {
             c.limits.set(d, &ctx.zones, in_server)?
+        }
+        n if n.starts_with("ssl_") && n != "ssl_preread" => {
+            super::ssl::set(d, &mut c.ssl, &mut ctx.http.borrow_mut())?
         }
         "ssl_preread" => {
             one()?;
@@ -148,8 +156,17 @@ pub fn server(
     if conf.proxy.pass.is_none() {
         return Err(d.error("no handler for server"));
     }
+    let tls = match listens.iter().any(|l| l.ssl) {
+        true => Some(super::ssl::build(
+            &conf.ssl,
+            &mut ctx.http.borrow_mut(),
+            &d.loc,
+        )?),
+        false => None,
+    };
     Ok((
         Server {
+            tls,
             conf,
             maps: ctx.maps.clone(),
             groups: ctx.upstreams.clone(),
@@ -183,7 +200,7 @@ fn listen(d: &Directive) -> Result<Listen, ConfError> {
     for a in &rest.args[1..] {
         let key = a.split('=').next().unwrap_or_default();
         match key {
-            "ssl" | "proxy_protocol" => {
+            "proxy_protocol" => {
                 return Err(d.error(format!(
                     "the \"{key}\" parameter of a stream \"listen\" is not supported yet"
                 )))
@@ -204,13 +221,11 @@ fn listen(d: &Directive) -> Result<Listen, ConfError> {
 
 /// Serve one accepted TCP connection of stream server `idx`.
 pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, idx: usize) {
-    let Some(srv) = w
-        .config
-        .stream
-        .as_ref()
-        .and_then(|s| s.servers.get(idx))
-        .cloned()
-    else {
+    let found = w.config.stream.as_ref().and_then(|s| {
+        let ssl = s.listens.get(idx)?.ssl;
+        Some((s.servers.get(idx)?.clone(), ssl))
+    });
+    let Some((srv, ssl)) = found else {
         w.connection_closed();
         return;
     };
@@ -219,7 +234,7 @@ pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketA
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let mut s = Session::new(Worker::next_conn_id(), peer, local, false);
     if let Ok(client) = tokio::net::TcpStream::from_std(stream) {
-        run_tcp(&w, &srv, client, &mut s).await;
+        run_tcp(&w, &srv, client, ssl, &mut s).await;
     } else {
         s.status = 500;
     }
@@ -227,10 +242,23 @@ pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketA
     w.connection_closed();
 }
 
-async fn run_tcp(w: &Rc<Worker>, srv: &Server, mut client: tokio::net::TcpStream, s: &mut Session) {
+async fn run_tcp(
+    w: &Rc<Worker>,
+    srv: &Server,
+    mut client: tokio::net::TcpStream,
+    ssl: bool,
+    s: &mut Session,
+) {
     let c = &srv.conf;
     let Some(_held) = enter(srv, s) else { return };
     if !check_access(srv, s) {
+        return;
+    }
+    if let (true, Some(tls)) = (ssl, &srv.tls) {
+        match super::ssl::handshake(tls, c.ssl.handshake_timeout, client, s).await {
+            Some(tls) => super::proxy::tcp(w, srv, tls, Vec::new(), s).await,
+            None => s.status = 500,
+        }
         return;
     }
     let mut head = Vec::new();

@@ -101,9 +101,9 @@ impl Limits {
         match d.name.as_str() {
             "limit_conn" => {
                 nargs(2)?;
-                let zone = zones.get(&d.args[0]).ok_or_else(|| {
-                    d.error(format!("unknown limit_conn_zone \"{}\"", d.args[0]))
-                })?;
+                let zone = zones
+                    .get(&d.args[0])
+                    .ok_or_else(|| d.error(format!("unknown limit_conn_zone \"{}\"", d.args[0])))?;
                 let n = setters::num(&d.args[1]).filter(|&n| n > 0).ok_or_else(|| {
                     d.error(format!("invalid number of connections \"{}\"", d.args[1]))
                 })?;

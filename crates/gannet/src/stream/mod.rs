@@ -10,6 +10,7 @@
 //! - [`access`]: `allow` / `deny` (ngx_stream_access_module);
 //! - [`limit_conn`]: `limit_conn_zone` / `limit_conn` (ngx_stream_limit_conn_module);
 //! - [`log`]: `log_format` / `access_log` (ngx_stream_log_module);
+//! - [`ssl`]: TLS terminated on `listen ... ssl` (ngx_stream_ssl_module);
 //! - [`ssl_preread`]: the ClientHello's fields without terminating TLS
 //!   (ngx_stream_ssl_preread_module);
 //! - [`map`]: `map` (ngx_stream_map_module);
@@ -26,6 +27,7 @@ pub mod limit_conn;
 pub mod log;
 pub mod map;
 pub mod proxy;
+pub mod ssl;
 pub mod ssl_preread;
 pub mod upstream;
 pub mod variables;
@@ -46,7 +48,13 @@ pub struct StreamConf {
 
 /// Build the `stream` block. `http`: the addresses http listens on (the same TCP address
 /// in both is refused here, where nginx fails to bind it).
-pub fn build(d: &Directive, prefix: &Path, http: &[Endpoint]) -> Result<StreamConf, ConfError> {
+/// The TLS setups' notices and warnings go to `notes` (`Config::notices`, `::warnings`).
+pub fn build(
+    d: &Directive,
+    prefix: &Path,
+    http: &[Endpoint],
+    notes: (&mut Vec<String>, &mut Vec<String>),
+) -> Result<StreamConf, ConfError> {
     let body = d.block.as_deref().unwrap_or_default();
     let maps: Vec<&Directive> = body.iter().filter(|d| d.name == "map").collect();
     let maps = Arc::new(map::Maps::build(&maps)?);
@@ -66,10 +74,14 @@ pub fn build(d: &Directive, prefix: &Path, http: &[Endpoint]) -> Result<StreamCo
         upstreams: Arc::new(upstreams),
         formats: Default::default(),
         zones: Default::default(),
+        http: std::cell::RefCell::new(crate::modules::LoadCtx::new(prefix)),
     };
     for z in body.iter().filter(|d| d.name == "limit_conn_zone") {
         let zone = limit_conn::zone(z, &ctx.maps)?;
-        let name = z.args[1]["zone=".len()..].split(':').next().unwrap_or_default();
+        let name = z.args[1]["zone=".len()..]
+            .split(':')
+            .next()
+            .unwrap_or_default();
         if ctx.zones.insert(name.to_string(), zone).is_some() {
             return Err(z.error(format!("duplicate zone \"{name}\"")));
         }
@@ -101,5 +113,8 @@ pub fn build(d: &Directive, prefix: &Path, http: &[Endpoint]) -> Result<StreamCo
             out.servers.push(server.clone());
         }
     }
+    let mut h = ctx.http.borrow_mut();
+    notes.0.append(&mut h.notices);
+    notes.1.append(&mut h.warnings);
     Ok(out)
 }

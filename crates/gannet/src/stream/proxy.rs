@@ -268,7 +268,10 @@ fn proxy_header(s: &Session) -> String {
 }
 
 /// Proxy a TCP session; `head`: client bytes read already (`ssl_preread`).
-pub async fn tcp(w: &Rc<Worker>, srv: &Server, client: TcpStream, head: Vec<u8>, s: &mut Session) {
+pub async fn tcp<C>(w: &Rc<Worker>, srv: &Server, client: C, head: Vec<u8>, s: &mut Session)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
     let Some((conn, _lease, _group, _)) = connect_upstream(w, srv, s).await else {
         return;
     };
@@ -327,8 +330,9 @@ where
     }
 }
 
-async fn relay<U>(srv: &Server, mut client: TcpStream, up: U, head: Vec<u8>, s: &mut Session)
+async fn relay<C, U>(srv: &Server, client: C, up: U, head: Vec<u8>, s: &mut Session)
 where
+    C: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
 {
     let c = &srv.conf.proxy;
@@ -363,7 +367,7 @@ where
     };
     let last = Cell::new(Instant::now());
     {
-        let (cr, cw) = client.split();
+        let (cr, cw) = tokio::io::split(client);
         let idle = async {
             loop {
                 let until = last.get() + c.timeout;

@@ -37,6 +37,9 @@ pub enum Var {
     UpstreamSessionTime,
     SslPrereadServerName,
     SslPrereadAlpnProtocols,
+    SslProtocol,
+    SslCipher,
+    SslServerName,
     /// A `map`'s result (index into [`Maps`]).
     Map(usize),
 }
@@ -68,6 +71,9 @@ impl Var {
             "upstream_session_time" => Var::UpstreamSessionTime,
             "ssl_preread_server_name" => Var::SslPrereadServerName,
             "ssl_preread_alpn_protocols" => Var::SslPrereadAlpnProtocols,
+            "ssl_protocol" => Var::SslProtocol,
+            "ssl_cipher" => Var::SslCipher,
+            "ssl_server_name" => Var::SslServerName,
             _ => return None,
         })
     }
@@ -102,6 +108,10 @@ pub struct Session {
     /// a log line, as nginx writes them).
     pub sni: Option<String>,
     pub alpn: Option<String>,
+    /// The handshake of `listen ... ssl` (empty without one).
+    pub ssl_protocol: &'static str,
+    pub ssl_cipher: &'static str,
+    pub ssl_server_name: String,
 }
 
 impl Session {
@@ -118,6 +128,9 @@ impl Session {
             attempts: Vec::new(),
             sni: None,
             alpn: None,
+            ssl_protocol: "",
+            ssl_cipher: "",
+            ssl_server_name: String::new(),
         }
     }
 }
@@ -225,7 +238,8 @@ impl Template {
 }
 
 /// Whether the variable has a value (nginx's `not_found` otherwise): the upstream ones
-/// once a server was tried, the `ssl_preread` ones once a ClientHello was read.
+/// once a server was tried, the `ssl_preread` ones once a ClientHello was read, the
+/// `ssl` ones after a handshake.
 fn found(v: Var, s: &Session) -> bool {
     match v {
         Var::UpstreamAddr
@@ -235,6 +249,7 @@ fn found(v: Var, s: &Session) -> bool {
         | Var::UpstreamFirstByteTime
         | Var::UpstreamSessionTime => !s.attempts.is_empty(),
         Var::SslPrereadServerName | Var::SslPrereadAlpnProtocols => s.sni.is_some(),
+        Var::SslProtocol | Var::SslCipher | Var::SslServerName => !s.ssl_protocol.is_empty(),
         _ => true,
     }
 }
@@ -317,6 +332,9 @@ fn append(out: &mut String, v: Var, s: &Session, maps: &Maps, depth: usize) {
         Var::UpstreamSessionTime => list(out, s, |o, a| opt_secs(o, a.session)),
         Var::SslPrereadServerName => out.push_str(s.sni.as_deref().unwrap_or_default()),
         Var::SslPrereadAlpnProtocols => out.push_str(s.alpn.as_deref().unwrap_or_default()),
+        Var::SslProtocol => out.push_str(s.ssl_protocol),
+        Var::SslCipher => out.push_str(s.ssl_cipher),
+        Var::SslServerName => out.push_str(&s.ssl_server_name),
         Var::Map(i) => maps.append(i, out, s, depth),
     }
 }
