@@ -389,3 +389,19 @@ def test_tls_termination(gannet, echo, tmp_path):
     assert log.read_text().splitlines() == ["TLSv1.3 t.test 200 6", "- - 500 0"]
     r = gannet.check(conf=conf(f"server {{ listen 127.0.0.1:{p} ssl; proxy_pass 127.0.0.1:1; }}"))
     assert 'no "ssl_certificate" is defined for server' in r.stderr
+
+
+def test_reload_keeps_sessions_and_listener(gannet, echo):
+    import signal
+    p = free_port()
+    a, b = echo.ports
+    srv = gannet.start(conf=conf(f"server {{ listen 127.0.0.1:{p}; proxy_pass 127.0.0.1:{a}; }}"))
+    with socket.create_connection(("127.0.0.1", p), timeout=5) as old:
+        old.sendall(b"1")
+        assert old.recv(100) == b"[0]1"
+        srv.conf_path.write_text(srv.conf_path.read_text().replace(f"127.0.0.1:{a}", f"127.0.0.1:{b}"))
+        srv.proc.send_signal(signal.SIGHUP)
+        # New sessions go where the new config says; the one open keeps its upstream.
+        assert wait_until(lambda: talk(p) == b"[1]hello")
+        old.sendall(b"2")
+        assert old.recv(100) == b"[0]2"

@@ -284,6 +284,8 @@ where
 /// One direction's byte counter and pacing.
 struct Flow {
     bytes: Cell<u64>,
+    /// When the first byte came (`$upstream_first_byte_time` of the download side).
+    first: Cell<Option<Instant>>,
     rate: u64,
     start: Instant,
 }
@@ -322,6 +324,9 @@ where
             Ok(n) => n,
         };
         last.set(Instant::now());
+        if flow.first.get().is_none() {
+            flow.first.set(Some(Instant::now()));
+        }
         if wr.write_all(&buf[..n]).await.is_err() {
             return false;
         }
@@ -357,11 +362,13 @@ where
     let began = Instant::now();
     let up_flow = Flow {
         bytes: Cell::new(0),
+        first: Cell::new(None),
         rate: c.upload_rate,
         start: began,
     };
     let down_flow = Flow {
         bytes: Cell::new(0),
+        first: Cell::new(None),
         rate: c.download_rate,
         start: began,
     };
@@ -392,7 +399,10 @@ where
     if let Some(a) = s.attempts.last_mut() {
         a.sent = sent_first + up_flow.bytes.get();
         a.received = down_flow.bytes.get();
-        a.session = Some(began.elapsed().as_secs_f64());
+        // nginx measures both from the start of the connect.
+        let base = a.connect.unwrap_or_default();
+        a.first_byte = (down_flow.first.get()).map(|t| base + (t - began).as_secs_f64());
+        a.session = Some(base + began.elapsed().as_secs_f64());
     }
 }
 
@@ -570,6 +580,7 @@ async fn run_udp(
     let (mut sent, mut received) = (0u64, 0u64);
     let mut buf = vec![0u8; 65536];
     let mut inbox_open = true;
+    let mut first = None;
     let done =
         |requests: u64, responses: u64| c.responses.is_some_and(|r| responses >= r * requests);
     loop {
@@ -598,6 +609,7 @@ async fn run_udp(
             r = up.recv(&mut buf) => match r {
                 Ok(n) => {
                     received += n as u64;
+                    first.get_or_insert_with(Instant::now);
                     if sock.send_to(&buf[..n], s.peer).await.is_ok() {
                         s.bytes_sent += n as u64;
                     }
@@ -624,6 +636,8 @@ async fn run_udp(
     if let Some(a) = s.attempts.last_mut() {
         a.sent = sent;
         a.received = received;
-        a.session = Some(began.elapsed().as_secs_f64());
+        let base = a.connect.unwrap_or_default();
+        a.first_byte = first.map(|t: Instant| base + (t - began).as_secs_f64());
+        a.session = Some(base + began.elapsed().as_secs_f64());
     }
 }
