@@ -252,8 +252,10 @@ def test_sni_routing(gannet, tmp_path):
         assert "CN = a.test" in subject_via(p, "a.test")
         assert "CN = b.test" in subject_via(p, "b.test")
         assert subject_via(p, "c.test") == ""
+        # Lowercased as nginx 1.25.5+ does (Debian's 1.22 passes the name as sent).
+        assert "CN = b.test" in subject_via(p, "B.Test")
         log = srv.tmp / "sni.log"
-        assert wait_until(lambda: log.exists() and len(log.read_text().splitlines()) == 3)
+        assert wait_until(lambda: log.exists() and len(log.read_text().splitlines()) == 4)
         lines = log.read_text().splitlines()
         assert lines[0] == f"a.test h2,http/1.1 127.0.0.1:{a.port} 200"
         assert lines[1] == f"b.test h2,http/1.1 127.0.0.1:{b.port} 200"
@@ -405,3 +407,66 @@ def test_reload_keeps_sessions_and_listener(gannet, echo):
         assert wait_until(lambda: talk(p) == b"[1]hello")
         old.sendall(b"2")
         assert old.recv(100) == b"[0]2"
+
+
+@pytest.mark.skipif(NGINX is None or not os.path.exists(STREAM_MODULE), reason="needs nginx and libnginx-mod-stream")
+def test_differential_sni_routing(gannet, tmp_path):
+    """SNI routing through `map $ssl_preread_server_name` in both: the same certificate
+    reached for each name and the same log lines (names, ALPN list, upstream, status)."""
+    a, b = TlsBackend(tmp_path, "a.test"), TlsBackend(tmp_path, "b.test")
+    dead = dead_port()
+    try:
+        ports = {"g": free_port(), "n": free_port()}
+        body = lambda side: SNI_STREAM.format(a=a.port, b=b.port, dead=dead, p=ports[side])
+        srv = gannet.start(conf=conf(body("g"), load=True))
+        ng_tmp = tmp_path / "nginx"
+        nginx = NginxPeer(conf(body("n"), load=True), free_port(), tmp_path, ng_tmp)
+        try:
+            logs = {}
+            for side, tmp in (("g", srv.tmp), ("n", ng_tmp)):
+                subjects = [subject_via(ports[side], name) for name in ("a.test", "b.test", "c.test")]
+                assert "CN = a.test" in subjects[0] and "CN = b.test" in subjects[1] and subjects[2] == "", (side, subjects)
+                log = tmp / "sni.log"
+                assert wait_until(lambda: log.exists() and len(log.read_text().splitlines()) == 3), side
+                logs[side] = log.read_text().splitlines()
+            assert logs["g"] == logs["n"]
+        finally:
+            nginx.stop()
+    finally:
+        a.stop()
+        b.stop()
+
+
+@pytest.mark.skipif(NGINX is None or not os.path.exists(STREAM_MODULE) or DNSMASQ is None or DIG is None,
+                    reason="needs nginx, libnginx-mod-stream, dnsmasq and dig")
+def test_differential_udp(gannet, tmp_path):
+    """DNS over UDP through both proxies: the same answer and log line (protocol, status,
+    byte counts, upstream), and with a dead upstream and `proxy_responses 1` a 502."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("192.0.2.9 db.test\n")
+    dns_port, dead = free_port(), dead_port()
+    dns = subprocess.Popen([DNSMASQ, "-k", "--conf-file=/dev/null", "--no-resolv", "--no-hosts", f"--addn-hosts={hosts}",
+                            f"--port={dns_port}", "--listen-address=127.0.0.1", "--bind-interfaces", "--local=/test/",
+                            "--user=root", "--group=root", "--pid-file="], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    ports = {"g": (free_port(), free_port()), "n": (free_port(), free_port())}
+    body = lambda side: (f"server {{ listen 127.0.0.1:{ports[side][0]} udp; proxy_responses 1; proxy_timeout 1s; proxy_pass 127.0.0.1:{dns_port}; }}\n"
+                         f"server {{ listen 127.0.0.1:{ports[side][1]} udp; proxy_responses 1; proxy_timeout 1s; proxy_pass 127.0.0.1:{dead}; }}")
+    try:
+        srv = gannet.start(conf=conf(body("g"), load=True))
+        ng_tmp = tmp_path / "nginx"
+        nginx = NginxPeer(conf(body("n"), load=True), free_port(), tmp_path, ng_tmp)
+        try:
+            logs = {}
+            for side, tmp in (("g", srv.tmp), ("n", ng_tmp)):
+                dig = lambda port: subprocess.run([DIG, "@127.0.0.1", "-p", str(port), "+short", "+tries=1", "+time=3", "+noedns", "db.test"],
+                                                  capture_output=True, text=True, timeout=30).stdout.strip()
+                assert wait_until(lambda: dig(ports[side][0]) == "192.0.2.9", deadline=10), side
+                assert dig(ports[side][1]) != "192.0.2.9"
+                lines = log_lines(tmp, 2)
+                logs[side] = sorted(l.split(" ", 2)[2].rsplit('"', 1)[0] for l in lines)
+            assert logs["g"] == logs["n"], logs
+        finally:
+            nginx.stop()
+    finally:
+        dns.kill()
+        dns.wait()

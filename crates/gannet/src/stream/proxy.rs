@@ -619,9 +619,18 @@ async fn run_udp(
                     }
                 }
                 Err(e) => {
-                    crate::errlog::error(format_args!("*{} recv() failed ({e}) while proxying connection, {}", s.id, client_text(s)));
-                    s.status = 502;
-                    break;
+                    // An ICMP error (a closed port): nginx counts it as the datagram's reply,
+                    // so with `proxy_responses` met the session ends with 200.
+                    crate::errlog::error(format_args!(
+                        "*{} recv() failed ({}) while proxying and reading from upstream, {}",
+                        s.id,
+                        crate::conn::temp_file::errno_text(&e),
+                        client_text(s)
+                    ));
+                    responses += 1;
+                    if done(requests, responses) {
+                        break;
+                    }
                 }
             },
             _ = tokio::time::sleep_until(deadline) => {
