@@ -12,6 +12,7 @@ without opening a stream session itself.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -470,3 +471,34 @@ def test_differential_udp(gannet, tmp_path):
     finally:
         dns.kill()
         dns.wait()
+
+
+@pytest.mark.skipif(NGINX is None or not os.path.exists(STREAM_MODULE), reason="needs nginx and libnginx-mod-stream")
+def test_differential_proxy_protocol_listen_and_realip(gannet, tmp_path, echo):
+    """`listen ... proxy_protocol` with `set_real_ip_from`: the header's address decides
+    `allow`/`deny` and is logged; a broken header is a 400; the same in both servers."""
+    ports = {"g": free_port(), "n": free_port()}
+    body = lambda side: (
+        "log_format pp '$remote_addr:$remote_port $proxy_protocol_addr $proxy_protocol_server_port $realip_remote_addr $status $bytes_received';\n"
+        f"server {{ listen 127.0.0.1:{ports[side]} proxy_protocol; set_real_ip_from 127.0.0.1; allow 203.0.113.0/24; deny all;\n"
+        f"  access_log {{tmp}}/pp.log pp; proxy_pass 127.0.0.1:{echo.ports[0]}; }}")
+    srv = gannet.start(conf=conf(body("g"), load=True))
+    ng_tmp = tmp_path / "nginx"
+    nginx = NginxPeer(conf(body("n"), load=True), free_port(), tmp_path, ng_tmp)
+    try:
+        logs = {}
+        for side, tmp in (("g", srv.tmp), ("n", ng_tmp)):
+            p = ports[side]
+            assert talk(p, b"PROXY TCP4 203.0.113.5 192.0.2.1 5555 443\r\nhi") == b"[0]hi"
+            assert talk(p, b"PROXY TCP4 198.51.100.1 192.0.2.1 5555 443\r\nhi") == b""
+            assert talk(p, b"PROXY garbage\r\nhi") == b""
+            log = tmp / "pp.log"
+            assert wait_until(lambda: log.exists() and len(log.read_text().splitlines()) == 3), side
+            # The client's own port differs from run to run.
+            logs[side] = [re.sub(r"^127\.0\.0\.1:\d+", "127.0.0.1:P", l) for l in log.read_text().splitlines()]
+        assert logs["g"] == logs["n"]
+        assert logs["g"][2] == "127.0.0.1:P - - 127.0.0.1 400 0"
+        assert logs["g"][:2] == ["203.0.113.5:5555 203.0.113.5 443 127.0.0.1 200 2",
+                                 "198.51.100.1:5555 198.51.100.1 443 127.0.0.1 403 0"]
+    finally:
+        nginx.stop()

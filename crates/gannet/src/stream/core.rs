@@ -36,7 +36,7 @@ pub struct LoadCtx {
 }
 
 /// A server's settings (the stream level's, then each server's over them).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ServerConf {
     pub proxy: ProxyConf,
     pub access: Rules,
@@ -47,6 +47,25 @@ pub struct ServerConf {
     pub preread: Preread,
     pub limits: super::limit_conn::Limits,
     pub ssl: super::ssl::SslConf,
+    pub realip: super::realip::Trusted,
+    pub proxy_protocol_timeout: Duration,
+}
+
+impl Default for ServerConf {
+    fn default() -> ServerConf {
+        ServerConf {
+            proxy: Default::default(),
+            access: Default::default(),
+            access_own: false,
+            logs: Vec::new(),
+            logs_own: false,
+            preread: Default::default(),
+            limits: Default::default(),
+            ssl: Default::default(),
+            realip: Default::default(),
+            proxy_protocol_timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 /// A `server {}` block, loaded.
@@ -101,6 +120,11 @@ pub fn apply(
         }
         n if n.starts_with("ssl_") && n != "ssl_preread" => {
             super::ssl::set(d, &mut c.ssl, &mut ctx.http.borrow_mut())?
+        }
+        "set_real_ip_from" => c.realip.add(d)?,
+        "proxy_protocol_timeout" => {
+            one()?;
+            c.proxy_protocol_timeout = Duration::from_millis(setters::msec_arg(d, 0)?);
         }
         "ssl_preread" => {
             one()?;
@@ -200,11 +224,6 @@ fn listen(d: &Directive) -> Result<Listen, ConfError> {
     for a in &rest.args[1..] {
         let key = a.split('=').next().unwrap_or_default();
         match key {
-            "proxy_protocol" => {
-                return Err(d.error(format!(
-                    "the \"{key}\" parameter of a stream \"listen\" is not supported yet"
-                )))
-            }
             "default_server" | "default" | "http2" | "deferred" | "quic" => {
                 return Err(d.error(format!("invalid parameter \"{a}\"")))
             }
@@ -222,10 +241,10 @@ fn listen(d: &Directive) -> Result<Listen, ConfError> {
 /// Serve one accepted TCP connection of stream server `idx`.
 pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, idx: usize) {
     let found = w.config.stream.as_ref().and_then(|s| {
-        let ssl = s.listens.get(idx)?.ssl;
-        Some((s.servers.get(idx)?.clone(), ssl))
+        let l = s.listens.get(idx)?;
+        Some((s.servers.get(idx)?.clone(), l.ssl, l.proxy_protocol))
     });
-    let Some((srv, ssl)) = found else {
+    let Some((srv, ssl, pp)) = found else {
         w.connection_closed();
         return;
     };
@@ -234,7 +253,7 @@ pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketA
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let mut s = Session::new(Worker::next_conn_id(), peer, local, false);
     if let Ok(client) = tokio::net::TcpStream::from_std(stream) {
-        run_tcp(&w, &srv, client, ssl, &mut s).await;
+        run_tcp(&w, &srv, client, (ssl, pp), &mut s).await;
     } else {
         s.status = 500;
     }
@@ -246,10 +265,28 @@ async fn run_tcp(
     w: &Rc<Worker>,
     srv: &Server,
     mut client: tokio::net::TcpStream,
-    ssl: bool,
+    (ssl, pp): (bool, bool),
     s: &mut Session,
 ) {
     let c = &srv.conf;
+    if pp {
+        let who = crate::conn::proxy_protocol::Who {
+            id: s.id,
+            peer: s.peer,
+            local: s.local,
+        };
+        let start = std::time::Instant::now();
+        match crate::conn::proxy_protocol::read_for(&client, &who, c.proxy_protocol_timeout).await {
+            Ok(addrs) => s.proxy_protocol = addrs,
+            // nginx: a timeout ends the session with 200, a broken header with 400.
+            Err(()) if start.elapsed() >= c.proxy_protocol_timeout => return,
+            Err(()) => {
+                s.status = 400;
+                return;
+            }
+        }
+        c.realip.apply(s);
+    }
     let Some(_held) = enter(srv, s) else { return };
     if !check_access(srv, s) {
         return;

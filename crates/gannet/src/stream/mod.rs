@@ -10,6 +10,7 @@
 //! - [`access`]: `allow` / `deny` (ngx_stream_access_module);
 //! - [`limit_conn`]: `limit_conn_zone` / `limit_conn` (ngx_stream_limit_conn_module);
 //! - [`log`]: `log_format` / `access_log` (ngx_stream_log_module);
+//! - [`realip`]: `set_real_ip_from` (ngx_stream_realip_module);
 //! - [`ssl`]: TLS terminated on `listen ... ssl` (ngx_stream_ssl_module);
 //! - [`ssl_preread`]: the ClientHello's fields without terminating TLS
 //!   (ngx_stream_ssl_preread_module);
@@ -27,6 +28,7 @@ pub mod limit_conn;
 pub mod log;
 pub mod map;
 pub mod proxy;
+pub mod realip;
 pub mod ssl;
 pub mod ssl_preread;
 pub mod upstream;

@@ -37,6 +37,12 @@ pub enum Var {
     UpstreamSessionTime,
     SslPrereadServerName,
     SslPrereadAlpnProtocols,
+    ProxyProtocolAddr,
+    ProxyProtocolPort,
+    ProxyProtocolServerAddr,
+    ProxyProtocolServerPort,
+    RealipRemoteAddr,
+    RealipRemotePort,
     SslProtocol,
     SslCipher,
     SslServerName,
@@ -71,6 +77,12 @@ impl Var {
             "upstream_session_time" => Var::UpstreamSessionTime,
             "ssl_preread_server_name" => Var::SslPrereadServerName,
             "ssl_preread_alpn_protocols" => Var::SslPrereadAlpnProtocols,
+            "proxy_protocol_addr" => Var::ProxyProtocolAddr,
+            "proxy_protocol_port" => Var::ProxyProtocolPort,
+            "proxy_protocol_server_addr" => Var::ProxyProtocolServerAddr,
+            "proxy_protocol_server_port" => Var::ProxyProtocolServerPort,
+            "realip_remote_addr" => Var::RealipRemoteAddr,
+            "realip_remote_port" => Var::RealipRemotePort,
             "ssl_protocol" => Var::SslProtocol,
             "ssl_cipher" => Var::SslCipher,
             "ssl_server_name" => Var::SslServerName,
@@ -108,6 +120,10 @@ pub struct Session {
     /// a log line, as nginx writes them).
     pub sni: Option<String>,
     pub alpn: Option<String>,
+    /// The PROXY protocol header of `listen ... proxy_protocol`.
+    pub proxy_protocol: Option<std::sync::Arc<crate::conn::proxy_protocol::ProxyAddrs>>,
+    /// The connection's own client address when `set_real_ip_from` replaced it.
+    pub realip_from: Option<SocketAddr>,
     /// The handshake of `listen ... ssl` (empty without one).
     pub ssl_protocol: &'static str,
     pub ssl_cipher: &'static str,
@@ -128,6 +144,8 @@ impl Session {
             attempts: Vec::new(),
             sni: None,
             alpn: None,
+            proxy_protocol: None,
+            realip_from: None,
             ssl_protocol: "",
             ssl_cipher: "",
             ssl_server_name: String::new(),
@@ -250,6 +268,10 @@ fn found(v: Var, s: &Session) -> bool {
         | Var::UpstreamSessionTime => !s.attempts.is_empty(),
         Var::SslPrereadServerName | Var::SslPrereadAlpnProtocols => s.sni.is_some(),
         Var::SslProtocol | Var::SslCipher | Var::SslServerName => !s.ssl_protocol.is_empty(),
+        Var::ProxyProtocolAddr
+        | Var::ProxyProtocolPort
+        | Var::ProxyProtocolServerAddr
+        | Var::ProxyProtocolServerPort => s.proxy_protocol.is_some(),
         _ => true,
     }
 }
@@ -332,10 +354,35 @@ fn append(out: &mut String, v: Var, s: &Session, maps: &Maps, depth: usize) {
         Var::UpstreamSessionTime => list(out, s, |o, a| opt_secs(o, a.session)),
         Var::SslPrereadServerName => out.push_str(s.sni.as_deref().unwrap_or_default()),
         Var::SslPrereadAlpnProtocols => out.push_str(s.alpn.as_deref().unwrap_or_default()),
+        Var::ProxyProtocolAddr => pp(out, s, |p, o| o.push_str(&p.addr)),
+        Var::ProxyProtocolPort => pp(out, s, |p, o| {
+            let _ = write!(o, "{}", p.port);
+        }),
+        Var::ProxyProtocolServerAddr => pp(out, s, |p, o| o.push_str(&p.server_addr)),
+        Var::ProxyProtocolServerPort => pp(out, s, |p, o| {
+            let _ = write!(o, "{}", p.server_port);
+        }),
+        Var::RealipRemoteAddr => {
+            let a = s.realip_from.unwrap_or(s.peer);
+            let _ = write!(out, "{}", crate::http::cidr::unmapped(a.ip()));
+        }
+        Var::RealipRemotePort => {
+            let _ = write!(out, "{}", s.realip_from.unwrap_or(s.peer).port());
+        }
         Var::SslProtocol => out.push_str(s.ssl_protocol),
         Var::SslCipher => out.push_str(s.ssl_cipher),
         Var::SslServerName => out.push_str(&s.ssl_server_name),
         Var::Map(i) => maps.append(i, out, s, depth),
+    }
+}
+
+fn pp(
+    out: &mut String,
+    s: &Session,
+    f: impl Fn(&crate::conn::proxy_protocol::ProxyAddrs, &mut String),
+) {
+    if let Some(p) = &s.proxy_protocol {
+        f(p, out);
     }
 }
 
