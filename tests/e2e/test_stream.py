@@ -502,3 +502,32 @@ def test_differential_proxy_protocol_listen_and_realip(gannet, tmp_path, echo):
                                  "198.51.100.1:5555 198.51.100.1 443 127.0.0.1 403 0"]
     finally:
         nginx.stop()
+
+
+@pytest.mark.skipif(NGINX is None or not os.path.exists(STREAM_MODULE), reason="needs nginx and libnginx-mod-stream")
+def test_differential_return_and_split_clients(gannet, tmp_path):
+    """`return` with `split_clients` and `map` values, over TCP and UDP: the same text from
+    both servers (the shares hash as nginx's MurmurHash2), and the same log line."""
+    ports = {"g": (free_port(), free_port()), "n": (free_port(), free_port())}
+    body = lambda side: (
+        'split_clients "$remote_addr" $a { 33.3% one; 33.3% two; * three; }\n'
+        'split_clients "${remote_addr}x$protocol" $b { 0.5% one; 70% two; }\n'
+        "map $b $c { two deux; default autre; }\n"
+        f"server {{ listen 127.0.0.1:{ports[side][0]}; return \"$a $b $c $protocol\\n\"; }}\n"
+        f"server {{ listen 127.0.0.1:{ports[side][1]} udp; return \"$a $b $c $protocol\\n\"; }}")
+    srv = gannet.start(conf=conf(body("g"), load=True))
+    ng_tmp = tmp_path / "nginx"
+    nginx = NginxPeer(conf(body("n"), load=True), free_port(), tmp_path, ng_tmp)
+    try:
+        got = {}
+        for side, tmp in (("g", srv.tmp), ("n", ng_tmp)):
+            tcp = talk(ports[side][0], b"")
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+                u.settimeout(5)
+                u.sendto(b"ping", ("127.0.0.1", ports[side][1]))
+                udp = u.recv(100)
+            got[side] = (tcp, udp, sorted(l.split(" ", 1)[1] for l in log_lines(tmp, 2)))
+        assert got["g"] == got["n"], got
+        assert got["g"][0].decode().split(" ")[3] == "TCP\n" and got["g"][1].decode().split(" ")[3] == "UDP\n", got
+    finally:
+        nginx.stop()

@@ -49,6 +49,9 @@ pub struct ServerConf {
     pub ssl: super::ssl::SslConf,
     pub realip: super::realip::Trusted,
     pub proxy_protocol_timeout: Duration,
+    /// `return`'s text when it is the server's content handler (written after any
+    /// `proxy_pass`).
+    pub ret: Option<super::variables::Template>,
 }
 
 impl Default for ServerConf {
@@ -64,6 +67,7 @@ impl Default for ServerConf {
             ssl: Default::default(),
             realip: Default::default(),
             proxy_protocol_timeout: Duration::from_secs(30),
+            ret: None,
         }
     }
 }
@@ -138,8 +142,22 @@ pub fn apply(
             one()?;
             c.preread.buffer_size = setters::size_arg(d, 0)?.max(1) as usize;
         }
-        "proxy_pass" if !in_server => {
-            return Err(d.error("\"proxy_pass\" directive is not allowed here"))
+        "proxy_pass" | "return" if !in_server => {
+            return Err(d.error(format!("\"{}\" directive is not allowed here", d.name)))
+        }
+        "return" => {
+            one()?;
+            if c.ret.is_some() {
+                return Err(d.error("\"return\" directive is duplicate"));
+            }
+            let t = super::variables::Template::compile(&d.args[0], &ctx.maps)
+                .map_err(|e| d.error(e))?;
+            c.ret = Some(t);
+        }
+        "proxy_pass" => {
+            super::proxy::set(d, &mut c.proxy, ctx)?;
+            // The last content handler written wins, as in nginx.
+            c.ret = None;
         }
         n if n.starts_with("proxy_") => super::proxy::set(d, &mut c.proxy, ctx)?,
         "listen" | "server_name" if !in_server => {
@@ -177,7 +195,7 @@ pub fn server(
     if listens.is_empty() {
         return Err(d.error("no \"listen\" is defined for server"));
     }
-    if conf.proxy.pass.is_none() {
+    if conf.proxy.pass.is_none() && conf.ret.is_none() {
         return Err(d.error("no handler for server"));
     }
     let tls = match listens.iter().any(|l| l.ssl) {
@@ -293,7 +311,10 @@ async fn run_tcp(
     }
     if let (true, Some(tls)) = (ssl, &srv.tls) {
         match super::ssl::handshake(tls, c.ssl.handshake_timeout, client, s).await {
-            Some(tls) => super::proxy::tcp(w, srv, tls, Vec::new(), s).await,
+            Some(mut tls) => match &c.ret {
+                Some(t) => super::return_::tcp(&mut tls, &t.eval(s, &srv.maps), s).await,
+                None => super::proxy::tcp(w, srv, tls, Vec::new(), s).await,
+            },
             None => s.status = 500,
         }
         return;
@@ -305,7 +326,10 @@ async fn run_tcp(
             return;
         }
     }
-    super::proxy::tcp(w, srv, client, head, s).await;
+    match &c.ret {
+        Some(t) => super::return_::tcp(&mut client, &t.eval(s, &srv.maps), s).await,
+        None => super::proxy::tcp(w, srv, client, head, s).await,
+    }
 }
 
 /// The preaccess phase (`limit_conn`): the session's places in its zones, or `None` (and

@@ -3,6 +3,10 @@
 //! worked out when the variable is read, as nginx's (not cached: a session reads a map a
 //! couple of times at most). `hostnames` and `volatile` are accepted; `hostnames`' wildcard
 //! keys are matched as nginx does for `.example.com` and `*.example.com`.
+//!
+//! `split_clients "KEY" $variable { 10% a; * b; }` (nginx's ngx_stream_split_clients_module)
+//! defines its variable here too, with the http module's shares (MurmurHash2 of the key, as
+//! nginx's), so both kinds of variable share one index.
 
 use super::variables::{Session, Template};
 use crate::http::regex::Regex;
@@ -15,7 +19,13 @@ const MAX_DEPTH: usize = 16;
 #[derive(Debug, Default)]
 pub struct Maps {
     names: Vec<String>,
-    defs: Vec<Map>,
+    defs: Vec<Def>,
+}
+
+#[derive(Debug)]
+enum Def {
+    Map(Map),
+    Split(Template, crate::modules::split_clients::Shares),
 }
 
 #[derive(Debug)]
@@ -35,12 +45,16 @@ impl Maps {
         self.names.iter().position(|n| n == name)
     }
 
-    /// Read every `map` of the stream block: names first, so values may read any map.
+    /// Read every `map` and `split_clients` of the stream block: names first, so values
+    /// may read any of them.
     pub fn build(blocks: &[&Directive]) -> Result<Maps, ConfError> {
         let mut maps = Maps::default();
         for d in blocks {
-            if d.args.len() != 2 {
-                return Err(d.error("invalid number of arguments in \"map\" directive"));
+            if d.args.len() != 2 || d.block.is_none() {
+                return Err(d.error(format!(
+                    "invalid number of arguments in \"{}\" directive",
+                    d.name
+                )));
             }
             let name = d.args[1]
                 .strip_prefix('$')
@@ -51,7 +65,12 @@ impl Maps {
             maps.names.push(name.to_string());
         }
         for d in blocks {
-            let def = maps.parse(d)?;
+            let def = if d.name == "split_clients" {
+                let key = Template::compile(&d.args[0], &maps).map_err(|e| d.error(e))?;
+                Def::Split(key, crate::modules::split_clients::shares(d)?)
+            } else {
+                Def::Map(maps.parse(d)?)
+            };
             maps.defs.push(def);
         }
         Ok(maps)
@@ -124,10 +143,19 @@ impl Maps {
 
     /// Append the value of map `i` for the session.
     pub fn append(&self, i: usize, out: &mut String, s: &Session, depth: usize) {
-        let Some(m) = self.defs.get(i) else { return };
         if depth >= MAX_DEPTH {
             return;
         }
+        let m = match self.defs.get(i) {
+            Some(Def::Map(m)) => m,
+            Some(Def::Split(key, shares)) => {
+                let mut k = String::new();
+                key.append_to(&mut k, s, self, depth + 1);
+                out.push_str(shares.pick(&k));
+                return;
+            }
+            None => return,
+        };
         let mut key = String::new();
         m.source.append_to(&mut key, s, self, depth + 1);
         let found = m.exact.get(&key).or_else(|| self.by_name(m, &key));

@@ -10,11 +10,13 @@
 //! - [`access`]: `allow` / `deny` (ngx_stream_access_module);
 //! - [`limit_conn`]: `limit_conn_zone` / `limit_conn` (ngx_stream_limit_conn_module);
 //! - [`log`]: `log_format` / `access_log` (ngx_stream_log_module);
+//! - [`return_`]: `return` (ngx_stream_return_module);
 //! - [`realip`]: `set_real_ip_from` (ngx_stream_realip_module);
 //! - [`ssl`]: TLS terminated on `listen ... ssl` (ngx_stream_ssl_module);
 //! - [`ssl_preread`]: the ClientHello's fields without terminating TLS
 //!   (ngx_stream_ssl_preread_module);
-//! - [`map`]: `map` (ngx_stream_map_module);
+//! - [`map`]: `map` and `split_clients` (ngx_stream_map_module,
+//!   ngx_stream_split_clients_module);
 //! - [`variables`]: the variables and templates (ngx_stream_variables.c).
 //!
 //! The listening sockets are bound by the master with the HTTP ones (`runtime::listener`,
@@ -29,6 +31,8 @@ pub mod log;
 pub mod map;
 pub mod proxy;
 pub mod realip;
+#[path = "return.rs"]
+pub mod return_;
 pub mod ssl;
 pub mod ssl_preread;
 pub mod upstream;
@@ -58,7 +62,10 @@ pub fn build(
     notes: (&mut Vec<String>, &mut Vec<String>),
 ) -> Result<StreamConf, ConfError> {
     let body = d.block.as_deref().unwrap_or_default();
-    let maps: Vec<&Directive> = body.iter().filter(|d| d.name == "map").collect();
+    let maps: Vec<&Directive> = body
+        .iter()
+        .filter(|d| d.name == "map" || d.name == "split_clients")
+        .collect();
     let maps = Arc::new(map::Maps::build(&maps)?);
     let mut upstreams = std::collections::HashMap::new();
     for u in body.iter().filter(|d| d.name == "upstream") {
@@ -95,7 +102,7 @@ pub fn build(
     let mut top = core::ServerConf::default();
     for e in body {
         match e.name.as_str() {
-            "map" | "upstream" | "log_format" | "server" | "limit_conn_zone" => {}
+            "map" | "split_clients" | "upstream" | "log_format" | "server" | "limit_conn_zone" => {}
             _ => core::apply(e, &mut top, &ctx, false)?,
         }
     }

@@ -473,7 +473,18 @@ async fn udp_session(
 ) {
     if let Some(_held) = super::core::enter(&srv, &mut s) {
         if super::core::check_access(&srv, &mut s) {
-            run_udp(&w, &srv, &sock, &mut s, &mut rx, &sessions).await;
+            match &srv.conf.ret {
+                Some(t) => {
+                    if let Ok(d) = rx.try_recv() {
+                        s.bytes_received += d.len() as u64;
+                    }
+                    let text = t.eval(&s, &srv.maps);
+                    if sock.send_to(text.as_bytes(), s.peer).await.is_ok() {
+                        s.bytes_sent += text.len() as u64;
+                    }
+                }
+                None => run_udp(&w, &srv, &sock, &mut s, &mut rx, &sessions).await,
+            }
         }
     }
     let forget = |m: &mut HashMap<_, (u64, _)>| {
