@@ -531,3 +531,44 @@ def test_differential_return_and_split_clients(gannet, tmp_path):
         assert got["g"][0].decode().split(" ")[3] == "TCP\n" and got["g"][1].decode().split(" ")[3] == "UDP\n", got
     finally:
         nginx.stop()
+
+
+def test_sigusr1_reopens_the_stream_log(gannet, echo):
+    import signal
+    p = free_port()
+    srv = gannet.start(conf=conf(f"server {{ listen 127.0.0.1:{p}; proxy_pass 127.0.0.1:{echo.ports[0]}; }}"))
+    assert talk(p) == b"[0]hello"
+    log_lines(srv.tmp, 1)
+    (srv.tmp / "stream.log").rename(srv.tmp / "stream.log.1")
+    srv.proc.send_signal(signal.SIGUSR1)
+    assert wait_until(lambda: (srv.tmp / "stream.log").exists())
+    assert talk(p) == b"[0]hello"
+    assert len(log_lines(srv.tmp, 1)) == 1
+    assert len((srv.tmp / "stream.log.1").read_text().splitlines()) == 1
+
+
+def test_download_rate(gannet):
+    """`proxy_download_rate 2k`: 6 KiB from the upstream take about two seconds more than
+    the first second's budget lets through at once."""
+    big = socket.socket()
+    big.bind(("127.0.0.1", 0))
+    big.listen(1)
+
+    def serve():
+        c, _ = big.accept()
+        with c:
+            c.sendall(b"x" * 6144)
+
+    threading.Thread(target=serve, daemon=True).start()
+    p = free_port()
+    gannet.start(conf=conf(f"server {{ listen 127.0.0.1:{p}; proxy_download_rate 2k; proxy_pass 127.0.0.1:{big.getsockname()[1]}; }}"))
+    start = time.monotonic()
+    got = b""
+    with socket.create_connection(("127.0.0.1", p), timeout=10) as s:
+        while chunk := s.recv(65536):
+            got += chunk
+    took = time.monotonic() - start
+    big.close()
+    assert got == b"x" * 6144
+    # nginx's budget: rate * (seconds + 1), so 6k at 2k/s is done after about 2 s.
+    assert 1.5 <= took < 5, took

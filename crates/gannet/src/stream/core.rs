@@ -31,6 +31,8 @@ pub struct LoadCtx {
     pub upstreams: Arc<HashMap<String, Arc<Group>>>,
     pub formats: HashMap<String, Arc<Format>>,
     pub zones: HashMap<String, Arc<super::limit_conn::Zone>>,
+    /// Every access log opened, for reopening (SIGUSR1).
+    pub logs: std::cell::RefCell<Vec<Arc<Log>>>,
     /// The http side's load state, for the TLS setups (`ssl`).
     pub http: std::cell::RefCell<crate::modules::LoadCtx>,
 }

@@ -4,7 +4,8 @@
 //! variables are escaped as nginx does (`escape=default`: `"`, `\` and bytes outside
 //! printable ASCII as `\xXX`; `json`; `none`). `if=COND` skips lines whose condition is
 //! empty or `0`. Lines are written as the session ends (`buffer=`/`flush=` are accepted
-//! and write at once, which only makes lines appear sooner).
+//! and write at once, which only makes lines appear sooner). SIGUSR1 reopens the files with
+//! http's (`runtime::log_reopen`).
 
 use super::core::LoadCtx;
 use super::variables::{Session, Template};
@@ -30,6 +31,8 @@ pub struct Format {
 #[derive(Debug)]
 pub struct Log {
     file: File,
+    /// For reopening (SIGUSR1); `None` for an inherited descriptor (`/dev/stderr`).
+    path: Option<std::path::PathBuf>,
     format: Arc<Format>,
     filter: Option<Template>,
 }
@@ -89,14 +92,38 @@ pub fn access_log(d: &Directive, ctx: &LoadCtx) -> Result<Option<Arc<Log>>, Conf
     let file = target
         .open()
         .map_err(|e| d.error(format!("open() \"{}\" failed ({e})", target.display())))?;
-    Ok(Some(Arc::new(Log {
+    let log = Arc::new(Log {
         file,
+        path: target.path().map(|p| p.to_path_buf()),
         format,
         filter,
-    })))
+    });
+    ctx.logs.borrow_mut().push(log.clone());
+    Ok(Some(log))
 }
 
 impl Log {
+    /// Reopen the file by its name (SIGUSR1, `runtime::log_reopen`).
+    pub fn reopen(&self) -> std::io::Result<()> {
+        match &self.path {
+            Some(p) => crate::runtime::log_reopen::reopen_in_place(&self.file, p),
+            None => Ok(()),
+        }
+    }
+
+    /// The descriptor [`Log::reopen`] replaces, if the file was opened by name.
+    pub fn reopened_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.path
+            .as_ref()
+            .map(|_| std::os::fd::AsRawFd::as_raw_fd(&self.file))
+    }
+
+    pub fn name(&self) -> String {
+        self.path
+            .as_ref()
+            .map_or_else(String::new, |p| p.display().to_string())
+    }
+
     /// Write the session's line.
     pub fn write(&self, s: &Session, maps: &super::map::Maps) {
         if let Some(f) = &self.filter {

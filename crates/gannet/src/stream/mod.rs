@@ -50,6 +50,8 @@ pub struct StreamConf {
     /// per address in stream: there is no name to tell them apart).
     pub listens: Vec<Listen>,
     pub servers: Vec<Arc<core::Server>>,
+    /// Every access log, for reopening (SIGUSR1).
+    pub logs: Vec<Arc<log::Log>>,
 }
 
 /// Build the `stream` block. `http`: the addresses http listens on (the same TCP address
@@ -83,6 +85,7 @@ pub fn build(
         upstreams: Arc::new(upstreams),
         formats: Default::default(),
         zones: Default::default(),
+        logs: Default::default(),
         http: std::cell::RefCell::new(crate::modules::LoadCtx::new(prefix)),
     };
     for z in body.iter().filter(|d| d.name == "limit_conn_zone") {
@@ -109,6 +112,7 @@ pub fn build(
     let mut out = StreamConf {
         listens: Vec::new(),
         servers: Vec::new(),
+        logs: Vec::new(),
     };
     for s in body.iter().filter(|d| d.name == "server") {
         let (server, listens) = core::server(s, &top, &ctx)?;
@@ -122,6 +126,7 @@ pub fn build(
             out.servers.push(server.clone());
         }
     }
+    out.logs = ctx.logs.take();
     let mut h = ctx.http.borrow_mut();
     notes.0.append(&mut h.notices);
     notes.1.append(&mut h.warnings);
