@@ -572,3 +572,29 @@ def test_download_rate(gannet):
     assert got == b"x" * 6144
     # nginx's budget: rate * (seconds + 1), so 6k at 2k/s is done after about 2 s.
     assert 1.5 <= took < 5, took
+
+
+@pytest.mark.skipif(NGINX is None or not os.path.exists(STREAM_MODULE), reason="needs nginx and libnginx-mod-stream")
+def test_differential_variable_pass(gannet, tmp_path, echo):
+    """`proxy_pass $var`: a group's name, an address, and a host name (502 without a
+    `resolver`, nginx's "no resolver defined") give the same answers and lines in both."""
+    a = echo.ports[0]
+    ports = {"g": [free_port() for _ in range(3)], "n": [free_port() for _ in range(3)]}
+    body = lambda side: (
+        f"upstream grp {{ server 127.0.0.1:{a}; }}\n"
+        "map $server_port $to {\n" +
+        f"  {ports[side][0]} grp; {ports[side][1]} 127.0.0.1:{a}; default localhost:{a};\n" + "}\n" +
+        "".join(f"server {{ listen 127.0.0.1:{p}; proxy_pass $to; }}\n" for p in ports[side]))
+    srv = gannet.start(conf=conf(body("g"), load=True))
+    ng_tmp = tmp_path / "nginx"
+    nginx = NginxPeer(conf(body("n"), load=True), free_port(), tmp_path, ng_tmp)
+    try:
+        got = {}
+        for side, tmp in (("g", srv.tmp), ("n", ng_tmp)):
+            answers = [talk(p) for p in ports[side]]
+            got[side] = (answers, log_lines(tmp, 3))
+            assert "no resolver defined to resolve localhost" in (tmp / "error.log").read_text(), side
+        assert got["g"] == got["n"], got
+        assert got["g"][0] == [b"[0]hello", b"[0]hello", b""]
+    finally:
+        nginx.stop()

@@ -374,7 +374,6 @@ async fn accept_loop(w: Rc<Worker>, listener: AsyncFd<StdListener>, group: usize
                         ));
                     }
                     Some(k) => {
-                        let _ = stream.set_nonblocking(true);
                         tokio::task::spawn_local(crate::stream::core::serve_tcp(
                             w.clone(),
                             stream,

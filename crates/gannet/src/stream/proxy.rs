@@ -13,7 +13,8 @@
 //! N+1th datagram of a client start a new session.
 //!
 //! `$status`: 200 a session that ran, 502 when no upstream could be reached, 500 an
-//! internal error (nginx's codes).
+//! internal error or a `proxy_pass $var` naming neither a group nor an address (nginx's
+//! codes).
 
 use super::core::{LoadCtx, Server};
 use super::upstream::Group;
@@ -118,25 +119,31 @@ pub fn set(d: &Directive, c: &mut ProxyConf, ctx: &LoadCtx) -> Result<(), ConfEr
     Ok(())
 }
 
-/// The group a session goes to; `None` (502) when `proxy_pass $var` names neither a group
-/// nor an address.
-fn group_for(srv: &Server, s: &Session) -> Option<Arc<Group>> {
-    let conf = srv.conf.proxy.pass.as_ref()?;
+/// The group a session goes to; `Err(500)` when `proxy_pass $var` names neither a group
+/// nor an address (nginx without a `resolver`: "no resolver defined", 500).
+fn group_for(srv: &Server, s: &Session) -> Result<Arc<Group>, u16> {
+    let conf = srv.conf.proxy.pass.as_ref().ok_or(500u16)?;
     match conf {
-        Pass::Group(g) => Some(g.clone()),
+        Pass::Group(g) => Ok(g.clone()),
         Pass::Var(t) => {
             let name = t.eval(s, &srv.maps);
             if let Some(g) = srv.groups.get(&name) {
-                return Some(g.clone());
+                return Ok(g.clone());
             }
-            match Addr::parse(&name) {
-                // One group per address, kept: the balancer's state is per group.
+            // An address, not a name: nginx looks names up only through a `resolver`.
+            match Addr::parse(&name).filter(is_literal) {
+                // One group per address, kept: the balancer's state is per group. The
+                // addresses come from the session (a client may vary them), so the table
+                // starts over past a bound instead of growing.
                 Some(a) => {
                     let mut seen = srv.by_addr.lock().unwrap_or_else(|e| e.into_inner());
+                    if seen.len() >= MAX_VAR_GROUPS && !seen.contains_key(&name) {
+                        seen.clear();
+                    }
                     let g = seen
                         .entry(name)
                         .or_insert_with(|| Arc::new(super::upstream::single(a)));
-                    Some(g.clone())
+                    Ok(g.clone())
                 }
                 None => {
                     crate::errlog::error(format_args!(
@@ -144,10 +151,21 @@ fn group_for(srv: &Server, s: &Session) -> Option<Arc<Group>> {
                         s.id,
                         crate::http::cidr::unmapped(s.peer.ip())
                     ));
-                    None
+                    Err(500)
                 }
             }
         }
+    }
+}
+
+/// The most groups `proxy_pass $var` keeps for addresses (see `group_for`).
+const MAX_VAR_GROUPS: usize = 1024;
+
+/// `IP:port`, `[v6]:port` or `unix:PATH`.
+fn is_literal(a: &Addr) -> bool {
+    match a {
+        Addr::Unix(_) => true,
+        Addr::Tcp(t) => t.parse::<SocketAddr>().is_ok(),
     }
 }
 
@@ -189,9 +207,12 @@ async fn connect_upstream(
     s: &mut Session,
 ) -> Option<(Conn, crate::upstream::Lease, Arc<Group>, usize)> {
     let c = &srv.conf.proxy;
-    let Some(group) = group_for(srv, s) else {
-        s.status = 502;
-        return None;
+    let group = match group_for(srv, s) {
+        Ok(g) => g,
+        Err(status) => {
+            s.status = status;
+            return None;
+        }
     };
     let hash = group.hash_key(s, &srv.maps);
     let key = Key {
@@ -504,9 +525,12 @@ async fn udp_upstream(
     srv: &Server,
     s: &mut Session,
 ) -> Option<(UdpSocket, crate::upstream::Lease)> {
-    let Some(group) = group_for(srv, s) else {
-        s.status = 502;
-        return None;
+    let group = match group_for(srv, s) {
+        Ok(g) => g,
+        Err(status) => {
+            s.status = status;
+            return None;
+        }
     };
     let hash = group.hash_key(s, &srv.maps);
     let key = Key {
