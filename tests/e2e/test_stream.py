@@ -598,3 +598,34 @@ def test_differential_variable_pass(gannet, tmp_path, echo):
         assert got["g"][0] == [b"[0]hello", b"[0]hello", b""]
     finally:
         nginx.stop()
+
+
+def test_binary_upgrade_hands_over_tcp_and_udp_listeners(gannet, echo):
+    """USR2 then QUIT to the old master: the new one serves the stream addresses (a TCP and
+    a UDP socket on one port) with the sockets it inherited, none refused or ignored."""
+    import signal
+    p = free_port()
+    srv = gannet.start(conf=conf(
+        f"server {{ listen 127.0.0.1:{p}; proxy_pass 127.0.0.1:{echo.ports[0]}; }}\n"
+        f"server {{ listen 127.0.0.1:{p} udp; return \"udp $protocol\"; }}"))
+
+    def udp():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+            u.settimeout(2)
+            u.sendto(b"x", ("127.0.0.1", p))
+            return u.recv(100)
+
+    assert talk(p) == b"[0]hello" and udp() == b"udp UDP"
+    pid_file = srv.tmp / "server.pid"
+    read = lambda: int(pid_file.read_text()) if pid_file.exists() and pid_file.read_text().strip() else None
+    old = srv.proc.pid
+    srv.proc.send_signal(signal.SIGUSR2)
+    new = wait_until(lambda: read() not in (None, old) and read(), 15)
+    assert new, srv.error_log()[-2000:]
+    try:
+        srv.proc.send_signal(signal.SIGQUIT)
+        srv.proc.wait(15)
+        assert talk(p) == b"[0]hello" and udp() == b"udp UDP"
+        assert "inherited socket" not in srv.error_log()
+    finally:
+        os.kill(new, signal.SIGTERM)
