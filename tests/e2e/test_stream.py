@@ -194,6 +194,9 @@ def test_config_errors(gannet):
         ("server { listen 127.0.0.1:1; proxy_pass $nope; }", 'unknown "nope" variable'),
         ("access_log {tmp}/x.log;\nserver { listen 127.0.0.1:1; proxy_pass 127.0.0.1:2; }", "log format is not specified"),
         ("upstream u { ip_hash; server 127.0.0.1:2; }\nserver { listen 127.0.0.1:1; proxy_pass u; }", 'unknown directive "ip_hash"'),
+        ("geo $ { default a; }\nserver { listen 127.0.0.1:1; proxy_pass 127.0.0.1:2; }", 'invalid variable name "$"'),
+        ("map $x { default a; }\nserver { listen 127.0.0.1:1; proxy_pass 127.0.0.1:2; }", 'invalid number of arguments in "map" directive'),
+        ("geo $g { proxy 10.0.0.1; }\nserver { listen 127.0.0.1:1; proxy_pass 127.0.0.1:2; }", 'invalid network "proxy"'),
     ]
     for body, msg in cases:
         r = gannet.check(conf=conf(body))
@@ -506,15 +509,17 @@ def test_differential_proxy_protocol_listen_and_realip(gannet, tmp_path, echo):
 
 @pytest.mark.skipif(NGINX is None or not os.path.exists(STREAM_MODULE), reason="needs nginx and libnginx-mod-stream")
 def test_differential_return_and_split_clients(gannet, tmp_path):
-    """`return` with `split_clients` and `map` values, over TCP and UDP: the same text from
+    """`return` with `split_clients`, `geo` and `map` values, over TCP and UDP: the same text from
     both servers (the shares hash as nginx's MurmurHash2), and the same log line."""
     ports = {"g": (free_port(), free_port()), "n": (free_port(), free_port())}
     body = lambda side: (
         'split_clients "$remote_addr" $a { 33.3% one; 33.3% two; * three; }\n'
         'split_clients "${remote_addr}x$protocol" $b { 0.5% one; 70% two; }\n'
         "map $b $c { two deux; default autre; }\n"
-        f"server {{ listen 127.0.0.1:{ports[side][0]}; return \"$a $b $c $protocol\\n\"; }}\n"
-        f"server {{ listen 127.0.0.1:{ports[side][1]} udp; return \"$a $b $c $protocol\\n\"; }}")
+        "geo $g { default none; 10.0.0.0/8 ten; 127.0.0.0/8 local; 127.0.0.1/32 me; }\n"
+        "geo $remote_addr $r { ranges; default out; 127.0.0.0-127.0.0.5 low; }\n"
+        f"server {{ listen 127.0.0.1:{ports[side][0]}; return \"$a $b $c $g $r $protocol\\n\"; }}\n"
+        f"server {{ listen 127.0.0.1:{ports[side][1]} udp; return \"$a $b $c $g $r $protocol\\n\"; }}")
     srv = gannet.start(conf=conf(body("g"), load=True))
     ng_tmp = tmp_path / "nginx"
     nginx = NginxPeer(conf(body("n"), load=True), free_port(), tmp_path, ng_tmp)
@@ -528,7 +533,8 @@ def test_differential_return_and_split_clients(gannet, tmp_path):
                 udp = u.recv(100)
             got[side] = (tcp, udp, sorted(l.split(" ", 1)[1] for l in log_lines(tmp, 2)))
         assert got["g"] == got["n"], got
-        assert got["g"][0].decode().split(" ")[3] == "TCP\n" and got["g"][1].decode().split(" ")[3] == "UDP\n", got
+        assert got["g"][0].decode().split(" ")[3:] == ["me", "low", "TCP\n"], got
+        assert got["g"][1].decode().split(" ")[5] == "UDP\n", got
     finally:
         nginx.stop()
 

@@ -4,6 +4,9 @@
 //! couple of times at most). `hostnames` and `volatile` are accepted; `hostnames`' wildcard
 //! keys are matched as nginx does for `.example.com` and `*.example.com`.
 //!
+//! `geo [$address] $variable { ... }` (nginx's ngx_stream_geo_module) uses the http
+//! module's tables (networks or `ranges`, `default`, `delete`, `include`).
+//!
 //! `split_clients "KEY" $variable { 10% a; * b; }` (nginx's ngx_stream_split_clients_module)
 //! defines its variable here too, with the http module's shares (MurmurHash2 of the key, as
 //! nginx's), so both kinds of variable share one index.
@@ -26,6 +29,8 @@ pub struct Maps {
 enum Def {
     Map(Map),
     Split(Template, crate::modules::split_clients::Shares),
+    /// `geo [$address] $var { ... }`: the http module's table; no `$address`: the client's.
+    Geo(Option<Template>, crate::modules::geo::Geo),
 }
 
 #[derive(Debug)]
@@ -47,25 +52,39 @@ impl Maps {
 
     /// Read every `map` and `split_clients` of the stream block: names first, so values
     /// may read any of them.
-    pub fn build(blocks: &[&Directive]) -> Result<Maps, ConfError> {
+    pub fn build(blocks: &[&Directive], notices: &mut Vec<String>) -> Result<Maps, ConfError> {
         let mut maps = Maps::default();
         for d in blocks {
-            if d.args.len() != 2 || d.block.is_none() {
+            let geo_one = d.name == "geo" && d.args.len() == 1;
+            if !(d.args.len() == 2 || geo_one) || d.block.is_none() {
                 return Err(d.error(format!(
                     "invalid number of arguments in \"{}\" directive",
                     d.name
                 )));
             }
-            let name = d.args[1]
+            let var = d.args.last().map_or("", String::as_str);
+            let name = var
                 .strip_prefix('$')
-                .ok_or_else(|| d.error(format!("invalid variable name \"{}\"", d.args[1])))?;
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| d.error(format!("invalid variable name \"{var}\"")))?;
             if maps.index(name).is_some() || super::variables::Var::from_name(name).is_some() {
                 return Err(d.error(format!("duplicate \"{name}\" variable")));
             }
             maps.names.push(name.to_string());
         }
         for d in blocks {
-            let def = if d.name == "split_clients" {
+            let def = if d.name == "geo" {
+                // nginx's stream geo has no X-Forwarded-For: `proxy` lines are not its.
+                let body = d.block.iter().flatten();
+                if let Some(e) = body.into_iter().find(|e| e.name.starts_with("proxy")) {
+                    return Err(e.error(format!("invalid network \"{}\"", e.name)));
+                }
+                let source = match d.args.len() {
+                    2 => Some(Template::compile(&d.args[0], &maps).map_err(|e| d.error(e))?),
+                    _ => None,
+                };
+                Def::Geo(source, crate::modules::geo::parse(d, None, notices)?)
+            } else if d.name == "split_clients" {
                 let key = Template::compile(&d.args[0], &maps).map_err(|e| d.error(e))?;
                 Def::Split(key, crate::modules::split_clients::shares(d)?)
             } else {
@@ -148,6 +167,18 @@ impl Maps {
         }
         let m = match self.defs.get(i) {
             Some(Def::Map(m)) => m,
+            Some(Def::Geo(source, geo)) => {
+                let addr = match source {
+                    None => Some(s.peer.ip()),
+                    Some(t) => {
+                        let mut a = String::new();
+                        t.append_to(&mut a, s, self, depth + 1);
+                        a.parse().ok()
+                    }
+                };
+                out.push_str(&geo.lookup(addr));
+                return;
+            }
             Some(Def::Split(key, shares)) => {
                 let mut k = String::new();
                 key.append_to(&mut k, s, self, depth + 1);

@@ -15,8 +15,8 @@
 //! - [`ssl`]: TLS terminated on `listen ... ssl` (ngx_stream_ssl_module);
 //! - [`ssl_preread`]: the ClientHello's fields without terminating TLS
 //!   (ngx_stream_ssl_preread_module);
-//! - [`map`]: `map` and `split_clients` (ngx_stream_map_module,
-//!   ngx_stream_split_clients_module);
+//! - [`map`]: `map`, `geo` and `split_clients` (ngx_stream_map_module,
+//!   ngx_stream_geo_module, ngx_stream_split_clients_module);
 //! - [`variables`]: the variables and templates (ngx_stream_variables.c).
 //!
 //! The listening sockets are bound by the master with the HTTP ones (`runtime::listener`,
@@ -66,9 +66,9 @@ pub fn build(
     let body = d.block.as_deref().unwrap_or_default();
     let maps: Vec<&Directive> = body
         .iter()
-        .filter(|d| d.name == "map" || d.name == "split_clients")
+        .filter(|d| matches!(d.name.as_str(), "map" | "split_clients" | "geo"))
         .collect();
-    let maps = Arc::new(map::Maps::build(&maps)?);
+    let maps = Arc::new(map::Maps::build(&maps, notes.0)?);
     let mut upstreams = std::collections::HashMap::new();
     for u in body.iter().filter(|d| d.name == "upstream") {
         let up = upstream::parse(u, &maps)?;
@@ -105,7 +105,8 @@ pub fn build(
     let mut top = core::ServerConf::default();
     for e in body {
         match e.name.as_str() {
-            "map" | "split_clients" | "upstream" | "log_format" | "server" | "limit_conn_zone" => {}
+            "map" | "split_clients" | "geo" | "upstream" | "log_format" | "server"
+            | "limit_conn_zone" => {}
             _ => core::apply(e, &mut top, &ctx, false)?,
         }
     }
