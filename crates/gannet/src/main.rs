@@ -15,6 +15,7 @@ mod log_open;
 mod modules;
 mod resolver;
 mod runtime;
+mod stream;
 mod syslog;
 mod tls;
 mod upstream;

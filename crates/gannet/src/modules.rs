@@ -91,6 +91,26 @@ pub struct LoadCtx {
     pub otel_trace_at: Option<gannet_conf::Loc>,
 }
 
+impl LoadCtx {
+    pub fn new(prefix: &std::path::Path) -> LoadCtx {
+        LoadCtx {
+            prefix: prefix.to_path_buf(),
+            log_formats: access_log::predefined(),
+            upstreams: HashMap::new(),
+            log_files: Vec::new(),
+            prefixless: false,
+            matches: HashMap::new(),
+            probes: Vec::new(),
+            zones: Default::default(),
+            notices: Vec::new(),
+            warnings: Vec::new(),
+            temp_dirs: Vec::new(),
+            tls: Default::default(),
+            otel_trace_at: None,
+        }
+    }
+}
+
 type Setter = fn(&Directive, &mut LocConf, &mut LoadCtx) -> Result<(), ConfError>;
 
 /// A module's directive table and the function that applies one of its directives.

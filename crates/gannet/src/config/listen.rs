@@ -14,6 +14,8 @@ use std::sync::Arc;
 pub enum Endpoint {
     Tcp(SocketAddr),
     Unix(Arc<Path>),
+    /// A stream `listen ... udp`: a datagram socket (a TCP one may share its address).
+    Udp(SocketAddr),
 }
 
 impl fmt::Display for Endpoint {
@@ -22,6 +24,7 @@ impl fmt::Display for Endpoint {
         match self {
             Endpoint::Tcp(a) => write!(f, "{a}"),
             Endpoint::Unix(p) => write!(f, "unix:{}", p.display()),
+            Endpoint::Udp(a) => write!(f, "{a}"),
         }
     }
 }
@@ -61,6 +64,8 @@ pub struct Listen {
     /// `fastopen=N`: TCP_FASTOPEN with a queue of N connections not yet through the
     /// three-way handshake.
     pub fastopen: Option<i32>,
+    /// `udp` (stream only): a datagram socket (`stream::proxy`'s sessions).
+    pub udp: bool,
 }
 
 /// `so_keepalive=on|off|[keepidle]:[keepintvl]:[keepcnt]`, as nginx: `on` / `off` set
@@ -105,6 +110,7 @@ impl Listen {
             sndbuf: None,
             so_keepalive: None,
             fastopen: None,
+            udp: false,
         }
     }
 
@@ -112,6 +118,7 @@ impl Listen {
     pub fn endpoint(&self) -> Endpoint {
         match &self.unix {
             Some(p) => Endpoint::Unix(p.clone()),
+            None if self.udp => Endpoint::Udp(self.addr),
             None => Endpoint::Tcp(self.addr),
         }
     }

@@ -17,15 +17,11 @@ use crate::http::variables::Template;
 use crate::modules::{self, LoadCtx, LocConf};
 use gannet_conf::registry::{self, Ctx, Spec};
 use gannet_conf::{ConfError, Directive};
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
 /// Block directives nginx has that gannet does not implement yet, with the reason shown.
-const NOT_YET: &[(&str, &str)] = &[
-    ("stream", "the stream module is not supported"),
-    ("mail", "the mail module is not supported"),
-];
+const NOT_YET: &[(&str, &str)] = &[("mail", "the mail module is not supported")];
 
 /// Directive families of nginx modules gannet has not built yet (by name prefix).
 const NOT_YET_FAMILIES: &[(&str, &str)] = &[
@@ -101,9 +97,11 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
         log_files: Vec::new(),
         error_files: Vec::new(),
         probes: Vec::new(),
+        stream: None,
         temp_dirs: Vec::new(),
     };
     let mut http_blocks = Vec::new();
+    let mut stream_block = None;
     for d in tree {
         match d.name.as_str() {
             "http" => {
@@ -112,6 +110,14 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
                     return Err(d.error("\"http\" directive is duplicate"));
                 }
                 http_blocks.push(d);
+            }
+            "stream" => {
+                if d.block.is_none() || !d.args.is_empty() {
+                    return Err(d.error("invalid number of arguments in \"stream\" directive"));
+                }
+                if stream_block.replace(d).is_some() {
+                    return Err(d.error("\"stream\" directive is duplicate"));
+                }
             }
             "events" => {
                 check(d, Ctx::MAIN)?;
@@ -125,6 +131,12 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
     cfg.process.finish()?;
     if let Some(http) = http_blocks.first() {
         load_http(&mut cfg, http, prefix)?;
+    }
+    if let Some(stream) = stream_block {
+        let http: Vec<_> = cfg.listens.iter().map(|g| g.listen.endpoint()).collect();
+        let notes = (&mut cfg.notices, &mut cfg.warnings);
+        let conf = crate::stream::build(stream, prefix, &http, notes)?;
+        cfg.stream = Some(Arc::new(conf));
     }
     user_vars::check()?;
     // Printed by `gannet -t` as well as logged at start.
@@ -279,21 +291,7 @@ fn load_limit_except(
 }
 
 fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), ConfError> {
-    let mut lctx = LoadCtx {
-        prefix: prefix.to_path_buf(),
-        log_formats: modules::access_log::predefined(),
-        upstreams: HashMap::new(),
-        log_files: Vec::new(),
-        prefixless: false,
-        matches: HashMap::new(),
-        probes: Vec::new(),
-        zones: Default::default(),
-        notices: Vec::new(),
-        warnings: Vec::new(),
-        temp_dirs: Vec::new(),
-        tls: Default::default(),
-        otel_trace_at: None,
-    };
+    let mut lctx = LoadCtx::new(prefix);
     let mut conf = LocConf::default();
     let body = http.block.as_deref().unwrap_or_default();
     // http's `resolver` before the groups: a `server ... resolve` without its own uses it.

@@ -237,6 +237,32 @@ pub async fn read(
     info: &ConnInfo,
     limit: Duration,
 ) -> Result<Option<Arc<ProxyAddrs>>, ()> {
+    read_for(stream, &Who::of(info), limit).await
+}
+
+/// A connection as the log lines name it: its number, client and local address.
+pub struct Who {
+    pub id: u64,
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+}
+
+impl Who {
+    fn of(info: &ConnInfo) -> Who {
+        Who {
+            id: info.id,
+            peer: info.peer,
+            local: info.local,
+        }
+    }
+}
+
+/// [`read`] for a connection that is not an HTTP one (a stream session's).
+pub async fn read_for(
+    stream: &TcpStream,
+    info: &Who,
+    limit: Duration,
+) -> Result<Option<Arc<ProxyAddrs>>, ()> {
     let deadline = Instant::now() + limit;
     let (len, addrs) = loop {
         let ready = match timeout_at(deadline, stream.ready(Interest::READABLE)).await {
@@ -283,7 +309,7 @@ pub async fn read(
 }
 
 /// Log why the connection is closed, as nginx words it; `Err` for `read` to return.
-fn fail<T>(level: Level, info: &ConnInfo, why: &str) -> Result<T, ()> {
+fn fail<T>(level: Level, info: &Who, why: &str) -> Result<T, ()> {
     errlog::log(
         level,
         format_args!(

@@ -219,7 +219,9 @@ pub fn set(d: &Directive, _lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Co
     Ok(())
 }
 
-fn parse(
+/// The block of a `geo` (its `$address`, if any, is the caller's); also the stream
+/// context's `geo` (`stream::map`), which looks the table up with [`Geo::lookup`].
+pub fn parse(
     d: &Directive,
     source: Option<Template>,
     notices: &mut Vec<String>,
@@ -391,7 +393,14 @@ impl Computed for Geo {
     }
 
     fn value(&self, req: &Request, sent: Option<&Sent>) -> String {
-        let addr = self.address(req, sent).map(cidr::unmapped);
+        self.lookup(self.address(req, sent))
+    }
+}
+
+impl Geo {
+    /// The value for `addr` (`None`: not an address, looked up as 255.255.255.255).
+    pub fn lookup(&self, addr: Option<IpAddr>) -> String {
+        let addr = addr.map(cidr::unmapped);
         let found = match (&self.table, addr) {
             (Table::Nets { v6, .. }, Some(IpAddr::V6(a))) => v6.find(u128::from(a)),
             (Table::Nets { v4, .. }, a) => {

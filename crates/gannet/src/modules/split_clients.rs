@@ -23,7 +23,13 @@ pub const DIRECTIVES: &[Spec] = &[Spec {
 #[derive(Debug)]
 pub struct Split {
     key: Template,
-    /// Each share's upper bound (exclusive) in hash space, `None` for `*`, in order.
+    shares: Shares,
+}
+
+/// The block's shares: each one's upper bound (exclusive) in hash space, `None` for `*`,
+/// in order. Shared with the stream context's `split_clients` (`stream::map`).
+#[derive(Debug)]
+pub struct Shares {
     parts: Vec<(Option<u32>, String)>,
 }
 
@@ -39,6 +45,17 @@ fn parse(d: &Directive) -> Result<(&str, Split), ConfError> {
         .strip_prefix('$')
         .filter(|n| !n.is_empty())
         .ok_or_else(|| d.error(format!("invalid variable name \"{}\"", d.args[1])))?;
+    Ok((
+        name,
+        Split {
+            key,
+            shares: shares(d)?,
+        },
+    ))
+}
+
+/// The shares of a `split_clients` block.
+pub fn shares(d: &Directive) -> Result<Shares, ConfError> {
     let mut parts = Vec::new();
     // In hundredths of a percent, as nginx counts; `*` makes it 100%.
     let mut sum: u32 = 0;
@@ -69,7 +86,7 @@ fn parse(d: &Directive) -> Result<(&str, Split), ConfError> {
         last = last.wrapping_add((u64::from(share) * u64::from(u32::MAX) / 10_000) as u32);
         parts.push((Some(last), value.clone()));
     }
-    Ok((name, Split { key, parts }))
+    Ok(Shares { parts })
 }
 
 /// `12.34` as 1234: digits with at most one dot and two decimals.
@@ -112,8 +129,9 @@ fn murmur2(data: &[u8]) -> u32 {
     h ^ (h >> 15)
 }
 
-impl Split {
-    fn pick(&self, key: &str) -> &str {
+impl Shares {
+    /// The value of the share `key` hashes into.
+    pub fn pick(&self, key: &str) -> &str {
         let hash = murmur2(key.as_bytes());
         self.parts
             .iter()
@@ -124,7 +142,7 @@ impl Split {
 
 impl Computed for Split {
     fn value(&self, req: &Request, sent: Option<&Sent>) -> String {
-        self.pick(&self.key.eval(req, sent)).to_string()
+        self.shares.pick(&self.key.eval(req, sent)).to_string()
     }
 }
 
@@ -156,7 +174,7 @@ mod tests {
     #[test]
     fn shares_in_order() {
         let s = split("50% a;\n25.5% b;\n* c;").unwrap();
-        let bounds: Vec<_> = s.parts.iter().map(|p| p.0).collect();
+        let bounds: Vec<_> = s.shares.parts.iter().map(|p| p.0).collect();
         assert_eq!(bounds, [Some(2_147_483_647), Some(3_242_700_307), None]);
         assert_eq!(hundredths("0.125"), None);
         assert_eq!(hundredths("0.12"), Some(12));

@@ -88,7 +88,7 @@ pub fn take(config: &Config) -> Bound {
     }
     let addrs = bound.keys().filter_map(|e| match e {
         Endpoint::Tcp(a) => Some(*a),
-        Endpoint::Unix(_) => None,
+        Endpoint::Unix(_) | Endpoint::Udp(_) => None,
     });
     let _ = INHERITED.set(addrs.collect());
     bound

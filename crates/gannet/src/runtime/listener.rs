@@ -31,7 +31,11 @@ fn bound_socket(l: &Listen, reuseport: bool) -> io::Result<Socket> {
     } else {
         Domain::IPV4
     };
-    let s = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
+    let s = if l.udp {
+        Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))?
+    } else {
+        Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?
+    };
     s.set_reuse_address(true)?;
     s.set_reuse_port(reuseport)?;
     if l.addr.is_ipv6() {
@@ -70,6 +74,9 @@ fn set_options(s: SockRef<'_>, l: &Listen) -> io::Result<()> {
     }
     if let Some(n) = l.sndbuf {
         s.set_send_buffer_size(n)?;
+    }
+    if l.udp {
+        return Ok(());
     }
     match l.so_keepalive {
         None => {}
@@ -149,6 +156,11 @@ pub fn bind(l: &Listen) -> io::Result<TcpListener> {
     let s = bound_socket(l, true)?;
     s.set_nonblocking(true)?;
     set_options(SockRef::from(&s), l)?;
+    if l.udp {
+        // A datagram socket held as the listeners are (see `bind_unix`): its worker reads
+        // it as a `UdpSocket` (`stream::proxy::udp_listener`).
+        return Ok(std::os::fd::OwnedFd::from(s).into());
+    }
     if l.deferred {
         // TCP_DEFER_ACCEPT's value is how long (s) to wait for the first data.
         set_tcp_int(SockRef::from(&s), libc::TCP_DEFER_ACCEPT, 1)?;
@@ -181,8 +193,7 @@ fn bind_error(l: &Listen, e: io::Error) -> String {
 pub fn bind_for(config: &Config, old: &Bound) -> Result<Bound, String> {
     let workers = config.main.worker_processes.max(1);
     let mut out = Bound::new();
-    for g in &config.listens {
-        let l = &g.listen;
+    for l in config.all_listens() {
         let at = l.endpoint();
         let mut socks = match old.get(&at) {
             Some(v) => v
@@ -225,13 +236,8 @@ pub fn bind_for(config: &Config, old: &Bound) -> Result<Bound, String> {
 pub fn assign(config: &Config, bound: &Bound) -> Result<Vec<WorkerSockets>, String> {
     let workers = config.main.worker_processes.max(1);
     let mut per: Vec<WorkerSockets> = (0..workers).map(|_| Vec::new()).collect();
-    for (group, g) in config.listens.iter().enumerate() {
-        for (k, s) in bound
-            .get(&g.listen.endpoint())
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
+    for (group, l) in config.all_listens().enumerate() {
+        for (k, s) in bound.get(&l.endpoint()).into_iter().flatten().enumerate() {
             let s = s
                 .try_clone()
                 .map_err(|e| format!("socket dup failed: {e}"))?;

@@ -44,24 +44,32 @@ pub fn reopen_all<'a>(configs: impl Iterator<Item = &'a Config>) {
                 crate::errlog::error(format_args!("open() \"{}\" failed ({e})", log.name()));
             }
         }
+        for log in cfg.stream.iter().flat_map(|s| &s.logs) {
+            if let Err(e) = log.reopen() {
+                crate::errlog::error(format_args!("open() \"{}\" failed ({e})", log.name()));
+            }
+        }
     }
     crate::errlog::notice(format_args!("reopened the log files"));
 }
 
 /// The log descriptors a worker process of `config` writes to that the master reopens, by
-/// index: the main error logs, then `config.error_files`, then `config.log_files`, each
+/// index: the main error logs, then `config.error_files`, then `config.log_files`, then the
+/// stream block's access logs, each
 /// counted whether or not it is a file (so master and worker, holding the same config,
 /// number them alike). The master sends its own, reopened ones under these indices
 /// (`adopt`).
 pub fn descriptors(config: &Config) -> Vec<(u32, RawFd)> {
     let errors = config.error_files.iter().map(|l| l.reopened_fd());
     let access = config.log_files.iter().map(|l| l.reopened_fd());
+    let stream = config.stream.iter().flat_map(|s| &s.logs);
     (0u32..)
         .zip(
             crate::errlog::main_fds()
                 .into_iter()
                 .chain(errors)
-                .chain(access),
+                .chain(access)
+                .chain(stream.map(|l| l.reopened_fd())),
         )
         .filter_map(|(i, fd)| fd.map(|fd| (i, fd)))
         .collect()

@@ -131,7 +131,8 @@ pub fn inherited() -> Option<Inherited> {
     Some(Inherited { bound, parent })
 }
 
-/// Take ownership of `fd` if it is an open listening TCP or unix stream socket (held as a
+/// Take ownership of `fd` if it is an open listening TCP or unix stream socket, or a bound
+/// UDP one (held as a
 /// `TcpListener`, see `listener::bind`); close-on-exec again. Returns it with its address.
 fn adopt(fd: RawFd) -> io::Result<(TcpListener, Endpoint)> {
     if fd < 0 {
@@ -146,14 +147,18 @@ fn adopt(fd: RawFd) -> io::Result<(TcpListener, Endpoint)> {
         let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
         let s = socket2::SockRef::from(&borrowed);
         let local = s.local_addr()?;
+        let kind = s.r#type()?;
         let at = match (local.as_socket(), local.as_pathname()) {
-            (Some(a), _) => Some(Endpoint::Tcp(a)),
-            (None, Some(p)) => Some(Endpoint::Unix(Arc::from(p))),
+            // A stream `listen ... udp` socket (held as a listener too, `listener::bind`).
+            (Some(a), _) if kind == socket2::Type::DGRAM => Some(Endpoint::Udp(a)),
+            (Some(a), _) if kind == socket2::Type::STREAM => Some(Endpoint::Tcp(a)),
+            (None, Some(p)) if kind == socket2::Type::STREAM => Some(Endpoint::Unix(Arc::from(p))),
             _ => None,
         };
         match at {
-            Some(at) if s.r#type()? == socket2::Type::STREAM && s.is_listener()? => at,
-            _ => return Err(io::Error::other("not a listening TCP or unix socket")),
+            Some(at @ Endpoint::Udp(_)) => at,
+            Some(at) if s.is_listener()? => at,
+            _ => return Err(io::Error::other("not a listening TCP, UDP or unix socket")),
         }
     };
     // SAFETY: `fd` is an open listening socket this process inherited across exec and that

@@ -251,7 +251,19 @@ pub fn run(
             Vec::new()
         };
         let mut accepts = Vec::new();
+        let http_groups = w.config.listens.len();
         for (s, i) in sockets {
+            let udp = i
+                .checked_sub(http_groups)
+                .and_then(|k| w.config.stream.as_ref()?.listens.get(k))
+                .is_some_and(|l| l.udp);
+            if udp {
+                // A datagram socket held as a listener (`listener::bind`).
+                let sock = std::net::UdpSocket::from(std::os::fd::OwnedFd::from(s));
+                let run = crate::stream::proxy::udp_listener(w.clone(), sock, i - http_groups);
+                accepts.push(tokio::task::spawn_local(run));
+                continue;
+            }
             // SAFETY: the AsyncFd owns the std listener, which owns its descriptor: it stays
             // open, and the listener's as_raw_fd() stays the same, until the AsyncFd drops.
             let registered =
@@ -352,7 +364,24 @@ async fn accept_loop(w: Rc<Worker>, listener: AsyncFd<StdListener>, group: usize
                 }
                 w.active.set(w.active.get() + 1);
                 w.stats.accepted();
-                tokio::task::spawn_local(crate::conn::h1::serve(w.clone(), stream, peer, group));
+                match group.checked_sub(w.config.listens.len()) {
+                    None => {
+                        tokio::task::spawn_local(crate::conn::h1::serve(
+                            w.clone(),
+                            stream,
+                            peer,
+                            group,
+                        ));
+                    }
+                    Some(k) => {
+                        tokio::task::spawn_local(crate::stream::core::serve_tcp(
+                            w.clone(),
+                            stream,
+                            peer,
+                            k,
+                        ));
+                    }
+                }
             }
             Err(e) => {
                 // EMFILE / ENFILE: keep serving the connections we have; retry accepting

@@ -1,0 +1,367 @@
+//! The stream core (nginx's ngx_stream_core_module): `server { listen ...; }` blocks, the
+//! settings a server inherits from the stream level, and a TCP session from accept to its
+//! log line: access rules, `ssl_preread`, the proxy, the log.
+//!
+//! `listen ADDRESS:PORT | PORT | unix:PATH [udp] [reuseport] [backlog=N] [rcvbuf=]
+//! [sndbuf=] [so_keepalive=] [fastopen=] [ipv6only=] [bind]`: as nginx, a port is required
+//! and one server serves an address. `ssl` and `proxy_protocol` on a stream listen are
+//! refused as not supported yet.
+
+use super::access::Rules;
+use super::log::{Format, Log};
+use super::map::Maps;
+use super::proxy::ProxyConf;
+use super::ssl_preread::Preread;
+use super::upstream::Group;
+use super::variables::Session;
+use crate::config::listen::Listen;
+use crate::runtime::worker::Worker;
+use gannet_conf::{setters, ConfError, Directive};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the stream block's parts read while loading.
+pub struct LoadCtx {
+    pub prefix: PathBuf,
+    pub maps: Arc<Maps>,
+    pub upstreams: Arc<HashMap<String, Arc<Group>>>,
+    pub formats: HashMap<String, Arc<Format>>,
+    pub zones: HashMap<String, Arc<super::limit_conn::Zone>>,
+    /// Every access log opened, for reopening (SIGUSR1).
+    pub logs: std::cell::RefCell<Vec<Arc<Log>>>,
+    /// The http side's load state, for the TLS setups (`ssl`).
+    pub http: std::cell::RefCell<crate::modules::LoadCtx>,
+}
+
+/// A server's settings (the stream level's, then each server's over them).
+#[derive(Debug, Clone)]
+pub struct ServerConf {
+    pub proxy: ProxyConf,
+    pub access: Rules,
+    /// Rules set at this level (a server's first one drops the inherited ones).
+    access_own: bool,
+    pub logs: Vec<Arc<Log>>,
+    logs_own: bool,
+    pub preread: Preread,
+    pub limits: super::limit_conn::Limits,
+    pub ssl: super::ssl::SslConf,
+    pub realip: super::realip::Trusted,
+    pub proxy_protocol_timeout: Duration,
+    /// `return`'s text when it is the server's content handler (written after any
+    /// `proxy_pass`).
+    pub ret: Option<super::variables::Template>,
+}
+
+impl Default for ServerConf {
+    fn default() -> ServerConf {
+        ServerConf {
+            proxy: Default::default(),
+            access: Default::default(),
+            access_own: false,
+            logs: Vec::new(),
+            logs_own: false,
+            preread: Default::default(),
+            limits: Default::default(),
+            ssl: Default::default(),
+            realip: Default::default(),
+            proxy_protocol_timeout: Duration::from_secs(30),
+            ret: None,
+        }
+    }
+}
+
+/// A `server {}` block, loaded.
+#[derive(Debug)]
+pub struct Server {
+    pub conf: ServerConf,
+    pub maps: Arc<Maps>,
+    /// The stream block's groups by name, for `proxy_pass $var`.
+    pub groups: Arc<HashMap<String, Arc<Group>>>,
+    /// Its TLS setup, when it has a `listen ... ssl`.
+    pub tls: Option<Arc<crate::tls::ServerTls>>,
+    /// The groups of addresses `proxy_pass $var` gave.
+    pub by_addr: std::sync::Mutex<HashMap<String, Arc<Group>>>,
+}
+
+/// A directive of the stream or server level. `in_server`: inside a `server {}`.
+pub fn apply(
+    d: &Directive,
+    c: &mut ServerConf,
+    ctx: &LoadCtx,
+    in_server: bool,
+) -> Result<(), ConfError> {
+    let one = || {
+        if d.args.len() == 1 {
+            Ok(())
+        } else {
+            Err(d.error(format!(
+                "invalid number of arguments in \"{}\" directive",
+                d.name
+            )))
+        }
+    };
+    match d.name.as_str() {
+        "allow" | "deny" => {
+            if in_server && !c.access_own {
+                c.access = Rules::default();
+            }
+            c.access_own = in_server;
+            c.access.add(d)?;
+        }
+        "access_log" => {
+            if in_server && !c.logs_own {
+                c.logs.clear();
+            }
+            c.logs_own = in_server;
+            if let Some(log) = super::log::access_log(d, ctx)? {
+                c.logs.push(log);
+            }
+        }
+        "limit_conn" | "limit_conn_log_level" | "limit_conn_dry_run" => {
+            c.limits.set(d, &ctx.zones, in_server)?
+        }
+        n if n.starts_with("ssl_") && n != "ssl_preread" => {
+            super::ssl::set(d, &mut c.ssl, &mut ctx.http.borrow_mut())?
+        }
+        "set_real_ip_from" => c.realip.add(d)?,
+        "proxy_protocol_timeout" => {
+            one()?;
+            c.proxy_protocol_timeout = Duration::from_millis(setters::msec_arg(d, 0)?);
+        }
+        "ssl_preread" => {
+            one()?;
+            c.preread.on = setters::flag(d)?;
+        }
+        "preread_timeout" => {
+            one()?;
+            c.preread.timeout = Duration::from_millis(setters::msec_arg(d, 0)?);
+        }
+        "preread_buffer_size" => {
+            one()?;
+            c.preread.buffer_size = setters::size_arg(d, 0)?.max(1) as usize;
+        }
+        "proxy_pass" | "return" if !in_server => {
+            return Err(d.error(format!("\"{}\" directive is not allowed here", d.name)))
+        }
+        "return" => {
+            one()?;
+            if c.ret.is_some() {
+                return Err(d.error("\"return\" directive is duplicate"));
+            }
+            let t = super::variables::Template::compile(&d.args[0], &ctx.maps)
+                .map_err(|e| d.error(e))?;
+            c.ret = Some(t);
+        }
+        "proxy_pass" => {
+            super::proxy::set(d, &mut c.proxy, ctx)?;
+            // The last content handler written wins, as in nginx.
+            c.ret = None;
+        }
+        n if n.starts_with("proxy_") => super::proxy::set(d, &mut c.proxy, ctx)?,
+        "listen" | "server_name" if !in_server => {
+            return Err(d.error(format!("\"{}\" directive is not allowed here", d.name)))
+        }
+        _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
+    }
+    Ok(())
+}
+
+/// A `server {}` block: its settings over the stream level's, and its listens.
+pub fn server(
+    d: &Directive,
+    top: &ServerConf,
+    ctx: &LoadCtx,
+) -> Result<(Server, Vec<Listen>), ConfError> {
+    if d.block.is_none() || !d.args.is_empty() {
+        return Err(d.error("invalid number of arguments in \"server\" directive"));
+    }
+    let mut conf = top.clone();
+    conf.access_own = false;
+    conf.logs_own = false;
+    conf.proxy.pass = None;
+    conf.limits = top.limits.inherited();
+    let mut listens = Vec::new();
+    for e in d.block.as_deref().unwrap_or_default() {
+        match e.name.as_str() {
+            "listen" => listens.push(listen(e)?),
+            // nginx 1.25.5's `server_name` picks a server by SNI among those on one
+            // address; gannet has one server per address.
+            "server_name" => return Err(e.error("\"server_name\" in stream is not supported yet")),
+            _ => apply(e, &mut conf, ctx, true)?,
+        }
+    }
+    if listens.is_empty() {
+        return Err(d.error("no \"listen\" is defined for server"));
+    }
+    if conf.proxy.pass.is_none() && conf.ret.is_none() {
+        return Err(d.error("no handler for server"));
+    }
+    let tls = match listens.iter().any(|l| l.ssl) {
+        true => Some(super::ssl::build(
+            &conf.ssl,
+            &mut ctx.http.borrow_mut(),
+            &d.loc,
+        )?),
+        false => None,
+    };
+    Ok((
+        Server {
+            tls,
+            conf,
+            maps: ctx.maps.clone(),
+            groups: ctx.upstreams.clone(),
+            by_addr: Default::default(),
+        },
+        listens,
+    ))
+}
+
+/// A stream `listen`: http's parser for what both have, after the stream checks.
+fn listen(d: &Directive) -> Result<Listen, ConfError> {
+    if d.args.is_empty() {
+        return Err(d.error("invalid number of arguments in \"listen\" directive"));
+    }
+    let arg = &d.args[0];
+    let has_port = arg.starts_with("unix:")
+        || arg.parse::<u16>().is_ok()
+        || arg.rsplit_once(':').is_some_and(|(h, p)| {
+            !h.ends_with(':') && !p.contains(']') && p.parse::<u16>().is_ok()
+        });
+    if !has_port {
+        return Err(d.error(format!("no port in \"{arg}\" of the \"listen\" directive")));
+    }
+    let mut udp = false;
+    let mut rest = d.clone();
+    rest.args.retain(|a| {
+        let is_udp = a == "udp";
+        udp |= is_udp;
+        !is_udp
+    });
+    for a in &rest.args[1..] {
+        let key = a.split('=').next().unwrap_or_default();
+        match key {
+            "default_server" | "default" | "http2" | "deferred" | "quic" => {
+                return Err(d.error(format!("invalid parameter \"{a}\"")))
+            }
+            _ => {}
+        }
+    }
+    let mut l = Listen::parse(&rest)?;
+    if udp && l.unix.is_some() {
+        return Err(d.error("\"udp\" on a unix socket is not supported"));
+    }
+    l.udp = udp;
+    Ok(l)
+}
+
+/// Serve one accepted TCP connection of stream server `idx`.
+pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, idx: usize) {
+    let found = w.config.stream.as_ref().and_then(|s| {
+        let l = s.listens.get(idx)?;
+        Some((s.servers.get(idx)?.clone(), l.ssl, l.proxy_protocol))
+    });
+    let Some((srv, ssl, pp)) = found else {
+        w.connection_closed();
+        return;
+    };
+    let local = stream
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let mut s = Session::new(Worker::next_conn_id(), peer, local, false);
+    if let Ok(client) = tokio::net::TcpStream::from_std(stream) {
+        run_tcp(&w, &srv, client, (ssl, pp), &mut s).await;
+    } else {
+        s.status = 500;
+    }
+    finish(&srv, &s);
+    w.connection_closed();
+}
+
+async fn run_tcp(
+    w: &Rc<Worker>,
+    srv: &Server,
+    mut client: tokio::net::TcpStream,
+    (ssl, pp): (bool, bool),
+    s: &mut Session,
+) {
+    let c = &srv.conf;
+    if pp {
+        let who = crate::conn::proxy_protocol::Who {
+            id: s.id,
+            peer: s.peer,
+            local: s.local,
+        };
+        let start = std::time::Instant::now();
+        match crate::conn::proxy_protocol::read_for(&client, &who, c.proxy_protocol_timeout).await {
+            Ok(addrs) => s.proxy_protocol = addrs,
+            // nginx: a timeout ends the session with 200, a broken header with 400.
+            Err(()) if start.elapsed() >= c.proxy_protocol_timeout => return,
+            Err(()) => {
+                s.status = 400;
+                return;
+            }
+        }
+        c.realip.apply(s);
+    }
+    let Some(_held) = enter(srv, s) else { return };
+    if !check_access(srv, s) {
+        return;
+    }
+    if let (true, Some(tls)) = (ssl, &srv.tls) {
+        match super::ssl::handshake(tls, c.ssl.handshake_timeout, client, s).await {
+            Some(mut tls) => match &c.ret {
+                Some(t) => super::return_::tcp(&mut tls, &t.eval(s, &srv.maps), s).await,
+                None => super::proxy::tcp(w, srv, tls, Vec::new(), s).await,
+            },
+            None => s.status = 500,
+        }
+        return;
+    }
+    let mut head = Vec::new();
+    if c.preread.on {
+        if let Err(status) = super::ssl_preread::run(&c.preread, &mut client, &mut head, s).await {
+            s.status = status;
+            return;
+        }
+    }
+    match &c.ret {
+        Some(t) => super::return_::tcp(&mut client, &t.eval(s, &srv.maps), s).await,
+        None => super::proxy::tcp(w, srv, client, head, s).await,
+    }
+}
+
+/// The preaccess phase (`limit_conn`): the session's places in its zones, or `None` (and
+/// `$status` 503) when a limit is reached.
+pub fn enter(srv: &Server, s: &mut Session) -> Option<super::limit_conn::Held> {
+    let held = srv.conf.limits.enter(s, &srv.maps).ok();
+    if held.is_none() {
+        s.status = 503;
+    }
+    held
+}
+
+/// The access phase: false (and `$status` 403) for a denied client.
+pub fn check_access(srv: &Server, s: &mut Session) -> bool {
+    if srv.conf.access.allows(Some(s.peer.ip())) {
+        return true;
+    }
+    crate::errlog::error(format_args!(
+        "*{} access forbidden by rule, client: {}, server: {}",
+        s.id,
+        crate::http::cidr::unmapped(s.peer.ip()),
+        s.local
+    ));
+    s.status = 403;
+    false
+}
+
+/// The session's end: its log lines.
+pub fn finish(srv: &Server, s: &Session) {
+    for log in &srv.conf.logs {
+        log.write(s, &srv.maps);
+    }
+}

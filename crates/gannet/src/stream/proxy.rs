@@ -1,0 +1,687 @@
+//! `proxy_pass` and the `proxy_*` directives of the stream context (nginx's
+//! ngx_stream_proxy_module): the upstream chosen by the group's balancing method, tried
+//! again on another server when a connect fails (`proxy_next_upstream`, `_tries`,
+//! `_timeout`), then bytes relayed both ways until either side closes or nothing moves for
+//! `proxy_timeout`; `proxy_protocol on` opens the upstream connection with a PROXY v1
+//! header; `proxy_upload_rate` / `proxy_download_rate` pace each direction as nginx's
+//! per-second budget does.
+//!
+//! UDP (`listen ... udp`): datagrams from one client address make a session with its own
+//! upstream socket; replies go back from the listening socket. The session ends when the
+//! expected replies came (`proxy_responses` per datagram), or after `proxy_timeout` of
+//! silence (502 if replies were still expected, as nginx); `proxy_requests N` makes the
+//! N+1th datagram of a client start a new session.
+//!
+//! `$status`: 200 a session that ran, 502 when no upstream could be reached, 500 an
+//! internal error or a `proxy_pass $var` naming neither a group nor an address (nginx's
+//! codes).
+
+use super::core::{LoadCtx, Server};
+use super::upstream::Group;
+use super::variables::{Attempt, Session, Template};
+use crate::runtime::worker::Worker;
+use crate::upstream::{Addr, Key, Pick, Tried};
+use gannet_conf::{setters, ConfError, Directive};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UdpSocket, UnixStream};
+
+#[derive(Debug, Clone)]
+pub enum Pass {
+    Group(Arc<Group>),
+    /// `proxy_pass $var`: an upstream's name or an address, per session.
+    Var(Template),
+}
+
+#[derive(Debug, Clone)]
+pub struct ProxyConf {
+    pub pass: Option<Pass>,
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
+    pub next_upstream: bool,
+    /// 0: no limit.
+    pub tries: u32,
+    pub next_timeout: Option<Duration>,
+    pub proxy_protocol: bool,
+    /// Replies expected per datagram (UDP); `None`: any number.
+    pub responses: Option<u64>,
+    /// Datagrams after which a client's next one starts a new session; 0: no limit.
+    pub requests: u64,
+    pub buffer_size: usize,
+    /// Bytes per second; 0: no limit.
+    pub upload_rate: u64,
+    pub download_rate: u64,
+}
+
+impl Default for ProxyConf {
+    fn default() -> ProxyConf {
+        ProxyConf {
+            pass: None,
+            connect_timeout: Duration::from_secs(60),
+            timeout: Duration::from_secs(600),
+            next_upstream: true,
+            tries: 0,
+            next_timeout: None,
+            proxy_protocol: false,
+            responses: None,
+            requests: 0,
+            buffer_size: 16 * 1024,
+            upload_rate: 0,
+            download_rate: 0,
+        }
+    }
+}
+
+/// A `proxy_*` directive.
+pub fn set(d: &Directive, c: &mut ProxyConf, ctx: &LoadCtx) -> Result<(), ConfError> {
+    if d.args.len() != 1 {
+        return Err(d.error(format!(
+            "invalid number of arguments in \"{}\" directive",
+            d.name
+        )));
+    }
+    let ms = |d: &Directive| setters::msec_arg(d, 0).map(Duration::from_millis);
+    match d.name.as_str() {
+        "proxy_pass" => {
+            if c.pass.is_some() {
+                return Err(d.error("\"proxy_pass\" directive is duplicate"));
+            }
+            let arg = &d.args[0];
+            c.pass = Some(if arg.contains('$') {
+                Pass::Var(Template::compile(arg, &ctx.maps).map_err(|e| d.error(e))?)
+            } else if let Some(g) = ctx.upstreams.get(arg) {
+                Pass::Group(g.clone())
+            } else {
+                Pass::Group(Arc::new(super::upstream::implicit(d, arg)?))
+            });
+        }
+        "proxy_connect_timeout" => c.connect_timeout = ms(d)?,
+        "proxy_timeout" => c.timeout = ms(d)?,
+        "proxy_next_upstream" => c.next_upstream = setters::flag(d)?,
+        "proxy_next_upstream_tries" => c.tries = setters::num_arg(d, 0)? as u32,
+        "proxy_next_upstream_timeout" => {
+            let t = ms(d)?;
+            c.next_timeout = (!t.is_zero()).then_some(t);
+        }
+        "proxy_protocol" => c.proxy_protocol = setters::flag(d)?,
+        "proxy_responses" => c.responses = Some(setters::num_arg(d, 0)?),
+        "proxy_requests" => c.requests = setters::num_arg(d, 0)?,
+        "proxy_buffer_size" => c.buffer_size = setters::size_arg(d, 0)?.max(1) as usize,
+        "proxy_upload_rate" => c.upload_rate = setters::size_arg(d, 0)?,
+        "proxy_download_rate" => c.download_rate = setters::size_arg(d, 0)?,
+        _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
+    }
+    Ok(())
+}
+
+/// The group a session goes to; `Err(500)` when `proxy_pass $var` names neither a group
+/// nor an address (nginx without a `resolver`: "no resolver defined", 500).
+fn group_for(srv: &Server, s: &Session) -> Result<Arc<Group>, u16> {
+    let conf = srv.conf.proxy.pass.as_ref().ok_or(500u16)?;
+    match conf {
+        Pass::Group(g) => Ok(g.clone()),
+        Pass::Var(t) => {
+            let name = t.eval(s, &srv.maps);
+            if let Some(g) = srv.groups.get(&name) {
+                return Ok(g.clone());
+            }
+            // An address, not a name: nginx looks names up only through a `resolver`.
+            match Addr::parse(&name).filter(is_literal) {
+                // One group per address, kept: the balancer's state is per group. The
+                // addresses come from the session (a client may vary them), so the table
+                // starts over past a bound instead of growing.
+                Some(a) => {
+                    let mut seen = srv.by_addr.lock().unwrap_or_else(|e| e.into_inner());
+                    if seen.len() >= MAX_VAR_GROUPS && !seen.contains_key(&name) {
+                        seen.clear();
+                    }
+                    let g = seen
+                        .entry(name)
+                        .or_insert_with(|| Arc::new(super::upstream::single(a)));
+                    Ok(g.clone())
+                }
+                None => {
+                    crate::errlog::error(format_args!(
+                        "*{} no resolver defined to resolve {name}, client: {}",
+                        s.id,
+                        crate::http::cidr::unmapped(s.peer.ip())
+                    ));
+                    Err(500)
+                }
+            }
+        }
+    }
+}
+
+/// The most groups `proxy_pass $var` keeps for addresses (see `group_for`).
+const MAX_VAR_GROUPS: usize = 1024;
+
+/// `IP:port`, `[v6]:port` or `unix:PATH`.
+fn is_literal(a: &Addr) -> bool {
+    match a {
+        Addr::Unix(_) => true,
+        Addr::Tcp(t) => t.parse::<SocketAddr>().is_ok(),
+    }
+}
+
+/// A connected upstream.
+enum Conn {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+async fn connect(addr: &Addr, timeout: Duration) -> std::io::Result<Conn> {
+    let fut = async {
+        match addr {
+            Addr::Tcp(a) => TcpStream::connect(&**a).await.map(Conn::Tcp),
+            Addr::Unix(p) => UnixStream::connect(p).await.map(Conn::Unix),
+        }
+    };
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "upstream timed out",
+        )),
+    }
+}
+
+fn client_text(s: &Session) -> String {
+    format!(
+        "client: {}, server: {}",
+        crate::http::cidr::unmapped(s.peer.ip()),
+        s.local
+    )
+}
+
+/// Pick and connect, trying the next server on failure as `proxy_next_upstream` allows.
+/// Returns the connection and its attempt's index; `None`: `$status` is set.
+async fn connect_upstream(
+    w: &Rc<Worker>,
+    srv: &Server,
+    s: &mut Session,
+) -> Option<(Conn, crate::upstream::Lease, Arc<Group>, usize)> {
+    let c = &srv.conf.proxy;
+    let group = match group_for(srv, s) {
+        Ok(g) => g,
+        Err(status) => {
+            s.status = status;
+            return None;
+        }
+    };
+    let hash = group.hash_key(s, &srv.maps);
+    let key = Key {
+        ip: Some(s.peer.ip()),
+        hash: hash.as_deref().map(str::as_bytes),
+    };
+    let mut tried = Tried::default();
+    let start = Instant::now();
+    loop {
+        let (i, lease) = match w.upstreams.pick(&group.group, &key, &tried, Instant::now()) {
+            Pick::Server(i, lease) => (i, lease),
+            Pick::Full | Pick::None => {
+                crate::errlog::error(format_args!(
+                    "*{} no live upstreams while connecting to upstream, {}",
+                    s.id,
+                    client_text(s)
+                ));
+                s.status = 502;
+                return None;
+            }
+        };
+        tried.push(i);
+        let addr = &group.group.servers[i].addr;
+        let began = Instant::now();
+        s.attempts.push(Attempt {
+            addr: addr.to_string(),
+            ..Default::default()
+        });
+        match connect(addr, c.connect_timeout).await {
+            Ok(conn) => {
+                w.upstreams.succeeded(&group.group, i);
+                if let Some(a) = s.attempts.last_mut() {
+                    a.connect = Some(began.elapsed().as_secs_f64());
+                }
+                return Some((conn, lease, group, i));
+            }
+            Err(e) => {
+                w.upstreams.failed(&group.group, i, Instant::now());
+                crate::errlog::error(format_args!(
+                    "*{} connect() failed ({}) while connecting to upstream, {}, upstream: \"{addr}\"",
+                    s.id,
+                    crate::errlog::errno_text(&e),
+                    client_text(s)
+                ));
+                // As nginx, each server is tried once at most.
+                let out_of_tries = (c.tries > 0 && tried.len() >= c.tries as usize)
+                    || tried.len() >= group.group.servers.len();
+                let out_of_time = c.next_timeout.is_some_and(|t| start.elapsed() >= t);
+                if !c.next_upstream || out_of_tries || out_of_time {
+                    s.status = 502;
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// The PROXY protocol v1 line for the session (nginx's `ngx_proxy_protocol_write`).
+fn proxy_header(s: &Session) -> String {
+    let (src, dst) = (
+        crate::http::cidr::unmapped(s.peer.ip()),
+        crate::http::cidr::unmapped(s.local.ip()),
+    );
+    let family = if src.is_ipv4() && dst.is_ipv4() {
+        "TCP4"
+    } else {
+        "TCP6"
+    };
+    format!(
+        "PROXY {family} {src} {dst} {} {}\r\n",
+        s.peer.port(),
+        s.local.port()
+    )
+}
+
+/// Proxy a TCP session; `head`: client bytes read already (`ssl_preread`).
+pub async fn tcp<C>(w: &Rc<Worker>, srv: &Server, client: C, head: Vec<u8>, s: &mut Session)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    let Some((conn, _lease, _group, _)) = connect_upstream(w, srv, s).await else {
+        return;
+    };
+    match conn {
+        Conn::Tcp(u) => relay(srv, client, u, head, s).await,
+        Conn::Unix(u) => relay(srv, client, u, head, s).await,
+    }
+}
+
+/// One direction's byte counter and pacing.
+struct Flow {
+    bytes: Cell<u64>,
+    /// When the first byte came (`$upstream_first_byte_time` of the download side).
+    first: Cell<Option<Instant>>,
+    rate: u64,
+    start: Instant,
+}
+
+impl Flow {
+    /// How much may be read now under the rate, waiting while the budget is spent (nginx:
+    /// `rate * (elapsed seconds + 1) - sent`).
+    async fn budget(&self, max: usize) -> usize {
+        if self.rate == 0 {
+            return max;
+        }
+        loop {
+            let secs = self.start.elapsed().as_secs_f64();
+            let allowed = (self.rate as f64 * (secs + 1.0)) as u64;
+            let spent = self.bytes.get();
+            if allowed > spent {
+                return max.min((allowed - spent) as usize);
+            }
+            let wait = (spent - allowed + 1) as f64 / self.rate as f64;
+            tokio::time::sleep(Duration::from_secs_f64(wait.max(0.001))).await;
+        }
+    }
+}
+
+/// Copy from `r` to `w` until EOF or an error, noting activity and counting bytes.
+async fn pump<R, W>(mut r: R, mut wr: W, flow: &Flow, size: usize, last: &Cell<Instant>) -> bool
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; size];
+    loop {
+        let room = flow.budget(size).await;
+        let n = match r.read(&mut buf[..room]).await {
+            Ok(0) | Err(_) => return true,
+            Ok(n) => n,
+        };
+        last.set(Instant::now());
+        if flow.first.get().is_none() {
+            flow.first.set(Some(Instant::now()));
+        }
+        if wr.write_all(&buf[..n]).await.is_err() {
+            return false;
+        }
+        flow.bytes.set(flow.bytes.get() + n as u64);
+        last.set(Instant::now());
+    }
+}
+
+async fn relay<C, U>(srv: &Server, client: C, up: U, head: Vec<u8>, s: &mut Session)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    let c = &srv.conf.proxy;
+    let (ur, mut uw) = tokio::io::split(up);
+    let mut sent_first = 0u64;
+    if c.proxy_protocol {
+        let h = proxy_header(s);
+        if uw.write_all(h.as_bytes()).await.is_err() {
+            s.status = 502;
+            return;
+        }
+        sent_first += h.len() as u64;
+    }
+    if !head.is_empty() {
+        if uw.write_all(&head).await.is_err() {
+            s.status = 502;
+            return;
+        }
+        sent_first += head.len() as u64;
+        s.bytes_received += head.len() as u64;
+    }
+    let began = Instant::now();
+    let up_flow = Flow {
+        bytes: Cell::new(0),
+        first: Cell::new(None),
+        rate: c.upload_rate,
+        start: began,
+    };
+    let down_flow = Flow {
+        bytes: Cell::new(0),
+        first: Cell::new(None),
+        rate: c.download_rate,
+        start: began,
+    };
+    let last = Cell::new(Instant::now());
+    {
+        let (cr, cw) = tokio::io::split(client);
+        let idle = async {
+            loop {
+                let until = last.get() + c.timeout;
+                tokio::time::sleep_until(until.into()).await;
+                if last.get() + c.timeout <= Instant::now() {
+                    crate::errlog::log(
+                        crate::errlog::Level::Info,
+                        format_args!("*{} connection timed out", s.id),
+                    );
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            _ = pump(cr, uw, &up_flow, c.buffer_size, &last) => {}
+            _ = pump(ur, cw, &down_flow, c.buffer_size, &last) => {}
+            _ = idle => {}
+        }
+    }
+    s.bytes_received += up_flow.bytes.get();
+    s.bytes_sent += down_flow.bytes.get();
+    if let Some(a) = s.attempts.last_mut() {
+        a.sent = sent_first + up_flow.bytes.get();
+        a.received = down_flow.bytes.get();
+        // nginx measures both from the start of the connect.
+        let base = a.connect.unwrap_or_default();
+        a.first_byte = (down_flow.first.get()).map(|t| base + (t - began).as_secs_f64());
+        a.session = Some(base + began.elapsed().as_secs_f64());
+    }
+}
+
+/// A client's live UDP session: its id (to remove only its own entry) and its inbox.
+type UdpSessions =
+    Rc<RefCell<HashMap<SocketAddr, (u64, tokio::sync::mpsc::UnboundedSender<Vec<u8>>)>>>;
+
+/// Serve a `listen ... udp` socket of stream server `idx`.
+pub async fn udp_listener(w: Rc<Worker>, sock: std::net::UdpSocket, idx: usize) {
+    let Some(srv) = w
+        .config
+        .stream
+        .as_ref()
+        .and_then(|s| s.servers.get(idx))
+        .cloned()
+    else {
+        return;
+    };
+    let Ok(sock) = UdpSocket::from_std(sock) else {
+        crate::errlog::error(format_args!("udp listener setup failed"));
+        return;
+    };
+    let local = sock
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let sock = Rc::new(sock);
+    let sessions: UdpSessions = Rc::default();
+    let mut buf = vec![0u8; 65536];
+    loop {
+        let Ok((n, peer)) = sock.recv_from(&mut buf).await else {
+            continue;
+        };
+        let data = buf[..n].to_vec();
+        let data = match sessions.borrow().get(&peer) {
+            Some((_, tx)) => match tx.send(data) {
+                Ok(()) => continue,
+                Err(e) => e.0,
+            },
+            None => data,
+        };
+        if w.active.get() >= w.config.main.worker_connections {
+            continue;
+        }
+        w.active.set(w.active.get() + 1);
+        let id = Worker::next_conn_id();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let _ = tx.send(data);
+        sessions.borrow_mut().insert(peer, (id, tx));
+        let s = Session::new(id, peer, local, true);
+        tokio::task::spawn_local(udp_session(
+            w.clone(),
+            srv.clone(),
+            sock.clone(),
+            s,
+            rx,
+            sessions.clone(),
+        ));
+    }
+}
+
+async fn udp_session(
+    w: Rc<Worker>,
+    srv: Arc<Server>,
+    sock: Rc<UdpSocket>,
+    mut s: Session,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
+    sessions: UdpSessions,
+) {
+    if let Some(_held) = super::core::enter(&srv, &mut s) {
+        if super::core::check_access(&srv, &mut s) {
+            match &srv.conf.ret {
+                Some(t) => {
+                    if let Ok(d) = rx.try_recv() {
+                        s.bytes_received += d.len() as u64;
+                    }
+                    let text = t.eval(&s, &srv.maps);
+                    if sock.send_to(text.as_bytes(), s.peer).await.is_ok() {
+                        s.bytes_sent += text.len() as u64;
+                    }
+                }
+                None => run_udp(&w, &srv, &sock, &mut s, &mut rx, &sessions).await,
+            }
+        }
+    }
+    let forget = |m: &mut HashMap<_, (u64, _)>| {
+        if m.get(&s.peer).is_some_and(|(id, _)| *id == s.id) {
+            m.remove(&s.peer);
+        }
+    };
+    forget(&mut sessions.borrow_mut());
+    super::core::finish(&srv, &s);
+    w.connection_closed();
+}
+
+/// An upstream UDP socket connected to the server chosen (no connect can fail for UDP
+/// but a bad address; nginx's next-upstream applies the same way).
+async fn udp_upstream(
+    w: &Rc<Worker>,
+    srv: &Server,
+    s: &mut Session,
+) -> Option<(UdpSocket, crate::upstream::Lease)> {
+    let group = match group_for(srv, s) {
+        Ok(g) => g,
+        Err(status) => {
+            s.status = status;
+            return None;
+        }
+    };
+    let hash = group.hash_key(s, &srv.maps);
+    let key = Key {
+        ip: Some(s.peer.ip()),
+        hash: hash.as_deref().map(str::as_bytes),
+    };
+    let mut tried = Tried::default();
+    loop {
+        let Pick::Server(i, lease) = w.upstreams.pick(&group.group, &key, &tried, Instant::now())
+        else {
+            crate::errlog::error(format_args!(
+                "*{} no live upstreams while connecting to upstream, {}",
+                s.id,
+                client_text(s)
+            ));
+            s.status = 502;
+            return None;
+        };
+        tried.push(i);
+        let addr = group.group.servers[i].addr.clone();
+        s.attempts.push(Attempt {
+            addr: addr.to_string(),
+            ..Default::default()
+        });
+        let began = Instant::now();
+        let r = async {
+            let Addr::Tcp(a) = &addr else {
+                return Err(std::io::Error::other("unix upstream for udp"));
+            };
+            let target = tokio::net::lookup_host(&**a)
+                .await?
+                .next()
+                .ok_or_else(|| std::io::Error::other("host not found"))?;
+            let bind: SocketAddr = if target.is_ipv4() {
+                ([0, 0, 0, 0], 0).into()
+            } else {
+                (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+            };
+            let u = UdpSocket::bind(bind).await?;
+            u.connect(target).await?;
+            Ok(u)
+        }
+        .await;
+        match r {
+            Ok(u) => {
+                if let Some(a) = s.attempts.last_mut() {
+                    a.connect = Some(began.elapsed().as_secs_f64());
+                }
+                return Some((u, lease));
+            }
+            Err(e) => {
+                w.upstreams.failed(&group.group, i, Instant::now());
+                crate::errlog::error(format_args!(
+                    "*{} connect() failed ({}) while connecting to upstream, {}, upstream: \"{addr}\"",
+                    s.id,
+                    crate::errlog::errno_text(&e),
+                    client_text(s)
+                ));
+                if !srv.conf.proxy.next_upstream || tried.len() >= group.group.servers.len() {
+                    s.status = 502;
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+async fn run_udp(
+    w: &Rc<Worker>,
+    srv: &Server,
+    sock: &UdpSocket,
+    s: &mut Session,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
+    sessions: &UdpSessions,
+) {
+    let c = &srv.conf.proxy;
+    let Some((up, _lease)) = udp_upstream(w, srv, s).await else {
+        return;
+    };
+    let began = Instant::now();
+    let (mut requests, mut responses) = (0u64, 0u64);
+    let (mut sent, mut received) = (0u64, 0u64);
+    let mut buf = vec![0u8; 65536];
+    let mut inbox_open = true;
+    let mut first = None;
+    let done =
+        |requests: u64, responses: u64| c.responses.is_some_and(|r| responses >= r * requests);
+    loop {
+        let deadline = tokio::time::Instant::now() + c.timeout;
+        tokio::select! {
+            m = rx.recv(), if inbox_open => match m {
+                Some(d) => {
+                    s.bytes_received += d.len() as u64;
+                    requests += 1;
+                    if up.send(&d).await.is_err() {
+                        s.status = 502;
+                        break;
+                    }
+                    sent += d.len() as u64;
+                    if c.requests > 0 && requests >= c.requests {
+                        // The client's next datagram starts a new session.
+                        sessions.borrow_mut().retain(|_, (id, _)| *id != s.id);
+                        inbox_open = false;
+                    }
+                    if done(requests, responses) {
+                        break;
+                    }
+                }
+                None => inbox_open = false,
+            },
+            r = up.recv(&mut buf) => match r {
+                Ok(n) => {
+                    received += n as u64;
+                    first.get_or_insert_with(Instant::now);
+                    if sock.send_to(&buf[..n], s.peer).await.is_ok() {
+                        s.bytes_sent += n as u64;
+                    }
+                    responses += 1;
+                    if done(requests, responses) {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    // An ICMP error (a closed port): nginx counts it as the datagram's reply,
+                    // so with `proxy_responses` met the session ends with 200.
+                    crate::errlog::error(format_args!(
+                        "*{} recv() failed ({}) while proxying and reading from upstream, {}",
+                        s.id,
+                        crate::errlog::errno_text(&e),
+                        client_text(s)
+                    ));
+                    responses += 1;
+                    if done(requests, responses) {
+                        break;
+                    }
+                }
+            },
+            _ = tokio::time::sleep_until(deadline) => {
+                if c.responses.is_some() && !done(requests, responses) {
+                    crate::errlog::error(format_args!("*{} upstream timed out (110: Connection timed out) while proxying connection, {}", s.id, client_text(s)));
+                    s.status = 502;
+                }
+                break;
+            }
+        }
+    }
+    if let Some(a) = s.attempts.last_mut() {
+        a.sent = sent;
+        a.received = received;
+        let base = a.connect.unwrap_or_default();
+        a.first_byte = first.map(|t: Instant| base + (t - began).as_secs_f64());
+        a.session = Some(base + began.elapsed().as_secs_f64());
+    }
+}

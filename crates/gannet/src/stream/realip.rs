@@ -1,0 +1,46 @@
+//! `set_real_ip_from` in the stream context (nginx's ngx_stream_realip_module): a session
+//! whose connection comes from a trusted address and opened with a PROXY protocol header
+//! (`listen ... proxy_protocol`) takes the header's client address and port as
+//! `$remote_addr` / `$remote_port` (what `allow`/`deny`, `limit_conn`, `hash` and the
+//! PROXY line to the upstream then see); `$realip_remote_addr` / `$realip_remote_port`
+//! keep the connection's own.
+
+use super::variables::Session;
+use crate::http::cidr::{unmapped, Cidr};
+use gannet_conf::{ConfError, Directive};
+
+#[derive(Debug, Clone, Default)]
+pub struct Trusted {
+    from: Vec<Cidr>,
+}
+
+impl Trusted {
+    /// `set_real_ip_from ADDRESS[/BITS]` (`unix:` is accepted and trusts nothing TCP).
+    pub fn add(&mut self, d: &Directive) -> Result<(), ConfError> {
+        if d.args.len() != 1 {
+            return Err(d.error("invalid number of arguments in \"set_real_ip_from\" directive"));
+        }
+        if d.args[0] == "unix:" {
+            return Ok(());
+        }
+        let (net, _) = Cidr::parse(&d.args[0])
+            .ok_or_else(|| d.error(format!("invalid parameter \"{}\"", d.args[0])))?;
+        self.from.push(net);
+        Ok(())
+    }
+
+    /// Take the PROXY header's client address when the connection is trusted.
+    pub fn apply(&self, s: &mut Session) {
+        if self.from.is_empty() {
+            return;
+        }
+        let Some(client) = s.proxy_protocol.as_ref().and_then(|p| p.client()) else {
+            return;
+        };
+        let ip = unmapped(s.peer.ip());
+        if self.from.iter().any(|n| n.contains(ip)) {
+            s.realip_from = Some(s.peer);
+            s.peer = client;
+        }
+    }
+}

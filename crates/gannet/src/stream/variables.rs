@@ -1,0 +1,398 @@
+//! The stream context's variables (nginx's ngx_stream_variables.c plus the variables of the
+//! stream modules gannet has) and the templates that read them: `log_format`, `map`
+//! values, `proxy_pass $name`, `hash KEY`.
+//!
+//! A [`Session`] holds what a variable may read: filled in as the session goes (addresses
+//! at accept, the ClientHello's fields at `ssl_preread`, the upstream's at connect, the
+//! counters and `$status` at the end).
+
+use super::map::Maps;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::time::Instant;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Var {
+    RemoteAddr,
+    RemotePort,
+    BinaryRemoteAddr,
+    ServerAddr,
+    ServerPort,
+    Protocol,
+    BytesSent,
+    BytesReceived,
+    SessionTime,
+    Status,
+    Connection,
+    Pid,
+    Hostname,
+    Msec,
+    TimeLocal,
+    TimeIso8601,
+    UpstreamAddr,
+    UpstreamBytesSent,
+    UpstreamBytesReceived,
+    UpstreamConnectTime,
+    UpstreamFirstByteTime,
+    UpstreamSessionTime,
+    SslPrereadServerName,
+    SslPrereadAlpnProtocols,
+    ProxyProtocolAddr,
+    ProxyProtocolPort,
+    ProxyProtocolServerAddr,
+    ProxyProtocolServerPort,
+    RealipRemoteAddr,
+    RealipRemotePort,
+    SslProtocol,
+    SslCipher,
+    SslServerName,
+    /// A `map`'s result (index into [`Maps`]).
+    Map(usize),
+}
+
+impl Var {
+    pub fn from_name(name: &str) -> Option<Var> {
+        Some(match name {
+            "remote_addr" => Var::RemoteAddr,
+            "remote_port" => Var::RemotePort,
+            "binary_remote_addr" => Var::BinaryRemoteAddr,
+            "server_addr" => Var::ServerAddr,
+            "server_port" => Var::ServerPort,
+            "protocol" => Var::Protocol,
+            "bytes_sent" => Var::BytesSent,
+            "bytes_received" => Var::BytesReceived,
+            "session_time" => Var::SessionTime,
+            "status" => Var::Status,
+            "connection" => Var::Connection,
+            "pid" => Var::Pid,
+            "hostname" => Var::Hostname,
+            "msec" => Var::Msec,
+            "time_local" => Var::TimeLocal,
+            "time_iso8601" => Var::TimeIso8601,
+            "upstream_addr" => Var::UpstreamAddr,
+            "upstream_bytes_sent" => Var::UpstreamBytesSent,
+            "upstream_bytes_received" => Var::UpstreamBytesReceived,
+            "upstream_connect_time" => Var::UpstreamConnectTime,
+            "upstream_first_byte_time" => Var::UpstreamFirstByteTime,
+            "upstream_session_time" => Var::UpstreamSessionTime,
+            "ssl_preread_server_name" => Var::SslPrereadServerName,
+            "ssl_preread_alpn_protocols" => Var::SslPrereadAlpnProtocols,
+            "proxy_protocol_addr" => Var::ProxyProtocolAddr,
+            "proxy_protocol_port" => Var::ProxyProtocolPort,
+            "proxy_protocol_server_addr" => Var::ProxyProtocolServerAddr,
+            "proxy_protocol_server_port" => Var::ProxyProtocolServerPort,
+            "realip_remote_addr" => Var::RealipRemoteAddr,
+            "realip_remote_port" => Var::RealipRemotePort,
+            "ssl_protocol" => Var::SslProtocol,
+            "ssl_cipher" => Var::SslCipher,
+            "ssl_server_name" => Var::SslServerName,
+            _ => return None,
+        })
+    }
+}
+
+/// One upstream attempt, for the `$upstream_*` lists (`, `-separated as nginx writes them).
+#[derive(Debug, Default, Clone)]
+pub struct Attempt {
+    pub addr: String,
+    pub sent: u64,
+    pub received: u64,
+    /// Seconds to connect; `None`: the connect failed ("-").
+    pub connect: Option<f64>,
+    pub first_byte: Option<f64>,
+    pub session: Option<f64>,
+}
+
+/// What a stream session's variables read.
+#[derive(Debug)]
+pub struct Session {
+    pub id: u64,
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    pub udp: bool,
+    pub start: Instant,
+    /// To the client, from the client.
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub status: u16,
+    pub attempts: Vec<Attempt>,
+    /// `None` until a ClientHello was read (the variables are then "not found": `-` in
+    /// a log line, as nginx writes them).
+    pub sni: Option<String>,
+    pub alpn: Option<String>,
+    /// The PROXY protocol header of `listen ... proxy_protocol`.
+    pub proxy_protocol: Option<std::sync::Arc<crate::conn::proxy_protocol::ProxyAddrs>>,
+    /// The connection's own client address when `set_real_ip_from` replaced it.
+    pub realip_from: Option<SocketAddr>,
+    /// The handshake of `listen ... ssl` (empty without one).
+    pub ssl_protocol: &'static str,
+    pub ssl_cipher: &'static str,
+    pub ssl_server_name: String,
+}
+
+impl Session {
+    pub fn new(id: u64, peer: SocketAddr, local: SocketAddr, udp: bool) -> Session {
+        Session {
+            id,
+            peer,
+            local,
+            udp,
+            start: Instant::now(),
+            bytes_sent: 0,
+            bytes_received: 0,
+            status: 200,
+            attempts: Vec::new(),
+            sni: None,
+            alpn: None,
+            proxy_protocol: None,
+            realip_from: None,
+            ssl_protocol: "",
+            ssl_cipher: "",
+            ssl_server_name: String::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Lit(String),
+    Var(Var),
+}
+
+/// A string with stream `$variables`, compiled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    parts: Vec<Part>,
+}
+
+impl Template {
+    /// Compile `src` (`$name`, `${name}`); a name that is neither built in nor a `map`'s
+    /// is nginx's "unknown variable".
+    pub fn compile(src: &str, maps: &Maps) -> Result<Template, String> {
+        let mut parts = Vec::new();
+        let mut lit = String::new();
+        let b = src.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] != b'$' {
+                let start = i;
+                while i < b.len() && b[i] != b'$' {
+                    i += 1;
+                }
+                lit.push_str(&src[start..i]);
+                continue;
+            }
+            let (name, next) = if b.get(i + 1) == Some(&b'{') {
+                let end = src[i + 2..].find('}').ok_or_else(|| {
+                    format!("the closing bracket in \"{src}\" variable is missing")
+                })?;
+                (&src[i + 2..i + 2 + end], i + 3 + end)
+            } else {
+                let mut j = i + 1;
+                while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_') {
+                    j += 1;
+                }
+                (&src[i + 1..j], j)
+            };
+            if name.is_empty() {
+                lit.push('$');
+                i += 1;
+                continue;
+            }
+            let var = Var::from_name(name)
+                .or_else(|| maps.index(name).map(Var::Map))
+                .ok_or_else(|| format!("unknown \"{name}\" variable"))?;
+            if !lit.is_empty() {
+                parts.push(Part::Lit(std::mem::take(&mut lit)));
+            }
+            parts.push(Part::Var(var));
+            i = next;
+        }
+        if !lit.is_empty() || parts.is_empty() {
+            parts.push(Part::Lit(lit));
+        }
+        Ok(Template { parts })
+    }
+
+    pub fn eval(&self, s: &Session, maps: &Maps) -> String {
+        let mut out = String::new();
+        self.append_to(&mut out, s, maps, 0);
+        out
+    }
+
+    /// `depth`: how many maps deep the evaluation is (a map whose value reads itself stops).
+    pub fn append_to(&self, out: &mut String, s: &Session, maps: &Maps, depth: usize) {
+        for p in &self.parts {
+            match p {
+                Part::Lit(l) => out.push_str(l),
+                Part::Var(v) => append(out, *v, s, maps, depth),
+            }
+        }
+    }
+}
+
+impl Template {
+    /// For a log line: literals as written, each variable's value through `escape`.
+    pub fn append_log(
+        &self,
+        out: &mut String,
+        s: &Session,
+        maps: &Maps,
+        escape: impl Fn(&str, &mut String),
+    ) {
+        let mut v = String::new();
+        for p in &self.parts {
+            match p {
+                Part::Lit(l) => out.push_str(l),
+                Part::Var(var) if !found(*var, s) => out.push('-'),
+                Part::Var(var) => {
+                    v.clear();
+                    append(&mut v, *var, s, maps, 0);
+                    escape(&v, out);
+                }
+            }
+        }
+    }
+}
+
+/// Whether the variable has a value (nginx's `not_found` otherwise): the upstream ones
+/// once a server was tried, the `ssl_preread` ones once a ClientHello was read, the
+/// `ssl` ones after a handshake.
+fn found(v: Var, s: &Session) -> bool {
+    match v {
+        Var::UpstreamAddr
+        | Var::UpstreamBytesSent
+        | Var::UpstreamBytesReceived
+        | Var::UpstreamConnectTime
+        | Var::UpstreamFirstByteTime
+        | Var::UpstreamSessionTime => !s.attempts.is_empty(),
+        Var::SslPrereadServerName | Var::SslPrereadAlpnProtocols => s.sni.is_some(),
+        Var::SslProtocol | Var::SslCipher | Var::SslServerName => !s.ssl_protocol.is_empty(),
+        Var::ProxyProtocolAddr
+        | Var::ProxyProtocolPort
+        | Var::ProxyProtocolServerAddr
+        | Var::ProxyProtocolServerPort => s.proxy_protocol.is_some(),
+        _ => true,
+    }
+}
+
+fn secs(out: &mut String, t: f64) {
+    let _ = write!(out, "{t:.3}");
+}
+
+/// `$upstream_*` lists: one entry per attempt, `, `-separated.
+fn list(out: &mut String, s: &Session, f: impl Fn(&mut String, &Attempt)) {
+    for (i, a) in s.attempts.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        f(out, a);
+    }
+}
+
+fn opt_secs(out: &mut String, t: Option<f64>) {
+    match t {
+        Some(t) => secs(out, t),
+        None => out.push('-'),
+    }
+}
+
+fn append(out: &mut String, v: Var, s: &Session, maps: &Maps, depth: usize) {
+    match v {
+        Var::RemoteAddr => {
+            let _ = write!(out, "{}", crate::http::cidr::unmapped(s.peer.ip()));
+        }
+        Var::RemotePort => {
+            let _ = write!(out, "{}", s.peer.port());
+        }
+        Var::BinaryRemoteAddr => match crate::http::cidr::unmapped(s.peer.ip()) {
+            // Bytes as Latin-1 characters, as the HTTP side writes binary values.
+            std::net::IpAddr::V4(a) => out.extend(a.octets().iter().map(|&b| b as char)),
+            std::net::IpAddr::V6(a) => out.extend(a.octets().iter().map(|&b| b as char)),
+        },
+        Var::ServerAddr => {
+            let _ = write!(out, "{}", crate::http::cidr::unmapped(s.local.ip()));
+        }
+        Var::ServerPort => {
+            let _ = write!(out, "{}", s.local.port());
+        }
+        Var::Protocol => out.push_str(if s.udp { "UDP" } else { "TCP" }),
+        Var::BytesSent => {
+            let _ = write!(out, "{}", s.bytes_sent);
+        }
+        Var::BytesReceived => {
+            let _ = write!(out, "{}", s.bytes_received);
+        }
+        Var::SessionTime => secs(out, s.start.elapsed().as_secs_f64()),
+        Var::Status => {
+            let _ = write!(out, "{}", s.status);
+        }
+        Var::Connection => {
+            let _ = write!(out, "{}", s.id);
+        }
+        Var::Pid => {
+            let _ = write!(out, "{}", std::process::id());
+        }
+        Var::Hostname => out.push_str(&hostname()),
+        Var::Msec => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            let _ = write!(out, "{}.{:03}", now.as_secs(), now.subsec_millis());
+        }
+        Var::TimeLocal => crate::runtime::clock::append_time_local(out),
+        Var::TimeIso8601 => crate::runtime::clock::append_time_iso8601(out),
+        Var::UpstreamAddr => list(out, s, |o, a| o.push_str(&a.addr)),
+        Var::UpstreamBytesSent => list(out, s, |o, a| {
+            let _ = write!(o, "{}", a.sent);
+        }),
+        Var::UpstreamBytesReceived => list(out, s, |o, a| {
+            let _ = write!(o, "{}", a.received);
+        }),
+        Var::UpstreamConnectTime => list(out, s, |o, a| opt_secs(o, a.connect)),
+        Var::UpstreamFirstByteTime => list(out, s, |o, a| opt_secs(o, a.first_byte)),
+        Var::UpstreamSessionTime => list(out, s, |o, a| opt_secs(o, a.session)),
+        Var::SslPrereadServerName => out.push_str(s.sni.as_deref().unwrap_or_default()),
+        Var::SslPrereadAlpnProtocols => out.push_str(s.alpn.as_deref().unwrap_or_default()),
+        Var::ProxyProtocolAddr => pp(out, s, |p, o| o.push_str(&p.addr)),
+        Var::ProxyProtocolPort => pp(out, s, |p, o| {
+            let _ = write!(o, "{}", p.port);
+        }),
+        Var::ProxyProtocolServerAddr => pp(out, s, |p, o| o.push_str(&p.server_addr)),
+        Var::ProxyProtocolServerPort => pp(out, s, |p, o| {
+            let _ = write!(o, "{}", p.server_port);
+        }),
+        Var::RealipRemoteAddr => {
+            let a = s.realip_from.unwrap_or(s.peer);
+            let _ = write!(out, "{}", crate::http::cidr::unmapped(a.ip()));
+        }
+        Var::RealipRemotePort => {
+            let _ = write!(out, "{}", s.realip_from.unwrap_or(s.peer).port());
+        }
+        Var::SslProtocol => out.push_str(s.ssl_protocol),
+        Var::SslCipher => out.push_str(s.ssl_cipher),
+        Var::SslServerName => out.push_str(&s.ssl_server_name),
+        Var::Map(i) => maps.append(i, out, s, depth),
+    }
+}
+
+fn pp(
+    out: &mut String,
+    s: &Session,
+    f: impl Fn(&crate::conn::proxy_protocol::ProxyAddrs, &mut String),
+) {
+    if let Some(p) = &s.proxy_protocol {
+        f(p, out);
+    }
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into the buffer it is given.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if r != 0 {
+        return String::new();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
