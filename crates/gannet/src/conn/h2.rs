@@ -46,6 +46,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
+/// The connection's receive window: the most HTTP/2 allows, as nginx's.
+const CONN_WINDOW: u32 = (1 << 31) - 1;
+
 /// How often a connection looks at the worker's drain flag.
 const DRAIN_CHECK: Duration = Duration::from_secs(1);
 
@@ -88,6 +91,10 @@ where
     builder
         .max_concurrent_streams(h2c.max_concurrent_streams())
         .initial_window_size(h2c.body_preread_size())
+        // As nginx, the connection's receive window is opened to the largest at once (a
+        // WINDOW_UPDATE right after SETTINGS, which clients such as nginx's tests wait
+        // for): what a client may send unread is bounded by each stream's window.
+        .initial_connection_window_size(CONN_WINDOW)
         .max_header_list_size(header_cap)
         .max_frame_size(16 * 1024)
         .max_send_buffer_size(h2c.chunk_size() as usize * 4);

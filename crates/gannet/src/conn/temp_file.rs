@@ -48,7 +48,7 @@ pub fn create(tp: &TempPath) -> Result<TempFile, String> {
         Err(e) if !unsupported(&e) => return Err(crate::errlog::failed("open()", &tp.dir, &e)),
         Err(_) => {}
     }
-    named(tp)
+    create_unlinked_named(tp)
 }
 
 fn nameless(dir: &Path) -> io::Result<File> {
@@ -75,8 +75,9 @@ fn make_dirs(dir: &Path) -> io::Result<()> {
         .create(dir)
 }
 
-/// The fallback: a fresh name, created exclusively, then unlinked.
-fn named(tp: &TempPath) -> Result<TempFile, String> {
+/// The fallback: a fresh name, created exclusively, then unlinked (also what a config that
+/// reads `$request_body_file` gets: the file then has a name to give, as in nginx).
+pub fn create_unlinked_named(tp: &TempPath) -> Result<TempFile, String> {
     let t = create_named(tp)?;
     std::fs::remove_file(&t.name).map_err(|e| crate::errlog::failed("unlink()", &t.name, &e))?;
     Ok(t)
