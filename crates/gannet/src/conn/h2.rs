@@ -472,7 +472,10 @@ async fn answer(
                     // A CGI local redirect is served as a GET (RFC 3875, 6.2.2).
                     req.method_override = Some(Method::Get);
                 }
-                req.body = None;
+                // As HTTP/1.x: the body stays for an answer read whole (its add_headers).
+                if !matches!(flow, Flow::Done(_)) {
+                    req.body = None;
+                }
                 handled = handler::resume(&mut req, w, flow);
             }
         }

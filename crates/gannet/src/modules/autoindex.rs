@@ -146,6 +146,7 @@ pub fn handle(req: &Request) -> Flow {
                 &entries,
                 c.exact_size.unwrap_or(true),
                 c.localtime.unwrap_or(false),
+                req.conf.charset.is_utf8(),
             )
         }
         Format::Xml => {
@@ -186,7 +187,7 @@ fn jsonp_callback(req: &Request) -> Result<Option<&str>, ()> {
     Err(())
 }
 
-fn html(uri: &str, entries: &[Entry], exact: bool, local: bool) -> String {
+fn html(uri: &str, entries: &[Entry], exact: bool, local: bool, utf8: bool) -> String {
     let title = escape_html(uri);
     let mut s = format!("<html>\r\n<head><title>Index of {title}</title></head>\r\n<body>\r\n<h1>Index of {title}</h1><hr><pre><a href=\"../\">../</a>\r\n");
     for e in entries {
@@ -195,13 +196,23 @@ fn html(uri: &str, entries: &[Entry], exact: bool, local: bool) -> String {
             name.push('/');
         }
         let href = encode_component(&name);
-        // Long names are cut to 50 columns with "..>", as nginx does.
-        let shown: String = if name.chars().count() > 50 {
-            name.chars().take(47).collect::<String>() + "..>"
+        // Long names are cut to 50 columns with "..>", as nginx does; columns are
+        // characters when the answer is in UTF-8, else bytes (cut here at a character's
+        // boundary, where nginx may cut one in two).
+        let width = |s: &str| if utf8 { s.chars().count() } else { s.len() };
+        let shown: String = if width(&name) > 50 {
+            let mut cut = String::new();
+            for ch in name.chars() {
+                if width(&cut) + if utf8 { 1 } else { ch.len_utf8() } > 47 {
+                    break;
+                }
+                cut.push(ch);
+            }
+            cut + "..>"
         } else {
             name.clone()
         };
-        let pad = 51usize.saturating_sub(shown.chars().count());
+        let pad = 51usize.saturating_sub(width(&shown));
         let size = if e.dir {
             "-".to_string()
         } else if exact {
