@@ -119,7 +119,7 @@ impl Failed {
 /// (and `client_body_in_file_only` is off), else into a temporary file, written each time
 /// that much has gathered. Memory held: at most the buffer size, whatever the body's size.
 /// `named`: always into a file, one with a name in `client_body_temp_path` (a DAV `PUT`
-/// renames it into place), even for an empty body.
+/// renames it into place), even for an empty body (as with `client_body_in_file_only`).
 pub async fn read<B: BodySource + ?Sized>(
     src: &mut B,
     req: &Request,
@@ -150,8 +150,9 @@ pub async fn read<B: BodySource + ?Sized>(
             held.extend_from_slice(&piece);
         }
     }
-    if named && file.is_none() {
-        file = Some(open(req, true)?);
+    // An empty body still gets its (empty) file where every body goes to one, as nginx's.
+    if file_only && file.is_none() {
+        file = Some(open(req, named)?);
     }
     match file {
         None => Ok(RequestBody::Memory(held)),
