@@ -32,7 +32,7 @@ use crate::http::router::select_server;
 use crate::modules::LocConf;
 use crate::runtime::worker::Worker;
 use bytes::{Bytes, BytesMut};
-use gannet_proto::h1::{Method, RequestHead};
+use gannet_proto::h1::{BodyKind, Method, RequestHead};
 use gannet_proto::uri::parse_target;
 use h2::server::SendResponse;
 use h2::RecvStream;
@@ -380,7 +380,17 @@ async fn answer(
     // close the stream's sending side early, and a WINDOW_UPDATE overflow on it would then
     // go unanswered, which h2spec 6.9.1 checks.)
     let wanted = matches!(handled, Handled::Gateway | Handled::Put);
-    if stream_body.is_none() && !recv.is_end_stream() && (wanted || !req.head.expect_continue) {
+    // A stream whose Content-Length is 0 has no body to wait for (the codec holds the
+    // client to it): an application that takes bodies unbuffered is asked at once, without
+    // waiting for the stream's end, as nginx does (a buffered one waits for it, as there).
+    let declared_empty = matches!(req.head.body, BodyKind::Length(0))
+        && matches!(handled, Handled::Gateway)
+        && super::gateway::unbuffered(&req).is_some();
+    if stream_body.is_none()
+        && !recv.is_end_stream()
+        && !declared_empty
+        && (wanted || !req.head.expect_continue)
+    {
         let read = if wanted {
             // Kept for the application the way HTTP/1.x keeps it (memory, else a file).
             let mut src = H2Body::new(recv, &req);
