@@ -10,8 +10,8 @@ use super::body::{BodyError, BodySource};
 use super::temp_file::{self, TempFile};
 use crate::errlog::{self, Level};
 use crate::http::request::Request;
-use std::os::unix::fs::FileExt;
 use crate::modules::client_body::InFileOnly;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -322,7 +322,10 @@ impl Var {
             Var::SentHttp(name) => sent
                 .response
                 .is_some_and(|r| r.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))),
-            Var::SentTrailer(name) => sent.trailers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)),
+            Var::SentTrailer(name) => sent
+                .trailers
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case(name)),
             Var::UpstreamCookie(name) => upstream_cookie(req, name, &mut String::new()),
             // `set`, `map`, `geo` and named captures give a value even when it is empty
             // (nginx logs `set $x ""` as `""`).

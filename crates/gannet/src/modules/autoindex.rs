@@ -174,7 +174,10 @@ fn jsonp_callback(req: &Request) -> Result<Option<&str>, ()> {
     };
     let why = if cb.len() > 128 {
         "too long"
-    } else if !cb.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.') {
+    } else if !cb
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+    {
         "invalid"
     } else {
         return Ok(Some(cb));
