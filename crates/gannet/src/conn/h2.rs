@@ -97,7 +97,9 @@ where
         .initial_connection_window_size(CONN_WINDOW)
         .max_header_list_size(header_cap)
         .max_frame_size(16 * 1024)
-        .max_send_buffer_size(h2c.chunk_size() as usize * 4);
+        // Room for four frames of the largest `http2_chunk_size` (a location may set its
+        // own, up to 16k; the server's would cap a location's larger frames).
+        .max_send_buffer_size(4 * 16 * 1024);
     let flood = Rc::new(Flood::default());
     let io = FloodGuard::new(io, flood.clone(), PREFACE.len());
     let Some(io) = preface(io, core.client_header_timeout(), &info).await else {
