@@ -1,8 +1,10 @@
 //! Temporary files for request bodies, made so that nothing is left behind: opened with
 //! `O_TMPFILE` (a file with no name at all), or, where the filesystem cannot do that,
 //! created under a fresh name (nginx's ten digits, in its level folders) and unlinked at
-//! once. The folder is made on first use if it is missing. Failures come back with nginx's
-//! wording for the error log (`open() "..." failed (13: Permission denied)`).
+//! once. Files that are to keep their name (a DAV `PUT`'s body, `client_body_in_file_only`)
+//! are made the same way and left in place for the caller. The folder is made on first use
+//! if it is missing. Failures come back with nginx's wording for the error log (`open()
+//! "..." failed (13: Permission denied)`).
 
 use crate::modules::client_body::TempPath;
 use std::fs::{File, OpenOptions};
