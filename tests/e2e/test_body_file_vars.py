@@ -106,6 +106,12 @@ def test_request_body_file_as_nginx(tmp_path, app):
             assert NAME.search(str(kept)) and "x-body" not in a.headers, (name, a.headers)
             assert wait_until(lambda: files(tmp) == [kept]) and kept.read_bytes() == small, name
             kept.unlink()
+            # An empty (chunked) body still gets its empty file.
+            a = exchange(port, b"POST /on HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n"
+                         b"Connection: close\r\n\r\n0\r\n\r\n")
+            empty = Path(a.headers["x-body-file"])
+            assert wait_until(lambda: files(tmp) == [empty]) and empty.read_bytes() == b"", name
+            empty.unlink()
             # `clean`: a file while the request runs, removed after it.
             a = post(port, "/clean", big)
             assert NAME.search(a.headers["x-body-file"]), (name, a.headers)
