@@ -505,3 +505,25 @@ def test_http2_variable(gannet, pki):
     r = curl(f"https://127.0.0.1:{tls}/h2v", "--http1.1")
     assert r.stdout == b"[]"
     assert srv.get("/h2v")[2] == b"[]"
+
+
+def test_http2_chunk_size_per_location(gannet, pki):
+    """As nginx, a location may set its own frame size; larger than 16k is cut to it."""
+    text, _ = servers(pki, h2c_listen="http2", extra="""http2_chunk_size 2k;
+        location /small/ { http2_chunk_size 1k; alias {root}/; }
+        location /large/ { http2_chunk_size 64k; alias {root}/; }""")
+    srv = gannet.start(conf=text, files={"big.bin": b"z" * 50_000})
+    for path, size in ((b"/big.bin", 2048), (b"/small/big.bin", 1024), (b"/large/big.bin", 16384)):
+        sizes = data_frame_sizes(srv.port, path)
+        assert sum(sizes) == 50_000 and max(sizes) == size, path
+
+
+def test_http2_chunk_size_zero_is_refused_as_nginx(tmp_path):
+    from nginx_peer import NGINX, check_both
+
+    if NGINX is None:
+        pytest.skip("nginx is not installed")
+    n, g = check_both(tmp_path, "server { listen 127.0.0.1:2; location / { http2_chunk_size 0; } }")
+    assert n.returncode != 0 and g.returncode != 0
+    assert "the http2 chunk size cannot be zero" in n.stderr
+    assert "the http2 chunk size cannot be zero" in g.stderr and "check.conf:" in g.stderr

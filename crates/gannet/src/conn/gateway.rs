@@ -731,6 +731,23 @@ enum BodyFrame {
 /// chunks; else it is read whole first, as nginx does (FastCGI, SCGI and uwsgi need a
 /// length up front; HTTP/1.0 has no chunks), and so is a mirrored one (the copies need it).
 pub fn streams(req: &Request) -> Option<Streamed> {
+    let proto = unbuffered(req)?;
+    match req.head.body {
+        BodyKind::Length(n) if n > 0 => Some(Streamed::Length(n)),
+        BodyKind::Chunked if proto == Proto::Http && req.conf.proxy.http11.unwrap_or(false) => {
+            Some(Streamed::Chunked)
+        }
+        // FastCGI frames the body in records whatever its length, so one of unknown length
+        // (chunked, or an HTTP/2 body without Content-Length) is passed on as it comes too,
+        // as nginx's fastcgi module does.
+        BodyKind::Chunked if proto == Proto::FastCgi => Some(Streamed::Chunked),
+        _ => None,
+    }
+}
+
+/// The location's gateway when it passes a request body on as it comes (`*_request_buffering
+/// off`, the body passed, no mirror): with what framing is [`streams`]' question.
+pub fn unbuffered(req: &Request) -> Option<Proto> {
     let proto = gateway::active(&req.conf)?;
     let c = gateway::conf(&req.conf, proto);
     if c.request_buffering()
@@ -743,13 +760,7 @@ pub fn streams(req: &Request) -> Option<Streamed> {
     if proto == Proto::Http && req.conf.proxy.body.is_some() {
         return None;
     }
-    match req.head.body {
-        BodyKind::Length(n) if n > 0 => Some(Streamed::Length(n)),
-        BodyKind::Chunked if proto == Proto::Http && req.conf.proxy.http11.unwrap_or(false) => {
-            Some(Streamed::Chunked)
-        }
-        _ => None,
-    }
+    Some(proto)
 }
 
 /// `*_ignore_client_abort on`: the exchange runs to its end whatever the client does.

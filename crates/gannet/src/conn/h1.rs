@@ -761,8 +761,11 @@ impl<S: Transport> Conn<S> {
                         req.method_override = Some(Method::Get);
                     }
                     // An error page or local redirect that reaches an application again
-                    // passes no body (it is fetched with GET).
-                    req.body = None;
+                    // passes no body (it is fetched with GET). An answer read whole keeps
+                    // it: its `add_header`s may read `$request_body` / `$request_body_file`.
+                    if !matches!(flow, Flow::Done(_)) {
+                        req.body = None;
+                    }
                     handled = handler::resume(&mut req, &w, flow);
                 }
             }

@@ -32,7 +32,7 @@ use crate::http::router::select_server;
 use crate::modules::LocConf;
 use crate::runtime::worker::Worker;
 use bytes::{Bytes, BytesMut};
-use gannet_proto::h1::{Method, RequestHead};
+use gannet_proto::h1::{BodyKind, Method, RequestHead};
 use gannet_proto::uri::parse_target;
 use h2::server::SendResponse;
 use h2::RecvStream;
@@ -45,6 +45,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+/// The connection's receive window: the most HTTP/2 allows, as nginx's.
+const CONN_WINDOW: u32 = (1 << 31) - 1;
 
 /// How often a connection looks at the worker's drain flag.
 const DRAIN_CHECK: Duration = Duration::from_secs(1);
@@ -88,9 +91,15 @@ where
     builder
         .max_concurrent_streams(h2c.max_concurrent_streams())
         .initial_window_size(h2c.body_preread_size())
+        // As nginx, the connection's receive window is opened to the largest at once (a
+        // WINDOW_UPDATE right after SETTINGS, which clients such as nginx's tests wait
+        // for): what a client may send unread is bounded by each stream's window.
+        .initial_connection_window_size(CONN_WINDOW)
         .max_header_list_size(header_cap)
         .max_frame_size(16 * 1024)
-        .max_send_buffer_size(h2c.chunk_size() as usize * 4);
+        // Room for four frames of the largest `http2_chunk_size` (a location may set its
+        // own, up to 16k; the server's would cap a location's larger frames).
+        .max_send_buffer_size(4 * 16 * 1024);
     let flood = Rc::new(Flood::default());
     let io = FloodGuard::new(io, flood.clone(), PREFACE.len());
     let Some(io) = preface(io, core.client_header_timeout(), &info).await else {
@@ -373,7 +382,17 @@ async fn answer(
     // close the stream's sending side early, and a WINDOW_UPDATE overflow on it would then
     // go unanswered, which h2spec 6.9.1 checks.)
     let wanted = matches!(handled, Handled::Gateway | Handled::Put);
-    if stream_body.is_none() && !recv.is_end_stream() && (wanted || !req.head.expect_continue) {
+    // A stream whose Content-Length is 0 has no body to wait for (the codec holds the
+    // client to it): an application that takes bodies unbuffered is asked at once, without
+    // waiting for the stream's end, as nginx does (a buffered one waits for it, as there).
+    let declared_empty = matches!(req.head.body, BodyKind::Length(0))
+        && matches!(handled, Handled::Gateway)
+        && super::gateway::unbuffered(&req).is_some();
+    if stream_body.is_none()
+        && !recv.is_end_stream()
+        && !declared_empty
+        && (wanted || !req.head.expect_continue)
+    {
         let read = if wanted {
             // Kept for the application the way HTTP/1.x keeps it (memory, else a file).
             let mut src = H2Body::new(recv, &req);
@@ -465,7 +484,10 @@ async fn answer(
                     // A CGI local redirect is served as a GET (RFC 3875, 6.2.2).
                     req.method_override = Some(Method::Get);
                 }
-                req.body = None;
+                // As HTTP/1.x: the body stays for an answer read whole (its add_headers).
+                if !matches!(flow, Flow::Done(_)) {
+                    req.body = None;
+                }
                 handled = handler::resume(&mut req, w, flow);
             }
         }

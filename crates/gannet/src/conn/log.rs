@@ -21,6 +21,7 @@ pub fn access(w: &Worker, req: &Request, resp: &Response, head_len: u64, body_le
         body_bytes: body_len,
         bytes: head_len + body_len,
         response: Some(resp),
+        trailers: &[],
     };
     let mut line = Vec::with_capacity(256);
     for log in logs.iter() {

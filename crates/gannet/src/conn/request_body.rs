@@ -1,6 +1,7 @@
 //! A request body read whole before it goes to an application (nginx's request
 //! buffering), held within a memory budget: up to `client_body_buffer_size` in memory,
-//! else in an unlinked temporary file (see `conn::temp_file` and `modules::client_body`),
+//! else in a temporary file (see `conn::temp_file` and `modules::client_body`: unlinked at
+//! once, or with `client_body_in_file_only` kept by name while the request runs),
 //! written as it comes in pieces of at most that size and read back in bounded pieces when
 //! it is sent. HTTP/1.x and HTTP/2 read it through the same [`read`]; the gateways send it
 //! with [`BodyFile::piece`], and mirrored copies share it.
@@ -9,8 +10,20 @@ use super::body::{BodyError, BodySource};
 use super::temp_file::{self, TempFile};
 use crate::errlog::{self, Level};
 use crate::http::request::Request;
+use crate::modules::client_body::InFileOnly;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A loaded config reads `$request_body_file`: temporary body files then get nginx's names
+/// (made and unlinked at once, where `O_TMPFILE` would have made them nameless), so the
+/// variable has one to give. Never cleared, like `$upstream_http_*`'s flag.
+static NAMES_WANTED: AtomicBool = AtomicBool::new(false);
+
+/// Called when a config uses `$request_body_file`.
+pub fn want_names() {
+    NAMES_WANTED.store(true, Ordering::Relaxed);
+}
 
 /// A body read whole.
 pub enum RequestBody {
@@ -28,12 +41,15 @@ impl RequestBody {
     }
 }
 
-/// A body in an unlinked temporary file, or in a named one (`kept`) that is to be renamed
-/// into place (a DAV `PUT`): unlinked when dropped unless its name was taken.
+/// A body in a temporary file: unlinked at once, or named (`kept`) until it is dropped (a
+/// DAV `PUT`'s, to be renamed into place unless its name is taken; `client_body_in_file_only
+/// clean`'s), or left for good (`client_body_in_file_only on`).
 pub struct BodyFile {
     file: std::fs::File,
     len: u64,
     kept: std::cell::RefCell<Option<PathBuf>>,
+    /// Its name, for `$request_body_file` (none for a nameless `O_TMPFILE` file).
+    name: Option<PathBuf>,
 }
 
 impl Drop for BodyFile {
@@ -57,6 +73,11 @@ impl BodyFile {
 
     pub fn len(&self) -> u64 {
         self.len
+    }
+
+    /// The name it was made under (`$request_body_file`), if it had one.
+    pub fn name(&self) -> Option<&Path> {
+        self.name.as_deref()
     }
 
     /// The body's bytes from `at` into `buf` (at most its length); 0 at the end. A read of
@@ -98,7 +119,7 @@ impl Failed {
 /// (and `client_body_in_file_only` is off), else into a temporary file, written each time
 /// that much has gathered. Memory held: at most the buffer size, whatever the body's size.
 /// `named`: always into a file, one with a name in `client_body_temp_path` (a DAV `PUT`
-/// renames it into place), even for an empty body.
+/// renames it into place), even for an empty body (as with `client_body_in_file_only`).
 pub async fn read<B: BodySource + ?Sized>(
     src: &mut B,
     req: &Request,
@@ -106,7 +127,7 @@ pub async fn read<B: BodySource + ?Sized>(
 ) -> Result<RequestBody, Failed> {
     let c = &req.conf.client_body;
     let cap = usize::try_from(c.buffer_size()).unwrap_or(usize::MAX);
-    let file_only = named || c.in_file_only();
+    let file_only = named || c.in_file_only() != InFileOnly::Off;
     let mut held: Vec<u8> = Vec::new();
     // The file and its name for the log.
     let mut file: Option<(BodyFile, PathBuf)> = None;
@@ -129,8 +150,9 @@ pub async fn read<B: BodySource + ?Sized>(
             held.extend_from_slice(&piece);
         }
     }
-    if named && file.is_none() {
-        file = Some(open(req, true)?);
+    // An empty body still gets its (empty) file where every body goes to one, as nginx's.
+    if file_only && file.is_none() {
+        file = Some(open(req, named)?);
     }
     match file {
         None => Ok(RequestBody::Memory(held)),
@@ -146,22 +168,32 @@ pub fn empty_named(req: &Request) -> Result<BodyFile, Failed> {
     Ok(open(req, true)?.0)
 }
 
-/// A new body file (a named one is unlinked when dropped, unless renamed) and its name for
-/// the log.
+/// A new body file and its name for the log. `named` (a PUT's body) and
+/// `client_body_in_file_only clean` files are unlinked when dropped (unless renamed),
+/// `client_body_in_file_only on` files are left; other files are unlinked at once.
 fn open(req: &Request, named: bool) -> Result<(BodyFile, PathBuf), Failed> {
-    let tp = req.conf.client_body.temp_path();
-    let made = if named {
+    let c = &req.conf.client_body;
+    let tp = c.temp_path();
+    let in_file_only = c.in_file_only();
+    let made = if named || in_file_only != InFileOnly::Off {
         temp_file::create_named(&tp)
+    } else if NAMES_WANTED.load(Ordering::Relaxed) {
+        temp_file::create_unlinked_named(&tp)
     } else {
         temp_file::create(&tp)
     };
     match made {
         Ok(t) => {
             // nginx's notice of the same event, at its level (the name is the folder for
-            // a file that never had one); not for a PUT's body, which is meant for a file.
+            // a file that never had one): a notice for the files asked for, else a
+            // warning; not for a PUT's body, which is meant for a file.
             if !named {
+                let level = match in_file_only {
+                    InFileOnly::Off => Level::Warn,
+                    _ => Level::Notice,
+                };
                 errlog::request(
-                    Level::Warn,
+                    level,
                     req,
                     format_args!(
                         "a client request body is buffered to a temporary file {}",
@@ -170,10 +202,14 @@ fn open(req: &Request, named: bool) -> Result<(BodyFile, PathBuf), Failed> {
                 );
             }
             let TempFile { file, name } = t;
+            // A nameless file is logged under its folder's name.
+            let has_name = name != tp.dir;
+            let remove = named || in_file_only == InFileOnly::Clean;
             let body = BodyFile {
                 file,
                 len: 0,
-                kept: std::cell::RefCell::new(named.then(|| name.clone())),
+                kept: std::cell::RefCell::new(remove.then(|| name.clone())),
+                name: has_name.then(|| name.clone()),
             };
             Ok((body, name))
         }

@@ -1,8 +1,10 @@
 //! Temporary files for request bodies, made so that nothing is left behind: opened with
 //! `O_TMPFILE` (a file with no name at all), or, where the filesystem cannot do that,
 //! created under a fresh name (nginx's ten digits, in its level folders) and unlinked at
-//! once. The folder is made on first use if it is missing. Failures come back with nginx's
-//! wording for the error log (`open() "..." failed (13: Permission denied)`).
+//! once. Files that are to keep their name (a DAV `PUT`'s body, `client_body_in_file_only`)
+//! are made the same way and left in place for the caller. The folder is made on first use
+//! if it is missing. Failures come back with nginx's wording for the error log (`open()
+//! "..." failed (13: Permission denied)`).
 
 use crate::modules::client_body::TempPath;
 use std::fs::{File, OpenOptions};
@@ -48,7 +50,7 @@ pub fn create(tp: &TempPath) -> Result<TempFile, String> {
         Err(e) if !unsupported(&e) => return Err(crate::errlog::failed("open()", &tp.dir, &e)),
         Err(_) => {}
     }
-    named(tp)
+    create_unlinked_named(tp)
 }
 
 fn nameless(dir: &Path) -> io::Result<File> {
@@ -75,8 +77,9 @@ fn make_dirs(dir: &Path) -> io::Result<()> {
         .create(dir)
 }
 
-/// The fallback: a fresh name, created exclusively, then unlinked.
-fn named(tp: &TempPath) -> Result<TempFile, String> {
+/// The fallback: a fresh name, created exclusively, then unlinked (also what a config that
+/// reads `$request_body_file` gets: the file then has a name to give, as in nginx).
+pub fn create_unlinked_named(tp: &TempPath) -> Result<TempFile, String> {
     let t = create_named(tp)?;
     std::fs::remove_file(&t.name).map_err(|e| crate::errlog::failed("unlink()", &t.name, &e))?;
     Ok(t)

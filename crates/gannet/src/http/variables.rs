@@ -5,12 +5,13 @@
 //! `$arg_NAME` `$http_NAME` `$cookie_NAME` `$sent_http_NAME` `$host` `$hostname`
 //! `$remote_addr` `$remote_port` `$realip_remote_addr` `$realip_remote_port` `$remote_user` `$server_addr` `$server_port` `$server_name`
 //! `$server_protocol` `$scheme` `$https` `$document_root` `$realpath_root` `$request_filename`
-//! `$request_method` `$request` `$request_length` `$request_time` `$status` `$body_bytes_sent`
+//! `$request_method` `$request` `$request_body` `$request_body_file` `$request_length` `$request_time` `$status` `$body_bytes_sent`
 //! `$bytes_sent` `$content_type` `$content_length` `$connection` `$connection_requests` `$msec`
 //! `$time_local` `$time_iso8601` `$pid` `$nginx_version` `$gannet_version` `$fastcgi_script_name`
 //! `$fastcgi_path_info` `$proxy_host` `$proxy_port` `$proxy_add_x_forwarded_for`
 //! `$upstream_addr` `$upstream_status` `$upstream_response_time` `$upstream_connect_time`
 //! `$upstream_header_time` `$upstream_cache_status` (never set: no cache) `$upstream_http_NAME`
+//! `$upstream_cookie_NAME` `$sent_trailer_NAME`
 //! `$request_id` `$http2` `$limit_req_status` `$limit_conn_status` `$secure_link`
 //! `$secure_link_expires` `$uid_got` `$uid_set` `$otel_trace_id` `$otel_span_id`
 //! `$otel_parent_id` `$otel_parent_sampled` and `$1`..`$9`; the TLS
@@ -28,7 +29,7 @@ use crate::modules::stub_status::Gauge;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// A loaded config reads `$upstream_http_*`: the gateways then keep each answer's header
+/// A loaded config reads `$upstream_http_*` or `$upstream_cookie_*`: the gateways then keep each answer's header
 /// fields on the request (a copy of their list per proxied request, which no other config
 /// pays for). Never cleared: after a reload that dropped the variable the copy is made
 /// for nothing, but nothing is wrong.
@@ -75,6 +76,7 @@ pub enum Var {
     Request,
     RequestLength,
     RequestBody,
+    RequestBodyFile,
     RequestTime,
     Status,
     BodyBytesSent,
@@ -110,6 +112,10 @@ pub enum Var {
     UpstreamCacheStatus,
     /// `$upstream_http_NAME` (lowercase, with `-`).
     UpstreamHttp(String),
+    /// `$upstream_cookie_NAME`: the cookie NAME an upstream's `Set-Cookie` sets.
+    UpstreamCookie(String),
+    /// `$sent_trailer_NAME` (lowercase, with `-`).
+    SentTrailer(String),
     RequestId,
     Http2,
     /// `$invalid_referer` (the referer module).
@@ -235,6 +241,10 @@ impl Var {
             "request" => Var::Request,
             "request_length" => Var::RequestLength,
             "request_body" => Var::RequestBody,
+            "request_body_file" => {
+                crate::conn::request_body::want_names();
+                Var::RequestBodyFile
+            }
             "request_time" => Var::RequestTime,
             "status" => Var::Status,
             "body_bytes_sent" => Var::BodyBytesSent,
@@ -281,6 +291,11 @@ impl Var {
                     Var::Http(lower(h).replace('_', "-"))
                 } else if let Some(h) = name.strip_prefix("sent_http_") {
                     Var::SentHttp(lower(h).replace('_', "-"))
+                } else if let Some(h) = name.strip_prefix("sent_trailer_") {
+                    Var::SentTrailer(lower(h).replace('_', "-"))
+                } else if let Some(c) = name.strip_prefix("upstream_cookie_") {
+                    UPSTREAM_HEADERS.store(true, Ordering::Relaxed);
+                    Var::UpstreamCookie(c.to_string())
                 } else if let Some(h) = name.strip_prefix("upstream_http_") {
                     UPSTREAM_HEADERS.store(true, Ordering::Relaxed);
                     Var::UpstreamHttp(lower(h).replace('_', "-"))
@@ -311,6 +326,11 @@ impl Var {
             Var::SentHttp(name) => sent
                 .response
                 .is_some_and(|r| r.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))),
+            Var::SentTrailer(name) => sent
+                .trailers
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case(name)),
+            Var::UpstreamCookie(name) => upstream_cookie(req, name, &mut String::new()),
             // `set`, `map`, `geo` and named captures give a value even when it is empty
             // (nginx logs `set $x ""` as `""`).
             Var::User(_) => true,
@@ -340,6 +360,9 @@ pub struct Sent<'a> {
     /// The response sent, for `$sent_http_*`: looked up when a format asks, where copying
     /// every header for each log line was two allocations a header per request.
     pub response: Option<&'a Response>,
+    /// The trailer fields sent so far, for `$sent_trailer_*` (`add_trailer` evaluates each
+    /// field with those before it already sent, as nginx does).
+    pub trailers: &'a [(String, String)],
 }
 
 impl Sent<'_> {
@@ -351,6 +374,7 @@ impl Sent<'_> {
             body_bytes: 0,
             bytes: 0,
             response: None,
+            trailers: &[],
         }
     }
 
@@ -397,7 +421,9 @@ pub fn lookup(name: &str, req: &Request) -> Option<String> {
                 | Var::Http(_)
                 | Var::Cookie(_)
                 | Var::SentHttp(_)
+                | Var::SentTrailer(_)
                 | Var::UpstreamHttp(_)
+                | Var::UpstreamCookie(_)
         );
     (!absent).then_some(out)
 }
@@ -593,6 +619,34 @@ fn push_ip(out: &mut String, ip: std::net::IpAddr) {
     }
 }
 
+/// Append `$upstream_cookie_NAME`, as nginx's `ngx_http_parse_set_cookie_lines` finds it:
+/// the first upstream `Set-Cookie` whose value starts with NAME (any case), spaces, `=`;
+/// its value after spaces, up to `;`. Returns whether one was found.
+fn upstream_cookie(req: &Request, name: &str, out: &mut String) -> bool {
+    let fields = req.upstream_headers.borrow();
+    let Some(fields) = fields.as_ref() else {
+        return false;
+    };
+    for (n, v) in fields.iter() {
+        if !n.eq_ignore_ascii_case("set-cookie") || name.len() >= v.len() {
+            continue;
+        }
+        let Some(start) = v.get(..name.len()) else {
+            continue;
+        };
+        if !start.eq_ignore_ascii_case(name) {
+            continue;
+        }
+        let Some(rest) = v[name.len()..].trim_start_matches(' ').strip_prefix('=') else {
+            continue;
+        };
+        let rest = rest.trim_start_matches(' ');
+        out.push_str(rest.split(';').next().unwrap_or(""));
+        return true;
+    }
+    false
+}
+
 fn header_str(req: &Request, name: &str) -> Option<String> {
     req.head
         .header(name)
@@ -692,6 +746,21 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                 .and_then(|f| f.get(name))
             {
                 out.push_str(v);
+            }
+        }
+        Var::UpstreamCookie(name) => {
+            upstream_cookie(req, name, out);
+        }
+        Var::SentTrailer(name) => {
+            // Every field of that name, joined with ", " (nginx's unknown-header rule).
+            let found = sent.map_or(&[][..], |s| s.trailers);
+            let mut first = true;
+            for (_, v) in found.iter().filter(|(n, _)| n.eq_ignore_ascii_case(name)) {
+                if !first {
+                    out.push_str(", ");
+                }
+                out.push_str(v);
+                first = false;
             }
         }
         Var::RequestId => {
@@ -819,6 +888,14 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
             // As nginx: the body when it is in memory, nothing when it is in a file.
             if let Some(crate::conn::request_body::RequestBody::Memory(b)) = req.body.as_deref() {
                 out.push_str(&String::from_utf8_lossy(b));
+            }
+        }
+        Var::RequestBodyFile => {
+            // The temporary file's name while the body is in one (nginx: not found else).
+            if let Some(crate::conn::request_body::RequestBody::File(f)) = req.body.as_deref() {
+                if let Some(name) = f.name() {
+                    out.push_str(&name.to_string_lossy());
+                }
             }
         }
         Var::RequestLength => {

@@ -106,6 +106,12 @@ impl CharsetConf {
     pub fn merge(&mut self, parent: &CharsetConf) {
         super::inherit!(self, parent, charset, source, override_charset, types, maps);
     }
+
+    /// Whether `charset` names UTF-8 outright (autoindex then measures names in characters,
+    /// as nginx does when the answer's charset is utf-8).
+    pub fn is_utf8(&self) -> bool {
+        matches!(&self.charset, Some(Name::Fixed(n)) if n.eq_ignore_ascii_case("utf-8"))
+    }
 }
 
 pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), ConfError> {

@@ -6,11 +6,12 @@
 //!
 //! A body up to the buffer size stays in memory; a bigger one goes to a temporary file in
 //! the temp path (see `conn::temp_file`), unlinked as soon as it is made, so a crash leaves
-//! nothing behind. That is why `client_body_in_file_only on` (nginx: keep the file after
-//! the request) acts as `clean` here: a file kept by name is exactly the leftover the
-//! unlinking avoids, and no gannet gateway hands an application a path to read. The levels
-//! are checked as nginx checks them and used only where a name is needed (the fallback for
-//! filesystems without `O_TMPFILE`).
+//! nothing behind (nameless with `O_TMPFILE`, unless a loaded config reads
+//! `$request_body_file`: then it is made under nginx's name, in the levels, and unlinked at
+//! once, as nginx does). `client_body_in_file_only on` and `clean` put every body in a file
+//! that keeps its name while the request runs, for `$request_body_file` (an application can
+//! be handed the name, e.g. a FastCGI param): `on` leaves it after the request, `clean`
+//! removes it then, as in nginx.
 //!
 //! `client_body_in_single_buffer` is accepted with no further effect: a body kept in
 //! memory is always one buffer in gannet, which is what the directive asks nginx for.
@@ -63,8 +64,10 @@ pub struct TempPath {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InFileOnly {
     Off,
-    /// `on` or `clean`: every body goes to a file (unlinked at once either way).
+    /// Every body goes to a named file, left after the request.
     On,
+    /// Every body goes to a named file, removed after the request.
+    Clean,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -103,9 +106,9 @@ impl ClientBodyConf {
         })
     }
 
-    /// Every body goes to a file, whatever its size.
-    pub fn in_file_only(&self) -> bool {
-        self.in_file_only == Some(InFileOnly::On)
+    /// `client_body_in_file_only`: off unless set.
+    pub fn in_file_only(&self) -> InFileOnly {
+        self.in_file_only.unwrap_or(InFileOnly::Off)
     }
 }
 
@@ -140,7 +143,8 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         }
         "client_body_in_file_only" => {
             c.in_file_only = Some(match d.args[0].as_str() {
-                "on" | "clean" => InFileOnly::On,
+                "on" => InFileOnly::On,
+                "clean" => InFileOnly::Clean,
                 "off" => InFileOnly::Off,
                 v => return Err(d.error(format!("invalid value \"{v}\""))),
             });

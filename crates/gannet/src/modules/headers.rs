@@ -222,14 +222,19 @@ pub fn trailers(req: &Request, r: &Response) -> Vec<(String, String)> {
         return Vec::new();
     };
     let ok = status_gets_headers(r.status);
-    let sent = sent(r);
-    list.iter()
-        .filter(|h| ok || h.always)
-        .filter_map(|h| {
-            let v = h.value.eval(req, Some(&sent));
-            (!v.is_empty()).then(|| (h.name.clone(), v))
-        })
-        .collect()
+    let mut out: Vec<(String, String)> = Vec::with_capacity(list.len());
+    for h in list.iter().filter(|h| ok || h.always) {
+        // Each sees those before it as sent (`$sent_trailer_*`), as in nginx.
+        let sent = Sent {
+            trailers: &out,
+            ..sent(r)
+        };
+        let v = h.value.eval(req, Some(&sent));
+        if !v.is_empty() {
+            out.push((h.name.clone(), v));
+        }
+    }
+    out
 }
 
 /// The response as `$status` and `$sent_http_*` see it while its head is being made.

@@ -1,7 +1,8 @@
 //! The HTTP/2 directives (`conn::h2` serves the connections): `http2`,
 //! `http2_max_concurrent_streams`, `http2_chunk_size`, `http2_body_preread_size`, and the
 //! older `http2_max_field_size` / `http2_max_header_size` (header list cap), all http or
-//! server level. (`listen ... http2` is in `config::listen`.)
+//! server level but `http2_chunk_size`, which as in nginx a location may set too (it sizes
+//! each stream's DATA frames). (`listen ... http2` is in `config::listen`.)
 
 use super::{inherit, LoadCtx, LocConf};
 use gannet_conf::registry::{Args, Ctx, Spec};
@@ -10,9 +11,13 @@ use gannet_conf::{setters, ConfError, Directive};
 const HS: Ctx = Ctx(Ctx::HTTP.0 | Ctx::SERVER.0);
 
 const fn spec(name: &'static str) -> Spec {
+    spec_in(name, HS)
+}
+
+const fn spec_in(name: &'static str, ctx: Ctx) -> Spec {
     Spec {
         name,
-        ctx: HS,
+        ctx,
         args: Args::Exactly(1),
         block: false,
     }
@@ -21,7 +26,7 @@ const fn spec(name: &'static str) -> Spec {
 pub const DIRECTIVES: &[Spec] = &[
     spec("http2"),
     spec("http2_max_concurrent_streams"),
-    spec("http2_chunk_size"),
+    spec_in("http2_chunk_size", Ctx::HSL),
     spec("http2_body_preread_size"),
     spec("http2_max_field_size"),
     spec("http2_max_header_size"),
@@ -99,8 +104,15 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
             let n = setters::num_arg(d, 0)?;
             c.max_concurrent_streams = Some(u32::try_from(n).unwrap_or(u32::MAX));
         }
-        // A frame of more than 16 KiB would need the client's consent (SETTINGS_MAX_FRAME_SIZE).
-        "http2_chunk_size" => c.chunk_size = Some(size(d, 16 * 1024)?),
+        // As nginx, a size past the frame limit is cut to it (frames of more than 16 KiB
+        // would need the client's consent, SETTINGS_MAX_FRAME_SIZE), and 0 is refused.
+        "http2_chunk_size" => {
+            let n = setters::size_arg(d, 0)?;
+            if n == 0 {
+                return Err(d.error("the http2 chunk size cannot be zero".to_string()));
+            }
+            c.chunk_size = Some(n.min(16 * 1024) as u32);
+        }
         "http2_body_preread_size" => c.body_preread_size = Some(size(d, MAX_WINDOW)?),
         "http2_max_field_size" | "http2_max_header_size" => {
             c.max_header_size = Some(size(d, u64::from(u32::MAX))?)

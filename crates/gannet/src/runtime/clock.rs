@@ -145,6 +145,12 @@ pub fn append_syslog_time(out: &mut Vec<u8>) {
     with_cache(|c| out.extend_from_slice(c.syslog.as_bytes()))
 }
 
+/// autoindex's xml times: `2026-11-22T12:00:00Z` (always UTC).
+pub fn iso8601_utc(t: SystemTime) -> String {
+    let (y, mo, d, h, mi, s, _) = breakdown(unix(t), false);
+    format!("{y:04}-{:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z", mo + 1)
+}
+
 /// autoindex's `22-Nov-2026 12:00`.
 pub fn listing_time(t: SystemTime, local: bool) -> String {
     let (y, mo, d, h, mi, _, _) = breakdown(unix(t), local);
