@@ -30,6 +30,7 @@ pub mod limit_rate;
 pub mod limit_req;
 pub mod limit_zone;
 pub mod map;
+pub mod metrics;
 pub mod mirror;
 pub mod proxy;
 pub mod proxy_cookie;
@@ -84,6 +85,8 @@ pub struct LoadCtx {
     pub warnings: Vec<String>,
     /// What the TLS setups of the servers share (session caches, ticket keys).
     pub tls: crate::tls::LoadState,
+    /// The config has a `metrics` location: zones get metrics keys.
+    pub metrics: bool,
 }
 
 type Setter = fn(&Directive, &mut LocConf, &mut LoadCtx) -> Result<(), ConfError>;
@@ -267,6 +270,10 @@ pub const MODULES: &[Module] = &[
         directives: stub_status::DIRECTIVES,
         set: stub_status::set,
     },
+    Module {
+        directives: metrics::DIRECTIVES,
+        set: metrics::set,
+    },
 ];
 
 /// Find the spec and setter for an http/server/location directive.
@@ -373,12 +380,19 @@ pub struct LocConf {
     pub userid: userid::UseridConf,
     /// `stub_status` (this level only: a content handler is not inherited).
     pub stub_status: bool,
+    /// `metrics` (this level only, as `stub_status`).
+    pub metrics: bool,
+    /// `status_zone`: the metrics key requests here count in (inherited).
+    pub status_zone: Option<crate::runtime::metrics::Key>,
 }
 
 impl LocConf {
     /// Fill what this level left unset from its parent (nginx's merge_loc_conf).
     pub fn merge(&mut self, parent: &LocConf) {
         self.core.merge(&parent.core);
+        if self.status_zone.is_none() {
+            self.status_zone = parent.status_zone;
+        }
         self.client_body.merge(&parent.client_body);
         self.types.merge(&parent.types);
         self.files.merge(&parent.files);

@@ -15,6 +15,7 @@ use crate::http::router::{self, Location, Matcher, ServerNames};
 use crate::http::user_vars::{self, CapRegex, VarTable};
 use crate::http::variables::Template;
 use crate::modules::{self, LoadCtx, LocConf};
+use crate::runtime::metrics::Kind;
 use gannet_conf::registry::{self, Ctx, Spec};
 use gannet_conf::{ConfError, Directive};
 use std::collections::HashMap;
@@ -292,6 +293,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
         warnings: Vec::new(),
         temp_dirs: Vec::new(),
         tls: Default::default(),
+        metrics: modules::metrics::used(http.block.as_deref().unwrap_or_default()),
     };
     let mut conf = LocConf::default();
     let body = http.block.as_deref().unwrap_or_default();
@@ -484,7 +486,12 @@ fn load_server(
         }
     }
     check_duplicates(&locations, body)?;
+    let zone = conf.status_zone.unwrap_or_else(|| match &primary {
+        Some(n) if !n.is_empty() => modules::metrics::register(lctx, Kind::Server, n),
+        _ => modules::metrics::register(lctx, Kind::Server, &listens[0].0.endpoint().to_string()),
+    });
     let server = ServerConf {
+        zone,
         names,
         primary_name: primary.unwrap_or_default(),
         conf,

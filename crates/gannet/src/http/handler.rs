@@ -379,6 +379,9 @@ fn content(req: &mut Request, w: &Worker) -> Flow {
     if req.conf.stub_status {
         return stub_status::handle(req);
     }
+    if req.conf.metrics {
+        return crate::modules::metrics::handle(req);
+    }
     match dav::handle(req) {
         Flow::Next => {}
         other => return other,

@@ -1,0 +1,539 @@
+//! `metrics` (server, location) and `status_zone` (server, location, if in location): a
+//! location that answers with the server's counters in the Prometheus text format 0.0.4,
+//! or OpenMetrics 1.0 when the scraper asks for it. gannet's own (nginx has no such
+//! module; nginx Plus has its API and `status_zone`, whose name and meaning are kept).
+//!
+//! Counting only happens when the config has a `metrics` location: keys (server zones,
+//! limit zones) are only registered then, and a key of 0 counts nothing. The counters
+//! live in `runtime::metrics` (per worker thread, shared between processes, summed here).
+
+use super::{LoadCtx, LocConf};
+use crate::http::handler::Flow;
+use crate::http::request::Request;
+use crate::http::response::{Body, Response};
+use crate::runtime::conn_stats::Totals;
+use crate::runtime::metrics::{self as m, global, limit, zone, Key, Kind, BUCKETS};
+use gannet_conf::registry::{Args, Ctx, Spec};
+use gannet_conf::{ConfError, Directive};
+use gannet_proto::h1::Method;
+use std::fmt::Write;
+use std::sync::Arc;
+
+pub const DIRECTIVES: &[Spec] = &[
+    Spec {
+        name: "metrics",
+        ctx: Ctx(Ctx::SERVER.0 | Ctx::LOCATION.0),
+        args: Args::Exactly(0),
+        block: false,
+    },
+    Spec {
+        name: "status_zone",
+        ctx: Ctx(Ctx::SERVER.0 | Ctx::LOCATION.0 | Ctx::IF.0),
+        args: Args::Exactly(1),
+        block: false,
+    },
+];
+
+pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
+    match d.name.as_str() {
+        // A content handler: this level only, not inherited.
+        "metrics" => lc.metrics = true,
+        _ => {
+            if lc.status_zone.is_some() {
+                return Err(d.error("\"status_zone\" directive is duplicate"));
+            }
+            lc.status_zone = Some(register(ctx, Kind::Server, &d.args[0]));
+        }
+    }
+    Ok(())
+}
+
+/// Whether a config uses `metrics` anywhere (then everything is counted).
+pub fn used(tree: &[gannet_conf::Directive]) -> bool {
+    tree.iter()
+        .any(|d| d.name == "metrics" || d.block.as_deref().is_some_and(used))
+}
+
+/// The key of a name when the config counts, else 0 (nothing counted).
+pub fn register(ctx: &LoadCtx, kind: Kind, name: &str) -> Key {
+    if ctx.metrics {
+        m::key(kind, name)
+    } else {
+        0
+    }
+}
+
+/// The log phase: count a finished request in its zone, and its upstream attempts.
+pub fn request(req: &Request, status: u16, received: u64, sent: u64) {
+    let key = req.conf.status_zone.unwrap_or(req.server.zone);
+    if key == 0 {
+        return;
+    }
+    m::add(key, class(status), 1);
+    m::add(key, zone::IN, received);
+    m::add(key, zone::OUT, sent);
+    m::observe(key, req.start.elapsed());
+    for t in req.upstream.borrow().iter() {
+        let peer = match &t.addr {
+            crate::upstream::Addr::Tcp(a) => m::key(Kind::Peer, a),
+            crate::upstream::Addr::Unix(p) => m::key(Kind::Peer, &p.to_string_lossy()),
+        };
+        if peer == 0 {
+            continue;
+        }
+        m::add(peer, zone::IN, 1);
+        if t.header.is_some() {
+            m::add(peer, class(t.status), 1);
+        } else {
+            m::add(peer, zone::OUT, 1);
+        }
+        m::observe(peer, t.time);
+    }
+}
+
+/// A limit zone's verdict (`$limit_req_status`/`$limit_conn_status` words).
+pub fn limited(key: Key, status: &str) {
+    if key == 0 {
+        return;
+    }
+    let i = match status {
+        "PASSED" => limit::PASSED,
+        "DELAYED" => limit::DELAYED,
+        "REJECTED" => limit::REJECTED,
+        "DELAYED_DRY_RUN" => limit::DELAYED_DRY_RUN,
+        _ => limit::REJECTED_DRY_RUN,
+    };
+    m::add(key, i, 1);
+}
+
+/// A TLS handshake's end: its protocol (`TLSv1.2`...) and whether a session was resumed,
+/// or `None` when it failed.
+pub fn tls_handshake(done: Option<(&str, bool)>) {
+    match done {
+        Some((proto, resumed)) => {
+            let i = match proto {
+                "TLSv1.3" => global::TLS13,
+                "TLSv1.2" => global::TLS12,
+                _ => global::TLS_OTHER,
+            };
+            m::add(m::GLOBAL, i, 1);
+            if resumed {
+                m::add(m::GLOBAL, global::TLS_RESUMED, 1);
+            }
+        }
+        None => m::add(m::GLOBAL, global::TLS_FAILED, 1),
+    }
+}
+
+pub fn h2_stream() {
+    m::add(m::GLOBAL, global::H2_STREAMS, 1);
+}
+
+/// Counter index of a status's class (1xx at 0 .. 5xx at 4; others count as 5xx).
+fn class(status: u16) -> usize {
+    match status {
+        100..=599 => usize::from(status / 100 - 1),
+        _ => 4,
+    }
+}
+
+const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// The content handler of a `metrics` location.
+pub fn handle(req: &Request) -> Flow {
+    if !matches!(req.method(), Method::Get | Method::Head) {
+        return Flow::Status(405);
+    }
+    let om = req
+        .head
+        .header("accept")
+        .is_some_and(|a| String::from_utf8_lossy(a).contains("application/openmetrics-text"));
+    let mut r = Response::new(200);
+    r.content_type = Some(Arc::from(if om {
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    } else {
+        "text/plain; version=0.0.4; charset=utf-8"
+    }));
+    r.body = Body::bytes(scrape(om));
+    Flow::Done(r)
+}
+
+/// The whole page.
+pub fn scrape(om: bool) -> String {
+    let mut e = Encoder::new(om);
+    let t = Totals::now();
+    e.family(
+        "gannet_connections_accepted",
+        Type::Counter,
+        "Connections accepted.",
+    );
+    e.sample("gannet_connections_accepted", &[], t.accepted);
+    e.family(
+        "gannet_connections_handled",
+        Type::Counter,
+        "Connections served.",
+    );
+    e.sample("gannet_connections_handled", &[], t.handled);
+    e.family(
+        "gannet_connections",
+        Type::Gauge,
+        "Open connections by state.",
+    );
+    for (s, v) in [
+        ("reading", t.reading),
+        ("writing", t.writing),
+        ("idle", t.waiting()),
+    ] {
+        e.sample("gannet_connections", &[("state", s)], v);
+    }
+    let g = |i| m::total(m::GLOBAL, i);
+    e.family(
+        "gannet_tls_handshakes",
+        Type::Counter,
+        "TLS handshakes done, by version.",
+    );
+    for (v, i) in [
+        ("TLSv1.2", global::TLS12),
+        ("TLSv1.3", global::TLS13),
+        ("other", global::TLS_OTHER),
+    ] {
+        e.sample("gannet_tls_handshakes", &[("version", v)], g(i));
+    }
+    e.family(
+        "gannet_tls_handshakes_resumed",
+        Type::Counter,
+        "TLS handshakes that resumed a session.",
+    );
+    e.sample("gannet_tls_handshakes_resumed", &[], g(global::TLS_RESUMED));
+    e.family(
+        "gannet_tls_handshakes_failed",
+        Type::Counter,
+        "TLS handshakes that failed.",
+    );
+    e.sample("gannet_tls_handshakes_failed", &[], g(global::TLS_FAILED));
+    e.family(
+        "gannet_http2_streams",
+        Type::Counter,
+        "HTTP/2 streams (requests) opened.",
+    );
+    e.sample("gannet_http2_streams", &[], g(global::H2_STREAMS));
+
+    let keys = m::registered();
+    let of = |k: Kind| keys.iter().filter(move |(_, kind, _)| *kind == k);
+    e.family(
+        "gannet_http_requests",
+        Type::Counter,
+        "Requests answered, by server zone and status class.",
+    );
+    for (k, _, name) in of(Kind::Server) {
+        for (i, c) in CLASSES.iter().enumerate() {
+            e.sample(
+                "gannet_http_requests",
+                &[("server", name), ("code", c)],
+                m::total(*k, i),
+            );
+        }
+    }
+    e.family(
+        "gannet_http_received_bytes",
+        Type::Counter,
+        "Request bytes received (head and body).",
+    );
+    for (k, _, name) in of(Kind::Server) {
+        e.sample(
+            "gannet_http_received_bytes",
+            &[("server", name)],
+            m::total(*k, zone::IN),
+        );
+    }
+    e.family(
+        "gannet_http_sent_bytes",
+        Type::Counter,
+        "Response bytes sent (head and body).",
+    );
+    for (k, _, name) in of(Kind::Server) {
+        e.sample(
+            "gannet_http_sent_bytes",
+            &[("server", name)],
+            m::total(*k, zone::OUT),
+        );
+    }
+    e.family(
+        "gannet_http_request_duration_seconds",
+        Type::Histogram,
+        "Time from a request's first byte to its log phase.",
+    );
+    for (k, _, name) in of(Kind::Server) {
+        e.histogram("gannet_http_request_duration_seconds", ("server", name), *k);
+    }
+
+    e.family(
+        "gannet_upstream_requests",
+        Type::Counter,
+        "Attempts sent to an upstream peer.",
+    );
+    for (k, _, name) in of(Kind::Peer) {
+        e.sample(
+            "gannet_upstream_requests",
+            &[("peer", name)],
+            m::total(*k, zone::IN),
+        );
+    }
+    e.family(
+        "gannet_upstream_responses",
+        Type::Counter,
+        "Answers from an upstream peer, by status class.",
+    );
+    for (k, _, name) in of(Kind::Peer) {
+        for (i, c) in CLASSES.iter().enumerate() {
+            e.sample(
+                "gannet_upstream_responses",
+                &[("peer", name), ("code", c)],
+                m::total(*k, i),
+            );
+        }
+    }
+    e.family(
+        "gannet_upstream_failures",
+        Type::Counter,
+        "Attempts that got no answer (refused, timed out, reset).",
+    );
+    for (k, _, name) in of(Kind::Peer) {
+        e.sample(
+            "gannet_upstream_failures",
+            &[("peer", name)],
+            m::total(*k, zone::OUT),
+        );
+    }
+    e.family(
+        "gannet_upstream_response_duration_seconds",
+        Type::Histogram,
+        "Time of an attempt, from its start to the answer's end or the failure.",
+    );
+    for (k, _, name) in of(Kind::Peer) {
+        e.histogram(
+            "gannet_upstream_response_duration_seconds",
+            ("peer", name),
+            *k,
+        );
+    }
+
+    let results = [
+        ("passed", limit::PASSED),
+        ("delayed", limit::DELAYED),
+        ("rejected", limit::REJECTED),
+        ("delayed_dry_run", limit::DELAYED_DRY_RUN),
+        ("rejected_dry_run", limit::REJECTED_DRY_RUN),
+    ];
+    e.family(
+        "gannet_limit_req_requests",
+        Type::Counter,
+        "limit_req verdicts, by zone.",
+    );
+    for (k, _, name) in of(Kind::LimitReq) {
+        for (r, i) in results {
+            e.sample(
+                "gannet_limit_req_requests",
+                &[("zone", name), ("result", r)],
+                m::total(*k, i),
+            );
+        }
+    }
+    e.family(
+        "gannet_limit_conn_requests",
+        Type::Counter,
+        "limit_conn verdicts, by zone.",
+    );
+    for (k, _, name) in of(Kind::LimitConn) {
+        for (r, i) in [results[0], results[2], results[4]] {
+            e.sample(
+                "gannet_limit_conn_requests",
+                &[("zone", name), ("result", r)],
+                m::total(*k, i),
+            );
+        }
+    }
+    e.finish()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Type {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Writes families and samples in the text format 0.0.4 or OpenMetrics 1.0. The two differ
+/// in counters (0.0.4 names the family with its `_total`, OpenMetrics without) and in the
+/// closing `# EOF`.
+pub struct Encoder {
+    om: bool,
+    out: String,
+    /// The type of the family being written.
+    kind: Type,
+}
+
+impl Encoder {
+    pub fn new(om: bool) -> Encoder {
+        Encoder {
+            om,
+            out: String::with_capacity(8192),
+            kind: Type::Gauge,
+        }
+    }
+
+    /// A family's header; `name` is without `_total` for a counter.
+    pub fn family(&mut self, name: &str, t: Type, help: &str) {
+        self.kind = t;
+        let total = if t == Type::Counter && !self.om {
+            "_total"
+        } else {
+            ""
+        };
+        let ty = match t {
+            Type::Counter => "counter",
+            Type::Gauge => "gauge",
+            Type::Histogram => "histogram",
+        };
+        let _ = writeln!(self.out, "# HELP {name}{total} {help}");
+        let _ = writeln!(self.out, "# TYPE {name}{total} {ty}");
+    }
+
+    /// One sample of the current family (a counter's gets its `_total`).
+    pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], v: impl std::fmt::Display) {
+        let total = if self.kind == Type::Counter {
+            "_total"
+        } else {
+            ""
+        };
+        self.line(name, total, labels, v);
+    }
+
+    fn line(
+        &mut self,
+        name: &str,
+        suffix: &str,
+        labels: &[(&str, &str)],
+        v: impl std::fmt::Display,
+    ) {
+        self.out.push_str(name);
+        self.out.push_str(suffix);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, val)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                self.out.push_str(k);
+                self.out.push_str("=\"");
+                for ch in val.chars() {
+                    match ch {
+                        '\\' => self.out.push_str("\\\\"),
+                        '"' => self.out.push_str("\\\""),
+                        '\n' => self.out.push_str("\\n"),
+                        c => self.out.push(c),
+                    }
+                }
+                self.out.push('"');
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {v}");
+    }
+
+    /// A histogram's buckets (cumulative), sum (seconds) and count for one label.
+    fn histogram(&mut self, name: &str, label: (&str, &str), key: Key) {
+        let mut counts = [0u64; BUCKETS.len() + 1];
+        for (i, c) in counts.iter_mut().enumerate() {
+            *c = m::total(key, zone::BUCKET0 + i);
+        }
+        let sum = m::total(key, zone::TIME_US) as f64 / 1e6;
+        self.histogram_of(name, label, &counts, sum);
+    }
+
+    pub fn histogram_of(
+        &mut self,
+        name: &str,
+        label: (&str, &str),
+        counts: &[u64; BUCKETS.len() + 1],
+        sum: f64,
+    ) {
+        let mut acc = 0u64;
+        for (i, c) in counts.iter().enumerate() {
+            acc += c;
+            let le = BUCKETS.get(i).map_or("+Inf", |b| b.0);
+            self.line(name, "_bucket", &[label, ("le", le)], acc);
+        }
+        self.line(name, "_sum", &[label], sum);
+        self.line(name, "_count", &[label], acc);
+    }
+
+    pub fn finish(mut self) -> String {
+        if self.om {
+            self.out.push_str("# EOF\n");
+        }
+        self.out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_format_names_counters_with_total() {
+        let mut e = Encoder::new(false);
+        e.family("x_requests", Type::Counter, "Requests.");
+        e.sample("x_requests", &[("server", "a\"b\\c\nd")], 3);
+        let s = e.finish();
+        assert_eq!(
+            s,
+            "# HELP x_requests_total Requests.\n# TYPE x_requests_total counter\n\
+             x_requests_total{server=\"a\\\"b\\\\c\\nd\"} 3\n"
+        );
+    }
+
+    #[test]
+    fn openmetrics_names_the_family_without_total_and_ends_with_eof() {
+        let mut e = Encoder::new(true);
+        e.family("x_requests", Type::Counter, "Requests.");
+        e.sample("x_requests", &[], 3);
+        e.family("x_open", Type::Gauge, "Open.");
+        e.sample("x_open", &[("state", "idle")], 1);
+        let s = e.finish();
+        assert_eq!(
+            s,
+            "# HELP x_requests Requests.\n# TYPE x_requests counter\nx_requests_total 3\n\
+             # HELP x_open Open.\n# TYPE x_open gauge\nx_open{state=\"idle\"} 1\n# EOF\n"
+        );
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let mut e = Encoder::new(false);
+        e.family("d_seconds", Type::Histogram, "D.");
+        let mut counts = [0u64; BUCKETS.len() + 1];
+        counts[0] = 2;
+        counts[3] = 1;
+        counts[BUCKETS.len()] = 4;
+        e.histogram_of("d_seconds", ("server", "s"), &counts, 1.5);
+        let s = e.finish();
+        assert!(s.contains("d_seconds_bucket{server=\"s\",le=\"0.005\"} 2\n"));
+        assert!(s.contains("d_seconds_bucket{server=\"s\",le=\"0.05\"} 3\n"));
+        assert!(s.contains("d_seconds_bucket{server=\"s\",le=\"10.0\"} 3\n"));
+        assert!(s.contains("d_seconds_bucket{server=\"s\",le=\"+Inf\"} 7\n"));
+        assert!(s.contains("d_seconds_sum{server=\"s\"} 1.5\n"));
+        assert!(s.contains("d_seconds_count{server=\"s\"} 7\n"));
+        assert!(s.starts_with("# HELP d_seconds D.\n# TYPE d_seconds histogram\n"));
+    }
+
+    #[test]
+    fn status_classes() {
+        assert_eq!(class(101), 0);
+        assert_eq!(class(204), 1);
+        assert_eq!(class(404), 3);
+        assert_eq!(class(499), 3);
+        assert_eq!(class(503), 4);
+        assert_eq!(class(0), 4);
+    }
+}
