@@ -30,6 +30,7 @@ def get(port, path, headers=None, method="GET"):
 
 
 def start(gannet, back_port, extra_server=""):
+    probed = free_port()
     """A server without a name (its zone is its address), proxying /app/ to a second server
     named `back`, with a limit_req zone and the metrics page in a zone of its own."""
     return gannet.start(
@@ -37,6 +38,16 @@ def start(gannet, back_port, extra_server=""):
         http=f"""
             limit_req_zone $binary_remote_addr zone=perip:1m rate=10000r/s;
             upstream backs {{ server 127.0.0.1:{back_port}; }}
+            upstream checked {{
+                server 127.0.0.1:{free_port()};
+                server 127.0.0.1:1 down;
+                server 127.0.0.1:{probed};
+            }}
+            server {{
+                listen 127.0.0.1:{probed};
+                server_name probed;
+                location / {{ return 200 "probed\\n"; }}
+            }}
             server {{
                 listen 127.0.0.1:{back_port};
                 server_name back;
@@ -44,6 +55,8 @@ def start(gannet, back_port, extra_server=""):
             }}""",
         server=f"""
             location /app/ {{ proxy_pass http://backs; }}
+            location /direct/ {{ proxy_pass http://127.0.0.1:{back_port}; }}
+            location /checked/ {{ proxy_pass http://checked; health_check interval=100ms fails=1; }}
             location /limited/ {{ limit_req zone=perip burst=5; try_files /a.txt =404; }}
             location = /metrics {{ metrics; status_zone scrape; }}
             {extra_server}""",
@@ -51,9 +64,10 @@ def start(gannet, back_port, extra_server=""):
 
 
 def load(port):
-    """The known load: 200 answers of 200, 100 of 404, 20 proxied, 10 limited."""
+    """The known load: 200 answers of 200, 100 of 404, 20 proxied to a group, 5 to an
+    address, 10 limited."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    for path, n, want in (("/a.txt", 200, 200), ("/missing", 100, 404), ("/app/x", 20, 200),
+    for path, n, want in (("/a.txt", 200, 200), ("/missing", 100, 404), ("/app/x", 20, 200), ("/direct/y", 5, 200),
                           ("/limited/x", 10, 200)):
         for _ in range(n):
             c.request("GET", path)
@@ -81,27 +95,38 @@ def test_page_counts_the_load(gannet):
     assert "# TYPE gannet_http_requests_total counter" in text
     s = samples(text)
     zone = f"127.0.0.1:{srv.port}"
-    assert s[f'gannet_http_requests_total{{server="{zone}",code="2xx"}}'] == 230
+    assert s[f'gannet_http_requests_total{{server="{zone}",code="2xx"}}'] == 235
     assert s[f'gannet_http_requests_total{{server="{zone}",code="4xx"}}'] == 100
-    assert s['gannet_http_requests_total{server="back",code="2xx"}'] == 20
-    assert s[f'gannet_http_request_duration_seconds_count{{server="{zone}"}}'] == 330
-    assert s[f'gannet_http_request_duration_seconds_bucket{{server="{zone}",le="+Inf"}}'] == 330
-    assert s[f'gannet_http_received_bytes_total{{server="{zone}"}}'] > 330 * 20
+    assert s['gannet_http_requests_total{server="back",code="2xx"}'] == 25
+    assert s[f'gannet_http_request_duration_seconds_count{{server="{zone}"}}'] == 335
+    assert s[f'gannet_http_request_duration_seconds_bucket{{server="{zone}",le="+Inf"}}'] == 335
+    assert s[f'gannet_http_received_bytes_total{{server="{zone}"}}'] > 335 * 20
     assert s[f'gannet_http_sent_bytes_total{{server="{zone}"}}'] > 200 * len("hello")
-    peer = f"127.0.0.1:{back}"
-    assert s[f'gannet_upstream_requests_total{{peer="{peer}"}}'] == 20
-    assert s[f'gannet_upstream_responses_total{{peer="{peer}",code="2xx"}}'] == 20
-    assert s[f'gannet_upstream_failures_total{{peer="{peer}"}}'] == 0
-    assert s[f'gannet_upstream_response_duration_seconds_count{{peer="{peer}"}}'] == 20
+    peer = f'upstream="backs",peer="127.0.0.1:{back}"'
+    assert s[f'gannet_upstream_requests_total{{{peer}}}'] == 20
+    assert s[f'gannet_upstream_responses_total{{{peer},code="2xx"}}'] == 20
+    assert s[f'gannet_upstream_failures_total{{{peer}}}'] == 0
+    assert s[f'gannet_upstream_response_duration_seconds_count{{{peer}}}'] == 20
+    assert s[f'gannet_upstream_peer_state{{{peer},state="up"}}'] == 1
+    # A proxy_pass to an address: nginx's implicit group named after it.
+    direct = f'upstream="127.0.0.1:{back}",peer="127.0.0.1:{back}"'
+    assert s[f'gannet_upstream_responses_total{{{direct},code="2xx"}}'] == 5
     # Back-to-back requests over the 10000r/s rate are delayed (burst, no nodelay).
     limited = [s[f'gannet_limit_req_requests_total{{zone="perip",result="{r}"}}']
                for r in ("passed", "delayed", "rejected")]
     assert limited[0] + limited[1] == 10 and limited[2] == 0, limited
     assert s["gannet_connections_accepted_total"] >= 2
     assert s['gannet_connections{state="writing"}'] == 1
+    # The group with active checks: its dead server is found unhealthy, the `down` one is
+    # down, the live one up.
+    checked = re.compile(r'gannet_upstream_peer_state\{upstream="checked",peer="127.0.0.1:(\d+)",'
+                         r'state="(\w+)"\} 1$', re.M)
+    states = wait_until(lambda: (st := sorted(checked.findall(get(srv.port, "/metrics")[2].decode())))
+                        and ("unhealthy" in [x[1] for x in st]) and st)
+    assert states and sorted(x[1] for x in states) == ["down", "unhealthy", "up"], states
     # This scrape is counted in its own zone once answered.
     assert wait_until(lambda: samples(get(srv.port, "/metrics")[2].decode())
-                      .get('gannet_http_requests_total{server="scrape",code="2xx"}') == 2)
+                      .get('gannet_http_requests_total{server="scrape",code="2xx"}') >= 3)
     # Only GET and HEAD.
     assert get(srv.port, "/metrics", method="POST")[0] == 405
 
@@ -183,12 +208,12 @@ scrape_configs:
         # A scrape before the load: the zone is there at 0.
         assert wait_until(lambda: value(prom, f'gannet_http_requests_total{{{zone},code="2xx"}}') == 0, 30)
         load(srv.port)
-        assert wait_until(lambda: value(prom, f'gannet_http_requests_total{{{zone},code="2xx"}}') == 230, 30)
+        assert wait_until(lambda: value(prom, f'gannet_http_requests_total{{{zone},code="2xx"}}') == 235, 30)
         assert value(prom, f'gannet_http_requests_total{{{zone},code="4xx"}}') == 100
         # Prometheus asked for OpenMetrics and read it (its scrape stats say the format
         # parsed: up is 1 and the samples are there).
         assert value(prom, 'up{job="gannet"}') == 1
-        assert value(prom, f'gannet_http_request_duration_seconds_count{{{zone}}}') == 330
+        assert value(prom, f'gannet_http_request_duration_seconds_count{{{zone}}}') == 335
         q = (f'histogram_quantile(0.5, sum by (le) '
              f'(increase(gannet_http_request_duration_seconds_bucket{{{zone}}}[1m])))')
         median = wait_until(lambda: (v := value(prom, q)) is not None and not math.isnan(v) and v, 30)

@@ -106,6 +106,8 @@ pub struct Server {
     pub down: bool,
     /// `resolve` with a name: its addresses are looked up at run time.
     pub resolve: Option<Resolving>,
+    /// Its `metrics` key (0: not counted).
+    pub metrics: crate::runtime::metrics::Key,
 }
 
 /// A `server NAME resolve`'s name and what it resolved to last.
@@ -442,6 +444,7 @@ fn parse_server(s: &Directive) -> Result<(Server, Option<(String, u16)>), ConfEr
         backup: false,
         down: false,
         resolve: None,
+        metrics: 0,
     };
     for a in &s.args[1..] {
         let bad = || s.error(format!("invalid parameter \"{a}\""));

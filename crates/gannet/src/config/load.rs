@@ -314,7 +314,8 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
     // Groups first: a location may name one defined further down, as in nginx.
     for d in body.iter().filter(|d| d.name == "upstream") {
         check(d, Ctx::HTTP)?;
-        let up = crate::upstream::parse(d, &http_resolver)?;
+        let mut up = crate::upstream::parse(d, &http_resolver)?;
+        modules::metrics::register_group(&lctx, &mut up);
         if lctx.upstreams.contains_key(&up.name) {
             return Err(d.error(format!("duplicate upstream \"{}\"", up.name)));
         }

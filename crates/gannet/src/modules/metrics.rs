@@ -73,22 +73,64 @@ pub fn request(req: &Request, status: u16, received: u64, sent: u64) {
     m::add(key, zone::IN, received);
     m::add(key, zone::OUT, sent);
     m::observe(key, req.start.elapsed());
-    for t in req.upstream.borrow().iter() {
-        let peer = match &t.addr {
-            crate::upstream::Addr::Tcp(a) => m::key(Kind::Peer, a),
-            crate::upstream::Addr::Unix(p) => m::key(Kind::Peer, &p.to_string_lossy()),
-        };
-        if peer == 0 {
-            continue;
-        }
-        m::add(peer, zone::IN, 1);
-        if t.header.is_some() {
-            m::add(peer, class(t.status), 1);
-        } else {
-            m::add(peer, zone::OUT, 1);
-        }
-        m::observe(peer, t.time);
+}
+
+/// Keys for the servers of an `upstream` group (labels: the group, the server as written)
+/// and their state as configured.
+pub fn register_group(ctx: &LoadCtx, up: &mut crate::upstream::Upstream) {
+    if !ctx.metrics {
+        return;
     }
+    for s in &mut up.servers {
+        s.metrics = m::key2(Kind::Peer, &up.name, &s.addr.to_string());
+        peer_state(s.metrics, s.down, true);
+    }
+}
+
+/// The key of an address `proxy_pass` (or `*_pass`) names directly, not a group: nginx
+/// makes an implicit group named after it, and so its label is the address twice.
+pub fn direct_peer(req: &Request, addr: &crate::upstream::Addr) -> Key {
+    if req.server.zone == 0 {
+        return 0;
+    }
+    match addr {
+        crate::upstream::Addr::Tcp(a) => m::key2(Kind::Peer, a, a),
+        crate::upstream::Addr::Unix(p) => {
+            let p = format!("unix:{}", p.display());
+            m::key2(Kind::Peer, &p, &p)
+        }
+    }
+}
+
+/// One attempt at an upstream server: answered (its head read) or failed.
+pub fn attempt(peer: Key, status: u16, answered: bool, took: std::time::Duration) {
+    if peer == 0 {
+        return;
+    }
+    m::add(peer, zone::IN, 1);
+    if answered {
+        m::add(peer, class(status), 1);
+    } else {
+        m::add(peer, zone::OUT, 1);
+    }
+    m::observe(peer, took);
+}
+
+/// States of a peer, as its gauge holds them.
+const PEER_STATES: [&str; 3] = ["up", "down", "unhealthy"];
+
+/// A peer's state: `down` as configured, else whether its active checks pass.
+pub fn peer_state(peer: Key, down: bool, healthy: bool) {
+    m::set_gauge(
+        peer,
+        if down {
+            1
+        } else if healthy {
+            0
+        } else {
+            2
+        },
+    );
 }
 
 /// A limit zone's verdict (`$limit_req_status`/`$limit_conn_status` words).
@@ -264,32 +306,42 @@ pub fn scrape(om: bool) -> String {
         "Time from a request's first byte to its log phase.",
     );
     for (k, _, name) in of(Kind::Server) {
-        e.histogram("gannet_http_request_duration_seconds", ("server", name), *k);
+        e.histogram(
+            "gannet_http_request_duration_seconds",
+            &[("server", name)],
+            *k,
+        );
     }
 
+    let peers: Vec<(Key, &str, &str)> = of(Kind::Peer)
+        .map(|(k, _, n)| {
+            let (g, p) = n.split_once('\t').unwrap_or((n, n));
+            (*k, g, p)
+        })
+        .collect();
     e.family(
         "gannet_upstream_requests",
         Type::Counter,
-        "Attempts sent to an upstream peer.",
+        "Attempts sent to an upstream server.",
     );
-    for (k, _, name) in of(Kind::Peer) {
+    for &(k, g, p) in &peers {
         e.sample(
             "gannet_upstream_requests",
-            &[("peer", name)],
-            m::total(*k, zone::IN),
+            &[("upstream", g), ("peer", p)],
+            m::total(k, zone::IN),
         );
     }
     e.family(
         "gannet_upstream_responses",
         Type::Counter,
-        "Answers from an upstream peer, by status class.",
+        "Answers from an upstream server, by status class.",
     );
-    for (k, _, name) in of(Kind::Peer) {
+    for &(k, g, p) in &peers {
         for (i, c) in CLASSES.iter().enumerate() {
             e.sample(
                 "gannet_upstream_responses",
-                &[("peer", name), ("code", c)],
-                m::total(*k, i),
+                &[("upstream", g), ("peer", p), ("code", c)],
+                m::total(k, i),
             );
         }
     }
@@ -298,11 +350,11 @@ pub fn scrape(om: bool) -> String {
         Type::Counter,
         "Attempts that got no answer (refused, timed out, reset).",
     );
-    for (k, _, name) in of(Kind::Peer) {
+    for &(k, g, p) in &peers {
         e.sample(
             "gannet_upstream_failures",
-            &[("peer", name)],
-            m::total(*k, zone::OUT),
+            &[("upstream", g), ("peer", p)],
+            m::total(k, zone::OUT),
         );
     }
     e.family(
@@ -310,12 +362,23 @@ pub fn scrape(om: bool) -> String {
         Type::Histogram,
         "Time of an attempt, from its start to the answer's end or the failure.",
     );
-    for (k, _, name) in of(Kind::Peer) {
+    for &(k, g, p) in &peers {
         e.histogram(
             "gannet_upstream_response_duration_seconds",
-            ("peer", name),
-            *k,
+            &[("upstream", g), ("peer", p)],
+            k,
         );
+    }
+    e.family("gannet_upstream_peer_state", Type::Gauge, "1 for a server's state: down (configured), unhealthy (failing its active health checks) or up.");
+    for &(k, g, p) in &peers {
+        let now = m::gauge(k) as usize;
+        for (i, st) in PEER_STATES.iter().enumerate() {
+            e.sample(
+                "gannet_upstream_peer_state",
+                &[("upstream", g), ("peer", p), ("state", st)],
+                u8::from(i == now),
+            );
+        }
     }
 
     let results = [
@@ -442,30 +505,34 @@ impl Encoder {
     }
 
     /// A histogram's buckets (cumulative), sum (seconds) and count for one label.
-    fn histogram(&mut self, name: &str, label: (&str, &str), key: Key) {
+    fn histogram(&mut self, name: &str, labels: &[(&str, &str)], key: Key) {
         let mut counts = [0u64; BUCKETS.len() + 1];
         for (i, c) in counts.iter_mut().enumerate() {
             *c = m::total(key, zone::BUCKET0 + i);
         }
         let sum = m::total(key, zone::TIME_US) as f64 / 1e6;
-        self.histogram_of(name, label, &counts, sum);
+        self.histogram_of(name, labels, &counts, sum);
     }
 
     pub fn histogram_of(
         &mut self,
         name: &str,
-        label: (&str, &str),
+        labels: &[(&str, &str)],
         counts: &[u64; BUCKETS.len() + 1],
         sum: f64,
     ) {
+        // The labels and `le` (a family has at most three labels of its own).
+        let mut with_le = [("", ""); 4];
+        let n = labels.len().min(3);
+        with_le[..n].copy_from_slice(&labels[..n]);
         let mut acc = 0u64;
         for (i, c) in counts.iter().enumerate() {
             acc += c;
-            let le = BUCKETS.get(i).map_or("+Inf", |b| b.0);
-            self.line(name, "_bucket", &[label, ("le", le)], acc);
+            with_le[n] = ("le", BUCKETS.get(i).map_or("+Inf", |b| b.0));
+            self.line(name, "_bucket", &with_le[..=n], acc);
         }
-        self.line(name, "_sum", &[label], sum);
-        self.line(name, "_count", &[label], acc);
+        self.line(name, "_sum", labels, sum);
+        self.line(name, "_count", labels, acc);
     }
 
     pub fn finish(mut self) -> String {
@@ -516,7 +583,7 @@ mod tests {
         counts[0] = 2;
         counts[3] = 1;
         counts[BUCKETS.len()] = 4;
-        e.histogram_of("d_seconds", ("server", "s"), &counts, 1.5);
+        e.histogram_of("d_seconds", &[("server", "s")], &counts, 1.5);
         let s = e.finish();
         assert!(s.contains("d_seconds_bucket{server=\"s\",le=\"0.005\"} 2\n"));
         assert!(s.contains("d_seconds_bucket{server=\"s\",le=\"0.05\"} 3\n"));

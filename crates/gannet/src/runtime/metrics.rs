@@ -109,6 +109,8 @@ struct Entry {
     kind: AtomicU32,
     len: AtomicU32,
     name: [AtomicU64; NAME_WORDS],
+    /// A value set rather than counted (an upstream peer's state), the same for all.
+    gauge: AtomicU64,
 }
 
 /// One worker thread's counters.
@@ -173,13 +175,24 @@ pub fn init() {
     region();
 }
 
-/// A name cut to what an entry holds, at a character boundary.
-fn fit(name: &str) -> &[u8] {
-    let mut end = name.len().min(NAME_WORDS * 8);
-    while !name.is_char_boundary(end) {
-        end -= 1;
+/// A name made of `parts` joined by a tab (the labels of a key with two), cut to what an
+/// entry holds at a character boundary: (bytes, length).
+fn fit(parts: &[&str]) -> ([u8; NAME_WORDS * 8], usize) {
+    let mut buf = [0u8; NAME_WORDS * 8];
+    let mut n = 0;
+    for (i, part) in parts.iter().enumerate() {
+        let sep = if i > 0 { "\t" } else { "" };
+        for ch in sep.chars().chain(part.chars()) {
+            let mut b = [0u8; 4];
+            let e = ch.encode_utf8(&mut b).as_bytes();
+            if n + e.len() > buf.len() {
+                return (buf, n);
+            }
+            buf[n..n + e.len()].copy_from_slice(e);
+            n += e.len();
+        }
     }
-    &name.as_bytes()[..end]
+    (buf, n)
 }
 
 fn hash(kind: Kind, name: &[u8]) -> usize {
@@ -202,7 +215,17 @@ fn read_name(e: &Entry, buf: &mut [u8; NAME_WORDS * 8]) -> usize {
 /// call from any process at once: an entry is claimed by compare-and-swap and published
 /// once written.
 pub fn key(kind: Kind, name: &str) -> Key {
-    let name = fit(name);
+    key_of(kind, &[name])
+}
+
+/// The key of a name with two labels (an upstream group and one of its servers).
+pub fn key2(kind: Kind, a: &str, b: &str) -> Key {
+    key_of(kind, &[a, b])
+}
+
+fn key_of(kind: Kind, parts: &[&str]) -> Key {
+    let (words, len) = fit(parts);
+    let name = &words[..len];
     let keys = &region().keys;
     let start = hash(kind, name);
     let mut buf = [0u8; NAME_WORDS * 8];
@@ -225,8 +248,6 @@ pub fn key(kind: Kind, name: &str) -> Key {
                     {
                         continue;
                     }
-                    let mut words = [0u8; NAME_WORDS * 8];
-                    words[..name.len()].copy_from_slice(name);
                     for (w, chunk) in e.name.iter().zip(words.chunks_exact(8)) {
                         let mut b = [0u8; 8];
                         b.copy_from_slice(chunk);
@@ -252,7 +273,20 @@ pub fn key(kind: Kind, name: &str) -> Key {
     0
 }
 
-/// Every registered key: (index, kind, name).
+/// Set `key`'s shared gauge.
+pub fn set_gauge(key: Key, v: u64) {
+    if key != 0 {
+        region().keys[key as usize]
+            .gauge
+            .store(v, Ordering::Relaxed);
+    }
+}
+
+pub fn gauge(key: Key) -> u64 {
+    region().keys[key as usize].gauge.load(Ordering::Relaxed)
+}
+
+/// Every registered key: (index, kind, name; two labels are joined by a tab).
 pub fn registered() -> Vec<(Key, Kind, String)> {
     let mut out = Vec::new();
     let mut buf = [0u8; NAME_WORDS * 8];
@@ -372,7 +406,10 @@ mod tests {
     #[test]
     fn long_names_are_cut_at_a_char_boundary() {
         let long = "é".repeat(100);
-        assert_eq!(fit(&long).len(), 128);
-        assert!(std::str::from_utf8(fit(&long)).is_ok());
+        let (b, n) = fit(&[&long]);
+        assert_eq!(n, 128);
+        assert!(std::str::from_utf8(&b[..n]).is_ok());
+        let (b, n) = fit(&["up", "127.0.0.1:80"]);
+        assert_eq!(&b[..n], b"up\t127.0.0.1:80");
     }
 }
