@@ -230,3 +230,31 @@ def test_config_errors(gannet):
     assert r.returncode != 0 and '"status_zone" directive is duplicate' in r.stderr, r.stderr
     r = gannet.check(server="location / { metrics on; }")
     assert r.returncode != 0, r.stderr
+
+
+def exported(text):
+    """The sample names a page can have, from its `# TYPE` lines (text format)."""
+    names = set()
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M):
+        if kind == "histogram":
+            names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+        else:
+            names.add(name)
+    return names
+
+
+def test_grafana_dashboard_names_only_exported_metrics(gannet):
+    """contrib/grafana/gannet.json parses and every metric its queries name is one the page
+    has (read from a running gannet, not from a list kept by hand)."""
+    from conftest import REPO
+    dash = json.loads((REPO / "contrib/grafana/gannet.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [v["definition"] for v in dash["templating"]["list"] if "definition" in v]
+    assert len(exprs) > 10
+    used = {n for e in exprs for n in re.findall(r"\b(gannet_[a-z0-9_]+)", e)}
+    srv = start(gannet, free_port())
+    have = exported(get(srv.port, "/metrics")[2].decode())
+    assert used and used <= have, sorted(used - have)
+    # Each panel's targets are well formed.
+    for p in dash["panels"]:
+        assert p["title"] and p["targets"] and all(t["refId"] for t in p["targets"]), p
