@@ -37,7 +37,7 @@ def start(gannet, back_port, extra_server=""):
         files={"a.txt": "hello"},
         http=f"""
             limit_req_zone $binary_remote_addr zone=perip:1m rate=10000r/s;
-            upstream backs {{ server 127.0.0.1:{back_port}; }}
+            upstream backs {{ server 127.0.0.1:{back_port}; keepalive 4; }}
             upstream checked {{
                 server 127.0.0.1:{free_port()};
                 server 127.0.0.1:1 down;
@@ -54,7 +54,11 @@ def start(gannet, back_port, extra_server=""):
                 location / {{ return 200 "from back\\n"; }}
             }}""",
         server=f"""
-            location /app/ {{ proxy_pass http://backs; }}
+            location /app/ {{
+                proxy_pass http://backs;
+                proxy_http_version 1.1;
+                proxy_set_header Connection "";
+            }}
             location /direct/ {{ proxy_pass http://127.0.0.1:{back_port}; }}
             location /checked/ {{ proxy_pass http://checked; health_check interval=100ms fails=1; }}
             location /limited/ {{ limit_req zone=perip burst=5; try_files /a.txt =404; }}
@@ -108,6 +112,9 @@ def test_page_counts_the_load(gannet):
     assert s[f'gannet_upstream_failures_total{{{peer}}}'] == 0
     assert s[f'gannet_upstream_response_duration_seconds_count{{{peer}}}'] == 20
     assert s[f'gannet_upstream_peer_state{{{peer},state="up"}}'] == 1
+    # The 20 went one after another over one kept connection, idle in the pool now.
+    assert s[f'gannet_upstream_connections{{{peer},state="idle"}}'] == 1
+    assert s[f'gannet_upstream_connections{{{peer},state="active"}}'] == 0
     # A proxy_pass to an address: nginx's implicit group named after it.
     direct = f'upstream="127.0.0.1:{back}",peer="127.0.0.1:{back}"'
     assert s[f'gannet_upstream_responses_total{{{direct},code="2xx"}}'] == 5
@@ -129,6 +136,30 @@ def test_page_counts_the_load(gannet):
                       .get('gannet_http_requests_total{server="scrape",code="2xx"}') >= 3)
     # Only GET and HEAD.
     assert get(srv.port, "/metrics", method="POST")[0] == 405
+
+
+def test_connection_states(gannet):
+    """A kept-alive connection with nothing to do is idle, then parked out of its task; the
+    states add up to the open connections."""
+    srv = start(gannet, free_port())
+    kept = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+    kept.request("GET", "/a.txt")
+    kept.getresponse().read()
+
+    def states():
+        s = samples(get(srv.port, "/metrics")[2].decode())
+        return {k: s[f'gannet_connections{{state="{k}"}}'] for k in ("reading", "writing", "idle", "parked")}
+
+    st = wait_until(lambda: (x := states())["parked"] == 1 and x, 10)
+    assert st == {"reading": 0, "writing": 1, "idle": 0, "parked": 1}, st
+    kept.request("GET", "/a.txt")
+    assert kept.getresponse().read() == b"hello"
+    st = states()
+    assert st["idle"] + st["parked"] == 1, st
+    # Closed by its client, it leaves the counts (parked or not by then).
+    kept.close()
+    st = wait_until(lambda: (x := states())["idle"] + x["parked"] == 0 and x, 10)
+    assert st == {"reading": 0, "writing": 1, "idle": 0, "parked": 0}, st
 
 
 def test_openmetrics_when_asked(gannet):

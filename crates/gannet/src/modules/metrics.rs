@@ -221,11 +221,16 @@ pub fn scrape(om: bool) -> String {
         Type::Gauge,
         "Open connections by state.",
     );
-    for (s, v) in [
+    // Parked connections are idle ones waiting out of their tasks: shown apart, so that
+    // the states add up to the open connections.
+    let parked = m::gauge_total(m::GLOBAL, global::PARKED).min(t.waiting());
+    let states = [
         ("reading", t.reading),
         ("writing", t.writing),
-        ("idle", t.waiting()),
-    ] {
+        ("idle", t.waiting() - parked),
+        ("parked", parked),
+    ];
+    for (s, v) in states {
         e.sample("gannet_connections", &[("state", s)], v);
     }
     let g = |i| m::total(m::GLOBAL, i);
@@ -377,6 +382,22 @@ pub fn scrape(om: bool) -> String {
                 "gannet_upstream_peer_state",
                 &[("upstream", g), ("peer", p), ("state", st)],
                 u8::from(i == now),
+            );
+        }
+    }
+
+    e.family(
+        "gannet_upstream_connections",
+        Type::Gauge,
+        "Connections to an upstream server: in use (active), or kept idle for reuse.",
+    );
+    for &(k, g, p) in &peers {
+        for (st, i) in [("active", zone::ACTIVE), ("idle", zone::IDLE)] {
+            let v = m::gauge_total(k, i);
+            e.sample(
+                "gannet_upstream_connections",
+                &[("upstream", g), ("peer", p), ("state", st)],
+                v,
             );
         }
     }

@@ -61,6 +61,8 @@ pub mod global {
     pub const TLS_RESUMED: usize = 3;
     pub const TLS_FAILED: usize = 4;
     pub const H2_STREAMS: usize = 5;
+    /// Gauge: idle client connections parked out of their tasks.
+    pub const PARKED: usize = 6;
 }
 
 /// Counters of a server zone or upstream peer: the answers by status class (1xx..5xx) at
@@ -73,6 +75,19 @@ pub mod zone {
     /// Sum of the durations, microseconds.
     pub const TIME_US: usize = 7;
     pub const BUCKET0: usize = 8;
+    /// Gauges of an upstream peer: connections in use, and kept idle in the pool.
+    pub const ACTIVE: usize = 20;
+    pub const IDLE: usize = 21;
+}
+
+/// Counters at these indexes are gauges: they go up and down, and a thread that ends takes
+/// its share with it (its connections are gone) rather than leaving it to the retired slot.
+fn is_gauge(key: usize, i: usize) -> bool {
+    if key == GLOBAL as usize {
+        i == global::PARKED
+    } else {
+        i >= zone::ACTIVE
+    }
 }
 
 /// Counters of a limit zone.
@@ -99,7 +114,7 @@ pub const BUCKETS: [(&str, u64); 11] = [
     ("5.0", 5_000_000),
     ("10.0", 10_000_000),
 ];
-const _: () = assert!(zone::BUCKET0 + BUCKETS.len() < PER_KEY);
+const _: () = assert!(zone::BUCKET0 + BUCKETS.len() < zone::ACTIVE && zone::IDLE < PER_KEY);
 
 /// One registered name.
 #[repr(C)]
@@ -335,9 +350,9 @@ impl Drop for Claim {
             return;
         };
         let retired = &region().slots[0];
-        for (from, to) in s.c.iter().zip(&retired.c) {
+        for (n, (from, to)) in s.c.iter().zip(&retired.c).enumerate() {
             let v = from.swap(0, Ordering::Relaxed);
-            if v != 0 {
+            if v != 0 && !is_gauge(n / PER_KEY, n % PER_KEY) {
                 to.fetch_add(v, Ordering::Relaxed);
             }
         }
@@ -355,6 +370,22 @@ pub fn add(key: Key, i: usize, n: u64) {
             c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
         }
     });
+}
+
+/// Move gauge `i` of `key` up or down in this thread's slot (nothing for key 0 unless it is
+/// a server-wide gauge).
+#[inline]
+pub fn gauge_add(key: Key, i: usize, d: i64) {
+    if key != GLOBAL || i == global::PARKED {
+        add(key, i, d as u64);
+    }
+}
+
+/// Gauge `i` of `key` summed over every slot. A slot may be read between two related
+/// stores of its thread (a decrement summed before its increment): the sum is taken as
+/// signed and never shown below 0.
+pub fn gauge_total(key: Key, i: usize) -> u64 {
+    (total(key, i) as i64).max(0) as u64
 }
 
 /// Count a duration in `key`'s histogram (sum and bucket).
