@@ -36,6 +36,7 @@ def start(gannet, back_port, extra_server=""):
     return gannet.start(
         files={"a.txt": "hello"},
         http=f"""
+            log_format accept "$http_accept";
             limit_req_zone $binary_remote_addr zone=perip:1m rate=10000r/s;
             upstream backs {{ server 127.0.0.1:{back_port}; keepalive 4; }}
             upstream checked {{
@@ -62,7 +63,11 @@ def start(gannet, back_port, extra_server=""):
             location /direct/ {{ proxy_pass http://127.0.0.1:{back_port}; }}
             location /checked/ {{ proxy_pass http://checked; health_check interval=100ms fails=1; }}
             location /limited/ {{ limit_req zone=perip burst=5; try_files /a.txt =404; }}
-            location = /metrics {{ metrics; status_zone scrape; }}
+            location = /metrics {{
+                metrics;
+                status_zone scrape;
+                access_log {gannet.tmp}/scrape.log accept;
+            }}
             {extra_server}""",
     )
 
@@ -244,6 +249,7 @@ scrape_configs:
         # Prometheus asked for OpenMetrics and read it (its scrape stats say the format
         # parsed: up is 1 and the samples are there).
         assert value(prom, 'up{job="gannet"}') == 1
+        assert "application/openmetrics-text" in (gannet.tmp / "scrape.log").read_text()
         assert value(prom, f'gannet_http_request_duration_seconds_count{{{zone}}}') == 335
         q = (f'histogram_quantile(0.5, sum by (le) '
              f'(increase(gannet_http_request_duration_seconds_bucket{{{zone}}}[1m])))')
