@@ -89,7 +89,7 @@ def load(port):
 def samples(text):
     """name{labels} -> value of a text page."""
     return {m.group(1): float(m.group(2))
-            for m in re.finditer(r"^([a-z_]+(?:\{[^}]*\})?) (\S+)$", text, re.M)}
+            for m in re.finditer(r"^([a-z0-9_]+(?:\{[^}]*\})?) (\S+)$", text, re.M)}
 
 
 def test_page_counts_the_load(gannet):
@@ -295,3 +295,41 @@ def test_grafana_dashboard_names_only_exported_metrics(gannet):
     # Each panel's targets are well formed.
     for p in dash["panels"]:
         assert p["title"] and p["targets"] and all(t["refId"] for t in p["targets"]), p
+
+
+@pytest.mark.skipif(shutil.which("curl") is None or shutil.which("openssl") is None,
+                    reason="needs curl and openssl")
+def test_tls_handshakes_and_http2_streams(gannet):
+    d = gannet.tmp
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                    "-nodes", "-keyout", str(d / "k.pem"), "-out", str(d / "c.pem"), "-days", "2",
+                    "-subj", "/CN=localhost"], check=True, capture_output=True, timeout=60)
+    tls = free_port()
+    srv = gannet.start(files={"a.txt": "hello"}, server="location = /metrics { metrics; }", http=f"""
+        server {{
+            listen 127.0.0.1:{tls} ssl;
+            http2 on;
+            ssl_certificate {d}/c.pem;
+            ssl_certificate_key {d}/k.pem;
+            location / {{ return 200 "tls\\n"; }}
+        }}""")
+    url = f"https://127.0.0.1:{tls}/"
+    for extra in (["--http2"], ["--http1.1", "--tlsv1.2", "--tls-max", "1.2"]):
+        r = subprocess.run(["curl", "-sk", *extra, url], capture_output=True, timeout=30)
+        assert r.stdout == b"tls\n", r
+    # A client that sends a TLS record and then garbage.
+    import socket
+    with socket.create_connection(("127.0.0.1", tls), timeout=10) as s:
+        s.sendall(b"\x16\x03\x01\x00\x05hello")
+        s.recv(100)
+
+    def page():
+        return samples(get(srv.port, "/metrics")[2].decode())
+
+    s = wait_until(lambda: (x := page())["gannet_tls_handshakes_failed_total"] == 1 and x)
+    assert s, page()
+    assert s['gannet_tls_handshakes_total{version="TLSv1.3"}'] == 1
+    assert s['gannet_tls_handshakes_total{version="TLSv1.2"}'] == 1
+    assert s["gannet_tls_handshakes_resumed_total"] == 0
+    assert s["gannet_http2_streams_total"] == 1
+    assert s['gannet_http_requests_total{server="127.0.0.1:%d",code="2xx"}' % tls] == 2
