@@ -32,6 +32,7 @@ pub mod limit_req;
 pub mod limit_zone;
 pub mod map;
 pub mod memcached;
+pub mod metrics;
 pub mod mirror;
 pub mod otel;
 pub mod proxy;
@@ -89,6 +90,8 @@ pub struct LoadCtx {
     pub tls: crate::tls::LoadState,
     /// The first `otel_trace`, which needs an `otel_exporter` at http level.
     pub otel_trace_at: Option<gannet_conf::Loc>,
+    /// The config has a `metrics` location: zones get metrics keys.
+    pub metrics: bool,
 }
 
 impl LoadCtx {
@@ -107,6 +110,7 @@ impl LoadCtx {
             temp_dirs: Vec::new(),
             tls: Default::default(),
             otel_trace_at: None,
+            metrics: false,
         }
     }
 }
@@ -304,6 +308,10 @@ pub const MODULES: &[Module] = &[
         directives: otel::DIRECTIVES,
         set: otel::set,
     },
+    Module {
+        directives: metrics::DIRECTIVES,
+        set: metrics::set,
+    },
 ];
 
 /// Find the spec and setter for an http/server/location directive.
@@ -414,12 +422,19 @@ pub struct LocConf {
     pub stub_status: bool,
     /// `flv`: this location's content handler (not inherited, as nginx's handlers).
     pub flv: bool,
+    /// `metrics` (this level only, as `stub_status`).
+    pub metrics: bool,
+    /// `status_zone`: the metrics key requests here count in (inherited).
+    pub status_zone: Option<crate::runtime::metrics::Key>,
 }
 
 impl LocConf {
     /// Fill what this level left unset from its parent (nginx's merge_loc_conf).
     pub fn merge(&mut self, parent: &LocConf) {
         self.core.merge(&parent.core);
+        if self.status_zone.is_none() {
+            self.status_zone = parent.status_zone;
+        }
         self.client_body.merge(&parent.client_body);
         self.types.merge(&parent.types);
         self.files.merge(&parent.files);

@@ -106,6 +106,8 @@ pub struct Server {
     pub down: bool,
     /// `resolve` with a name: its addresses are looked up at run time.
     pub resolve: Option<Resolving>,
+    /// Its `metrics` key (0: not counted).
+    pub metrics: crate::runtime::metrics::Key,
 }
 
 /// A `server NAME resolve`'s name and what it resolved to last.
@@ -442,6 +444,7 @@ fn parse_server(s: &Directive) -> Result<(Server, Option<(String, u16)>), ConfEr
         backup: false,
         down: false,
         resolve: None,
+        metrics: 0,
     };
     for a in &s.args[1..] {
         let bad = || s.error(format!("invalid parameter \"{a}\""));
@@ -518,6 +521,15 @@ struct Idle {
     conn: Conn,
     since: Instant,
     requests: u64,
+    /// The server's `metrics` key, whose idle gauge counts this connection.
+    metrics: crate::runtime::metrics::Key,
+}
+
+impl Idle {
+    /// Taken out of the pool (reused, closed or expired): no longer counted idle.
+    fn left(&self) {
+        crate::runtime::metrics::gauge_add(self.metrics, crate::runtime::metrics::zone::IDLE, -1);
+    }
 }
 
 #[derive(Default)]
@@ -556,10 +568,13 @@ pub struct Lease {
     ups: Rc<RefCell<Groups>>,
     key: usize,
     server: usize,
+    /// The server's `metrics` key, whose active gauge counts the lease.
+    metrics: crate::runtime::metrics::Key,
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        crate::runtime::metrics::gauge_add(self.metrics, crate::runtime::metrics::zone::ACTIVE, -1);
         if let Some(g) = self.ups.borrow_mut().get_mut(&self.key) {
             if let Some(a) = g.active.get_mut(self.server) {
                 *a = a.saturating_sub(1);
@@ -625,12 +640,19 @@ impl Upstreams {
         match balance::choose(&mut view, key.ip, key.hash) {
             balance::Found::Server(i) => {
                 view.g.active[i] += 1;
+                let metrics = up.servers[i].metrics;
+                crate::runtime::metrics::gauge_add(
+                    metrics,
+                    crate::runtime::metrics::zone::ACTIVE,
+                    1,
+                );
                 Pick::Server(
                     i,
                     Lease {
                         ups: self.groups.clone(),
                         key: group_key(up),
                         server: i,
+                        metrics,
                     },
                 )
             }
@@ -706,6 +728,7 @@ impl Upstreams {
             let Some(mut i) = g.idle.remove(pos) else {
                 break;
             };
+            i.left();
             if still_open(&mut i.conn) {
                 return Some((i.conn, i.requests));
             }
@@ -732,14 +755,19 @@ impl Upstreams {
         g.keep = (up.keepalive, up.keepalive_timeout);
         g.expire_idle(now);
         if g.idle.len() >= up.keepalive && !linger {
-            g.idle.pop_front();
+            if let Some(old) = g.idle.pop_front() {
+                old.left();
+            }
         }
+        let metrics = up.servers.get(server).map_or(0, |s| s.metrics);
+        crate::runtime::metrics::gauge_add(metrics, crate::runtime::metrics::zone::IDLE, 1);
         g.idle.push_back(Idle {
             server,
             kind,
             conn,
             since: now,
             requests,
+            metrics,
         });
     }
 
@@ -771,7 +799,9 @@ impl GroupState {
         while let Some(oldest) = self.idle.front() {
             let age = now.saturating_duration_since(oldest.since);
             if age >= timeout || (self.idle.len() > keepalive && age >= grace) {
-                self.idle.pop_front();
+                if let Some(old) = self.idle.pop_front() {
+                    old.left();
+                }
             } else {
                 // The rest are younger.
                 break;

@@ -15,6 +15,7 @@ use crate::http::router::{self, Location, Matcher, ServerNames};
 use crate::http::user_vars::{self, CapRegex, VarTable};
 use crate::http::variables::Template;
 use crate::modules::{self, LoadCtx, LocConf};
+use crate::runtime::metrics::Kind;
 use gannet_conf::registry::{self, Ctx, Spec};
 use gannet_conf::{ConfError, Directive};
 use std::path::Path;
@@ -292,6 +293,7 @@ fn load_limit_except(
 
 fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), ConfError> {
     let mut lctx = LoadCtx::new(prefix);
+    lctx.metrics = modules::metrics::used(http.block.as_deref().unwrap_or_default());
     let mut conf = LocConf::default();
     let body = http.block.as_deref().unwrap_or_default();
     // http's `resolver` before the groups: a `server ... resolve` without its own uses it.
@@ -311,7 +313,8 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
     // Groups first: a location may name one defined further down, as in nginx.
     for d in body.iter().filter(|d| d.name == "upstream") {
         check(d, Ctx::HTTP)?;
-        let up = crate::upstream::parse(d, &http_resolver)?;
+        let mut up = crate::upstream::parse(d, &http_resolver)?;
+        modules::metrics::register_group(&lctx, &mut up);
         if lctx.upstreams.contains_key(&up.name) {
             return Err(d.error(format!("duplicate upstream \"{}\"", up.name)));
         }
@@ -488,7 +491,12 @@ fn load_server(
         }
     }
     check_duplicates(&locations, body)?;
+    let zone = conf.status_zone.unwrap_or_else(|| match &primary {
+        Some(n) if !n.is_empty() => modules::metrics::register(lctx, Kind::Server, n),
+        _ => modules::metrics::register(lctx, Kind::Server, &listens[0].0.endpoint().to_string()),
+    });
     let server = ServerConf {
+        zone,
         names,
         primary_name: primary.unwrap_or_default(),
         conf,

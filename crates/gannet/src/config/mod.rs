@@ -98,4 +98,7 @@ pub struct ServerConf {
     pub vars: Arc<VarTable>,
     /// Its TLS setup, when it has a certificate (or rejects handshakes).
     pub tls: Option<Arc<crate::tls::ServerTls>>,
+    /// Its `metrics` key: its `status_zone`, else its first name or first address (0:
+    /// not counted).
+    pub zone: crate::runtime::metrics::Key,
 }

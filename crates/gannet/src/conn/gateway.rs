@@ -62,6 +62,7 @@ use crate::http::request::UpstreamTry;
 use crate::http::response::{Body, Response};
 use crate::modules::gateway::{self, Answer, Backend, GatewayConf, Proto, Streamed};
 use crate::modules::{memcached, proxy, proxy_cookie};
+use crate::runtime::metrics::Key as MetricsKey;
 use crate::runtime::read_timers::ReadTimers;
 use crate::runtime::worker::Worker;
 use crate::tls::client as tls_client;
@@ -952,7 +953,8 @@ async fn run_with(
             let mut tries = 1u64;
             loop {
                 let r = fresh(req, &via, &addr, &mut out).await;
-                let now = record(req, &addr, attempt_status(r.as_ref()), t0);
+                let peer = crate::modules::metrics::direct_peer(req, &addr);
+                let now = record(req, &addr, peer, attempt_status(r.as_ref()), t0);
                 let f = match r {
                     Ok(a) => return outcome(req, c, a, addr, None, None),
                     Err(f) => f,
@@ -1057,6 +1059,7 @@ async fn run_with(
         now = record(
             req,
             addr,
+            up.servers[i].metrics,
             attempt_status(result.as_ref().map(|(a, _)| a)),
             now,
         );
@@ -1170,11 +1173,13 @@ fn attempt_status(r: Result<&Answered, &Failure>) -> u16 {
 }
 
 /// Note an attempt for the `$upstream_*` variables; returns when it ended.
-fn record(req: &Request, addr: &Addr, status: u16, since: Instant) -> Instant {
+/// Also counted for `metrics` in the server's key `peer`.
+fn record(req: &Request, addr: &Addr, peer: MetricsKey, status: u16, since: Instant) -> Instant {
     let end = Instant::now();
     let mut tries = req.upstream.borrow_mut();
     let connect = tries.connected.take().map(|t| t.duration_since(since));
     let header = tries.head_read.take().map(|t| t.duration_since(since));
+    crate::modules::metrics::attempt(peer, status, header.is_some(), end.duration_since(since));
     tries.push(UpstreamTry {
         addr: addr.clone(),
         status,

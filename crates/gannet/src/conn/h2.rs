@@ -286,6 +286,7 @@ async fn stream(
 ) {
     let (parts, mut recv) = req.into_parts();
     w.stats.request();
+    crate::modules::metrics::h2_stream();
     let writing = w.stats.writing();
     let timeout = answer(&w, info, group, parts, &mut recv, &mut respond).await;
     // A body not read to its end (not wanted, too large, too slow): it is read off for a

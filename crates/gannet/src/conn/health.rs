@@ -47,6 +47,7 @@ async fn probe_loop(p: Probe, i: usize) {
                 passes += 1;
                 if passes >= p.check.passes && !p.upstream.healthy(i) {
                     p.upstream.set_healthy(i, true);
+                    crate::modules::metrics::peer_state(server.metrics, server.down, true);
                     errlog::warn(format_args!(
                         "upstream server {} of \"{}\" is healthy again",
                         server.addr, p.upstream.name
@@ -58,6 +59,7 @@ async fn probe_loop(p: Probe, i: usize) {
                 fails += 1;
                 if fails >= p.check.fails && p.upstream.healthy(i) {
                     p.upstream.set_healthy(i, false);
+                    crate::modules::metrics::peer_state(server.metrics, server.down, false);
                     errlog::error(format_args!(
                         "upstream server {} of \"{}\" is unhealthy: {why} (health check \"{}\")",
                         server.addr, p.upstream.name, p.check.uri

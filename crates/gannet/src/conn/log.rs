@@ -10,6 +10,12 @@ use crate::runtime::worker::Worker;
 /// Log a finished request; `head_len` and `body_len` are the bytes sent for it.
 pub fn access(w: &Worker, req: &Request, resp: &Response, head_len: u64, body_len: u64) {
     crate::modules::otel::finish(req, resp, body_len);
+    crate::modules::metrics::request(
+        req,
+        resp.status,
+        req.head.raw().len() as u64 + req.body_length,
+        head_len + body_len,
+    );
     let Some(logs) = &req.conf.log.logs else {
         return;
     };

@@ -387,6 +387,9 @@ fn content(req: &mut Request, w: &Worker) -> Flow {
             other => return other,
         }
     }
+    if req.conf.metrics {
+        return crate::modules::metrics::handle(req);
+    }
     match dav::handle(req) {
         Flow::Next => {}
         other => return other,

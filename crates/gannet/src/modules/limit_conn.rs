@@ -42,6 +42,8 @@ pub struct ConnZone {
     key_src: String,
     capacity: usize,
     counts: Mutex<HashMap<Box<[u8]>, u64>>,
+    /// Its `metrics` key (0: not counted).
+    metrics: crate::runtime::metrics::Key,
 }
 
 /// One request counted in a zone, given back when dropped.
@@ -108,6 +110,11 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
                 key_src: d.args[0].clone(),
                 capacity,
                 counts: Mutex::default(),
+                metrics: super::metrics::register(
+                    ctx,
+                    crate::runtime::metrics::Kind::LimitConn,
+                    &name,
+                ),
             };
             ctx.zones.conn.insert(name, Arc::new(zone));
             Ok(())
@@ -157,7 +164,10 @@ pub fn check(req: &mut Request) -> Option<Flow> {
         };
         req.limit_conn_status = Some("PASSED");
         match l.zone.take(key.as_bytes(), l.max) {
-            Ok(held) => req.limit_conns.push(held),
+            Ok(held) => {
+                super::metrics::limited(l.zone.metrics, "PASSED");
+                req.limit_conns.push(held)
+            }
             Err(why) => {
                 let dry = if policy.dry_run() { ", dry run," } else { "" };
                 match why {
@@ -177,6 +187,12 @@ pub fn check(req: &mut Request) -> Option<Flow> {
                 }
                 // What the other zones counted for this request is given back.
                 req.limit_conns.clear();
+                let word = if policy.dry_run() {
+                    "REJECTED_DRY_RUN"
+                } else {
+                    "REJECTED"
+                };
+                super::metrics::limited(l.zone.metrics, word);
                 if policy.dry_run() {
                     req.limit_conn_status = Some("REJECTED_DRY_RUN");
                     return None;
@@ -201,6 +217,7 @@ mod tests {
             key_src: "k".into(),
             capacity: 1,
             counts: Mutex::default(),
+            metrics: 0,
         });
         let a = z.take(b"a", 2).ok();
         let b = z.take(b"a", 2).ok();

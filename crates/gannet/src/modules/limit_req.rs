@@ -56,6 +56,8 @@ pub struct ReqZone {
     capacity: usize,
     born: Instant,
     table: Mutex<Table>,
+    /// Its `metrics` key (0: not counted).
+    pub metrics: crate::runtime::metrics::Key,
 }
 
 #[derive(Debug, Default)]
@@ -222,6 +224,7 @@ fn zone(d: &Directive, ctx: &mut LoadCtx) -> Result<(), ConfError> {
         capacity,
         born: Instant::now(),
         table: Mutex::default(),
+        metrics: super::metrics::register(ctx, crate::runtime::metrics::Kind::LimitReq, &name),
     };
     ctx.zones.req.insert(name, Arc::new(zone));
     Ok(())
@@ -322,6 +325,12 @@ pub fn check(req: &mut Request) -> Option<Flow> {
             }
         };
         if refused {
+            let word = if policy.dry_run() {
+                "REJECTED_DRY_RUN"
+            } else {
+                "REJECTED"
+            };
+            super::metrics::limited(l.zone.metrics, word);
             return if policy.dry_run() {
                 req.limit_req_status = Some("REJECTED_DRY_RUN");
                 None
@@ -351,6 +360,9 @@ pub fn check(req: &mut Request) -> Option<Flow> {
         }
     }
     let Some((ms, excess, zone)) = wait else {
+        for (l, _) in &keyed {
+            super::metrics::limited(l.zone.metrics, "PASSED");
+        }
         req.limit_req_status = Some("PASSED");
         return None;
     };
@@ -368,6 +380,14 @@ pub fn check(req: &mut Request) -> Option<Flow> {
             Excess(excess),
             zone.name
         ),
+    );
+    super::metrics::limited(
+        zone.metrics,
+        if policy.dry_run() {
+            "DELAYED_DRY_RUN"
+        } else {
+            "DELAYED"
+        },
     );
     if policy.dry_run() {
         req.limit_req_status = Some("DELAYED_DRY_RUN");
@@ -390,6 +410,7 @@ mod tests {
             capacity,
             born: Instant::now(),
             table: Mutex::default(),
+            metrics: 0,
         }
     }
 

@@ -359,6 +359,7 @@ pub fn finish(req: &Request, resp: &Response, body_len: u64) {
         body_bytes: body_len,
         bytes: body_len,
         response: Some(resp),
+        trailers: &[],
     };
     let mut span = Span {
         trace_id: t.current.trace_id.to_vec(),

@@ -115,6 +115,7 @@ pub fn run(config: Config, reload: impl Fn() -> Result<Config, ConfError>) -> Re
     }
     // Before any fork: every worker process shares the counters (`stub_status`).
     super::conn_stats::init();
+    super::metrics::init();
     let exec = Exec::at_start();
     // Started by an upgrade: the old master's sockets for the addresses still listened on
     // (the others close with `old`); else the sockets systemd passed (socket activation)

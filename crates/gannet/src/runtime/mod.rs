@@ -10,6 +10,7 @@ pub mod conn_stats;
 pub mod listener;
 pub mod log_reopen;
 pub mod master;
+pub mod metrics;
 pub mod notify;
 pub mod parking;
 pub mod pid_file;

@@ -9,6 +9,7 @@
 //! park after `PARK_AFTER` of silence, so a busy keep-alive client never pays the extra
 //! epoll calls of parking and waking.
 
+use super::metrics;
 use crate::http::request::ConnInfo;
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -92,6 +93,7 @@ impl ParkingLot {
         }
         self.slots.borrow_mut()[key] = Some(p);
         self.parked.set(self.parked.get() + 1);
+        metrics::gauge_add(metrics::GLOBAL, metrics::global::PARKED, 1);
         Ok(())
     }
 
@@ -108,6 +110,7 @@ impl ParkingLot {
     fn take(&self, key: usize) -> Option<Parked> {
         let p = self.slots.borrow_mut().get_mut(key)?.take()?;
         self.free.borrow_mut().push(key);
+        metrics::gauge_add(metrics::GLOBAL, metrics::global::PARKED, -1);
         Some(p)
     }
 

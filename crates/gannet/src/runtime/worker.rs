@@ -55,6 +55,8 @@ pub struct Worker {
     pub active: Cell<usize>,
     /// This thread's share of the server's counters (`stub_status`).
     pub stats: super::conn_stats::Counter,
+    /// This thread's slot of the `metrics` counters.
+    _metrics: super::metrics::Claim,
     pub draining: Cell<bool>,
     /// Deadlines of connections waiting for their client.
     pub timers: Rc<ReadTimers>,
@@ -229,6 +231,7 @@ pub fn run(
             logs: RefCell::new(HashMap::new()),
             active: Cell::new(0),
             stats: super::conn_stats::Counter::claim(),
+            _metrics: super::metrics::Claim::new(),
             draining: Cell::new(false),
             timers: Rc::default(),
             conn_closed: Notify::new(),

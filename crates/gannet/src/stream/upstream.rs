@@ -87,6 +87,7 @@ pub fn single(addr: crate::upstream::Addr) -> Group {
             backup: false,
             down: false,
             resolve: None,
+            metrics: 0,
         }],
         keepalive: 0,
         keepalive_timeout: Duration::from_secs(60),

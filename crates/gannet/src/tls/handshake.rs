@@ -39,6 +39,12 @@ pub enum Accepted {
 /// The first TLS record's content type: handshake.
 const HANDSHAKE_RECORD: u8 = 0x16;
 
+/// A handshake that began (the client sent a TLS record) and failed: counted for `metrics`.
+fn handshake_failed(info: &ConnInfo, why: impl std::fmt::Display) -> Accepted {
+    crate::modules::metrics::tls_handshake(None);
+    failed(info, why)
+}
+
 fn failed(info: &ConnInfo, why: impl std::fmt::Display) -> Accepted {
     errlog::log(
         Level::Info,
@@ -70,8 +76,8 @@ pub async fn accept(g: &ListenGroup, tcp: TcpStream, info: &ConnInfo) -> Accepte
     let start = match timeout_at(deadline, LazyConfigAcceptor::new(Acceptor::default(), tcp)).await
     {
         Ok(Ok(start)) => start,
-        Ok(Err(e)) => return failed(info, e),
-        Err(_) => return failed(info, "client timed out"),
+        Ok(Err(e)) => return handshake_failed(info, e),
+        Err(_) => return handshake_failed(info, "client timed out"),
     };
     let sni = start
         .client_hello()
@@ -82,18 +88,19 @@ pub async fn accept(g: &ListenGroup, tcp: TcpStream, info: &ConnInfo) -> Accepte
     // the handshake to the address's default server.
     let chosen = select_server(&g.servers, g.default, &sni);
     let Some(tls) = chosen.tls.as_ref().or(default.tls.as_ref()) else {
-        return failed(info, "no certificate for the listen address");
+        return handshake_failed(info, "no certificate for the listen address");
     };
     let config = match &tls.config {
         Some(c) if !tls.reject_handshake => c.clone(),
-        _ => return failed(info, format_args!("handshake rejected for \"{sni}\"")),
+        _ => return handshake_failed(info, format_args!("handshake rejected for \"{sni}\"")),
     };
     let stream = match timeout_at(deadline, start.into_stream(config)).await {
         Ok(Ok(s)) => s,
-        Ok(Err(e)) => return failed(info, e),
-        Err(_) => return failed(info, "client timed out"),
+        Ok(Err(e)) => return handshake_failed(info, e),
+        Err(_) => return handshake_failed(info, "client timed out"),
     };
     let tls_info = Arc::new(TlsInfo::of(stream.get_ref().1, sni, tls));
+    crate::modules::metrics::tls_handshake(Some((tls_info.protocol, tls_info.reused)));
     if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
         return Accepted::H2(Box::new(stream), tls_info, chosen.conf.clone());
     }

@@ -527,6 +527,7 @@ mod tests {
             backup: false,
             down: false,
             resolve: None,
+            metrics: 0,
         }
     }
 
