@@ -57,8 +57,9 @@ def test_per_host_files_and_missing_root_as_nginx(tmp_path):
             get(port, "/gone/x", "a.test")
         for side in ("gannet", "nginx"):
             logs = tmp_path / side / "logs"
+            # Each line is written after its answer went out: waited for.
+            assert wait_until(lambda: [len(lines(logs / n)) for n in ("a.test.log", "b.test.log")] == [2, 1]), side
             assert sorted(os.listdir(logs)) == ["a.test.log", "b.test.log"], side
-            assert [len(lines(logs / n)) for n in ("a.test.log", "b.test.log")] == [2, 1], side
             assert all('"GET /x HTTP/1.1" 200 3' in ln for ln in lines(logs / "a.test.log"))
         for err in (g.error_log(), (tmp_path / "nginx" / "error.log").read_text()):
             assert f'testing "{tmp_path}/' in err and 'no-such-root" existence failed (2: No such file or directory)' in err, err
@@ -118,10 +119,13 @@ def test_cached_descriptor_follows_the_rename_until_valid_runs_out_as_nginx(tmp_
         for side, port, master in (("gannet", g.port, g.proc.pid), ("nginx", nginx_port, None)):
             logs = tmp_path / side / "logs"
             get(port, "/", "a")
+            # A server logs after its answer is out: the line is waited for.
+            assert wait_until(lambda: (logs / "a.log").exists()), side
             os.rename(logs / "a.log", logs / "a.log.1")
             get(port, "/", "a")
             # Kept open: the line goes to the renamed file, even after SIGUSR1.
-            assert not (logs / "a.log").exists() and len(lines(logs / "a.log.1")) == 2, side
+            assert wait_until(lambda: len(lines(logs / "a.log.1")) == 2), side
+            assert not (logs / "a.log").exists(), side
             if master:
                 os.kill(master, signal.SIGUSR1)
                 assert wait_until(lambda: "reopened the log files" in g.error_log())
