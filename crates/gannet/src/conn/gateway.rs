@@ -501,13 +501,27 @@ pub struct Streaming {
     /// Where the connection goes back when the answer ended cleanly.
     pool: Option<Pooled>,
     lease: Option<Lease>,
+    /// The cache entry the answer is written to as it goes (`conn::gateway_cache`).
+    tee: Option<super::gateway_cache::Tee>,
 }
 
 impl Streaming {
     /// The next piece of the body; `Ok(None)` at its end. An error is logged and means the
     /// answer is cut short.
     pub async fn next(&mut self, req: &Request) -> Result<Option<Bytes>, ()> {
-        match self.pull(req).await {
+        let r = self.pull(req).await;
+        if let Some(t) = &mut self.tee {
+            match &r {
+                Ok(Some(b)) => t.write(req, b),
+                Ok(None) => {
+                    if let Some(t) = self.tee.take() {
+                        t.commit(req);
+                    }
+                }
+                Err(_) => self.tee = None,
+            }
+        }
+        match r {
             Ok(b) => Ok(b),
             Err(f) => {
                 log_failure(req, self.scheme, &self.addr, &f);
@@ -807,6 +821,26 @@ async fn run_with(
     req: &Request,
     streamed: Option<(&mut dyn BodySource, Streamed)>,
 ) -> Outcome {
+    // A location without `*_cache` pays for this test only.
+    let cached = gateway::active(&req.conf)
+        .map(|p| gateway::conf(&req.conf, p))
+        .filter(|c| c.cache.zone().is_some());
+    if let Some(c) = cached {
+        if let Some(flow) = super::gateway_cache::before(req, c).await {
+            return Outcome::Flow(flow);
+        }
+        let o = fetch(w, req, streamed).await;
+        return super::gateway_cache::after(req, c, o);
+    }
+    fetch(w, req, streamed).await
+}
+
+/// The exchange with the upstream (see the module's header).
+async fn fetch(
+    w: &Worker,
+    req: &Request,
+    streamed: Option<(&mut dyn BodySource, Streamed)>,
+) -> Outcome {
     let Some(proto) = gateway::active(&req.conf) else {
         return Outcome::Flow(Flow::Status(500));
     };
@@ -1079,6 +1113,7 @@ async fn run_with(
                         head, body, link, ..
                     } = a;
                     w.upstreams.put_idle(&up, slot, link.conn, now);
+                    super::gateway_cache::store_whole(req, c, &head, &body);
                     return Outcome::Flow(whole(req, c, head, body));
                 }
                 let pool = keep.then(|| Pooled {
@@ -1382,8 +1417,10 @@ fn outcome(
         return upgrade(req, c, a, &addr);
     }
     if a.done {
+        super::gateway_cache::store_whole(req, c, &a.head, &a.body);
         return Outcome::Flow(whole(req, c, a.head, a.body));
     }
+    let tee = super::gateway_cache::tee(req, c, &a.head, &a.body);
     match answer(req, c, a.head) {
         Flow::Done(mut resp) => {
             // Ranges are cut from a body at hand only (a memcached value that came whole).
@@ -1416,6 +1453,7 @@ fn outcome(
                     failed: None,
                     pool,
                     lease,
+                    tee,
                 }),
             )
         }
@@ -1672,7 +1710,13 @@ fn read_head(
     let head = match link.proto {
         Proto::Memcached => return memcached_head(req, link, body, sent, max),
         Proto::Http => {
-            let Some(h) = parse_response(body, max, req.is_head()).map_err(|e| bad(&e))? else {
+            let Some(h) = parse_response(
+                body,
+                max,
+                req.is_head() && !super::gateway_cache::head_as_get(req),
+            )
+            .map_err(|e| bad(&e))?
+            else {
                 return Ok(None);
             };
             if h.status == 101 {
@@ -1802,7 +1846,7 @@ fn memcached_answer(req: &Request, head: CgiHead) -> Flow {
 }
 
 /// The answer's head as the next step of the request phases (the caller adds the body).
-fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
+pub(super) fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
     if gateway::active(&req.conf) == Some(Proto::Memcached) {
         return memcached_answer(req, head);
     }

@@ -74,6 +74,18 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("proxy_temp_path", HSL, Args::Between(1, 4)),
     spec("proxy_max_temp_file_size", HSL, Args::Exactly(1)),
     spec("proxy_temp_file_write_size", HSL, Args::Exactly(1)),
+    spec("proxy_cache_path", Ctx::HTTP, Args::AtLeast(2)),
+    spec("proxy_cache", HSL, Args::Exactly(1)),
+    spec("proxy_cache_key", HSL, Args::Exactly(1)),
+    spec("proxy_cache_valid", HSL, Args::AtLeast(1)),
+    spec("proxy_cache_methods", HSL, Args::AtLeast(1)),
+    spec("proxy_cache_min_uses", HSL, Args::Exactly(1)),
+    spec("proxy_cache_bypass", HSL, Args::AtLeast(1)),
+    spec("proxy_no_cache", HSL, Args::AtLeast(1)),
+    spec("proxy_cache_use_stale", HSL, Args::AtLeast(1)),
+    spec("proxy_cache_lock", HSL, Args::Exactly(1)),
+    spec("proxy_cache_lock_age", HSL, Args::Exactly(1)),
+    spec("proxy_cache_lock_timeout", HSL, Args::Exactly(1)),
 ];
 
 /// Where `proxy_pass` sends requests.
@@ -429,6 +441,7 @@ pub fn encode_request(
         Some(m) => Cow::Owned(m.eval(req, None)),
         None => match req.method_override {
             Some(_) => Cow::Borrowed("GET"),
+            None if crate::conn::gateway_cache::head_as_get(req) => Cow::Borrowed("GET"),
             None => Cow::Borrowed(req.head.method_str()),
         },
     };

@@ -1,0 +1,376 @@
+//! The request side of the response cache (nginx's `ngx_http_upstream_cache` and
+//! `ngx_http_upstream_cache_send`, with ngx_http_file_cache.c's lookup), for every gateway
+//! protocol: [`before`] the exchange, look the request's key up and serve a fresh entry
+//! from its file (HIT), or let the exchange run (MISS, EXPIRED, BYPASS) as the one fetch
+//! of the key, or wait for the fetch under way (`*_cache_lock`), or serve the expired entry
+//! while another request updates it (`*_cache_use_stale updating`: UPDATING). The answer
+//! is written to an entry as it goes to the client ([`store_whole`], [`tee`]); [`after`]
+//! serves the expired entry in place of a failure `*_cache_use_stale` names (STALE).
+//!
+//! An entry is served through the answer-head code a fresh answer goes through
+//! (`conn::gateway::answer`), so the hidden headers, `proxy_redirect` and the rest apply
+//! the same; its body is a range of the entry file, sent like a static file's (sendfile,
+//! byte ranges).
+
+use super::gateway::answer;
+use crate::cache::entry::{self, Meta, Writer};
+use crate::cache::key::{self, Hash};
+use crate::cache::store::{self, Fetching};
+use crate::cache::{now_secs, validity, Status, Zone};
+use crate::errlog::{self, Level};
+use crate::http::handler::Flow;
+use crate::http::request::Request;
+use crate::http::response::{Body, FileRange, Part};
+use crate::modules::gateway::{self, GatewayConf, Proto};
+use crate::modules::gateway_cache::{self as conf, stale};
+use bytes::BytesMut;
+use gannet_proto::cgi::{self, CgiHead};
+use gannet_proto::h1::Method;
+use std::fs::File;
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// A request that fetches its key: where the answer is to be stored, and the expired
+/// entry it may fall back to.
+pub struct Pending {
+    zone: Arc<Zone>,
+    key: String,
+    main: Hash,
+    /// The file the answer goes to: the key's, or its `Vary` variant's.
+    hash: Hash,
+    /// `*_cache_min_uses` reached (a bypassed request stores too, as in nginx).
+    store: bool,
+    stale: Option<(File, Meta)>,
+    /// Held until the entry is stored or given up: the lock's waiters go on then.
+    _fetch: Option<Fetching>,
+}
+
+fn set_status(req: &Request, s: Status) {
+    req.cache_status.set(Some(s));
+}
+
+/// Whether any of the templates gives a value other than empty or "0" (nginx's
+/// `ngx_http_test_predicates`).
+fn any_set(list: &Option<Arc<Vec<crate::http::variables::Template>>>, req: &Request) -> bool {
+    list.iter().flat_map(|l| l.iter()).any(|t| {
+        let v = t.eval(req, None);
+        !v.is_empty() && v != "0"
+    })
+}
+
+fn header_of(req: &Request, name: &str) -> Option<String> {
+    req.head
+        .header(name)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// Look the request up; `Some` is the answer to send (from the cache), `None` lets the
+/// exchange run (with a [`Pending`] in the request when its answer may be stored).
+pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
+    let cc = &c.cache;
+    let zone = cc.zone()?;
+    let bit = match req.method() {
+        Method::Get => conf::GET,
+        Method::Head => conf::HEAD,
+        Method::Post => conf::POST,
+        _ => 0,
+    };
+    if cc.methods() & bit == 0 {
+        return None;
+    }
+    let key = cc
+        .key
+        .as_deref()
+        .unwrap_or_else(|| conf::default_key())
+        .eval(req, None);
+    let main = key::hash(key.as_bytes());
+    if any_set(&cc.bypass, req) {
+        set_status(req, Status::Bypass);
+        pend(req, zone, key, main, main, true, None, None);
+        return None;
+    }
+    loop {
+        let seen = store::look(zone, &main);
+        let mut hash = main;
+        let mut found = entry::open(&zone.file(&main), &key);
+        if let Some(v) = found
+            .as_ref()
+            .map(|(_, m)| m)
+            .filter(|m| !m.vary.is_empty())
+        {
+            let want = key::variant(&main, &validity::variant_of(&v.vary, |n| header_of(req, n)));
+            if want != v.variant {
+                hash = want;
+                found = entry::open(&zone.file(&want), &key);
+            }
+        }
+        if let Some((file, meta)) = found.take_if(|(_, m)| m.valid >= now_secs()) {
+            set_status(req, Status::Hit);
+            return Some(serve(req, c, file, meta));
+        }
+        if let Some((signal, age)) = seen.fetching {
+            if found.is_some() && cc.use_stale() & stale::UPDATING != 0 {
+                let (file, meta) = found?;
+                set_status(req, Status::Updating);
+                return Some(serve(req, c, file, meta));
+            }
+            if cc.lock() && age < cc.lock_age() {
+                let notified = signal.notified();
+                let mut notified = std::pin::pin!(notified);
+                notified.as_mut().enable();
+                if store::fetching_with(zone, &main, &signal) {
+                    let left = cc.lock_timeout();
+                    if tokio::time::timeout(left, notified).await.is_err() {
+                        // nginx: the request goes to the upstream, and its answer is not
+                        // cached.
+                        set_status(req, Status::Miss);
+                        return None;
+                    }
+                }
+                continue;
+            }
+        }
+        set_status(
+            req,
+            if found.is_some() {
+                Status::Expired
+            } else {
+                Status::Miss
+            },
+        );
+        let fetch = store::begin_fetch(zone, &main);
+        let store = seen.uses >= cc.min_uses();
+        pend(req, zone, key, main, hash, store, found, Some(fetch));
+        return None;
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn pend(
+    req: &Request,
+    zone: &Arc<Zone>,
+    key: String,
+    main: Hash,
+    hash: Hash,
+    store: bool,
+    stale: Option<(File, Meta)>,
+    fetch: Option<Fetching>,
+) {
+    *req.cache.borrow_mut() = Some(Box::new(Pending {
+        zone: zone.clone(),
+        key,
+        main,
+        hash,
+        store,
+        stale,
+        _fetch: fetch,
+    }));
+}
+
+/// The proxy sends a HEAD it may cache as a GET, so that the entry has the body (nginx's
+/// `proxy_cache_convert_head on`).
+pub fn head_as_get(req: &Request) -> bool {
+    req.is_head() && req.cache.borrow().is_some()
+}
+
+/// An entry as the answer.
+fn serve(req: &Request, c: &GatewayConf, file: File, meta: Meta) -> Flow {
+    let mut buf = BytesMut::from(&meta.head[..]);
+    let Ok(Some(head)) = cgi::parse_head(&mut buf, usize::MAX) else {
+        return Flow::Status(500);
+    };
+    match answer(req, c, head) {
+        Flow::Done(mut resp) => {
+            if meta.body_len > 0 {
+                resp.body = Body::Parts(vec![Part::File(FileRange {
+                    file: Rc::new(file),
+                    offset: meta.body_start,
+                    len: meta.body_len,
+                })]);
+            }
+            resp.content_length = Some(meta.body_len);
+            resp.length_unknown = false;
+            resp.accept_ranges = true;
+            Flow::Done(resp)
+        }
+        flow => flow,
+    }
+}
+
+/// The entry for an answer with this head, if it is to be stored: the request's
+/// [`Pending`] is taken then (else left for [`after`]).
+fn start(req: &Request, c: &GatewayConf, head: &CgiHead) -> Option<(Box<Pending>, Writer)> {
+    let pending = req.cache.borrow();
+    let p = pending.as_ref().filter(|p| p.store)?;
+    let proto = gateway::active(&req.conf)?;
+    if req.is_head() && proto != Proto::Http {
+        return None;
+    }
+    if head.get("x-accel-redirect").is_some() && !c.ignores("x-accel-redirect") {
+        return None;
+    }
+    let status = match (head.status, head.get("location")) {
+        (Some(s), _) => s,
+        (None, Some(_)) => return None,
+        (None, None) => 200,
+    };
+    if any_set(&c.cache.no_cache, req) {
+        return None;
+    }
+    let now = now_secs();
+    let valid = c.cache.valid.as_deref().map_or(&[][..], Vec::as_slice);
+    let verdict = validity::judge(head, status, valid, |h| c.ignores(h), now)?;
+    let vary = verdict.vary.unwrap_or_default();
+    let variant = if vary.is_empty() {
+        [0; 16]
+    } else {
+        key::variant(&p.main, &validity::variant_of(&vary, |n| header_of(req, n)))
+    };
+    let mut text = Vec::with_capacity(head.headers.text.len() + 64);
+    text.extend_from_slice(format!("Status: {status}\r\n").as_bytes());
+    for (n, v) in head.headers.iter() {
+        const HOP: &[&str] = &[
+            "connection",
+            "keep-alive",
+            "transfer-encoding",
+            "content-length",
+        ];
+        if HOP.iter().any(|h| n.eq_ignore_ascii_case(h)) {
+            continue;
+        }
+        text.extend_from_slice(n.as_bytes());
+        text.extend_from_slice(b": ");
+        text.extend_from_slice(v.as_bytes());
+        text.extend_from_slice(b"\r\n");
+    }
+    text.extend_from_slice(b"\r\n");
+    let meta = Meta {
+        valid: verdict.valid,
+        date: now,
+        vary,
+        variant,
+        head: text,
+        body_start: 0,
+        body_len: 0,
+    };
+    let tmp_dir = if p.zone.use_temp_path {
+        c.temp_path().dir.clone()
+    } else {
+        p.zone.dir.clone()
+    };
+    let dest = p.zone.file(&p.hash);
+    let w = match Writer::create(&tmp_dir, dest, &p.key, &meta) {
+        Ok(w) => w,
+        Err(e) => {
+            errlog::request(
+                Level::Crit,
+                req,
+                format_args!("{}", errlog::failed("open()", &tmp_dir, &e)),
+            );
+            return None;
+        }
+    };
+    drop(pending);
+    let p = req.cache.borrow_mut().take()?;
+    Some((p, w))
+}
+
+/// An answer that came whole: store it if it may be.
+pub fn store_whole(req: &Request, c: &GatewayConf, head: &CgiHead, body: &[u8]) {
+    if let Some((p, w)) = start(req, c, head) {
+        let mut tee = Tee { p, w, ok: true };
+        tee.write(req, body);
+        tee.commit(req);
+    }
+}
+
+/// The entry an answer read in pieces is written to, piece by piece.
+pub struct Tee {
+    p: Box<Pending>,
+    w: Writer,
+    ok: bool,
+}
+
+/// Start storing an answer whose first bytes are `first`.
+pub fn tee(req: &Request, c: &GatewayConf, head: &CgiHead, first: &[u8]) -> Option<Tee> {
+    let (p, w) = start(req, c, head)?;
+    let mut t = Tee { p, w, ok: true };
+    t.write(req, first);
+    Some(t)
+}
+
+impl Tee {
+    pub fn write(&mut self, req: &Request, b: &[u8]) {
+        if self.ok && !b.is_empty() {
+            if let Err(e) = self.w.write(b) {
+                errlog::request(
+                    Level::Crit,
+                    req,
+                    format_args!(
+                        "write() to cache temp file failed ({})",
+                        errlog::errno_text(&e)
+                    ),
+                );
+                self.ok = false;
+            }
+        }
+    }
+
+    /// The answer ended whole: put the entry in place.
+    pub fn commit(self, req: &Request) {
+        if !self.ok {
+            return;
+        }
+        let Tee { p, w, .. } = self;
+        match w.commit() {
+            Ok(size) => store::stored(&p.zone, &p.hash, size),
+            Err(e) => errlog::request(
+                Level::Crit,
+                req,
+                format_args!(
+                    "rename() of cache temp file failed ({})",
+                    errlog::errno_text(&e)
+                ),
+            ),
+        }
+        drop(p);
+    }
+}
+
+/// After the exchange: an expired entry in place of a failure `*_cache_use_stale` names.
+pub fn after(
+    req: &Request,
+    c: &GatewayConf,
+    o: super::gateway::Outcome,
+) -> super::gateway::Outcome {
+    use super::gateway::Outcome;
+    let Some(p) = req.cache.borrow_mut().take() else {
+        return o;
+    };
+    let Some((file, meta)) = p.stale else {
+        return o;
+    };
+    let status = match &o {
+        Outcome::Flow(Flow::Status(s)) => Some(*s),
+        Outcome::Flow(Flow::Done(r)) | Outcome::Stream(r, _) => Some(r.status),
+        _ => None,
+    };
+    let bits = c.cache.use_stale();
+    let wanted = match status {
+        // What `conn::gateway` answers for a failed exchange: 502 (error, invalid header)
+        // and 504 (timeout); the application's own 502 and 504 as well.
+        Some(502) => stale::ERROR | stale::INVALID_HEADER | stale::HTTP_502,
+        Some(504) => stale::TIMEOUT | stale::HTTP_504,
+        Some(500) => stale::HTTP_500,
+        Some(503) => stale::HTTP_503,
+        Some(403) => stale::HTTP_403,
+        Some(404) => stale::HTTP_404,
+        Some(429) => stale::HTTP_429,
+        _ => 0,
+    };
+    if bits & wanted == 0 {
+        return o;
+    }
+    set_status(req, Status::Stale);
+    Outcome::Flow(serve(req, c, file, meta))
+}
