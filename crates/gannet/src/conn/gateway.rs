@@ -1420,7 +1420,7 @@ fn outcome(
         super::gateway_cache::store_whole(req, c, &a.head, &a.body);
         return Outcome::Flow(whole(req, c, a.head, a.body));
     }
-    let tee = super::gateway_cache::tee(req, c, &a.head, &a.body);
+    let tee = super::gateway_cache::tee(req, c, &a.head);
     match answer(req, c, a.head) {
         Flow::Done(mut resp) => {
             // Ranges are cut from a body at hand only (a memcached value that came whole).

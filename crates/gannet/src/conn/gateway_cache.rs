@@ -190,7 +190,12 @@ fn serve(req: &Request, c: &GatewayConf, file: File, meta: Meta) -> Flow {
             }
             resp.content_length = Some(meta.body_len);
             resp.length_unknown = false;
-            resp.accept_ranges = true;
+            // nginx cuts ranges from an entry whose answer said `Accept-Ranges` (and sends
+            // its own header for it then).
+            let before = resp.headers.len();
+            resp.headers
+                .retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
+            resp.accept_ranges = resp.headers.len() != before;
             Flow::Done(resp)
         }
         flow => flow,
@@ -291,12 +296,11 @@ pub struct Tee {
     ok: bool,
 }
 
-/// Start storing an answer whose first bytes are `first`.
-pub fn tee(req: &Request, c: &GatewayConf, head: &CgiHead, first: &[u8]) -> Option<Tee> {
+/// Start storing an answer read in pieces: each piece the client is given is written
+/// ([`Tee::write`]), the bytes that came with the head too.
+pub fn tee(req: &Request, c: &GatewayConf, head: &CgiHead) -> Option<Tee> {
     let (p, w) = start(req, c, head)?;
-    let mut t = Tee { p, w, ok: true };
-    t.write(req, first);
-    Some(t)
+    Some(Tee { p, w, ok: true })
 }
 
 impl Tee {
