@@ -616,7 +616,7 @@ fn load_location(
     conf.merge(parent_conf);
     modules::rewrite::merge_ifs(&mut conf);
     modules::proxy_ssl::finish(&mut conf, lctx, &d.loc)?;
-    modules::gateway_cache::finish(&conf, &d.loc)?;
+    modules::gateway_cache::finish(&conf, lctx, &d.loc);
     modules::access::merge_limit_except(&mut conf);
     if let Some(check) = conf.health_check.clone() {
         let Some(crate::modules::gateway::Backend::Group(up)) = conf.proxy.gw.pass.clone() else {

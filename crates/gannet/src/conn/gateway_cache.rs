@@ -78,10 +78,11 @@ pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
     if cc.methods() & bit == 0 {
         return None;
     }
+    let proto = gateway::active(&req.conf)?;
     let key = cc
         .key
         .as_deref()
-        .unwrap_or_else(|| conf::default_key())
+        .unwrap_or_else(|| conf::default_key(proto))
         .eval(req, None);
     let main = key::hash(key.as_bytes());
     if any_set(&cc.bypass, req) {

@@ -223,25 +223,28 @@ pub fn set(
     Ok(true)
 }
 
-/// nginx's merge-time check: a cache needs a key; the proxy has a default one, the other
-/// protocols none.
-pub fn finish(lc: &LocConf, at: &Loc) -> Result<(), ConfError> {
+/// nginx's merge-time warning: the proxy has a default key, the other protocols none (all
+/// their requests then share the empty key, as in nginx).
+pub fn finish(lc: &LocConf, ctx: &mut LoadCtx, at: &Loc) {
     for p in Proto::ALL {
         let c = &super::gateway::conf(lc, p).cache;
         if p != Proto::Http && c.zone().is_some() && c.key.is_none() {
-            return Err(ConfError::at(
-                at,
-                format!("no \"{0}cache_key\" for \"{0}cache\"", p.prefix()),
+            ctx.warnings.push(format!(
+                "no \"{0}cache_key\" for \"{0}cache\" in {at}",
+                p.prefix()
             ));
         }
     }
-    Ok(())
 }
 
-/// The key of a request: `*_cache_key`, or the proxy's default
-/// `$scheme$proxy_host$request_uri`.
-pub fn default_key() -> &'static Template {
+/// The key of a request without `*_cache_key`: the proxy's default
+/// `$scheme$proxy_host$request_uri`, the others' empty one.
+pub fn default_key(p: Proto) -> &'static Template {
     static KEY: std::sync::OnceLock<Template> = std::sync::OnceLock::new();
+    static EMPTY: std::sync::OnceLock<Template> = std::sync::OnceLock::new();
+    if p != Proto::Http {
+        return EMPTY.get_or_init(|| Template::literal(""));
+    }
     KEY.get_or_init(|| {
         Template::compile("$scheme$proxy_host$request_uri")
             .unwrap_or_else(|_| Template::literal(""))
