@@ -9,6 +9,7 @@ keeping an entry, `max_size`."""
 from __future__ import annotations
 
 import hashlib
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -255,3 +256,24 @@ def test_bad_values_are_refused_with_the_line(gannet, stmt, message):
     assert r.returncode != 0
     assert message in r.stderr, r.stderr
     assert "gannet.conf:" in r.stderr or "check.conf:" in r.stderr
+
+
+def test_http2_clients_share_the_cache(gannet, app):
+    """The HTTP/2 path runs the same cache code: a miss over HTTP/1.1 is a hit over HTTP/2,
+    body and ranges from the entry file."""
+    conf = LOCK_CONF.replace("@UP@", str(app.port)).replace("@MAX@", "100m").replace("listen 127.0.0.1:{port};", "listen 127.0.0.1:{port}; http2 on;")
+    srv = gannet.start(conf=conf)
+    path = "/h2?size=100000&ar=1"
+    first = exchange(srv.port, f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    assert first.headers["x-cache"] == "MISS" and len(first.body) == 100000
+
+    def curl(*args):
+        r = subprocess.run(["curl", "-s", "--http2-prior-knowledge", "-D", "-", *args, f"http://127.0.0.1:{srv.port}{path}"], capture_output=True, timeout=30)
+        head, _, body = r.stdout.partition(b"\r\n\r\n")
+        return head.decode(), body
+
+    head, body = curl()
+    assert head.startswith("HTTP/2 200") and "x-cache: HIT" in head and body == first.body
+    head, body = curl("-r", "1000-1099")
+    assert head.startswith("HTTP/2 206") and body == first.body[1000:1100]
+    assert app.count("", path) == 1

@@ -100,8 +100,9 @@ pub fn look(zone: &Zone, h: &Hash) -> Seen {
     let now = Instant::now();
     let mut inner = zone.index.lock();
     if !inner.nodes.contains_key(h) && inner.nodes.len() >= zone.keys {
-        // The zone is full: nginx forgets the least recently used key to make room.
-        forget_lru(zone, &mut inner, 1);
+        // The zone is full: the least recently used keys are forgotten to make room (a
+        // sixteenth at once, so that a full zone does not sort its keys per lookup).
+        forget_lru(zone, &mut inner, (zone.keys / 16).max(1));
     }
     let n = inner.nodes.entry(*h).or_insert(Node {
         size: 0,
@@ -210,22 +211,20 @@ fn manage(weak: Weak<Zone>) {
         for h in &gone {
             drop_node(&zone, &mut inner, h);
         }
-        if let Some(max) = zone.max_size {
-            while inner.size > max {
-                let before = inner.nodes.len();
-                let sized: Vec<(Instant, Hash)> = inner
-                    .nodes
-                    .iter()
-                    .filter(|(_, n)| n.size > 0 && n.fetch.is_none())
-                    .map(|(h, n)| (n.last, *h))
-                    .collect();
-                let Some((_, h)) = sized.into_iter().min() else {
-                    break;
-                };
-                drop_node(&zone, &mut inner, &h);
-                if inner.nodes.len() == before {
+        if let Some(max) = zone.max_size.filter(|&m| inner.size > m) {
+            // Oldest first, until the entries fit.
+            let mut sized: Vec<(Instant, Hash)> = inner
+                .nodes
+                .iter()
+                .filter(|(_, n)| n.size > 0 && n.fetch.is_none())
+                .map(|(h, n)| (n.last, *h))
+                .collect();
+            sized.sort_unstable();
+            for (_, h) in sized {
+                if inner.size <= max {
                     break;
                 }
+                drop_node(&zone, &mut inner, &h);
             }
         }
         // Wait a second, or until an entry stored makes the folder outgrow `max_size`.

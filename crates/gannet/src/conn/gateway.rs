@@ -560,6 +560,17 @@ impl Streaming {
         }
     }
 
+    /// A HEAD whose answer (asked for as a GET) is being cached: read the answer to its end
+    /// into the entry, as nginx does; the client gets the head alone. False when nothing
+    /// is being cached.
+    pub async fn cache_rest(&mut self, req: &Request) -> bool {
+        if self.tee.is_none() {
+            return false;
+        }
+        while let Ok(Some(_)) = self.next(req).await {}
+        true
+    }
+
     /// Whether a piece is at hand without waiting for the application.
     pub fn at_hand(&self) -> bool {
         self.first.is_some() || self.spool.as_ref().is_some_and(|s| !s.is_empty())
@@ -830,7 +841,7 @@ async fn run_with(
             return Outcome::Flow(flow);
         }
         let o = fetch(w, req, streamed).await;
-        return super::gateway_cache::after(req, c, o);
+        return super::gateway_cache::after(req, c, o).await;
     }
     fetch(w, req, streamed).await
 }

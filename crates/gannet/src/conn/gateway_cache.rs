@@ -189,7 +189,8 @@ fn serve(req: &Request, c: &GatewayConf, file: File, meta: Meta) -> Flow {
                     len: meta.body_len,
                 })]);
             }
-            resp.content_length = Some(meta.body_len);
+            // The length is the body's (and a range's, once cut), as a static file's.
+            resp.content_length = None;
             resp.length_unknown = false;
             // nginx cuts ranges from an entry whose answer said `Accept-Ranges` (and sends
             // its own header for it then).
@@ -342,13 +343,23 @@ impl Tee {
     }
 }
 
-/// After the exchange: an expired entry in place of a failure `*_cache_use_stale` names.
-pub fn after(
+/// After the exchange: a HEAD's answer read whole into its entry; an expired entry in
+/// place of a failure `*_cache_use_stale` names.
+pub async fn after(
     req: &Request,
     c: &GatewayConf,
     o: super::gateway::Outcome,
 ) -> super::gateway::Outcome {
     use super::gateway::Outcome;
+    let o = match o {
+        Outcome::Stream(resp, mut s) if req.is_head() => {
+            if s.cache_rest(req).await {
+                return Outcome::Flow(Flow::Done(resp));
+            }
+            Outcome::Stream(resp, s)
+        }
+        o => o,
+    };
     let Some(p) = req.cache.borrow_mut().take() else {
         return o;
     };
