@@ -2,7 +2,8 @@
 path and query), so a test sees how many reached it, and answers as the query says:
 `cc=` a Cache-Control, `xae=` an X-Accel-Expires, `exp=` an Expires that many seconds
 ahead, `cookie=1` a Set-Cookie, `vary=` a Vary, `status=`, `size=` a body of that many
-bytes, `ar=1` an Accept-Ranges, `delay=` seconds before answering. The body names the path and the count, so an
+bytes, `ar=1` an Accept-Ranges, `delay=` seconds before answering, `etag=` an ETag (and a 304 to a request
+with that If-None-Match). The body names the path and the count, so an
 answer from a cache shows an older count."""
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from urllib.parse import parse_qs, urlsplit
 class CacheApp:
     def __init__(self):
         self.counts: Counter = Counter()
+        # The conditional and range headers of each (X-Who, path)'s last request.
+        self.seen: dict = {}
         self.lock = threading.Lock()
         app = self
 
@@ -44,6 +47,14 @@ class CacheApp:
                     app.counts[k] += 1
                     n = app.counts[k]
                 q = {k: v[0] for k, v in parse_qs(urlsplit(self.path).query).items()}
+                app.seen[k] = {h: self.headers.get(h) for h in ("If-None-Match", "If-Modified-Since", "Range")}
+                if "etag" in q and self.headers.get("If-None-Match") == f'"{q["etag"]}"':
+                    self.send_response(304)
+                    self.send_header("ETag", f'"{q["etag"]}"')
+                    if "xae" in q:
+                        self.send_header("X-Accel-Expires", q["xae"])
+                    self.end_headers()
+                    return
                 if "delay" in q:
                     time.sleep(float(q["delay"]))
                 body = f"{urlsplit(self.path).path} {self.command} count={n} lang={self.headers.get('Accept-Language', '')}\n".encode()
@@ -61,6 +72,8 @@ class CacheApp:
                     self.send_header("Expires", formatdate(time.time() + int(q["exp"]), usegmt=True))
                 if "cookie" in q:
                     self.send_header("Set-Cookie", "a=b")
+                if "etag" in q:
+                    self.send_header("ETag", f'"{q["etag"]}"')
                 if "ar" in q:
                     self.send_header("Accept-Ranges", "bytes")
                 if "vary" in q:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -22,6 +23,11 @@ flock($f, LOCK_EX);
 $n = (int)stream_get_contents($f) + 1;
 ftruncate($f, 0); rewind($f); fwrite($f, (string)$n);
 flock($f, LOCK_UN);
+if (isset($_GET['etag'])) {
+    header('ETag: "' . $_GET['etag'] . '"');
+    if (isset($_GET['xae']) && !isset($_GET['etag'])) header('X-Accel-Expires: ' . $_GET['xae']);
+    if (($_SERVER['HTTP_IF_NONE_MATCH'] ?? '') === '"' . $_GET['etag'] . '"') { http_response_code(304); exit; }
+}
 if (isset($_GET['delay'])) usleep((int)($_GET['delay'] * 1000000));
 if (isset($_GET['cc'])) header('Cache-Control: ' . $_GET['cc']);
 if (isset($_GET['cookie'])) setcookie('a', 'b');
@@ -51,6 +57,7 @@ http {
             fastcgi_no_cache $arg_nocache;
             fastcgi_cache_lock on;
             fastcgi_cache_lock_timeout 20s;
+            fastcgi_cache_revalidate on;
         }
     }
 }
@@ -127,6 +134,24 @@ def test_fastcgi_cache_matches_nginx(tmp_path, fpm):
     # The entries are files named by the key's md5 in one level of two hex digits.
     files = [p for p in (tmp_path / "gannet" / "fcache").rglob("*") if p.is_file()]
     assert files and all(len(p.name) == 32 and p.parent.name == p.name[-2:] for p in files)
+
+
+@pytest.mark.skipif(NGINX is None or PHP_FPM is None, reason="nginx or php-fpm is not installed")
+def test_fastcgi_cache_revalidates_as_nginx(tmp_path, fpm):
+    """An expired entry is asked for with its ETag (HTTP_IF_NONE_MATCH); PHP's 304 makes it
+    fresh again, and the entry is served: REVALIDATED, then HIT."""
+    conf = CONF.replace("@SOCK@", str(fpm))
+    path = "/c.php?tag=r&etag=v1&xae=1"
+    with side_by_side(tmp_path, conf, files={"c.php": COUNT_PHP}) as (srv, nginx_port):
+        for port in (nginx_port, srv.port):
+            assert ask(port, path)[1] == "MISS"
+        until = time.time() + 2.2
+        assert wait_until(lambda: time.time() >= until, deadline=8)
+        got = {port: [ask(port, path) for _ in range(2)] for port in (nginx_port, srv.port)}
+    assert got[srv.port] == got[nginx_port]
+    assert [a[1] for a in got[srv.port]] == ["REVALIDATED", "HIT"]
+    assert got[srv.port][0][2] == b"GET count=1\n"
+    assert (tmp_path / f"r-{srv.port}.count").read_text() == "2"
 
 
 @pytest.mark.skipif(PHP_FPM is None, reason="php-fpm is not installed")

@@ -47,6 +47,11 @@ http {
             proxy_cache_valid 200 10m;
             proxy_ignore_headers Set-Cookie Cache-Control;
         }
+        location /reval/ {
+            proxy_pass http://127.0.0.1:@UP@;
+            proxy_cache one;
+            proxy_cache_revalidate on;
+        }
         location /nocache/ {
             proxy_pass http://127.0.0.1:@UP@;
         }
@@ -147,6 +152,27 @@ def test_cache_statuses_match_nginx(tmp_path, app):
         seconds_pass(2.2)
         for port in (nginx_port, srv.port):
             assert [ask(port, "/exp?xae=1")[1] for _ in range(2)] == ["EXPIRED", "HIT"]
+
+
+@pytest.mark.skipif(NGINX is None, reason="nginx is not installed")
+def test_revalidation_and_conditional_headers_match_nginx(tmp_path, app):
+    """`proxy_cache_revalidate`: an expired entry is asked for with its ETag; the 304 makes
+    it fresh again (REVALIDATED). The client's own conditional and range headers never reach
+    the application of a cached location."""
+    conf = CONF.replace("@UP@", str(app.port))
+    path = "/reval/r?xae=1&etag=v1"
+    with side_by_side(tmp_path, conf) as (srv, nginx_port):
+        ports = (nginx_port, srv.port)
+        for port in ports:
+            assert ask(port, path, headers='If-None-Match: "v1"\r\nRange: bytes=0-1\r\n')[1] == "MISS"
+            assert app.seen[(str(port), path)] == {"If-None-Match": None, "If-Modified-Since": None, "Range": None}
+        seconds_pass(2.2)
+        got = {port: [ask(port, path) for _ in range(2)] for port in ports}
+        assert got[srv.port] == got[nginx_port]
+        assert [a[1] for a in got[srv.port]] == ["REVALIDATED", "HIT"]
+        assert got[srv.port][0][2].endswith(b"count=1 lang=\n")
+        assert app.seen[(str(srv.port), path)]["If-None-Match"] == '"v1"'
+        assert app.count(str(srv.port), path) == 2
 
 
 @pytest.mark.skipif(NGINX is None, reason="nginx is not installed")

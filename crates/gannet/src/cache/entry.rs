@@ -69,6 +69,16 @@ pub fn open(path: &Path, key: &str) -> Option<(File, Meta)> {
     Some((file, meta))
 }
 
+/// Make an entry fresh again until `valid` (a revalidation's 304): its header's times are
+/// rewritten in place.
+pub fn refresh(path: &Path, valid: i64, date: i64) -> std::io::Result<()> {
+    let f = std::fs::OpenOptions::new().write(true).open(path)?;
+    let mut times = [0u8; 16];
+    times[..8].copy_from_slice(&valid.to_le_bytes());
+    times[8..].copy_from_slice(&date.to_le_bytes());
+    f.write_all_at(&times, 8)
+}
+
 /// An entry being written.
 pub struct Writer {
     file: File,

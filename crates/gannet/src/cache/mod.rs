@@ -31,6 +31,7 @@ pub enum Status {
     Expired,
     Stale,
     Updating,
+    Revalidated,
     Hit,
 }
 
@@ -42,6 +43,7 @@ impl Status {
             Status::Expired => "EXPIRED",
             Status::Stale => "STALE",
             Status::Updating => "UPDATING",
+            Status::Revalidated => "REVALIDATED",
             Status::Hit => "HIT",
         }
     }

@@ -20,16 +20,14 @@ pub struct Verdict {
     pub vary: Option<String>,
 }
 
-/// `valid`: `*_cache_valid`'s (status, seconds) pairs, status 0 for `any`.
-pub fn judge(
+/// The time the answer's own headers give (`X-Accel-Expires`, `Cache-Control`,
+/// `Expires`); `Err` when they keep it out of the cache.
+fn header_time(
     head: &CgiHead,
-    status: u16,
-    valid: &[(u16, i64)],
-    ignores: impl Fn(&str) -> bool,
+    ignores: &impl Fn(&str) -> bool,
     now: i64,
-) -> Option<Verdict> {
+) -> Result<Option<i64>, ()> {
     let mut until: Option<i64> = None;
-    let mut vary = None;
     if !ignores("x-accel-expires") {
         if let Some(v) = head.get("x-accel-expires") {
             let v = v.trim();
@@ -39,7 +37,7 @@ pub fn judge(
             };
             if let Ok(n) = digits.parse::<i64>() {
                 if n == 0 && !abs {
-                    return None;
+                    return Err(());
                 }
                 until = Some(if abs { n } else { now + n });
             }
@@ -55,7 +53,7 @@ pub fn judge(
                 .iter()
                 .any(|t| lower.contains(t))
             {
-                return None;
+                return Err(());
             }
             if until.is_some() {
                 continue;
@@ -70,7 +68,7 @@ pub fn judge(
             };
             if let Some(n) = age("s-maxage=").or_else(|| age("max-age=")) {
                 if n == 0 {
-                    return None;
+                    return Err(());
                 }
                 until = Some(now + n);
             }
@@ -85,10 +83,44 @@ pub fn judge(
             match t {
                 Some(t) if t > now => until = Some(t),
                 // A past or malformed date: nginx keeps the answer out.
-                _ => return None,
+                _ => return Err(()),
             }
         }
     }
+    Ok(until)
+}
+
+/// The time a revalidation's 304 makes an entry fresh until, as nginx's "upstream not
+/// modified": the 304's own headers, else the entry's stored ones, else
+/// `*_cache_valid 304`; `None` leaves it expired.
+pub fn revalidated(
+    reply: &CgiHead,
+    stored: &CgiHead,
+    valid: &[(u16, i64)],
+    ignores: impl Fn(&str) -> bool,
+    now: i64,
+) -> Option<i64> {
+    let own = |h: &CgiHead| header_time(h, &ignores, now).ok().flatten();
+    own(reply).or_else(|| own(stored)).or_else(|| {
+        let secs = valid
+            .iter()
+            .find(|(s, _)| *s == 304)
+            .or_else(|| valid.iter().find(|(s, _)| *s == 0))?
+            .1;
+        (secs > 0).then_some(now + secs)
+    })
+}
+
+/// `valid`: `*_cache_valid`'s (status, seconds) pairs, status 0 for `any`.
+pub fn judge(
+    head: &CgiHead,
+    status: u16,
+    valid: &[(u16, i64)],
+    ignores: impl Fn(&str) -> bool,
+    now: i64,
+) -> Option<Verdict> {
+    let until = header_time(head, &ignores, now).ok()?;
+    let mut vary = None;
     if !ignores("set-cookie") && head.get("set-cookie").is_some() {
         return None;
     }

@@ -41,8 +41,52 @@ pub struct Pending {
     /// `*_cache_min_uses` reached (a bypassed request stores too, as in nginx).
     store: bool,
     stale: Option<(File, Meta)>,
+    /// `*_cache_revalidate` of an expired entry: its Last-Modified and ETag, sent as
+    /// If-Modified-Since and If-None-Match.
+    revalidate: Option<(Option<String>, Option<String>)>,
+    /// The application answered the revalidation 304: the expired entry is served.
+    revalidated: bool,
     /// Held until the entry is stored or given up: the lock's waiters go on then.
     _fetch: Option<Fetching>,
+}
+
+/// The client's conditional and range headers: not passed to an upstream whose answers
+/// are cached (nginx's `proxy_cache_headers`), whose entry must be the whole answer.
+pub fn withheld(name: &str) -> bool {
+    const CONDITIONAL: &[&str] = &[
+        "if-modified-since",
+        "if-unmodified-since",
+        "if-none-match",
+        "if-match",
+        "range",
+        "if-range",
+    ];
+    CONDITIONAL.iter().any(|h| h.eq_ignore_ascii_case(name))
+}
+
+/// The validators a revalidation sends (nginx's `$upstream_cache_last_modified` and
+/// `$upstream_cache_etag`).
+pub fn revalidation(req: &Request) -> Option<(Option<String>, Option<String>)> {
+    req.cache.borrow().as_ref()?.revalidate.clone()
+}
+
+/// An entry's validators, from its stored head.
+fn validators(meta: &Meta) -> Option<(Option<String>, Option<String>)> {
+    let text = String::from_utf8_lossy(&meta.head);
+    let field = |name: &str| {
+        text.lines().find_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
+        })
+    };
+    // Re-written as nginx does (`ngx_http_time` of the parsed time).
+    let lm = field("last-modified")
+        .and_then(|v| httpdate::parse_http_date(&v).ok())
+        .map(httpdate::fmt_http_date);
+    let etag = field("etag").filter(|e| !e.is_empty());
+    (lm.is_some() || etag.is_some()).then_some((lm, etag))
 }
 
 fn set_status(req: &Request, s: Status) {
@@ -141,7 +185,14 @@ pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
         );
         let fetch = store::begin_fetch(zone, &main);
         let store = seen.uses >= cc.min_uses();
+        let revalidate = found
+            .as_ref()
+            .filter(|_| cc.revalidate())
+            .and_then(|(_, m)| validators(m));
         pend(req, zone, key, main, hash, store, found, Some(fetch));
+        if let Some(p) = req.cache.borrow_mut().as_mut() {
+            p.revalidate = revalidate;
+        }
         return None;
     }
 }
@@ -164,6 +215,8 @@ fn pend(
         hash,
         store,
         stale,
+        revalidate: None,
+        revalidated: false,
         _fetch: fetch,
     }));
 }
@@ -207,6 +260,10 @@ fn serve(req: &Request, c: &GatewayConf, file: File, meta: Meta) -> Flow {
 /// The entry for an answer with this head, if it is to be stored: the request's
 /// [`Pending`] is taken then (else left for [`after`]).
 fn start(req: &Request, c: &GatewayConf, head: &CgiHead) -> Option<(Box<Pending>, Writer)> {
+    if head.status == Some(304) {
+        revalidated(req, c, head);
+        return None;
+    }
     let pending = req.cache.borrow();
     let p = pending.as_ref().filter(|p| p.store)?;
     let proto = gateway::active(&req.conf)?;
@@ -280,6 +337,42 @@ fn start(req: &Request, c: &GatewayConf, head: &CgiHead) -> Option<(Box<Pending>
     drop(pending);
     let p = req.cache.borrow_mut().take()?;
     Some((p, w))
+}
+
+/// The application's 304 to a revalidation (nginx's "upstream not modified"): the expired
+/// entry is to be served, valid again for what the 304's headers say, or
+/// `*_cache_valid 304` (else it stays expired, as nginx leaves it).
+fn revalidated(req: &Request, c: &GatewayConf, head: &CgiHead) {
+    let mut pending = req.cache.borrow_mut();
+    let Some(p) = pending
+        .as_mut()
+        .filter(|p| p.revalidate.is_some() && p.stale.is_some())
+    else {
+        return;
+    };
+    p.revalidated = true;
+    let now = now_secs();
+    let valid = c.cache.valid.as_deref().map_or(&[][..], Vec::as_slice);
+    let Some((_, meta)) = &mut p.stale else {
+        return;
+    };
+    let mut text = BytesMut::from(&meta.head[..]);
+    let stored = cgi::parse_head(&mut text, usize::MAX)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let Some(until) = validity::revalidated(head, &stored, valid, |h| c.ignores(h), now) else {
+        return;
+    };
+    let path = p.zone.file(&p.hash);
+    match entry::refresh(&path, until, now) {
+        Ok(()) => meta.valid = until,
+        Err(e) => errlog::request(
+            Level::Crit,
+            req,
+            format_args!("{}", errlog::failed("pwrite()", &path, &e)),
+        ),
+    }
 }
 
 /// An answer that came whole: store it if it may be.
@@ -366,6 +459,10 @@ pub async fn after(
     let Some((file, meta)) = p.stale else {
         return o;
     };
+    if p.revalidated {
+        set_status(req, Status::Revalidated);
+        return Outcome::Flow(serve(req, c, file, meta));
+    }
     let status = match &o {
         Outcome::Flow(Flow::Status(s)) => Some(*s),
         Outcome::Flow(Flow::Done(r)) | Outcome::Stream(r, _) => Some(r.status),

@@ -114,6 +114,7 @@ macro_rules! directives {
             $crate::modules::gateway::directives!(@spec $p "cache_lock" [HSL] Exactly(1)),
             $crate::modules::gateway::directives!(@spec $p "cache_lock_age" [HSL] Exactly(1)),
             $crate::modules::gateway::directives!(@spec $p "cache_lock_timeout" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "cache_revalidate" [HSL] Exactly(1)),
             $($extra,)*
         ]
     };
@@ -561,11 +562,23 @@ pub fn build_params(
             set_names.push(&param.name);
         }
     }
+    // A cached location sends the cache's conditional headers, not the client's (nginx's
+    // `fastcgi_cache_headers`).
+    let cached = c.cache.zone().is_some();
+    if cached {
+        if let Some((lm, etag)) = crate::conn::gateway_cache::revalidation(req) {
+            for (n, v) in [("HTTP_IF_MODIFIED_SINCE", lm), ("HTTP_IF_NONE_MATCH", etag)] {
+                if let Some(v) = v.filter(|_| !set_names.contains(&n)) {
+                    out.push(n.as_bytes(), v.as_bytes())?;
+                }
+            }
+        }
+    }
     if c.pass_request_headers.unwrap_or(true) {
         let mut name = String::with_capacity(64);
         for (n, v) in req.head.headers() {
             // Underscores would make two different headers one variable: nginx drops them.
-            if n.contains('_') {
+            if n.contains('_') || (cached && crate::conn::gateway_cache::withheld(n)) {
                 continue;
             }
             name.clear();

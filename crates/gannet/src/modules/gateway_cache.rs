@@ -2,7 +2,8 @@
 //! `fastcgi_cache*`, `scgi_cache*`, `uwsgi_cache*`, from ngx_http_upstream.c and each
 //! protocol's module): `*_cache_path` (http level), `*_cache`, `*_cache_key`,
 //! `*_cache_valid`, `*_cache_methods`, `*_cache_min_uses`, `*_cache_bypass`, `*_no_cache`,
-//! `*_cache_use_stale`, `*_cache_lock`, `*_cache_lock_age`, `*_cache_lock_timeout`. The
+//! `*_cache_use_stale`, `*_cache_lock`, `*_cache_lock_age`, `*_cache_lock_timeout`,
+//! `*_cache_revalidate`. The
 //! cache itself is in `crate::cache`, its request side in `conn::gateway_cache`.
 //!
 //! Every setting is inherited by a level that has none of its own, as in nginx.
@@ -50,6 +51,7 @@ pub struct CacheConf {
     pub lock: Option<bool>,
     pub lock_age: Option<Duration>,
     pub lock_timeout: Option<Duration>,
+    pub revalidate: Option<bool>,
 }
 
 impl CacheConf {
@@ -68,6 +70,7 @@ impl CacheConf {
             lock,
             lock_age,
             lock_timeout,
+            revalidate,
         );
     }
     /// The zone a location caches in, if it does.
@@ -88,6 +91,9 @@ impl CacheConf {
     }
     pub fn lock_age(&self) -> Duration {
         self.lock_age.unwrap_or(Duration::from_secs(5))
+    }
+    pub fn revalidate(&self) -> bool {
+        self.revalidate.unwrap_or(false)
     }
     pub fn lock_timeout(&self) -> Duration {
         self.lock_timeout.unwrap_or(Duration::from_secs(5))
@@ -212,6 +218,7 @@ pub fn set(
             c.use_stale = Some(bits);
         }
         "cache_lock" => c.lock = Some(setters::flag(d)?),
+        "cache_revalidate" => c.revalidate = Some(setters::flag(d)?),
         "cache_lock_age" => {
             c.lock_age = Some(Duration::from_millis(setters::msec_arg(d, 0)?));
         }

@@ -86,6 +86,7 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("proxy_cache_lock", HSL, Args::Exactly(1)),
     spec("proxy_cache_lock_age", HSL, Args::Exactly(1)),
     spec("proxy_cache_lock_timeout", HSL, Args::Exactly(1)),
+    spec("proxy_cache_revalidate", HSL, Args::Exactly(1)),
 ];
 
 /// Where `proxy_pass` sends requests.
@@ -501,9 +502,24 @@ pub fn encode_request(
         }
         put(name, v.as_bytes(), out);
     }
+    // A cached location sends the cache's conditional headers, not the client's (nginx's
+    // `proxy_cache_headers`): the entry must be the whole answer.
+    let cached = c.gw.cache.zone().is_some();
+    if cached {
+        if let Some((lm, etag)) = crate::conn::gateway_cache::revalidation(req) {
+            for (n, v) in [("If-Modified-Since", lm), ("If-None-Match", etag)] {
+                if let Some(v) = v.filter(|_| !is_set(n)) {
+                    put(n, v.as_bytes(), out);
+                }
+            }
+        }
+    }
     if c.gw.pass_request_headers.unwrap_or(true) {
         for (name, value) in req.head.headers() {
-            if HOP.iter().any(|h| name.eq_ignore_ascii_case(h)) || is_set(name) {
+            if HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
+                || is_set(name)
+                || (cached && crate::conn::gateway_cache::withheld(name))
+            {
                 continue;
             }
             put(name, value, out);
