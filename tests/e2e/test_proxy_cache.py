@@ -52,6 +52,12 @@ http {
             proxy_cache one;
             proxy_cache_revalidate on;
         }
+        location /unbuffered/ {
+            proxy_pass http://127.0.0.1:@UP@;
+            proxy_cache one;
+            proxy_cache_valid 200 10m;
+            proxy_buffering off;
+        }
         location /nocache/ {
             proxy_pass http://127.0.0.1:@UP@;
         }
@@ -120,6 +126,8 @@ STEPS = [
     ("/post", "POST", "Content-Length: 0\r\n"),
     ("/post", "POST", "Content-Length: 0\r\n"),
     ("/nocache/a", "GET", ""),
+    ("/unbuffered/u", "GET", ""),
+    ("/unbuffered/u", "GET", ""),
     ("/big?size=300000&ar=1", "GET", ""),
     ("/big?size=300000&ar=1", "GET", ""),
     ("/big?size=300000&ar=1", "GET", "Range: bytes=100000-100099\r\n"),

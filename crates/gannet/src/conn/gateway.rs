@@ -1121,10 +1121,14 @@ async fn fetch(
                 };
                 if keep && a.done && a.link.reusable() {
                     let Answered {
-                        head, body, link, ..
+                        head,
+                        body,
+                        link,
+                        buffering,
+                        ..
                     } = a;
                     w.upstreams.put_idle(&up, slot, link.conn, now);
-                    super::gateway_cache::store_whole(req, c, &head, &body);
+                    super::gateway_cache::store_whole(req, c, &head, &body, buffering);
                     return Outcome::Flow(whole(req, c, head, body));
                 }
                 let pool = keep.then(|| Pooled {
@@ -1428,10 +1432,10 @@ fn outcome(
         return upgrade(req, c, a, &addr);
     }
     if a.done {
-        super::gateway_cache::store_whole(req, c, &a.head, &a.body);
+        super::gateway_cache::store_whole(req, c, &a.head, &a.body, a.buffering);
         return Outcome::Flow(whole(req, c, a.head, a.body));
     }
-    let tee = super::gateway_cache::tee(req, c, &a.head);
+    let tee = super::gateway_cache::tee(req, c, &a.head, a.buffering);
     match answer(req, c, a.head) {
         Flow::Done(mut resp) => {
             // Ranges are cut from a body at hand only (a memcached value that came whole).

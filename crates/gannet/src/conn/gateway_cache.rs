@@ -259,9 +259,17 @@ fn serve(req: &Request, c: &GatewayConf, file: File, meta: Meta) -> Flow {
 
 /// The entry for an answer with this head, if it is to be stored: the request's
 /// [`Pending`] is taken then (else left for [`after`]).
-fn start(req: &Request, c: &GatewayConf, head: &CgiHead) -> Option<(Box<Pending>, Writer)> {
+fn start(
+    req: &Request,
+    c: &GatewayConf,
+    head: &CgiHead,
+    buffering: bool,
+) -> Option<(Box<Pending>, Writer)> {
     if head.status == Some(304) {
         revalidated(req, c, head);
+        return None;
+    }
+    if !buffering {
         return None;
     }
     let pending = req.cache.borrow();
@@ -375,9 +383,10 @@ fn revalidated(req: &Request, c: &GatewayConf, head: &CgiHead) {
     }
 }
 
-/// An answer that came whole: store it if it may be.
-pub fn store_whole(req: &Request, c: &GatewayConf, head: &CgiHead, body: &[u8]) {
-    if let Some((p, w)) = start(req, c, head) {
+/// An answer that came whole: store it if it may be (not when it is not buffered:
+/// `*_buffering off` or `X-Accel-Buffering: no`, as nginx).
+pub fn store_whole(req: &Request, c: &GatewayConf, head: &CgiHead, body: &[u8], buffering: bool) {
+    if let Some((p, w)) = start(req, c, head, buffering) {
         let mut tee = Tee { p, w, ok: true };
         tee.write(req, body);
         tee.commit(req);
@@ -393,8 +402,8 @@ pub struct Tee {
 
 /// Start storing an answer read in pieces: each piece the client is given is written
 /// ([`Tee::write`]), the bytes that came with the head too.
-pub fn tee(req: &Request, c: &GatewayConf, head: &CgiHead) -> Option<Tee> {
-    let (p, w) = start(req, c, head)?;
+pub fn tee(req: &Request, c: &GatewayConf, head: &CgiHead, buffering: bool) -> Option<Tee> {
+    let (p, w) = start(req, c, head, buffering)?;
     Some(Tee { p, w, ok: true })
 }
 
