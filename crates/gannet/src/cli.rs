@@ -47,7 +47,6 @@ const CONFIGURE_ARGS: &[&str] = &[
     "--with-http_flv_module",
     "--with-http_gunzip_module",
     "--with-http_random_index_module",
-    "--without-http-cache",
     "--without-http_grpc_module",
     "--without-http_empty_gif_module",
     "--without-http_browser_module",

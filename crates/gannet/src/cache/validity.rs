@@ -91,8 +91,8 @@ fn header_time(
 }
 
 /// The time a revalidation's 304 makes an entry fresh until, as nginx's "upstream not
-/// modified": the 304's own headers, else the entry's stored ones, else
-/// `*_cache_valid 304`; `None` leaves it expired.
+/// modified": the 304's own headers, else the entry's stored ones, else `*_cache_valid`
+/// for the entry's status; `None` leaves it expired.
 pub fn revalidated(
     reply: &CgiHead,
     stored: &CgiHead,
@@ -102,9 +102,10 @@ pub fn revalidated(
 ) -> Option<i64> {
     let own = |h: &CgiHead| header_time(h, &ignores, now).ok().flatten();
     own(reply).or_else(|| own(stored)).or_else(|| {
+        let status = stored.status.unwrap_or(200);
         let secs = valid
             .iter()
-            .find(|(s, _)| *s == 304)
+            .find(|(s, _)| *s == status)
             .or_else(|| valid.iter().find(|(s, _)| *s == 0))?
             .1;
         (secs > 0).then_some(now + secs)

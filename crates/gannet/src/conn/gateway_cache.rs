@@ -70,9 +70,13 @@ pub fn revalidation(req: &Request) -> Option<(Option<String>, Option<String>)> {
     req.cache.borrow().as_ref()?.revalidate.clone()
 }
 
-/// An entry's validators, from its stored head.
+/// An entry's validators, from its stored head: only a 200's or 206's, as nginx keeps
+/// them.
 fn validators(meta: &Meta) -> Option<(Option<String>, Option<String>)> {
     let text = String::from_utf8_lossy(&meta.head);
+    if !(text.starts_with("Status: 200") || text.starts_with("Status: 206")) {
+        return None;
+    }
     let field = |name: &str| {
         text.lines().find_map(|l| {
             let (n, v) = l.split_once(':')?;
@@ -283,9 +287,15 @@ fn start(
     }
     let status = match (head.status, head.get("location")) {
         (Some(s), _) => s,
-        (None, Some(_)) => return None,
+        // A CGI local redirect is served from elsewhere; another Location is a 302.
+        (None, Some(l)) if l.starts_with('/') && !l.starts_with("//") => return None,
+        (None, Some(_)) => 302,
         (None, None) => 200,
     };
+    // An answer the expired entry is served in place of is not stored over it.
+    if p.stale.is_some() && c.cache.use_stale() & stale_for(status) != 0 {
+        return None;
+    }
     if any_set(&c.cache.no_cache, req) {
         return None;
     }
@@ -445,6 +455,22 @@ impl Tee {
     }
 }
 
+/// The `*_cache_use_stale` conditions a status meets: what `conn::gateway` answers for a
+/// failed exchange, 502 (error, invalid header) and 504 (timeout), and the application's
+/// own statuses.
+fn stale_for(status: u16) -> u16 {
+    match status {
+        502 => stale::ERROR | stale::INVALID_HEADER | stale::HTTP_502,
+        504 => stale::TIMEOUT | stale::HTTP_504,
+        500 => stale::HTTP_500,
+        503 => stale::HTTP_503,
+        403 => stale::HTTP_403,
+        404 => stale::HTTP_404,
+        429 => stale::HTTP_429,
+        _ => 0,
+    }
+}
+
 /// After the exchange: a HEAD's answer read whole into its entry; an expired entry in
 /// place of a failure `*_cache_use_stale` names.
 pub async fn after(
@@ -478,18 +504,7 @@ pub async fn after(
         _ => None,
     };
     let bits = c.cache.use_stale();
-    let wanted = match status {
-        // What `conn::gateway` answers for a failed exchange: 502 (error, invalid header)
-        // and 504 (timeout); the application's own 502 and 504 as well.
-        Some(502) => stale::ERROR | stale::INVALID_HEADER | stale::HTTP_502,
-        Some(504) => stale::TIMEOUT | stale::HTTP_504,
-        Some(500) => stale::HTTP_500,
-        Some(503) => stale::HTTP_503,
-        Some(403) => stale::HTTP_403,
-        Some(404) => stale::HTTP_404,
-        Some(429) => stale::HTTP_429,
-        _ => 0,
-    };
+    let wanted = status.map_or(0, stale_for);
     if bits & wanted == 0 {
         return o;
     }
