@@ -157,16 +157,46 @@ pub fn judge(
     Some(Verdict { valid, vary })
 }
 
-/// The part of a request a `Vary` answer depends on: the values of the headers it names.
-pub fn variant_of(vary: &str, mut header: impl FnMut(&str) -> Option<String>) -> Vec<u8> {
+/// The part of a request a `Vary` answer depends on, as nginx's
+/// `ngx_http_file_cache_vary`: for each header named, its values (several fields joined by
+/// `,`); `Accept-Charset`, `Accept-Encoding` and `Accept-Language` with their spaces and
+/// empty items taken out (`foo, bar` and `foo,,bar ,` are one variant).
+pub fn variant_of<'a, I>(vary: &str, headers: impl Fn() -> I) -> Vec<u8>
+where
+    I: Iterator<Item = (&'a str, &'a [u8])>,
+{
     let mut out = Vec::new();
     for name in vary.split(',').map(str::trim).filter(|n| !n.is_empty()) {
         out.extend_from_slice(name.to_ascii_lowercase().as_bytes());
         out.push(b':');
-        if let Some(v) = header(name) {
-            out.extend_from_slice(v.as_bytes());
+        let normalize = ["accept-charset", "accept-encoding", "accept-language"]
+            .iter()
+            .any(|n| n.eq_ignore_ascii_case(name));
+        let mut multiple = false;
+        let values = headers()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v);
+        for v in values {
+            if !normalize {
+                if multiple {
+                    out.push(b',');
+                }
+                out.extend_from_slice(v);
+                multiple = true;
+                continue;
+            }
+            for item in v
+                .split(|&b| b == b',' || b == b' ')
+                .filter(|i| !i.is_empty())
+            {
+                if multiple {
+                    out.push(b',');
+                }
+                out.extend_from_slice(item);
+                multiple = true;
+            }
         }
-        out.push(b'\n');
+        out.extend_from_slice(b"\r\n");
     }
     out
 }

@@ -36,7 +36,10 @@ pub struct Pending {
     zone: Arc<Zone>,
     key: String,
     main: Hash,
-    /// The file the answer goes to: the key's, or its `Vary` variant's.
+    /// The main entry's `Vary` and variant, if there is one.
+    main_vary: Option<(String, Hash)>,
+    /// The expired entry's file (the key's, or its `Vary` variant's), then the one the
+    /// answer went to.
     hash: Hash,
     /// `*_cache_min_uses` reached (a bypassed request stores too, as in nginx).
     store: bool,
@@ -106,12 +109,6 @@ fn any_set(list: &Option<Arc<Vec<crate::http::variables::Template>>>, req: &Requ
     })
 }
 
-fn header_of(req: &Request, name: &str) -> Option<String> {
-    req.head
-        .header(name)
-        .map(|v| String::from_utf8_lossy(v).into_owned())
-}
-
 /// Look the request up; `Some` is the answer to send (from the cache), `None` lets the
 /// exchange run (with a [`Pending`] in the request when its answer may be stored).
 pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
@@ -135,22 +132,29 @@ pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
     let main = key::hash(key.as_bytes());
     if any_set(&cc.bypass, req) {
         set_status(req, Status::Bypass);
-        pend(req, zone, key, main, main, true, None, None);
+        let main_vary = entry::open(&zone.file(&main), &key).map(|(_, m)| (m.vary, m.variant));
+        pend(req, zone, key, main, main_vary, true, None, None);
         return None;
     }
     loop {
         let seen = store::look(zone, &main);
-        let mut hash = main;
         let mut found = entry::open(&zone.file(&main), &key);
+        let mut found_at = main;
+        // The main entry's Vary, and its variant: where an answer goes (see `start`).
+        let main_vary = found.as_ref().map(|(_, m)| (m.vary.clone(), m.variant));
+        let variant_for =
+            |vary: &str| key::variant(&main, &validity::variant_of(vary, || req.head.headers()));
         if let Some(v) = found
             .as_ref()
             .map(|(_, m)| m)
             .filter(|m| !m.vary.is_empty())
         {
-            let want = key::variant(&main, &validity::variant_of(&v.vary, |n| header_of(req, n)));
+            let want = variant_for(&v.vary);
             if want != v.variant {
-                hash = want;
-                found = entry::open(&zone.file(&want), &key);
+                // Another variant: its own entry, if it is one for this request.
+                found_at = want;
+                found = entry::open(&zone.file(&want), &key)
+                    .filter(|(_, m)| m.vary.is_empty() || variant_for(&m.vary) == m.variant);
             }
         }
         if let Some((file, meta)) = found.take_if(|(_, m)| m.valid >= now_secs()) {
@@ -193,9 +197,11 @@ pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
             .as_ref()
             .filter(|_| cc.revalidate())
             .and_then(|(_, m)| validators(m));
-        pend(req, zone, key, main, hash, store, found, Some(fetch));
+        pend(req, zone, key, main, main_vary, store, found, Some(fetch));
         if let Some(p) = req.cache.borrow_mut().as_mut() {
             p.revalidate = revalidate;
+            // The expired entry's file, for a revalidation to refresh.
+            p.hash = found_at;
         }
         return None;
     }
@@ -207,7 +213,7 @@ fn pend(
     zone: &Arc<Zone>,
     key: String,
     main: Hash,
-    hash: Hash,
+    main_vary: Option<(String, Hash)>,
     store: bool,
     stale: Option<(File, Meta)>,
     fetch: Option<Fetching>,
@@ -216,7 +222,8 @@ fn pend(
         zone: zone.clone(),
         key,
         main,
-        hash,
+        main_vary,
+        hash: main,
         store,
         stale,
         revalidate: None,
@@ -306,7 +313,15 @@ fn start(
     let variant = if vary.is_empty() {
         [0; 16]
     } else {
-        key::variant(&p.main, &validity::variant_of(&vary, |n| header_of(req, n)))
+        key::variant(&p.main, &validity::variant_of(&vary, || req.head.headers()))
+    };
+    // Where the answer goes: the key's own entry, unless that is another variant of the
+    // same Vary, when it goes to its variant's (found from the main entry's Vary). An answer
+    // without Vary, or with another Vary than the main entry's, replaces the main entry, so
+    // that every request finds it (nginx's rule for a Vary that changed).
+    let hash = match &p.main_vary {
+        Some((v, mv)) if !vary.is_empty() && *v == vary && *mv != variant => variant,
+        _ => p.main,
     };
     let mut text = Vec::with_capacity(head.headers.text.len() + 64);
     text.extend_from_slice(format!("Status: {status}\r\n").as_bytes());
@@ -340,7 +355,7 @@ fn start(
     } else {
         p.zone.dir.clone()
     };
-    let dest = p.zone.file(&p.hash);
+    let dest = p.zone.file(&hash);
     let w = match Writer::create(&tmp_dir, dest, &p.key, &meta) {
         Ok(w) => w,
         Err(e) => {
@@ -353,7 +368,8 @@ fn start(
         }
     };
     drop(pending);
-    let p = req.cache.borrow_mut().take()?;
+    let mut p = req.cache.borrow_mut().take()?;
+    p.hash = hash;
     Some((p, w))
 }
 
