@@ -835,7 +835,7 @@ async fn run_with(
     // A location without `*_cache` pays for this test only.
     let cached = gateway::active(&req.conf)
         .map(|p| gateway::conf(&req.conf, p))
-        .filter(|c| c.cache.zone().is_some());
+        .filter(|c| c.cache.enabled());
     if let Some(c) = cached {
         if let Some(flow) = super::gateway_cache::before(req, c).await {
             return Outcome::Flow(flow);

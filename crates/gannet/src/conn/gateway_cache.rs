@@ -113,7 +113,14 @@ fn any_set(list: &Option<Arc<Vec<crate::http::variables::Template>>>, req: &Requ
 /// exchange run (with a [`Pending`] in the request when its answer may be stored).
 pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
     let cc = &c.cache;
-    let zone = cc.zone()?;
+    let zone = match cc.zone_for(req) {
+        Ok(z) => z?,
+        Err(why) => {
+            errlog::request(Level::Error, req, format_args!("{why}"));
+            return Some(Flow::Status(500));
+        }
+    };
+    let zone = &zone;
     let bit = match req.method() {
         Method::Get => conf::GET,
         Method::Head => conf::HEAD,

@@ -564,7 +564,7 @@ pub fn build_params(
     }
     // A cached location sends the cache's conditional headers, not the client's (nginx's
     // `fastcgi_cache_headers`).
-    let cached = c.cache.zone().is_some();
+    let cached = c.cache.enabled();
     if cached {
         if let Some((lm, etag)) = crate::conn::gateway_cache::revalidation(req) {
             for (n, v) in [("HTTP_IF_MODIFIED_SINCE", lm), ("HTTP_IF_NONE_MATCH", etag)] {

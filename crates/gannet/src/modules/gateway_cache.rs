@@ -11,6 +11,7 @@
 use super::gateway::Proto;
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::cache::Zone;
+use crate::http::request::Request;
 use crate::http::variables::Template;
 use gannet_conf::{setters, ConfError, Directive, Loc};
 use std::sync::Arc;
@@ -36,10 +37,19 @@ pub const GET: u8 = 1;
 pub const HEAD: u8 = 2;
 pub const POST: u8 = 4;
 
+/// What `*_cache` names.
+#[derive(Debug, Clone)]
+pub enum CacheRef {
+    Off,
+    Zone(Arc<Zone>),
+    /// A name with variables, looked up per request among the http block's zones.
+    Vars(Arc<Template>, Arc<crate::cache::path::Zones>),
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct CacheConf {
-    /// `*_cache NAME` (`Some(Some)`), or `off` (`Some(None)`).
-    pub zone: Option<Option<Arc<Zone>>>,
+    /// `*_cache NAME`, `off`, or a name with variables.
+    pub zone: Option<CacheRef>,
     pub key: Option<Arc<Template>>,
     /// `*_cache_valid`: (status, seconds); status 0 is `any`.
     pub valid: Option<Arc<Vec<(u16, i64)>>>,
@@ -73,9 +83,28 @@ impl CacheConf {
             revalidate,
         );
     }
-    /// The zone a location caches in, if it does.
-    pub fn zone(&self) -> Option<&Arc<Zone>> {
-        self.zone.as_ref().and_then(Option::as_ref)
+    /// Whether the location caches (in a zone, or one its variables name).
+    pub fn enabled(&self) -> bool {
+        matches!(self.zone, Some(CacheRef::Zone(_) | CacheRef::Vars(..)))
+    }
+    /// The zone this request caches in: `None` for none (`off`, or variables that give
+    /// an empty value or `off`); `Err` with nginx's log line for a name no zone has.
+    pub fn zone_for(&self, req: &Request) -> Result<Option<Arc<Zone>>, String> {
+        match &self.zone {
+            None | Some(CacheRef::Off) => Ok(None),
+            Some(CacheRef::Zone(z)) => Ok(Some(z.clone())),
+            Some(CacheRef::Vars(t, zones)) => {
+                let v = t.eval(req, None);
+                if v.is_empty() || v == "off" {
+                    return Ok(None);
+                }
+                zones
+                    .get(&v)
+                    .cloned()
+                    .map(Some)
+                    .ok_or_else(|| format!("cache \"{v}\" not found"))
+            }
+        }
     }
     pub fn methods(&self) -> u8 {
         self.methods.unwrap_or(0) | GET | HEAD
@@ -138,9 +167,12 @@ pub fn set(
             }
             c.zone =
                 Some(if a0 == "off" {
-                    None
+                    CacheRef::Off
+                } else if a0.contains('$') {
+                    let t = Template::compile(a0).map_err(|e| d.error(e))?;
+                    CacheRef::Vars(Arc::new(t), Arc::new(ctx.caches.clone()))
                 } else {
-                    Some(ctx.caches.get(a0).cloned().ok_or_else(|| {
+                    CacheRef::Zone(ctx.caches.get(a0).cloned().ok_or_else(|| {
                         d.error(format!("\"{}\" zone \"{a0}\" is unknown", d.name))
                     })?)
                 });
@@ -235,7 +267,7 @@ pub fn set(
 pub fn finish(lc: &LocConf, ctx: &mut LoadCtx, at: &Loc) {
     for p in Proto::ALL {
         let c = &super::gateway::conf(lc, p).cache;
-        if p != Proto::Http && c.zone().is_some() && c.key.is_none() {
+        if p != Proto::Http && c.enabled() && c.key.is_none() {
             ctx.warnings.push(format!(
                 "no \"{0}cache_key\" for \"{0}cache\" in {at}",
                 p.prefix()

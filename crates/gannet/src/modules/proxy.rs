@@ -504,7 +504,7 @@ pub fn encode_request(
     }
     // A cached location sends the cache's conditional headers, not the client's (nginx's
     // `proxy_cache_headers`): the entry must be the whole answer.
-    let cached = c.gw.cache.zone().is_some();
+    let cached = c.gw.cache.enabled();
     if cached {
         if let Some((lm, etag)) = crate::conn::gateway_cache::revalidation(req) {
             for (n, v) in [("If-Modified-Since", lm), ("If-None-Match", etag)] {
