@@ -53,6 +53,13 @@ http {
             proxy_cache one;
             proxy_cache_revalidate on;
         }
+        location /nohead/ {
+            proxy_pass http://127.0.0.1:@UP@;
+            proxy_cache one;
+            proxy_cache_valid 200 10m;
+            proxy_cache_convert_head off;
+            proxy_cache_key $request_method$uri;
+        }
         location /var/ {
             proxy_pass http://127.0.0.1:@UP@;
             proxy_cache $arg_c;
@@ -136,6 +143,9 @@ STEPS = [
     ("/nocache/a", "GET", ""),
     ("/unbuffered/u", "GET", ""),
     ("/unbuffered/u", "GET", ""),
+    ("/nohead/h", "HEAD", ""),
+    ("/nohead/h", "HEAD", ""),
+    ("/nohead/h", "GET", ""),
     ("/var/v?c=one", "GET", ""),
     ("/var/v?c=one", "GET", ""),
     ("/var/v?c=nope", "GET", ""),
@@ -167,6 +177,8 @@ def test_cache_statuses_match_nginx(tmp_path, app):
         # What reached the application: /a twice (the miss and the bypass), /h once.
         assert app.count(str(srv.port), "/a") == 2
         assert app.count(str(srv.port), "/h") == 1
+        # convert_head off: the HEAD went as HEAD, its entry apart from the GET's.
+        assert app.count(str(srv.port), "/nohead/h") == 2
         # EXPIRED once the entry is out of date; HIT again after the refresh.
         ask(srv.port, "/exp?xae=1")
         ask(nginx_port, "/exp?xae=1")

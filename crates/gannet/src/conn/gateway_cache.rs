@@ -239,10 +239,14 @@ fn pend(
     }));
 }
 
-/// The proxy sends a HEAD it may cache as a GET, so that the entry has the body (nginx's
-/// `proxy_cache_convert_head on`).
+/// The proxy sends a HEAD it may cache as a GET, so that the entry has the body
+/// (`proxy_cache_convert_head`, on by default); the other protocols pass the method as
+/// it is (so does nginx: their entries for a HEAD have no body).
 pub fn head_as_get(req: &Request) -> bool {
-    req.is_head() && req.cache.borrow().is_some()
+    req.is_head()
+        && req.conf.proxy.convert_head.unwrap_or(true)
+        && gateway::active(&req.conf) == Some(Proto::Http)
+        && req.cache.borrow().is_some()
 }
 
 /// An entry as the answer.
@@ -292,10 +296,6 @@ fn start(
     }
     let pending = req.cache.borrow();
     let p = pending.as_ref().filter(|p| p.store)?;
-    let proto = gateway::active(&req.conf)?;
-    if req.is_head() && proto != Proto::Http {
-        return None;
-    }
     if head.get("x-accel-redirect").is_some() && !c.ignores("x-accel-redirect") {
         return None;
     }

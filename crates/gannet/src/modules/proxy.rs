@@ -87,6 +87,7 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("proxy_cache_lock_age", HSL, Args::Exactly(1)),
     spec("proxy_cache_lock_timeout", HSL, Args::Exactly(1)),
     spec("proxy_cache_revalidate", HSL, Args::Exactly(1)),
+    spec("proxy_cache_convert_head", HSL, Args::Exactly(1)),
 ];
 
 /// Where `proxy_pass` sends requests.
@@ -142,6 +143,8 @@ pub struct ProxyConf {
     pub ssl: ProxySslConf,
     /// `proxy_cookie_*`.
     pub cookie: super::proxy_cookie::ProxyCookieConf,
+    /// `proxy_cache_convert_head`: a HEAD that may be cached goes upstream as a GET.
+    pub convert_head: Option<bool>,
     /// The TLS client setup built from `ssl` for a location that may proxy to `https://`
     /// (`proxy_ssl::finish`, after the merge; not inherited).
     pub client_tls: Option<Arc<ClientTls>>,
@@ -152,7 +155,16 @@ impl ProxyConf {
         self.gw.merge(&parent.gw);
         self.ssl.merge(&parent.ssl);
         self.cookie.merge(&parent.cookie);
-        inherit!(self, parent, set_headers, http11, method, body, redirect);
+        inherit!(
+            self,
+            parent,
+            set_headers,
+            http11,
+            method,
+            body,
+            redirect,
+            convert_head
+        );
     }
 }
 
@@ -197,6 +209,9 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             lc.proxy.body = Some(Template::compile(a0).map_err(|e| d.error(e))?);
         }
         "proxy_redirect" => set_redirect(d, &mut lc.proxy)?,
+        "proxy_cache_convert_head" => {
+            lc.proxy.convert_head = Some(gannet_conf::setters::flag(d)?);
+        }
         _ => {
             if !gateway::set(d, Proto::Http, lc, ctx)? {
                 unreachable!("not a proxy directive: {}", d.name)
