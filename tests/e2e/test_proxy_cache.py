@@ -60,6 +60,12 @@ http {
             proxy_cache_convert_head off;
             proxy_cache_key $request_method$uri;
         }
+        location /minuses/ {
+            proxy_pass http://127.0.0.1:@UP@;
+            proxy_cache one;
+            proxy_cache_valid 200 10m;
+            proxy_cache_min_uses 2;
+        }
         location /var/ {
             proxy_pass http://127.0.0.1:@UP@;
             proxy_cache $arg_c;
@@ -199,6 +205,9 @@ def test_revalidation_and_conditional_headers_match_nginx(tmp_path, app):
         for port in ports:
             assert ask(port, path, headers='If-None-Match: "v1"\r\nRange: bytes=0-1\r\n')[1] == "MISS"
             assert app.seen[(str(port), path)] == {"If-None-Match": None, "If-Modified-Since": None, "Range": None}
+            # Below proxy_cache_min_uses the answer is not stored: the client's headers go.
+            ask(port, "/minuses/m", headers="Range: bytes=0-1\r\n")
+            assert app.seen[(str(port), "/minuses/m")]["Range"] == "bytes=0-1"
         seconds_pass(2.2)
         got = {port: [ask(port, path) for _ in range(2)] for port in ports}
         assert got[srv.port] == got[nginx_port]

@@ -67,6 +67,13 @@ pub fn withheld(name: &str) -> bool {
     CONDITIONAL.iter().any(|h| h.eq_ignore_ascii_case(name))
 }
 
+/// Whether the request's answer may be stored (nginx's `u->cacheable`): the cache's
+/// conditional headers then replace the client's (`proxy_cache_headers`); a request below
+/// `*_cache_min_uses`, or one that gave up waiting for the lock, passes the client's.
+pub fn cacheable(req: &Request) -> bool {
+    req.cache.borrow().as_ref().is_some_and(|p| p.store)
+}
+
 /// The validators a revalidation sends (nginx's `$upstream_cache_last_modified` and
 /// `$upstream_cache_etag`).
 pub fn revalidation(req: &Request) -> Option<(Option<String>, Option<String>)> {

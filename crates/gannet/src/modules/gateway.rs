@@ -562,9 +562,9 @@ pub fn build_params(
             set_names.push(&param.name);
         }
     }
-    // A cached location sends the cache's conditional headers, not the client's (nginx's
-    // `fastcgi_cache_headers`).
-    let cached = c.cache.enabled();
+    // A request whose answer may be cached sends the cache's conditional headers, not the
+    // client's (nginx's `fastcgi_cache_headers`).
+    let cached = c.cache.enabled() && crate::conn::gateway_cache::cacheable(req);
     if cached {
         if let Some((lm, etag)) = crate::conn::gateway_cache::revalidation(req) {
             for (n, v) in [("HTTP_IF_MODIFIED_SINCE", lm), ("HTTP_IF_NONE_MATCH", etag)] {

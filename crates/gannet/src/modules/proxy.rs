@@ -517,9 +517,9 @@ pub fn encode_request(
         }
         put(name, v.as_bytes(), out);
     }
-    // A cached location sends the cache's conditional headers, not the client's (nginx's
-    // `proxy_cache_headers`): the entry must be the whole answer.
-    let cached = c.gw.cache.enabled();
+    // A request whose answer may be cached sends the cache's conditional headers, not the
+    // client's (nginx's `proxy_cache_headers`): the entry must be the whole answer.
+    let cached = c.gw.cache.enabled() && crate::conn::gateway_cache::cacheable(req);
     if cached {
         if let Some((lm, etag)) = crate::conn::gateway_cache::revalidation(req) {
             for (n, v) in [("If-Modified-Since", lm), ("If-None-Match", etag)] {
