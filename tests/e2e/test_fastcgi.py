@@ -527,7 +527,7 @@ def test_config_errors(gannet):
         "fastcgi_param A b maybe;": 'invalid parameter "maybe"',
         "fastcgi_split_path_info ^(.+)$;": "must have 2 captures",
         "fastcgi_next_upstream sometimes;": "invalid value",
-        "fastcgi_cache zone;": "not supported yet",
+        "fastcgi_cache zone;": '"fastcgi_cache" zone "zone" is unknown',
     }
     for stmt, msg in bad.items():
         r = gannet.check(server=f"location /x {{ {stmt} }}")

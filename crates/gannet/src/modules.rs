@@ -20,6 +20,7 @@ pub mod fastcgi;
 pub mod file_cache;
 pub mod flv;
 pub mod gateway;
+pub mod gateway_cache;
 pub mod geo;
 pub mod gunzip;
 pub mod headers;
@@ -79,6 +80,8 @@ pub struct LoadCtx {
     pub probes: Vec<crate::config::Probe>,
     /// `limit_req_zone` and `limit_conn_zone` by name (all of http's, read before the rest).
     pub zones: limit_zone::Zones,
+    /// `*_cache_path` zones by name (all of http's, read before the rest).
+    pub caches: crate::cache::path::Zones,
     /// Every `*_temp_path` folder, for the master to make (`config::temp_dirs`).
     pub temp_dirs: Vec<PathBuf>,
     /// Notices for `gannet -t` (settings accepted in part).
@@ -108,6 +111,7 @@ impl LoadCtx {
             notices: Vec::new(),
             warnings: Vec::new(),
             temp_dirs: Vec::new(),
+            caches: Default::default(),
             tls: Default::default(),
             otel_trace_at: None,
             metrics: false,

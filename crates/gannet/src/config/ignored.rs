@@ -3,8 +3,6 @@
 //! accepted so that existing nginx.conf files load, and `gannet -t` prints a notice for
 //! each, naming its file:line.
 
-const NO_CACHE: &str = "gannet has no response cache, so nothing is bypassed or left uncached";
-
 /// (directive, why it has no effect)
 pub const IGNORED: &[(&str, &str)] = &[
     ("types_hash_max_size", "gannet's type table needs no sizing"),
@@ -67,16 +65,6 @@ pub const IGNORED: &[(&str, &str)] = &[
     ("directio", "not supported"),
     ("msie_padding", "not needed by any current browser"),
     ("msie_refresh", "not needed by any current browser"),
-    // Without a cache these decide nothing, in nginx too (the proxy_cache snippets people
-    // copy set them anyway); `*_cache` itself is reported as not supported yet.
-    ("proxy_cache_bypass", NO_CACHE),
-    ("proxy_no_cache", NO_CACHE),
-    ("fastcgi_cache_bypass", NO_CACHE),
-    ("fastcgi_no_cache", NO_CACHE),
-    ("scgi_cache_bypass", NO_CACHE),
-    ("scgi_no_cache", NO_CACHE),
-    ("uwsgi_cache_bypass", NO_CACHE),
-    ("uwsgi_no_cache", NO_CACHE),
     (
         "proxy_headers_hash_max_size",
         "gannet's header tables need no sizing",

@@ -332,7 +332,9 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
         }
     }
     // The limit zones before the rest: a `limit_req` or `limit_conn` above one may name it.
-    let is_zone = |d: &&Directive| modules::limit_zone::is_zone(&d.name);
+    let is_zone = |d: &&Directive| {
+        modules::limit_zone::is_zone(&d.name) || modules::gateway_cache::is_path(&d.name)
+    };
     let rest =
         |d: &&Directive| !matches!(d.name.as_str(), "server" | "upstream" | "match") && !is_zone(d);
     for d in body.iter().filter(is_zone).chain(body.iter().filter(rest)) {
@@ -619,6 +621,7 @@ fn load_location(
     conf.merge(parent_conf);
     modules::rewrite::merge_ifs(&mut conf);
     modules::proxy_ssl::finish(&mut conf, lctx, &d.loc)?;
+    modules::gateway_cache::finish(&conf, lctx, &d.loc);
     modules::access::merge_limit_except(&mut conf);
     if let Some(check) = conf.health_check.clone() {
         let Some(crate::modules::gateway::Backend::Group(up)) = conf.proxy.gw.pass.clone() else {

@@ -502,13 +502,27 @@ pub struct Streaming {
     /// Where the connection goes back when the answer ended cleanly.
     pool: Option<Pooled>,
     lease: Option<Lease>,
+    /// The cache entry the answer is written to as it goes (`conn::gateway_cache`).
+    tee: Option<super::gateway_cache::Tee>,
 }
 
 impl Streaming {
     /// The next piece of the body; `Ok(None)` at its end. An error is logged and means the
     /// answer is cut short.
     pub async fn next(&mut self, req: &Request) -> Result<Option<Bytes>, ()> {
-        match self.pull(req).await {
+        let r = self.pull(req).await;
+        if let Some(t) = &mut self.tee {
+            match &r {
+                Ok(Some(b)) => t.write(req, b),
+                Ok(None) => {
+                    if let Some(t) = self.tee.take() {
+                        t.commit(req);
+                    }
+                }
+                Err(_) => self.tee = None,
+            }
+        }
+        match r {
             Ok(b) => Ok(b),
             Err(f) => {
                 log_failure(req, self.scheme, &self.addr, &f);
@@ -545,6 +559,17 @@ impl Streaming {
                 }
             }
         }
+    }
+
+    /// A HEAD whose answer (asked for as a GET) is being cached: read the answer to its end
+    /// into the entry, as nginx does; the client gets the head alone. False when nothing
+    /// is being cached.
+    pub async fn cache_rest(&mut self, req: &Request) -> bool {
+        if self.tee.is_none() {
+            return false;
+        }
+        while let Ok(Some(_)) = self.next(req).await {}
+        true
     }
 
     /// Whether a piece is at hand without waiting for the application.
@@ -815,6 +840,26 @@ pub async fn run_streaming(
 }
 
 async fn run_with(
+    w: &Worker,
+    req: &Request,
+    streamed: Option<(&mut dyn BodySource, Streamed)>,
+) -> Outcome {
+    // A location without `*_cache` pays for this test only.
+    let cached = gateway::active(&req.conf)
+        .map(|p| gateway::conf(&req.conf, p))
+        .filter(|c| c.cache.enabled());
+    if let Some(c) = cached {
+        if let Some(flow) = super::gateway_cache::before(req, c).await {
+            return Outcome::Flow(flow);
+        }
+        let o = fetch(w, req, streamed).await;
+        return super::gateway_cache::after(req, c, o).await;
+    }
+    fetch(w, req, streamed).await
+}
+
+/// The exchange with the upstream (see the module's header).
+async fn fetch(
     w: &Worker,
     req: &Request,
     streamed: Option<(&mut dyn BodySource, Streamed)>,
@@ -1090,9 +1135,14 @@ async fn run_with(
                 };
                 if keep && a.done && a.link.reusable() {
                     let Answered {
-                        head, body, link, ..
+                        head,
+                        body,
+                        link,
+                        buffering,
+                        ..
                     } = a;
                     w.upstreams.put_idle(&up, slot, link.conn, now);
+                    super::gateway_cache::store_whole(req, c, &head, &body, buffering);
                     return Outcome::Flow(whole(req, c, head, body));
                 }
                 let pool = keep.then(|| Pooled {
@@ -1398,8 +1448,10 @@ fn outcome(
         return upgrade(req, c, a, &addr);
     }
     if a.done {
+        super::gateway_cache::store_whole(req, c, &a.head, &a.body, a.buffering);
         return Outcome::Flow(whole(req, c, a.head, a.body));
     }
+    let tee = super::gateway_cache::tee(req, c, &a.head, a.buffering);
     match answer(req, c, a.head) {
         Flow::Done(mut resp) => {
             // Ranges are cut from a body at hand only (a memcached value that came whole).
@@ -1432,6 +1484,7 @@ fn outcome(
                     failed: None,
                     pool,
                     lease,
+                    tee,
                 }),
             )
         }
@@ -1688,7 +1741,13 @@ fn read_head(
     let head = match link.proto {
         Proto::Memcached => return memcached_head(req, link, body, sent, max),
         Proto::Http => {
-            let Some(h) = parse_response(body, max, req.is_head()).map_err(|e| bad(&e))? else {
+            let Some(h) = parse_response(
+                body,
+                max,
+                req.is_head() && !super::gateway_cache::head_as_get(req),
+            )
+            .map_err(|e| bad(&e))?
+            else {
                 return Ok(None);
             };
             if h.status == 101 {
@@ -1818,7 +1877,7 @@ fn memcached_answer(req: &Request, head: CgiHead) -> Flow {
 }
 
 /// The answer's head as the next step of the request phases (the caller adds the body).
-fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
+pub(super) fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
     if gateway::active(&req.conf) == Some(Proto::Memcached) {
         return memcached_answer(req, head);
     }

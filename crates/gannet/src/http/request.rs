@@ -111,6 +111,10 @@ pub struct Request {
     /// The request's OpenTelemetry trace (`modules::otel`), made when a location traces
     /// or an `$otel_*` variable is read.
     pub otel: std::cell::OnceCell<Box<crate::modules::otel::Trace>>,
+    /// `$upstream_cache_status`, once the cache was looked at.
+    pub cache_status: Cell<Option<crate::cache::Status>>,
+    /// The cache entry this request's answer may be stored as (`conn::gateway_cache`).
+    pub cache: RefCell<Option<Box<crate::conn::gateway_cache::Pending>>>,
 }
 
 /// One upstream server a request was sent to.
@@ -255,6 +259,8 @@ impl Request {
             moved_to: None,
             request_id: Cell::new(None),
             upstream_headers: RefCell::new(None),
+            cache_status: Cell::new(None),
+            cache: RefCell::new(None),
             secure_link_expires: RefCell::new(None),
             userid: RefCell::new(None),
             otel: std::cell::OnceCell::new(),

@@ -10,7 +10,7 @@
 //! `$time_local` `$time_iso8601` `$pid` `$nginx_version` `$gannet_version` `$fastcgi_script_name`
 //! `$fastcgi_path_info` `$proxy_host` `$proxy_port` `$proxy_add_x_forwarded_for`
 //! `$upstream_addr` `$upstream_status` `$upstream_response_time` `$upstream_connect_time`
-//! `$upstream_header_time` `$upstream_cache_status` (never set: no cache) `$upstream_http_NAME`
+//! `$upstream_header_time` `$upstream_cache_status` `$upstream_http_NAME`
 //! `$upstream_cookie_NAME` `$sent_trailer_NAME`
 //! `$request_id` `$http2` `$limit_req_status` `$limit_conn_status` `$secure_link`
 //! `$secure_link_expires` `$uid_got` `$uid_set` `$otel_trace_id` `$otel_span_id`
@@ -107,8 +107,8 @@ pub enum Var {
     UpstreamResponseTime,
     UpstreamConnectTime,
     UpstreamHeaderTime,
-    /// `$upstream_cache_status`: gannet has no cache, so never a value (nginx's "not
-    /// found", logged as `-`, as for a location without `proxy_cache`).
+    /// `$upstream_cache_status`: MISS, BYPASS, EXPIRED, STALE, UPDATING, HIT; nothing
+    /// (nginx's "not found", logged as `-`) where the cache was not looked at.
     UpstreamCacheStatus,
     /// `$upstream_http_NAME` (lowercase, with `-`).
     UpstreamHttp(String),
@@ -737,7 +737,11 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                 }
             }
         }
-        Var::UpstreamCacheStatus => {}
+        Var::UpstreamCacheStatus => {
+            if let Some(s) = req.cache_status.get() {
+                out.push_str(s.as_str());
+            }
+        }
         Var::UpstreamHttp(name) => {
             if let Some(v) = req
                 .upstream_headers

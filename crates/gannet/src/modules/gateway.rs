@@ -6,7 +6,8 @@
 //! `*_buffering`, `*_buffers`, `*_buffer_size`, `*_busy_buffers_size`, `*_temp_path`,
 //! `*_max_temp_file_size`, `*_temp_file_write_size`, `*_intercept_errors`, `*_hide_header`,
 //! `*_pass_header`, `*_pass_request_headers`, `*_pass_request_body`, `*_request_buffering`,
-//! `*_next_upstream`, `*_next_upstream_tries`, `*_next_upstream_timeout`; the parameters a
+//! `*_next_upstream`, `*_next_upstream_tries`, `*_next_upstream_timeout`, and the cache's
+//! (`*_cache_path`, `*_cache`, `*_cache_key`..., see `gateway_cache`); the parameters a
 //! request sends and
 //! which answer headers reach the client. The protocols' own directives are in `proxy`
 //! (which has no `*_param` and its own `proxy_pass`), `fastcgi`, `scgi` and `uwsgi`; the I/O
@@ -101,6 +102,19 @@ macro_rules! directives {
             $crate::modules::gateway::directives!(@spec $p "temp_path" [HSL] Between(1, 4)),
             $crate::modules::gateway::directives!(@spec $p "max_temp_file_size" [HSL] Exactly(1)),
             $crate::modules::gateway::directives!(@spec $p "temp_file_write_size" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "cache_path" [HTTP] AtLeast(2)),
+            $crate::modules::gateway::directives!(@spec $p "cache" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "cache_key" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "cache_valid" [HSL] AtLeast(1)),
+            $crate::modules::gateway::directives!(@spec $p "cache_methods" [HSL] AtLeast(1)),
+            $crate::modules::gateway::directives!(@spec $p "cache_min_uses" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "cache_bypass" [HSL] AtLeast(1)),
+            $crate::modules::gateway::directives!(@spec $p "no_cache" [HSL] AtLeast(1)),
+            $crate::modules::gateway::directives!(@spec $p "cache_use_stale" [HSL] AtLeast(1)),
+            $crate::modules::gateway::directives!(@spec $p "cache_lock" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "cache_lock_age" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "cache_lock_timeout" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "cache_revalidate" [HSL] Exactly(1)),
             $($extra,)*
         ]
     };
@@ -217,10 +231,13 @@ pub struct GatewayConf {
     pub socket_keepalive: Option<bool>,
     /// `*_ignore_client_abort`: finish the exchange even when the client has left.
     pub ignore_client_abort: Option<bool>,
+    /// `*_cache` and its settings (`gateway_cache`).
+    pub cache: super::gateway_cache::CacheConf,
 }
 
 impl GatewayConf {
     pub fn merge(&mut self, parent: &GatewayConf) {
+        self.cache.merge(&parent.cache);
         inherit!(
             self,
             parent,
@@ -380,6 +397,9 @@ pub fn set(
         }
     }
     let c = conf_mut(lc, p);
+    if super::gateway_cache::set(d, suffix, &mut c.cache, ctx)? {
+        return Ok(true);
+    }
     let a0 = d.args[0].as_str();
     match suffix {
         "pass" => {
@@ -464,7 +484,7 @@ pub fn set(
         "temp_file_write_size" => c.temp_file_write_size = Some(setters::size_arg(d, 0)?),
         "ignore_headers" => {
             // nginx's list. The cache's headers (Expires, Cache-Control, Set-Cookie, Vary,
-            // X-Accel-Expires) mean nothing without a cache.
+            // X-Accel-Expires) are read by `cache::validity`.
             const KNOWN: &[&str] = &[
                 "x-accel-redirect",
                 "x-accel-expires",
@@ -542,11 +562,23 @@ pub fn build_params(
             set_names.push(&param.name);
         }
     }
+    // A request whose answer may be cached sends the cache's conditional headers, not the
+    // client's (nginx's `fastcgi_cache_headers`).
+    let cached = c.cache.enabled() && crate::conn::gateway_cache::cacheable(req);
+    if cached {
+        if let Some((lm, etag)) = crate::conn::gateway_cache::revalidation(req) {
+            for (n, v) in [("HTTP_IF_MODIFIED_SINCE", lm), ("HTTP_IF_NONE_MATCH", etag)] {
+                if let Some(v) = v.filter(|_| !set_names.contains(&n)) {
+                    out.push(n.as_bytes(), v.as_bytes())?;
+                }
+            }
+        }
+    }
     if c.pass_request_headers.unwrap_or(true) {
         let mut name = String::with_capacity(64);
         for (n, v) in req.head.headers() {
             // Underscores would make two different headers one variable: nginx drops them.
-            if n.contains('_') {
+            if n.contains('_') || (cached && crate::conn::gateway_cache::withheld(n)) {
                 continue;
             }
             name.clear();

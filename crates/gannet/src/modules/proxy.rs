@@ -74,6 +74,20 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("proxy_temp_path", HSL, Args::Between(1, 4)),
     spec("proxy_max_temp_file_size", HSL, Args::Exactly(1)),
     spec("proxy_temp_file_write_size", HSL, Args::Exactly(1)),
+    spec("proxy_cache_path", Ctx::HTTP, Args::AtLeast(2)),
+    spec("proxy_cache", HSL, Args::Exactly(1)),
+    spec("proxy_cache_key", HSL, Args::Exactly(1)),
+    spec("proxy_cache_valid", HSL, Args::AtLeast(1)),
+    spec("proxy_cache_methods", HSL, Args::AtLeast(1)),
+    spec("proxy_cache_min_uses", HSL, Args::Exactly(1)),
+    spec("proxy_cache_bypass", HSL, Args::AtLeast(1)),
+    spec("proxy_no_cache", HSL, Args::AtLeast(1)),
+    spec("proxy_cache_use_stale", HSL, Args::AtLeast(1)),
+    spec("proxy_cache_lock", HSL, Args::Exactly(1)),
+    spec("proxy_cache_lock_age", HSL, Args::Exactly(1)),
+    spec("proxy_cache_lock_timeout", HSL, Args::Exactly(1)),
+    spec("proxy_cache_revalidate", HSL, Args::Exactly(1)),
+    spec("proxy_cache_convert_head", HSL, Args::Exactly(1)),
 ];
 
 /// Where `proxy_pass` sends requests.
@@ -129,6 +143,8 @@ pub struct ProxyConf {
     pub ssl: ProxySslConf,
     /// `proxy_cookie_*`.
     pub cookie: super::proxy_cookie::ProxyCookieConf,
+    /// `proxy_cache_convert_head`: a HEAD that may be cached goes upstream as a GET.
+    pub convert_head: Option<bool>,
     /// The TLS client setup built from `ssl` for a location that may proxy to `https://`
     /// (`proxy_ssl::finish`, after the merge; not inherited).
     pub client_tls: Option<Arc<ClientTls>>,
@@ -139,7 +155,16 @@ impl ProxyConf {
         self.gw.merge(&parent.gw);
         self.ssl.merge(&parent.ssl);
         self.cookie.merge(&parent.cookie);
-        inherit!(self, parent, set_headers, http11, method, body, redirect);
+        inherit!(
+            self,
+            parent,
+            set_headers,
+            http11,
+            method,
+            body,
+            redirect,
+            convert_head
+        );
     }
 }
 
@@ -184,6 +209,9 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             lc.proxy.body = Some(Template::compile(a0).map_err(|e| d.error(e))?);
         }
         "proxy_redirect" => set_redirect(d, &mut lc.proxy)?,
+        "proxy_cache_convert_head" => {
+            lc.proxy.convert_head = Some(gannet_conf::setters::flag(d)?);
+        }
         _ => {
             if !gateway::set(d, Proto::Http, lc, ctx)? {
                 unreachable!("not a proxy directive: {}", d.name)
@@ -429,6 +457,7 @@ pub fn encode_request(
         Some(m) => Cow::Owned(m.eval(req, None)),
         None => match req.method_override {
             Some(_) => Cow::Borrowed("GET"),
+            None if crate::conn::gateway_cache::head_as_get(req) => Cow::Borrowed("GET"),
             None => Cow::Borrowed(req.head.method_str()),
         },
     };
@@ -488,9 +517,24 @@ pub fn encode_request(
         }
         put(name, v.as_bytes(), out);
     }
+    // A request whose answer may be cached sends the cache's conditional headers, not the
+    // client's (nginx's `proxy_cache_headers`): the entry must be the whole answer.
+    let cached = c.gw.cache.enabled() && crate::conn::gateway_cache::cacheable(req);
+    if cached {
+        if let Some((lm, etag)) = crate::conn::gateway_cache::revalidation(req) {
+            for (n, v) in [("If-Modified-Since", lm), ("If-None-Match", etag)] {
+                if let Some(v) = v.filter(|_| !is_set(n)) {
+                    put(n, v.as_bytes(), out);
+                }
+            }
+        }
+    }
     if c.gw.pass_request_headers.unwrap_or(true) {
         for (name, value) in req.head.headers() {
-            if HOP.iter().any(|h| name.eq_ignore_ascii_case(h)) || is_set(name) {
+            if HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
+                || is_set(name)
+                || (cached && crate::conn::gateway_cache::withheld(name))
+            {
                 continue;
             }
             put(name, value, out);

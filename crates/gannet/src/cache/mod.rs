@@ -1,0 +1,57 @@
+//! The response cache (nginx's ngx_http_file_cache.c with the cache parts of
+//! ngx_http_upstream.c): answers of `proxy_pass`, `fastcgi_pass`, `scgi_pass` and
+//! `uwsgi_pass` kept as files under a `proxy_cache_path` folder and served from there.
+//!
+//! - [`path`]: `*_cache_path` and its keys zone ([`Zone`]), made per worker process and
+//!   shared by its worker threads.
+//! - [`key`]: the md5 of `*_cache_key`, which names the entry's file in `levels` folders.
+//! - [`entry`]: an entry file (a header with the key, validity and the answer's head, then
+//!   the body), written to a temp file and renamed, never torn.
+//! - [`store`]: the in-memory index of the zone (the keys zone), the one-fetch lock for
+//!   concurrent misses, and the manager that enforces `inactive` and `max_size`.
+//! - [`validity`]: how long an answer may be kept, from its headers (`X-Accel-Expires`,
+//!   `Cache-Control`, `Expires`) or `*_cache_valid`, and whether it may be kept at all.
+//!
+//! The request side is in `conn::gateway_cache`, the directives in
+//! `modules::gateway_cache`.
+
+pub mod entry;
+pub mod key;
+pub mod path;
+pub mod store;
+pub mod validity;
+
+pub use path::Zone;
+
+/// `$upstream_cache_status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Miss,
+    Bypass,
+    Expired,
+    Stale,
+    Updating,
+    Revalidated,
+    Hit,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Miss => "MISS",
+            Status::Bypass => "BYPASS",
+            Status::Expired => "EXPIRED",
+            Status::Stale => "STALE",
+            Status::Updating => "UPDATING",
+            Status::Revalidated => "REVALIDATED",
+            Status::Hit => "HIT",
+        }
+    }
+}
+
+/// Seconds since the epoch, the clock entries' validity is kept in (as nginx's `valid_sec`).
+pub fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}

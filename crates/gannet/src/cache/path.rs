@@ -1,0 +1,137 @@
+//! `proxy_cache_path` (and `fastcgi_`, `scgi_`, `uwsgi_cache_path`), nginx's
+//! `ngx_http_file_cache_set_slot`: the folder, its `levels`, the keys zone's name and size,
+//! `inactive`, `max_size`, `use_temp_path`. The folder is made by the master for the
+//! workers' account, as the temp paths are (`config::temp_dirs`).
+//!
+//! A zone is one per worker process, shared by its worker threads (see [`store`]); the
+//! files are shared by all. The keys zone's size bounds how many keys the index remembers
+//! (nginx's 8,000 keys per megabyte); the loader and manager parameters are accepted with
+//! nginx's checks and have no effect: gannet's index is filled as keys are looked up and by
+//! one walk of the folder when the manager starts.
+
+use super::store::Index;
+use gannet_conf::{setters, ConfError, Directive};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Debug)]
+pub struct Zone {
+    pub name: String,
+    pub dir: PathBuf,
+    /// Each level's length in hex digits (1 or 2), at most 3 levels.
+    pub levels: Vec<u8>,
+    /// `inactive`: entries not used this long are removed (10 minutes by default).
+    pub inactive: std::time::Duration,
+    /// `max_size`: the most the entries may take on disk.
+    pub max_size: Option<u64>,
+    /// `use_temp_path`: write entries in the location's `*_temp_path` first (on, the
+    /// default) or in the cache folder itself (off).
+    pub use_temp_path: bool,
+    /// How many keys the zone remembers.
+    pub keys: usize,
+    pub index: Index,
+}
+
+impl Zone {
+    /// The entry file of `h`.
+    pub fn file(&self, h: &super::key::Hash) -> PathBuf {
+        super::key::file(&self.dir, &self.levels, h)
+    }
+}
+
+/// Parse `*_cache_path`; `prefix` completes a relative folder.
+pub fn parse(d: &Directive, prefix: &std::path::Path) -> Result<Zone, ConfError> {
+    let mut dir = d.args[0].as_str();
+    if dir.len() > 1 {
+        dir = dir.strip_suffix('/').unwrap_or(dir);
+    }
+    let dir = prefix.join(dir);
+    let mut levels = Vec::new();
+    let mut name = None;
+    let mut size = 0u64;
+    let mut inactive = std::time::Duration::from_secs(600);
+    let mut max_size = None;
+    let mut use_temp_path = true;
+    for a in &d.args[1..] {
+        let (k, v) = a.split_once('=').unwrap_or((a, ""));
+        match k {
+            "levels" => {
+                let bad = || d.error(format!("invalid \"levels\" \"{a}\""));
+                levels.clear();
+                for l in v.split(':') {
+                    match l {
+                        "1" => levels.push(1),
+                        "2" => levels.push(2),
+                        _ => return Err(bad()),
+                    }
+                }
+                if levels.len() > 3 {
+                    return Err(bad());
+                }
+            }
+            "use_temp_path" => {
+                use_temp_path = match v {
+                    "on" => true,
+                    "off" => false,
+                    _ => {
+                        return Err(d.error(format!(
+                            "invalid use_temp_path value \"{v}\", it must be \"on\" or \"off\""
+                        )))
+                    }
+                }
+            }
+            "keys_zone" => {
+                let bad = || d.error(format!("invalid keys zone size \"{a}\""));
+                let (n, s) = v.split_once(':').ok_or_else(bad)?;
+                if n.is_empty() {
+                    return Err(bad());
+                }
+                size = setters::size(s).ok_or_else(bad)?;
+                if size < 2 * 4096 {
+                    return Err(d.error(format!("keys zone \"{a}\" is too small")));
+                }
+                name = Some(n.to_string());
+            }
+            "inactive" => {
+                let s = setters::sec(v)
+                    .ok_or_else(|| d.error(format!("invalid inactive value \"{a}\"")))?;
+                inactive = std::time::Duration::from_secs(s);
+            }
+            "max_size" => {
+                max_size = Some(
+                    setters::size(v)
+                        .ok_or_else(|| d.error(format!("invalid max_size value \"{a}\"")))?,
+                );
+            }
+            "min_free" => {
+                setters::size(v)
+                    .ok_or_else(|| d.error(format!("invalid min_free value \"{a}\"")))?;
+            }
+            "loader_files" | "manager_files" => {
+                setters::num(v).ok_or_else(|| d.error(format!("invalid {k} value \"{a}\"")))?;
+            }
+            "loader_sleep" | "loader_threshold" | "manager_sleep" | "manager_threshold" => {
+                setters::msec(v).ok_or_else(|| d.error(format!("invalid {k} value \"{a}\"")))?;
+            }
+            _ => return Err(d.error(format!("invalid parameter \"{a}\""))),
+        }
+    }
+    let Some(name) = name.filter(|_| size > 0) else {
+        return Err(d.error(format!("\"{}\" must have \"keys_zone\" parameter", d.name)));
+    };
+    // nginx's node is about 128 bytes: 8,000 keys per megabyte.
+    let keys = usize::try_from(size / 128).unwrap_or(usize::MAX).max(1);
+    Ok(Zone {
+        name,
+        dir,
+        levels,
+        inactive,
+        max_size,
+        use_temp_path,
+        keys,
+        index: Index::default(),
+    })
+}
+
+/// The zones by name, for `*_cache NAME`.
+pub type Zones = std::collections::HashMap<String, Arc<Zone>>;

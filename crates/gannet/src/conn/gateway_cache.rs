@@ -1,0 +1,543 @@
+//! The request side of the response cache (nginx's `ngx_http_upstream_cache` and
+//! `ngx_http_upstream_cache_send`, with ngx_http_file_cache.c's lookup), for every gateway
+//! protocol: [`before`] the exchange, look the request's key up and serve a fresh entry
+//! from its file (HIT), or let the exchange run (MISS, EXPIRED, BYPASS) as the one fetch
+//! of the key, or wait for the fetch under way (`*_cache_lock`), or serve the expired entry
+//! while another request updates it (`*_cache_use_stale updating`: UPDATING). The answer
+//! is written to an entry as it goes to the client ([`store_whole`], [`tee`]); [`after`]
+//! serves the expired entry in place of a failure `*_cache_use_stale` names (STALE).
+//!
+//! An entry is served through the answer-head code a fresh answer goes through
+//! (`conn::gateway::answer`), so the hidden headers, `proxy_redirect` and the rest apply
+//! the same; its body is a range of the entry file, sent like a static file's (sendfile,
+//! byte ranges).
+
+use super::gateway::answer;
+use crate::cache::entry::{self, Meta, Writer};
+use crate::cache::key::{self, Hash};
+use crate::cache::store::{self, Fetching};
+use crate::cache::{now_secs, validity, Status, Zone};
+use crate::errlog::{self, Level};
+use crate::http::handler::Flow;
+use crate::http::request::Request;
+use crate::http::response::{Body, FileRange, Part};
+use crate::modules::gateway::{self, GatewayConf, Proto};
+use crate::modules::gateway_cache::{self as conf, stale};
+use bytes::BytesMut;
+use gannet_proto::cgi::{self, CgiHead};
+use gannet_proto::h1::Method;
+use std::fs::File;
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// A request that fetches its key: where the answer is to be stored, and the expired
+/// entry it may fall back to.
+pub struct Pending {
+    zone: Arc<Zone>,
+    key: String,
+    main: Hash,
+    /// The main entry's `Vary` and variant, if there is one.
+    main_vary: Option<(String, Hash)>,
+    /// The expired entry's file (the key's, or its `Vary` variant's), then the one the
+    /// answer went to.
+    hash: Hash,
+    /// `*_cache_min_uses` reached (a bypassed request stores too, as in nginx).
+    store: bool,
+    stale: Option<(File, Meta)>,
+    /// `*_cache_revalidate` of an expired entry: its Last-Modified and ETag, sent as
+    /// If-Modified-Since and If-None-Match.
+    revalidate: Option<(Option<String>, Option<String>)>,
+    /// The application answered the revalidation 304: the expired entry is served.
+    revalidated: bool,
+    /// Held until the entry is stored or given up: the lock's waiters go on then.
+    _fetch: Option<Fetching>,
+}
+
+/// The client's conditional and range headers: not passed to an upstream whose answers
+/// are cached (nginx's `proxy_cache_headers`), whose entry must be the whole answer.
+pub fn withheld(name: &str) -> bool {
+    const CONDITIONAL: &[&str] = &[
+        "if-modified-since",
+        "if-unmodified-since",
+        "if-none-match",
+        "if-match",
+        "range",
+        "if-range",
+    ];
+    CONDITIONAL.iter().any(|h| h.eq_ignore_ascii_case(name))
+}
+
+/// Whether the request's answer may be stored (nginx's `u->cacheable`): the cache's
+/// conditional headers then replace the client's (`proxy_cache_headers`); a request below
+/// `*_cache_min_uses`, or one that gave up waiting for the lock, passes the client's.
+pub fn cacheable(req: &Request) -> bool {
+    req.cache.borrow().as_ref().is_some_and(|p| p.store)
+}
+
+/// The validators a revalidation sends (nginx's `$upstream_cache_last_modified` and
+/// `$upstream_cache_etag`).
+pub fn revalidation(req: &Request) -> Option<(Option<String>, Option<String>)> {
+    req.cache.borrow().as_ref()?.revalidate.clone()
+}
+
+/// An entry's validators, from its stored head: only a 200's or 206's, as nginx keeps
+/// them.
+fn validators(meta: &Meta) -> Option<(Option<String>, Option<String>)> {
+    let text = String::from_utf8_lossy(&meta.head);
+    if !(text.starts_with("Status: 200") || text.starts_with("Status: 206")) {
+        return None;
+    }
+    let field = |name: &str| {
+        text.lines().find_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
+        })
+    };
+    // Re-written as nginx does (`ngx_http_time` of the parsed time).
+    let lm = field("last-modified")
+        .and_then(|v| httpdate::parse_http_date(&v).ok())
+        .map(httpdate::fmt_http_date);
+    let etag = field("etag").filter(|e| !e.is_empty());
+    (lm.is_some() || etag.is_some()).then_some((lm, etag))
+}
+
+fn set_status(req: &Request, s: Status) {
+    req.cache_status.set(Some(s));
+}
+
+/// Whether any of the templates gives a value other than empty or "0" (nginx's
+/// `ngx_http_test_predicates`).
+fn any_set(list: &Option<Arc<Vec<crate::http::variables::Template>>>, req: &Request) -> bool {
+    list.iter().flat_map(|l| l.iter()).any(|t| {
+        let v = t.eval(req, None);
+        !v.is_empty() && v != "0"
+    })
+}
+
+/// Look the request up; `Some` is the answer to send (from the cache), `None` lets the
+/// exchange run (with a [`Pending`] in the request when its answer may be stored).
+pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
+    let cc = &c.cache;
+    let zone = match cc.zone_for(req) {
+        Ok(z) => z?,
+        Err(why) => {
+            errlog::request(Level::Error, req, format_args!("{why}"));
+            return Some(Flow::Status(500));
+        }
+    };
+    let zone = &zone;
+    let bit = match req.method() {
+        Method::Get => conf::GET,
+        Method::Head => conf::HEAD,
+        Method::Post => conf::POST,
+        _ => 0,
+    };
+    if cc.methods() & bit == 0 {
+        return None;
+    }
+    let proto = gateway::active(&req.conf)?;
+    let key = cc
+        .key
+        .as_deref()
+        .unwrap_or_else(|| conf::default_key(proto))
+        .eval(req, None);
+    let main = key::hash(key.as_bytes());
+    if any_set(&cc.bypass, req) {
+        set_status(req, Status::Bypass);
+        let main_vary = entry::open(&zone.file(&main), &key).map(|(_, m)| (m.vary, m.variant));
+        pend(req, zone, key, main, main_vary, true, None, None);
+        return None;
+    }
+    loop {
+        let seen = store::look(zone, &main);
+        let mut found = entry::open(&zone.file(&main), &key);
+        let mut found_at = main;
+        // The main entry's Vary, and its variant: where an answer goes (see `start`).
+        let main_vary = found.as_ref().map(|(_, m)| (m.vary.clone(), m.variant));
+        let variant_for =
+            |vary: &str| key::variant(&main, &validity::variant_of(vary, || req.head.headers()));
+        if let Some(v) = found
+            .as_ref()
+            .map(|(_, m)| m)
+            .filter(|m| !m.vary.is_empty())
+        {
+            let want = variant_for(&v.vary);
+            if want != v.variant {
+                // Another variant: its own entry, if it is one for this request.
+                found_at = want;
+                found = entry::open(&zone.file(&want), &key)
+                    .filter(|(_, m)| m.vary.is_empty() || variant_for(&m.vary) == m.variant);
+            }
+        }
+        if let Some((file, meta)) = found.take_if(|(_, m)| m.valid >= now_secs()) {
+            set_status(req, Status::Hit);
+            return Some(serve(req, c, file, meta));
+        }
+        if let Some((signal, age)) = seen.fetching {
+            if found.is_some() && cc.use_stale() & stale::UPDATING != 0 {
+                let (file, meta) = found?;
+                set_status(req, Status::Updating);
+                return Some(serve(req, c, file, meta));
+            }
+            if cc.lock() && age < cc.lock_age() {
+                let notified = signal.notified();
+                let mut notified = std::pin::pin!(notified);
+                notified.as_mut().enable();
+                if store::fetching_with(zone, &main, &signal) {
+                    let left = cc.lock_timeout();
+                    if tokio::time::timeout(left, notified).await.is_err() {
+                        // nginx: the request goes to the upstream, and its answer is not
+                        // cached.
+                        set_status(req, Status::Miss);
+                        return None;
+                    }
+                }
+                continue;
+            }
+        }
+        set_status(
+            req,
+            if found.is_some() {
+                Status::Expired
+            } else {
+                Status::Miss
+            },
+        );
+        let fetch = store::begin_fetch(zone, &main);
+        let store = seen.uses >= cc.min_uses();
+        let revalidate = found
+            .as_ref()
+            .filter(|_| cc.revalidate())
+            .and_then(|(_, m)| validators(m));
+        pend(req, zone, key, main, main_vary, store, found, Some(fetch));
+        if let Some(p) = req.cache.borrow_mut().as_mut() {
+            p.revalidate = revalidate;
+            // The expired entry's file, for a revalidation to refresh.
+            p.hash = found_at;
+        }
+        return None;
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn pend(
+    req: &Request,
+    zone: &Arc<Zone>,
+    key: String,
+    main: Hash,
+    main_vary: Option<(String, Hash)>,
+    store: bool,
+    stale: Option<(File, Meta)>,
+    fetch: Option<Fetching>,
+) {
+    *req.cache.borrow_mut() = Some(Box::new(Pending {
+        zone: zone.clone(),
+        key,
+        main,
+        main_vary,
+        hash: main,
+        store,
+        stale,
+        revalidate: None,
+        revalidated: false,
+        _fetch: fetch,
+    }));
+}
+
+/// The proxy sends a HEAD it may cache as a GET, so that the entry has the body
+/// (`proxy_cache_convert_head`, on by default); the other protocols pass the method as
+/// it is (so does nginx: their entries for a HEAD have no body).
+pub fn head_as_get(req: &Request) -> bool {
+    req.is_head()
+        && req.conf.proxy.convert_head.unwrap_or(true)
+        && gateway::active(&req.conf) == Some(Proto::Http)
+        && req.cache.borrow().is_some()
+}
+
+/// An entry as the answer.
+fn serve(req: &Request, c: &GatewayConf, file: File, meta: Meta) -> Flow {
+    let mut buf = BytesMut::from(&meta.head[..]);
+    let Ok(Some(head)) = cgi::parse_head(&mut buf, usize::MAX) else {
+        return Flow::Status(500);
+    };
+    match answer(req, c, head) {
+        Flow::Done(mut resp) => {
+            if meta.body_len > 0 {
+                resp.body = Body::Parts(vec![Part::File(FileRange {
+                    file: Rc::new(file),
+                    offset: meta.body_start,
+                    len: meta.body_len,
+                })]);
+            }
+            // The length is the body's (and a range's, once cut), as a static file's.
+            resp.content_length = None;
+            resp.length_unknown = false;
+            // nginx cuts ranges from an entry whose answer said `Accept-Ranges` (and sends
+            // its own header for it then).
+            let before = resp.headers.len();
+            resp.headers
+                .retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
+            resp.accept_ranges = resp.headers.len() != before;
+            Flow::Done(resp)
+        }
+        flow => flow,
+    }
+}
+
+/// The entry for an answer with this head, if it is to be stored: the request's
+/// [`Pending`] is taken then (else left for [`after`]).
+fn start(
+    req: &Request,
+    c: &GatewayConf,
+    head: &CgiHead,
+    buffering: bool,
+) -> Option<(Box<Pending>, Writer)> {
+    if head.status == Some(304) {
+        revalidated(req, c, head);
+        return None;
+    }
+    if !buffering {
+        return None;
+    }
+    let pending = req.cache.borrow();
+    let p = pending.as_ref().filter(|p| p.store)?;
+    if head.get("x-accel-redirect").is_some() && !c.ignores("x-accel-redirect") {
+        return None;
+    }
+    let status = match (head.status, head.get("location")) {
+        (Some(s), _) => s,
+        // A CGI local redirect is served from elsewhere; another Location is a 302.
+        (None, Some(l)) if l.starts_with('/') && !l.starts_with("//") => return None,
+        (None, Some(_)) => 302,
+        (None, None) => 200,
+    };
+    // An answer the expired entry is served in place of is not stored over it.
+    if p.stale.is_some() && c.cache.use_stale() & stale_for(status) != 0 {
+        return None;
+    }
+    if any_set(&c.cache.no_cache, req) {
+        return None;
+    }
+    let now = now_secs();
+    let valid = c.cache.valid.as_deref().map_or(&[][..], Vec::as_slice);
+    let verdict = validity::judge(head, status, valid, |h| c.ignores(h), now)?;
+    let vary = verdict.vary.unwrap_or_default();
+    let variant = if vary.is_empty() {
+        [0; 16]
+    } else {
+        key::variant(&p.main, &validity::variant_of(&vary, || req.head.headers()))
+    };
+    // Where the answer goes: the key's own entry, unless that is another variant of the
+    // same Vary, when it goes to its variant's (found from the main entry's Vary). An answer
+    // without Vary, or with another Vary than the main entry's, replaces the main entry, so
+    // that every request finds it (nginx's rule for a Vary that changed).
+    let hash = match &p.main_vary {
+        Some((v, mv)) if !vary.is_empty() && *v == vary && *mv != variant => variant,
+        _ => p.main,
+    };
+    let mut text = Vec::with_capacity(head.headers.text.len() + 64);
+    text.extend_from_slice(format!("Status: {status}\r\n").as_bytes());
+    for (n, v) in head.headers.iter() {
+        const HOP: &[&str] = &[
+            "connection",
+            "keep-alive",
+            "transfer-encoding",
+            "content-length",
+        ];
+        if HOP.iter().any(|h| n.eq_ignore_ascii_case(h)) {
+            continue;
+        }
+        text.extend_from_slice(n.as_bytes());
+        text.extend_from_slice(b": ");
+        text.extend_from_slice(v.as_bytes());
+        text.extend_from_slice(b"\r\n");
+    }
+    text.extend_from_slice(b"\r\n");
+    let meta = Meta {
+        valid: verdict.valid,
+        date: now,
+        vary,
+        variant,
+        head: text,
+        body_start: 0,
+        body_len: 0,
+    };
+    let tmp_dir = if p.zone.use_temp_path {
+        c.temp_path().dir.clone()
+    } else {
+        p.zone.dir.clone()
+    };
+    let dest = p.zone.file(&hash);
+    let w = match Writer::create(&tmp_dir, dest, &p.key, &meta) {
+        Ok(w) => w,
+        Err(e) => {
+            errlog::request(
+                Level::Crit,
+                req,
+                format_args!("{}", errlog::failed("open()", &tmp_dir, &e)),
+            );
+            return None;
+        }
+    };
+    drop(pending);
+    let mut p = req.cache.borrow_mut().take()?;
+    p.hash = hash;
+    Some((p, w))
+}
+
+/// The application's 304 to a revalidation (nginx's "upstream not modified"): the expired
+/// entry is to be served, valid again for what the 304's headers say, or
+/// `*_cache_valid 304` (else it stays expired, as nginx leaves it).
+fn revalidated(req: &Request, c: &GatewayConf, head: &CgiHead) {
+    let mut pending = req.cache.borrow_mut();
+    let Some(p) = pending
+        .as_mut()
+        .filter(|p| p.revalidate.is_some() && p.stale.is_some())
+    else {
+        return;
+    };
+    p.revalidated = true;
+    let now = now_secs();
+    let valid = c.cache.valid.as_deref().map_or(&[][..], Vec::as_slice);
+    let Some((_, meta)) = &mut p.stale else {
+        return;
+    };
+    let mut text = BytesMut::from(&meta.head[..]);
+    let stored = cgi::parse_head(&mut text, usize::MAX)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let Some(until) = validity::revalidated(head, &stored, valid, |h| c.ignores(h), now) else {
+        return;
+    };
+    let path = p.zone.file(&p.hash);
+    match entry::refresh(&path, until, now) {
+        Ok(()) => meta.valid = until,
+        Err(e) => errlog::request(
+            Level::Crit,
+            req,
+            format_args!("{}", errlog::failed("pwrite()", &path, &e)),
+        ),
+    }
+}
+
+/// An answer that came whole: store it if it may be (not when it is not buffered:
+/// `*_buffering off` or `X-Accel-Buffering: no`, as nginx).
+pub fn store_whole(req: &Request, c: &GatewayConf, head: &CgiHead, body: &[u8], buffering: bool) {
+    if let Some((p, w)) = start(req, c, head, buffering) {
+        let mut tee = Tee { p, w, ok: true };
+        tee.write(req, body);
+        tee.commit(req);
+    }
+}
+
+/// The entry an answer read in pieces is written to, piece by piece.
+pub struct Tee {
+    p: Box<Pending>,
+    w: Writer,
+    ok: bool,
+}
+
+/// Start storing an answer read in pieces: each piece the client is given is written
+/// ([`Tee::write`]), the bytes that came with the head too.
+pub fn tee(req: &Request, c: &GatewayConf, head: &CgiHead, buffering: bool) -> Option<Tee> {
+    let (p, w) = start(req, c, head, buffering)?;
+    Some(Tee { p, w, ok: true })
+}
+
+impl Tee {
+    pub fn write(&mut self, req: &Request, b: &[u8]) {
+        if self.ok && !b.is_empty() {
+            if let Err(e) = self.w.write(b) {
+                errlog::request(
+                    Level::Crit,
+                    req,
+                    format_args!(
+                        "write() to cache temp file failed ({})",
+                        errlog::errno_text(&e)
+                    ),
+                );
+                self.ok = false;
+            }
+        }
+    }
+
+    /// The answer ended whole: put the entry in place.
+    pub fn commit(self, req: &Request) {
+        if !self.ok {
+            return;
+        }
+        let Tee { p, w, .. } = self;
+        match w.commit() {
+            Ok(size) => store::stored(&p.zone, &p.hash, size),
+            Err(e) => errlog::request(
+                Level::Crit,
+                req,
+                format_args!(
+                    "rename() of cache temp file failed ({})",
+                    errlog::errno_text(&e)
+                ),
+            ),
+        }
+        drop(p);
+    }
+}
+
+/// The `*_cache_use_stale` conditions a status meets: what `conn::gateway` answers for a
+/// failed exchange, 502 (error, invalid header) and 504 (timeout), and the application's
+/// own statuses.
+fn stale_for(status: u16) -> u16 {
+    match status {
+        502 => stale::ERROR | stale::INVALID_HEADER | stale::HTTP_502,
+        504 => stale::TIMEOUT | stale::HTTP_504,
+        500 => stale::HTTP_500,
+        503 => stale::HTTP_503,
+        403 => stale::HTTP_403,
+        404 => stale::HTTP_404,
+        429 => stale::HTTP_429,
+        _ => 0,
+    }
+}
+
+/// After the exchange: a HEAD's answer read whole into its entry; an expired entry in
+/// place of a failure `*_cache_use_stale` names.
+pub async fn after(
+    req: &Request,
+    c: &GatewayConf,
+    o: super::gateway::Outcome,
+) -> super::gateway::Outcome {
+    use super::gateway::Outcome;
+    let o = match o {
+        Outcome::Stream(resp, mut s) if req.is_head() => {
+            if s.cache_rest(req).await {
+                return Outcome::Flow(Flow::Done(resp));
+            }
+            Outcome::Stream(resp, s)
+        }
+        o => o,
+    };
+    let Some(p) = req.cache.borrow_mut().take() else {
+        return o;
+    };
+    let Some((file, meta)) = p.stale else {
+        return o;
+    };
+    if p.revalidated {
+        set_status(req, Status::Revalidated);
+        return Outcome::Flow(serve(req, c, file, meta));
+    }
+    let status = match &o {
+        Outcome::Flow(Flow::Status(s)) => Some(*s),
+        Outcome::Flow(Flow::Done(r)) | Outcome::Stream(r, _) => Some(r.status),
+        _ => None,
+    };
+    let bits = c.cache.use_stale();
+    let wanted = status.map_or(0, stale_for);
+    if bits & wanted == 0 {
+        return o;
+    }
+    set_status(req, Status::Stale);
+    Outcome::Flow(serve(req, c, file, meta))
+}
