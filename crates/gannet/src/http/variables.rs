@@ -428,53 +428,80 @@ pub fn lookup(name: &str, req: &Request) -> Option<String> {
     (!absent).then_some(out)
 }
 
+/// A piece of a value in nginx's variable syntax.
+pub enum Piece<V> {
+    Lit(String),
+    Var(V),
+}
+
+/// Split `src` at its variables (`$name`, `${name}`, and `$1`..`$9` when `captures`), each
+/// name resolved by `resolve`; a `$` not followed by a name is literal. The one scanner the
+/// http and stream templates share.
+pub fn pieces<V>(
+    src: &str,
+    captures: bool,
+    mut resolve: impl FnMut(&str) -> Result<V, String>,
+) -> Result<Vec<Piece<V>>, String> {
+    let mut parts = Vec::new();
+    let mut lit = String::new();
+    let b = src.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] != b'$' {
+            let start = i;
+            while i < b.len() && b[i] != b'$' {
+                i += 1;
+            }
+            lit.push_str(&src[start..i]);
+            continue;
+        }
+        let (name, next) = if b.get(i + 1) == Some(&b'{') {
+            let end = src[i + 2..]
+                .find('}')
+                .ok_or_else(|| format!("the closing bracket in \"{src}\" variable is missing"))?;
+            (&src[i + 2..i + 2 + end], i + 3 + end)
+        } else if captures && b.get(i + 1).is_some_and(|c| c.is_ascii_digit()) {
+            (&src[i + 1..i + 2], i + 2)
+        } else {
+            let mut j = i + 1;
+            while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_') {
+                j += 1;
+            }
+            (&src[i + 1..j], j)
+        };
+        if name.is_empty() {
+            lit.push('$');
+            i += 1;
+            continue;
+        }
+        let var = resolve(name)?;
+        if !lit.is_empty() {
+            parts.push(Piece::Lit(std::mem::take(&mut lit)));
+        }
+        parts.push(Piece::Var(var));
+        i = next;
+    }
+    if !lit.is_empty() || parts.is_empty() {
+        parts.push(Piece::Lit(lit));
+    }
+    Ok(parts)
+}
+
 impl Template {
     /// Compile `src`; `$name`, `${name}`, `$1`. A `$` not followed by a name is literal.
     pub fn compile(src: &str) -> Result<Template, String> {
-        let mut parts = Vec::new();
-        let mut lit = String::new();
-        let b = src.as_bytes();
-        let mut i = 0;
-        while i < b.len() {
-            if b[i] != b'$' {
-                let start = i;
-                while i < b.len() && b[i] != b'$' {
-                    i += 1;
-                }
-                lit.push_str(&src[start..i]);
-                continue;
-            }
-            let (name, next) = if b.get(i + 1) == Some(&b'{') {
-                let end = src[i + 2..].find('}').ok_or_else(|| {
-                    format!("the closing bracket in \"{src}\" variable is missing")
-                })?;
-                (&src[i + 2..i + 2 + end], i + 3 + end)
-            } else if b.get(i + 1).is_some_and(|c| c.is_ascii_digit()) {
-                (&src[i + 1..i + 2], i + 2)
-            } else {
-                let mut j = i + 1;
-                while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_') {
-                    j += 1;
-                }
-                (&src[i + 1..j], j)
-            };
-            if name.is_empty() {
-                lit.push('$');
-                i += 1;
-                continue;
-            }
-            let var = Var::from_name(name)
+        let parts = pieces(src, true, |name| {
+            Var::from_name(name)
                 .or_else(|| user_vars::reference(name).map(Var::User))
-                .ok_or_else(|| format!("unknown \"{name}\" variable"))?;
-            if !lit.is_empty() {
-                parts.push(Part::Lit(std::mem::take(&mut lit)));
-            }
-            parts.push(Part::Var(var));
-            i = next;
-        }
-        if !lit.is_empty() || parts.is_empty() {
-            parts.push(Part::Lit(lit));
-        }
+                .ok_or_else(|| format!("unknown \"{name}\" variable"))
+        })?;
+        let parts = parts
+            .into_iter()
+            .map(|p| match p {
+                Piece::Lit(s) => Part::Lit(s),
+                Piece::Var(v) => Part::Var(v),
+            })
+            .collect();
         Ok(Template { parts })
     }
 

@@ -169,48 +169,19 @@ impl Template {
     /// Compile `src` (`$name`, `${name}`); a name that is neither built in nor a `map`'s
     /// is nginx's "unknown variable".
     pub fn compile(src: &str, maps: &Maps) -> Result<Template, String> {
-        let mut parts = Vec::new();
-        let mut lit = String::new();
-        let b = src.as_bytes();
-        let mut i = 0;
-        while i < b.len() {
-            if b[i] != b'$' {
-                let start = i;
-                while i < b.len() && b[i] != b'$' {
-                    i += 1;
-                }
-                lit.push_str(&src[start..i]);
-                continue;
-            }
-            let (name, next) = if b.get(i + 1) == Some(&b'{') {
-                let end = src[i + 2..].find('}').ok_or_else(|| {
-                    format!("the closing bracket in \"{src}\" variable is missing")
-                })?;
-                (&src[i + 2..i + 2 + end], i + 3 + end)
-            } else {
-                let mut j = i + 1;
-                while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_') {
-                    j += 1;
-                }
-                (&src[i + 1..j], j)
-            };
-            if name.is_empty() {
-                lit.push('$');
-                i += 1;
-                continue;
-            }
-            let var = Var::from_name(name)
+        use crate::http::variables::{pieces, Piece};
+        let parts = pieces(src, false, |name| {
+            Var::from_name(name)
                 .or_else(|| maps.index(name).map(Var::Map))
-                .ok_or_else(|| format!("unknown \"{name}\" variable"))?;
-            if !lit.is_empty() {
-                parts.push(Part::Lit(std::mem::take(&mut lit)));
-            }
-            parts.push(Part::Var(var));
-            i = next;
-        }
-        if !lit.is_empty() || parts.is_empty() {
-            parts.push(Part::Lit(lit));
-        }
+                .ok_or_else(|| format!("unknown \"{name}\" variable"))
+        })?;
+        let parts = parts
+            .into_iter()
+            .map(|p| match p {
+                Piece::Lit(s) => Part::Lit(s),
+                Piece::Var(v) => Part::Var(v),
+            })
+            .collect();
         Ok(Template { parts })
     }
 
