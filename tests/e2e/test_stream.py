@@ -623,10 +623,18 @@ def test_binary_upgrade_hands_over_tcp_and_udp_listeners(gannet, echo):
 
     assert talk(p) == b"[0]hello" and udp() == b"udp UDP"
     pid_file = srv.tmp / "server.pid"
-    read = lambda: int(pid_file.read_text()) if pid_file.exists() and pid_file.read_text().strip() else None
+
+    def read():
+        # The old master renames the file to .oldbin before the new one writes its own.
+        try:
+            text = pid_file.read_text().strip()
+        except OSError:
+            return None
+        return int(text) if text else None
+
     old = srv.proc.pid
     srv.proc.send_signal(signal.SIGUSR2)
-    new = wait_until(lambda: read() not in (None, old) and read(), 15)
+    new = wait_until(lambda: (pid := read()) not in (None, old) and pid, 15)
     assert new, srv.error_log()[-2000:]
     try:
         srv.proc.send_signal(signal.SIGQUIT)
