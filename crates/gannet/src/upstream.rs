@@ -110,6 +110,24 @@ pub struct Server {
     pub metrics: crate::runtime::metrics::Key,
 }
 
+impl Server {
+    /// `server ADDR` with nginx's defaults (weight 1, max_fails 1, fail_timeout 10s).
+    pub fn new(addr: Addr) -> Server {
+        Server {
+            addr,
+            weight: 1,
+            max_fails: 1,
+            fail_timeout: Duration::from_secs(10),
+            max_conns: 0,
+            slow_start: None,
+            backup: false,
+            down: false,
+            resolve: None,
+            metrics: 0,
+        }
+    }
+}
+
 /// A `server NAME resolve`'s name and what it resolved to last.
 #[derive(Debug)]
 pub struct Resolving {
@@ -434,18 +452,7 @@ fn parse_server(s: &Directive) -> Result<(Server, Option<(String, u16)>), ConfEr
             s.args[0]
         ))
     })?;
-    let mut srv = Server {
-        addr,
-        weight: 1,
-        max_fails: 1,
-        fail_timeout: Duration::from_secs(10),
-        max_conns: 0,
-        slow_start: None,
-        backup: false,
-        down: false,
-        resolve: None,
-        metrics: 0,
-    };
+    let mut srv = Server::new(addr);
     for a in &s.args[1..] {
         let bad = || s.error(format!("invalid parameter \"{a}\""));
         if let Some(v) = a.strip_prefix("weight=") {

@@ -132,18 +132,7 @@ pub fn applies(req: &Request, resp: &Response, streamed: bool) -> bool {
     if c.enable != Some(true) {
         return false;
     }
-    let Some(ct) = resp.content_type.as_deref() else {
-        return false;
-    };
-    let types_match = match &c.types {
-        Some(t) => t.matches(ct),
-        None => Types::List(Vec::new()).matches(ct),
-    };
-    let known_empty = match resp.content_length {
-        Some(n) => n == 0,
-        None => !streamed && !resp.length_unknown && resp.body.len() == 0,
-    };
-    types_match && !known_empty
+    super::sub_filter::text_body(c.types.as_deref(), resp, streamed)
 }
 
 /// Set `resp` up to be parsed (its headers as nginx's SSI header filter leaves them), if

@@ -111,10 +111,20 @@ pub fn applies(req: &Request, resp: &Response, streamed: bool) -> bool {
     if c.pairs.as_ref().is_none_or(|p| p.is_empty()) {
         return false;
     }
+    let encoded = resp
+        .headers
+        .iter()
+        .any(|(n, v)| n.eq_ignore_ascii_case("content-encoding") && !v.is_empty());
+    text_body(c.types.as_deref(), resp, streamed) && !encoded
+}
+
+/// Whether a body filter with these `*_types` (none: text/html) has a body to work on in
+/// `resp`: one of the types, and not known to be empty (shared with SSI).
+pub fn text_body(types: Option<&Types>, resp: &Response, streamed: bool) -> bool {
     let Some(ct) = resp.content_type.as_deref() else {
         return false;
     };
-    let types_match = match &c.types {
+    let types_match = match types {
         Some(t) => t.matches(ct),
         None => Types::List(Vec::new()).matches(ct),
     };
@@ -122,11 +132,7 @@ pub fn applies(req: &Request, resp: &Response, streamed: bool) -> bool {
         Some(n) => n == 0,
         None => !streamed && !resp.length_unknown && resp.body.len() == 0,
     };
-    let encoded = resp
-        .headers
-        .iter()
-        .any(|(n, v)| n.eq_ignore_ascii_case("content-encoding") && !v.is_empty());
-    types_match && !known_empty && !encoded
+    types_match && !known_empty
 }
 
 /// Set `resp` up to be rewritten (its headers as nginx's header filter leaves them; the

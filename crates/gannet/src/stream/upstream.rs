@@ -77,18 +77,7 @@ pub fn single(addr: crate::upstream::Addr) -> Group {
     use crate::upstream::{Method, Server, Upstream};
     let group = Upstream {
         name: addr.to_string(),
-        servers: vec![Server {
-            addr,
-            weight: 1,
-            max_fails: 1,
-            fail_timeout: Duration::from_secs(10),
-            max_conns: 0,
-            slow_start: None,
-            backup: false,
-            down: false,
-            resolve: None,
-            metrics: 0,
-        }],
+        servers: vec![Server::new(addr)],
         keepalive: 0,
         keepalive_timeout: Duration::from_secs(60),
         keepalive_requests: 1000,
