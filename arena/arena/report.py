@@ -16,8 +16,9 @@ from arena.metrics import BY_KEY, fmt
 from arena.summary import REFERENCE
 
 # A table is shown for each figure that some point has (the PHP tier's only in the dynamic scenarios).
-SIDE_BY_SIDE = ["rps", "cpu_per_10k", "total_cpu_per_10k", "php_cpu_per_10k", "p99_ms", "peak_pss_mib",
-                "php_peak_pss_mib", "failures", "loss_pct", "get_failures", "post_failures", "shadow_copies"]
+SIDE_BY_SIDE = ["rps", "cpu_per_10k", "total_cpu_per_10k", "php_cpu_per_10k", "gb_per_s", "cpu_per_gb", "p99_ms",
+                "peak_pss_mib", "php_peak_pss_mib", "failures", "loss_pct", "get_failures", "post_failures",
+                "shadow_copies", "hit_pct"]
 
 
 @dataclass

@@ -169,6 +169,11 @@ class Server:
     def command(self, binary: str, rundir: Path) -> list[str]:
         raise NotImplementedError
 
+    def site_command(self, binary: str, rundir: Path, site: Site, profile: str) -> list[str]:
+        """The command line for `site`: `command()`, for servers whose config names their
+        address; a server that takes it on its command line (Varnish) overrides this."""
+        return self.command(binary, rundir)
+
     def environment(self, rundir: Path, profile: str) -> dict[str, str]:
         return {}
 
@@ -181,12 +186,19 @@ class Server:
         if profile not in PROFILES:
             raise ArenaError(f"unknown profile '{profile}': choose from {', '.join(PROFILES)}")
         kind = site.options.kind
+        own = self.values(site, rundir, profile)
+        snippet = template(self.site_template_name(kind, profile))
+        if sites.kind(kind).whole:
+            # The snippet is the whole config: the server's values it does not name are for
+            # its usual template, not errors.
+            values = {**own, **sites.app_values(kind, site.options.app)}
+            return {self.config_file: render(snippet, values, (*sites.kind(kind).optional, *own))}
         main = self.template_name(profile)
-        text = sites.inline(template(main), template(self.site_template_name(kind, profile)), main)
+        text = sites.inline(template(main), snippet, main)
         if sites.SITE_HTTP_LINE.search(text):
             http = sites.http_snippet_name(self.name, self.family or self.name, kind, profile)
             text = sites.inline(text, template(http) if http else "", main, sites.SITE_HTTP_LINE)
-        values = {**self.values(site, rundir, profile), **sites.app_values(kind, site.options.app)}
+        values = {**own, **sites.app_values(kind, site.options.app)}
         return {self.config_file: render(text, values, sites.kind(kind).optional)}
 
     def start(self, site: Site, rundir: Path, profile: str, cpus: str) -> "RunningServer":
@@ -205,7 +217,7 @@ class Server:
             (rundir / name).write_text(text)
         env = dict(os.environ)
         env.update(self.environment(rundir, profile))
-        cmd = procs.pinned(self.command(binary, rundir), cpus)
+        cmd = procs.pinned(self.site_command(binary, rundir, site, profile), cpus)
         output = rundir / "output.log"
         with open(output, "wb") as out:
             proc = subprocess.Popen(
