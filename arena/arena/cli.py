@@ -45,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--client-cpus", help="CPUs the load tools are pinned to (default 1)")
     run.add_argument("--backend-cpus", help="CPUs a scenario's back ends are pinned to (the s4 scenarios; default: "
                      "the client CPUs)")
+    run.add_argument("--server-quota", type=float, metavar="P", help="each server's process tree limited to P %% "
+                     "of one CPU (a cgroup): req/s becomes capacity per core; needs root")
     run.add_argument("--tls", action="store_true", help="HTTPS/1.1: every server on TLS (s1-static, c10k)")
     run.add_argument("--h2", action="store_true", help="HTTP/2 over TLS (s1-static, c10k)")
     run.add_argument("--cert", choices=["ecdsa", "rsa"], help="the run's self-signed test certificate: "
@@ -142,7 +144,7 @@ def _run(args, console: Console) -> int:
     options = Options(quick=args.quick, rounds=rounds, requests=args.requests,
                       server_cpus=args.server_cpus or "0", client_cpus=args.client_cpus or "1", profile=args.profile,
                       backend_cpus=args.backend_cpus, transport=transport, cert=args.cert or "ecdsa",
-                      resumption=args.resumption)
+                      resumption=args.resumption, server_quota=args.server_quota)
     suffix = "" if transport == "http" else f"-{transport}"
     out = args.out or RESULTS_DIR / f"{datetime.now():%Y%m%d-%H%M%S}-{scenario.name}{suffix}"
     final = runner.run(scenario, chosen, options, out, console)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from arena import ports, procs, tls
 from arena.errors import ArenaError
+from arena.quota import CpuQuota
 from arena.render import render, template
 from arena.servers import sites
 from arena.tools import command_output, require
@@ -201,8 +202,10 @@ class Server:
         values = {**own, **sites.app_values(kind, site.options.app)}
         return {self.config_file: render(text, values, sites.kind(kind).optional)}
 
-    def start(self, site: Site, rundir: Path, profile: str, cpus: str) -> "RunningServer":
-        """Start pinned to `cpus`, wait until it answers HTTP, return the handle."""
+    def start(self, site: Site, rundir: Path, profile: str, cpus: str,
+              quota: CpuQuota | None = None) -> "RunningServer":
+        """Start pinned to `cpus` (and inside `quota`'s cgroup), wait until it answers HTTP,
+        return the handle."""
         binary = self.binary()
         ports.check_free(site.port, site.host)
         rundir.mkdir(parents=True, exist_ok=True)
@@ -218,16 +221,22 @@ class Server:
         env = dict(os.environ)
         env.update(self.environment(rundir, profile))
         cmd = procs.pinned(self.site_command(binary, rundir, site, profile), cpus)
+
+        def child_setup() -> None:
+            # In the child, before it execs: everything it starts inherits both.
+            procs.raise_nofile_limit()
+            if quota:
+                quota.enter()
         output = rundir / "output.log"
         with open(output, "wb") as out:
             proc = subprocess.Popen(
                 cmd, cwd=rundir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                preexec_fn=procs.raise_nofile_limit,
+                preexec_fn=child_setup,
                 # Own session: the terminal's Ctrl-C reaches only the arena, which stops
                 # servers itself, in order.
                 start_new_session=True,
             )
-        running = RunningServer(self, site, rundir, proc, cmd, configs, profile)
+        running = RunningServer(self, site, rundir, proc, cmd, configs, profile, quota=quota)
         running.wait_ready()
         return running
 
@@ -242,6 +251,7 @@ class RunningServer:
     configs: dict[str, str]
     profile: str
     probes: dict = field(default_factory=dict)
+    quota: CpuQuota | None = None
 
     @property
     def pid(self) -> int:
@@ -284,3 +294,5 @@ class RunningServer:
 
     def stop(self) -> None:
         procs.stop_tree(self.pid, reap=self.proc.poll)
+        if self.quota:
+            self.quota.close()
