@@ -93,7 +93,7 @@ def _servers(console: Console) -> int:
     return 0
 
 
-ALL_SERVERS = "gannet,nginx,apache-prefork,apache-worker,apache-event,lighttpd,h2o,caddy,varnish,haproxy"
+ALL_SERVERS = "gannet,nginx,apache-prefork,apache-worker,apache-event,lighttpd,h2o,caddy,varnish,haproxy,floor"
 
 
 def _resume(args, console: Console) -> int:

@@ -36,8 +36,8 @@ KEEPALIVE = {
     "lighttpd": r"\"host\" => \"127\.0\.0\.1\", \"port\" => 18999",
     "haproxy": r"http-reuse always[\s\S]*server origin 127\.0\.0\.1:18999",
 }
-# Every server but the cache-only one (Varnish: the cache scenario's).
-PROXIES = [name for name in SERVERS if name != "varnish"]
+# Every server but the cache-only one (Varnish: the cache scenario's) and the floor (a reference row).
+PROXIES = [name for name in SERVERS if name not in ("varnish", "floor")]
 
 
 def render(name: str, profile: str, workdir: Path, options: SiteOptions = PROXY, docroot: Path | None = None):

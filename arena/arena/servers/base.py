@@ -123,6 +123,7 @@ class Server:
     family = ""          # template family (templates/sites/<family>-<kind>.conf); "" = name
     config_file = ""     # main config file written into the run directory
     pid_file = ""        # file the server writes its pid to, relative to the run directory
+    reference = False    # a reference row (the floor), not a web server people run
 
     # -- hooks -----------------------------------------------------------------------------
     def binary(self) -> str:
