@@ -71,7 +71,7 @@ fn not_modified(req: &Request, r: &Response) -> bool {
 
 /// Parse `bytes=a-b,c-,-n` against `len`. `None`: not a bytes range, ignored (200).
 /// `Some(empty)`: nothing satisfiable or a malformed bytes range (416, as nginx).
-fn parse_ranges(v: &[u8], len: u64) -> Option<Vec<(u64, u64)>> {
+pub(crate) fn parse_ranges(v: &[u8], len: u64) -> Option<Vec<(u64, u64)>> {
     let v = std::str::from_utf8(v).ok()?;
     let spec = v.trim().strip_prefix("bytes=")?;
     Some(parse_spec(spec, len).unwrap_or_default())
@@ -140,6 +140,27 @@ fn slice(body: &Body, start: u64, end: u64) -> Option<Vec<Part>> {
     Some(out)
 }
 
+/// Whether the request's If-Range (if any) names the answer's ETag or Last-Modified: its
+/// Range is to be answered then, else the whole.
+pub(crate) fn if_range_holds(
+    req: &Request,
+    etag: Option<&str>,
+    last_modified: Option<SystemTime>,
+) -> bool {
+    let Some(ir) = req.head.header("if-range") else {
+        return true;
+    };
+    let ir = String::from_utf8_lossy(ir);
+    if ir.starts_with('"') || ir.starts_with("W/") {
+        etag == Some(ir.trim())
+    } else {
+        match (parse_http_date(ir.as_bytes()), last_modified) {
+            (Some(t), Some(lm)) => secs(t) == secs(lm),
+            _ => false,
+        }
+    }
+}
+
 fn range(req: &Request, r: &mut Response) {
     let max_ranges = req.conf.core.max_ranges;
     // `max_ranges 0`: ranges are off, and not offered either (no Accept-Ranges), as nginx.
@@ -151,19 +172,8 @@ fn range(req: &Request, r: &mut Response) {
     let Some(rv) = req.head.header("range").filter(|_| r.accept_ranges) else {
         return;
     };
-    if let Some(ir) = req.head.header("if-range") {
-        let ir = String::from_utf8_lossy(ir);
-        let matches = if ir.starts_with('"') || ir.starts_with("W/") {
-            r.etag.as_deref() == Some(ir.trim())
-        } else {
-            match (parse_http_date(ir.as_bytes()), r.last_modified) {
-                (Some(t), Some(lm)) => secs(t) == secs(lm),
-                _ => false,
-            }
-        };
-        if !matches {
-            return;
-        }
+    if !if_range_holds(req, r.etag.as_deref(), r.last_modified) {
+        return;
     }
     let len = r.body.len();
     let Some(ranges) = parse_ranges(rv, len) else {

@@ -102,6 +102,9 @@ pub struct Rewrites {
     /// Send the bodies of these subrequests around the body (`add_before_body`,
     /// `add_after_body`).
     pub addition: Option<crate::modules::addition::Around>,
+    /// The body is the first of the slices that make this window of the whole; the others
+    /// are fetched as it is sent (`slice`).
+    pub slice: Option<crate::modules::slice::Window>,
 }
 
 #[derive(Debug, Clone, Default)]
