@@ -59,10 +59,15 @@ impl Source {
         let Some(rw) = resp.rewrites.take() else {
             return self;
         };
-        // The slices make the body the other filters see.
-        let s = match rw.slice {
-            Some(win) => Source::Slice(Box::new(super::slice::Chain::new(self, win))),
-            None => self,
+        // An error page in place of an application's answer: that answer is dropped.
+        let s = match self {
+            Source::App(_) if rw.own_body => Source::whole(resp),
+            s => s,
+        };
+        // The window (and the slices after it) is the body the other filters see.
+        let s = match rw.window {
+            Some(win) => Source::Slice(Box::new(super::slice::Chain::new(s, win))),
+            None => s,
         };
         let s = if rw.gunzip {
             Source::Gunzip(Box::new(s), Box::default())

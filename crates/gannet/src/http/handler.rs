@@ -162,7 +162,7 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
     // Conditions and ranges are the main request's (nginx's not_modified and range
     // filters skip subrequests): a subrequest's whole body goes into the main answer.
     // A sliced answer was ranged by the slice filter, which knows the whole length.
-    let sliced = resp.rewrites.as_ref().is_some_and(|r| r.slice.is_some());
+    let sliced = resp.rewrites.as_ref().is_some_and(|r| r.window.is_some());
     if resp.status == 200 && !req.subrequest && !sliced {
         conditional::filter(req, &mut resp);
     }
@@ -220,6 +220,7 @@ pub fn finish_streamed(req: &mut Request, resp: &mut Response) -> bool {
     charset::start(req, resp);
     let plan = compress::plan(req, resp, resp.content_length);
     compress::apply(req, resp, plan, true);
+    conditional::streamed_range(req, resp);
     true
 }
 

@@ -13,6 +13,7 @@
 
 use super::{inherit, LoadCtx, LocConf};
 use crate::errlog::{self, Level};
+use crate::http::conditional::{self, Ranged};
 use crate::http::request::Request;
 use crate::http::response::Response;
 use gannet_conf::registry::{Args, Ctx, Spec};
@@ -145,20 +146,6 @@ pub fn content_range(v: &str) -> Result<(u64, u64, Option<u64>), ()> {
     Ok((num(a)?, num(b)? + 1, total))
 }
 
-fn header<'a>(resp: &'a Response, name: &str) -> Option<&'a str> {
-    resp.headers
-        .iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case(name))
-        .map(|(_, v)| &v[..])
-}
-
-/// The answer's ETag, as a file's or as an application's header.
-pub fn etag(resp: &Response) -> Option<Arc<str>> {
-    resp.etag
-        .clone()
-        .or_else(|| header(resp, "etag").map(Arc::from))
-}
-
 /// Check a slice's answer against what the slices so far said (nginx's header filter):
 /// a 206 of the expected range, with the same ETag. `Ok`: its range (START, END + 1) and
 /// the whole length, the state moved on to the next slice.
@@ -173,14 +160,19 @@ pub fn check(req: &Request, st: &mut State, resp: &Response) -> Result<(u64, u64
             resp.status
         ));
     }
-    let tag = etag(resp);
+    let (tag, _) = conditional::validators(resp);
     if st.etag.is_some() && tag != st.etag {
         return fail(format_args!("etag mismatch in slice response"));
     }
     if tag.is_some() {
         st.etag = tag;
     }
-    let Some(Ok((start, end, total))) = header(resp, "content-range").map(content_range) else {
+    let range = resp
+        .headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("content-range"))
+        .map(|(_, v)| content_range(v));
+    let Some(Ok((start, end, total))) = range else {
         return fail(format_args!("invalid range in slice response"));
     };
     let Some(total) = total else {
@@ -234,8 +226,15 @@ pub fn start(req: &Request, resp: &mut Response) -> bool {
         !n.eq_ignore_ascii_case("content-range") && !n.eq_ignore_ascii_case("accept-ranges")
     });
     resp.length_unknown = false;
+    // nginx's not_modified filter comes next: a 304 or 412 instead, and no slices.
+    let (etag, lm) = conditional::validators(resp);
+    if conditional::preconditions(req, resp, etag.as_deref(), lm) {
+        *guard = None;
+        own_body(resp);
+        return true;
+    }
     let (mut from, mut to) = (0, total);
-    match client_range(req, resp, total) {
+    match conditional::single_range(req, resp, total) {
         Ranged::Whole => resp.accept_ranges = true,
         Ranged::One(s, e) => {
             resp.status = 206;
@@ -251,12 +250,8 @@ pub fn start(req: &Request, resp: &mut Response) -> bool {
             }
         }
         Ranged::Unsatisfiable => {
-            let mut e = Response::error_page(416, req.conf.core.server_tokens());
-            e.headers.push((
-                Cow::Borrowed("Content-Range"),
-                format!("bytes */{total}").into(),
-            ));
-            *resp = e;
+            *resp = conditional::unsatisfiable(req, total);
+            own_body(resp);
             *guard = None;
             return true;
         }
@@ -267,40 +262,17 @@ pub fn start(req: &Request, resp: &mut Response) -> bool {
         resp.body = Default::default();
         *guard = None;
     } else {
-        resp.rewrites().slice = Some(Window { offset, from, to });
+        resp.rewrites().window = Some(Window { offset, from, to });
     }
     true
 }
 
-enum Ranged {
-    Whole,
-    One(u64, u64),
-    Unsatisfiable,
-}
-
-/// The client's range over the whole (nginx's range filter with `single_range`: several
-/// ranges get the whole answer).
-fn client_range(req: &Request, resp: &Response, total: u64) -> Ranged {
-    if req.conf.core.max_ranges == Some(0) {
-        return Ranged::Whole;
+/// The answer is gannet's own page (304, 412, 416), the slice's body dropped.
+fn own_body(resp: &mut Response) {
+    if resp.status != 304 {
+        resp.content_length = Some(resp.body.len());
     }
-    let Some(rv) = req.head.header("range") else {
-        return Ranged::Whole;
-    };
-    let lm = header(resp, "last-modified")
-        .and_then(|v| gannet_proto::h1::encode::parse_http_date(v.as_bytes()));
-    let lm = resp.last_modified.or(lm);
-    if !crate::http::conditional::if_range_holds(req, etag(resp).as_deref(), lm) {
-        return Ranged::Whole;
-    }
-    match crate::http::conditional::parse_ranges(rv, total) {
-        None => Ranged::Whole,
-        Some(r) if r.is_empty() => Ranged::Unsatisfiable,
-        Some(r) => match r[..] {
-            [(s, e)] => Ranged::One(s, e),
-            _ => Ranged::Whole,
-        },
-    }
+    resp.rewrites().own_body = true;
 }
 
 #[cfg(test)]
