@@ -62,7 +62,11 @@ impl Chain {
     /// Run the subrequest for the slice at `next.start` and make its answer the one read.
     async fn fetch(&mut self, w: &Worker, main: &Request, next: &slice::State) -> Result<(), ()> {
         let size = main.conf.slice.size();
-        let mut r = Box::new(subrequest::request(main, main.uri.clone(), main.args.clone()));
+        let mut r = Box::new(subrequest::request(
+            main,
+            main.uri.clone(),
+            main.args.clone(),
+        ));
         *r.slice.borrow_mut() = Some(slice::for_subrequest(next, next.start, size));
         let (mut resp, stream) = Box::pin(subrequest::run(w, &mut r)).await;
         let checked = match main.slice.borrow_mut().as_deref_mut() {

@@ -240,7 +240,9 @@ pub fn streamed_range(req: &Request, r: &mut Response) {
     if !r.accept_ranges || r.status != 200 || req.subrequest || windowed {
         return;
     }
-    let Some(len) = r.content_length.filter(|_| r.rewrites.is_none() && r.encode.is_none())
+    let Some(len) = r
+        .content_length
+        .filter(|_| r.rewrites.is_none() && r.encode.is_none())
     else {
         // The range filter skips an answer of unknown length, and says nothing of ranges.
         r.accept_ranges = false;

@@ -34,8 +34,7 @@ use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{
     access, addition, autoindex, charset, dav, gateway, gunzip, headers, index, limit_conn,
     limit_zone, otel, random_index, realip, slice, ssi, static_files, stub_status, sub_filter,
-    try_files,
-    userid,
+    try_files, userid,
 };
 use crate::runtime::worker::Worker;
 use gannet_proto::cgi::HeaderValue;
