@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 import socket
+import subprocess
 
 import pytest
 
@@ -146,3 +147,18 @@ def test_a_broken_slice_cuts_the_answer_as_nginx(tmp_path, app, path, message):
         # The head and the first slice went out; the answer stops there.
         assert mine[:3] == (200, None, str(SIZE)) and mine[4] == 4096
         assert wait_until(lambda: message in srv.error_log())
+
+
+def test_http2_clients_get_the_same_slices(gannet, app):
+    """HTTP/2 goes through the same slice code: a whole answer and a range across slices."""
+    conf = CONF.replace("@UP@", str(app.port)).replace("listen 127.0.0.1:{port};", "listen 127.0.0.1:{port} http2;")
+    srv = gannet.start(conf=conf)
+
+    def h2(path: str, *args: str) -> bytes:
+        r = subprocess.run(["curl", "-s", "--http2-prior-knowledge", *args, f"http://127.0.0.1:{srv.port}{path}"], capture_output=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    assert h2("/plain/h") == DATA
+    assert h2("/plain/h", "-r", "4000-8500") == DATA[4000:8501]
+    assert [r for _, r in app.ranges(str(srv.port))] == ["bytes=0-4095", "bytes=4096-8191", "bytes=8192-12287", "bytes=0-4095", "bytes=4096-8191", "bytes=8192-12287"]
