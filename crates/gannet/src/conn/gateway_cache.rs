@@ -206,7 +206,8 @@ pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
             },
         );
         let fetch = store::begin_fetch(zone, &main);
-        let store = seen.uses >= cc.min_uses();
+        // A range from too far into the answer goes to the upstream as it is, not stored.
+        let store = seen.uses >= cc.min_uses() && !cc.range_too_far(req);
         let revalidate = found
             .as_ref()
             .filter(|_| cc.revalidate())
@@ -274,12 +275,13 @@ fn serve(req: &Request, c: &GatewayConf, file: File, meta: Meta) -> Flow {
             // The length is the body's (and a range's, once cut), as a static file's.
             resp.content_length = None;
             resp.length_unknown = false;
-            // nginx cuts ranges from an entry whose answer said `Accept-Ranges` (and sends
-            // its own header for it then).
+            // nginx cuts ranges (several too) from an entry whose answer said
+            // `Accept-Ranges` (and sends its own header for it then), or any with
+            // `*_force_ranges`.
             let before = resp.headers.len();
             resp.headers
                 .retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
-            resp.accept_ranges = resp.headers.len() != before;
+            resp.accept_ranges = resp.headers.len() != before || c.force_ranges();
             Flow::Done(resp)
         }
         flow => flow,

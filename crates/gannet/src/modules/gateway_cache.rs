@@ -3,7 +3,7 @@
 //! protocol's module): `*_cache_path` (http level), `*_cache`, `*_cache_key`,
 //! `*_cache_valid`, `*_cache_methods`, `*_cache_min_uses`, `*_cache_bypass`, `*_no_cache`,
 //! `*_cache_use_stale`, `*_cache_lock`, `*_cache_lock_age`, `*_cache_lock_timeout`,
-//! `*_cache_revalidate`. The
+//! `*_cache_revalidate`, `*_cache_max_range_offset`. The
 //! cache itself is in `crate::cache`, its request side in `conn::gateway_cache`.
 //!
 //! Every setting is inherited by a level that has none of its own, as in nginx.
@@ -62,6 +62,9 @@ pub struct CacheConf {
     pub lock_age: Option<Duration>,
     pub lock_timeout: Option<Duration>,
     pub revalidate: Option<bool>,
+    /// `*_cache_max_range_offset`: a range request starting at or past this offset is
+    /// passed to the upstream with its Range, and its answer not stored.
+    pub max_range_offset: Option<u64>,
 }
 
 impl CacheConf {
@@ -81,6 +84,7 @@ impl CacheConf {
             lock_age,
             lock_timeout,
             revalidate,
+            max_range_offset,
         );
     }
     /// Whether the location caches (in a zone, or one its variables name).
@@ -123,6 +127,29 @@ impl CacheConf {
     }
     pub fn revalidate(&self) -> bool {
         self.revalidate.unwrap_or(false)
+    }
+    /// Whether the request's Range starts too far for its answer to be stored (nginx's
+    /// `ngx_http_upstream_cache_check_range`: a suffix range always is; with 0, any range).
+    pub fn range_too_far(&self, req: &Request) -> bool {
+        let (Some(max), Some(r)) = (self.max_range_offset, req.head.header("range")) else {
+            return false;
+        };
+        if max == 0 {
+            return true;
+        }
+        if r.len() < 7 || !r[..6].eq_ignore_ascii_case(b"bytes=") {
+            return false;
+        }
+        let p = r[6..].trim_ascii_start();
+        if p.first() == Some(&b'-') {
+            return true;
+        }
+        let digits = p.iter().take_while(|b| b.is_ascii_digit()).count();
+        let offset = std::str::from_utf8(&p[..digits])
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or(if digits > 0 { u64::MAX } else { 0 });
+        offset >= max
     }
     pub fn lock_timeout(&self) -> Duration {
         self.lock_timeout.unwrap_or(Duration::from_secs(5))
@@ -251,6 +278,7 @@ pub fn set(
         }
         "cache_lock" => c.lock = Some(setters::flag(d)?),
         "cache_revalidate" => c.revalidate = Some(setters::flag(d)?),
+        "cache_max_range_offset" => c.max_range_offset = Some(setters::offset_arg(d, 0)?),
         "cache_lock_age" => {
             c.lock_age = Some(Duration::from_millis(setters::msec_arg(d, 0)?));
         }
