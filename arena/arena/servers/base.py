@@ -129,8 +129,12 @@ class Server:
     def binary(self) -> str:
         return require(self.program)
 
+    version_flag = "-v"  # what makes the binary print its version (first line kept)
+
     def version(self) -> str:
-        return command_output([self.binary(), "-v"]).strip().splitlines()[0] if self.available() else "missing"
+        if not self.available():
+            return "missing"
+        return command_output([self.binary(), self.version_flag]).strip().splitlines()[0]
 
     def available(self) -> bool:
         try:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from arena import procs
 from arena.servers.base import Server, Site, run_user
-from arena.tools import command_output
 
 
 class Haproxy(Server):
@@ -18,11 +17,6 @@ class Haproxy(Server):
     package = "haproxy"
     config_file = "haproxy.cfg"
     pid_file = "haproxy.pid"
-
-    def version(self) -> str:
-        if not self.available():
-            return "missing"
-        return command_output([self.binary(), "-v"]).strip().splitlines()[0]
 
     def values(self, site: Site, rundir: Path, profile: str) -> dict[str, object]:
         user = run_user()

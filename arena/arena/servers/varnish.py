@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from arena.servers.base import Server, Site
-from arena.tools import command_output
 
 
 class Varnish(Server):
@@ -18,10 +17,7 @@ class Varnish(Server):
     config_file = "varnish.vcl"
     pid_file = "varnish.pid"
 
-    def version(self) -> str:
-        if not self.available():
-            return "missing"
-        return command_output([self.binary(), "-V"]).strip().splitlines()[0]
+    version_flag = "-V"
 
     def values(self, site: Site, rundir: Path, profile: str) -> dict[str, object]:
         # The VCL names only the origin (the site's own values); the rest is on the command line.
