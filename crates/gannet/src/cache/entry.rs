@@ -69,6 +69,24 @@ pub fn open(path: &Path, key: &str) -> Option<(File, Meta)> {
     Some((file, meta))
 }
 
+/// The key an entry file was stored for (`None` if the file is no entry): what a wildcard
+/// purge matches, whichever process wrote the entry.
+pub fn key_of(path: &Path) -> Option<Vec<u8>> {
+    let file = File::open(path).ok()?;
+    let mut fixed = [0u8; FIXED];
+    file.read_exact_at(&mut fixed, 0).ok()?;
+    if &fixed[..8] != MAGIC {
+        return None;
+    }
+    let key_len = u32::from_le_bytes(fixed[24..28].try_into().ok()?) as usize;
+    if key_len > 1 << 20 {
+        return None;
+    }
+    let mut key = vec![0u8; key_len];
+    file.read_exact_at(&mut key, FIXED as u64).ok()?;
+    Some(key)
+}
+
 /// Make an entry fresh again until `valid` (a revalidation's 304): its header's times are
 /// rewritten in place.
 pub fn refresh(path: &Path, valid: i64, date: i64) -> std::io::Result<()> {

@@ -41,7 +41,9 @@ pub fn spawn(w: &Rc<Worker>, req: &Request) {
     }
 }
 
-async fn run(w: &Worker, mut req: Request) {
+/// Run a copy through the request phases, its answer read to its end and dropped (a
+/// cache's background update runs so too).
+pub(super) async fn run(w: &Worker, mut req: Request) {
     let first = handler::resume(&mut req, w, Flow::Next);
     let mut handled = handler::settle(&mut req, w, first).await;
     // An application's local redirect or intercepted error may lead to another one; the

@@ -117,6 +117,8 @@ macro_rules! directives {
             $crate::modules::gateway::directives!(@spec $p "cache_revalidate" [HSL] Exactly(1)),
             $crate::modules::gateway::directives!(@spec $p "cache_max_range_offset" [HSL] Exactly(1)),
             $crate::modules::gateway::directives!(@spec $p "force_ranges" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "cache_purge" [HSL] AtLeast(1)),
+            $crate::modules::gateway::directives!(@spec $p "cache_background_update" [HSL] Exactly(1)),
             $($extra,)*
         ]
     };
