@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,12 @@ def ask(port: int, path: str, method: str = "GET") -> tuple[int, str, bytes, flo
     return r.status, r.getheader("X-Cache", ""), body, took
 
 
+def stored(port, paths):
+    """Wait until each path's entry is in place (it is as its answer ends)."""
+    for p in paths:
+        assert wait_until(lambda: ask(port, p)[1] == "HIT"), p
+
+
 def start(gannet, app, workers=1):
     return gannet.start(conf=PURGE_CONF.replace("@UP@", str(app.port)).replace("@WORKERS@", str(workers)))
 
@@ -86,6 +93,7 @@ def test_purge_removes_the_key_and_says_404_for_none(gannet, app):
     assert ask(srv.port, "/a")[1] == "MISS"
     assert ask(srv.port, "/a")[1] == "HIT"
     assert ask(srv.port, "/b")[1] == "MISS"
+    stored(srv.port, ["/b"])
     status, _, body, _ = ask(srv.port, "/a", "PURGE")
     assert (status, body) == (204, b"")
     status, st, body, _ = ask(srv.port, "/a")
@@ -103,6 +111,7 @@ def test_wildcard_purges_only_the_prefix(gannet, app):
     srv = start(gannet, app)
     for p in ("/w/a1", "/w/a2", "/w/ab/c", "/w/b1", "/x/a1"):
         assert ask(srv.port, p)[1] == "MISS"
+    stored(srv.port, ("/w/a1", "/w/a2", "/w/ab/c", "/w/b1", "/x/a1"))
     assert ask(srv.port, "/w/a*", "PURGE")[0] == 204
     for p in ("/w/a1", "/w/a2", "/w/ab/c"):
         assert ask(srv.port, p)[1] == "MISS", p
@@ -117,6 +126,7 @@ def test_wildcard_purges_only_the_prefix(gannet, app):
 def test_deny_applies_before_the_purge(gannet, app):
     srv = start(gannet, app)
     assert ask(srv.port, "/kept")[1] == "MISS"
+    stored(srv.port, ["/kept"])
     assert ask(srv.port, "/guarded/?k=/kept", "PURGE")[0] == 403
     assert ask(srv.port, "/kept")[1] == "HIT"
     # The same purge where it is allowed removes it: another location, the same zone.
@@ -131,6 +141,7 @@ def test_purge_with_two_workers_and_after_a_restart(gannet, app):
     paths = [f"/many/{i}" for i in range(24)]
     for p in paths:
         assert ask(srv.port, p)[:2] == (200, "MISS")
+    stored(srv.port, paths)
     for p in paths:
         assert ask(srv.port, p, "PURGE")[0] == 204, p
     for p in paths:
@@ -152,20 +163,34 @@ def samples(text):
 
 def test_metrics_count_lookups_purges_and_size(gannet, app):
     srv = start(gannet, app)
-    for p, want in [("/m1", "MISS"), ("/m1", "HIT"), ("/m1", "HIT"), ("/m2", "MISS")]:
-        assert ask(srv.port, p)[1] == want
+    seen = Counter()
+
+    def get(p):
+        st = ask(srv.port, p)[1]
+        seen[st] += 1
+        return st
+
+    assert get("/m1") == "MISS" and get("/m2") == "MISS"
+    # Until both entries are in place (they are as their answers end).
+    assert wait_until(lambda: get("/m1") == "HIT" and get("/m2") == "HIT")
+    assert get("/m1") == "HIT"
     assert ask(srv.port, "/m*", "PURGE")[0] == 204
     page = samples(ask(srv.port, "/metrics")[2].decode())
     z = 'zone="one"'
-    assert page[f'gannet_cache_responses_total{{{z},status="hit"}}'] == 2
-    assert page[f'gannet_cache_responses_total{{{z},status="miss"}}'] == 2
+    assert page[f'gannet_cache_responses_total{{{z},status="hit"}}'] == seen["HIT"]
+    assert page[f'gannet_cache_responses_total{{{z},status="miss"}}'] == seen["MISS"]
     assert page[f'gannet_cache_responses_total{{{z},status="stale"}}'] == 0
     assert page[f"gannet_cache_purged_total{{{z}}}"] == 2
     assert page[f"gannet_cache_max_size_bytes{{{z}}}"] == 10 * 1024 * 1024
     assert page[f"gannet_cache_entries{{{z}}}"] == 0
     assert ask(srv.port, "/m3")[1] == "MISS"
-    entry = [p for p in (Path(gannet.tmp) / "cache").rglob("*") if p.is_file() and len(p.name) == 32]
-    assert len(entry) == 1
+
+    def entries():
+        return [p for p in (Path(gannet.tmp) / "cache").rglob("*") if p.is_file() and len(p.name) == 32]
+
+    # The entry is put in place as the answer ends.
+    assert wait_until(lambda: len(entries()) == 1)
+    entry = entries()
     text = ask(srv.port, "/metrics")[2]
     page = samples(text.decode())
     assert page[f"gannet_cache_entries{{{z}}}"] == 1

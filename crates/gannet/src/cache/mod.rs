@@ -68,3 +68,16 @@ pub fn now_secs() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Status;
+
+    #[test]
+    fn each_status_is_its_metrics_counter() {
+        for (i, s) in Status::ALL.iter().enumerate() {
+            assert_eq!(*s as usize, i);
+        }
+        assert_eq!(crate::runtime::metrics::cache::PURGED, Status::ALL.len());
+    }
+}

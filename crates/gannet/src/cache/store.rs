@@ -314,8 +314,10 @@ pub fn forget(zone: &Zone, h: &Hash) {
     }
 }
 
-/// What the entries this index knows take, and how many they are (the metrics' gauges).
-pub fn usage(zone: &Zone) -> (u64, usize) {
+/// What the entries this index knows take, and how many they are (the metrics' gauges);
+/// the manager starts if it had not, so that the loader counts the entries on disk.
+pub fn usage(zone: &Arc<Zone>) -> (u64, usize) {
+    start_manager(zone);
     let inner = zone.index.lock();
     let entries = inner.nodes.values().filter(|n| n.size > 0).count();
     (inner.size, entries)

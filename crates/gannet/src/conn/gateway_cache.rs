@@ -271,16 +271,9 @@ fn background_update(req: &Request, fetch: Fetching) -> bool {
     let Some(w) = crate::runtime::worker::current() else {
         return false;
     };
-    let mut copy = Request::new(
-        req.head.clone(),
-        req.conn.clone(),
-        req.server.clone(),
-        req.uri.clone(),
-        req.args.clone(),
-        req.host.clone(),
-    );
-    copy.internal = true;
-    copy.real_peer = req.real_peer;
+    let mut copy = super::mirror::copy_of(req, req.uri.clone());
+    copy.uri_changed = req.uri_changed;
+    copy.body = req.body.clone();
     copy.cache_background = true;
     tokio::task::spawn_local(async move {
         super::mirror::run(&w, copy).await;
