@@ -215,6 +215,15 @@ http {
             proxy_cache_use_stale updating;
             proxy_cache_background_update on;
         }
+        # No proxy_cache_use_stale: the answers' own stale-while-revalidate and
+        # stale-if-error decide.
+        location /own/ {
+            proxy_pass http://127.0.0.1:@UP@;
+            proxy_cache one;
+            proxy_cache_background_update on;
+            proxy_ignore_headers Set-Cookie;
+            proxy_ignore_headers Vary;
+        }
     }
 }
 """
@@ -240,3 +249,30 @@ def test_background_update_serves_stale_at_once_like_nginx(tmp_path, app):
             assert b"count=2" in fresh[-1][2], port
             assert {a[1] for a in fresh} <= {"UPDATING", "HIT"}, (port, [a[1] for a in fresh])
             assert app.count(str(port), path) == 2
+
+
+@pytest.mark.skipif(NGINX is None, reason="nginx is not installed")
+def test_stale_while_revalidate_and_stale_if_error_like_nginx(tmp_path, app):
+    """Cache-Control's extensions stand in for `proxy_cache_use_stale`: within
+    stale-while-revalidate the expired entry is served (STALE) while the background update
+    runs; within stale-if-error it is served when the upstream is gone; past them not."""
+    swr = "/own/swr?cc=max-age=1,%20stale-while-revalidate=30&delay=1"
+    sie = "/own/sie?cc=max-age=1,%20stale-if-error=30&cookie=1"
+    plain = "/own/plain?cc=max-age=1"
+    with side_by_side(tmp_path, BG_CONF.replace("@UP@", str(app.port))) as (srv, nginx_port):
+        ports = (nginx_port, srv.port)
+        for port in ports:
+            for p in (swr, sie, plain):
+                assert ask(port, p)[1] == "MISS", (port, p)
+        until = time.time() + 2.2
+        assert wait_until(lambda: time.time() >= until, deadline=10)
+        for port in ports:
+            status, st, body, took = ask(port, swr)
+            assert (status, st) == (200, "STALE") and b"count=1" in body and took < 0.9, (port, st, took)
+            assert wait_until(lambda: ask(port, swr)[1] == "HIT", deadline=10), port
+        app.stop()
+        for port in ports:
+            status, st, body, _ = ask(port, sie)
+            assert (status, st) == (200, "STALE") and b"count=1" in body, (port, status, st)
+            # Without the extension, the failure is the answer.
+            assert ask(port, plain)[:2] == (502, "EXPIRED"), port

@@ -204,8 +204,12 @@ async fn look_up(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Option<Flo
         }
         // The background update fetches even though its own request marked the key.
         let fetching = seen.fetching.filter(|_| !req.cache_background);
+        // `*_cache_use_stale updating`, or the entry's own `stale-while-revalidate`.
+        let serve_updating = found.as_ref().is_some_and(|(_, m)| {
+            cc.use_stale() & stale::UPDATING != 0 || m.stale_updating(now_secs())
+        });
         if let Some((signal, age)) = fetching {
-            if found.is_some() && cc.use_stale() & stale::UPDATING != 0 {
+            if serve_updating {
                 let (file, meta) = found?;
                 set_status(req, Status::Updating);
                 return Some(serve(req, c, file, meta));
@@ -226,11 +230,7 @@ async fn look_up(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Option<Flo
                 continue;
             }
         }
-        if found.is_some()
-            && cc.background_update()
-            && cc.use_stale() & stale::UPDATING != 0
-            && !req.cache_background
-        {
+        if serve_updating && cc.background_update() && !req.cache_background {
             // nginx: the expired entry is the answer (STALE) and a copy of the request
             // updates it; the key counts as being updated from now on.
             let fetch = store::begin_fetch(zone, &main);
@@ -448,6 +448,8 @@ fn start(
         date: now,
         vary,
         variant,
+        updating: verdict.updating,
+        error: verdict.error,
         head: text,
         body_start: 0,
         body_len: 0,
@@ -636,7 +638,10 @@ async fn finish(
     };
     let bits = c.cache.use_stale();
     let wanted = status.map_or(0, stale_for);
-    if bits & wanted == 0 {
+    // The entry's `stale-if-error` covers the exchange's own failures (not an application's
+    // 5xx answer), as nginx's `stale_error`.
+    let failed = matches!(o, Outcome::Flow(Flow::Status(502 | 504)));
+    if bits & wanted == 0 && !(failed && meta.stale_error(now_secs())) {
         return o;
     }
     set_status(req, Status::Stale);

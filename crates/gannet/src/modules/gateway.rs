@@ -507,7 +507,8 @@ pub fn set(
                 "set-cookie",
                 "vary",
             ];
-            let mut l = Vec::new();
+            // Several directives at one level add up (nginx's bitmask slot).
+            let mut l = c.ignore_headers.as_deref().cloned().unwrap_or_default();
             for a in &d.args {
                 let lower = a.to_ascii_lowercase();
                 if !KNOWN.contains(&lower.as_str()) {
