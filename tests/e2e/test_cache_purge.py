@@ -276,3 +276,22 @@ def test_stale_while_revalidate_and_stale_if_error_like_nginx(tmp_path, app):
             assert (status, st) == (200, "STALE") and b"count=1" in body, (port, status, st)
             # Without the extension, the failure is the answer.
             assert ask(port, plain)[:2] == (502, "EXPIRED"), port
+
+
+def test_purge_over_http2(gannet, app):
+    """The HTTP/2 path runs the same purge code."""
+    conf = PURGE_CONF.replace("@UP@", str(app.port)).replace("@WORKERS@", "1")
+    srv = gannet.start(conf=conf.replace("listen 127.0.0.1:{port};", "listen 127.0.0.1:{port}; http2 on;"))
+
+    def curl(method, path):
+        r = subprocess.run(["curl", "-s", "--http2-prior-knowledge", "-X", method, "-o", "/dev/null",
+                            "-w", "%{http_version} %{http_code}", f"http://127.0.0.1:{srv.port}{path}"],
+                           capture_output=True, text=True, timeout=30)
+        return r.stdout
+
+    assert ask(srv.port, "/h2")[1] == "MISS"
+    stored(srv.port, ["/h2"])
+    assert curl("PURGE", "/h2") == "2 204"
+    assert curl("PURGE", "/h2") == "2 404"
+    assert ask(srv.port, "/h2")[1] == "MISS"
+    assert curl("PURGE", "/guarded/?k=/h2") == "2 403"
