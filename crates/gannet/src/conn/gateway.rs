@@ -849,11 +849,13 @@ async fn run_with(
         .map(|p| gateway::conf(&req.conf, p))
         .filter(|c| c.cache.enabled());
     if let Some(c) = cached {
-        if let Some(flow) = super::gateway_cache::before(req, c).await {
-            return Outcome::Flow(flow);
-        }
+        use super::gateway_cache::Looked;
+        let zone = match super::gateway_cache::before(req, c).await {
+            Looked::Answer(flow) => return Outcome::Flow(flow),
+            Looked::Fetch(zone) => zone,
+        };
         let o = fetch(w, req, streamed).await;
-        return super::gateway_cache::after(req, c, o).await;
+        return super::gateway_cache::after(req, c, zone.as_deref(), o).await;
     }
     fetch(w, req, streamed).await
 }

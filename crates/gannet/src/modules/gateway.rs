@@ -117,6 +117,8 @@ macro_rules! directives {
             $crate::modules::gateway::directives!(@spec $p "cache_revalidate" [HSL] Exactly(1)),
             $crate::modules::gateway::directives!(@spec $p "cache_max_range_offset" [HSL] Exactly(1)),
             $crate::modules::gateway::directives!(@spec $p "force_ranges" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "cache_purge" [HSL] AtLeast(1)),
+            $crate::modules::gateway::directives!(@spec $p "cache_background_update" [HSL] Exactly(1)),
             $($extra,)*
         ]
     };
@@ -505,7 +507,8 @@ pub fn set(
                 "set-cookie",
                 "vary",
             ];
-            let mut l = Vec::new();
+            // Several directives at one level add up (nginx's bitmask slot).
+            let mut l = c.ignore_headers.as_deref().cloned().unwrap_or_default();
             for a in &d.args {
                 let lower = a.to_ascii_lowercase();
                 if !KNOWN.contains(&lower.as_str()) {

@@ -3,7 +3,8 @@
 //! protocol's module): `*_cache_path` (http level), `*_cache`, `*_cache_key`,
 //! `*_cache_valid`, `*_cache_methods`, `*_cache_min_uses`, `*_cache_bypass`, `*_no_cache`,
 //! `*_cache_use_stale`, `*_cache_lock`, `*_cache_lock_age`, `*_cache_lock_timeout`,
-//! `*_cache_revalidate`, `*_cache_max_range_offset`. The
+//! `*_cache_revalidate`, `*_cache_max_range_offset`, `*_cache_background_update`, and
+//! nginx Plus's `*_cache_purge`. The
 //! cache itself is in `crate::cache`, its request side in `conn::gateway_cache`.
 //!
 //! Every setting is inherited by a level that has none of its own, as in nginx.
@@ -65,6 +66,13 @@ pub struct CacheConf {
     /// `*_cache_max_range_offset`: a range request starting at or past this offset is
     /// passed to the upstream with its Range, and its answer not stored.
     pub max_range_offset: Option<u64>,
+    /// `*_cache_purge`: a request for which one of these is set (not empty, not "0")
+    /// removes its key's entry (or, for a key ending with `*`, every entry the rest
+    /// starts).
+    pub purge: Option<Arc<Vec<Template>>>,
+    /// `*_cache_background_update`: an expired entry served as `STALE` while a background
+    /// request refreshes it (with `*_cache_use_stale updating`).
+    pub background_update: Option<bool>,
 }
 
 impl CacheConf {
@@ -85,6 +93,8 @@ impl CacheConf {
             lock_timeout,
             revalidate,
             max_range_offset,
+            purge,
+            background_update,
         );
     }
     /// Whether the location caches (in a zone, or one its variables name).
@@ -151,6 +161,9 @@ impl CacheConf {
             .unwrap_or(if digits > 0 { u64::MAX } else { 0 });
         offset >= max
     }
+    pub fn background_update(&self) -> bool {
+        self.background_update.unwrap_or(false)
+    }
     pub fn lock_timeout(&self) -> Duration {
         self.lock_timeout.unwrap_or(Duration::from_secs(5))
     }
@@ -181,12 +194,15 @@ pub fn set(
     };
     match suffix {
         "cache_path" => {
-            let zone = crate::cache::path::parse(d, &ctx.prefix)?;
+            let mut zone = crate::cache::path::parse(d, &ctx.prefix)?;
             if ctx.caches.contains_key(&zone.name) {
                 return Err(d.error(format!("duplicate zone \"{}\"", zone.name)));
             }
             ctx.temp_dirs.push(zone.dir.clone());
-            ctx.caches.insert(zone.name.clone(), Arc::new(zone));
+            super::metrics::cache::register(ctx, &mut zone);
+            let zone = Arc::new(zone);
+            super::metrics::cache::loaded(&zone);
+            ctx.caches.insert(zone.name.clone(), zone);
         }
         "cache" => {
             if c.zone.is_some() {
@@ -279,6 +295,12 @@ pub fn set(
         "cache_lock" => c.lock = Some(setters::flag(d)?),
         "cache_revalidate" => c.revalidate = Some(setters::flag(d)?),
         "cache_max_range_offset" => c.max_range_offset = Some(setters::offset_arg(d, 0)?),
+        "cache_background_update" => c.background_update = Some(setters::flag(d)?),
+        "cache_purge" => {
+            let mut l = c.purge.as_deref().cloned().unwrap_or_default();
+            l.extend(templates(d)?);
+            c.purge = Some(Arc::new(l));
+        }
         "cache_lock_age" => {
             c.lock_age = Some(Duration::from_millis(setters::msec_arg(d, 0)?));
         }
