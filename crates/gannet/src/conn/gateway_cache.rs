@@ -11,6 +11,10 @@
 //! (`conn::gateway::answer`), so the hidden headers, `proxy_redirect` and the rest apply
 //! the same; its body is a range of the entry file, sent like a static file's (sendfile,
 //! byte ranges).
+//!
+//! Entry files are opened and written off the event loop (`cache::entry`): a lookup is one
+//! hop to the blocking pool (two when the entry has a `Vary` variant to open next), a hit
+//! no more than that.
 
 use super::gateway::answer;
 use crate::cache::entry::{self, Meta, Writer};
@@ -146,13 +150,18 @@ pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
     let main = key::hash(key.as_bytes());
     if any_set(&cc.bypass, req) {
         set_status(req, Status::Bypass);
-        let main_vary = entry::open(&zone.file(&main), &key).map(|(_, m)| (m.vary, m.variant));
+        let main_vary = entry::lookup(zone.file(&main), key.as_str().into())
+            .await
+            .map(|(_, m)| (m.vary, m.variant));
         pend(req, zone, key, main, main_vary, true, None, None);
         return None;
     }
+    let shared_key: Arc<str> = key.as_str().into();
     loop {
-        let seen = store::look(zone, &main);
-        let mut found = entry::open(&zone.file(&main), &key);
+        let Ok(seen) = store::look(zone, &main) else {
+            return Some(Flow::Status(500));
+        };
+        let mut found = entry::lookup(zone.file(&main), shared_key.clone()).await;
         let mut found_at = main;
         // The main entry's Vary, and its variant: where an answer goes (see `start`).
         let main_vary = found.as_ref().map(|(_, m)| (m.vary.clone(), m.variant));
@@ -167,7 +176,8 @@ pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
             if want != v.variant {
                 // Another variant: its own entry, if it is one for this request.
                 found_at = want;
-                found = entry::open(&zone.file(&want), &key)
+                found = entry::lookup(zone.file(&want), shared_key.clone())
+                    .await
                     .filter(|(_, m)| m.vary.is_empty() || variant_for(&m.vary) == m.variant);
             }
         }
@@ -175,24 +185,18 @@ pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
             set_status(req, Status::Hit);
             return Some(serve(req, c, file, meta));
         }
-        if let Some((signal, age)) = seen.fetching {
+        if let Some((token, age)) = seen.fetching {
             if found.is_some() && cc.use_stale() & stale::UPDATING != 0 {
                 let (file, meta) = found?;
                 set_status(req, Status::Updating);
                 return Some(serve(req, c, file, meta));
             }
             if cc.lock() && age < cc.lock_age() {
-                let notified = signal.notified();
-                let mut notified = std::pin::pin!(notified);
-                notified.as_mut().enable();
-                if store::fetching_with(zone, &main, &signal) {
-                    let left = cc.lock_timeout();
-                    if tokio::time::timeout(left, notified).await.is_err() {
-                        // nginx: the request goes to the upstream, and its answer is not
-                        // cached.
-                        set_status(req, Status::Miss);
-                        return None;
-                    }
+                if !store::wait(zone, &main, token, cc.lock_timeout()).await {
+                    // nginx: the request goes to the upstream, and its answer is not
+                    // cached.
+                    set_status(req, Status::Miss);
+                    return None;
                 }
                 continue;
             }
@@ -205,7 +209,10 @@ pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
                 Status::Miss
             },
         );
-        let fetch = store::begin_fetch(zone, &main);
+        let Some(fetch) = store::begin_fetch(zone, &main, seen.fetching.map(|(t, _)| t)) else {
+            // Another request began fetching since: wait for it (or not) as above.
+            continue;
+        };
         let store = seen.uses >= cc.min_uses();
         let revalidate = found
             .as_ref()
@@ -370,17 +377,7 @@ fn start(
         p.zone.dir.clone()
     };
     let dest = p.zone.file(&hash);
-    let w = match Writer::create(&tmp_dir, dest, &p.key, &meta) {
-        Ok(w) => w,
-        Err(e) => {
-            errlog::request(
-                Level::Crit,
-                req,
-                format_args!("{}", errlog::failed("open()", &tmp_dir, &e)),
-            );
-            return None;
-        }
-    };
+    let w = Writer::create(&tmp_dir, dest, &p.key, &meta);
     drop(pending);
     let mut p = req.cache.borrow_mut().take()?;
     p.hash = hash;
@@ -413,21 +410,22 @@ fn revalidated(req: &Request, c: &GatewayConf, head: &CgiHead) {
         return;
     };
     let path = p.zone.file(&p.hash);
-    match entry::refresh(&path, until, now) {
-        Ok(()) => meta.valid = until,
-        Err(e) => errlog::request(
-            Level::Crit,
-            req,
-            format_args!("{}", errlog::failed("pwrite()", &path, &e)),
-        ),
-    }
+    meta.valid = until;
+    entry::off_loop(move || {
+        if let Err(e) = entry::refresh(&path, until, now) {
+            errlog::log(
+                Level::Crit,
+                format_args!("{}", errlog::failed("pwrite()", &path, &e)),
+            );
+        }
+    });
 }
 
 /// An answer that came whole: store it if it may be (not when it is not buffered:
 /// `*_buffering off` or `X-Accel-Buffering: no`, as nginx).
 pub fn store_whole(req: &Request, c: &GatewayConf, head: &CgiHead, body: &[u8], buffering: bool) {
     if let Some((p, w)) = start(req, c, head, buffering) {
-        let mut tee = Tee { p, w, ok: true };
+        let mut tee = Tee { p, w };
         tee.write(req, body);
         tee.commit(req);
     }
@@ -437,51 +435,33 @@ pub fn store_whole(req: &Request, c: &GatewayConf, head: &CgiHead, body: &[u8], 
 pub struct Tee {
     p: Box<Pending>,
     w: Writer,
-    ok: bool,
 }
 
 /// Start storing an answer read in pieces: each piece the client is given is written
 /// ([`Tee::write`]), the bytes that came with the head too.
 pub fn tee(req: &Request, c: &GatewayConf, head: &CgiHead, buffering: bool) -> Option<Tee> {
     let (p, w) = start(req, c, head, buffering)?;
-    Some(Tee { p, w, ok: true })
+    Some(Tee { p, w })
 }
 
 impl Tee {
-    pub fn write(&mut self, req: &Request, b: &[u8]) {
-        if self.ok && !b.is_empty() {
-            if let Err(e) = self.w.write(b) {
-                errlog::request(
-                    Level::Crit,
-                    req,
-                    format_args!(
-                        "write() to cache temp file failed ({})",
-                        errlog::errno_text(&e)
-                    ),
-                );
-                self.ok = false;
-            }
+    /// A piece of the answer, queued for the entry (a failure is logged by the writer).
+    pub fn write(&mut self, _req: &Request, b: &[u8]) {
+        if !b.is_empty() {
+            self.w.write(b);
         }
     }
 
-    /// The answer ended whole: put the entry in place.
-    pub fn commit(self, req: &Request) {
-        if !self.ok {
-            return;
-        }
-        let Tee { p, w, .. } = self;
-        match w.commit() {
-            Ok(size) => store::stored(&p.zone, &p.hash, size),
-            Err(e) => errlog::request(
-                Level::Crit,
-                req,
-                format_args!(
-                    "rename() of cache temp file failed ({})",
-                    errlog::errno_text(&e)
-                ),
-            ),
-        }
-        drop(p);
+    /// The answer ended whole: put the entry in place. The fetch ends (its waiters go on)
+    /// once the entry is there.
+    pub fn commit(self, _req: &Request) {
+        let Tee { p, w } = self;
+        w.commit(Box::new(move |size| {
+            if let Some(size) = size {
+                store::stored(&p.zone, &p.hash, size);
+            }
+            drop(p);
+        }));
     }
 }
 
