@@ -17,9 +17,9 @@ use super::key::Hash;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 const MAGIC: &[u8; 8] = b"GNTCACH1";
 /// magic, valid, date, key length, vary length, head length, variant.

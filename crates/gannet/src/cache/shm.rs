@@ -133,7 +133,9 @@ fn map(name: &str, bytes: u64) -> std::io::Result<Region> {
     // Every node on the free list (the mapping is zero-filled: all else is 0).
     let h = r.header();
     for i in 0..cap {
-        r.node(i).chain.store(if i + 1 < cap { i + 2 } else { NONE }, Relaxed);
+        r.node(i)
+            .chain
+            .store(if i + 1 < cap { i + 2 } else { NONE }, Relaxed);
     }
     h.free.store(1, Relaxed);
     Ok(r)
@@ -215,7 +217,9 @@ impl Region {
 
 fn alive(pid: libc::pid_t) -> bool {
     // SAFETY: kill with signal 0 only checks that the process exists.
-    pid > 0 && (unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH))
+    pid > 0
+        && (unsafe { libc::kill(pid, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH))
 }
 
 /// A worker process ended: the master frees what it held in every zone (the lock, the
@@ -315,7 +319,11 @@ impl Guard<'_> {
 
     /// The node of `h`, made if new: a full zone gives up its least recently used nodes
     /// no fetch is under way for (their hashes go to `evicted`, whose files are to go).
-    pub fn get_or_insert(&mut self, h: &Hash, evicted: &mut Vec<(Hash, u64)>) -> Result<Slot, Full> {
+    pub fn get_or_insert(
+        &mut self,
+        h: &Hash,
+        evicted: &mut Vec<(Hash, u64)>,
+    ) -> Result<Slot, Full> {
         if let Some(s) = self.find(h) {
             return Ok(s);
         }

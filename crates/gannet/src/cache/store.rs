@@ -97,7 +97,10 @@ pub fn look(zone: &Arc<Zone>, h: &Hash) -> Result<Seen, NoRoom> {
             remove_files(zone, evicted);
             crate::errlog::log(
                 crate::errlog::Level::Alert,
-                format_args!("could not allocate node in cache keys zone \"{}\"", zone.name),
+                format_args!(
+                    "could not allocate node in cache keys zone \"{}\"",
+                    zone.name
+                ),
             );
             return Err(NoRoom);
         }
@@ -163,7 +166,9 @@ pub fn fetching_with(zone: &Zone, h: &Hash, token: u64) -> bool {
 pub async fn wait(zone: &Zone, h: &Hash, token: u64, timeout: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + timeout;
     let mine = token >> 32 == u64::from(std::process::id());
-    let local = mine.then(|| zone.local.lock().get(&token).cloned()).flatten();
+    let local = mine
+        .then(|| zone.local.lock().get(&token).cloned())
+        .flatten();
     if let Some(signal) = local {
         // A fetch of this process: woken as soon as it ends.
         let notified = signal.notified();
