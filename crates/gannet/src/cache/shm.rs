@@ -522,5 +522,15 @@ mod tests {
         g.set_fetch(s, 7);
         let order: Vec<u8> = g.oldest_first().map(|s| g.hash(s)[0]).collect();
         assert_eq!(order, vec![3, 0, 9]);
+        // Every node fetching: none can be given up.
+        for h in [3u8, 0] {
+            let s = g.find(&[h; 16]).unwrap();
+            g.set_fetch(s, 8);
+        }
+        let s = g.get_or_insert(&[10; 16], &mut ev).unwrap();
+        g.set_fetch(s, 9);
+        assert!(ev.is_empty());
+        assert!(g.get_or_insert(&[11; 16], &mut ev).is_err());
+        assert!(ev.is_empty());
     }
 }
