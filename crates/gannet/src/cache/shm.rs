@@ -523,6 +523,7 @@ mod tests {
         let order: Vec<u8> = g.oldest_first().map(|s| g.hash(s)[0]).collect();
         assert_eq!(order, vec![3, 0, 9]);
         // Every node fetching: none can be given up.
+        ev.clear();
         for h in [3u8, 0] {
             let s = g.find(&[h; 16]).unwrap();
             g.set_fetch(s, 8);
