@@ -157,6 +157,8 @@ pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
         return None;
     }
     let shared_key: Arc<str> = key.as_str().into();
+    // When waiting for the lock ends (`*_cache_lock_timeout`), from the first wait on.
+    let mut lock_deadline = None;
     loop {
         let Ok(seen) = store::look(zone, &main) else {
             return Some(Flow::Status(500));
@@ -192,7 +194,15 @@ pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
                 return Some(serve(req, c, file, meta));
             }
             if cc.lock() && age < cc.lock_age() {
-                if !store::wait(zone, &main, token, cc.lock_timeout()).await {
+                // As nginx's ngx_http_file_cache_lock_wait: until the fetch ends, or ages
+                // past `*_cache_lock_age` (then this request fetches), or the timeout.
+                let now = tokio::time::Instant::now();
+                let deadline = *lock_deadline.get_or_insert(now + cc.lock_timeout());
+                let left = deadline.saturating_duration_since(now);
+                let aged = cc.lock_age() - age;
+                if !store::wait(zone, &main, token, left.min(aged)).await
+                    && tokio::time::Instant::now() >= deadline
+                {
                     // nginx: the request goes to the upstream, and its answer is not
                     // cached.
                     set_status(req, Status::Miss);
@@ -423,11 +433,17 @@ fn revalidated(req: &Request, c: &GatewayConf, head: &CgiHead) {
 
 /// An answer that came whole: store it if it may be (not when it is not buffered:
 /// `*_buffering off` or `X-Accel-Buffering: no`, as nginx).
-pub fn store_whole(req: &Request, c: &GatewayConf, head: &CgiHead, body: &[u8], buffering: bool) {
+pub async fn store_whole(
+    req: &Request,
+    c: &GatewayConf,
+    head: &CgiHead,
+    body: &[u8],
+    buffering: bool,
+) {
     if let Some((p, w)) = start(req, c, head, buffering) {
         let mut tee = Tee { p, w };
         tee.write(req, body);
-        tee.commit(req);
+        tee.commit(req).await;
     }
 }
 
@@ -453,15 +469,19 @@ impl Tee {
     }
 
     /// The answer ended whole: put the entry in place. The fetch ends (its waiters go on)
-    /// once the entry is there.
-    pub fn commit(self, _req: &Request) {
+    /// once the entry is there; the answer's end waits for it too, so that the client's
+    /// next request finds the entry (nginx renames before it finishes the request).
+    pub async fn commit(self, _req: &Request) {
         let Tee { p, w } = self;
+        let (done, placed) = tokio::sync::oneshot::channel();
         w.commit(Box::new(move |size| {
             if let Some(size) = size {
                 store::stored(&p.zone, &p.hash, size);
             }
             drop(p);
+            let _ = done.send(());
         }));
+        let _ = placed.await;
     }
 }
 
