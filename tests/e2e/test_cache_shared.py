@@ -17,7 +17,7 @@ import pytest
 
 from cacheapp import CacheApp
 from conftest import wait_until
-from nginx_peer import exchange
+from nginx_peer import NGINX, PEER_MAIN, exchange, side_by_side
 
 CONF = r"""
 http {
@@ -158,3 +158,53 @@ def test_a_full_zone_forgets_the_least_recently_used(gannet, app):
     assert ask(srv.port, "/k99")[1] == "HIT"
     assert ask(srv.port, "/k0")[1] == "MISS"
     assert "could not allocate node" not in srv.error_log()
+
+
+def children(master: int, name: str) -> list[int]:
+    """The worker processes of `master` (by their name, or nginx's process title)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{entry}/stat").read()
+            cmd = open(f"/proc/{entry}/cmdline", "rb").read()
+        except OSError:
+            continue
+        comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if int(rest[1]) == master and rest[0] != "Z" and (comm == name or cmd.startswith(name.encode())):
+            found.append(int(entry))
+    return found
+
+
+def across_a_reload(port: int, app, who: str, master: int, title: str) -> list:
+    """The lock and the uses on both sides of a reload: what each step answered."""
+    seen = []
+    path = "/locked?delay=3"
+    with ThreadPoolExecutor(20) as pool:
+        first = pool.submit(ask, port, path)
+        assert wait_until(lambda: app.count(who, path) == 1, 10)
+        old = set(children(master, title))
+        os.kill(master, signal.SIGHUP)
+        assert wait_until(lambda: set(children(master, title)) - old, 15)
+        answers = list(pool.map(lambda _: ask(port, path), range(10)))
+        seen.append(first.result()[1])
+    seen.append(sorted({(a[0], a[1], a[3]) for a in answers}))
+    seen.append(app.count(who, path))
+    seen.append([ask(port, "/minuses/m")[1] for _ in range(3)])
+    seen.append(app.count(who, "/minuses/m"))
+    return seen
+
+
+@pytest.mark.skipif(NGINX is None, reason="nginx not installed")
+def test_the_zone_across_a_reload_as_nginx(tmp_path, app):
+    """The same steps on nginx: its keys zone (shared memory) outlives the reload too."""
+    text = PEER_MAIN.replace("worker_processes 1;", "worker_processes 2;").replace("events { worker_connections 64; }", "") + conf(app).split("events {")[0].replace(
+        "add_header X-Pid $pid always;", "add_header X-Pid $pid always; proxy_set_header X-Who $server_port;"
+    ) + "events { worker_connections 256; }\n"
+    with side_by_side(tmp_path, text) as (srv, nginx_port):
+        ours = across_a_reload(srv.port, app, str(srv.port), srv.proc.pid, "gannet: worker")
+        nginx_master = int((tmp_path / "nginx" / "server.pid").read_text())
+        theirs = across_a_reload(nginx_port, app, str(nginx_port), nginx_master, "nginx: worker")
+    assert ours == theirs
+    assert ours[0] == "MISS" and ours[2] == 1
