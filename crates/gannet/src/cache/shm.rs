@@ -36,8 +36,11 @@ struct Header {
     loaded: AtomicU32,
     size: AtomicU64,
     count: AtomicU32,
-    /// Free nodes, linked by `chain` (index + 1; 0 ends).
+    /// Nodes given back, linked by `chain` (index + 1; 0 ends).
     free: AtomicU32,
+    /// Nodes never used yet: those from this index on (so that a big zone's pages are
+    /// only touched as keys come).
+    fresh: AtomicU32,
     /// The LRU list: most recently used first.
     head: AtomicU32,
     tail: AtomicU32,
@@ -130,14 +133,7 @@ fn map(name: &str, bytes: u64) -> std::io::Result<Region> {
         cap,
         buckets,
     };
-    // Every node on the free list (the mapping is zero-filled: all else is 0).
-    let h = r.header();
-    for i in 0..cap {
-        r.node(i)
-            .chain
-            .store(if i + 1 < cap { i + 2 } else { NONE }, Relaxed);
-    }
-    h.free.store(1, Relaxed);
+    // The mapping is zero-filled: no key, no free list, every node fresh.
     Ok(r)
 }
 
@@ -239,7 +235,8 @@ pub fn child_died(pid: libc::pid_t) {
             let _ = h.manager.compare_exchange(lease, 0, Release, Relaxed);
         }
         let g = r.lock();
-        for i in 0..r.cap {
+        // The nodes ever used (the others' pages stay untouched).
+        for i in 0..h.fresh.load(Relaxed).min(r.cap) {
             let n = r.node(i);
             if n.fetch.load(Relaxed) >> 32 == pid as u64 {
                 n.fetch.store(0, Relaxed);
@@ -328,7 +325,7 @@ impl Guard<'_> {
             return Ok(s);
         }
         let hd = self.r.header();
-        if hd.free.load(Relaxed) == NONE {
+        if hd.free.load(Relaxed) == NONE && hd.fresh.load(Relaxed) >= self.r.cap {
             // nginx's forced expiry: the oldest unused ones, a few at once.
             let mut at = hd.tail.load(Relaxed);
             let mut tries = 0;
@@ -344,12 +341,19 @@ impl Guard<'_> {
             }
         }
         let free = hd.free.load(Relaxed);
-        if free == NONE {
-            return Err(Full);
-        }
-        let s = Slot(free - 1);
+        let s = if free != NONE {
+            let s = Slot(free - 1);
+            hd.free.store(self.n(s).chain.load(Relaxed), Relaxed);
+            s
+        } else {
+            let fresh = hd.fresh.load(Relaxed);
+            if fresh >= self.r.cap {
+                return Err(Full);
+            }
+            hd.fresh.store(fresh + 1, Relaxed);
+            Slot(fresh)
+        };
         let n = self.n(s);
-        hd.free.store(n.chain.load(Relaxed), Relaxed);
         let w = words(h);
         n.hash[0].store(w[0], Relaxed);
         n.hash[1].store(w[1], Relaxed);
