@@ -44,6 +44,7 @@ http {
 }
 events { worker_connections 256; }
 worker_processes 2;
+error_log {tmp}/error.log;
 """
 
 
@@ -208,3 +209,25 @@ def test_the_zone_across_a_reload_as_nginx(tmp_path, app):
         theirs = across_a_reload(nginx_port, app, str(nginx_port), nginx_master, "nginx: worker")
     assert ours == theirs
     assert ours[0] == "MISS" and ours[2] == 1
+
+
+def test_a_reload_that_resizes_the_zone_makes_a_new_one(gannet, app):
+    """Another size: a new zone (uses start over; the entries on disk are still found), as
+    nginx; another folder for the zone: the reload is refused, as nginx's."""
+    srv = gannet.start(conf=conf(app, uses=3))
+    assert ask(srv.port, "/kept")[1] == "MISS"
+    assert [ask(srv.port, "/minuses/s")[1] for _ in range(2)] == ["MISS", "MISS"]
+    text = srv.conf_path.read_text()
+    srv.conf_path.write_text(text.replace("keys_zone=one:1m", "keys_zone=one:2m"))
+    reload(srv)
+    assert ask(srv.port, "/kept")[1] == "HIT"
+    # The third use counts as the first of the new zone: not stored.
+    assert [ask(srv.port, "/minuses/s")[1] for _ in range(2)] == ["MISS", "MISS"]
+    assert app.count("", "/minuses/s") == 4
+    pids = srv.worker_pids()
+    srv.conf_path.write_text(text.replace("{}/cache ".format(gannet.tmp), "{}/other ".format(gannet.tmp)).replace("keys_zone=one:1m", "keys_zone=one:2m"))
+    srv.proc.send_signal(signal.SIGHUP)
+    assert wait_until(lambda: "while previously it used the" in srv.error_log(), 10), srv.error_log()
+    assert f'cache "one" uses the "{gannet.tmp}/other" cache path' in srv.error_log()
+    assert srv.worker_pids() == pids
+    assert ask(srv.port, "/kept")[1] == "HIT"

@@ -124,8 +124,7 @@ pub fn parse(d: &Directive, prefix: &std::path::Path) -> Result<Zone, ConfError>
     let Some(name) = name.filter(|_| size > 0) else {
         return Err(d.error(format!("\"{}\" must have \"keys_zone\" parameter", d.name)));
     };
-    let (shm, gen) = super::shm::region(&name, size)
-        .map_err(|e| d.error(format!("could not map keys zone \"{name}\" ({e})")))?;
+    let (shm, gen) = super::shm::region(&name, size, &dir, &levels).map_err(|e| d.error(e))?;
     Ok(Zone {
         name,
         dir,

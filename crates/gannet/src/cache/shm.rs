@@ -63,6 +63,9 @@ struct Node {
 #[derive(Debug)]
 pub struct Region {
     pub name: String,
+    /// The cache folder and levels it was made for (a reload may not change them).
+    dir: std::path::PathBuf,
+    levels: Vec<u8>,
     bytes: u64,
     base: *mut u8,
     len: usize,
@@ -87,14 +90,36 @@ impl Drop for Region {
 /// The regions the master made, for a reload to find the one to keep.
 static REGIONS: Mutex<Vec<Arc<Region>>> = Mutex::new(Vec::new());
 
-/// The region of `keys_zone=name:bytes`: the one already mapped for the same name and
-/// size (a reload), else a new one; and the config generation to use it with.
-pub fn region(name: &str, bytes: u64) -> std::io::Result<(Arc<Region>, u64)> {
+/// The region of `keys_zone=name:bytes` for the folder `dir`: the one already mapped for
+/// the same name and size (a reload), else a new one; and the config generation to use it
+/// with. As nginx, a reload may not give a zone another folder or other levels.
+pub fn region(
+    name: &str,
+    bytes: u64,
+    dir: &std::path::Path,
+    levels: &[u8],
+) -> Result<(Arc<Region>, u64), String> {
     let mut all = REGIONS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(old) = all.iter().find(|r| r.name == name) {
+        if old.dir != dir {
+            return Err(format!(
+                "cache \"{name}\" uses the \"{}\" cache path while previously it used the \"{}\" cache path",
+                dir.display(),
+                old.dir.display()
+            ));
+        }
+        if old.levels != levels {
+            return Err(format!("cache \"{name}\" had previously different levels"));
+        }
+    }
     let r = match all.iter().find(|r| r.name == name && r.bytes == bytes) {
         Some(r) => r.clone(),
         None => {
-            let r = Arc::new(map(name, bytes)?);
+            let mut r = map(name, bytes)
+                .map_err(|e| format!("could not map keys zone \"{name}\" ({e})"))?;
+            r.dir = dir.to_path_buf();
+            r.levels = levels.to_vec();
+            let r = Arc::new(r);
             all.retain(|o| o.name != name);
             all.push(r.clone());
             r
@@ -127,6 +152,8 @@ fn map(name: &str, bytes: u64) -> std::io::Result<Region> {
     }
     let r = Region {
         name: name.to_string(),
+        dir: Default::default(),
+        levels: Vec::new(),
         bytes,
         base: p.cast(),
         len,
