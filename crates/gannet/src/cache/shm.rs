@@ -427,13 +427,13 @@ impl Guard<'_> {
         }
     }
 
-    /// The key was used now: counted, and first in the LRU list.
-    pub fn touch(&mut self, s: Slot) -> u64 {
+    /// The key was used now: first in the LRU list, and counted if `count`; its uses.
+    pub fn touch(&mut self, s: Slot, count: bool) -> u64 {
         let n = self.n(s);
         n.last.store(now_ms(), Relaxed);
         self.unlink(s);
         self.link_front(s);
-        u64::from(n.uses.fetch_add(1, Relaxed)) + 1
+        u64::from(n.uses.fetch_add(u32::from(count), Relaxed)) + u64::from(count)
     }
 
     /// Forget a key (its file is the caller's to remove, outside the lock).
@@ -542,7 +542,7 @@ mod tests {
         assert!(ev.is_empty());
         assert_eq!(g.total(), 40);
         let s0 = g.find(&[0; 16]).unwrap();
-        g.touch(s0);
+        g.touch(s0, true);
         let s = g.get_or_insert(&[9; 16], &mut ev).unwrap();
         // Keys 1 and 2 were the oldest.
         let gone: Vec<u8> = ev.iter().map(|(h, _)| h[0]).collect();

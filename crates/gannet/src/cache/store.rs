@@ -85,8 +85,9 @@ impl Local {
 #[derive(Debug)]
 pub struct NoRoom;
 
-/// Count a lookup of `h` and say whether a fetch of it is under way.
-pub fn look(zone: &Arc<Zone>, h: &Hash) -> Result<Seen, NoRoom> {
+/// Look `h` up (counting a use if `count`: once per request, as nginx counts the first
+/// lookup only) and say whether a fetch of it is under way.
+pub fn look(zone: &Arc<Zone>, h: &Hash, count: bool) -> Result<Seen, NoRoom> {
     start_manager(zone);
     let mut evicted = Vec::new();
     let mut g = zone.shm.lock();
@@ -105,7 +106,7 @@ pub fn look(zone: &Arc<Zone>, h: &Hash) -> Result<Seen, NoRoom> {
             return Err(NoRoom);
         }
     };
-    let uses = g.touch(s);
+    let uses = g.touch(s, count);
     let now = shm::now_ms();
     let fetching = g
         .fetch(s)

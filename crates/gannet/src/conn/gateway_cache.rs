@@ -159,8 +159,9 @@ pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
     let shared_key: Arc<str> = key.as_str().into();
     // When waiting for the lock ends (`*_cache_lock_timeout`), from the first wait on.
     let mut lock_deadline = None;
+    let mut first = true;
     loop {
-        let Ok(seen) = store::look(zone, &main) else {
+        let Ok(seen) = store::look(zone, &main, std::mem::take(&mut first)) else {
             return Some(Flow::Status(500));
         };
         let mut found = entry::lookup(zone.file(&main), shared_key.clone()).await;
