@@ -7,12 +7,19 @@
 //! An entry is written to a temp file (in the location's `*_temp_path`, or in the cache
 //! folder with `use_temp_path=off`) and renamed into place when whole, so a reader never
 //! sees one half written; one that is not finished is removed.
+//!
+//! No file operation runs on an event loop thread (a slow disk would stall every connection
+//! of the thread): [`lookup`] opens and reads the header in one hop to tokio's blocking
+//! pool, the one hop a hit costs; a [`Writer`] queues its writes and rename for a blocking
+//! task that works the queue in order.
 
 use super::key::Hash;
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 const MAGIC: &[u8; 8] = b"GNTCACH2";
 /// magic, valid, date, key length, vary length, head length, variant, updating, error.
@@ -116,41 +123,64 @@ pub fn refresh(path: &Path, valid: i64, date: i64) -> std::io::Result<()> {
     f.write_all_at(&times, 8)
 }
 
-/// An entry being written.
+/// Run `f` off the event loop: on tokio's blocking pool (or here, outside a runtime).
+pub fn off_loop(f: impl FnOnce() + Send + 'static) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => drop(rt.spawn_blocking(f)),
+        Err(_) => f(),
+    }
+}
+
+/// [`open`] off the event loop (the hot path of a hit: one hop).
+pub async fn lookup(path: PathBuf, key: Arc<str>) -> Option<(File, Meta)> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => rt
+            .spawn_blocking(move || open(&path, &key))
+            .await
+            .ok()
+            .flatten(),
+        Err(_) => open(&path, &key),
+    }
+}
+
+/// An entry being written: its operations go, in order, to a blocking task.
 pub struct Writer {
-    file: File,
+    job: Arc<Job>,
+    done: bool,
+}
+
+/// What to do when the entry is in place (its size on disk) or could not be (`None`: the
+/// failure is logged).
+pub type OnCommit = Box<dyn FnOnce(Option<u64>) + Send>;
+
+enum Op {
+    Data(Vec<u8>),
+    Commit(OnCommit),
+    Abort,
+}
+
+struct Job {
+    queue: Mutex<(VecDeque<Op>, bool)>,
+    file: Mutex<Output>,
+}
+
+struct Output {
+    file: Option<File>,
     tmp: PathBuf,
     dest: PathBuf,
     len: u64,
-    done: bool,
+    /// The first failure (later writes are skipped; the entry is not committed).
+    failed: Option<String>,
 }
 
 static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Writer {
-    /// Start the entry for `dest` with a temp file in `tmp_dir`.
-    pub fn create(
-        tmp_dir: &Path,
-        dest: PathBuf,
-        key: &str,
-        meta: &Meta,
-    ) -> std::io::Result<Writer> {
+    /// Start the entry for `dest` with a temp file in `tmp_dir` (made by the blocking
+    /// task; a failure is logged there and the entry not stored).
+    pub fn create(tmp_dir: &Path, dest: PathBuf, key: &str, meta: &Meta) -> Writer {
         let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tmp = tmp_dir.join(format!("{:010}.{}.cache", n, std::process::id()));
-        let file = match File::create(&tmp) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                make_dirs(tmp_dir)?;
-                File::create(&tmp)?
-            }
-            r => r?,
-        };
-        let mut w = Writer {
-            file,
-            tmp,
-            dest,
-            len: 0,
-            done: false,
-        };
         let mut h = Vec::with_capacity(FIXED + key.len() + meta.vary.len() + meta.head.len());
         h.extend_from_slice(MAGIC);
         h.extend_from_slice(&meta.valid.to_le_bytes());
@@ -164,30 +194,142 @@ impl Writer {
         h.extend_from_slice(key.as_bytes());
         h.extend_from_slice(meta.vary.as_bytes());
         h.extend_from_slice(&meta.head);
-        w.write(&h)?;
-        Ok(w)
+        let w = Writer {
+            job: Arc::new(Job {
+                queue: Mutex::new((VecDeque::new(), false)),
+                file: Mutex::new(Output {
+                    file: None,
+                    tmp,
+                    dest,
+                    len: 0,
+                    failed: None,
+                }),
+            }),
+            done: false,
+        };
+        w.job.push(Op::Data(h));
+        w
     }
 
-    pub fn write(&mut self, b: &[u8]) -> std::io::Result<()> {
-        self.file.write_all(b)?;
-        self.len += b.len() as u64;
-        Ok(())
+    pub fn write(&mut self, b: &[u8]) {
+        self.job.push(Op::Data(b.to_vec()));
     }
 
-    /// Put the entry in place; its size on disk.
-    pub fn commit(mut self) -> std::io::Result<u64> {
-        if let Some(dir) = self.dest.parent() {
-            make_dirs(dir)?;
-        }
-        std::fs::rename(&self.tmp, &self.dest)?;
+    /// Put the entry in place; `then` gets its size on disk (on the blocking task).
+    pub fn commit(mut self, then: OnCommit) {
         self.done = true;
-        Ok(self.len)
+        self.job.push(Op::Commit(then));
     }
 }
 
 impl Drop for Writer {
     fn drop(&mut self) {
         if !self.done {
+            self.job.push(Op::Abort);
+        }
+    }
+}
+
+impl Job {
+    fn push(self: &Arc<Self>, op: Op) {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        q.0.push_back(op);
+        if q.1 {
+            return;
+        }
+        q.1 = true;
+        drop(q);
+        let me = self.clone();
+        off_loop(move || me.drain());
+    }
+
+    /// Work the queue until it is empty (one task at a time: the flag in the queue).
+    fn drain(&self) {
+        loop {
+            let op = {
+                let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+                match q.0.pop_front() {
+                    Some(op) => op,
+                    None => {
+                        q.1 = false;
+                        return;
+                    }
+                }
+            };
+            let mut out = self.file.lock().unwrap_or_else(|e| e.into_inner());
+            out.apply(op);
+        }
+    }
+}
+
+impl Output {
+    fn apply(&mut self, op: Op) {
+        match op {
+            Op::Data(b) => {
+                if self.failed.is_some() {
+                    return;
+                }
+                if let Err(e) = self.write(&b) {
+                    crate::errlog::log(crate::errlog::Level::Crit, format_args!("{e}"));
+                    self.failed = Some(e);
+                }
+            }
+            Op::Commit(then) => then(self.commit()),
+            Op::Abort => self.abort(),
+        }
+    }
+
+    fn write(&mut self, b: &[u8]) -> Result<(), String> {
+        if self.file.is_none() {
+            let made = match File::create(&self.tmp) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => self
+                    .tmp
+                    .parent()
+                    .map_or(Err(e), make_dirs)
+                    .and_then(|()| File::create(&self.tmp)),
+                r => r,
+            };
+            self.file = Some(made.map_err(|e| crate::errlog::failed("open()", &self.tmp, &e))?);
+        }
+        if let Some(f) = self.file.as_mut() {
+            f.write_all(b).map_err(|e| {
+                format!(
+                    "write() to cache temp file failed ({})",
+                    crate::errlog::errno_text(&e)
+                )
+            })?;
+        }
+        self.len += b.len() as u64;
+        Ok(())
+    }
+
+    fn commit(&mut self) -> Option<u64> {
+        if self.failed.is_some() {
+            self.abort();
+            return None;
+        }
+        self.file = None;
+        let r = match self.dest.parent() {
+            Some(dir) => make_dirs(dir),
+            None => Ok(()),
+        }
+        .and_then(|()| std::fs::rename(&self.tmp, &self.dest));
+        if let Err(e) = r {
+            crate::errlog::log(
+                crate::errlog::Level::Crit,
+                format_args!(
+                    "rename() of cache temp file failed ({})",
+                    crate::errlog::errno_text(&e)
+                ),
+            );
+            let _ = std::fs::remove_file(&self.tmp);
+            return None;
+        }
+        Some(self.len)
+    }
+
+    fn abort(&mut self) {
+        if self.file.take().is_some() {
             let _ = std::fs::remove_file(&self.tmp);
         }
     }
@@ -228,9 +370,12 @@ mod tests {
             body_start: 0,
             body_len: 0,
         };
-        let mut w = super::Writer::create(&dir, dest.clone(), "key", &meta).unwrap();
-        w.write(b"hello").unwrap();
-        w.commit().unwrap();
+        let mut w = super::Writer::create(&dir, dest.clone(), "key", &meta);
+        w.write(b"hello");
+        let size = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let got = size.clone();
+        w.commit(Box::new(move |r| *got.lock().unwrap() = r));
+        assert!(size.lock().unwrap().is_some());
         assert!(super::open(&dest, "other").is_none());
         let (mut f, m) = super::open(&dest, "key").unwrap();
         assert_eq!((m.valid, m.date, m.vary.as_str()), (100, 50, "Accept"));

@@ -2,13 +2,15 @@
 //! ngx_http_upstream.c): answers of `proxy_pass`, `fastcgi_pass`, `scgi_pass` and
 //! `uwsgi_pass` kept as files under a `proxy_cache_path` folder and served from there.
 //!
-//! - [`path`]: `*_cache_path` and its keys zone ([`Zone`]), made per worker process and
-//!   shared by its worker threads.
+//! - [`path`]: `*_cache_path` and its keys zone ([`Zone`]), made by the master and shared by
+//!   every worker process.
+//! - [`shm`]: the keys zone's shared memory: per key its md5, size, last use, uses and the
+//!   fetch under way; a process-shared lock.
 //! - [`key`]: the md5 of `*_cache_key`, which names the entry's file in `levels` folders.
 //! - [`entry`]: an entry file (a header with the key, validity and the answer's head, then
 //!   the body), written to a temp file and renamed, never torn.
-//! - [`store`]: the in-memory index of the zone (the keys zone), the one-fetch lock for
-//!   concurrent misses, and the manager that enforces `inactive` and `max_size`.
+//! - [`store`]: counting lookups, the one-fetch lock for concurrent misses (across
+//!   processes), and the one manager that enforces `inactive` and `max_size`.
 //! - [`purge`]: nginx Plus's `*_cache_purge`: one key's entry, or every entry whose key
 //!   starts with a prefix.
 //! - [`validity`]: how long an answer may be kept, from its headers (`X-Accel-Expires`,
@@ -21,6 +23,7 @@ pub mod entry;
 pub mod key;
 pub mod path;
 pub mod purge;
+pub mod shm;
 pub mod store;
 pub mod validity;
 

@@ -3,13 +3,15 @@
 //! `inactive`, `max_size`, `use_temp_path`. The folder is made by the master for the
 //! workers' account, as the temp paths are (`config::temp_dirs`).
 //!
-//! A zone is one per worker process, shared by its worker threads (see [`store`]); the
-//! files are shared by all. The keys zone's size bounds how many keys the index remembers
-//! (nginx's 8,000 keys per megabyte); the loader and manager parameters are accepted with
-//! nginx's checks and have no effect: gannet's index is filled as keys are looked up and by
-//! one walk of the folder when the manager starts.
+//! The keys zone is in shared memory, mapped here while the master loads the config, so
+//! one for every worker process ([`super::shm`]); a reload keeps a zone of the same name
+//! and size. Its size bounds how many keys it holds (nginx's 8,000 keys per megabyte);
+//! the loader and manager parameters are accepted with nginx's checks and have no effect:
+//! the zone is filled as keys are looked up and by one walk of the folder (see
+//! [`super::store`]).
 
-use super::store::Index;
+use super::shm::Region;
+use super::store::Local;
 use gannet_conf::{setters, ConfError, Directive};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,9 +29,12 @@ pub struct Zone {
     /// `use_temp_path`: write entries in the location's `*_temp_path` first (on, the
     /// default) or in the cache folder itself (off).
     pub use_temp_path: bool,
-    /// How many keys the zone remembers.
-    pub keys: usize,
-    pub index: Index,
+    /// The keys zone, shared by the worker processes.
+    pub shm: Arc<Region>,
+    /// The config generation this zone belongs to (for the manager's lease).
+    pub gen: u64,
+    /// What this worker process keeps for itself.
+    pub local: Local,
     /// The zone's key on the `metrics` page (0: nothing counted).
     pub metrics: crate::runtime::metrics::Key,
 }
@@ -121,8 +126,7 @@ pub fn parse(d: &Directive, prefix: &std::path::Path) -> Result<Zone, ConfError>
     let Some(name) = name.filter(|_| size > 0) else {
         return Err(d.error(format!("\"{}\" must have \"keys_zone\" parameter", d.name)));
     };
-    // nginx's node is about 128 bytes: 8,000 keys per megabyte.
-    let keys = usize::try_from(size / 128).unwrap_or(usize::MAX).max(1);
+    let (shm, gen) = super::shm::region(&name, size, &dir, &levels).map_err(|e| d.error(e))?;
     Ok(Zone {
         name,
         dir,
@@ -130,8 +134,9 @@ pub fn parse(d: &Directive, prefix: &std::path::Path) -> Result<Zone, ConfError>
         inactive,
         max_size,
         use_temp_path,
-        keys,
-        index: Index::default(),
+        shm,
+        gen,
+        local: Local::default(),
         metrics: 0,
     })
 }

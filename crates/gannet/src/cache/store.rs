@@ -1,57 +1,45 @@
-//! The keys zone: what a worker process knows of the entries of one cache folder, shared
-//! by its worker threads behind one lock (nginx keeps it in shared memory for all its
-//! workers; gannet's worker processes each have theirs, over the same files). A lookup
-//! costs the lock and a hash-map probe by the key's md5; the entry's header is read from
-//! its file, so an entry written before a restart (or by another worker process) is found
-//! as nginx's cache loader would have found it.
+//! The keys zone's use: counting lookups, the one fetch of a key under way, and the manager
+//! that enforces `inactive` and `max_size`. What is known of the keys is in shared memory
+//! ([`super::shm`]), the same for every worker process, as nginx's keys zone: uses for
+//! `*_cache_min_uses` count across processes, `*_cache_lock` makes one fetch of a key
+//! whatever process the requests land on, and `max_size` is accounted once.
 //!
-//! A node also carries the one fetch under way for its key: with `*_cache_lock` the other
-//! requests for it wait for that fetch ([`Fetching`]); with `*_cache_use_stale updating`
-//! they get the expired entry meanwhile.
+//! A fetch is marked in the key's node by a token naming its process. Requests waiting
+//! for a fetch of their own process are woken by a tokio `Notify` kept here, per process,
+//! by token; those waiting for another process's fetch re-check the node every 50 ms
+//! (nginx's `ngx_http_file_cache_lock_wait` re-checks every 500 ms).
 //!
-//! The manager (a thread per zone and worker process, started with the first entry stored,
-//! as nginx's cache manager process) walks the folder once to learn the entries already
-//! there (nginx's cache loader), then every second removes the entries not used for
+//! The manager runs in one process at a time (each worker process has a thread ready for
+//! it; the one holding the zone's lease works, a newer config's process takes the lease
+//! over, and a dead holder's is freed): every second it removes the entries not used for
 //! `inactive` and, while the entries take more than `max_size`, the least recently used.
+//! Before that, once per zone (not again after a reload that keeps the zone), it walks the
+//! folder to learn the entries already there (nginx's cache loader). Files are removed
+//! outside the zone's lock.
 
 use super::key::Hash;
 use super::path::Zone;
+use super::shm;
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once, Weak};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, Once, Weak};
+use std::time::Duration;
 use tokio::sync::Notify;
 
+/// What a worker process keeps of a zone for itself: the signals of its own fetches, and
+/// its manager thread.
 #[derive(Debug)]
-pub struct Index {
-    inner: Mutex<Inner>,
-    /// Wakes the manager early: the entries outgrew `max_size`.
-    wake: Condvar,
+pub struct Local {
+    fetches: Mutex<HashMap<u64, Arc<Notify>>>,
     manager: Once,
-}
-
-#[derive(Debug, Default)]
-struct Inner {
-    nodes: HashMap<Hash, Node>,
-    /// What the entries known take on disk.
-    size: u64,
-}
-
-#[derive(Debug)]
-struct Node {
-    /// The entry's file size, 0 while there is no entry.
-    size: u64,
-    last: Instant,
-    uses: u64,
-    fetch: Option<Arc<Notify>>,
-    fetch_since: Instant,
 }
 
 /// What a lookup learned of its key.
 pub struct Seen {
     /// Lookups of the key while the zone remembered it, this one included.
     pub uses: u64,
-    /// A fetch of the key under way: its signal and its age.
-    pub fetching: Option<(Arc<Notify>, Duration)>,
+    /// A fetch of the key under way: its token and its age.
+    pub fetching: Option<(u64, Duration)>,
 }
 
 /// The fetch of a key under way; dropping it (the entry stored, or given up) lets the
@@ -60,129 +48,171 @@ pub struct Seen {
 pub struct Fetching {
     zone: Arc<Zone>,
     hash: Hash,
+    token: u64,
     notify: Arc<Notify>,
 }
 
 impl Drop for Fetching {
     fn drop(&mut self) {
-        let mut inner = self.zone.index.lock();
-        if let Some(n) = inner.nodes.get_mut(&self.hash) {
-            if n.fetch
-                .as_ref()
-                .is_some_and(|f| Arc::ptr_eq(f, &self.notify))
-            {
-                n.fetch = None;
+        let mut g = self.zone.shm.lock();
+        if let Some(s) = g.find(&self.hash) {
+            if g.fetch(s).is_some_and(|(t, _)| t == self.token) {
+                g.clear_fetch(s);
             }
         }
-        drop(inner);
+        drop(g);
+        self.zone.local.lock().remove(&self.token);
         self.notify.notify_waiters();
     }
 }
 
-impl Default for Index {
+impl Default for Local {
     fn default() -> Self {
-        Index {
-            inner: Mutex::default(),
-            wake: Condvar::new(),
+        Local {
+            fetches: Mutex::default(),
             manager: Once::new(),
         }
     }
 }
 
-impl Index {
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+impl Local {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Notify>>> {
+        self.fetches.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-/// Count a lookup of `h` and say whether a fetch of it is under way.
-pub fn look(zone: &Zone, h: &Hash) -> Seen {
-    let now = Instant::now();
-    let mut inner = zone.index.lock();
-    if !inner.nodes.contains_key(h) && inner.nodes.len() >= zone.keys {
-        // The zone is full: the least recently used keys are forgotten to make room (a
-        // sixteenth at once, so that a full zone does not sort its keys per lookup).
-        forget_lru(zone, &mut inner, (zone.keys / 16).max(1));
-    }
-    let n = inner.nodes.entry(*h).or_insert(Node {
-        size: 0,
-        last: now,
-        uses: 0,
-        fetch: None,
-        fetch_since: now,
-    });
-    n.uses += 1;
-    n.last = now;
-    Seen {
-        uses: n.uses,
-        fetching: n
-            .fetch
-            .as_ref()
-            .map(|f| (f.clone(), now.duration_since(n.fetch_since))),
-    }
+/// The zone had no room for the key, even after forgetting the least recently used.
+#[derive(Debug)]
+pub struct NoRoom;
+
+/// Look `h` up (counting a use if `count`: once per request, as nginx counts the first
+/// lookup only) and say whether a fetch of it is under way.
+pub fn look(zone: &Arc<Zone>, h: &Hash, count: bool) -> Result<Seen, NoRoom> {
+    start_manager(zone);
+    let mut evicted = Vec::new();
+    let mut g = zone.shm.lock();
+    let s = match g.get_or_insert(h, &mut evicted) {
+        Ok(s) => s,
+        Err(shm::Full) => {
+            drop(g);
+            remove_files(zone, evicted);
+            crate::errlog::log(
+                crate::errlog::Level::Alert,
+                format_args!(
+                    "could not allocate node in cache keys zone \"{}\"",
+                    zone.name
+                ),
+            );
+            return Err(NoRoom);
+        }
+    };
+    let uses = g.touch(s, count);
+    let now = shm::now_ms();
+    let fetching = g
+        .fetch(s)
+        .map(|(t, since)| (t, Duration::from_millis(now.saturating_sub(since))));
+    drop(g);
+    remove_files(zone, evicted);
+    Ok(Seen { uses, fetching })
 }
 
-/// Mark a fetch of `h` as under way (another one may be: past `*_cache_lock_age`, or
-/// without the lock); it lasts while the returned value lives.
-pub fn begin_fetch(zone: &Arc<Zone>, h: &Hash) -> Fetching {
+static SEQ: AtomicU64 = AtomicU64::new(1);
+
+/// Mark a fetch of `h` as under way, if the fetch under way is still the one the lookup
+/// saw (`seen`: none, or one it may run beside: past `*_cache_lock_age`, or without the
+/// lock); `None` if another request began one meanwhile (the lookup is to be done again).
+/// The fetch lasts while the returned value lives.
+pub fn begin_fetch(zone: &Arc<Zone>, h: &Hash, seen: Option<u64>) -> Option<Fetching> {
+    let token = (u64::from(std::process::id()) << 32) | (SEQ.fetch_add(1, Relaxed) & 0xffff_ffff);
     let notify = Arc::new(Notify::new());
-    let mut inner = zone.index.lock();
-    if let Some(n) = inner.nodes.get_mut(h) {
-        n.fetch = Some(notify.clone());
-        n.fetch_since = Instant::now();
+    // Registered first: a waiter that sees the token finds its signal.
+    zone.local.lock().insert(token, notify.clone());
+    let mut g = zone.shm.lock();
+    if let Some(s) = g.find(h) {
+        if g.fetch(s).map(|(t, _)| t) != seen {
+            drop(g);
+            zone.local.lock().remove(&token);
+            return None;
+        }
+        g.set_fetch(s, token);
     }
-    Fetching {
+    Some(Fetching {
         zone: zone.clone(),
         hash: *h,
+        token,
         notify,
-    }
+    })
 }
 
 /// An entry of `size` bytes was stored (or found on disk) for `h`.
 pub fn stored(zone: &Arc<Zone>, h: &Hash, size: u64) {
-    start_manager(zone);
-    let mut inner = zone.index.lock();
-    let now = Instant::now();
-    let n = inner.nodes.entry(*h).or_insert(Node {
-        size: 0,
-        last: now,
-        uses: 1,
-        fetch: None,
-        fetch_since: now,
-    });
-    let old = std::mem::replace(&mut n.size, size);
-    inner.size = inner.size - old.min(inner.size) + size;
-    if zone.max_size.is_some_and(|m| inner.size > m) {
-        zone.index.wake.notify_one();
+    let mut evicted = Vec::new();
+    let mut g = zone.shm.lock();
+    if let Ok(s) = g.get_or_insert(h, &mut evicted) {
+        g.set_size(s, size);
     }
+    drop(g);
+    remove_files(zone, evicted);
 }
 
-/// Drop the `count` least recently used keys that no fetch is under way for, with their
-/// files. Run under the lock; the files are few per call.
-fn forget_lru(zone: &Zone, inner: &mut Inner, count: usize) {
-    let mut old: Vec<(Instant, Hash)> = inner
-        .nodes
-        .iter()
-        .filter(|(_, n)| n.fetch.is_none())
-        .map(|(h, n)| (n.last, *h))
-        .collect();
-    old.sort_unstable();
-    for (_, h) in old.into_iter().take(count) {
-        drop_node(zone, inner, &h);
-    }
+/// Whether the fetch under way for `h` is still the one of `token`.
+pub fn fetching_with(zone: &Zone, h: &Hash, token: u64) -> bool {
+    let g = zone.shm.lock();
+    g.find(h)
+        .and_then(|s| g.fetch(s))
+        .is_some_and(|(t, _)| t == token)
 }
 
-fn drop_node(zone: &Zone, inner: &mut Inner, h: &Hash) {
-    if let Some(n) = inner.nodes.remove(h) {
-        inner.size -= n.size.min(inner.size);
-        if n.size > 0 {
-            let _ = std::fs::remove_file(zone.file(h));
+/// Wait until the fetch `token` of `h` ends; false if `timeout` passed first.
+pub async fn wait(zone: &Zone, h: &Hash, token: u64, timeout: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mine = token >> 32 == u64::from(std::process::id());
+    let local = mine
+        .then(|| zone.local.lock().get(&token).cloned())
+        .flatten();
+    if let Some(signal) = local {
+        // A fetch of this process: woken as soon as it ends.
+        let notified = signal.notified();
+        let mut notified = std::pin::pin!(notified);
+        notified.as_mut().enable();
+        if !fetching_with(zone, h, token) {
+            return true;
         }
+        return tokio::time::timeout_at(deadline, notified).await.is_ok();
     }
+    // Another process's: no signal reaches here, the node is looked at again.
+    const POLL: Duration = Duration::from_millis(50);
+    loop {
+        if !fetching_with(zone, h, token) {
+            return true;
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        tokio::time::sleep_until(deadline.min(now + POLL)).await;
+    }
+}
+
+/// Remove the files of forgotten keys, off the event loop (a slow disk must not stall it).
+fn remove_files(zone: &Zone, gone: Vec<(Hash, u64)>) {
+    let files: Vec<_> = gone
+        .iter()
+        .filter(|(_, size)| *size > 0)
+        .map(|(h, _)| zone.file(h))
+        .collect();
+    if files.is_empty() {
+        return;
+    }
+    super::entry::off_loop(move || {
+        for f in files {
+            let _ = std::fs::remove_file(f);
+        }
+    });
 }
 
 fn start_manager(zone: &Arc<Zone>) {
-    zone.index.manager.call_once(|| {
+    zone.local.manager.call_once(|| {
         let weak = Arc::downgrade(zone);
         let spawned = std::thread::Builder::new()
             .name(format!("cache manager {}", zone.name))
@@ -195,69 +225,75 @@ fn start_manager(zone: &Arc<Zone>) {
 
 /// The manager's loop; it ends with its zone (a reload made new ones).
 fn manage(weak: Weak<Zone>) {
-    if let Some(zone) = weak.upgrade() {
-        load(&zone);
-    }
     loop {
         let Some(zone) = weak.upgrade() else { return };
-        let mut inner = zone.index.lock();
-        let now = Instant::now();
-        let gone: Vec<Hash> = inner
-            .nodes
-            .iter()
-            .filter(|(_, n)| n.fetch.is_none() && now.duration_since(n.last) >= zone.inactive)
-            .map(|(h, _)| *h)
-            .collect();
-        for h in &gone {
-            drop_node(&zone, &mut inner, h);
-        }
-        if let Some(max) = zone.max_size.filter(|&m| inner.size > m) {
-            // Oldest first, until the entries fit.
-            let mut sized: Vec<(Instant, Hash)> = inner
-                .nodes
-                .iter()
-                .filter(|(_, n)| n.size > 0 && n.fetch.is_none())
-                .map(|(h, n)| (n.last, *h))
-                .collect();
-            sized.sort_unstable();
-            for (_, h) in sized {
-                if inner.size <= max {
-                    break;
-                }
-                drop_node(&zone, &mut inner, &h);
+        if zone.shm.lease(zone.gen) {
+            if !zone.shm.loaded() {
+                load(&zone);
+                zone.shm.set_loaded();
+            }
+            let gone = expire(&zone);
+            for h in gone {
+                let _ = std::fs::remove_file(zone.file(&h));
             }
         }
-        // Wait a second, or until an entry stored makes the folder outgrow `max_size`.
-        let (inner, _) = zone
-            .index
-            .wake
-            .wait_timeout(inner, Duration::from_secs(1))
-            .unwrap_or_else(|e| e.into_inner());
-        drop(inner);
+        drop(zone);
+        std::thread::sleep(Duration::from_secs(1));
     }
 }
 
+/// The keys not used for `inactive`, then the least recently used while the entries take
+/// more than `max_size`: forgotten, their files to be removed.
+fn expire(zone: &Zone) -> Vec<Hash> {
+    let now = shm::now_ms();
+    let inactive = zone.inactive.as_millis() as u64;
+    let mut g = zone.shm.lock();
+    let mut gone = Vec::new();
+    let mut drop_list = Vec::new();
+    let mut total = g.total();
+    for s in g.oldest_first() {
+        if g.fetch(s).is_some() {
+            continue;
+        }
+        let idle = g.idle_ms(s, now) >= inactive;
+        let over = zone.max_size.is_some_and(|m| total > m) && g.size(s) > 0;
+        if !idle && !over {
+            // The list is oldest first: the rest are neither idle nor needed.
+            if zone.max_size.is_none_or(|m| total <= m) {
+                break;
+            }
+            continue;
+        }
+        total = total.saturating_sub(g.size(s));
+        drop_list.push(s);
+    }
+    for s in drop_list {
+        if g.size(s) > 0 {
+            gone.push(g.hash(s));
+        }
+        g.remove(s);
+    }
+    gone
+}
+
 /// nginx's cache loader: the entries already in the folder (from before a restart) join
-/// the index, so that `max_size` and `inactive` count them.
-fn load(zone: &Arc<Zone>) {
+/// the zone, so that `max_size` and `inactive` count them.
+fn load(zone: &Zone) {
     let mut found = Vec::new();
     walk(&zone.dir, zone.levels.len(), &mut found);
-    let now = Instant::now();
-    let mut inner = zone.index.lock();
-    for (h, size) in found {
-        if inner.nodes.len() >= zone.keys {
-            break;
-        }
-        let n = inner.nodes.entry(h).or_insert(Node {
-            size: 0,
-            last: now,
-            uses: 0,
-            fetch: None,
-            fetch_since: now,
-        });
-        if n.size == 0 {
-            n.size = size;
-            inner.size += size;
+    for chunk in found.chunks(256) {
+        let mut g = zone.shm.lock();
+        for (h, size) in chunk {
+            if g.find(h).is_some() {
+                continue;
+            }
+            if g.count() >= zone.shm.capacity() {
+                return;
+            }
+            let mut none = Vec::new();
+            if let Ok(s) = g.get_or_insert(h, &mut none) {
+                g.set_size(s, *size);
+            }
         }
     }
 }
@@ -292,35 +328,22 @@ fn parse_hex(name: &str) -> Option<Hash> {
     }
     Some(h)
 }
-
-/// Whether the fetch under way for `h` is still the one `signal` belongs to.
-pub fn fetching_with(zone: &Zone, h: &Hash, signal: &Arc<Notify>) -> bool {
-    zone.index
-        .lock()
-        .nodes
-        .get(h)
-        .and_then(|n| n.fetch.as_ref())
-        .is_some_and(|f| Arc::ptr_eq(f, signal))
-}
-
 /// A purge removed `h`'s file: its size no longer counts (the key stays known, with the
 /// fetch that may be under way for it).
 pub fn forget(zone: &Zone, h: &Hash) {
-    let mut guard = zone.index.lock();
-    let inner = &mut *guard;
-    if let Some(n) = inner.nodes.get_mut(h) {
-        let size = std::mem::take(&mut n.size);
-        inner.size -= size.min(inner.size);
+    let mut g = zone.shm.lock();
+    if let Some(s) = g.find(h) {
+        g.set_size(s, 0);
     }
 }
 
-/// What the entries this index knows take, and how many they are (the metrics' gauges);
-/// the manager starts if it had not, so that the loader counts the entries on disk.
+/// What the entries of the zone take, and how many they are (the metrics' gauges); the
+/// manager starts if it had not, so that the loader counts the entries on disk.
 pub fn usage(zone: &Arc<Zone>) -> (u64, usize) {
     start_manager(zone);
-    let inner = zone.index.lock();
-    let entries = inner.nodes.values().filter(|n| n.size > 0).count();
-    (inner.size, entries)
+    let g = zone.shm.lock();
+    let entries = g.oldest_first().filter(|&s| g.size(s) > 0).count();
+    (g.total(), entries)
 }
 
 /// Every entry file in the zone's folder (its hash), as the loader finds them.

@@ -516,7 +516,7 @@ impl Streaming {
                 Ok(Some(b)) => t.write(req, b),
                 Ok(None) => {
                     if let Some(t) = self.tee.take() {
-                        t.commit(req);
+                        t.commit(req).await;
                     }
                 }
                 Err(_) => self.tee = None,
@@ -1003,7 +1003,7 @@ async fn fetch(
                 let peer = crate::modules::metrics::direct_peer(req, &addr);
                 let now = record(req, &addr, peer, attempt_status(r.as_ref()), t0);
                 let f = match r {
-                    Ok(a) => return outcome(req, c, a, addr, None, None),
+                    Ok(a) => return outcome(req, c, a, addr, None, None).await,
                     Err(f) => f,
                 };
                 let flow = failed(req, via.scheme(), &addr, &f);
@@ -1145,14 +1145,14 @@ async fn fetch(
                     } = a;
                     w.upstreams.put_idle(&up, slot, link.conn, now);
                     let cacheable = super::gateway_cache::cacheable(req);
-                    super::gateway_cache::store_whole(req, c, &head, &body, buffering);
+                    super::gateway_cache::store_whole(req, c, &head, &body, buffering).await;
                     return Outcome::Flow(whole(req, c, head, body, cacheable));
                 }
                 let pool = keep.then(|| Pooled {
                     up: up.clone(),
                     slot,
                 });
-                return outcome(req, c, a, addr.clone(), pool, Some(lease));
+                return outcome(req, c, a, addr.clone(), pool, Some(lease)).await;
             }
             Err(f) => {
                 let flow = failed(req, via.scheme(), addr, &f);
@@ -1440,7 +1440,7 @@ fn whole(req: &Request, c: &GatewayConf, head: CgiHead, body: BytesMut, cacheabl
 }
 
 /// A whole answer goes on as a flow; the head of a big one as a stream.
-fn outcome(
+async fn outcome(
     req: &Request,
     c: &GatewayConf,
     a: Answered,
@@ -1454,7 +1454,7 @@ fn outcome(
     // Whether the answer may be stored, before storing it takes the request's entry.
     let cacheable = super::gateway_cache::cacheable(req);
     if a.done {
-        super::gateway_cache::store_whole(req, c, &a.head, &a.body, a.buffering);
+        super::gateway_cache::store_whole(req, c, &a.head, &a.body, a.buffering).await;
         return Outcome::Flow(whole(req, c, a.head, a.body, cacheable));
     }
     let tee = super::gateway_cache::tee(req, c, &a.head, a.buffering);

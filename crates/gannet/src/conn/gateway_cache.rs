@@ -15,6 +15,10 @@
 //! (`conn::gateway::answer`), so the hidden headers, `proxy_redirect` and the rest apply
 //! the same; its body is a range of the entry file, sent like a static file's (sendfile,
 //! byte ranges).
+//!
+//! Entry files are opened and written off the event loop (`cache::entry`): a lookup is one
+//! hop to the blocking pool (two when the entry has a `Vary` variant to open next), a hit
+//! no more than that.
 
 use super::gateway::answer;
 use crate::cache::entry::{self, Meta, Writer};
@@ -173,13 +177,21 @@ async fn look_up(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Option<Flo
     let main = key::hash(key.as_bytes());
     if any_set(&cc.bypass, req) {
         set_status(req, Status::Bypass);
-        let main_vary = entry::open(&zone.file(&main), &key).map(|(_, m)| (m.vary, m.variant));
+        let main_vary = entry::lookup(zone.file(&main), key.as_str().into())
+            .await
+            .map(|(_, m)| (m.vary, m.variant));
         pend(req, zone, key, main, main_vary, true, None, None);
         return None;
     }
+    let shared_key: Arc<str> = key.as_str().into();
+    // When waiting for the lock ends (`*_cache_lock_timeout`), from the first wait on.
+    let mut lock_deadline = None;
+    let mut first = true;
     loop {
-        let seen = store::look(zone, &main);
-        let mut found = entry::open(&zone.file(&main), &key);
+        let Ok(seen) = store::look(zone, &main, std::mem::take(&mut first)) else {
+            return Some(Flow::Status(500));
+        };
+        let mut found = entry::lookup(zone.file(&main), shared_key.clone()).await;
         let mut found_at = main;
         // The main entry's Vary, and its variant: where an answer goes (see `start`).
         let main_vary = found.as_ref().map(|(_, m)| (m.vary.clone(), m.variant));
@@ -194,7 +206,8 @@ async fn look_up(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Option<Flo
             if want != v.variant {
                 // Another variant: its own entry, if it is one for this request.
                 found_at = want;
-                found = entry::open(&zone.file(&want), &key)
+                found = entry::lookup(zone.file(&want), shared_key.clone())
+                    .await
                     .filter(|(_, m)| m.vary.is_empty() || variant_for(&m.vary) == m.variant);
             }
         }
@@ -208,24 +221,26 @@ async fn look_up(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Option<Flo
         let serve_updating = found.as_ref().is_some_and(|(_, m)| {
             cc.use_stale() & stale::UPDATING != 0 || m.stale_updating(now_secs())
         });
-        if let Some((signal, age)) = fetching {
+        if let Some((token, age)) = fetching {
             if serve_updating {
                 let (file, meta) = found?;
                 set_status(req, Status::Updating);
                 return Some(serve(req, c, file, meta));
             }
             if cc.lock() && age < cc.lock_age() {
-                let notified = signal.notified();
-                let mut notified = std::pin::pin!(notified);
-                notified.as_mut().enable();
-                if store::fetching_with(zone, &main, &signal) {
-                    let left = cc.lock_timeout();
-                    if tokio::time::timeout(left, notified).await.is_err() {
-                        // nginx: the request goes to the upstream, and its answer is not
-                        // cached.
-                        set_status(req, Status::Miss);
-                        return None;
-                    }
+                // As nginx's ngx_http_file_cache_lock_wait: until the fetch ends, or ages
+                // past `*_cache_lock_age` (then this request fetches), or the timeout.
+                let now = tokio::time::Instant::now();
+                let deadline = *lock_deadline.get_or_insert(now + cc.lock_timeout());
+                let left = deadline.saturating_duration_since(now);
+                let aged = cc.lock_age() - age;
+                if !store::wait(zone, &main, token, left.min(aged)).await
+                    && tokio::time::Instant::now() >= deadline
+                {
+                    // nginx: the request goes to the upstream, and its answer is not
+                    // cached.
+                    set_status(req, Status::Miss);
+                    return None;
                 }
                 continue;
             }
@@ -233,7 +248,9 @@ async fn look_up(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Option<Flo
         if serve_updating && cc.background_update() && !req.cache_background {
             // nginx: the expired entry is the answer (STALE) and a copy of the request
             // updates it; the key counts as being updated from now on.
-            let fetch = store::begin_fetch(zone, &main);
+            let Some(fetch) = store::begin_fetch(zone, &main, seen.fetching.map(|(t, _)| t)) else {
+                continue;
+            };
             if background_update(req, fetch) {
                 let (file, meta) = found?;
                 set_status(req, Status::Stale);
@@ -248,7 +265,10 @@ async fn look_up(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Option<Flo
                 Status::Miss
             },
         );
-        let fetch = store::begin_fetch(zone, &main);
+        let Some(fetch) = store::begin_fetch(zone, &main, seen.fetching.map(|(t, _)| t)) else {
+            // Another request began fetching since: wait for it (or not) as above.
+            continue;
+        };
         // A range from too far into the answer goes to the upstream as it is, not stored.
         let store = seen.uses >= cc.min_uses() && !cc.range_too_far(req);
         let revalidate = found
@@ -460,17 +480,7 @@ fn start(
         p.zone.dir.clone()
     };
     let dest = p.zone.file(&hash);
-    let w = match Writer::create(&tmp_dir, dest, &p.key, &meta) {
-        Ok(w) => w,
-        Err(e) => {
-            errlog::request(
-                Level::Crit,
-                req,
-                format_args!("{}", errlog::failed("open()", &tmp_dir, &e)),
-            );
-            return None;
-        }
-    };
+    let w = Writer::create(&tmp_dir, dest, &p.key, &meta);
     drop(pending);
     let mut p = req.cache.borrow_mut().take()?;
     p.hash = hash;
@@ -503,23 +513,30 @@ fn revalidated(req: &Request, c: &GatewayConf, head: &CgiHead) {
         return;
     };
     let path = p.zone.file(&p.hash);
-    match entry::refresh(&path, until, now) {
-        Ok(()) => meta.valid = until,
-        Err(e) => errlog::request(
-            Level::Crit,
-            req,
-            format_args!("{}", errlog::failed("pwrite()", &path, &e)),
-        ),
-    }
+    meta.valid = until;
+    entry::off_loop(move || {
+        if let Err(e) = entry::refresh(&path, until, now) {
+            errlog::log(
+                Level::Crit,
+                format_args!("{}", errlog::failed("pwrite()", &path, &e)),
+            );
+        }
+    });
 }
 
 /// An answer that came whole: store it if it may be (not when it is not buffered:
 /// `*_buffering off` or `X-Accel-Buffering: no`, as nginx).
-pub fn store_whole(req: &Request, c: &GatewayConf, head: &CgiHead, body: &[u8], buffering: bool) {
+pub async fn store_whole(
+    req: &Request,
+    c: &GatewayConf,
+    head: &CgiHead,
+    body: &[u8],
+    buffering: bool,
+) {
     if let Some((p, w)) = start(req, c, head, buffering) {
-        let mut tee = Tee { p, w, ok: true };
+        let mut tee = Tee { p, w };
         tee.write(req, body);
-        tee.commit(req);
+        tee.commit(req).await;
     }
 }
 
@@ -527,51 +544,37 @@ pub fn store_whole(req: &Request, c: &GatewayConf, head: &CgiHead, body: &[u8], 
 pub struct Tee {
     p: Box<Pending>,
     w: Writer,
-    ok: bool,
 }
 
 /// Start storing an answer read in pieces: each piece the client is given is written
 /// ([`Tee::write`]), the bytes that came with the head too.
 pub fn tee(req: &Request, c: &GatewayConf, head: &CgiHead, buffering: bool) -> Option<Tee> {
     let (p, w) = start(req, c, head, buffering)?;
-    Some(Tee { p, w, ok: true })
+    Some(Tee { p, w })
 }
 
 impl Tee {
-    pub fn write(&mut self, req: &Request, b: &[u8]) {
-        if self.ok && !b.is_empty() {
-            if let Err(e) = self.w.write(b) {
-                errlog::request(
-                    Level::Crit,
-                    req,
-                    format_args!(
-                        "write() to cache temp file failed ({})",
-                        errlog::errno_text(&e)
-                    ),
-                );
-                self.ok = false;
-            }
+    /// A piece of the answer, queued for the entry (a failure is logged by the writer).
+    pub fn write(&mut self, _req: &Request, b: &[u8]) {
+        if !b.is_empty() {
+            self.w.write(b);
         }
     }
 
-    /// The answer ended whole: put the entry in place.
-    pub fn commit(self, req: &Request) {
-        if !self.ok {
-            return;
-        }
-        let Tee { p, w, .. } = self;
-        match w.commit() {
-            Ok(size) => store::stored(&p.zone, &p.hash, size),
-            Err(e) => errlog::request(
-                Level::Crit,
-                req,
-                format_args!(
-                    "rename() of cache temp file failed ({})",
-                    errlog::errno_text(&e)
-                ),
-            ),
-        }
-        drop(p);
+    /// The answer ended whole: put the entry in place. The fetch ends (its waiters go on)
+    /// once the entry is there; the answer's end waits for it too, so that the client's
+    /// next request finds the entry (nginx renames before it finishes the request).
+    pub async fn commit(self, _req: &Request) {
+        let Tee { p, w } = self;
+        let (done, placed) = tokio::sync::oneshot::channel();
+        w.commit(Box::new(move |size| {
+            if let Some(size) = size {
+                store::stored(&p.zone, &p.hash, size);
+            }
+            drop(p);
+            let _ = done.send(());
+        }));
+        let _ = placed.await;
     }
 }
 

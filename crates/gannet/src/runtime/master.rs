@@ -591,6 +591,8 @@ fn serve(
                         .or_else(|| gens.iter().find_map(|g| g.process.finished()))
                 };
                 while let Some((pid, status)) = ended(&gens) {
+                    // What it held in the cache keys zones is freed first.
+                    crate::cache::shm::child_died(pid);
                     if up.new_binary == Some(pid) {
                         let (how, _) = worker_process::describe(status);
                         crate::errlog::notice(format_args!("new binary process {pid} {how}"));
