@@ -36,6 +36,7 @@ pub mod memcached;
 pub mod metrics;
 pub mod mirror;
 pub mod otel;
+pub mod grpc;
 pub mod proxy;
 pub mod proxy_cookie;
 pub mod proxy_ssl;
@@ -215,6 +216,10 @@ pub const MODULES: &[Module] = &[
     Module {
         directives: proxy::DIRECTIVES,
         set: proxy::set,
+    },
+    Module {
+        directives: grpc::DIRECTIVES,
+        set: grpc::set,
     },
     Module {
         directives: proxy_cookie::DIRECTIVES,
@@ -414,6 +419,7 @@ pub struct LocConf {
     pub uwsgi: uwsgi::UwsgiConf,
     pub memcached: memcached::MemcachedConf,
     pub proxy: proxy::ProxyConf,
+    pub grpc: grpc::GrpcConf,
     pub mirror: mirror::MirrorConf,
     /// `health_check`, of this location only (not inherited).
     pub health_check: Option<Arc<health_check::HealthCheck>>,
@@ -471,6 +477,7 @@ impl LocConf {
         self.uwsgi.merge(&parent.uwsgi);
         self.memcached.merge(&parent.memcached);
         self.proxy.merge(&parent.proxy);
+        self.grpc.merge(&parent.grpc);
         self.mirror.merge(&parent.mirror);
         self.tls.merge(&parent.tls);
         self.http2.merge(&parent.http2);

@@ -371,6 +371,13 @@ async fn answer(
     };
     let mut handled = handler::settle(&mut req, w, handled).await;
     let timeout = req.conf.core.client_body_timeout();
+    // gRPC streams both ways from the head on (`conn::grpc`): the body is never read first.
+    if matches!(handled, Handled::Gateway) && super::grpc::is_grpc(&req) {
+        match super::grpc::serve_h2(w, &mut req, recv, respond).await {
+            super::grpc::Served::Done => return timeout,
+            super::grpc::Served::Flow(flow) => handled = handler::resume(&mut req, w, flow),
+        }
+    }
     // As HTTP/1.x decides: `*_request_buffering off` passes it on as it arrives.
     let mut stream_body = match handled {
         Handled::Gateway if !recv.is_end_stream() => super::gateway::streams(&req),
