@@ -622,9 +622,10 @@ fn load_location(
     }
     lctx.prefixless = false;
     conf.merge(parent_conf);
+    // Before the `if` blocks are merged: they inherit the TLS setup with the handler.
+    modules::grpc::finish(&mut conf, lctx, &d.loc)?;
     modules::rewrite::merge_ifs(&mut conf);
     modules::proxy_ssl::finish(&mut conf, lctx, &d.loc)?;
-    modules::grpc::finish(&mut conf, lctx, &d.loc)?;
     modules::gateway_cache::finish(&conf, lctx, &d.loc);
     modules::access::merge_limit_except(&mut conf);
     if let Some(check) = conf.health_check.clone() {

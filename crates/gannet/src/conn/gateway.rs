@@ -1259,7 +1259,7 @@ pub(super) fn record(req: &Request, addr: &Addr, peer: MetricsKey, status: u16, 
 
 /// Whether `*_next_upstream http_NNN` sends a request that got this answer on to the next
 /// server (idempotent requests only, unless `non_idempotent` is listed).
-fn retry_status(status: u16, c: &GatewayConf, req: &Request) -> bool {
+pub(super) fn retry_status(status: u16, c: &GatewayConf, req: &Request) -> bool {
     let Some(list) = c.next_upstream.as_deref() else {
         return false;
     };

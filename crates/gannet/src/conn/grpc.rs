@@ -159,12 +159,23 @@ struct Opened {
 
 /// Open the request's stream on a server of the location's upstream: the group's balancing
 /// picks one, and a server that cannot be reached is skipped per `grpc_next_upstream`
-/// (nothing has been sent to it). `end`: the request has no body.
+/// (nothing has been sent to it). `whole`: the request's body at hand (maybe empty), sent
+/// here, and the answer's head read here too, so that a failure or a status listed in
+/// `grpc_next_upstream` moves the request on to the next server; `None`: the body streams
+/// from the client after this, and the head is the caller's to read.
+#[allow(clippy::type_complexity)]
 async fn open(
     w: &Worker,
     req: &Request,
-    end: bool,
-) -> Result<(Opened, SendStream<Bytes>), Flow> {
+    whole: Option<Bytes>,
+) -> Result<
+    (
+        Opened,
+        SendStream<Bytes>,
+        Option<(http::response::Parts, RecvStream)>,
+    ),
+    Flow,
+> {
     let c = &req.conf.grpc;
     let Some(target) = c.target.as_deref() else {
         return Err(Flow::Status(500));
@@ -214,10 +225,18 @@ async fn open(
             hash: None,
         },
     };
+    // `grpc_next_upstream_tries` and `_timeout` allow another attempt.
+    let within = |attempts: u64, start: Instant, now: Instant| {
+        gwc.next_upstream_tries
+            .is_none_or(|n| n == 0 || attempts < n)
+            && gwc
+                .next_upstream_timeout
+                .is_none_or(|t| t.is_zero() || now.duration_since(start) < t)
+    };
     let mut attempts = 0u64;
     loop {
         attempts += 1;
-        let (addr, server) = match &backend {
+        let (addr, mut server) = match &backend {
             Backend::Group(up) => match w.upstreams.pick(up, &key, &tried, now) {
                 Pick::Server(i, lease) => {
                     tried.push(i);
@@ -253,44 +272,65 @@ async fn open(
             Some((up, i, _)) => up.servers[*i].metrics,
             None => crate::modules::metrics::direct_peer(req, &addr),
         };
-        match stream(req, &via, &addr, keep, &head, end).await {
-            Ok((answer, body)) => {
-                let o = Opened {
+        let end = whole.as_ref().is_some_and(Bytes::is_empty);
+        let f = match stream(req, &via, &addr, keep, &head, end).await {
+            Ok((answer, mut body)) => {
+                let mut o = Opened {
                     answer,
-                    addr,
+                    addr: addr.clone(),
                     peer,
                     since: now,
                     scheme: via.scheme(),
                     server,
                 };
-                return Ok((o, body));
+                let Some(data) = &whole else {
+                    return Ok((o, body, None));
+                };
+                if !data.is_empty() {
+                    // A failure to send shows in the answer (or its absence).
+                    let _ = send_up(&mut body, data.clone(), true, gwc.send_timeout()).await;
+                }
+                let r = answer_head(req, &mut o).await;
+                now = Instant::now();
+                match r {
+                    Ok((parts, recv)) => {
+                        let status = parts.status.as_u16();
+                        let more = match &o.server {
+                            Some((up, ..)) => tried.len() < up.servers.len(),
+                            None => spare.len() > 0,
+                        } && within(attempts, start, now);
+                        if !more || !gw::retry_status(status, gwc, req) {
+                            return Ok((o, body, Some((parts, recv))));
+                        }
+                        // nginx counts these against the server, except 403 and 404.
+                        if let Some((up, i, _)) = &o.server {
+                            if status != 403 && status != 404 {
+                                w.upstreams.failed(up, *i, now);
+                            }
+                        }
+                        continue;
+                    }
+                    Err(f) => {
+                        server = o.server.take();
+                        f
+                    }
+                }
             }
             Err(f) => {
                 now = gw::record(req, &addr, peer, f.status(), now);
-                let flow = gw::failed(req, via.scheme(), &addr, &f);
-                let group_left = match &server {
-                    Some((up, i, _)) => {
-                        w.upstreams.failed(up, *i, now);
-                        tried.len() < up.servers.len()
-                    }
-                    None => true,
-                };
-                let more = group_left
-                    && gw::retryable(&f, gwc, req)
-                    && gwc
-                        .next_upstream_tries
-                        .is_none_or(|n| n == 0 || attempts < n)
-                    && gwc
-                        .next_upstream_timeout
-                        .is_none_or(|t| t.is_zero() || now.duration_since(start) < t);
-                let has_next = match &backend {
-                    Backend::Group(_) => true,
-                    _ => spare.len() > 0,
-                };
-                if !more || !has_next {
-                    return Err(flow);
-                }
+                f
             }
+        };
+        let flow = gw::failed(req, via.scheme(), &addr, &f);
+        let group_left = match &server {
+            Some((up, i, _)) => {
+                w.upstreams.failed(up, *i, now);
+                tried.len() < up.servers.len()
+            }
+            None => spare.len() > 0,
+        };
+        if !group_left || !gw::retryable(&f, gwc, req) || !within(attempts, start, now) {
+            return Err(flow);
         }
     }
 }
@@ -378,11 +418,12 @@ fn cgi_head(resp: &http::response::Parts) -> CgiHead {
     }
 }
 
-/// The answer's head within `grpc_read_timeout`; failures are logged with the server.
+/// The answer's head within `grpc_read_timeout`, recorded for `$upstream_*`; a failure
+/// is the caller's to log.
 async fn answer_head(
     req: &Request,
     o: &mut Opened,
-) -> Result<(http::response::Parts, RecvStream), Flow> {
+) -> Result<(http::response::Parts, RecvStream), Failure> {
     let timeout = req.conf.grpc.gw.read_timeout();
     let r = match tokio::time::timeout(timeout, &mut o.answer).await {
         Ok(Ok(r)) => Ok(r),
@@ -397,10 +438,7 @@ async fn answer_head(
         req.upstream.borrow_mut().head_read = Some(Instant::now());
     }
     gw::record(req, &o.addr, o.peer, status, o.since);
-    match r {
-        Ok(r) => Ok(r.into_parts()),
-        Err(f) => Err(gw::failed(req, o.scheme, &o.addr, &f)),
-    }
+    r.map(http::Response::into_parts)
 }
 
 /// What became of a stream served to an HTTP/2 client.
@@ -421,10 +459,11 @@ pub async fn serve_h2(
 ) -> Served {
     let end = recv.is_end_stream();
     let opened = {
-        let open = std::pin::pin!(open(w, req, end));
+        // Without a body, the whole exchange up to the head may move to another server.
+        let open = std::pin::pin!(open(w, req, end.then(Bytes::new)));
         race_reset(respond, open).await
     };
-    let (mut o, mut body) = match opened {
+    let (mut o, mut body, head0) = match opened {
         Some(Ok(o)) => o,
         Some(Err(flow)) => return Served::Flow(flow),
         None => return client_gone(w, req),
@@ -444,7 +483,9 @@ pub async fn serve_h2(
     ));
     let mut pumped = end;
     // The answer's head, while the body goes up.
-    let head = {
+    let head = if let Some(h) = head0 {
+        Some(Ok(h))
+    } else {
         let mut head = std::pin::pin!(answer_head(req, &mut o));
         let mut reset = std::pin::pin!(std::future::poll_fn(|cx| respond.poll_reset(cx)));
         std::future::poll_fn(|cx| {
@@ -465,7 +506,7 @@ pub async fn serve_h2(
     };
     let (parts, mut up) = match head {
         Some(Ok(h)) => h,
-        Some(Err(flow)) => return Served::Flow(flow),
+        Some(Err(f)) => return Served::Flow(gw::failed(req, o.scheme, &o.addr, &f)),
         None => return client_gone(w, req),
     };
     let mut resp = match gw::answer(req, &req.conf.grpc.gw, cgi_head(&parts)) {
@@ -590,12 +631,29 @@ async fn pump_body(
         if limit > 0 && total > limit {
             return Err(Pumped::Client);
         }
-        send_up(send, chunk, send_timeout).await?;
+        // The last DATA frame ends the upstream stream too, as nginx sends it.
+        let last = recv.is_end_stream();
+        if chunk.is_empty() && !last {
+            continue;
+        }
+        send_up(send, chunk, last, send_timeout).await?;
+        if last {
+            return Ok(());
+        }
     }
 }
 
-/// `data` upstream as its window opens, within `grpc_send_timeout` per wait.
-async fn send_up(send: &mut SendStream<Bytes>, mut data: Bytes, timeout: Duration) -> Result<(), Pumped> {
+/// `data` upstream as its window opens, within `grpc_send_timeout` per wait; `end`: its
+/// last frame ends the stream.
+async fn send_up(
+    send: &mut SendStream<Bytes>,
+    mut data: Bytes,
+    end: bool,
+    timeout: Duration,
+) -> Result<(), Pumped> {
+    if data.is_empty() && end {
+        return send.send_data(data, true).map_err(|_| Pumped::Upstream);
+    }
     while !data.is_empty() {
         send.reserve_capacity(data.len());
         let cap = tokio::time::timeout(timeout, std::future::poll_fn(|cx| send.poll_capacity(cx)));
@@ -606,7 +664,8 @@ async fn send_up(send: &mut SendStream<Bytes>, mut data: Bytes, timeout: Duratio
         if n == 0 {
             continue;
         }
-        send.send_data(data.split_to(n), false)
+        let piece = data.split_to(n);
+        send.send_data(piece, end && data.is_empty())
             .map_err(|_| Pumped::Upstream)?;
     }
     Ok(())
@@ -693,19 +752,12 @@ pub async fn run_whole(w: &Worker, req: &Request) -> Flow {
         }
         None => Bytes::new(),
     };
-    let (mut o, mut send) = match open(w, req, body.is_empty()).await {
+    let (o, _send, head) = match open(w, req, Some(body)).await {
         Ok(o) => o,
         Err(flow) => return flow,
     };
-    if !body.is_empty() {
-        let send_timeout = req.conf.grpc.gw.send_timeout();
-        if send_up(&mut send, body, send_timeout).await.is_ok() {
-            let _ = send.send_data(Bytes::new(), true);
-        }
-    }
-    let (parts, mut up) = match answer_head(req, &mut o).await {
-        Ok(h) => h,
-        Err(flow) => return flow,
+    let Some((parts, mut up)) = head else {
+        return Flow::Status(502);
     };
     let timeout = req.conf.grpc.gw.read_timeout();
     let mut data = BytesMut::new();
