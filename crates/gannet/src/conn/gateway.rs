@@ -1241,7 +1241,13 @@ fn attempt_status(r: Result<&Answered, &Failure>) -> u16 {
 
 /// Note an attempt for the `$upstream_*` variables; returns when it ended.
 /// Also counted for `metrics` in the server's key `peer`.
-pub(super) fn record(req: &Request, addr: &Addr, peer: MetricsKey, status: u16, since: Instant) -> Instant {
+pub(super) fn record(
+    req: &Request,
+    addr: &Addr,
+    peer: MetricsKey,
+    status: u16,
+    since: Instant,
+) -> Instant {
     let end = Instant::now();
     let mut tries = req.upstream.borrow_mut();
     let connect = tries.connected.take().map(|t| t.duration_since(since));

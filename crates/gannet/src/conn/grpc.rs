@@ -115,10 +115,11 @@ fn build_head(req: &Request, dest: &crate::modules::proxy::Dest) -> Result<Head,
             headers.append(n, v);
         }
     };
-    let trailers = req
-        .head
-        .header_all("te")
-        .any(|v| String::from_utf8_lossy(v).to_ascii_lowercase().contains("trailers"));
+    let trailers = req.head.header_all("te").any(|v| {
+        String::from_utf8_lossy(v)
+            .to_ascii_lowercase()
+            .contains("trailers")
+    });
     if trailers && !is_set("te") {
         put("te", b"trailers");
     }
@@ -398,9 +399,10 @@ fn h2_failure(e: h2::Error, phase: &'static str) -> Failure {
         }
     }
     match e.reason() {
-        Some(r) if e.is_remote() && e.is_reset() => {
-            Failure::Protocol(format!("upstream rejected request with error {}", u32::from(r)))
-        }
+        Some(r) if e.is_remote() && e.is_reset() => Failure::Protocol(format!(
+            "upstream rejected request with error {}",
+            u32::from(r)
+        )),
         _ => Failure::Protocol(format!("upstream sent invalid http2 frames ({e})")),
     }
 }
@@ -538,17 +540,17 @@ pub async fn serve_h2(
         let whole = {
             let mut relay = std::pin::pin!(relay(req, &o, &mut up, &mut out));
             std::future::poll_fn(|cx| {
-            if !pumped {
-                if let Poll::Ready(r) = pump.as_mut().poll(cx) {
-                    pumped = true;
-                    if let Err(Pumped::Client) = r {
-                        return Poll::Ready(false);
+                if !pumped {
+                    if let Poll::Ready(r) = pump.as_mut().poll(cx) {
+                        pumped = true;
+                        if let Err(Pumped::Client) = r {
+                            return Poll::Ready(false);
+                        }
                     }
                 }
-            }
-            relay.as_mut().poll(cx)
-        })
-        .await
+                relay.as_mut().poll(cx)
+            })
+            .await
         };
         if !whole {
             out.stream.send_reset(h2::Reason::CANCEL);

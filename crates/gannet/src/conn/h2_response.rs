@@ -32,7 +32,11 @@ const HOP_BY_HOP: &[&str] = &[
 
 /// The head, and about how many bytes it stands for (name, value and separators, as the
 /// HTTP/1.x head would count them; HPACK makes the real frames smaller).
-pub(super) fn head(resp: &Response, body_len: u64, server_tokens: bool) -> (http::Response<()>, u64) {
+pub(super) fn head(
+    resp: &Response,
+    body_len: u64,
+    server_tokens: bool,
+) -> (http::Response<()>, u64) {
     let mut fields: Vec<(&str, String)> = Vec::with_capacity(8 + resp.headers.len());
     let server = if server_tokens {
         concat!("gannet/", env!("CARGO_PKG_VERSION"))
