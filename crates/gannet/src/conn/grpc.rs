@@ -459,10 +459,18 @@ pub async fn serve_h2(
     recv: &mut RecvStream,
     respond: &mut SendResponse<Bytes>,
 ) -> Served {
-    let end = recv.is_end_stream();
+    // A body read already (for a mirror) goes whole, and so does none: the whole exchange
+    // up to the head may then move to another server.
+    let whole = match req.body.as_deref() {
+        Some(b) => match body_bytes(b) {
+            Some(b) => Some(b),
+            None => return Served::Flow(Flow::Status(500)),
+        },
+        None => recv.is_end_stream().then(Bytes::new),
+    };
+    let end = whole.is_some();
     let opened = {
-        // Without a body, the whole exchange up to the head may move to another server.
-        let open = std::pin::pin!(open(w, req, end.then(Bytes::new)));
+        let open = std::pin::pin!(open(w, req, whole));
         race_reset(respond, open).await
     };
     let (mut o, mut body, head0) = match opened {
@@ -739,19 +747,9 @@ fn relay_failed(req: &Request, o: &Opened, f: Failure, out: &mut Out<'_>) {
 /// The exchange for an HTTP/1.x client: the body read whole goes up, the answer comes back
 /// whole (its trailers dropped).
 pub async fn run_whole(w: &Worker, req: &Request) -> Flow {
-    let body: Bytes = match req.body.as_deref() {
-        Some(RequestBody::Memory(v)) => Bytes::copy_from_slice(v),
-        Some(RequestBody::File(f)) => {
-            let mut buf = vec![0u8; usize::try_from(f.len()).unwrap_or(0)];
-            let mut at = 0;
-            while at < buf.len() {
-                match f.piece(at as u64, &mut buf[at..]) {
-                    Ok(n) if n > 0 => at += n,
-                    _ => return Flow::Status(500),
-                }
-            }
-            Bytes::from(buf)
-        }
+    let body = match req.body.as_deref().map(body_bytes) {
+        Some(Some(b)) => b,
+        Some(None) => return Flow::Status(500),
         None => Bytes::new(),
     };
     let (o, _send, head) = match open(w, req, Some(body)).await {
@@ -785,5 +783,24 @@ pub async fn run_whole(w: &Worker, req: &Request) -> Flow {
             Flow::Done(resp)
         }
         flow => flow,
+    }
+}
+
+/// A body read whole, in memory (one in a temporary file is read back); `None` when the
+/// file cannot be read.
+fn body_bytes(b: &RequestBody) -> Option<Bytes> {
+    match b {
+        RequestBody::Memory(v) => Some(Bytes::copy_from_slice(v)),
+        RequestBody::File(f) => {
+            let mut buf = vec![0u8; usize::try_from(f.len()).ok()?];
+            let mut at = 0;
+            while at < buf.len() {
+                match f.piece(at as u64, &mut buf[at..]) {
+                    Ok(n) if n > 0 => at += n,
+                    _ => return None,
+                }
+            }
+            Some(Bytes::from(buf))
+        }
     }
 }
