@@ -32,7 +32,7 @@ class App:
         self.first_sent = threading.Event()
         self.cancelled = threading.Event()
         self.deadline_left = None
-        self.streams_open = 0
+        self.calls: list = []
         handlers = {
             "Unary": grpc.unary_unary_rpc_method_handler(self.unary),
             "Fail": grpc.unary_unary_rpc_method_handler(self.fail),
@@ -54,6 +54,7 @@ class App:
         self.server.stop(0)
 
     def unary(self, req, ctx):
+        self.calls.append(req)
         self.seen_md = dict(ctx.invocation_metadata())
         ctx.send_initial_metadata((("x-up-head", "h1"),))
         ctx.set_trailing_metadata((("x-up-trailer", "t1"),))
@@ -305,3 +306,38 @@ def test_unary_and_errors_side_by_side_with_nginx(tmp_path, app):
         assert results[0] == results[1]
         assert results[0][3] == grpc.StatusCode.NOT_FOUND
         assert results[0][5] == grpc.StatusCode.UNAVAILABLE
+
+
+def framed(msg: bytes) -> bytes:
+    """One gRPC message on the wire: uncompressed flag, length, bytes."""
+    return b"\x00" + len(msg).to_bytes(4, "big") + msg
+
+
+def test_http1_client_gets_the_answer_whole(gannet, app):
+    srv = gannet.start(conf=conf_for("listen 127.0.0.1:{port};", f"""
+        location / {{ grpc_pass grpc://127.0.0.1:{app.port}; }}"""))
+    status, headers, body = srv.request("POST", f"/{SVC}/Unary", body=framed(b"h1"),
+                                        headers={"Content-Type": "application/grpc", "TE": "trailers"})
+    assert status == 200
+    assert body == framed(b"echo:h1")
+    assert headers.get("x-up-head") == "h1"
+
+
+def test_mirror_gets_the_body_too(gannet, app):
+    srv = start(gannet, f"""
+        location /m {{
+            internal;
+            rewrite ^ /{SVC}/Unary break;
+            grpc_pass grpc://127.0.0.1:{app.port};
+        }}
+        location / {{
+            grpc_pass grpc://127.0.0.1:{app.port};
+            mirror /m;
+        }}""")
+    with channel(srv.port) as ch:
+        resp, c = ch.unary_unary(f"/{SVC}/Unary").with_call(b"mirrored", timeout=10)
+    assert resp == b"echo:mirrored"
+    assert dict(c.trailing_metadata()).get("x-up-trailer") == "t1"
+    # The mirror's copy of the request went up with the body read for it.
+    wait_until(lambda: len(app.calls) == 2)
+    assert app.calls == [b"mirrored", b"mirrored"]
