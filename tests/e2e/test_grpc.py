@@ -6,6 +6,7 @@ gRPC statuses, and the unary and error cases side by side with Debian's nginx.""
 from __future__ import annotations
 
 import queue
+import subprocess
 import sys
 import threading
 from concurrent import futures
@@ -244,6 +245,11 @@ def test_read_timeout_is_504(gannet, app):
 def pki(tmp_path_factory):
     p = Pki(tmp_path_factory.mktemp("pki"))
     p.issue("backend", "localhost", sans=("localhost",))
+    p.issue("client", "gannet-client")
+    # The client key encrypted, its passphrase in a file (grpc_ssl_password_file).
+    subprocess.run(["openssl", "pkey", "-in", "client.key", "-aes256", "-passout", "pass:s3cret",
+                    "-out", "client.enc.key"], cwd=p.d, check=True, capture_output=True)
+    (p.d / "pass.txt").write_text("wrong\ns3cret\n")
     return p
 
 
@@ -278,10 +284,28 @@ def test_config_errors(gannet):
         conf = gannet.tmp / "bad.conf"
         text, _ = gannet.render(conf_for("listen 127.0.0.1:{port} http2;", f"location / {{ {loc} }}"))
         conf.write_text(text)
-        import subprocess
         from conftest import gannet_bin
         r = subprocess.run([str(gannet_bin()), "-t", "-c", str(conf)], capture_output=True, text=True)
         assert r.returncode != 0 and msg in r.stderr and "bad.conf:" in r.stderr, (loc, r.stderr)
+
+
+def test_grpcs_client_certificate_with_encrypted_key(gannet, pki):
+    creds = grpc.ssl_server_credentials(
+        ((pki.path("backend.key").read_bytes(), pki.path("backend.pem").read_bytes()),),
+        root_certificates=pki.path("ca.pem").read_bytes(), require_client_auth=True)
+    a = App(creds)
+    try:
+        srv = start(gannet, f"""
+            location / {{
+                grpc_pass grpcs://127.0.0.1:{a.port};
+                grpc_ssl_certificate {pki.path("client.pem")};
+                grpc_ssl_certificate_key {pki.path("client.enc.key")};
+                grpc_ssl_password_file {pki.path("pass.txt")};
+            }}""")
+        with channel(srv.port) as ch:
+            assert ch.unary_unary(f"/{SVC}/Unary")(b"tls", timeout=10) == b"echo:tls"
+    finally:
+        a.stop()
 
 
 @pytest.mark.skipif(NGINX is None, reason="needs Debian's nginx")

@@ -58,6 +58,7 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("grpc_ssl_certificate", HSL, Args::Exactly(1)),
     spec("grpc_ssl_certificate_key", HSL, Args::Exactly(1)),
     spec("grpc_ssl_session_reuse", HSL, Args::Exactly(1)),
+    spec("grpc_ssl_password_file", HSL, Args::Exactly(1)),
 ];
 
 /// Where `grpc_pass` sends requests.

@@ -9,7 +9,9 @@
 //! depth limit to set), `proxy_ssl_server_name` (off), `proxy_ssl_name` (`$proxy_host`),
 //! `proxy_ssl_protocols` (`TLSv1.2 TLSv1.3`), `proxy_ssl_ciphers`,
 //! `proxy_ssl_certificate` / `proxy_ssl_certificate_key` (a client certificate for
-//! upstreams that ask for one) and `proxy_ssl_session_reuse` (on).
+//! upstreams that ask for one), `proxy_ssl_session_reuse` (on) and `proxy_ssl_password_file`
+//! (passphrases for an encrypted key). The same settings serve `grpc_ssl_*`
+//! (`modules::grpc`, [`set_in`]).
 //!
 //! As in nginx, `proxy_ssl_verify on` needs `proxy_ssl_trusted_certificate`: there are no
 //! built-in system roots (no roots crate is in the build).
@@ -47,6 +49,7 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("proxy_ssl_certificate", Args::Exactly(1)),
     spec("proxy_ssl_certificate_key", Args::Exactly(1)),
     spec("proxy_ssl_session_reuse", Args::Exactly(1)),
+    spec("proxy_ssl_password_file", Args::Exactly(1)),
 ];
 
 /// The `proxy_ssl_*` settings of one level, merged like the others.
@@ -67,6 +70,8 @@ pub struct ProxySslConf {
     pub certificate: Option<FileArg>,
     pub certificate_key: Option<FileArg>,
     pub session_reuse: Option<bool>,
+    /// `*_ssl_password_file`: passphrases for an encrypted `*_ssl_certificate_key`.
+    pub password_file: Option<Arc<crate::tls::certs::Passwords>>,
 }
 
 impl ProxySslConf {
@@ -85,6 +90,7 @@ impl ProxySslConf {
             certificate,
             certificate_key,
             session_reuse,
+            password_file,
         );
     }
 
@@ -152,6 +158,9 @@ pub fn set_in(
             c.certificate_key = Some(file(d, ctx));
         }
         "session_reuse" => c.session_reuse = Some(setters::flag(d)?),
+        "password_file" => {
+            c.password_file = Some(Arc::new(crate::tls::certs::read_passwords(file(d, ctx))?));
+        }
         _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
     }
     Ok(())

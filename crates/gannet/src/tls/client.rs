@@ -73,7 +73,7 @@ pub fn build_alpn(
     alpn: Option<&'static [u8]>,
 ) -> Result<Arc<ClientTls>, ConfError> {
     let key = format!(
-        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}",
+        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}|{:?}",
         c.verify(),
         c.trusted_certificate.as_ref().map(|f| &f.path),
         c.crl.as_ref().map(|f| &f.path),
@@ -84,6 +84,7 @@ pub fn build_alpn(
         c.server_name(),
         c.session_reuse(),
         alpn,
+        c.password_file.as_ref().map(|p| &p.file.path),
     );
     if let Some(done) = state.clients.get(&key) {
         return Ok(done.clone());
@@ -143,8 +144,7 @@ pub fn build_alpn(
                 ));
             };
             let chain = load_chain(cert, "certificate")?;
-            // No `proxy_ssl_password_file` yet: an encrypted key is refused, naming it.
-            let key = load_key(key_file, None)?;
+            let key = load_key(key_file, c.password_file.as_deref())?;
             builder.with_client_auth_cert(chain, key).map_err(|e| {
                 let why = match e {
                     rustls::Error::InconsistentKeys(_) => format!(
