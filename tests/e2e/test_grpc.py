@@ -158,6 +158,20 @@ def test_server_streaming_arrives_as_sent(gannet, app):
         assert list(it) == [b"second"]
 
 
+def test_upstream_gone_mid_stream_fails_the_call(gannet, app):
+    srv = start(gannet, f"location / {{ grpc_pass grpc://127.0.0.1:{app.port}; }}")
+    with channel(srv.port) as ch:
+        it = ch.unary_stream(f"/{SVC}/Server")(b"go", timeout=20)
+        assert next(it) == b"first"
+        app.stop()
+        # Not a clean end: the client's stream is reset, the call fails.
+        with pytest.raises(grpc.RpcError) as e:
+            list(it)
+        assert e.value.code() != grpc.StatusCode.OK
+    app.release.set()
+    wait_until(lambda: "while reading upstream" in srv.error_log())
+
+
 def test_client_streaming_and_bidi(gannet, app):
     srv = start(gannet, f"location / {{ grpc_pass grpc://127.0.0.1:{app.port}; }}")
     with channel(srv.port) as ch:

@@ -709,11 +709,12 @@ async fn relay(req: &Request, o: &Opened, up: &mut RecvStream, out: &mut Out<'_>
             }
             Some(Ok(None)) => break,
             Some(Ok(Some(Err(e)))) => {
-                relay_failed(req, o, h2_failure(e, READING), out);
+                let reason = e.reason();
+                relay_failed(req, o, h2_failure(e, READING), reason, out);
                 return true;
             }
             Some(Err(_)) => {
-                relay_failed(req, o, Failure::Timeout(READING), out);
+                relay_failed(req, o, Failure::Timeout(READING), None, out);
                 return true;
             }
         }
@@ -721,11 +722,12 @@ async fn relay(req: &Request, o: &Opened, up: &mut RecvStream, out: &mut Out<'_>
     let t = match tokio::time::timeout(timeout, up.trailers()).await {
         Ok(Ok(t)) => t,
         Ok(Err(e)) => {
-            relay_failed(req, o, h2_failure(e, READING), out);
+            let reason = e.reason();
+            relay_failed(req, o, h2_failure(e, READING), reason, out);
             return true;
         }
         Err(_) => {
-            relay_failed(req, o, Failure::Timeout(READING), out);
+            relay_failed(req, o, Failure::Timeout(READING), None, out);
             return true;
         }
     };
@@ -738,9 +740,16 @@ async fn relay(req: &Request, o: &Opened, up: &mut RecvStream, out: &mut Out<'_>
 
 /// The upstream failed after the head went: logged, and the client's stream reset (with
 /// the upstream's reason when it reset its stream).
-fn relay_failed(req: &Request, o: &Opened, f: Failure, out: &mut Out<'_>) {
+fn relay_failed(
+    req: &Request,
+    o: &Opened,
+    f: Failure,
+    reason: Option<h2::Reason>,
+    out: &mut Out<'_>,
+) {
     gw::failed(req, o.scheme, &o.addr, &f);
-    out.stream.send_reset(h2::Reason::INTERNAL_ERROR);
+    out.stream
+        .send_reset(reason.unwrap_or(h2::Reason::INTERNAL_ERROR));
     out.ended = true;
 }
 
