@@ -52,7 +52,6 @@ const CONFIGURE_ARGS: &[&str] = &[
     "--with-stream_ssl_module",
     "--with-stream_ssl_preread_module",
     "--with-stream_realip_module",
-    "--without-http_grpc_module",
     "--without-http_empty_gif_module",
     "--without-http_browser_module",
     "--without-http_upstream_sticky",

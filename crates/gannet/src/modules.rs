@@ -22,6 +22,7 @@ pub mod flv;
 pub mod gateway;
 pub mod gateway_cache;
 pub mod geo;
+pub mod grpc;
 pub mod gunzip;
 pub mod headers;
 pub mod health_check;
@@ -216,6 +217,10 @@ pub const MODULES: &[Module] = &[
     Module {
         directives: proxy::DIRECTIVES,
         set: proxy::set,
+    },
+    Module {
+        directives: grpc::DIRECTIVES,
+        set: grpc::set,
     },
     Module {
         directives: proxy_cookie::DIRECTIVES,
@@ -419,6 +424,7 @@ pub struct LocConf {
     pub uwsgi: uwsgi::UwsgiConf,
     pub memcached: memcached::MemcachedConf,
     pub proxy: proxy::ProxyConf,
+    pub grpc: grpc::GrpcConf,
     pub mirror: mirror::MirrorConf,
     /// `health_check`, of this location only (not inherited).
     pub health_check: Option<Arc<health_check::HealthCheck>>,
@@ -478,6 +484,7 @@ impl LocConf {
         self.uwsgi.merge(&parent.uwsgi);
         self.memcached.merge(&parent.memcached);
         self.proxy.merge(&parent.proxy);
+        self.grpc.merge(&parent.grpc);
         self.mirror.merge(&parent.mirror);
         self.tls.merge(&parent.tls);
         self.http2.merge(&parent.http2);

@@ -356,7 +356,10 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
     // nginx's compiled-in temp paths for answers read ahead of their clients.
     // (memcached's answers are never read ahead: nginx has no `memcached_temp_path`.)
     for p in modules::gateway::Proto::ALL {
-        if p == modules::gateway::Proto::Memcached {
+        if matches!(
+            p,
+            modules::gateway::Proto::Memcached | modules::gateway::Proto::Grpc
+        ) {
             continue;
         }
         let c = modules::gateway::conf_mut(&mut conf, p);
@@ -619,6 +622,8 @@ fn load_location(
     }
     lctx.prefixless = false;
     conf.merge(parent_conf);
+    // Before the `if` blocks are merged: they inherit the TLS setup with the handler.
+    modules::grpc::finish(&mut conf, lctx, &d.loc)?;
     modules::rewrite::merge_ifs(&mut conf);
     modules::proxy_ssl::finish(&mut conf, lctx, &d.loc)?;
     modules::gateway_cache::finish(&conf, lctx, &d.loc);

@@ -82,15 +82,15 @@ use tokio::io::AsyncWriteExt;
 /// The most one read from an application takes.
 const READ_MAX: usize = 16 * 1024;
 
-const CONNECTING: &str = "connecting to upstream";
+pub(super) const CONNECTING: &str = "connecting to upstream";
 const HANDSHAKING: &str = "SSL handshaking to upstream";
-const SENDING: &str = "sending request to upstream";
-const READING_HEAD: &str = "reading response header from upstream";
-const READING: &str = "reading upstream";
+pub(super) const SENDING: &str = "sending request to upstream";
+pub(super) const READING_HEAD: &str = "reading response header from upstream";
+pub(super) const READING: &str = "reading upstream";
 const READING_BODY_FILE: &str = "reading request body from its temporary file";
 
 /// Why an exchange failed, with nginx's wording for the error log.
-enum Failure {
+pub(super) enum Failure {
     Connect(std::io::Error),
     /// The TLS handshake failed (nginx's wording of why).
     Handshake(String),
@@ -110,7 +110,7 @@ enum Failure {
 }
 
 impl Failure {
-    fn status(&self) -> u16 {
+    pub(super) fn status(&self) -> u16 {
         match self {
             Failure::Timeout(_) => 504,
             Failure::Client(BodyError::TooLarge) => 413,
@@ -453,7 +453,7 @@ impl Link {
         match self.proto {
             Proto::FastCgi => self.input.is_empty(),
             Proto::Http | Proto::Memcached => self.keep_alive && complete && self.input.is_empty(),
-            Proto::Scgi | Proto::Uwsgi => false,
+            Proto::Scgi | Proto::Uwsgi | Proto::Grpc => false,
         }
     }
 }
@@ -652,14 +652,14 @@ pub struct Pooled {
 }
 
 /// How a request reaches its upstream: the protocol, and TLS for `https://`.
-struct Via {
-    proto: Proto,
-    tls: Option<UpTls>,
-    timers: Rc<ReadTimers>,
+pub(super) struct Via {
+    pub(super) proto: Proto,
+    pub(super) tls: Option<UpTls>,
+    pub(super) timers: Rc<ReadTimers>,
 }
 
 /// The TLS side of an `https://` upstream for one request.
-struct UpTls {
+pub(super) struct UpTls {
     config: Arc<rustls::ClientConfig>,
     /// `proxy_ssl_name`: checked against the certificate, sent as SNI if enabled.
     name: ServerName<'static>,
@@ -668,15 +668,16 @@ struct UpTls {
 }
 
 impl Via {
-    fn scheme(&self) -> &'static str {
+    pub(super) fn scheme(&self) -> &'static str {
         match (self.proto, &self.tls) {
             (Proto::Http, Some(_)) => "https",
+            (Proto::Grpc, Some(_)) => "grpcs",
             (p, _) => p.scheme(),
         }
     }
 
     /// What pooled connections this request may use (`upstream::Idle`'s kind).
-    fn kind(&self) -> u64 {
+    pub(super) fn kind(&self) -> u64 {
         self.tls.as_ref().map_or(0, |t| t.kind)
     }
 }
@@ -684,14 +685,26 @@ impl Via {
 /// The TLS side of a request to `dest`, if it is `https://`; `Err` with the reason for the
 /// log when it cannot be had.
 fn up_tls(w: &Worker, req: &Request, dest: &proxy::Dest) -> Result<Option<UpTls>, String> {
+    let p = &req.conf.proxy;
+    tls_for(w, req, dest, p.client_tls.as_ref(), &p.ssl)
+}
+
+/// The TLS side of a request to `dest` with a location's client setup and `*_ssl_*`
+/// settings (the proxy's or grpc's).
+pub(super) fn tls_for(
+    w: &Worker,
+    req: &Request,
+    dest: &proxy::Dest,
+    setup: Option<&Arc<tls_client::ClientTls>>,
+    ssl: &crate::modules::proxy_ssl::ProxySslConf,
+) -> Result<Option<UpTls>, String> {
     if !dest.tls {
         return Ok(None);
     }
-    let p = &req.conf.proxy;
-    let Some(setup) = &p.client_tls else {
+    let Some(setup) = setup else {
         return Err("no TLS setup for an https upstream".into());
     };
-    let value = match &p.ssl.name {
+    let value = match &ssl.name {
         Some(t) => t.eval(req, None),
         None => dest.host.clone(),
     };
@@ -876,6 +889,10 @@ async fn fetch(
     if proto == Proto::Memcached && !matches!(req.method(), Method::Get | Method::Head) {
         return Outcome::Flow(Flow::Status(405));
     }
+    if proto == Proto::Grpc {
+        // HTTP/1.x clients (HTTP/2 ones are served by `conn::grpc::serve_h2` directly).
+        return Outcome::Flow(super::grpc::run_whole(w, req).await);
+    }
     // A body read whole: one in memory is encoded with the head, one in a file follows it
     // in pieces (when it is passed at all: not with `*_pass_request_body off`, nor in place
     // of `proxy_set_body`, nor on an error page's GET).
@@ -1031,7 +1048,7 @@ async fn fetch(
         Proto::FastCgi => req.conf.fastcgi.keep_conn(),
         Proto::Http => sent_keep && up.keepalive > 0,
         Proto::Memcached => up.keepalive > 0,
-        Proto::Scgi | Proto::Uwsgi => false,
+        Proto::Scgi | Proto::Uwsgi | Proto::Grpc => false,
     };
     let hash = up.hash_key(req);
     let key = Key {
@@ -1173,7 +1190,7 @@ async fn fetch(
 /// the location's `resolver` (nginx's `ngx_http_upstream_init_request`); the first address
 /// found is used, the others (returned apart) are tried after it fails. A name without a
 /// resolver, or one that does not resolve, is a 502.
-async fn dynamic(req: &Request, b: Backend) -> Result<(Backend, Vec<Addr>), Flow> {
+pub(super) async fn dynamic(req: &Request, b: Backend) -> Result<(Backend, Vec<Addr>), Flow> {
     let Backend::Addr(Addr::Tcp(a)) = &b else {
         return Ok((b, Vec::new()));
     };
@@ -1227,7 +1244,13 @@ fn attempt_status(r: Result<&Answered, &Failure>) -> u16 {
 
 /// Note an attempt for the `$upstream_*` variables; returns when it ended.
 /// Also counted for `metrics` in the server's key `peer`.
-fn record(req: &Request, addr: &Addr, peer: MetricsKey, status: u16, since: Instant) -> Instant {
+pub(super) fn record(
+    req: &Request,
+    addr: &Addr,
+    peer: MetricsKey,
+    status: u16,
+    since: Instant,
+) -> Instant {
     let end = Instant::now();
     let mut tries = req.upstream.borrow_mut();
     let connect = tries.connected.take().map(|t| t.duration_since(since));
@@ -1245,7 +1268,7 @@ fn record(req: &Request, addr: &Addr, peer: MetricsKey, status: u16, since: Inst
 
 /// Whether `*_next_upstream http_NNN` sends a request that got this answer on to the next
 /// server (idempotent requests only, unless `non_idempotent` is listed).
-fn retry_status(status: u16, c: &GatewayConf, req: &Request) -> bool {
+pub(super) fn retry_status(status: u16, c: &GatewayConf, req: &Request) -> bool {
     let Some(list) = c.next_upstream.as_deref() else {
         return false;
     };
@@ -1300,7 +1323,7 @@ fn encode(
             out.extend_from_slice(body);
         }
         // Built by `modules::proxy::encode_request` and `modules::memcached::request_line`.
-        Proto::Http | Proto::Memcached => {}
+        Proto::Http | Proto::Memcached | Proto::Grpc => {}
     }
     Ok(())
 }
@@ -1313,7 +1336,7 @@ fn log_failure(req: &Request, scheme: &str, addr: &Addr, f: &Failure) {
     );
 }
 
-fn failed(req: &Request, scheme: &str, addr: &Addr, f: &Failure) -> Flow {
+pub(super) fn failed(req: &Request, scheme: &str, addr: &Addr, f: &Failure) -> Flow {
     log_failure(req, scheme, addr, f);
     match f {
         // The client is gone or stalled: there is no one to answer.
@@ -1360,7 +1383,7 @@ fn poll_read_into(
 /// Whether `*_next_upstream` (default `error timeout`) sends the request on to the next
 /// server after this failure. A request already sent is retried only if it is idempotent
 /// or `non_idempotent` is listed, as in nginx.
-fn retryable(f: &Failure, c: &GatewayConf, req: &Request) -> bool {
+pub(super) fn retryable(f: &Failure, c: &GatewayConf, req: &Request) -> bool {
     let list = c.next_upstream.as_deref();
     let has = |k: &str| match list {
         Some(l) => l.iter().any(|x| x == k),
@@ -1390,7 +1413,7 @@ fn idempotent(req: &Request) -> bool {
 
 /// A new connection to `addr`, with its TLS handshake for an `https://` upstream; both
 /// within `proxy_connect_timeout`, as in nginx.
-async fn connect(addr: &Addr, via: &Via, c: &GatewayConf) -> Result<Conn, Failure> {
+pub(super) async fn connect(addr: &Addr, via: &Via, c: &GatewayConf) -> Result<Conn, Failure> {
     let deadline = tokio::time::Instant::now() + c.connect_timeout();
     let conn =
         match tokio::time::timeout_at(deadline, connect_plain(addr, c.socket_keepalive())).await {
@@ -1769,7 +1792,7 @@ fn read_head(
         Proto::FastCgi => cgi::parse_head(body, max),
         // nginx also takes an HTTP status line from SCGI and uwsgi applications (uWSGI
         // sends one over uwsgi).
-        Proto::Scgi | Proto::Uwsgi => cgi::parse_head_or_status_line(body, max),
+        Proto::Scgi | Proto::Uwsgi | Proto::Grpc => cgi::parse_head_or_status_line(body, max),
     };
     let head = head.map_err(|e| bad(&e))?;
     if let Some(h) = &head {

@@ -371,6 +371,17 @@ async fn answer(
     };
     let mut handled = handler::settle(&mut req, w, handled).await;
     let timeout = req.conf.core.client_body_timeout();
+    // gRPC streams both ways from the head on (`conn::grpc`): the body is not read first,
+    // unless a mirror needs it (below), as in nginx.
+    if matches!(handled, Handled::Gateway)
+        && super::grpc::is_grpc(&req)
+        && req.conf.mirror.uris().is_empty()
+    {
+        match super::grpc::serve_h2(w, &mut req, recv, respond).await {
+            super::grpc::Served::Done => return timeout,
+            super::grpc::Served::Flow(flow) => handled = handler::resume(&mut req, w, flow),
+        }
+    }
     // As HTTP/1.x decides: `*_request_buffering off` passes it on as it arrives.
     let mut stream_body = match handled {
         Handled::Gateway if !recv.is_end_stream() => super::gateway::streams(&req),
@@ -440,6 +451,16 @@ async fn answer(
             }
             waiting @ (Handled::Delay(_) | Handled::AuthRequest(_)) => {
                 handled = handler::settle(&mut req, w, waiting).await
+            }
+            Handled::Gateway if super::grpc::is_grpc(&req) => {
+                // The body, if any, was read whole (a mirror, an error_page's request).
+                match super::grpc::serve_h2(w, &mut req, recv, respond).await {
+                    super::grpc::Served::Done => return timeout,
+                    super::grpc::Served::Flow(flow) => {
+                        req.body = None;
+                        handled = handler::resume(&mut req, w, flow)
+                    }
+                }
             }
             Handled::Gateway => {
                 let outcome = match stream_body.take() {

@@ -32,7 +32,11 @@ const HOP_BY_HOP: &[&str] = &[
 
 /// The head, and about how many bytes it stands for (name, value and separators, as the
 /// HTTP/1.x head would count them; HPACK makes the real frames smaller).
-fn head(resp: &Response, body_len: u64, server_tokens: bool) -> (http::Response<()>, u64) {
+pub(super) fn head(
+    resp: &Response,
+    body_len: u64,
+    server_tokens: bool,
+) -> (http::Response<()>, u64) {
     let mut fields: Vec<(&str, String)> = Vec::with_capacity(8 + resp.headers.len());
     let server = if server_tokens {
         concat!("gannet/", env!("CARGO_PKG_VERSION"))
@@ -157,16 +161,16 @@ pub async fn send(
 const FRAMES_PER_WAIT: usize = 4;
 
 /// The sending half of a stream, with what was sent and the frame size.
-struct Out<'a> {
-    stream: &'a mut SendStream<Bytes>,
-    sent: u64,
-    chunk: usize,
-    timeout: Duration,
+pub(super) struct Out<'a> {
+    pub(super) stream: &'a mut SendStream<Bytes>,
+    pub(super) sent: u64,
+    pub(super) chunk: usize,
+    pub(super) timeout: Duration,
     /// The frame that ends the stream has been sent.
-    ended: bool,
+    pub(super) ended: bool,
     /// `add_trailer`'s fields end the stream, after the last DATA frame.
-    trailers: Option<(&'a Request, &'a Response)>,
-    pace: Option<Pace>,
+    pub(super) trailers: Option<(&'a Request, &'a Response)>,
+    pub(super) pace: Option<Pace>,
 }
 
 impl Out<'_> {
@@ -204,7 +208,7 @@ impl Out<'_> {
     }
 
     /// [`Out::data`]'s DATA frames; `end`: the last one ends the stream.
-    async fn data_frames(&mut self, mut data: Bytes, end: bool) -> bool {
+    pub(super) async fn data_frames(&mut self, mut data: Bytes, end: bool) -> bool {
         while !data.is_empty() {
             let mut want = data.len().min(self.chunk * FRAMES_PER_WAIT);
             if let Some(p) = &mut self.pace {

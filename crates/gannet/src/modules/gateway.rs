@@ -38,15 +38,18 @@ pub enum Proto {
     Http,
     /// A `get` to memcached (`memcached_pass`).
     Memcached,
+    /// HTTP/2 to a gRPC server (`grpc_pass`, `conn::grpc`).
+    Grpc,
 }
 
 impl Proto {
-    pub const ALL: [Proto; 5] = [
+    pub const ALL: [Proto; 6] = [
         Proto::FastCgi,
         Proto::Scgi,
         Proto::Uwsgi,
         Proto::Http,
         Proto::Memcached,
+        Proto::Grpc,
     ];
 
     /// The start of its directives' names.
@@ -57,6 +60,7 @@ impl Proto {
             Proto::Uwsgi => "uwsgi_",
             Proto::Http => "proxy_",
             Proto::Memcached => "memcached_",
+            Proto::Grpc => "grpc_",
         }
     }
 
@@ -68,6 +72,7 @@ impl Proto {
             Proto::Uwsgi => "uwsgi",
             Proto::Http => "http",
             Proto::Memcached => "memcached",
+            Proto::Grpc => "grpc",
         }
     }
 }
@@ -359,6 +364,7 @@ pub fn conf(lc: &LocConf, p: Proto) -> &GatewayConf {
         Proto::Uwsgi => &lc.uwsgi.gw,
         Proto::Http => &lc.proxy.gw,
         Proto::Memcached => &lc.memcached.gw,
+        Proto::Grpc => &lc.grpc.gw,
     }
 }
 
@@ -369,6 +375,7 @@ pub fn conf_mut(lc: &mut LocConf, p: Proto) -> &mut GatewayConf {
         Proto::Uwsgi => &mut lc.uwsgi.gw,
         Proto::Http => &mut lc.proxy.gw,
         Proto::Memcached => &mut lc.memcached.gw,
+        Proto::Grpc => &mut lc.grpc.gw,
     }
 }
 
@@ -699,11 +706,12 @@ mod tests {
                 Proto::Uwsgi => super::super::uwsgi::DIRECTIVES,
                 Proto::Http => super::super::proxy::DIRECTIVES,
                 Proto::Memcached => super::super::memcached::DIRECTIVES,
+                Proto::Grpc => super::super::grpc::DIRECTIVES,
             };
             assert!(table.iter().all(|s| s.name.starts_with(p.prefix())));
             for shared in ["pass", "param", "next_upstream", "hide_header"] {
                 // memcached has nginx's subset: no params, no answer headers to pick.
-                if (p == Proto::Http && shared == "param")
+                if (matches!(p, Proto::Http | Proto::Grpc) && shared == "param")
                     || (p == Proto::Memcached && matches!(shared, "param" | "hide_header"))
                 {
                     continue;

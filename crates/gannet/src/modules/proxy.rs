@@ -382,7 +382,7 @@ pub fn add_x_forwarded_for(req: &Request, out: &mut String) {
 }
 
 /// The request line's URI (see the module docs), written to `out`.
-fn upstream_uri(req: &Request, dest: &Dest, vars: bool, out: &mut Vec<u8>) {
+pub(crate) fn upstream_uri(req: &Request, dest: &Dest, vars: bool, out: &mut Vec<u8>) {
     if vars {
         if let Some(u) = &dest.uri {
             out.extend_from_slice(u.as_bytes());

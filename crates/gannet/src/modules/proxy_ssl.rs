@@ -9,7 +9,9 @@
 //! depth limit to set), `proxy_ssl_server_name` (off), `proxy_ssl_name` (`$proxy_host`),
 //! `proxy_ssl_protocols` (`TLSv1.2 TLSv1.3`), `proxy_ssl_ciphers`,
 //! `proxy_ssl_certificate` / `proxy_ssl_certificate_key` (a client certificate for
-//! upstreams that ask for one) and `proxy_ssl_session_reuse` (on).
+//! upstreams that ask for one), `proxy_ssl_session_reuse` (on) and `proxy_ssl_password_file`
+//! (passphrases for an encrypted key). The same settings serve `grpc_ssl_*`
+//! (`modules::grpc`, [`set_in`]).
 //!
 //! As in nginx, `proxy_ssl_verify on` needs `proxy_ssl_trusted_certificate`: there are no
 //! built-in system roots (no roots crate is in the build).
@@ -47,6 +49,7 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("proxy_ssl_certificate", Args::Exactly(1)),
     spec("proxy_ssl_certificate_key", Args::Exactly(1)),
     spec("proxy_ssl_session_reuse", Args::Exactly(1)),
+    spec("proxy_ssl_password_file", Args::Exactly(1)),
 ];
 
 /// The `proxy_ssl_*` settings of one level, merged like the others.
@@ -67,6 +70,8 @@ pub struct ProxySslConf {
     pub certificate: Option<FileArg>,
     pub certificate_key: Option<FileArg>,
     pub session_reuse: Option<bool>,
+    /// `*_ssl_password_file`: passphrases for an encrypted `*_ssl_certificate_key`.
+    pub password_file: Option<Arc<crate::tls::certs::Passwords>>,
 }
 
 impl ProxySslConf {
@@ -85,6 +90,7 @@ impl ProxySslConf {
             certificate,
             certificate_key,
             session_reuse,
+            password_file,
         );
     }
 
@@ -117,32 +123,44 @@ fn file(d: &Directive, ctx: &LoadCtx) -> FileArg {
 }
 
 pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
-    let c = &mut lc.proxy.ssl;
+    let suffix = d.name.strip_prefix("proxy_ssl_").unwrap_or("");
+    set_in(d, suffix, &mut lc.proxy.ssl, ctx)
+}
+
+/// One `*_ssl_<suffix>` directive into `c`: the proxy's and grpc's (`grpc_ssl_*`) are the
+/// same settings under two prefixes.
+pub fn set_in(
+    d: &Directive,
+    suffix: &str,
+    c: &mut ProxySslConf,
+    ctx: &mut LoadCtx,
+) -> Result<(), ConfError> {
     let a0 = d.args[0].as_str();
-    match d.name.as_str() {
-        "proxy_ssl_verify" => c.verify = Some((setters::flag(d)?, d.loc.clone())),
-        "proxy_ssl_trusted_certificate" => c.trusted_certificate = Some(file(d, ctx)),
-        "proxy_ssl_crl" => c.crl = Some(file(d, ctx)),
-        "proxy_ssl_verify_depth" => c.verify_depth = Some(setters::num_arg(d, 0)?),
-        "proxy_ssl_server_name" => c.server_name = Some(setters::flag(d)?),
-        "proxy_ssl_name" => c.name = Some(Template::compile(a0).map_err(|e| d.error(e))?),
-        "proxy_ssl_protocols" => c.protocols = Some(server_tls::protocols(d, ctx)?),
-        "proxy_ssl_ciphers" => c.ciphers = Some(server_tls::cipher_list(d, ctx)?),
-        "proxy_ssl_certificate" => {
+    match suffix {
+        "verify" => c.verify = Some((setters::flag(d)?, d.loc.clone())),
+        "trusted_certificate" => c.trusted_certificate = Some(file(d, ctx)),
+        "crl" => c.crl = Some(file(d, ctx)),
+        "verify_depth" => c.verify_depth = Some(setters::num_arg(d, 0)?),
+        "server_name" => c.server_name = Some(setters::flag(d)?),
+        "name" => c.name = Some(Template::compile(a0).map_err(|e| d.error(e))?),
+        "protocols" => c.protocols = Some(server_tls::protocols(d, ctx)?),
+        "ciphers" => c.ciphers = Some(server_tls::cipher_list(d, ctx)?),
+        "certificate" => {
             if a0.contains('$') {
-                return Err(d.error("variables in \"proxy_ssl_certificate\" are not supported yet"));
+                return Err(d.error(format!("variables in \"{}\" are not supported yet", d.name)));
             }
             c.certificate = Some(file(d, ctx));
         }
-        "proxy_ssl_certificate_key" => {
+        "certificate_key" => {
             if a0.contains('$') {
-                return Err(
-                    d.error("variables in \"proxy_ssl_certificate_key\" are not supported yet")
-                );
+                return Err(d.error(format!("variables in \"{}\" are not supported yet", d.name)));
             }
             c.certificate_key = Some(file(d, ctx));
         }
-        "proxy_ssl_session_reuse" => c.session_reuse = Some(setters::flag(d)?),
+        "session_reuse" => c.session_reuse = Some(setters::flag(d)?),
+        "password_file" => {
+            c.password_file = Some(Arc::new(crate::tls::certs::read_passwords(file(d, ctx))?));
+        }
         _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
     }
     Ok(())

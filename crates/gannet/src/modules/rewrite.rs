@@ -274,6 +274,7 @@ pub fn inherit_handler(c: &mut LocConf, lc: &LocConf) {
         (&mut c.scgi, &lc.scgi),
         (&mut c.uwsgi.gw, &lc.uwsgi.gw),
         (&mut c.proxy.gw, &lc.proxy.gw),
+        (&mut c.grpc.gw, &lc.grpc.gw),
     ] {
         if inner.pass.is_none() {
             inner.pass = outer.pass.clone();
@@ -281,6 +282,10 @@ pub fn inherit_handler(c: &mut LocConf, lc: &LocConf) {
     }
     if c.proxy.target.is_none() && c.proxy.gw.pass.is_some() {
         c.proxy.target = lc.proxy.target.clone();
+    }
+    if c.grpc.target.is_none() && c.grpc.gw.pass.is_some() {
+        c.grpc.target = lc.grpc.target.clone();
+        c.grpc.client_tls = lc.grpc.client_tls.clone();
     }
 }
 

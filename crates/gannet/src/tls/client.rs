@@ -62,8 +62,18 @@ pub fn build(
     state: &mut LoadState,
     at: &Loc,
 ) -> Result<Arc<ClientTls>, ConfError> {
+    build_alpn(c, state, at, None)
+}
+
+/// [`build`] offering one ALPN protocol: `grpcs://` upstreams are asked for `h2`.
+pub fn build_alpn(
+    c: &ProxySslConf,
+    state: &mut LoadState,
+    at: &Loc,
+    alpn: Option<&'static [u8]>,
+) -> Result<Arc<ClientTls>, ConfError> {
     let key = format!(
-        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}",
+        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}|{:?}",
         c.verify(),
         c.trusted_certificate.as_ref().map(|f| &f.path),
         c.crl.as_ref().map(|f| &f.path),
@@ -73,6 +83,8 @@ pub fn build(
         c.certificate_key.as_ref().map(|f| &f.path),
         c.server_name(),
         c.session_reuse(),
+        alpn,
+        c.password_file.as_ref().map(|p| &p.file.path),
     );
     if let Some(done) = state.clients.get(&key) {
         return Ok(done.clone());
@@ -132,8 +144,7 @@ pub fn build(
                 ));
             };
             let chain = load_chain(cert, "certificate")?;
-            // No `proxy_ssl_password_file` yet: an encrypted key is refused, naming it.
-            let key = load_key(key_file, None)?;
+            let key = load_key(key_file, c.password_file.as_deref())?;
             builder.with_client_auth_cert(chain, key).map_err(|e| {
                 let why = match e {
                     rustls::Error::InconsistentKeys(_) => format!(
@@ -151,6 +162,7 @@ pub fn build(
         }
     };
     config.enable_sni = c.server_name();
+    config.alpn_protocols = alpn.map(|p| vec![p.to_vec()]).unwrap_or_default();
     // Each worker adds a cache of its own (`Sessions`).
     config.resumption = Resumption::disabled();
     let built = Arc::new(ClientTls {
