@@ -85,9 +85,7 @@ pub fn build_server(
             )
         })?;
         let mut ck = CertifiedKey::new(chain, signer);
-        if let Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) =
-            ck.keys_match()
-        {
+        if !certs::key_matches(&ck) {
             return Err(err(
                 &key_file.loc,
                 format!(

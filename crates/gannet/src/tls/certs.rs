@@ -184,6 +184,19 @@ fn decrypt(block: &[u8], passwords: Option<&Passwords>) -> Result<PrivateKeyDer<
     ))
 }
 
+/// The key is the certificate's: their public keys are the same. Read with x509-parser,
+/// not rustls's `keys_match`, which cannot parse an X.509 v1 certificate (and then says
+/// nothing). A key whose public half the provider cannot tell is taken.
+pub fn key_matches(ck: &rustls::sign::CertifiedKey) -> bool {
+    let Some(public) = ck.key.public_key() else {
+        return true;
+    };
+    ck.cert.first().is_some_and(|der| {
+        X509Certificate::from_der(der)
+            .is_ok_and(|(_, c)| c.tbs_certificate.subject_pki.raw == public.as_ref())
+    })
+}
+
 fn now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -23,8 +23,13 @@ use crate::modules::proxy_ssl::ProxySslConf;
 use crate::upstream::{Conn, Io};
 use gannet_conf::{ConfError, Loc};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::{Resumption, WebPkiServerVerifier};
-use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, WebPkiSupportedAlgorithms};
+use rustls::client::{ResolvesClientCert, Resumption, WebPkiServerVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::PrivateKeyDer;
+use rustls::sign::CertifiedKey;
+use crate::modules::tls::FileArg;
+use super::verify::handshake_signature;
+use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
@@ -134,20 +139,8 @@ pub fn build(
             let chain = load_chain(cert, "certificate")?;
             // No `proxy_ssl_password_file` yet: an encrypted key is refused, naming it.
             let key = load_key(key_file, None)?;
-            builder.with_client_auth_cert(chain, key).map_err(|e| {
-                let why = match e {
-                    rustls::Error::InconsistentKeys(_) => format!(
-                        "certificate key \"{}\" does not match certificate \"{}\"",
-                        key_file.path.display(),
-                        cert.path.display()
-                    ),
-                    e => format!(
-                        "cannot load certificate key \"{}\": {e}",
-                        key_file.path.display()
-                    ),
-                };
-                err(&key_file.loc, why)
-            })?
+            let pair = certified_key(&provider, chain, key, cert, key_file)?;
+            builder.with_client_cert_resolver(Arc::new(OwnCertificate(pair)))
         }
     };
     config.enable_sni = c.server_name();
@@ -165,6 +158,54 @@ impl ClientTls {
     /// The shared config, without session reuse (health probes use it).
     pub fn config(&self) -> Arc<ClientConfig> {
         self.config.clone()
+    }
+}
+
+/// The client certificate and its key, as a signer. Built directly, not by rustls's
+/// `with_client_auth_cert`, which parses the certificate as webpki's end entity and so
+/// refuses an X.509 v1 certificate that OpenSSL (and the upstream) take; only a key that
+/// is not the certificate's is refused.
+fn certified_key(
+    provider: &CryptoProvider,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    cert: &FileArg,
+    key_file: &FileArg,
+) -> Result<Arc<CertifiedKey>, ConfError> {
+    let signer = provider.key_provider.load_private_key(key).map_err(|e| {
+        err(
+            &key_file.loc,
+            format!(
+                "cannot load certificate key \"{}\": {e}",
+                key_file.path.display()
+            ),
+        )
+    })?;
+    let ck = CertifiedKey::new(chain, signer);
+    if !super::certs::key_matches(&ck) {
+        return Err(err(
+            &key_file.loc,
+            format!(
+                "certificate key \"{}\" does not match certificate \"{}\"",
+                key_file.path.display(),
+                cert.path.display()
+            ),
+        ));
+    }
+    Ok(Arc::new(ck))
+}
+
+/// Sends the one client certificate whatever the server asks (as nginx does).
+#[derive(Debug)]
+struct OwnCertificate(Arc<CertifiedKey>);
+
+impl ResolvesClientCert for OwnCertificate {
+    fn resolve(&self, _hints: &[&[u8]], _schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
     }
 }
 
@@ -193,7 +234,7 @@ impl ServerCertVerifier for AnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.algs)
+        handshake_signature(message, cert, dss, &self.algs, false)
     }
 
     fn verify_tls13_signature(
@@ -202,7 +243,7 @@ impl ServerCertVerifier for AnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.algs)
+        handshake_signature(message, cert, dss, &self.algs, true)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {

@@ -99,7 +99,7 @@ impl ClientCertVerifier for DeferredVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algs)
+        handshake_signature(message, cert, dss, &self.algs, false)
     }
 
     fn verify_tls13_signature(
@@ -108,7 +108,7 @@ impl ClientCertVerifier for DeferredVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algs)
+        handshake_signature(message, cert, dss, &self.algs, true)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
@@ -191,4 +191,48 @@ fn unknown_issuer(
 fn self_signed(der: &CertificateDer<'_>) -> bool {
     use x509_parser::prelude::{FromDer, X509Certificate};
     X509Certificate::from_der(der).is_ok_and(|(_, c)| c.subject().as_raw() == c.issuer().as_raw())
+}
+
+/// A handshake signature (CertificateVerify, or TLS 1.2's ServerKeyExchange) checked
+/// against the public key of the peer's certificate. rustls's own helpers first parse the
+/// certificate as webpki's end entity, which refuses X.509 v1 certificates
+/// (`UnsupportedCertVersion`), although the signature concerns only the key; OpenSSL takes
+/// them, so the key is read here with x509-parser, whatever the version, and checked as a
+/// raw key (`webpki::RawPublicKeyEntity`). TLS 1.2 schemes may map to several algorithms,
+/// tried in turn as rustls does.
+pub fn handshake_signature(
+    message: &[u8],
+    cert: &CertificateDer<'_>,
+    dss: &DigitallySignedStruct,
+    algs: &WebPkiSupportedAlgorithms,
+    tls13: bool,
+) -> Result<HandshakeSignatureValid, rustls::Error> {
+    use rustls::pki_types::SubjectPublicKeyInfoDer;
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let (_, parsed) = X509Certificate::from_der(cert)
+        .map_err(|_| rustls::Error::InvalidCertificate(CertificateError::BadEncoding))?;
+    let spki = SubjectPublicKeyInfoDer::from(parsed.tbs_certificate.subject_pki.raw);
+    if tls13 {
+        return rustls::crypto::verify_tls13_signature_with_raw_key(message, &spki, dss, algs);
+    }
+    let bad = || rustls::Error::InvalidCertificate(CertificateError::BadSignature);
+    let key = webpki::RawPublicKeyEntity::try_from(&spki).map_err(|_| bad())?;
+    let candidates = algs
+        .mapping
+        .iter()
+        .find(|(scheme, _)| *scheme == dss.scheme)
+        .map(|(_, a)| *a)
+        .ok_or(rustls::Error::PeerMisbehaved(
+            rustls::PeerMisbehaved::SignedHandshakeWithUnadvertisedSigScheme,
+        ))?;
+    for alg in candidates {
+        match key.verify_signature(*alg, message, dss.signature()) {
+            Ok(()) => return Ok(HandshakeSignatureValid::assertion()),
+            Err(webpki::Error::UnsupportedSignatureAlgorithmForPublicKeyContext(_)) => continue,
+            Err(_) => return Err(bad()),
+        }
+    }
+    Err(rustls::Error::InvalidCertificate(
+        CertificateError::BadSignature,
+    ))
 }
