@@ -209,6 +209,10 @@ pub const MODULES: &[Module] = &[
         set: uwsgi::set,
     },
     Module {
+        directives: uwsgi::SSL_DIRECTIVES,
+        set: uwsgi::set_ssl,
+    },
+    Module {
         directives: memcached::DIRECTIVES,
         set: memcached::set,
     },

@@ -671,6 +671,7 @@ impl Via {
     fn scheme(&self) -> &'static str {
         match (self.proto, &self.tls) {
             (Proto::Http, Some(_)) => "https",
+            (Proto::Uwsgi, Some(_)) => "suwsgi",
             (p, _) => p.scheme(),
         }
     }
@@ -688,22 +689,56 @@ fn up_tls(w: &Worker, req: &Request, dest: &proxy::Dest) -> Result<Option<UpTls>
         return Ok(None);
     }
     let p = &req.conf.proxy;
-    let Some(setup) = &p.client_tls else {
+    tls_for(w, req, p.client_tls.as_ref(), &p.ssl, "proxy_ssl_name", || {
+        dest.host.clone()
+    })
+    .map(Some)
+}
+
+/// The TLS side of a request to `uwsgi_pass suwsgi://`: named by `uwsgi_ssl_name`, else
+/// the host of the pass (the group's name, or the host of its address), as nginx names it.
+fn uwsgi_tls(w: &Worker, req: &Request, pass: &Backend) -> Result<UpTls, String> {
+    let u = &req.conf.uwsgi;
+    tls_for(w, req, u.client_tls.as_ref(), &u.ssl, "uwsgi_ssl_name", || {
+        let value = match pass {
+            Backend::Vars(v) => v.value.eval(req, None),
+            Backend::Group(up) => return up.name.clone(),
+            Backend::Addr(a) => a.to_string(),
+            Backend::Dynamic => String::new(),
+        };
+        match value.rsplit_once(':') {
+            Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host.to_string(),
+            _ => value,
+        }
+    })
+}
+
+/// A request's TLS to its upstream from a location's setup: the name from `*_ssl_name`
+/// (`directive`, for the log) or `default_name`, and the worker's copy of the setup.
+fn tls_for(
+    w: &Worker,
+    req: &Request,
+    setup: Option<&Arc<tls_client::ClientTls>>,
+    ssl: &crate::modules::proxy_ssl::ProxySslConf,
+    directive: &str,
+    default_name: impl FnOnce() -> String,
+) -> Result<UpTls, String> {
+    let Some(setup) = setup else {
         return Err("no TLS setup for an https upstream".into());
     };
-    let value = match &p.ssl.name {
+    let value = match &ssl.name {
         Some(t) => t.eval(req, None),
-        None => dest.host.clone(),
+        None => default_name(),
     };
     let name = tls_client::server_name(&value)
-        .ok_or_else(|| format!("invalid proxy_ssl_name \"{value}\""))?;
+        .ok_or_else(|| format!("invalid {directive} \"{value}\""))?;
     let config = w.tls_sessions.config(setup);
     let mut h = std::collections::hash_map::DefaultHasher::new();
     std::hash::Hash::hash(&(Arc::as_ptr(setup) as usize), &mut h);
     std::hash::Hash::hash(&name.to_str(), &mut h);
     // Nonzero: 0 is a plain connection's kind.
     let kind = std::hash::Hasher::finish(&h) | 1;
-    Ok(Some(UpTls { config, name, kind }))
+    Ok(UpTls { config, name, kind })
 }
 
 /// The request as it goes out: what is encoded whole, then the body still to come from the
@@ -947,6 +982,15 @@ async fn fetch(
     } else {
         pass.clone()
     };
+    if proto == Proto::Uwsgi && req.conf.uwsgi.tls {
+        via.tls = match uwsgi_tls(w, req, &backend) {
+            Ok(t) => Some(t),
+            Err(why) => {
+                errlog::request(Level::Error, req, format_args!("{why}"));
+                return Outcome::Flow(Flow::Status(502));
+            }
+        };
+    }
     // A destination with variables: its group, address, or a name to resolve now.
     let backend = match backend {
         Backend::Vars(v) => match v.eval(req) {

@@ -9,7 +9,9 @@
 //! depth limit to set), `proxy_ssl_server_name` (off), `proxy_ssl_name` (`$proxy_host`),
 //! `proxy_ssl_protocols` (`TLSv1.2 TLSv1.3`), `proxy_ssl_ciphers`,
 //! `proxy_ssl_certificate` / `proxy_ssl_certificate_key` (a client certificate for
-//! upstreams that ask for one) and `proxy_ssl_session_reuse` (on).
+//! upstreams that ask for one), `proxy_ssl_password_file` (passphrases for that key) and
+//! `proxy_ssl_session_reuse` (on). uwsgi's `uwsgi_ssl_*` (for `uwsgi_pass suwsgi://`)
+//! are the same set, read by the same code.
 //!
 //! As in nginx, `proxy_ssl_verify on` needs `proxy_ssl_trusted_certificate`: there are no
 //! built-in system roots (no roots crate is in the build).
@@ -17,37 +19,46 @@
 use super::proxy::Target;
 use super::rewrite::Stmt;
 use super::tls::{self as server_tls, FileArg, Protocols};
+use crate::tls::certs::{read_passwords, Passwords};
 use super::{inherit, LoadCtx, LocConf};
 use crate::http::variables::Template;
-use gannet_conf::registry::{Args, Ctx, Spec};
+use gannet_conf::registry::Spec;
 use gannet_conf::{setters, ConfError, Directive, Loc};
 use rustls::CipherSuite;
 use std::sync::Arc;
 
-const HSL: Ctx = Ctx::HSL;
-
-const fn spec(name: &'static str, args: Args) -> Spec {
-    Spec {
-        name,
-        ctx: HSL,
-        args,
-        block: false,
-    }
+/// The table of one module's upstream TLS directives under its prefix (`proxy_ssl_`,
+/// `uwsgi_ssl_`): nginx gives the proxy and uwsgi modules the same set, read here by
+/// one `set_on`. Names are built at compile time, as `gateway::directives!` does.
+macro_rules! ssl_directives {
+    ($p:literal) => {
+        &[
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "verify" Exactly(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "trusted_certificate" Exactly(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "crl" Exactly(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "verify_depth" Exactly(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "server_name" Exactly(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "name" Exactly(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "protocols" AtLeast(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "ciphers" Exactly(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "certificate" Exactly(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "certificate_key" Exactly(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "password_file" Exactly(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "session_reuse" Exactly(1)),
+        ]
+    };
+    (@spec $p:literal $suffix:literal $($args:tt)+) => {
+        gannet_conf::registry::Spec {
+            name: concat!($p, $suffix),
+            ctx: gannet_conf::registry::Ctx::HSL,
+            args: gannet_conf::registry::Args::$($args)+,
+            block: false,
+        }
+    };
 }
+pub(crate) use ssl_directives;
 
-pub const DIRECTIVES: &[Spec] = &[
-    spec("proxy_ssl_verify", Args::Exactly(1)),
-    spec("proxy_ssl_trusted_certificate", Args::Exactly(1)),
-    spec("proxy_ssl_crl", Args::Exactly(1)),
-    spec("proxy_ssl_verify_depth", Args::Exactly(1)),
-    spec("proxy_ssl_server_name", Args::Exactly(1)),
-    spec("proxy_ssl_name", Args::Exactly(1)),
-    spec("proxy_ssl_protocols", Args::AtLeast(1)),
-    spec("proxy_ssl_ciphers", Args::Exactly(1)),
-    spec("proxy_ssl_certificate", Args::Exactly(1)),
-    spec("proxy_ssl_certificate_key", Args::Exactly(1)),
-    spec("proxy_ssl_session_reuse", Args::Exactly(1)),
-];
+pub const DIRECTIVES: &[Spec] = ssl_directives!("proxy_ssl_");
 
 /// The `proxy_ssl_*` settings of one level, merged like the others.
 #[derive(Debug, Clone, Default)]
@@ -66,6 +77,8 @@ pub struct ProxySslConf {
     pub ciphers: Option<Vec<CipherSuite>>,
     pub certificate: Option<FileArg>,
     pub certificate_key: Option<FileArg>,
+    /// `*_ssl_password_file`: passphrases for an encrypted `certificate_key`.
+    pub password_file: Option<Arc<Passwords>>,
     pub session_reuse: Option<bool>,
 }
 
@@ -84,6 +97,7 @@ impl ProxySslConf {
             ciphers,
             certificate,
             certificate_key,
+            password_file,
             session_reuse,
         );
     }
@@ -117,33 +131,44 @@ fn file(d: &Directive, ctx: &LoadCtx) -> FileArg {
 }
 
 pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
-    let c = &mut lc.proxy.ssl;
+    set_on(d, "proxy_ssl_", &mut lc.proxy.ssl, ctx)
+}
+
+/// One upstream TLS directive whose name starts with `prefix`, into `c`.
+pub fn set_on(
+    d: &Directive,
+    prefix: &str,
+    c: &mut ProxySslConf,
+    ctx: &mut LoadCtx,
+) -> Result<(), ConfError> {
     let a0 = d.args[0].as_str();
-    match d.name.as_str() {
-        "proxy_ssl_verify" => c.verify = Some((setters::flag(d)?, d.loc.clone())),
-        "proxy_ssl_trusted_certificate" => c.trusted_certificate = Some(file(d, ctx)),
-        "proxy_ssl_crl" => c.crl = Some(file(d, ctx)),
-        "proxy_ssl_verify_depth" => c.verify_depth = Some(setters::num_arg(d, 0)?),
-        "proxy_ssl_server_name" => c.server_name = Some(setters::flag(d)?),
-        "proxy_ssl_name" => c.name = Some(Template::compile(a0).map_err(|e| d.error(e))?),
-        "proxy_ssl_protocols" => c.protocols = Some(server_tls::protocols(d, ctx)?),
-        "proxy_ssl_ciphers" => c.ciphers = Some(server_tls::cipher_list(d, ctx)?),
-        "proxy_ssl_certificate" => {
+    let unknown = || d.error(format!("unknown directive \"{}\"", d.name));
+    let suffix = d.name.strip_prefix(prefix).ok_or_else(unknown)?;
+    match suffix {
+        "verify" => c.verify = Some((setters::flag(d)?, d.loc.clone())),
+        "trusted_certificate" => c.trusted_certificate = Some(file(d, ctx)),
+        "crl" => c.crl = Some(file(d, ctx)),
+        "verify_depth" => c.verify_depth = Some(setters::num_arg(d, 0)?),
+        "server_name" => c.server_name = Some(setters::flag(d)?),
+        "name" => c.name = Some(Template::compile(a0).map_err(|e| d.error(e))?),
+        "protocols" => c.protocols = Some(server_tls::protocols(d, ctx)?),
+        "ciphers" => c.ciphers = Some(server_tls::cipher_list(d, ctx)?),
+        "certificate" | "certificate_key" => {
             if a0.contains('$') {
-                return Err(d.error("variables in \"proxy_ssl_certificate\" are not supported yet"));
+                return Err(d.error(format!(
+                    "variables in \"{}\" are not supported yet",
+                    d.name
+                )));
             }
-            c.certificate = Some(file(d, ctx));
-        }
-        "proxy_ssl_certificate_key" => {
-            if a0.contains('$') {
-                return Err(
-                    d.error("variables in \"proxy_ssl_certificate_key\" are not supported yet")
-                );
+            if suffix == "certificate" {
+                c.certificate = Some(file(d, ctx));
+            } else {
+                c.certificate_key = Some(file(d, ctx));
             }
-            c.certificate_key = Some(file(d, ctx));
         }
-        "proxy_ssl_session_reuse" => c.session_reuse = Some(setters::flag(d)?),
-        _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
+        "password_file" => c.password_file = Some(Arc::new(read_passwords(file(d, ctx))?)),
+        "session_reuse" => c.session_reuse = Some(setters::flag(d)?),
+        _ => return Err(unknown()),
     }
     Ok(())
 }
@@ -171,7 +196,19 @@ fn build_for(lc: &mut LocConf, ctx: &mut LoadCtx, at: &Loc) -> Result<(), ConfEr
         None => false,
     };
     if may_tls && lc.proxy.client_tls.is_none() {
-        lc.proxy.client_tls = Some(crate::tls::client::build(&lc.proxy.ssl, &mut ctx.tls, at)?);
+        lc.proxy.client_tls = Some(build(&lc.proxy.ssl, "proxy_ssl_", ctx, at)?);
+    }
+    if lc.uwsgi.tls && lc.uwsgi.client_tls.is_none() {
+        lc.uwsgi.client_tls = Some(build(&lc.uwsgi.ssl, "uwsgi_ssl_", ctx, at)?);
     }
     Ok(())
+}
+
+fn build(
+    c: &ProxySslConf,
+    prefix: &'static str,
+    ctx: &mut LoadCtx,
+    at: &Loc,
+) -> Result<Arc<crate::tls::client::ClientTls>, ConfError> {
+    crate::tls::client::build(c, prefix, &mut ctx.tls, at)
 }

@@ -64,11 +64,12 @@ fn err(loc: &Loc, msg: impl std::fmt::Display) -> ConfError {
 /// no one directive.
 pub fn build(
     c: &ProxySslConf,
+    prefix: &str,
     state: &mut LoadState,
     at: &Loc,
 ) -> Result<Arc<ClientTls>, ConfError> {
     let key = format!(
-        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}",
+        "{prefix}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}",
         c.verify(),
         c.trusted_certificate.as_ref().map(|f| &f.path),
         c.crl.as_ref().map(|f| &f.path),
@@ -76,6 +77,7 @@ pub fn build(
         c.ciphers,
         c.certificate.as_ref().map(|f| &f.path),
         c.certificate_key.as_ref().map(|f| &f.path),
+        c.password_file.as_ref().map(|p| &p.file.path),
         c.server_name(),
         c.session_reuse(),
     );
@@ -99,7 +101,7 @@ pub fn build(
             let Some(f) = &c.trusted_certificate else {
                 return Err(err(
                     loc,
-                    "no proxy_ssl_trusted_certificate for proxy_ssl_verify",
+                    format!("no {prefix}trusted_certificate for {prefix}verify"),
                 ));
             };
             let mut roots = RootCertStore::empty();
@@ -131,14 +133,13 @@ pub fn build(
                 return Err(err(
                     &cert.loc,
                     format!(
-                        "no \"proxy_ssl_certificate_key\" is defined for certificate \"{}\"",
+                        "no \"{prefix}certificate_key\" is defined for certificate \"{}\"",
                         cert.path.display()
                     ),
                 ));
             };
             let chain = load_chain(cert, "certificate")?;
-            // No `proxy_ssl_password_file` yet: an encrypted key is refused, naming it.
-            let key = load_key(key_file, None)?;
+            let key = load_key(key_file, c.password_file.as_deref())?;
             let pair = certified_key(&provider, chain, key, cert, key_file)?;
             builder.with_client_cert_resolver(Arc::new(OwnCertificate(pair)))
         }

@@ -49,6 +49,14 @@ impl Failure {
     }
 }
 
+/// What client chains are judged against: rustls's webpki verifier over the CAs, and the
+/// CA certificates themselves (a client may present one of them, see `judge`).
+#[derive(Debug)]
+pub struct ClientRoots {
+    pub verifier: Arc<dyn ClientCertVerifier>,
+    pub trusted: Vec<CertificateDer<'static>>,
+}
+
 /// Asks for a client certificate; lets any chain through the handshake (see the module
 /// docs), after checking the client's proof that it holds the certificate's key.
 #[derive(Debug)]
@@ -59,12 +67,9 @@ pub struct DeferredVerifier {
 }
 
 impl DeferredVerifier {
-    pub fn new(
-        roots: Option<&Arc<dyn ClientCertVerifier>>,
-        algs: WebPkiSupportedAlgorithms,
-    ) -> Self {
+    pub fn new(roots: Option<&ClientRoots>, algs: WebPkiSupportedAlgorithms) -> Self {
         DeferredVerifier {
-            hints: roots.map_or_else(Vec::new, |r| r.root_hint_subjects().to_vec()),
+            hints: roots.map_or_else(Vec::new, |r| r.verifier.root_hint_subjects().to_vec()),
             algs,
         }
     }
@@ -118,18 +123,26 @@ impl ClientCertVerifier for DeferredVerifier {
 
 /// The verdict on the chain a client sent: checked against the CAs by rustls's webpki
 /// verifier (`roots`), or failed for an unknown issuer when there are none to check
-/// against (`optional_no_ca`).
-pub fn judge(
-    chain: Option<&[CertificateDer<'static>]>,
-    roots: Option<&Arc<dyn ClientCertVerifier>>,
-) -> Verified {
+/// against (`optional_no_ca`). A client certificate that is itself one of the trusted
+/// certificates is good while it is valid, as OpenSSL finds it in its store at once;
+/// webpki would refuse it (a CA as an end entity, or an X.509 v1 certificate).
+pub fn judge(chain: Option<&[CertificateDer<'static>]>, roots: Option<&ClientRoots>) -> Verified {
     let Some((end_entity, intermediates)) = chain.and_then(|c| c.split_first()) else {
         return Verified::None;
     };
     let Some(roots) = roots else {
         return Verified::Failed(unknown_issuer(end_entity, intermediates));
     };
-    match roots.verify_client_cert(end_entity, intermediates, UnixTime::now()) {
+    if roots.trusted.iter().any(|t| t == end_entity) {
+        return match validity(end_entity) {
+            Some(f) => Verified::Failed(f),
+            None => Verified::Success,
+        };
+    }
+    match roots
+        .verifier
+        .verify_client_cert(end_entity, intermediates, UnixTime::now())
+    {
         Ok(_) => Verified::Success,
         Err(rustls::Error::InvalidCertificate(e)) => {
             Verified::Failed(openssl_failure(&e, end_entity, intermediates))
@@ -184,6 +197,23 @@ fn unknown_issuer(
             Failure::new(19, "self-signed certificate in certificate chain")
         }
         Some(_) => Failure::new(20, "unable to get local issuer certificate"),
+    }
+}
+
+/// Why a certificate is outside its validity period, if it is (OpenSSL's errors 9, 10).
+fn validity(der: &CertificateDer<'_>) -> Option<Failure> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let Ok((_, c)) = X509Certificate::from_der(der) else {
+        return Some(Failure::new(1, "certificate cannot be parsed"));
+    };
+    let v = c.validity();
+    let now = UnixTime::now().as_secs() as i64;
+    if v.not_after.timestamp() < now {
+        Some(Failure::new(10, "certificate has expired"))
+    } else if v.not_before.timestamp() > now {
+        Some(Failure::new(9, "certificate is not yet valid"))
+    } else {
+        None
     }
 }
 
