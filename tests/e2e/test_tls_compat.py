@@ -303,3 +303,54 @@ def test_unparsable_request_gets_add_header_always_as_in_nginx(gannet, tmp_path)
             assert a.headers.get("x-always") == "yes" and "x-not" not in a.headers
     finally:
         nginx.stop()
+
+
+# A TLS 1.2 client that asks to renegotiate in the middle of its request (Perl's
+# IO::Socket::SSL over OpenSSL, the one client at hand that can): it prints how many bytes
+# came back, or HANG if the server neither answered nor closed.
+RENEGOTIATE = r"""
+use IO::Socket::SSL; use Net::SSLeay;
+my $s = IO::Socket::SSL->new(PeerAddr => "127.0.0.1:$ARGV[0]", SSL_verify_mode => 0, Timeout => 5)
+    or die "connect: $SSL_ERROR";
+$s->print("GET / HTTP/1.0\r\n");
+my $ssl = $s->_get_ssl_object();
+Net::SSLeay::renegotiate($ssl) or die "renegotiate";
+$s->print("Host: localhost\r\n\r\n");
+local $/;
+my $got = $s->getline();
+print "GOT:", length($got // ''), "\n";
+"""
+
+RENEG_CONF = """
+    server {
+        listen 127.0.0.1:{port} ssl;
+        server_name localhost;
+        ssl_protocols TLSv1.2;
+        %(pair)s
+        location / { return 200 "in\\n"; }
+    }
+"""
+
+
+def renegotiate(port: int) -> str:
+    try:
+        r = subprocess.run(["perl", "-e", RENEGOTIATE, str(port)], capture_output=True, text=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        return "HANG"
+    return r.stdout.strip() or r.stderr.strip()
+
+
+@pytest.mark.skipif(subprocess.run(["perl", "-MIO::Socket::SSL", "-e", "1"], capture_output=True).returncode != 0,
+                    reason="needs Perl's IO::Socket::SSL (scripts/test-all.sh installs it)")
+def test_renegotiation_closes_the_connection_as_nginx(gannet, pki, tmp_path):
+    text = conf(RENEG_CONF % {"pair": pair(pki, "ec")})
+    srv = gannet.start(conf=text)
+    assert renegotiate(srv.port) == "GOT:0"
+    # The connection was closed, not the server: the next client is served.
+    assert curl(srv.port, "/").stdout == "in\n"
+    if NGINX is not None:
+        nginx = NginxPeer(as_root(text), free_port(), tmp_path, tmp_path / "nginx")
+        try:
+            assert renegotiate(nginx.port) == "GOT:0"
+        finally:
+            nginx.stop()
