@@ -107,6 +107,32 @@ def test_v1_client_certificate_with_an_encrypted_key(gannet, app, pki):
     assert srv.get("/without/")[0] == 502
 
 
+def test_client_certificate_named_by_variables(gannet, app, pki):
+    ctx = v1_server_ctx(pki, client_ca="v1client.pem")
+    ctx.verify_mode = ssl.CERT_OPTIONAL
+    a = app(echo, ctx)
+    srv = gannet.start(server=f"""
+        location / {{
+            proxy_pass https://127.0.0.1:{a.port};
+            proxy_ssl_certificate {pki.d}/$arg_c.pem; proxy_ssl_certificate_key {pki.d}/$arg_c.key;
+            proxy_ssl_password_file {pki.path('password')};
+        }}
+        location /none/ {{
+            proxy_pass https://127.0.0.1:{a.port};
+            proxy_ssl_certificate $arg_c; proxy_ssl_certificate_key $arg_c;
+        }}
+    """)
+    assert srv.get("/?c=v1client")[0] == 200
+    assert a.handshakes[-1]["subject"] == {"commonName": "v1client"}
+    # An empty value: no certificate.
+    assert srv.get("/none/")[0] == 200
+    assert a.handshakes[-1]["subject"] == {}
+    assert srv.get("/?c=missing")[0] == 502
+    log = wait_until(lambda: "missing.pem" in srv.error_log() and srv.error_log())
+    assert f'cannot load certificate "{pki.d}/missing.pem"' in log
+    assert len(a.handshakes) == 2
+
+
 def test_a_v1_client_key_that_is_not_the_certificates_is_refused(gannet, pki):
     r = gannet.check(server=f"""
         location / {{

@@ -732,8 +732,22 @@ fn tls_for(
     };
     let name = tls_client::server_name(&value)
         .ok_or_else(|| format!("invalid {directive} \"{value}\""))?;
-    let config = w.tls_sessions.config(setup);
     let mut h = std::collections::hash_map::DefaultHasher::new();
+    let config = match &setup.dynamic {
+        None => w.tls_sessions.config(setup),
+        // A client certificate named per request (nginx 1.21+): an empty name sends none.
+        Some(d) => match d.cert.path(req) {
+            None => setup.config(),
+            Some(cert) => {
+                let key = d.key.path(req).ok_or_else(|| {
+                    format!("no certificate key for \"{}\"", cert.path.display())
+                })?;
+                // Pooled connections carry the certificate they were made with.
+                std::hash::Hash::hash(&cert.path, &mut h);
+                setup.with_certificate(&cert, &key)?
+            }
+        },
+    };
     std::hash::Hash::hash(&(Arc::as_ptr(setup) as usize), &mut h);
     std::hash::Hash::hash(&name.to_str(), &mut h);
     // Nonzero: 0 is a plain connection's kind.

@@ -60,6 +60,30 @@ pub(crate) use ssl_directives;
 
 pub const DIRECTIVES: &[Spec] = ssl_directives!("proxy_ssl_");
 
+/// `*_ssl_certificate` / `*_ssl_certificate_key`: a file, or (nginx 1.21+) a value with
+/// variables naming the file per request (relative to the prefix; empty: no certificate).
+#[derive(Debug, Clone)]
+pub struct CertArg {
+    /// The file as written (with the prefix), and where.
+    pub file: FileArg,
+    pub vars: Option<Template>,
+    pub prefix: std::path::PathBuf,
+}
+
+impl CertArg {
+    /// The file this request names (`None` for an empty value).
+    pub fn path(&self, req: &crate::http::request::Request) -> Option<FileArg> {
+        let Some(t) = &self.vars else {
+            return Some(self.file.clone());
+        };
+        let v = t.eval(req, None);
+        (!v.is_empty()).then(|| FileArg {
+            path: self.prefix.join(v),
+            loc: self.file.loc.clone(),
+        })
+    }
+}
+
 /// The `proxy_ssl_*` settings of one level, merged like the others.
 #[derive(Debug, Clone, Default)]
 pub struct ProxySslConf {
@@ -75,8 +99,8 @@ pub struct ProxySslConf {
     pub protocols: Option<Protocols>,
     /// The TLS 1.2 suites offered, in order (TLS 1.3's are always offered).
     pub ciphers: Option<Vec<CipherSuite>>,
-    pub certificate: Option<FileArg>,
-    pub certificate_key: Option<FileArg>,
+    pub certificate: Option<CertArg>,
+    pub certificate_key: Option<CertArg>,
     /// `*_ssl_password_file`: passphrases for an encrypted `certificate_key`.
     pub password_file: Option<Arc<Passwords>>,
     pub session_reuse: Option<bool>,
@@ -154,16 +178,20 @@ pub fn set_on(
         "protocols" => c.protocols = Some(server_tls::protocols(d, ctx)?),
         "ciphers" => c.ciphers = Some(server_tls::cipher_list(d, ctx)?),
         "certificate" | "certificate_key" => {
-            if a0.contains('$') {
-                return Err(d.error(format!(
-                    "variables in \"{}\" are not supported yet",
-                    d.name
-                )));
-            }
-            if suffix == "certificate" {
-                c.certificate = Some(file(d, ctx));
+            let vars = if a0.contains('$') {
+                Some(Template::compile(a0).map_err(|e| d.error(e))?)
             } else {
-                c.certificate_key = Some(file(d, ctx));
+                None
+            };
+            let arg = CertArg {
+                file: file(d, ctx),
+                vars,
+                prefix: ctx.prefix.clone(),
+            };
+            if suffix == "certificate" {
+                c.certificate = Some(arg);
+            } else {
+                c.certificate_key = Some(arg);
             }
         }
         "password_file" => c.password_file = Some(Arc::new(read_passwords(file(d, ctx))?)),

@@ -19,7 +19,8 @@
 
 use super::build::{add_cas, provider, LoadState};
 use super::certs::{load_chain, load_crls, load_key};
-use crate::modules::proxy_ssl::ProxySslConf;
+use crate::modules::proxy_ssl::{CertArg, ProxySslConf};
+use super::certs::Passwords;
 use crate::upstream::{Conn, Io};
 use gannet_conf::{ConfError, Loc};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -54,6 +55,8 @@ const SESSIONS: usize = 256;
 pub struct ClientTls {
     config: Arc<ClientConfig>,
     session_reuse: bool,
+    /// The client certificate when its files are named by variables.
+    pub dynamic: Option<DynamicCert>,
 }
 
 fn err(loc: &Loc, msg: impl std::fmt::Display) -> ConfError {
@@ -75,8 +78,8 @@ pub fn build(
         c.crl.as_ref().map(|f| &f.path),
         c.protocols(),
         c.ciphers,
-        c.certificate.as_ref().map(|f| &f.path),
-        c.certificate_key.as_ref().map(|f| &f.path),
+        c.certificate.as_ref().map(|f| &f.file.path),
+        c.certificate_key.as_ref().map(|f| &f.file.path),
         c.password_file.as_ref().map(|p| &p.file.path),
         c.server_name(),
         c.session_reuse(),
@@ -126,22 +129,37 @@ pub fn build(
     let builder = builder
         .dangerous()
         .with_custom_certificate_verifier(verifier);
+    let mut dynamic = None;
     let mut config = match &c.certificate {
         None => builder.with_no_client_auth(),
         Some(cert) => {
             let Some(key_file) = &c.certificate_key else {
                 return Err(err(
-                    &cert.loc,
+                    &cert.file.loc,
                     format!(
                         "no \"{prefix}certificate_key\" is defined for certificate \"{}\"",
-                        cert.path.display()
+                        cert.file.path.display()
                     ),
                 ));
             };
-            let chain = load_chain(cert, "certificate")?;
-            let key = load_key(key_file, c.password_file.as_deref())?;
-            let pair = certified_key(&provider, chain, key, cert, key_file)?;
-            builder.with_client_cert_resolver(Arc::new(OwnCertificate(pair)))
+            if cert.vars.is_some() || key_file.vars.is_some() {
+                // Loaded per connection (`with_certificate`), as nginx does.
+                dynamic = Some(DynamicCert {
+                    cert: cert.clone(),
+                    key: key_file.clone(),
+                    passwords: c.password_file.clone(),
+                    provider: provider.clone(),
+                });
+                builder.with_no_client_auth()
+            } else {
+                let pair = load_pair(
+                    &provider,
+                    &cert.file,
+                    &key_file.file,
+                    c.password_file.as_deref(),
+                )?;
+                builder.with_client_cert_resolver(Arc::new(OwnCertificate(pair)))
+            }
         }
     };
     config.enable_sni = c.server_name();
@@ -149,13 +167,50 @@ pub fn build(
     config.resumption = Resumption::disabled();
     let built = Arc::new(ClientTls {
         config: Arc::new(config),
-        session_reuse: c.session_reuse(),
+        // A session made with one request's certificate must not be resumed for another's.
+        session_reuse: c.session_reuse() && dynamic.is_none(),
+        dynamic,
     });
     state.clients.insert(key, built.clone());
     Ok(built)
 }
 
+/// A client certificate and key file read and paired.
+fn load_pair(
+    provider: &CryptoProvider,
+    cert: &FileArg,
+    key_file: &FileArg,
+    passwords: Option<&Passwords>,
+) -> Result<Arc<CertifiedKey>, ConfError> {
+    let chain = load_chain(cert, "certificate")?;
+    let key = load_key(key_file, passwords)?;
+    certified_key(provider, chain, key, cert, key_file)
+}
+
+/// `*_ssl_certificate` with variables: the files are named per request.
+#[derive(Debug)]
+pub struct DynamicCert {
+    pub cert: CertArg,
+    pub key: CertArg,
+    passwords: Option<Arc<Passwords>>,
+    provider: Arc<CryptoProvider>,
+}
+
 impl ClientTls {
+    /// The config for one connection whose client certificate files are `cert` and `key`
+    /// (as a request named them): read now, as nginx reads them per connection; `Err`
+    /// with the reason for the log.
+    pub fn with_certificate(&self, cert: &FileArg, key: &FileArg) -> Result<Arc<ClientConfig>, String> {
+        let Some(d) = &self.dynamic else {
+            return Ok(self.config.clone());
+        };
+        let pair = load_pair(&d.provider, cert, key, d.passwords.as_deref())
+            .map_err(|e| e.to_string())?;
+        let mut c = (*self.config).clone();
+        c.client_auth_cert_resolver = Arc::new(OwnCertificate(pair));
+        Ok(Arc::new(c))
+    }
+
     /// The shared config, without session reuse (health probes use it).
     pub fn config(&self) -> Arc<ClientConfig> {
         self.config.clone()
