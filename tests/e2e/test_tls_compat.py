@@ -55,6 +55,18 @@ def pki(tmp_path_factory):
     v1_cert(p, "v1client", password="secret")
     (p.d / "password").write_text("wrong\nsecret\n")
     v1_cert(p, "v1other")
+    # A v1 CRL (no crlnumber, as `openssl ca -gencrl` writes without one) revoking a client
+    # and a server certificate.
+    p.issue("client", "client")
+    p.issue("revoked", "revoked")
+    p.issue("revokedsrv", "localhost", sans=("localhost",))
+    for name in ("revoked", "revokedsrv"):
+        openssl("ca", "-config", "ca.cnf", "-cert", "ca.pem", "-keyfile", "ca.key", "-revoke", f"{name}.pem", cwd=p.d)
+    v1_cnf = (p.d / "ca.cnf").read_text().replace(f"crlnumber = {p.d}/crlnumber\n", "")
+    (p.d / "ca-v1.cnf").write_text(v1_cnf)
+    openssl("ca", "-config", "ca-v1.cnf", "-cert", "ca.pem", "-keyfile", "ca.key", "-gencrl", "-crldays", "2",
+            "-out", "crl1.pem", cwd=p.d)
+    assert "Version 1 (0x0)" in openssl("crl", "-in", "crl1.pem", "-noout", "-text", cwd=p.d)
     return p
 
 
@@ -380,3 +392,57 @@ def test_renegotiation_closes_the_connection_as_nginx(gannet, pki, tmp_path):
             assert renegotiate(nginx.port) == "GOT:0"
         finally:
             nginx.stop()
+
+
+CRL_SERVER = """
+    server {
+        listen 127.0.0.1:{port} ssl;
+        server_name localhost;
+        %(pair)s
+        ssl_verify_client optional;
+        ssl_client_certificate %(ca)s;
+        ssl_crl %(crl)s;
+        server_tokens off;
+        location / { return 200 "$ssl_client_verify\\n"; }
+    }
+"""
+
+
+def test_a_v1_crl_revokes_client_certificates_as_in_nginx(gannet, pki, tmp_path):
+    text = conf(CRL_SERVER % {"pair": pair(pki, "ec"), "ca": pki.path("ca.pem"), "crl": pki.path("crl1.pem")})
+    srv = gannet.start(conf=text)
+
+    def verdicts(port):
+        return [curl(port, "/", "--cert", str(pki.path(f"{n}.pem")), "--key", str(pki.path(f"{n}.key"))).stdout
+                for n in ("client", "revoked")]
+
+    got = verdicts(srv.port)
+    assert got[0] == "SUCCESS\n"
+    assert "The SSL certificate error" in got[1]
+    assert "client SSL certificate verify error: (23:certificate revoked)" in wait_until(
+        lambda: "revoked" in srv.error_log() and srv.error_log())
+    if NGINX is not None:
+        nginx = NginxPeer(as_root(text), free_port(), tmp_path, tmp_path / "nginx")
+        try:
+            # The pages differ only in the server's name (server_tokens off).
+            assert verdicts(nginx.port) == [g.replace("<center>gannet</center>", "<center>nginx</center>") for g in got]
+        finally:
+            nginx.stop()
+
+
+def test_a_v1_crl_revokes_upstream_certificates(gannet, app, pki):
+    def ctx(name):
+        c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        c.load_cert_chain(pki.path(f"{name}.pem"), pki.path(f"{name}.key"))
+        return c
+
+    good, bad = app(echo, ctx("ec")), app(echo, ctx("revokedsrv"))
+    verify = f"proxy_ssl_verify on; proxy_ssl_name localhost; proxy_ssl_trusted_certificate {pki.path('ca.pem')};"
+    srv = gannet.start(server=f"""
+        location /good/ {{ proxy_pass https://127.0.0.1:{good.port}; {verify} proxy_ssl_crl {pki.path('crl1.pem')}; }}
+        location /bad/ {{ proxy_pass https://127.0.0.1:{bad.port}; {verify} proxy_ssl_crl {pki.path('crl1.pem')}; }}
+    """)
+    assert srv.get("/good/")[0] == 200
+    assert srv.get("/bad/")[0] == 502
+    log = wait_until(lambda: "Revoked" in srv.error_log() and srv.error_log())
+    assert "upstream SSL certificate verify error: (Revoked)" in log

@@ -5,6 +5,7 @@
 use super::certs::{self, load_chain, load_key};
 use super::resolve::KeyPairs;
 use super::session::{rotating_keys, TimedCache, TimedTickets};
+use super::crl::Crls;
 use super::verify::{ClientRoots, DeferredVerifier};
 use super::ServerTls;
 use crate::modules::tls::{FileArg, SessionCache, TlsConf, VerifyClient};
@@ -258,22 +259,21 @@ fn client_roots(
         }
         return Ok(None);
     }
-    let mut builder =
+    let builder =
         WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider.clone())
             .clear_root_hint_subjects()
             .add_root_hint_subjects(named.subjects())
             .allow_unauthenticated();
-    if let Some(f) = &c.crl {
-        builder = builder.with_crls(certs::load_crls(f)?);
-    }
-    let verifier = builder.build().map_err(|e| match &c.crl {
-        Some(f) => err(
-            &f.loc,
-            format!("cannot use CRL \"{}\": {e}", f.path.display()),
-        ),
-        None => err(at, format!("cannot verify clients: {e}")),
-    })?;
-    Ok(Some(ClientRoots { verifier, trusted }))
+    let verifier = builder
+        .build()
+        .map_err(|e| err(at, format!("cannot verify clients: {e}")))?;
+    // Revocation is checked apart from webpki (see `tls::crl`).
+    let crls = c.crl.as_ref().map(Crls::load).transpose()?;
+    Ok(Some(ClientRoots {
+        verifier,
+        trusted,
+        crls,
+    }))
 }
 
 fn sessions(c: &TlsConf, state: &mut LoadState, timeout: u64) -> Arc<dyn StoresServerSessions> {

@@ -18,7 +18,8 @@
 //!   socket is checked as well as the socket (see [`TlsConn`]'s `holds_input`).
 
 use super::build::{add_cas, provider, LoadState};
-use super::certs::{load_chain, load_crls, load_key};
+use super::certs::{load_chain, load_key};
+use super::crl::Crls;
 use crate::modules::proxy_ssl::{CertArg, ProxySslConf};
 use super::certs::Passwords;
 use crate::upstream::{Conn, Io};
@@ -108,19 +109,20 @@ pub fn build(
                 ));
             };
             let mut roots = RootCertStore::empty();
-            add_cas(&mut roots, f, "trusted certificate")?;
-            let mut b =
-                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone());
-            if let Some(crl) = &c.crl {
-                b = b.with_crls(load_crls(crl)?);
+            let trusted = add_cas(&mut roots, f, "trusted certificate")?;
+            let webpki =
+                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                    .build()
+                    .map_err(|e| err(&f.loc, format!("cannot verify upstreams: {e}")))?;
+            match &c.crl {
+                None => webpki,
+                // Revocation is checked apart from webpki (see `tls::crl`).
+                Some(crl) => Arc::new(CrlChecked {
+                    webpki,
+                    crls: Crls::load(crl)?,
+                    trusted,
+                }),
             }
-            b.build().map_err(|e| match &c.crl {
-                Some(crl) => err(
-                    &crl.loc,
-                    format!("cannot use CRL \"{}\": {e}", crl.path.display()),
-                ),
-                None => err(&f.loc, format!("cannot verify upstreams: {e}")),
-            })?
         }
         _ => Arc::new(AnyCertificate {
             algs: provider.signature_verification_algorithms,
@@ -262,6 +264,60 @@ impl ResolvesClientCert for OwnCertificate {
 
     fn has_certs(&self) -> bool {
         true
+    }
+}
+
+/// `proxy_ssl_verify on` with `proxy_ssl_crl`: webpki's verdict on the chain, then the
+/// revocation check of `tls::crl`.
+#[derive(Debug)]
+struct CrlChecked {
+    webpki: Arc<WebPkiServerVerifier>,
+    crls: Crls,
+    trusted: Vec<CertificateDer<'static>>,
+}
+
+impl ServerCertVerifier for CrlChecked {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let ok = self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        )?;
+        self.crls
+            .check(end_entity, intermediates, &self.trusted)
+            .map_err(|f| rustls::Error::InvalidCertificate(f.rustls()))?;
+        Ok(ok)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.webpki.supported_verify_schemes()
     }
 }
 

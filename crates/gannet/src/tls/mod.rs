@@ -16,6 +16,7 @@ mod build;
 pub mod certs;
 pub mod ciphers;
 pub mod client;
+pub mod crl;
 pub mod handshake;
 mod resolve;
 mod session;

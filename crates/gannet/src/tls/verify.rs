@@ -55,6 +55,8 @@ impl Failure {
 pub struct ClientRoots {
     pub verifier: Arc<dyn ClientCertVerifier>,
     pub trusted: Vec<CertificateDer<'static>>,
+    /// `ssl_crl`, checked once the chain is good.
+    pub crls: Option<super::crl::Crls>,
 }
 
 /// Asks for a client certificate; lets any chain through the handshake (see the module
@@ -133,8 +135,14 @@ pub fn judge(chain: Option<&[CertificateDer<'static>]>, roots: Option<&ClientRoo
     let Some(roots) = roots else {
         return Verified::Failed(unknown_issuer(end_entity, intermediates));
     };
+    let revoked = || {
+        let crls = roots.crls.as_ref()?;
+        let failed = crls.check(end_entity, intermediates, &roots.trusted).err()?;
+        let (code, reason) = failed.openssl();
+        Some(Failure::new(code, reason))
+    };
     if roots.trusted.iter().any(|t| t == end_entity) {
-        return match validity(end_entity) {
+        return match validity(end_entity).or_else(revoked) {
             Some(f) => Verified::Failed(f),
             None => Verified::Success,
         };
@@ -143,7 +151,10 @@ pub fn judge(chain: Option<&[CertificateDer<'static>]>, roots: Option<&ClientRoo
         .verifier
         .verify_client_cert(end_entity, intermediates, UnixTime::now())
     {
-        Ok(_) => Verified::Success,
+        Ok(_) => match revoked() {
+            Some(f) => Verified::Failed(f),
+            None => Verified::Success,
+        },
         Err(rustls::Error::InvalidCertificate(e)) => {
             Verified::Failed(openssl_failure(&e, end_entity, intermediates))
         }
