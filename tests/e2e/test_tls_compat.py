@@ -446,3 +446,101 @@ def test_a_v1_crl_revokes_upstream_certificates(gannet, app, pki):
     assert srv.get("/bad/")[0] == 502
     log = wait_until(lambda: "Revoked" in srv.error_log() and srv.error_log())
     assert "upstream SSL certificate verify error: (Revoked)" in log
+
+
+CA_EXT_CNF = """
+[ ca ]
+default_ca = myca
+[ myca ]
+new_certs_dir = {d}
+database = {d}/certindex
+default_md = sha256
+policy = myca_policy
+serial = {d}/certserial
+default_days = 1
+x509_extensions = myca_extensions
+[ myca_policy ]
+commonName = supplied
+[ myca_extensions ]
+basicConstraints = critical,CA:TRUE
+[ req ]
+distinguished_name = dn
+x509_extensions = myca_extensions
+[ dn ]
+"""
+
+
+@pytest.fixture(scope="module")
+def ca_chain(tmp_path_factory):
+    """root -> int -> end, every one of them `CA:TRUE` (as OpenSSL's `openssl ca` makes them
+    from one extensions section, and as clients present them to nginx)."""
+    d = tmp_path_factory.mktemp("chain")
+    (d / "ca.cnf").write_text(CA_EXT_CNF.format(d=d))
+    (d / "certindex").write_text("")
+    (d / "certserial").write_text("1000\n")
+    openssl("req", "-x509", "-new", "-config", "ca.cnf", "-subj", "/CN=root", "-newkey", "rsa:2048", "-nodes",
+            "-keyout", "root.key", "-out", "root.pem", cwd=d)
+    for name, issuer in (("int", "root"), ("end", "int")):
+        openssl("req", "-new", "-config", "ca.cnf", "-subj", f"/CN={name}", "-newkey", "rsa:2048", "-nodes",
+                "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)
+        openssl("ca", "-batch", "-config", "ca.cnf", "-keyfile", f"{issuer}.key", "-cert", f"{issuer}.pem",
+                "-subj", f"/CN={name}", "-in", f"{name}.csr", "-out", f"{name}.pem", cwd=d)
+    (d / "root-int.pem").write_text((d / "root.pem").read_text() + (d / "int.pem").read_text())
+    return d
+
+
+DEPTHS = """
+    server {
+        listen 127.0.0.1:{port} ssl;
+        server_name d0;
+        %(pair)s
+        ssl_verify_client optional;
+        ssl_client_certificate %(cas)s;
+        server_tokens off;
+        ssl_verify_depth 0;
+        location / { return 200 "$ssl_client_verify\\n"; }
+    }
+    server {
+        listen 127.0.0.1:{port} ssl;
+        server_name d1;
+        %(pair)s
+        ssl_verify_client optional;
+        ssl_client_certificate %(cas)s;
+        server_tokens off;
+        location / { return 200 "$ssl_client_verify\\n"; }
+    }
+    server {
+        listen 127.0.0.1:{port} ssl;
+        server_name d2;
+        %(pair)s
+        ssl_verify_client optional;
+        ssl_client_certificate %(cas)s;
+        server_tokens off;
+        ssl_verify_depth 2;
+        location / { return 200 "$ssl_client_verify\\n"; }
+    }
+"""
+
+
+def test_ca_client_certificates_and_verify_depth_as_in_nginx(gannet, pki, ca_chain, tmp_path):
+    text = conf(DEPTHS % {"pair": pair(pki, "ec"), "cas": ca_chain / "root-int.pem"})
+
+    def verdicts(port):
+        return {(host, name): curl(port, "/", "--cert", str(ca_chain / f"{name}.pem"),
+                                   "--key", str(ca_chain / f"{name}.key"), host=host).stdout
+                .strip().replace("<center>gannet</center>", "<center>nginx</center>")
+                for host in ("d0", "d1", "d2") for name in ("root", "int", "end")}
+
+    srv = gannet.start(conf=text)
+    got = verdicts(srv.port)
+    # A CA:TRUE certificate is a client's own as OpenSSL takes it; the depth counts the
+    # intermediates up to the self-signed root.
+    assert got[("d2", "end")] == "SUCCESS" and got[("d1", "int")] == "SUCCESS" and got[("d0", "root")] == "SUCCESS"
+    assert "The SSL certificate error" in got[("d0", "end")]
+    assert "client SSL certificate verify error: (22:certificate chain too long)" in srv.error_log()
+    if NGINX is not None:
+        nginx = NginxPeer(as_root(text), free_port(), tmp_path, tmp_path / "nginx")
+        try:
+            assert verdicts(nginx.port) == got
+        finally:
+            nginx.stop()

@@ -273,6 +273,7 @@ fn client_roots(
         verifier,
         trusted,
         crls,
+        depth: c.verify_depth(),
     }))
 }
 

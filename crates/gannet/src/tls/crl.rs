@@ -94,6 +94,9 @@ impl Crls {
             return Err(CrlFailure::NoCrl);
         };
         let now = x509_parser::time::ASN1Time::now();
+        // Every certificate is checked and the last failure along the chain is the verdict,
+        // as OpenSSL reports it when nginx's verify callback lets the check go on.
+        let mut verdict = Ok(());
         // A chain is short; the bound only stops a loop of names.
         for _ in 0..16 {
             let self_signed = cert.subject().as_raw() == cert.issuer().as_raw();
@@ -110,22 +113,26 @@ impl Crls {
             let crl = crls
                 .iter()
                 .filter(|crl| crl.issuer().as_raw() == cert.issuer().as_raw())
-                .find(|crl| crl.verify_signature(issuer.public_key()).is_ok())
-                .ok_or(CrlFailure::NoCrl)?;
-            if crl.next_update().is_some_and(|t| t < now) {
-                return Err(CrlFailure::Expired);
-            }
-            if crl
-                .iter_revoked_certificates()
-                .any(|r| r.raw_serial() == cert.raw_serial())
-            {
-                return Err(CrlFailure::Revoked);
+                .find(|crl| crl.verify_signature(issuer.public_key()).is_ok());
+            match crl {
+                None => verdict = Err(CrlFailure::NoCrl),
+                Some(crl) if crl.next_update().is_some_and(|t| t < now) => {
+                    verdict = Err(CrlFailure::Expired)
+                }
+                Some(crl)
+                    if crl
+                        .iter_revoked_certificates()
+                        .any(|r| r.raw_serial() == cert.raw_serial()) =>
+                {
+                    verdict = Err(CrlFailure::Revoked)
+                }
+                Some(_) => {}
             }
             if self_signed {
-                return Ok(());
+                break;
             }
             cert = issuer;
         }
-        Ok(())
+        verdict
     }
 }

@@ -57,6 +57,8 @@ pub struct ClientRoots {
     pub trusted: Vec<CertificateDer<'static>>,
     /// `ssl_crl`, checked once the chain is good.
     pub crls: Option<super::crl::Crls>,
+    /// `ssl_verify_depth`.
+    pub depth: u64,
 }
 
 /// Asks for a client certificate; lets any chain through the handshake (see the module
@@ -135,7 +137,11 @@ pub fn judge(chain: Option<&[CertificateDer<'static>]>, roots: Option<&ClientRoo
     let Some(roots) = roots else {
         return Verified::Failed(unknown_issuer(end_entity, intermediates));
     };
+    // What OpenSSL checks after the chain itself: its length, then revocation.
     let revoked = || {
+        if chain_len(end_entity, intermediates, &roots.trusted) > roots.depth + 2 {
+            return Some(Failure::new(22, "certificate chain too long"));
+        }
         let crls = roots.crls.as_ref()?;
         let failed = crls.check(end_entity, intermediates, &roots.trusted).err()?;
         let (code, reason) = failed.openssl();
@@ -155,6 +161,17 @@ pub fn judge(chain: Option<&[CertificateDer<'static>]>, roots: Option<&ClientRoo
             Some(f) => Verified::Failed(f),
             None => Verified::Success,
         },
+        Err(rustls::Error::InvalidCertificate(CertificateError::Other(o)))
+            if matches!(
+                o.0.downcast_ref::<webpki::Error>(),
+                Some(webpki::Error::CaUsedAsEndEntity)
+            ) =>
+        {
+            match ca_client(end_entity, intermediates, &roots.trusted).or_else(revoked) {
+                Some(f) => Verified::Failed(f),
+                None => Verified::Success,
+            }
+        }
         Err(rustls::Error::InvalidCertificate(e)) => {
             Verified::Failed(openssl_failure(&e, end_entity, intermediates))
         }
@@ -209,6 +226,95 @@ fn unknown_issuer(
         }
         Some(_) => Failure::new(20, "unable to get local issuer certificate"),
     }
+}
+
+/// A client certificate marked `CA:TRUE`, which OpenSSL takes as a client's own (nginx's
+/// test suite makes them so) and webpki refuses as an end entity: the chain is walked
+/// here instead, from the certificate to a trusted one, each link found by the issuer's
+/// name and checked as OpenSSL checks it: signed by that issuer's key (x509-parser with
+/// aws-lc-rs), within its dates, the issuer a CA; and the client's own extended key usage,
+/// if it has one, allows client authentication. `None` when the chain is good.
+fn ca_client(
+    end_entity: &CertificateDer<'_>,
+    intermediates: &[CertificateDer<'_>],
+    trusted: &[CertificateDer<'static>],
+) -> Option<Failure> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    fn parse(d: &[u8]) -> Option<X509Certificate<'_>> {
+        X509Certificate::from_der(d).ok().map(|(_, c)| c)
+    }
+    let Some(leaf) = parse(end_entity) else {
+        return Some(Failure::new(1, "certificate cannot be parsed"));
+    };
+    if let Ok(Some(eku)) = leaf.extended_key_usage() {
+        if !(eku.value.client_auth || eku.value.any) {
+            return Some(Failure::new(26, "unsupported certificate purpose"));
+        }
+    }
+    let mut der: &[u8] = end_entity.as_ref();
+    let mut cert = leaf;
+    // A chain is short; the bound only stops a loop of names.
+    for _ in 0..16 {
+        if let Some(f) = validity(&CertificateDer::from(der)) {
+            return Some(f);
+        }
+        if trusted.iter().any(|t| t.as_ref() == der) {
+            return None;
+        }
+        let issuer = intermediates
+            .iter()
+            .map(|c| c.as_ref())
+            .chain(trusted.iter().map(|c| c.as_ref()))
+            .filter_map(|d| parse(d).map(|c| (d, c)))
+            .find(|(_, c)| {
+                c.subject().as_raw() == cert.issuer().as_raw()
+                    && cert.verify_signature(Some(c.public_key())).is_ok()
+            });
+        let Some((issuer_der, issuer)) = issuer else {
+            return Some(unknown_issuer(end_entity, intermediates));
+        };
+        if !issuer.is_ca() && !trusted.iter().any(|t| t.as_ref() == issuer_der) {
+            return Some(Failure::new(24, "invalid CA certificate"));
+        }
+        der = issuer_der;
+        cert = issuer;
+    }
+    Some(Failure::new(22, "certificate chain too long"))
+}
+
+/// How many certificates the chain has, from the client's up to a self-signed one, as
+/// OpenSSL builds it (by issuer names, among those sent and the trusted ones): at most
+/// `ssl_verify_depth` + 2 (the client's, that many intermediates, the root).
+fn chain_len(
+    end_entity: &CertificateDer<'_>,
+    intermediates: &[CertificateDer<'_>],
+    trusted: &[CertificateDer<'static>],
+) -> u64 {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    fn parse(d: &[u8]) -> Option<X509Certificate<'_>> {
+        X509Certificate::from_der(d).ok().map(|(_, c)| c)
+    }
+    let pool: Vec<X509Certificate<'_>> = intermediates
+        .iter()
+        .map(|c| c.as_ref())
+        .chain(trusted.iter().map(|c| c.as_ref()))
+        .filter_map(parse)
+        .collect();
+    let Some(mut cert) = parse(end_entity) else {
+        return 1;
+    };
+    let mut n = 1;
+    while n < 32 && cert.subject().as_raw() != cert.issuer().as_raw() {
+        match pool
+            .iter()
+            .find(|c| c.subject().as_raw() == cert.issuer().as_raw())
+        {
+            Some(issuer) => cert = issuer.clone(),
+            None => break,
+        }
+        n += 1;
+    }
+    n
 }
 
 /// Why a certificate is outside its validity period, if it is (OpenSSL's errors 9, 10).
