@@ -689,9 +689,14 @@ fn up_tls(w: &Worker, req: &Request, dest: &proxy::Dest) -> Result<Option<UpTls>
         return Ok(None);
     }
     let p = &req.conf.proxy;
-    tls_for(w, req, p.client_tls.as_ref(), &p.ssl, "proxy_ssl_name", || {
-        dest.host.clone()
-    })
+    tls_for(
+        w,
+        req,
+        p.client_tls.as_ref(),
+        &p.ssl,
+        "proxy_ssl_name",
+        || dest.host.clone(),
+    )
     .map(Some)
 }
 
@@ -699,18 +704,25 @@ fn up_tls(w: &Worker, req: &Request, dest: &proxy::Dest) -> Result<Option<UpTls>
 /// the host of the pass (the group's name, or the host of its address), as nginx names it.
 fn uwsgi_tls(w: &Worker, req: &Request, pass: &Backend) -> Result<UpTls, String> {
     let u = &req.conf.uwsgi;
-    tls_for(w, req, u.client_tls.as_ref(), &u.ssl, "uwsgi_ssl_name", || {
-        let value = match pass {
-            Backend::Vars(v) => v.value.eval(req, None),
-            Backend::Group(up) => return up.name.clone(),
-            Backend::Addr(a) => a.to_string(),
-            Backend::Dynamic => String::new(),
-        };
-        match value.rsplit_once(':') {
-            Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host.to_string(),
-            _ => value,
-        }
-    })
+    tls_for(
+        w,
+        req,
+        u.client_tls.as_ref(),
+        &u.ssl,
+        "uwsgi_ssl_name",
+        || {
+            let value = match pass {
+                Backend::Vars(v) => v.value.eval(req, None),
+                Backend::Group(up) => return up.name.clone(),
+                Backend::Addr(a) => a.to_string(),
+                Backend::Dynamic => String::new(),
+            };
+            match value.rsplit_once(':') {
+                Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host.to_string(),
+                _ => value,
+            }
+        },
+    )
 }
 
 /// A request's TLS to its upstream from a location's setup: the name from `*_ssl_name`
@@ -739,9 +751,10 @@ fn tls_for(
         Some(d) => match d.cert.path(req) {
             None => setup.config(),
             Some(cert) => {
-                let key = d.key.path(req).ok_or_else(|| {
-                    format!("no certificate key for \"{}\"", cert.path.display())
-                })?;
+                let key = d
+                    .key
+                    .path(req)
+                    .ok_or_else(|| format!("no certificate key for \"{}\"", cert.path.display()))?;
                 // Pooled connections carry the certificate they were made with.
                 std::hash::Hash::hash(&cert.path, &mut h);
                 setup.with_certificate(&cert, &key)?

@@ -12,9 +12,9 @@ use super::gateway::{self, spec, GatewayConf, Proto};
 use super::proxy_ssl::{self, ProxySslConf};
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::tls::client::ClientTls;
-use std::sync::Arc;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
+use std::sync::Arc;
 
 pub const DIRECTIVES: &[Spec] = gateway::directives!(
     "uwsgi_",

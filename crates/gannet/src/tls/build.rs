@@ -3,9 +3,9 @@
 //! file (and `gannet -t` finds it).
 
 use super::certs::{self, load_chain, load_key};
+use super::crl::Crls;
 use super::resolve::KeyPairs;
 use super::session::{rotating_keys, TimedCache, TimedTickets};
-use super::crl::Crls;
 use super::verify::{ClientRoots, DeferredVerifier};
 use super::ServerTls;
 use crate::modules::tls::{FileArg, SessionCache, TlsConf, VerifyClient};
@@ -259,11 +259,10 @@ fn client_roots(
         }
         return Ok(None);
     }
-    let builder =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider.clone())
-            .clear_root_hint_subjects()
-            .add_root_hint_subjects(named.subjects())
-            .allow_unauthenticated();
+    let builder = WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider.clone())
+        .clear_root_hint_subjects()
+        .add_root_hint_subjects(named.subjects())
+        .allow_unauthenticated();
     let verifier = builder
         .build()
         .map_err(|e| err(at, format!("cannot verify clients: {e}")))?;

@@ -18,21 +18,21 @@
 //!   socket is checked as well as the socket (see [`TlsConn`]'s `holds_input`).
 
 use super::build::{add_cas, provider, LoadState};
+use super::certs::Passwords;
 use super::certs::{load_chain, load_key};
 use super::crl::Crls;
+use super::verify::handshake_signature;
 use crate::modules::proxy_ssl::{CertArg, ProxySslConf};
-use super::certs::Passwords;
+use crate::modules::tls::FileArg;
 use crate::upstream::{Conn, Io};
 use gannet_conf::{ConfError, Loc};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::{ResolvesClientCert, Resumption, WebPkiServerVerifier};
 use rustls::crypto::CryptoProvider;
-use rustls::pki_types::PrivateKeyDer;
-use rustls::sign::CertifiedKey;
-use crate::modules::tls::FileArg;
-use super::verify::handshake_signature;
 use rustls::crypto::WebPkiSupportedAlgorithms;
+use rustls::pki_types::PrivateKeyDer;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::sign::CertifiedKey;
 use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
     SupportedProtocolVersion,
@@ -202,12 +202,16 @@ impl ClientTls {
     /// The config for one connection whose client certificate files are `cert` and `key`
     /// (as a request named them): read now, as nginx reads them per connection; `Err`
     /// with the reason for the log.
-    pub fn with_certificate(&self, cert: &FileArg, key: &FileArg) -> Result<Arc<ClientConfig>, String> {
+    pub fn with_certificate(
+        &self,
+        cert: &FileArg,
+        key: &FileArg,
+    ) -> Result<Arc<ClientConfig>, String> {
         let Some(d) = &self.dynamic else {
             return Ok(self.config.clone());
         };
-        let pair = load_pair(&d.provider, cert, key, d.passwords.as_deref())
-            .map_err(|e| e.to_string())?;
+        let pair =
+            load_pair(&d.provider, cert, key, d.passwords.as_deref()).map_err(|e| e.to_string())?;
         let mut c = (*self.config).clone();
         c.client_auth_cert_resolver = Arc::new(OwnCertificate(pair));
         Ok(Arc::new(c))

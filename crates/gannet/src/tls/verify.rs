@@ -143,7 +143,9 @@ pub fn judge(chain: Option<&[CertificateDer<'static>]>, roots: Option<&ClientRoo
             return Some(Failure::new(22, "certificate chain too long"));
         }
         let crls = roots.crls.as_ref()?;
-        let failed = crls.check(end_entity, intermediates, &roots.trusted).err()?;
+        let failed = crls
+            .check(end_entity, intermediates, &roots.trusted)
+            .err()?;
         let (code, reason) = failed.openssl();
         Some(Failure::new(code, reason))
     };
