@@ -211,6 +211,10 @@ pub const MODULES: &[Module] = &[
         set: uwsgi::set,
     },
     Module {
+        directives: uwsgi::SSL_DIRECTIVES,
+        set: uwsgi::set_ssl,
+    },
+    Module {
         directives: memcached::DIRECTIVES,
         set: memcached::set,
     },
@@ -221,6 +225,10 @@ pub const MODULES: &[Module] = &[
     Module {
         directives: grpc::DIRECTIVES,
         set: grpc::set,
+    },
+    Module {
+        directives: grpc::SSL_DIRECTIVES,
+        set: grpc::set_ssl,
     },
     Module {
         directives: proxy_cookie::DIRECTIVES,

@@ -81,10 +81,6 @@ pub const IGNORED: &[(&str, &str)] = &[
         "ssl_stapling_verify",
         "the response in ssl_stapling_file is stapled as it is",
     ),
-    (
-        "ssl_verify_depth",
-        "client chains are checked to any depth rustls's verifier accepts",
-    ),
     ("ssl_buffer_size", "rustls sizes its TLS records itself"),
     (
         "ssl_session_ticket_key",

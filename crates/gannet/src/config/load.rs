@@ -622,8 +622,6 @@ fn load_location(
     }
     lctx.prefixless = false;
     conf.merge(parent_conf);
-    // Before the `if` blocks are merged: they inherit the TLS setup with the handler.
-    modules::grpc::finish(&mut conf, lctx, &d.loc)?;
     modules::rewrite::merge_ifs(&mut conf);
     modules::proxy_ssl::finish(&mut conf, lctx, &d.loc)?;
     modules::gateway_cache::finish(&conf, lctx, &d.loc);

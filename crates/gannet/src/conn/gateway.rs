@@ -672,6 +672,7 @@ impl Via {
         match (self.proto, &self.tls) {
             (Proto::Http, Some(_)) => "https",
             (Proto::Grpc, Some(_)) => "grpcs",
+            (Proto::Uwsgi, Some(_)) => "suwsgi",
             (p, _) => p.scheme(),
         }
     }
@@ -685,38 +686,88 @@ impl Via {
 /// The TLS side of a request to `dest`, if it is `https://`; `Err` with the reason for the
 /// log when it cannot be had.
 fn up_tls(w: &Worker, req: &Request, dest: &proxy::Dest) -> Result<Option<UpTls>, String> {
-    let p = &req.conf.proxy;
-    tls_for(w, req, dest, p.client_tls.as_ref(), &p.ssl)
-}
-
-/// The TLS side of a request to `dest` with a location's client setup and `*_ssl_*`
-/// settings (the proxy's or grpc's).
-pub(super) fn tls_for(
-    w: &Worker,
-    req: &Request,
-    dest: &proxy::Dest,
-    setup: Option<&Arc<tls_client::ClientTls>>,
-    ssl: &crate::modules::proxy_ssl::ProxySslConf,
-) -> Result<Option<UpTls>, String> {
     if !dest.tls {
         return Ok(None);
     }
+    let p = &req.conf.proxy;
+    tls_for(
+        w,
+        req,
+        p.client_tls.as_ref(),
+        &p.ssl,
+        "proxy_ssl_name",
+        || dest.host.clone(),
+    )
+    .map(Some)
+}
+
+/// The TLS side of a request to `uwsgi_pass suwsgi://`: named by `uwsgi_ssl_name`, else
+/// the host of the pass (the group's name, or the host of its address), as nginx names it.
+fn uwsgi_tls(w: &Worker, req: &Request, pass: &Backend) -> Result<UpTls, String> {
+    let u = &req.conf.uwsgi;
+    tls_for(
+        w,
+        req,
+        u.client_tls.as_ref(),
+        &u.ssl,
+        "uwsgi_ssl_name",
+        || {
+            let value = match pass {
+                Backend::Vars(v) => v.value.eval(req, None),
+                Backend::Group(up) => return up.name.clone(),
+                Backend::Addr(a) => a.to_string(),
+                Backend::Dynamic => String::new(),
+            };
+            match value.rsplit_once(':') {
+                Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host.to_string(),
+                _ => value,
+            }
+        },
+    )
+}
+
+/// A request's TLS to its upstream from a location's setup (the proxy's, grpc's or
+/// uwsgi's): the name from `*_ssl_name` (`directive`, for the log) or `default_name`, and
+/// the worker's copy of the setup.
+pub(super) fn tls_for(
+    w: &Worker,
+    req: &Request,
+    setup: Option<&Arc<tls_client::ClientTls>>,
+    ssl: &crate::modules::proxy_ssl::ProxySslConf,
+    directive: &str,
+    default_name: impl FnOnce() -> String,
+) -> Result<UpTls, String> {
     let Some(setup) = setup else {
         return Err("no TLS setup for an https upstream".into());
     };
     let value = match &ssl.name {
         Some(t) => t.eval(req, None),
-        None => dest.host.clone(),
+        None => default_name(),
     };
     let name = tls_client::server_name(&value)
-        .ok_or_else(|| format!("invalid proxy_ssl_name \"{value}\""))?;
-    let config = w.tls_sessions.config(setup);
+        .ok_or_else(|| format!("invalid {directive} \"{value}\""))?;
     let mut h = std::collections::hash_map::DefaultHasher::new();
+    let config = match &setup.dynamic {
+        None => w.tls_sessions.config(setup),
+        // A client certificate named per request (nginx 1.21+): an empty name sends none.
+        Some(d) => match d.cert.path(req) {
+            None => setup.config(),
+            Some(cert) => {
+                let key = d
+                    .key
+                    .path(req)
+                    .ok_or_else(|| format!("no certificate key for \"{}\"", cert.path.display()))?;
+                // Pooled connections carry the certificate they were made with.
+                std::hash::Hash::hash(&cert.path, &mut h);
+                setup.with_certificate(&cert, &key)?
+            }
+        },
+    };
     std::hash::Hash::hash(&(Arc::as_ptr(setup) as usize), &mut h);
     std::hash::Hash::hash(&name.to_str(), &mut h);
     // Nonzero: 0 is a plain connection's kind.
     let kind = std::hash::Hasher::finish(&h) | 1;
-    Ok(Some(UpTls { config, name, kind }))
+    Ok(UpTls { config, name, kind })
 }
 
 /// The request as it goes out: what is encoded whole, then the body still to come from the
@@ -966,6 +1017,15 @@ async fn fetch(
     } else {
         pass.clone()
     };
+    if proto == Proto::Uwsgi && req.conf.uwsgi.tls {
+        via.tls = match uwsgi_tls(w, req, &backend) {
+            Ok(t) => Some(t),
+            Err(why) => {
+                errlog::request(Level::Error, req, format_args!("{why}"));
+                return Outcome::Flow(Flow::Status(502));
+            }
+        };
+    }
     // A destination with variables: its group, address, or a name to resolve now.
     let backend = match backend {
         Backend::Vars(v) => match v.eval(req) {

@@ -185,10 +185,16 @@ async fn open(
         errlog::request(Level::Error, req, format_args!("{why}"));
         Flow::Status(500)
     })?;
-    let tls = gw::tls_for(w, req, &dest, c.client_tls.as_ref(), &c.ssl).map_err(|why| {
-        errlog::request(Level::Error, req, format_args!("{why}"));
-        Flow::Status(502)
-    })?;
+    let tls = if dest.tls {
+        let name = || dest.host.clone();
+        let tls = gw::tls_for(w, req, c.client_tls.as_ref(), &c.ssl, "grpc_ssl_name", name);
+        Some(tls.map_err(|why| {
+            errlog::request(Level::Error, req, format_args!("{why}"));
+            Flow::Status(502)
+        })?)
+    } else {
+        None
+    };
     let via = Via {
         proto: Proto::Grpc,
         tls,

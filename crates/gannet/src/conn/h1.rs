@@ -560,7 +560,10 @@ impl<S: Transport> Conn<S> {
                 format_args!("client sent invalid request ({why})"),
             );
         }
-        let resp = Response::error_page(e.status(), req.conf.core.server_tokens());
+        let mut resp = Response::error_page(e.status(), req.conf.core.server_tokens());
+        // nginx's header filters run on this answer too, with the server's settings: an
+        // `add_header ... always` there is sent with it.
+        crate::modules::headers::filter(&req, &mut resp);
         self.respond(&req, resp, false).await;
         let _ = self.flush().await;
     }

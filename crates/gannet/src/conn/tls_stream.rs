@@ -88,6 +88,7 @@ impl TlsStream {
         if n == 0 {
             self.done = true;
         }
+        let quiet = !self.tls.wants_write();
         if let Err(e) = self.tls.process_new_packets() {
             // rustls queued an alert saying why: a best-effort send, then the end.
             let _ = self.tls.write_tls(&mut Sock(&self.tcp));
@@ -95,7 +96,25 @@ impl TlsStream {
             self.done = true;
             return Err(io::Error::new(io::ErrorKind::InvalidData, e));
         }
+        if quiet && self.tls.wants_write() && self.renegotiation() {
+            self.failed = true;
+            self.done = true;
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "SSL renegotiation disabled",
+            ));
+        }
         Ok(())
+    }
+
+    /// A TLS 1.2 client asked to renegotiate: rustls answers a ClientHello after the
+    /// handshake with a `no_renegotiation` warning and goes on, but the client then waits
+    /// for a handshake that never comes (a hang). nginx closes such a connection ("SSL
+    /// renegotiation disabled"), and so does gannet. rustls tells it only by what it
+    /// queues: in TLS 1.2 a client's records make the server send something on their own
+    /// only for that warning (alerts from the client get no answer, failures are errors).
+    fn renegotiation(&self) -> bool {
+        self.tls.protocol_version() == Some(rustls::ProtocolVersion::TLSv1_2)
     }
 
     /// Plaintext rustls already holds, into `buf`. WouldBlock when it holds none.

@@ -2,7 +2,7 @@
 //! protocol of the gateway machinery (`gateway`, `Proto::Grpc`), with HTTP/2 on the wire
 //! (the `h2` crate's client; the I/O is in `conn::grpc`). Cleartext `grpc://` is HTTP/2
 //! with prior knowledge, `grpcs://` is TLS offering ALPN `h2`, with the `proxy_ssl_*`
-//! settings under the `grpc_ssl_` prefix (`proxy_ssl::set_in`, `tls::client::build_alpn`).
+//! settings under the `grpc_ssl_` prefix (`proxy_ssl::set_on`, built by `proxy_ssl::finish`).
 //!
 //! Directives: `grpc_pass`, `grpc_set_header`, and the shared gateway ones nginx's module
 //! has: `grpc_connect_timeout`, `grpc_send_timeout`, `grpc_read_timeout`,
@@ -24,7 +24,7 @@ use crate::http::variables::Template;
 use crate::tls::client::ClientTls;
 use crate::upstream::Upstream;
 use gannet_conf::registry::{Args, Ctx, Spec};
-use gannet_conf::{ConfError, Directive, Loc};
+use gannet_conf::{ConfError, Directive};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -47,18 +47,6 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("grpc_next_upstream_tries", HSL, Args::Exactly(1)),
     spec("grpc_next_upstream_timeout", HSL, Args::Exactly(1)),
     spec("grpc_socket_keepalive", HSL, Args::Exactly(1)),
-    spec("grpc_ssl_verify", HSL, Args::Exactly(1)),
-    spec("grpc_ssl_trusted_certificate", HSL, Args::Exactly(1)),
-    spec("grpc_ssl_crl", HSL, Args::Exactly(1)),
-    spec("grpc_ssl_verify_depth", HSL, Args::Exactly(1)),
-    spec("grpc_ssl_server_name", HSL, Args::Exactly(1)),
-    spec("grpc_ssl_name", HSL, Args::Exactly(1)),
-    spec("grpc_ssl_protocols", HSL, Args::AtLeast(1)),
-    spec("grpc_ssl_ciphers", HSL, Args::Exactly(1)),
-    spec("grpc_ssl_certificate", HSL, Args::Exactly(1)),
-    spec("grpc_ssl_certificate_key", HSL, Args::Exactly(1)),
-    spec("grpc_ssl_session_reuse", HSL, Args::Exactly(1)),
-    spec("grpc_ssl_password_file", HSL, Args::Exactly(1)),
 ];
 
 /// Where `grpc_pass` sends requests.
@@ -102,6 +90,13 @@ impl GrpcConf {
     }
 }
 
+/// `grpc_ssl_*`: the proxy's upstream TLS set under grpc's prefix.
+pub const SSL_DIRECTIVES: &[Spec] = super::proxy_ssl::ssl_directives!("grpc_ssl_");
+
+pub fn set_ssl(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
+    super::proxy_ssl::set_on(d, "grpc_ssl_", &mut lc.grpc.ssl, ctx)
+}
+
 pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
     let a0 = d.args[0].as_str();
     match d.name.as_str() {
@@ -135,9 +130,6 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             lc.grpc.set_headers = Some(Arc::new(l));
         }
         name => {
-            if let Some(suffix) = name.strip_prefix("grpc_ssl_") {
-                return super::proxy_ssl::set_in(d, suffix, &mut lc.grpc.ssl, ctx);
-            }
             if !gateway::set(d, Proto::Grpc, lc, ctx)? {
                 return Err(d.error(format!("unknown directive \"{name}\"")));
             }
@@ -164,25 +156,6 @@ pub fn parse_url(url: &str, groups: &HashMap<String, Arc<Upstream>>) -> Result<D
         return Err(format!("invalid host in \"{url}\""));
     }
     Ok(dest)
-}
-
-/// After a location's merge: the TLS client setup (offering `h2`) for a location that may
-/// reach `grpcs://` (a grpcs URL, or one with variables).
-pub fn finish(lc: &mut LocConf, ctx: &mut LoadCtx, at: &Loc) -> Result<(), ConfError> {
-    let may_tls = match lc.grpc.target.as_deref() {
-        Some(Target::Fixed(dest)) => dest.tls,
-        Some(Target::Vars(..)) => true,
-        None => false,
-    };
-    if may_tls && lc.grpc.client_tls.is_none() {
-        lc.grpc.client_tls = Some(crate::tls::client::build_alpn(
-            &lc.grpc.ssl,
-            &mut ctx.tls,
-            at,
-            Some(b"h2"),
-        )?);
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -9,48 +9,82 @@
 //! depth limit to set), `proxy_ssl_server_name` (off), `proxy_ssl_name` (`$proxy_host`),
 //! `proxy_ssl_protocols` (`TLSv1.2 TLSv1.3`), `proxy_ssl_ciphers`,
 //! `proxy_ssl_certificate` / `proxy_ssl_certificate_key` (a client certificate for
-//! upstreams that ask for one), `proxy_ssl_session_reuse` (on) and `proxy_ssl_password_file`
-//! (passphrases for an encrypted key). The same settings serve `grpc_ssl_*`
-//! (`modules::grpc`, [`set_in`]).
+//! upstreams that ask for one), `proxy_ssl_password_file` (passphrases for that key) and
+//! `proxy_ssl_session_reuse` (on). uwsgi's `uwsgi_ssl_*` (for `uwsgi_pass suwsgi://`) and
+//! grpc's `grpc_ssl_*` (for `grpc_pass grpcs://`) are the same set, read by the same code
+//! ([`ssl_directives`], [`set_on`]) and built into a client setup by the same [`finish`].
 //!
 //! As in nginx, `proxy_ssl_verify on` needs `proxy_ssl_trusted_certificate`: there are no
 //! built-in system roots (no roots crate is in the build).
 
+use super::grpc::Target as GrpcTarget;
 use super::proxy::Target;
 use super::rewrite::Stmt;
 use super::tls::{self as server_tls, FileArg, Protocols};
 use super::{inherit, LoadCtx, LocConf};
 use crate::http::variables::Template;
-use gannet_conf::registry::{Args, Ctx, Spec};
+use crate::tls::certs::{read_passwords, Passwords};
+use gannet_conf::registry::Spec;
 use gannet_conf::{setters, ConfError, Directive, Loc};
 use rustls::CipherSuite;
 use std::sync::Arc;
 
-const HSL: Ctx = Ctx::HSL;
+/// The table of one module's upstream TLS directives under its prefix (`proxy_ssl_`,
+/// `uwsgi_ssl_`): nginx gives the proxy and uwsgi modules the same set, read here by
+/// one `set_on`. Names are built at compile time, as `gateway::directives!` does.
+macro_rules! ssl_directives {
+    ($p:literal) => {
+        &[
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "verify" Exactly(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "trusted_certificate" Exactly(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "crl" Exactly(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "verify_depth" Exactly(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "server_name" Exactly(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "name" Exactly(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "protocols" AtLeast(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "ciphers" Exactly(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "certificate" Exactly(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "certificate_key" Exactly(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "password_file" Exactly(1)),
+            $crate::modules::proxy_ssl::ssl_directives!(@spec $p "session_reuse" Exactly(1)),
+        ]
+    };
+    (@spec $p:literal $suffix:literal $($args:tt)+) => {
+        gannet_conf::registry::Spec {
+            name: concat!($p, $suffix),
+            ctx: gannet_conf::registry::Ctx::HSL,
+            args: gannet_conf::registry::Args::$($args)+,
+            block: false,
+        }
+    };
+}
+pub(crate) use ssl_directives;
 
-const fn spec(name: &'static str, args: Args) -> Spec {
-    Spec {
-        name,
-        ctx: HSL,
-        args,
-        block: false,
-    }
+pub const DIRECTIVES: &[Spec] = ssl_directives!("proxy_ssl_");
+
+/// `*_ssl_certificate` / `*_ssl_certificate_key`: a file, or (nginx 1.21+) a value with
+/// variables naming the file per request (relative to the prefix; empty: no certificate).
+#[derive(Debug, Clone)]
+pub struct CertArg {
+    /// The file as written (with the prefix), and where.
+    pub file: FileArg,
+    pub vars: Option<Template>,
+    pub prefix: std::path::PathBuf,
 }
 
-pub const DIRECTIVES: &[Spec] = &[
-    spec("proxy_ssl_verify", Args::Exactly(1)),
-    spec("proxy_ssl_trusted_certificate", Args::Exactly(1)),
-    spec("proxy_ssl_crl", Args::Exactly(1)),
-    spec("proxy_ssl_verify_depth", Args::Exactly(1)),
-    spec("proxy_ssl_server_name", Args::Exactly(1)),
-    spec("proxy_ssl_name", Args::Exactly(1)),
-    spec("proxy_ssl_protocols", Args::AtLeast(1)),
-    spec("proxy_ssl_ciphers", Args::Exactly(1)),
-    spec("proxy_ssl_certificate", Args::Exactly(1)),
-    spec("proxy_ssl_certificate_key", Args::Exactly(1)),
-    spec("proxy_ssl_session_reuse", Args::Exactly(1)),
-    spec("proxy_ssl_password_file", Args::Exactly(1)),
-];
+impl CertArg {
+    /// The file this request names (`None` for an empty value).
+    pub fn path(&self, req: &crate::http::request::Request) -> Option<FileArg> {
+        let Some(t) = &self.vars else {
+            return Some(self.file.clone());
+        };
+        let v = t.eval(req, None);
+        (!v.is_empty()).then(|| FileArg {
+            path: self.prefix.join(v),
+            loc: self.file.loc.clone(),
+        })
+    }
+}
 
 /// The `proxy_ssl_*` settings of one level, merged like the others.
 #[derive(Debug, Clone, Default)]
@@ -67,11 +101,11 @@ pub struct ProxySslConf {
     pub protocols: Option<Protocols>,
     /// The TLS 1.2 suites offered, in order (TLS 1.3's are always offered).
     pub ciphers: Option<Vec<CipherSuite>>,
-    pub certificate: Option<FileArg>,
-    pub certificate_key: Option<FileArg>,
+    pub certificate: Option<CertArg>,
+    pub certificate_key: Option<CertArg>,
+    /// `*_ssl_password_file`: passphrases for an encrypted `certificate_key`.
+    pub password_file: Option<Arc<Passwords>>,
     pub session_reuse: Option<bool>,
-    /// `*_ssl_password_file`: passphrases for an encrypted `*_ssl_certificate_key`.
-    pub password_file: Option<Arc<crate::tls::certs::Passwords>>,
 }
 
 impl ProxySslConf {
@@ -89,8 +123,8 @@ impl ProxySslConf {
             ciphers,
             certificate,
             certificate_key,
-            session_reuse,
             password_file,
+            session_reuse,
         );
     }
 
@@ -123,19 +157,19 @@ fn file(d: &Directive, ctx: &LoadCtx) -> FileArg {
 }
 
 pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
-    let suffix = d.name.strip_prefix("proxy_ssl_").unwrap_or("");
-    set_in(d, suffix, &mut lc.proxy.ssl, ctx)
+    set_on(d, "proxy_ssl_", &mut lc.proxy.ssl, ctx)
 }
 
-/// One `*_ssl_<suffix>` directive into `c`: the proxy's and grpc's (`grpc_ssl_*`) are the
-/// same settings under two prefixes.
-pub fn set_in(
+/// One upstream TLS directive whose name starts with `prefix`, into `c`.
+pub fn set_on(
     d: &Directive,
-    suffix: &str,
+    prefix: &str,
     c: &mut ProxySslConf,
     ctx: &mut LoadCtx,
 ) -> Result<(), ConfError> {
     let a0 = d.args[0].as_str();
+    let unknown = || d.error(format!("unknown directive \"{}\"", d.name));
+    let suffix = d.name.strip_prefix(prefix).ok_or_else(unknown)?;
     match suffix {
         "verify" => c.verify = Some((setters::flag(d)?, d.loc.clone())),
         "trusted_certificate" => c.trusted_certificate = Some(file(d, ctx)),
@@ -145,30 +179,33 @@ pub fn set_in(
         "name" => c.name = Some(Template::compile(a0).map_err(|e| d.error(e))?),
         "protocols" => c.protocols = Some(server_tls::protocols(d, ctx)?),
         "ciphers" => c.ciphers = Some(server_tls::cipher_list(d, ctx)?),
-        "certificate" => {
-            if a0.contains('$') {
-                return Err(d.error(format!("variables in \"{}\" are not supported yet", d.name)));
+        "certificate" | "certificate_key" => {
+            let vars = if a0.contains('$') {
+                Some(Template::compile(a0).map_err(|e| d.error(e))?)
+            } else {
+                None
+            };
+            let arg = CertArg {
+                file: file(d, ctx),
+                vars,
+                prefix: ctx.prefix.clone(),
+            };
+            if suffix == "certificate" {
+                c.certificate = Some(arg);
+            } else {
+                c.certificate_key = Some(arg);
             }
-            c.certificate = Some(file(d, ctx));
         }
-        "certificate_key" => {
-            if a0.contains('$') {
-                return Err(d.error(format!("variables in \"{}\" are not supported yet", d.name)));
-            }
-            c.certificate_key = Some(file(d, ctx));
-        }
+        "password_file" => c.password_file = Some(Arc::new(read_passwords(file(d, ctx))?)),
         "session_reuse" => c.session_reuse = Some(setters::flag(d)?),
-        "password_file" => {
-            c.password_file = Some(Arc::new(crate::tls::certs::read_passwords(file(d, ctx))?));
-        }
-        _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
+        _ => return Err(unknown()),
     }
     Ok(())
 }
 
 /// After a location's merge: the rustls client setup its `proxy_pass` needs, if it may
-/// reach an `https://` upstream (an https URL, or one built from variables), and the same
-/// for its `if` blocks. Locations with the same settings share one setup.
+/// reach an `https://` upstream (an https URL, or one built from variables), its
+/// `uwsgi_pass suwsgi://` or its `grpc_pass grpcs://`, and the same for its `if` blocks. Locations with the same settings share one setup.
 pub fn finish(lc: &mut LocConf, ctx: &mut LoadCtx, at: &Loc) -> Result<(), ConfError> {
     build_for(lc, ctx, at)?;
     let mut stmts = std::mem::take(&mut lc.rewrite.stmts);
@@ -189,7 +226,29 @@ fn build_for(lc: &mut LocConf, ctx: &mut LoadCtx, at: &Loc) -> Result<(), ConfEr
         None => false,
     };
     if may_tls && lc.proxy.client_tls.is_none() {
-        lc.proxy.client_tls = Some(crate::tls::client::build(&lc.proxy.ssl, &mut ctx.tls, at)?);
+        lc.proxy.client_tls = Some(build(&lc.proxy.ssl, "proxy_ssl_", ctx, at, None)?);
+    }
+    if lc.uwsgi.tls && lc.uwsgi.client_tls.is_none() {
+        lc.uwsgi.client_tls = Some(build(&lc.uwsgi.ssl, "uwsgi_ssl_", ctx, at, None)?);
+    }
+    // grpc: a grpcs URL, or one with variables; the upstream is asked for `h2` (ALPN).
+    let may_tls = match lc.grpc.target.as_deref() {
+        Some(GrpcTarget::Fixed(dest)) => dest.tls,
+        Some(GrpcTarget::Vars(..)) => true,
+        None => false,
+    };
+    if may_tls && lc.grpc.client_tls.is_none() {
+        lc.grpc.client_tls = Some(build(&lc.grpc.ssl, "grpc_ssl_", ctx, at, Some(b"h2"))?);
     }
     Ok(())
+}
+
+fn build(
+    c: &ProxySslConf,
+    prefix: &'static str,
+    ctx: &mut LoadCtx,
+    at: &Loc,
+    alpn: Option<&'static [u8]>,
+) -> Result<Arc<crate::tls::client::ClientTls>, ConfError> {
+    crate::tls::client::build(c, prefix, &mut ctx.tls, at, alpn)
 }

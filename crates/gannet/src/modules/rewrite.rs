@@ -285,7 +285,6 @@ pub fn inherit_handler(c: &mut LocConf, lc: &LocConf) {
     }
     if c.grpc.target.is_none() && c.grpc.gw.pass.is_some() {
         c.grpc.target = lc.grpc.target.clone();
-        c.grpc.client_tls = lc.grpc.client_tls.clone();
     }
 }
 

@@ -44,6 +44,7 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("ssl_trusted_certificate", Args::Exactly(1)),
     spec("ssl_crl", Args::Exactly(1)),
     spec("ssl_verify_client", Args::Exactly(1)),
+    spec("ssl_verify_depth", Args::Exactly(1)),
     spec("ssl_reject_handshake", Args::Exactly(1)),
     spec("ssl_ecdh_curve", Args::Exactly(1)),
 ];
@@ -106,6 +107,8 @@ pub struct TlsConf {
     /// Revocation lists the client chains are checked against.
     pub crl: Option<FileArg>,
     pub verify_client: Option<(VerifyClient, Loc)>,
+    /// `ssl_verify_depth`: the most intermediate CAs in a client chain.
+    pub verify_depth: Option<u64>,
     pub reject_handshake: Option<bool>,
     /// `ssl_ecdh_curve`: the key exchange groups, in order (`None`: rustls's default).
     pub ecdh_curves: Option<Vec<NamedGroup>>,
@@ -133,6 +136,7 @@ impl TlsConf {
             stapling,
             stapling_file,
             client_certificate,
+            verify_depth,
             trusted_certificate,
             crl,
             verify_client,
@@ -158,6 +162,11 @@ impl TlsConf {
 
     pub fn session_tickets(&self) -> bool {
         self.session_tickets.unwrap_or(true)
+    }
+
+    /// nginx's default: 1.
+    pub fn verify_depth(&self) -> u64 {
+        self.verify_depth.unwrap_or(1)
     }
 
     pub fn verify_client(&self) -> VerifyClient {
@@ -203,6 +212,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         "ssl_client_certificate" => c.client_certificate = Some(file(d, ctx)),
         "ssl_trusted_certificate" => c.trusted_certificate = Some(file(d, ctx)),
         "ssl_crl" => c.crl = Some(file(d, ctx)),
+        "ssl_verify_depth" => c.verify_depth = Some(setters::num_arg(d, 0)?),
         "ssl_verify_client" => {
             let v = match d.args[0].as_str() {
                 "off" => VerifyClient::Off,

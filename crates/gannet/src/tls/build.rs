@@ -3,15 +3,16 @@
 //! file (and `gannet -t` finds it).
 
 use super::certs::{self, load_chain, load_key};
+use super::crl::Crls;
 use super::resolve::KeyPairs;
 use super::session::{rotating_keys, TimedCache, TimedTickets};
-use super::verify::DeferredVerifier;
+use super::verify::{ClientRoots, DeferredVerifier};
 use super::ServerTls;
 use crate::modules::tls::{FileArg, SessionCache, TlsConf, VerifyClient};
 use crate::modules::LoadCtx;
 use gannet_conf::{ConfError, Loc};
 use rustls::crypto::CryptoProvider;
-use rustls::server::danger::ClientCertVerifier;
+use rustls::pki_types::CertificateDer;
 use rustls::server::{
     NoServerSessionStorage, ProducesTickets, ServerSessionMemoryCache, StoresServerSessions,
     WebPkiClientVerifier,
@@ -85,9 +86,7 @@ pub fn build_server(
             )
         })?;
         let mut ck = CertifiedKey::new(chain, signer);
-        if let Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) =
-            ck.keys_match()
-        {
+        if !certs::key_matches(&ck) {
             return Err(err(
                 &key_file.loc,
                 format!(
@@ -211,8 +210,14 @@ fn stapled(c: &TlsConf, notices: &mut Vec<String>) -> Result<Option<Vec<u8>>, Co
 }
 
 /// The CA certificates of a file, into `store`.
-pub(super) fn add_cas(store: &mut RootCertStore, f: &FileArg, what: &str) -> Result<(), ConfError> {
-    for ca in load_chain(f, what)? {
+/// Returns the certificates added.
+pub(super) fn add_cas(
+    store: &mut RootCertStore,
+    f: &FileArg,
+    what: &str,
+) -> Result<Vec<CertificateDer<'static>>, ConfError> {
+    let cas = load_chain(f, what)?;
+    for ca in cas.iter().cloned() {
         store.add(ca).map_err(|e| {
             err(
                 &f.loc,
@@ -220,7 +225,7 @@ pub(super) fn add_cas(store: &mut RootCertStore, f: &FileArg, what: &str) -> Res
             )
         })?;
     }
-    Ok(())
+    Ok(cas)
 }
 
 /// rustls's webpki verifier, which judges client chains: trusting the CAs of
@@ -230,18 +235,19 @@ fn client_roots(
     c: &TlsConf,
     provider: &Arc<CryptoProvider>,
     at: &Loc,
-) -> Result<Option<Arc<dyn ClientCertVerifier>>, ConfError> {
+) -> Result<Option<ClientRoots>, ConfError> {
     let verify = c.verify_client();
     if verify == VerifyClient::Off {
         return Ok(None);
     }
     let mut named = RootCertStore::empty();
+    let mut trusted = Vec::new();
     if let Some(f) = &c.client_certificate {
-        add_cas(&mut named, f, "client certificate")?;
+        trusted = add_cas(&mut named, f, "client certificate")?;
     }
     let mut store = named.clone();
     if let Some(f) = &c.trusted_certificate {
-        add_cas(&mut store, f, "trusted certificate")?;
+        trusted.extend(add_cas(&mut store, f, "trusted certificate")?);
     }
     if store.is_empty() {
         if matches!(verify, VerifyClient::On | VerifyClient::Optional) {
@@ -253,21 +259,21 @@ fn client_roots(
         }
         return Ok(None);
     }
-    let mut builder =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider.clone())
-            .clear_root_hint_subjects()
-            .add_root_hint_subjects(named.subjects())
-            .allow_unauthenticated();
-    if let Some(f) = &c.crl {
-        builder = builder.with_crls(certs::load_crls(f)?);
-    }
-    builder.build().map(Some).map_err(|e| match &c.crl {
-        Some(f) => err(
-            &f.loc,
-            format!("cannot use CRL \"{}\": {e}", f.path.display()),
-        ),
-        None => err(at, format!("cannot verify clients: {e}")),
-    })
+    let builder = WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider.clone())
+        .clear_root_hint_subjects()
+        .add_root_hint_subjects(named.subjects())
+        .allow_unauthenticated();
+    let verifier = builder
+        .build()
+        .map_err(|e| err(at, format!("cannot verify clients: {e}")))?;
+    // Revocation is checked apart from webpki (see `tls::crl`).
+    let crls = c.crl.as_ref().map(Crls::load).transpose()?;
+    Ok(Some(ClientRoots {
+        verifier,
+        trusted,
+        crls,
+        depth: c.verify_depth(),
+    }))
 }
 
 fn sessions(c: &TlsConf, state: &mut LoadState, timeout: u64) -> Arc<dyn StoresServerSessions> {

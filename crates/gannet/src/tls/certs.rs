@@ -7,7 +7,7 @@ use crate::modules::tls::FileArg;
 use gannet_conf::ConfError;
 use pkcs8::der::zeroize::Zeroizing;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::fmt::Write;
 use x509_parser::prelude::{FromDer, X509Certificate, X509Name};
 
@@ -41,24 +41,6 @@ pub fn load_chain(f: &FileArg, what: &str) -> Result<Vec<CertificateDer<'static>
         ));
     }
     Ok(certs)
-}
-
-/// Every CRL in a PEM file (`ssl_crl`).
-pub fn load_crls(f: &FileArg) -> Result<Vec<CertificateRevocationListDer<'static>>, ConfError> {
-    let pem = read(f, "CRL")?;
-    let fail = |why: String| {
-        ConfError::at(
-            &f.loc,
-            format!("cannot load CRL \"{}\": {why}", f.path.display()),
-        )
-    };
-    let crls = CertificateRevocationListDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| fail(e.to_string()))?;
-    if crls.is_empty() {
-        return Err(fail("no PEM CRL in it".to_string()));
-    }
-    Ok(crls)
 }
 
 /// The passphrases of `ssl_password_file`: one a line, tried in turn (empty lines are
@@ -182,6 +164,19 @@ fn decrypt(block: &[u8], passwords: Option<&Passwords>) -> Result<PrivateKeyDer<
         "none of the passphrases in \"{}\" decrypts it",
         passwords.file.path.display()
     ))
+}
+
+/// The key is the certificate's: their public keys are the same. Read with x509-parser,
+/// not rustls's `keys_match`, which cannot parse an X.509 v1 certificate (and then says
+/// nothing). A key whose public half the provider cannot tell is taken.
+pub fn key_matches(ck: &rustls::sign::CertifiedKey) -> bool {
+    let Some(public) = ck.key.public_key() else {
+        return true;
+    };
+    ck.cert.first().is_some_and(|der| {
+        X509Certificate::from_der(der)
+            .is_ok_and(|(_, c)| c.tbs_certificate.subject_pki.raw == public.as_ref())
+    })
 }
 
 fn now() -> i64 {

@@ -18,14 +18,21 @@
 //!   socket is checked as well as the socket (see [`TlsConn`]'s `holds_input`).
 
 use super::build::{add_cas, provider, LoadState};
-use super::certs::{load_chain, load_crls, load_key};
-use crate::modules::proxy_ssl::ProxySslConf;
+use super::certs::Passwords;
+use super::certs::{load_chain, load_key};
+use super::crl::Crls;
+use super::verify::handshake_signature;
+use crate::modules::proxy_ssl::{CertArg, ProxySslConf};
+use crate::modules::tls::FileArg;
 use crate::upstream::{Conn, Io};
 use gannet_conf::{ConfError, Loc};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::{Resumption, WebPkiServerVerifier};
-use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, WebPkiSupportedAlgorithms};
+use rustls::client::{ResolvesClientCert, Resumption, WebPkiServerVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::crypto::WebPkiSupportedAlgorithms;
+use rustls::pki_types::PrivateKeyDer;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::sign::CertifiedKey;
 use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
     SupportedProtocolVersion,
@@ -49,6 +56,8 @@ const SESSIONS: usize = 256;
 pub struct ClientTls {
     config: Arc<ClientConfig>,
     session_reuse: bool,
+    /// The client certificate when its files are named by variables.
+    pub dynamic: Option<DynamicCert>,
 }
 
 fn err(loc: &Loc, msg: impl std::fmt::Display) -> ConfError {
@@ -56,35 +65,28 @@ fn err(loc: &Loc, msg: impl std::fmt::Display) -> ConfError {
 }
 
 /// The client setup for these settings; `at` is the location, for errors that belong to
-/// no one directive.
+/// no one directive; `prefix` names the directives (`proxy_ssl_`, `grpc_ssl_`...) in them;
+/// `alpn` is the one protocol offered, if any (`grpcs://` upstreams are asked for `h2`).
 pub fn build(
     c: &ProxySslConf,
-    state: &mut LoadState,
-    at: &Loc,
-) -> Result<Arc<ClientTls>, ConfError> {
-    build_alpn(c, state, at, None)
-}
-
-/// [`build`] offering one ALPN protocol: `grpcs://` upstreams are asked for `h2`.
-pub fn build_alpn(
-    c: &ProxySslConf,
+    prefix: &str,
     state: &mut LoadState,
     at: &Loc,
     alpn: Option<&'static [u8]>,
 ) -> Result<Arc<ClientTls>, ConfError> {
     let key = format!(
-        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}|{:?}",
+        "{prefix}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}",
         c.verify(),
         c.trusted_certificate.as_ref().map(|f| &f.path),
         c.crl.as_ref().map(|f| &f.path),
         c.protocols(),
         c.ciphers,
-        c.certificate.as_ref().map(|f| &f.path),
-        c.certificate_key.as_ref().map(|f| &f.path),
+        c.certificate.as_ref().map(|f| &f.file.path),
+        c.certificate_key.as_ref().map(|f| &f.file.path),
+        c.password_file.as_ref().map(|p| &p.file.path),
         c.server_name(),
         c.session_reuse(),
         alpn,
-        c.password_file.as_ref().map(|p| &p.file.path),
     );
     if let Some(done) = state.clients.get(&key) {
         return Ok(done.clone());
@@ -106,23 +108,24 @@ pub fn build_alpn(
             let Some(f) = &c.trusted_certificate else {
                 return Err(err(
                     loc,
-                    "no proxy_ssl_trusted_certificate for proxy_ssl_verify",
+                    format!("no {prefix}trusted_certificate for {prefix}verify"),
                 ));
             };
             let mut roots = RootCertStore::empty();
-            add_cas(&mut roots, f, "trusted certificate")?;
-            let mut b =
-                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone());
-            if let Some(crl) = &c.crl {
-                b = b.with_crls(load_crls(crl)?);
+            let trusted = add_cas(&mut roots, f, "trusted certificate")?;
+            let webpki =
+                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                    .build()
+                    .map_err(|e| err(&f.loc, format!("cannot verify upstreams: {e}")))?;
+            match &c.crl {
+                None => webpki,
+                // Revocation is checked apart from webpki (see `tls::crl`).
+                Some(crl) => Arc::new(CrlChecked {
+                    webpki,
+                    crls: Crls::load(crl)?,
+                    trusted,
+                }),
             }
-            b.build().map_err(|e| match &c.crl {
-                Some(crl) => err(
-                    &crl.loc,
-                    format!("cannot use CRL \"{}\": {e}", crl.path.display()),
-                ),
-                None => err(&f.loc, format!("cannot verify upstreams: {e}")),
-            })?
         }
         _ => Arc::new(AnyCertificate {
             algs: provider.signature_verification_algorithms,
@@ -131,34 +134,37 @@ pub fn build_alpn(
     let builder = builder
         .dangerous()
         .with_custom_certificate_verifier(verifier);
+    let mut dynamic = None;
     let mut config = match &c.certificate {
         None => builder.with_no_client_auth(),
         Some(cert) => {
             let Some(key_file) = &c.certificate_key else {
                 return Err(err(
-                    &cert.loc,
+                    &cert.file.loc,
                     format!(
-                        "no \"proxy_ssl_certificate_key\" is defined for certificate \"{}\"",
-                        cert.path.display()
+                        "no \"{prefix}certificate_key\" is defined for certificate \"{}\"",
+                        cert.file.path.display()
                     ),
                 ));
             };
-            let chain = load_chain(cert, "certificate")?;
-            let key = load_key(key_file, c.password_file.as_deref())?;
-            builder.with_client_auth_cert(chain, key).map_err(|e| {
-                let why = match e {
-                    rustls::Error::InconsistentKeys(_) => format!(
-                        "certificate key \"{}\" does not match certificate \"{}\"",
-                        key_file.path.display(),
-                        cert.path.display()
-                    ),
-                    e => format!(
-                        "cannot load certificate key \"{}\": {e}",
-                        key_file.path.display()
-                    ),
-                };
-                err(&key_file.loc, why)
-            })?
+            if cert.vars.is_some() || key_file.vars.is_some() {
+                // Loaded per connection (`with_certificate`), as nginx does.
+                dynamic = Some(DynamicCert {
+                    cert: cert.clone(),
+                    key: key_file.clone(),
+                    passwords: c.password_file.clone(),
+                    provider: provider.clone(),
+                });
+                builder.with_no_client_auth()
+            } else {
+                let pair = load_pair(
+                    &provider,
+                    &cert.file,
+                    &key_file.file,
+                    c.password_file.as_deref(),
+                )?;
+                builder.with_client_cert_resolver(Arc::new(OwnCertificate(pair)))
+            }
         }
     };
     config.enable_sni = c.server_name();
@@ -167,16 +173,159 @@ pub fn build_alpn(
     config.resumption = Resumption::disabled();
     let built = Arc::new(ClientTls {
         config: Arc::new(config),
-        session_reuse: c.session_reuse(),
+        // A session made with one request's certificate must not be resumed for another's.
+        session_reuse: c.session_reuse() && dynamic.is_none(),
+        dynamic,
     });
     state.clients.insert(key, built.clone());
     Ok(built)
 }
 
+/// A client certificate and key file read and paired.
+fn load_pair(
+    provider: &CryptoProvider,
+    cert: &FileArg,
+    key_file: &FileArg,
+    passwords: Option<&Passwords>,
+) -> Result<Arc<CertifiedKey>, ConfError> {
+    let chain = load_chain(cert, "certificate")?;
+    let key = load_key(key_file, passwords)?;
+    certified_key(provider, chain, key, cert, key_file)
+}
+
+/// `*_ssl_certificate` with variables: the files are named per request.
+#[derive(Debug)]
+pub struct DynamicCert {
+    pub cert: CertArg,
+    pub key: CertArg,
+    passwords: Option<Arc<Passwords>>,
+    provider: Arc<CryptoProvider>,
+}
+
 impl ClientTls {
+    /// The config for one connection whose client certificate files are `cert` and `key`
+    /// (as a request named them): read now, as nginx reads them per connection; `Err`
+    /// with the reason for the log.
+    pub fn with_certificate(
+        &self,
+        cert: &FileArg,
+        key: &FileArg,
+    ) -> Result<Arc<ClientConfig>, String> {
+        let Some(d) = &self.dynamic else {
+            return Ok(self.config.clone());
+        };
+        let pair =
+            load_pair(&d.provider, cert, key, d.passwords.as_deref()).map_err(|e| e.to_string())?;
+        let mut c = (*self.config).clone();
+        c.client_auth_cert_resolver = Arc::new(OwnCertificate(pair));
+        Ok(Arc::new(c))
+    }
+
     /// The shared config, without session reuse (health probes use it).
     pub fn config(&self) -> Arc<ClientConfig> {
         self.config.clone()
+    }
+}
+
+/// The client certificate and its key, as a signer. Built directly, not by rustls's
+/// `with_client_auth_cert`, which parses the certificate as webpki's end entity and so
+/// refuses an X.509 v1 certificate that OpenSSL (and the upstream) take; only a key that
+/// is not the certificate's is refused.
+fn certified_key(
+    provider: &CryptoProvider,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    cert: &FileArg,
+    key_file: &FileArg,
+) -> Result<Arc<CertifiedKey>, ConfError> {
+    let signer = provider.key_provider.load_private_key(key).map_err(|e| {
+        err(
+            &key_file.loc,
+            format!(
+                "cannot load certificate key \"{}\": {e}",
+                key_file.path.display()
+            ),
+        )
+    })?;
+    let ck = CertifiedKey::new(chain, signer);
+    if !super::certs::key_matches(&ck) {
+        return Err(err(
+            &key_file.loc,
+            format!(
+                "certificate key \"{}\" does not match certificate \"{}\"",
+                key_file.path.display(),
+                cert.path.display()
+            ),
+        ));
+    }
+    Ok(Arc::new(ck))
+}
+
+/// Sends the one client certificate whatever the server asks (as nginx does).
+#[derive(Debug)]
+struct OwnCertificate(Arc<CertifiedKey>);
+
+impl ResolvesClientCert for OwnCertificate {
+    fn resolve(&self, _hints: &[&[u8]], _schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// `proxy_ssl_verify on` with `proxy_ssl_crl`: webpki's verdict on the chain, then the
+/// revocation check of `tls::crl`.
+#[derive(Debug)]
+struct CrlChecked {
+    webpki: Arc<WebPkiServerVerifier>,
+    crls: Crls,
+    trusted: Vec<CertificateDer<'static>>,
+}
+
+impl ServerCertVerifier for CrlChecked {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let ok = self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        )?;
+        self.crls
+            .check(end_entity, intermediates, &self.trusted)
+            .map_err(|f| rustls::Error::InvalidCertificate(f.rustls()))?;
+        Ok(ok)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.webpki.supported_verify_schemes()
     }
 }
 
@@ -205,7 +354,7 @@ impl ServerCertVerifier for AnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.algs)
+        handshake_signature(message, cert, dss, &self.algs, false)
     }
 
     fn verify_tls13_signature(
@@ -214,7 +363,7 @@ impl ServerCertVerifier for AnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.algs)
+        handshake_signature(message, cert, dss, &self.algs, true)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {

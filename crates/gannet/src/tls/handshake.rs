@@ -18,6 +18,7 @@ use crate::http::router::select_server;
 use crate::modules::LocConf;
 use rustls::server::Acceptor;
 use std::sync::Arc;
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::{timeout_at, Instant};
 use tokio_rustls::LazyConfigAcceptor;
@@ -38,6 +39,12 @@ pub enum Accepted {
 
 /// The first TLS record's content type: handshake.
 const HANDSHAKE_RECORD: u8 = 0x16;
+
+/// `ssl_reject_handshake`: the fatal alert nginx's SNI callback answers with
+/// (`unrecognized_name`, 112), as a plaintext alert record (the handshake has not
+/// begun, so nothing is encrypted yet). rustls has no way to refuse a ClientHello with an
+/// alert of one's choosing, so the record is written to the socket directly.
+const UNRECOGNIZED_NAME: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 112];
 
 /// A handshake that began (the client sent a TLS record) and failed: counted for `metrics`.
 fn handshake_failed(info: &ConnInfo, why: impl std::fmt::Display) -> Accepted {
@@ -92,7 +99,12 @@ pub async fn accept(g: &ListenGroup, tcp: TcpStream, info: &ConnInfo) -> Accepte
     };
     let config = match &tls.config {
         Some(c) if !tls.reject_handshake => c.clone(),
-        _ => return handshake_failed(info, format_args!("handshake rejected for \"{sni}\"")),
+        _ => {
+            let mut tcp = start.io;
+            // Best effort: the connection is closed whatever comes of it.
+            let _ = timeout_at(deadline, tcp.write_all(&UNRECOGNIZED_NAME)).await;
+            return handshake_failed(info, format_args!("handshake rejected for \"{sni}\""));
+        }
     };
     let stream = match timeout_at(deadline, start.into_stream(config)).await {
         Ok(Ok(s)) => s,

@@ -16,6 +16,7 @@ mod build;
 pub mod certs;
 pub mod ciphers;
 pub mod client;
+pub mod crl;
 pub mod handshake;
 mod resolve;
 mod session;
@@ -25,7 +26,6 @@ pub use build::{build_server, LoadState};
 
 use crate::modules::tls::VerifyClient;
 use certs::CertFacts;
-use rustls::server::danger::ClientCertVerifier;
 use rustls::server::ServerConnection;
 use rustls::{HandshakeKind, ProtocolVersion, ServerConfig};
 use std::sync::Arc;
@@ -38,7 +38,7 @@ pub struct ServerTls {
     pub config: Option<Arc<ServerConfig>>,
     pub verify: VerifyClient,
     /// Judges client chains against `ssl_client_certificate` (see `verify`).
-    pub roots: Option<Arc<dyn ClientCertVerifier>>,
+    pub roots: Option<verify::ClientRoots>,
     /// `ssl_reject_handshake on`: a client whose SNI picks this server is refused.
     pub reject_handshake: bool,
 }
