@@ -9,7 +9,11 @@
 //! depth limit to set), `proxy_ssl_server_name` (off), `proxy_ssl_name` (`$proxy_host`),
 //! `proxy_ssl_protocols` (`TLSv1.2 TLSv1.3`), `proxy_ssl_ciphers`,
 //! `proxy_ssl_certificate` / `proxy_ssl_certificate_key` (a client certificate for
-//! upstreams that ask for one) and `proxy_ssl_session_reuse` (on).
+//! upstreams that ask for one), `proxy_ssl_password_file` (the passphrases of an
+//! encrypted `proxy_ssl_certificate_key`) and `proxy_ssl_session_reuse` (on).
+//!
+//! The stream proxy (`stream::proxy`) takes the same settings through [`set_conf`], all
+//! but `proxy_ssl_name`, whose value has stream variables.
 //!
 //! As in nginx, `proxy_ssl_verify on` needs `proxy_ssl_trusted_certificate`: there are no
 //! built-in system roots (no roots crate is in the build).
@@ -17,6 +21,7 @@
 use super::proxy::Target;
 use super::rewrite::Stmt;
 use super::tls::{self as server_tls, FileArg, Protocols};
+use crate::tls::certs::{read_passwords, Passwords};
 use super::{inherit, LoadCtx, LocConf};
 use crate::http::variables::Template;
 use gannet_conf::registry::{Args, Ctx, Spec};
@@ -47,6 +52,7 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("proxy_ssl_certificate", Args::Exactly(1)),
     spec("proxy_ssl_certificate_key", Args::Exactly(1)),
     spec("proxy_ssl_session_reuse", Args::Exactly(1)),
+    spec("proxy_ssl_password_file", Args::Exactly(1)),
 ];
 
 /// The `proxy_ssl_*` settings of one level, merged like the others.
@@ -66,6 +72,8 @@ pub struct ProxySslConf {
     pub ciphers: Option<Vec<CipherSuite>>,
     pub certificate: Option<FileArg>,
     pub certificate_key: Option<FileArg>,
+    /// `proxy_ssl_password_file`, read when the directive is.
+    pub password_file: Option<Arc<Passwords>>,
     pub session_reuse: Option<bool>,
 }
 
@@ -84,6 +92,7 @@ impl ProxySslConf {
             ciphers,
             certificate,
             certificate_key,
+            password_file,
             session_reuse,
         );
     }
@@ -118,6 +127,17 @@ fn file(d: &Directive, ctx: &LoadCtx) -> FileArg {
 
 pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
     let c = &mut lc.proxy.ssl;
+    match d.name.as_str() {
+        "proxy_ssl_name" => {
+            c.name = Some(Template::compile(&d.args[0]).map_err(|e| d.error(e))?);
+            Ok(())
+        }
+        _ => set_conf(d, c, ctx),
+    }
+}
+
+/// A `proxy_ssl_*` directive other than `proxy_ssl_name`, of http or stream.
+pub fn set_conf(d: &Directive, c: &mut ProxySslConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
     let a0 = d.args[0].as_str();
     match d.name.as_str() {
         "proxy_ssl_verify" => c.verify = Some((setters::flag(d)?, d.loc.clone())),
@@ -125,7 +145,6 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         "proxy_ssl_crl" => c.crl = Some(file(d, ctx)),
         "proxy_ssl_verify_depth" => c.verify_depth = Some(setters::num_arg(d, 0)?),
         "proxy_ssl_server_name" => c.server_name = Some(setters::flag(d)?),
-        "proxy_ssl_name" => c.name = Some(Template::compile(a0).map_err(|e| d.error(e))?),
         "proxy_ssl_protocols" => c.protocols = Some(server_tls::protocols(d, ctx)?),
         "proxy_ssl_ciphers" => c.ciphers = Some(server_tls::cipher_list(d, ctx)?),
         "proxy_ssl_certificate" => {
@@ -143,6 +162,9 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             c.certificate_key = Some(file(d, ctx));
         }
         "proxy_ssl_session_reuse" => c.session_reuse = Some(setters::flag(d)?),
+        "proxy_ssl_password_file" => {
+            c.password_file = Some(Arc::new(read_passwords(file(d, ctx))?))
+        }
         _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
     }
     Ok(())

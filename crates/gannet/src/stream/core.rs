@@ -200,6 +200,11 @@ pub fn server(
     if conf.proxy.pass.is_none() && conf.ret.is_none() {
         return Err(d.error("no handler for server"));
     }
+    if conf.proxy.ssl_enable {
+        let mut h = ctx.http.borrow_mut();
+        let setup = crate::tls::client::build(&conf.proxy.ssl, &mut h.tls, &d.loc)?;
+        conf.proxy.client_tls = Some(setup);
+    }
     let tls = match listens.iter().any(|l| l.ssl) {
         true => Some(super::ssl::build(
             &conf.ssl,

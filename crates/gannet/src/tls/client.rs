@@ -63,7 +63,7 @@ pub fn build(
     at: &Loc,
 ) -> Result<Arc<ClientTls>, ConfError> {
     let key = format!(
-        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}",
+        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}",
         c.verify(),
         c.trusted_certificate.as_ref().map(|f| &f.path),
         c.crl.as_ref().map(|f| &f.path),
@@ -71,6 +71,7 @@ pub fn build(
         c.ciphers,
         c.certificate.as_ref().map(|f| &f.path),
         c.certificate_key.as_ref().map(|f| &f.path),
+        c.password_file.as_ref().map(|f| &f.file.path),
         c.server_name(),
         c.session_reuse(),
     );
@@ -132,8 +133,7 @@ pub fn build(
                 ));
             };
             let chain = load_chain(cert, "certificate")?;
-            // No `proxy_ssl_password_file` yet: an encrypted key is refused, naming it.
-            let key = load_key(key_file, None)?;
+            let key = load_key(key_file, c.password_file.as_deref())?;
             builder.with_client_auth_cert(chain, key).map_err(|e| {
                 let why = match e {
                     rustls::Error::InconsistentKeys(_) => format!(
