@@ -184,6 +184,8 @@ pub fn server(
     conf.logs_own = false;
     conf.proxy.pass = None;
     conf.limits = top.limits.inherited();
+    conf.ssl.certs_inherited = true;
+    conf.ssl.keys_inherited = true;
     let mut listens = Vec::new();
     for e in d.block.as_deref().unwrap_or_default() {
         match e.name.as_str() {

@@ -29,6 +29,10 @@ pub struct SslConf {
     pub handshake_timeout: Duration,
     /// `ssl_alpn`.
     pub alpn: Vec<Vec<u8>>,
+    /// The certificates and keys are the stream level's: a server's first
+    /// `ssl_certificate` (`_key`) replaces them rather than adding to them, as in nginx.
+    pub certs_inherited: bool,
+    pub keys_inherited: bool,
 }
 
 impl Default for SslConf {
@@ -37,6 +41,8 @@ impl Default for SslConf {
             tls: TlsConf::default(),
             handshake_timeout: Duration::from_secs(60),
             alpn: Vec::new(),
+            certs_inherited: false,
+            keys_inherited: false,
         }
     }
 }
@@ -68,6 +74,12 @@ pub fn set(
         }
         c.alpn = d.args.iter().map(|a| a.as_bytes().to_vec()).collect();
         return Ok(());
+    }
+    if d.name == "ssl_certificate" && std::mem::take(&mut c.certs_inherited) {
+        c.tls.certificates = None;
+    }
+    if d.name == "ssl_certificate_key" && std::mem::take(&mut c.keys_inherited) {
+        c.tls.keys = None;
     }
     let spec = crate::modules::tls::DIRECTIVES
         .iter()

@@ -147,7 +147,7 @@ fn version(head: &[u8]) -> Option<&'static str> {
     let mut body = Vec::new();
     let mut rest = head;
     loop {
-        let [0x16, 3, hi, lo, after @ ..] = rest else {
+        let [0x16, 3, _, hi, lo, after @ ..] = rest else {
             return None;
         };
         let len = usize::from(u16::from_be_bytes([*hi, *lo]));

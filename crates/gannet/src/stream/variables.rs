@@ -86,7 +86,8 @@ impl Var {
             "ssl_preread_protocol" => Var::SslPrereadProtocol,
             _ => Var::Ssl(
                 name.strip_prefix("ssl_")
-                    .and_then(crate::tls::vars::SslVar::from_name)?,
+                    .and_then(crate::tls::vars::SslVar::from_name)
+                    .filter(|v| v.in_stream())?,
             ),
         })
     }

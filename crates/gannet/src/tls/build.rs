@@ -261,13 +261,21 @@ fn client_roots(
     if let Some(f) = &c.crl {
         builder = builder.with_crls(certs::load_crls(f)?);
     }
-    builder.build().map(Some).map_err(|e| match &c.crl {
+    let mut anchors = Vec::new();
+    for f in [&c.client_certificate, &c.trusted_certificate].into_iter().flatten() {
+        anchors.extend(certs::load_chain(f, "trusted certificate")?);
+    }
+    let built = builder.build().map_err(|e| match &c.crl {
         Some(f) => err(
             &f.loc,
             format!("cannot use CRL \"{}\": {e}", f.path.display()),
         ),
         None => err(at, format!("cannot verify clients: {e}")),
-    })
+    })?;
+    Ok(Some(Arc::new(super::verify::WithAnchors {
+        inner: built,
+        anchors,
+    })))
 }
 
 fn sessions(c: &TlsConf, state: &mut LoadState, timeout: u64) -> Arc<dyn StoresServerSessions> {

@@ -24,8 +24,9 @@ use crate::upstream::{Conn, Io};
 use gannet_conf::{ConfError, Loc};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::{Resumption, WebPkiServerVerifier};
-use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, WebPkiSupportedAlgorithms};
+use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::sign::CertifiedKey;
 use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
     SupportedProtocolVersion,
@@ -134,20 +135,35 @@ pub fn build(
             };
             let chain = load_chain(cert, "certificate")?;
             let key = load_key(key_file, c.password_file.as_deref())?;
-            builder.with_client_auth_cert(chain, key).map_err(|e| {
-                let why = match e {
-                    rustls::Error::InconsistentKeys(_) => format!(
+            let fail = |why: String| {
+                err(
+                    &key_file.loc,
+                    format!(
+                        "cannot load certificate key \"{}\": {why}",
+                        key_file.path.display()
+                    ),
+                )
+            };
+            let signer = provider
+                .key_provider
+                .load_private_key(key)
+                .map_err(|e| fail(e.to_string()))?;
+            let ck = CertifiedKey::new(chain, signer);
+            // Only a sure mismatch is refused: a certificate webpki cannot read (X.509
+            // v1, which OpenSSL takes) is sent as it is, as the server side does.
+            if let Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) =
+                ck.keys_match()
+            {
+                return Err(err(
+                    &key_file.loc,
+                    format!(
                         "certificate key \"{}\" does not match certificate \"{}\"",
                         key_file.path.display(),
                         cert.path.display()
                     ),
-                    e => format!(
-                        "cannot load certificate key \"{}\": {e}",
-                        key_file.path.display()
-                    ),
-                };
-                err(&key_file.loc, why)
-            })?
+                ));
+            }
+            builder.with_client_cert_resolver(Arc::new(ClientCert(Arc::new(ck))))
         }
     };
     config.enable_sni = c.server_name();
@@ -193,7 +209,7 @@ impl ServerCertVerifier for AnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.algs)
+        super::verify::signed_by_key(message, cert, dss, &self.algs)
     }
 
     fn verify_tls13_signature(
@@ -202,11 +218,29 @@ impl ServerCertVerifier for AnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.algs)
+        super::verify::signed_by_key(message, cert, dss, &self.algs)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.algs.supported_schemes()
+    }
+}
+
+/// `proxy_ssl_certificate`: the one certificate, sent to any server that asks.
+#[derive(Debug)]
+struct ClientCert(Arc<CertifiedKey>);
+
+impl rustls::client::ResolvesClientCert for ClientCert {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
     }
 }
 

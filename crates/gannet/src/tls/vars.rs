@@ -25,6 +25,8 @@ pub enum SslVar {
     ClientVerify,
     ClientSDn,
     ClientIDn,
+    ClientSDnLegacy,
+    ClientIDnLegacy,
     ClientSerial,
     ClientFingerprint,
     ClientVStart,
@@ -51,6 +53,8 @@ impl SslVar {
             "client_verify" => SslVar::ClientVerify,
             "client_s_dn" => SslVar::ClientSDn,
             "client_i_dn" => SslVar::ClientIDn,
+            "client_s_dn_legacy" => SslVar::ClientSDnLegacy,
+            "client_i_dn_legacy" => SslVar::ClientIDnLegacy,
             "client_serial" => SslVar::ClientSerial,
             "client_fingerprint" => SslVar::ClientFingerprint,
             "client_v_start" => SslVar::ClientVStart,
@@ -61,6 +65,11 @@ impl SslVar {
             "client_escaped_cert" => SslVar::ClientEscapedCert,
             _ => return None,
         })
+    }
+
+    /// Whether nginx's stream module has it too (the `_legacy` names are http's only).
+    pub fn in_stream(self) -> bool {
+        !matches!(self, SslVar::ClientSDnLegacy | SslVar::ClientIDnLegacy)
     }
 
     pub fn append(self, out: &mut String, t: &TlsInfo) {
@@ -89,6 +98,8 @@ impl SslVar {
             SslVar::ClientVerify => out.push_str(&t.verify_str()),
             SslVar::ClientSDn => out.push_str(from_client(|c| &c.subject)),
             SslVar::ClientIDn => out.push_str(from_client(|c| &c.issuer)),
+            SslVar::ClientSDnLegacy => out.push_str(from_client(|c| &c.subject_legacy)),
+            SslVar::ClientIDnLegacy => out.push_str(from_client(|c| &c.issuer_legacy)),
             SslVar::ClientSerial => out.push_str(from_client(|c| &c.serial)),
             SslVar::ClientFingerprint => out.push_str(from_client(|c| &c.fingerprint)),
             SslVar::ClientVStart => out.push_str(from_client(|c| &c.not_before)),

@@ -99,7 +99,7 @@ impl ClientCertVerifier for DeferredVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algs)
+        signed_by_key(message, cert, dss, &self.algs)
     }
 
     fn verify_tls13_signature(
@@ -108,11 +108,100 @@ impl ClientCertVerifier for DeferredVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algs)
+        signed_by_key(message, cert, dss, &self.algs)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.algs.supported_schemes()
+    }
+}
+
+/// Whether `dss` signs `message` with the key of `cert`, read by x509-parser rather than
+/// webpki: without verification any certificate OpenSSL takes must do, X.509 v1 ones too
+/// (which webpki refuses to parse, and `openssl req -x509` without extensions makes).
+pub fn signed_by_key(
+    message: &[u8],
+    cert: &CertificateDer<'_>,
+    dss: &DigitallySignedStruct,
+    algs: &WebPkiSupportedAlgorithms,
+) -> Result<HandshakeSignatureValid, rustls::Error> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let (_, x) = X509Certificate::from_der(cert)
+        .map_err(|_| rustls::Error::InvalidCertificate(CertificateError::BadEncoding))?;
+    let key = &x.public_key().subject_public_key.data;
+    let candidates = algs
+        .mapping
+        .iter()
+        .find(|(scheme, _)| *scheme == dss.scheme)
+        .map_or(&[][..], |(_, a)| *a);
+    if candidates
+        .iter()
+        .any(|alg| alg.verify_signature(key, message, dss.signature()).is_ok())
+    {
+        return Ok(HandshakeSignatureValid::assertion());
+    }
+    Err(rustls::Error::InvalidCertificate(
+        CertificateError::BadSignature,
+    ))
+}
+
+/// rustls's webpki verifier, plus OpenSSL's acceptance of a client certificate that is
+/// itself one of the trusted ones (a self-signed certificate put in
+/// `ssl_client_certificate`, possibly X.509 v1, which webpki cannot parse as an end entity).
+#[derive(Debug)]
+pub struct WithAnchors {
+    pub inner: Arc<dyn ClientCertVerifier>,
+    pub anchors: Vec<CertificateDer<'static>>,
+}
+
+impl ClientCertVerifier for WithAnchors {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        if intermediates.is_empty() && self.anchors.iter().any(|a| a[..] == end_entity[..]) {
+            use x509_parser::prelude::{FromDer, X509Certificate};
+            let (_, c) = X509Certificate::from_der(end_entity)
+                .map_err(|_| rustls::Error::InvalidCertificate(CertificateError::BadEncoding))?;
+            let now = now.as_secs() as i64;
+            let v = c.validity();
+            if now < v.not_before.timestamp() {
+                return Err(rustls::Error::InvalidCertificate(CertificateError::NotValidYet));
+            }
+            if now > v.not_after.timestamp() {
+                return Err(rustls::Error::InvalidCertificate(CertificateError::Expired));
+            }
+            return Ok(ClientCertVerified::assertion());
+        }
+        self.inner.verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
     }
 }
 
