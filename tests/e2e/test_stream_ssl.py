@@ -34,6 +34,7 @@ def pki(tmp_path_factory):
     p = Pki(tmp_path_factory.mktemp("pki"))
     p.issue("backend", "localhost", sans=("localhost", "backend.test"))
     p.issue("client", "gannet-client", org="Gannet Test")
+    p.issue("cnonly", "cn.test")  # no subjectAltName: its name is in the CN only
     p.self_signed("stranger", "stranger")
     return p
 
@@ -42,9 +43,9 @@ class TlsEcho:
     """A TLS server answering each connection's first read with `ok:` and the bytes; it
     keeps each handshake's SNI name and the client certificate's subject (its CN)."""
 
-    def __init__(self, pki: Pki):
+    def __init__(self, pki: Pki, name: str = "backend"):
         self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self.ctx.load_cert_chain(pki.path("backend.pem"), pki.path("backend.key"))
+        self.ctx.load_cert_chain(pki.path(f"{name}.pem"), pki.path(f"{name}.key"))
         self.ctx.verify_mode = ssl.CERT_OPTIONAL
         self.ctx.load_verify_locations(pki.path("ca.pem"))
         self.sni: list = []
@@ -129,6 +130,22 @@ def test_proxy_ssl_verify_name_sni_and_client_certificate(gannet, pki, backend):
     assert wait_until(lambda: log.exists() and len(log.read_text().splitlines()) == 5)
     statuses = [line.split()[1] for line in log.read_text().splitlines()]
     assert statuses == ["200", "200", "502", "200", "200"]
+
+
+def test_proxy_ssl_verify_takes_the_cn_without_alt_names(gannet, pki):
+    """As OpenSSL: a certificate naming its host only in the CN verifies for that name."""
+    b = TlsEcho(pki, "cnonly")
+    try:
+        ca, p = pki.path("ca.pem"), [free_port(), free_port()]
+        verify = f"proxy_ssl on; proxy_ssl_verify on; proxy_ssl_trusted_certificate {ca};"
+        gannet.start(conf=conf(f"""
+            server {{ listen 127.0.0.1:{p[0]}; proxy_pass 127.0.0.1:{b.port}; {verify} proxy_ssl_name cn.test; }}
+            server {{ listen 127.0.0.1:{p[1]}; proxy_pass 127.0.0.1:{b.port}; {verify} proxy_ssl_name other.test; }}
+        """))
+        assert talk(p[0]) == b"ok:hello"
+        assert talk(p[1]) == b""
+    finally:
+        b.close()
 
 
 def test_client_certificate_seen_by_s_server(gannet, pki, tmp_path):

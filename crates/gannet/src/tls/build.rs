@@ -10,6 +10,7 @@ use super::ServerTls;
 use crate::modules::tls::{FileArg, SessionCache, TlsConf, VerifyClient};
 use crate::modules::LoadCtx;
 use gannet_conf::{ConfError, Loc};
+use rustls::DistinguishedName;
 use rustls::crypto::CryptoProvider;
 use rustls::server::danger::ClientCertVerifier;
 use rustls::server::{
@@ -256,7 +257,7 @@ fn client_roots(
     let mut builder =
         WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider.clone())
             .clear_root_hint_subjects()
-            .add_root_hint_subjects(named.subjects())
+            .add_root_hint_subjects(distinct(named.subjects()))
             .allow_unauthenticated();
     if let Some(f) = &c.crl {
         builder = builder.with_crls(certs::load_crls(f)?);
@@ -276,6 +277,13 @@ fn client_roots(
         inner: built,
         anchors,
     })))
+}
+
+/// The CA names, each once (a file may hold the same CA twice; OpenSSL's list is unique).
+fn distinct(mut names: Vec<DistinguishedName>) -> Vec<DistinguishedName> {
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|n| seen.insert(n.as_ref().to_vec()));
+    names
 }
 
 fn sessions(c: &TlsConf, state: &mut LoadState, timeout: u64) -> Arc<dyn StoresServerSessions> {

@@ -106,13 +106,18 @@ pub fn build(
             if let Some(crl) = &c.crl {
                 b = b.with_crls(load_crls(crl)?);
             }
-            b.build().map_err(|e| match &c.crl {
+            let webpki = b.build().map_err(|e| match &c.crl {
                 Some(crl) => err(
                     &crl.loc,
                     format!("cannot use CRL \"{}\": {e}", crl.path.display()),
                 ),
                 None => err(&f.loc, format!("cannot verify upstreams: {e}")),
-            })?
+            })?;
+            Arc::new(CommonName {
+                webpki,
+                anchors: load_chain(f, "trusted certificate")?,
+                algs: provider.signature_verification_algorithms,
+            })
         }
         _ => Arc::new(AnyCertificate {
             algs: provider.signature_verification_algorithms,
@@ -182,6 +187,150 @@ impl ClientTls {
     pub fn config(&self) -> Arc<ClientConfig> {
         self.config.clone()
     }
+}
+
+/// `proxy_ssl_verify on`: webpki's verifier, with two things OpenSSL accepts and webpki
+/// does not: the subject's CN as the name of a certificate with no DNS subjectAltName, and
+/// a server certificate that is itself one of the trusted ones (self-signed, X.509 v1
+/// possibly), within its validity.
+#[derive(Debug)]
+struct CommonName {
+    webpki: Arc<WebPkiServerVerifier>,
+    anchors: Vec<CertificateDer<'static>>,
+    algs: WebPkiSupportedAlgorithms,
+}
+
+impl ServerCertVerifier for CommonName {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let r = self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        );
+        // webpki checks the chain before the name: this error means the chain is good.
+        match r {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) if cn_matches(end_entity, server_name) => Ok(ServerCertVerified::assertion()),
+            Err(_)
+                if intermediates.is_empty()
+                    && self.anchors.iter().any(|a| a[..] == end_entity[..])
+                    && trusted_itself(end_entity, server_name, now) =>
+            {
+                Ok(ServerCertVerified::assertion())
+            }
+            r => r,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        // (Not webpki's: it cannot read an X.509 v1 certificate the chain check took.)
+        super::verify::signed_by_key(message, cert, dss, &self.algs)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        super::verify::signed_by_key(message, cert, dss, &self.algs)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+}
+
+/// A trusted certificate presented as the server's: valid now and naming `name` (in a
+/// DNS subjectAltName, or in the CN without one).
+fn trusted_itself(cert: &CertificateDer<'_>, name: &ServerName<'_>, now: UnixTime) -> bool {
+    use x509_parser::extensions::GeneralName;
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let Ok((_, x)) = X509Certificate::from_der(cert) else {
+        return false;
+    };
+    let now = now.as_secs() as i64;
+    let v = x.validity();
+    if now < v.not_before.timestamp() || now > v.not_after.timestamp() {
+        return false;
+    }
+    let ServerName::DnsName(dns) = name else {
+        return false;
+    };
+    let host = dns.as_ref().to_ascii_lowercase();
+    let sans: Vec<String> = x
+        .subject_alternative_name()
+        .ok()
+        .flatten()
+        .map(|san| {
+            san.value
+                .general_names
+                .iter()
+                .filter_map(|g| match g {
+                    GeneralName::DNSName(d) => Some(d.to_ascii_lowercase()),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if sans.is_empty() {
+        return cn_matches(cert, name);
+    }
+    sans.iter().any(|s| host_matches(s, &host))
+}
+
+/// `host` (lowercase) against a certificate's name (lowercase), with a `*.` wildcard for
+/// one leftmost label.
+fn host_matches(pattern: &str, host: &str) -> bool {
+    match pattern.strip_prefix("*.") {
+        Some(rest) => host
+            .split_once('.')
+            .is_some_and(|(first, tail)| !first.is_empty() && tail == rest),
+        None => pattern == host,
+    }
+}
+
+/// OpenSSL's `X509_check_host` fallback: no DNS subjectAltName, and a CN equal to the
+/// name (case aside), or a `*.` CN matching one leftmost label.
+fn cn_matches(cert: &CertificateDer<'_>, name: &ServerName<'_>) -> bool {
+    use x509_parser::extensions::GeneralName;
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let ServerName::DnsName(dns) = name else {
+        return false;
+    };
+    let Ok((_, x)) = X509Certificate::from_der(cert) else {
+        return false;
+    };
+    let has_dns_san = x.subject_alternative_name().ok().flatten().is_some_and(|san| {
+        san.value
+            .general_names
+            .iter()
+            .any(|g| matches!(g, GeneralName::DNSName(_)))
+    });
+    if has_dns_san {
+        return false;
+    }
+    let host = dns.as_ref().to_ascii_lowercase();
+    let found = x
+        .subject()
+        .iter_common_name()
+        .any(|cn| cn.as_str().is_ok_and(|cn| host_matches(&cn.to_ascii_lowercase(), &host)));
+    found
 }
 
 /// `proxy_ssl_verify off`: any certificate is accepted, but the handshake signatures are
@@ -398,7 +547,16 @@ pub fn otlp(trusted: &crate::modules::tls::FileArg) -> Result<Arc<ClientConfig>,
 
 #[cfg(test)]
 mod tests {
-    use super::server_name;
+    use super::{host_matches, server_name};
+
+    #[test]
+    fn names_match_as_openssl_matches_them() {
+        assert!(host_matches("a.test", "a.test"));
+        assert!(host_matches("*.example.com", "foo.example.com"));
+        assert!(!host_matches("*.example.com", "example.com"));
+        assert!(!host_matches("*.example.com", "a.b.example.com"));
+        assert!(!host_matches("a.test", "b.test"));
+    }
 
     #[test]
     fn names_lose_their_port() {
