@@ -132,6 +132,29 @@ def test_proxy_ssl_verify_name_sni_and_client_certificate(gannet, pki, backend):
     assert statuses == ["200", "200", "502", "200", "200"]
 
 
+def test_proxy_ssl_certificate_with_variables(gannet, pki, backend):
+    """nginx 1.21+: the certificate's file named per session; an empty name sends none."""
+    p = [free_port(), free_port()]
+    d = pki.path("")
+    srv = gannet.start(conf=conf(f"""
+        map $server_port $who {{ {p[0]} client; default ""; }}
+        proxy_ssl on;
+        proxy_ssl_certificate {d}/$who.pem;
+        proxy_ssl_certificate_key {d}/$who.key;
+        server {{ listen 127.0.0.1:{p[0]}; proxy_pass 127.0.0.1:{backend.port}; }}
+        server {{ listen 127.0.0.1:{p[1]}; proxy_pass 127.0.0.1:{backend.port};
+                 proxy_ssl_certificate $who; proxy_ssl_certificate_key $who; }}
+    """))
+    assert talk(p[0]) == b"ok:hello"
+    assert backend.clients == ["gannet-client"]
+    assert talk(p[1]) == b"ok:hello"
+    assert backend.clients == ["gannet-client", None]
+    r = gannet.check(conf=conf(
+        "server { listen 127.0.0.1:1; proxy_pass 127.0.0.1:2; proxy_ssl on; proxy_ssl_certificate $remote_addr; }"))
+    assert 'no "proxy_ssl_certificate_key" is defined' in r.stderr
+    assert srv
+
+
 def test_proxy_ssl_verify_takes_the_cn_without_alt_names(gannet, pki):
     """As OpenSSL: a certificate naming its host only in the CN verifies for that name."""
     b = TlsEcho(pki, "cnonly")

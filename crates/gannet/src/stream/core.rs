@@ -203,6 +203,7 @@ pub fn server(
         return Err(d.error("no handler for server"));
     }
     if conf.proxy.ssl_enable {
+        super::proxy::finish_ssl(&mut conf.proxy, &ctx.prefix)?;
         let mut h = ctx.http.borrow_mut();
         let setup = crate::tls::client::build(&conf.proxy.ssl, &mut h.tls, &d.loc)?;
         conf.proxy.client_tls = Some(setup);

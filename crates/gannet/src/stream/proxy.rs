@@ -71,6 +71,23 @@ pub struct ProxyConf {
     pub ssl_name: Option<Template>,
     /// The rustls client setup, built for a server with `proxy_ssl on` (`core::server`).
     pub client_tls: Option<Arc<crate::tls::client::ClientTls>>,
+    /// `proxy_ssl_certificate` / `_key` with variables, as written (`finish_ssl` makes
+    /// `ssl_cert_vars` of them).
+    cert_tpl: Option<(Template, gannet_conf::Loc)>,
+    key_tpl: Option<(Template, gannet_conf::Loc)>,
+    /// The client certificate and key evaluated per session (nginx 1.21+).
+    pub ssl_cert_vars: Option<CertVars>,
+}
+
+/// `proxy_ssl_certificate` and `_key` with variables: the files are loaded for each session
+/// (nginx too loads them each time, without `proxy_ssl_certificate_cache`); an empty
+/// certificate name sends none.
+#[derive(Debug, Clone)]
+pub struct CertVars {
+    cert: Template,
+    key: Template,
+    loc: gannet_conf::Loc,
+    prefix: std::path::PathBuf,
 }
 
 impl Default for ProxyConf {
@@ -92,6 +109,9 @@ impl Default for ProxyConf {
             ssl: Default::default(),
             ssl_name: None,
             client_tls: None,
+            cert_tpl: None,
+            key_tpl: None,
+            ssl_cert_vars: None,
         }
     }
 }
@@ -160,6 +180,28 @@ fn set_ssl(d: &Directive, c: &mut ProxyConf, ctx: &LoadCtx) -> Result<(), ConfEr
             one()?;
             c.ssl_name = Some(Template::compile(&d.args[0], &ctx.maps).map_err(|e| d.error(e))?);
         }
+        "proxy_ssl_certificate" | "proxy_ssl_certificate_key" if d.args.len() == 1 => {
+            let tpl = match d.args[0].contains('$') {
+                true => {
+                    let t = Template::compile(&d.args[0], &ctx.maps).map_err(|e| d.error(e))?;
+                    Some((t, d.loc.clone()))
+                }
+                false => None,
+            };
+            let is_cert = d.name == "proxy_ssl_certificate";
+            match (&tpl, is_cert) {
+                (Some(_), true) => c.ssl.certificate = None,
+                (Some(_), false) => c.ssl.certificate_key = None,
+                (None, _) => {
+                    let mut h = ctx.http.borrow_mut();
+                    crate::modules::proxy_ssl::set_conf(d, &mut c.ssl, &mut h)?;
+                }
+            }
+            match is_cert {
+                true => c.cert_tpl = tpl,
+                false => c.key_tpl = tpl,
+            }
+        }
         name => {
             let spec = crate::modules::proxy_ssl::DIRECTIVES
                 .iter()
@@ -169,6 +211,42 @@ fn set_ssl(d: &Directive, c: &mut ProxyConf, ctx: &LoadCtx) -> Result<(), ConfEr
             crate::modules::proxy_ssl::set_conf(d, &mut c.ssl, &mut ctx.http.borrow_mut())?;
         }
     }
+    Ok(())
+}
+
+/// A server's settings done: a certificate or key with variables makes both per-session
+/// ones (a plain file name among them is a template without variables).
+pub fn finish_ssl(c: &mut ProxyConf, prefix: &std::path::Path) -> Result<(), ConfError> {
+    if c.cert_tpl.is_none() && c.key_tpl.is_none() {
+        return Ok(());
+    }
+    let plain = |f: &Option<crate::modules::tls::FileArg>| {
+        f.as_ref().map(|f| {
+            let lit = Template::literal(&f.path.to_string_lossy());
+            (lit, f.loc.clone())
+        })
+    };
+    let cert = c.cert_tpl.take().or_else(|| plain(&c.ssl.certificate));
+    let key = c.key_tpl.take().or_else(|| plain(&c.ssl.certificate_key));
+    let (cert, key) = match (cert, key) {
+        (Some(cert), Some(key)) => (cert, key),
+        (Some((_, at)), None) => {
+            return Err(ConfError::at(&at, "no \"proxy_ssl_certificate_key\" is defined"))
+        }
+        (None, Some((_, at))) => {
+            return Err(ConfError::at(&at, "no \"proxy_ssl_certificate\" is defined"))
+        }
+        (None, None) => return Ok(()),
+    };
+    let ((cert, loc), (key, _)) = (cert, key);
+    c.ssl.certificate = None;
+    c.ssl.certificate_key = None;
+    c.ssl_cert_vars = Some(CertVars {
+        cert,
+        key,
+        loc,
+        prefix: prefix.to_path_buf(),
+    });
     Ok(())
 }
 
@@ -297,7 +375,10 @@ async fn connect_upstream(
             },
             Err(e) => {
                 let e = crate::errlog::errno_text(&e);
-                Err(format!("connect() failed ({e}) while connecting to upstream"))
+                Err((
+                    format!("connect() failed ({e}) while connecting to upstream"),
+                    false,
+                ))
             }
         };
         match conn {
@@ -308,7 +389,12 @@ async fn connect_upstream(
                 }
                 return Some((conn, lease, group, i));
             }
-            Err(why) => {
+            Err((why, true)) => {
+                crate::errlog::error(format_args!("*{} {why}, {}", s.id, client_text(s)));
+                s.status = 500;
+                return None;
+            }
+            Err((why, false)) => {
                 w.upstreams.failed(&group.group, i, Instant::now());
                 crate::errlog::error(format_args!(
                     "*{} {why}, {}, upstream: \"{addr}\"",
@@ -337,7 +423,7 @@ async fn ssl_handshake(
     group: &Group,
     setup: &Arc<crate::tls::client::ClientTls>,
     mut conn: Conn,
-) -> Result<Conn, String> {
+) -> Result<Conn, (String, bool)> {
     use crate::tls::client as tls_client;
     let c = &srv.conf.proxy;
     if c.proxy_protocol {
@@ -345,7 +431,7 @@ async fn ssl_handshake(
         let h = proxy_header(s);
         if let Err(e) = conn.write_all(h.as_bytes()).await {
             let e = crate::errlog::errno_text(&e);
-            return Err(format!("send() failed ({e}) while connecting to upstream"));
+            return Err((format!("send() failed ({e}) while connecting to upstream"), false));
         }
     }
     let value = match &c.ssl_name {
@@ -360,20 +446,44 @@ async fn ssl_handshake(
             rustls::pki_types::ServerName::IpAddress(s.local.ip().into())
         }
         None => {
-            return Err(format!(
-                "invalid proxy_ssl_name \"{value}\" while SSL handshaking to upstream"
+            return Err((
+                format!("invalid proxy_ssl_name \"{value}\" while SSL handshaking to upstream"),
+                false,
             ))
         }
     };
-    let config = w.tls_sessions.config(setup);
+    let mut config = w.tls_sessions.config(setup);
+    if let Some(v) = &c.ssl_cert_vars {
+        let cert = v.cert.eval(s, &srv.maps);
+        if !cert.is_empty() {
+            let file = |value: String| crate::modules::tls::FileArg {
+                path: v.prefix.join(value),
+                loc: v.loc.clone(),
+            };
+            let key = file(v.key.eval(s, &srv.maps));
+            let provider = config.crypto_provider().clone();
+            let passwords = c.ssl.password_file.as_deref();
+            match tls_client::client_certificate(&file(cert), &key, passwords, &provider) {
+                Ok(ck) => config = tls_client::with_certificate(&config, ck),
+                Err(e) => return Err((e.msg, true)),
+            }
+        }
+    }
     let hs = tls_client::handshake(conn, config, name.clone());
     match tokio::time::timeout(c.connect_timeout, hs).await {
         Ok(Ok(t)) => Ok(Box::new(t)),
-        Ok(Err(e)) => Err(format!(
-            "{} while SSL handshaking to upstream",
-            tls_client::describe(&e, &name)
+        Ok(Err(e)) => Err((
+            format!(
+                "{} while SSL handshaking to upstream",
+                tls_client::describe(&e, &name)
+            ),
+            false,
         )),
-        Err(_) => Err("upstream timed out (110: Connection timed out) while SSL handshaking to upstream".to_string()),
+        Err(_) => Err((
+            "upstream timed out (110: Connection timed out) while SSL handshaking to upstream"
+                .to_string(),
+            false,
+        )),
     }
 }
 

@@ -186,6 +186,13 @@ impl Template {
         Ok(Template { parts })
     }
 
+    /// Text without variables (a `$` in it is a `$`).
+    pub fn literal(text: &str) -> Template {
+        Template {
+            parts: vec![Part::Lit(text.to_string())],
+        }
+    }
+
     pub fn eval(&self, s: &Session, maps: &Maps) -> String {
         let mut out = String::new();
         self.append_to(&mut out, s, maps, 0);

@@ -20,6 +20,9 @@
 use super::build::{add_cas, provider, LoadState};
 use super::certs::{load_chain, load_crls, load_key};
 use crate::modules::proxy_ssl::ProxySslConf;
+use crate::modules::tls::FileArg;
+use crate::tls::certs::Passwords;
+use rustls::crypto::CryptoProvider;
 use crate::upstream::{Conn, Io};
 use gannet_conf::{ConfError, Loc};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -138,37 +141,8 @@ pub fn build(
                     ),
                 ));
             };
-            let chain = load_chain(cert, "certificate")?;
-            let key = load_key(key_file, c.password_file.as_deref())?;
-            let fail = |why: String| {
-                err(
-                    &key_file.loc,
-                    format!(
-                        "cannot load certificate key \"{}\": {why}",
-                        key_file.path.display()
-                    ),
-                )
-            };
-            let signer = provider
-                .key_provider
-                .load_private_key(key)
-                .map_err(|e| fail(e.to_string()))?;
-            let ck = CertifiedKey::new(chain, signer);
-            // Only a sure mismatch is refused: a certificate webpki cannot read (X.509
-            // v1, which OpenSSL takes) is sent as it is, as the server side does.
-            if let Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) =
-                ck.keys_match()
-            {
-                return Err(err(
-                    &key_file.loc,
-                    format!(
-                        "certificate key \"{}\" does not match certificate \"{}\"",
-                        key_file.path.display(),
-                        cert.path.display()
-                    ),
-                ));
-            }
-            builder.with_client_cert_resolver(Arc::new(ClientCert(Arc::new(ck))))
+            let ck = client_certificate(cert, key_file, c.password_file.as_deref(), &provider)?;
+            builder.with_client_cert_resolver(Arc::new(ClientCert(ck)))
         }
     };
     config.enable_sni = c.server_name();
@@ -373,6 +347,50 @@ impl ServerCertVerifier for AnyCertificate {
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.algs.supported_schemes()
     }
+}
+
+/// A client certificate and its key, loaded (at load time, or per connection for
+/// `proxy_ssl_certificate` with variables).
+pub fn client_certificate(
+    cert: &FileArg,
+    key_file: &FileArg,
+    passwords: Option<&Passwords>,
+    provider: &CryptoProvider,
+) -> Result<Arc<CertifiedKey>, ConfError> {
+    let chain = load_chain(cert, "certificate")?;
+    let key = load_key(key_file, passwords)?;
+    let signer = provider.key_provider.load_private_key(key).map_err(|e| {
+        err(
+            &key_file.loc,
+            format!(
+                "cannot load certificate key \"{}\": {e}",
+                key_file.path.display()
+            ),
+        )
+    })?;
+    let ck = CertifiedKey::new(chain, signer);
+    // Only a sure mismatch is refused: a certificate webpki cannot read (X.509 v1, which
+    // OpenSSL takes) is sent as it is, as the server side does.
+    if let Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) =
+        ck.keys_match()
+    {
+        return Err(err(
+            &key_file.loc,
+            format!(
+                "certificate key \"{}\" does not match certificate \"{}\"",
+                key_file.path.display(),
+                cert.path.display()
+            ),
+        ));
+    }
+    Ok(Arc::new(ck))
+}
+
+/// `config` sending `cert` to servers that ask for one.
+pub fn with_certificate(config: &ClientConfig, cert: Arc<CertifiedKey>) -> Arc<ClientConfig> {
+    let mut c = config.clone();
+    c.client_auth_cert_resolver = Arc::new(ClientCert(cert));
+    Arc::new(c)
 }
 
 /// `proxy_ssl_certificate`: the one certificate, sent to any server that asks.
