@@ -21,9 +21,9 @@
 use super::proxy::Target;
 use super::rewrite::Stmt;
 use super::tls::{self as server_tls, FileArg, Protocols};
-use crate::tls::certs::{read_passwords, Passwords};
 use super::{inherit, LoadCtx, LocConf};
 use crate::http::variables::Template;
+use crate::tls::certs::{read_passwords, Passwords};
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive, Loc};
 use rustls::CipherSuite;

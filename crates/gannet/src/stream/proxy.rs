@@ -231,10 +231,16 @@ pub fn finish_ssl(c: &mut ProxyConf, prefix: &std::path::Path) -> Result<(), Con
     let (cert, key) = match (cert, key) {
         (Some(cert), Some(key)) => (cert, key),
         (Some((_, at)), None) => {
-            return Err(ConfError::at(&at, "no \"proxy_ssl_certificate_key\" is defined"))
+            return Err(ConfError::at(
+                &at,
+                "no \"proxy_ssl_certificate_key\" is defined",
+            ))
         }
         (None, Some((_, at))) => {
-            return Err(ConfError::at(&at, "no \"proxy_ssl_certificate\" is defined"))
+            return Err(ConfError::at(
+                &at,
+                "no \"proxy_ssl_certificate\" is defined",
+            ))
         }
         (None, None) => return Ok(()),
     };
@@ -303,9 +309,7 @@ fn is_literal(a: &Addr) -> bool {
 async fn connect(addr: &Addr, timeout: Duration) -> std::io::Result<Conn> {
     let fut = async {
         match addr {
-            Addr::Tcp(a) => TcpStream::connect(&**a)
-                .await
-                .map(|c| Box::new(c) as Conn),
+            Addr::Tcp(a) => TcpStream::connect(&**a).await.map(|c| Box::new(c) as Conn),
             Addr::Unix(p) => UnixStream::connect(p).await.map(|c| Box::new(c) as Conn),
         }
     };
@@ -431,7 +435,10 @@ async fn ssl_handshake(
         let h = proxy_header(s);
         if let Err(e) = conn.write_all(h.as_bytes()).await {
             let e = crate::errlog::errno_text(&e);
-            return Err((format!("send() failed ({e}) while connecting to upstream"), false));
+            return Err((
+                format!("send() failed ({e}) while connecting to upstream"),
+                false,
+            ));
         }
     }
     let value = match &c.ssl_name {

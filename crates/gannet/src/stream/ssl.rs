@@ -102,7 +102,10 @@ pub fn build(
     match crate::tls::build_server(&c.tls, false, h, at)? {
         Some(t) => {
             let Some(config) = &t.config else {
-                return Err(ConfError::at(at, "no \"ssl_certificate\" is defined for server"));
+                return Err(ConfError::at(
+                    at,
+                    "no \"ssl_certificate\" is defined for server",
+                ));
             };
             // http's setup agrees to http/1.1; stream agrees to `ssl_alpn`'s, or to none.
             let mut config = (**config).clone();

@@ -236,7 +236,10 @@ mod tests {
         assert_eq!(version(&hello([3, 1], &[])), Some("TLSv1"));
         assert_eq!(version(&hello([3, 0], &[0, 10, 0, 0])), Some("SSLv3"));
         // supported_versions, whatever it lists.
-        assert_eq!(version(&hello([3, 3], &[0, 0x2b, 0, 3, 2, 0x7f, 0x1c])), Some("TLSv1.3"));
+        assert_eq!(
+            version(&hello([3, 3], &[0, 0x2b, 0, 3, 2, 0x7f, 0x1c])),
+            Some("TLSv1.3")
+        );
         let full = hello([3, 3], &[]);
         assert_eq!(version(&full[..full.len() - 1]), None);
         // Split across two records.

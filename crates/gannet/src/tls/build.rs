@@ -10,7 +10,6 @@ use super::ServerTls;
 use crate::modules::tls::{FileArg, SessionCache, TlsConf, VerifyClient};
 use crate::modules::LoadCtx;
 use gannet_conf::{ConfError, Loc};
-use rustls::DistinguishedName;
 use rustls::crypto::CryptoProvider;
 use rustls::server::danger::ClientCertVerifier;
 use rustls::server::{
@@ -18,6 +17,7 @@ use rustls::server::{
     WebPkiClientVerifier,
 };
 use rustls::sign::CertifiedKey;
+use rustls::DistinguishedName;
 use rustls::{CipherSuite, NamedGroup, RootCertStore, ServerConfig, SupportedProtocolVersion};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -263,7 +263,10 @@ fn client_roots(
         builder = builder.with_crls(certs::load_crls(f)?);
     }
     let mut anchors = Vec::new();
-    for f in [&c.client_certificate, &c.trusted_certificate].into_iter().flatten() {
+    for f in [&c.client_certificate, &c.trusted_certificate]
+        .into_iter()
+        .flatten()
+    {
         anchors.extend(certs::load_chain(f, "trusted certificate")?);
     }
     let built = builder.build().map_err(|e| match &c.crl {

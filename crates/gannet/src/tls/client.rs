@@ -22,11 +22,11 @@ use super::certs::{load_chain, load_crls, load_key};
 use crate::modules::proxy_ssl::ProxySslConf;
 use crate::modules::tls::FileArg;
 use crate::tls::certs::Passwords;
-use rustls::crypto::CryptoProvider;
 use crate::upstream::{Conn, Io};
 use gannet_conf::{ConfError, Loc};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::{Resumption, WebPkiServerVerifier};
+use rustls::crypto::CryptoProvider;
 use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::sign::CertifiedKey;
@@ -290,20 +290,24 @@ fn cn_matches(cert: &CertificateDer<'_>, name: &ServerName<'_>) -> bool {
     let Ok((_, x)) = X509Certificate::from_der(cert) else {
         return false;
     };
-    let has_dns_san = x.subject_alternative_name().ok().flatten().is_some_and(|san| {
-        san.value
-            .general_names
-            .iter()
-            .any(|g| matches!(g, GeneralName::DNSName(_)))
-    });
+    let has_dns_san = x
+        .subject_alternative_name()
+        .ok()
+        .flatten()
+        .is_some_and(|san| {
+            san.value
+                .general_names
+                .iter()
+                .any(|g| matches!(g, GeneralName::DNSName(_)))
+        });
     if has_dns_san {
         return false;
     }
     let host = dns.as_ref().to_ascii_lowercase();
-    let found = x
-        .subject()
-        .iter_common_name()
-        .any(|cn| cn.as_str().is_ok_and(|cn| host_matches(&cn.to_ascii_lowercase(), &host)));
+    let found = x.subject().iter_common_name().any(|cn| {
+        cn.as_str()
+            .is_ok_and(|cn| host_matches(&cn.to_ascii_lowercase(), &host))
+    });
     found
 }
 

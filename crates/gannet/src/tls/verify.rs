@@ -172,14 +172,17 @@ impl ClientCertVerifier for WithAnchors {
             let now = now.as_secs() as i64;
             let v = c.validity();
             if now < v.not_before.timestamp() {
-                return Err(rustls::Error::InvalidCertificate(CertificateError::NotValidYet));
+                return Err(rustls::Error::InvalidCertificate(
+                    CertificateError::NotValidYet,
+                ));
             }
             if now > v.not_after.timestamp() {
                 return Err(rustls::Error::InvalidCertificate(CertificateError::Expired));
             }
             return Ok(ClientCertVerified::assertion());
         }
-        self.inner.verify_client_cert(end_entity, intermediates, now)
+        self.inner
+            .verify_client_cert(end_entity, intermediates, now)
     }
 
     fn verify_tls12_signature(
