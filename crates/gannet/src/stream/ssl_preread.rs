@@ -12,8 +12,9 @@
 //! `$ssl_preread_protocol`, which rustls does not expose, is read as nginx reads it: the
 //! ClientHello's `client_version`, or `TLSv1.3` when it has a `supported_versions`
 //! extension (whatever its list), or the version of an SSLv2-style hello ([`version`]).
-//! A ClientHello rustls refuses (an SSLv3 one, say) but whose fields are there still gives
-//! the protocol, the name and ALPN list then found but empty.
+//! A ClientHello rustls refuses (an SSLv3 record, no cipher suites) but whose fields
+//! nginx's parser would read still gives them: the name, the ALPN list and the protocol
+//! are then read here ([`fields`]).
 
 use super::variables::Session;
 use std::time::Duration;
@@ -65,8 +66,12 @@ pub async fn run(
             if head.len() < 5 {
                 continue;
             }
-            if let Some(v) = sslv2_version(head) {
-                found(s, v);
+            if let Some(protocol) = sslv2_version(head) {
+                let f = Fields {
+                    protocol,
+                    ..Fields::default()
+                };
+                found(s, f);
             }
             return Ok(());
         }
@@ -75,15 +80,15 @@ pub async fn run(
             return Ok(());
         }
         if acceptor.read_tls(&mut &fresh[..]).is_err() {
-            if let Some(v) = version(head) {
-                found(s, v);
+            if let Some(f) = fields(head) {
+                found(s, f);
             }
             return Ok(());
         }
         match acceptor.accept() {
             Ok(None) => continue,
             Ok(Some(accepted)) => {
-                s.preread_protocol = version(head).unwrap_or_default();
+                s.preread_protocol = fields(head).map_or("", |f| f.protocol);
                 let hello = accepted.client_hello();
                 s.sni = Some(hello.server_name().unwrap_or_default().to_string());
                 let names: Vec<String> = hello
@@ -98,8 +103,8 @@ pub async fn run(
             // Not a ClientHello rustls can read: nginx may still find its fields (then
             // the protocol is known), or declines too and goes on.
             Err(_) => {
-                if let Some(v) = version(head) {
-                    found(s, v);
+                if let Some(f) = fields(head) {
+                    found(s, f);
                 }
                 return Ok(());
             }
@@ -107,12 +112,21 @@ pub async fn run(
     }
 }
 
-/// A ClientHello was read but not by rustls: the protocol, and the other variables found
-/// but empty.
-fn found(s: &mut Session, protocol: &'static str) {
-    s.preread_protocol = protocol;
-    s.sni.get_or_insert_with(String::new);
-    s.alpn.get_or_insert_with(String::new);
+/// A ClientHello read here, not by rustls (which refuses some nginx reads: no cipher
+/// suites, an SSLv3 record...): its fields as nginx's parser takes them.
+#[derive(Debug, Default, PartialEq)]
+struct Fields {
+    protocol: &'static str,
+    /// The first host name of `server_name`, lowercased; "" without one.
+    sni: String,
+    /// The ALPN list, `,`-separated.
+    alpn: String,
+}
+
+fn found(s: &mut Session, f: Fields) {
+    s.preread_protocol = f.protocol;
+    s.sni = Some(f.sni);
+    s.alpn = Some(f.alpn);
 }
 
 /// nginx's name of a protocol version (`SSL_get_version`'s); "" for one it has none for.
@@ -139,10 +153,10 @@ fn sslv2_version(head: &[u8]) -> Option<&'static str> {
     }
 }
 
-/// The protocol of the ClientHello at the start of `head` (TLS records, the hello possibly
-/// split across several), as nginx's preread names it; `None` until it is all there, or
-/// when it is no ClientHello.
-fn version(head: &[u8]) -> Option<&'static str> {
+/// The fields of the ClientHello at the start of `head` (TLS records, the hello possibly
+/// split across several) as nginx's preread reads them; `None` until it is all there, or
+/// when it is no ClientHello (or a broken one: a length running past its end).
+fn fields(head: &[u8]) -> Option<Fields> {
     // The handshake messages, out of their records.
     let mut body = Vec::new();
     let mut rest = head;
@@ -172,20 +186,45 @@ fn version(head: &[u8]) -> Option<&'static str> {
     r.take(n.into())?; // cipher suites
     let n = r.u8()?;
     r.take(n.into())?; // compression methods
+    let mut f = Fields {
+        protocol: version_name(major, minor),
+        ..Fields::default()
+    };
     if r.0.is_empty() {
-        return Some(version_name(major, minor));
+        return Some(f);
     }
     let n = r.u16()?;
     let mut ext = Reader(r.take(n.into())?);
     while !ext.0.is_empty() {
         let (kind, n) = (ext.u16()?, ext.u16()?);
-        ext.take(n.into())?;
-        // supported_versions: nginx takes TLS 1.3 whatever the list says.
-        if kind == 0x2b {
-            return Some("TLSv1.3");
+        let mut data = Reader(ext.take(n.into())?);
+        match kind {
+            // server_name: the list's first entry, a host_name.
+            0 if f.sni.is_empty() => {
+                data.u16()?;
+                if data.u8()? == 0 {
+                    let n = data.u16()?;
+                    let name = data.take(n.into())?;
+                    f.sni = String::from_utf8_lossy(name).to_ascii_lowercase();
+                }
+            }
+            // ALPN: the protocol names, `,`-separated as nginx writes them.
+            16 if f.alpn.is_empty() => {
+                let n = data.u16()?;
+                let mut list = Reader(data.take(n.into())?);
+                let mut names = Vec::new();
+                while !list.0.is_empty() {
+                    let n = list.u8()?;
+                    names.push(String::from_utf8_lossy(list.take(n.into())?).into_owned());
+                }
+                f.alpn = names.join(",");
+            }
+            // supported_versions: nginx takes TLS 1.3 whatever the list says.
+            0x2b => f.protocol = "TLSv1.3",
+            _ => {}
         }
     }
-    Some(version_name(major, minor))
+    Some(f)
 }
 
 /// Length-prefixed fields, bounds checked.
@@ -228,6 +267,21 @@ mod tests {
         let mut r = vec![0x16, 3, 1, 0, h.len() as u8];
         r.extend(h);
         r
+    }
+
+    fn version(head: &[u8]) -> Option<&'static str> {
+        fields(head).map(|f| f.protocol)
+    }
+
+    #[test]
+    fn names_and_alpn_without_rustls() {
+        let sni = [0, 0, 0, 8, 0, 6, 0, 0, 3, b'F', b'o', b'o'];
+        let alpn = [0, 16, 0, 8, 0, 6, 2, b'h', b'2', 2, b'x', b'y'];
+        let f = fields(&hello([3, 3], &[&sni[..], &alpn[..]].concat())).unwrap();
+        assert_eq!((f.sni.as_str(), f.alpn.as_str()), ("foo", "h2,xy"));
+        // A server_name running past its extension: not a hello nginx reads.
+        let bad = [0, 0, 0, 4, 0, 6, 0, 0];
+        assert_eq!(fields(&hello([3, 3], &bad)), None);
     }
 
     #[test]
