@@ -12,7 +12,7 @@ step() { printf '\n==> %s\n' "$*"; }
 
 # The lib*-perl ones are what nginx's own test suite needs (scripts/nginx-tests.sh; not run here).
 step "system packages"
-pkgs=(curl openssl python3-yaml dpkg-dev libcrypt-dev nginx slowhttptest lighttpd lighttpd-mod-openssl h2o caddy apache2 apache2-utils libapache2-mod-php8.2 wrk nghttp2-client httperf siege iproute2 strace php-fpm uwsgi-core uwsgi-plugin-python3 dnsmasq prometheus-nginx-exporter memcached libnginx-mod-stream bind9-dnsutils mariadb-server mariadb-client libio-socket-ssl-perl libfcgi-perl libscgi-perl libprotocol-websocket-perl prometheus)
+pkgs=(curl openssl python3-yaml dpkg-dev libcrypt-dev nginx slowhttptest lighttpd lighttpd-mod-openssl h2o caddy apache2 apache2-utils libapache2-mod-php8.2 wrk nghttp2-client httperf siege iproute2 strace php-fpm uwsgi-core uwsgi-plugin-python3 dnsmasq prometheus-nginx-exporter memcached libnginx-mod-stream bind9-dnsutils mariadb-server mariadb-client libio-socket-ssl-perl libfcgi-perl libscgi-perl libprotocol-websocket-perl prometheus varnish haproxy)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -33,6 +33,12 @@ if [ -d /run/systemd/system ]; then
   systemctl disable --now prometheus >/dev/null 2>&1 || true
 elif [ -f /run/prometheus.pid ]; then
   kill "$(cat /run/prometheus.pid)" 2>/dev/null || true
+fi
+
+# Debian's varnish and haproxy start services on install; the arena runs its own (cache,
+# l4-proxy and s4-proxy scenarios) on free ports.
+if [ -d /run/systemd/system ]; then
+  systemctl disable --now varnish haproxy >/dev/null 2>&1 || true
 fi
 
 step "rust toolchain"

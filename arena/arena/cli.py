@@ -18,7 +18,9 @@ from rich.table import Table
 from arena import __version__
 from arena.errors import ArenaError
 
-RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+# Under the folder the command runs in (not the source tree): a run from anywhere, or from an
+# installed package, keeps its results where the user is.
+RESULTS_DIR = Path("results")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,11 +42,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--rounds", type=int, help="measured rounds per point (default 3; 1 with --quick)")
     run.add_argument("--requests", type=int, help="requests per point (overrides the scenario's)")
     run.add_argument("--quick", action="store_true", help="small counts: a smoke run for CI")
-    run.add_argument("--out", type=Path, help="result folder (default arena/results/<time>-<scenario>)")
+    run.add_argument("--out", type=Path, help="result folder (default ./results/<time>-<scenario>)")
+    run.add_argument("--repo", type=Path, help="the gannet checkout (its release binary, conf/ and apps/; default: "
+                     "the one this arena is part of, or the current folder)")
     run.add_argument("--server-cpus", help="CPUs the servers are pinned to (default 0)")
     run.add_argument("--client-cpus", help="CPUs the load tools are pinned to (default 1)")
     run.add_argument("--backend-cpus", help="CPUs a scenario's back ends are pinned to (the s4 scenarios; default: "
                      "the client CPUs)")
+    run.add_argument("--server-quota", type=float, metavar="P", help="each server's process tree limited to P %% "
+                     "of one CPU (a cgroup): req/s becomes capacity per core; needs root")
     run.add_argument("--tls", action="store_true", help="HTTPS/1.1: every server on TLS (s1-static, c10k)")
     run.add_argument("--h2", action="store_true", help="HTTP/2 over TLS (s1-static, c10k)")
     run.add_argument("--cert", choices=["ecdsa", "rsa"], help="the run's self-signed test certificate: "
@@ -91,7 +97,7 @@ def _servers(console: Console) -> int:
     return 0
 
 
-ALL_SERVERS = "gannet,nginx,apache-prefork,apache-worker,apache-event,lighttpd,h2o,caddy"
+ALL_SERVERS = "gannet,nginx,apache-prefork,apache-worker,apache-event,lighttpd,h2o,caddy,varnish,haproxy,floor"
 
 
 def _resume(args, console: Console) -> int:
@@ -99,7 +105,7 @@ def _resume(args, console: Console) -> int:
 
     # Every other `run` argument chooses what a run measures: a resumed run takes its own.
     given = [name for name, value in vars(args).items()
-             if name not in ("command", "resume") and value not in (None, False)]
+             if name not in ("command", "resume", "repo") and value not in (None, False)]
     if given:
         shown = ", ".join(n if n == "scenario" else "--" + n.replace("_", "-") for n in given)
         raise ArenaError(f"--resume continues a run with its own scenario, servers and options: drop {shown}")
@@ -142,7 +148,7 @@ def _run(args, console: Console) -> int:
     options = Options(quick=args.quick, rounds=rounds, requests=args.requests,
                       server_cpus=args.server_cpus or "0", client_cpus=args.client_cpus or "1", profile=args.profile,
                       backend_cpus=args.backend_cpus, transport=transport, cert=args.cert or "ecdsa",
-                      resumption=args.resumption)
+                      resumption=args.resumption, server_quota=args.server_quota)
     suffix = "" if transport == "http" else f"-{transport}"
     out = args.out or RESULTS_DIR / f"{datetime.now():%Y%m%d-%H%M%S}-{scenario.name}{suffix}"
     final = runner.run(scenario, chosen, options, out, console)
@@ -155,6 +161,17 @@ def _interrupted(folder: Path) -> bool:
     return json.loads((folder / "results.json").read_text()).get("interrupted", False)
 
 
+def _use_repo(path: Path) -> None:
+    """--repo: the checkout every later lookup uses (arena/repo.py reads ARENA_REPO when the
+    servers and the app are first imported, which is after this)."""
+    import os
+
+    from arena import repo
+    if not repo.is_checkout(path):
+        raise ArenaError(f"--repo {path}: not a gannet checkout (no Cargo.toml and apps/ there)")
+    os.environ[repo.ENV] = str(path.resolve())
+
+
 def main(argv: list[str] | None = None) -> int:
     # soft_wrap: messages stay one line each, whatever the terminal width (logs, CI).
     console = Console(stderr=True, soft_wrap=True)
@@ -165,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         # and Python then never raises KeyboardInterrupt.
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        if getattr(args, "repo", None):
+            _use_repo(args.repo)
         if args.command == "list":
             return _list(Console())
         if args.command == "servers":

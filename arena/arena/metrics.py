@@ -74,6 +74,14 @@ METRICS = [
     # s4-mirror: the copies the shadow back end received
     Metric("shadow_copies", "Copies at the shadow back end", "", None),
     Metric("shadow_pct", "Copies / served", "%", None, 1),
+    # --server-quota: req/s per whole CPU (arena/quota.py)
+    Metric("capacity_per_core", "Capacity per core", "req/s", "higher"),
+    # cache: what reached the origin (its access log), so the hit ratio is measured, not assumed
+    Metric("origin_requests", "Requests reaching the origin", "", None),
+    Metric("hit_pct", "Hit ratio", "%", None, 2),
+    # l4-proxy: the bulk relay
+    Metric("gb_per_s", "Relayed", "GB/s", "higher", 3),
+    Metric("cpu_per_gb", "Server CPU s / GB", "s", "lower", 3),
 ]
 
 BY_KEY = {m.key: m for m in METRICS}

@@ -28,7 +28,7 @@ def install(dry_run: bool = False) -> list[str]:
                 raise ArenaError(f"`{' '.join(cmd)}` failed with exit code {done.returncode}")
         # Debian starts the packaged services on install; the arena never uses them and
         # they hold port 80, so stop them (ignore failures: there may be no init system).
-        for service in ("nginx", "apache2", "lighttpd", "h2o", "caddy"):
+        for service in ("nginx", "apache2", "lighttpd", "h2o", "caddy", "varnish", "haproxy"):
             subprocess.run(sudo + ["service", service, "stop"], capture_output=True, env=env)
     return [" ".join(c) for c in commands]
 

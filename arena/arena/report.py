@@ -16,8 +16,9 @@ from arena.metrics import BY_KEY, fmt
 from arena.summary import REFERENCE
 
 # A table is shown for each figure that some point has (the PHP tier's only in the dynamic scenarios).
-SIDE_BY_SIDE = ["rps", "cpu_per_10k", "total_cpu_per_10k", "php_cpu_per_10k", "p99_ms", "peak_pss_mib",
-                "php_peak_pss_mib", "failures", "loss_pct", "get_failures", "post_failures", "shadow_copies"]
+SIDE_BY_SIDE = ["capacity_per_core", "rps", "cpu_per_10k", "total_cpu_per_10k", "php_cpu_per_10k", "gb_per_s", "cpu_per_gb", "p99_ms",
+                "peak_pss_mib", "php_peak_pss_mib", "failures", "loss_pct", "get_failures", "post_failures",
+                "shadow_copies", "hit_pct"]
 
 
 @dataclass
@@ -160,6 +161,9 @@ def warnings(results: dict) -> list[str]:
             out.append(f"{where}: the load tool stalled in {row['tool_stalled_rounds']} round(s) and was stopped "
                        "with SIGINT at its deadline; its partial counts are shown, and none of it counts as the "
                        "server's failures or loss.")
+        if row.get("unthrottled_rounds"):
+            out.append(f"{where}: the CPU quota never throttled the server in {row['unthrottled_rounds']} round(s): "
+                       "something else was the limit there, so its capacity per core is a lower bound.")
         if row["bytes_ok"] is False:
             out.append(f"{where}: some replies did not carry the expected number of bytes.")
         for err in row["errors"]:
@@ -223,12 +227,23 @@ def _intro(results: dict) -> list[tuple[str, str]]:
         ("Profile", results["options"]["profile"]),
         ("Rounds", str(results["options"]["rounds"]) + (" (quick)" if results["options"]["quick"] else "")),
         ("Pinning", f"server CPUs {env['pinning']['server_cpus']}, client CPUs {env['pinning']['client_cpus']}"),
+        *_quota(results),
         ("Machine", f"{env['cpu_model']}, {env['cpus_online']} CPUs, {env['memory_mib']} MiB, kernel {env['kernel']}"),
         ("Command", " ".join(env["command"])),
         ("Started", results["started"]),
         *_sessions(results),
         ("Status", "INTERRUPTED" if results["interrupted"] else "complete"),
     ]
+
+
+def _quota(results: dict) -> list[tuple[str, str]]:
+    """--server-quota: what each server was given, and how capacity per core follows from it."""
+    quota = results["environment"].get("server_quota")
+    if not quota:
+        return []
+    return [("Server CPU quota", f"{quota['percent']:g} % of one CPU per server's process tree "
+                                 f"({quota['cgroup']}, {quota['period_us']} us periods); capacity per core = "
+                                 f"req/s x {100 / quota['percent']:g}; scenarios' back ends and PHP tier unlimited")]
 
 
 def _sessions(results: dict) -> list[tuple[str, str]]:

@@ -43,7 +43,8 @@ def options(results: dict) -> Options:
     return Options(quick=o["quick"], rounds=o["rounds"], requests=o["requests"], profile=o["profile"],
                    server_cpus=o["server_cpus"], client_cpus=o["client_cpus"],
                    backend_cpus=o.get("backend_cpus"), transport=o["transport"],
-                   cert=o.get("cert") or "ecdsa", resumption=bool(o.get("resumption")))
+                   cert=o.get("cert") or "ecdsa", resumption=bool(o.get("resumption")),
+                   server_quota=o.get("server_quota"))
 
 
 def kept_samples(results: dict, point_keys: list[str]) -> list[dict]:

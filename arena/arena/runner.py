@@ -21,6 +21,7 @@ from arena.errors import ArenaError
 from arena.measure import TreeSample
 from arena.clients.base import LoadResult
 from arena.output import RunFolder, write_run
+from arena.quota import CpuQuota
 from arena.scenarios.base import Context, Options, Scenario, record
 from arena.servers import sites
 from arena.servers.base import RunningServer, Server, Site, TlsSite
@@ -145,10 +146,23 @@ def _dead_record(server: RunningServer) -> dict:
     return rec
 
 
+def measure_under_quota(scenario: Scenario, point, server, ctx: Context) -> dict:
+    """One round; under --server-quota also whether the quota throttled the server during it
+    (if not, the server was not the limit) and the capacity per core it implies."""
+    quota = server.quota
+    before = quota.throttled() if quota else 0
+    rec = scenario.measure(point, server, ctx)
+    if quota:
+        rec["throttled"] = quota.throttled() > before
+        rec["capacity_per_core"] = rec["rps"] * 100 / quota.percent if rec.get("rps") else None
+    return rec
+
+
 def _summary_line(server: str, key: str, rnd: int, rec: dict) -> str:
     rps = f"{rec['rps']:,.0f} req/s" if rec.get("rps") else "- req/s"
     cpu = f"{rec['cpu_per_10k']:.3f} s CPU/10k" if rec.get("cpu_per_10k") is not None else ""
     flags = " CLIENT-BOUND" if rec.get("client_bound") else ""
+    flags += " NOT THROTTLED (the quota was not the limit)" if rec.get("throttled") is False else ""
     flags += " TOOL STALLED (not the server's failure)" if rec.get("tool_stalled") else ""
     err = f" ERROR: {rec['error']}" if rec.get("error") else ""
     failed = "-" if rec.get("failures") is None else rec["failures"]
@@ -206,7 +220,10 @@ def run(scenario: Scenario, servers: list[Server], options: Options, out: Path,
                                                              resumption=options.resumption))
         for server in servers:
             site = Site(site_options.docroot or workdir / "www", ports.free_port(), site_options)
-            running.append(server.start(site, workdir / server.name, options.profile, options.server_cpus))
+            quota = CpuQuota(server.name, options.server_quota) if options.server_quota else None
+            running.append(server.start(site, workdir / server.name, options.profile, options.server_cpus, quota))
+            if quota:
+                environment["server_quota"] = quota.to_dict()
         for server in running:
             probe_server(server, scenario.probe_paths(), files)
         if cert:
@@ -236,7 +253,7 @@ def run(scenario: Scenario, servers: list[Server], options: Options, out: Path,
                         progress.update(task, description=f"{server.name} · {point.key} · "
                                                           f"round {rnd}/{options.rounds}")
                         if server.proc.poll() is None:
-                            rec = scenario.measure(point, server, ctx)
+                            rec = measure_under_quota(scenario, point, server, ctx)
                         else:
                             rec = _dead_record(server)
                         rec.update({"server": server.name, "point": point.key, "round": rnd})

@@ -20,7 +20,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arena import procs
+from arena import procs, repo
 from arena.errors import ArenaError
 from arena.servers.gannet import REPO_ROOT
 from arena.servers.sites import embeds_app
@@ -95,7 +95,7 @@ def ready(log=print) -> None:
         return
     if os.geteuid() != 0 or not SETUP.is_file():
         raise ArenaError(f"the Shakespeare app is not set up ({why}): run `sudo {SETUP_COMMAND}` "
-                         f"in {REPO_ROOT} (it installs PHP-FPM and MariaDB, loads the data and "
+                         f"in {REPO_ROOT}{repo.hint()} (it installs PHP-FPM and MariaDB, loads the data and "
                          "starts the pool), then run the arena again")
     log(f"the Shakespeare app is not ready ({why}): running {SETUP_COMMAND}")
     try:

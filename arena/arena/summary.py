@@ -38,6 +38,7 @@ def summarize(points: list[dict], samples: list[dict], servers: list[str]) -> li
                 # The load tool's own failures (s4-proxy): not the server's, reported apart.
                 "tool_stalled_rounds": sum(1 for r in recs if r.get("tool_stalled")),
                 "not_measured_rounds": sum(1 for r in recs if r.get("not_measured")),
+                "unthrottled_rounds": sum(1 for r in recs if r.get("throttled") is False),
                 "bytes_ok": (all(r.get("bytes_ok") for r in recs)
                              if all(r.get("bytes_ok") is not None for r in recs) else None),
                 "errors": errors,

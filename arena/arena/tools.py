@@ -30,7 +30,7 @@ LOAD_TOOLS = ["wrk", "h2load", "ab", "httperf", "siege"]
 # lighttpd-mod-openssl and openssl: the --tls and --h2 variants (lighttpd's TLS module; the test
 # certificate and the handshake probe).
 PEER_PACKAGES = ["nginx", "lighttpd", "lighttpd-mod-openssl", "h2o", "apache2", "caddy", "libapache2-mod-php8.2",
-                 "wrk", "nghttp2-client", "apache2-utils", "httperf", "siege", "iproute2", "openssl"]
+                 "varnish", "haproxy", "libnginx-mod-stream", "wrk", "nghttp2-client", "apache2-utils", "httperf", "siege", "iproute2", "openssl"]
 
 # How to ask each program its version; the first line matching the regex is kept.
 _VERSION_COMMANDS = {

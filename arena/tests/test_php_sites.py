@@ -15,7 +15,7 @@ import pytest
 from arena import ports, probe, shakespeare
 from arena.errors import ArenaError
 from arena.scenarios._php_app import keep_share
-from arena.servers import PROFILES, SERVERS, Site, SiteOptions, sites
+from arena.servers import PROFILES, SERVERS, WEB_SERVERS, Site, SiteOptions, sites
 from arena.servers.gannet import gannet_binary
 from test_render import CHECKERS, GANNET_DIRECTIVES
 
@@ -35,7 +35,7 @@ def render_php(name: str, profile: str, workdir: Path):
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-@pytest.mark.parametrize("name", list(SERVERS))
+@pytest.mark.parametrize("name", list(WEB_SERVERS))
 def test_php_config_renders_completely(name, profile, workdir):
     _, _, text = render_php(name, profile, workdir)
     assert "{{" not in text and "}}" not in text
@@ -77,7 +77,7 @@ def test_every_server_has_a_snippet_for_every_kind():
     # static-gz needs a feature lighttpd and Apache lack: test_render checks who serves it.
     # adserver is s4-proxy's back end, always Debian's nginx (test_proxy_sites.py); the kinds
     # that say what some servers lack are checked per server there too.
-    for server in SERVERS.values():
+    for server in WEB_SERVERS.values():
         for kind in {k for k, v in sites.KINDS.items() if not v.lacking} - {"static-gz", "adserver"}:
             for profile in PROFILES:
                 assert server.site_template_name(kind, profile).startswith("sites/")
@@ -96,7 +96,7 @@ def test_only_gannet_keeps_fastcgi_connections(workdir):
     # than the pool has children, kept connections end up holding every child and the requests
     # sent on new ones wait in PHP-FPM's backlog until they time out (the smoke run's h2load
     # c=100 did, against 50 children). gannet bounds them all (max_conns) and queues the rest.
-    for name in SERVERS:
+    for name in WEB_SERVERS:
         _, _, text = render_php(name, "tuned", workdir)
         assert ("fastcgi_keep_conn on;" in text) == (name == "gannet"), name
 
@@ -140,7 +140,7 @@ PAGES = ["/", "/.json", "/hamlet", "/hamlet.json", "/hamlet/3", "/hamlet/3/1.jso
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-@pytest.mark.parametrize("name", list(SERVERS))
+@pytest.mark.parametrize("name", list(WEB_SERVERS))
 def test_server_answers_the_app_as_the_pool_does(name, profile, workdir, app_ready):
     """Statuses (200, 404, 400) and body bytes through the server equal the pool's own answer."""
     want = {path: shakespeare.fetch(path) for path in PAGES}

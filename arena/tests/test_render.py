@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from arena.render import render
-from arena.servers import PROFILES, SERVERS, Site, SiteOptions
+from arena.servers import PROFILES, SERVERS, WEB_SERVERS, Site, SiteOptions
 
 VARIANTS = {
     "plain": SiteOptions(),
@@ -26,6 +26,10 @@ CHECKERS = {
     "apache-event": lambda d, f: ["apache2", "-t", "-d", str(d), "-f", str(f)],
     "h2o": lambda d, f: ["h2o", "-t", "-c", str(f)],
     "caddy": lambda d, f: ["caddy", "validate", "--config", str(f), "--adapter", "caddyfile"],
+}
+# The peers that serve no static site (a proxy or a cache only), with their config checks.
+PROXY_CHECKERS = {
+    "haproxy": lambda d, f: ["haproxy", "-c", "-q", "-f", str(f)],
 }
 
 # What gannet's config may use (see arena/README.md "The gannet adapter").
@@ -51,7 +55,7 @@ def render_for(name, profile, options, workdir, docroot):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("profile", PROFILES)
-@pytest.mark.parametrize("name", list(SERVERS))
+@pytest.mark.parametrize("name", list(WEB_SERVERS))
 def test_config_renders_completely(name, profile, variant, workdir, docroot):
     _, _, configs = render_for(name, profile, VARIANTS[variant], workdir, docroot[0])
     text = "\n".join(configs.values())
@@ -123,7 +127,7 @@ GZ_SERVERS = ["gannet", "nginx", "h2o", "caddy"]
 def test_precompressed_site_support_is_what_each_server_has():
     """static-gz (s2-rate-gz) needs a built-in way to serve file.gz; lighttpd and Apache have
     none, so the default server list of that scenario leaves them out."""
-    assert [n for n, s in SERVERS.items() if s.serves("static-gz", "tuned")] == GZ_SERVERS
+    assert [n for n, s in WEB_SERVERS.items() if s.serves("static-gz", "tuned")] == GZ_SERVERS
 
 
 @pytest.mark.parametrize("name", GZ_SERVERS)

@@ -15,10 +15,10 @@ from arena import ports, probe
 from arena.errors import ArenaError
 from arena.measure import Sampler, tree_memory
 from arena.procs import alive
-from arena.servers import SERVERS, Site, SiteOptions, get, parse_list
+from arena.servers import SERVERS, WEB_SERVERS, Site, SiteOptions, get, parse_list
 from arena.servers.nginx import Nginx
 
-PEERS = [name for name in SERVERS if name != "gannet"]
+PEERS = [name for name in WEB_SERVERS if name != "gannet"]
 
 
 def cpus_allowed(pid: int) -> str:

@@ -16,7 +16,7 @@ import pytest
 
 from arena import ports, probe, tls
 from arena.clients import idle
-from arena.servers import PROFILES, SERVERS, Site, SiteOptions
+from arena.servers import PROFILES, SERVERS, WEB_SERVERS, Site, SiteOptions
 from arena.servers.base import TlsSite
 from arena.servers.gannet import gannet_binary
 from test_render import CHECKERS, GANNET_DIRECTIVES
@@ -89,7 +89,7 @@ def expected_lines(name: str, cert, transport: str, resumption: bool, profile: s
 @pytest.mark.parametrize("resumption", [False, True], ids=["full-handshakes", "resumption"])
 @pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-@pytest.mark.parametrize("name", list(SERVERS))
+@pytest.mark.parametrize("name", list(WEB_SERVERS))
 def test_tls_config_has_the_directives(name, transport, profile, resumption, cert, workdir, docroot):
     server, _, configs = render(name, profile, options(cert, transport, resumption, keepalive_timeout=300),
                                 workdir, docroot[0])
@@ -116,7 +116,7 @@ def test_tls_config_has_the_directives(name, transport, profile, resumption, cer
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-@pytest.mark.parametrize("name", list(SERVERS))
+@pytest.mark.parametrize("name", list(WEB_SERVERS))
 def test_cleartext_configs_have_no_tls(name, profile, workdir, docroot):
     server, _, configs = render(name, profile, SiteOptions(), workdir, docroot[0])
     text = re.sub(r"#.*", "", configs[server.config_file]).lower()
@@ -159,7 +159,7 @@ def serving(name, transport, site_options, workdir, docroot, profile="tuned"):
 
 # Every server and variant the arena runs (Apache prefork's h2 is left out: see
 # test_prefork_cannot_do_h2).
-SERVED = [(name, t) for name in SERVERS for t in TRANSPORTS if SERVERS[name].transport_support(t) is None]
+SERVED = [(name, t) for name in WEB_SERVERS for t in TRANSPORTS if SERVERS[name].transport_support(t) is None]
 
 
 @pytest.mark.parametrize("name, transport", SERVED)
@@ -180,7 +180,7 @@ def test_server_serves_the_variant(name, transport, cert, workdir, docroot):
         running.stop()
 
 
-@pytest.mark.parametrize("name", list(SERVERS))
+@pytest.mark.parametrize("name", list(WEB_SERVERS))
 def test_server_resumes_when_asked(name, cert, workdir, docroot):
     site, running = serving(name, "tls", options(cert, "tls", resumption=True), workdir, docroot)
     try:

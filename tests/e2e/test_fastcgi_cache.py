@@ -162,3 +162,28 @@ def test_fastcgi_cache_lock_makes_one_fetch(gannet, fpm, tmp_path):
     assert all(a[:1] == (200,) and a[2] == b"GET count=1\n" for a in answers), answers[:3]
     assert [a[1] for a in answers].count("MISS") == 1
     assert (tmp_path / f"l-{srv.port}.count").read_text() == "1"
+
+
+@pytest.mark.skipif(PHP_FPM is None, reason="php-fpm is not installed")
+def test_fastcgi_cache_purge(gannet, fpm, tmp_path):
+    """`fastcgi_cache_purge` (nginx Plus's): a location whose key names another's entry
+    removes it (204), or every entry its prefix starts (`*`); nothing to remove is 404."""
+    purge = r"""
+        location /purge/ {
+            fastcgi_pass unix:@SOCK@;
+            fastcgi_cache php;
+            fastcgi_cache_key GET/c.php?tag=$arg_tag;
+            fastcgi_cache_purge $request_method;
+        }
+        location ~ \.php$ {"""
+    conf = CONF.replace("        location ~ \\.php$ {", purge, 1).replace("@SOCK@", str(fpm))
+    srv = gannet.start(conf=conf, files={"c.php": COUNT_PHP})
+    for tag in ("pa", "pb", "qa"):
+        assert ask(srv.port, f"/c.php?tag={tag}")[1] == "MISS"
+        assert ask(srv.port, f"/c.php?tag={tag}")[1] == "HIT"
+    assert ask(srv.port, "/purge/?tag=pa")[0] == 204
+    assert ask(srv.port, "/c.php?tag=pa")[:3] == (200, "MISS", b"GET count=2\n")
+    assert ask(srv.port, "/c.php?tag=qa")[1] == "HIT"
+    assert ask(srv.port, "/purge/?tag=p*")[0] == 204
+    assert [ask(srv.port, f"/c.php?tag={t}")[1] for t in ("pa", "pb", "qa")] == ["MISS", "MISS", "HIT"]
+    assert ask(srv.port, "/purge/?tag=zz")[0] == 404

@@ -13,7 +13,8 @@ TOOL = "wrk"
 
 
 def command(url: str, connections: int, requests: int, close: bool = False,
-            timeout_s: int = 5, max_seconds: int = 600, paths_file: str | None = None) -> list[str]:
+            timeout_s: int = 5, max_seconds: int = 600, paths_file: str | None = None,
+            headers: tuple[str, ...] = ()) -> list[str]:
     # One thread: the client has one CPU. The duration is only a safety bound; the Lua
     # script ends the run at `requests` completed responses. With `paths_file` (one path per
     # line) the requests cycle through those paths on `url`'s host (wrk_paths.lua).
@@ -22,6 +23,8 @@ def command(url: str, connections: int, requests: int, close: bool = False,
            "--timeout", f"{timeout_s}s", "--latency", "-s", str(script_path(script))]
     if close:
         cmd += ["-H", "Connection: close"]
+    for header in headers:
+        cmd += ["-H", header]
     return cmd + [url, "--", str(requests), str(connections)] + ([paths_file] if paths_file else [])
 
 
@@ -64,12 +67,13 @@ def parse(text: str) -> LoadResult:
     return res
 
 
-def run(url: str, connections: int, requests: int, cpus: str, close: bool = False,
-        tick=None, paths_file: str | None = None) -> tuple[LoadResult, ToolRun, str | None]:
+def run(url: str, connections: int, requests: int, cpus: str, close: bool = False, tick=None,
+        paths_file: str | None = None, headers: tuple[str, ...] = ()) -> tuple[LoadResult, ToolRun, str | None]:
     # A bound, not a pace: at 500 req/s (slower than any peer manages here) the quota is
     # reached in time; a server that stops answering (lighttpd once it is out of
     # connections in c10k) ends the run instead of holding it for many minutes.
     max_seconds = max(60, requests // 500)
-    tool = run_tool(command(url, connections, requests, close, max_seconds=max_seconds, paths_file=paths_file), cpus,
-                    timeout=max_seconds + 30, tick=tick)
+    cmd = command(url, connections, requests, close, max_seconds=max_seconds, paths_file=paths_file,
+                  headers=headers)
+    tool = run_tool(cmd, cpus, timeout=max_seconds + 30, tick=tick)
     return parse(tool.stdout), tool, tool_failed(tool, TOOL)

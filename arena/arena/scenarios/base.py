@@ -44,6 +44,7 @@ class Options:
     transport: str = "http"
     cert: str = "ecdsa"            # the test certificate's key: "ecdsa" (P-256) or "rsa" (2048)
     resumption: bool = False       # TLS: leave session resumption on in every server
+    server_quota: float | None = None  # % of one CPU each server's process tree may use (arena/quota.py)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from arena import ports, procs, tls
 from arena.errors import ArenaError
+from arena.quota import CpuQuota
 from arena.render import render, template
 from arena.servers import sites
 from arena.tools import command_output, require
@@ -122,13 +123,18 @@ class Server:
     family = ""          # template family (templates/sites/<family>-<kind>.conf); "" = name
     config_file = ""     # main config file written into the run directory
     pid_file = ""        # file the server writes its pid to, relative to the run directory
+    reference = False    # a reference row (the floor), not a web server people run
 
     # -- hooks -----------------------------------------------------------------------------
     def binary(self) -> str:
         return require(self.program)
 
+    version_flag = "-v"  # what makes the binary print its version (first line kept)
+
     def version(self) -> str:
-        return command_output([self.binary(), "-v"]).strip().splitlines()[0] if self.available() else "missing"
+        if not self.available():
+            return "missing"
+        return command_output([self.binary(), self.version_flag]).strip().splitlines()[0]
 
     def available(self) -> bool:
         try:
@@ -169,6 +175,11 @@ class Server:
     def command(self, binary: str, rundir: Path) -> list[str]:
         raise NotImplementedError
 
+    def site_command(self, binary: str, rundir: Path, site: Site, profile: str) -> list[str]:
+        """The command line for `site`: `command()`, for servers whose config names their
+        address; a server that takes it on its command line (Varnish) overrides this."""
+        return self.command(binary, rundir)
+
     def environment(self, rundir: Path, profile: str) -> dict[str, str]:
         return {}
 
@@ -181,16 +192,25 @@ class Server:
         if profile not in PROFILES:
             raise ArenaError(f"unknown profile '{profile}': choose from {', '.join(PROFILES)}")
         kind = site.options.kind
+        own = self.values(site, rundir, profile)
+        snippet = template(self.site_template_name(kind, profile))
+        if sites.kind(kind).whole:
+            # The snippet is the whole config: the server's values it does not name are for
+            # its usual template, not errors.
+            values = {**own, **sites.app_values(kind, site.options.app)}
+            return {self.config_file: render(snippet, values, (*sites.kind(kind).optional, *own))}
         main = self.template_name(profile)
-        text = sites.inline(template(main), template(self.site_template_name(kind, profile)), main)
+        text = sites.inline(template(main), snippet, main)
         if sites.SITE_HTTP_LINE.search(text):
             http = sites.http_snippet_name(self.name, self.family or self.name, kind, profile)
             text = sites.inline(text, template(http) if http else "", main, sites.SITE_HTTP_LINE)
-        values = {**self.values(site, rundir, profile), **sites.app_values(kind, site.options.app)}
+        values = {**own, **sites.app_values(kind, site.options.app)}
         return {self.config_file: render(text, values, sites.kind(kind).optional)}
 
-    def start(self, site: Site, rundir: Path, profile: str, cpus: str) -> "RunningServer":
-        """Start pinned to `cpus`, wait until it answers HTTP, return the handle."""
+    def start(self, site: Site, rundir: Path, profile: str, cpus: str,
+              quota: CpuQuota | None = None) -> "RunningServer":
+        """Start pinned to `cpus` (and inside `quota`'s cgroup), wait until it answers HTTP,
+        return the handle."""
         binary = self.binary()
         ports.check_free(site.port, site.host)
         rundir.mkdir(parents=True, exist_ok=True)
@@ -205,17 +225,23 @@ class Server:
             (rundir / name).write_text(text)
         env = dict(os.environ)
         env.update(self.environment(rundir, profile))
-        cmd = procs.pinned(self.command(binary, rundir), cpus)
+        cmd = procs.pinned(self.site_command(binary, rundir, site, profile), cpus)
+
+        def child_setup() -> None:
+            # In the child, before it execs: everything it starts inherits both.
+            procs.raise_nofile_limit()
+            if quota:
+                quota.enter()
         output = rundir / "output.log"
         with open(output, "wb") as out:
             proc = subprocess.Popen(
                 cmd, cwd=rundir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                preexec_fn=procs.raise_nofile_limit,
+                preexec_fn=child_setup,
                 # Own session: the terminal's Ctrl-C reaches only the arena, which stops
                 # servers itself, in order.
                 start_new_session=True,
             )
-        running = RunningServer(self, site, rundir, proc, cmd, configs, profile)
+        running = RunningServer(self, site, rundir, proc, cmd, configs, profile, quota=quota)
         running.wait_ready()
         return running
 
@@ -230,6 +256,7 @@ class RunningServer:
     configs: dict[str, str]
     profile: str
     probes: dict = field(default_factory=dict)
+    quota: CpuQuota | None = None
 
     @property
     def pid(self) -> int:
@@ -272,3 +299,5 @@ class RunningServer:
 
     def stop(self) -> None:
         procs.stop_tree(self.pid, reap=self.proc.poll)
+        if self.quota:
+            self.quota.close()

@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from arena import repo
 from arena.errors import ArenaError
 from arena.servers.base import Server, Site
 from arena.servers.nginx import log_line, tls_lines
 from arena.tools import command_output
 
-# arena/arena/servers/gannet.py -> the repository root is four levels up.
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = repo.root_or_nowhere()
 
 
 def gannet_binary() -> Path:
@@ -36,6 +36,9 @@ class Gannet(Server):
 
     def binary(self) -> str:
         path = gannet_binary()
+        if not os.environ.get("GANNET_BIN") and repo.find() is None:
+            raise ArenaError("gannet binary not found: no gannet checkout here (run the arena from one, "
+                             f"pass --repo PATH or set {repo.ENV}, or set GANNET_BIN to the binary)")
         if not path.is_file() or not os.access(path, os.X_OK):
             source = "GANNET_BIN" if os.environ.get("GANNET_BIN") else "the default location"
             raise ArenaError(

@@ -52,6 +52,9 @@ class Kind:
     # Why the servers without a snippet for this kind cannot serve it ("" = every server can);
     # shown when a run leaves them out.
     lacking: str = ""
+    # The snippets are whole configs, not a site inside the server's template (a layer-4
+    # proxy is no HTTP server: nginx's and gannet's `stream {}` instead of their `http {}`).
+    whole: bool = False
 
 
 KINDS: dict[str, Kind] = {
@@ -79,6 +82,28 @@ KINDS: dict[str, Kind] = {
         "also sending a copy of each request to the shadow back end at `shadow_port` (s4-mirror)",
         values=("backend_host", "backend_port", "shadow_port"),
         lacking="only gannet and nginx (ngx_http_mirror_module) have request mirroring built in",
+    ),
+    "cache": Kind(
+        "cache",
+        "a caching reverse proxy: every request goes to the origin at `backend_host`:`backend_port` over "
+        "kept connections, answers of 200 kept 10 minutes whatever the origin's headers say (the cache "
+        "scenario)",
+        values=("backend_host", "backend_port"),
+        lacking="only gannet, nginx and Varnish have a response cache in this arena",
+    ),
+    "cache-origin": Kind("cache-origin", "the cache scenario's origin: the JSON API as files under /ads/, "
+                         "every other path to the PHP app's front controller (`app_root`/index.php) by "
+                         "the PHP-FPM pool on `fastcgi_socket`, every request in the access log",
+                         values=("fastcgi_socket", "app_root"),
+                         lacking="the cache scenario's origin is always Debian's nginx"),
+    "l4-proxy": Kind(
+        "l4-proxy",
+        "a layer-4 (TCP) proxy: every connection relayed to the back end at `backend_host`:`backend_port`, "
+        "bytes as they are (nginx's and gannet's `stream {}`, HAProxy's `mode tcp`)",
+        values=("backend_host", "backend_port"),
+        lacking="only gannet, nginx (stream module) and HAProxy proxy TCP in this arena",
+        requires={"nginx": ((Path("/usr/lib/nginx/modules/ngx_stream_module.so"), "libnginx-mod-stream"),)},
+        whole=True,
     ),
     "adserver": Kind("adserver", "study S4's backend: the ad responses of the document root as files, "
                      "POSTs answered 200 with the file at their path, every request in the access log"),

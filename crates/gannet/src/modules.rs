@@ -45,6 +45,7 @@ pub mod referer;
 pub mod rewrite;
 pub mod scgi;
 pub mod secure_link;
+pub mod slice;
 pub mod split_clients;
 pub mod ssi;
 pub mod static_files;
@@ -305,6 +306,10 @@ pub const MODULES: &[Module] = &[
         set: stub_status::set,
     },
     Module {
+        directives: slice::DIRECTIVES,
+        set: slice::set,
+    },
+    Module {
         directives: flv::DIRECTIVES,
         set: flv::set,
     },
@@ -426,6 +431,7 @@ pub struct LocConf {
     pub stub_status: bool,
     /// `flv`: this location's content handler (not inherited, as nginx's handlers).
     pub flv: bool,
+    pub slice: slice::SliceConf,
     /// `metrics` (this level only, as `stub_status`).
     pub metrics: bool,
     /// `status_zone`: the metrics key requests here count in (inherited).
@@ -465,6 +471,7 @@ impl LocConf {
         self.compress.merge(&parent.compress);
         self.gunzip.merge(&parent.gunzip);
         self.addition.merge(&parent.addition);
+        self.slice.merge(&parent.slice);
         self.sub_filter.merge(&parent.sub_filter);
         self.ssi.merge(&parent.ssi);
         self.scgi.merge(&parent.scgi);

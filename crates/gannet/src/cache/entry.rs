@@ -1,7 +1,7 @@
 //! An entry file, nginx's layout in spirit (`ngx_http_file_cache_header_t`, then the key,
 //! then the answer's head, then the body): a fixed header (a magic word, the time the entry
-//! is valid until, the time it was stored, the lengths below and the `Vary` variant's
-//! hash), the key, the `Vary` header the answer had, the answer's head as the application
+//! is valid until, the time it was stored, the lengths below, the `Vary` variant's hash,
+//! and the `stale-while-revalidate` and `stale-if-error` seconds past it), the key, the `Vary` header the answer had, the answer's head as the application
 //! sent it (in CGI form: `Status: NNN` and the fields), then the body.
 //!
 //! An entry is written to a temp file (in the location's `*_temp_path`, or in the cache
@@ -14,9 +14,9 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-const MAGIC: &[u8; 8] = b"GNTCACH1";
-/// magic, valid, date, key length, vary length, head length, variant.
-const FIXED: usize = 8 + 8 + 8 + 4 + 4 + 4 + 16;
+const MAGIC: &[u8; 8] = b"GNTCACH2";
+/// magic, valid, date, key length, vary length, head length, variant, updating, error.
+const FIXED: usize = 8 + 8 + 8 + 4 + 4 + 4 + 16 + 4 + 4;
 
 /// What an entry's header says.
 #[derive(Debug)]
@@ -26,10 +26,27 @@ pub struct Meta {
     pub date: i64,
     pub vary: String,
     pub variant: Hash,
+    /// `Cache-Control: stale-while-revalidate=N` (nginx's `updating_sec`): seconds past
+    /// `valid` the entry may be served while it is updated.
+    pub updating: u32,
+    /// `stale-if-error=N` (or `stale-while-revalidate`'s; nginx's `error_sec`): seconds
+    /// past `valid` the entry may be served in place of an error.
+    pub error: u32,
     /// The answer's head, CGI form, ending with its empty line.
     pub head: Vec<u8>,
     pub body_start: u64,
     pub body_len: u64,
+}
+
+impl Meta {
+    /// Expired, but within `stale-while-revalidate` (nginx's `stale_updating`).
+    pub fn stale_updating(&self, now: i64) -> bool {
+        self.valid + i64::from(self.updating) >= now
+    }
+    /// Expired, but within `stale-if-error` (nginx's `stale_error`).
+    pub fn stale_error(&self, now: i64) -> bool {
+        self.valid + i64::from(self.error) >= now
+    }
 }
 
 /// Open the entry at `path` if it is one for `key`; `None` if there is none (or it is
@@ -62,11 +79,31 @@ pub fn open(path: &Path, key: &str) -> Option<(File, Meta)> {
         date: i64_at(16),
         vary,
         variant: fixed[36..52].try_into().unwrap_or([0; 16]),
+        updating: u32_at(52) as u32,
+        error: u32_at(56) as u32,
         head: rest,
         body_start,
         body_len: len.checked_sub(body_start)?,
     };
     Some((file, meta))
+}
+
+/// The key an entry file was stored for (`None` if the file is no entry): what a wildcard
+/// purge matches, whichever process wrote the entry.
+pub fn key_of(path: &Path) -> Option<Vec<u8>> {
+    let file = File::open(path).ok()?;
+    let mut fixed = [0u8; FIXED];
+    file.read_exact_at(&mut fixed, 0).ok()?;
+    if &fixed[..8] != MAGIC {
+        return None;
+    }
+    let key_len = u32::from_le_bytes(fixed[24..28].try_into().ok()?) as usize;
+    if key_len > 1 << 20 {
+        return None;
+    }
+    let mut key = vec![0u8; key_len];
+    file.read_exact_at(&mut key, FIXED as u64).ok()?;
+    Some(key)
 }
 
 /// Make an entry fresh again until `valid` (a revalidation's 304): its header's times are
@@ -122,6 +159,8 @@ impl Writer {
             h.extend_from_slice(&(l as u32).to_le_bytes());
         }
         h.extend_from_slice(&meta.variant);
+        h.extend_from_slice(&meta.updating.to_le_bytes());
+        h.extend_from_slice(&meta.error.to_le_bytes());
         h.extend_from_slice(key.as_bytes());
         h.extend_from_slice(meta.vary.as_bytes());
         h.extend_from_slice(&meta.head);
@@ -183,6 +222,8 @@ mod tests {
             date: 50,
             vary: "Accept".into(),
             variant: [7; 16],
+            updating: 3,
+            error: 9,
             head: b"Status: 200\r\nX: y\r\n\r\n".to_vec(),
             body_start: 0,
             body_len: 0,
@@ -193,6 +234,7 @@ mod tests {
         assert!(super::open(&dest, "other").is_none());
         let (mut f, m) = super::open(&dest, "key").unwrap();
         assert_eq!((m.valid, m.date, m.vary.as_str()), (100, 50, "Accept"));
+        assert_eq!((m.updating, m.error), (3, 9));
         assert_eq!(m.head, meta.head);
         assert_eq!(m.body_len, 5);
         assert_eq!(super::body(&mut f, &m), b"hello");

@@ -9,6 +9,8 @@
 //!   the body), written to a temp file and renamed, never torn.
 //! - [`store`]: the in-memory index of the zone (the keys zone), the one-fetch lock for
 //!   concurrent misses, and the manager that enforces `inactive` and `max_size`.
+//! - [`purge`]: nginx Plus's `*_cache_purge`: one key's entry, or every entry whose key
+//!   starts with a prefix.
 //! - [`validity`]: how long an answer may be kept, from its headers (`X-Accel-Expires`,
 //!   `Cache-Control`, `Expires`) or `*_cache_valid`, and whether it may be kept at all.
 //!
@@ -18,6 +20,7 @@
 pub mod entry;
 pub mod key;
 pub mod path;
+pub mod purge;
 pub mod store;
 pub mod validity;
 
@@ -26,7 +29,7 @@ pub use path::Zone;
 /// `$upstream_cache_status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
-    Miss,
+    Miss = 0,
     Bypass,
     Expired,
     Stale,
@@ -36,6 +39,16 @@ pub enum Status {
 }
 
 impl Status {
+    /// Every status, each at its index among the metrics' counters of its zone.
+    pub const ALL: [Status; 7] = [
+        Status::Miss,
+        Status::Bypass,
+        Status::Expired,
+        Status::Stale,
+        Status::Updating,
+        Status::Revalidated,
+        Status::Hit,
+    ];
     pub fn as_str(self) -> &'static str {
         match self {
             Status::Miss => "MISS",
@@ -54,4 +67,17 @@ pub fn now_secs() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Status;
+
+    #[test]
+    fn each_status_is_its_metrics_counter() {
+        for (i, s) in Status::ALL.iter().enumerate() {
+            assert_eq!(*s as usize, i);
+        }
+        assert_eq!(crate::runtime::metrics::cache::PURGED, Status::ALL.len());
+    }
 }

@@ -30,6 +30,8 @@ pub struct Zone {
     /// How many keys the zone remembers.
     pub keys: usize,
     pub index: Index,
+    /// The zone's key on the `metrics` page (0: nothing counted).
+    pub metrics: crate::runtime::metrics::Key,
 }
 
 impl Zone {
@@ -130,6 +132,7 @@ pub fn parse(d: &Directive, prefix: &std::path::Path) -> Result<Zone, ConfError>
         use_temp_path,
         keys,
         index: Index::default(),
+        metrics: 0,
     })
 }
 

@@ -302,3 +302,30 @@ pub fn fetching_with(zone: &Zone, h: &Hash, signal: &Arc<Notify>) -> bool {
         .and_then(|n| n.fetch.as_ref())
         .is_some_and(|f| Arc::ptr_eq(f, signal))
 }
+
+/// A purge removed `h`'s file: its size no longer counts (the key stays known, with the
+/// fetch that may be under way for it).
+pub fn forget(zone: &Zone, h: &Hash) {
+    let mut guard = zone.index.lock();
+    let inner = &mut *guard;
+    if let Some(n) = inner.nodes.get_mut(h) {
+        let size = std::mem::take(&mut n.size);
+        inner.size -= size.min(inner.size);
+    }
+}
+
+/// What the entries this index knows take, and how many they are (the metrics' gauges);
+/// the manager starts if it had not, so that the loader counts the entries on disk.
+pub fn usage(zone: &Arc<Zone>) -> (u64, usize) {
+    start_manager(zone);
+    let inner = zone.index.lock();
+    let entries = inner.nodes.values().filter(|n| n.size > 0).count();
+    (inner.size, entries)
+}
+
+/// Every entry file in the zone's folder (its hash), as the loader finds them.
+pub fn on_disk(zone: &Zone) -> Vec<Hash> {
+    let mut found = Vec::new();
+    walk(&zone.dir, zone.levels.len(), &mut found);
+    found.into_iter().map(|(h, _)| h).collect()
+}

@@ -5,7 +5,9 @@
 //! - `X-Accel-Expires: N` (seconds, or `@T`, an absolute time) sets the time and wins over
 //!   the others; `0` keeps the answer out of the cache.
 //! - `Cache-Control`: `no-cache`, `no-store` or `private` keep it out; `s-maxage=N`, else
-//!   `max-age=N`, sets the time (0 keeps it out).
+//!   `max-age=N`, sets the time (0 keeps it out). Its extensions `stale-while-revalidate=N`
+//!   and `stale-if-error=N` count with `X-Accel-Expires` too: how long past its time the
+//!   entry may still be served while it is updated, or in place of an error.
 //! - `Expires` sets the time when the above did not (a time past keeps it out).
 //! - `Set-Cookie` keeps it out; `Vary: *` (or a `Vary` longer than 128 bytes) too.
 //! - Else `*_cache_valid` for the status (exact code, then `any`).
@@ -18,16 +20,24 @@ use gannet_proto::cgi::CgiHead;
 pub struct Verdict {
     pub valid: i64,
     pub vary: Option<String>,
+    /// `stale-while-revalidate` and `stale-if-error` seconds.
+    pub updating: u32,
+    pub error: u32,
+}
+
+/// What the answer's own headers say of its time.
+#[derive(Default)]
+struct Times {
+    until: Option<i64>,
+    updating: u32,
+    error: u32,
 }
 
 /// The time the answer's own headers give (`X-Accel-Expires`, `Cache-Control`,
 /// `Expires`); `Err` when they keep it out of the cache.
-fn header_time(
-    head: &CgiHead,
-    ignores: &impl Fn(&str) -> bool,
-    now: i64,
-) -> Result<Option<i64>, ()> {
+fn header_time(head: &CgiHead, ignores: &impl Fn(&str) -> bool, now: i64) -> Result<Times, ()> {
     let mut until: Option<i64> = None;
+    let (mut updating, mut error) = (0, 0);
     if !ignores("x-accel-expires") {
         if let Some(v) = head.get("x-accel-expires") {
             let v = v.trim();
@@ -49,15 +59,6 @@ fn header_time(
                 continue;
             }
             let lower = v.to_ascii_lowercase();
-            if ["no-cache", "no-store", "private"]
-                .iter()
-                .any(|t| lower.contains(t))
-            {
-                return Err(());
-            }
-            if until.is_some() {
-                continue;
-            }
             let age = |name: &str| {
                 let at = lower.find(name)? + name.len();
                 let digits: String = lower[at..]
@@ -66,11 +67,33 @@ fn header_time(
                     .collect();
                 digits.parse::<i64>().ok()
             };
-            if let Some(n) = age("s-maxage=").or_else(|| age("max-age=")) {
-                if n == 0 {
+            // With X-Accel-Expires only the extensions count (nginx's `goto extensions`).
+            if until.is_none() {
+                if ["no-cache", "no-store", "private"]
+                    .iter()
+                    .any(|t| lower.contains(t))
+                {
                     return Err(());
                 }
-                until = Some(now + n);
+                if let Some(n) = age("s-maxage=").or_else(|| age("max-age=")) {
+                    if n == 0 {
+                        return Err(());
+                    }
+                    until = Some(now + n);
+                }
+            }
+            // A bad number keeps the answer out, as nginx's delta-seconds parser.
+            let ext = |name: &str| match lower.contains(name) {
+                false => Ok(None),
+                true => age(name)
+                    .map(|n| Some(u32::try_from(n).unwrap_or(u32::MAX)))
+                    .ok_or(()),
+            };
+            if let Some(n) = ext("stale-while-revalidate=")? {
+                (updating, error) = (n, n);
+            }
+            if let Some(n) = ext("stale-if-error=")? {
+                error = n;
             }
         }
     }
@@ -87,7 +110,11 @@ fn header_time(
             }
         }
     }
-    Ok(until)
+    Ok(Times {
+        until,
+        updating,
+        error,
+    })
 }
 
 /// The time a revalidation's 304 makes an entry fresh until, as nginx's "upstream not
@@ -100,7 +127,7 @@ pub fn revalidated(
     ignores: impl Fn(&str) -> bool,
     now: i64,
 ) -> Option<i64> {
-    let own = |h: &CgiHead| header_time(h, &ignores, now).ok().flatten();
+    let own = |h: &CgiHead| header_time(h, &ignores, now).ok().and_then(|t| t.until);
     own(reply).or_else(|| own(stored)).or_else(|| {
         let status = stored.status.unwrap_or(200);
         let secs = valid
@@ -120,7 +147,11 @@ pub fn judge(
     ignores: impl Fn(&str) -> bool,
     now: i64,
 ) -> Option<Verdict> {
-    let until = header_time(head, &ignores, now).ok()?;
+    let Times {
+        until,
+        updating,
+        error,
+    } = header_time(head, &ignores, now).ok()?;
     let mut vary = None;
     if !ignores("set-cookie") && head.get("set-cookie").is_some() {
         return None;
@@ -154,7 +185,12 @@ pub fn judge(
             now + secs
         }
     };
-    Some(Verdict { valid, vary })
+    Some(Verdict {
+        valid,
+        vary,
+        updating,
+        error,
+    })
 }
 
 /// The part of a request a `Vary` answer depends on, as nginx's
@@ -231,5 +267,30 @@ mod tests {
         let ign = |h: &str| h == "set-cookie";
         assert!(judge(&head(&[("Set-Cookie", "a=b")]), 200, &v, ign, 0).is_some());
         assert!(judge(&head(&[("Vary", "*")]), 200, &v, none, 0).is_none());
+    }
+
+    #[test]
+    fn cache_control_extensions() {
+        let none = |_: &str| false;
+        let times = |pairs: &[(&str, &str)]| {
+            judge(&head(pairs), 200, &[], none, 1000).map(|v| (v.valid, v.updating, v.error))
+        };
+        let swr = ("Cache-Control", "max-age=5, stale-while-revalidate=30");
+        assert_eq!(times(&[swr]), Some((1005, 30, 30)));
+        let both = (
+            "Cache-Control",
+            "max-age=5, stale-while-revalidate=30, stale-if-error=90",
+        );
+        assert_eq!(times(&[both]), Some((1005, 30, 90)));
+        // X-Accel-Expires wins over no-cache, but the extensions still count, either order.
+        let xa = ("X-Accel-Expires", "60");
+        let nc = ("Cache-Control", "no-cache, stale-if-error=9");
+        assert_eq!(times(&[xa, nc]), Some((1060, 0, 9)));
+        assert_eq!(times(&[nc, xa]), Some((1060, 0, 9)));
+        // A bad number keeps the answer out.
+        assert_eq!(
+            times(&[("Cache-Control", "max-age=5, stale-if-error=x")]),
+            None
+        );
     }
 }

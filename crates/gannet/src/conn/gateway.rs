@@ -849,11 +849,13 @@ async fn run_with(
         .map(|p| gateway::conf(&req.conf, p))
         .filter(|c| c.cache.enabled());
     if let Some(c) = cached {
-        if let Some(flow) = super::gateway_cache::before(req, c).await {
-            return Outcome::Flow(flow);
-        }
+        use super::gateway_cache::Looked;
+        let zone = match super::gateway_cache::before(req, c).await {
+            Looked::Answer(flow) => return Outcome::Flow(flow),
+            Looked::Fetch(zone) => zone,
+        };
         let o = fetch(w, req, streamed).await;
-        return super::gateway_cache::after(req, c, o).await;
+        return super::gateway_cache::after(req, c, zone.as_deref(), o).await;
     }
     fetch(w, req, streamed).await
 }
@@ -1142,8 +1144,9 @@ async fn fetch(
                         ..
                     } = a;
                     w.upstreams.put_idle(&up, slot, link.conn, now);
+                    let cacheable = super::gateway_cache::cacheable(req);
                     super::gateway_cache::store_whole(req, c, &head, &body, buffering);
-                    return Outcome::Flow(whole(req, c, head, body));
+                    return Outcome::Flow(whole(req, c, head, body, cacheable));
                 }
                 let pool = keep.then(|| Pooled {
                     up: up.clone(),
@@ -1423,9 +1426,10 @@ pub async fn connect_plain(addr: &Addr, keepalive: bool) -> std::io::Result<Conn
 }
 
 /// A whole answer as the next flow.
-fn whole(req: &Request, c: &GatewayConf, head: CgiHead, body: BytesMut) -> Flow {
+fn whole(req: &Request, c: &GatewayConf, head: CgiHead, body: BytesMut, cacheable: bool) -> Flow {
     match answer(req, c, head) {
         Flow::Done(mut resp) => {
+            allow_ranges(c, &mut resp, cacheable);
             if !body.is_empty() {
                 resp.body = Body::bytes(body.freeze());
             }
@@ -1447,15 +1451,16 @@ fn outcome(
     if a.head.status == Some(101) {
         return upgrade(req, c, a, &addr);
     }
+    // Whether the answer may be stored, before storing it takes the request's entry.
+    let cacheable = super::gateway_cache::cacheable(req);
     if a.done {
         super::gateway_cache::store_whole(req, c, &a.head, &a.body, a.buffering);
-        return Outcome::Flow(whole(req, c, a.head, a.body));
+        return Outcome::Flow(whole(req, c, a.head, a.body, cacheable));
     }
     let tee = super::gateway_cache::tee(req, c, &a.head, a.buffering);
     match answer(req, c, a.head) {
         Flow::Done(mut resp) => {
-            // Ranges are cut from a body at hand only (a memcached value that came whole).
-            resp.accept_ranges = false;
+            allow_ranges(c, &mut resp, cacheable);
             // A length the application announced goes to the client as is (nginx's way),
             // not turned into chunks.
             if let (Some(left), false) = (a.link.left, req.is_head()) {
@@ -1874,6 +1879,25 @@ fn memcached_answer(req: &Request, head: CgiHead) -> Flow {
             .push((Cow::Borrowed("Content-Encoding"), HeaderValue::from("gzip")));
     }
     Flow::Done(resp)
+}
+
+/// Whether the range filter may cut an application's answer (nginx's `allow_ranges`):
+/// with `*_force_ranges` (memcached always), or when it said `Accept-Ranges` and is being
+/// cached (the client's Range was not passed then). Its own `Accept-Ranges` is then
+/// dropped for gannet's, and one range only is cut (`single_range`); otherwise the header
+/// passes and the range was the application's to answer.
+fn allow_ranges(c: &GatewayConf, resp: &mut Response, cacheable: bool) {
+    let said = resp
+        .headers
+        .iter()
+        .any(|(n, _)| n.eq_ignore_ascii_case("accept-ranges"));
+    let allowed = c.force_ranges() || resp.accept_ranges || (said && cacheable);
+    resp.accept_ranges = allowed;
+    resp.single_range = allowed;
+    if allowed && said {
+        resp.headers
+            .retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
+    }
 }
 
 /// The answer's head as the next step of the request phases (the caller adds the body).

@@ -6,6 +6,10 @@
 //! while another request updates it (`*_cache_use_stale updating`: UPDATING). The answer
 //! is written to an entry as it goes to the client ([`store_whole`], [`tee`]); [`after`]
 //! serves the expired entry in place of a failure `*_cache_use_stale` names (STALE).
+//! With `*_cache_background_update` an expired entry is served at once (STALE) while a
+//! copy of the request refreshes it in the background, as nginx's background subrequest.
+//! A `*_cache_purge` request removes entries instead (`cache::purge`). Each lookup's final
+//! status is counted in its zone for the `metrics` page.
 //!
 //! An entry is served through the answer-head code a fresh answer goes through
 //! (`conn::gateway::answer`), so the hidden headers, `proxy_redirect` and the rest apply
@@ -116,18 +120,41 @@ fn any_set(list: &Option<Arc<Vec<crate::http::variables::Template>>>, req: &Requ
     })
 }
 
-/// Look the request up; `Some` is the answer to send (from the cache), `None` lets the
-/// exchange run (with a [`Pending`] in the request when its answer may be stored).
-pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
-    let cc = &c.cache;
-    let zone = match cc.zone_for(req) {
-        Ok(z) => z?,
+/// What the lookup decided.
+pub enum Looked {
+    /// The answer to send: from the cache, a purge's, or an error.
+    Answer(Flow),
+    /// Let the exchange run (with a [`Pending`] in the request when its answer may be
+    /// stored); the zone its status is counted in by [`after`].
+    Fetch(Option<Arc<Zone>>),
+}
+
+/// Look the request up (see [`Looked`]).
+pub async fn before(req: &Request, c: &GatewayConf) -> Looked {
+    let zone = match c.cache.zone_for(req) {
+        Ok(Some(z)) => z,
+        Ok(None) => return Looked::Fetch(None),
         Err(why) => {
             errlog::request(Level::Error, req, format_args!("{why}"));
-            return Some(Flow::Status(500));
+            return Looked::Answer(Flow::Status(500));
         }
     };
-    let zone = &zone;
+    match look_up(req, c, &zone).await {
+        Some(flow) => {
+            if let Some(s) = req.cache_status.get() {
+                crate::modules::metrics::cache::looked(&zone, s);
+            }
+            Looked::Answer(flow)
+        }
+        None => Looked::Fetch(Some(zone)),
+    }
+}
+
+async fn look_up(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Option<Flow> {
+    let cc = &c.cache;
+    if any_set(&cc.purge, req) {
+        return Some(purge(req, c, zone).await);
+    }
     let bit = match req.method() {
         Method::Get => conf::GET,
         Method::Head => conf::HEAD,
@@ -175,8 +202,14 @@ pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
             set_status(req, Status::Hit);
             return Some(serve(req, c, file, meta));
         }
-        if let Some((signal, age)) = seen.fetching {
-            if found.is_some() && cc.use_stale() & stale::UPDATING != 0 {
+        // The background update fetches even though its own request marked the key.
+        let fetching = seen.fetching.filter(|_| !req.cache_background);
+        // `*_cache_use_stale updating`, or the entry's own `stale-while-revalidate`.
+        let serve_updating = found.as_ref().is_some_and(|(_, m)| {
+            cc.use_stale() & stale::UPDATING != 0 || m.stale_updating(now_secs())
+        });
+        if let Some((signal, age)) = fetching {
+            if serve_updating {
                 let (file, meta) = found?;
                 set_status(req, Status::Updating);
                 return Some(serve(req, c, file, meta));
@@ -197,6 +230,16 @@ pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
                 continue;
             }
         }
+        if serve_updating && cc.background_update() && !req.cache_background {
+            // nginx: the expired entry is the answer (STALE) and a copy of the request
+            // updates it; the key counts as being updated from now on.
+            let fetch = store::begin_fetch(zone, &main);
+            if background_update(req, fetch) {
+                let (file, meta) = found?;
+                set_status(req, Status::Stale);
+                return Some(serve(req, c, file, meta));
+            }
+        }
         set_status(
             req,
             if found.is_some() {
@@ -206,7 +249,8 @@ pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
             },
         );
         let fetch = store::begin_fetch(zone, &main);
-        let store = seen.uses >= cc.min_uses();
+        // A range from too far into the answer goes to the upstream as it is, not stored.
+        let store = seen.uses >= cc.min_uses() && !cc.range_too_far(req);
         let revalidate = found
             .as_ref()
             .filter(|_| cc.revalidate())
@@ -219,6 +263,49 @@ pub async fn before(req: &Request, c: &GatewayConf) -> Option<Flow> {
         }
         return None;
     }
+}
+
+/// Start the copy of `req` that refreshes its expired entry, holding `fetch` until it has
+/// marked the key itself; false if there is no worker to run it on.
+fn background_update(req: &Request, fetch: Fetching) -> bool {
+    let Some(w) = crate::runtime::worker::current() else {
+        return false;
+    };
+    let mut copy = super::mirror::copy_of(req, req.uri.clone());
+    copy.uri_changed = req.uri_changed;
+    copy.body = req.body.clone();
+    copy.cache_background = true;
+    tokio::task::spawn_local(async move {
+        super::mirror::run(&w, copy).await;
+        drop(fetch);
+    });
+    true
+}
+
+/// A purge (`*_cache_purge`): 204 when an entry was removed, 404 when none matched.
+async fn purge(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Flow {
+    let Some(proto) = gateway::active(&req.conf) else {
+        return Flow::Status(500);
+    };
+    let key = c
+        .cache
+        .key
+        .as_deref()
+        .unwrap_or_else(|| conf::default_key(proto))
+        .eval(req, None);
+    let removed = if let Some(prefix) = key.strip_suffix('*') {
+        // Every entry file's header is read: off the event loop.
+        let (z, p) = (zone.clone(), prefix.as_bytes().to_vec());
+        tokio::task::spawn_blocking(move || crate::cache::purge::prefix(&z, &p))
+            .await
+            .unwrap_or(0)
+    } else {
+        crate::cache::purge::one(zone, &key, |main, vary| {
+            key::variant(main, &validity::variant_of(vary, || req.head.headers()))
+        })
+    };
+    crate::modules::metrics::cache::purged(zone, removed);
+    Flow::Status(if removed > 0 { 204 } else { 404 })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -274,12 +361,13 @@ fn serve(req: &Request, c: &GatewayConf, file: File, meta: Meta) -> Flow {
             // The length is the body's (and a range's, once cut), as a static file's.
             resp.content_length = None;
             resp.length_unknown = false;
-            // nginx cuts ranges from an entry whose answer said `Accept-Ranges` (and sends
-            // its own header for it then).
+            // nginx cuts ranges (several too) from an entry whose answer said
+            // `Accept-Ranges` (and sends its own header for it then), or any with
+            // `*_force_ranges`.
             let before = resp.headers.len();
             resp.headers
                 .retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
-            resp.accept_ranges = resp.headers.len() != before;
+            resp.accept_ranges = resp.headers.len() != before || c.force_ranges();
             Flow::Done(resp)
         }
         flow => flow,
@@ -360,6 +448,8 @@ fn start(
         date: now,
         vary,
         variant,
+        updating: verdict.updating,
+        error: verdict.error,
         head: text,
         body_start: 0,
         body_len: 0,
@@ -502,8 +592,21 @@ fn stale_for(status: u16) -> u16 {
 }
 
 /// After the exchange: a HEAD's answer read whole into its entry; an expired entry in
-/// place of a failure `*_cache_use_stale` names.
+/// place of a failure `*_cache_use_stale` names; the lookup's final status counted.
 pub async fn after(
+    req: &Request,
+    c: &GatewayConf,
+    zone: Option<&Zone>,
+    o: super::gateway::Outcome,
+) -> super::gateway::Outcome {
+    let o = finish(req, c, o).await;
+    if let (Some(z), Some(s)) = (zone, req.cache_status.get()) {
+        crate::modules::metrics::cache::looked(z, s);
+    }
+    o
+}
+
+async fn finish(
     req: &Request,
     c: &GatewayConf,
     o: super::gateway::Outcome,
@@ -535,7 +638,10 @@ pub async fn after(
     };
     let bits = c.cache.use_stale();
     let wanted = status.map_or(0, stale_for);
-    if bits & wanted == 0 {
+    // The entry's `stale-if-error` covers the exchange's own failures (not an application's
+    // 5xx answer), as nginx's `stale_error`.
+    let failed = matches!(o, Outcome::Flow(Flow::Status(502 | 504)));
+    if bits & wanted == 0 && !(failed && meta.stale_error(now_secs())) {
         return o;
     }
     set_status(req, Status::Stale);

@@ -751,7 +751,10 @@ impl<S: Transport> Conn<S> {
                             return self.tunnel(&req, resp, *tunnel).await;
                         }
                         Outcome::Stream(mut resp, stream) => {
-                            handler::finish_streamed(&mut req, &mut resp);
+                            // A broken slice: no answer, as nginx closes.
+                            if !handler::finish_streamed(&mut req, &mut resp) {
+                                return false;
+                            }
                             let src = Source::App(stream);
                             return self.respond_streamed(&req, resp, src, keep).await;
                         }

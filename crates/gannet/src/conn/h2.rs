@@ -472,7 +472,11 @@ async fn answer(
                 let flow = match outcome {
                     Outcome::Flow(f) => f,
                     Outcome::Stream(mut resp, stream) => {
-                        handler::finish_streamed(&mut req, &mut resp);
+                        // A broken slice: no answer, as nginx's error.
+                        if !handler::finish_streamed(&mut req, &mut resp) {
+                            respond.send_reset(h2::Reason::INTERNAL_ERROR);
+                            return timeout;
+                        }
                         let src = Source::App(stream);
                         h2_response::send(w, &req, resp, Some(src), respond).await;
                         return timeout;

@@ -19,20 +19,7 @@ pub fn spawn(w: &Rc<Worker>, req: &Request) {
     // its file from the start on its own.
     let body = req.body.clone().filter(|_| m.request_body());
     for uri in m.uris() {
-        let mut copy = Request::new(
-            req.head.clone(),
-            req.conn.clone(),
-            req.server.clone(),
-            uri.clone(),
-            req.args.clone(),
-            req.host.clone(),
-        );
-        copy.internal = true;
-        // Limited (or not) with the request it copies, as nginx's subrequests are.
-        copy.limit_req_status = req.limit_req_status;
-        copy.limit_conn_status = req.limit_conn_status;
-        // Subrequests share the connection's (realip-changed) address in nginx.
-        copy.real_peer = req.real_peer;
+        let mut copy = copy_of(req, uri.clone());
         // $request_uri stays the client's; $uri is the mirror's.
         copy.uri_changed = true;
         copy.body = body.clone();
@@ -41,7 +28,28 @@ pub fn spawn(w: &Rc<Worker>, req: &Request) {
     }
 }
 
-async fn run(w: &Worker, mut req: Request) {
+/// An internal copy of `req` for `uri`, without a body: as nginx's subrequests, it shares
+/// the request's head, connection and (realip-changed) address, and is limited (or not)
+/// with it.
+pub(super) fn copy_of(req: &Request, uri: String) -> Request {
+    let mut copy = Request::new(
+        req.head.clone(),
+        req.conn.clone(),
+        req.server.clone(),
+        uri,
+        req.args.clone(),
+        req.host.clone(),
+    );
+    copy.internal = true;
+    copy.limit_req_status = req.limit_req_status;
+    copy.limit_conn_status = req.limit_conn_status;
+    copy.real_peer = req.real_peer;
+    copy
+}
+
+/// Run a copy through the request phases, its answer read to its end and dropped (a
+/// cache's background update runs so too).
+pub(super) async fn run(w: &Worker, mut req: Request) {
     let first = handler::resume(&mut req, w, Flow::Next);
     let mut handled = handler::settle(&mut req, w, first).await;
     // An application's local redirect or intercepted error may lead to another one; the

@@ -18,6 +18,7 @@ pub mod pace;
 pub mod proxy_protocol;
 pub mod request_body;
 pub mod send;
+pub mod slice;
 pub mod source;
 pub mod spool;
 pub mod ssi;

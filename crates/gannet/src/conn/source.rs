@@ -28,6 +28,8 @@ pub enum Source {
     Recode(Box<Source>, Box<charset::Stream>),
     /// Another source's pieces with subrequests' bodies before and after them.
     Addition(Box<Addition>),
+    /// The first slice of a sliced answer, the others fetched after it (`conn::slice`).
+    Slice(Box<super::slice::Chain>),
 }
 
 /// The main answer's body (filtered by its own location) between the bodies of the
@@ -57,10 +59,20 @@ impl Source {
         let Some(rw) = resp.rewrites.take() else {
             return self;
         };
+        // An error page in place of an application's answer: that answer is dropped.
+        let s = match self {
+            Source::App(_) if rw.own_body => Source::whole(resp),
+            s => s,
+        };
+        // The window (and the slices after it) is the body the other filters see.
+        let s = match rw.window {
+            Some(win) => Source::Slice(Box::new(super::slice::Chain::new(s, win))),
+            None => s,
+        };
         let s = if rw.gunzip {
-            Source::Gunzip(Box::new(self), Box::default())
+            Source::Gunzip(Box::new(s), Box::default())
         } else {
-            self
+            s
         };
         let s = match rw.sub_filter {
             Some(p) => Source::Sub(Box::new(s), Box::new(sub_filter::Stream::new(p))),
@@ -127,6 +139,7 @@ impl Source {
             },
             // Boxed: the page's includes are sources of this same function.
             Source::Ssi(inc) => Box::pin(inc.next(w, req)).await,
+            Source::Slice(c) => Box::pin(c.next(w, req)).await,
             Source::Gunzip(inner, gz) => loop {
                 if gz.ended() {
                     return Ok(None);
@@ -230,7 +243,7 @@ impl Source {
             }
             Source::Ssi(inc) => inc.may_pause(),
             // Subrequests may wait for applications.
-            Source::Addition(_) => true,
+            Source::Addition(_) | Source::Slice(_) => true,
         }
     }
 
@@ -244,6 +257,7 @@ impl Source {
                 inner.at_hand()
             }
             Source::Ssi(inc) => inc.at_hand(),
+            Source::Slice(c) => c.cur().at_hand(),
             Source::Addition(a) => match &a.sub {
                 Some(sub) => sub.src.at_hand(),
                 None => a.main_done || a.main.at_hand(),
@@ -266,6 +280,10 @@ impl Source {
                 Box::pin(inner.alongside(w, req, send)).await
             }
             Source::Ssi(inc) => Box::pin(inc.alongside(w, req, send)).await,
+            Source::Slice(c) => {
+                let (src, req) = c.reading(req);
+                Box::pin(src.alongside(w, req, send)).await
+            }
             Source::Addition(a) => match &mut a.sub {
                 Some(sub) => Box::pin(sub.src.alongside(w, &sub.req, send)).await,
                 None => Box::pin(a.main.alongside(w, req, send)).await,
@@ -282,6 +300,7 @@ impl Source {
             }
             Source::Ssi(inc) => inc.finish(w),
             Source::Addition(a) => a.main.finish(w),
+            Source::Slice(c) => c.finish(w),
             Source::Parts(_) => {}
         }
     }

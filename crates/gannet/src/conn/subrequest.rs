@@ -136,7 +136,8 @@ pub async fn run(w: &Worker, r: &mut Request) -> (Response, Option<Box<Streaming
                 let flow = match gateway::run(w, r).await {
                     Outcome::Flow(f) => f,
                     Outcome::Stream(mut resp, s) => {
-                        handler::finish_streamed(r, &mut resp);
+                        // Slices are checked by their main request (`conn::slice`).
+                        let _ = handler::finish_streamed(r, &mut resp);
                         return (resp, Some(s));
                     }
                     Outcome::Upgrade(resp, _) => return (resp, None),

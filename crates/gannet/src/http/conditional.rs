@@ -29,34 +29,49 @@ fn etag_listed(list: &[u8], etag: &str, weak: bool) -> bool {
 }
 
 pub fn filter(req: &Request, r: &mut Response) {
+    let (etag, lm) = (r.etag.clone(), r.last_modified);
+    if !preconditions(req, r, etag.as_deref(), lm) {
+        range(req, r);
+    }
+}
+
+/// nginx's not_modified filter against these validators: a failed If-Match or
+/// If-Unmodified-Since makes the answer a 412, a matching If-None-Match or
+/// If-Modified-Since a 304. `true` when it did.
+pub fn preconditions(
+    req: &Request,
+    r: &mut Response,
+    etag: Option<&str>,
+    last_modified: Option<SystemTime>,
+) -> bool {
     let h = |n| req.head.header(n);
     // Preconditions that fail with 412.
     if let Some(im) = h("if-match") {
-        if !r.etag.as_deref().is_some_and(|e| etag_listed(im, e, false)) {
+        if !etag.is_some_and(|e| etag_listed(im, e, false)) {
             *r = Response::error_page(412, req.conf.core.server_tokens());
-            return;
+            return true;
         }
-    } else if let (Some(ius), Some(lm)) = (h("if-unmodified-since"), r.last_modified) {
+    } else if let (Some(ius), Some(lm)) = (h("if-unmodified-since"), last_modified) {
         if parse_http_date(ius).is_some_and(|t| secs(lm) > secs(t)) {
             *r = Response::error_page(412, req.conf.core.server_tokens());
-            return;
+            return true;
         }
     }
-    if not_modified(req, r) {
+    if not_modified(req, etag, last_modified) {
         r.status = 304;
         r.body = Body::Empty;
         r.content_type = None;
         r.content_length = None;
-        return;
+        return true;
     }
-    range(req, r);
+    false
 }
 
-fn not_modified(req: &Request, r: &Response) -> bool {
+fn not_modified(req: &Request, etag: Option<&str>, last_modified: Option<SystemTime>) -> bool {
     if let Some(inm) = req.head.header("if-none-match") {
-        return r.etag.as_deref().is_some_and(|e| etag_listed(inm, e, true));
+        return etag.is_some_and(|e| etag_listed(inm, e, true));
     }
-    let (Some(ims), Some(lm)) = (req.head.header("if-modified-since"), r.last_modified) else {
+    let (Some(ims), Some(lm)) = (req.head.header("if-modified-since"), last_modified) else {
         return false;
     };
     let Some(t) = parse_http_date(ims) else {
@@ -71,7 +86,7 @@ fn not_modified(req: &Request, r: &Response) -> bool {
 
 /// Parse `bytes=a-b,c-,-n` against `len`. `None`: not a bytes range, ignored (200).
 /// `Some(empty)`: nothing satisfiable or a malformed bytes range (416, as nginx).
-fn parse_ranges(v: &[u8], len: u64) -> Option<Vec<(u64, u64)>> {
+pub(crate) fn parse_ranges(v: &[u8], len: u64) -> Option<Vec<(u64, u64)>> {
     let v = std::str::from_utf8(v).ok()?;
     let spec = v.trim().strip_prefix("bytes=")?;
     Some(parse_spec(spec, len).unwrap_or_default())
@@ -140,6 +155,123 @@ fn slice(body: &Body, start: u64, end: u64) -> Option<Vec<Part>> {
     Some(out)
 }
 
+/// Whether the request's If-Range (if any) names the answer's ETag or Last-Modified: its
+/// Range is to be answered then, else the whole.
+pub(crate) fn if_range_holds(
+    req: &Request,
+    etag: Option<&str>,
+    last_modified: Option<SystemTime>,
+) -> bool {
+    let Some(ir) = req.head.header("if-range") else {
+        return true;
+    };
+    let ir = String::from_utf8_lossy(ir);
+    if ir.starts_with('"') || ir.starts_with("W/") {
+        etag == Some(ir.trim())
+    } else {
+        match (parse_http_date(ir.as_bytes()), last_modified) {
+            (Some(t), Some(lm)) => secs(t) == secs(lm),
+            _ => false,
+        }
+    }
+}
+
+/// What the range filter makes of a request for an answer of `len` bytes that allows one
+/// range only (nginx's `single_range`: an upstream's answer, a slice).
+pub enum Ranged {
+    /// The whole answer (no Range, one that does not apply, or several).
+    Whole,
+    /// Bytes `start..=end`.
+    One(u64, u64),
+    /// Nothing of it: 416.
+    Unsatisfiable,
+}
+
+/// The answer's ETag and Last-Modified, as a file's fields or as an application's headers.
+pub fn validators(r: &Response) -> (Option<Arc<str>>, Option<SystemTime>) {
+    let header = |name: &str| {
+        r.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| &v[..])
+    };
+    let etag = r.etag.clone().or_else(|| header("etag").map(Arc::from));
+    let lm = r
+        .last_modified
+        .or_else(|| header("last-modified").and_then(|v| parse_http_date(v.as_bytes())));
+    (etag, lm)
+}
+
+/// The client's range of an answer of `len` bytes that allows a single one.
+pub fn single_range(req: &Request, r: &Response, len: u64) -> Ranged {
+    if req.conf.core.max_ranges == Some(0) {
+        return Ranged::Whole;
+    }
+    let Some(rv) = req.head.header("range") else {
+        return Ranged::Whole;
+    };
+    let (etag, lm) = validators(r);
+    if !if_range_holds(req, etag.as_deref(), lm) {
+        return Ranged::Whole;
+    }
+    match parse_ranges(rv, len) {
+        Some(r) if r.is_empty() => Ranged::Unsatisfiable,
+        Some(r) if r.len() == 1 => Ranged::One(r[0].0, r[0].1),
+        _ => Ranged::Whole,
+    }
+}
+
+/// nginx's 416 answer for an answer of `len` bytes.
+pub fn unsatisfiable(req: &Request, len: u64) -> Response {
+    let mut e = Response::error_page(416, req.conf.core.server_tokens());
+    e.headers.push((
+        Cow::Borrowed("Content-Range"),
+        format!("bytes */{len}").into(),
+    ));
+    e
+}
+
+/// The range filter for an application's answer streamed with a known length, when it
+/// allows ranges (`*_force_ranges`, or an answer being cached that said `Accept-Ranges`):
+/// one range gets a 206 whose body is cut as it is sent; several get the whole (nginx's
+/// `single_range`). Nothing for an answer a filter changes on the way.
+pub fn streamed_range(req: &Request, r: &mut Response) {
+    let windowed = r.rewrites.as_ref().is_some_and(|w| w.window.is_some());
+    if !r.accept_ranges || r.status != 200 || req.subrequest || windowed {
+        return;
+    }
+    let Some(len) = r
+        .content_length
+        .filter(|_| r.rewrites.is_none() && r.encode.is_none())
+    else {
+        // The range filter skips an answer of unknown length, and says nothing of ranges.
+        r.accept_ranges = false;
+        return;
+    };
+    match single_range(req, r, len) {
+        Ranged::Whole => {}
+        Ranged::One(s, e) => {
+            r.status = 206;
+            r.headers.push((
+                Cow::Borrowed("Content-Range"),
+                format!("bytes {s}-{e}/{len}").into(),
+            ));
+            r.content_length = Some(e - s + 1);
+            r.rewrites().window = Some(crate::modules::slice::Window {
+                offset: 0,
+                from: s,
+                to: e + 1,
+            });
+        }
+        Ranged::Unsatisfiable => {
+            *r = unsatisfiable(req, len);
+            r.content_length = Some(r.body.len());
+            // The error page replaces the application's body, which is not read.
+            r.rewrites().own_body = true;
+        }
+    }
+}
+
 fn range(req: &Request, r: &mut Response) {
     let max_ranges = req.conf.core.max_ranges;
     // `max_ranges 0`: ranges are off, and not offered either (no Accept-Ranges), as nginx.
@@ -151,36 +283,24 @@ fn range(req: &Request, r: &mut Response) {
     let Some(rv) = req.head.header("range").filter(|_| r.accept_ranges) else {
         return;
     };
-    if let Some(ir) = req.head.header("if-range") {
-        let ir = String::from_utf8_lossy(ir);
-        let matches = if ir.starts_with('"') || ir.starts_with("W/") {
-            r.etag.as_deref() == Some(ir.trim())
-        } else {
-            match (parse_http_date(ir.as_bytes()), r.last_modified) {
-                (Some(t), Some(lm)) => secs(t) == secs(lm),
-                _ => false,
-            }
-        };
-        if !matches {
-            return;
-        }
+    // The validators an application or `add_header` gave count too (nginx's range filter
+    // reads the answer's headers).
+    let (etag, lm) = validators(r);
+    if !if_range_holds(req, etag.as_deref(), lm) {
+        return;
     }
     let len = r.body.len();
     let Some(ranges) = parse_ranges(rv, len) else {
         return;
     };
     if ranges.is_empty() {
-        let tokens = req.conf.core.server_tokens();
-        let mut e = Response::error_page(416, tokens);
-        e.headers.push((
-            Cow::Borrowed("Content-Range"),
-            format!("bytes */{len}").into(),
-        ));
-        *r = e;
+        *r = unsatisfiable(req, len);
         return;
     }
-    // More ranges than `max_ranges` allows are answered whole (200), as nginx.
-    if max_ranges.is_some_and(|m| ranges.len() > m as usize) {
+    // More ranges than `max_ranges` allows are answered whole (200), as nginx; so are
+    // several where only one is allowed (an upstream's answer).
+    let most = if r.single_range { Some(1) } else { max_ranges };
+    if most.is_some_and(|m| ranges.len() > m as usize) {
         return;
     }
     // Overlapping ranges that add up to more than the file are answered whole, as nginx.

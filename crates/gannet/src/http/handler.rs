@@ -33,8 +33,8 @@ use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{
     access, addition, autoindex, charset, dav, gateway, gunzip, headers, index, limit_conn,
-    limit_zone, otel, random_index, realip, ssi, static_files, stub_status, sub_filter, try_files,
-    userid,
+    limit_zone, otel, random_index, realip, slice, ssi, static_files, stub_status, sub_filter,
+    try_files, userid,
 };
 use crate::runtime::worker::Worker;
 use gannet_proto::cgi::HeaderValue;
@@ -141,6 +141,10 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
             },
         };
     };
+    // The slice filter runs first, as nginx's: the filters after it see the client's answer.
+    if !slice::start(req, &mut resp) {
+        return Handled::Close;
+    }
     finish(req, &mut resp);
     gunzip::start(req, &mut resp);
     addition::start(req, &mut resp);
@@ -156,7 +160,9 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
     let plan = compress::plan(req, &resp, len);
     // Conditions and ranges are the main request's (nginx's not_modified and range
     // filters skip subrequests): a subrequest's whole body goes into the main answer.
-    if resp.status == 200 && !req.subrequest {
+    // A sliced answer was ranged by the slice filter, which knows the whole length.
+    let sliced = resp.rewrites.as_ref().is_some_and(|r| r.window.is_some());
+    if resp.status == 200 && !req.subrequest && !sliced {
         conditional::filter(req, &mut resp);
     }
     if sub {
@@ -199,7 +205,12 @@ pub async fn settle(req: &mut Request, w: &Worker, mut handled: Handled) -> Hand
 
 /// [`finish`] for an application's answer that is streamed: its length is not known (unless
 /// it declared one) and its body comes later, compressed on the way if the filter says so.
-pub fn finish_streamed(req: &mut Request, resp: &mut Response) {
+/// `false`: the answer is broken (a slice that fails the slice filter's checks) and the
+/// connection is closed without one, as nginx's error.
+pub fn finish_streamed(req: &mut Request, resp: &mut Response) -> bool {
+    if !slice::start(req, resp) {
+        return false;
+    }
     finish(req, resp);
     gunzip::start(req, resp);
     addition::start(req, resp);
@@ -208,6 +219,8 @@ pub fn finish_streamed(req: &mut Request, resp: &mut Response) {
     charset::start(req, resp);
     let plan = compress::plan(req, resp, resp.content_length);
     compress::apply(req, resp, plan, true);
+    conditional::streamed_range(req, resp);
+    true
 }
 
 /// The filters every response goes through, streamed ones too: the status an error_page

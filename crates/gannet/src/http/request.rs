@@ -115,6 +115,11 @@ pub struct Request {
     pub cache_status: Cell<Option<crate::cache::Status>>,
     /// The cache entry this request's answer may be stored as (`conn::gateway_cache`).
     pub cache: RefCell<Option<Box<crate::conn::gateway_cache::Pending>>>,
+    /// The slice module's state, made when `$slice_range` is read (`modules::slice`).
+    pub slice: RefCell<Option<Box<crate::modules::slice::State>>>,
+    /// A cache's background update (`*_cache_background_update`): it fetches even while
+    /// its key is being updated, and serves no stale entry.
+    pub cache_background: bool,
 }
 
 /// One upstream server a request was sent to.
@@ -261,6 +266,8 @@ impl Request {
             upstream_headers: RefCell::new(None),
             cache_status: Cell::new(None),
             cache: RefCell::new(None),
+            slice: RefCell::new(None),
+            cache_background: false,
             secure_link_expires: RefCell::new(None),
             userid: RefCell::new(None),
             otel: std::cell::OnceCell::new(),

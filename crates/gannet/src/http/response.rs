@@ -102,6 +102,13 @@ pub struct Rewrites {
     /// Send the bodies of these subrequests around the body (`add_before_body`,
     /// `add_after_body`).
     pub addition: Option<crate::modules::addition::Around>,
+    /// Only this window of the body is sent (a range of a streamed answer); when the
+    /// request slices, the body is the first slice and the others are fetched as it is
+    /// sent (`conn::slice`).
+    pub window: Option<crate::modules::slice::Window>,
+    /// The body is the response's own (an error page), not the streamed one, which is
+    /// dropped unread.
+    pub own_body: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -114,6 +121,8 @@ pub struct Response {
     pub etag: Option<Arc<str>>,
     /// `Accept-Ranges: bytes` (set for files; dropped on anything but a 200).
     pub accept_ranges: bool,
+    /// Only one range may be cut from it (nginx's `single_range`: an upstream's answer).
+    pub single_range: bool,
     pub location: Option<String>,
     /// Further headers in order (ETag-like standard ones first, then add_header's).
     pub headers: Vec<(Cow<'static, str>, HeaderValue)>,

@@ -107,6 +107,8 @@ pub enum Var {
     /// `$upstream_cache_status`: MISS, BYPASS, EXPIRED, STALE, UPDATING, HIT; nothing
     /// (nginx's "not found", logged as `-`) where the cache was not looked at.
     UpstreamCacheStatus,
+    /// `$slice_range`: `bytes=START-END` of the request's slice (`modules::slice`).
+    SliceRange,
     /// `$upstream_http_NAME` (lowercase, with `-`).
     UpstreamHttp(String),
     /// `$upstream_cookie_NAME`: the cookie NAME an upstream's `Set-Cookie` sets.
@@ -199,6 +201,7 @@ impl Var {
             "upstream_connect_time" => Var::UpstreamConnectTime,
             "upstream_header_time" => Var::UpstreamHeaderTime,
             "upstream_cache_status" => Var::UpstreamCacheStatus,
+            "slice_range" => Var::SliceRange,
             "request_id" => Var::RequestId,
             "http2" => Var::Http2,
             "secure_link" => Var::SecureLink,
@@ -688,6 +691,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                 }
             }
         }
+        Var::SliceRange => crate::modules::slice::variable(req, out),
         Var::UpstreamCacheStatus => {
             if let Some(s) = req.cache_status.get() {
                 out.push_str(s.as_str());

@@ -115,6 +115,10 @@ macro_rules! directives {
             $crate::modules::gateway::directives!(@spec $p "cache_lock_age" [HSL] Exactly(1)),
             $crate::modules::gateway::directives!(@spec $p "cache_lock_timeout" [HSL] Exactly(1)),
             $crate::modules::gateway::directives!(@spec $p "cache_revalidate" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "cache_max_range_offset" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "force_ranges" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "cache_purge" [HSL] AtLeast(1)),
+            $crate::modules::gateway::directives!(@spec $p "cache_background_update" [HSL] Exactly(1)),
             $($extra,)*
         ]
     };
@@ -231,6 +235,9 @@ pub struct GatewayConf {
     pub socket_keepalive: Option<bool>,
     /// `*_ignore_client_abort`: finish the exchange even when the client has left.
     pub ignore_client_abort: Option<bool>,
+    /// `*_force_ranges`: byte ranges are cut from an answer whether or not it said
+    /// `Accept-Ranges`.
+    pub force_ranges: Option<bool>,
     /// `*_cache` and its settings (`gateway_cache`).
     pub cache: super::gateway_cache::CacheConf,
 }
@@ -264,7 +271,11 @@ impl GatewayConf {
             ignore_headers,
             socket_keepalive,
             ignore_client_abort,
+            force_ranges,
         );
+    }
+    pub fn force_ranges(&self) -> bool {
+        self.force_ranges.unwrap_or(false)
     }
     pub fn connect_timeout(&self) -> Duration {
         self.connect_timeout.unwrap_or(Duration::from_secs(60))
@@ -496,7 +507,8 @@ pub fn set(
                 "set-cookie",
                 "vary",
             ];
-            let mut l = Vec::new();
+            // Several directives at one level add up (nginx's bitmask slot).
+            let mut l = c.ignore_headers.as_deref().cloned().unwrap_or_default();
             for a in &d.args {
                 let lower = a.to_ascii_lowercase();
                 if !KNOWN.contains(&lower.as_str()) {
@@ -507,6 +519,7 @@ pub fn set(
             c.ignore_headers = Some(Arc::new(l));
         }
         "socket_keepalive" => c.socket_keepalive = Some(setters::flag(d)?),
+        "force_ranges" => c.force_ranges = Some(setters::flag(d)?),
         _ => return Ok(false),
     }
     Ok(true)

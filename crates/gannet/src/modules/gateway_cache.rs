@@ -3,7 +3,8 @@
 //! protocol's module): `*_cache_path` (http level), `*_cache`, `*_cache_key`,
 //! `*_cache_valid`, `*_cache_methods`, `*_cache_min_uses`, `*_cache_bypass`, `*_no_cache`,
 //! `*_cache_use_stale`, `*_cache_lock`, `*_cache_lock_age`, `*_cache_lock_timeout`,
-//! `*_cache_revalidate`. The
+//! `*_cache_revalidate`, `*_cache_max_range_offset`, `*_cache_background_update`, and
+//! nginx Plus's `*_cache_purge`. The
 //! cache itself is in `crate::cache`, its request side in `conn::gateway_cache`.
 //!
 //! Every setting is inherited by a level that has none of its own, as in nginx.
@@ -62,6 +63,16 @@ pub struct CacheConf {
     pub lock_age: Option<Duration>,
     pub lock_timeout: Option<Duration>,
     pub revalidate: Option<bool>,
+    /// `*_cache_max_range_offset`: a range request starting at or past this offset is
+    /// passed to the upstream with its Range, and its answer not stored.
+    pub max_range_offset: Option<u64>,
+    /// `*_cache_purge`: a request for which one of these is set (not empty, not "0")
+    /// removes its key's entry (or, for a key ending with `*`, every entry the rest
+    /// starts).
+    pub purge: Option<Arc<Vec<Template>>>,
+    /// `*_cache_background_update`: an expired entry served as `STALE` while a background
+    /// request refreshes it (with `*_cache_use_stale updating`).
+    pub background_update: Option<bool>,
 }
 
 impl CacheConf {
@@ -81,6 +92,9 @@ impl CacheConf {
             lock_age,
             lock_timeout,
             revalidate,
+            max_range_offset,
+            purge,
+            background_update,
         );
     }
     /// Whether the location caches (in a zone, or one its variables name).
@@ -124,6 +138,32 @@ impl CacheConf {
     pub fn revalidate(&self) -> bool {
         self.revalidate.unwrap_or(false)
     }
+    /// Whether the request's Range starts too far for its answer to be stored (nginx's
+    /// `ngx_http_upstream_cache_check_range`: a suffix range always is; with 0, any range).
+    pub fn range_too_far(&self, req: &Request) -> bool {
+        let (Some(max), Some(r)) = (self.max_range_offset, req.head.header("range")) else {
+            return false;
+        };
+        if max == 0 {
+            return true;
+        }
+        if r.len() < 7 || !r[..6].eq_ignore_ascii_case(b"bytes=") {
+            return false;
+        }
+        let p = r[6..].trim_ascii_start();
+        if p.first() == Some(&b'-') {
+            return true;
+        }
+        let digits = p.iter().take_while(|b| b.is_ascii_digit()).count();
+        let offset = std::str::from_utf8(&p[..digits])
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or(if digits > 0 { u64::MAX } else { 0 });
+        offset >= max
+    }
+    pub fn background_update(&self) -> bool {
+        self.background_update.unwrap_or(false)
+    }
     pub fn lock_timeout(&self) -> Duration {
         self.lock_timeout.unwrap_or(Duration::from_secs(5))
     }
@@ -154,12 +194,15 @@ pub fn set(
     };
     match suffix {
         "cache_path" => {
-            let zone = crate::cache::path::parse(d, &ctx.prefix)?;
+            let mut zone = crate::cache::path::parse(d, &ctx.prefix)?;
             if ctx.caches.contains_key(&zone.name) {
                 return Err(d.error(format!("duplicate zone \"{}\"", zone.name)));
             }
             ctx.temp_dirs.push(zone.dir.clone());
-            ctx.caches.insert(zone.name.clone(), Arc::new(zone));
+            super::metrics::cache::register(ctx, &mut zone);
+            let zone = Arc::new(zone);
+            super::metrics::cache::loaded(&zone);
+            ctx.caches.insert(zone.name.clone(), zone);
         }
         "cache" => {
             if c.zone.is_some() {
@@ -251,6 +294,13 @@ pub fn set(
         }
         "cache_lock" => c.lock = Some(setters::flag(d)?),
         "cache_revalidate" => c.revalidate = Some(setters::flag(d)?),
+        "cache_max_range_offset" => c.max_range_offset = Some(setters::offset_arg(d, 0)?),
+        "cache_background_update" => c.background_update = Some(setters::flag(d)?),
+        "cache_purge" => {
+            let mut l = c.purge.as_deref().cloned().unwrap_or_default();
+            l.extend(templates(d)?);
+            c.purge = Some(Arc::new(l));
+        }
         "cache_lock_age" => {
             c.lock_age = Some(Duration::from_millis(setters::msec_arg(d, 0)?));
         }

@@ -193,6 +193,9 @@ pub fn filter(req: &Request, r: &mut Response) {
             // Evaluated against the response as it is now, the headers added before it
             // included (nginx adds them one by one).
             let v = h.value.eval(req, Some(&sent(r)));
+            if replaces(r, &h.name, &v) {
+                continue;
+            }
             // An empty value adds nothing, as in nginx.
             if !v.is_empty() {
                 r.headers.push((Cow::Owned(h.name.clone()), v.into()));
@@ -204,6 +207,26 @@ pub fn filter(req: &Request, r: &mut Response) {
         if list.iter().any(|h| ok || h.always) {
             r.trailers = Some(list.clone());
         }
+    }
+}
+
+/// `add_header Last-Modified` or `ETag` replaces the answer's own, a file's or an
+/// application's (nginx's `ngx_http_set_last_modified` and `ngx_http_set_response_header`;
+/// an empty value removes it): `true` when it took the new value itself, which the
+/// conditional and range filters then compare with.
+fn replaces(r: &mut Response, name: &str, v: &str) -> bool {
+    let lm = name.eq_ignore_ascii_case("last-modified");
+    if !lm && !name.eq_ignore_ascii_case("etag") {
+        return false;
+    }
+    r.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+    if lm {
+        r.last_modified =
+            gannet_proto::h1::encode::parse_http_date(v.as_bytes()).filter(|_| !v.is_empty());
+        r.last_modified.is_some() || v.is_empty()
+    } else {
+        r.etag = (!v.is_empty()).then(|| std::sync::Arc::from(v));
+        true
     }
 }
 

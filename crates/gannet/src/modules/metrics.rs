@@ -16,6 +16,7 @@ use crate::runtime::metrics::{self as m, global, limit, zone, Key, Kind, BUCKETS
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{ConfError, Directive};
 use gannet_proto::h1::Method;
+pub mod cache;
 mod encode;
 pub use encode::{Encoder, Type};
 use std::sync::Arc;
@@ -445,6 +446,8 @@ pub fn scrape(om: bool) -> String {
             );
         }
     }
+    let caches: Vec<(Key, &str)> = of(Kind::Cache).map(|(k, _, n)| (*k, n.as_str())).collect();
+    cache::scrape(&mut e, &caches);
     e.finish()
 }
 

@@ -87,6 +87,10 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("proxy_cache_lock_age", HSL, Args::Exactly(1)),
     spec("proxy_cache_lock_timeout", HSL, Args::Exactly(1)),
     spec("proxy_cache_revalidate", HSL, Args::Exactly(1)),
+    spec("proxy_cache_max_range_offset", HSL, Args::Exactly(1)),
+    spec("proxy_force_ranges", HSL, Args::Exactly(1)),
+    spec("proxy_cache_purge", HSL, Args::AtLeast(1)),
+    spec("proxy_cache_background_update", HSL, Args::Exactly(1)),
     spec("proxy_cache_convert_head", HSL, Args::Exactly(1)),
 ];
 

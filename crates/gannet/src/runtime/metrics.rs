@@ -35,6 +35,8 @@ pub enum Kind {
     Peer = 2,
     LimitReq = 3,
     LimitConn = 4,
+    /// A cache's keys zone (`*_cache_path`).
+    Cache = 5,
 }
 
 impl Kind {
@@ -44,6 +46,7 @@ impl Kind {
             2 => Kind::Peer,
             3 => Kind::LimitReq,
             4 => Kind::LimitConn,
+            5 => Kind::Cache,
             _ => return None,
         })
     }
@@ -97,6 +100,12 @@ pub mod limit {
     pub const REJECTED: usize = 2;
     pub const DELAYED_DRY_RUN: usize = 3;
     pub const REJECTED_DRY_RUN: usize = 4;
+}
+
+/// Counters of a cache's keys zone: the lookups by `$upstream_cache_status` at the
+/// status's index (`cache::Status::ALL`), then these.
+pub mod cache {
+    pub const PURGED: usize = 7;
 }
 
 /// Upper bounds of the duration histogram buckets, as Prometheus writes them, and in

@@ -201,6 +201,17 @@ impl Worker {
     }
 }
 
+thread_local! {
+    /// This thread's worker, for a task a request starts that outlives it (a cache's
+    /// background update).
+    static CURRENT: RefCell<std::rc::Weak<Worker>> = const { RefCell::new(std::rc::Weak::new()) };
+}
+
+/// This thread's worker (`None` outside worker threads).
+pub fn current() -> Option<Rc<Worker>> {
+    CURRENT.with(|c| c.borrow().upgrade())
+}
+
 /// Run one worker until it is told to drain and its connections are done, or the process
 /// exits. Each socket comes with the index of the `config.listens` group it serves (a
 /// worker may have several for one group after a reload that lowered `worker_processes`).
@@ -245,6 +256,7 @@ pub fn run(
                 })
                 .ok(),
         });
+        CURRENT.with(|c| *c.borrow_mut() = Rc::downgrade(&w));
         if w.parking.is_some() {
             tokio::task::spawn_local(unpark_loop(w.clone()));
         }
