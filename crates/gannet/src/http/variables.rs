@@ -15,17 +15,14 @@
 //! `$request_id` `$http2` `$limit_req_status` `$limit_conn_status` `$secure_link`
 //! `$secure_link_expires` `$uid_got` `$uid_set` `$otel_trace_id` `$otel_span_id`
 //! `$otel_parent_id` `$otel_parent_sampled` and `$1`..`$9`; the TLS
-//! ones `$ssl_protocol` `$ssl_cipher` `$ssl_curve` `$ssl_server_name` `$ssl_session_reused`
-//! `$ssl_client_verify` `$ssl_client_s_dn` `$ssl_client_i_dn` `$ssl_client_serial`
-//! `$ssl_client_fingerprint` `$ssl_client_v_start` `$ssl_client_v_end`
-//! `$ssl_client_v_remain` `$ssl_client_raw_cert` `$ssl_client_escaped_cert` (empty on
-//! cleartext); and the variables a config defines with `set`, `map`, `geo`, `split_clients` or named captures (see
+//! ones of `tls::vars` (`$ssl_protocol`, `$ssl_client_verify`...; empty on cleartext); and the variables a config defines with `set`, `map`, `geo`, `split_clients` or named captures (see
 //! `http::user_vars`).
 
 use crate::http::request::Request;
 use crate::http::response::Response;
 use crate::http::user_vars::{self, UserVar};
 use crate::modules::stub_status::Gauge;
+use crate::tls::vars::SslVar;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -131,79 +128,6 @@ pub enum Var {
     Ssl(SslVar),
     /// Defined by the config (`set`, `map`, a named capture).
     User(UserVar),
-}
-
-/// What a TLS connection tells (see `tls::TlsInfo`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SslVar {
-    Protocol,
-    Cipher,
-    Curve,
-    ServerName,
-    SessionReused,
-    ClientVerify,
-    ClientSDn,
-    ClientIDn,
-    ClientSerial,
-    ClientFingerprint,
-    ClientVStart,
-    ClientVEnd,
-    ClientVRemain,
-    ClientRawCert,
-    ClientEscapedCert,
-}
-
-impl SslVar {
-    fn from_name(name: &str) -> Option<SslVar> {
-        Some(match name {
-            "protocol" => SslVar::Protocol,
-            "cipher" => SslVar::Cipher,
-            "curve" => SslVar::Curve,
-            "server_name" => SslVar::ServerName,
-            "session_reused" => SslVar::SessionReused,
-            "client_verify" => SslVar::ClientVerify,
-            "client_s_dn" => SslVar::ClientSDn,
-            "client_i_dn" => SslVar::ClientIDn,
-            "client_serial" => SslVar::ClientSerial,
-            "client_fingerprint" => SslVar::ClientFingerprint,
-            "client_v_start" => SslVar::ClientVStart,
-            "client_v_end" => SslVar::ClientVEnd,
-            "client_v_remain" => SslVar::ClientVRemain,
-            "client_raw_cert" => SslVar::ClientRawCert,
-            "client_escaped_cert" => SslVar::ClientEscapedCert,
-            _ => return None,
-        })
-    }
-
-    fn append(self, out: &mut String, t: &crate::tls::TlsInfo) {
-        let client = t.client.as_ref();
-        let from_client = |f: fn(&crate::tls::certs::CertFacts) -> &str| client.map_or("", f);
-        match self {
-            SslVar::Protocol => out.push_str(t.protocol),
-            SslVar::Cipher => out.push_str(t.cipher),
-            SslVar::Curve => out.push_str(t.curve),
-            SslVar::ServerName => out.push_str(&t.server_name),
-            SslVar::SessionReused => out.push(if t.reused { 'r' } else { '.' }),
-            SslVar::ClientVerify => out.push_str(&t.verify_str()),
-            SslVar::ClientSDn => out.push_str(from_client(|c| &c.subject)),
-            SslVar::ClientIDn => out.push_str(from_client(|c| &c.issuer)),
-            SslVar::ClientSerial => out.push_str(from_client(|c| &c.serial)),
-            SslVar::ClientFingerprint => out.push_str(from_client(|c| &c.fingerprint)),
-            SslVar::ClientVStart => out.push_str(from_client(|c| &c.not_before)),
-            SslVar::ClientVEnd => out.push_str(from_client(|c| &c.not_after)),
-            SslVar::ClientRawCert => out.push_str(from_client(|c| &c.pem)),
-            SslVar::ClientEscapedCert => {
-                if let Some(c) = client {
-                    out.push_str(&crate::tls::certs::escape_component(&c.pem))
-                }
-            }
-            SslVar::ClientVRemain => {
-                if let Some(c) = client {
-                    let _ = write!(out, "{}", c.days_left());
-                }
-            }
-        }
-    }
 }
 
 impl Var {

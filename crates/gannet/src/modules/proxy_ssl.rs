@@ -14,6 +14,10 @@
 //! grpc's `grpc_ssl_*` (for `grpc_pass grpcs://`) are the same set, read by the same code
 //! ([`ssl_directives`], [`set_on`]) and built into a client setup by the same [`finish`].
 //!
+//! The stream proxy (`stream::proxy`) reads its `proxy_ssl_*` with [`set_on`] too, all but
+//! `proxy_ssl_name` and a certificate or key with variables, whose values have stream
+//! variables.
+//!
 //! As in nginx, `proxy_ssl_verify on` needs `proxy_ssl_trusted_certificate`: there are no
 //! built-in system roots (no roots crate is in the build).
 

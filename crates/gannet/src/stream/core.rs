@@ -184,6 +184,8 @@ pub fn server(
     conf.logs_own = false;
     conf.proxy.pass = None;
     conf.limits = top.limits.inherited();
+    conf.ssl.certs_inherited = true;
+    conf.ssl.keys_inherited = true;
     let mut listens = Vec::new();
     for e in d.block.as_deref().unwrap_or_default() {
         match e.name.as_str() {
@@ -199,6 +201,13 @@ pub fn server(
     }
     if conf.proxy.pass.is_none() && conf.ret.is_none() {
         return Err(d.error("no handler for server"));
+    }
+    if conf.proxy.ssl_enable {
+        super::proxy::finish_ssl(&mut conf.proxy, &ctx.prefix)?;
+        let mut h = ctx.http.borrow_mut();
+        let setup =
+            crate::tls::client::build(&conf.proxy.ssl, "proxy_ssl_", &mut h.tls, &d.loc, None)?;
+        conf.proxy.client_tls = Some(setup);
     }
     let tls = match listens.iter().any(|l| l.ssl) {
         true => Some(super::ssl::build(

@@ -12,6 +12,13 @@
 //! silence (502 if replies were still expected, as nginx); `proxy_requests N` makes the
 //! N+1th datagram of a client start a new session.
 //!
+//! `proxy_ssl on`: the upstream connection is TLS, set up by the HTTP proxy's code
+//! (`modules::proxy_ssl` reads the `proxy_ssl_*` directives, `tls::client` builds the rustls
+//! client and does the handshake); only `proxy_ssl_name` is read here, its value having
+//! stream variables. The name defaults to the group's (`upstream NAME`, or the address of
+//! `proxy_pass ADDRESS`), without its port. A handshake that fails or does not pass
+//! `proxy_ssl_verify` counts as a failed connect (next upstream, then 502), as nginx's.
+//!
 //! `$status`: 200 a session that ran, 502 when no upstream could be reached, 500 an
 //! internal error or a `proxy_pass $var` naming neither a group nor an address (nginx's
 //! codes).
@@ -20,7 +27,7 @@ use super::core::{LoadCtx, Server};
 use super::upstream::Group;
 use super::variables::{Attempt, Session, Template};
 use crate::runtime::worker::Worker;
-use crate::upstream::{Addr, Key, Pick, Tried};
+use crate::upstream::{Addr, Conn, Key, Pick, Tried};
 use gannet_conf::{setters, ConfError, Directive};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -56,6 +63,31 @@ pub struct ProxyConf {
     /// Bytes per second; 0: no limit.
     pub upload_rate: u64,
     pub download_rate: u64,
+    /// `proxy_ssl on`.
+    pub ssl_enable: bool,
+    /// The other `proxy_ssl_*` settings, as the HTTP proxy keeps them (`name` unused).
+    pub ssl: crate::modules::proxy_ssl::ProxySslConf,
+    /// `proxy_ssl_name`, with stream variables.
+    pub ssl_name: Option<Template>,
+    /// The rustls client setup, built for a server with `proxy_ssl on` (`core::server`).
+    pub client_tls: Option<Arc<crate::tls::client::ClientTls>>,
+    /// `proxy_ssl_certificate` / `_key` with variables, as written (`finish_ssl` makes
+    /// `ssl_cert_vars` of them).
+    cert_tpl: Option<(Template, gannet_conf::Loc)>,
+    key_tpl: Option<(Template, gannet_conf::Loc)>,
+    /// The client certificate and key evaluated per session (nginx 1.21+).
+    pub ssl_cert_vars: Option<CertVars>,
+}
+
+/// `proxy_ssl_certificate` and `_key` with variables: the files are loaded for each session
+/// (nginx too loads them each time, without `proxy_ssl_certificate_cache`); an empty
+/// certificate name sends none.
+#[derive(Debug, Clone)]
+pub struct CertVars {
+    cert: Template,
+    key: Template,
+    loc: gannet_conf::Loc,
+    prefix: std::path::PathBuf,
 }
 
 impl Default for ProxyConf {
@@ -73,12 +105,22 @@ impl Default for ProxyConf {
             buffer_size: 16 * 1024,
             upload_rate: 0,
             download_rate: 0,
+            ssl_enable: false,
+            ssl: Default::default(),
+            ssl_name: None,
+            client_tls: None,
+            cert_tpl: None,
+            key_tpl: None,
+            ssl_cert_vars: None,
         }
     }
 }
 
 /// A `proxy_*` directive.
 pub fn set(d: &Directive, c: &mut ProxyConf, ctx: &LoadCtx) -> Result<(), ConfError> {
+    if d.name.starts_with("proxy_ssl") {
+        return set_ssl(d, c, ctx);
+    }
     if d.args.len() != 1 {
         return Err(d.error(format!(
             "invalid number of arguments in \"{}\" directive",
@@ -116,6 +158,102 @@ pub fn set(d: &Directive, c: &mut ProxyConf, ctx: &LoadCtx) -> Result<(), ConfEr
         "proxy_download_rate" => c.download_rate = setters::size_arg(d, 0)?,
         _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
     }
+    Ok(())
+}
+
+/// A `proxy_ssl` or `proxy_ssl_*` directive: the HTTP proxy's reader for all but the
+/// flag and the name.
+fn set_ssl(d: &Directive, c: &mut ProxyConf, ctx: &LoadCtx) -> Result<(), ConfError> {
+    let one = || match d.args.len() {
+        1 => Ok(()),
+        _ => Err(d.error(format!(
+            "invalid number of arguments in \"{}\" directive",
+            d.name
+        ))),
+    };
+    match d.name.as_str() {
+        "proxy_ssl" => {
+            one()?;
+            c.ssl_enable = setters::flag(d)?;
+        }
+        "proxy_ssl_name" => {
+            one()?;
+            c.ssl_name = Some(Template::compile(&d.args[0], &ctx.maps).map_err(|e| d.error(e))?);
+        }
+        "proxy_ssl_certificate" | "proxy_ssl_certificate_key" if d.args.len() == 1 => {
+            let tpl = match d.args[0].contains('$') {
+                true => {
+                    let t = Template::compile(&d.args[0], &ctx.maps).map_err(|e| d.error(e))?;
+                    Some((t, d.loc.clone()))
+                }
+                false => None,
+            };
+            let is_cert = d.name == "proxy_ssl_certificate";
+            match (&tpl, is_cert) {
+                (Some(_), true) => c.ssl.certificate = None,
+                (Some(_), false) => c.ssl.certificate_key = None,
+                (None, _) => {
+                    let mut h = ctx.http.borrow_mut();
+                    crate::modules::proxy_ssl::set_on(d, "proxy_ssl_", &mut c.ssl, &mut h)?;
+                }
+            }
+            match is_cert {
+                true => c.cert_tpl = tpl,
+                false => c.key_tpl = tpl,
+            }
+        }
+        name => {
+            let spec = crate::modules::proxy_ssl::DIRECTIVES
+                .iter()
+                .find(|s| s.name == name)
+                .ok_or_else(|| d.error(format!("unknown directive \"{name}\"")))?;
+            gannet_conf::registry::check(spec, d, gannet_conf::registry::Ctx::SERVER)?;
+            let mut h = ctx.http.borrow_mut();
+            crate::modules::proxy_ssl::set_on(d, "proxy_ssl_", &mut c.ssl, &mut h)?;
+        }
+    }
+    Ok(())
+}
+
+/// A server's settings done: a certificate or key with variables makes both per-session
+/// ones (a plain file name among them is a template without variables).
+pub fn finish_ssl(c: &mut ProxyConf, prefix: &std::path::Path) -> Result<(), ConfError> {
+    if c.cert_tpl.is_none() && c.key_tpl.is_none() {
+        return Ok(());
+    }
+    let plain = |f: &Option<crate::modules::proxy_ssl::CertArg>| {
+        f.as_ref().map(|f| &f.file).map(|f| {
+            let lit = Template::literal(&f.path.to_string_lossy());
+            (lit, f.loc.clone())
+        })
+    };
+    let cert = c.cert_tpl.take().or_else(|| plain(&c.ssl.certificate));
+    let key = c.key_tpl.take().or_else(|| plain(&c.ssl.certificate_key));
+    let (cert, key) = match (cert, key) {
+        (Some(cert), Some(key)) => (cert, key),
+        (Some((_, at)), None) => {
+            return Err(ConfError::at(
+                &at,
+                "no \"proxy_ssl_certificate_key\" is defined",
+            ))
+        }
+        (None, Some((_, at))) => {
+            return Err(ConfError::at(
+                &at,
+                "no \"proxy_ssl_certificate\" is defined",
+            ))
+        }
+        (None, None) => return Ok(()),
+    };
+    let ((cert, loc), (key, _)) = (cert, key);
+    c.ssl.certificate = None;
+    c.ssl.certificate_key = None;
+    c.ssl_cert_vars = Some(CertVars {
+        cert,
+        key,
+        loc,
+        prefix: prefix.to_path_buf(),
+    });
     Ok(())
 }
 
@@ -169,17 +307,11 @@ fn is_literal(a: &Addr) -> bool {
     }
 }
 
-/// A connected upstream.
-enum Conn {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-}
-
 async fn connect(addr: &Addr, timeout: Duration) -> std::io::Result<Conn> {
     let fut = async {
         match addr {
-            Addr::Tcp(a) => TcpStream::connect(&**a).await.map(Conn::Tcp),
-            Addr::Unix(p) => UnixStream::connect(p).await.map(Conn::Unix),
+            Addr::Tcp(a) => TcpStream::connect(&**a).await.map(|c| Box::new(c) as Conn),
+            Addr::Unix(p) => UnixStream::connect(p).await.map(|c| Box::new(c) as Conn),
         }
     };
     match tokio::time::timeout(timeout, fut).await {
@@ -241,7 +373,20 @@ async fn connect_upstream(
             addr: addr.to_string(),
             ..Default::default()
         });
-        match connect(addr, c.connect_timeout).await {
+        let conn = match connect(addr, c.connect_timeout).await {
+            Ok(conn) => match &c.client_tls {
+                Some(setup) => ssl_handshake(w, srv, s, &group, setup, conn).await,
+                None => Ok(conn),
+            },
+            Err(e) => {
+                let e = crate::errlog::errno_text(&e);
+                Err((
+                    format!("connect() failed ({e}) while connecting to upstream"),
+                    false,
+                ))
+            }
+        };
+        match conn {
             Ok(conn) => {
                 w.upstreams.succeeded(&group.group, i);
                 if let Some(a) = s.attempts.last_mut() {
@@ -249,12 +394,16 @@ async fn connect_upstream(
                 }
                 return Some((conn, lease, group, i));
             }
-            Err(e) => {
+            Err((why, true)) => {
+                crate::errlog::error(format_args!("*{} {why}, {}", s.id, client_text(s)));
+                s.status = 500;
+                return None;
+            }
+            Err((why, false)) => {
                 w.upstreams.failed(&group.group, i, Instant::now());
                 crate::errlog::error(format_args!(
-                    "*{} connect() failed ({}) while connecting to upstream, {}, upstream: \"{addr}\"",
+                    "*{} {why}, {}, upstream: \"{addr}\"",
                     s.id,
-                    crate::errlog::errno_text(&e),
                     client_text(s)
                 ));
                 // As nginx, each server is tried once at most.
@@ -267,6 +416,82 @@ async fn connect_upstream(
                 }
             }
         }
+    }
+}
+
+/// `proxy_ssl on`: the handshake over a connection just made, within
+/// `proxy_connect_timeout` as nginx's; `Err`: what the error log says.
+async fn ssl_handshake(
+    w: &Rc<Worker>,
+    srv: &Server,
+    s: &Session,
+    group: &Group,
+    setup: &Arc<crate::tls::client::ClientTls>,
+    mut conn: Conn,
+) -> Result<Conn, (String, bool)> {
+    use crate::tls::client as tls_client;
+    let c = &srv.conf.proxy;
+    if c.proxy_protocol {
+        // nginx sends the PROXY line in the clear, before the handshake.
+        let h = proxy_header(s);
+        if let Err(e) = conn.write_all(h.as_bytes()).await {
+            let e = crate::errlog::errno_text(&e);
+            return Err((
+                format!("send() failed ({e}) while connecting to upstream"),
+                false,
+            ));
+        }
+    }
+    let value = match &c.ssl_name {
+        Some(t) => t.eval(s, &srv.maps),
+        None => group.group.name.clone(),
+    };
+    let name = match tls_client::server_name(&value) {
+        Some(n) => n,
+        // A name that can be neither checked nor sent (`upstream my_backend`) matters to
+        // neither: rustls only wants one to connect with.
+        None if !c.ssl.verify() && !c.ssl.server_name() => {
+            rustls::pki_types::ServerName::IpAddress(s.local.ip().into())
+        }
+        None => {
+            return Err((
+                format!("invalid proxy_ssl_name \"{value}\" while SSL handshaking to upstream"),
+                false,
+            ))
+        }
+    };
+    let mut config = w.tls_sessions.config(setup);
+    if let Some(v) = &c.ssl_cert_vars {
+        let cert = v.cert.eval(s, &srv.maps);
+        if !cert.is_empty() {
+            let file = |value: String| crate::modules::tls::FileArg {
+                path: v.prefix.join(value),
+                loc: v.loc.clone(),
+            };
+            let key = file(v.key.eval(s, &srv.maps));
+            let provider = config.crypto_provider().clone();
+            let passwords = c.ssl.password_file.as_deref();
+            match tls_client::load_pair(&provider, &file(cert), &key, passwords) {
+                Ok(ck) => config = tls_client::sending(&config, ck),
+                Err(e) => return Err((e.msg, true)),
+            }
+        }
+    }
+    let hs = tls_client::handshake(conn, config, name.clone());
+    match tokio::time::timeout(c.connect_timeout, hs).await {
+        Ok(Ok(t)) => Ok(Box::new(t)),
+        Ok(Err(e)) => Err((
+            format!(
+                "{} while SSL handshaking to upstream",
+                tls_client::describe(&e, &name)
+            ),
+            false,
+        )),
+        Err(_) => Err((
+            "upstream timed out (110: Connection timed out) while SSL handshaking to upstream"
+                .to_string(),
+            false,
+        )),
     }
 }
 
@@ -296,10 +521,7 @@ where
     let Some((conn, _lease, _group, _)) = connect_upstream(w, srv, s).await else {
         return;
     };
-    match conn {
-        Conn::Tcp(u) => relay(srv, client, u, head, s).await,
-        Conn::Unix(u) => relay(srv, client, u, head, s).await,
-    }
+    relay(srv, client, conn, head, s).await
 }
 
 /// One direction's byte counter and pacing.
@@ -348,7 +570,8 @@ where
         if flow.first.get().is_none() {
             flow.first.set(Some(Instant::now()));
         }
-        if wr.write_all(&buf[..n]).await.is_err() {
+        // A TLS side may hold the last records until flushed.
+        if wr.write_all(&buf[..n]).await.is_err() || wr.flush().await.is_err() {
             return false;
         }
         flow.bytes.set(flow.bytes.get() + n as u64);
@@ -364,7 +587,8 @@ where
     let c = &srv.conf.proxy;
     let (ur, mut uw) = tokio::io::split(up);
     let mut sent_first = 0u64;
-    if c.proxy_protocol {
+    // Over TLS the line went before the handshake (`ssl_handshake`).
+    if c.proxy_protocol && c.client_tls.is_none() {
         let h = proxy_header(s);
         if uw.write_all(h.as_bytes()).await.is_err() {
             s.status = 502;
@@ -373,7 +597,7 @@ where
         sent_first += h.len() as u64;
     }
     if !head.is_empty() {
-        if uw.write_all(&head).await.is_err() {
+        if uw.write_all(&head).await.is_err() || uw.flush().await.is_err() {
             s.status = 502;
             return;
         }

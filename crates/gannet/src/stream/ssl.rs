@@ -4,7 +4,14 @@
 //! verification), so a stream server takes the same settings as an http one. After the
 //! handshake the proxy relays the decrypted bytes. A failed or timed out handshake
 //! (`ssl_handshake_timeout`, 60s) ends the session with `$status` 500, as nginx's.
-//! `$ssl_protocol`, `$ssl_cipher` and `$ssl_server_name` describe the handshake.
+//! The `$ssl_*` variables are the http side's (`tls::vars`, over the same `TlsInfo`).
+//!
+//! `ssl_verify_client on|optional|optional_no_ca` with `ssl_client_certificate` /
+//! `ssl_trusted_certificate` / `ssl_crl`: a client without a certificate (`on`) or with one
+//! that does not verify ends the session after the handshake, 500, as nginx's stream module
+//! does. `ssl_alpn PROTO...`: the protocols agreed to, in the server's order; a client that
+//! offers ALPN but none of them is refused, one that offers none goes on. Without it no
+//! ALPN is agreed (nginx's stream default).
 
 use super::variables::Session;
 use crate::modules::tls::TlsConf;
@@ -14,11 +21,18 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
+use tokio_rustls::LazyConfigAcceptor;
 
 #[derive(Debug, Clone)]
 pub struct SslConf {
     pub tls: TlsConf,
     pub handshake_timeout: Duration,
+    /// `ssl_alpn`.
+    pub alpn: Vec<Vec<u8>>,
+    /// The certificates and keys are the stream level's: a server's first
+    /// `ssl_certificate` (`_key`) replaces them rather than adding to them, as in nginx.
+    pub certs_inherited: bool,
+    pub keys_inherited: bool,
 }
 
 impl Default for SslConf {
@@ -26,6 +40,9 @@ impl Default for SslConf {
         SslConf {
             tls: TlsConf::default(),
             handshake_timeout: Duration::from_secs(60),
+            alpn: Vec::new(),
+            certs_inherited: false,
+            keys_inherited: false,
         }
     }
 }
@@ -44,6 +61,25 @@ pub fn set(
         }
         c.handshake_timeout = Duration::from_millis(setters::msec_arg(d, 0)?);
         return Ok(());
+    }
+    if d.name == "ssl_alpn" {
+        if d.args.is_empty() {
+            return Err(d.error("invalid number of arguments in \"ssl_alpn\" directive"));
+        }
+        if !c.alpn.is_empty() {
+            return Err(d.error("\"ssl_alpn\" directive is duplicate"));
+        }
+        if d.args.iter().any(|a| a.len() > 255) {
+            return Err(d.error("\"ssl_alpn\" directive protocol too long"));
+        }
+        c.alpn = d.args.iter().map(|a| a.as_bytes().to_vec()).collect();
+        return Ok(());
+    }
+    if d.name == "ssl_certificate" && std::mem::take(&mut c.certs_inherited) {
+        c.tls.certificates = None;
+    }
+    if d.name == "ssl_certificate_key" && std::mem::take(&mut c.keys_inherited) {
+        c.tls.keys = None;
     }
     let spec = crate::modules::tls::DIRECTIVES
         .iter()
@@ -64,7 +100,23 @@ pub fn build(
     at: &Loc,
 ) -> Result<Arc<ServerTls>, ConfError> {
     match crate::tls::build_server(&c.tls, false, h, at)? {
-        Some(t) if t.config.is_some() => Ok(t),
+        Some(t) => {
+            let Some(config) = &t.config else {
+                return Err(ConfError::at(
+                    at,
+                    "no \"ssl_certificate\" is defined for server",
+                ));
+            };
+            // http's setup agrees to http/1.1; stream agrees to `ssl_alpn`'s, or to none.
+            let mut config = (**config).clone();
+            config.alpn_protocols = c.alpn.clone();
+            Ok(Arc::new(ServerTls {
+                config: Some(Arc::new(config)),
+                verify: t.verify,
+                roots: t.roots.clone(),
+                reject_handshake: t.reject_handshake,
+            }))
+        }
         _ => Err(ConfError::at(
             at,
             "no \"ssl_certificate\" is defined for server",
@@ -72,28 +124,38 @@ pub fn build(
     }
 }
 
-/// The handshake; `None` when it failed (logged, as nginx at `info`).
+/// The handshake; `None` when it failed or the client's certificate does not do for
+/// `ssl_verify_client` (logged, as nginx at `info`).
 pub async fn handshake(
-    tls: &ServerTls,
+    tls: &Arc<ServerTls>,
     timeout: Duration,
     tcp: TcpStream,
     s: &mut Session,
 ) -> Option<TlsStream<TcpStream>> {
     let config = tls.config.clone()?;
-    let acceptor = tokio_rustls::TlsAcceptor::from(config);
-    let why = match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
-        Ok(Ok(stream)) => {
-            let conn = stream.get_ref().1;
-            s.ssl_protocol = match conn.protocol_version() {
-                Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
-                Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2",
-                _ => "",
-            };
-            s.ssl_cipher = conn
-                .negotiated_cipher_suite()
-                .map_or("", |c| crate::tls::ciphers::openssl_name(c.suite()));
-            s.ssl_server_name = conn.server_name().unwrap_or_default().to_string();
-            return Some(stream);
+    let hs = async {
+        let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp);
+        let start = acceptor.await?;
+        let hello = start.client_hello();
+        let offered = crate::tls::Offered::of(&hello);
+        let sni = hello
+            .server_name()
+            .map(str::to_ascii_lowercase)
+            .unwrap_or_default();
+        let stream = start.into_stream(config).await?;
+        Ok::<_, std::io::Error>((stream, sni, offered))
+    };
+    let why = match tokio::time::timeout(timeout, hs).await {
+        Ok(Ok((stream, sni, offered))) => {
+            let info = crate::tls::TlsInfo::of(stream.get_ref().1, sni, offered, tls);
+            // nginx's checks after the handshake (495/496 are HTTP's codes: here the
+            // session just ends).
+            let refused = info.refusal(tls);
+            s.tls = Some(info);
+            match refused {
+                None => return Some(stream),
+                Some((_, why)) => why,
+            }
         }
         Ok(Err(e)) => e.to_string(),
         Err(_) => "client timed out".to_string(),

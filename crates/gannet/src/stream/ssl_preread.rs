@@ -9,7 +9,12 @@
 //! closes or is silent for `preread_timeout` ends the session with 200; a ClientHello
 //! larger than the buffer ends it with 400 ("preread buffer full").
 //!
-//! `$ssl_preread_protocol` is not provided: rustls does not expose the offered versions.
+//! `$ssl_preread_protocol`, which rustls does not expose, is read as nginx reads it: the
+//! ClientHello's `client_version`, or `TLSv1.3` when it has a `supported_versions`
+//! extension (whatever its list), or the version of an SSLv2-style hello ([`version`]).
+//! A ClientHello rustls refuses (an SSLv3 record, no cipher suites) but whose fields
+//! nginx's parser would read still gives them: the name, the ALPN list and the protocol
+//! are then read here ([`fields`]).
 
 use super::variables::Session;
 use std::time::Duration;
@@ -56,16 +61,34 @@ pub async fn run(
         };
         let fresh = &buf[..n];
         head.extend_from_slice(fresh);
+        // An SSLv2-style hello: nginx looks at its first 5 bytes.
+        if head[0] & 0x80 != 0 {
+            if head.len() < 5 {
+                continue;
+            }
+            if let Some(protocol) = sslv2_version(head) {
+                let f = Fields {
+                    protocol,
+                    ..Fields::default()
+                };
+                found(s, f);
+            }
+            return Ok(());
+        }
         // nginx's first checks: a handshake record of SSLv3 / TLS, or not TLS at all.
-        if head.first().is_some_and(|&b| b != 0x16) || head.get(1).is_some_and(|&b| b != 3) {
+        if head[0] != 0x16 || head.get(1).is_some_and(|&b| b != 3) {
             return Ok(());
         }
         if acceptor.read_tls(&mut &fresh[..]).is_err() {
+            if let Some(f) = fields(head) {
+                found(s, f);
+            }
             return Ok(());
         }
         match acceptor.accept() {
             Ok(None) => continue,
             Ok(Some(accepted)) => {
+                s.preread_protocol = fields(head).map_or("", |f| f.protocol);
                 let hello = accepted.client_hello();
                 s.sni = Some(hello.server_name().unwrap_or_default().to_string());
                 let names: Vec<String> = hello
@@ -77,8 +100,211 @@ pub async fn run(
                 s.alpn = Some(names.join(","));
                 return Ok(());
             }
-            // Not a ClientHello rustls can read: nginx declines too and goes on.
-            Err(_) => return Ok(()),
+            // Not a ClientHello rustls can read: nginx may still find its fields (then
+            // the protocol is known), or declines too and goes on.
+            Err(_) => {
+                if let Some(f) = fields(head) {
+                    found(s, f);
+                }
+                return Ok(());
+            }
         }
+    }
+}
+
+/// A ClientHello read here, not by rustls (which refuses some nginx reads: no cipher
+/// suites, an SSLv3 record...): its fields as nginx's parser takes them.
+#[derive(Debug, Default, PartialEq)]
+struct Fields {
+    protocol: &'static str,
+    /// The first host name of `server_name`, lowercased; "" without one.
+    sni: String,
+    /// The ALPN list, `,`-separated.
+    alpn: String,
+}
+
+fn found(s: &mut Session, f: Fields) {
+    s.preread_protocol = f.protocol;
+    s.sni = Some(f.sni);
+    s.alpn = Some(f.alpn);
+}
+
+/// nginx's name of a protocol version (`SSL_get_version`'s); "" for one it has none for.
+fn version_name(major: u8, minor: u8) -> &'static str {
+    match (major, minor) {
+        (0, 2) => "SSLv2",
+        (3, 0) => "SSLv3",
+        (3, 1) => "TLSv1",
+        (3, 2) => "TLSv1.1",
+        (3, 3) => "TLSv1.2",
+        (3, 4) => "TLSv1.3",
+        _ => "",
+    }
+}
+
+/// An SSLv2-style ClientHello (nginx's test: length's high bit, message type 1, version
+/// 0.x or 3.x): its version.
+fn sslv2_version(head: &[u8]) -> Option<&'static str> {
+    match head {
+        [b0, _, 1, major @ (0 | 3), minor, ..] if b0 & 0x80 != 0 => {
+            Some(version_name(*major, *minor))
+        }
+        _ => None,
+    }
+}
+
+/// The fields of the ClientHello at the start of `head` (TLS records, the hello possibly
+/// split across several) as nginx's preread reads them; `None` until it is all there, or
+/// when it is no ClientHello (or a broken one: a length running past its end).
+fn fields(head: &[u8]) -> Option<Fields> {
+    // The handshake messages, out of their records.
+    let mut body = Vec::new();
+    let mut rest = head;
+    loop {
+        let [0x16, 3, _, hi, lo, after @ ..] = rest else {
+            return None;
+        };
+        let len = usize::from(u16::from_be_bytes([*hi, *lo]));
+        body.extend_from_slice(after.get(..len)?);
+        rest = &after[len..];
+        if let [_, a, b, c, ..] = body[..] {
+            if body.len() >= 4 + u32::from_be_bytes([0, a, b, c]) as usize {
+                break;
+            }
+        }
+    }
+    let [1, a, b, c, msg @ ..] = &body[..] else {
+        return None;
+    };
+    let msg = &msg[..u32::from_be_bytes([0, *a, *b, *c]) as usize];
+    let mut r = Reader(msg);
+    let (major, minor) = (r.u8()?, r.u8()?);
+    r.take(32)?; // random
+    let n = r.u8()?;
+    r.take(n.into())?; // session id
+    let n = r.u16()?;
+    r.take(n.into())?; // cipher suites
+    let n = r.u8()?;
+    r.take(n.into())?; // compression methods
+    let mut f = Fields {
+        protocol: version_name(major, minor),
+        ..Fields::default()
+    };
+    if r.0.is_empty() {
+        return Some(f);
+    }
+    let n = r.u16()?;
+    let mut ext = Reader(r.take(n.into())?);
+    while !ext.0.is_empty() {
+        let (kind, n) = (ext.u16()?, ext.u16()?);
+        let mut data = Reader(ext.take(n.into())?);
+        match kind {
+            // server_name: the list's first entry, a host_name.
+            0 if f.sni.is_empty() => {
+                data.u16()?;
+                if data.u8()? == 0 {
+                    let n = data.u16()?;
+                    let name = data.take(n.into())?;
+                    f.sni = String::from_utf8_lossy(name).to_ascii_lowercase();
+                }
+            }
+            // ALPN: the protocol names, `,`-separated as nginx writes them.
+            16 if f.alpn.is_empty() => {
+                let n = data.u16()?;
+                let mut list = Reader(data.take(n.into())?);
+                let mut names = Vec::new();
+                while !list.0.is_empty() {
+                    let n = list.u8()?;
+                    names.push(String::from_utf8_lossy(list.take(n.into())?).into_owned());
+                }
+                f.alpn = names.join(",");
+            }
+            // supported_versions: nginx takes TLS 1.3 whatever the list says.
+            0x2b => f.protocol = "TLSv1.3",
+            _ => {}
+        }
+    }
+    Some(f)
+}
+
+/// Length-prefixed fields, bounds checked.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if n > self.0.len() {
+            return None;
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Some(a)
+    }
+
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+
+    fn u16(&mut self) -> Option<u16> {
+        self.take(2).map(|b| u16::from_be_bytes([b[0], b[1]]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ClientHello record: `version`, and the extensions given.
+    fn hello(version: [u8; 2], exts: &[u8]) -> Vec<u8> {
+        let mut m = version.to_vec();
+        m.extend([7u8; 32]);
+        m.extend([0, 0, 2, 0x13, 0x01, 1, 0]);
+        if !exts.is_empty() {
+            m.extend((exts.len() as u16).to_be_bytes());
+            m.extend(exts);
+        }
+        let mut h = vec![1, 0, 0, m.len() as u8];
+        h.extend(m);
+        let mut r = vec![0x16, 3, 1, 0, h.len() as u8];
+        r.extend(h);
+        r
+    }
+
+    fn version(head: &[u8]) -> Option<&'static str> {
+        fields(head).map(|f| f.protocol)
+    }
+
+    #[test]
+    fn names_and_alpn_without_rustls() {
+        let sni = [0, 0, 0, 8, 0, 6, 0, 0, 3, b'F', b'o', b'o'];
+        let alpn = [0, 16, 0, 8, 0, 6, 2, b'h', b'2', 2, b'x', b'y'];
+        let f = fields(&hello([3, 3], &[&sni[..], &alpn[..]].concat())).unwrap();
+        assert_eq!((f.sni.as_str(), f.alpn.as_str()), ("foo", "h2,xy"));
+        // A server_name running past its extension: not a hello nginx reads.
+        let bad = [0, 0, 0, 4, 0, 6, 0, 0];
+        assert_eq!(fields(&hello([3, 3], &bad)), None);
+    }
+
+    #[test]
+    fn versions_as_nginx_names_them() {
+        assert_eq!(version(&hello([3, 3], &[])), Some("TLSv1.2"));
+        assert_eq!(version(&hello([3, 1], &[])), Some("TLSv1"));
+        assert_eq!(version(&hello([3, 0], &[0, 10, 0, 0])), Some("SSLv3"));
+        // supported_versions, whatever it lists.
+        assert_eq!(
+            version(&hello([3, 3], &[0, 0x2b, 0, 3, 2, 0x7f, 0x1c])),
+            Some("TLSv1.3")
+        );
+        let full = hello([3, 3], &[]);
+        assert_eq!(version(&full[..full.len() - 1]), None);
+        // Split across two records.
+        let mut split = full[..5 + 10].to_vec();
+        split[3..5].copy_from_slice(&10u16.to_be_bytes());
+        split.extend([0x16, 3, 1, 0, (full.len() - 15) as u8]);
+        split.extend(&full[15..]);
+        assert_eq!(version(&split), Some("TLSv1.2"));
+        assert_eq!(version(b"GET / HTTP/1.0\r\n"), None);
+        assert_eq!(sslv2_version(&[0x80, 0x1c, 1, 0, 2]), Some("SSLv2"));
+        assert_eq!(sslv2_version(&[0x80, 0x1c, 1, 3, 1]), Some("TLSv1"));
+        assert_eq!(sslv2_version(&[0x80, 0x1c, 2, 3, 1]), None);
     }
 }

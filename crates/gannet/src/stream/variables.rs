@@ -43,9 +43,9 @@ pub enum Var {
     ProxyProtocolServerPort,
     RealipRemoteAddr,
     RealipRemotePort,
-    SslProtocol,
-    SslCipher,
-    SslServerName,
+    SslPrereadProtocol,
+    /// `$ssl_*` of `listen ... ssl` (the http side's, `tls::vars`).
+    Ssl(crate::tls::vars::SslVar),
     /// A `map`'s result (index into [`Maps`]).
     Map(usize),
 }
@@ -83,10 +83,12 @@ impl Var {
             "proxy_protocol_server_port" => Var::ProxyProtocolServerPort,
             "realip_remote_addr" => Var::RealipRemoteAddr,
             "realip_remote_port" => Var::RealipRemotePort,
-            "ssl_protocol" => Var::SslProtocol,
-            "ssl_cipher" => Var::SslCipher,
-            "ssl_server_name" => Var::SslServerName,
-            _ => return None,
+            "ssl_preread_protocol" => Var::SslPrereadProtocol,
+            _ => Var::Ssl(
+                name.strip_prefix("ssl_")
+                    .and_then(crate::tls::vars::SslVar::from_name)
+                    .filter(|v| v.in_stream())?,
+            ),
         })
     }
 }
@@ -120,14 +122,14 @@ pub struct Session {
     /// a log line, as nginx writes them).
     pub sni: Option<String>,
     pub alpn: Option<String>,
+    /// The highest version the ClientHello offered (`$ssl_preread_protocol`).
+    pub preread_protocol: &'static str,
     /// The PROXY protocol header of `listen ... proxy_protocol`.
     pub proxy_protocol: Option<std::sync::Arc<crate::conn::proxy_protocol::ProxyAddrs>>,
     /// The connection's own client address when `set_real_ip_from` replaced it.
     pub realip_from: Option<SocketAddr>,
-    /// The handshake of `listen ... ssl` (empty without one).
-    pub ssl_protocol: &'static str,
-    pub ssl_cipher: &'static str,
-    pub ssl_server_name: String,
+    /// The handshake of `listen ... ssl`.
+    pub tls: Option<crate::tls::TlsInfo>,
 }
 
 impl Session {
@@ -144,11 +146,10 @@ impl Session {
             attempts: Vec::new(),
             sni: None,
             alpn: None,
+            preread_protocol: "",
             proxy_protocol: None,
             realip_from: None,
-            ssl_protocol: "",
-            ssl_cipher: "",
-            ssl_server_name: String::new(),
+            tls: None,
         }
     }
 }
@@ -183,6 +184,13 @@ impl Template {
             })
             .collect();
         Ok(Template { parts })
+    }
+
+    /// Text without variables (a `$` in it is a `$`).
+    pub fn literal(text: &str) -> Template {
+        Template {
+            parts: vec![Part::Lit(text.to_string())],
+        }
     }
 
     pub fn eval(&self, s: &Session, maps: &Maps) -> String {
@@ -237,8 +245,20 @@ fn found(v: Var, s: &Session) -> bool {
         | Var::UpstreamConnectTime
         | Var::UpstreamFirstByteTime
         | Var::UpstreamSessionTime => !s.attempts.is_empty(),
-        Var::SslPrereadServerName | Var::SslPrereadAlpnProtocols => s.sni.is_some(),
-        Var::SslProtocol | Var::SslCipher | Var::SslServerName => !s.ssl_protocol.is_empty(),
+        Var::SslPrereadServerName | Var::SslPrereadAlpnProtocols | Var::SslPrereadProtocol => {
+            s.sni.is_some()
+        }
+        // As nginx's stream ssl module: `$ssl_protocol` and `$ssl_cipher` are found on any
+        // TLS session, the others only when not empty.
+        Var::Ssl(v) => s.tls.as_ref().is_some_and(|t| {
+            use crate::tls::vars::SslVar;
+            if matches!(v, SslVar::Protocol | SslVar::Cipher) {
+                return true;
+            }
+            let mut value = String::new();
+            v.append(&mut value, t);
+            !value.is_empty()
+        }),
         Var::ProxyProtocolAddr
         | Var::ProxyProtocolPort
         | Var::ProxyProtocolServerAddr
@@ -340,9 +360,12 @@ fn append(out: &mut String, v: Var, s: &Session, maps: &Maps, depth: usize) {
         Var::RealipRemotePort => {
             let _ = write!(out, "{}", s.realip_from.unwrap_or(s.peer).port());
         }
-        Var::SslProtocol => out.push_str(s.ssl_protocol),
-        Var::SslCipher => out.push_str(s.ssl_cipher),
-        Var::SslServerName => out.push_str(&s.ssl_server_name),
+        Var::SslPrereadProtocol => out.push_str(s.preread_protocol),
+        Var::Ssl(v) => {
+            if let Some(t) = &s.tls {
+                v.append(out, t);
+            }
+        }
         Var::Map(i) => maps.append(i, out, s, depth),
     }
 }

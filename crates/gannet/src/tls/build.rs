@@ -18,6 +18,7 @@ use rustls::server::{
     WebPkiClientVerifier,
 };
 use rustls::sign::CertifiedKey;
+use rustls::DistinguishedName;
 use rustls::{CipherSuite, NamedGroup, RootCertStore, ServerConfig, SupportedProtocolVersion};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -261,7 +262,7 @@ fn client_roots(
     }
     let builder = WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider.clone())
         .clear_root_hint_subjects()
-        .add_root_hint_subjects(named.subjects())
+        .add_root_hint_subjects(distinct(named.subjects()))
         .allow_unauthenticated();
     let verifier = builder
         .build()
@@ -274,6 +275,13 @@ fn client_roots(
         crls,
         depth: c.verify_depth(),
     }))
+}
+
+/// The CA names, each once (a file may hold the same CA twice; OpenSSL's list is unique).
+fn distinct(mut names: Vec<DistinguishedName>) -> Vec<DistinguishedName> {
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|n| seen.insert(n.as_ref().to_vec()));
+    names
 }
 
 fn sessions(c: &TlsConf, state: &mut LoadState, timeout: u64) -> Arc<dyn StoresServerSessions> {

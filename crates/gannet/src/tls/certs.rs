@@ -227,6 +227,10 @@ pub struct CertFacts {
     /// RFC 2253 form, most specific first: `CN=client,O=Example`.
     pub subject: String,
     pub issuer: String,
+    /// OpenSSL's old one-line form, in the certificate's order: `/O=Example/CN=client`
+    /// (`$ssl_client_s_dn_legacy`, `_i_dn_legacy`).
+    pub subject_legacy: String,
+    pub issuer_legacy: String,
     /// Upper-case hex, as OpenSSL prints it.
     pub serial: String,
     /// SHA-1 of the DER, lower-case hex (`$ssl_client_fingerprint`).
@@ -252,6 +256,8 @@ impl CertFacts {
         Some(CertFacts {
             subject: rfc2253(cert.subject()),
             issuer: rfc2253(cert.issuer()),
+            subject_legacy: oneline(cert.subject()),
+            issuer_legacy: oneline(cert.issuer()),
             serial: hex(serial, true),
             fingerprint: hex(
                 aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA1_FOR_LEGACY_USE_ONLY, der)
@@ -329,6 +335,24 @@ fn rfc2253(name: &X509Name<'_>) -> String {
         })
         .collect();
     rdns.into_iter().rev().collect::<Vec<_>>().join(",")
+}
+
+/// `X509_NAME_oneline`'s form: each attribute as `/KEY=value`, first to last.
+fn oneline(name: &X509Name<'_>) -> String {
+    let registry = x509_parser::objects::oid_registry();
+    let mut out = String::new();
+    for rdn in name.iter_rdn() {
+        for (i, atv) in rdn.iter().enumerate() {
+            out.push(if i == 0 { '/' } else { '+' });
+            match x509_parser::objects::oid2abbrev(atv.attr_type(), registry) {
+                Ok(k) => out.push_str(k),
+                Err(_) => out.push_str(&atv.attr_type().to_id_string()),
+            }
+            out.push('=');
+            out.push_str(atv.as_str().unwrap_or_default());
+        }
+    }
+    out
 }
 
 fn escape_dn(v: &str) -> String {

@@ -86,8 +86,9 @@ pub async fn accept(g: &ListenGroup, tcp: TcpStream, info: &ConnInfo) -> Accepte
         Ok(Err(e)) => return handshake_failed(info, e),
         Err(_) => return handshake_failed(info, "client timed out"),
     };
-    let sni = start
-        .client_hello()
+    let hello = start.client_hello();
+    let offered = super::Offered::of(&hello);
+    let sni = hello
         .server_name()
         .map(str::to_ascii_lowercase)
         .unwrap_or_default();
@@ -111,7 +112,7 @@ pub async fn accept(g: &ListenGroup, tcp: TcpStream, info: &ConnInfo) -> Accepte
         Ok(Err(e)) => return handshake_failed(info, e),
         Err(_) => return handshake_failed(info, "client timed out"),
     };
-    let tls_info = Arc::new(TlsInfo::of(stream.get_ref().1, sni, tls));
+    let tls_info = Arc::new(TlsInfo::of(stream.get_ref().1, sni, offered, tls));
     crate::modules::metrics::tls_handshake(Some((tls_info.protocol, tls_info.reused)));
     if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
         return Accepted::H2(Box::new(stream), tls_info, chosen.conf.clone());

@@ -20,6 +20,7 @@ pub mod crl;
 pub mod handshake;
 mod resolve;
 mod session;
+pub mod vars;
 pub mod verify;
 
 pub use build::{build_server, LoadState};
@@ -54,6 +55,10 @@ pub struct TlsInfo {
     pub curve: &'static str,
     /// The SNI name, lowercased; empty without SNI.
     pub server_name: String,
+    /// The ALPN protocol agreed on; empty without.
+    pub alpn: String,
+    /// What the client offered (`$ssl_ciphers`, `$ssl_curves`).
+    pub offered: Offered,
     pub reused: bool,
     pub verified: Verified,
     pub client: Option<CertFacts>,
@@ -61,8 +66,29 @@ pub struct TlsInfo {
     pub by: Arc<ServerTls>,
 }
 
+/// A ClientHello's offers, kept as codes (named only when a variable is read).
+#[derive(Debug, Default)]
+pub struct Offered {
+    pub ciphers: Box<[rustls::CipherSuite]>,
+    pub groups: Box<[rustls::NamedGroup]>,
+}
+
+impl Offered {
+    pub fn of(hello: &rustls::server::ClientHello<'_>) -> Offered {
+        Offered {
+            ciphers: hello.cipher_suites().into(),
+            groups: hello.named_groups().unwrap_or_default().into(),
+        }
+    }
+}
+
 impl TlsInfo {
-    pub fn of(conn: &ServerConnection, server_name: String, tls: &Arc<ServerTls>) -> TlsInfo {
+    pub fn of(
+        conn: &ServerConnection,
+        server_name: String,
+        offered: Offered,
+        tls: &Arc<ServerTls>,
+    ) -> TlsInfo {
         let protocol = match conn.protocol_version() {
             Some(ProtocolVersion::TLSv1_3) => "TLSv1.3",
             Some(ProtocolVersion::TLSv1_2) => "TLSv1.2",
@@ -72,10 +98,7 @@ impl TlsInfo {
             .negotiated_cipher_suite()
             .map_or("", |s| ciphers::openssl_name(s.suite()));
         let curve = match conn.negotiated_key_exchange_group().map(|g| g.name()) {
-            Some(rustls::NamedGroup::X25519) => "X25519",
-            Some(rustls::NamedGroup::secp256r1) => "prime256v1",
-            Some(rustls::NamedGroup::secp384r1) => "secp384r1",
-            Some(_) => "unknown",
+            Some(g) => vars::group_name(g).unwrap_or("unknown"),
             None => "",
         };
         let chain = conn.peer_certificates();
@@ -89,6 +112,11 @@ impl TlsInfo {
             cipher,
             curve,
             server_name,
+            alpn: conn
+                .alpn_protocol()
+                .map(|p| String::from_utf8_lossy(p).into_owned())
+                .unwrap_or_default(),
+            offered,
             reused: conn.handshake_kind() == Some(HandshakeKind::Resumed),
             verified,
             client: chain.and_then(|c| c.first()).and_then(CertFacts::of),

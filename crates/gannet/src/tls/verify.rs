@@ -51,7 +51,7 @@ impl Failure {
 
 /// What client chains are judged against: rustls's webpki verifier over the CAs, and the
 /// CA certificates themselves (a client may present one of them, see `judge`).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ClientRoots {
     pub verifier: Arc<dyn ClientCertVerifier>,
     pub trusted: Vec<CertificateDer<'static>>,
