@@ -2,6 +2,7 @@
 //! and the response with its filters.
 
 pub mod cidr;
+pub mod browser;
 pub mod compress;
 pub mod conditional;
 pub mod encoder;

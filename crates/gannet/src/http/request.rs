@@ -30,6 +30,8 @@ pub struct ConnInfo {
     /// A connection to `listen unix:PATH`: the path. Its `peer` and `local` are 0.0.0.0:0
     /// then; the variables give nginx's `unix:` instead (`Request::unix_client`).
     pub unix: Option<Arc<std::path::Path>>,
+    /// When the connection was accepted (`$connection_time`, `keepalive_time`).
+    pub born: Instant,
 }
 
 pub struct Request {

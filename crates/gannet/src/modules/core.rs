@@ -4,7 +4,7 @@
 //! Directives: `root`, `alias`, `internal`, `client_max_body_size`,
 //! `client_header_buffer_size`, `large_client_header_buffers`, `client_header_timeout`,
 //! `client_body_timeout`, `send_timeout`, `keepalive_timeout`, `keepalive_requests`,
-//! `keepalive_time`, `sendfile`, `tcp_nopush`, `tcp_nodelay`, `server_tokens`,
+//! `keepalive_time`, `keepalive_disable`, `sendfile`, `tcp_nopush`, `tcp_nodelay`, `server_tokens`,
 //! `log_not_found`, `absolute_redirect`, `port_in_redirect`, `server_name_in_redirect`,
 //! `merge_slashes`, `underscores_in_headers`, `ignore_invalid_headers`, `max_ranges`,
 //! `chunked_transfer_encoding`, `log_subrequest`, `disable_symlinks`, `resolver`, `resolver_timeout` (the
@@ -93,6 +93,12 @@ pub const DIRECTIVES: &[Spec] = &[
         name: "keepalive_time",
         ctx: HSL,
         args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "keepalive_disable",
+        ctx: HSL,
+        args: Args::AtLeast(1),
         block: false,
     },
     Spec {
@@ -199,6 +205,11 @@ pub const DIRECTIVES: &[Spec] = &[
     },
 ];
 
+/// `keepalive_disable msie6`.
+pub const KEEPALIVE_MSIE6: u8 = 1;
+/// `keepalive_disable safari`.
+pub const KEEPALIVE_SAFARI: u8 = 2;
+
 /// `disable_symlinks`' mode, and its `from=` part (a template, often `$document_root`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SymlinkMode {
@@ -222,6 +233,9 @@ pub struct CoreConf {
     pub keepalive_timeout: Option<(Duration, Option<u64>)>,
     pub keepalive_requests: Option<u64>,
     pub keepalive_time: Option<Duration>,
+    /// `keepalive_disable`: the browsers whose requests close the connection
+    /// ([`KEEPALIVE_MSIE6`], [`KEEPALIVE_SAFARI`]).
+    pub keepalive_disable: Option<u8>,
     pub sendfile: Option<bool>,
     pub tcp_nodelay: Option<bool>,
     pub server_tokens: Option<bool>,
@@ -261,6 +275,7 @@ impl CoreConf {
             keepalive_timeout,
             keepalive_requests,
             keepalive_time,
+            keepalive_disable,
             sendfile,
             tcp_nodelay,
             server_tokens,
@@ -321,6 +336,21 @@ impl CoreConf {
     }
     pub fn keepalive_time(&self) -> Duration {
         self.keepalive_time.unwrap_or(Duration::from_secs(3600))
+    }
+    /// Whether this request's browser gets no keep-alive (nginx's default: MSIE 4-6 after
+    /// a POST, which it may wait on over a kept connection). The User-Agent is looked at
+    /// only when a browser is disabled and could match.
+    pub fn keepalive_disabled(&self, head: &gannet_proto::h1::RequestHead) -> bool {
+        let mask = self.keepalive_disable.unwrap_or(KEEPALIVE_MSIE6);
+        if mask == 0 {
+            return false;
+        }
+        let Some(ua) = head.header("user-agent") else {
+            return false;
+        };
+        let post = head.method_str() == "POST";
+        (mask & KEEPALIVE_MSIE6 != 0 && post && crate::http::browser::is_msie6(ua))
+            || (mask & KEEPALIVE_SAFARI != 0 && crate::http::browser::is_safari(ua))
     }
     pub fn sendfile(&self) -> bool {
         self.sendfile.unwrap_or(false)
@@ -434,6 +464,19 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             c.keepalive_requests = Some(d.args[0].parse().map_err(|_| invalid(d, &d.args[0]))?)
         }
         "keepalive_time" => c.keepalive_time = Some(duration(d, 0)?),
+        // A bitmask as nginx's: names in any case, a second directive adds to the first.
+        "keepalive_disable" => {
+            let mut mask = c.keepalive_disable.unwrap_or(0);
+            for a in &d.args {
+                mask |= match a.to_ascii_lowercase().as_str() {
+                    "none" => 0,
+                    "msie6" => KEEPALIVE_MSIE6,
+                    "safari" => KEEPALIVE_SAFARI,
+                    _ => return Err(d.error(format!("invalid value \"{a}\""))),
+                };
+            }
+            c.keepalive_disable = Some(mask);
+        }
         "sendfile" => c.sendfile = Some(setters::flag(d)?),
         // Checked, then nothing to keep: a head ahead of a file always goes with MSG_MORE
         // (`conn::send`), which is what `tcp_nopush on` asks nginx for.
