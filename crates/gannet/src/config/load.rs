@@ -411,6 +411,8 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
             }
         }
     }
+    // The servers' `set`s are all read: which built-in variables they assign.
+    user_vars::finish(&vars);
     // As nginx: a TLS address needs a certificate in its default server (the one that
     // answers clients whose SNI name no server has).
     for (g, at) in groups.iter().zip(&ssl_at) {

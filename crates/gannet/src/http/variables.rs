@@ -317,6 +317,21 @@ impl Var {
 }
 
 impl Var {
+    /// A built-in variable of a prefix (`$http_NAME` and its kin), which a config may
+    /// assign (`http::user_vars::define_assigned`).
+    pub fn is_prefixed(&self) -> bool {
+        matches!(
+            self,
+            Var::Arg(_)
+                | Var::Http(_)
+                | Var::Cookie(_)
+                | Var::SentHttp(_)
+                | Var::SentTrailer(_)
+                | Var::UpstreamHttp(_)
+                | Var::UpstreamCookie(_)
+        )
+    }
+
     /// Whether an empty value is one nginx has (empty, but found) rather than its "not
     /// found": the difference between `""` and `-` in a default-escaped log line.
     fn found_empty(&self, req: &Request, sent: &Sent) -> bool {
@@ -684,6 +699,9 @@ fn header_str(req: &Request, name: &str) -> Option<String> {
 }
 
 fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &[Option<String>]) {
+    if v.is_prefixed() && req.server.vars.append_assigned(v, req, out) {
+        return;
+    }
     match v {
         Var::Uri => out.push_str(&req.uri),
         Var::RequestUri => out.push_str(&String::from_utf8_lossy(req.head.target())),

@@ -262,6 +262,7 @@ pub fn check(req: &mut Request) -> Option<Flow> {
 /// The access phase once `auth_request`'s subrequest has answered: its variables set, its
 /// verdict combined with what the rules and `auth_basic` said (see [`check`]).
 pub fn auth_answered(req: &mut Request, sub: &Subrequest) -> Option<Flow> {
+    auth_request::apply_args(req, &sub.answer);
     let status = sub.answer.status;
     if req.conf.access.satisfy_any != Some(true) {
         return auth_request::verdict(req, &sub.answer);
