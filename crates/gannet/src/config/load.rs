@@ -273,16 +273,12 @@ fn load_limit_except(
     }
     let allowed = modules::access::limit_except_methods(d)?;
     let mut inner = LocConf::default();
+    // A nameless location to nginx: `proxy_pass` may not have a URI part there.
+    let outer = std::mem::replace(&mut lctx.prefixless, true);
     for c in d.block.as_deref().unwrap_or_default() {
-        // Directives nginx allows here that gannet does not implement here (yet).
-        if matches!(c.name.as_str(), "proxy_pass" | "access_log") {
-            return Err(c.error(format!(
-                "\"{}\" inside \"limit_except\" is not supported yet (only \"allow\", \"deny\" and \"auth_basic\" are)",
-                c.name
-            )));
-        }
         level_directive(cfg, c, &mut inner, lctx, Ctx::LIMIT_EXCEPT)?;
     }
+    lctx.prefixless = outer;
     user_vars::at(&d.loc);
     lc.access.limit_except = Some(Arc::new(modules::access::LimitExcept {
         allowed,

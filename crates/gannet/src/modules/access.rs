@@ -10,8 +10,8 @@
 //! `limit_except` is a nested configuration, like nginx's: it inherits everything from
 //! its location, and a request whose method is not listed (GET includes HEAD) is served
 //! with it instead of the location's. As in nginx, the location's rewrite statements and
-//! `try_files` are not part of it. Inside it `allow`, `deny` and
-//! `auth_basic` are implemented; `satisfy` (http, server, location) says how they combine.
+//! `try_files` are not part of it. Inside it `allow`, `deny`,
+//! `auth_basic`, `access_log` and `proxy_pass` are allowed, as in nginx; `satisfy` (http, server, location) says how they combine.
 //!
 //! The check runs after the location's rewrite statements (a `return` is not subject to
 //! it, as in nginx) and before the content handlers.

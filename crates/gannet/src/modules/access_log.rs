@@ -47,7 +47,7 @@ pub const DIRECTIVES: &[Spec] = &[
     },
     Spec {
         name: "access_log",
-        ctx: Ctx::HSL.or(Ctx::IF),
+        ctx: Ctx::HSL.or(Ctx::IF).or(Ctx::LIMIT_EXCEPT),
         args: Args::AtLeast(1),
         block: false,
     },

@@ -46,7 +46,7 @@ const HSL: Ctx = Ctx::HSL;
 const LOC_IF: Ctx = Ctx(Ctx::LOCATION.0 | Ctx::IF.0);
 
 pub const DIRECTIVES: &[Spec] = &[
-    spec("proxy_pass", LOC_IF, Args::Exactly(1)),
+    spec("proxy_pass", LOC_IF.or(Ctx::LIMIT_EXCEPT), Args::Exactly(1)),
     spec("proxy_set_header", HSL, Args::Exactly(2)),
     spec("proxy_http_version", HSL, Args::Exactly(1)),
     spec("proxy_method", HSL, Args::Exactly(1)),
