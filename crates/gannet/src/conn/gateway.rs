@@ -551,7 +551,10 @@ impl Streaming {
         let timeout = gateway::conf(&req.conf, link.proto).read_timeout();
         loop {
             match link.next(timeout, true).await? {
-                Event::Data(b) => return Ok(Some(b)),
+                Event::Data(b) => {
+                    req.upstream.borrow_mut().add_body(b.len(), false);
+                    return Ok(Some(b));
+                }
                 Event::Stderr(b) => log_stderr(req, &self.addr, &b, true),
                 Event::End => {
                     self.done = true;
@@ -612,7 +615,10 @@ impl Streaming {
             }
             let timeout = gateway::conf(&req.conf, link.proto).read_timeout();
             match link.next(timeout, true).await {
-                Ok(Event::Data(b)) => spool.push(req, b),
+                Ok(Event::Data(b)) => {
+                    req.upstream.borrow_mut().add_body(b.len(), false);
+                    spool.push(req, b)
+                }
                 Ok(Event::Stderr(b)) => log_stderr(req, &self.addr, &b, true),
                 Ok(Event::End) => {
                     self.done = true;
@@ -1230,12 +1236,16 @@ fn record(req: &Request, addr: &Addr, peer: MetricsKey, status: u16, since: Inst
     let connect = tries.connected.take().map(|t| t.duration_since(since));
     let header = tries.head_read.take().map(|t| t.duration_since(since));
     crate::modules::metrics::attempt(peer, status, header.is_some(), end.duration_since(since));
+    let (sent, received) = (std::mem::take(&mut tries.sent), std::mem::take(&mut tries.received));
     tries.push(UpstreamTry {
         addr: addr.clone(),
         status,
         time: end.duration_since(since),
         connect,
         header,
+        sent,
+        received,
+        body: 0,
     });
     end
 }
@@ -1447,6 +1457,7 @@ fn outcome(
     if a.head.status == Some(101) {
         return upgrade(req, c, a, &addr);
     }
+    req.upstream.borrow_mut().add_body(a.body.len(), true);
     if a.done {
         super::gateway_cache::store_whole(req, c, &a.head, &a.body, a.buffering);
         return Outcome::Flow(whole(req, c, a.head, a.body));
@@ -1546,6 +1557,7 @@ async fn exchange(
     let c = gateway::conf(&req.conf, link.proto);
     req.upstream.borrow_mut().mark_connected();
     send(&link.timers, &mut link.conn, &out.out, c.send_timeout()).await?;
+    req.upstream.borrow_mut().sent += out.out.len() as u64;
     if let Some(b) = &mut out.body {
         send_body(&link.timers, &mut link.conn, b, c.send_timeout()).await?;
     }
@@ -1567,6 +1579,7 @@ async fn exchange(
         };
         match event {
             Event::Data(b) => {
+                req.upstream.borrow_mut().received += b.len() as u64;
                 if body.is_empty() {
                     // Usually the whole answer: taken as it is rather than copied.
                     body = BytesMut::from(b);

@@ -131,6 +131,12 @@ pub struct UpstreamTry {
     pub connect: Option<std::time::Duration>,
     /// Until the answer's head was read (`$upstream_header_time`; `None`: no head came).
     pub header: Option<std::time::Duration>,
+    /// Bytes written to the server (`$upstream_bytes_sent`: the request's head, as sent).
+    pub sent: u64,
+    /// Bytes read from it (`$upstream_bytes_received`), and of them the answer's body
+    /// (`$upstream_response_length`); both grow while the body is passed on.
+    pub received: u64,
+    pub body: u64,
 }
 
 /// The upstream servers a request was sent to, in order. The first is kept inline: nearly
@@ -143,6 +149,9 @@ pub struct Tries {
     /// [`UpstreamTry`] that records the attempt.
     pub connected: Option<Instant>,
     pub head_read: Option<Instant>,
+    /// Bytes the attempt under way sent and read so far, taken by its [`UpstreamTry`].
+    pub sent: u64,
+    pub received: u64,
 }
 
 impl Tries {
@@ -157,6 +166,17 @@ impl Tries {
     /// counts, as nginx sets its connect time once per attempt.
     pub fn mark_connected(&mut self) {
         self.connected.get_or_insert_with(Instant::now);
+    }
+
+    /// The answer's body: `n` bytes came with its head (`read`: counted as received
+    /// already) or after it.
+    pub fn add_body(&mut self, n: usize, read: bool) {
+        if let Some(t) = self.more.last_mut().or(self.first.as_mut()) {
+            t.body += n as u64;
+            if !read {
+                t.received += n as u64;
+            }
+        }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &UpstreamTry> {

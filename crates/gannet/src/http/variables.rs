@@ -10,7 +10,8 @@
 //! `$time_local` `$time_iso8601` `$pid` `$nginx_version` `$gannet_version` `$fastcgi_script_name`
 //! `$fastcgi_path_info` `$proxy_host` `$proxy_port` `$proxy_add_x_forwarded_for`
 //! `$upstream_addr` `$upstream_status` `$upstream_response_time` `$upstream_connect_time`
-//! `$upstream_header_time` `$upstream_cache_status` `$upstream_http_NAME`
+//! `$upstream_header_time` `$upstream_response_length` `$upstream_bytes_sent`
+//! `$upstream_bytes_received` `$upstream_cache_status` `$upstream_http_NAME`
 //! `$upstream_cookie_NAME` `$sent_trailer_NAME`
 //! `$request_id` `$http2` `$limit_req_status` `$limit_conn_status` `$secure_link`
 //! `$secure_link_expires` `$uid_got` `$uid_set` `$otel_trace_id` `$otel_span_id`
@@ -109,6 +110,9 @@ pub enum Var {
     UpstreamResponseTime,
     UpstreamConnectTime,
     UpstreamHeaderTime,
+    UpstreamResponseLength,
+    UpstreamBytesSent,
+    UpstreamBytesReceived,
     /// `$upstream_cache_status`: MISS, BYPASS, EXPIRED, STALE, UPDATING, HIT; nothing
     /// (nginx's "not found", logged as `-`) where the cache was not looked at.
     UpstreamCacheStatus,
@@ -277,6 +281,9 @@ impl Var {
             "upstream_response_time" => Var::UpstreamResponseTime,
             "upstream_connect_time" => Var::UpstreamConnectTime,
             "upstream_header_time" => Var::UpstreamHeaderTime,
+            "upstream_response_length" => Var::UpstreamResponseLength,
+            "upstream_bytes_sent" => Var::UpstreamBytesSent,
+            "upstream_bytes_received" => Var::UpstreamBytesReceived,
             "upstream_cache_status" => Var::UpstreamCacheStatus,
             "request_id" => Var::RequestId,
             "http2" => Var::Http2,
@@ -403,6 +410,8 @@ impl Sent<'_> {
             "content-type" => r.content_type.as_deref(),
             "location" => r.location.as_deref(),
             "etag" => r.etag.as_deref(),
+            // Sent by the head encoder from a flag, as it is (`http::response`).
+            "accept-ranges" if r.accept_ranges && r.status == 200 => Some("bytes"),
             "last-modified" => {
                 if let Some(lm) = r.last_modified_sent() {
                     crate::runtime::clock::with_http_date(lm, |d| out.push_str(d));
@@ -759,7 +768,10 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         | Var::UpstreamStatus
         | Var::UpstreamResponseTime
         | Var::UpstreamConnectTime
-        | Var::UpstreamHeaderTime => {
+        | Var::UpstreamHeaderTime
+        | Var::UpstreamResponseLength
+        | Var::UpstreamBytesSent
+        | Var::UpstreamBytesReceived => {
             // One entry per server tried, as nginx lists them: "a, b"; a time the attempt
             // never reached (no connection, no head) as "-".
             for (i, t) in req.upstream.borrow().iter().enumerate() {
@@ -773,6 +785,14 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                     }
                     Var::UpstreamStatus => {
                         push_uint(out, t.status.into());
+                        continue;
+                    }
+                    Var::UpstreamResponseLength | Var::UpstreamBytesSent | Var::UpstreamBytesReceived => {
+                        push_uint(out, match v {
+                            Var::UpstreamResponseLength => t.body,
+                            Var::UpstreamBytesSent => t.sent,
+                            _ => t.received,
+                        });
                         continue;
                     }
                     Var::UpstreamConnectTime => t.connect,
