@@ -119,6 +119,7 @@ pub async fn serve(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr,
         proxy: None,
         unix: g.listen.unix.clone(),
         born,
+        pipelined: false,
     };
     let plain = !g.listen.proxy_protocol && !g.listen.ssl && !g.listen.http2;
     if plain {
@@ -292,11 +293,14 @@ impl<S: Transport> Conn<S> {
         let mut head_deadline = (c.info.requests == 0).then(|| c.info.born + header_timeout);
         // `stub_status`'s Reading: from a request's first byte to its whole head.
         let mut reading = None;
+        // The next request was in the buffer when the one before it was done (`$pipe`).
+        let mut pipelined = false;
         loop {
             match parse_request(&mut c.buf, &limits) {
                 Ok(Some(head)) => {
                     head_deadline = None;
                     c.info.requests += 1;
+                    c.info.pipelined = pipelined;
                     if reading.take().is_none() {
                         w.stats.request();
                     }
@@ -308,6 +312,7 @@ impl<S: Transport> Conn<S> {
                         let _ = c.flush().await;
                         return End::Close;
                     }
+                    pipelined = !c.buf.is_empty();
                     if c.out.len() >= FLUSH_AT && c.flush().await.is_err() {
                         return End::Close;
                     }

@@ -32,6 +32,8 @@ pub struct ConnInfo {
     pub unix: Option<Arc<std::path::Path>>,
     /// When the connection was accepted (`$connection_time`, `keepalive_time`).
     pub born: Instant,
+    /// The request was in the buffer already when the one before it ended (`$pipe`).
+    pub pipelined: bool,
 }
 
 pub struct Request {

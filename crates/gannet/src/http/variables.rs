@@ -6,7 +6,7 @@
 //! `$remote_addr` `$remote_port` `$realip_remote_addr` `$realip_remote_port` `$remote_user` `$server_addr` `$server_port` `$server_name`
 //! `$server_protocol` `$scheme` `$https` `$document_root` `$realpath_root` `$request_filename`
 //! `$request_method` `$request` `$request_body` `$request_body_file` `$request_length` `$request_time` `$status` `$body_bytes_sent`
-//! `$bytes_sent` `$content_type` `$content_length` `$connection` `$connection_requests` `$connection_time` `$msec`
+//! `$bytes_sent` `$content_type` `$content_length` `$connection` `$connection_requests` `$connection_time` `$pipe` `$msec`
 //! `$time_local` `$time_iso8601` `$pid` `$nginx_version` `$gannet_version` `$fastcgi_script_name`
 //! `$fastcgi_path_info` `$proxy_host` `$proxy_port` `$proxy_add_x_forwarded_for`
 //! `$upstream_addr` `$upstream_status` `$upstream_response_time` `$upstream_connect_time`
@@ -88,6 +88,8 @@ pub enum Var {
     ConnectionRequests,
     /// `$connection_time`: seconds since the connection was accepted, in milliseconds.
     ConnectionTime,
+    /// `$pipe`: `p` for a pipelined request, else `.`.
+    Pipe,
     Connections(crate::modules::stub_status::Gauge),
     LimitReqStatus,
     LimitConnStatus,
@@ -260,6 +262,7 @@ impl Var {
             "connection" => Var::Connection,
             "connection_requests" => Var::ConnectionRequests,
             "connection_time" => Var::ConnectionTime,
+            "pipe" => Var::Pipe,
             "connections_active" => Var::Connections(Gauge::Active),
             "connections_reading" => Var::Connections(Gauge::Reading),
             "connections_writing" => Var::Connections(Gauge::Writing),
@@ -1004,6 +1007,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
             push_uint(out, req.conn.requests);
         }
         Var::ConnectionTime => push_secs(out, req.conn.born.elapsed()),
+        Var::Pipe => out.push(if req.conn.pipelined { 'p' } else { '.' }),
         Var::Connections(g) => push_uint(out, crate::modules::stub_status::variable(*g)),
         Var::LimitReqStatus => out.push_str(req.limit_req_status.unwrap_or_default()),
         Var::LimitConnStatus => out.push_str(req.limit_conn_status.unwrap_or_default()),
