@@ -454,7 +454,9 @@ fn load_server(
         match d.name.as_str() {
             "listen" => {
                 check(d, Ctx::SERVER)?;
-                listens.push((Listen::parse(d)?, d.loc.clone()));
+                for l in Listen::parse_range(d)? {
+                    listens.push((l, d.loc.clone()));
+                }
             }
             "server_name" => {
                 check(d, Ctx::SERVER)?;
