@@ -277,7 +277,7 @@ impl<S: Transport> Conn<S> {
             max_request_line: size,
             max_header_line: size,
             max_head: n * size,
-            max_headers: 100,
+            max_headers: core.max_headers(),
             names: core.header_names(),
         };
         // A new connection, or one just taken back from parking, usually has its request

@@ -2,7 +2,8 @@
 //! behaviour.
 //!
 //! Directives: `root`, `alias`, `internal`, `client_max_body_size`,
-//! `client_header_buffer_size`, `large_client_header_buffers`, `client_header_timeout`,
+//! `client_header_buffer_size`, `large_client_header_buffers`, `max_headers`,
+//! `connection_pool_size`, `request_pool_size` (checked only), `client_header_timeout`,
 //! `client_body_timeout`, `send_timeout`, `keepalive_timeout`, `keepalive_requests`,
 //! `keepalive_time`, `keepalive_disable`, `sendfile`, `tcp_nopush`, `tcp_nodelay`, `server_tokens`,
 //! `log_not_found`, `absolute_redirect`, `port_in_redirect`, `server_name_in_redirect`,
@@ -57,6 +58,24 @@ pub const DIRECTIVES: &[Spec] = &[
         name: "large_client_header_buffers",
         ctx: HS,
         args: Args::Exactly(2),
+        block: false,
+    },
+    Spec {
+        name: "connection_pool_size",
+        ctx: HS,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "request_pool_size",
+        ctx: HS,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "max_headers",
+        ctx: HS,
+        args: Args::Exactly(1),
         block: false,
     },
     Spec {
@@ -205,6 +224,10 @@ pub const DIRECTIVES: &[Spec] = &[
     },
 ];
 
+/// nginx's smallest memory pool on 64-bit systems (`NGX_MIN_POOL_SIZE`), which
+/// `connection_pool_size` and `request_pool_size` are checked against.
+const MIN_POOL_SIZE: u64 = 112;
+
 /// `keepalive_disable msie6`.
 pub const KEEPALIVE_MSIE6: u8 = 1;
 /// `keepalive_disable safari`.
@@ -226,6 +249,9 @@ pub struct CoreConf {
     pub client_max_body_size: Option<u64>,
     pub client_header_buffer_size: Option<usize>,
     pub large_client_header_buffers: Option<(usize, usize)>,
+    /// `max_headers`: the most header fields a request may have (taken from the address's
+    /// default server, as the buffer sizes).
+    pub max_headers: Option<usize>,
     pub client_header_timeout: Option<Duration>,
     pub client_body_timeout: Option<Duration>,
     pub send_timeout: Option<Duration>,
@@ -269,6 +295,7 @@ impl CoreConf {
             client_max_body_size,
             client_header_buffer_size,
             large_client_header_buffers,
+            max_headers,
             client_header_timeout,
             client_body_timeout,
             send_timeout,
@@ -315,6 +342,9 @@ impl CoreConf {
     }
     pub fn large_client_header_buffers(&self) -> (usize, usize) {
         self.large_client_header_buffers.unwrap_or((4, 8192))
+    }
+    pub fn max_headers(&self) -> usize {
+        self.max_headers.unwrap_or(1000)
     }
     pub fn client_header_timeout(&self) -> Duration {
         self.client_header_timeout
@@ -449,6 +479,27 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
                 return Err(invalid(d, &d.args[0]));
             }
             c.large_client_header_buffers = Some((n, s));
+        }
+        // nginx sizes its memory pools with these; gannet has no such pools, so they are
+        // checked as nginx checks them and then have nothing to size.
+        "connection_pool_size" | "request_pool_size" => {
+            let n = setters::size(&d.args[0])
+                .ok_or_else(|| d.error(format!("\"{}\" directive invalid value", d.name)))?;
+            if n < MIN_POOL_SIZE {
+                return Err(d.error(format!("the pool size must be no less than {MIN_POOL_SIZE}")));
+            }
+            if n % 16 != 0 {
+                return Err(d.error("the pool size must be a multiple of 16"));
+            }
+        }
+        "max_headers" => {
+            if c.max_headers.is_some() {
+                return Err(dup(d));
+            }
+            let n = d.args[0]
+                .parse()
+                .map_err(|_| d.error(format!("\"{}\" directive invalid number", d.name)))?;
+            c.max_headers = Some(n);
         }
         "client_header_timeout" => c.client_header_timeout = Some(duration(d, 0)?),
         "client_body_timeout" => c.client_body_timeout = Some(duration(d, 0)?),
