@@ -120,10 +120,13 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
             Flow::Gateway => return Handled::Gateway,
             Flow::Put => return Handled::Put,
             Flow::Delay(d) => return Handled::Delay(d),
-            Flow::Delayed => after_limit_req(req, w),
+            Flow::Delayed => match req.auth_delayed.take() {
+                Some(code) => Flow::Status(code),
+                None => after_limit_req(req, w),
+            },
             Flow::AuthRequest(sub) => return Handled::AuthRequest(sub),
             Flow::AuthAnswered(sub) => match access::auth_answered(req, &sub) {
-                Some(refused) => refused,
+                Some(refused) => auth_delay(req, refused),
                 None => content(req, w),
             },
             Flow::Redirect(uri) => internal_redirect(req, w, &uri),
@@ -364,9 +367,27 @@ fn after_limit_req(req: &mut Request, w: &Worker) -> Flow {
 /// Phases 5 and 6.
 fn access_and_content(req: &mut Request, w: &Worker) -> Flow {
     if let Some(denied) = access::check(req) {
-        return denied;
+        return auth_delay(req, denied);
     }
     content(req, w)
+}
+
+/// `auth_delay`: a 401 from the access phase is answered once this time has passed (the
+/// same for every wrong password, so its timing tells an attacker nothing), as nginx's.
+fn auth_delay(req: &mut Request, refused: Flow) -> Flow {
+    let delay = req.conf.core.auth_delay;
+    match refused {
+        Flow::Status(code @ (401 | 407)) if delay.is_some_and(|d| !d.is_zero()) => {
+            crate::errlog::request(
+                Level::Info,
+                req,
+                format_args!("delaying unauthorized request"),
+            );
+            req.auth_delayed = Some(code);
+            Flow::Delay(delay.unwrap_or_default())
+        }
+        other => other,
+    }
 }
 
 /// Phase 6.

@@ -119,6 +119,8 @@ pub struct Request {
     pub cache_status: Cell<Option<crate::cache::Status>>,
     /// The cache entry this request's answer may be stored as (`conn::gateway_cache`).
     pub cache: RefCell<Option<Box<crate::conn::gateway_cache::Pending>>>,
+    /// The 401 an `auth_delay` holds back until its time has passed.
+    pub auth_delayed: Option<u16>,
 }
 
 /// One upstream server a request was sent to.
@@ -285,6 +287,7 @@ impl Request {
             upstream_headers: RefCell::new(None),
             cache_status: Cell::new(None),
             cache: RefCell::new(None),
+            auth_delayed: None,
             secure_link_expires: RefCell::new(None),
             userid: RefCell::new(None),
             otel: std::cell::OnceCell::new(),

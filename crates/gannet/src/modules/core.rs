@@ -5,7 +5,7 @@
 //! `client_header_buffer_size`, `large_client_header_buffers`, `max_headers`,
 //! `connection_pool_size`, `request_pool_size` (checked only), `client_header_timeout`,
 //! `client_body_timeout`, `send_timeout`, `keepalive_timeout`, `keepalive_requests`,
-//! `keepalive_time`, `keepalive_disable`, `sendfile`, `tcp_nopush`, `tcp_nodelay`, `server_tokens`,
+//! `keepalive_time`, `keepalive_disable`, `auth_delay`, `sendfile`, `tcp_nopush`, `tcp_nodelay`, `server_tokens`,
 //! `log_not_found`, `absolute_redirect`, `port_in_redirect`, `server_name_in_redirect`,
 //! `merge_slashes`, `underscores_in_headers`, `ignore_invalid_headers`, `max_ranges`,
 //! `chunked_transfer_encoding`, `log_subrequest`, `disable_symlinks`, `resolver`, `resolver_timeout` (the
@@ -118,6 +118,12 @@ pub const DIRECTIVES: &[Spec] = &[
         name: "keepalive_disable",
         ctx: HSL,
         args: Args::AtLeast(1),
+        block: false,
+    },
+    Spec {
+        name: "auth_delay",
+        ctx: HSL,
+        args: Args::Exactly(1),
         block: false,
     },
     Spec {
@@ -262,6 +268,8 @@ pub struct CoreConf {
     /// `keepalive_disable`: the browsers whose requests close the connection
     /// ([`KEEPALIVE_MSIE6`], [`KEEPALIVE_SAFARI`]).
     pub keepalive_disable: Option<u8>,
+    /// `auth_delay`: how long a 401 from the access phase is held back.
+    pub auth_delay: Option<Duration>,
     pub sendfile: Option<bool>,
     pub tcp_nodelay: Option<bool>,
     pub server_tokens: Option<bool>,
@@ -303,6 +311,7 @@ impl CoreConf {
             keepalive_requests,
             keepalive_time,
             keepalive_disable,
+            auth_delay,
             sendfile,
             tcp_nodelay,
             server_tokens,
@@ -515,6 +524,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             c.keepalive_requests = Some(d.args[0].parse().map_err(|_| invalid(d, &d.args[0]))?)
         }
         "keepalive_time" => c.keepalive_time = Some(duration(d, 0)?),
+        "auth_delay" => c.auth_delay = Some(duration(d, 0)?),
         // A bitmask as nginx's: names in any case, a second directive adds to the first.
         "keepalive_disable" => {
             let mut mask = c.keepalive_disable.unwrap_or(0);
