@@ -1597,7 +1597,15 @@ async fn exchange(
                     break;
                 }
             }
-            Event::Stderr(b) => log_stderr(req, addr, &b, head.is_some()),
+            Event::Stderr(b) => {
+                log_stderr(req, addr, &b, head.is_some());
+                if head.is_none()
+                    && link.proto == Proto::FastCgi
+                    && req.conf.fastcgi.catches(&b)
+                {
+                    return Err(Failure::Protocol("upstream sent invalid header".into()));
+                }
+            }
             Event::End => {
                 return match head {
                     Some(head) => Ok(Answered {
