@@ -504,6 +504,41 @@ pub struct Streaming {
     lease: Option<Lease>,
     /// The cache entry the answer is written to as it goes (`conn::gateway_cache`).
     tee: Option<super::gateway_cache::Tee>,
+    /// `proxy_limit_rate`: how fast the answer is read.
+    pace: Option<ReadPace>,
+}
+
+/// `proxy_limit_rate` (buffered answers only, as nginx's): after each read from the server,
+/// wait until no more than `rate` bytes a second have been read since the answer's head, the first second's worth
+/// allowed at once (nginx's formula in its event pipe).
+struct ReadPace {
+    rate: u64,
+    start: Instant,
+    read: u64,
+}
+
+impl ReadPace {
+    fn new(req: &Request, proto: Proto, read: usize) -> Option<ReadPace> {
+        let rate = if proto == Proto::Http {
+            req.conf.proxy.limit_rate()
+        } else {
+            0
+        };
+        (rate > 0).then(|| ReadPace {
+            rate,
+            start: Instant::now(),
+            read: read as u64,
+        })
+    }
+
+    async fn after(&mut self, n: usize) {
+        self.read += n as u64;
+        let allowed = self.rate as f64 * (self.start.elapsed().as_secs_f64() + 1.0);
+        let ahead = self.read as f64 - allowed;
+        if ahead > 0.0 {
+            tokio::time::sleep(Duration::from_secs_f64(ahead / self.rate as f64)).await;
+        }
+    }
 }
 
 impl Streaming {
@@ -553,6 +588,9 @@ impl Streaming {
             match link.next(timeout, true).await? {
                 Event::Data(b) => {
                     req.upstream.borrow_mut().add_body(b.len(), false);
+                    if let Some(p) = &mut self.pace {
+                        p.after(b.len()).await;
+                    }
                     return Ok(Some(b));
                 }
                 Event::Stderr(b) => log_stderr(req, &self.addr, &b, true),
@@ -617,7 +655,11 @@ impl Streaming {
             match link.next(timeout, true).await {
                 Ok(Event::Data(b)) => {
                     req.upstream.borrow_mut().add_body(b.len(), false);
-                    spool.push(req, b)
+                    let n = b.len();
+                    spool.push(req, b);
+                    if let Some(p) = &mut self.pace {
+                        p.after(n).await;
+                    }
                 }
                 Ok(Event::Stderr(b)) => log_stderr(req, &self.addr, &b, true),
                 Ok(Event::End) => {
@@ -1476,6 +1518,11 @@ fn outcome(
             if !a.buffering {
                 link.read_max = c.buffer_size();
             }
+            // As nginx's, only a buffered answer is paced.
+            let pace = a
+                .buffering
+                .then(|| ReadPace::new(req, link.proto, a.body.len()))
+                .flatten();
             let body = a.body.freeze();
             // A buffered answer's first bytes count against its spool's memory.
             let (spool, first) = if a.buffering {
@@ -1496,6 +1543,7 @@ fn outcome(
                     pool,
                     lease,
                     tee,
+                    pace,
                 }),
             )
         }
@@ -1593,7 +1641,13 @@ async fn exchange(
                         req.upstream.borrow_mut().head_read = Some(Instant::now());
                     }
                 }
-                if head.is_some() && (!buffering || body.len() >= c.buffers_total()) {
+                // Under `proxy_limit_rate` nothing is read ahead of the head: the reads
+                // that follow are paced.
+                if head.is_some()
+                    && (!buffering
+                        || body.len() >= c.buffers_total()
+                        || (link.proto == Proto::Http && req.conf.proxy.limit_rate() > 0))
+                {
                     break;
                 }
             }

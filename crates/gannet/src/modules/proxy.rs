@@ -49,6 +49,7 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("proxy_pass", LOC_IF.or(Ctx::LIMIT_EXCEPT), Args::Exactly(1)),
     spec("proxy_set_header", HSL, Args::Exactly(2)),
     spec("proxy_http_version", HSL, Args::Exactly(1)),
+    spec("proxy_limit_rate", HSL, Args::Exactly(1)),
     spec("proxy_method", HSL, Args::Exactly(1)),
     spec("proxy_set_body", HSL, Args::Exactly(1)),
     spec("proxy_redirect", HSL, Args::Between(1, 2)),
@@ -136,6 +137,9 @@ pub struct ProxyConf {
     pub set_headers: Option<Arc<Vec<(String, Template)>>>,
     /// `proxy_http_version 1.1`.
     pub http11: Option<bool>,
+    /// `proxy_limit_rate`: bytes a second the answer is read from the server at (0: no
+    /// limit).
+    pub limit_rate: Option<u64>,
     pub method: Option<Template>,
     pub body: Option<Template>,
     pub redirect: Option<Arc<Vec<Redirect>>>,
@@ -160,11 +164,15 @@ impl ProxyConf {
             parent,
             set_headers,
             http11,
+            limit_rate,
             method,
             body,
             redirect,
             convert_head
         );
+    }
+    pub fn limit_rate(&self) -> u64 {
+        self.limit_rate.unwrap_or(0)
     }
 }
 
@@ -194,6 +202,10 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             let mut l = lc.proxy.set_headers.as_deref().cloned().unwrap_or_default();
             l.push((a0.to_string(), value));
             lc.proxy.set_headers = Some(Arc::new(l));
+        }
+        "proxy_limit_rate" => {
+            let bad = || d.error(format!("\"{}\" directive invalid value", d.name));
+            lc.proxy.limit_rate = Some(gannet_conf::setters::size(a0).ok_or_else(bad)?)
         }
         "proxy_http_version" => {
             lc.proxy.http11 = Some(match a0 {
