@@ -74,6 +74,7 @@ use gannet_proto::h1::{parse_response, BodyKind, Chunk, ChunkedDecoder, Framing,
 use gannet_proto::{scgi, uwsgi};
 use rustls::pki_types::ServerName;
 use std::borrow::Cow;
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -1278,7 +1279,10 @@ fn record(req: &Request, addr: &Addr, peer: MetricsKey, status: u16, since: Inst
     let connect = tries.connected.take().map(|t| t.duration_since(since));
     let header = tries.head_read.take().map(|t| t.duration_since(since));
     crate::modules::metrics::attempt(peer, status, header.is_some(), end.duration_since(since));
-    let (sent, received) = (std::mem::take(&mut tries.sent), std::mem::take(&mut tries.received));
+    let (sent, received) = (
+        std::mem::take(&mut tries.sent),
+        std::mem::take(&mut tries.received),
+    );
     tries.push(UpstreamTry {
         addr: addr.clone(),
         status,
@@ -1439,14 +1443,19 @@ fn idempotent(req: &Request) -> bool {
 
 /// A new connection to `addr`, with its TLS handshake for an `https://` upstream; both
 /// within `proxy_connect_timeout`, as in nginx.
-async fn connect(addr: &Addr, via: &Via, c: &GatewayConf) -> Result<Conn, Failure> {
+async fn connect(
+    addr: &Addr,
+    via: &Via,
+    c: &GatewayConf,
+    from: Option<(SocketAddr, bool)>,
+) -> Result<Conn, Failure> {
     let deadline = tokio::time::Instant::now() + c.connect_timeout();
-    let conn =
-        match tokio::time::timeout_at(deadline, connect_plain(addr, c.socket_keepalive())).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(Failure::Connect(e)),
-            Err(_) => return Err(Failure::Timeout(CONNECTING)),
-        };
+    let plain = connect_plain(addr, c.socket_keepalive(), from);
+    let conn = match tokio::time::timeout_at(deadline, plain).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return Err(Failure::Connect(e)),
+        Err(_) => return Err(Failure::Timeout(CONNECTING)),
+    };
     let Some(t) = &via.tls else {
         return Ok(conn);
     };
@@ -1459,11 +1468,19 @@ async fn connect(addr: &Addr, via: &Via, c: &GatewayConf) -> Result<Conn, Failur
 }
 
 /// A new connection to `addr` (TCP with Nagle off, and with keep-alive probes when asked,
-/// or a unix socket), without a deadline.
-pub async fn connect_plain(addr: &Addr, keepalive: bool) -> std::io::Result<Conn> {
+/// or a unix socket), without a deadline; from the local address `from` (`proxy_bind`,
+/// with IP_TRANSPARENT when its flag says) when there is one.
+pub async fn connect_plain(
+    addr: &Addr,
+    keepalive: bool,
+    from: Option<(SocketAddr, bool)>,
+) -> std::io::Result<Conn> {
     Ok(match addr {
         Addr::Tcp(a) => {
-            let s = tokio::net::TcpStream::connect(&**a).await?;
+            let s = match from {
+                None => tokio::net::TcpStream::connect(&**a).await?,
+                Some((local, transparent)) => connect_from(a, local, transparent).await?,
+            };
             let _ = s.set_nodelay(true);
             if keepalive {
                 socket2::SockRef::from(&s).set_keepalive(true)?;
@@ -1472,6 +1489,40 @@ pub async fn connect_plain(addr: &Addr, keepalive: bool) -> std::io::Result<Conn
         }
         Addr::Unix(p) => Box::new(tokio::net::UnixStream::connect(p).await?),
     })
+}
+
+/// `proxy_bind`: a TCP connection to `to` (a name is looked up first) made from `local`.
+async fn connect_from(
+    to: &str,
+    local: SocketAddr,
+    transparent: bool,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let mut last = None;
+    for remote in tokio::net::lookup_host(to).await? {
+        let sock = if local.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        let r = socket2::SockRef::from(&sock);
+        if transparent {
+            if local.is_ipv4() {
+                r.set_ip_transparent_v4(true)?;
+            } else {
+                r.set_ip_transparent_v6(true)?;
+            }
+        }
+        // As nginx: a port of its own may be one a connection closed a moment ago.
+        if local.port() != 0 {
+            sock.set_reuseaddr(true)?;
+        }
+        sock.bind(local)?;
+        match sock.connect(remote).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no address to connect to")))
 }
 
 /// A whole answer as the next flow.
@@ -1590,7 +1641,11 @@ async fn fresh(
     out: &mut Outgoing<'_>,
 ) -> Result<Answered, Failure> {
     let c = gateway::conf(&req.conf, via.proto);
-    let conn = connect(addr, via, c).await?;
+    let from = match &req.conf.proxy.bind {
+        Some(Some(b)) if via.proto == Proto::Http => b.local(req).map(|a| (a, b.transparent)),
+        _ => None,
+    };
+    let conn = connect(addr, via, c, from).await?;
     exchange(req, addr, Link::new(conn, via), out).await
 }
 
@@ -1653,10 +1708,7 @@ async fn exchange(
             }
             Event::Stderr(b) => {
                 log_stderr(req, addr, &b, head.is_some());
-                if head.is_none()
-                    && link.proto == Proto::FastCgi
-                    && req.conf.fastcgi.catches(&b)
-                {
+                if head.is_none() && link.proto == Proto::FastCgi && req.conf.fastcgi.catches(&b) {
                     return Err(Failure::Protocol("upstream sent invalid header".into()));
                 }
             }

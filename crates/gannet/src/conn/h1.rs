@@ -154,12 +154,7 @@ pub async fn serve(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr,
 }
 
 /// The handshake, then the loop over TLS (or over the socket, to answer plain HTTP).
-async fn serve_tls(
-    w: Rc<Worker>,
-    stream: TcpStream,
-    mut info: ConnInfo,
-    group: usize,
-) {
+async fn serve_tls(w: Rc<Worker>, stream: TcpStream, mut info: ConnInfo, group: usize) {
     let accepted = handshake::accept(&w.config.listens[group], stream, &info).await;
     match accepted {
         Accepted::Tls(stream, tls) => {
@@ -176,9 +171,7 @@ async fn serve_tls(
             }
             super::h2::serve(w, stream, info, group, conf).await
         }
-        Accepted::PlainHttp(stream) => {
-            run_conn(w, Plain::Reg(stream), info, group, true).await
-        }
+        Accepted::PlainHttp(stream) => run_conn(w, Plain::Reg(stream), info, group, true).await,
         Accepted::Closed => w.connection_closed(),
     }
 }
@@ -396,7 +389,11 @@ impl<S: Transport> Conn<S> {
             let wait = deadline.saturating_duration_since(now);
             // A connection with no request in hand may be closed to make room; the worker
             // closes the one that has waited longest first.
-            let since = if c.info.requests == 0 { c.info.born } else { now };
+            let since = if c.info.requests == 0 {
+                c.info.born
+            } else {
+                now
+            };
             let reusable = idle.then_some(since);
             let may_park = S::PARKABLE && !c.plain_on_tls && w.parking.is_some();
             if idle && may_park && wait > PARK_AFTER && !w.draining.get() {

@@ -1,8 +1,8 @@
 //! The request path: one `Request` type, virtual host and location selection, the phases,
 //! and the response with its filters.
 
-pub mod cidr;
 pub mod browser;
+pub mod cidr;
 pub mod compress;
 pub mod conditional;
 pub mod encoder;

@@ -790,12 +790,17 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                         push_uint(out, t.status.into());
                         continue;
                     }
-                    Var::UpstreamResponseLength | Var::UpstreamBytesSent | Var::UpstreamBytesReceived => {
-                        push_uint(out, match v {
-                            Var::UpstreamResponseLength => t.body,
-                            Var::UpstreamBytesSent => t.sent,
-                            _ => t.received,
-                        });
+                    Var::UpstreamResponseLength
+                    | Var::UpstreamBytesSent
+                    | Var::UpstreamBytesReceived => {
+                        push_uint(
+                            out,
+                            match v {
+                                Var::UpstreamResponseLength => t.body,
+                                Var::UpstreamBytesSent => t.sent,
+                                _ => t.received,
+                            },
+                        );
                         continue;
                     }
                     Var::UpstreamConnectTime => t.connect,

@@ -495,7 +495,9 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             let n = setters::size(&d.args[0])
                 .ok_or_else(|| d.error(format!("\"{}\" directive invalid value", d.name)))?;
             if n < MIN_POOL_SIZE {
-                return Err(d.error(format!("the pool size must be no less than {MIN_POOL_SIZE}")));
+                return Err(d.error(format!(
+                    "the pool size must be no less than {MIN_POOL_SIZE}"
+                )));
             }
             if n % 16 != 0 {
                 return Err(d.error("the pool size must be a multiple of 16"));
