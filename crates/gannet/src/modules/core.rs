@@ -5,7 +5,7 @@
 //! `client_header_buffer_size`, `large_client_header_buffers`, `max_headers`,
 //! `connection_pool_size`, `request_pool_size` (checked only), `client_header_timeout`,
 //! `client_body_timeout`, `send_timeout`, `keepalive_timeout`, `keepalive_requests`,
-//! `keepalive_time`, `keepalive_disable`, `auth_delay`, `sendfile`, `tcp_nopush`, `tcp_nodelay`, `server_tokens`,
+//! `keepalive_time`, `keepalive_disable`, `auth_delay`, `subrequest_output_buffer_size`, `sendfile`, `tcp_nopush`, `tcp_nodelay`, `server_tokens`,
 //! `log_not_found`, `absolute_redirect`, `port_in_redirect`, `server_name_in_redirect`,
 //! `merge_slashes`, `underscores_in_headers`, `ignore_invalid_headers`, `max_ranges`,
 //! `chunked_transfer_encoding`, `log_subrequest`, `disable_symlinks`, `resolver`, `resolver_timeout` (the
@@ -122,6 +122,12 @@ pub const DIRECTIVES: &[Spec] = &[
     },
     Spec {
         name: "auth_delay",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "subrequest_output_buffer_size",
         ctx: HSL,
         args: Args::Exactly(1),
         block: false,
@@ -270,6 +276,9 @@ pub struct CoreConf {
     pub keepalive_disable: Option<u8>,
     /// `auth_delay`: how long a 401 from the access phase is held back.
     pub auth_delay: Option<Duration>,
+    /// `subrequest_output_buffer_size`: the most of a subrequest's answer kept in memory
+    /// (SSI's `include ... set=`).
+    pub subrequest_output_buffer_size: Option<usize>,
     pub sendfile: Option<bool>,
     pub tcp_nodelay: Option<bool>,
     pub server_tokens: Option<bool>,
@@ -312,6 +321,7 @@ impl CoreConf {
             keepalive_time,
             keepalive_disable,
             auth_delay,
+            subrequest_output_buffer_size,
             sendfile,
             tcp_nodelay,
             server_tokens,
@@ -351,6 +361,10 @@ impl CoreConf {
     }
     pub fn large_client_header_buffers(&self) -> (usize, usize) {
         self.large_client_header_buffers.unwrap_or((4, 8192))
+    }
+    /// nginx's default is a memory page: 4k here.
+    pub fn subrequest_output_buffer_size(&self) -> usize {
+        self.subrequest_output_buffer_size.unwrap_or(4096)
     }
     pub fn max_headers(&self) -> usize {
         self.max_headers.unwrap_or(1000)
@@ -527,6 +541,9 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         }
         "keepalive_time" => c.keepalive_time = Some(duration(d, 0)?),
         "auth_delay" => c.auth_delay = Some(duration(d, 0)?),
+        "subrequest_output_buffer_size" => {
+            c.subrequest_output_buffer_size = Some(size(d, 0)? as usize)
+        }
         // A bitmask as nginx's: names in any case, a second directive adds to the first.
         "keepalive_disable" => {
             let mut mask = c.keepalive_disable.unwrap_or(0);
