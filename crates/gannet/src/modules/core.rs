@@ -5,7 +5,7 @@
 //! `client_header_buffer_size`, `large_client_header_buffers`, `max_headers`,
 //! `connection_pool_size`, `request_pool_size` (checked only), `client_header_timeout`,
 //! `client_body_timeout`, `send_timeout`, `keepalive_timeout`, `keepalive_requests`,
-//! `keepalive_time`, `keepalive_disable`, `auth_delay`, `subrequest_output_buffer_size`, `sendfile`, `tcp_nopush`, `tcp_nodelay`, `server_tokens`,
+//! `keepalive_time`, `keepalive_disable`, `auth_delay`, `post_action`, `subrequest_output_buffer_size`, `sendfile`, `tcp_nopush`, `tcp_nodelay`, `server_tokens`,
 //! `log_not_found`, `absolute_redirect`, `port_in_redirect`, `server_name_in_redirect`,
 //! `merge_slashes`, `underscores_in_headers`, `ignore_invalid_headers`, `max_ranges`,
 //! `chunked_transfer_encoding`, `log_subrequest`, `disable_symlinks`, `resolver`, `resolver_timeout` (the
@@ -128,6 +128,12 @@ pub const DIRECTIVES: &[Spec] = &[
     },
     Spec {
         name: "subrequest_output_buffer_size",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "post_action",
         ctx: HSL,
         args: Args::Exactly(1),
         block: false,
@@ -276,6 +282,9 @@ pub struct CoreConf {
     pub keepalive_disable: Option<u8>,
     /// `auth_delay`: how long a 401 from the access phase is held back.
     pub auth_delay: Option<Duration>,
+    /// `post_action`: a URI or named location the request also goes to, its answer
+    /// dropped (`conn::mirror`).
+    pub post_action: Option<std::sync::Arc<str>>,
     /// `subrequest_output_buffer_size`: the most of a subrequest's answer kept in memory
     /// (SSI's `include ... set=`).
     pub subrequest_output_buffer_size: Option<usize>,
@@ -321,6 +330,7 @@ impl CoreConf {
             keepalive_time,
             keepalive_disable,
             auth_delay,
+            post_action,
             subrequest_output_buffer_size,
             sendfile,
             tcp_nodelay,
@@ -541,6 +551,12 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         }
         "keepalive_time" => c.keepalive_time = Some(duration(d, 0)?),
         "auth_delay" => c.auth_delay = Some(duration(d, 0)?),
+        "post_action" => {
+            if c.post_action.is_some() {
+                return Err(dup(d));
+            }
+            c.post_action = Some(d.args[0].as_str().into());
+        }
         "subrequest_output_buffer_size" => {
             c.subrequest_output_buffer_size = Some(size(d, 0)? as usize)
         }
