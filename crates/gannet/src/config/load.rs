@@ -461,11 +461,15 @@ fn load_server(
             "server_name" => {
                 check(d, Ctx::SERVER)?;
                 for n in &d.args {
-                    if n.is_empty() && d.args.len() == 1 {
-                        continue;
-                    }
+                    // `$server_name` is the first name as nginx keeps it: a regex as
+                    // written, a `.name` without its dot, others in lower case; `""` too.
                     if primary.is_none() {
-                        primary = Some(n.to_ascii_lowercase());
+                        primary = Some(if n.starts_with('~') {
+                            n.clone()
+                        } else {
+                            let n = n.strip_prefix('.').filter(|r| !r.is_empty()).unwrap_or(n);
+                            n.to_ascii_lowercase()
+                        });
                     }
                     names.add(n).map_err(|e| d.error(e))?;
                 }
