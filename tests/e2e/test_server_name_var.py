@@ -13,7 +13,7 @@ CONF = PEER_MAIN + r"""
 http {
     access_log off;
     server { listen 127.0.0.1:{port}; server_name Localhost; return 200 "[$server_name]"; }
-    server { listen 127.0.0.1:{port}; server_name "" other; return 200 "[$server_name]"; }
+    server { listen 127.0.0.1:{port}; server_name other ""; return 200 "[$server_name]"; }
     server { listen 127.0.0.1:{port}; server_name ~^EXAMPLE\.COM$; return 200 "[$server_name]"; }
     server { listen 127.0.0.1:{port}; server_name .Dot.example.com; return 200 "[$server_name]"; }
     server { listen 127.0.0.1:{port}; server_name *.Star.example.com; return 200 "[$server_name]"; }
@@ -35,5 +35,20 @@ def test_server_name_as_nginx(tmp_path):
         got = {h: ask(srv.port, h) for h in HOSTS}
         want = {h: ask(nginx_port, h) for h in HOSTS}
     assert got == want
-    assert got[None] == b"[]" and got["xxx"] == b"[localhost]"
+    assert got[None] == b"[other]" and got["xxx"] == b"[localhost]"
     assert got["example.com"] == b"[~^EXAMPLE\\.COM$]" and got["dot.example.com"] == b"[dot.example.com]"
+
+
+@pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
+def test_server_without_name_takes_no_host(tmp_path):
+    conf = PEER_MAIN + r"""
+http {
+    access_log off;
+    server { listen 127.0.0.1:{port} default_server; server_name a; return 200 "a"; }
+    server { listen 127.0.0.1:{port}; return 200 "nameless"; }
+}
+"""
+    with side_by_side(tmp_path, conf) as (srv, nginx_port):
+        got = [ask(srv.port, h) for h in (None, "x")]
+        want = [ask(nginx_port, h) for h in (None, "x")]
+    assert got == want == [b"nameless", b"a"]

@@ -477,6 +477,10 @@ fn load_server(
             _ => level_directive(cfg, d, &mut conf, lctx, Ctx::SERVER)?,
         }
     }
+    // A server without `server_name` has the name "", as nginx's.
+    if primary.is_none() {
+        names.add("").map_err(|e| sd.error(e))?;
+    }
     conf.merge(http);
     // ALPN offers h2 when the server has `http2 on` or one of its addresses `listen ... http2`.
     let h2 = conf.http2.enabled() || listens.iter().any(|(l, _)| l.http2);
