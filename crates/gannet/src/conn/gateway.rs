@@ -2008,6 +2008,11 @@ pub(super) fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
     if gateway::active(&req.conf) == Some(Proto::Memcached) {
         return memcached_answer(req, head);
     }
+    if crate::http::variables::keeps_upstream_headers() {
+        // `$upstream_http_NAME`: the text is shared, only the list is copied. Kept for an
+        // X-Accel-Redirect's or an intercepted error's internal redirect too, as nginx.
+        *req.upstream_headers.borrow_mut() = Some(head.headers.clone());
+    }
     let (status, head) = match gateway::classify(c, head) {
         Answer::LocalRedirect(uri) => return Flow::Redirect(uri),
         Answer::AccelRedirect(uri, carried) => return Flow::Accel(uri, carried),
@@ -2023,10 +2028,6 @@ pub(super) fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
         // one, is the only true one.
         resp.content_length = head.get("content-length").and_then(|v| v.parse().ok());
         resp.length_unknown = resp.content_length.is_none();
-    }
-    if crate::http::variables::keeps_upstream_headers() {
-        // `$upstream_http_NAME`: the text is shared, only the list is copied.
-        *req.upstream_headers.borrow_mut() = Some(head.headers.clone());
     }
     // Only the values the client gets are made into values of their own.
     let mut fields = head.headers;

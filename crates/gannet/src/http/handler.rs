@@ -102,12 +102,20 @@ const MAX_REDIRECTS: u8 = 10;
 pub fn handle(req: &mut Request, w: &Worker) -> Handled {
     crate::http::router::bind_server_captures(req);
     realip::apply(req, true);
+    let flow = server_rewrites(req);
+    resume(req, w, flow)
+}
+
+/// The server's rewrite statements (nginx's server rewrite phase), then the location search.
+fn server_rewrites(req: &mut Request) -> Flow {
+    if req.server.conf.rewrite.stmts.is_empty() {
+        return Flow::Next;
+    }
     let server_stmts = req.server.conf.rewrite.stmts.clone();
-    let flow = match rewrite::run(&server_stmts, req) {
+    match rewrite::run(&server_stmts, req) {
         Outcome::Flow(f) => f,
         Outcome::Stay | Outcome::Research => Flow::Next,
-    };
-    resume(req, w, flow)
+    }
 }
 
 /// Go on from `flow` (the start, or what an application answered) to the response.
@@ -467,7 +475,9 @@ fn internal_redirect(req: &mut Request, w: &Worker, uri: &str) -> Flow {
         }
         None => req.uri = uri.to_string(),
     }
-    Flow::Next
+    // As nginx's internal redirect: from the server rewrite phase (a named location is
+    // entered at its own rewrites, above).
+    server_rewrites(req)
 }
 
 /// `X-Accel-Redirect`, as nginx: a URI that could climb out of its folders (`.`/`..`

@@ -955,7 +955,11 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
             }
         }
         Var::RequestFilename => out.push_str(&req.filename_for(&req.uri).to_string_lossy()),
-        Var::RequestMethod => out.push_str(req.head.method_str()),
+        // An error page's or X-Accel-Redirect's GET is the method from then on, as nginx's.
+        Var::RequestMethod => match req.method_override {
+            Some(gannet_proto::h1::Method::Get) => out.push_str("GET"),
+            _ => out.push_str(req.head.method_str()),
+        },
         Var::Request => {
             // The request line as received, without the line end.
             let raw = req.head.raw();
