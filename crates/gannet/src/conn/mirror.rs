@@ -70,21 +70,34 @@ fn copy_of(
 }
 
 async fn run(w: &Worker, mut req: Request, start: Flow) {
-    let first = handler::resume(&mut req, w, start);
-    let mut handled = handler::settle(&mut req, w, first).await;
+    // `log_subrequest on` in the location the copy ended in logs it, as nginx's mirror
+    // subrequests.
+    if let Some(status) = answer(w, &mut req, start).await {
+        super::subrequest::log(w, &req, status);
+    }
+}
+
+/// Run the copy to the end of its answer (dropped); its status.
+async fn answer(w: &Worker, req: &mut Request, start: Flow) -> Option<u16> {
+    let first = handler::resume(req, w, start);
+    let mut handled = handler::settle(req, w, first).await;
     // An application's local redirect or intercepted error may lead to another one; the
     // request phases bound how often.
     while let Handled::Gateway = handled {
-        let flow = match gateway::run(w, &req).await {
+        let flow = match gateway::run(w, req).await {
             Outcome::Flow(f) => f,
-            Outcome::Stream(_, mut s) => {
-                while let Ok(Some(_)) = s.next(&req).await {}
+            Outcome::Stream(resp, mut s) => {
+                while let Ok(Some(_)) = s.next(req).await {}
                 s.finish(w);
-                return;
+                return Some(resp.status);
             }
-            Outcome::Upgrade(..) => return,
+            Outcome::Upgrade(..) => return None,
         };
-        let next = handler::resume(&mut req, w, flow);
-        handled = handler::settle(&mut req, w, next).await;
+        let next = handler::resume(req, w, flow);
+        handled = handler::settle(req, w, next).await;
+    }
+    match handled {
+        Handled::Respond(resp) => Some(resp.status),
+        _ => None,
     }
 }
