@@ -214,9 +214,8 @@ def config_error(gannet, body: str) -> str:
     ("limit_except GET { deny all; }", '"limit_except" directive is not allowed here'),
     ("location / { if ($uri) { limit_except GET { deny all; } } }", '"limit_except" directive is not allowed here'),
     ("location / { if ($uri) { deny all; } }", '"deny" directive is not allowed here'),
-    ("location / { limit_except GET { access_log off; } }", '"access_log" inside "limit_except" is not supported yet'),
-    ("location / { limit_except GET { proxy_pass http://127.0.0.1:1; } }",
-     '"proxy_pass" inside "limit_except" is not supported yet'),
+    ("location / { limit_except GET { proxy_pass http://127.0.0.1:1/x; } }",
+     '"proxy_pass" cannot have URI part'),
 ])  # fmt: skip
 def test_config_errors(gannet, body, message):
     err = config_error(gannet, body)

@@ -112,6 +112,15 @@ fn authority_host(a: &[u8]) -> Option<String> {
         Some((b':', digits)) if digits.iter().all(u8::is_ascii_digit) => {}
         Some(_) => return None,
     }
+    // nginx's ngx_http_validate_host, as for the Host header: no `..`, one trailing dot
+    // dropped, and something left.
+    if host.windows(2).any(|w| w == b"..") {
+        return None;
+    }
+    let host = host.strip_suffix(b".").unwrap_or(host);
+    if host.is_empty() {
+        return None;
+    }
     // Only ASCII passed the checks above.
     String::from_utf8(host.to_vec()).ok()
 }

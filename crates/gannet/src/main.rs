@@ -43,7 +43,10 @@ fn main() -> ExitCode {
     let (test, dump) = (m.get_flag("test") || m.get_flag("dump"), m.get_flag("dump"));
     let early = |prefix: &std::path::Path| cli::error_log(&m, prefix);
     let mut files = gannet_conf::Dump::new();
-    let loaded = cli::Source::new(&m).and_then(|src| {
+    let source = cli::Source::new(&m);
+    // The file as its path resolves (under `-p`), for "test failed", as nginx names it.
+    let failed_name = source.as_ref().ok().map(cli::Source::shown);
+    let loaded = source.and_then(|src| {
         // `-e`: where start-up errors go (as well as to stderr) until the config's logs open.
         if let Some(spec) = early(&src.prefix) {
             if let Err(e) = errlog::init(&[spec]) {
@@ -61,9 +64,11 @@ fn main() -> ExitCode {
                 errlog::log(errlog::Level::Emerg, format_args!("{e}"));
             }
             if test {
-                let shown = m
-                    .get_one::<String>("conf")
-                    .map_or("(embedded default)", |c| c);
+                let shown = failed_name.unwrap_or_else(|| {
+                    m.get_one::<String>("conf")
+                        .map_or("(embedded default)", |c| c)
+                        .to_string()
+                });
                 eprintln!("gannet: configuration file {shown} test failed");
             }
             return ExitCode::FAILURE;
@@ -78,9 +83,14 @@ fn main() -> ExitCode {
             eprintln!("gannet: the configuration file {shown} syntax is ok");
             eprintln!("gannet: configuration file {shown} test is successful");
         }
-        // nginx -T: each file read, in order, after a header line and followed by an empty line.
+        // nginx -T: each file read, in order, after a header line and followed by an empty
+        // line; a file included again is shown once, as nginx's dump keeps one per name.
         let mut out = std::io::stdout().lock();
+        let mut shown_names = std::collections::HashSet::new();
         for (name, text) in &files {
+            if !shown_names.insert(name) {
+                continue;
+            }
             let _ = writeln!(out, "# configuration file {name}:");
             let _ = out.write_all(text);
             let _ = out.write_all(b"\n");

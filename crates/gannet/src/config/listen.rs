@@ -123,6 +123,33 @@ impl Listen {
         }
     }
 
+    /// An http `listen`, whose port may be a range (`127.0.0.1:8182-8183`): one listen
+    /// per port of it, with the same parameters, as nginx's.
+    pub fn parse_range(d: &Directive) -> Result<Vec<Listen>, ConfError> {
+        let arg = &d.args[0];
+        let Some((first, last)) = port_range(arg) else {
+            return Ok(vec![Listen::parse(d)?]);
+        };
+        let err = |why: &str| d.error(format!("{why} in \"{arg}\" of the \"listen\" directive"));
+        let port = |p: &str| p.parse::<u16>().ok().filter(|&n| n >= 1);
+        let (Some(a), Some(b)) = (port(first), port(last)) else {
+            return Err(err("invalid port"));
+        };
+        if a > b {
+            return Err(err("invalid port range"));
+        }
+        let mut one = d.clone();
+        one.args[0] = format!("{}{a}", &arg[..arg.len() - first.len() - last.len() - 1]);
+        let l = Listen::parse(&one)?;
+        Ok((a..=b)
+            .map(|p| {
+                let mut l = l.clone();
+                l.addr.set_port(p);
+                l
+            })
+            .collect())
+    }
+
     pub fn parse(d: &Directive) -> Result<Listen, ConfError> {
         let arg = &d.args[0];
         let mut l = if arg.len() >= 5 && arg[..5].eq_ignore_ascii_case("unix:") {
@@ -236,6 +263,19 @@ fn buffer_size(d: &Directive, key: &str, v: &str) -> Result<usize, ConfError> {
 
 /// `8080`, `127.0.0.1:8080`, `127.0.0.1` (port 80), `*:8080`, `[::]:8080`, `[::1]`,
 /// `localhost:8080`.
+/// The two ends of a port range at the end of a TCP `listen` address (`8182-8183`,
+/// `[::1]:8182-8183`), as text.
+fn port_range(arg: &str) -> Option<(&str, &str)> {
+    if arg.len() >= 5 && arg[..5].eq_ignore_ascii_case("unix:") {
+        return None;
+    }
+    let port = match arg.rsplit_once(':') {
+        Some((_, p)) => p,
+        None => arg,
+    };
+    port.split_once('-')
+}
+
 fn parse_addr(s: &str) -> Option<SocketAddr> {
     if let Ok(port) = s.parse::<u16>() {
         return Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port));

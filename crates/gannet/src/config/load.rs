@@ -273,16 +273,12 @@ fn load_limit_except(
     }
     let allowed = modules::access::limit_except_methods(d)?;
     let mut inner = LocConf::default();
+    // A nameless location to nginx: `proxy_pass` may not have a URI part there.
+    let outer = std::mem::replace(&mut lctx.prefixless, true);
     for c in d.block.as_deref().unwrap_or_default() {
-        // Directives nginx allows here that gannet does not implement here (yet).
-        if matches!(c.name.as_str(), "proxy_pass" | "access_log") {
-            return Err(c.error(format!(
-                "\"{}\" inside \"limit_except\" is not supported yet (only \"allow\", \"deny\" and \"auth_basic\" are)",
-                c.name
-            )));
-        }
         level_directive(cfg, c, &mut inner, lctx, Ctx::LIMIT_EXCEPT)?;
     }
+    lctx.prefixless = outer;
     user_vars::at(&d.loc);
     lc.access.limit_except = Some(Arc::new(modules::access::LimitExcept {
         allowed,
@@ -414,6 +410,8 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
             }
         }
     }
+    // The servers' `set`s are all read: which built-in variables they assign.
+    user_vars::finish(&vars);
     // As nginx: a TLS address needs a certificate in its default server (the one that
     // answers clients whose SNI name no server has).
     for (g, at) in groups.iter().zip(&ssl_at) {
@@ -459,22 +457,32 @@ fn load_server(
         match d.name.as_str() {
             "listen" => {
                 check(d, Ctx::SERVER)?;
-                listens.push((Listen::parse(d)?, d.loc.clone()));
+                for l in Listen::parse_range(d)? {
+                    listens.push((l, d.loc.clone()));
+                }
             }
             "server_name" => {
                 check(d, Ctx::SERVER)?;
                 for n in &d.args {
-                    if n.is_empty() && d.args.len() == 1 {
-                        continue;
-                    }
+                    // `$server_name` is the first name as nginx keeps it: a regex as
+                    // written, a `.name` without its dot, others in lower case; `""` too.
                     if primary.is_none() {
-                        primary = Some(n.to_ascii_lowercase());
+                        primary = Some(if n.starts_with('~') {
+                            n.clone()
+                        } else {
+                            let n = n.strip_prefix('.').filter(|r| !r.is_empty()).unwrap_or(n);
+                            n.to_ascii_lowercase()
+                        });
                     }
                     names.add(n).map_err(|e| d.error(e))?;
                 }
             }
             _ => level_directive(cfg, d, &mut conf, lctx, Ctx::SERVER)?,
         }
+    }
+    // A server without `server_name` has the name "", as nginx's.
+    if primary.is_none() {
+        names.add("").map_err(|e| sd.error(e))?;
     }
     conf.merge(http);
     // ALPN offers h2 when the server has `http2 on` or one of its addresses `listen ... http2`.

@@ -74,6 +74,7 @@ use gannet_proto::h1::{parse_response, BodyKind, Chunk, ChunkedDecoder, Framing,
 use gannet_proto::{scgi, uwsgi};
 use rustls::pki_types::ServerName;
 use std::borrow::Cow;
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -504,6 +505,41 @@ pub struct Streaming {
     lease: Option<Lease>,
     /// The cache entry the answer is written to as it goes (`conn::gateway_cache`).
     tee: Option<super::gateway_cache::Tee>,
+    /// `proxy_limit_rate`: how fast the answer is read.
+    pace: Option<ReadPace>,
+}
+
+/// `proxy_limit_rate` (buffered answers only, as nginx's): after each read from the server,
+/// wait until no more than `rate` bytes a second have been read since the answer's head, the first second's worth
+/// allowed at once (nginx's formula in its event pipe).
+struct ReadPace {
+    rate: u64,
+    start: Instant,
+    read: u64,
+}
+
+impl ReadPace {
+    fn new(req: &Request, proto: Proto, read: usize) -> Option<ReadPace> {
+        let rate = if proto == Proto::Http {
+            req.conf.proxy.limit_rate()
+        } else {
+            0
+        };
+        (rate > 0).then(|| ReadPace {
+            rate,
+            start: Instant::now(),
+            read: read as u64,
+        })
+    }
+
+    async fn after(&mut self, n: usize) {
+        self.read += n as u64;
+        let allowed = self.rate as f64 * (self.start.elapsed().as_secs_f64() + 1.0);
+        let ahead = self.read as f64 - allowed;
+        if ahead > 0.0 {
+            tokio::time::sleep(Duration::from_secs_f64(ahead / self.rate as f64)).await;
+        }
+    }
 }
 
 impl Streaming {
@@ -551,7 +587,13 @@ impl Streaming {
         let timeout = gateway::conf(&req.conf, link.proto).read_timeout();
         loop {
             match link.next(timeout, true).await? {
-                Event::Data(b) => return Ok(Some(b)),
+                Event::Data(b) => {
+                    req.upstream.borrow_mut().add_body(b.len(), false);
+                    if let Some(p) = &mut self.pace {
+                        p.after(b.len()).await;
+                    }
+                    return Ok(Some(b));
+                }
                 Event::Stderr(b) => log_stderr(req, &self.addr, &b, true),
                 Event::End => {
                     self.done = true;
@@ -612,7 +654,14 @@ impl Streaming {
             }
             let timeout = gateway::conf(&req.conf, link.proto).read_timeout();
             match link.next(timeout, true).await {
-                Ok(Event::Data(b)) => spool.push(req, b),
+                Ok(Event::Data(b)) => {
+                    req.upstream.borrow_mut().add_body(b.len(), false);
+                    let n = b.len();
+                    spool.push(req, b);
+                    if let Some(p) = &mut self.pace {
+                        p.after(n).await;
+                    }
+                }
                 Ok(Event::Stderr(b)) => log_stderr(req, &self.addr, &b, true),
                 Ok(Event::End) => {
                     self.done = true;
@@ -1316,12 +1365,19 @@ pub(super) fn record(
     let connect = tries.connected.take().map(|t| t.duration_since(since));
     let header = tries.head_read.take().map(|t| t.duration_since(since));
     crate::modules::metrics::attempt(peer, status, header.is_some(), end.duration_since(since));
+    let (sent, received) = (
+        std::mem::take(&mut tries.sent),
+        std::mem::take(&mut tries.received),
+    );
     tries.push(UpstreamTry {
         addr: addr.clone(),
         status,
         time: end.duration_since(since),
         connect,
         header,
+        sent,
+        received,
+        body: 0,
     });
     end
 }
@@ -1473,14 +1529,19 @@ fn idempotent(req: &Request) -> bool {
 
 /// A new connection to `addr`, with its TLS handshake for an `https://` upstream; both
 /// within `proxy_connect_timeout`, as in nginx.
-pub(super) async fn connect(addr: &Addr, via: &Via, c: &GatewayConf) -> Result<Conn, Failure> {
+pub(super) async fn connect(
+    addr: &Addr,
+    via: &Via,
+    c: &GatewayConf,
+    from: Option<(SocketAddr, bool)>,
+) -> Result<Conn, Failure> {
     let deadline = tokio::time::Instant::now() + c.connect_timeout();
-    let conn =
-        match tokio::time::timeout_at(deadline, connect_plain(addr, c.socket_keepalive())).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(Failure::Connect(e)),
-            Err(_) => return Err(Failure::Timeout(CONNECTING)),
-        };
+    let plain = connect_plain(addr, c.socket_keepalive(), from);
+    let conn = match tokio::time::timeout_at(deadline, plain).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return Err(Failure::Connect(e)),
+        Err(_) => return Err(Failure::Timeout(CONNECTING)),
+    };
     let Some(t) = &via.tls else {
         return Ok(conn);
     };
@@ -1493,11 +1554,19 @@ pub(super) async fn connect(addr: &Addr, via: &Via, c: &GatewayConf) -> Result<C
 }
 
 /// A new connection to `addr` (TCP with Nagle off, and with keep-alive probes when asked,
-/// or a unix socket), without a deadline.
-pub async fn connect_plain(addr: &Addr, keepalive: bool) -> std::io::Result<Conn> {
+/// or a unix socket), without a deadline; from the local address `from` (`proxy_bind`,
+/// with IP_TRANSPARENT when its flag says) when there is one.
+pub async fn connect_plain(
+    addr: &Addr,
+    keepalive: bool,
+    from: Option<(SocketAddr, bool)>,
+) -> std::io::Result<Conn> {
     Ok(match addr {
         Addr::Tcp(a) => {
-            let s = tokio::net::TcpStream::connect(&**a).await?;
+            let s = match from {
+                None => tokio::net::TcpStream::connect(&**a).await?,
+                Some((local, transparent)) => connect_from(a, local, transparent).await?,
+            };
             let _ = s.set_nodelay(true);
             if keepalive {
                 socket2::SockRef::from(&s).set_keepalive(true)?;
@@ -1506,6 +1575,40 @@ pub async fn connect_plain(addr: &Addr, keepalive: bool) -> std::io::Result<Conn
         }
         Addr::Unix(p) => Box::new(tokio::net::UnixStream::connect(p).await?),
     })
+}
+
+/// `proxy_bind`: a TCP connection to `to` (a name is looked up first) made from `local`.
+async fn connect_from(
+    to: &str,
+    local: SocketAddr,
+    transparent: bool,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let mut last = None;
+    for remote in tokio::net::lookup_host(to).await? {
+        let sock = if local.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        let r = socket2::SockRef::from(&sock);
+        if transparent {
+            if local.is_ipv4() {
+                r.set_ip_transparent_v4(true)?;
+            } else {
+                r.set_ip_transparent_v6(true)?;
+            }
+        }
+        // As nginx: a port of its own may be one a connection closed a moment ago.
+        if local.port() != 0 {
+            sock.set_reuseaddr(true)?;
+        }
+        sock.bind(local)?;
+        match sock.connect(remote).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no address to connect to")))
 }
 
 /// A whole answer as the next flow.
@@ -1536,6 +1639,7 @@ async fn outcome(
     }
     // Whether the answer may be stored, before storing it takes the request's entry.
     let cacheable = super::gateway_cache::cacheable(req);
+    req.upstream.borrow_mut().add_body(a.body.len(), true);
     if a.done {
         super::gateway_cache::store_whole(req, c, &a.head, &a.body, a.buffering).await;
         return Outcome::Flow(whole(req, c, a.head, a.body, cacheable));
@@ -1553,6 +1657,11 @@ async fn outcome(
             if !a.buffering {
                 link.read_max = c.buffer_size();
             }
+            // As nginx's, only a buffered answer is paced.
+            let pace = a
+                .buffering
+                .then(|| ReadPace::new(req, link.proto, a.body.len()))
+                .flatten();
             let body = a.body.freeze();
             // A buffered answer's first bytes count against its spool's memory.
             let (spool, first) = if a.buffering {
@@ -1573,6 +1682,7 @@ async fn outcome(
                     pool,
                     lease,
                     tee,
+                    pace,
                 }),
             )
         }
@@ -1619,7 +1729,11 @@ async fn fresh(
     out: &mut Outgoing<'_>,
 ) -> Result<Answered, Failure> {
     let c = gateway::conf(&req.conf, via.proto);
-    let conn = connect(addr, via, c).await?;
+    let from = match &req.conf.proxy.bind {
+        Some(Some(b)) if via.proto == Proto::Http => b.local(req).map(|a| (a, b.transparent)),
+        _ => None,
+    };
+    let conn = connect(addr, via, c, from).await?;
     exchange(req, addr, Link::new(conn, via), out).await
 }
 
@@ -1634,6 +1748,7 @@ async fn exchange(
     let c = gateway::conf(&req.conf, link.proto);
     req.upstream.borrow_mut().mark_connected();
     send(&link.timers, &mut link.conn, &out.out, c.send_timeout()).await?;
+    req.upstream.borrow_mut().sent += out.out.len() as u64;
     if let Some(b) = &mut out.body {
         send_body(&link.timers, &mut link.conn, b, c.send_timeout()).await?;
     }
@@ -1655,6 +1770,7 @@ async fn exchange(
         };
         match event {
             Event::Data(b) => {
+                req.upstream.borrow_mut().received += b.len() as u64;
                 if body.is_empty() {
                     // Usually the whole answer: taken as it is rather than copied.
                     body = BytesMut::from(b);
@@ -1668,11 +1784,22 @@ async fn exchange(
                         req.upstream.borrow_mut().head_read = Some(Instant::now());
                     }
                 }
-                if head.is_some() && (!buffering || body.len() >= c.buffers_total()) {
+                // Under `proxy_limit_rate` nothing is read ahead of the head: the reads
+                // that follow are paced.
+                if head.is_some()
+                    && (!buffering
+                        || body.len() >= c.buffers_total()
+                        || (link.proto == Proto::Http && req.conf.proxy.limit_rate() > 0))
+                {
                     break;
                 }
             }
-            Event::Stderr(b) => log_stderr(req, addr, &b, head.is_some()),
+            Event::Stderr(b) => {
+                log_stderr(req, addr, &b, head.is_some());
+                if head.is_none() && link.proto == Proto::FastCgi && req.conf.fastcgi.catches(&b) {
+                    return Err(Failure::Protocol("upstream sent invalid header".into()));
+                }
+            }
             Event::End => {
                 return match head {
                     Some(head) => Ok(Answered {
@@ -1988,6 +2115,11 @@ pub(super) fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
     if gateway::active(&req.conf) == Some(Proto::Memcached) {
         return memcached_answer(req, head);
     }
+    if crate::http::variables::keeps_upstream_headers() {
+        // `$upstream_http_NAME`: the text is shared, only the list is copied. Kept for an
+        // X-Accel-Redirect's or an intercepted error's internal redirect too, as nginx.
+        *req.upstream_headers.borrow_mut() = Some(head.headers.clone());
+    }
     let (status, head) = match gateway::classify(c, head) {
         Answer::LocalRedirect(uri) => return Flow::Redirect(uri),
         Answer::AccelRedirect(uri, carried) => return Flow::Accel(uri, carried),
@@ -2003,10 +2135,6 @@ pub(super) fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
         // one, is the only true one.
         resp.content_length = head.get("content-length").and_then(|v| v.parse().ok());
         resp.length_unknown = resp.content_length.is_none();
-    }
-    if crate::http::variables::keeps_upstream_headers() {
-        // `$upstream_http_NAME`: the text is shared, only the list is copied.
-        *req.upstream_headers.borrow_mut() = Some(head.headers.clone());
     }
     // Only the values the client gets are made into values of their own.
     let mut fields = head.headers;

@@ -291,12 +291,11 @@ fn background_update(req: &Request, fetch: Fetching) -> bool {
     let Some(w) = crate::runtime::worker::current() else {
         return false;
     };
-    let mut copy = super::mirror::copy_of(req, req.uri.clone());
+    let mut copy = super::mirror::copy_of(req, req.uri.clone(), req.body.clone());
     copy.uri_changed = req.uri_changed;
-    copy.body = req.body.clone();
     copy.cache_background = true;
     tokio::task::spawn_local(async move {
-        super::mirror::run(&w, copy).await;
+        super::mirror::run(&w, copy, crate::http::handler::Flow::Next).await;
         drop(fetch);
     });
     true

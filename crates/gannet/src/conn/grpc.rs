@@ -367,7 +367,8 @@ async fn stream(
             }
         }
     }
-    let conn = gw::connect(addr, via, c).await?;
+    // No `grpc_bind` (yet): the system picks the local address.
+    let conn = gw::connect(addr, via, c, None).await?;
     let shake = h2::client::Builder::new()
         .enable_push(false)
         .handshake::<_, Bytes>(conn);

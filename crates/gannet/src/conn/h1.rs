@@ -69,7 +69,9 @@ struct Conn<S: Transport> {
     info: ConnInfo,
     buf: BytesMut,
     out: Vec<u8>,
-    born: Instant,
+    /// The last answer's location's `keepalive_timeout` (nginx waits for the next request
+    /// as long as the location of the one before says); `None`: the default server's.
+    keepalive: Option<Duration>,
     /// TCP_NODELAY is set (lazily, as nginx does: only a kept-alive connection can have a
     /// small write waiting behind an unacknowledged one, so a one-shot connection never
     /// pays the setsockopt).
@@ -105,6 +107,9 @@ pub async fn serve(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr,
     } else {
         g.listen.addr
     };
+    // client_header_timeout runs from here, through a PROXY protocol header and a TLS
+    // handshake, to the end of the first request's head, as nginx's one timer does.
+    let born = Instant::now();
     let mut info = ConnInfo {
         peer,
         local,
@@ -113,14 +118,13 @@ pub async fn serve(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr,
         tls: None,
         proxy: None,
         unix: g.listen.unix.clone(),
+        born,
+        pipelined: false,
     };
-    // client_header_timeout runs from here, through a PROXY protocol header and a TLS
-    // handshake, to the end of the first request's head, as nginx's one timer does.
-    let born = Instant::now();
     let plain = !g.listen.proxy_protocol && !g.listen.ssl && !g.listen.http2;
     if plain {
         // Cleartext HTTP/1.x: the loop registers the socket only if it has to wait.
-        return run_conn(w, Plain::Raw(stream), info, group, born, false).await;
+        return run_conn(w, Plain::Raw(stream), info, group, false).await;
     }
     let Ok(stream) = TcpStream::from_std(stream) else {
         return w.connection_closed();
@@ -135,7 +139,7 @@ pub async fn serve(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr,
     if g.listen.ssl {
         // Boxed: the handshake's state would otherwise enlarge every cleartext
         // connection's task too.
-        return Box::pin(serve_tls(w, stream, info, group, born)).await;
+        return Box::pin(serve_tls(w, stream, info, group)).await;
     }
     if g.listen.http2 {
         // `listen ... http2` without `ssl`: HTTP/2 only, with prior knowledge (nginx's
@@ -146,22 +150,16 @@ pub async fn serve(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr,
         }
         return Box::pin(super::h2::serve(w, stream, info, group, conf)).await;
     }
-    run_conn(w, Plain::Reg(stream), info, group, born, false).await;
+    run_conn(w, Plain::Reg(stream), info, group, false).await;
 }
 
 /// The handshake, then the loop over TLS (or over the socket, to answer plain HTTP).
-async fn serve_tls(
-    w: Rc<Worker>,
-    stream: TcpStream,
-    mut info: ConnInfo,
-    group: usize,
-    born: Instant,
-) {
+async fn serve_tls(w: Rc<Worker>, stream: TcpStream, mut info: ConnInfo, group: usize) {
     let accepted = handshake::accept(&w.config.listens[group], stream, &info).await;
     match accepted {
         Accepted::Tls(stream, tls) => {
             info.tls = Some(tls);
-            run_conn::<TlsStream>(w, stream, info, group, born, false).await
+            run_conn::<TlsStream>(w, stream, info, group, false).await
         }
         Accepted::H2(stream, tls, conf) => {
             info.tls = Some(tls);
@@ -173,16 +171,14 @@ async fn serve_tls(
             }
             super::h2::serve(w, stream, info, group, conf).await
         }
-        Accepted::PlainHttp(stream) => {
-            run_conn(w, Plain::Reg(stream), info, group, born, true).await
-        }
+        Accepted::PlainHttp(stream) => run_conn(w, Plain::Reg(stream), info, group, true).await,
         Accepted::Closed => w.connection_closed(),
     }
 }
 
 /// Take a parked connection back and go on serving it.
 pub async fn resume(w: Rc<Worker>, p: Parked) {
-    run_conn(w, Plain::Raw(p.stream), p.info, p.group, p.born, false).await
+    run_conn(w, Plain::Raw(p.stream), p.info, p.group, false).await
 }
 
 async fn run_conn<S: Transport>(
@@ -190,7 +186,6 @@ async fn run_conn<S: Transport>(
     stream: S,
     info: ConnInfo,
     group: usize,
-    born: Instant,
     plain_on_tls: bool,
 ) {
     let send_timeout = w.config.listens[group].servers[w.config.listens[group].default]
@@ -204,8 +199,8 @@ async fn run_conn<S: Transport>(
         info,
         buf: BytesMut::new(),
         out: Vec::new(),
-        born,
         send_timeout,
+        keepalive: None,
         nodelay: false,
         unsent_limited: false,
         plain_on_tls,
@@ -242,7 +237,6 @@ async fn run_conn<S: Transport>(
                     stream,
                     info,
                     group,
-                    born,
                     deadline,
                     idle_since,
                 })
@@ -276,27 +270,30 @@ impl<S: Transport> Conn<S> {
             max_request_line: size,
             max_header_line: size,
             max_head: n * size,
-            max_headers: 100,
+            max_headers: core.max_headers(),
             names: core.header_names(),
         };
         // A new connection, or one just taken back from parking, usually has its request
         // waiting already.
         let mut fresh = true;
         let header_timeout = core.client_header_timeout();
-        let (keepalive, _) = core.keepalive_timeout();
+        let server_keepalive = core.keepalive_timeout().0;
         // When the head being read must be complete: `client_header_timeout` bounds the
         // whole head, as in nginx, not each read (a client trickling a header line at a
         // time would otherwise keep the connection for ever). It runs from the accept for
         // a connection's first request, else from the first byte of the request (or from
         // the end of the previous one when it is pipelined right behind it).
-        let mut head_deadline = (c.info.requests == 0).then(|| c.born + header_timeout);
+        let mut head_deadline = (c.info.requests == 0).then(|| c.info.born + header_timeout);
         // `stub_status`'s Reading: from a request's first byte to its whole head.
         let mut reading = None;
+        // The next request was in the buffer when the one before it was done (`$pipe`).
+        let mut pipelined = false;
         loop {
             match parse_request(&mut c.buf, &limits) {
                 Ok(Some(head)) => {
                     head_deadline = None;
                     c.info.requests += 1;
+                    c.info.pipelined = pipelined;
                     if reading.take().is_none() {
                         w.stats.request();
                     }
@@ -308,6 +305,7 @@ impl<S: Transport> Conn<S> {
                         let _ = c.flush().await;
                         return End::Close;
                     }
+                    pipelined = !c.buf.is_empty();
                     if c.out.len() >= FLUSH_AT && c.flush().await.is_err() {
                         return End::Close;
                     }
@@ -384,14 +382,18 @@ impl<S: Transport> Conn<S> {
             }
             let now = Instant::now();
             let deadline = if idle && c.info.requests > 0 {
-                now + keepalive
+                now + c.keepalive.unwrap_or(server_keepalive)
             } else {
                 *head_deadline.get_or_insert(now + header_timeout)
             };
             let wait = deadline.saturating_duration_since(now);
             // A connection with no request in hand may be closed to make room; the worker
             // closes the one that has waited longest first.
-            let since = if c.info.requests == 0 { c.born } else { now };
+            let since = if c.info.requests == 0 {
+                c.info.born
+            } else {
+                now
+            };
             let reusable = idle.then_some(since);
             let may_park = S::PARKABLE && !c.plain_on_tls && w.parking.is_some();
             if idle && may_park && wait > PARK_AFTER && !w.draining.get() {
@@ -1021,6 +1023,7 @@ impl<S: Transport> Conn<S> {
         // The answer is written under the location's send_timeout, as nginx's.
         self.send_timeout = core.send_timeout();
         let (ka_timeout, ka_header) = core.keepalive_timeout();
+        self.keepalive = Some(ka_timeout);
         let max_requests = core.keepalive_requests();
         let keep = keep
             && !resp.close
@@ -1028,7 +1031,11 @@ impl<S: Transport> Conn<S> {
             && !self.w.draining.get()
             && (max_requests == 0 || self.info.requests < max_requests)
             // As of the request's start, whose time is at hand: no clock read per answer.
-            && req.start.saturating_duration_since(self.born) < core.keepalive_time();
+            && req.start.saturating_duration_since(self.info.born) < core.keepalive_time()
+            && !core.keepalive_disabled(&req.head)
+            // nginx's internal redirect passes through the server's settings on its way to
+            // the new location, and a keep-alive they cancel stays cancelled.
+            && !(req.internal && req.server.conf.core.keepalive_disabled(&req.head));
         if keep && !self.nodelay && core.tcp_nodelay() {
             self.nodelay = self.stream.set_nodelay();
         }

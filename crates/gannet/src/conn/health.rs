@@ -86,7 +86,7 @@ async fn exchange(p: &Probe, addr: &Addr) -> Result<(), String> {
         "GET {} HTTP/1.0\r\nHost: {}\r\nUser-Agent: gannet-health-check\r\n\r\n",
         p.check.uri, p.host
     );
-    let mut conn = crate::conn::gateway::connect_plain(addr, false)
+    let mut conn = crate::conn::gateway::connect_plain(addr, false, None)
         .await
         .map_err(|e| format!("connect() failed ({e})"))?;
     if let Some((setup, name)) = &p.tls {

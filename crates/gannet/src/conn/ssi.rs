@@ -10,10 +10,6 @@ use crate::modules::ssi::{self, Include, Step};
 use crate::runtime::worker::Worker;
 use bytes::Bytes;
 
-/// nginx's `subrequest_output_buffer_size` default (a page): the most of an answer that
-/// `include set=` keeps.
-const SET_MAX: usize = 4096;
-
 pub struct Included {
     /// The page's own body.
     inner: Source,
@@ -60,8 +56,19 @@ impl Included {
                                 return Ok(Some(b));
                             }
                         } else {
-                            let room = SET_MAX.saturating_sub(c.kept.len());
-                            c.kept.extend_from_slice(&b[..b.len().min(room)]);
+                            // Kept in memory up to the subrequest's
+                            // `subrequest_output_buffer_size`; more is an error that ends
+                            // the page, as nginx's.
+                            let max = c.req.conf.core.subrequest_output_buffer_size();
+                            if c.kept.len() + b.len() > max {
+                                crate::errlog::request(
+                                    crate::errlog::Level::Error,
+                                    &c.req,
+                                    format_args!("too big subrequest response"),
+                                );
+                                return Err(());
+                            }
+                            c.kept.extend_from_slice(&b);
                         }
                     }
                     end => {

@@ -34,10 +34,11 @@ pub async fn auth(w: &Worker, main: &Request, sub: &mut Subrequest) {
     }
     // `$upstream_http_*` in `auth_request_set` reads the subrequest's upstream answer,
     // which the gateway kept on `r` (the variable's use in the config asks it to).
-    auth_request::set_vars(main, &r);
+    let args = auth_request::set_vars(main, &r);
     sub.answer = Answer {
         status: resp.status,
         headers,
+        args,
     };
 }
 

@@ -87,7 +87,7 @@ pub fn client_refuses(req: &Request, resp: &Response) -> bool {
         || req
             .head
             .header("user-agent")
-            .is_some_and(|ua| conf.disabled_for(&String::from_utf8_lossy(ua)))
+            .is_some_and(|ua| conf.disabled_for(ua))
 }
 
 /// Apply `plan` to `resp`. `streamed`: the body comes later, from an application.

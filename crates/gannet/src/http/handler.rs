@@ -102,12 +102,20 @@ const MAX_REDIRECTS: u8 = 10;
 pub fn handle(req: &mut Request, w: &Worker) -> Handled {
     crate::http::router::bind_server_captures(req);
     realip::apply(req, true);
+    let flow = server_rewrites(req);
+    resume(req, w, flow)
+}
+
+/// The server's rewrite statements (nginx's server rewrite phase), then the location search.
+fn server_rewrites(req: &mut Request) -> Flow {
+    if req.server.conf.rewrite.stmts.is_empty() {
+        return Flow::Next;
+    }
     let server_stmts = req.server.conf.rewrite.stmts.clone();
-    let flow = match rewrite::run(&server_stmts, req) {
+    match rewrite::run(&server_stmts, req) {
         Outcome::Flow(f) => f,
         Outcome::Stay | Outcome::Research => Flow::Next,
-    };
-    resume(req, w, flow)
+    }
 }
 
 /// Go on from `flow` (the start, or what an application answered) to the response.
@@ -120,10 +128,13 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
             Flow::Gateway => return Handled::Gateway,
             Flow::Put => return Handled::Put,
             Flow::Delay(d) => return Handled::Delay(d),
-            Flow::Delayed => after_limit_req(req, w),
+            Flow::Delayed => match req.auth_delayed.take() {
+                Some(code) => Flow::Status(code),
+                None => after_limit_req(req, w),
+            },
             Flow::AuthRequest(sub) => return Handled::AuthRequest(sub),
             Flow::AuthAnswered(sub) => match access::auth_answered(req, &sub) {
-                Some(refused) => refused,
+                Some(refused) => auth_delay(req, refused),
                 None => content(req, w),
             },
             Flow::Redirect(uri) => internal_redirect(req, w, &uri),
@@ -377,9 +388,27 @@ fn after_limit_req(req: &mut Request, w: &Worker) -> Flow {
 /// Phases 5 and 6.
 fn access_and_content(req: &mut Request, w: &Worker) -> Flow {
     if let Some(denied) = access::check(req) {
-        return denied;
+        return auth_delay(req, denied);
     }
     content(req, w)
+}
+
+/// `auth_delay`: a 401 from the access phase is answered once this time has passed (the
+/// same for every wrong password, so its timing tells an attacker nothing), as nginx's.
+fn auth_delay(req: &mut Request, refused: Flow) -> Flow {
+    let delay = req.conf.core.auth_delay;
+    match refused {
+        Flow::Status(code @ (401 | 407)) if delay.is_some_and(|d| !d.is_zero()) => {
+            crate::errlog::request(
+                Level::Info,
+                req,
+                format_args!("delaying unauthorized request"),
+            );
+            req.auth_delayed = Some(code);
+            Flow::Delay(delay.unwrap_or_default())
+        }
+        other => other,
+    }
 }
 
 /// Phase 6.
@@ -459,7 +488,9 @@ fn internal_redirect(req: &mut Request, w: &Worker, uri: &str) -> Flow {
         }
         None => req.uri = uri.to_string(),
     }
-    Flow::Next
+    // As nginx's internal redirect: from the server rewrite phase (a named location is
+    // entered at its own rewrites, above).
+    server_rewrites(req)
 }
 
 /// `X-Accel-Redirect`, as nginx: a URI that could climb out of its folders (`.`/`..`

@@ -1,6 +1,7 @@
 //! The request path: one `Request` type, virtual host and location selection, the phases,
 //! and the response with its filters.
 
+pub mod browser;
 pub mod cidr;
 pub mod compress;
 pub mod conditional;

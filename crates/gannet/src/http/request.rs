@@ -30,6 +30,10 @@ pub struct ConnInfo {
     /// A connection to `listen unix:PATH`: the path. Its `peer` and `local` are 0.0.0.0:0
     /// then; the variables give nginx's `unix:` instead (`Request::unix_client`).
     pub unix: Option<Arc<std::path::Path>>,
+    /// When the connection was accepted (`$connection_time`, `keepalive_time`).
+    pub born: Instant,
+    /// The request was in the buffer already when the one before it ended (`$pipe`).
+    pub pipelined: bool,
 }
 
 pub struct Request {
@@ -120,6 +124,8 @@ pub struct Request {
     /// A cache's background update (`*_cache_background_update`): it fetches even while
     /// its key is being updated, and serves no stale entry.
     pub cache_background: bool,
+    /// The 401 an `auth_delay` holds back until its time has passed.
+    pub auth_delayed: Option<u16>,
 }
 
 /// One upstream server a request was sent to.
@@ -134,6 +140,12 @@ pub struct UpstreamTry {
     pub connect: Option<std::time::Duration>,
     /// Until the answer's head was read (`$upstream_header_time`; `None`: no head came).
     pub header: Option<std::time::Duration>,
+    /// Bytes written to the server (`$upstream_bytes_sent`: the request's head, as sent).
+    pub sent: u64,
+    /// Bytes read from it (`$upstream_bytes_received`), and of them the answer's body
+    /// (`$upstream_response_length`); both grow while the body is passed on.
+    pub received: u64,
+    pub body: u64,
 }
 
 /// The upstream servers a request was sent to, in order. The first is kept inline: nearly
@@ -146,6 +158,9 @@ pub struct Tries {
     /// [`UpstreamTry`] that records the attempt.
     pub connected: Option<Instant>,
     pub head_read: Option<Instant>,
+    /// Bytes the attempt under way sent and read so far, taken by its [`UpstreamTry`].
+    pub sent: u64,
+    pub received: u64,
 }
 
 impl Tries {
@@ -160,6 +175,17 @@ impl Tries {
     /// counts, as nginx sets its connect time once per attempt.
     pub fn mark_connected(&mut self) {
         self.connected.get_or_insert_with(Instant::now);
+    }
+
+    /// The answer's body: `n` bytes came with its head (`read`: counted as received
+    /// already) or after it.
+    pub fn add_body(&mut self, n: usize, read: bool) {
+        if let Some(t) = self.more.last_mut().or(self.first.as_mut()) {
+            t.body += n as u64;
+            if !read {
+                t.received += n as u64;
+            }
+        }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &UpstreamTry> {
@@ -268,6 +294,7 @@ impl Request {
             cache: RefCell::new(None),
             slice: RefCell::new(None),
             cache_background: false,
+            auth_delayed: None,
             secure_link_expires: RefCell::new(None),
             userid: RefCell::new(None),
             otel: std::cell::OnceCell::new(),

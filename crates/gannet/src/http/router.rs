@@ -232,6 +232,15 @@ pub fn select_server<'a>(
     default: usize,
     host: &str,
 ) -> &'a Arc<ServerConf> {
+    // No Host at all is the name "" (`server_name ""`), as nginx looks it up.
+    if host.is_empty() {
+        if let Some(s) = servers
+            .iter()
+            .find(|s| s.names.exact.iter().any(String::is_empty))
+        {
+            return s;
+        }
+    }
     if !host.is_empty() {
         if let Some(s) = servers
             .iter()

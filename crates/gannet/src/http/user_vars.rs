@@ -42,6 +42,24 @@ pub trait Computed: Send + Sync + std::fmt::Debug {
 #[derive(Debug, Default)]
 pub struct VarTable {
     computed: Vec<Option<Arc<dyn Computed>>>,
+    /// Built-in variables of a prefix (`$http_NAME`, `$arg_NAME`...) that `set` or
+    /// `auth_request_set` assign somewhere: a value assigned in the request is read instead
+    /// of the built-in one (nginx's weak variables). Empty in most configs, and then the
+    /// only cost to a read is looking at its length.
+    /// Filled by [`finish`] once the servers are read (the table is made before them).
+    weak: std::sync::OnceLock<Vec<(Var, u32)>>,
+}
+
+impl VarTable {
+    /// The value assigned to `var` in this request, if `var` is one a config assigns.
+    pub fn append_assigned(&self, var: &Var, req: &Request, out: &mut String) -> bool {
+        let Some(weak) = self.weak.get().filter(|w| !w.is_empty()) else {
+            return false;
+        };
+        weak.iter()
+            .find(|(v, _)| v == var)
+            .is_some_and(|(_, idx)| req.vars.append(*idx, out).is_ok())
+    }
 }
 
 struct Entry {
@@ -50,6 +68,8 @@ struct Entry {
     /// Where it was first read, for the unknown-variable error.
     first_use: Option<Loc>,
     computed: Option<Arc<dyn Computed>>,
+    /// A built-in variable of a prefix this one's assignments stand in for.
+    weak: Option<Var>,
 }
 
 #[derive(Default)]
@@ -98,6 +118,7 @@ impl Registry {
                     defined: false,
                     first_use: None,
                     computed: None,
+                    weak: None,
                 });
                 self.vars.len() - 1
             }
@@ -130,12 +151,29 @@ pub fn define(name: &str) -> Result<UserVar, String> {
     if Var::from_name(name).is_some() {
         return Err(format!("the duplicate \"{name}\" variable"));
     }
+    define_slot(name, None)
+}
+
+/// Define `$name` for an assignment (`set`, `auth_request_set`): as [`define`], except
+/// that a built-in variable of a prefix (`$http_foo`) may be assigned, as nginx allows:
+/// where the request assigned it, reads find the assigned value, elsewhere the built-in one.
+pub fn define_assigned(name: &str) -> Result<UserVar, String> {
+    match Var::from_name(name) {
+        Some(v) if v.is_prefixed() => define_slot(name, Some(v)),
+        _ => define(name),
+    }
+}
+
+fn define_slot(name: &str, weak: Option<Var>) -> Result<UserVar, String> {
     if name.is_empty() {
         return Err("invalid variable name \"$\"".to_string());
     }
     with_registry(|r| {
         let i = r.index(name);
         r.vars[i].defined = true;
+        if weak.is_some() {
+            r.vars[i].weak = weak;
+        }
         r.var(i)
     })
     .ok_or_else(|| format!("\"${name}\" cannot be defined outside a config load"))
@@ -154,7 +192,20 @@ pub fn table() -> Arc<VarTable> {
     let computed = with_registry(|r| r.vars.iter().map(|e| e.computed.clone()).collect());
     Arc::new(VarTable {
         computed: computed.unwrap_or_default(),
+        weak: Default::default(),
     })
+}
+
+/// Once every server is read: note in `table` the built-in variables the config assigns.
+pub fn finish(table: &VarTable) {
+    let weak = with_registry(|r| {
+        r.vars
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| Some((e.weak.clone()?, i as u32)))
+            .collect()
+    });
+    let _ = table.weak.set(weak.unwrap_or_default());
 }
 
 /// At the end of a load: every variable read somewhere must be defined somewhere.

@@ -6,11 +6,12 @@
 //! `$remote_addr` `$remote_port` `$realip_remote_addr` `$realip_remote_port` `$remote_user` `$server_addr` `$server_port` `$server_name`
 //! `$server_protocol` `$scheme` `$https` `$document_root` `$realpath_root` `$request_filename`
 //! `$request_method` `$request` `$request_body` `$request_body_file` `$request_length` `$request_time` `$status` `$body_bytes_sent`
-//! `$bytes_sent` `$content_type` `$content_length` `$connection` `$connection_requests` `$msec`
+//! `$bytes_sent` `$content_type` `$content_length` `$connection` `$connection_requests` `$connection_time` `$pipe` `$msec`
 //! `$time_local` `$time_iso8601` `$pid` `$nginx_version` `$gannet_version` `$fastcgi_script_name`
 //! `$fastcgi_path_info` `$proxy_host` `$proxy_port` `$proxy_add_x_forwarded_for`
 //! `$upstream_addr` `$upstream_status` `$upstream_response_time` `$upstream_connect_time`
-//! `$upstream_header_time` `$upstream_cache_status` `$upstream_http_NAME`
+//! `$upstream_header_time` `$upstream_response_length` `$upstream_bytes_sent`
+//! `$upstream_bytes_received` `$upstream_cache_status` `$upstream_http_NAME`
 //! `$upstream_cookie_NAME` `$sent_trailer_NAME`
 //! `$request_id` `$http2` `$limit_req_status` `$limit_conn_status` `$secure_link`
 //! `$secure_link_expires` `$uid_got` `$uid_set` `$otel_trace_id` `$otel_span_id`
@@ -82,6 +83,10 @@ pub enum Var {
     ContentLength,
     Connection,
     ConnectionRequests,
+    /// `$connection_time`: seconds since the connection was accepted, in milliseconds.
+    ConnectionTime,
+    /// `$pipe`: `p` for a pipelined request, else `.`.
+    Pipe,
     Connections(crate::modules::stub_status::Gauge),
     LimitReqStatus,
     LimitConnStatus,
@@ -104,6 +109,9 @@ pub enum Var {
     UpstreamResponseTime,
     UpstreamConnectTime,
     UpstreamHeaderTime,
+    UpstreamResponseLength,
+    UpstreamBytesSent,
+    UpstreamBytesReceived,
     /// `$upstream_cache_status`: MISS, BYPASS, EXPIRED, STALE, UPDATING, HIT; nothing
     /// (nginx's "not found", logged as `-`) where the cache was not looked at.
     UpstreamCacheStatus,
@@ -179,6 +187,8 @@ impl Var {
             "content_length" => Var::ContentLength,
             "connection" => Var::Connection,
             "connection_requests" => Var::ConnectionRequests,
+            "connection_time" => Var::ConnectionTime,
+            "pipe" => Var::Pipe,
             "connections_active" => Var::Connections(Gauge::Active),
             "connections_reading" => Var::Connections(Gauge::Reading),
             "connections_writing" => Var::Connections(Gauge::Writing),
@@ -200,6 +210,9 @@ impl Var {
             "upstream_response_time" => Var::UpstreamResponseTime,
             "upstream_connect_time" => Var::UpstreamConnectTime,
             "upstream_header_time" => Var::UpstreamHeaderTime,
+            "upstream_response_length" => Var::UpstreamResponseLength,
+            "upstream_bytes_sent" => Var::UpstreamBytesSent,
+            "upstream_bytes_received" => Var::UpstreamBytesReceived,
             "upstream_cache_status" => Var::UpstreamCacheStatus,
             "slice_range" => Var::SliceRange,
             "request_id" => Var::RequestId,
@@ -241,6 +254,21 @@ impl Var {
 }
 
 impl Var {
+    /// A built-in variable of a prefix (`$http_NAME` and its kin), which a config may
+    /// assign (`http::user_vars::define_assigned`).
+    pub fn is_prefixed(&self) -> bool {
+        matches!(
+            self,
+            Var::Arg(_)
+                | Var::Http(_)
+                | Var::Cookie(_)
+                | Var::SentHttp(_)
+                | Var::SentTrailer(_)
+                | Var::UpstreamHttp(_)
+                | Var::UpstreamCookie(_)
+        )
+    }
+
     /// Whether an empty value is one nginx has (empty, but found) rather than its "not
     /// found": the difference between `""` and `-` in a default-escaped log line.
     fn found_empty(&self, req: &Request, sent: &Sent) -> bool {
@@ -312,6 +340,8 @@ impl Sent<'_> {
             "content-type" => r.content_type.as_deref(),
             "location" => r.location.as_deref(),
             "etag" => r.etag.as_deref(),
+            // Sent by the head encoder from a flag, as it is (`http::response`).
+            "accept-ranges" if r.accept_ranges && r.status == 200 => Some("bytes"),
             "last-modified" => {
                 if let Some(lm) = r.last_modified_sent() {
                     crate::runtime::clock::with_http_date(lm, |d| out.push_str(d));
@@ -608,6 +638,9 @@ fn header_str(req: &Request, name: &str) -> Option<String> {
 }
 
 fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &[Option<String>]) {
+    if v.is_prefixed() && req.server.vars.append_assigned(v, req, out) {
+        return;
+    }
     match v {
         Var::Uri => out.push_str(&req.uri),
         Var::RequestUri => out.push_str(&String::from_utf8_lossy(req.head.target())),
@@ -665,7 +698,10 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         | Var::UpstreamStatus
         | Var::UpstreamResponseTime
         | Var::UpstreamConnectTime
-        | Var::UpstreamHeaderTime => {
+        | Var::UpstreamHeaderTime
+        | Var::UpstreamResponseLength
+        | Var::UpstreamBytesSent
+        | Var::UpstreamBytesReceived => {
             // One entry per server tried, as nginx lists them: "a, b"; a time the attempt
             // never reached (no connection, no head) as "-".
             for (i, t) in req.upstream.borrow().iter().enumerate() {
@@ -679,6 +715,19 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                     }
                     Var::UpstreamStatus => {
                         push_uint(out, t.status.into());
+                        continue;
+                    }
+                    Var::UpstreamResponseLength
+                    | Var::UpstreamBytesSent
+                    | Var::UpstreamBytesReceived => {
+                        push_uint(
+                            out,
+                            match v {
+                                Var::UpstreamResponseLength => t.body,
+                                Var::UpstreamBytesSent => t.sent,
+                                _ => t.received,
+                            },
+                        );
                         continue;
                     }
                     Var::UpstreamConnectTime => t.connect,
@@ -834,7 +883,11 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
             }
         }
         Var::RequestFilename => out.push_str(&req.filename_for(&req.uri).to_string_lossy()),
-        Var::RequestMethod => out.push_str(req.head.method_str()),
+        // An error page's or X-Accel-Redirect's GET is the method from then on, as nginx's.
+        Var::RequestMethod => match req.method_override {
+            Some(gannet_proto::h1::Method::Get) => out.push_str("GET"),
+            _ => out.push_str(req.head.method_str()),
+        },
         Var::Request => {
             // The request line as received, without the line end.
             let raw = req.head.raw();
@@ -890,6 +943,8 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         Var::ConnectionRequests => {
             push_uint(out, req.conn.requests);
         }
+        Var::ConnectionTime => push_secs(out, req.conn.born.elapsed()),
+        Var::Pipe => out.push(if req.conn.pipelined { 'p' } else { '.' }),
         Var::Connections(g) => push_uint(out, crate::modules::stub_status::variable(*g)),
         Var::LimitReqStatus => out.push_str(req.limit_req_status.unwrap_or_default()),
         Var::LimitConnStatus => out.push_str(req.limit_conn_status.unwrap_or_default()),

@@ -10,8 +10,8 @@
 //! `limit_except` is a nested configuration, like nginx's: it inherits everything from
 //! its location, and a request whose method is not listed (GET includes HEAD) is served
 //! with it instead of the location's. As in nginx, the location's rewrite statements and
-//! `try_files` are not part of it. Inside it `allow`, `deny` and
-//! `auth_basic` are implemented; `satisfy` (http, server, location) says how they combine.
+//! `try_files` are not part of it. Inside it `allow`, `deny`,
+//! `auth_basic`, `access_log` and `proxy_pass` are allowed, as in nginx; `satisfy` (http, server, location) says how they combine.
 //!
 //! The check runs after the location's rewrite statements (a `return` is not subject to
 //! it, as in nginx) and before the content handlers.
@@ -262,6 +262,7 @@ pub fn check(req: &mut Request) -> Option<Flow> {
 /// The access phase once `auth_request`'s subrequest has answered: its variables set, its
 /// verdict combined with what the rules and `auth_basic` said (see [`check`]).
 pub fn auth_answered(req: &mut Request, sub: &Subrequest) -> Option<Flow> {
+    auth_request::apply_args(req, &sub.answer);
     let status = sub.answer.status;
     if req.conf.access.satisfy_any != Some(true) {
         return auth_request::verdict(req, &sub.answer);

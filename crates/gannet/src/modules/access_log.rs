@@ -1,5 +1,5 @@
 //! `log_format name [escape=default|json|none] string ...;`,
-//! `access_log path|syslog:... [format [buffer=size] [flush=time] [if=condition]] | off;` and
+//! `access_log path|syslog:... [format [buffer=size] [gzip[=level]] [flush=time] [if=condition]] | off;` and
 //! `open_log_file_cache max=N [inactive=time] [min_uses=N] [valid=time] | off;`.
 //!
 //! A path with variables is evaluated and opened per line by the worker (see
@@ -15,7 +15,7 @@
 //! log until `access_log` is set (nginx's default `logs/access.log` rarely exists where gannet
 //! runs).
 
-use super::{inherit, invalid, LoadCtx, LocConf};
+use super::{inherit, LoadCtx, LocConf};
 use crate::http::request::Request;
 use crate::http::variables::{Sent, Template};
 use crate::log_open::Target;
@@ -47,7 +47,7 @@ pub const DIRECTIVES: &[Spec] = &[
     },
     Spec {
         name: "access_log",
-        ctx: Ctx::HSL.or(Ctx::IF),
+        ctx: Ctx::HSL.or(Ctx::IF).or(Ctx::LIMIT_EXCEPT),
         args: Args::AtLeast(1),
         block: false,
     },
@@ -143,6 +143,9 @@ pub struct LogFile {
     pub flush: Option<Duration>,
     /// `if=`: the line is written unless this is empty or `0`.
     pub filter: Option<Template>,
+    /// `gzip[=level]`: each buffer written is one gzip member of its lines, as nginx's
+    /// (`zcat` reads the file whole).
+    gzip: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -159,7 +162,17 @@ impl LogFile {
     /// Write whole lines (a syslog log is never buffered, so it gets one line at a time).
     pub fn write(&self, lines: &[u8]) -> std::io::Result<()> {
         match &self.out {
-            Output::File(f, _) => (&*f).write_all(lines),
+            Output::File(f, _) => match self.gzip {
+                Some(level) => {
+                    let mut gz = flate2::write::GzEncoder::new(
+                        Vec::with_capacity(lines.len() / 4 + 64),
+                        flate2::Compression::new(level),
+                    );
+                    gz.write_all(lines)?;
+                    (&*f).write_all(&gz.finish()?)
+                }
+                None => (&*f).write_all(lines),
+            },
             Output::Syslog(p) => p.send(p.severity, lines),
             // Written by `write_line`, which has the request.
             Output::Path(..) => Ok(()),
@@ -308,21 +321,43 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         Some(name) => ctx.log_formats.get(name).cloned(),
     }
     .ok_or_else(|| d.error(format!("unknown log format \"{}\"", d.args[1])))?;
-    let (mut buffer, mut flush, mut filter) = (0usize, None, None);
+    let (mut buffer, mut flush, mut filter, mut gzip) = (0usize, None, None, None);
+    // nginx's checks and words.
     for a in d.args.iter().skip(2) {
         if let Some(v) = a.strip_prefix("buffer=") {
-            buffer = setters::size(v).ok_or_else(|| invalid(d, a))? as usize;
+            buffer = setters::size(v)
+                .filter(|&n| n > 0)
+                .ok_or_else(|| d.error(format!("invalid buffer size \"{v}\"")))?
+                as usize;
         } else if let Some(v) = a.strip_prefix("flush=") {
-            flush = Some(Duration::from_millis(
-                setters::msec(v).ok_or_else(|| invalid(d, a))?,
-            ));
+            let ms = setters::msec(v)
+                .filter(|&n| n > 0)
+                .ok_or_else(|| d.error(format!("invalid flush time \"{v}\"")))?;
+            flush = Some(Duration::from_millis(ms));
+        } else if a == "gzip" || a.starts_with("gzip=") {
+            // A compressed log is buffered (64k unless `buffer=` says), as nginx's.
+            if buffer == 0 {
+                buffer = 64 * 1024;
+            }
+            gzip = Some(match a.strip_prefix("gzip=") {
+                None => 1,
+                Some(v) => v
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|l| (1..=9).contains(l))
+                    .ok_or_else(|| d.error(format!("invalid compression level \"{v}\"")))?,
+            });
         } else if let Some(v) = a.strip_prefix("if=") {
             filter = Some(Template::compile(v).map_err(|e| d.error(e))?);
         } else {
-            return Err(d.error(format!(
-                "parameter \"{a}\" of \"access_log\" is not supported"
-            )));
+            return Err(d.error(format!("invalid parameter \"{a}\"")));
         }
+    }
+    if flush.is_some() && buffer == 0 {
+        return Err(d.error(format!(
+            "no buffer is defined for access_log \"{}\"",
+            d.args[0]
+        )));
     }
     // A path with variables: made absolute under the prefix first, as nginx's
     // ngx_conf_full_name on the text.
@@ -362,6 +397,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         buffer,
         flush,
         filter,
+        gzip,
     });
     ctx.log_files.push(log.clone());
     let mut logs = match &lc.log.logs {

@@ -39,7 +39,17 @@ pub struct AuthRequestConf {
     uri: Option<Option<Arc<str>>>,
     /// `auth_request_set` lines, in order. A level with lines of its own replaces the outer
     /// level's, as nginx's merge of the array does.
-    sets: Option<Arc<Vec<(UserVar, Template)>>>,
+    sets: Option<Arc<Vec<(Target, Template)>>>,
+}
+
+/// What an `auth_request_set` line assigns: a variable of the config (or a built-in one of
+/// a prefix), or one of the built-in variables nginx lets be changed, which change the
+/// request itself.
+#[derive(Debug, Clone)]
+enum Target {
+    Var(UserVar),
+    Args,
+    LimitRate,
 }
 
 impl AuthRequestConf {
@@ -75,7 +85,11 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
             let name = a0
                 .strip_prefix('$')
                 .ok_or_else(|| d.error(format!("invalid variable name \"{a0}\"")))?;
-            let var = user_vars::define(name).map_err(|e| d.error(e))?;
+            let var = match name {
+                "args" => Target::Args,
+                "limit_rate" => Target::LimitRate,
+                _ => Target::Var(user_vars::define_assigned(name).map_err(|e| d.error(e))?),
+            };
             let value = Template::compile(&d.args[1]).map_err(|e| d.error(e))?;
             let mut sets = c.sets.as_deref().cloned().unwrap_or_default();
             sets.push((var, value));
@@ -112,15 +126,31 @@ impl Subrequest {
 pub struct Answer {
     pub status: u16,
     pub headers: Vec<(Cow<'static, str>, HeaderValue)>,
+    /// `auth_request_set $args`: the main request's new query string (empty: none), set
+    /// once the access phase has the request to change again ([`apply_args`]).
+    pub args: Option<String>,
 }
 
-/// Set the `auth_request_set` variables of `main` from `sub`, the finished subrequest.
-pub fn set_vars(main: &Request, sub: &Request) {
-    let Some(sets) = &main.conf.auth_request.sets else {
-        return;
-    };
-    for (var, value) in sets.iter() {
-        main.vars.set(var.idx, value.eval(sub, None));
+/// Set the `auth_request_set` variables of `main` from `sub`, the finished subrequest;
+/// returns a new `$args` for [`apply_args`].
+pub fn set_vars(main: &Request, sub: &Request) -> Option<String> {
+    let sets = main.conf.auth_request.sets.as_ref()?;
+    let mut args = None;
+    for (target, value) in sets.iter() {
+        let v = value.eval(sub, None);
+        match target {
+            Target::Var(var) => main.vars.set(var.idx, v),
+            Target::Args => args = Some(v),
+            Target::LimitRate => super::limit_rate::set_var(main, &v),
+        }
+    }
+    args
+}
+
+/// Give the main request the `$args` an `auth_request_set` assigned.
+pub fn apply_args(req: &mut Request, answer: &Answer) {
+    if let Some(a) = &answer.args {
+        req.args = (!a.is_empty()).then(|| a.clone());
     }
 }
 

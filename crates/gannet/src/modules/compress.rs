@@ -227,22 +227,14 @@ impl CompressConf {
     pub fn http10(&self) -> bool {
         self.http10.unwrap_or(false)
     }
-    pub fn disabled_for(&self, user_agent: &str) -> bool {
+    pub fn disabled_for(&self, user_agent: &[u8]) -> bool {
         self.disable.as_ref().is_some_and(|list| {
             list.iter().any(|d| match d {
-                Disable::Msie6 => is_msie6(user_agent),
-                Disable::Regex(r) => r.is_match(user_agent.as_bytes()),
+                Disable::Msie6 => crate::http::browser::is_msie6(user_agent),
+                Disable::Regex(r) => r.is_match(user_agent),
             })
         })
     }
-}
-
-/// MSIE 4 to 6 (but not 6 with SV1, which decompresses correctly), as nginx detects it.
-fn is_msie6(ua: &str) -> bool {
-    ua.find("MSIE ").is_some_and(|i| {
-        let v = ua.as_bytes().get(i + 5..i + 7);
-        matches!(v, Some([b'4'..=b'6', b'.'])) && !ua.contains("SV1")
-    })
 }
 
 fn coding_of(name: &str) -> Option<(Coding, &str)> {
@@ -352,21 +344,6 @@ fn proxied(d: &Directive) -> Result<Proxied, ConfError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn msie6_detection_matches_nginx() {
-        assert!(is_msie6(
-            "Mozilla/4.0 (compatible; MSIE 6.0; Windows NT 5.0)"
-        ));
-        assert!(is_msie6("Mozilla/4.0 (compatible; MSIE 5.5; Windows 98)"));
-        assert!(!is_msie6(
-            "Mozilla/4.0 (compatible; MSIE 6.0; Windows NT 5.1; SV1)"
-        ));
-        assert!(!is_msie6(
-            "Mozilla/4.0 (compatible; MSIE 7.0; Windows NT 6.0)"
-        ));
-        assert!(!is_msie6("curl/7.88.1"));
-    }
 
     #[test]
     fn types_always_include_html_and_ignore_parameters() {

@@ -2,9 +2,10 @@
 //! behaviour.
 //!
 //! Directives: `root`, `alias`, `internal`, `client_max_body_size`,
-//! `client_header_buffer_size`, `large_client_header_buffers`, `client_header_timeout`,
+//! `client_header_buffer_size`, `large_client_header_buffers`, `max_headers`,
+//! `connection_pool_size`, `request_pool_size` (checked only), `client_header_timeout`,
 //! `client_body_timeout`, `send_timeout`, `keepalive_timeout`, `keepalive_requests`,
-//! `keepalive_time`, `sendfile`, `tcp_nopush`, `tcp_nodelay`, `server_tokens`,
+//! `keepalive_time`, `keepalive_disable`, `auth_delay`, `post_action`, `subrequest_output_buffer_size`, `sendfile`, `tcp_nopush`, `tcp_nodelay`, `server_tokens`,
 //! `log_not_found`, `absolute_redirect`, `port_in_redirect`, `server_name_in_redirect`,
 //! `merge_slashes`, `underscores_in_headers`, `ignore_invalid_headers`, `max_ranges`,
 //! `chunked_transfer_encoding`, `log_subrequest`, `disable_symlinks`, `resolver`, `resolver_timeout` (the
@@ -60,6 +61,24 @@ pub const DIRECTIVES: &[Spec] = &[
         block: false,
     },
     Spec {
+        name: "connection_pool_size",
+        ctx: HS,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "request_pool_size",
+        ctx: HS,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "max_headers",
+        ctx: HS,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
         name: "client_header_timeout",
         ctx: HS,
         args: Args::Exactly(1),
@@ -91,6 +110,30 @@ pub const DIRECTIVES: &[Spec] = &[
     },
     Spec {
         name: "keepalive_time",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "keepalive_disable",
+        ctx: HSL,
+        args: Args::AtLeast(1),
+        block: false,
+    },
+    Spec {
+        name: "auth_delay",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "subrequest_output_buffer_size",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "post_action",
         ctx: HSL,
         args: Args::Exactly(1),
         block: false,
@@ -199,6 +242,15 @@ pub const DIRECTIVES: &[Spec] = &[
     },
 ];
 
+/// nginx's smallest memory pool on 64-bit systems (`NGX_MIN_POOL_SIZE`), which
+/// `connection_pool_size` and `request_pool_size` are checked against.
+const MIN_POOL_SIZE: u64 = 112;
+
+/// `keepalive_disable msie6`.
+pub const KEEPALIVE_MSIE6: u8 = 1;
+/// `keepalive_disable safari`.
+pub const KEEPALIVE_SAFARI: u8 = 2;
+
 /// `disable_symlinks`' mode, and its `from=` part (a template, often `$document_root`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SymlinkMode {
@@ -215,6 +267,9 @@ pub struct CoreConf {
     pub client_max_body_size: Option<u64>,
     pub client_header_buffer_size: Option<usize>,
     pub large_client_header_buffers: Option<(usize, usize)>,
+    /// `max_headers`: the most header fields a request may have (taken from the address's
+    /// default server, as the buffer sizes).
+    pub max_headers: Option<usize>,
     pub client_header_timeout: Option<Duration>,
     pub client_body_timeout: Option<Duration>,
     pub send_timeout: Option<Duration>,
@@ -222,6 +277,17 @@ pub struct CoreConf {
     pub keepalive_timeout: Option<(Duration, Option<u64>)>,
     pub keepalive_requests: Option<u64>,
     pub keepalive_time: Option<Duration>,
+    /// `keepalive_disable`: the browsers whose requests close the connection
+    /// ([`KEEPALIVE_MSIE6`], [`KEEPALIVE_SAFARI`]).
+    pub keepalive_disable: Option<u8>,
+    /// `auth_delay`: how long a 401 from the access phase is held back.
+    pub auth_delay: Option<Duration>,
+    /// `post_action`: a URI or named location the request also goes to, its answer
+    /// dropped (`conn::mirror`).
+    pub post_action: Option<std::sync::Arc<str>>,
+    /// `subrequest_output_buffer_size`: the most of a subrequest's answer kept in memory
+    /// (SSI's `include ... set=`).
+    pub subrequest_output_buffer_size: Option<usize>,
     pub sendfile: Option<bool>,
     pub tcp_nodelay: Option<bool>,
     pub server_tokens: Option<bool>,
@@ -255,12 +321,17 @@ impl CoreConf {
             client_max_body_size,
             client_header_buffer_size,
             large_client_header_buffers,
+            max_headers,
             client_header_timeout,
             client_body_timeout,
             send_timeout,
             keepalive_timeout,
             keepalive_requests,
             keepalive_time,
+            keepalive_disable,
+            auth_delay,
+            post_action,
+            subrequest_output_buffer_size,
             sendfile,
             tcp_nodelay,
             server_tokens,
@@ -301,6 +372,13 @@ impl CoreConf {
     pub fn large_client_header_buffers(&self) -> (usize, usize) {
         self.large_client_header_buffers.unwrap_or((4, 8192))
     }
+    /// nginx's default is a memory page: 4k here.
+    pub fn subrequest_output_buffer_size(&self) -> usize {
+        self.subrequest_output_buffer_size.unwrap_or(4096)
+    }
+    pub fn max_headers(&self) -> usize {
+        self.max_headers.unwrap_or(1000)
+    }
     pub fn client_header_timeout(&self) -> Duration {
         self.client_header_timeout
             .unwrap_or(Duration::from_secs(60))
@@ -321,6 +399,21 @@ impl CoreConf {
     }
     pub fn keepalive_time(&self) -> Duration {
         self.keepalive_time.unwrap_or(Duration::from_secs(3600))
+    }
+    /// Whether this request's browser gets no keep-alive (nginx's default: MSIE 4-6 after
+    /// a POST, which it may wait on over a kept connection). The User-Agent is looked at
+    /// only when a browser is disabled and could match.
+    pub fn keepalive_disabled(&self, head: &gannet_proto::h1::RequestHead) -> bool {
+        let mask = self.keepalive_disable.unwrap_or(KEEPALIVE_MSIE6);
+        if mask == 0 {
+            return false;
+        }
+        let Some(ua) = head.header("user-agent") else {
+            return false;
+        };
+        let post = head.method_str() == "POST";
+        (mask & KEEPALIVE_MSIE6 != 0 && post && crate::http::browser::is_msie6(ua))
+            || (mask & KEEPALIVE_SAFARI != 0 && crate::http::browser::is_safari(ua))
     }
     pub fn sendfile(&self) -> bool {
         self.sendfile.unwrap_or(false)
@@ -420,6 +513,29 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             }
             c.large_client_header_buffers = Some((n, s));
         }
+        // nginx sizes its memory pools with these; gannet has no such pools, so they are
+        // checked as nginx checks them and then have nothing to size.
+        "connection_pool_size" | "request_pool_size" => {
+            let n = setters::size(&d.args[0])
+                .ok_or_else(|| d.error(format!("\"{}\" directive invalid value", d.name)))?;
+            if n < MIN_POOL_SIZE {
+                return Err(d.error(format!(
+                    "the pool size must be no less than {MIN_POOL_SIZE}"
+                )));
+            }
+            if n % 16 != 0 {
+                return Err(d.error("the pool size must be a multiple of 16"));
+            }
+        }
+        "max_headers" => {
+            if c.max_headers.is_some() {
+                return Err(dup(d));
+            }
+            let n = d.args[0]
+                .parse()
+                .map_err(|_| d.error(format!("\"{}\" directive invalid number", d.name)))?;
+            c.max_headers = Some(n);
+        }
         "client_header_timeout" => c.client_header_timeout = Some(duration(d, 0)?),
         "client_body_timeout" => c.client_body_timeout = Some(duration(d, 0)?),
         "send_timeout" => c.send_timeout = Some(duration(d, 0)?),
@@ -434,6 +550,29 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             c.keepalive_requests = Some(d.args[0].parse().map_err(|_| invalid(d, &d.args[0]))?)
         }
         "keepalive_time" => c.keepalive_time = Some(duration(d, 0)?),
+        "auth_delay" => c.auth_delay = Some(duration(d, 0)?),
+        "post_action" => {
+            if c.post_action.is_some() {
+                return Err(dup(d));
+            }
+            c.post_action = Some(d.args[0].as_str().into());
+        }
+        "subrequest_output_buffer_size" => {
+            c.subrequest_output_buffer_size = Some(size(d, 0)? as usize)
+        }
+        // A bitmask as nginx's: names in any case, a second directive adds to the first.
+        "keepalive_disable" => {
+            let mut mask = c.keepalive_disable.unwrap_or(0);
+            for a in &d.args {
+                mask |= match a.to_ascii_lowercase().as_str() {
+                    "none" => 0,
+                    "msie6" => KEEPALIVE_MSIE6,
+                    "safari" => KEEPALIVE_SAFARI,
+                    _ => return Err(d.error(format!("invalid value \"{a}\""))),
+                };
+            }
+            c.keepalive_disable = Some(mask);
+        }
         "sendfile" => c.sendfile = Some(setters::flag(d)?),
         // Checked, then nothing to keep: a head ahead of a file always goes with MSG_MORE
         // (`conn::send`), which is what `tcp_nopush on` asks nginx for.

@@ -4,7 +4,7 @@
 //! records in `gannet_proto::fastcgi`.
 //!
 //! Directives: the shared ones with the `fastcgi_` prefix, and `fastcgi_index`,
-//! `fastcgi_split_path_info`, `fastcgi_keep_conn`. Variables: `$fastcgi_script_name`,
+//! `fastcgi_split_path_info`, `fastcgi_keep_conn`, `fastcgi_catch_stderr`. Variables: `$fastcgi_script_name`,
 //! `$fastcgi_path_info`.
 
 use super::gateway::{self, spec, GatewayConf, Proto};
@@ -20,6 +20,7 @@ pub const DIRECTIVES: &[Spec] = gateway::directives!(
     spec("fastcgi_index", Ctx::HSL, Args::Exactly(1)),
     spec("fastcgi_split_path_info", Ctx::LOCATION, Args::Exactly(1)),
     spec("fastcgi_keep_conn", Ctx::HSL, Args::Exactly(1)),
+    spec("fastcgi_catch_stderr", Ctx::HSL, Args::Exactly(1)),
 );
 
 #[derive(Debug, Clone, Default)]
@@ -28,12 +29,24 @@ pub struct FastCgiConf {
     pub index: Option<String>,
     pub split: Option<Regex>,
     pub keep_conn: Option<bool>,
+    /// `fastcgi_catch_stderr`: strings that, in what the application writes to stderr
+    /// before its answer's head, make the answer an invalid one (502, or the next server).
+    pub catch_stderr: Option<std::sync::Arc<Vec<String>>>,
 }
 
 impl FastCgiConf {
     pub fn merge(&mut self, parent: &FastCgiConf) {
         self.gw.merge(&parent.gw);
-        inherit!(self, parent, index, keep_conn, split);
+        inherit!(self, parent, index, keep_conn, split, catch_stderr);
+    }
+
+    /// Whether `stderr`, written before the answer's head, holds a `fastcgi_catch_stderr`
+    /// string.
+    pub fn catches(&self, stderr: &[u8]) -> bool {
+        self.catch_stderr.as_ref().is_some_and(|list| {
+            list.iter()
+                .any(|p| memchr::memmem::find(stderr, p.as_bytes()).is_some())
+        })
     }
     pub fn keep_conn(&self) -> bool {
         self.keep_conn.unwrap_or(false)
@@ -56,6 +69,12 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             c.split = Some(re);
         }
         "fastcgi_keep_conn" => c.keep_conn = Some(setters::flag(d)?),
+        // A list at each level; a level with none inherits its parent's (nginx's array).
+        "fastcgi_catch_stderr" => {
+            let mut list = c.catch_stderr.as_deref().cloned().unwrap_or_default();
+            list.push(a0.to_string());
+            c.catch_stderr = Some(std::sync::Arc::new(list));
+        }
         _ => unreachable!("not a fastcgi directive: {}", d.name),
     }
     Ok(())

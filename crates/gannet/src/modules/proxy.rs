@@ -46,9 +46,11 @@ const HSL: Ctx = Ctx::HSL;
 const LOC_IF: Ctx = Ctx(Ctx::LOCATION.0 | Ctx::IF.0);
 
 pub const DIRECTIVES: &[Spec] = &[
-    spec("proxy_pass", LOC_IF, Args::Exactly(1)),
+    spec("proxy_pass", LOC_IF.or(Ctx::LIMIT_EXCEPT), Args::Exactly(1)),
     spec("proxy_set_header", HSL, Args::Exactly(2)),
     spec("proxy_http_version", HSL, Args::Exactly(1)),
+    spec("proxy_limit_rate", HSL, Args::Exactly(1)),
+    spec("proxy_bind", HSL, Args::Between(1, 2)),
     spec("proxy_method", HSL, Args::Exactly(1)),
     spec("proxy_set_body", HSL, Args::Exactly(1)),
     spec("proxy_redirect", HSL, Args::Between(1, 2)),
@@ -140,6 +142,12 @@ pub struct ProxyConf {
     pub set_headers: Option<Arc<Vec<(String, Template)>>>,
     /// `proxy_http_version 1.1`.
     pub http11: Option<bool>,
+    /// `proxy_limit_rate`: bytes a second the answer is read from the server at (0: no
+    /// limit).
+    pub limit_rate: Option<u64>,
+    /// `proxy_bind`: the local address connections to servers are made from; `Some(None)`
+    /// is `off`.
+    pub bind: Option<Option<Arc<Bind>>>,
     pub method: Option<Template>,
     pub body: Option<Template>,
     pub redirect: Option<Arc<Vec<Redirect>>>,
@@ -164,12 +172,72 @@ impl ProxyConf {
             parent,
             set_headers,
             http11,
+            limit_rate,
+            bind,
             method,
             body,
             redirect,
             convert_head
         );
     }
+    pub fn limit_rate(&self) -> u64 {
+        self.limit_rate.unwrap_or(0)
+    }
+}
+
+/// `proxy_bind address [transparent]`: an address, with a port or not, or a value with
+/// variables that is one when evaluated (empty: none).
+#[derive(Debug)]
+pub struct Bind {
+    addr: Template,
+    /// IP_TRANSPARENT: the address need not be one of this host's (needs root).
+    pub transparent: bool,
+}
+
+impl Bind {
+    /// The local address for this request's connections: `None` when the value is empty,
+    /// or not an address (logged, as nginx, which then connects from anywhere).
+    pub fn local(&self, req: &Request) -> Option<std::net::SocketAddr> {
+        let v = self.addr.eval(req, None);
+        if v.is_empty() {
+            return None;
+        }
+        let a = local_addr(&v);
+        if a.is_none() {
+            crate::errlog::request(
+                crate::errlog::Level::Error,
+                req,
+                format_args!("invalid local address \"{v}\""),
+            );
+        }
+        a
+    }
+}
+
+/// `ADDR` or `ADDR:PORT` (`[V6]:PORT`), as nginx's ngx_parse_addr_port.
+fn local_addr(s: &str) -> Option<std::net::SocketAddr> {
+    use std::net::{IpAddr, SocketAddr};
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Some(SocketAddr::new(ip, 0));
+    }
+    s.parse().ok()
+}
+
+fn bind(d: &Directive) -> Result<Option<Arc<Bind>>, ConfError> {
+    let a0 = d.args[0].as_str();
+    if a0 == "off" && d.args.len() == 1 {
+        return Ok(None);
+    }
+    let transparent = match d.args.get(1).map(String::as_str) {
+        None => false,
+        Some("transparent") => true,
+        Some(other) => return Err(d.error(format!("invalid parameter \"{other}\""))),
+    };
+    let addr = Template::compile(a0).map_err(|e| d.error(e))?;
+    if !addr.has_vars() && local_addr(a0).is_none() {
+        return Err(d.error(format!("invalid address \"{a0}\"")));
+    }
+    Ok(Some(Arc::new(Bind { addr, transparent })))
 }
 
 pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
@@ -198,6 +266,16 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             let mut l = lc.proxy.set_headers.as_deref().cloned().unwrap_or_default();
             l.push((a0.to_string(), value));
             lc.proxy.set_headers = Some(Arc::new(l));
+        }
+        "proxy_limit_rate" => {
+            let bad = || d.error(format!("\"{}\" directive invalid value", d.name));
+            lc.proxy.limit_rate = Some(gannet_conf::setters::size(a0).ok_or_else(bad)?)
+        }
+        "proxy_bind" => {
+            if lc.proxy.bind.is_some() {
+                return Err(d.error("\"proxy_bind\" directive is duplicate"));
+            }
+            lc.proxy.bind = Some(bind(d)?);
         }
         "proxy_http_version" => {
             lc.proxy.http11 = Some(match a0 {

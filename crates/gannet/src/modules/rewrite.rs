@@ -189,7 +189,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
                 Stmt::SetLimitRate(value)
             } else {
                 Stmt::Set {
-                    var: user_vars::define(name).map_err(|e| d.error(e))?,
+                    var: user_vars::define_assigned(name).map_err(|e| d.error(e))?,
                     value,
                 }
             }
@@ -492,13 +492,9 @@ fn answer(req: &Request, code: u16, text: Option<&Template>) -> Flow {
         return Flow::Moved(code, value);
     }
     let mut r = Response::new(code);
-    r.content_type = Some(
-        req.conf
-            .types
-            .default_type
-            .clone()
-            .unwrap_or_else(|| Arc::from("text/plain")),
-    );
+    // The type of the URI's extension, else `default_type`, as nginx's
+    // ngx_http_send_response (a `return 200 "..."` at /x.html is text/html).
+    r.content_type = Some(req.conf.types.lookup(&req.uri));
     r.body = Body::bytes(value);
     Flow::Done(r)
 }

@@ -26,7 +26,6 @@ pub struct Parked {
     pub stream: TcpStream,
     pub info: ConnInfo,
     pub group: usize,
-    pub born: Instant,
     /// When its keep-alive time (or, before a first request, its header time) runs out.
     pub deadline: Instant,
     /// Since when it has waited with no request in hand: a worker out of connections
