@@ -74,6 +74,17 @@ def test_https_upstream_is_proxied_with_its_host_and_body(gannet, app, pki):
     assert [h["version"] for h in a.handshakes] == ["TLSv1.3", "TLSv1.3"]
 
 
+def test_methods_a_limit_except_block_serves_go_over_tls_too(gannet, app, pki):
+    # The block's own settings serve POST here: they need the location's TLS setup too.
+    a = app(echo, server_ctx(pki))
+    srv = gannet.start(server=f"""
+        location / {{ limit_except GET {{ allow 127.0.0.1; }} proxy_pass https://127.0.0.1:{a.port}; }}
+    """)
+    status, _, body = srv.request("POST", "/p", body=b"hello")
+    assert status == 200 and body.startswith(b"POST /p HTTP/1.0\r\n") and body.endswith(b"hello")
+    assert srv.get("/g")[0] == 200
+
+
 def test_protocols_are_what_proxy_ssl_protocols_allows(gannet, app, pki):
     a = app(echo, server_ctx(pki))
     srv = gannet.start(server=f"""

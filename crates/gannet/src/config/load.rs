@@ -634,6 +634,7 @@ fn load_location(
     modules::proxy_ssl::finish(&mut conf, lctx, &d.loc)?;
     modules::gateway_cache::finish(&conf, lctx, &d.loc);
     modules::access::merge_limit_except(&mut conf);
+    modules::proxy_ssl::finish_limit_except(&mut conf, lctx, &d.loc)?;
     if let Some(check) = conf.health_check.clone() {
         let Some(crate::modules::gateway::Backend::Group(up)) = conf.proxy.gw.pass.clone() else {
             let at = body.iter().find(|c| c.name == "health_check").unwrap_or(d);

@@ -223,6 +223,15 @@ pub fn finish(lc: &mut LocConf, ctx: &mut LoadCtx, at: &Loc) -> Result<(), ConfE
     r
 }
 
+/// After `access::merge_limit_except`: the same for a `limit_except` block's settings,
+/// which serve the methods it limits (with the location's handler, `inherit_handler`).
+pub fn finish_limit_except(lc: &mut LocConf, ctx: &mut LoadCtx, at: &Loc) -> Result<(), ConfError> {
+    match lc.access.limit_except.as_mut() {
+        Some(lx) => build_for(Arc::make_mut(&mut Arc::make_mut(lx).conf), ctx, at),
+        None => Ok(()),
+    }
+}
+
 fn build_for(lc: &mut LocConf, ctx: &mut LoadCtx, at: &Loc) -> Result<(), ConfError> {
     let may_tls = match lc.proxy.target.as_deref() {
         Some(Target::Fixed(dest)) => dest.tls,
