@@ -243,7 +243,25 @@ pub fn init(specs: &[Spec]) -> Result<(), String> {
     Ok(())
 }
 
+tokio::task_local! {
+    /// The error logs of the stream server whose session the task serves (its
+    /// `error_log`s), for every message written while it runs.
+    static SCOPE: Arc<ErrorLogs>;
+}
+
+/// Run `f` with `logs` (a stream server's `error_log`s) in place of the main logs for
+/// the messages it writes; `None`: the main logs.
+pub async fn scoped<F: std::future::Future>(logs: Option<Arc<ErrorLogs>>, f: F) -> F::Output {
+    match logs {
+        Some(l) => SCOPE.scope(l, f).await,
+        None => f.await,
+    }
+}
+
 pub fn log(level: Level, args: fmt::Arguments) {
+    if let Ok(l) = SCOPE.try_with(Arc::clone) {
+        return l.write(level, args);
+    }
     match main_logs() {
         Some(l) => l.write(level, args),
         None => ErrorLogs::default()

@@ -33,6 +33,8 @@ pub struct LoadCtx {
     pub zones: HashMap<String, Arc<super::limit_conn::Zone>>,
     /// Every access log opened, for reopening (SIGUSR1).
     pub logs: std::cell::RefCell<Vec<Arc<Log>>>,
+    /// Every error log opened, for reopening (SIGUSR1).
+    pub error_files: std::cell::RefCell<Vec<Arc<crate::errlog::Log>>>,
     /// The http side's load state, for the TLS setups (`ssl`).
     pub http: std::cell::RefCell<crate::modules::LoadCtx>,
 }
@@ -46,6 +48,9 @@ pub struct ServerConf {
     access_own: bool,
     pub logs: Vec<Arc<Log>>,
     logs_own: bool,
+    /// `error_log` of the stream level or the server (the main logs without one).
+    pub error_log: Option<Arc<crate::errlog::ErrorLogs>>,
+    error_log_own: bool,
     pub preread: Preread,
     pub limits: super::limit_conn::Limits,
     pub ssl: super::ssl::SslConf,
@@ -54,6 +59,9 @@ pub struct ServerConf {
     /// `return`'s text when it is the server's content handler (written after any
     /// `proxy_pass`).
     pub ret: Option<super::variables::Template>,
+    /// `set $var value` (ngx_stream_set_module, server level only): variable index and
+    /// value, in order.
+    pub sets: Vec<(usize, super::variables::Template)>,
 }
 
 impl Default for ServerConf {
@@ -64,12 +72,15 @@ impl Default for ServerConf {
             access_own: false,
             logs: Vec::new(),
             logs_own: false,
+            error_log: None,
+            error_log_own: false,
             preread: Default::default(),
             limits: Default::default(),
             ssl: Default::default(),
             realip: Default::default(),
             proxy_protocol_timeout: Duration::from_secs(30),
             ret: None,
+            sets: Vec::new(),
         }
     }
 }
@@ -121,6 +132,17 @@ pub fn apply(
                 c.logs.push(log);
             }
         }
+        "error_log" => {
+            if d.args.is_empty() || d.args.len() > 2 {
+                return Err(d.error("invalid number of arguments in \"error_log\" directive"));
+            }
+            if in_server && !c.error_log_own {
+                c.error_log = None;
+            }
+            c.error_log_own = in_server;
+            let mut opened = ctx.error_files.borrow_mut();
+            crate::errlog::set_nested(d, &ctx.prefix, &mut c.error_log, &mut opened)?;
+        }
         "limit_conn" | "limit_conn_log_level" | "limit_conn_dry_run" => {
             c.limits.set(d, &ctx.zones, in_server)?
         }
@@ -144,8 +166,21 @@ pub fn apply(
             one()?;
             c.preread.buffer_size = setters::size_arg(d, 0)?.max(1) as usize;
         }
-        "proxy_pass" | "return" if !in_server => {
+        "proxy_pass" | "return" | "set" if !in_server => {
             return Err(d.error(format!("\"{}\" directive is not allowed here", d.name)))
+        }
+        "set" => {
+            if d.args.len() != 2 {
+                return Err(d.error("invalid number of arguments in \"set\" directive"));
+            }
+            let name = d.args[0].strip_prefix('$').unwrap_or_default();
+            let i = ctx
+                .maps
+                .index(name)
+                .ok_or_else(|| d.error(format!("invalid variable name \"{}\"", d.args[0])))?;
+            let t = super::variables::Template::compile(&d.args[1], &ctx.maps)
+                .map_err(|e| d.error(e))?;
+            c.sets.push((i, t));
         }
         "return" => {
             one()?;
@@ -182,6 +217,7 @@ pub fn server(
     let mut conf = top.clone();
     conf.access_own = false;
     conf.logs_own = false;
+    conf.error_log_own = false;
     conf.proxy.pass = None;
     conf.limits = top.limits.inherited();
     let mut listens = Vec::new();
@@ -272,13 +308,31 @@ pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketA
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let mut s = Session::new(Worker::next_conn_id(), peer, local, false);
-    if let Ok(client) = tokio::net::TcpStream::from_std(stream) {
-        run_tcp(&w, &srv, client, (ssl, pp), &mut s).await;
-    } else {
-        s.status = 500;
-    }
-    finish(&srv, &s);
+    let session = async {
+        connected(&s);
+        if let Ok(client) = tokio::net::TcpStream::from_std(stream) {
+            run_tcp(&w, &srv, client, (ssl, pp), &mut s).await;
+        } else {
+            s.status = 500;
+        }
+        finish(&srv, &s);
+    };
+    crate::errlog::scoped(srv.conf.error_log.clone(), session).await;
     w.connection_closed();
+}
+
+/// nginx's first line of a session (info).
+pub fn connected(s: &Session) {
+    crate::errlog::log(
+        crate::errlog::Level::Info,
+        format_args!(
+            "*{} {}client {} connected to {}",
+            s.id,
+            if s.udp { "udp " } else { "" },
+            s.peer,
+            s.local
+        ),
+    );
 }
 
 async fn run_tcp(
@@ -334,9 +388,16 @@ async fn run_tcp(
     }
 }
 
-/// The preaccess phase (`limit_conn`): the session's places in its zones, or `None` (and
-/// `$status` 503) when a limit is reached.
+/// The preaccess phase (`set`, then `limit_conn`): the session's places in its zones, or
+/// `None` (and `$status` 503) when a limit is reached.
 pub fn enter(srv: &Server, s: &mut Session) -> Option<super::limit_conn::Held> {
+    for (i, t) in &srv.conf.sets {
+        let v = t.eval(s, &srv.maps);
+        if s.set_values.len() <= *i {
+            s.set_values.resize(srv.maps.len(), None);
+        }
+        s.set_values[*i] = Some(v);
+    }
     let held = srv.conf.limits.enter(s, &srv.maps).ok();
     if held.is_none() {
         s.status = 503;

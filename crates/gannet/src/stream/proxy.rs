@@ -175,6 +175,16 @@ enum Conn {
     Unix(UnixStream),
 }
 
+impl Conn {
+    /// The local end, as nginx's "proxy ... connected to" line names it.
+    fn local_text(&self) -> String {
+        match self {
+            Conn::Tcp(t) => t.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            Conn::Unix(_) => "unix:".to_string(),
+        }
+    }
+}
+
 async fn connect(addr: &Addr, timeout: Duration) -> std::io::Result<Conn> {
     let fut = async {
         match addr {
@@ -244,6 +254,15 @@ async fn connect_upstream(
         match connect(addr, c.connect_timeout).await {
             Ok(conn) => {
                 w.upstreams.succeeded(&group.group, i);
+                crate::errlog::log(
+                    crate::errlog::Level::Info,
+                    format_args!(
+                        "*{} proxy {} connected to {addr} while connecting to upstream, {}, upstream: \"{addr}\"",
+                        s.id,
+                        conn.local_text(),
+                        client_text(s)
+                    ),
+                );
                 if let Some(a) = s.attempts.last_mut() {
                     a.connect = Some(began.elapsed().as_secs_f64());
                 }
@@ -394,6 +413,7 @@ where
         start: began,
     };
     let last = Cell::new(Instant::now());
+    let closed;
     {
         let (cr, cw) = tokio::io::split(client);
         let idle = async {
@@ -409,11 +429,11 @@ where
                 }
             }
         };
-        tokio::select! {
-            _ = pump(cr, uw, &up_flow, c.buffer_size, &last) => {}
-            _ = pump(ur, cw, &down_flow, c.buffer_size, &last) => {}
-            _ = idle => {}
-        }
+        closed = tokio::select! {
+            _ = pump(cr, uw, &up_flow, c.buffer_size, &last) => Some("client"),
+            _ = pump(ur, cw, &down_flow, c.buffer_size, &last) => Some("upstream"),
+            _ = idle => None,
+        };
     }
     s.bytes_received += up_flow.bytes.get();
     s.bytes_sent += down_flow.bytes.get();
@@ -424,6 +444,15 @@ where
         let base = a.connect.unwrap_or_default();
         a.first_byte = (down_flow.first.get()).map(|t| base + (t - began).as_secs_f64());
         a.session = Some(base + began.elapsed().as_secs_f64());
+    }
+    if let (Some(who), Some(a)) = (closed, s.attempts.last()) {
+        crate::errlog::log(
+            crate::errlog::Level::Info,
+            format_args!(
+                "*{} {who} disconnected, bytes from/to client:{}/{}, bytes from/to upstream:{}/{}",
+                s.id, s.bytes_received, s.bytes_sent, a.received, a.sent
+            ),
+        );
     }
 }
 
@@ -473,14 +502,16 @@ pub async fn udp_listener(w: Rc<Worker>, sock: std::net::UdpSocket, idx: usize) 
         let _ = tx.send(data);
         sessions.borrow_mut().insert(peer, (id, tx));
         let s = Session::new(id, peer, local, true);
-        tokio::task::spawn_local(udp_session(
+        let session = udp_session(
             w.clone(),
             srv.clone(),
             sock.clone(),
             s,
             rx,
             sessions.clone(),
-        ));
+        );
+        let logs = srv.conf.error_log.clone();
+        tokio::task::spawn_local(crate::errlog::scoped(logs, session));
     }
 }
 
@@ -492,6 +523,7 @@ async fn udp_session(
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
     sessions: UdpSessions,
 ) {
+    super::core::connected(&s);
     if let Some(_held) = super::core::enter(&srv, &mut s) {
         if super::core::check_access(&srv, &mut s) {
             match &srv.conf.ret {

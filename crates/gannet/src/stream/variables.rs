@@ -26,6 +26,8 @@ pub enum Var {
     Connection,
     Pid,
     Hostname,
+    NginxVersion,
+    LimitConnStatus,
     Msec,
     TimeLocal,
     TimeIso8601,
@@ -46,8 +48,12 @@ pub enum Var {
     SslProtocol,
     SslCipher,
     SslServerName,
-    /// A `map`'s result (index into [`Maps`]).
+    /// A `map`'s result (index into [`Maps`]), or a `set` variable's.
     Map(usize),
+    /// `$1`..`$9` of the last regex match.
+    Capture(u8),
+    /// A named capture (index into [`Maps`]' named captures).
+    Named(usize),
 }
 
 impl Var {
@@ -66,6 +72,8 @@ impl Var {
             "connection" => Var::Connection,
             "pid" => Var::Pid,
             "hostname" => Var::Hostname,
+            "nginx_version" => Var::NginxVersion,
+            "limit_conn_status" => Var::LimitConnStatus,
             "msec" => Var::Msec,
             "time_local" => Var::TimeLocal,
             "time_iso8601" => Var::TimeIso8601,
@@ -128,6 +136,13 @@ pub struct Session {
     pub ssl_protocol: &'static str,
     pub ssl_cipher: &'static str,
     pub ssl_server_name: String,
+    /// `$limit_conn_status` (nginx's order): 0 before any limit counted the session,
+    /// then PASSED, REJECTED, REJECTED_DRY_RUN.
+    pub limit_conn_status: u8,
+    /// What the last `map` regex captured (read by `$1`.., named captures).
+    pub captured: std::cell::RefCell<super::map::Captured>,
+    /// The values `set` gave, by variable index (empty without any `set`).
+    pub set_values: Vec<Option<String>>,
 }
 
 impl Session {
@@ -149,6 +164,9 @@ impl Session {
             ssl_protocol: "",
             ssl_cipher: "",
             ssl_server_name: String::new(),
+            limit_conn_status: 0,
+            captured: Default::default(),
+            set_values: Vec::new(),
         }
     }
 }
@@ -170,9 +188,12 @@ impl Template {
     /// is nginx's "unknown variable".
     pub fn compile(src: &str, maps: &Maps) -> Result<Template, String> {
         use crate::http::variables::{pieces, Piece};
-        let parts = pieces(src, false, |name| {
+        let parts = pieces(src, true, |name| {
+            let digit = name.parse::<u8>().ok().filter(|_| name.len() == 1);
             Var::from_name(name)
+                .or_else(|| digit.map(Var::Capture))
                 .or_else(|| maps.index(name).map(Var::Map))
+                .or_else(|| maps.named_capture(name).map(Var::Named))
                 .ok_or_else(|| format!("unknown \"{name}\" variable"))
         })?;
         let parts = parts
@@ -243,6 +264,8 @@ fn found(v: Var, s: &Session) -> bool {
         | Var::ProxyProtocolPort
         | Var::ProxyProtocolServerAddr
         | Var::ProxyProtocolServerPort => s.proxy_protocol.is_some(),
+        Var::LimitConnStatus => s.limit_conn_status != 0,
+        Var::Named(i) => s.captured.borrow().named(i).is_some(),
         _ => true,
     }
 }
@@ -305,6 +328,13 @@ fn append(out: &mut String, v: Var, s: &Session, maps: &Maps, depth: usize) {
             let _ = write!(out, "{}", std::process::id());
         }
         Var::Hostname => out.push_str(&hostname()),
+        Var::NginxVersion => out.push_str(env!("CARGO_PKG_VERSION")),
+        Var::LimitConnStatus => out.push_str(match s.limit_conn_status {
+            1 => "PASSED",
+            2 => "REJECTED",
+            3 => "REJECTED_DRY_RUN",
+            _ => "",
+        }),
         Var::Msec => {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -343,7 +373,12 @@ fn append(out: &mut String, v: Var, s: &Session, maps: &Maps, depth: usize) {
         Var::SslProtocol => out.push_str(s.ssl_protocol),
         Var::SslCipher => out.push_str(s.ssl_cipher),
         Var::SslServerName => out.push_str(&s.ssl_server_name),
-        Var::Map(i) => maps.append(i, out, s, depth),
+        Var::Map(i) => match s.set_values.get(i) {
+            Some(Some(v)) => out.push_str(v),
+            _ => maps.append(i, out, s, depth),
+        },
+        Var::Capture(n) => out.push_str(s.captured.borrow().group(n.into())),
+        Var::Named(i) => out.push_str(s.captured.borrow().named(i).unwrap_or_default()),
     }
 }
 
