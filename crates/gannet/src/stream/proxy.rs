@@ -56,6 +56,23 @@ pub struct ProxyConf {
     /// Bytes per second; 0: no limit.
     pub upload_rate: u64,
     pub download_rate: u64,
+    /// A rate given by variables (`proxy_download_rate $rate`), worked out per session: a
+    /// value that is not a size means no limit, as nginx's ngx_stream_complex_value_size.
+    pub upload_rate_var: Option<Template>,
+    pub download_rate_var: Option<Template>,
+    /// `proxy_half_close`: one side's EOF is passed on as a shutdown of the other's
+    /// writing side; the session ends when both sides have closed.
+    pub half_close: bool,
+}
+
+impl ProxyConf {
+    /// The session's rate: the fixed one or its variables' value.
+    fn rate(fixed: u64, var: &Option<Template>, s: &Session, maps: &super::map::Maps) -> u64 {
+        match var {
+            Some(t) => setters::size(&t.eval(s, maps)).unwrap_or(0),
+            None => fixed,
+        }
+    }
 }
 
 impl Default for ProxyConf {
@@ -73,6 +90,9 @@ impl Default for ProxyConf {
             buffer_size: 16 * 1024,
             upload_rate: 0,
             download_rate: 0,
+            upload_rate_var: None,
+            download_rate_var: None,
+            half_close: false,
         }
     }
 }
@@ -112,8 +132,22 @@ pub fn set(d: &Directive, c: &mut ProxyConf, ctx: &LoadCtx) -> Result<(), ConfEr
         "proxy_responses" => c.responses = Some(setters::num_arg(d, 0)?),
         "proxy_requests" => c.requests = setters::num_arg(d, 0)?,
         "proxy_buffer_size" => c.buffer_size = setters::size_arg(d, 0)?.max(1) as usize,
-        "proxy_upload_rate" => c.upload_rate = setters::size_arg(d, 0)?,
-        "proxy_download_rate" => c.download_rate = setters::size_arg(d, 0)?,
+        "proxy_upload_rate" | "proxy_download_rate" => {
+            let var = match d.args[0].contains('$') {
+                true => Some(Template::compile(&d.args[0], &ctx.maps).map_err(|e| d.error(e))?),
+                false => None,
+            };
+            let fixed = match var {
+                Some(_) => 0,
+                None => setters::size_arg(d, 0)?,
+            };
+            if d.name == "proxy_upload_rate" {
+                (c.upload_rate, c.upload_rate_var) = (fixed, var);
+            } else {
+                (c.download_rate, c.download_rate_var) = (fixed, var);
+            }
+        }
+        "proxy_half_close" => c.half_close = setters::flag(d)?,
         _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
     }
     Ok(())
@@ -327,31 +361,48 @@ struct Flow {
     /// When the first byte came (`$upstream_first_byte_time` of the download side).
     first: Cell<Option<Instant>>,
     rate: u64,
-    start: Instant,
+    /// The session's start in the clock's whole seconds (nginx's `u->start_sec`).
+    start_sec: u64,
 }
 
 impl Flow {
     /// How much may be read now under the rate, waiting while the budget is spent (nginx:
-    /// `rate * (elapsed seconds + 1) - sent`).
+    /// `rate * (elapsed seconds + 1) - sent`, the seconds whole ones of the clock as
+    /// nginx's `ngx_time()`, so a budget renews at each tick of the clock's second).
     async fn budget(&self, max: usize) -> usize {
         if self.rate == 0 {
             return max;
         }
+        let start_sec = self.start_sec;
         loop {
-            let secs = self.start.elapsed().as_secs_f64();
-            let allowed = (self.rate as f64 * (secs + 1.0)) as u64;
+            let secs = unix_secs().saturating_sub(start_sec);
+            let allowed = self.rate.saturating_mul(secs + 1);
             let spent = self.bytes.get();
             if allowed > spent {
                 return max.min((allowed - spent) as usize);
             }
-            let wait = (spent - allowed + 1) as f64 / self.rate as f64;
-            tokio::time::sleep(Duration::from_secs_f64(wait.max(0.001))).await;
+            let wait_ms = (spent - allowed) * 1000 / self.rate + 1;
+            tokio::time::sleep(Duration::from_millis(wait_ms)).await;
         }
     }
 }
 
-/// Copy from `r` to `w` until EOF or an error, noting activity and counting bytes.
-async fn pump<R, W>(mut r: R, mut wr: W, flow: &Flow, size: usize, last: &Cell<Instant>) -> bool
+/// The wall clock's whole seconds, as `time(2)` gives them: the kernel's coarse clock,
+/// which other programs' `time()` reads too, so a budget renews when their second does.
+fn unix_secs() -> u64 {
+    // SAFETY: time() with a null pointer only returns the time.
+    let t = unsafe { libc::time(std::ptr::null_mut()) };
+    u64::try_from(t).unwrap_or(0)
+}
+
+/// `half_close`: an EOF is passed on as a shutdown of `wr`'s writing side.
+async fn pump<R, W>(
+    mut r: R,
+    mut wr: W,
+    flow: &Flow,
+    (size, half_close): (usize, bool),
+    last: &Cell<Instant>,
+) -> bool
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -360,6 +411,7 @@ where
     loop {
         let room = flow.budget(size).await;
         let n = match r.read(&mut buf[..room]).await {
+            Ok(0) if half_close => return wr.shutdown().await.is_ok(),
             Ok(0) | Err(_) => return true,
             Ok(n) => n,
         };
@@ -403,14 +455,14 @@ where
     let up_flow = Flow {
         bytes: Cell::new(0),
         first: Cell::new(None),
-        rate: c.upload_rate,
-        start: began,
+        rate: ProxyConf::rate(c.upload_rate, &c.upload_rate_var, s, &srv.maps),
+        start_sec: unix_secs(),
     };
     let down_flow = Flow {
         bytes: Cell::new(0),
         first: Cell::new(None),
-        rate: c.download_rate,
-        start: began,
+        rate: ProxyConf::rate(c.download_rate, &c.download_rate_var, s, &srv.maps),
+        start_sec: unix_secs(),
     };
     let last = Cell::new(Instant::now());
     let closed;
@@ -429,10 +481,26 @@ where
                 }
             }
         };
-        closed = tokio::select! {
-            _ = pump(cr, uw, &up_flow, c.buffer_size, &last) => Some("client"),
-            _ = pump(ur, cw, &down_flow, c.buffer_size, &last) => Some("upstream"),
-            _ = idle => None,
+        let how = (c.buffer_size, c.half_close);
+        let up = pump(cr, uw, &up_flow, how, &last);
+        let down = pump(ur, cw, &down_flow, how, &last);
+        tokio::pin!(up, down, idle);
+        let first = tokio::select! {
+            ok = &mut up => Some(("client", ok)),
+            ok = &mut down => Some(("upstream", ok)),
+            _ = &mut idle => None,
+        };
+        closed = match first {
+            // `proxy_half_close`: the other direction goes on until its own EOF.
+            Some(("client", true)) if c.half_close => tokio::select! {
+                _ = &mut down => Some("upstream"),
+                _ = &mut idle => None,
+            },
+            Some((_, true)) if c.half_close => tokio::select! {
+                _ = &mut up => Some("client"),
+                _ = &mut idle => None,
+            },
+            f => f.map(|(who, _)| who),
         };
     }
     s.bytes_received += up_flow.bytes.get();
