@@ -149,7 +149,7 @@ pub fn apply(
         n if n.starts_with("ssl_") && n != "ssl_preread" => {
             super::ssl::set(d, &mut c.ssl, &mut ctx.http.borrow_mut())?
         }
-        "set_real_ip_from" => c.realip.add(d)?,
+        "set_real_ip_from" => c.realip.add(d, &mut ctx.http.borrow_mut().notices)?,
         "proxy_protocol_timeout" => {
             one()?;
             c.proxy_protocol_timeout = Duration::from_millis(setters::msec_arg(d, 0)?);
@@ -298,9 +298,14 @@ fn listen(d: &Directive) -> Result<Listen, ConfError> {
 pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, idx: usize) {
     let found = w.config.stream.as_ref().and_then(|s| {
         let l = s.listens.get(idx)?;
-        Some((s.servers.get(idx)?.clone(), l.ssl, l.proxy_protocol))
+        Some((
+            s.servers.get(idx)?.clone(),
+            l.ssl,
+            l.proxy_protocol,
+            l.unix.is_some(),
+        ))
     });
-    let Some((srv, ssl, pp)) = found else {
+    let Some((srv, ssl, pp, unix)) = found else {
         w.connection_closed();
         return;
     };
@@ -308,6 +313,7 @@ pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketA
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let mut s = Session::new(Worker::next_conn_id(), peer, local, false);
+    s.unix = unix;
     let session = async {
         connected(&s);
         if let Ok(client) = tokio::net::TcpStream::from_std(stream) {
@@ -329,7 +335,7 @@ pub fn connected(s: &Session) {
             "*{} {}client {} connected to {}",
             s.id,
             if s.udp { "udp " } else { "" },
-            s.peer,
+            s.peer_text(),
             s.local
         ),
     );
@@ -407,13 +413,13 @@ pub fn enter(srv: &Server, s: &mut Session) -> Option<super::limit_conn::Held> {
 
 /// The access phase: false (and `$status` 403) for a denied client.
 pub fn check_access(srv: &Server, s: &mut Session) -> bool {
-    if srv.conf.access.allows(Some(s.peer.ip())) {
+    if srv.conf.access.allows(s.client_ip()) {
         return true;
     }
     crate::errlog::error(format_args!(
         "*{} access forbidden by rule, client: {}, server: {}",
         s.id,
-        crate::http::cidr::unmapped(s.peer.ip()),
+        s.client_text(),
         s.local
     ));
     s.status = 403;

@@ -164,7 +164,7 @@ impl Limits {
                         s.id,
                         if self.dry_run { ", dry run," } else { "" },
                         zone.name,
-                        crate::http::cidr::unmapped(s.peer.ip()),
+                        s.client_text(),
                         s.local
                     ),
                 );

@@ -152,7 +152,11 @@ impl Log {
         }
         let mut line = String::new();
         for t in &self.format.parts {
-            t.append_log(&mut line, s, maps, |v, out| {
+            let missing = match self.format.escape {
+                Escape::Default => "-",
+                Escape::Json | Escape::None => "",
+            };
+            t.append_log(&mut line, (s, maps), missing, |v, out| {
                 escape(self.format.escape, v, out)
             });
         }

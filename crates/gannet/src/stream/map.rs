@@ -256,7 +256,7 @@ impl Maps {
             Some(Def::Map(m)) => m,
             Some(Def::Geo(source, geo)) => {
                 let addr = match source {
-                    None => Some(s.peer.ip()),
+                    None => s.client_ip(),
                     Some(t) => {
                         let mut a = String::new();
                         t.append_to(&mut a, s, self, depth + 1);

@@ -236,11 +236,7 @@ async fn connect(addr: &Addr, timeout: Duration) -> std::io::Result<Conn> {
 }
 
 fn client_text(s: &Session) -> String {
-    format!(
-        "client: {}, server: {}",
-        crate::http::cidr::unmapped(s.peer.ip()),
-        s.local
-    )
+    format!("client: {}, server: {}", s.client_text(), s.local)
 }
 
 /// Pick and connect, trying the next server on failure as `proxy_next_upstream` allows.

@@ -118,6 +118,11 @@ pub struct Session {
     pub peer: SocketAddr,
     pub local: SocketAddr,
     pub udp: bool,
+    /// A client of `listen unix:`: no address (`peer` is 0.0.0.0:0), `$remote_addr` is
+    /// `unix:`, and `geo` sees 255.255.255.255, as nginx's.
+    pub unix: bool,
+    /// The connection's own client was a unix one when `set_real_ip_from` replaced it.
+    pub realip_unix: bool,
     pub start: Instant,
     /// To the client, from the client.
     pub bytes_sent: u64,
@@ -152,6 +157,8 @@ impl Session {
             peer,
             local,
             udp,
+            unix: false,
+            realip_unix: false,
             start: Instant::now(),
             bytes_sent: 0,
             bytes_received: 0,
@@ -167,6 +174,29 @@ impl Session {
             limit_conn_status: 0,
             captured: Default::default(),
             set_values: Vec::new(),
+        }
+    }
+}
+
+impl Session {
+    /// The client's address; `None` for a unix client.
+    pub fn client_ip(&self) -> Option<std::net::IpAddr> {
+        (!self.unix).then(|| crate::http::cidr::unmapped(self.peer.ip()))
+    }
+
+    /// The client as log lines name it: its address, or `unix:`.
+    pub fn client_text(&self) -> String {
+        match self.client_ip() {
+            Some(ip) => ip.to_string(),
+            None => "unix:".to_string(),
+        }
+    }
+
+    /// The client with its port (`unix:` for a unix one).
+    pub fn peer_text(&self) -> String {
+        match self.unix {
+            true => "unix:".to_string(),
+            false => self.peer.to_string(),
         }
     }
 }
@@ -224,19 +254,21 @@ impl Template {
 }
 
 impl Template {
-    /// For a log line: literals as written, each variable's value through `escape`.
+    /// For a log line: literals as written, each variable's value through `escape`; a
+    /// variable without a value is `missing` (nginx: `-`, nothing with `escape=json` or
+    /// `none`).
     pub fn append_log(
         &self,
         out: &mut String,
-        s: &Session,
-        maps: &Maps,
+        (s, maps): (&Session, &Maps),
+        missing: &str,
         escape: impl Fn(&str, &mut String),
     ) {
         let mut v = String::new();
         for p in &self.parts {
             match p {
                 Part::Lit(l) => out.push_str(l),
-                Part::Var(var) if !found(*var, s) => out.push('-'),
+                Part::Var(var) if !found(*var, s) => out.push_str(missing),
                 Part::Var(var) => {
                     v.clear();
                     append(&mut v, *var, s, maps, 0);
@@ -293,16 +325,16 @@ fn opt_secs(out: &mut String, t: Option<f64>) {
 
 fn append(out: &mut String, v: Var, s: &Session, maps: &Maps, depth: usize) {
     match v {
-        Var::RemoteAddr => {
-            let _ = write!(out, "{}", crate::http::cidr::unmapped(s.peer.ip()));
-        }
+        Var::RemoteAddr => out.push_str(&s.client_text()),
+        Var::RemotePort if s.unix => {}
         Var::RemotePort => {
             let _ = write!(out, "{}", s.peer.port());
         }
-        Var::BinaryRemoteAddr => match crate::http::cidr::unmapped(s.peer.ip()) {
+        Var::BinaryRemoteAddr => match s.client_ip() {
             // Bytes as Latin-1 characters, as the HTTP side writes binary values.
-            std::net::IpAddr::V4(a) => out.extend(a.octets().iter().map(|&b| b as char)),
-            std::net::IpAddr::V6(a) => out.extend(a.octets().iter().map(|&b| b as char)),
+            Some(std::net::IpAddr::V4(a)) => out.extend(a.octets().iter().map(|&b| b as char)),
+            Some(std::net::IpAddr::V6(a)) => out.extend(a.octets().iter().map(|&b| b as char)),
+            None => {}
         },
         Var::ServerAddr => {
             let _ = write!(out, "{}", crate::http::cidr::unmapped(s.local.ip()));
@@ -363,6 +395,10 @@ fn append(out: &mut String, v: Var, s: &Session, maps: &Maps, depth: usize) {
         Var::ProxyProtocolServerPort => pp(out, s, |p, o| {
             let _ = write!(o, "{}", p.server_port);
         }),
+        Var::RealipRemoteAddr if s.realip_unix || (s.unix && s.realip_from.is_none()) => {
+            out.push_str("unix:")
+        }
+        Var::RealipRemotePort if s.realip_unix || (s.unix && s.realip_from.is_none()) => {}
         Var::RealipRemoteAddr => {
             let a = s.realip_from.unwrap_or(s.peer);
             let _ = write!(out, "{}", crate::http::cidr::unmapped(a.ip()));
