@@ -34,7 +34,7 @@ impl Trusted {
 
     /// Take the PROXY header's client address when the connection is trusted.
     pub fn apply(&self, s: &mut Session) {
-        if self.from.is_empty() {
+        if self.from.is_empty() && !self.unix {
             return;
         }
         let Some(client) = s.proxy_protocol.as_ref().and_then(|p| p.client()) else {
