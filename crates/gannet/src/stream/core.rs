@@ -56,6 +56,10 @@ pub struct ServerConf {
     pub ssl: super::ssl::SslConf,
     pub realip: super::realip::Trusted,
     pub proxy_protocol_timeout: Duration,
+    /// `resolver` / `resolver_timeout`: names `proxy_pass $var` gives are looked up
+    /// through it (the HTTP side's client, `crate::resolver`).
+    pub resolver: Option<Arc<crate::resolver::Resolver>>,
+    pub resolver_timeout: Duration,
     /// `return`'s text when it is the server's content handler (written after any
     /// `proxy_pass`).
     pub ret: Option<super::variables::Template>,
@@ -79,6 +83,8 @@ impl Default for ServerConf {
             ssl: Default::default(),
             realip: Default::default(),
             proxy_protocol_timeout: Duration::from_secs(30),
+            resolver: None,
+            resolver_timeout: crate::resolver::DEFAULT_TIMEOUT,
             ret: None,
             sets: Vec::new(),
         }
@@ -150,6 +156,16 @@ pub fn apply(
             super::ssl::set(d, &mut c.ssl, &mut ctx.http.borrow_mut())?
         }
         "set_real_ip_from" => c.realip.add(d, &mut ctx.http.borrow_mut().notices)?,
+        "resolver" => {
+            if d.args.is_empty() {
+                return Err(d.error("invalid number of arguments in \"resolver\" directive"));
+            }
+            c.resolver = Some(Arc::new(crate::resolver::parse(d)?));
+        }
+        "resolver_timeout" => {
+            one()?;
+            c.resolver_timeout = Duration::from_millis(setters::msec_arg(d, 0)?);
+        }
         "proxy_protocol_timeout" => {
             one()?;
             c.proxy_protocol_timeout = Duration::from_millis(setters::msec_arg(d, 0)?);

@@ -154,42 +154,87 @@ pub fn set(d: &Directive, c: &mut ProxyConf, ctx: &LoadCtx) -> Result<(), ConfEr
 }
 
 /// The group a session goes to; `Err(500)` when `proxy_pass $var` names neither a group
-/// nor an address (nginx without a `resolver`: "no resolver defined", 500).
-fn group_for(srv: &Server, s: &Session) -> Result<Arc<Group>, u16> {
+/// nor an address, or a name that has no port, no `resolver` or no address (nginx's
+/// codes and lines).
+async fn group_for(srv: &Server, s: &Session) -> Result<Arc<Group>, u16> {
     let conf = srv.conf.proxy.pass.as_ref().ok_or(500u16)?;
-    match conf {
-        Pass::Group(g) => Ok(g.clone()),
-        Pass::Var(t) => {
-            let name = t.eval(s, &srv.maps);
-            if let Some(g) = srv.groups.get(&name) {
-                return Ok(g.clone());
-            }
-            // An address, not a name: nginx looks names up only through a `resolver`.
-            match Addr::parse(&name).filter(is_literal) {
-                // One group per address, kept: the balancer's state is per group. The
-                // addresses come from the session (a client may vary them), so the table
-                // starts over past a bound instead of growing.
-                Some(a) => {
-                    let mut seen = srv.by_addr.lock().unwrap_or_else(|e| e.into_inner());
-                    if seen.len() >= MAX_VAR_GROUPS && !seen.contains_key(&name) {
-                        seen.clear();
-                    }
-                    let g = seen
-                        .entry(name)
-                        .or_insert_with(|| Arc::new(super::upstream::single(a)));
-                    Ok(g.clone())
-                }
-                None => {
-                    crate::errlog::error(format_args!(
-                        "*{} no resolver defined to resolve {name}, client: {}",
-                        s.id,
-                        crate::http::cidr::unmapped(s.peer.ip())
-                    ));
-                    Err(500)
-                }
-            }
+    let t = match conf {
+        Pass::Group(g) => return Ok(g.clone()),
+        Pass::Var(t) => t,
+    };
+    let name = t.eval(s, &srv.maps);
+    if let Some(g) = srv.groups.get(&name) {
+        return Ok(g.clone());
+    }
+    if let Some(a) = Addr::parse(&name).filter(is_literal) {
+        return Ok(kept(srv, &name, |_| true, || vec![a]));
+    }
+    let port = name
+        .rsplit_once(':')
+        .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)));
+    let Some((host, port)) = port.filter(|(h, _)| !h.is_empty()) else {
+        crate::errlog::error(format_args!(
+            "*{} no port in upstream \"{name}\", {}",
+            s.id,
+            client_text(s)
+        ));
+        return Err(500);
+    };
+    let Some(resolver) = &srv.conf.resolver else {
+        crate::errlog::error(format_args!(
+            "*{} no resolver defined to resolve {host}, {}",
+            s.id,
+            client_text(s)
+        ));
+        return Err(500);
+    };
+    match resolver.lookup(host, srv.conf.resolver_timeout).await {
+        Ok((ips, _)) => {
+            let addrs: Vec<Addr> = ips
+                .into_iter()
+                .map(|ip| Addr::Tcp(SocketAddr::new(ip, port).to_string().into()))
+                .collect();
+            let same = |g: &Group| {
+                g.group.servers.len() == addrs.len()
+                    && g.group
+                        .servers
+                        .iter()
+                        .zip(&addrs)
+                        .all(|(a, b)| a.addr == *b)
+            };
+            Ok(kept(srv, &name, same, || addrs.clone()))
+        }
+        Err(f) => {
+            crate::errlog::error(format_args!(
+                "*{} {host} could not be resolved ({f}), {}",
+                s.id,
+                client_text(s)
+            ));
+            Err(500)
         }
     }
+}
+
+/// The group kept for `name` while `still` holds for it, else a new one of `addrs`: one
+/// group per address or name, kept as the balancer's state (failures, `max_fails`) is
+/// per group. The names come from the session (a client may vary them), so the table
+/// starts over past a bound instead of growing.
+fn kept(
+    srv: &Server,
+    name: &str,
+    still: impl Fn(&Group) -> bool,
+    addrs: impl FnOnce() -> Vec<Addr>,
+) -> Arc<Group> {
+    let mut seen = srv.by_addr.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(g) = seen.get(name).filter(|g| still(g)) {
+        return g.clone();
+    }
+    if seen.len() >= MAX_VAR_GROUPS {
+        seen.clear();
+    }
+    let g = Arc::new(super::upstream::of_addrs(name, addrs()));
+    seen.insert(name.to_string(), g.clone());
+    g
 }
 
 /// The most groups `proxy_pass $var` keeps for addresses (see `group_for`).
@@ -247,7 +292,7 @@ async fn connect_upstream(
     s: &mut Session,
 ) -> Option<(Conn, crate::upstream::Lease, Arc<Group>, usize)> {
     let c = &srv.conf.proxy;
-    let group = match group_for(srv, s) {
+    let group = match group_for(srv, s).await {
         Ok(g) => g,
         Err(status) => {
             s.status = status;
@@ -621,7 +666,7 @@ async fn udp_upstream(
     srv: &Server,
     s: &mut Session,
 ) -> Option<(UdpSocket, crate::upstream::Lease)> {
-    let group = match group_for(srv, s) {
+    let group = match group_for(srv, s).await {
         Ok(g) => g,
         Err(status) => {
             s.status = status;
