@@ -23,6 +23,7 @@ use crate::runtime::worker::Worker;
 use crate::upstream::{Addr, Key, Pick, Tried};
 use gannet_conf::{setters, ConfError, Directive};
 use std::cell::{Cell, RefCell};
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -565,9 +566,10 @@ where
     }
 }
 
-/// A client's live UDP session: its id (to remove only its own entry) and its inbox.
+/// A client's live UDP session: its id (to remove only its own entry), its inbox and the
+/// datagrams given to it so far.
 type UdpSessions =
-    Rc<RefCell<HashMap<SocketAddr, (u64, tokio::sync::mpsc::UnboundedSender<Vec<u8>>)>>>;
+    Rc<RefCell<HashMap<SocketAddr, (u64, tokio::sync::mpsc::UnboundedSender<Vec<u8>>, u64)>>>;
 
 /// Serve a `listen ... udp` socket of stream server `idx`.
 pub async fn udp_listener(w: Rc<Worker>, sock: std::net::UdpSocket, idx: usize) {
@@ -595,12 +597,28 @@ pub async fn udp_listener(w: Rc<Worker>, sock: std::net::UdpSocket, idx: usize) 
             continue;
         };
         let data = buf[..n].to_vec();
-        let data = match sessions.borrow().get(&peer) {
-            Some((_, tx)) => match tx.send(data) {
-                Ok(()) => continue,
-                Err(e) => e.0,
-            },
-            None => data,
+        // `proxy_requests N`: the Nth datagram is a session's last, decided here as it
+        // is handed over (a session that counted for itself would lose the ones queued
+        // behind it).
+        let limit = srv.conf.proxy.requests;
+        let data = match sessions.borrow_mut().entry(peer) {
+            Entry::Occupied(mut e) => {
+                let (_, tx, given) = e.get_mut();
+                match tx.send(data) {
+                    Ok(()) => {
+                        *given += 1;
+                        if limit > 0 && *given >= limit {
+                            e.remove();
+                        }
+                        continue;
+                    }
+                    Err(err) => {
+                        e.remove();
+                        err.0
+                    }
+                }
+            }
+            Entry::Vacant(_) => data,
         };
         if w.active.get() >= w.config.main.worker_connections {
             continue;
@@ -609,7 +627,9 @@ pub async fn udp_listener(w: Rc<Worker>, sock: std::net::UdpSocket, idx: usize) 
         let id = Worker::next_conn_id();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let _ = tx.send(data);
-        sessions.borrow_mut().insert(peer, (id, tx));
+        if limit != 1 {
+            sessions.borrow_mut().insert(peer, (id, tx, 1));
+        }
         let s = Session::new(id, peer, local, true);
         let session = udp_session(
             w.clone(),
@@ -645,12 +665,12 @@ async fn udp_session(
                         s.bytes_sent += text.len() as u64;
                     }
                 }
-                None => run_udp(&w, &srv, &sock, &mut s, &mut rx, &sessions).await,
+                None => run_udp(&w, &srv, &sock, &mut s, &mut rx).await,
             }
         }
     }
-    let forget = |m: &mut HashMap<_, (u64, _)>| {
-        if m.get(&s.peer).is_some_and(|(id, _)| *id == s.id) {
+    let forget = |m: &mut HashMap<_, (u64, _, _)>| {
+        if m.get(&s.peer).is_some_and(|(id, _, _)| *id == s.id) {
             m.remove(&s.peer);
         }
     };
@@ -745,7 +765,6 @@ async fn run_udp(
     sock: &UdpSocket,
     s: &mut Session,
     rx: &mut tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
-    sessions: &UdpSessions,
 ) {
     let c = &srv.conf.proxy;
     let Some((up, _lease)) = udp_upstream(w, srv, s).await else {
@@ -757,8 +776,11 @@ async fn run_udp(
     let mut buf = vec![0u8; 65536];
     let mut inbox_open = true;
     let mut first = None;
-    let done =
-        |requests: u64, responses: u64| c.responses.is_some_and(|r| responses >= r * requests);
+    // nginx: with `proxy_requests`, not before the session had all its datagrams.
+    let done = |requests: u64, responses: u64| {
+        (c.requests == 0 || requests >= c.requests)
+            && c.responses.is_some_and(|r| responses >= r * requests)
+    };
     loop {
         let deadline = tokio::time::Instant::now() + c.timeout;
         tokio::select! {
@@ -771,11 +793,6 @@ async fn run_udp(
                         break;
                     }
                     sent += d.len() as u64;
-                    if c.requests > 0 && requests >= c.requests {
-                        // The client's next datagram starts a new session.
-                        sessions.borrow_mut().retain(|_, (id, _)| *id != s.id);
-                        inbox_open = false;
-                    }
                     if done(requests, responses) {
                         break;
                     }
@@ -810,7 +827,8 @@ async fn run_udp(
                 }
             },
             _ = tokio::time::sleep_until(deadline) => {
-                if c.responses.is_some() && !done(requests, responses) {
+                // nginx's "udp timed out": 200 if the replies expected so far came.
+                if c.responses.is_some_and(|r| responses < r * requests) {
                     crate::errlog::error(format_args!("*{} upstream timed out (110: Connection timed out) while proxying connection, {}", s.id, client_text(s)));
                     s.status = 502;
                 }
