@@ -60,6 +60,9 @@ pub struct ServerConf {
     /// through it (the HTTP side's client, `crate::resolver`).
     pub resolver: Option<Arc<crate::resolver::Resolver>>,
     pub resolver_timeout: Duration,
+    /// `tcp_nodelay` (default on): TCP_NODELAY on the client's and the upstream's TCP
+    /// connections.
+    pub tcp_nodelay: bool,
     /// `return`'s text when it is the server's content handler (written after any
     /// `proxy_pass`).
     pub ret: Option<super::variables::Template>,
@@ -85,6 +88,7 @@ impl Default for ServerConf {
             proxy_protocol_timeout: Duration::from_secs(30),
             resolver: None,
             resolver_timeout: crate::resolver::DEFAULT_TIMEOUT,
+            tcp_nodelay: true,
             ret: None,
             sets: Vec::new(),
         }
@@ -161,6 +165,10 @@ pub fn apply(
                 return Err(d.error("invalid number of arguments in \"resolver\" directive"));
             }
             c.resolver = Some(Arc::new(crate::resolver::parse(d)?));
+        }
+        "tcp_nodelay" => {
+            one()?;
+            c.tcp_nodelay = setters::flag(d)?;
         }
         "resolver_timeout" => {
             one()?;
@@ -365,6 +373,9 @@ async fn run_tcp(
     s: &mut Session,
 ) {
     let c = &srv.conf;
+    if c.tcp_nodelay && !s.unix {
+        let _ = client.set_nodelay(true);
+    }
     if pp {
         let who = crate::conn::proxy_protocol::Who {
             id: s.id,

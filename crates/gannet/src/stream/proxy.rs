@@ -330,6 +330,9 @@ async fn connect_upstream(
         match connect(addr, c.connect_timeout).await {
             Ok(conn) => {
                 w.upstreams.succeeded(&group.group, i);
+                if let (Conn::Tcp(t), true) = (&conn, srv.conf.tcp_nodelay) {
+                    let _ = t.set_nodelay(true);
+                }
                 crate::errlog::log(
                     crate::errlog::Level::Info,
                     format_args!(
