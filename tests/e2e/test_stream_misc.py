@@ -403,3 +403,23 @@ def test_stream_config_errors(gannet):
         r = gannet.check(conf=conf(body))
         assert r.returncode != 0 and msg in r.stderr, (body, r.stderr)
         assert "gannet.conf:" in r.stderr or "check.conf:" in r.stderr, r.stderr
+
+
+@needs_nginx
+def test_differential_no_live_upstreams_logs_the_group(gannet, tmp_path, echo):
+    """A group whose servers are all `down`: 502, nginx's "no live upstreams" line, and
+    the group's name as `$upstream_addr`."""
+    p = ports(1)
+    body = lambda side: (
+        "log_format n '$upstream_addr $status';\n"
+        f"upstream u2 {{ server 127.0.0.1:{echo.ports[0]} down; server 127.0.0.1:{echo.ports[1]} backup down; }}\n"
+        f"server {{ listen 127.0.0.1:{p[side][0]}; access_log {{tmp}}/n.log n; proxy_pass u2; }}")
+    with both(gannet, tmp_path, body) as tmps:
+        got = {}
+        for side, tmp in tmps.items():
+            assert talk(p[side][0]) == b""
+            log = tmp / "n.log"
+            assert wait_until(lambda: log.exists() and log.read_text()), side
+            got[side] = log.read_text()
+            assert 'no live upstreams while connecting to upstream' in (tmp / "error.log").read_text(), side
+    assert got["g"] == got["n"] == "u2 502\n", got

@@ -285,6 +285,22 @@ fn client_text(s: &Session) -> String {
     format!("client: {}, server: {}", s.client_text(), s.local)
 }
 
+/// No server of the group can be tried: nginx's line, 502, and the group's name as
+/// the attempt's `$upstream_addr`.
+fn no_live(s: &mut Session, group: &Group) {
+    crate::errlog::error(format_args!(
+        "*{} no live upstreams while connecting to upstream, {}, upstream: \"{}\"",
+        s.id,
+        client_text(s),
+        group.group.name
+    ));
+    s.attempts.push(Attempt {
+        addr: group.group.name.clone(),
+        ..Default::default()
+    });
+    s.status = 502;
+}
+
 /// Pick and connect, trying the next server on failure as `proxy_next_upstream` allows.
 /// Returns the connection and its attempt's index; `None`: `$status` is set.
 async fn connect_upstream(
@@ -311,12 +327,7 @@ async fn connect_upstream(
         let (i, lease) = match w.upstreams.pick(&group.group, &key, &tried, Instant::now()) {
             Pick::Server(i, lease) => (i, lease),
             Pick::Full | Pick::None => {
-                crate::errlog::error(format_args!(
-                    "*{} no live upstreams while connecting to upstream, {}",
-                    s.id,
-                    client_text(s)
-                ));
-                s.status = 502;
+                no_live(s, &group);
                 return None;
             }
         };
@@ -432,12 +443,11 @@ impl Flow {
     }
 }
 
-/// The wall clock's whole seconds, as `time(2)` gives them: the kernel's coarse clock,
-/// which other programs' `time()` reads too, so a budget renews when their second does.
+/// The wall clock's whole seconds (nginx's `ngx_time()`).
 fn unix_secs() -> u64 {
-    // SAFETY: time() with a null pointer only returns the time.
-    let t = unsafe { libc::time(std::ptr::null_mut()) };
-    u64::try_from(t).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// `half_close`: an EOF is passed on as a shutdown of `wr`'s writing side.
@@ -469,6 +479,13 @@ where
         }
         flow.bytes.set(flow.bytes.get() + n as u64);
         last.set(Instant::now());
+        // nginx: after a read under a rate, the next waits n / rate seconds.
+        if flow.rate > 0 {
+            let pause = n as u64 * 1000 / flow.rate;
+            if pause > 0 {
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+            }
+        }
     }
 }
 
@@ -705,12 +722,7 @@ async fn udp_upstream(
     loop {
         let Pick::Server(i, lease) = w.upstreams.pick(&group.group, &key, &tried, Instant::now())
         else {
-            crate::errlog::error(format_args!(
-                "*{} no live upstreams while connecting to upstream, {}",
-                s.id,
-                client_text(s)
-            ));
-            s.status = 502;
+            no_live(s, &group);
             return None;
         };
         tried.push(i);
