@@ -480,8 +480,7 @@ where
         flow.bytes.set(flow.bytes.get() + n as u64);
         last.set(Instant::now());
         // nginx: after a read under a rate, the next waits n / rate seconds.
-        if flow.rate > 0 {
-            let pause = n as u64 * 1000 / flow.rate;
+        if let Some(pause) = (n as u64 * 1000).checked_div(flow.rate) {
             if pause > 0 {
                 tokio::time::sleep(Duration::from_millis(pause)).await;
             }
