@@ -423,3 +423,52 @@ def test_differential_no_live_upstreams_logs_the_group(gannet, tmp_path, echo):
             got[side] = log.read_text()
             assert 'no live upstreams while connecting to upstream' in (tmp / "error.log").read_text(), side
     assert got["g"] == got["n"] == "u2 502\n", got
+
+
+@needs_nginx
+def test_differential_udp_upload_rate(gannet, tmp_path):
+    """UDP `proxy_upload_rate 500`: a 1000-byte datagram goes at once; for the two seconds
+    its size costs the session reads nothing, so a datagram sent then is lost (nginx's
+    too); one sent after goes through."""
+    back = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    back.bind(("127.0.0.1", 0))
+
+    def serve():
+        while True:
+            try:
+                d, peer = back.recvfrom(2000)
+                back.sendto(d, peer)
+            except OSError:
+                return
+
+    threading.Thread(target=serve, daemon=True).start()
+    p = ports(1)
+    body = lambda side: (
+        f"server {{ listen 127.0.0.1:{p[side][0]} udp; proxy_upload_rate 500; proxy_timeout 5s;\n"
+        f"  proxy_pass 127.0.0.1:{back.getsockname()[1]}; }}")
+    data = b"1234567890" * 100
+    try:
+        with both(gannet, tmp_path, body):
+            got = {}
+            for side in p:
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as c:
+                    c.connect(("127.0.0.1", p[side][0]))
+                    c.settimeout(5)
+                    c.send(data)
+                    first = c.recv(2000)
+                    c.send(data)
+                    c.settimeout(0.5)
+                    try:
+                        early = c.recv(2000)
+                    except socket.timeout:
+                        early = b""
+                    # The second was dropped; once its predecessor's two seconds passed, a
+                    # third one goes through.
+                    time.sleep(1.6)
+                    c.settimeout(5)
+                    c.send(data)
+                    late = c.recv(2000)
+                got[side] = (first == data, early, late == data)
+    finally:
+        back.close()
+    assert got["g"] == got["n"] == (True, b"", True), got

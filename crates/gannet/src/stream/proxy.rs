@@ -773,6 +773,49 @@ async fn udp_upstream(
     }
 }
 
+/// A UDP direction's rate (nginx's datagrams are never split; a client's datagram that
+/// comes while the upload is held back is dropped, as nginx's): the budget of
+/// `rate * (seconds + 1)` bytes, and after each datagram of n bytes a pause of n / rate
+/// seconds.
+struct Pace {
+    rate: u64,
+    start_sec: u64,
+    spent: u64,
+    paused_until: Instant,
+}
+
+impl Pace {
+    fn new(rate: u64) -> Pace {
+        Pace {
+            rate,
+            start_sec: unix_secs(),
+            spent: 0,
+            paused_until: Instant::now(),
+        }
+    }
+
+    /// When the next datagram may be read.
+    fn ready_at(&self, now: Instant) -> Instant {
+        if self.rate == 0 {
+            return now;
+        }
+        let secs = unix_secs().saturating_sub(self.start_sec);
+        let allowed = self.rate.saturating_mul(secs + 1);
+        let budget = match allowed > self.spent {
+            true => now,
+            false => now + Duration::from_millis((self.spent - allowed) * 1000 / self.rate + 1),
+        };
+        budget.max(self.paused_until)
+    }
+
+    fn took(&mut self, n: usize) {
+        if let Some(pause) = (n as u64 * 1000).checked_div(self.rate) {
+            self.spent += n as u64;
+            self.paused_until = Instant::now() + Duration::from_millis(pause);
+        }
+    }
+}
+
 async fn run_udp(
     w: &Rc<Worker>,
     srv: &Server,
@@ -795,11 +838,39 @@ async fn run_udp(
         (c.requests == 0 || requests >= c.requests)
             && c.responses.is_some_and(|r| responses >= r * requests)
     };
+    let mut up_pace = Pace::new(ProxyConf::rate(
+        c.upload_rate,
+        &c.upload_rate_var,
+        s,
+        &srv.maps,
+    ));
+    let mut down_pace = Pace::new(ProxyConf::rate(
+        c.download_rate,
+        &c.download_rate_var,
+        s,
+        &srv.maps,
+    ));
+    let mut last = Instant::now();
     loop {
-        let deadline = tokio::time::Instant::now() + c.timeout;
+        let deadline = tokio::time::Instant::from_std(last + c.timeout);
+        let now = Instant::now();
+        let (up_at, down_at) = (up_pace.ready_at(now), down_pace.ready_at(now));
+        let (up_ok, down_ok) = (up_at <= now, down_at <= now);
+        // The next wake-up of a direction held back by its rate.
+        let wake = [(up_ok, up_at), (down_ok, down_at)]
+            .iter()
+            .filter(|(ok, _)| !ok)
+            .map(|(_, at)| *at)
+            .min();
         tokio::select! {
+            _ = tokio::time::sleep_until(wake.map_or(deadline, tokio::time::Instant::from_std)), if wake.is_some() => continue,
             m = rx.recv(), if inbox_open => match m {
+                // nginx reads a client's datagram only as it arrives: one that comes while
+                // the upload rate holds the session back is lost.
+                Some(_) if !up_ok => continue,
                 Some(d) => {
+                    last = Instant::now();
+                    up_pace.took(d.len());
                     s.bytes_received += d.len() as u64;
                     requests += 1;
                     if up.send(&d).await.is_err() {
@@ -813,8 +884,10 @@ async fn run_udp(
                 }
                 None => inbox_open = false,
             },
-            r = up.recv(&mut buf) => match r {
+            r = up.recv(&mut buf), if down_ok => match r {
                 Ok(n) => {
+                    last = Instant::now();
+                    down_pace.took(n);
                     received += n as u64;
                     first.get_or_insert_with(Instant::now);
                     if sock.send_to(&buf[..n], s.peer).await.is_ok() {
