@@ -472,3 +472,37 @@ def test_differential_udp_upload_rate(gannet, tmp_path):
     finally:
         back.close()
     assert got["g"] == got["n"] == (True, b"", True), got
+
+
+@needs_nginx
+def test_differential_proxy_bind(gannet, tmp_path):
+    """`proxy_bind 127.0.0.2`, a `proxy_bind $var` and a server that sets none under a
+    stream-level one with `off`: the upstream sees the address asked for."""
+    up = socket.socket()
+    up.bind(("127.0.0.1", 0))
+    up.listen(8)
+
+    def serve():
+        while True:
+            try:
+                c, peer = up.accept()
+            except OSError:
+                return
+            with c:
+                c.sendall(peer[0].encode())
+
+    threading.Thread(target=serve, daemon=True).start()
+    u = up.getsockname()[1]
+    p = ports(3)
+    body = lambda side: (
+        "map $server_port $from { default 127.0.0.3; }\n"
+        "proxy_bind 127.0.0.4;\n"
+        f"server {{ listen 127.0.0.1:{p[side][0]}; proxy_bind 127.0.0.2; proxy_pass 127.0.0.1:{u}; }}\n"
+        f"server {{ listen 127.0.0.1:{p[side][1]}; proxy_bind $from; proxy_pass 127.0.0.1:{u}; }}\n"
+        f"server {{ listen 127.0.0.1:{p[side][2]}; proxy_bind off; proxy_pass 127.0.0.1:{u}; }}")
+    try:
+        with both(gannet, tmp_path, body):
+            got = {side: [read_all(q) for q in p[side]] for side in p}
+    finally:
+        up.close()
+    assert got["g"] == got["n"] == [b"127.0.0.2", b"127.0.0.3", b"127.0.0.1"], got

@@ -61,6 +61,9 @@ pub struct ProxyConf {
     /// value that is not a size means no limit, as nginx's ngx_stream_complex_value_size.
     pub upload_rate_var: Option<Template>,
     pub download_rate_var: Option<Template>,
+    /// `proxy_bind ADDRESS [transparent]`: the local address of upstream connections
+    /// (variables allowed; an empty value binds nothing); `None`: `off` or unset.
+    pub bind: Option<(Template, bool)>,
     /// `proxy_half_close`: one side's EOF is passed on as a shutdown of the other's
     /// writing side; the session ends when both sides have closed.
     pub half_close: bool,
@@ -94,12 +97,16 @@ impl Default for ProxyConf {
             upload_rate_var: None,
             download_rate_var: None,
             half_close: false,
+            bind: None,
         }
     }
 }
 
 /// A `proxy_*` directive.
 pub fn set(d: &Directive, c: &mut ProxyConf, ctx: &LoadCtx) -> Result<(), ConfError> {
+    if d.name == "proxy_bind" {
+        return bind(d, c, ctx);
+    }
     if d.args.len() != 1 {
         return Err(d.error(format!(
             "invalid number of arguments in \"{}\" directive",
@@ -152,6 +159,36 @@ pub fn set(d: &Directive, c: &mut ProxyConf, ctx: &LoadCtx) -> Result<(), ConfEr
         _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
     }
     Ok(())
+}
+
+/// `proxy_bind ADDRESS [transparent] | off`.
+fn bind(d: &Directive, c: &mut ProxyConf, ctx: &LoadCtx) -> Result<(), ConfError> {
+    let transparent = match d.args.get(1).map(String::as_str) {
+        None => false,
+        Some("transparent") if d.args.len() == 2 => true,
+        Some(a) if d.args.len() == 2 => return Err(d.error(format!("invalid parameter \"{a}\""))),
+        _ => return Err(d.error("invalid number of arguments in \"proxy_bind\" directive")),
+    };
+    if d.args[0] == "off" {
+        c.bind = None;
+        return Ok(());
+    }
+    let t = Template::compile(&d.args[0], &ctx.maps).map_err(|e| d.error(e))?;
+    if !d.args[0].contains('$') && local_addr(&d.args[0]).is_none() {
+        return Err(d.error(format!("invalid address \"{}\"", d.args[0])));
+    }
+    c.bind = Some((t, transparent));
+    Ok(())
+}
+
+/// `IP` or `IP:PORT` (`[v6]:PORT`) of `proxy_bind`.
+fn local_addr(v: &str) -> Option<SocketAddr> {
+    v.parse::<SocketAddr>().ok().or_else(|| {
+        let ip = v.trim_start_matches('[').trim_end_matches(']');
+        ip.parse::<std::net::IpAddr>()
+            .ok()
+            .map(|ip| SocketAddr::new(ip, 0))
+    })
 }
 
 /// The group a session goes to; `Err(500)` when `proxy_pass $var` names neither a group
@@ -265,11 +302,35 @@ impl Conn {
     }
 }
 
-async fn connect(addr: &Addr, timeout: Duration) -> std::io::Result<Conn> {
+/// Connect, from `local` (`proxy_bind`) when given.
+async fn connect(
+    addr: &Addr,
+    timeout: Duration,
+    local: Option<(SocketAddr, bool)>,
+) -> std::io::Result<Conn> {
     let fut = async {
-        match addr {
-            Addr::Tcp(a) => TcpStream::connect(&**a).await.map(Conn::Tcp),
-            Addr::Unix(p) => UnixStream::connect(p).await.map(Conn::Unix),
+        match (addr, local) {
+            (Addr::Tcp(a), Some((from, transparent))) => {
+                let to = tokio::net::lookup_host(&**a)
+                    .await?
+                    .next()
+                    .ok_or_else(|| std::io::Error::other("host not found"))?;
+                let sock = match to {
+                    SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+                    SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+                };
+                if transparent {
+                    let r = socket2::SockRef::from(&sock);
+                    match from {
+                        SocketAddr::V4(_) => r.set_ip_transparent_v4(true)?,
+                        SocketAddr::V6(_) => r.set_ip_transparent_v6(true)?,
+                    }
+                }
+                sock.bind(from)?;
+                sock.connect(to).await.map(Conn::Tcp)
+            }
+            (Addr::Tcp(a), None) => TcpStream::connect(&**a).await.map(Conn::Tcp),
+            (Addr::Unix(p), _) => UnixStream::connect(p).await.map(Conn::Unix),
         }
     };
     match tokio::time::timeout(timeout, fut).await {
@@ -321,6 +382,27 @@ async fn connect_upstream(
         ip: Some(s.peer.ip()),
         hash: hash.as_deref().map(str::as_bytes),
     };
+    // nginx: an address that does not parse ends the session with 500; an empty one
+    // binds nothing.
+    let local = match &c.bind {
+        None => None,
+        Some((t, transparent)) => {
+            let v = t.eval(s, &srv.maps);
+            match local_addr(&v) {
+                Some(a) => Some((a, *transparent)),
+                None if v.is_empty() => None,
+                None => {
+                    crate::errlog::error(format_args!(
+                        "*{} invalid local address \"{v}\", {}",
+                        s.id,
+                        client_text(s)
+                    ));
+                    s.status = 500;
+                    return None;
+                }
+            }
+        }
+    };
     let mut tried = Tried::default();
     let start = Instant::now();
     loop {
@@ -338,7 +420,7 @@ async fn connect_upstream(
             addr: addr.to_string(),
             ..Default::default()
         });
-        match connect(addr, c.connect_timeout).await {
+        match connect(addr, c.connect_timeout, local).await {
             Ok(conn) => {
                 w.upstreams.succeeded(&group.group, i);
                 if let (Conn::Tcp(t), true) = (&conn, srv.conf.tcp_nodelay) {
