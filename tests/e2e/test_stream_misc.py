@@ -491,18 +491,39 @@ def test_differential_proxy_bind(gannet, tmp_path):
             with c:
                 c.sendall(peer[0].encode())
 
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+
+    def serve_udp():
+        while True:
+            try:
+                _, peer = udp.recvfrom(100)
+                udp.sendto(peer[0].encode(), peer)
+            except OSError:
+                return
+
     threading.Thread(target=serve, daemon=True).start()
-    u = up.getsockname()[1]
-    p = ports(3)
+    threading.Thread(target=serve_udp, daemon=True).start()
+    u, uu = up.getsockname()[1], udp.getsockname()[1]
+    p = ports(4)
     body = lambda side: (
         "map $server_port $from { default 127.0.0.3; }\n"
         "proxy_bind 127.0.0.4;\n"
         f"server {{ listen 127.0.0.1:{p[side][0]}; proxy_bind 127.0.0.2; proxy_pass 127.0.0.1:{u}; }}\n"
         f"server {{ listen 127.0.0.1:{p[side][1]}; proxy_bind $from; proxy_pass 127.0.0.1:{u}; }}\n"
-        f"server {{ listen 127.0.0.1:{p[side][2]}; proxy_bind off; proxy_pass 127.0.0.1:{u}; }}")
+        f"server {{ listen 127.0.0.1:{p[side][2]}; proxy_bind off; proxy_pass 127.0.0.1:{u}; }}\n"
+        f"server {{ listen 127.0.0.1:{p[side][3]} udp; proxy_responses 1; proxy_pass 127.0.0.1:{uu}; }}")
+
+    def dgram(port):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as c:
+            c.settimeout(5)
+            c.sendto(b"x", ("127.0.0.1", port))
+            return c.recv(100)
+
     try:
         with both(gannet, tmp_path, body):
-            got = {side: [read_all(q) for q in p[side]] for side in p}
+            got = {side: [read_all(q) for q in p[side][:3]] + [dgram(p[side][3])] for side in p}
     finally:
         up.close()
-    assert got["g"] == got["n"] == [b"127.0.0.2", b"127.0.0.3", b"127.0.0.1"], got
+        udp.close()
+    assert got["g"] == got["n"] == [b"127.0.0.2", b"127.0.0.3", b"127.0.0.1", b"127.0.0.4"], got

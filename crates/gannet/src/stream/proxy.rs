@@ -181,6 +181,28 @@ fn bind(d: &Directive, c: &mut ProxyConf, ctx: &LoadCtx) -> Result<(), ConfError
     Ok(())
 }
 
+/// The session's `proxy_bind` address. nginx: one that does not parse ends the session
+/// with 500 (`Err`); an empty one binds nothing.
+fn bind_for(srv: &Server, s: &mut Session) -> Result<Option<(SocketAddr, bool)>, ()> {
+    let Some((t, transparent)) = &srv.conf.proxy.bind else {
+        return Ok(None);
+    };
+    let v = t.eval(s, &srv.maps);
+    match local_addr(&v) {
+        Some(a) => Ok(Some((a, *transparent))),
+        None if v.is_empty() => Ok(None),
+        None => {
+            crate::errlog::error(format_args!(
+                "*{} invalid local address \"{v}\", {}",
+                s.id,
+                client_text(s)
+            ));
+            s.status = 500;
+            Err(())
+        }
+    }
+}
+
 /// `IP` or `IP:PORT` (`[v6]:PORT`) of `proxy_bind`.
 fn local_addr(v: &str) -> Option<SocketAddr> {
     v.parse::<SocketAddr>().ok().or_else(|| {
@@ -382,27 +404,7 @@ async fn connect_upstream(
         ip: Some(s.peer.ip()),
         hash: hash.as_deref().map(str::as_bytes),
     };
-    // nginx: an address that does not parse ends the session with 500; an empty one
-    // binds nothing.
-    let local = match &c.bind {
-        None => None,
-        Some((t, transparent)) => {
-            let v = t.eval(s, &srv.maps);
-            match local_addr(&v) {
-                Some(a) => Some((a, *transparent)),
-                None if v.is_empty() => None,
-                None => {
-                    crate::errlog::error(format_args!(
-                        "*{} invalid local address \"{v}\", {}",
-                        s.id,
-                        client_text(s)
-                    ));
-                    s.status = 500;
-                    return None;
-                }
-            }
-        }
-    };
+    let local = bind_for(srv, s).ok()?;
     let mut tried = Tried::default();
     let start = Instant::now();
     loop {
@@ -799,6 +801,7 @@ async fn udp_upstream(
         ip: Some(s.peer.ip()),
         hash: hash.as_deref().map(str::as_bytes),
     };
+    let local = bind_for(srv, s).ok()?;
     let mut tried = Tried::default();
     loop {
         let Pick::Server(i, lease) = w.upstreams.pick(&group.group, &key, &tried, Instant::now())
@@ -821,10 +824,10 @@ async fn udp_upstream(
                 .await?
                 .next()
                 .ok_or_else(|| std::io::Error::other("host not found"))?;
-            let bind: SocketAddr = if target.is_ipv4() {
-                ([0, 0, 0, 0], 0).into()
-            } else {
-                (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+            let bind: SocketAddr = match local {
+                Some((a, _)) => a,
+                None if target.is_ipv4() => ([0, 0, 0, 0], 0).into(),
+                None => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
             };
             let u = UdpSocket::bind(bind).await?;
             u.connect(target).await?;
