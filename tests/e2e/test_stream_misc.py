@@ -408,21 +408,25 @@ def test_stream_config_errors(gannet):
 @needs_nginx
 def test_differential_no_live_upstreams_logs_the_group(gannet, tmp_path, echo):
     """A group whose servers are all `down`: 502, nginx's "no live upstreams" line, and
-    the group's name as `$upstream_addr`."""
-    p = ports(1)
+    the group's name as `$upstream_addr`. A group of a dead server and a `down` one: the
+    dead one alone is tried (nginx's tries leave `down` servers out)."""
+    dead = free_port()
+    p = ports(2)
     body = lambda side: (
         "log_format n '$upstream_addr $status';\n"
         f"upstream u2 {{ server 127.0.0.1:{echo.ports[0]} down; server 127.0.0.1:{echo.ports[1]} backup down; }}\n"
-        f"server {{ listen 127.0.0.1:{p[side][0]}; access_log {{tmp}}/n.log n; proxy_pass u2; }}")
+        f"upstream u3 {{ server 127.0.0.1:{dead}; server 127.0.0.1:{echo.ports[1]} down; }}\n"
+        f"server {{ listen 127.0.0.1:{p[side][0]}; access_log {{tmp}}/n.log n; proxy_pass u2; }}\n"
+        f"server {{ listen 127.0.0.1:{p[side][1]}; access_log {{tmp}}/n3.log n; proxy_pass u3; }}")
     with both(gannet, tmp_path, body) as tmps:
         got = {}
         for side, tmp in tmps.items():
-            assert talk(p[side][0]) == b""
-            log = tmp / "n.log"
-            assert wait_until(lambda: log.exists() and log.read_text()), side
-            got[side] = log.read_text()
+            assert talk(p[side][0]) == b"" and talk(p[side][1]) == b""
+            log, log3 = tmp / "n.log", tmp / "n3.log"
+            assert wait_until(lambda: log.exists() and log.read_text() and log3.exists() and log3.read_text()), side
+            got[side] = (log.read_text(), log3.read_text().replace(str(dead), "DEAD"))
             assert 'no live upstreams while connecting to upstream' in (tmp / "error.log").read_text(), side
-    assert got["g"] == got["n"] == "u2 502\n", got
+    assert got["g"] == got["n"] == ("u2 502\n", "127.0.0.1:DEAD 502\n"), got
 
 
 @needs_nginx
@@ -527,3 +531,43 @@ def test_differential_proxy_bind(gannet, tmp_path):
         up.close()
         udp.close()
     assert got["g"] == got["n"] == [b"127.0.0.2", b"127.0.0.3", b"127.0.0.1", b"127.0.0.4"], got
+
+
+@needs_nginx
+def test_differential_udp_refused_upstream_is_marked_failed(gannet, tmp_path):
+    """UDP to a group whose first server's port is closed: the ICMP error ends that
+    session and marks the server failed (`max_fails=1`), so the next sessions all go to
+    the live one."""
+    live = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    live.bind(("127.0.0.1", 0))
+
+    def serve():
+        while True:
+            try:
+                _, peer = live.recvfrom(100)
+                live.sendto(b"live", peer)
+            except OSError:
+                return
+
+    threading.Thread(target=serve, daemon=True).start()
+    dead = free_port()
+    p = ports(1)
+    body = lambda side: (
+        f"upstream u {{ server 127.0.0.1:{dead}; server 127.0.0.1:{live.getsockname()[1]}; }}\n"
+        f"server {{ listen 127.0.0.1:{p[side][0]} udp; proxy_responses 1; proxy_timeout 1s; proxy_pass u; }}")
+
+    def ask(port):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as c:
+            c.settimeout(2)
+            c.sendto(b".", ("127.0.0.1", port))
+            try:
+                return c.recv(100)
+            except (socket.timeout, ConnectionRefusedError):
+                return b""
+
+    try:
+        with both(gannet, tmp_path, body):
+            got = {side: [ask(p[side][0]) for _ in range(5)] for side in p}
+    finally:
+        live.close()
+    assert got["g"] == got["n"] == [b""] + [b"live"] * 4, got

@@ -368,6 +368,11 @@ fn client_text(s: &Session) -> String {
     format!("client: {}, server: {}", s.client_text(), s.local)
 }
 
+/// nginx's tries of a group: its servers but the `down` ones (each tried once at most).
+fn live_servers(group: &Group) -> usize {
+    group.group.servers.iter().filter(|s| !s.down).count()
+}
+
 /// No server of the group can be tried: nginx's line, 502, and the group's name as
 /// the attempt's `$upstream_addr`.
 fn no_live(s: &mut Session, group: &Group) {
@@ -452,7 +457,7 @@ async fn connect_upstream(
                 ));
                 // As nginx, each server is tried once at most.
                 let out_of_tries = (c.tries > 0 && tried.len() >= c.tries as usize)
-                    || tried.len() >= group.group.servers.len();
+                    || tried.len() >= live_servers(&group);
                 let out_of_time = c.next_timeout.is_some_and(|t| start.elapsed() >= t);
                 if !c.next_upstream || out_of_tries || out_of_time {
                     s.status = 502;
@@ -788,7 +793,7 @@ async fn udp_upstream(
     w: &Rc<Worker>,
     srv: &Server,
     s: &mut Session,
-) -> Option<(UdpSocket, crate::upstream::Lease)> {
+) -> Option<(UdpSocket, crate::upstream::Lease, Arc<Group>, usize)> {
     let group = match group_for(srv, s).await {
         Ok(g) => g,
         Err(status) => {
@@ -839,7 +844,7 @@ async fn udp_upstream(
                 if let Some(a) = s.attempts.last_mut() {
                     a.connect = Some(began.elapsed().as_secs_f64());
                 }
-                return Some((u, lease));
+                return Some((u, lease, group, i));
             }
             Err(e) => {
                 w.upstreams.failed(&group.group, i, Instant::now());
@@ -849,7 +854,7 @@ async fn udp_upstream(
                     crate::errlog::errno_text(&e),
                     client_text(s)
                 ));
-                if !srv.conf.proxy.next_upstream || tried.len() >= group.group.servers.len() {
+                if !srv.conf.proxy.next_upstream || tried.len() >= live_servers(&group) {
                     s.status = 502;
                     return None;
                 }
@@ -909,7 +914,7 @@ async fn run_udp(
     rx: &mut tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
 ) {
     let c = &srv.conf.proxy;
-    let Some((up, _lease)) = udp_upstream(w, srv, s).await else {
+    let Some((up, _lease, group, server)) = udp_upstream(w, srv, s).await else {
         return;
     };
     let began = Instant::now();
@@ -918,6 +923,7 @@ async fn run_udp(
     let mut buf = vec![0u8; 65536];
     let mut inbox_open = true;
     let mut first = None;
+    let mut errored = false;
     // nginx: with `proxy_requests`, not before the session had all its datagrams.
     let done = |requests: u64, responses: u64| {
         (c.requests == 0 || requests >= c.requests)
@@ -985,7 +991,9 @@ async fn run_udp(
                 }
                 Err(e) => {
                     // An ICMP error (a closed port): nginx counts it as the datagram's reply,
-                    // so with `proxy_responses` met the session ends with 200.
+                    // so with `proxy_responses` met the session ends with 200; the server
+                    // is marked failed when the session ends (`max_fails`).
+                    errored = true;
                     crate::errlog::error(format_args!(
                         "*{} recv() failed ({}) while proxying and reading from upstream, {}",
                         s.id,
@@ -1007,6 +1015,10 @@ async fn run_udp(
                 break;
             }
         }
+    }
+    // nginx's finalize: a UDP upstream whose socket had an error is freed as failed.
+    if errored {
+        w.upstreams.failed(&group.group, server, Instant::now());
     }
     if let Some(a) = s.attempts.last_mut() {
         a.sent = sent;
