@@ -258,6 +258,15 @@ pub async fn scoped<F: std::future::Future>(logs: Option<Arc<ErrorLogs>>, f: F) 
     }
 }
 
+/// Whether a message at `level` would be written (in a stream session's scope: its
+/// logs), so a caller can skip building what only such a line needs.
+pub fn admits(level: Level) -> bool {
+    match SCOPE.try_with(|l| l.admits(level)) {
+        Ok(yes) => yes,
+        Err(_) => main_logs().map_or(level >= Level::Error, |l| l.admits(level)),
+    }
+}
+
 pub fn log(level: Level, args: fmt::Arguments) {
     if let Ok(l) = SCOPE.try_with(Arc::clone) {
         return l.write(level, args);

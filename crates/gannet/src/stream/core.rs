@@ -353,6 +353,9 @@ pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketA
 
 /// nginx's first line of a session (info).
 pub fn connected(s: &Session) {
+    if !crate::errlog::admits(crate::errlog::Level::Info) {
+        return;
+    }
     crate::errlog::log(
         crate::errlog::Level::Info,
         format_args!(

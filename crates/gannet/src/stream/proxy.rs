@@ -433,15 +433,17 @@ async fn connect_upstream(
                 if let (Conn::Tcp(t), true) = (&conn, srv.conf.tcp_nodelay) {
                     let _ = t.set_nodelay(true);
                 }
-                crate::errlog::log(
-                    crate::errlog::Level::Info,
-                    format_args!(
-                        "*{} proxy {} connected to {addr} while connecting to upstream, {}, upstream: \"{addr}\"",
-                        s.id,
-                        conn.local_text(),
-                        client_text(s)
-                    ),
-                );
+                if crate::errlog::admits(crate::errlog::Level::Info) {
+                    crate::errlog::log(
+                        crate::errlog::Level::Info,
+                        format_args!(
+                            "*{} proxy {} connected to {addr} while connecting to upstream, {}, upstream: \"{addr}\"",
+                            s.id,
+                            conn.local_text(),
+                            client_text(s)
+                        ),
+                    );
+                }
                 if let Some(a) = s.attempts.last_mut() {
                     a.connect = Some(began.elapsed().as_secs_f64());
                 }
@@ -663,7 +665,8 @@ where
         a.first_byte = (down_flow.first.get()).map(|t| base + (t - began).as_secs_f64());
         a.session = Some(base + began.elapsed().as_secs_f64());
     }
-    if let (Some(who), Some(a)) = (closed, s.attempts.last()) {
+    let info = crate::errlog::admits(crate::errlog::Level::Info);
+    if let (Some(who), Some(a), true) = (closed, s.attempts.last(), info) {
         crate::errlog::log(
             crate::errlog::Level::Info,
             format_args!(
