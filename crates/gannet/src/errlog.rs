@@ -243,7 +243,34 @@ pub fn init(specs: &[Spec]) -> Result<(), String> {
     Ok(())
 }
 
+tokio::task_local! {
+    /// The error logs of the stream server whose session the task serves (its
+    /// `error_log`s), for every message written while it runs.
+    static SCOPE: Arc<ErrorLogs>;
+}
+
+/// Run `f` with `logs` (a stream server's `error_log`s) in place of the main logs for
+/// the messages it writes; `None`: the main logs.
+pub async fn scoped<F: std::future::Future>(logs: Option<Arc<ErrorLogs>>, f: F) -> F::Output {
+    match logs {
+        Some(l) => SCOPE.scope(l, f).await,
+        None => f.await,
+    }
+}
+
+/// Whether a message at `level` would be written (in a stream session's scope: its
+/// logs), so a caller can skip building what only such a line needs.
+pub fn admits(level: Level) -> bool {
+    match SCOPE.try_with(|l| l.admits(level)) {
+        Ok(yes) => yes,
+        Err(_) => main_logs().map_or(level >= Level::Error, |l| l.admits(level)),
+    }
+}
+
 pub fn log(level: Level, args: fmt::Arguments) {
+    if let Ok(l) = SCOPE.try_with(Arc::clone) {
+        return l.write(level, args);
+    }
     match main_logs() {
         Some(l) => l.write(level, args),
         None => ErrorLogs::default()

@@ -136,7 +136,8 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
     if let Some(stream) = stream_block {
         let http: Vec<_> = cfg.listens.iter().map(|g| g.listen.endpoint()).collect();
         let notes = (&mut cfg.notices, &mut cfg.warnings);
-        let conf = crate::stream::build(stream, prefix, &http, notes)?;
+        let mut conf = crate::stream::build(stream, prefix, &http, notes)?;
+        cfg.error_files.append(&mut conf.error_files);
         cfg.stream = Some(Arc::new(conf));
     }
     user_vars::check()?;

@@ -81,8 +81,14 @@ fn parse_v1(buf: &[u8]) -> Parsed {
     let head = &buf[..buf.len().min(V1_MAX)];
     let Some(end) = head.iter().position(|&b| b == b'\n') else {
         // Wait for the line's end only while what came could still be a header.
+        // A protocol word that is neither TCP4, TCP6 nor UNKNOWN is broken already, as
+        // nginx finds it without the rest of the line.
         let start = head.len().min(6);
-        return if head.len() < V1_MAX && head[..start] == b"PROXY "[..start] {
+        let word = head.get(6..).unwrap_or_default();
+        let known = [&b"TCP4 "[..], b"TCP6 ", b"UNKNOWN"]
+            .iter()
+            .any(|p| word[..word.len().min(p.len())] == p[..word.len().min(p.len())]);
+        return if head.len() < V1_MAX && head[..start] == b"PROXY "[..start] && known {
             Parsed::Incomplete
         } else {
             broken(buf)

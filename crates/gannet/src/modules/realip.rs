@@ -96,7 +96,11 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
 }
 
 /// A `set_real_ip_from` address or network, or the addresses a host name resolves to.
-fn trusted(d: &Directive, arg: &str, notices: &mut Vec<String>) -> Result<Vec<Cidr>, ConfError> {
+pub(crate) fn trusted(
+    d: &Directive,
+    arg: &str,
+    notices: &mut Vec<String>,
+) -> Result<Vec<Cidr>, ConfError> {
     if let Some((net, meaningful)) = Cidr::parse(arg) {
         if !meaningful {
             notices.push(format!(

@@ -33,6 +33,8 @@ pub struct LoadCtx {
     pub zones: HashMap<String, Arc<super::limit_conn::Zone>>,
     /// Every access log opened, for reopening (SIGUSR1).
     pub logs: std::cell::RefCell<Vec<Arc<Log>>>,
+    /// Every error log opened, for reopening (SIGUSR1).
+    pub error_files: std::cell::RefCell<Vec<Arc<crate::errlog::Log>>>,
     /// The http side's load state, for the TLS setups (`ssl`).
     pub http: std::cell::RefCell<crate::modules::LoadCtx>,
 }
@@ -46,14 +48,27 @@ pub struct ServerConf {
     access_own: bool,
     pub logs: Vec<Arc<Log>>,
     logs_own: bool,
+    /// `error_log` of the stream level or the server (the main logs without one).
+    pub error_log: Option<Arc<crate::errlog::ErrorLogs>>,
+    error_log_own: bool,
     pub preread: Preread,
     pub limits: super::limit_conn::Limits,
     pub ssl: super::ssl::SslConf,
     pub realip: super::realip::Trusted,
     pub proxy_protocol_timeout: Duration,
+    /// `resolver` / `resolver_timeout`: names `proxy_pass $var` gives are looked up
+    /// through it (the HTTP side's client, `crate::resolver`).
+    pub resolver: Option<Arc<crate::resolver::Resolver>>,
+    pub resolver_timeout: Duration,
+    /// `tcp_nodelay` (default on): TCP_NODELAY on the client's and the upstream's TCP
+    /// connections.
+    pub tcp_nodelay: bool,
     /// `return`'s text when it is the server's content handler (written after any
     /// `proxy_pass`).
     pub ret: Option<super::variables::Template>,
+    /// `set $var value` (ngx_stream_set_module, server level only): variable index and
+    /// value, in order.
+    pub sets: Vec<(usize, super::variables::Template)>,
 }
 
 impl Default for ServerConf {
@@ -64,12 +79,18 @@ impl Default for ServerConf {
             access_own: false,
             logs: Vec::new(),
             logs_own: false,
+            error_log: None,
+            error_log_own: false,
             preread: Default::default(),
             limits: Default::default(),
             ssl: Default::default(),
             realip: Default::default(),
             proxy_protocol_timeout: Duration::from_secs(30),
+            resolver: None,
+            resolver_timeout: crate::resolver::DEFAULT_TIMEOUT,
+            tcp_nodelay: true,
             ret: None,
+            sets: Vec::new(),
         }
     }
 }
@@ -121,13 +142,38 @@ pub fn apply(
                 c.logs.push(log);
             }
         }
+        "error_log" => {
+            if d.args.is_empty() || d.args.len() > 2 {
+                return Err(d.error("invalid number of arguments in \"error_log\" directive"));
+            }
+            if in_server && !c.error_log_own {
+                c.error_log = None;
+            }
+            c.error_log_own = in_server;
+            let mut opened = ctx.error_files.borrow_mut();
+            crate::errlog::set_nested(d, &ctx.prefix, &mut c.error_log, &mut opened)?;
+        }
         "limit_conn" | "limit_conn_log_level" | "limit_conn_dry_run" => {
             c.limits.set(d, &ctx.zones, in_server)?
         }
         n if n.starts_with("ssl_") && n != "ssl_preread" => {
             super::ssl::set(d, &mut c.ssl, &mut ctx.http.borrow_mut())?
         }
-        "set_real_ip_from" => c.realip.add(d)?,
+        "set_real_ip_from" => c.realip.add(d, &mut ctx.http.borrow_mut().notices)?,
+        "resolver" => {
+            if d.args.is_empty() {
+                return Err(d.error("invalid number of arguments in \"resolver\" directive"));
+            }
+            c.resolver = Some(Arc::new(crate::resolver::parse(d)?));
+        }
+        "tcp_nodelay" => {
+            one()?;
+            c.tcp_nodelay = setters::flag(d)?;
+        }
+        "resolver_timeout" => {
+            one()?;
+            c.resolver_timeout = Duration::from_millis(setters::msec_arg(d, 0)?);
+        }
         "proxy_protocol_timeout" => {
             one()?;
             c.proxy_protocol_timeout = Duration::from_millis(setters::msec_arg(d, 0)?);
@@ -144,8 +190,21 @@ pub fn apply(
             one()?;
             c.preread.buffer_size = setters::size_arg(d, 0)?.max(1) as usize;
         }
-        "proxy_pass" | "return" if !in_server => {
+        "proxy_pass" | "return" | "set" if !in_server => {
             return Err(d.error(format!("\"{}\" directive is not allowed here", d.name)))
+        }
+        "set" => {
+            if d.args.len() != 2 {
+                return Err(d.error("invalid number of arguments in \"set\" directive"));
+            }
+            let name = d.args[0].strip_prefix('$').unwrap_or_default();
+            let i = ctx
+                .maps
+                .index(name)
+                .ok_or_else(|| d.error(format!("invalid variable name \"{}\"", d.args[0])))?;
+            let t = super::variables::Template::compile(&d.args[1], &ctx.maps)
+                .map_err(|e| d.error(e))?;
+            c.sets.push((i, t));
         }
         "return" => {
             one()?;
@@ -182,6 +241,7 @@ pub fn server(
     let mut conf = top.clone();
     conf.access_own = false;
     conf.logs_own = false;
+    conf.error_log_own = false;
     conf.proxy.pass = None;
     conf.limits = top.limits.inherited();
     conf.ssl.certs_inherited = true;
@@ -271,9 +331,14 @@ fn listen(d: &Directive) -> Result<Listen, ConfError> {
 pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, idx: usize) {
     let found = w.config.stream.as_ref().and_then(|s| {
         let l = s.listens.get(idx)?;
-        Some((s.servers.get(idx)?.clone(), l.ssl, l.proxy_protocol))
+        Some((
+            s.servers.get(idx)?.clone(),
+            l.ssl,
+            l.proxy_protocol,
+            l.unix.is_some(),
+        ))
     });
-    let Some((srv, ssl, pp)) = found else {
+    let Some((srv, ssl, pp, unix)) = found else {
         w.connection_closed();
         return;
     };
@@ -281,13 +346,35 @@ pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketA
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let mut s = Session::new(Worker::next_conn_id(), peer, local, false);
-    if let Ok(client) = tokio::net::TcpStream::from_std(stream) {
-        run_tcp(&w, &srv, client, (ssl, pp), &mut s).await;
-    } else {
-        s.status = 500;
-    }
-    finish(&srv, &s);
+    s.unix = unix;
+    let session = async {
+        connected(&s);
+        if let Ok(client) = tokio::net::TcpStream::from_std(stream) {
+            run_tcp(&w, &srv, client, (ssl, pp), &mut s).await;
+        } else {
+            s.status = 500;
+        }
+        finish(&srv, &s);
+    };
+    crate::errlog::scoped(srv.conf.error_log.clone(), session).await;
     w.connection_closed();
+}
+
+/// nginx's first line of a session (info).
+pub fn connected(s: &Session) {
+    if !crate::errlog::admits(crate::errlog::Level::Info) {
+        return;
+    }
+    crate::errlog::log(
+        crate::errlog::Level::Info,
+        format_args!(
+            "*{} {}client {} connected to {}",
+            s.id,
+            if s.udp { "udp " } else { "" },
+            s.peer_text(),
+            s.local
+        ),
+    );
 }
 
 async fn run_tcp(
@@ -298,6 +385,9 @@ async fn run_tcp(
     s: &mut Session,
 ) {
     let c = &srv.conf;
+    if c.tcp_nodelay && !s.unix {
+        let _ = client.set_nodelay(true);
+    }
     if pp {
         let who = crate::conn::proxy_protocol::Who {
             id: s.id,
@@ -343,9 +433,16 @@ async fn run_tcp(
     }
 }
 
-/// The preaccess phase (`limit_conn`): the session's places in its zones, or `None` (and
-/// `$status` 503) when a limit is reached.
+/// The preaccess phase (`set`, then `limit_conn`): the session's places in its zones, or
+/// `None` (and `$status` 503) when a limit is reached.
 pub fn enter(srv: &Server, s: &mut Session) -> Option<super::limit_conn::Held> {
+    for (i, t) in &srv.conf.sets {
+        let v = t.eval(s, &srv.maps);
+        if s.set_values.len() <= *i {
+            s.set_values.resize(srv.maps.len(), None);
+        }
+        s.set_values[*i] = Some(v);
+    }
     let held = srv.conf.limits.enter(s, &srv.maps).ok();
     if held.is_none() {
         s.status = 503;
@@ -355,13 +452,13 @@ pub fn enter(srv: &Server, s: &mut Session) -> Option<super::limit_conn::Held> {
 
 /// The access phase: false (and `$status` 403) for a denied client.
 pub fn check_access(srv: &Server, s: &mut Session) -> bool {
-    if srv.conf.access.allows(Some(s.peer.ip())) {
+    if srv.conf.access.allows(s.client_ip()) {
         return true;
     }
     crate::errlog::error(format_args!(
         "*{} access forbidden by rule, client: {}, server: {}",
         s.id,
-        crate::http::cidr::unmapped(s.peer.ip()),
+        s.client_text(),
         s.local
     ));
     s.status = 403;

@@ -143,13 +143,16 @@ impl Limits {
     }
 
     /// Count the session in each zone; `Err(())` when a limit is reached (`$status` 503).
-    pub fn enter(&self, s: &Session, maps: &super::map::Maps) -> Result<Held, ()> {
+    /// Sets `$limit_conn_status`; a dry run's rejection gives back the places taken so far
+    /// and stops counting, as nginx's cleanup does.
+    pub fn enter(&self, s: &mut Session, maps: &super::map::Maps) -> Result<Held, ()> {
         let mut held = Held { taken: Vec::new() };
         for (zone, max) in &self.limits {
             let key = zone.key.eval(s, maps);
             if key.is_empty() || key.len() > 255 {
                 continue;
             }
+            s.limit_conn_status = 1;
             let mut counts = zone.counts.lock().unwrap_or_else(|e| e.into_inner());
             let n = counts.get(&key).copied().unwrap_or(0);
             if n >= *max {
@@ -161,13 +164,16 @@ impl Limits {
                         s.id,
                         if self.dry_run { ", dry run," } else { "" },
                         zone.name,
-                        crate::http::cidr::unmapped(s.peer.ip()),
+                        s.client_text(),
                         s.local
                     ),
                 );
+                drop(held);
                 if self.dry_run {
-                    continue;
+                    s.limit_conn_status = 3;
+                    return Ok(Held { taken: Vec::new() });
                 }
+                s.limit_conn_status = 2;
                 return Err(());
             }
             counts.insert(key.clone(), n + 1);

@@ -30,7 +30,11 @@ pub struct Format {
 
 #[derive(Debug)]
 pub struct Log {
-    file: File,
+    /// `None` for a path with variables (opened per line, see `dynamic`).
+    file: Option<File>,
+    /// A path with variables (`access_log logs/$server_port.log ...`): evaluated and
+    /// opened for every line, as nginx's ngx_stream_log_script_write without a cache.
+    dynamic: Option<(Template, std::path::PathBuf)>,
     /// For reopening (SIGUSR1); `None` for an inherited descriptor (`/dev/stderr`).
     path: Option<std::path::PathBuf>,
     format: Arc<Format>,
@@ -89,10 +93,23 @@ pub fn access_log(d: &Directive, ctx: &LoadCtx) -> Result<Option<Arc<Log>>, Conf
         }
     }
     let target = crate::log_open::Target::parse(&d.args[0], &ctx.prefix, false);
-    let file = target
-        .open()
-        .map_err(|e| d.error(format!("open() \"{}\" failed ({e})", target.display())))?;
+    let dynamic = match d.args[0].contains('$') {
+        true => Some((
+            Template::compile(&d.args[0], &ctx.maps).map_err(|e| d.error(e))?,
+            ctx.prefix.clone(),
+        )),
+        false => None,
+    };
+    let file = match dynamic {
+        Some(_) => None,
+        None => Some(
+            target
+                .open()
+                .map_err(|e| d.error(format!("open() \"{}\" failed ({e})", target.display())))?,
+        ),
+    };
     let log = Arc::new(Log {
+        dynamic,
         file,
         path: target.path().map(|p| p.to_path_buf()),
         format,
@@ -105,9 +122,9 @@ pub fn access_log(d: &Directive, ctx: &LoadCtx) -> Result<Option<Arc<Log>>, Conf
 impl Log {
     /// Reopen the file by its name (SIGUSR1, `runtime::log_reopen`).
     pub fn reopen(&self) -> std::io::Result<()> {
-        match &self.path {
-            Some(p) => crate::runtime::log_reopen::reopen_in_place(&self.file, p),
-            None => Ok(()),
+        match (&self.path, &self.file) {
+            (Some(p), Some(f)) => crate::runtime::log_reopen::reopen_in_place(f, p),
+            _ => Ok(()),
         }
     }
 
@@ -115,7 +132,8 @@ impl Log {
     pub fn reopened_fd(&self) -> Option<std::os::fd::RawFd> {
         self.path
             .as_ref()
-            .map(|_| std::os::fd::AsRawFd::as_raw_fd(&self.file))
+            .and(self.file.as_ref())
+            .map(std::os::fd::AsRawFd::as_raw_fd)
     }
 
     pub fn name(&self) -> String {
@@ -134,12 +152,39 @@ impl Log {
         }
         let mut line = String::new();
         for t in &self.format.parts {
-            t.append_log(&mut line, s, maps, |v, out| {
+            let missing = match self.format.escape {
+                Escape::Default => "-",
+                Escape::Json | Escape::None => "",
+            };
+            t.append_log(&mut line, (s, maps), missing, |v, out| {
                 escape(self.format.escape, v, out)
             });
         }
         line.push('\n');
-        let _ = (&self.file).write_all(line.as_bytes());
+        match (&self.file, &self.dynamic) {
+            (Some(f), _) => {
+                let _ = (&*f).write_all(line.as_bytes());
+            }
+            (None, Some((t, prefix))) => {
+                let path = prefix.join(t.eval(s, maps));
+                let opened = std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(&path);
+                match opened {
+                    Ok(mut f) => {
+                        let _ = f.write_all(line.as_bytes());
+                    }
+                    Err(e) => crate::errlog::error(format_args!(
+                        "*{} open() \"{}\" failed ({})",
+                        s.id,
+                        path.display(),
+                        crate::errlog::errno_text(&e)
+                    )),
+                }
+            }
+            (None, None) => {}
+        }
     }
 }
 

@@ -23,6 +23,30 @@ const MAX_DEPTH: usize = 16;
 pub struct Maps {
     names: Vec<String>,
     defs: Vec<Def>,
+    /// The named captures of every `map` regex: each a variable (`$name`) reading the
+    /// last match's group, as nginx's ngx_stream_regex_compile adds them.
+    named: Vec<String>,
+}
+
+/// What the last regex match of a session captured (`$1`..`$9`, named groups), as
+/// nginx's `s->captures`.
+#[derive(Debug, Default)]
+pub struct Captured {
+    groups: Vec<Option<String>>,
+    named: Vec<Option<String>>,
+}
+
+impl Captured {
+    pub fn group(&self, n: usize) -> &str {
+        self.groups
+            .get(n)
+            .and_then(Option::as_deref)
+            .unwrap_or_default()
+    }
+
+    pub fn named(&self, i: usize) -> Option<&str> {
+        self.named.get(i).and_then(Option::as_deref)
+    }
 }
 
 #[derive(Debug)]
@@ -31,6 +55,8 @@ enum Def {
     Split(Template, crate::modules::split_clients::Shares),
     /// `geo [$address] $var { ... }`: the http module's table; no `$address`: the client's.
     Geo(Option<Template>, crate::modules::geo::Geo),
+    /// A variable only `set` gives a value (ngx_stream_set_module): empty until then.
+    Set,
 }
 
 #[derive(Debug)]
@@ -50,10 +76,41 @@ impl Maps {
         self.names.iter().position(|n| n == name)
     }
 
-    /// Read every `map` and `split_clients` of the stream block: names first, so values
-    /// may read any of them.
-    pub fn build(blocks: &[&Directive], notices: &mut Vec<String>) -> Result<Maps, ConfError> {
+    /// The index of the named capture `$name`.
+    pub fn named_capture(&self, name: &str) -> Option<usize> {
+        self.named.iter().position(|n| n == name)
+    }
+
+    /// How many variables `set` may give a value (maps and `set`'s own).
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Read every `map` and `split_clients` of the stream block: names first (with the
+    /// regexes' named captures and the variables of `sets`, the servers' `set`
+    /// directives), so values may read any of them.
+    pub fn build(
+        blocks: &[&Directive],
+        sets: &[&Directive],
+        notices: &mut Vec<String>,
+    ) -> Result<Maps, ConfError> {
         let mut maps = Maps::default();
+        for e in blocks
+            .iter()
+            .filter(|d| d.name == "map")
+            .flat_map(|d| d.block.iter().flatten())
+        {
+            if let Some(re) = e.name.strip_prefix('~') {
+                let re = re.strip_prefix('*').unwrap_or(re);
+                if let Ok(re) = Regex::new(re, false) {
+                    for (_, name) in re.names() {
+                        if maps.named_capture(name).is_none() {
+                            maps.named.push(name.to_string());
+                        }
+                    }
+                }
+            }
+        }
         for d in blocks {
             let geo_one = d.name == "geo" && d.args.len() == 1;
             if !(d.args.len() == 2 || geo_one) || d.block.is_none() {
@@ -91,6 +148,20 @@ impl Maps {
                 Def::Map(maps.parse(d)?)
             };
             maps.defs.push(def);
+        }
+        for d in sets {
+            let var = d.args.first().map_or("", String::as_str);
+            let name = var
+                .strip_prefix('$')
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| d.error(format!("invalid variable name \"{var}\"")))?;
+            if super::variables::Var::from_name(name).is_some() {
+                return Err(d.error(format!("the duplicate \"{name}\" variable")));
+            }
+            if maps.index(name).is_none() {
+                maps.names.push(name.to_string());
+                maps.defs.push(Def::Set);
+            }
         }
         Ok(maps)
     }
@@ -160,6 +231,22 @@ impl Maps {
         })
     }
 
+    /// Keep a match's groups for `$1`.. and its named captures.
+    fn capture(&self, s: &Session, re: &Regex, c: &crate::http::regex::Captures) {
+        let mut to = s.captured.borrow_mut();
+        to.groups = c.to_strings();
+        for (group, name) in re.names() {
+            if let Some(i) = self.named_capture(name) {
+                if to.named.len() <= i {
+                    to.named.resize(i + 1, None);
+                }
+                to.named[i] = c
+                    .get(group)
+                    .map(|b| String::from_utf8_lossy(b).into_owned());
+            }
+        }
+    }
+
     /// Append the value of map `i` for the session.
     pub fn append(&self, i: usize, out: &mut String, s: &Session, depth: usize) {
         if depth >= MAX_DEPTH {
@@ -169,7 +256,7 @@ impl Maps {
             Some(Def::Map(m)) => m,
             Some(Def::Geo(source, geo)) => {
                 let addr = match source {
-                    None => Some(s.peer.ip()),
+                    None => s.client_ip(),
                     Some(t) => {
                         let mut a = String::new();
                         t.append_to(&mut a, s, self, depth + 1);
@@ -185,17 +272,18 @@ impl Maps {
                 out.push_str(shares.pick(&k));
                 return;
             }
-            None => return,
+            Some(Def::Set) | None => return,
         };
         let mut key = String::new();
         m.source.append_to(&mut key, s, self, depth + 1);
         let found = m.exact.get(&key).or_else(|| self.by_name(m, &key));
         let found = found
             .or_else(|| {
-                m.regexes
-                    .iter()
-                    .find(|(re, _)| re.is_match(key.as_bytes()))
-                    .map(|(_, v)| v)
+                m.regexes.iter().find_map(|(re, v)| {
+                    let c = re.captures(key.as_bytes())?;
+                    self.capture(s, re, &c);
+                    Some(v)
+                })
             })
             .or(m.default.as_ref());
         if let Some(v) = found {

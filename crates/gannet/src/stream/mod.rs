@@ -52,6 +52,8 @@ pub struct StreamConf {
     pub servers: Vec<Arc<core::Server>>,
     /// Every access log, for reopening (SIGUSR1).
     pub logs: Vec<Arc<log::Log>>,
+    /// Every stream `error_log` file (moved to `Config::error_files`, reopened with them).
+    pub error_files: Vec<Arc<crate::errlog::Log>>,
 }
 
 /// Build the `stream` block. `http`: the addresses http listens on (the same TCP address
@@ -68,7 +70,13 @@ pub fn build(
         .iter()
         .filter(|d| matches!(d.name.as_str(), "map" | "split_clients" | "geo"))
         .collect();
-    let maps = Arc::new(map::Maps::build(&maps, notes.0)?);
+    let sets: Vec<&Directive> = body
+        .iter()
+        .filter(|d| d.name == "server")
+        .flat_map(|d| d.block.iter().flatten())
+        .filter(|d| d.name == "set" && d.args.len() == 2)
+        .collect();
+    let maps = Arc::new(map::Maps::build(&maps, &sets, notes.0)?);
     let mut upstreams = std::collections::HashMap::new();
     for u in body.iter().filter(|d| d.name == "upstream") {
         let up = upstream::parse(u, &maps)?;
@@ -86,6 +94,7 @@ pub fn build(
         formats: Default::default(),
         zones: Default::default(),
         logs: Default::default(),
+        error_files: Default::default(),
         http: std::cell::RefCell::new(crate::modules::LoadCtx::new(prefix)),
     };
     for z in body.iter().filter(|d| d.name == "limit_conn_zone") {
@@ -114,6 +123,7 @@ pub fn build(
         listens: Vec::new(),
         servers: Vec::new(),
         logs: Vec::new(),
+        error_files: Vec::new(),
     };
     for s in body.iter().filter(|d| d.name == "server") {
         let (server, listens) = core::server(s, &top, &ctx)?;
@@ -128,6 +138,7 @@ pub fn build(
         }
     }
     out.logs = ctx.logs.take();
+    out.error_files = ctx.error_files.take();
     let mut h = ctx.http.borrow_mut();
     notes.0.append(&mut h.notices);
     notes.1.append(&mut h.warnings);

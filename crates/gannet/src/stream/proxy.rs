@@ -30,6 +30,7 @@ use crate::runtime::worker::Worker;
 use crate::upstream::{Addr, Conn, Key, Pick, Tried};
 use gannet_conf::{setters, ConfError, Directive};
 use std::cell::{Cell, RefCell};
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -77,6 +78,16 @@ pub struct ProxyConf {
     key_tpl: Option<(Template, gannet_conf::Loc)>,
     /// The client certificate and key evaluated per session (nginx 1.21+).
     pub ssl_cert_vars: Option<CertVars>,
+    /// A rate given by variables (`proxy_download_rate $rate`), worked out per session: a
+    /// value that is not a size means no limit, as nginx's ngx_stream_complex_value_size.
+    pub upload_rate_var: Option<Template>,
+    pub download_rate_var: Option<Template>,
+    /// `proxy_bind ADDRESS [transparent]`: the local address of upstream connections
+    /// (variables allowed; an empty value binds nothing); `None`: `off` or unset.
+    pub bind: Option<(Template, bool)>,
+    /// `proxy_half_close`: one side's EOF is passed on as a shutdown of the other's
+    /// writing side; the session ends when both sides have closed.
+    pub half_close: bool,
 }
 
 /// `proxy_ssl_certificate` and `_key` with variables: the files are loaded for each session
@@ -88,6 +99,16 @@ pub struct CertVars {
     key: Template,
     loc: gannet_conf::Loc,
     prefix: std::path::PathBuf,
+}
+
+impl ProxyConf {
+    /// The session's rate: the fixed one or its variables' value.
+    fn rate(fixed: u64, var: &Option<Template>, s: &Session, maps: &super::map::Maps) -> u64 {
+        match var {
+            Some(t) => setters::size(&t.eval(s, maps)).unwrap_or(0),
+            None => fixed,
+        }
+    }
 }
 
 impl Default for ProxyConf {
@@ -112,12 +133,19 @@ impl Default for ProxyConf {
             cert_tpl: None,
             key_tpl: None,
             ssl_cert_vars: None,
+            upload_rate_var: None,
+            download_rate_var: None,
+            half_close: false,
+            bind: None,
         }
     }
 }
 
 /// A `proxy_*` directive.
 pub fn set(d: &Directive, c: &mut ProxyConf, ctx: &LoadCtx) -> Result<(), ConfError> {
+    if d.name == "proxy_bind" {
+        return bind(d, c, ctx);
+    }
     if d.name.starts_with("proxy_ssl") {
         return set_ssl(d, c, ctx);
     }
@@ -154,8 +182,22 @@ pub fn set(d: &Directive, c: &mut ProxyConf, ctx: &LoadCtx) -> Result<(), ConfEr
         "proxy_responses" => c.responses = Some(setters::num_arg(d, 0)?),
         "proxy_requests" => c.requests = setters::num_arg(d, 0)?,
         "proxy_buffer_size" => c.buffer_size = setters::size_arg(d, 0)?.max(1) as usize,
-        "proxy_upload_rate" => c.upload_rate = setters::size_arg(d, 0)?,
-        "proxy_download_rate" => c.download_rate = setters::size_arg(d, 0)?,
+        "proxy_upload_rate" | "proxy_download_rate" => {
+            let var = match d.args[0].contains('$') {
+                true => Some(Template::compile(&d.args[0], &ctx.maps).map_err(|e| d.error(e))?),
+                false => None,
+            };
+            let fixed = match var {
+                Some(_) => 0,
+                None => setters::size_arg(d, 0)?,
+            };
+            if d.name == "proxy_upload_rate" {
+                (c.upload_rate, c.upload_rate_var) = (fixed, var);
+            } else {
+                (c.download_rate, c.download_rate_var) = (fixed, var);
+            }
+        }
+        "proxy_half_close" => c.half_close = setters::flag(d)?,
         _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
     }
     Ok(())
@@ -257,43 +299,140 @@ pub fn finish_ssl(c: &mut ProxyConf, prefix: &std::path::Path) -> Result<(), Con
     Ok(())
 }
 
-/// The group a session goes to; `Err(500)` when `proxy_pass $var` names neither a group
-/// nor an address (nginx without a `resolver`: "no resolver defined", 500).
-fn group_for(srv: &Server, s: &Session) -> Result<Arc<Group>, u16> {
-    let conf = srv.conf.proxy.pass.as_ref().ok_or(500u16)?;
-    match conf {
-        Pass::Group(g) => Ok(g.clone()),
-        Pass::Var(t) => {
-            let name = t.eval(s, &srv.maps);
-            if let Some(g) = srv.groups.get(&name) {
-                return Ok(g.clone());
-            }
-            // An address, not a name: nginx looks names up only through a `resolver`.
-            match Addr::parse(&name).filter(is_literal) {
-                // One group per address, kept: the balancer's state is per group. The
-                // addresses come from the session (a client may vary them), so the table
-                // starts over past a bound instead of growing.
-                Some(a) => {
-                    let mut seen = srv.by_addr.lock().unwrap_or_else(|e| e.into_inner());
-                    if seen.len() >= MAX_VAR_GROUPS && !seen.contains_key(&name) {
-                        seen.clear();
-                    }
-                    let g = seen
-                        .entry(name)
-                        .or_insert_with(|| Arc::new(super::upstream::single(a)));
-                    Ok(g.clone())
-                }
-                None => {
-                    crate::errlog::error(format_args!(
-                        "*{} no resolver defined to resolve {name}, client: {}",
-                        s.id,
-                        crate::http::cidr::unmapped(s.peer.ip())
-                    ));
-                    Err(500)
-                }
-            }
+/// `proxy_bind ADDRESS [transparent] | off`.
+fn bind(d: &Directive, c: &mut ProxyConf, ctx: &LoadCtx) -> Result<(), ConfError> {
+    let transparent = match d.args.get(1).map(String::as_str) {
+        None => false,
+        Some("transparent") if d.args.len() == 2 => true,
+        Some(a) if d.args.len() == 2 => return Err(d.error(format!("invalid parameter \"{a}\""))),
+        _ => return Err(d.error("invalid number of arguments in \"proxy_bind\" directive")),
+    };
+    if d.args[0] == "off" {
+        c.bind = None;
+        return Ok(());
+    }
+    let t = Template::compile(&d.args[0], &ctx.maps).map_err(|e| d.error(e))?;
+    if !d.args[0].contains('$') && local_addr(&d.args[0]).is_none() {
+        return Err(d.error(format!("invalid address \"{}\"", d.args[0])));
+    }
+    c.bind = Some((t, transparent));
+    Ok(())
+}
+
+/// The session's `proxy_bind` address. nginx: one that does not parse ends the session
+/// with 500 (`Err`); an empty one binds nothing.
+fn bind_for(srv: &Server, s: &mut Session) -> Result<Option<(SocketAddr, bool)>, ()> {
+    let Some((t, transparent)) = &srv.conf.proxy.bind else {
+        return Ok(None);
+    };
+    let v = t.eval(s, &srv.maps);
+    match local_addr(&v) {
+        Some(a) => Ok(Some((a, *transparent))),
+        None if v.is_empty() => Ok(None),
+        None => {
+            crate::errlog::error(format_args!(
+                "*{} invalid local address \"{v}\", {}",
+                s.id,
+                client_text(s)
+            ));
+            s.status = 500;
+            Err(())
         }
     }
+}
+
+/// `IP` or `IP:PORT` (`[v6]:PORT`) of `proxy_bind`.
+fn local_addr(v: &str) -> Option<SocketAddr> {
+    v.parse::<SocketAddr>().ok().or_else(|| {
+        let ip = v.trim_start_matches('[').trim_end_matches(']');
+        ip.parse::<std::net::IpAddr>()
+            .ok()
+            .map(|ip| SocketAddr::new(ip, 0))
+    })
+}
+
+/// The group a session goes to; `Err(500)` when `proxy_pass $var` names neither a group
+/// nor an address, or a name that has no port, no `resolver` or no address (nginx's
+/// codes and lines).
+async fn group_for(srv: &Server, s: &Session) -> Result<Arc<Group>, u16> {
+    let conf = srv.conf.proxy.pass.as_ref().ok_or(500u16)?;
+    let t = match conf {
+        Pass::Group(g) => return Ok(g.clone()),
+        Pass::Var(t) => t,
+    };
+    let name = t.eval(s, &srv.maps);
+    if let Some(g) = srv.groups.get(&name) {
+        return Ok(g.clone());
+    }
+    if let Some(a) = Addr::parse(&name).filter(is_literal) {
+        return Ok(kept(srv, &name, |_| true, || vec![a]));
+    }
+    let port = name
+        .rsplit_once(':')
+        .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)));
+    let Some((host, port)) = port.filter(|(h, _)| !h.is_empty()) else {
+        crate::errlog::error(format_args!(
+            "*{} no port in upstream \"{name}\", {}",
+            s.id,
+            client_text(s)
+        ));
+        return Err(500);
+    };
+    let Some(resolver) = &srv.conf.resolver else {
+        crate::errlog::error(format_args!(
+            "*{} no resolver defined to resolve {host}, {}",
+            s.id,
+            client_text(s)
+        ));
+        return Err(500);
+    };
+    match resolver.lookup(host, srv.conf.resolver_timeout).await {
+        Ok((ips, _)) => {
+            let addrs: Vec<Addr> = ips
+                .into_iter()
+                .map(|ip| Addr::Tcp(SocketAddr::new(ip, port).to_string().into()))
+                .collect();
+            let same = |g: &Group| {
+                g.group.servers.len() == addrs.len()
+                    && g.group
+                        .servers
+                        .iter()
+                        .zip(&addrs)
+                        .all(|(a, b)| a.addr == *b)
+            };
+            Ok(kept(srv, &name, same, || addrs.clone()))
+        }
+        Err(f) => {
+            crate::errlog::error(format_args!(
+                "*{} {host} could not be resolved ({f}), {}",
+                s.id,
+                client_text(s)
+            ));
+            Err(500)
+        }
+    }
+}
+
+/// The group kept for `name` while `still` holds for it, else a new one of `addrs`: one
+/// group per address or name, kept as the balancer's state (failures, `max_fails`) is
+/// per group. The names come from the session (a client may vary them), so the table
+/// starts over past a bound instead of growing.
+fn kept(
+    srv: &Server,
+    name: &str,
+    still: impl Fn(&Group) -> bool,
+    addrs: impl FnOnce() -> Vec<Addr>,
+) -> Arc<Group> {
+    let mut seen = srv.by_addr.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(g) = seen.get(name).filter(|g| still(g)) {
+        return g.clone();
+    }
+    if seen.len() >= MAX_VAR_GROUPS {
+        seen.clear();
+    }
+    let g = Arc::new(super::upstream::of_addrs(name, addrs()));
+    seen.insert(name.to_string(), g.clone());
+    g
 }
 
 /// The most groups `proxy_pass $var` keeps for addresses (see `group_for`).
@@ -307,11 +446,51 @@ fn is_literal(a: &Addr) -> bool {
     }
 }
 
-async fn connect(addr: &Addr, timeout: Duration) -> std::io::Result<Conn> {
+/// A connected upstream socket (boxed as `upstream::Conn` once made, for TLS).
+enum Socket {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Socket {
+    /// The local end, as nginx's "proxy ... connected to" line names it.
+    fn local_text(&self) -> String {
+        match self {
+            Socket::Tcp(t) => t.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            Socket::Unix(_) => "unix:".to_string(),
+        }
+    }
+}
+
+/// Connect, from `local` (`proxy_bind`) when given.
+async fn connect(
+    addr: &Addr,
+    timeout: Duration,
+    local: Option<(SocketAddr, bool)>,
+) -> std::io::Result<Socket> {
     let fut = async {
-        match addr {
-            Addr::Tcp(a) => TcpStream::connect(&**a).await.map(|c| Box::new(c) as Conn),
-            Addr::Unix(p) => UnixStream::connect(p).await.map(|c| Box::new(c) as Conn),
+        match (addr, local) {
+            (Addr::Tcp(a), Some((from, transparent))) => {
+                let to = tokio::net::lookup_host(&**a)
+                    .await?
+                    .next()
+                    .ok_or_else(|| std::io::Error::other("host not found"))?;
+                let sock = match to {
+                    SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+                    SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+                };
+                if transparent {
+                    let r = socket2::SockRef::from(&sock);
+                    match from {
+                        SocketAddr::V4(_) => r.set_ip_transparent_v4(true)?,
+                        SocketAddr::V6(_) => r.set_ip_transparent_v6(true)?,
+                    }
+                }
+                sock.bind(from)?;
+                sock.connect(to).await.map(Socket::Tcp)
+            }
+            (Addr::Tcp(a), None) => TcpStream::connect(&**a).await.map(Socket::Tcp),
+            (Addr::Unix(p), _) => UnixStream::connect(p).await.map(Socket::Unix),
         }
     };
     match tokio::time::timeout(timeout, fut).await {
@@ -324,11 +503,28 @@ async fn connect(addr: &Addr, timeout: Duration) -> std::io::Result<Conn> {
 }
 
 fn client_text(s: &Session) -> String {
-    format!(
-        "client: {}, server: {}",
-        crate::http::cidr::unmapped(s.peer.ip()),
-        s.local
-    )
+    format!("client: {}, server: {}", s.client_text(), s.local)
+}
+
+/// nginx's tries of a group: its servers but the `down` ones (each tried once at most).
+fn live_servers(group: &Group) -> usize {
+    group.group.servers.iter().filter(|s| !s.down).count()
+}
+
+/// No server of the group can be tried: nginx's line, 502, and the group's name as
+/// the attempt's `$upstream_addr`.
+fn no_live(s: &mut Session, group: &Group) {
+    crate::errlog::error(format_args!(
+        "*{} no live upstreams while connecting to upstream, {}, upstream: \"{}\"",
+        s.id,
+        client_text(s),
+        group.group.name
+    ));
+    s.attempts.push(Attempt {
+        addr: group.group.name.clone(),
+        ..Default::default()
+    });
+    s.status = 502;
 }
 
 /// Pick and connect, trying the next server on failure as `proxy_next_upstream` allows.
@@ -339,7 +535,7 @@ async fn connect_upstream(
     s: &mut Session,
 ) -> Option<(Conn, crate::upstream::Lease, Arc<Group>, usize)> {
     let c = &srv.conf.proxy;
-    let group = match group_for(srv, s) {
+    let group = match group_for(srv, s).await {
         Ok(g) => g,
         Err(status) => {
             s.status = status;
@@ -351,18 +547,14 @@ async fn connect_upstream(
         ip: Some(s.peer.ip()),
         hash: hash.as_deref().map(str::as_bytes),
     };
+    let local = bind_for(srv, s).ok()?;
     let mut tried = Tried::default();
     let start = Instant::now();
     loop {
         let (i, lease) = match w.upstreams.pick(&group.group, &key, &tried, Instant::now()) {
             Pick::Server(i, lease) => (i, lease),
             Pick::Full | Pick::None => {
-                crate::errlog::error(format_args!(
-                    "*{} no live upstreams while connecting to upstream, {}",
-                    s.id,
-                    client_text(s)
-                ));
-                s.status = 502;
+                no_live(s, &group);
                 return None;
             }
         };
@@ -373,11 +565,31 @@ async fn connect_upstream(
             addr: addr.to_string(),
             ..Default::default()
         });
-        let conn = match connect(addr, c.connect_timeout).await {
-            Ok(conn) => match &c.client_tls {
-                Some(setup) => ssl_handshake(w, srv, s, &group, setup, conn).await,
-                None => Ok(conn),
-            },
+        let conn = match connect(addr, c.connect_timeout, local).await {
+            Ok(sock) => {
+                if let (Socket::Tcp(t), true) = (&sock, srv.conf.tcp_nodelay) {
+                    let _ = t.set_nodelay(true);
+                }
+                if crate::errlog::admits(crate::errlog::Level::Info) {
+                    crate::errlog::log(
+                        crate::errlog::Level::Info,
+                        format_args!(
+                            "*{} proxy {} connected to {addr} while connecting to upstream, {}, upstream: \"{addr}\"",
+                            s.id,
+                            sock.local_text(),
+                            client_text(s)
+                        ),
+                    );
+                }
+                let conn: Conn = match sock {
+                    Socket::Tcp(t) => Box::new(t),
+                    Socket::Unix(u) => Box::new(u),
+                };
+                match &c.client_tls {
+                    Some(setup) => ssl_handshake(w, srv, s, &group, setup, conn).await,
+                    None => Ok(conn),
+                }
+            }
             Err(e) => {
                 let e = crate::errlog::errno_text(&e);
                 Err((
@@ -408,7 +620,7 @@ async fn connect_upstream(
                 ));
                 // As nginx, each server is tried once at most.
                 let out_of_tries = (c.tries > 0 && tried.len() >= c.tries as usize)
-                    || tried.len() >= group.group.servers.len();
+                    || tried.len() >= live_servers(&group);
                 let out_of_time = c.next_timeout.is_some_and(|t| start.elapsed() >= t);
                 if !c.next_upstream || out_of_tries || out_of_time {
                     s.status = 502;
@@ -530,31 +742,47 @@ struct Flow {
     /// When the first byte came (`$upstream_first_byte_time` of the download side).
     first: Cell<Option<Instant>>,
     rate: u64,
-    start: Instant,
+    /// The session's start in the clock's whole seconds (nginx's `u->start_sec`).
+    start_sec: u64,
 }
 
 impl Flow {
     /// How much may be read now under the rate, waiting while the budget is spent (nginx:
-    /// `rate * (elapsed seconds + 1) - sent`).
+    /// `rate * (elapsed seconds + 1) - sent`, the seconds whole ones of the clock as
+    /// nginx's `ngx_time()`, so a budget renews at each tick of the clock's second).
     async fn budget(&self, max: usize) -> usize {
         if self.rate == 0 {
             return max;
         }
+        let start_sec = self.start_sec;
         loop {
-            let secs = self.start.elapsed().as_secs_f64();
-            let allowed = (self.rate as f64 * (secs + 1.0)) as u64;
+            let secs = unix_secs().saturating_sub(start_sec);
+            let allowed = self.rate.saturating_mul(secs + 1);
             let spent = self.bytes.get();
             if allowed > spent {
                 return max.min((allowed - spent) as usize);
             }
-            let wait = (spent - allowed + 1) as f64 / self.rate as f64;
-            tokio::time::sleep(Duration::from_secs_f64(wait.max(0.001))).await;
+            let wait_ms = (spent - allowed) * 1000 / self.rate + 1;
+            tokio::time::sleep(Duration::from_millis(wait_ms)).await;
         }
     }
 }
 
-/// Copy from `r` to `w` until EOF or an error, noting activity and counting bytes.
-async fn pump<R, W>(mut r: R, mut wr: W, flow: &Flow, size: usize, last: &Cell<Instant>) -> bool
+/// The wall clock's whole seconds (nginx's `ngx_time()`).
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// `half_close`: an EOF is passed on as a shutdown of `wr`'s writing side.
+async fn pump<R, W>(
+    mut r: R,
+    mut wr: W,
+    flow: &Flow,
+    (size, half_close): (usize, bool),
+    last: &Cell<Instant>,
+) -> bool
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -563,6 +791,7 @@ where
     loop {
         let room = flow.budget(size).await;
         let n = match r.read(&mut buf[..room]).await {
+            Ok(0) if half_close => return wr.shutdown().await.is_ok(),
             Ok(0) | Err(_) => return true,
             Ok(n) => n,
         };
@@ -576,6 +805,12 @@ where
         }
         flow.bytes.set(flow.bytes.get() + n as u64);
         last.set(Instant::now());
+        // nginx: after a read under a rate, the next waits n / rate seconds.
+        if let Some(pause) = (n as u64 * 1000).checked_div(flow.rate) {
+            if pause > 0 {
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+            }
+        }
     }
 }
 
@@ -608,16 +843,17 @@ where
     let up_flow = Flow {
         bytes: Cell::new(0),
         first: Cell::new(None),
-        rate: c.upload_rate,
-        start: began,
+        rate: ProxyConf::rate(c.upload_rate, &c.upload_rate_var, s, &srv.maps),
+        start_sec: unix_secs(),
     };
     let down_flow = Flow {
         bytes: Cell::new(0),
         first: Cell::new(None),
-        rate: c.download_rate,
-        start: began,
+        rate: ProxyConf::rate(c.download_rate, &c.download_rate_var, s, &srv.maps),
+        start_sec: unix_secs(),
     };
     let last = Cell::new(Instant::now());
+    let closed;
     {
         let (cr, cw) = tokio::io::split(client);
         let idle = async {
@@ -633,11 +869,27 @@ where
                 }
             }
         };
-        tokio::select! {
-            _ = pump(cr, uw, &up_flow, c.buffer_size, &last) => {}
-            _ = pump(ur, cw, &down_flow, c.buffer_size, &last) => {}
-            _ = idle => {}
-        }
+        let how = (c.buffer_size, c.half_close);
+        let up = pump(cr, uw, &up_flow, how, &last);
+        let down = pump(ur, cw, &down_flow, how, &last);
+        tokio::pin!(up, down, idle);
+        let first = tokio::select! {
+            ok = &mut up => Some(("client", ok)),
+            ok = &mut down => Some(("upstream", ok)),
+            _ = &mut idle => None,
+        };
+        closed = match first {
+            // `proxy_half_close`: the other direction goes on until its own EOF.
+            Some(("client", true)) if c.half_close => tokio::select! {
+                _ = &mut down => Some("upstream"),
+                _ = &mut idle => None,
+            },
+            Some((_, true)) if c.half_close => tokio::select! {
+                _ = &mut up => Some("client"),
+                _ = &mut idle => None,
+            },
+            f => f.map(|(who, _)| who),
+        };
     }
     s.bytes_received += up_flow.bytes.get();
     s.bytes_sent += down_flow.bytes.get();
@@ -649,11 +901,22 @@ where
         a.first_byte = (down_flow.first.get()).map(|t| base + (t - began).as_secs_f64());
         a.session = Some(base + began.elapsed().as_secs_f64());
     }
+    let info = crate::errlog::admits(crate::errlog::Level::Info);
+    if let (Some(who), Some(a), true) = (closed, s.attempts.last(), info) {
+        crate::errlog::log(
+            crate::errlog::Level::Info,
+            format_args!(
+                "*{} {who} disconnected, bytes from/to client:{}/{}, bytes from/to upstream:{}/{}",
+                s.id, s.bytes_received, s.bytes_sent, a.received, a.sent
+            ),
+        );
+    }
 }
 
-/// A client's live UDP session: its id (to remove only its own entry) and its inbox.
+/// A client's live UDP session: its id (to remove only its own entry), its inbox and the
+/// datagrams given to it so far.
 type UdpSessions =
-    Rc<RefCell<HashMap<SocketAddr, (u64, tokio::sync::mpsc::UnboundedSender<Vec<u8>>)>>>;
+    Rc<RefCell<HashMap<SocketAddr, (u64, tokio::sync::mpsc::UnboundedSender<Vec<u8>>, u64)>>>;
 
 /// Serve a `listen ... udp` socket of stream server `idx`.
 pub async fn udp_listener(w: Rc<Worker>, sock: std::net::UdpSocket, idx: usize) {
@@ -681,12 +944,28 @@ pub async fn udp_listener(w: Rc<Worker>, sock: std::net::UdpSocket, idx: usize) 
             continue;
         };
         let data = buf[..n].to_vec();
-        let data = match sessions.borrow().get(&peer) {
-            Some((_, tx)) => match tx.send(data) {
-                Ok(()) => continue,
-                Err(e) => e.0,
-            },
-            None => data,
+        // `proxy_requests N`: the Nth datagram is a session's last, decided here as it
+        // is handed over (a session that counted for itself would lose the ones queued
+        // behind it).
+        let limit = srv.conf.proxy.requests;
+        let data = match sessions.borrow_mut().entry(peer) {
+            Entry::Occupied(mut e) => {
+                let (_, tx, given) = e.get_mut();
+                match tx.send(data) {
+                    Ok(()) => {
+                        *given += 1;
+                        if limit > 0 && *given >= limit {
+                            e.remove();
+                        }
+                        continue;
+                    }
+                    Err(err) => {
+                        e.remove();
+                        err.0
+                    }
+                }
+            }
+            Entry::Vacant(_) => data,
         };
         if w.active.get() >= w.config.main.worker_connections {
             continue;
@@ -695,16 +974,20 @@ pub async fn udp_listener(w: Rc<Worker>, sock: std::net::UdpSocket, idx: usize) 
         let id = Worker::next_conn_id();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let _ = tx.send(data);
-        sessions.borrow_mut().insert(peer, (id, tx));
+        if limit != 1 {
+            sessions.borrow_mut().insert(peer, (id, tx, 1));
+        }
         let s = Session::new(id, peer, local, true);
-        tokio::task::spawn_local(udp_session(
+        let session = udp_session(
             w.clone(),
             srv.clone(),
             sock.clone(),
             s,
             rx,
             sessions.clone(),
-        ));
+        );
+        let logs = srv.conf.error_log.clone();
+        tokio::task::spawn_local(crate::errlog::scoped(logs, session));
     }
 }
 
@@ -716,6 +999,7 @@ async fn udp_session(
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
     sessions: UdpSessions,
 ) {
+    super::core::connected(&s);
     if let Some(_held) = super::core::enter(&srv, &mut s) {
         if super::core::check_access(&srv, &mut s) {
             match &srv.conf.ret {
@@ -728,12 +1012,12 @@ async fn udp_session(
                         s.bytes_sent += text.len() as u64;
                     }
                 }
-                None => run_udp(&w, &srv, &sock, &mut s, &mut rx, &sessions).await,
+                None => run_udp(&w, &srv, &sock, &mut s, &mut rx).await,
             }
         }
     }
-    let forget = |m: &mut HashMap<_, (u64, _)>| {
-        if m.get(&s.peer).is_some_and(|(id, _)| *id == s.id) {
+    let forget = |m: &mut HashMap<_, (u64, _, _)>| {
+        if m.get(&s.peer).is_some_and(|(id, _, _)| *id == s.id) {
             m.remove(&s.peer);
         }
     };
@@ -748,8 +1032,8 @@ async fn udp_upstream(
     w: &Rc<Worker>,
     srv: &Server,
     s: &mut Session,
-) -> Option<(UdpSocket, crate::upstream::Lease)> {
-    let group = match group_for(srv, s) {
+) -> Option<(UdpSocket, crate::upstream::Lease, Arc<Group>, usize)> {
+    let group = match group_for(srv, s).await {
         Ok(g) => g,
         Err(status) => {
             s.status = status;
@@ -761,16 +1045,12 @@ async fn udp_upstream(
         ip: Some(s.peer.ip()),
         hash: hash.as_deref().map(str::as_bytes),
     };
+    let local = bind_for(srv, s).ok()?;
     let mut tried = Tried::default();
     loop {
         let Pick::Server(i, lease) = w.upstreams.pick(&group.group, &key, &tried, Instant::now())
         else {
-            crate::errlog::error(format_args!(
-                "*{} no live upstreams while connecting to upstream, {}",
-                s.id,
-                client_text(s)
-            ));
-            s.status = 502;
+            no_live(s, &group);
             return None;
         };
         tried.push(i);
@@ -788,10 +1068,10 @@ async fn udp_upstream(
                 .await?
                 .next()
                 .ok_or_else(|| std::io::Error::other("host not found"))?;
-            let bind: SocketAddr = if target.is_ipv4() {
-                ([0, 0, 0, 0], 0).into()
-            } else {
-                (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+            let bind: SocketAddr = match local {
+                Some((a, _)) => a,
+                None if target.is_ipv4() => ([0, 0, 0, 0], 0).into(),
+                None => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
             };
             let u = UdpSocket::bind(bind).await?;
             u.connect(target).await?;
@@ -803,7 +1083,7 @@ async fn udp_upstream(
                 if let Some(a) = s.attempts.last_mut() {
                     a.connect = Some(began.elapsed().as_secs_f64());
                 }
-                return Some((u, lease));
+                return Some((u, lease, group, i));
             }
             Err(e) => {
                 w.upstreams.failed(&group.group, i, Instant::now());
@@ -813,11 +1093,54 @@ async fn udp_upstream(
                     crate::errlog::errno_text(&e),
                     client_text(s)
                 ));
-                if !srv.conf.proxy.next_upstream || tried.len() >= group.group.servers.len() {
+                if !srv.conf.proxy.next_upstream || tried.len() >= live_servers(&group) {
                     s.status = 502;
                     return None;
                 }
             }
+        }
+    }
+}
+
+/// A UDP direction's rate (nginx's datagrams are never split; a client's datagram that
+/// comes while the upload is held back is dropped, as nginx's): the budget of
+/// `rate * (seconds + 1)` bytes, and after each datagram of n bytes a pause of n / rate
+/// seconds.
+struct Pace {
+    rate: u64,
+    start_sec: u64,
+    spent: u64,
+    paused_until: Instant,
+}
+
+impl Pace {
+    fn new(rate: u64) -> Pace {
+        Pace {
+            rate,
+            start_sec: unix_secs(),
+            spent: 0,
+            paused_until: Instant::now(),
+        }
+    }
+
+    /// When the next datagram may be read.
+    fn ready_at(&self, now: Instant) -> Instant {
+        if self.rate == 0 {
+            return now;
+        }
+        let secs = unix_secs().saturating_sub(self.start_sec);
+        let allowed = self.rate.saturating_mul(secs + 1);
+        let budget = match allowed > self.spent {
+            true => now,
+            false => now + Duration::from_millis((self.spent - allowed) * 1000 / self.rate + 1),
+        };
+        budget.max(self.paused_until)
+    }
+
+    fn took(&mut self, n: usize) {
+        if let Some(pause) = (n as u64 * 1000).checked_div(self.rate) {
+            self.spent += n as u64;
+            self.paused_until = Instant::now() + Duration::from_millis(pause);
         }
     }
 }
@@ -828,10 +1151,9 @@ async fn run_udp(
     sock: &UdpSocket,
     s: &mut Session,
     rx: &mut tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
-    sessions: &UdpSessions,
 ) {
     let c = &srv.conf.proxy;
-    let Some((up, _lease)) = udp_upstream(w, srv, s).await else {
+    let Some((up, _lease, group, server)) = udp_upstream(w, srv, s).await else {
         return;
     };
     let began = Instant::now();
@@ -840,13 +1162,45 @@ async fn run_udp(
     let mut buf = vec![0u8; 65536];
     let mut inbox_open = true;
     let mut first = None;
-    let done =
-        |requests: u64, responses: u64| c.responses.is_some_and(|r| responses >= r * requests);
+    let mut errored = false;
+    // nginx: with `proxy_requests`, not before the session had all its datagrams.
+    let done = |requests: u64, responses: u64| {
+        (c.requests == 0 || requests >= c.requests)
+            && c.responses.is_some_and(|r| responses >= r * requests)
+    };
+    let mut up_pace = Pace::new(ProxyConf::rate(
+        c.upload_rate,
+        &c.upload_rate_var,
+        s,
+        &srv.maps,
+    ));
+    let mut down_pace = Pace::new(ProxyConf::rate(
+        c.download_rate,
+        &c.download_rate_var,
+        s,
+        &srv.maps,
+    ));
+    let mut last = Instant::now();
     loop {
-        let deadline = tokio::time::Instant::now() + c.timeout;
+        let deadline = tokio::time::Instant::from_std(last + c.timeout);
+        let now = Instant::now();
+        let (up_at, down_at) = (up_pace.ready_at(now), down_pace.ready_at(now));
+        let (up_ok, down_ok) = (up_at <= now, down_at <= now);
+        // The next wake-up of a direction held back by its rate.
+        let wake = [(up_ok, up_at), (down_ok, down_at)]
+            .iter()
+            .filter(|(ok, _)| !ok)
+            .map(|(_, at)| *at)
+            .min();
         tokio::select! {
+            _ = tokio::time::sleep_until(wake.map_or(deadline, tokio::time::Instant::from_std)), if wake.is_some() => continue,
             m = rx.recv(), if inbox_open => match m {
+                // nginx reads a client's datagram only as it arrives: one that comes while
+                // the upload rate holds the session back is lost.
+                Some(_) if !up_ok => continue,
                 Some(d) => {
+                    last = Instant::now();
+                    up_pace.took(d.len());
                     s.bytes_received += d.len() as u64;
                     requests += 1;
                     if up.send(&d).await.is_err() {
@@ -854,19 +1208,16 @@ async fn run_udp(
                         break;
                     }
                     sent += d.len() as u64;
-                    if c.requests > 0 && requests >= c.requests {
-                        // The client's next datagram starts a new session.
-                        sessions.borrow_mut().retain(|_, (id, _)| *id != s.id);
-                        inbox_open = false;
-                    }
                     if done(requests, responses) {
                         break;
                     }
                 }
                 None => inbox_open = false,
             },
-            r = up.recv(&mut buf) => match r {
+            r = up.recv(&mut buf), if down_ok => match r {
                 Ok(n) => {
+                    last = Instant::now();
+                    down_pace.took(n);
                     received += n as u64;
                     first.get_or_insert_with(Instant::now);
                     if sock.send_to(&buf[..n], s.peer).await.is_ok() {
@@ -879,7 +1230,9 @@ async fn run_udp(
                 }
                 Err(e) => {
                     // An ICMP error (a closed port): nginx counts it as the datagram's reply,
-                    // so with `proxy_responses` met the session ends with 200.
+                    // so with `proxy_responses` met the session ends with 200; the server
+                    // is marked failed when the session ends (`max_fails`).
+                    errored = true;
                     crate::errlog::error(format_args!(
                         "*{} recv() failed ({}) while proxying and reading from upstream, {}",
                         s.id,
@@ -893,13 +1246,18 @@ async fn run_udp(
                 }
             },
             _ = tokio::time::sleep_until(deadline) => {
-                if c.responses.is_some() && !done(requests, responses) {
+                // nginx's "udp timed out": 200 if the replies expected so far came.
+                if c.responses.is_some_and(|r| responses < r * requests) {
                     crate::errlog::error(format_args!("*{} upstream timed out (110: Connection timed out) while proxying connection, {}", s.id, client_text(s)));
                     s.status = 502;
                 }
                 break;
             }
         }
+    }
+    // nginx's finalize: a UDP upstream whose socket had an error is freed as failed.
+    if errored {
+        w.upstreams.failed(&group.group, server, Instant::now());
     }
     if let Some(a) = s.attempts.last_mut() {
         a.sent = sent;

@@ -12,35 +12,44 @@ use gannet_conf::{ConfError, Directive};
 #[derive(Debug, Clone, Default)]
 pub struct Trusted {
     from: Vec<Cidr>,
+    /// `set_real_ip_from unix:`: clients of `listen unix:` are trusted.
+    unix: bool,
 }
 
 impl Trusted {
-    /// `set_real_ip_from ADDRESS[/BITS]` (`unix:` is accepted and trusts nothing TCP).
-    pub fn add(&mut self, d: &Directive) -> Result<(), ConfError> {
+    /// `set_real_ip_from ADDRESS[/BITS] | HOSTNAME | unix:` (a name: each address it
+    /// resolves to at load, as the http module's).
+    pub fn add(&mut self, d: &Directive, notices: &mut Vec<String>) -> Result<(), ConfError> {
         if d.args.len() != 1 {
             return Err(d.error("invalid number of arguments in \"set_real_ip_from\" directive"));
         }
         if d.args[0] == "unix:" {
+            self.unix = true;
             return Ok(());
         }
-        let (net, _) = Cidr::parse(&d.args[0])
-            .ok_or_else(|| d.error(format!("invalid parameter \"{}\"", d.args[0])))?;
-        self.from.push(net);
+        let nets = crate::modules::realip::trusted(d, &d.args[0], notices)?;
+        self.from.extend(nets);
         Ok(())
     }
 
     /// Take the PROXY header's client address when the connection is trusted.
     pub fn apply(&self, s: &mut Session) {
-        if self.from.is_empty() {
+        if self.from.is_empty() && !self.unix {
             return;
         }
         let Some(client) = s.proxy_protocol.as_ref().and_then(|p| p.client()) else {
             return;
         };
         let ip = unmapped(s.peer.ip());
-        if self.from.iter().any(|n| n.contains(ip)) {
+        let trusted = match s.unix {
+            true => self.unix,
+            false => self.from.iter().any(|n| n.contains(ip)),
+        };
+        if trusted {
             s.realip_from = Some(s.peer);
+            s.realip_unix = s.unix;
             s.peer = client;
+            s.unix = false;
         }
     }
 }

@@ -71,20 +71,26 @@ pub fn implicit(d: &Directive, addr: &str) -> Result<Group, ConfError> {
     Ok(single(a))
 }
 
-/// A group of one server with nginx's defaults (`proxy_pass ADDRESS`, or `$var` naming an
-/// address).
+/// A group of one server with nginx's defaults (`proxy_pass ADDRESS`).
 pub fn single(addr: crate::upstream::Addr) -> Group {
+    of_addrs(&addr.to_string(), vec![addr])
+}
+
+/// A round-robin group of servers with nginx's defaults (`proxy_pass $var` naming an
+/// address, or a name and the addresses it resolved to).
+pub fn of_addrs(name: &str, addrs: Vec<crate::upstream::Addr>) -> Group {
     use crate::upstream::{Method, Server, Upstream};
+    let health = addrs.iter().map(|_| AtomicBool::new(true)).collect();
     let group = Upstream {
-        name: addr.to_string(),
-        servers: vec![Server::new(addr)],
+        name: name.to_string(),
+        servers: addrs.into_iter().map(Server::new).collect(),
         keepalive: 0,
         keepalive_timeout: Duration::from_secs(60),
         keepalive_requests: 1000,
         queue: None,
         method: Method::RoundRobin,
         slow_start: false,
-        health: Box::new([AtomicBool::new(true)]),
+        health,
     };
     Group {
         group: Arc::new(group),

@@ -26,6 +26,8 @@ pub enum Var {
     Connection,
     Pid,
     Hostname,
+    NginxVersion,
+    LimitConnStatus,
     Msec,
     TimeLocal,
     TimeIso8601,
@@ -46,8 +48,12 @@ pub enum Var {
     SslPrereadProtocol,
     /// `$ssl_*` of `listen ... ssl` (the http side's, `tls::vars`).
     Ssl(crate::tls::vars::SslVar),
-    /// A `map`'s result (index into [`Maps`]).
+    /// A `map`'s result (index into [`Maps`]), or a `set` variable's.
     Map(usize),
+    /// `$1`..`$9` of the last regex match.
+    Capture(u8),
+    /// A named capture (index into [`Maps`]' named captures).
+    Named(usize),
 }
 
 impl Var {
@@ -66,6 +72,8 @@ impl Var {
             "connection" => Var::Connection,
             "pid" => Var::Pid,
             "hostname" => Var::Hostname,
+            "nginx_version" => Var::NginxVersion,
+            "limit_conn_status" => Var::LimitConnStatus,
             "msec" => Var::Msec,
             "time_local" => Var::TimeLocal,
             "time_iso8601" => Var::TimeIso8601,
@@ -112,6 +120,11 @@ pub struct Session {
     pub peer: SocketAddr,
     pub local: SocketAddr,
     pub udp: bool,
+    /// A client of `listen unix:`: no address (`peer` is 0.0.0.0:0), `$remote_addr` is
+    /// `unix:`, and `geo` sees 255.255.255.255, as nginx's.
+    pub unix: bool,
+    /// The connection's own client was a unix one when `set_real_ip_from` replaced it.
+    pub realip_unix: bool,
     pub start: Instant,
     /// To the client, from the client.
     pub bytes_sent: u64,
@@ -130,6 +143,13 @@ pub struct Session {
     pub realip_from: Option<SocketAddr>,
     /// The handshake of `listen ... ssl`.
     pub tls: Option<crate::tls::TlsInfo>,
+    /// `$limit_conn_status` (nginx's order): 0 before any limit counted the session,
+    /// then PASSED, REJECTED, REJECTED_DRY_RUN.
+    pub limit_conn_status: u8,
+    /// What the last `map` regex captured (read by `$1`.., named captures).
+    pub captured: std::cell::RefCell<super::map::Captured>,
+    /// The values `set` gave, by variable index (empty without any `set`).
+    pub set_values: Vec<Option<String>>,
 }
 
 impl Session {
@@ -139,6 +159,8 @@ impl Session {
             peer,
             local,
             udp,
+            unix: false,
+            realip_unix: false,
             start: Instant::now(),
             bytes_sent: 0,
             bytes_received: 0,
@@ -150,6 +172,32 @@ impl Session {
             proxy_protocol: None,
             realip_from: None,
             tls: None,
+            limit_conn_status: 0,
+            captured: Default::default(),
+            set_values: Vec::new(),
+        }
+    }
+}
+
+impl Session {
+    /// The client's address; `None` for a unix client.
+    pub fn client_ip(&self) -> Option<std::net::IpAddr> {
+        (!self.unix).then(|| crate::http::cidr::unmapped(self.peer.ip()))
+    }
+
+    /// The client as log lines name it: its address, or `unix:`.
+    pub fn client_text(&self) -> String {
+        match self.client_ip() {
+            Some(ip) => ip.to_string(),
+            None => "unix:".to_string(),
+        }
+    }
+
+    /// The client with its port (`unix:` for a unix one).
+    pub fn peer_text(&self) -> String {
+        match self.unix {
+            true => "unix:".to_string(),
+            false => self.peer.to_string(),
         }
     }
 }
@@ -171,9 +219,12 @@ impl Template {
     /// is nginx's "unknown variable".
     pub fn compile(src: &str, maps: &Maps) -> Result<Template, String> {
         use crate::http::variables::{pieces, Piece};
-        let parts = pieces(src, false, |name| {
+        let parts = pieces(src, true, |name| {
+            let digit = name.parse::<u8>().ok().filter(|_| name.len() == 1);
             Var::from_name(name)
+                .or_else(|| digit.map(Var::Capture))
                 .or_else(|| maps.index(name).map(Var::Map))
+                .or_else(|| maps.named_capture(name).map(Var::Named))
                 .ok_or_else(|| format!("unknown \"{name}\" variable"))
         })?;
         let parts = parts
@@ -211,19 +262,21 @@ impl Template {
 }
 
 impl Template {
-    /// For a log line: literals as written, each variable's value through `escape`.
+    /// For a log line: literals as written, each variable's value through `escape`; a
+    /// variable without a value is `missing` (nginx: `-`, nothing with `escape=json` or
+    /// `none`).
     pub fn append_log(
         &self,
         out: &mut String,
-        s: &Session,
-        maps: &Maps,
+        (s, maps): (&Session, &Maps),
+        missing: &str,
         escape: impl Fn(&str, &mut String),
     ) {
         let mut v = String::new();
         for p in &self.parts {
             match p {
                 Part::Lit(l) => out.push_str(l),
-                Part::Var(var) if !found(*var, s) => out.push('-'),
+                Part::Var(var) if !found(*var, s) => out.push_str(missing),
                 Part::Var(var) => {
                     v.clear();
                     append(&mut v, *var, s, maps, 0);
@@ -263,6 +316,8 @@ fn found(v: Var, s: &Session) -> bool {
         | Var::ProxyProtocolPort
         | Var::ProxyProtocolServerAddr
         | Var::ProxyProtocolServerPort => s.proxy_protocol.is_some(),
+        Var::LimitConnStatus => s.limit_conn_status != 0,
+        Var::Named(i) => s.captured.borrow().named(i).is_some(),
         _ => true,
     }
 }
@@ -290,16 +345,16 @@ fn opt_secs(out: &mut String, t: Option<f64>) {
 
 fn append(out: &mut String, v: Var, s: &Session, maps: &Maps, depth: usize) {
     match v {
-        Var::RemoteAddr => {
-            let _ = write!(out, "{}", crate::http::cidr::unmapped(s.peer.ip()));
-        }
+        Var::RemoteAddr => out.push_str(&s.client_text()),
+        Var::RemotePort if s.unix => {}
         Var::RemotePort => {
             let _ = write!(out, "{}", s.peer.port());
         }
-        Var::BinaryRemoteAddr => match crate::http::cidr::unmapped(s.peer.ip()) {
+        Var::BinaryRemoteAddr => match s.client_ip() {
             // Bytes as Latin-1 characters, as the HTTP side writes binary values.
-            std::net::IpAddr::V4(a) => out.extend(a.octets().iter().map(|&b| b as char)),
-            std::net::IpAddr::V6(a) => out.extend(a.octets().iter().map(|&b| b as char)),
+            Some(std::net::IpAddr::V4(a)) => out.extend(a.octets().iter().map(|&b| b as char)),
+            Some(std::net::IpAddr::V6(a)) => out.extend(a.octets().iter().map(|&b| b as char)),
+            None => {}
         },
         Var::ServerAddr => {
             let _ = write!(out, "{}", crate::http::cidr::unmapped(s.local.ip()));
@@ -325,6 +380,13 @@ fn append(out: &mut String, v: Var, s: &Session, maps: &Maps, depth: usize) {
             let _ = write!(out, "{}", std::process::id());
         }
         Var::Hostname => out.push_str(&hostname()),
+        Var::NginxVersion => out.push_str(env!("CARGO_PKG_VERSION")),
+        Var::LimitConnStatus => out.push_str(match s.limit_conn_status {
+            1 => "PASSED",
+            2 => "REJECTED",
+            3 => "REJECTED_DRY_RUN",
+            _ => "",
+        }),
         Var::Msec => {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -353,6 +415,10 @@ fn append(out: &mut String, v: Var, s: &Session, maps: &Maps, depth: usize) {
         Var::ProxyProtocolServerPort => pp(out, s, |p, o| {
             let _ = write!(o, "{}", p.server_port);
         }),
+        Var::RealipRemoteAddr if s.realip_unix || (s.unix && s.realip_from.is_none()) => {
+            out.push_str("unix:")
+        }
+        Var::RealipRemotePort if s.realip_unix || (s.unix && s.realip_from.is_none()) => {}
         Var::RealipRemoteAddr => {
             let a = s.realip_from.unwrap_or(s.peer);
             let _ = write!(out, "{}", crate::http::cidr::unmapped(a.ip()));
@@ -366,7 +432,12 @@ fn append(out: &mut String, v: Var, s: &Session, maps: &Maps, depth: usize) {
                 v.append(out, t);
             }
         }
-        Var::Map(i) => maps.append(i, out, s, depth),
+        Var::Map(i) => match s.set_values.get(i) {
+            Some(Some(v)) => out.push_str(v),
+            _ => maps.append(i, out, s, depth),
+        },
+        Var::Capture(n) => out.push_str(s.captured.borrow().group(n.into())),
+        Var::Named(i) => out.push_str(s.captured.borrow().named(i).unwrap_or_default()),
     }
 }
 
