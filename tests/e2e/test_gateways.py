@@ -576,7 +576,7 @@ def test_config_errors(gannet):
         "scgi_next_upstream sometimes;": "invalid value",
         "scgi_buffer_size 10;": "invalid value",
         "uwsgi_cache zone;": '"uwsgi_cache" zone "zone" is unknown',
-        "uwsgi_cache_background_update on;": "this uwsgi directive is not supported yet",
+        "uwsgi_store on;": "this uwsgi directive is not supported yet",
         "fastcgi_ignore_headers Foo;": 'invalid value "Foo"',
         "scgi_socket_keepalive maybe;": 'invalid value "maybe"',
         "uwsgi_busy_buffers_size 1x;": '"uwsgi_busy_buffers_size" directive invalid value',
