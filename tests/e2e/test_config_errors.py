@@ -6,8 +6,8 @@ import pytest
 @pytest.mark.parametrize(
     "line, message",
     [
-        ("location /api/ { proxy_cache_background_update on; }", '"proxy_cache_background_update": this proxy directive is not supported yet'),
-        ("location ~ \\.php$ { fastcgi_cache_background_update on; }", '"fastcgi_cache_background_update": this FastCGI directive is not supported yet'),
+        ("location /api/ { proxy_ssl_conf_command Options PrioritizeChaCha; }", '"proxy_ssl_conf_command": this proxy directive is not supported yet'),
+        ("location ~ \\.php$ { fastcgi_store on; }", '"fastcgi_store": this FastCGI directive is not supported yet'),
         ("ssl_conf_command Options PrioritizeChaCha;", '"ssl_conf_command": this TLS directive is not supported yet'),
         ("geo $x $y { default 0; }", '"geo" directive is not allowed here'),
         ("frobnicate on;", 'unknown directive "frobnicate"'),

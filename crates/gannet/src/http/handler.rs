@@ -542,8 +542,8 @@ fn error_page(req: &mut Request, code: u16) -> Option<Flow> {
         Override::Page => None,
     };
     req.error_paged = true;
-    // A page at a URI is fetched with GET (HEAD stays HEAD) whatever the original method;
-    // a named location keeps the method, as nginx's `ngx_http_named_location`.
+    // A page at a URI is fetched with GET (HEAD stays HEAD) whatever the original method; a
+    // named location keeps the method, as nginx's ngx_http_send_error_page.
     if req.head.method != Method::Head && !target.starts_with('@') {
         req.method_override = Some(Method::Get);
     }
