@@ -47,6 +47,7 @@ pub mod scgi;
 pub mod secure_link;
 pub mod slice;
 pub mod split_clients;
+pub mod acme;
 pub mod ssi;
 pub mod static_files;
 pub mod stub_status;
@@ -96,6 +97,10 @@ pub struct LoadCtx {
     pub otel_trace_at: Option<gannet_conf::Loc>,
     /// The config has a `metrics` location: zones get metrics keys.
     pub metrics: bool,
+    /// `acme_issuer`s and `acme_certificate`s (`crate::acme`).
+    pub acme: crate::acme::Registry,
+    /// `acme_shared_zone` was given.
+    pub acme_zone: bool,
 }
 
 impl LoadCtx {
@@ -108,6 +113,8 @@ impl LoadCtx {
             prefixless: false,
             matches: HashMap::new(),
             probes: Vec::new(),
+            acme: Default::default(),
+            acme_zone: false,
             zones: Default::default(),
             notices: Vec::new(),
             warnings: Vec::new(),
@@ -268,6 +275,10 @@ pub const MODULES: &[Module] = &[
     Module {
         directives: geo::DIRECTIVES,
         set: geo::set,
+    },
+    Module {
+        directives: acme::DIRECTIVES,
+        set: acme::set,
     },
     Module {
         directives: split_clients::DIRECTIVES,
@@ -436,6 +447,8 @@ pub struct LocConf {
     pub metrics: bool,
     /// `status_zone`: the metrics key requests here count in (inherited).
     pub status_zone: Option<crate::runtime::metrics::Key>,
+    /// `acme_certificate` (server level only).
+    pub acme: Option<acme::CertOrder>,
 }
 
 impl LocConf {

@@ -100,6 +100,14 @@ const MAX_REDIRECTS: u8 = 10;
 
 /// Run the phases.
 pub fn handle(req: &mut Request, w: &Worker) -> Handled {
+    // ACME's HTTP-01 answers, on plain HTTP whatever the server's locations say.
+    if let Some(acme) = &w.config.acme {
+        if req.conn.tls.is_none() {
+            if let Some(r) = acme.answer(&req.uri) {
+                return resume(req, w, Flow::Done(r));
+            }
+        }
+    }
     crate::http::router::bind_server_captures(req);
     realip::apply(req, true);
     let server_stmts = req.server.conf.rewrite.stmts.clone();

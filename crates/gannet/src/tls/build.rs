@@ -59,6 +59,17 @@ pub fn build_server(
     let provider = Arc::new(provider(c.ciphers.as_deref(), c.ecdh_curves.as_deref()));
     let mut pairs = Vec::new();
     for (i, cert_file) in certs.iter().enumerate() {
+        if crate::acme::names_variable(&cert_file.path) {
+            // `ssl_certificate $acme_certificate`: the certificate comes later, into the
+            // slot the resolver reads (see `crate::acme`).
+            if c.acme.is_none() {
+                return Err(err(
+                    &cert_file.loc,
+                    "\"$acme_certificate\" is used in a server without \"acme_certificate\"",
+                ));
+            }
+            continue;
+        }
         let key_file = keys.get(i).ok_or_else(|| {
             err(
                 &cert_file.loc,
@@ -121,6 +132,7 @@ pub fn build_server(
     };
     let mut config = builder.with_cert_resolver(Arc::new(KeyPairs {
         keys: pairs,
+        acme: c.acme.clone(),
         suites: provider.cipher_suites.clone(),
     }));
     config.ignore_client_order = c.prefer_server_ciphers.unwrap_or(false);

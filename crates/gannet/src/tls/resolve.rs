@@ -12,6 +12,10 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct KeyPairs {
     pub keys: Vec<Arc<CertifiedKey>>,
+    /// `ssl_certificate $acme_certificate`: the certificate ACME got (or will get) for
+    /// this server, read at each handshake so a new one serves at once; none yet refuses
+    /// the handshake, as nginx-acme.
+    pub acme: Option<Arc<crate::acme::Slot>>,
     /// The suites this server offers.
     pub suites: Vec<SupportedCipherSuite>,
 }
@@ -30,6 +34,9 @@ impl KeyPairs {
 
 impl ResolvesServerCert for KeyPairs {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        if let Some(slot) = &self.acme {
+            return slot.get();
+        }
         for scheme in hello.signature_schemes() {
             let found = self
                 .keys

@@ -1,0 +1,246 @@
+//! The ACME state machine of one certificate: account (created once per issuer, then
+//! restored from the state directory), order, HTTP-01 authorizations, finalization with a
+//! CSR for a key generated here, download; then sleep until two thirds of the lifetime and
+//! renew. Failures are logged and retried with a doubling back-off.
+
+use super::{store, Acme, Cert, Issuer, KeyAlg};
+use crate::errlog;
+use instant_acme::{
+    Account, AuthorizationStatus, BodyWrapper, ChallengeType, Identifier, Key, NewAccount,
+    NewOrder, OrderStatus, RetryPolicy,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// The first retry after a failure; doubled after each one, up to `MAX_BACKOFF`.
+const FIRST_BACKOFF: Duration = Duration::from_secs(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(3600);
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// An issuer's account, made on first use and shared by its certificates.
+pub struct AccountCell {
+    issuer: Arc<Issuer>,
+    account: tokio::sync::Mutex<Option<Account>>,
+}
+
+impl AccountCell {
+    pub fn new(issuer: Arc<Issuer>) -> AccountCell {
+        AccountCell {
+            issuer,
+            account: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    async fn get(&self) -> Result<Account, Error> {
+        let mut g = self.account.lock().await;
+        if let Some(a) = g.as_ref() {
+            return Ok(a.clone());
+        }
+        let a = login(&self.issuer).await?;
+        *g = Some(a.clone());
+        Ok(a)
+    }
+}
+
+/// The HTTP client to the ACME server: rustls on aws-lc-rs, trusting
+/// `ssl_trusted_certificate`'s CAs, or the system's.
+fn http(issuer: &Issuer) -> Result<Box<dyn instant_acme::HttpClient>, Error> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let builder = hyper_rustls::HttpsConnectorBuilder::new();
+    let builder = match &issuer.trusted {
+        Some(f) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for ca in crate::tls::certs::load_chain(f, "trusted certificate")? {
+                roots.add(ca)?;
+            }
+            let config = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            builder.with_tls_config(config)
+        }
+        None => builder.with_provider_and_native_roots(provider)?,
+    };
+    let connector = builder.https_only().enable_http1().build();
+    let client = hyper_util::client::legacy::Client::builder(
+        hyper_util::rt::TokioExecutor::new(),
+    )
+    .build::<_, BodyWrapper<bytes::Bytes>>(connector);
+    Ok(Box::new(client))
+}
+
+/// The issuer's account: restored from `account.key` and `account.url`, or found or made
+/// with the key (`account_key FILE`, or the stored one), or made with a new key, kept.
+async fn login(issuer: &Issuer) -> Result<Account, Error> {
+    let dir = issuer.state_path.as_deref();
+    let key_pem = match (&issuer.account_key, dir) {
+        (Some(f), _) => Some(std::fs::read(f).map_err(|e| format!("{}: {e}", f.display()))?),
+        (None, Some(d)) => store::read(d, store::ACCOUNT_KEY)?,
+        (None, None) => None,
+    };
+    let url = match dir {
+        Some(d) if issuer.account_key.is_none() => store::read(d, store::ACCOUNT_URL)?
+            .and_then(|u| String::from_utf8(u).ok())
+            .map(|u| u.trim().to_string())
+            .filter(|u| !u.is_empty()),
+        _ => None,
+    };
+    let uri = issuer.uri.clone();
+    if let Some(pem) = key_pem {
+        let der = PrivatePkcs8KeyDer::from_pem_slice(&pem)
+            .map_err(|e| format!("account key is not a PKCS#8 PEM key: {e}"))?;
+        if let Some(id) = url {
+            let a = Account::builder_with_http(http(issuer)?)
+                .from_parts(id, der, uri)
+                .await?;
+            return Ok(a);
+        }
+        let key = Key::from_pkcs8_der(der.clone_key())?;
+        let (a, _) = Account::builder_with_http(http(issuer)?)
+            .create_from_key((key, PrivateKeyDer::Pkcs8(der)), uri)
+            .await?;
+        if let Some(d) = dir.filter(|_| issuer.account_key.is_none()) {
+            store::write(d, store::ACCOUNT_URL, a.id().as_bytes())?;
+        }
+        return Ok(a);
+    }
+    let contacts: Vec<&str> = issuer.contacts.iter().map(String::as_str).collect();
+    let (a, creds) = Account::builder_with_http(http(issuer)?)
+        .create(
+            &NewAccount {
+                contact: &contacts,
+                terms_of_service_agreed: issuer.accept_tos,
+                only_return_existing: false,
+            },
+            uri,
+            None,
+        )
+        .await?;
+    if let Some(d) = dir {
+        let pem = rcgen::KeyPair::try_from(creds.private_key().secret_pkcs8_der())?.serialize_pem();
+        store::write(d, store::ACCOUNT_KEY, pem.as_bytes())?;
+        store::write(d, store::ACCOUNT_URL, a.id().as_bytes())?;
+    }
+    errlog::notice(format_args!(
+        "acme: account {} created with issuer \"{}\"",
+        a.id(),
+        issuer.name
+    ));
+    Ok(a)
+}
+
+/// Obtain the certificate when there is none, renew it at two thirds of its lifetime;
+/// forever (the task ends with the worker thread).
+pub async fn run(acme: Arc<Acme>, cert: Arc<Cert>, account: Arc<AccountCell>) {
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        if let Some(at) = cert.slot.renew_at() {
+            if let Ok(wait) = at.duration_since(SystemTime::now()) {
+                tokio::time::sleep(wait).await;
+            }
+        }
+        let names = cert.identifiers.join(" ");
+        match order(&acme, &cert, &account).await {
+            Ok(()) => {
+                backoff = FIRST_BACKOFF;
+                errlog::notice(format_args!(
+                    "acme: certificate for \"{names}\" issued by \"{}\"",
+                    cert.issuer.name
+                ));
+            }
+            Err(e) => {
+                let what = match e.downcast_ref::<instant_acme::Error>() {
+                    Some(instant_acme::Error::Api(p))
+                        if p.r#type.as_deref() == Some("urn:ietf:params:acme:error:rateLimited") =>
+                    {
+                        "rate limited by the ACME server"
+                    }
+                    _ => "failed",
+                };
+                errlog::error(format_args!(
+                    "acme: certificate for \"{names}\" from \"{}\" {what}: {e}; retrying in {}s",
+                    cert.issuer.name,
+                    backoff.as_secs()
+                ));
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+/// One order, from `newOrder` to the certificate in its slot and on disk.
+async fn order(acme: &Acme, cert: &Cert, account: &AccountCell) -> Result<(), Error> {
+    let account = account.get().await?;
+    let ids: Vec<Identifier> = cert
+        .identifiers
+        .iter()
+        .map(|i| match i.parse::<std::net::IpAddr>() {
+            Ok(ip) => Identifier::Ip(ip),
+            Err(_) => Identifier::Dns(i.clone()),
+        })
+        .collect();
+    let mut order = account.new_order(&NewOrder::new(&ids)).await?;
+    let mut tokens = Vec::new();
+    let result = async {
+        let mut authzs = order.authorizations();
+        while let Some(a) = authzs.next().await {
+            let mut a = a?;
+            if a.status != AuthorizationStatus::Pending {
+                continue;
+            }
+            let mut ch = a
+                .challenge(ChallengeType::Http01)
+                .ok_or("the ACME server offers no http-01 challenge")?;
+            let token = ch.token.clone();
+            acme.add_challenge(&token, ch.key_authorization().as_str());
+            tokens.push(token);
+            ch.set_ready().await?;
+        }
+        let retries = RetryPolicy::default().timeout(Duration::from_secs(120));
+        let status = order.poll_ready(&retries).await?;
+        if status != OrderStatus::Ready {
+            return Err(format!("order is {status:?}, not ready").into());
+        }
+        Ok::<_, Error>(())
+    }
+    .await;
+    for t in &tokens {
+        acme.remove_challenge(t);
+    }
+    result?;
+    let key = generate(cert.key)?;
+    let mut params = rcgen::CertificateParams::new(cert.identifiers.clone())?;
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    let csr = params.serialize_request(&key)?;
+    order.finalize_csr(csr.der()).await?;
+    let retries = RetryPolicy::default().timeout(Duration::from_secs(120));
+    let chain = order.poll_certificate(&retries).await?;
+    let key_pem = key.serialize_pem();
+    let current = store::certified(chain.as_bytes(), key_pem.as_bytes())?;
+    if let Err(e) = store::save_cert(cert, chain.as_bytes(), key_pem.as_bytes()) {
+        // Served anyway; only a restart will have to order again.
+        errlog::error(format_args!("acme: cannot store the certificate: {e}"));
+    }
+    cert.slot.set(current);
+    Ok(())
+}
+
+fn generate(alg: KeyAlg) -> Result<rcgen::KeyPair, rcgen::Error> {
+    match alg {
+        KeyAlg::Ecdsa(384) => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384),
+        KeyAlg::Ecdsa(521) => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P521_SHA512),
+        KeyAlg::Ecdsa(_) => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256),
+        KeyAlg::Rsa(bits) => {
+            let size = match bits {
+                4096 => rcgen::RsaKeySize::_4096,
+                3072 => rcgen::RsaKeySize::_3072,
+                _ => rcgen::RsaKeySize::_2048,
+            };
+            rcgen::KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, size)
+        }
+    }
+}

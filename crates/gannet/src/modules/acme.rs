@@ -1,0 +1,256 @@
+//! nginx's `ngx_http_acme_module` (nginx/nginx-acme): `acme_issuer NAME { ... }` and
+//! `acme_shared_zone` at http level, `acme_certificate ISSUER [identifiers] [key=alg[:size]]`
+//! in a server, whose certificate `ssl_certificate $acme_certificate;
+//! ssl_certificate_key $acme_certificate_key;` serve. `crate::acme` obtains and renews the
+//! certificates; this file only reads the directives (errors worded as nginx-acme's).
+//!
+//! Inside `acme_issuer`: `uri`, `account_key`, `challenge`, `contact`, `state_path`,
+//! `accept_terms_of_service`, `ssl_trusted_certificate`, `ssl_verify`. The directives of
+//! nginx-acme that this slice does not do yet (`external_account_key`, `preferred_chain`,
+//! `profile`, `common_name_in_csr`, `challenge tls-alpn-01`, `ssl_verify off`, accounts keys
+//! other than ECDSA P-256) are config errors saying so, never silently ignored.
+
+use super::{LoadCtx, LocConf};
+use crate::acme::{Issuer, KeyAlg, Slot};
+use crate::modules::tls::FileArg;
+use gannet_conf::registry::{Args, Ctx, Spec};
+use gannet_conf::{ConfError, Directive, Loc};
+use std::sync::Arc;
+
+pub const DIRECTIVES: &[Spec] = &[
+    Spec {
+        name: "acme_issuer",
+        ctx: Ctx::HTTP,
+        args: Args::Exactly(1),
+        block: true,
+    },
+    Spec {
+        name: "acme_shared_zone",
+        ctx: Ctx::HTTP,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
+        name: "acme_certificate",
+        ctx: Ctx::SERVER,
+        args: Args::AtLeast(1),
+        block: false,
+    },
+];
+
+/// A server's `acme_certificate`, read before its `server_name`s are all known.
+#[derive(Debug, Clone)]
+pub struct CertOrder {
+    issuer: String,
+    identifiers: Vec<String>,
+    key: KeyAlg,
+    loc: Loc,
+}
+
+pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
+    match d.name.as_str() {
+        "acme_issuer" => {
+            let name = &d.args[0];
+            if ctx.acme.issuers.contains_key(name) {
+                return Err(d.error("\"acme_issuer\" directive is duplicate"));
+            }
+            let issuer = issuer(d, ctx)?;
+            ctx.acme.issuers.insert(name.clone(), Arc::new(issuer));
+        }
+        "acme_shared_zone" => {
+            // One process holds every worker thread, so the certificates and challenges
+            // are shared without a zone; the value is still checked as nginx-acme does.
+            if ctx.acme_zone {
+                return Err(d.error("\"acme_shared_zone\" directive is duplicate"));
+            }
+            let Some(v) = d.args[0].strip_prefix("zone=") else {
+                return Err(d.error("\"acme_shared_zone\" must have \"zone\" parameter"));
+            };
+            let ok = v.split_once(':').is_some_and(|(n, s)| {
+                !n.is_empty() && gannet_conf::setters::size(s).is_some_and(|b| b > 0)
+            });
+            if !ok {
+                return Err(d.error(format!("invalid zone size \"{}\"", d.args[0])));
+            }
+            ctx.acme_zone = true;
+        }
+        "acme_certificate" => {
+            if lc.acme.is_some() {
+                return Err(d.error("\"acme_certificate\" directive is duplicate"));
+            }
+            let mut order = CertOrder {
+                issuer: d.args[0].clone(),
+                identifiers: Vec::new(),
+                key: KeyAlg::Ecdsa(256),
+                loc: d.loc.clone(),
+            };
+            if order.issuer.is_empty() {
+                return Err(d.error("\"acme_certificate\" directive \"issuer\" is missing"));
+            }
+            for a in &d.args[1..] {
+                if let Some(k) = a.strip_prefix("key=") {
+                    order.key = KeyAlg::parse(k).ok_or_else(|| {
+                        d.error("\"acme_certificate\" directive invalid \"key\" value")
+                    })?;
+                    continue;
+                }
+                add_identifier(&mut order.identifiers, a).map_err(|e| d.error(e))?;
+            }
+            lc.acme = Some(order);
+        }
+        _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
+    }
+    Ok(())
+}
+
+/// An identifier as nginx-acme takes it: an IP address in its canonical form, or a DNS
+/// name, lowercased; `.example.com` (server_name's "with and without www") is both
+/// `www.example.com` and `example.com`.
+fn add_identifier(ids: &mut Vec<String>, v: &str) -> Result<(), String> {
+    if let Ok(ip) = v.parse::<std::net::IpAddr>() {
+        ids.push(ip.to_string());
+        return Ok(());
+    }
+    let name = v.to_ascii_lowercase();
+    let host = name.strip_prefix('.').unwrap_or(&name);
+    let valid = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .split('.')
+            .all(|l| !l.is_empty() && l.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-'));
+    if !valid {
+        return Err(format!("\"acme_certificate\": invalid server name: \"{v}\""));
+    }
+    if name.starts_with('.') {
+        ids.push(format!("www.{host}"));
+    }
+    ids.push(host.to_string());
+    Ok(())
+}
+
+/// The slot of the certificate a server's `acme_certificate` asks for (identifiers from
+/// `server_name` when none are given), for its `ssl_certificate $acme_certificate`.
+pub fn server_slot(
+    conf: &LocConf,
+    server_names: &[String],
+    ctx: &mut LoadCtx,
+) -> Result<Option<Arc<Slot>>, ConfError> {
+    let Some(order) = &conf.acme else {
+        return Ok(None);
+    };
+    let mut ids = order.identifiers.clone();
+    if ids.is_empty() {
+        for n in server_names {
+            if n.starts_with('~') {
+                ctx.warnings.push(format!(
+                    "{}: \"acme_certificate\": unsupported regular expression in server_name: {n}",
+                    order.loc
+                ));
+                continue;
+            }
+            if n.is_empty() {
+                continue;
+            }
+            add_identifier(&mut ids, n).map_err(|e| ConfError::at(&order.loc, e))?;
+        }
+        if ids.is_empty() {
+            return Err(ConfError::at(
+                &order.loc,
+                "\"acme_certificate\": no identifiers found in \"server_name\"",
+            ));
+        }
+    }
+    Ok(Some(ctx.acme.slot(&order.issuer, &order.loc, ids, order.key)))
+}
+
+/// An `acme_issuer` block.
+fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
+    let name = d.args[0].clone();
+    let mut is = Issuer {
+        state_path: Some(ctx.prefix.join(format!("acme_{name}"))),
+        name,
+        uri: String::new(),
+        account_key: None,
+        contacts: Vec::new(),
+        accept_tos: false,
+        trusted: None,
+    };
+    for e in d.block.as_deref().unwrap_or_default() {
+        let n = e.name.as_str();
+        let want = match n {
+            "accept_terms_of_service" => 0,
+            "external_account_key" => 2,
+            "profile" => e.args.len().clamp(1, 2),
+            _ => 1,
+        };
+        if e.block.is_some() || e.args.len() != want {
+            return Err(e.error(format!("invalid number of arguments in \"{n}\"")));
+        }
+        let v = e.args.first().map_or("", String::as_str);
+        match n {
+            "uri" => {
+                let ok = v.parse::<http::Uri>().ok().filter(|u| u.host().is_some());
+                if ok.is_none() {
+                    return Err(e.error(format!("\"uri\" directive invalid value \"{v}\"")));
+                }
+                is.uri = v.to_string();
+            }
+            "account_key" => match v {
+                "ecdsa" | "ecdsa:256" => is.account_key = None,
+                _ if KeyAlg::parse(v).is_some() => {
+                    return Err(e.error(format!(
+                        "account key \"{v}\" is not supported yet (only ecdsa:256)"
+                    )))
+                }
+                _ => is.account_key = Some(ctx.prefix.join(v)),
+            },
+            "challenge" => match v {
+                "http" | "http-01" => {}
+                "tls-alpn" | "tls-alpn-01" => {
+                    return Err(e.error("challenge \"tls-alpn-01\" is not supported yet"))
+                }
+                _ => return Err(e.error(format!("unsupported challenge: {v}"))),
+            },
+            "contact" => {
+                // RFC 3986 scheme: ALPHA *( ALPHA / DIGIT / "+" / "-" / "." ) ":".
+                let scheme = v.split_once(':').is_some_and(|(s, _)| {
+                    s.starts_with(|c: char| c.is_ascii_alphabetic())
+                        && s.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+                });
+                is.contacts.push(if scheme {
+                    v.to_string()
+                } else {
+                    format!("mailto:{v}")
+                });
+            }
+            "state_path" => {
+                is.state_path = (v != "off").then(|| ctx.prefix.join(v));
+            }
+            "accept_terms_of_service" => is.accept_tos = true,
+            "ssl_trusted_certificate" => {
+                is.trusted = Some(FileArg {
+                    path: ctx.prefix.join(v),
+                    loc: e.loc.clone(),
+                })
+            }
+            "ssl_verify" => match v {
+                "on" => {}
+                "off" => return Err(e.error("\"ssl_verify off\" is not supported yet")),
+                _ => {
+                    return Err(e.error(format!(
+                        "invalid value \"{v}\" in \"{n}\" directive, it must be \"on\" or \"off\""
+                    )))
+                }
+            },
+            "external_account_key" | "preferred_chain" | "profile" | "common_name_in_csr" => {
+                return Err(e.error(format!("\"{n}\" is not supported yet")))
+            }
+            _ => return Err(e.error(format!("unknown directive \"{n}\""))),
+        }
+    }
+    if is.uri.is_empty() {
+        return Err(d.error("\"acme_issuer\" directive \"uri\" is missing"));
+    }
+    Ok(is)
+}

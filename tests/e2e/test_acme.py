@@ -1,0 +1,246 @@
+"""ACME (nginx's ngx_http_acme_module directives) against a real Pebble, Let's Encrypt's test
+ACME server (installed by scripts/test-all.sh), validating for real: Pebble fetches
+gannet's HTTP-01 answers from the test's plain-HTTP port (its `httpPort`) for `localhost`,
+and every check is a TLS handshake verified against Pebble's root by openssl."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import ssl
+import stat
+import subprocess
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import free_port, wait_port, wait_until
+
+
+def pebble_bin() -> str | None:
+    found = shutil.which("pebble")
+    home = os.path.expanduser("~/go/bin/pebble")
+    return found or (home if os.access(home, os.X_OK) else None)
+
+
+def pebble_certs() -> Path | None:
+    """Pebble's own test certificates (its listener's and the minica that signed it), from
+    the Go module cache `go install` filled."""
+    try:
+        cache = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return None
+    found = sorted(glob.glob(f"{cache}/github.com/letsencrypt/pebble/v2@*/test/certs"))
+    return Path(found[-1]) if found else None
+
+
+class Pebble:
+    def __init__(self, tmp: Path, http_port: int):
+        certs = pebble_certs()
+        self.port, self.mgmt = free_port(), free_port()
+        self.minica = certs / "pebble.minica.pem"
+        conf = {
+            "pebble": {
+                "listenAddress": f"127.0.0.1:{self.port}",
+                "managementListenAddress": f"127.0.0.1:{self.mgmt}",
+                "certificate": str(certs / "localhost/cert.pem"),
+                "privateKey": str(certs / "localhost/key.pem"),
+                "httpPort": http_port,
+                "tlsPort": free_port(),
+                "ocspResponderURL": "",
+                "externalAccountBindingRequired": False,
+            }
+        }
+        path = tmp / "pebble.json"
+        path.write_text(json.dumps(conf))
+        env = {k: v for k, v in os.environ.items() if k != "PEBBLE_VA_ALWAYS_VALID"}
+        # No random validation delay and no rejected nonces: the tests wait for states.
+        env.update(PEBBLE_VA_NOSLEEP="1", PEBBLE_WFE_NONCEREJECT="0")
+        self.log_path = tmp / "pebble.log"
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([pebble_bin(), "-config", str(path)], stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        wait_port(self.port, self.proc)
+        wait_port(self.mgmt, self.proc)
+        self.root = tmp / "pebble-root.pem"
+        self.root.write_bytes(self.fetch_root())
+
+    @property
+    def directory(self) -> str:
+        return f"https://127.0.0.1:{self.port}/dir"
+
+    def fetch_root(self) -> bytes:
+        ctx = ssl.create_default_context(cafile=str(self.minica))
+        with urllib.request.urlopen(f"https://127.0.0.1:{self.mgmt}/roots/0", context=ctx, timeout=10) as r:
+            return r.read()
+
+    def orders(self) -> int:
+        return self.log_path.read_text(errors="replace").count("Added order")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+        self.log.close()
+
+
+@pytest.fixture
+def http_port():
+    return free_port()
+
+
+@pytest.fixture
+def pebble(tmp_path, http_port):
+    if pebble_bin() is None or pebble_certs() is None:
+        pytest.skip("pebble is not installed (scripts/test-all.sh installs it)")
+    p = Pebble(tmp_path, http_port)
+    yield p
+    p.stop()
+
+
+CONF = """
+worker_processes 2;
+pid {tmp}/gannet.pid;
+error_log {tmp}/error.log info;
+events {{ worker_connections 64; }}
+http {{
+    access_log off;
+    acme_issuer pebble {{
+        uri {directory};
+        ssl_trusted_certificate {minica};
+        contact admin@example.test;
+        state_path {tmp}/acme;
+        accept_terms_of_service;
+    }}
+    acme_shared_zone zone=ngx_acme_shared:1M;
+    server {{
+        listen 127.0.0.1:{tls_port} ssl;
+        server_name localhost;
+        acme_certificate pebble;
+        ssl_certificate $acme_certificate;
+        ssl_certificate_key $acme_certificate_key;
+        location / {{ return 200 "secure\\n"; }}
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        server_name localhost;
+        location / {{ return 404; }}
+    }}
+}}
+"""
+
+
+def render(pebble: Pebble, tls_port: int) -> str:
+    return (CONF.replace("{directory}", pebble.directory).replace("{minica}", str(pebble.minica))
+            .replace("{tls_port}", str(tls_port)).replace("{{", "{").replace("}}", "}"))
+
+
+def s_client(port: int, root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["openssl", "s_client", "-connect", f"127.0.0.1:{port}", "-servername", "localhost",
+         "-CAfile", str(root), "-verify_return_error", "-verify_hostname", "localhost", "-showcerts"],
+        input=b"", capture_output=True, timeout=20)
+
+
+def served_leaf(port: int, root: Path) -> str | None:
+    """The verified leaf certificate's PEM, or None if the handshake fails."""
+    r = s_client(port, root)
+    if r.returncode != 0:
+        return None
+    out = r.stdout.decode(errors="replace")
+    start = out.find("-----BEGIN CERTIFICATE-----")
+    end = out.find("-----END CERTIFICATE-----", start)
+    return out[start:end] if start >= 0 else None
+
+
+def test_certificate_obtained_over_http01_and_reused_after_restart(gannet, pebble, http_port):
+    tls_port = free_port()
+    srv = gannet.start(conf=render(pebble, tls_port), port=http_port)
+    wait_port(tls_port, srv.proc)
+    leaf = wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=60, every=0.5)
+    assert leaf, f"no certificate served\n{srv.error_log()}\n{pebble.log_path.read_text()}"
+    # The certificate names the server and chains to Pebble's root (-verify_return_error).
+    text = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName"], input=(leaf + "-----END CERTIFICATE-----\n").encode(), capture_output=True).stdout.decode()
+    assert "DNS:localhost" in text
+    # Every worker thread serves it: several fresh handshakes all verify.
+    for _ in range(4):
+        assert served_leaf(tls_port, pebble.root) == leaf
+    # curl, with Pebble's root, gets the page over it.
+    out = subprocess.run(["curl", "-sS", "--cacert", str(pebble.root), "--resolve", f"localhost:{tls_port}:127.0.0.1",
+                          f"https://localhost:{tls_port}/"], capture_output=True, timeout=20)
+    assert out.stdout == b"secure\n", out.stderr
+    # The state: account key and URL, certificate and key, all 0600 in a 0700 folder.
+    state = srv.tmp / "acme"
+    files = sorted(p.name for p in state.iterdir())
+    assert "account.key" in files and "account.url" in files
+    assert any(n.endswith(".crt") for n in files) and any(n.endswith(".key") and n != "account.key" for n in files)
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    for p in state.iterdir():
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+    assert pebble.orders() == 1
+    crt = next(p for p in state.iterdir() if p.name.endswith(".crt"))
+    mtime = crt.stat().st_mtime_ns
+
+    # A restart serves the stored certificate at once, with no new order.
+    srv.stop()
+    srv = gannet.start(conf=render(pebble, tls_port), port=http_port)
+    wait_port(tls_port, srv.proc)
+    assert served_leaf(tls_port, pebble.root) == leaf
+    assert crt.stat().st_mtime_ns == mtime
+    assert pebble.orders() == 1
+
+
+def test_handshake_refused_until_the_certificate_exists(gannet, pebble, http_port, tmp_path):
+    """An ACME server that cannot be reached: gannet starts, logs the failure with its
+    retry, and refuses TLS handshakes for the server (no certificate to offer)."""
+    tls_port = free_port()
+    conf = render(pebble, tls_port).replace(pebble.directory, f"https://127.0.0.1:{free_port()}/dir")
+    srv = gannet.start(conf=conf, port=http_port)
+    wait_port(tls_port, srv.proc)
+    assert wait_until(lambda: "acme: certificate for \"localhost\" from \"pebble\" failed" in srv.error_log(), deadline=20), srv.error_log()
+    assert "retrying in 10s" in srv.error_log()
+    r = s_client(tls_port, pebble.root)
+    assert r.returncode != 0
+    assert b"BEGIN CERTIFICATE" not in r.stdout
+    # Plain HTTP is served meanwhile.
+    assert srv.get("/")[0] == 404
+
+
+def test_challenge_answered_whatever_the_locations_say(gannet, pebble, http_port):
+    """The HTTP-01 answer comes from gannet itself: the plain-HTTP server's only location
+    says 404, and Pebble's validation still succeeds (it would fail otherwise)."""
+    tls_port = free_port()
+    srv = gannet.start(conf=render(pebble, tls_port), port=http_port)
+    wait_port(tls_port, srv.proc)
+    assert wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=60, every=0.5)
+    # Unknown tokens fall through to the locations.
+    status, _, _ = srv.get("/.well-known/acme-challenge/nope")
+    assert status == 404
+
+
+@pytest.mark.parametrize("directive,error", [
+    ("acme_issuer x { }", '"acme_issuer" directive "uri" is missing'),
+    ("acme_issuer x { uri https://a.test/d; uri; }", 'invalid number of arguments in "uri"'),
+    ("acme_issuer x { uri https://a.test/d; challenge dns-01; }", "unsupported challenge: dns-01"),
+    ("acme_issuer x { uri https://a.test/d; bogus 1; }", 'unknown directive "bogus"'),
+    ("acme_shared_zone ngx_acme_shared:1M;", '"acme_shared_zone" must have "zone" parameter'),
+])
+def test_issuer_config_errors(gannet, directive, error):
+    r = gannet.check(http=directive)
+    assert r.returncode != 0
+    err = r.stderr
+    assert error in err and "check.conf:" in err, err
+
+
+def test_certificate_config_errors(gannet):
+    r = gannet.check(http="acme_issuer a { uri https://a.test/d; }",
+                     server="server_name example.test; acme_certificate b;")
+    assert r.returncode != 0 and 'issuer "b" is missing' in r.stderr, r.stderr
+    r = gannet.check(http="acme_issuer a { uri https://a.test/d; }",
+                     server="acme_certificate a key=dsa;")
+    assert r.returncode != 0 and 'invalid "key" value' in r.stderr, r.stderr
+    r = gannet.check(http="acme_issuer a { uri https://a.test/d; }",
+                     server='server_name ""; acme_certificate a;')
+    assert r.returncode != 0 and 'no identifiers found in "server_name"' in r.stderr, r.stderr
