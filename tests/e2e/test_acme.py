@@ -6,6 +6,7 @@ and every check is a TLS handshake verified against Pebble's root by openssl."""
 from __future__ import annotations
 
 import glob
+import http.client
 import os
 import shutil
 import socket
@@ -39,7 +40,7 @@ def pebble_certs() -> Path | None:
 
 
 class Pebble:
-    def __init__(self, tmp: Path, http_port: int):
+    def __init__(self, tmp: Path, http_port: int, validity: int | None = None):
         certs = pebble_certs()
         self.port, self.mgmt = free_port(), free_port()
         self.minica = certs / "pebble.minica.pem"
@@ -55,6 +56,8 @@ class Pebble:
                 "externalAccountBindingRequired": False,
             }
         }
+        if validity:
+            conf["pebble"]["profiles"] = {"default": {"description": "short", "validityPeriod": validity}}
         path = tmp / "pebble.json"
         path.write_text(json.dumps(conf))
         env = {k: v for k, v in os.environ.items() if k != "PEBBLE_VA_ALWAYS_VALID"}
@@ -91,11 +94,24 @@ def http_port():
     return free_port()
 
 
-@pytest.fixture
-def pebble(tmp_path, http_port):
+def need_pebble():
     if pebble_bin() is None or pebble_certs() is None:
         pytest.skip("pebble is not installed (scripts/test-all.sh installs it)")
+
+
+@pytest.fixture
+def pebble(tmp_path, http_port):
+    need_pebble()
     p = Pebble(tmp_path, http_port)
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+def short_pebble(tmp_path, http_port):
+    """Pebble issuing certificates valid 12 s: renewed at two thirds, 8 s."""
+    need_pebble()
+    p = Pebble(tmp_path, http_port, validity=12)
     yield p
     p.stop()
 
@@ -206,6 +222,30 @@ def test_handshake_refused_until_the_certificate_exists(gannet, pebble, http_por
     assert b"BEGIN CERTIFICATE" not in r.stdout
     # Plain HTTP is served meanwhile.
     assert srv.get("/")[0] == 404
+
+
+def test_renewed_before_expiry_without_reload_or_dropped_connection(gannet, short_pebble, http_port):
+    pebble = short_pebble
+    tls_port = free_port()
+    srv = gannet.start(conf=render(pebble, tls_port), port=http_port)
+    wait_port(tls_port, srv.proc)
+    leaf = wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=60, every=0.2)
+    assert leaf, srv.error_log()
+    worker = srv.worker_pid()
+    # A keep-alive connection made with the first certificate.
+    ctx = ssl.create_default_context(cafile=str(pebble.root))
+    conn = http.client.HTTPSConnection("localhost", tls_port, context=ctx, timeout=10)
+    conn.request("GET", "/")
+    assert conn.getresponse().read() == b"secure\n"
+    # A new certificate is served before the first expires, by the same worker process.
+    renewed = wait_until(lambda: (l := served_leaf(tls_port, pebble.root)) not in (None, leaf) and l, deadline=30, every=0.2)
+    assert renewed, f"not renewed\n{srv.error_log()}"
+    assert srv.worker_pids() == [worker]
+    assert pebble.orders() >= 2
+    # The old connection goes on.
+    conn.request("GET", "/")
+    assert conn.getresponse().read() == b"secure\n"
+    conn.close()
 
 
 def test_challenge_answered_whatever_the_locations_say(gannet, pebble, http_port):

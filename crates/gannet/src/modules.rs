@@ -6,6 +6,7 @@
 
 pub mod access;
 pub mod access_log;
+pub mod acme;
 pub mod addition;
 pub mod auth_basic;
 pub mod auth_request;
@@ -47,7 +48,6 @@ pub mod scgi;
 pub mod secure_link;
 pub mod slice;
 pub mod split_clients;
-pub mod acme;
 pub mod ssi;
 pub mod static_files;
 pub mod stub_status;

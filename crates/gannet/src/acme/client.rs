@@ -65,10 +65,8 @@ fn http(issuer: &Issuer) -> Result<Box<dyn instant_acme::HttpClient>, Error> {
         None => builder.with_provider_and_native_roots(provider)?,
     };
     let connector = builder.https_only().enable_http1().build();
-    let client = hyper_util::client::legacy::Client::builder(
-        hyper_util::rt::TokioExecutor::new(),
-    )
-    .build::<_, BodyWrapper<bytes::Bytes>>(connector);
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build::<_, BodyWrapper<bytes::Bytes>>(connector);
     Ok(Box::new(client))
 }
 
@@ -154,7 +152,8 @@ pub async fn run(acme: Arc<Acme>, cert: Arc<Cert>, account: Arc<AccountCell>) {
             Err(e) => {
                 let what = match e.downcast_ref::<instant_acme::Error>() {
                     Some(instant_acme::Error::Api(p))
-                        if p.r#type.as_deref() == Some("urn:ietf:params:acme:error:rateLimited") =>
+                        if p.r#type.as_deref()
+                            == Some("urn:ietf:params:acme:error:rateLimited") =>
                     {
                         "rate limited by the ACME server"
                     }

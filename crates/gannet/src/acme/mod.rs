@@ -76,7 +76,6 @@ pub struct Issuer {
     pub accept_tos: bool,
     /// `ssl_trusted_certificate` (else the system's CAs).
     pub trusted: Option<crate::modules::tls::FileArg>,
-
 }
 
 /// The certificate a server serves, swapped in place when a new one arrives.
@@ -193,12 +192,22 @@ pub fn spawn(acme: &Arc<Acme>) {
     }
 }
 
+/// An `acme_certificate` as read: issuer name, where it was written, identifiers, key type,
+/// and the slot its servers serve from.
+#[derive(Debug)]
+struct Pending {
+    issuer: String,
+    at: Loc,
+    identifiers: Vec<String>,
+    key: KeyAlg,
+    slot: Arc<Slot>,
+}
+
 /// What `modules::acme` gathers while the config loads.
 #[derive(Debug, Default)]
 pub struct Registry {
     pub issuers: HashMap<String, Arc<Issuer>>,
-    /// `acme_certificate`s: issuer name, where, identifiers, key, slot.
-    pub orders: Vec<(String, Loc, Vec<String>, KeyAlg, Arc<Slot>)>,
+    orders: Vec<Pending>,
 }
 
 impl Registry {
@@ -208,13 +217,18 @@ impl Registry {
         if let Some(o) = self
             .orders
             .iter()
-            .find(|o| o.0 == issuer && o.2 == ids && o.3 == key)
+            .find(|o| o.issuer == issuer && o.identifiers == ids && o.key == key)
         {
-            return o.4.clone();
+            return o.slot.clone();
         }
         let slot = Arc::new(Slot::default());
-        self.orders
-            .push((issuer.to_string(), at.clone(), ids, key, slot.clone()));
+        self.orders.push(Pending {
+            issuer: issuer.to_string(),
+            at: at.clone(),
+            identifiers: ids,
+            key,
+            slot: slot.clone(),
+        });
         slot
     }
 
@@ -225,16 +239,15 @@ impl Registry {
             return Ok(None);
         }
         let mut certs = Vec::new();
-        for (name, at, identifiers, key, slot) in self.orders {
-            let issuer = self
-                .issuers
-                .get(&name)
-                .ok_or_else(|| ConfError::at(&at, format!("issuer \"{name}\" is missing")))?;
+        for o in self.orders {
+            let issuer = self.issuers.get(&o.issuer).ok_or_else(|| {
+                ConfError::at(&o.at, format!("issuer \"{}\" is missing", o.issuer))
+            })?;
             let cert = Cert {
                 issuer: issuer.clone(),
-                identifiers,
-                key,
-                slot,
+                identifiers: o.identifiers,
+                key: o.key,
+                slot: o.slot,
             };
             match store::load_cert(&cert) {
                 Ok(Some(c)) => cert.slot.set(c),

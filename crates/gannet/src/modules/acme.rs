@@ -55,6 +55,11 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
                 return Err(d.error("\"acme_issuer\" directive is duplicate"));
             }
             let issuer = issuer(d, ctx)?;
+            // Made by the master, 0700 and owned by the workers' user, as nginx-acme's
+            // state path is (ngx_create_paths): the workers write into it.
+            if let Some(dir) = &issuer.state_path {
+                ctx.temp_dirs.push(dir.clone());
+            }
             ctx.acme.issuers.insert(name.clone(), Arc::new(issuer));
         }
         "acme_shared_zone" => {
@@ -119,7 +124,9 @@ fn add_identifier(ids: &mut Vec<String>, v: &str) -> Result<(), String> {
             .split('.')
             .all(|l| !l.is_empty() && l.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-'));
     if !valid {
-        return Err(format!("\"acme_certificate\": invalid server name: \"{v}\""));
+        return Err(format!(
+            "\"acme_certificate\": invalid server name: \"{v}\""
+        ));
     }
     if name.starts_with('.') {
         ids.push(format!("www.{host}"));
@@ -160,7 +167,12 @@ pub fn server_slot(
             ));
         }
     }
-    Ok(Some(ctx.acme.slot(&order.issuer, &order.loc, ids, order.key)))
+    Ok(Some(ctx.acme.slot(
+        &order.issuer,
+        &order.loc,
+        ids,
+        order.key,
+    )))
 }
 
 /// An `acme_issuer` block.

@@ -61,13 +61,9 @@ pub fn build_server(
     for (i, cert_file) in certs.iter().enumerate() {
         if crate::acme::names_variable(&cert_file.path) {
             // `ssl_certificate $acme_certificate`: the certificate comes later, into the
-            // slot the resolver reads (see `crate::acme`).
-            if c.acme.is_none() {
-                return Err(err(
-                    &cert_file.loc,
-                    "\"$acme_certificate\" is used in a server without \"acme_certificate\"",
-                ));
-            }
+            // slot the resolver reads (see `crate::acme`). In a server without
+            // `acme_certificate` the variable is empty, as nginx-acme's: no certificate,
+            // its handshakes are refused.
             continue;
         }
         let key_file = keys.get(i).ok_or_else(|| {
