@@ -9,6 +9,7 @@ import glob
 import http.client
 import os
 import shutil
+import signal
 import socket
 import ssl
 import stat
@@ -198,6 +199,13 @@ def test_certificate_obtained_over_http01_and_reused_after_restart(gannet, pebbl
     assert pebble.orders() == 1
     crt = next(p for p in state.iterdir() if p.name.endswith(".crt"))
     mtime = crt.stat().st_mtime_ns
+
+    # A reload: the new worker generation serves the same certificate, no new order.
+    old = srv.worker_pid()
+    srv.proc.send_signal(signal.SIGHUP)
+    assert wait_until(lambda: (p := srv.worker_pids()) and old not in p and len(p) == 1, deadline=15)
+    assert served_leaf(tls_port, pebble.root) == leaf
+    assert pebble.orders() == 1
 
     # A restart serves the stored certificate at once, with no new order.
     srv.stop()

@@ -8,8 +8,8 @@
 //! The protocol is the `instant-acme` crate's (JWS on aws-lc-rs, the crypto rustls uses
 //! here); `client` runs the account and order state machine, `store` keeps the account key
 //! and the certificates under `state_path` so a restart reuses them. HTTP-01 challenges
-//! are answered from [`Acme::answer`] on every plain-HTTP request, whatever the locations
-//! of the server say.
+//! are answered from [`Acme::answer`] on every GET for a pending token, whatever the
+//! locations of the server say.
 
 mod client;
 pub mod store;
@@ -163,6 +163,8 @@ impl Acme {
         let mut r = Response::new(200);
         r.content_type = Some(Arc::from("text/plain"));
         r.body = Body::bytes(body);
+        // As nginx-acme: the validation is the connection's only business.
+        r.close = true;
         Some(r)
     }
 

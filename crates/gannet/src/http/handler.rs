@@ -100,9 +100,10 @@ const MAX_REDIRECTS: u8 = 10;
 
 /// Run the phases.
 pub fn handle(req: &mut Request, w: &Worker) -> Handled {
-    // ACME's HTTP-01 answers, on plain HTTP whatever the server's locations say.
+    // ACME's HTTP-01 answers, before the server's rewrites and whatever its locations
+    // say (nginx-acme's post-read phase handler).
     if let Some(acme) = &w.config.acme {
-        if req.conn.tls.is_none() {
+        if req.method() == Method::Get {
             if let Some(r) = acme.answer(&req.uri) {
                 return resume(req, w, Flow::Done(r));
             }

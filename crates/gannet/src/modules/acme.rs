@@ -118,11 +118,17 @@ fn add_identifier(ids: &mut Vec<String>, v: &str) -> Result<(), String> {
     }
     let name = v.to_ascii_lowercase();
     let host = name.strip_prefix('.').unwrap_or(&name);
-    let valid = !host.is_empty()
-        && host.len() <= 253
-        && host
-            .split('.')
-            .all(|l| !l.is_empty() && l.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-'));
+    // nginx-acme's check: URI characters (RFC 3986 unreserved, pct-encoded, sub-delims) in
+    // non-empty labels, a wildcard only as a whole first label (RFC 8555 7.1.3), no
+    // trailing dot; the CA judges the rest.
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.bytes()
+                .all(|c| c.is_ascii_alphanumeric() || b"-_~%!$&'()+,;=".contains(&c))
+    };
+    let valid = host.split('.').enumerate().all(|(i, l)| {
+        label_ok(l) || (i == 0 && l == "*" && host.len() > 2 && !name.starts_with('.'))
+    });
     if !valid {
         return Err(format!(
             "\"acme_certificate\": invalid server name: \"{v}\""
@@ -265,4 +271,54 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
         return Err(d.error("\"acme_issuer\" directive \"uri\" is missing"));
     }
     Ok(is)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{add_identifier, KeyAlg};
+
+    #[test]
+    fn key_types_as_nginx_acme() {
+        assert_eq!(KeyAlg::parse("ecdsa"), Some(KeyAlg::Ecdsa(256)));
+        assert_eq!(KeyAlg::parse("ecdsa:384"), Some(KeyAlg::Ecdsa(384)));
+        assert_eq!(KeyAlg::parse("ecdsa:521"), Some(KeyAlg::Ecdsa(521)));
+        assert_eq!(KeyAlg::parse("rsa"), Some(KeyAlg::Rsa(2048)));
+        assert_eq!(KeyAlg::parse("rsa:4096"), Some(KeyAlg::Rsa(4096)));
+        for bad in ["ecdsa:512", "rsa:1024", "dsa", "rsa:", "ecdsa:x", ""] {
+            assert_eq!(KeyAlg::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn identifiers_from_names_and_addresses() {
+        let mut ids = Vec::new();
+        add_identifier(&mut ids, "Example.COM").unwrap();
+        add_identifier(&mut ids, ".example.org").unwrap();
+        add_identifier(&mut ids, "2001:DB8::1").unwrap();
+        add_identifier(&mut ids, "192.0.2.1").unwrap();
+        assert_eq!(
+            ids,
+            [
+                "example.com",
+                "www.example.org",
+                "example.org",
+                "2001:db8::1",
+                "192.0.2.1"
+            ]
+        );
+        add_identifier(&mut ids, "*.example.net").unwrap();
+        assert_eq!(ids.last().map(String::as_str), Some("*.example.net"));
+        for bad in [
+            "a*.example.com",
+            "*",
+            "a.*.b",
+            "a..b",
+            "a.b.",
+            "bad name",
+            "~^www",
+            ".*.x",
+        ] {
+            assert!(add_identifier(&mut ids, bad).is_err(), "{bad}");
+        }
+    }
 }
