@@ -256,6 +256,38 @@ def test_renewed_before_expiry_without_reload_or_dropped_connection(gannet, shor
     conn.close()
 
 
+def test_failed_validation_is_logged_with_the_cas_reason(gannet, tmp_path, http_port):
+    """Pebble validates on a port where gannet does not listen: the order fails, the log
+    says why (Pebble's problem document), and the handshake stays refused."""
+    need_pebble()
+    pebble = Pebble(tmp_path, free_port())
+    try:
+        tls_port = free_port()
+        srv = gannet.start(conf=render(pebble, tls_port), port=http_port)
+        wait_port(tls_port, srv.proc)
+        assert wait_until(lambda: "/.well-known/acme-challenge/" in srv.error_log() and "(urn:ietf:params:acme:error:connection)" in srv.error_log(), deadline=30), srv.error_log()
+        assert "retrying in 10s" in srv.error_log()
+        assert s_client(tls_port, pebble.root).returncode != 0
+    finally:
+        pebble.stop()
+
+
+def test_rsa_key_and_no_state_path(gannet, pebble, http_port):
+    """`key=rsa:2048` with explicit identifiers, and `state_path off`: the certificate is
+    served with an RSA key, and nothing is written."""
+    tls_port = free_port()
+    conf = (render(pebble, tls_port).replace("state_path {tmp}/acme;", "state_path off;")
+            .replace("acme_certificate pebble;", "acme_certificate pebble localhost key=rsa:2048;"))
+    srv = gannet.start(conf=conf, port=http_port)
+    wait_port(tls_port, srv.proc)
+    leaf = wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=60, every=0.5)
+    assert leaf, srv.error_log()
+    text = subprocess.run(["openssl", "x509", "-noout", "-text"], input=(leaf + "-----END CERTIFICATE-----\n").encode(), capture_output=True).stdout.decode()
+    assert "rsaEncryption" in text and "2048 bit" in text
+    assert not (srv.tmp / "acme").exists()
+    assert not list(srv.tmp.glob("acme_*"))
+
+
 def test_challenge_answered_whatever_the_locations_say(gannet, pebble, http_port):
     """The HTTP-01 answer comes from gannet itself: the plain-HTTP server's only location
     says 404, and Pebble's validation still succeeds (it would fail otherwise)."""
@@ -274,6 +306,9 @@ def test_challenge_answered_whatever_the_locations_say(gannet, pebble, http_port
     ("acme_issuer x { uri https://a.test/d; challenge dns-01; }", "unsupported challenge: dns-01"),
     ("acme_issuer x { uri https://a.test/d; bogus 1; }", 'unknown directive "bogus"'),
     ("acme_shared_zone ngx_acme_shared:1M;", '"acme_shared_zone" must have "zone" parameter'),
+    ("acme_issuer x { uri https://a.test/d; } acme_issuer x { uri https://b.test/d; }", '"acme_issuer" directive is duplicate'),
+    ("acme_issuer x { uri https://a.test/d; challenge tls-alpn-01; }", 'challenge "tls-alpn-01" is not supported yet'),
+    ("acme_certificate x;", '"acme_certificate" directive is not allowed here'),
 ])
 def test_issuer_config_errors(gannet, directive, error):
     r = gannet.check(http=directive)

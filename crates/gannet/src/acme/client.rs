@@ -202,7 +202,7 @@ async fn order(acme: &Acme, cert: &Cert, account: &AccountCell) -> Result<(), Er
         let retries = RetryPolicy::default().timeout(Duration::from_secs(120));
         let status = order.poll_ready(&retries).await?;
         if status != OrderStatus::Ready {
-            return Err(format!("order is {status:?}, not ready").into());
+            return Err(why_not_ready(&mut order, status).await.into());
         }
         Ok::<_, Error>(())
     }
@@ -226,6 +226,19 @@ async fn order(acme: &Acme, cert: &Cert, account: &AccountCell) -> Result<(), Er
     }
     cert.slot.set(current);
     Ok(())
+}
+
+/// What the CA said about a failed validation (e.g. that it could not fetch the HTTP-01
+/// answer), for the log.
+async fn why_not_ready(order: &mut instant_acme::Order, status: OrderStatus) -> String {
+    let mut why = format!("order is {status:?}");
+    let mut authzs = order.authorizations();
+    while let Some(Ok(a)) = authzs.next().await {
+        for p in a.challenges.iter().filter_map(|c| c.error.as_ref()) {
+            why.push_str(&format!("; {}: {p}", a.identifier()));
+        }
+    }
+    why
 }
 
 fn generate(alg: KeyAlg) -> Result<rcgen::KeyPair, rcgen::Error> {
