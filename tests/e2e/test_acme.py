@@ -41,9 +41,9 @@ def pebble_certs() -> Path | None:
 
 
 class Pebble:
-    def __init__(self, tmp: Path, http_port: int, validity: int | None = None):
+    def __init__(self, tmp: Path, http_port: int, validity: int | None = None, port: int | None = None):
         certs = pebble_certs()
-        self.port, self.mgmt = free_port(), free_port()
+        self.port, self.mgmt = port or free_port(), free_port()
         self.minica = certs / "pebble.minica.pem"
         conf = {
             "pebble": {
@@ -150,7 +150,11 @@ http {{
 
 
 def render(pebble: Pebble, tls_port: int) -> str:
-    return (CONF.replace("{directory}", pebble.directory).replace("{minica}", str(pebble.minica))
+    return render_for(pebble.directory, pebble.minica, tls_port)
+
+
+def render_for(directory: str, minica: Path, tls_port: int) -> str:
+    return (CONF.replace("{directory}", directory).replace("{minica}", str(minica))
             .replace("{tls_port}", str(tls_port)).replace("{{", "{").replace("}}", "}"))
 
 
@@ -286,6 +290,24 @@ def test_rsa_key_and_no_state_path(gannet, pebble, http_port):
     assert "rsaEncryption" in text and "2048 bit" in text
     assert not (srv.tmp / "acme").exists()
     assert not list(srv.tmp.glob("acme_*"))
+
+
+def test_acme_server_down_at_start_then_back(gannet, tmp_path, http_port):
+    """The CA is down when gannet starts: the failure is logged and retried, and once the
+    CA is up the certificate is obtained and served, with no reload."""
+    need_pebble()
+    acme_port, tls_port = free_port(), free_port()
+    conf = render_for(f"https://127.0.0.1:{acme_port}/dir", pebble_certs() / "pebble.minica.pem", tls_port)
+    srv = gannet.start(conf=conf, port=http_port)
+    wait_port(tls_port, srv.proc)
+    assert wait_until(lambda: "retrying in 10s" in srv.error_log(), deadline=20), srv.error_log()
+    worker = srv.worker_pid()
+    pebble = Pebble(tmp_path, http_port, port=acme_port)
+    try:
+        assert wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=40, every=0.5), srv.error_log()
+        assert srv.worker_pids() == [worker]
+    finally:
+        pebble.stop()
 
 
 def test_challenge_answered_whatever_the_locations_say(gannet, pebble, http_port):
