@@ -204,6 +204,15 @@ def test_certificate_obtained_over_http01_and_reused_after_restart(gannet, pebbl
     crt = next(p for p in state.iterdir() if p.name.endswith(".crt"))
     mtime = crt.stat().st_mtime_ns
 
+    # A worker process killed and forked again by the master (from the config as loaded,
+    # before the certificate existed) takes it from the state folder: no new order.
+    old = srv.worker_pid()
+    os.kill(old, signal.SIGKILL)
+    assert wait_until(lambda: (p := srv.worker_pids()) and old not in p and len(p) == 1, deadline=15)
+    wait_port(tls_port, srv.proc)
+    assert wait_until(lambda: served_leaf(tls_port, pebble.root) == leaf, deadline=10)
+    assert pebble.orders() == 1
+
     # A reload: the new worker generation serves the same certificate, no new order.
     old = srv.worker_pid()
     srv.proc.send_signal(signal.SIGHUP)

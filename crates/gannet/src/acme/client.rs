@@ -17,6 +17,9 @@ use std::time::{Duration, SystemTime};
 /// The first retry after a failure; doubled after each one, up to `MAX_BACKOFF`.
 const FIRST_BACKOFF: Duration = Duration::from_secs(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(3600);
+/// The longest one order may take, all its requests and polls together (a CA that
+/// accepts connections and never answers must not stop the renewals for good).
+const ORDER_TIMEOUT: Duration = Duration::from_secs(600);
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -133,6 +136,13 @@ async fn login(issuer: &Issuer) -> Result<Account, Error> {
 /// Obtain the certificate when there is none, renew it at two thirds of its lifetime;
 /// forever (the task ends with the worker thread).
 pub async fn run(acme: Arc<Acme>, cert: Arc<Cert>, account: Arc<AccountCell>) {
+    // A worker process restarted by the master has the slots of the config as loaded: a
+    // certificate obtained since then is on disk, not in them.
+    if cert.slot.get().is_none() {
+        if let Ok(Some(c)) = store::load_cert(&cert) {
+            cert.slot.set(c);
+        }
+    }
     let mut backoff = FIRST_BACKOFF;
     loop {
         if let Some(at) = cert.slot.renew_at() {
@@ -141,7 +151,12 @@ pub async fn run(acme: Arc<Acme>, cert: Arc<Cert>, account: Arc<AccountCell>) {
             }
         }
         let names = cert.identifiers.join(" ");
-        match order(&acme, &cert, &account).await {
+        let attempt = tokio::time::timeout(ORDER_TIMEOUT, order(&acme, &cert, &account));
+        let result = match attempt.await {
+            Ok(r) => r,
+            Err(_) => Err(format!("no answer within {}s", ORDER_TIMEOUT.as_secs()).into()),
+        };
+        match result {
             Ok(()) => {
                 backoff = FIRST_BACKOFF;
                 errlog::notice(format_args!(
@@ -183,8 +198,11 @@ async fn order(acme: &Acme, cert: &Cert, account: &AccountCell) -> Result<(), Er
         })
         .collect();
     let mut order = account.new_order(&NewOrder::new(&ids)).await?;
-    let mut tokens = Vec::new();
-    let result = async {
+    let mut tokens = Tokens {
+        acme,
+        list: Vec::new(),
+    };
+    async {
         let mut authzs = order.authorizations();
         while let Some(a) = authzs.next().await {
             let mut a = a?;
@@ -196,7 +214,7 @@ async fn order(acme: &Acme, cert: &Cert, account: &AccountCell) -> Result<(), Er
                 .ok_or("the ACME server offers no http-01 challenge")?;
             let token = ch.token.clone();
             acme.add_challenge(&token, ch.key_authorization().as_str());
-            tokens.push(token);
+            tokens.list.push(token);
             ch.set_ready().await?;
         }
         let retries = RetryPolicy::default().timeout(Duration::from_secs(120));
@@ -206,11 +224,8 @@ async fn order(acme: &Acme, cert: &Cert, account: &AccountCell) -> Result<(), Er
         }
         Ok::<_, Error>(())
     }
-    .await;
-    for t in &tokens {
-        acme.remove_challenge(t);
-    }
-    result?;
+    .await?;
+    drop(tokens);
     let key = generate(cert.key)?;
     let mut params = rcgen::CertificateParams::new(cert.identifiers.clone())?;
     params.distinguished_name = rcgen::DistinguishedName::new();
@@ -226,6 +241,21 @@ async fn order(acme: &Acme, cert: &Cert, account: &AccountCell) -> Result<(), Er
     }
     cert.slot.set(current);
     Ok(())
+}
+
+/// The HTTP-01 tokens of an order, answered until it is over (or given up, the timeout
+/// dropping it).
+struct Tokens<'a> {
+    acme: &'a Acme,
+    list: Vec<String>,
+}
+
+impl Drop for Tokens<'_> {
+    fn drop(&mut self) {
+        for t in &self.list {
+            self.acme.remove_challenge(t);
+        }
+    }
 }
 
 /// What the CA said about a failed validation (e.g. that it could not fetch the HTTP-01
