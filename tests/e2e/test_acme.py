@@ -349,6 +349,10 @@ def test_issuer_config_errors(gannet, directive, error):
 
 
 def test_certificate_config_errors(gannet):
+    # A valid config checks fine with `-t`, which orders nothing.
+    r = gannet.check(http=f"acme_issuer a {{ uri https://a.test/d; state_path {gannet.tmp}/st; }}",
+                     server="server_name example.test; acme_certificate a; ssl_certificate $acme_certificate; ssl_certificate_key $acme_certificate_key;")
+    assert r.returncode == 0, r.stderr
     r = gannet.check(http="acme_issuer a { uri https://a.test/d; }",
                      server="server_name example.test; acme_certificate b;")
     assert r.returncode != 0 and 'issuer "b" is missing' in r.stderr, r.stderr
