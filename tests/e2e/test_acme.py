@@ -81,6 +81,15 @@ class Pebble:
         with urllib.request.urlopen(f"https://127.0.0.1:{self.mgmt}/roots/0", context=ctx, timeout=10) as r:
             return r.read()
 
+    def set_renewal_window(self, cert_pem: str, start: str, end: str):
+        """Pebble's management API: what its ARI endpoint says about this certificate."""
+        body = json.dumps({"Certificate": cert_pem, "ARIResponse": json.dumps(
+            {"suggestedWindow": {"start": start, "end": end}})}).encode()
+        ctx = ssl.create_default_context(cafile=str(self.minica))
+        req = urllib.request.Request(f"https://127.0.0.1:{self.mgmt}/set-renewal-info/", data=body, method="POST")
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+            assert r.status == 200
+
     def orders(self) -> int:
         return self.log_path.read_text(errors="replace").count("Added order")
 
@@ -317,6 +326,25 @@ def test_acme_server_down_at_start_then_back(gannet, tmp_path, http_port):
         assert srv.worker_pids() == [worker]
     finally:
         pebble.stop()
+
+
+def test_renewal_window_from_ari_replaces_the_certificate(gannet, pebble, http_port):
+    """The CA's renewal information (ARI, RFC 9773) says the stored certificate is due
+    (a window in the past, as after a revocation incident): gannet renews it at start
+    although it has months left, and tells the CA which certificate the order replaces."""
+    tls_port = free_port()
+    srv = gannet.start(conf=render(pebble, tls_port), port=http_port)
+    wait_port(tls_port, srv.proc)
+    leaf = wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=60, every=0.5)
+    assert leaf, srv.error_log()
+    srv.stop()
+    pebble.set_renewal_window(leaf + "-----END CERTIFICATE-----\n", "2020-01-01T00:00:00Z", "2020-01-02T00:00:00Z")
+    srv = gannet.start(conf=render(pebble, tls_port), port=http_port)
+    wait_port(tls_port, srv.proc)
+    renewed = wait_until(lambda: (l := served_leaf(tls_port, pebble.root)) not in (None, leaf) and l, deadline=60, every=0.5)
+    assert renewed, srv.error_log()
+    assert "is a replacement of" in pebble.log_path.read_text()
+    assert pebble.orders() == 2
 
 
 def test_challenge_answered_whatever_the_locations_say(gannet, pebble, http_port):

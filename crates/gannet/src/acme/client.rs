@@ -6,11 +6,11 @@
 use super::{store, Acme, Cert, Issuer, KeyAlg};
 use crate::errlog;
 use instant_acme::{
-    Account, AuthorizationStatus, BodyWrapper, ChallengeType, Identifier, Key, NewAccount,
-    NewOrder, OrderStatus, RetryPolicy,
+    Account, AuthorizationStatus, BodyWrapper, CertificateIdentifier, ChallengeType, Identifier,
+    Key, NewAccount, NewOrder, OrderStatus, RetryPolicy,
 };
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -20,6 +20,10 @@ const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 /// The longest one order may take, all its requests and polls together (a CA that
 /// accepts connections and never answers must not stop the renewals for good).
 const ORDER_TIMEOUT: Duration = Duration::from_secs(600);
+/// Bounds on the Retry-After of the CA's renewal information (RFC 9773 4.3.3 suggests a
+/// client clamp it).
+const ARI_MIN_RECHECK: Duration = Duration::from_secs(60);
+const ARI_MAX_RECHECK: Duration = Duration::from_secs(6 * 3600);
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -133,8 +137,9 @@ async fn login(issuer: &Issuer) -> Result<Account, Error> {
     Ok(a)
 }
 
-/// Obtain the certificate when there is none, renew it at two thirds of its lifetime;
-/// forever (the task ends with the worker thread).
+/// Obtain the certificate when there is none, renew it in the window the CA suggests
+/// (ARI, RFC 9773) or else at two thirds of its lifetime; forever (the task ends with the
+/// worker thread).
 pub async fn run(acme: Arc<Acme>, cert: Arc<Cert>, account: Arc<AccountCell>) {
     // A worker process restarted by the master has the slots of the config as loaded: a
     // certificate obtained since then is on disk, not in them.
@@ -144,14 +149,18 @@ pub async fn run(acme: Arc<Acme>, cert: Arc<Cert>, account: Arc<AccountCell>) {
         }
     }
     let mut backoff = FIRST_BACKOFF;
+    // The certificate the next order replaces (told to a CA that has ARI); none on the
+    // retries after a failed order, in case the failure was the replacement itself.
+    let mut replaces = None;
     loop {
-        if let Some(at) = cert.slot.renew_at() {
-            if let Ok(wait) = at.duration_since(SystemTime::now()) {
-                tokio::time::sleep(wait).await;
-            }
+        if backoff == FIRST_BACKOFF {
+            replaces = wait_for_renewal(&cert, &account).await;
         }
         let names = cert.identifiers.join(" ");
-        let attempt = tokio::time::timeout(ORDER_TIMEOUT, order(&acme, &cert, &account));
+        let attempt = tokio::time::timeout(
+            ORDER_TIMEOUT,
+            order(&acme, &cert, &account, replaces.take()),
+        );
         let result = match attempt.await {
             Ok(r) => r,
             Err(_) => Err(format!("no answer within {}s", ORDER_TIMEOUT.as_secs()).into()),
@@ -186,8 +195,67 @@ pub async fn run(acme: Arc<Acme>, cert: Arc<Cert>, account: Arc<AccountCell>) {
     }
 }
 
+/// Sleep until the certificate is due for renewal (at once when there is none). With ARI
+/// the CA's suggested window decides, a random time in it, asked again after its
+/// Retry-After; without (or when the CA cannot be asked), two thirds of the lifetime.
+/// Returns the certificate to name as replaced when the CA has ARI.
+async fn wait_for_renewal(cert: &Cert, account: &AccountCell) -> Option<CertificateDer<'static>> {
+    loop {
+        let fallback = cert.slot.renew_at()?;
+        let leaf = cert.slot.get()?.cert.first()?.clone();
+        let (due, recheck, ari) = match renewal_info(&leaf, account).await {
+            Ok((start, end, retry)) => {
+                let span = end.duration_since(start).unwrap_or_default();
+                let pick = Duration::from_secs(fastrand::u64(0..=span.as_secs()));
+                (
+                    start + pick,
+                    retry.clamp(ARI_MIN_RECHECK, ARI_MAX_RECHECK),
+                    true,
+                )
+            }
+            Err(e) => {
+                if !matches!(
+                    e.downcast_ref::<instant_acme::Error>(),
+                    Some(instant_acme::Error::Unsupported(_))
+                ) {
+                    errlog::warn(format_args!(
+                        "acme: renewal information for \"{}\" unavailable: {e}",
+                        cert.identifiers.join(" ")
+                    ));
+                }
+                (fallback, ARI_MAX_RECHECK, false)
+            }
+        };
+        let Ok(wait) = due.duration_since(SystemTime::now()) else {
+            return ari.then_some(leaf);
+        };
+        if wait <= recheck {
+            tokio::time::sleep(wait).await;
+            return ari.then_some(leaf);
+        }
+        tokio::time::sleep(recheck).await;
+    }
+}
+
+/// The CA's suggested renewal window for a certificate and when to ask again.
+async fn renewal_info(
+    leaf: &CertificateDer<'_>,
+    account: &AccountCell,
+) -> Result<(SystemTime, SystemTime, Duration), Error> {
+    let account = account.get().await?;
+    let id = CertificateIdentifier::try_from(leaf)?;
+    let (info, retry) = account.renewal_info(&id).await?;
+    let w = info.suggested_window;
+    Ok((SystemTime::from(w.start), SystemTime::from(w.end), retry))
+}
+
 /// One order, from `newOrder` to the certificate in its slot and on disk.
-async fn order(acme: &Acme, cert: &Cert, account: &AccountCell) -> Result<(), Error> {
+async fn order(
+    acme: &Acme,
+    cert: &Cert,
+    account: &AccountCell,
+    replaces: Option<CertificateDer<'static>>,
+) -> Result<(), Error> {
     let account = account.get().await?;
     let ids: Vec<Identifier> = cert
         .identifiers
@@ -197,7 +265,15 @@ async fn order(acme: &Acme, cert: &Cert, account: &AccountCell) -> Result<(), Er
             Err(_) => Identifier::Dns(i.clone()),
         })
         .collect();
-    let mut order = account.new_order(&NewOrder::new(&ids)).await?;
+    let replaced = match &replaces {
+        Some(leaf) => Some(CertificateIdentifier::try_from(leaf)?),
+        None => None,
+    };
+    let mut new = NewOrder::new(&ids);
+    if let Some(r) = replaced {
+        new = new.replaces(r);
+    }
+    let mut order = account.new_order(&new).await?;
     let mut tokens = Tokens {
         acme,
         list: Vec::new(),

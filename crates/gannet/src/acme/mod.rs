@@ -6,7 +6,8 @@
 //! connections. An empty slot refuses the handshake, as nginx-acme does.
 //!
 //! The protocol is the `instant-acme` crate's (JWS on aws-lc-rs, the crypto rustls uses
-//! here); `client` runs the account and order state machine, `store` keeps the account key
+//! here); `client` runs the account and order state machine (renewal in the CA's ARI
+//! window, RFC 9773, else at two thirds of the lifetime), `store` keeps the account key
 //! and the certificates under `state_path` so a restart reuses them. HTTP-01 challenges
 //! are answered from [`Acme::answer`] on every GET for a pending token, whatever the
 //! locations of the server say.
