@@ -13,6 +13,7 @@ import signal
 import socket
 import ssl
 import stat
+import time
 import subprocess
 import json
 import urllib.request
@@ -41,7 +42,7 @@ def pebble_certs() -> Path | None:
 
 
 class Pebble:
-    def __init__(self, tmp: Path, http_port: int, validity: int | None = None, port: int | None = None):
+    def __init__(self, tmp: Path, http_port: int, validity: int | None = None, port: int | None = None, extra: dict | None = None):
         certs = pebble_certs()
         self.port, self.mgmt = port or free_port(), free_port()
         self.minica = certs / "pebble.minica.pem"
@@ -59,6 +60,7 @@ class Pebble:
         }
         if validity:
             conf["pebble"]["profiles"] = {"default": {"description": "short", "validityPeriod": validity}}
+        conf["pebble"].update(extra or {})
         path = tmp / "pebble.json"
         path.write_text(json.dumps(conf))
         env = {k: v for k, v in os.environ.items() if k != "PEBBLE_VA_ALWAYS_VALID"}
@@ -347,6 +349,68 @@ def test_renewal_window_from_ari_replaces_the_certificate(gannet, pebble, http_p
     assert pebble.orders() == 2
 
 
+EAB_KEY = "zWNDZM6eQGHWpSRTPal5eIUYFTu7EajVIoguysqZ9wG44nMEtx3MUAsUDkMTQ12W"
+
+
+def test_external_account_binding(gannet, tmp_path, http_port):
+    """A CA that requires external account binding: the account is bound with
+    `external_account_key KID data:KEY` (base64url MAC key) and the certificate comes."""
+    need_pebble()
+    pebble = Pebble(tmp_path, http_port, extra={"externalAccountBindingRequired": True,
+                                                "externalAccountMACKeys": {"kid-1": EAB_KEY}})
+    try:
+        tls_port = free_port()
+        conf = render(pebble, tls_port).replace("accept_terms_of_service;", f"accept_terms_of_service; external_account_key kid-1 data:{EAB_KEY};")
+        srv = gannet.start(conf=conf, port=http_port)
+        wait_port(tls_port, srv.proc)
+        assert wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=60, every=0.5), srv.error_log()
+        assert 'newAccount Binding with CA using kid "kid-1"' in pebble.log_path.read_text()
+    finally:
+        pebble.stop()
+
+
+def test_external_account_binding_missing_is_logged(gannet, tmp_path, http_port):
+    need_pebble()
+    pebble = Pebble(tmp_path, http_port, extra={"externalAccountBindingRequired": True,
+                                                "externalAccountMACKeys": {"kid-1": EAB_KEY}})
+    try:
+        tls_port = free_port()
+        srv = gannet.start(conf=render(pebble, tls_port), port=http_port)
+        wait_port(tls_port, srv.proc)
+        assert wait_until(lambda: "externalAccountRequired" in srv.error_log(), deadline=20), srv.error_log()
+        assert s_client(tls_port, pebble.root).returncode != 0
+    finally:
+        pebble.stop()
+
+
+def test_profile(gannet, tmp_path, http_port):
+    """`profile NAME`: the CA's profile of that name (here one hour of validity) is asked
+    for; `profile NAME require` with a profile the CA lacks fails the order, logged."""
+    need_pebble()
+    profiles = {"default": {"description": "long", "validityPeriod": 7776000},
+                "hour": {"description": "one hour", "validityPeriod": 3600}}
+    pebble = Pebble(tmp_path, http_port, extra={"profiles": profiles})
+    try:
+        tls_port = free_port()
+        conf = render(pebble, tls_port).replace("accept_terms_of_service;", "accept_terms_of_service; profile hour;")
+        srv = gannet.start(conf=conf, port=http_port)
+        wait_port(tls_port, srv.proc)
+        leaf = wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=60, every=0.5)
+        assert leaf, srv.error_log()
+        dates = subprocess.run(["openssl", "x509", "-noout", "-startdate", "-enddate"], input=(leaf + "-----END CERTIFICATE-----\n").encode(), capture_output=True).stdout.decode()
+        start, end = (line.split("=", 1)[1] for line in dates.splitlines())
+        parse = lambda s: time.mktime(time.strptime(s.replace(" GMT", ""), "%b %d %H:%M:%S %Y"))
+        assert 3000 < parse(end) - parse(start) < 3700, dates
+        srv.stop()
+
+        conf = render(pebble, tls_port).replace("accept_terms_of_service;", "accept_terms_of_service; profile nope require;").replace("state_path {tmp}/acme;", "state_path {tmp}/acme2;")
+        srv = gannet.start(conf=conf, port=http_port)
+        wait_port(tls_port, srv.proc)
+        assert wait_until(lambda: 'the ACME server has no profile "nope"' in srv.error_log(), deadline=20), srv.error_log()
+    finally:
+        pebble.stop()
+
+
 def test_challenge_answered_whatever_the_locations_say(gannet, pebble, http_port):
     """The HTTP-01 answer comes from gannet itself: the plain-HTTP server's only location
     says 404, and Pebble's validation still succeeds (it would fail otherwise)."""
@@ -367,6 +431,9 @@ def test_challenge_answered_whatever_the_locations_say(gannet, pebble, http_port
     ("acme_shared_zone ngx_acme_shared:1M;", '"acme_shared_zone" must have "zone" parameter'),
     ("acme_issuer x { uri https://a.test/d; } acme_issuer x { uri https://b.test/d; }", '"acme_issuer" directive is duplicate'),
     ("acme_issuer x { uri https://a.test/d; challenge tls-alpn-01; }", 'challenge "tls-alpn-01" is not supported yet'),
+    ("acme_issuer x { uri https://a.test/d; external_account_key k data:!!; }", '"external_account_key" directive invalid base64url encoded value'),
+    ("acme_issuer x { uri https://a.test/d; profile p maybe; }", 'invalid parameter "maybe"'),
+    ("acme_issuer x { uri https://a.test/d; common_name_in_csr yes; }", 'it must be "on" or "off"'),
     ("acme_certificate x;", '"acme_certificate" directive is not allowed here'),
 ])
 def test_issuer_config_errors(gannet, directive, error):

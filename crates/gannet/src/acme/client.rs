@@ -6,8 +6,8 @@
 use super::{store, Acme, Cert, Issuer, KeyAlg};
 use crate::errlog;
 use instant_acme::{
-    Account, AuthorizationStatus, BodyWrapper, CertificateIdentifier, ChallengeType, Identifier,
-    Key, NewAccount, NewOrder, OrderStatus, RetryPolicy,
+    Account, AuthorizationStatus, BodyWrapper, CertificateIdentifier, ChallengeType,
+    ExternalAccountKey, Identifier, Key, NewAccount, NewOrder, OrderStatus, RetryPolicy,
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
@@ -113,6 +113,10 @@ async fn login(issuer: &Issuer) -> Result<Account, Error> {
         return Ok(a);
     }
     let contacts: Vec<&str> = issuer.contacts.iter().map(String::as_str).collect();
+    let eab = issuer
+        .eab
+        .as_ref()
+        .map(|(kid, key)| ExternalAccountKey::new(kid.clone(), key));
     let (a, creds) = Account::builder_with_http(http(issuer)?)
         .create(
             &NewAccount {
@@ -121,7 +125,7 @@ async fn login(issuer: &Issuer) -> Result<Account, Error> {
                 only_return_existing: false,
             },
             uri,
-            None,
+            eab.as_ref(),
         )
         .await?;
     if let Some(d) = dir {
@@ -273,6 +277,15 @@ async fn order(
     if let Some(r) = replaced {
         new = new.replaces(r);
     }
+    if let Some((name, require)) = &cert.issuer.profile {
+        // nginx-acme: a profile the CA does not list is asked for only with `require`,
+        // which then fails the order.
+        if account.profiles().any(|p| p.name == name) {
+            new = new.profile(name);
+        } else if *require {
+            return Err(format!("the ACME server has no profile \"{name}\"").into());
+        }
+    }
     let mut order = account.new_order(&new).await?;
     let mut tokens = Tokens {
         acme,
@@ -305,6 +318,11 @@ async fn order(
     let key = generate(cert.key)?;
     let mut params = rcgen::CertificateParams::new(cert.identifiers.clone())?;
     params.distinguished_name = rcgen::DistinguishedName::new();
+    if cert.issuer.common_name_in_csr {
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cert.first_name());
+    }
     let csr = params.serialize_request(&key)?;
     order.finalize_csr(csr.der()).await?;
     let retries = RetryPolicy::default().timeout(Duration::from_secs(120));

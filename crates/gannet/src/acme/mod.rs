@@ -77,6 +77,12 @@ pub struct Issuer {
     pub accept_tos: bool,
     /// `ssl_trusted_certificate` (else the system's CAs).
     pub trusted: Option<crate::modules::tls::FileArg>,
+    /// `external_account_key KID FILE|data:KEY`: the key ID and the decoded MAC key.
+    pub eab: Option<(String, Vec<u8>)>,
+    /// `profile NAME [require]`: the name, and whether a CA without it is an error.
+    pub profile: Option<(String, bool)>,
+    /// `common_name_in_csr on`: the first name is also the CSR's subject CN.
+    pub common_name_in_csr: bool,
 }
 
 /// The certificate a server serves, swapped in place when a new one arrives.
@@ -127,15 +133,19 @@ pub struct Cert {
 }
 
 impl Cert {
-    /// The file name stem in the state directory: the first DNS name (else the first
-    /// identifier) and a hash of the identifiers and key type, as nginx-acme names them.
-    pub fn stem(&self) -> String {
-        let first = self
-            .identifiers
+    /// The first DNS name, else the first identifier (an address), as nginx-acme picks it.
+    pub fn first_name(&self) -> &str {
+        self.identifiers
             .iter()
             .find(|i| i.parse::<std::net::IpAddr>().is_err())
             .or(self.identifiers.first())
-            .map_or("", |s| s.as_str());
+            .map_or("", |s| s.as_str())
+    }
+
+    /// The file name stem in the state directory: the first DNS name (else the first
+    /// identifier) and a hash of the identifiers and key type, as nginx-acme names them.
+    pub fn stem(&self) -> String {
+        let first = self.first_name();
         let mut h = crc32fast::Hasher::new();
         for i in &self.identifiers {
             h.update(i.as_bytes());

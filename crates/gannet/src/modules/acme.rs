@@ -5,10 +5,10 @@
 //! certificates; this file only reads the directives (errors worded as nginx-acme's).
 //!
 //! Inside `acme_issuer`: `uri`, `account_key`, `challenge`, `contact`, `state_path`,
-//! `accept_terms_of_service`, `ssl_trusted_certificate`, `ssl_verify`. The directives of
-//! nginx-acme that this slice does not do yet (`external_account_key`, `preferred_chain`,
-//! `profile`, `common_name_in_csr`, `challenge tls-alpn-01`, `ssl_verify off`, accounts keys
-//! other than ECDSA P-256) are config errors saying so, never silently ignored.
+//! `accept_terms_of_service`, `ssl_trusted_certificate`, `ssl_verify`,
+//! `external_account_key`, `profile`, `common_name_in_csr`. What nginx-acme has and gannet
+//! does not do yet (`preferred_chain`, `challenge tls-alpn-01`, `ssl_verify off`, account
+//! keys other than ECDSA P-256) are config errors saying so, never silently ignored.
 
 use super::{LoadCtx, LocConf};
 use crate::acme::{Issuer, KeyAlg, Slot};
@@ -192,6 +192,9 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
         contacts: Vec::new(),
         accept_tos: false,
         trusted: None,
+        eab: None,
+        profile: None,
+        common_name_in_csr: false,
     };
     for e in d.block.as_deref().unwrap_or_default() {
         let n = e.name.as_str();
@@ -252,18 +255,45 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
                     loc: e.loc.clone(),
                 })
             }
-            "ssl_verify" => match v {
-                "on" => {}
-                "off" => return Err(e.error("\"ssl_verify off\" is not supported yet")),
-                _ => {
-                    return Err(e.error(format!(
-                        "invalid value \"{v}\" in \"{n}\" directive, it must be \"on\" or \"off\""
-                    )))
+            "ssl_verify" => {
+                if !flag(e, v)? {
+                    return Err(e.error("\"ssl_verify off\" is not supported yet"));
                 }
-            },
-            "external_account_key" | "preferred_chain" | "profile" | "common_name_in_csr" => {
-                return Err(e.error(format!("\"{n}\" is not supported yet")))
             }
+            "external_account_key" => {
+                if is.eab.is_some() {
+                    return Err(e.error(format!("\"{n}\" directive is duplicate")));
+                }
+                let text = match e.args[1].strip_prefix("data:") {
+                    Some(k) => k.to_string(),
+                    None => {
+                        let f = ctx.prefix.join(&e.args[1]);
+                        std::fs::read_to_string(&f).map_err(|err| {
+                            e.error(format!(
+                                "\"{n}\" directive cannot read \"{}\": {err}",
+                                f.display()
+                            ))
+                        })?
+                    }
+                };
+                let key = base64url(text.trim()).ok_or_else(|| {
+                    e.error(format!("\"{n}\" directive invalid base64url encoded value"))
+                })?;
+                if v.is_empty() || key.is_empty() {
+                    return Err(e.error(format!("\"{n}\" directive invalid value")));
+                }
+                is.eab = Some((v.to_string(), key));
+            }
+            "profile" => {
+                let require = match e.args.get(1).map(String::as_str) {
+                    None => false,
+                    Some("require") => true,
+                    Some(other) => return Err(e.error(format!("invalid parameter \"{other}\""))),
+                };
+                is.profile = Some((v.to_string(), require));
+            }
+            "common_name_in_csr" => is.common_name_in_csr = flag(e, v)?,
+            "preferred_chain" => return Err(e.error(format!("\"{n}\" is not supported yet"))),
             _ => return Err(e.error(format!("unknown directive \"{n}\""))),
         }
     }
@@ -271,6 +301,25 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
         return Err(d.error("\"acme_issuer\" directive \"uri\" is missing"));
     }
     Ok(is)
+}
+
+/// `on` / `off`, with nginx's error otherwise.
+fn flag(e: &Directive, v: &str) -> Result<bool, ConfError> {
+    match v {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(e.error(format!(
+            "invalid value \"{v}\" in \"{}\" directive, it must be \"on\" or \"off\"",
+            e.name
+        ))),
+    }
+}
+
+/// base64url, with or without its padding (nginx's ngx_decode_base64url takes both).
+fn base64url(s: &str) -> Option<Vec<u8>> {
+    data_encoding::BASE64URL_NOPAD
+        .decode(s.trim_end_matches('=').as_bytes())
+        .ok()
 }
 
 #[cfg(test)]
