@@ -53,7 +53,7 @@ class Pebble:
                 "certificate": str(certs / "localhost/cert.pem"),
                 "privateKey": str(certs / "localhost/key.pem"),
                 "httpPort": http_port,
-                "tlsPort": free_port(),
+                "tlsPort": (extra or {}).pop("tlsPort", None) or free_port(),
                 "ocspResponderURL": "",
                 "externalAccountBindingRequired": False,
             }
@@ -411,6 +411,29 @@ def test_profile(gannet, tmp_path, http_port):
         pebble.stop()
 
 
+def test_tls_alpn_01(gannet, tmp_path, http_port):
+    """`challenge tls-alpn-01`: Pebble validates with an `acme-tls/1` handshake on gannet's
+    TLS port (its HTTP-01 port leads nowhere), which gets RFC 8737's validation
+    certificate; then the real certificate is served to ordinary clients."""
+    need_pebble()
+    tls_port = free_port()
+    pebble = Pebble(tmp_path, free_port(), extra={"tlsPort": tls_port})
+    try:
+        conf = render(pebble, tls_port).replace("accept_terms_of_service;", "accept_terms_of_service; challenge tls-alpn-01;")
+        srv = gannet.start(conf=conf, port=http_port)
+        wait_port(tls_port, srv.proc)
+        leaf = wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=60, every=0.5)
+        assert leaf, srv.error_log() + pebble.log_path.read_text()
+        log = pebble.log_path.read_text()
+        assert "set VALID by completed challenge" in log and "validate w/ HTTP" not in log
+        # Outside a validation, an `acme-tls/1` handshake gets no certificate.
+        r = subprocess.run(["openssl", "s_client", "-connect", f"127.0.0.1:{tls_port}", "-servername", "localhost",
+                            "-alpn", "acme-tls/1"], input=b"", capture_output=True, timeout=20)
+        assert b"BEGIN CERTIFICATE" not in r.stdout
+    finally:
+        pebble.stop()
+
+
 def test_challenge_answered_whatever_the_locations_say(gannet, pebble, http_port):
     """The HTTP-01 answer comes from gannet itself: the plain-HTTP server's only location
     says 404, and Pebble's validation still succeeds (it would fail otherwise)."""
@@ -430,7 +453,6 @@ def test_challenge_answered_whatever_the_locations_say(gannet, pebble, http_port
     ("acme_issuer x { uri https://a.test/d; bogus 1; }", 'unknown directive "bogus"'),
     ("acme_shared_zone ngx_acme_shared:1M;", '"acme_shared_zone" must have "zone" parameter'),
     ("acme_issuer x { uri https://a.test/d; } acme_issuer x { uri https://b.test/d; }", '"acme_issuer" directive is duplicate'),
-    ("acme_issuer x { uri https://a.test/d; challenge tls-alpn-01; }", 'challenge "tls-alpn-01" is not supported yet'),
     ("acme_issuer x { uri https://a.test/d; external_account_key k data:!!; }", '"external_account_key" directive invalid base64url encoded value'),
     ("acme_issuer x { uri https://a.test/d; profile p maybe; }", 'invalid parameter "maybe"'),
     ("acme_issuer x { uri https://a.test/d; common_name_in_csr yes; }", 'it must be "on" or "off"'),

@@ -3,7 +3,7 @@
 //! CSR for a key generated here, download; then sleep until two thirds of the lifetime and
 //! renew. Failures are logged and retried with a doubling back-off.
 
-use super::{store, Acme, Cert, Issuer, KeyAlg};
+use super::{store, Acme, Cert, Challenge, Issuer, KeyAlg};
 use crate::errlog;
 use instant_acme::{
     Account, AuthorizationStatus, BodyWrapper, CertificateIdentifier, ChallengeType,
@@ -289,7 +289,8 @@ async fn order(
     let mut order = account.new_order(&new).await?;
     let mut tokens = Tokens {
         acme,
-        list: Vec::new(),
+        http: Vec::new(),
+        tls: Vec::new(),
     };
     async {
         let mut authzs = order.authorizations();
@@ -298,12 +299,28 @@ async fn order(
             if a.status != AuthorizationStatus::Pending {
                 continue;
             }
+            let (kind, what) = match cert.issuer.challenge {
+                Challenge::Http01 => (ChallengeType::Http01, "http-01"),
+                Challenge::TlsAlpn01 => (ChallengeType::TlsAlpn01, "tls-alpn-01"),
+            };
+            let name = match a.identifier().identifier {
+                Identifier::Dns(n) => n.clone(),
+                other => format!("{other:?}"),
+            };
             let mut ch = a
-                .challenge(ChallengeType::Http01)
-                .ok_or("the ACME server offers no http-01 challenge")?;
-            let token = ch.token.clone();
-            acme.add_challenge(&token, ch.key_authorization().as_str());
-            tokens.list.push(token);
+                .challenge(kind.clone())
+                .ok_or_else(|| format!("the ACME server offers no {what} challenge for {name}"))?;
+            let key_auth = ch.key_authorization();
+            match cert.issuer.challenge {
+                Challenge::TlsAlpn01 => {
+                    acme.add_validation_cert(&name, validation_cert(&name, &key_auth)?);
+                    tokens.tls.push(name);
+                }
+                Challenge::Http01 => {
+                    acme.add_challenge(&ch.token, key_auth.as_str());
+                    tokens.http.push(ch.token.clone());
+                }
+            }
             ch.set_ready().await?;
         }
         let retries = RetryPolicy::default().timeout(Duration::from_secs(120));
@@ -341,15 +358,38 @@ async fn order(
 /// dropping it).
 struct Tokens<'a> {
     acme: &'a Acme,
-    list: Vec<String>,
+    http: Vec<String>,
+    /// TLS-ALPN-01: the names whose validation certificates are served.
+    tls: Vec<String>,
 }
 
 impl Drop for Tokens<'_> {
     fn drop(&mut self) {
-        for t in &self.list {
+        for t in &self.http {
             self.acme.remove_challenge(t);
         }
+        for n in &self.tls {
+            self.acme.remove_validation_cert(n);
+        }
     }
+}
+
+/// RFC 8737's validation certificate for `name`: self-signed, naming only it, with the
+/// critical acmeIdentifier extension holding the SHA-256 of the key authorization.
+fn validation_cert(
+    name: &str,
+    key_auth: &instant_acme::KeyAuthorization,
+) -> Result<Arc<rustls::sign::CertifiedKey>, Error> {
+    let digest = key_auth.digest();
+    if digest.as_ref().len() != 32 {
+        return Err("key authorization digest is not SHA-256".into());
+    }
+    let key = rcgen::KeyPair::generate()?;
+    let mut params = rcgen::CertificateParams::new(vec![name.to_string()])?;
+    params.custom_extensions = vec![rcgen::CustomExtension::new_acme_identifier(digest.as_ref())];
+    let cert = params.self_signed(&key)?;
+    let current = store::certified(cert.pem().as_bytes(), key.serialize_pem().as_bytes())?;
+    Ok(current.key)
 }
 
 /// What the CA said about a failed validation (e.g. that it could not fetch the HTTP-01

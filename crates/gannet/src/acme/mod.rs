@@ -10,7 +10,8 @@
 //! window, RFC 9773, else at two thirds of the lifetime), `store` keeps the account key
 //! and the certificates under `state_path` so a restart reuses them. HTTP-01 challenges
 //! are answered from [`Acme::answer`] on every GET for a pending token, whatever the
-//! locations of the server say.
+//! locations of the server say; TLS-ALPN-01 validation handshakes get their certificate
+//! from [`Slot::validation`].
 
 mod client;
 pub mod store;
@@ -83,12 +84,34 @@ pub struct Issuer {
     pub profile: Option<(String, bool)>,
     /// `common_name_in_csr on`: the first name is also the CSR's subject CN.
     pub common_name_in_csr: bool,
+    pub challenge: Challenge,
+}
+
+/// The challenge kind an issuer validates with (`challenge`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Challenge {
+    Http01,
+    /// RFC 8737: a self-signed certificate naming the key authorization's digest, served
+    /// to handshakes that offer only ALPN `acme-tls/1`.
+    TlsAlpn01,
+}
+
+/// The ALPN protocol of TLS-ALPN-01 validation handshakes.
+pub const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
+
+/// The challenges being validated, shared by the worker threads: HTTP-01 tokens with
+/// their key authorizations, TLS-ALPN-01 certificates by name.
+#[derive(Debug, Default)]
+struct Challenges {
+    http: RwLock<HashMap<String, String>>,
+    tls: RwLock<HashMap<String, Arc<CertifiedKey>>>,
 }
 
 /// The certificate a server serves, swapped in place when a new one arrives.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Slot {
     current: RwLock<Option<Current>>,
+    challenges: Arc<Challenges>,
 }
 
 #[derive(Debug, Clone)]
@@ -105,6 +128,12 @@ impl Slot {
             .read()
             .ok()
             .and_then(|c| c.as_ref().map(|c| c.key.clone()))
+    }
+
+    /// The TLS-ALPN-01 validation certificate for this SNI name, if one is pending.
+    pub fn validation(&self, name: &str) -> Option<Arc<CertifiedKey>> {
+        let m = self.challenges.tls.read().ok()?;
+        m.get(&name.to_ascii_lowercase()).cloned()
     }
 
     fn set(&self, c: Current) {
@@ -160,8 +189,7 @@ impl Cert {
 #[derive(Debug, Default)]
 pub struct Acme {
     pub certs: Vec<Arc<Cert>>,
-    /// HTTP-01 tokens being validated, with their key authorizations.
-    challenges: RwLock<HashMap<String, String>>,
+    challenges: Arc<Challenges>,
 }
 
 const CHALLENGE_PREFIX: &str = "/.well-known/acme-challenge/";
@@ -170,7 +198,7 @@ impl Acme {
     /// The answer to an HTTP-01 validation request, if `path` asks for a pending token.
     pub fn answer(&self, path: &str) -> Option<Response> {
         let token = path.strip_prefix(CHALLENGE_PREFIX)?;
-        let body = self.challenges.read().ok()?.get(token)?.clone();
+        let body = self.challenges.http.read().ok()?.get(token)?.clone();
         let mut r = Response::new(200);
         r.content_type = Some(Arc::from("text/plain"));
         r.body = Body::bytes(body);
@@ -180,14 +208,26 @@ impl Acme {
     }
 
     fn add_challenge(&self, token: &str, key_auth: &str) {
-        if let Ok(mut m) = self.challenges.write() {
+        if let Ok(mut m) = self.challenges.http.write() {
             m.insert(token.to_string(), key_auth.to_string());
         }
     }
 
     fn remove_challenge(&self, token: &str) {
-        if let Ok(mut m) = self.challenges.write() {
+        if let Ok(mut m) = self.challenges.http.write() {
             m.remove(token);
+        }
+    }
+
+    fn add_validation_cert(&self, name: &str, ck: Arc<CertifiedKey>) {
+        if let Ok(mut m) = self.challenges.tls.write() {
+            m.insert(name.to_ascii_lowercase(), ck);
+        }
+    }
+
+    fn remove_validation_cert(&self, name: &str) {
+        if let Ok(mut m) = self.challenges.tls.write() {
+            m.remove(&name.to_ascii_lowercase());
         }
     }
 }
@@ -221,6 +261,7 @@ struct Pending {
 pub struct Registry {
     pub issuers: HashMap<String, Arc<Issuer>>,
     orders: Vec<Pending>,
+    challenges: Arc<Challenges>,
 }
 
 impl Registry {
@@ -234,7 +275,10 @@ impl Registry {
         {
             return o.slot.clone();
         }
-        let slot = Arc::new(Slot::default());
+        let slot = Arc::new(Slot {
+            current: RwLock::default(),
+            challenges: self.challenges.clone(),
+        });
         self.orders.push(Pending {
             issuer: issuer.to_string(),
             at: at.clone(),
@@ -274,7 +318,7 @@ impl Registry {
         }
         Ok(Some(Arc::new(Acme {
             certs,
-            challenges: RwLock::default(),
+            challenges: self.challenges,
         })))
     }
 }

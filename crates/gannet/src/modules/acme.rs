@@ -7,11 +7,11 @@
 //! Inside `acme_issuer`: `uri`, `account_key`, `challenge`, `contact`, `state_path`,
 //! `accept_terms_of_service`, `ssl_trusted_certificate`, `ssl_verify`,
 //! `external_account_key`, `profile`, `common_name_in_csr`. What nginx-acme has and gannet
-//! does not do yet (`preferred_chain`, `challenge tls-alpn-01`, `ssl_verify off`, account
-//! keys other than ECDSA P-256) are config errors saying so, never silently ignored.
+//! does not do yet (`preferred_chain`, `ssl_verify off`, account keys other than ECDSA
+//! P-256) are config errors saying so, never silently ignored.
 
 use super::{LoadCtx, LocConf};
-use crate::acme::{Issuer, KeyAlg, Slot};
+use crate::acme::{Challenge, Issuer, KeyAlg, Slot};
 use crate::modules::tls::FileArg;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{ConfError, Directive, Loc};
@@ -195,6 +195,7 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
         eab: None,
         profile: None,
         common_name_in_csr: false,
+        challenge: Challenge::Http01,
     };
     for e in d.block.as_deref().unwrap_or_default() {
         let n = e.name.as_str();
@@ -225,13 +226,13 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
                 }
                 _ => is.account_key = Some(ctx.prefix.join(v)),
             },
-            "challenge" => match v {
-                "http" | "http-01" => {}
-                "tls-alpn" | "tls-alpn-01" => {
-                    return Err(e.error("challenge \"tls-alpn-01\" is not supported yet"))
+            "challenge" => {
+                is.challenge = match v {
+                    "http" | "http-01" => Challenge::Http01,
+                    "tls-alpn" | "tls-alpn-01" => Challenge::TlsAlpn01,
+                    _ => return Err(e.error(format!("unsupported challenge: {v}"))),
                 }
-                _ => return Err(e.error(format!("unsupported challenge: {v}"))),
-            },
+            }
             "contact" => {
                 // RFC 3986 scheme: ALPHA *( ALPHA / DIGIT / "+" / "-" / "." ) ":".
                 let scheme = v.split_once(':').is_some_and(|(s, _)| {

@@ -138,6 +138,11 @@ pub fn build_server(
     } else {
         vec![b"http/1.1".to_vec()]
     };
+    if c.acme.is_some() {
+        config
+            .alpn_protocols
+            .push(crate::acme::ACME_TLS_ALPN.to_vec());
+    }
     let timeout = c.session_timeout().as_secs();
     config.session_storage = sessions(c, &mut lctx.tls, timeout);
     if c.session_tickets() {

@@ -35,6 +35,13 @@ impl KeyPairs {
 impl ResolvesServerCert for KeyPairs {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         if let Some(slot) = &self.acme {
+            // TLS-ALPN-01 (RFC 8737): the CA's handshake offers only `acme-tls/1`.
+            let validation = hello
+                .alpn()
+                .is_some_and(|mut a| a.any(|p| p == crate::acme::ACME_TLS_ALPN));
+            if validation {
+                return slot.validation(hello.server_name()?);
+            }
             return slot.get();
         }
         for scheme in hello.signature_schemes() {
