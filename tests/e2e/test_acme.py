@@ -434,6 +434,25 @@ def test_tls_alpn_01(gannet, tmp_path, http_port):
         pebble.stop()
 
 
+def test_ip_identifier(gannet, pebble, http_port):
+    """An IP address identifier (RFC 8738): validated over HTTP-01 at that address, the
+    certificate names it (and a client without SNI, connecting by address, verifies it)."""
+    tls_port = free_port()
+    conf = render(pebble, tls_port).replace("acme_certificate pebble;", "acme_certificate pebble 127.0.0.1;")
+    srv = gannet.start(conf=conf, port=http_port)
+    wait_port(tls_port, srv.proc)
+
+    def by_address():
+        r = subprocess.run(["openssl", "s_client", "-connect", f"127.0.0.1:{tls_port}", "-noservername",
+                            "-CAfile", str(pebble.root), "-verify_return_error", "-verify_ip", "127.0.0.1"],
+                           input=b"", capture_output=True, timeout=20)
+        return r.returncode == 0 and r.stdout
+
+    out = wait_until(by_address, deadline=60, every=0.5)
+    assert out, srv.error_log()
+    assert b"Verify return code: 0 (ok)" in out
+
+
 def test_challenge_answered_whatever_the_locations_say(gannet, pebble, http_port):
     """The HTTP-01 answer comes from gannet itself: the plain-HTTP server's only location
     says 404, and Pebble's validation still succeeds (it would fail otherwise)."""
