@@ -453,6 +453,23 @@ def test_ip_identifier(gannet, pebble, http_port):
     assert b"Verify return code: 0 (ok)" in out
 
 
+def test_static_certificate_beside_acme_certificate(gannet, tmp_path, http_port):
+    """`acme_certificate` with an ordinary `ssl_certificate` file (not the variable): the
+    file's certificate is served, as in nginx, whatever ACME is doing."""
+    tls_port = free_port()
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", str(tmp_path / "s.key"), "-out", str(tmp_path / "s.crt"), "-days", "1",
+                    "-subj", "/CN=static.test"], check=True, capture_output=True)
+    conf = (render_for(f"https://127.0.0.1:{free_port()}/dir", tmp_path / "s.crt", tls_port)
+            .replace("ssl_certificate $acme_certificate;", f"ssl_certificate {tmp_path}/s.crt;")
+            .replace("ssl_certificate_key $acme_certificate_key;", f"ssl_certificate_key {tmp_path}/s.key;"))
+    srv = gannet.start(conf=conf, port=http_port)
+    wait_port(tls_port, srv.proc)
+    r = subprocess.run(["openssl", "s_client", "-connect", f"127.0.0.1:{tls_port}", "-servername", "localhost"],
+                       input=b"", capture_output=True, timeout=20)
+    assert b"CN = static.test" in r.stdout or b"CN=static.test" in r.stdout, r.stdout[-500:]
+
+
 def test_challenge_answered_whatever_the_locations_say(gannet, pebble, http_port):
     """The HTTP-01 answer comes from gannet itself: the plain-HTTP server's only location
     says 404, and Pebble's validation still succeeds (it would fail otherwise)."""

@@ -129,6 +129,7 @@ pub fn build_server(
     let mut config = builder.with_cert_resolver(Arc::new(KeyPairs {
         keys: pairs,
         acme: c.acme.clone(),
+        acme_serves: certs.iter().any(|f| crate::acme::names_variable(&f.path)),
         suites: provider.cipher_suites.clone(),
     }));
     config.ignore_client_order = c.prefer_server_ciphers.unwrap_or(false);

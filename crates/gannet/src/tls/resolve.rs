@@ -12,10 +12,12 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct KeyPairs {
     pub keys: Vec<Arc<CertifiedKey>>,
-    /// `ssl_certificate $acme_certificate`: the certificate ACME got (or will get) for
-    /// this server, read at each handshake so a new one serves at once; none yet refuses
-    /// the handshake, as nginx-acme.
+    /// The server's `acme_certificate`: its TLS-ALPN-01 validation certificates, and with
+    /// `ssl_certificate $acme_certificate` (`acme_serves`) the certificate ACME got (or will
+    /// get), read at each handshake so a new one serves at once; none yet refuses the
+    /// handshake, as nginx-acme.
     pub acme: Option<Arc<crate::acme::Slot>>,
+    pub acme_serves: bool,
     /// The suites this server offers.
     pub suites: Vec<SupportedCipherSuite>,
 }
@@ -42,7 +44,9 @@ impl ResolvesServerCert for KeyPairs {
             if validation {
                 return slot.validation(hello.server_name()?);
             }
-            return slot.get();
+            if self.acme_serves {
+                return slot.get();
+            }
         }
         for scheme in hello.signature_schemes() {
             let found = self
