@@ -82,6 +82,17 @@ if ! command -v jaeger >/dev/null && [ ! -x "$HOME/go/bin/jaeger" ]; then
   fi
 fi
 
+step "pebble (Let's Encrypt's test ACME server; a Go module, for tests/e2e/test_acme.py)"
+if ! command -v pebble >/dev/null && [ ! -x "$HOME/go/bin/pebble" ]; then
+  if command -v go >/dev/null; then
+    # Its own test certificates (the HTTPS listener's and their CA) are read by the tests
+    # from the module cache this fills.
+    go install github.com/letsencrypt/pebble/v2/cmd/pebble@v2.10.3
+  else
+    echo "go not found: the ACME tests will be skipped"
+  fi
+fi
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -6,6 +6,7 @@
 //!   `-T` also prints it; `-s stop|quit|reload|reopen` signals the running instance named by
 //!   the config's `pid`; `-V` / `-v` print the version.
 
+mod acme;
 mod cache;
 mod cli;
 mod config;

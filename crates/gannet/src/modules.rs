@@ -6,6 +6,7 @@
 
 pub mod access;
 pub mod access_log;
+pub mod acme;
 pub mod addition;
 pub mod auth_basic;
 pub mod auth_request;
@@ -97,6 +98,10 @@ pub struct LoadCtx {
     pub otel_trace_at: Option<gannet_conf::Loc>,
     /// The config has a `metrics` location: zones get metrics keys.
     pub metrics: bool,
+    /// `acme_issuer`s and `acme_certificate`s (`crate::acme`).
+    pub acme: crate::acme::Registry,
+    /// `acme_shared_zone` was given.
+    pub acme_zone: bool,
 }
 
 impl LoadCtx {
@@ -109,6 +114,8 @@ impl LoadCtx {
             prefixless: false,
             matches: HashMap::new(),
             probes: Vec::new(),
+            acme: Default::default(),
+            acme_zone: false,
             zones: Default::default(),
             notices: Vec::new(),
             warnings: Vec::new(),
@@ -283,6 +290,10 @@ pub const MODULES: &[Module] = &[
         set: geo::set,
     },
     Module {
+        directives: acme::DIRECTIVES,
+        set: acme::set,
+    },
+    Module {
         directives: split_clients::DIRECTIVES,
         set: split_clients::set,
     },
@@ -450,6 +461,8 @@ pub struct LocConf {
     pub metrics: bool,
     /// `status_zone`: the metrics key requests here count in (inherited).
     pub status_zone: Option<crate::runtime::metrics::Key>,
+    /// `acme_certificate` (server level only).
+    pub acme: Option<acme::CertOrder>,
 }
 
 impl LocConf {

@@ -98,6 +98,7 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
         log_files: Vec::new(),
         error_files: Vec::new(),
         probes: Vec::new(),
+        acme: None,
         stream: None,
         temp_dirs: Vec::new(),
     };
@@ -432,6 +433,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
     cfg.listens = groups;
     cfg.log_files = lctx.log_files;
     cfg.probes = lctx.probes;
+    cfg.acme = std::mem::take(&mut lctx.acme).finish(&mut lctx.warnings)?;
     lctx.temp_dirs.sort();
     lctx.temp_dirs.dedup();
     cfg.temp_dirs = lctx.temp_dirs;
@@ -452,6 +454,7 @@ fn load_server(
     let mut conf = LocConf::default();
     let mut names = ServerNames::default();
     let mut primary = None;
+    let mut server_names = Vec::new();
     let mut listens = Vec::new();
     let body = sd.block.as_deref().unwrap_or_default();
     for d in body.iter().filter(|d| d.name != "location") {
@@ -475,6 +478,7 @@ fn load_server(
                             n.to_ascii_lowercase()
                         });
                     }
+                    server_names.push(n.clone());
                     names.add(n).map_err(|e| d.error(e))?;
                 }
             }
@@ -488,6 +492,7 @@ fn load_server(
     conf.merge(http);
     // ALPN offers h2 when the server has `http2 on` or one of its addresses `listen ... http2`.
     let h2 = conf.http2.enabled() || listens.iter().any(|(l, _)| l.http2);
+    conf.tls.acme = modules::acme::server_slot(&conf, &server_names, lctx)?;
     let tls = crate::tls::build_server(&conf.tls, h2, lctx, &sd.loc)?;
     if listens.is_empty() {
         listens.push((Listen::default_for_server(), sd.loc.clone()));

@@ -41,6 +41,8 @@ pub struct Config {
     pub error_files: Vec<Arc<crate::errlog::Log>>,
     /// Every `health_check`: what the first worker probes.
     pub probes: Vec<Probe>,
+    /// The ACME certificates and pending HTTP-01 challenges (`acme_certificate`).
+    pub acme: Option<Arc<crate::acme::Acme>>,
     /// The `stream {}` block, if any; its listens come after `listens` in the group
     /// numbering of the workers' sockets (`Config::all_listens`).
     pub stream: Option<Arc<crate::stream::StreamConf>>,

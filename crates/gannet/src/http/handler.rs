@@ -100,6 +100,15 @@ const MAX_REDIRECTS: u8 = 10;
 
 /// Run the phases.
 pub fn handle(req: &mut Request, w: &Worker) -> Handled {
+    // ACME's HTTP-01 answers, before the server's rewrites and whatever its locations
+    // say (nginx-acme's post-read phase handler).
+    if let Some(acme) = &w.config.acme {
+        if req.method() == Method::Get {
+            if let Some(r) = acme.answer(&req.uri) {
+                return resume(req, w, Flow::Done(r));
+            }
+        }
+    }
     crate::http::router::bind_server_captures(req);
     realip::apply(req, true);
     let flow = server_rewrites(req);

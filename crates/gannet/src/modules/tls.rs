@@ -112,6 +112,9 @@ pub struct TlsConf {
     pub reject_handshake: Option<bool>,
     /// `ssl_ecdh_curve`: the key exchange groups, in order (`None`: rustls's default).
     pub ecdh_curves: Option<Vec<NamedGroup>>,
+    /// The certificate of this server's `acme_certificate`, which `ssl_certificate
+    /// $acme_certificate` serves (set per server by `modules::acme`, not inherited).
+    pub acme: Option<Arc<crate::acme::Slot>>,
 }
 
 /// nginx: "one megabyte of the cache can store about 4000 sessions".

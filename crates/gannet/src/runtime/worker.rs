@@ -260,6 +260,9 @@ pub fn run(
         if w.parking.is_some() {
             tokio::task::spawn_local(unpark_loop(w.clone()));
         }
+        if let (true, Some(acme)) = (probe, &w.config.acme) {
+            crate::acme::spawn(acme);
+        }
         let probes = if probe {
             crate::conn::health::spawn_all(&w.config.probes)
         } else {

@@ -61,6 +61,13 @@ pub fn build_server(
     let provider = Arc::new(provider(c.ciphers.as_deref(), c.ecdh_curves.as_deref()));
     let mut pairs = Vec::new();
     for (i, cert_file) in certs.iter().enumerate() {
+        if crate::acme::names_variable(&cert_file.path) {
+            // `ssl_certificate $acme_certificate`: the certificate comes later, into the
+            // slot the resolver reads (see `crate::acme`). In a server without
+            // `acme_certificate` the variable is empty, as nginx-acme's: no certificate,
+            // its handshakes are refused.
+            continue;
+        }
         let key_file = keys.get(i).ok_or_else(|| {
             err(
                 &cert_file.loc,
@@ -121,6 +128,8 @@ pub fn build_server(
     };
     let mut config = builder.with_cert_resolver(Arc::new(KeyPairs {
         keys: pairs,
+        acme: c.acme.clone(),
+        acme_serves: certs.iter().any(|f| crate::acme::names_variable(&f.path)),
         suites: provider.cipher_suites.clone(),
     }));
     config.ignore_client_order = c.prefer_server_ciphers.unwrap_or(false);
@@ -130,6 +139,11 @@ pub fn build_server(
     } else {
         vec![b"http/1.1".to_vec()]
     };
+    if c.acme.is_some() {
+        config
+            .alpn_protocols
+            .push(crate::acme::ACME_TLS_ALPN.to_vec());
+    }
     let timeout = c.session_timeout().as_secs();
     config.session_storage = sessions(c, &mut lctx.tls, timeout);
     if c.session_tickets() {

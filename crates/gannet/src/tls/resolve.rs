@@ -12,6 +12,12 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct KeyPairs {
     pub keys: Vec<Arc<CertifiedKey>>,
+    /// The server's `acme_certificate`: its TLS-ALPN-01 validation certificates, and with
+    /// `ssl_certificate $acme_certificate` (`acme_serves`) the certificate ACME got (or will
+    /// get), read at each handshake so a new one serves at once; none yet refuses the
+    /// handshake, as nginx-acme.
+    pub acme: Option<Arc<crate::acme::Slot>>,
+    pub acme_serves: bool,
     /// The suites this server offers.
     pub suites: Vec<SupportedCipherSuite>,
 }
@@ -30,6 +36,18 @@ impl KeyPairs {
 
 impl ResolvesServerCert for KeyPairs {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        if let Some(slot) = &self.acme {
+            // TLS-ALPN-01 (RFC 8737): the CA's handshake offers only `acme-tls/1`.
+            let validation = hello
+                .alpn()
+                .is_some_and(|mut a| a.any(|p| p == crate::acme::ACME_TLS_ALPN));
+            if validation {
+                return slot.validation(hello.server_name()?);
+            }
+            if self.acme_serves {
+                return slot.get();
+            }
+        }
         for scheme in hello.signature_schemes() {
             let found = self
                 .keys

@@ -1,0 +1,422 @@
+//! The ACME state machine of one certificate: account (created once per issuer, then
+//! restored from the state directory), order, HTTP-01 authorizations, finalization with a
+//! CSR for a key generated here, download; then sleep until two thirds of the lifetime and
+//! renew. Failures are logged and retried with a doubling back-off.
+
+use super::{store, Acme, Cert, Challenge, Issuer, KeyAlg};
+use crate::errlog;
+use instant_acme::{
+    Account, AuthorizationStatus, BodyWrapper, CertificateIdentifier, ChallengeType,
+    ExternalAccountKey, Identifier, Key, NewAccount, NewOrder, OrderStatus, RetryPolicy,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// The first retry after a failure; doubled after each one, up to `MAX_BACKOFF`.
+const FIRST_BACKOFF: Duration = Duration::from_secs(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(3600);
+/// The longest one order may take, all its requests and polls together (a CA that
+/// accepts connections and never answers must not stop the renewals for good).
+const ORDER_TIMEOUT: Duration = Duration::from_secs(600);
+/// Bounds on the Retry-After of the CA's renewal information (RFC 9773 4.3.3 suggests a
+/// client clamp it).
+const ARI_MIN_RECHECK: Duration = Duration::from_secs(60);
+const ARI_MAX_RECHECK: Duration = Duration::from_secs(6 * 3600);
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// An issuer's account, made on first use and shared by its certificates.
+pub struct AccountCell {
+    issuer: Arc<Issuer>,
+    account: tokio::sync::Mutex<Option<Account>>,
+}
+
+impl AccountCell {
+    pub fn new(issuer: Arc<Issuer>) -> AccountCell {
+        AccountCell {
+            issuer,
+            account: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    async fn get(&self) -> Result<Account, Error> {
+        let mut g = self.account.lock().await;
+        if let Some(a) = g.as_ref() {
+            return Ok(a.clone());
+        }
+        let a = login(&self.issuer).await?;
+        *g = Some(a.clone());
+        Ok(a)
+    }
+}
+
+/// The HTTP client to the ACME server: rustls on aws-lc-rs, trusting
+/// `ssl_trusted_certificate`'s CAs, or the system's.
+fn http(issuer: &Issuer) -> Result<Box<dyn instant_acme::HttpClient>, Error> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let builder = hyper_rustls::HttpsConnectorBuilder::new();
+    let builder = match &issuer.trusted {
+        Some(f) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for ca in crate::tls::certs::load_chain(f, "trusted certificate")? {
+                roots.add(ca)?;
+            }
+            let config = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            builder.with_tls_config(config)
+        }
+        None => builder.with_provider_and_native_roots(provider)?,
+    };
+    let connector = builder.https_only().enable_http1().build();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build::<_, BodyWrapper<bytes::Bytes>>(connector);
+    Ok(Box::new(client))
+}
+
+/// The issuer's account: restored from `account.key` and `account.url`, or found or made
+/// with the key (`account_key FILE`, or the stored one), or made with a new key, kept.
+async fn login(issuer: &Issuer) -> Result<Account, Error> {
+    let dir = issuer.state_path.as_deref();
+    let key_pem = match (&issuer.account_key, dir) {
+        (Some(f), _) => Some(std::fs::read(f).map_err(|e| format!("{}: {e}", f.display()))?),
+        (None, Some(d)) => store::read(d, store::ACCOUNT_KEY)?,
+        (None, None) => None,
+    };
+    let url = match dir {
+        Some(d) if issuer.account_key.is_none() => store::read(d, store::ACCOUNT_URL)?
+            .and_then(|u| String::from_utf8(u).ok())
+            .map(|u| u.trim().to_string())
+            .filter(|u| !u.is_empty()),
+        _ => None,
+    };
+    let uri = issuer.uri.clone();
+    if let Some(pem) = key_pem {
+        let der = PrivatePkcs8KeyDer::from_pem_slice(&pem)
+            .map_err(|e| format!("account key is not a PKCS#8 PEM key: {e}"))?;
+        if let Some(id) = url {
+            let a = Account::builder_with_http(http(issuer)?)
+                .from_parts(id, der, uri)
+                .await?;
+            return Ok(a);
+        }
+        let key = Key::from_pkcs8_der(der.clone_key())?;
+        let (a, _) = Account::builder_with_http(http(issuer)?)
+            .create_from_key((key, PrivateKeyDer::Pkcs8(der)), uri)
+            .await?;
+        if let Some(d) = dir.filter(|_| issuer.account_key.is_none()) {
+            store::write(d, store::ACCOUNT_URL, a.id().as_bytes())?;
+        }
+        return Ok(a);
+    }
+    let contacts: Vec<&str> = issuer.contacts.iter().map(String::as_str).collect();
+    let eab = issuer
+        .eab
+        .as_ref()
+        .map(|(kid, key)| ExternalAccountKey::new(kid.clone(), key));
+    let (a, creds) = Account::builder_with_http(http(issuer)?)
+        .create(
+            &NewAccount {
+                contact: &contacts,
+                terms_of_service_agreed: issuer.accept_tos,
+                only_return_existing: false,
+            },
+            uri,
+            eab.as_ref(),
+        )
+        .await?;
+    if let Some(d) = dir {
+        let pem = rcgen::KeyPair::try_from(creds.private_key().secret_pkcs8_der())?.serialize_pem();
+        store::write(d, store::ACCOUNT_KEY, pem.as_bytes())?;
+        store::write(d, store::ACCOUNT_URL, a.id().as_bytes())?;
+    }
+    errlog::notice(format_args!(
+        "acme: account {} created with issuer \"{}\"",
+        a.id(),
+        issuer.name
+    ));
+    Ok(a)
+}
+
+/// Obtain the certificate when there is none, renew it in the window the CA suggests
+/// (ARI, RFC 9773) or else at two thirds of its lifetime; forever (the task ends with the
+/// worker thread).
+pub async fn run(acme: Arc<Acme>, cert: Arc<Cert>, account: Arc<AccountCell>) {
+    // A worker process restarted by the master has the slots of the config as loaded: a
+    // certificate obtained since then is on disk, not in them.
+    if cert.slot.get().is_none() {
+        if let Ok(Some(c)) = store::load_cert(&cert) {
+            cert.slot.set(c);
+        }
+    }
+    let mut backoff = FIRST_BACKOFF;
+    // The certificate the next order replaces (told to a CA that has ARI); none on the
+    // retries after a failed order, in case the failure was the replacement itself.
+    let mut replaces = None;
+    loop {
+        if backoff == FIRST_BACKOFF {
+            replaces = wait_for_renewal(&cert, &account).await;
+        }
+        let names = cert.identifiers.join(" ");
+        let attempt = tokio::time::timeout(
+            ORDER_TIMEOUT,
+            order(&acme, &cert, &account, replaces.take()),
+        );
+        let result = match attempt.await {
+            Ok(r) => r,
+            Err(_) => Err(format!("no answer within {}s", ORDER_TIMEOUT.as_secs()).into()),
+        };
+        match result {
+            Ok(()) => {
+                backoff = FIRST_BACKOFF;
+                errlog::notice(format_args!(
+                    "acme: certificate for \"{names}\" issued by \"{}\"",
+                    cert.issuer.name
+                ));
+            }
+            Err(e) => {
+                let what = match e.downcast_ref::<instant_acme::Error>() {
+                    Some(instant_acme::Error::Api(p))
+                        if p.r#type.as_deref()
+                            == Some("urn:ietf:params:acme:error:rateLimited") =>
+                    {
+                        "rate limited by the ACME server"
+                    }
+                    _ => "failed",
+                };
+                errlog::error(format_args!(
+                    "acme: certificate for \"{names}\" from \"{}\" {what}: {e}; retrying in {}s",
+                    cert.issuer.name,
+                    backoff.as_secs()
+                ));
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+/// Sleep until the certificate is due for renewal (at once when there is none). With ARI
+/// the CA's suggested window decides, a random time in it, asked again after its
+/// Retry-After; without (or when the CA cannot be asked), two thirds of the lifetime.
+/// Returns the certificate to name as replaced when the CA has ARI.
+async fn wait_for_renewal(cert: &Cert, account: &AccountCell) -> Option<CertificateDer<'static>> {
+    loop {
+        let fallback = cert.slot.renew_at()?;
+        let leaf = cert.slot.get()?.cert.first()?.clone();
+        let (due, recheck, ari) = match renewal_info(&leaf, account).await {
+            Ok((start, end, retry)) => {
+                let span = end.duration_since(start).unwrap_or_default();
+                let pick = Duration::from_secs(fastrand::u64(0..=span.as_secs()));
+                (
+                    start + pick,
+                    retry.clamp(ARI_MIN_RECHECK, ARI_MAX_RECHECK),
+                    true,
+                )
+            }
+            Err(e) => {
+                if !matches!(
+                    e.downcast_ref::<instant_acme::Error>(),
+                    Some(instant_acme::Error::Unsupported(_))
+                ) {
+                    errlog::warn(format_args!(
+                        "acme: renewal information for \"{}\" unavailable: {e}",
+                        cert.identifiers.join(" ")
+                    ));
+                }
+                (fallback, ARI_MAX_RECHECK, false)
+            }
+        };
+        let Ok(wait) = due.duration_since(SystemTime::now()) else {
+            return ari.then_some(leaf);
+        };
+        if wait <= recheck {
+            tokio::time::sleep(wait).await;
+            return ari.then_some(leaf);
+        }
+        tokio::time::sleep(recheck).await;
+    }
+}
+
+/// The CA's suggested renewal window for a certificate and when to ask again.
+async fn renewal_info(
+    leaf: &CertificateDer<'_>,
+    account: &AccountCell,
+) -> Result<(SystemTime, SystemTime, Duration), Error> {
+    let account = account.get().await?;
+    let id = CertificateIdentifier::try_from(leaf)?;
+    let (info, retry) = account.renewal_info(&id).await?;
+    let w = info.suggested_window;
+    Ok((SystemTime::from(w.start), SystemTime::from(w.end), retry))
+}
+
+/// One order, from `newOrder` to the certificate in its slot and on disk.
+async fn order(
+    acme: &Acme,
+    cert: &Cert,
+    account: &AccountCell,
+    replaces: Option<CertificateDer<'static>>,
+) -> Result<(), Error> {
+    let account = account.get().await?;
+    let ids: Vec<Identifier> = cert
+        .identifiers
+        .iter()
+        .map(|i| match i.parse::<std::net::IpAddr>() {
+            Ok(ip) => Identifier::Ip(ip),
+            Err(_) => Identifier::Dns(i.clone()),
+        })
+        .collect();
+    let replaced = match &replaces {
+        Some(leaf) => Some(CertificateIdentifier::try_from(leaf)?),
+        None => None,
+    };
+    let mut new = NewOrder::new(&ids);
+    if let Some(r) = replaced {
+        new = new.replaces(r);
+    }
+    if let Some((name, require)) = &cert.issuer.profile {
+        // nginx-acme: a profile the CA does not list is asked for only with `require`,
+        // which then fails the order.
+        if account.profiles().any(|p| p.name == name) {
+            new = new.profile(name);
+        } else if *require {
+            return Err(format!("the ACME server has no profile \"{name}\"").into());
+        }
+    }
+    let mut order = account.new_order(&new).await?;
+    let mut tokens = Tokens {
+        acme,
+        http: Vec::new(),
+        tls: Vec::new(),
+    };
+    async {
+        let mut authzs = order.authorizations();
+        while let Some(a) = authzs.next().await {
+            let mut a = a?;
+            if a.status != AuthorizationStatus::Pending {
+                continue;
+            }
+            let (kind, what) = match cert.issuer.challenge {
+                Challenge::Http01 => (ChallengeType::Http01, "http-01"),
+                Challenge::TlsAlpn01 => (ChallengeType::TlsAlpn01, "tls-alpn-01"),
+            };
+            let name = match a.identifier().identifier {
+                Identifier::Dns(n) => n.clone(),
+                other => format!("{other:?}"),
+            };
+            let mut ch = a
+                .challenge(kind.clone())
+                .ok_or_else(|| format!("the ACME server offers no {what} challenge for {name}"))?;
+            let key_auth = ch.key_authorization();
+            match cert.issuer.challenge {
+                Challenge::TlsAlpn01 => {
+                    acme.add_validation_cert(&name, validation_cert(&name, &key_auth)?);
+                    tokens.tls.push(name);
+                }
+                Challenge::Http01 => {
+                    acme.add_challenge(&ch.token, key_auth.as_str());
+                    tokens.http.push(ch.token.clone());
+                }
+            }
+            ch.set_ready().await?;
+        }
+        let retries = RetryPolicy::default().timeout(Duration::from_secs(120));
+        let status = order.poll_ready(&retries).await?;
+        if status != OrderStatus::Ready {
+            return Err(why_not_ready(&mut order, status).await.into());
+        }
+        Ok::<_, Error>(())
+    }
+    .await?;
+    drop(tokens);
+    let key = generate(cert.key)?;
+    let mut params = rcgen::CertificateParams::new(cert.identifiers.clone())?;
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    if cert.issuer.common_name_in_csr {
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cert.first_name());
+    }
+    let csr = params.serialize_request(&key)?;
+    order.finalize_csr(csr.der()).await?;
+    let retries = RetryPolicy::default().timeout(Duration::from_secs(120));
+    let chain = order.poll_certificate(&retries).await?;
+    let key_pem = key.serialize_pem();
+    let current = store::certified(chain.as_bytes(), key_pem.as_bytes())?;
+    if let Err(e) = store::save_cert(cert, chain.as_bytes(), key_pem.as_bytes()) {
+        // Served anyway; only a restart will have to order again.
+        errlog::error(format_args!("acme: cannot store the certificate: {e}"));
+    }
+    cert.slot.set(current);
+    Ok(())
+}
+
+/// The HTTP-01 tokens of an order, answered until it is over (or given up, the timeout
+/// dropping it).
+struct Tokens<'a> {
+    acme: &'a Acme,
+    http: Vec<String>,
+    /// TLS-ALPN-01: the names whose validation certificates are served.
+    tls: Vec<String>,
+}
+
+impl Drop for Tokens<'_> {
+    fn drop(&mut self) {
+        for t in &self.http {
+            self.acme.remove_challenge(t);
+        }
+        for n in &self.tls {
+            self.acme.remove_validation_cert(n);
+        }
+    }
+}
+
+/// RFC 8737's validation certificate for `name`: self-signed, naming only it, with the
+/// critical acmeIdentifier extension holding the SHA-256 of the key authorization.
+fn validation_cert(
+    name: &str,
+    key_auth: &instant_acme::KeyAuthorization,
+) -> Result<Arc<rustls::sign::CertifiedKey>, Error> {
+    let digest = key_auth.digest();
+    if digest.as_ref().len() != 32 {
+        return Err("key authorization digest is not SHA-256".into());
+    }
+    let key = rcgen::KeyPair::generate()?;
+    let mut params = rcgen::CertificateParams::new(vec![name.to_string()])?;
+    params.custom_extensions = vec![rcgen::CustomExtension::new_acme_identifier(digest.as_ref())];
+    let cert = params.self_signed(&key)?;
+    let current = store::certified(cert.pem().as_bytes(), key.serialize_pem().as_bytes())?;
+    Ok(current.key)
+}
+
+/// What the CA said about a failed validation (e.g. that it could not fetch the HTTP-01
+/// answer), for the log.
+async fn why_not_ready(order: &mut instant_acme::Order, status: OrderStatus) -> String {
+    let mut why = format!("order is {status:?}");
+    let mut authzs = order.authorizations();
+    while let Some(Ok(a)) = authzs.next().await {
+        for p in a.challenges.iter().filter_map(|c| c.error.as_ref()) {
+            why.push_str(&format!("; {}: {p}", a.identifier()));
+        }
+    }
+    why
+}
+
+fn generate(alg: KeyAlg) -> Result<rcgen::KeyPair, rcgen::Error> {
+    match alg {
+        KeyAlg::Ecdsa(384) => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384),
+        KeyAlg::Ecdsa(521) => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P521_SHA512),
+        KeyAlg::Ecdsa(_) => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256),
+        KeyAlg::Rsa(bits) => {
+            let size = match bits {
+                4096 => rcgen::RsaKeySize::_4096,
+                3072 => rcgen::RsaKeySize::_3072,
+                _ => rcgen::RsaKeySize::_2048,
+            };
+            rcgen::KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, size)
+        }
+    }
+}
