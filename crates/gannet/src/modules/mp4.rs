@@ -162,18 +162,9 @@ pub fn handle(req: &Request, w: &Worker) -> Flow {
     let mut r = static_files::file_response(req, &f);
     // `start` and `end` as nginx reads them: a bad value counts as absent; an `end` alone
     // starts at 0; an `end` at or before `start` cuts nothing off the end.
-    let mut start: Option<u64> = req
-        .args
-        .as_ref()
-        .and_then(|_| req.arg("start"))
-        .and_then(millis);
+    let mut start = req.arg("start").and_then(millis);
     let mut length = 0;
-    if let Some(end) = req
-        .args
-        .as_ref()
-        .and_then(|_| req.arg("end"))
-        .and_then(millis)
-    {
+    if let Some(end) = req.arg("end").and_then(millis) {
         if end > 0 {
             let s = *start.get_or_insert(0);
             if end > s {
@@ -181,7 +172,7 @@ pub fn handle(req: &Request, w: &Worker) -> Flow {
             }
         }
     }
-    let Some(start) = start.take() else {
+    let Some(start) = start else {
         return Flow::Done(r);
     };
     r.single_range = true;
