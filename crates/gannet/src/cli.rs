@@ -31,7 +31,7 @@ pub const NGINX_VERSION: &str = "1.22.1";
 /// `-V`'s `configure arguments:`: nginx's names for the modules gannet implements, and a
 /// `--without-...` for each module nginx builds by default that gannet lacks, so a script
 /// that reads them (nginx-tests' `has()`) selects what gannet can do. Modules nginx builds
-/// only on request and gannet lacks (mail, mp4...) are simply not named:
+/// only on request and gannet lacks (mail, http_v3...) are simply not named:
 /// naming them at all would match nginx-tests' plain-substring checks.
 const CONFIGURE_ARGS: &[&str] = &[
     "--with-http_ssl_module",
@@ -46,6 +46,7 @@ const CONFIGURE_ARGS: &[&str] = &[
     "--with-http_addition_module",
     "--with-http_flv_module",
     "--with-http_gunzip_module",
+    "--with-http_mp4_module",
     "--with-http_random_index_module",
     "--with-http_slice_module",
     "--with-stream",

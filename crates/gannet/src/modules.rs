@@ -37,6 +37,7 @@ pub mod map;
 pub mod memcached;
 pub mod metrics;
 pub mod mirror;
+pub mod mp4;
 pub mod otel;
 pub mod proxy;
 pub mod proxy_cookie;
@@ -338,6 +339,10 @@ pub const MODULES: &[Module] = &[
         set: flv::set,
     },
     Module {
+        directives: mp4::DIRECTIVES,
+        set: mp4::set,
+    },
+    Module {
         directives: otel::DIRECTIVES,
         set: otel::set,
     },
@@ -457,6 +462,8 @@ pub struct LocConf {
     /// `flv`: this location's content handler (not inherited, as nginx's handlers).
     pub flv: bool,
     pub slice: slice::SliceConf,
+    /// `mp4` (the handler: this level only) and its buffer sizes and key-frame flag.
+    pub mp4: mp4::Mp4Conf,
     /// `metrics` (this level only, as `stub_status`).
     pub metrics: bool,
     /// `status_zone`: the metrics key requests here count in (inherited).
@@ -499,6 +506,7 @@ impl LocConf {
         self.gunzip.merge(&parent.gunzip);
         self.addition.merge(&parent.addition);
         self.slice.merge(&parent.slice);
+        self.mp4.merge(&parent.mp4);
         self.sub_filter.merge(&parent.sub_filter);
         self.ssi.merge(&parent.ssi);
         self.scgi.merge(&parent.scgi);

@@ -438,6 +438,12 @@ fn content(req: &mut Request, w: &Worker) -> Flow {
             other => return other,
         }
     }
+    if req.conf.mp4.on {
+        match crate::modules::mp4::handle(req, w) {
+            Flow::Next => {}
+            other => return other,
+        }
+    }
     if req.conf.metrics {
         return crate::modules::metrics::handle(req);
     }
