@@ -26,6 +26,7 @@ RATE, BURST = 10, 5
 # The zone as one nginx has it; the nodes add `redis=shared` (and a second zone) to it.
 ZONE = f"limit_req_zone $server_name zone=one:1m rate={RATE}r/s"
 LOCATIONS = f"""
+        http2 on;
         location /open/ {{ limit_req zone=one burst={BURST} nodelay; }}
         location /closed/ {{ limit_req zone=shut burst={BURST} nodelay; }}
         location /slow/ {{ limit_req zone=one burst={BURST}; }}
@@ -188,6 +189,33 @@ def test_shared_excess_delays_across_nodes(nodes):
     # would each see their first request and not wait at all.
     assert took >= 0.18, took
     assert any(re.search(r'\[warn\] .*delaying request, excess: \d\.\d{3}, by zone "one"', n.error_log()) for n in nodes)
+
+
+def test_http2_requests_count_in_the_same_zone(nodes):
+    """HTTP/2 requests (curl, h2c with prior knowledge) go through the same shared check."""
+    t0 = time.monotonic()
+    n = 12
+    # One curl a request: curl 7.88 fails the requests after the first on a reused
+    # prior-knowledge connection (gannet without limits too).
+    lines = []
+    for _ in range(n):
+        r = subprocess.run(
+            ["curl", "-s", "--http2-prior-knowledge", "-H", "Host: cluster", "-o", "/dev/null", "-w", "%{http_version} %{http_code}",
+             f"http://127.0.0.1:{nodes[0].port}/open/"],
+            capture_output=True, text=True, timeout=30,
+        )
+        lines += r.stdout.split()
+    assert lines[0::2] == ["2"] * n, lines
+    h2_accepted = lines[1::2].count("200")
+    client = RoundRobin([nodes[1].port, nodes[2].port])
+    try:
+        accepted, _, _ = client.burst("/open/", 12)
+    finally:
+        client.close()
+    took = time.monotonic() - t0
+    # One bucket for both protocols and all nodes (unshared: 6 on each of three nodes).
+    assert h2_accepted > 0
+    assert h2_accepted + accepted <= bucket_bounds(took)[1], (h2_accepted, accepted, took)
 
 
 def errors(node) -> str:
