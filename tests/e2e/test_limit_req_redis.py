@@ -262,6 +262,7 @@ def test_redis_down_fails_open_or_closed_then_shares_again(redis, nodes):
     [
         ("limit_req_zone $uri zone=a:1m rate=1r/s redis=nope;", 'unknown redis_server "nope"'),
         ("limit_req_zone $uri zone=a:1m rate=1r/s fail_open;", '"fail_open" and "fail_closed" need "redis="'),
+        ("limit_req_zone $uri zone=a:1m rate=1r/s sync=x;", 'invalid number of arguments in "limit_req_zone" directive'),
         ("redis_server r { db 1; }", 'no "server" in redis_server "r"'),
         ("redis_server r { server 127.0.0.1:x; }", 'invalid value "127.0.0.1:x" in "server"'),
         ("redis_server r { server 127.0.0.1; timeout 0; }", 'invalid value "0" in "timeout"'),

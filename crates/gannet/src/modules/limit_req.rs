@@ -198,6 +198,18 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
 
 /// `limit_req_zone key zone=name:size rate=N r/s`.
 fn zone(d: &Directive, ctx: &mut LoadCtx) -> Result<(), ConfError> {
+    if d.args.len() != 3 && !d.args.iter().any(|a| a.starts_with("redis=")) {
+        // nginx's own zones take exactly three arguments (checked before their values).
+        let extra = d
+            .args
+            .iter()
+            .any(|a| a == "fail_open" || a == "fail_closed");
+        return Err(d.error(if extra {
+            "\"fail_open\" and \"fail_closed\" need \"redis=\""
+        } else {
+            "invalid number of arguments in \"limit_req_zone\" directive"
+        }));
+    }
     let key = Template::compile(&d.args[0]).map_err(|e| d.error(e))?;
     let mut named = None;
     let mut rate = None;
@@ -231,13 +243,6 @@ fn zone(d: &Directive, ctx: &mut LoadCtx) -> Result<(), ConfError> {
     let Some((name, capacity)) = named else {
         return Err(d.error("\"limit_req_zone\" must have \"zone\" parameter"));
     };
-    if redis.is_none() && d.args.len() != 3 {
-        // nginx's own zones take exactly three arguments.
-        return Err(d.error(match fail_open {
-            Some(_) => "\"fail_open\" and \"fail_closed\" need \"redis=\"".to_string(),
-            None => "invalid number of arguments in \"limit_req_zone\" directive".to_string(),
-        }));
-    }
     let shared = redis.map(|server| shared::Shared::new(server, &name, fail_open.unwrap_or(true)));
     let zone = ReqZone {
         name: name.clone(),
