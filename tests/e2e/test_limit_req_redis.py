@@ -52,13 +52,14 @@ def conf(zones: str, locations: str) -> str:
 class Redis:
     """A redis-server of the test's own, on loopback, keeping nothing on disk."""
 
-    def __init__(self, port: int, tmp: Path):
-        self.port, self.tmp = port, tmp
+    def __init__(self, port: int, tmp: Path, password: str | None = None):
+        self.port, self.tmp, self.password = port, tmp, password
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
+        auth = ["--requirepass", self.password] if self.password else []
         self.proc = subprocess.Popen(
-            [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(self.tmp)],
+            [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(self.tmp), *auth],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -255,6 +256,46 @@ def test_redis_down_fails_open_or_closed_then_shares_again(redis, nodes):
         assert any('limit_req zone "one" is shared again: redis_server "shared"' in errors(n) for n in nodes)
     finally:
         client.close()
+
+
+def test_password_and_db(tmp_path, gannet):
+    """`password` authenticates and `db` selects where the keys go; a wrong password is
+    Redis not answering (the fail mode, logged once)."""
+    r = Redis(free_port(), tmp_path, password="s3cret")
+    r.start()
+    try:
+        def node(password: str) -> str:
+            zones = f"""
+    redis_server shared {{ server 127.0.0.1:{r.port}; password {password}; db 5; }}
+    {ZONE} redis=shared;
+    limit_req_zone $server_name zone=shut:1m rate={RATE}r/s redis=shared fail_closed;
+"""
+            return conf(zones, LOCATIONS)
+
+        srv = gannet.start(conf=node("s3cret"), files=FILES)
+        client = RoundRobin([srv.port])
+        try:
+            assert client.burst("/open/", 20)[1] > 0
+        finally:
+            client.close()
+        cli = subprocess.run(["redis-cli", "-p", str(r.port), "-a", "s3cret", "--no-auth-warning", "-n", "5", "hget", "gannet:limit_req:one:cluster", "e"],
+                             capture_output=True, text=True, timeout=10)
+        assert cli.stdout.strip().isdigit(), cli
+        srv.stop()
+
+        wrong = Gannet(tmp_path / "wrong")
+        wrong.tmp.mkdir()
+        srv = wrong.start(conf=node("nope"), files=FILES)
+        client = RoundRobin([srv.port])
+        try:
+            assert client.burst("/open/", 20)[:2] == (20, 0)
+        finally:
+            client.close()
+            wrong.close()
+        log = srv.error_log()
+        assert len(re.findall(r'limit_req zone "one" fails open: redis_server "shared" .*[Aa]uthentication failed', log)) == 1, log
+    finally:
+        r.stop()
 
 
 @pytest.mark.parametrize(
