@@ -44,6 +44,7 @@ pub mod proxy_cookie;
 pub mod proxy_ssl;
 pub mod random_index;
 pub mod realip;
+pub mod redis;
 pub mod referer;
 pub mod rewrite;
 pub mod scgi;
@@ -84,6 +85,8 @@ pub struct LoadCtx {
     pub probes: Vec<crate::config::Probe>,
     /// `limit_req_zone` and `limit_conn_zone` by name (all of http's, read before the rest).
     pub zones: limit_zone::Zones,
+    /// `redis_server` blocks by name (all of http's, read before the zones).
+    pub redis: HashMap<String, Arc<redis::Server>>,
     /// `*_cache_path` zones by name (all of http's, read before the rest).
     pub caches: crate::cache::path::Zones,
     /// Every `*_temp_path` folder, for the master to make (`config::temp_dirs`).
@@ -118,6 +121,7 @@ impl LoadCtx {
             acme: Default::default(),
             acme_zone: false,
             zones: Default::default(),
+            redis: HashMap::new(),
             notices: Vec::new(),
             warnings: Vec::new(),
             temp_dirs: Vec::new(),
@@ -197,6 +201,10 @@ pub const MODULES: &[Module] = &[
     Module {
         directives: limit_req::DIRECTIVES,
         set: limit_req::set,
+    },
+    Module {
+        directives: redis::DIRECTIVES,
+        set: redis::set,
     },
     Module {
         directives: limit_conn::DIRECTIVES,

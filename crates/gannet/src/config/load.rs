@@ -333,9 +333,19 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
     let is_zone = |d: &&Directive| {
         modules::limit_zone::is_zone(&d.name) || modules::gateway_cache::is_path(&d.name)
     };
-    let rest =
-        |d: &&Directive| !matches!(d.name.as_str(), "server" | "upstream" | "match") && !is_zone(d);
-    for d in body.iter().filter(is_zone).chain(body.iter().filter(rest)) {
+    let rest = |d: &&Directive| {
+        !matches!(
+            d.name.as_str(),
+            "server" | "upstream" | "match" | "redis_server"
+        ) && !is_zone(d)
+    };
+    // `redis_server` blocks before the zones that name them.
+    let is_redis = |d: &&Directive| d.name == "redis_server";
+    let first = body.iter().filter(is_redis);
+    for d in first
+        .chain(body.iter().filter(is_zone))
+        .chain(body.iter().filter(rest))
+    {
         level_directive(cfg, d, &mut conf, &mut lctx, Ctx::HTTP)?;
     }
     if http_resolver.0.is_some() {

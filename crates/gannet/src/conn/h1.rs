@@ -718,7 +718,9 @@ impl<S: Transport> Conn<S> {
                 Handled::Respond(resp) => return self.respond(&req, resp, keep).await,
                 Handled::Put => handled = handler::put_body_read(&mut req, &w),
                 Handled::Close => return false,
-                waiting @ (Handled::Delay(_) | Handled::AuthRequest(_)) => {
+                waiting @ (Handled::Delay(_)
+                | Handled::AuthRequest(_)
+                | Handled::LimitReqShared(_)) => {
                     handled = handler::settle(&mut req, &w, waiting).await
                 }
                 Handled::Gateway => {

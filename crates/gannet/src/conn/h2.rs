@@ -449,7 +449,8 @@ async fn answer(
                 respond.send_reset(h2::Reason::CANCEL);
                 return timeout;
             }
-            waiting @ (Handled::Delay(_) | Handled::AuthRequest(_)) => {
+            waiting
+            @ (Handled::Delay(_) | Handled::AuthRequest(_) | Handled::LimitReqShared(_)) => {
                 handled = handler::settle(&mut req, w, waiting).await
             }
             Handled::Gateway if super::grpc::is_grpc(&req) => {

@@ -33,8 +33,8 @@ use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{
     access, addition, autoindex, charset, dav, gateway, gunzip, headers, index, limit_conn,
-    limit_zone, otel, random_index, realip, slice, ssi, static_files, stub_status, sub_filter,
-    try_files, userid,
+    limit_req, limit_zone, otel, random_index, realip, slice, ssi, static_files, stub_status,
+    sub_filter, try_files, userid,
 };
 use crate::runtime::worker::Worker;
 use gannet_proto::cgi::HeaderValue;
@@ -71,6 +71,9 @@ pub enum Flow {
     Delay(Duration),
     /// A delay is over: go on from the pre-access phase in the same location.
     Delayed,
+    /// Ask Redis about the location's shared `limit_req` zones, then go on with what
+    /// [`limit_req::shared::answered`] makes of the answer.
+    LimitReqShared(Box<limit_req::shared::Pending>),
     /// Run `auth_request`'s subrequest, then go on with [`Flow::AuthAnswered`].
     AuthRequest(Box<Subrequest>),
     /// The subrequest answered: finish the access phase with it, then the content phase.
@@ -93,6 +96,8 @@ pub enum Handled {
     /// [`settle`] must run this `auth_request` subrequest, then call [`resume`] with
     /// [`Flow::AuthAnswered`].
     AuthRequest(Box<Subrequest>),
+    /// [`settle`] must ask Redis, then call [`resume`] with the outcome.
+    LimitReqShared(Box<limit_req::shared::Pending>),
 }
 
 /// The most internal redirects and location searches one request may make.
@@ -142,6 +147,7 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
                 None => after_limit_req(req, w),
             },
             Flow::AuthRequest(sub) => return Handled::AuthRequest(sub),
+            Flow::LimitReqShared(p) => return Handled::LimitReqShared(p),
             Flow::AuthAnswered(sub) => match access::auth_answered(req, &sub) {
                 Some(refused) => auth_delay(req, refused),
                 None => content(req, w),
@@ -217,6 +223,11 @@ pub async fn settle(req: &mut Request, w: &Worker, mut handled: Handled) -> Hand
                 // Boxed: the subrequest goes through the phases (and so `settle`) itself.
                 Box::pin(crate::conn::subrequest::auth(w, req, &mut sub)).await;
                 resume(req, w, Flow::AuthAnswered(sub))
+            }
+            Handled::LimitReqShared(pending) => {
+                let asked = limit_req::shared::ask(pending).await;
+                let flow = limit_req::shared::answered(req, asked);
+                resume(req, w, flow)
             }
             done => return done,
         };

@@ -13,6 +13,9 @@
 //! A location's limits apply once per request: an internal redirect to a location with
 //! limits of its own is not limited again (nginx's `limit_req_set`). The lists are
 //! inherited by a level that has none of its own.
+//!
+//! A zone with `redis=name` (gannet's, not nginx's) keeps its keys in that `redis_server`
+//! instead, so that many gannet nodes share one limit: see [`shared`].
 
 use super::limit_zone;
 use super::{LoadCtx, LocConf};
@@ -28,8 +31,11 @@ use std::time::{Duration, Instant};
 
 use super::gateway::spec;
 
+pub mod shared;
+
 pub const DIRECTIVES: &[Spec] = &[
-    spec("limit_req_zone", Ctx::HTTP, Args::Exactly(3)),
+    // Three as nginx's; `redis=name` and `fail_open | fail_closed` may follow.
+    spec("limit_req_zone", Ctx::HTTP, Args::Between(3, 5)),
     spec("limit_req", Ctx::HSL, Args::Between(1, 3)),
     spec("limit_req_dry_run", Ctx::HSL, Args::Exactly(1)),
     spec("limit_req_log_level", Ctx::HSL, Args::Exactly(1)),
@@ -58,6 +64,8 @@ pub struct ReqZone {
     table: Mutex<Table>,
     /// Its `metrics` key (0: not counted).
     pub metrics: crate::runtime::metrics::Key,
+    /// Kept in Redis (`redis=name`) rather than in `table`.
+    shared: Option<shared::Shared>,
 }
 
 #[derive(Debug, Default)]
@@ -190,11 +198,31 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
 
 /// `limit_req_zone key zone=name:size rate=N r/s`.
 fn zone(d: &Directive, ctx: &mut LoadCtx) -> Result<(), ConfError> {
+    if d.args.len() != 3 && !d.args.iter().any(|a| a.starts_with("redis=")) {
+        // nginx's own zones take exactly three arguments (checked before their values).
+        let extra = d
+            .args
+            .iter()
+            .any(|a| a == "fail_open" || a == "fail_closed");
+        return Err(d.error(if extra {
+            "\"fail_open\" and \"fail_closed\" need \"redis=\""
+        } else {
+            "invalid number of arguments in \"limit_req_zone\" directive"
+        }));
+    }
     let key = Template::compile(&d.args[0]).map_err(|e| d.error(e))?;
     let mut named = None;
     let mut rate = None;
+    let mut redis = None;
+    let mut fail_open = None;
     for a in &d.args[1..] {
-        if a.starts_with("zone=") {
+        if let Some(name) = a.strip_prefix("redis=") {
+            let server = ctx.redis.get(name).cloned();
+            redis =
+                Some(server.ok_or_else(|| d.error(format!("unknown redis_server \"{name}\"")))?);
+        } else if a == "fail_open" || a == "fail_closed" {
+            fail_open = Some(a == "fail_open");
+        } else if a.starts_with("zone=") {
             named = Some(limit_zone::parse_zone(d, a, 16_000, ctx)?);
         } else if let Some(r) = a.strip_prefix("rate=") {
             let (n, per) = if let Some(n) = r.strip_suffix("r/s") {
@@ -215,6 +243,7 @@ fn zone(d: &Directive, ctx: &mut LoadCtx) -> Result<(), ConfError> {
     let Some((name, capacity)) = named else {
         return Err(d.error("\"limit_req_zone\" must have \"zone\" parameter"));
     };
+    let shared = redis.map(|server| shared::Shared::new(server, &name, fail_open.unwrap_or(true)));
     let zone = ReqZone {
         name: name.clone(),
         key,
@@ -225,6 +254,7 @@ fn zone(d: &Directive, ctx: &mut LoadCtx) -> Result<(), ConfError> {
         born: Instant::now(),
         table: Mutex::default(),
         metrics: super::metrics::register(ctx, crate::runtime::metrics::Kind::LimitReq, &name),
+        shared,
     };
     ctx.zones.req.insert(name, Arc::new(zone));
     Ok(())
@@ -279,6 +309,17 @@ impl std::fmt::Display for Excess {
     }
 }
 
+/// Why a limit refuses a request.
+enum Refusal {
+    /// Over its burst by this excess.
+    Excess(u64),
+    /// No room for the key in the zone.
+    Full,
+    /// Its Redis server does not answer and the zone fails closed (logged once by
+    /// [`shared`], not per request).
+    Unreachable,
+}
+
 /// The pre-access check: `None` to go on (now), else the refusal or how long to wait.
 pub fn check(req: &mut Request) -> Option<Flow> {
     if req.limit_req_status.is_some() {
@@ -291,66 +332,97 @@ pub fn check(req: &mut Request) -> Option<Flow> {
     };
     let limits = conf.limit_req.list.as_deref()?;
     let policy = &conf.limit_req.policy;
-    let dry = if policy.dry_run() { ", dry run" } else { "" };
-    // First whether every limit lets the request through, without counting it.
+    // First whether every limit lets the request through, without counting it (a zone in
+    // Redis is asked later, in one round trip that checks and counts at once).
     let mut keyed = Vec::with_capacity(limits.len());
+    let mut in_redis = Vec::new();
     for l in limits {
         let Some(key) = limit_zone::key(req, &l.zone.key, &l.zone.key_src, MAX_KEY) else {
             continue;
         };
+        if l.zone.shared.is_some() {
+            in_redis.push((l, key));
+            continue;
+        }
         let refused = match l.zone.excess(key.as_bytes(), false) {
-            Ok(e) if e > l.burst => {
-                errlog::request(
-                    policy.log_level(),
-                    req,
-                    format_args!(
-                        "limiting requests{dry}, excess: {} by zone \"{}\"",
-                        Excess(e),
-                        l.zone.name
-                    ),
-                );
-                true
-            }
-            Ok(_) => false,
-            Err(Full) => {
-                errlog::request(
-                    Level::Alert,
-                    req,
-                    format_args!(
-                        "could not allocate node in limit_req zone \"{}\"",
-                        l.zone.name
-                    ),
-                );
-                true
-            }
+            Ok(e) if e > l.burst => Some(Refusal::Excess(e)),
+            Ok(_) => None,
+            Err(Full) => Some(Refusal::Full),
         };
-        if refused {
-            let word = if policy.dry_run() {
-                "REJECTED_DRY_RUN"
-            } else {
-                "REJECTED"
-            };
-            super::metrics::limited(l.zone.metrics, word);
-            return if policy.dry_run() {
-                req.limit_req_status = Some("REJECTED_DRY_RUN");
-                None
-            } else {
-                req.limit_req_status = Some("REJECTED");
-                Some(Flow::Status(policy.status()))
-            };
+        if let Some(why) = refused {
+            return refuse(req, policy, &l.zone, why);
         }
         keyed.push((l, key));
+    }
+    if !in_redis.is_empty() {
+        let own = |v: Vec<(&Limit, String)>| v.into_iter().map(|(l, k)| (l.clone(), k)).collect();
+        return Some(Flow::LimitReqShared(Box::new(shared::Pending {
+            local: own(keyed),
+            shared: own(in_redis),
+            policy: *policy,
+        })));
     }
     if keyed.is_empty() {
         // No key applied: a later location's limits may still (nginx's limit_req_set unset).
         return None;
     }
-    // Then count it everywhere; the longest wait decides.
+    count(req, policy, &keyed, &[])
+}
+
+/// Log a refusal and answer it (or, in a dry run, note it and go on: `None`).
+fn refuse(
+    req: &mut Request,
+    policy: &limit_zone::Policy,
+    zone: &ReqZone,
+    why: Refusal,
+) -> Option<Flow> {
+    let dry = if policy.dry_run() { ", dry run" } else { "" };
+    match why {
+        Refusal::Excess(e) => errlog::request(
+            policy.log_level(),
+            req,
+            format_args!(
+                "limiting requests{dry}, excess: {} by zone \"{}\"",
+                Excess(e),
+                zone.name
+            ),
+        ),
+        Refusal::Full => errlog::request(
+            Level::Alert,
+            req,
+            format_args!(
+                "could not allocate node in limit_req zone \"{}\"",
+                zone.name
+            ),
+        ),
+        Refusal::Unreachable => {}
+    }
+    let word = if policy.dry_run() {
+        "REJECTED_DRY_RUN"
+    } else {
+        "REJECTED"
+    };
+    super::metrics::limited(zone.metrics, word);
+    req.limit_req_status = Some(word);
+    (!policy.dry_run()).then(|| Flow::Status(policy.status()))
+}
+
+/// Count the request in every local zone whose key applied (`local`) and take the excesses
+/// the Redis zones counted (`counted`): `None` to go on, else how long to wait.
+fn count<L: std::borrow::Borrow<Limit>>(
+    req: &mut Request,
+    policy: &limit_zone::Policy,
+    local: &[(L, String)],
+    counted: &[(&Limit, u64)],
+) -> Option<Flow> {
+    let dry = if policy.dry_run() { ", dry run" } else { "" };
+    // The longest wait decides.
     let mut wait: Option<(u64, u64, &ReqZone)> = None;
-    for (l, key) in &keyed {
-        let Ok(excess) = l.zone.excess(key.as_bytes(), true) else {
-            continue;
-        };
+    let local_excess = local
+        .iter()
+        .map(|(l, key)| (l.borrow(), key))
+        .filter_map(|(l, key)| l.zone.excess(key.as_bytes(), true).ok().map(|e| (l, e)));
+    for (l, excess) in local_excess.chain(counted.iter().copied()) {
         if excess <= l.delay {
             continue;
         }
@@ -360,7 +432,11 @@ pub fn check(req: &mut Request) -> Option<Flow> {
         }
     }
     let Some((ms, excess, zone)) = wait else {
-        for (l, _) in &keyed {
+        for l in local
+            .iter()
+            .map(|(l, _)| l.borrow())
+            .chain(counted.iter().map(|(l, _)| *l))
+        {
             super::metrics::limited(l.zone.metrics, "PASSED");
         }
         req.limit_req_status = Some("PASSED");
@@ -411,6 +487,7 @@ mod tests {
             born: Instant::now(),
             table: Mutex::default(),
             metrics: 0,
+            shared: None,
         }
     }
 

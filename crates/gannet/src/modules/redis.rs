@@ -1,0 +1,196 @@
+//! `redis_server name { server host:port; password secret; db N; timeout T; }` (http level):
+//! a Redis (or Valkey) server that state shared by many gannet nodes is kept in. nginx has
+//! no such directive (its open-source edition shares nothing between machines); zones name
+//! a server with `redis=name` (`limit_req_zone`, see limit_req/shared.rs).
+//!
+//! Each worker thread keeps one multiplexed connection per server, made when a request
+//! first needs it (the master, which reads the config, never connects), so the request
+//! path pays one round trip and no connection set-up. A failed call drops the thread's
+//! connection and marks the server down for [`RETRY`]: calls in that time fail at once,
+//! without waiting on a dead server, and the first call after it tries again, so sharing
+//! resumes by itself when the server is back.
+
+use super::{LoadCtx, LocConf};
+use gannet_conf::registry::{Args, Ctx, Spec};
+use gannet_conf::{setters, ConfError, Directive};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, RedisConnectionInfo};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
+
+pub const DIRECTIVES: &[Spec] = &[Spec {
+    name: "redis_server",
+    ctx: Ctx::HTTP,
+    args: Args::Exactly(1),
+    block: true,
+}];
+
+/// How long a server that failed is left alone before it is tried again.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// The connect and response timeout when `timeout` is not given.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// One `redis_server` block.
+pub struct Server {
+    pub name: String,
+    /// `host:port`, for the log.
+    pub addr: String,
+    client: Client,
+    timeout: Duration,
+    /// Each worker thread's connection (a connection's driver runs on the runtime that made
+    /// it, and each worker thread has its own runtime).
+    conns: Mutex<HashMap<ThreadId, MultiplexedConnection>>,
+    /// Until when calls fail without trying (the server failed last time).
+    down_until: Mutex<Option<Instant>>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "redis_server {} ({})", self.name, self.addr)
+    }
+}
+
+pub fn set(d: &Directive, _lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
+    let name = d.args[0].clone();
+    if ctx.redis.contains_key(&name) {
+        return Err(d.error(format!("duplicate redis_server \"{name}\"")));
+    }
+    let mut addr = None;
+    let mut settings = RedisConnectionInfo::default();
+    let mut timeout = DEFAULT_TIMEOUT;
+    for e in d.block.as_deref().unwrap_or_default() {
+        if e.block.is_some() {
+            return Err(e.error("unexpected \"{\""));
+        }
+        let [value] = e.args.as_slice() else {
+            return Err(e.error(format!(
+                "invalid number of arguments in \"{}\" directive",
+                e.name
+            )));
+        };
+        match e.name.as_str() {
+            "server" => addr = Some((host_port(value).ok_or_else(|| bad(e, value))?, e)),
+            "password" => settings = settings.set_password(value),
+            "db" => {
+                let n = setters::num(value).ok_or_else(|| bad(e, value))?;
+                settings = settings.set_db(i64::try_from(n).map_err(|_| bad(e, value))?);
+            }
+            "timeout" => {
+                let ms = setters::msec(value)
+                    .filter(|&ms| ms > 0)
+                    .ok_or_else(|| bad(e, value))?;
+                timeout = Duration::from_millis(ms);
+            }
+            other => return Err(e.error(format!("unknown directive \"{other}\""))),
+        }
+    }
+    let Some(((host, port), at)) = addr else {
+        return Err(d.error(format!("no \"server\" in redis_server \"{name}\"")));
+    };
+    let info = (host.clone(), port)
+        .into_connection_info()
+        .map_err(|err| at.error(err.to_string()))?
+        .set_redis_settings(settings);
+    let client = Client::open(info).map_err(|err| at.error(err.to_string()))?;
+    let server = Server {
+        name: name.clone(),
+        addr: format!("{host}:{port}"),
+        client,
+        timeout,
+        conns: Mutex::default(),
+        down_until: Mutex::default(),
+    };
+    ctx.redis.insert(name, Arc::new(server));
+    Ok(())
+}
+
+fn bad(e: &Directive, value: &str) -> ConfError {
+    e.error(format!("invalid value \"{value}\" in \"{}\"", e.name))
+}
+
+/// `host:port` (`[::1]:6379` for IPv6); the port is Redis's 6379 when left out.
+fn host_port(s: &str) -> Option<(String, u16)> {
+    let (host, port) = match s.rsplit_once(':') {
+        Some((h, p)) if !h.is_empty() && !p.contains(']') => (h, p.parse().ok()?),
+        _ => (s, 6379),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    (!host.is_empty() && port > 0).then(|| (host.to_string(), port))
+}
+
+impl Server {
+    /// Run `script` with `keys` and `args` on the server; the error says why not, for the
+    /// log.
+    pub async fn eval(
+        &self,
+        script: &redis::Script,
+        keys: &[String],
+        args: &[u64],
+    ) -> Result<Vec<i64>, String> {
+        if super::limit_zone::lock(&self.down_until).is_some_and(|t| Instant::now() < t) {
+            return Err("not answering (waiting to retry)".into());
+        }
+        let thread = std::thread::current().id();
+        let known = super::limit_zone::lock(&self.conns).get(&thread).cloned();
+        let mut conn = match known {
+            Some(c) => c,
+            None => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.timeout))
+                    .set_response_timeout(Some(self.timeout));
+                let made = self
+                    .client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await;
+                match made {
+                    Ok(c) => {
+                        super::limit_zone::lock(&self.conns).insert(thread, c.clone());
+                        c
+                    }
+                    Err(e) => return Err(self.failed(thread, e)),
+                }
+            }
+        };
+        let mut call = script.prepare_invoke();
+        for k in keys {
+            call.key(k);
+        }
+        for a in args {
+            call.arg(*a);
+        }
+        match call.invoke_async(&mut conn).await {
+            Ok(v) => {
+                *super::limit_zone::lock(&self.down_until) = None;
+                Ok(v)
+            }
+            Err(e) => Err(self.failed(thread, e)),
+        }
+    }
+
+    /// Forget this thread's connection and leave the server alone for a while.
+    fn failed(&self, thread: ThreadId, e: redis::RedisError) -> String {
+        super::limit_zone::lock(&self.conns).remove(&thread);
+        *super::limit_zone::lock(&self.down_until) = Some(Instant::now() + RETRY);
+        e.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_port;
+
+    #[test]
+    fn addresses() {
+        assert_eq!(
+            host_port("127.0.0.1:6380"),
+            Some(("127.0.0.1".into(), 6380))
+        );
+        assert_eq!(host_port("redis.local"), Some(("redis.local".into(), 6379)));
+        assert_eq!(host_port("[::1]:7000"), Some(("::1".into(), 7000)));
+        assert_eq!(host_port("h:0"), None);
+        assert_eq!(host_port("h:x"), None);
+    }
+}
