@@ -35,10 +35,10 @@ elif [ -f /run/prometheus.pid ]; then
   kill "$(cat /run/prometheus.pid)" 2>/dev/null || true
 fi
 
-# Debian's varnish and haproxy start services on install; the arena runs its own (cache,
-# l4-proxy and s4-proxy scenarios) on free ports.
+# Debian's varnish, haproxy and redis-server start services on install; the arena (cache,
+# l4-proxy, s4-proxy) and the tests (test_limit_req_redis.py) run their own on free ports.
 if [ -d /run/systemd/system ]; then
-  systemctl disable --now varnish haproxy >/dev/null 2>&1 || true
+  systemctl disable --now varnish haproxy redis-server >/dev/null 2>&1 || true
 fi
 
 step "rust toolchain"
