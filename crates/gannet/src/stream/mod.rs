@@ -12,6 +12,7 @@
 //! - [`log`]: `log_format` / `access_log` (ngx_stream_log_module);
 //! - [`return_`]: `return` (ngx_stream_return_module);
 //! - [`realip`]: `set_real_ip_from` (ngx_stream_realip_module);
+//! - [`splice`]: `proxy_splice`, the plain TCP relay through splice(2) (gannet's own);
 //! - [`ssl`]: TLS terminated on `listen ... ssl` (ngx_stream_ssl_module);
 //! - [`ssl_preread`]: the ClientHello's fields without terminating TLS
 //!   (ngx_stream_ssl_preread_module);
@@ -33,6 +34,7 @@ pub mod proxy;
 pub mod realip;
 #[path = "return.rs"]
 pub mod return_;
+pub mod splice;
 pub mod ssl;
 pub mod ssl_preread;
 pub mod upstream;

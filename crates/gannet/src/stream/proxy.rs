@@ -4,7 +4,8 @@
 //! `_timeout`), then bytes relayed both ways until either side closes or nothing moves for
 //! `proxy_timeout`; `proxy_protocol on` opens the upstream connection with a PROXY v1
 //! header; `proxy_upload_rate` / `proxy_download_rate` pace each direction as nginx's
-//! per-second budget does.
+//! per-second budget does. `proxy_splice on` (gannet's own) relays a plain TCP session
+//! with splice(2) (see `splice`).
 //!
 //! UDP (`listen ... udp`): datagrams from one client address make a session with its own
 //! upstream socket; replies go back from the listening socket. The session ends when the
@@ -88,6 +89,8 @@ pub struct ProxyConf {
     /// `proxy_half_close`: one side's EOF is passed on as a shutdown of the other's
     /// writing side; the session ends when both sides have closed.
     pub half_close: bool,
+    /// `proxy_splice` (gannet's own): the plain TCP relay moves bytes with splice(2).
+    pub splice: bool,
 }
 
 /// `proxy_ssl_certificate` and `_key` with variables: the files are loaded for each session
@@ -136,6 +139,7 @@ impl Default for ProxyConf {
             upload_rate_var: None,
             download_rate_var: None,
             half_close: false,
+            splice: false,
             bind: None,
         }
     }
@@ -198,6 +202,7 @@ pub fn set(d: &Directive, c: &mut ProxyConf, ctx: &LoadCtx) -> Result<(), ConfEr
             }
         }
         "proxy_half_close" => c.half_close = setters::flag(d)?,
+        "proxy_splice" => c.splice = setters::flag(d)?,
         _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
     }
     Ok(())
@@ -728,19 +733,36 @@ fn proxy_header(s: &Session) -> String {
 /// Proxy a TCP session; `head`: client bytes read already (`ssl_preread`).
 pub async fn tcp<C>(w: &Rc<Worker>, srv: &Server, client: C, head: Vec<u8>, s: &mut Session)
 where
-    C: AsyncRead + AsyncWrite + Unpin,
+    C: AsyncRead + AsyncWrite + Unpin + 'static,
 {
     let Some((conn, _lease, _group, _)) = connect_upstream(w, srv, s).await else {
         return;
     };
+    if let (Some(plain), Some(up)) = (spliceable(srv, &client), conn.tcp()) {
+        return relay_spliced(srv, plain, up, head, s).await;
+    }
     relay(srv, client, conn, head, s).await
 }
 
+/// The client as a plain TCP socket when the session is spliced: `proxy_splice on`, no
+/// TLS on the client's side (its type is then `TcpStream` itself), no rate to pace.
+fn spliceable<'a, C: 'static>(srv: &Server, client: &'a C) -> Option<&'a TcpStream> {
+    let c = &srv.conf.proxy;
+    let paced = c.upload_rate != 0
+        || c.download_rate != 0
+        || c.upload_rate_var.is_some()
+        || c.download_rate_var.is_some();
+    if !c.splice || paced {
+        return None;
+    }
+    (client as &dyn std::any::Any).downcast_ref::<TcpStream>()
+}
+
 /// One direction's byte counter and pacing.
-struct Flow {
-    bytes: Cell<u64>,
+pub(super) struct Flow {
+    pub(super) bytes: Cell<u64>,
     /// When the first byte came (`$upstream_first_byte_time` of the download side).
-    first: Cell<Option<Instant>>,
+    pub(super) first: Cell<Option<Instant>>,
     rate: u64,
     /// The session's start in the clock's whole seconds (nginx's `u->start_sec`).
     start_sec: u64,
@@ -814,6 +836,20 @@ where
     }
 }
 
+/// The bytes that go to the upstream before the client's (a PROXY line, `ssl_preread`'s
+/// bytes), counted as nginx does: all in `$upstream_bytes_sent`, the preread ones in
+/// `$bytes_received` too.
+fn preamble(c: &ProxyConf, s: &mut Session, head: Vec<u8>) -> Vec<u8> {
+    // Over TLS the line went before the handshake (`ssl_handshake`).
+    let mut pre = match c.proxy_protocol && c.client_tls.is_none() {
+        true => proxy_header(s).into_bytes(),
+        false => Vec::new(),
+    };
+    s.bytes_received += head.len() as u64;
+    pre.extend_from_slice(&head);
+    pre
+}
+
 async fn relay<C, U>(srv: &Server, client: C, up: U, head: Vec<u8>, s: &mut Session)
 where
     C: AsyncRead + AsyncWrite + Unpin,
@@ -821,41 +857,79 @@ where
 {
     let c = &srv.conf.proxy;
     let (ur, mut uw) = tokio::io::split(up);
-    let mut sent_first = 0u64;
-    // Over TLS the line went before the handshake (`ssl_handshake`).
-    if c.proxy_protocol && c.client_tls.is_none() {
-        let h = proxy_header(s);
-        if uw.write_all(h.as_bytes()).await.is_err() {
-            s.status = 502;
-            return;
-        }
-        sent_first += h.len() as u64;
+    let pre = preamble(c, s, head);
+    if !pre.is_empty() && (uw.write_all(&pre).await.is_err() || uw.flush().await.is_err()) {
+        s.status = 502;
+        return;
     }
-    if !head.is_empty() {
-        if uw.write_all(&head).await.is_err() || uw.flush().await.is_err() {
-            s.status = 502;
-            return;
-        }
-        sent_first += head.len() as u64;
-        s.bytes_received += head.len() as u64;
+    let m = Meter::new(srv, s);
+    let (cr, cw) = tokio::io::split(client);
+    let how = (c.buffer_size, c.half_close);
+    let up = pump(cr, uw, &m.up, how, &m.last);
+    let down = pump(ur, cw, &m.down, how, &m.last);
+    m.drive(srv, s, pre.len() as u64, up, down).await;
+}
+
+/// `relay` over splice(2): both sides plain TCP sockets (see `spliceable`).
+async fn relay_spliced(
+    srv: &Server,
+    client: &TcpStream,
+    up: &TcpStream,
+    head: Vec<u8>,
+    s: &mut Session,
+) {
+    let c = &srv.conf.proxy;
+    let pre = preamble(c, s, head);
+    if super::splice::write_all(up, &pre).await.is_err() {
+        s.status = 502;
+        return;
     }
-    let began = Instant::now();
-    let up_flow = Flow {
-        bytes: Cell::new(0),
-        first: Cell::new(None),
-        rate: ProxyConf::rate(c.upload_rate, &c.upload_rate_var, s, &srv.maps),
-        start_sec: unix_secs(),
-    };
-    let down_flow = Flow {
-        bytes: Cell::new(0),
-        first: Cell::new(None),
-        rate: ProxyConf::rate(c.download_rate, &c.download_rate_var, s, &srv.maps),
-        start_sec: unix_secs(),
-    };
-    let last = Cell::new(Instant::now());
-    let closed;
-    {
-        let (cr, cw) = tokio::io::split(client);
+    let m = Meter::new(srv, s);
+    let how = (c.buffer_size, c.half_close);
+    let to_up = super::splice::pump(client, up, &m.up, how, &m.last);
+    let to_client = super::splice::pump(up, client, &m.down, how, &m.last);
+    m.drive(srv, s, pre.len() as u64, to_up, to_client).await;
+}
+
+/// A relay's two directions' counts and the time of its last byte (`proxy_timeout`).
+struct Meter {
+    up: Flow,
+    down: Flow,
+    last: Cell<Instant>,
+    began: Instant,
+}
+
+impl Meter {
+    fn new(srv: &Server, s: &Session) -> Meter {
+        let c = &srv.conf.proxy;
+        let flow = |rate| Flow {
+            bytes: Cell::new(0),
+            first: Cell::new(None),
+            rate,
+            start_sec: unix_secs(),
+        };
+        Meter {
+            up: flow(ProxyConf::rate(c.upload_rate, &c.upload_rate_var, s, &srv.maps)),
+            down: flow(ProxyConf::rate(c.download_rate, &c.download_rate_var, s, &srv.maps)),
+            last: Cell::new(Instant::now()),
+            began: Instant::now(),
+        }
+    }
+
+    /// Run the two directions (`up`: client to upstream) until either ends (both with
+    /// `proxy_half_close`) or `proxy_timeout` passes idle, then count the session's bytes
+    /// and log nginx's "disconnected" line. `sent_first`: the preamble's bytes.
+    async fn drive(
+        &self,
+        srv: &Server,
+        s: &mut Session,
+        sent_first: u64,
+        up: impl std::future::Future<Output = bool>,
+        down: impl std::future::Future<Output = bool>,
+    ) {
+        let c = &srv.conf.proxy;
+        let last = &self.last;
+        let id = s.id;
         let idle = async {
             loop {
                 let until = last.get() + c.timeout;
@@ -863,22 +937,19 @@ where
                 if last.get() + c.timeout <= Instant::now() {
                     crate::errlog::log(
                         crate::errlog::Level::Info,
-                        format_args!("*{} connection timed out", s.id),
+                        format_args!("*{id} connection timed out"),
                     );
                     return;
                 }
             }
         };
-        let how = (c.buffer_size, c.half_close);
-        let up = pump(cr, uw, &up_flow, how, &last);
-        let down = pump(ur, cw, &down_flow, how, &last);
         tokio::pin!(up, down, idle);
         let first = tokio::select! {
             ok = &mut up => Some(("client", ok)),
             ok = &mut down => Some(("upstream", ok)),
             _ = &mut idle => None,
         };
-        closed = match first {
+        let closed = match first {
             // `proxy_half_close`: the other direction goes on until its own EOF.
             Some(("client", true)) if c.half_close => tokio::select! {
                 _ = &mut down => Some("upstream"),
@@ -890,26 +961,28 @@ where
             },
             f => f.map(|(who, _)| who),
         };
-    }
-    s.bytes_received += up_flow.bytes.get();
-    s.bytes_sent += down_flow.bytes.get();
-    if let Some(a) = s.attempts.last_mut() {
-        a.sent = sent_first + up_flow.bytes.get();
-        a.received = down_flow.bytes.get();
-        // nginx measures both from the start of the connect.
-        let base = a.connect.unwrap_or_default();
-        a.first_byte = (down_flow.first.get()).map(|t| base + (t - began).as_secs_f64());
-        a.session = Some(base + began.elapsed().as_secs_f64());
-    }
-    let info = crate::errlog::admits(crate::errlog::Level::Info);
-    if let (Some(who), Some(a), true) = (closed, s.attempts.last(), info) {
-        crate::errlog::log(
-            crate::errlog::Level::Info,
-            format_args!(
-                "*{} {who} disconnected, bytes from/to client:{}/{}, bytes from/to upstream:{}/{}",
-                s.id, s.bytes_received, s.bytes_sent, a.received, a.sent
-            ),
-        );
+        let (up_flow, down_flow) = (&self.up, &self.down);
+        s.bytes_received += up_flow.bytes.get();
+        s.bytes_sent += down_flow.bytes.get();
+        if let Some(a) = s.attempts.last_mut() {
+            a.sent = sent_first + up_flow.bytes.get();
+            a.received = down_flow.bytes.get();
+            // nginx measures both from the start of the connect.
+            let base = a.connect.unwrap_or_default();
+            let began = self.began;
+            a.first_byte = (down_flow.first.get()).map(|t| base + (t - began).as_secs_f64());
+            a.session = Some(base + began.elapsed().as_secs_f64());
+        }
+        let info = crate::errlog::admits(crate::errlog::Level::Info);
+        if let (Some(who), Some(a), true) = (closed, s.attempts.last(), info) {
+            crate::errlog::log(
+                crate::errlog::Level::Info,
+                format_args!(
+                    "*{} {who} disconnected, bytes from/to client:{}/{}, bytes from/to upstream:{}/{}",
+                    s.id, s.bytes_received, s.bytes_sent, a.received, a.sent
+                ),
+            );
+        }
     }
 }
 
