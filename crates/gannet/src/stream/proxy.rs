@@ -909,8 +909,18 @@ impl Meter {
             start_sec: unix_secs(),
         };
         Meter {
-            up: flow(ProxyConf::rate(c.upload_rate, &c.upload_rate_var, s, &srv.maps)),
-            down: flow(ProxyConf::rate(c.download_rate, &c.download_rate_var, s, &srv.maps)),
+            up: flow(ProxyConf::rate(
+                c.upload_rate,
+                &c.upload_rate_var,
+                s,
+                &srv.maps,
+            )),
+            down: flow(ProxyConf::rate(
+                c.download_rate,
+                &c.download_rate_var,
+                s,
+                &srv.maps,
+            )),
             last: Cell::new(Instant::now()),
             began: Instant::now(),
         }
