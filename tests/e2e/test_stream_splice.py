@@ -1,13 +1,15 @@
 """`proxy_splice on` (gannet's own directive): the plain TCP relay of the stream proxy
 moves bytes with splice(2). Checked over real sockets: a 50 MB transfer each way at once
 arrives byte-exact with the log's byte counts equal to the sizes, half-close, an upstream
-reset mid-transfer, `proxy_timeout` on an idle spliced session, and strace on the worker
+reset mid-transfer, `proxy_timeout` on an idle spliced session, the same counts and lines
+as nginx's (buffered) relay, and strace on the worker
 showing splice(2) calls with the directive (none without it).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import os
 import signal
 import socket
@@ -19,6 +21,7 @@ import pytest
 
 from conftest import free_port, wait_until
 from test_stream import Echo, conf, log_lines
+from test_stream_misc import both, needs_nginx, ports
 
 BULK = 50 * 1024 * 1024
 # A block whose length is no power of two, so a dropped or repeated chunk shows.
@@ -110,6 +113,35 @@ def test_bulk_both_ways_half_close(gannet):
                       in srv.error_log())
 
 
+@needs_nginx
+def test_differential_counts_and_lines(gannet, tmp_path):
+    """8 MB each way at once with `proxy_half_close`: gannet spliced and nginx (its buffered relay; it has no splice) give the same access
+    log fields and the same "disconnected" lines (the side named aside: which EOF comes
+    last is a race in both)."""
+    size = 8 << 20
+    up_data, client_data = pattern(size, b"u"), pattern(size, b"c")
+    back = Bulk(up_data)
+    p = ports(1)
+    body = lambda side: (f"server {{ listen 127.0.0.1:{p[side][0]}; proxy_pass 127.0.0.1:{back.port};"
+                         f" proxy_half_close on; {'proxy_splice on;' if side == 'g' else ''} }}")
+    with both(gannet, tmp_path, body) as tmps:
+        for side in ("g", "n"):
+            with socket.create_connection(("127.0.0.1", p[side][0]), timeout=30) as s:
+                t = threading.Thread(target=send_then_shut, args=(s, client_data), daemon=True)
+                t.start()
+                assert read_to_eof(s) == (size, hashlib.sha256(up_data).hexdigest())
+                t.join()
+        got = {}
+        for side, tmp in tmps.items():
+            line = fields(log_lines(tmp, 1)[0])
+            err = (tmp / "error.log").read_text()
+            said = re.findall(r"(?:client|upstream) disconnected, (bytes .*)", err)
+            got[side] = (line[2:5] + line[6:8], said)
+    assert got["g"] == got["n"], got
+    assert got["g"][0] == ["200"] + [str(size)] * 4
+    assert got["g"][1] == [f"bytes from/to client:{size}/{size}, bytes from/to upstream:{size}/{size}"]
+
+
 def test_client_eof_ends_session_without_half_close(gannet):
     """Without `proxy_half_close` the client's EOF ends the session (nginx's default): the
     client reads EOF though the upstream never closes, "client disconnected" is logged."""
@@ -187,13 +219,16 @@ def trace_worker(pid: int, out):
 
 
 @pytest.mark.skipif(not os.path.exists("/usr/bin/strace"), reason="needs strace")
-@pytest.mark.parametrize("on", [True, False])
-def test_splice_is_used(gannet, tmp_path, on):
-    """With `proxy_splice on` the worker's relay calls splice(2); with it off, none."""
+@pytest.mark.parametrize("extra,used", [("proxy_splice on;", True), ("proxy_splice off;", False),
+                                        ("proxy_splice on; proxy_download_rate 100m;", False)])
+def test_splice_is_used(gannet, tmp_path, extra, used):
+    """With `proxy_splice on` the worker's relay calls splice(2); with it off, or with a
+    rate to pace (the buffered relay's), none."""
     data = pattern(1 << 20, b"S")
     back = Bulk(data)
     p = free_port()
-    srv = gannet.start(conf=spliced(p, back.port, "proxy_half_close on;", on=on))
+    srv = gannet.start(conf=conf(f"server {{ listen 127.0.0.1:{p}; proxy_pass 127.0.0.1:{back.port};"
+                                 f" proxy_half_close on; {extra} }}"))
     out = tmp_path / "trace"
     tracer = trace_worker(srv.worker_pid(), out)
     try:
@@ -201,12 +236,28 @@ def test_splice_is_used(gannet, tmp_path, on):
             s.sendall(b"hello")
             s.shutdown(socket.SHUT_WR)
             assert read_to_eof(s) == (len(data), hashlib.sha256(data).hexdigest())
-        log_lines(srv.tmp, 1)
+        assert fields(log_lines(srv.tmp, 1)[0])[2:5] == ["200", str(len(data)), "5"]
     finally:
         tracer.send_signal(signal.SIGINT)
         tracer.wait(10)
     calls = [l for l in out.read_text().splitlines() if "splice(" in l]
-    if on:
+    if used:
         assert any("SPLICE_F_MOVE|SPLICE_F_NONBLOCK" in l for l in calls), calls[:5]
     else:
         assert calls == []
+
+def test_config_errors(gannet):
+    """A value other than on/off, or no value, is refused with the file and line, as
+    nginx's flags; `proxy_splice` is taken in stream and server."""
+    cases = [
+        ("server { listen 127.0.0.1:1; proxy_pass 127.0.0.1:2; proxy_splice yes; }",
+         'invalid value "yes" in "proxy_splice" directive, it must be "on" or "off"'),
+        ("server { listen 127.0.0.1:1; proxy_pass 127.0.0.1:2; proxy_splice; }",
+         'invalid number of arguments in "proxy_splice" directive'),
+    ]
+    for body, msg in cases:
+        r = gannet.check(conf=conf(body))
+        assert r.returncode != 0 and msg in r.stderr, (body, r.stderr)
+        assert re.search(r"\.conf:\d+", r.stderr), r.stderr
+    ok = gannet.check(conf=conf("proxy_splice on;\nserver { listen 127.0.0.1:1; proxy_pass 127.0.0.1:2; }"))
+    assert ok.returncode == 0, ok.stderr

@@ -738,8 +738,10 @@ where
     let Some((conn, _lease, _group, _)) = connect_upstream(w, srv, s).await else {
         return;
     };
-    if let (Some(plain), Some(up)) = (spliceable(srv, &client), conn.tcp()) {
-        return relay_spliced(srv, plain, up, head, s).await;
+    if let Some(plain) = spliceable(srv, &client) {
+        if let Some(up) = conn.tcp() {
+            return relay_spliced(srv, plain, up, head, s).await;
+        }
     }
     relay(srv, client, conn, head, s).await
 }
