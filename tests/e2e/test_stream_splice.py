@@ -159,6 +159,30 @@ def test_client_eof_ends_session_without_half_close(gannet):
     back.close()
 
 
+def test_proxy_protocol_line_before_spliced_bytes(gannet):
+    """`proxy_protocol on` with `proxy_splice on`: the PROXY line goes first (written
+    before the splicing starts), then the client's bytes; `$upstream_bytes_sent` counts
+    both, `$bytes_received` only the client's."""
+    back = Echo(1)
+    p = free_port()
+    srv = gannet.start(conf=spliced(p, back.ports[0], "proxy_protocol on;"))
+    with socket.create_connection(("127.0.0.1", p), timeout=10) as s:
+        port = s.getsockname()[1]
+        line = f"PROXY TCP4 127.0.0.1 127.0.0.1 {port} {p}\r\n".encode()
+        s.sendall(b"x")
+        got = b""
+        while not got.endswith(b"x"):
+            got += s.recv(4096)
+        s.shutdown(socket.SHUT_WR)
+        while d := s.recv(4096):
+            got += d
+    assert back.first[0].startswith(line), back.first
+    assert got.replace(b"[0]", b"") == line + b"x", got
+    f = fields(log_lines(srv.tmp, 1)[0])
+    assert f[2] == "200" and f[4] == "1" and f[6] == str(len(line) + 1) and f[3] == f[7] == str(len(got)), (f, got)
+    back.close()
+
+
 def test_upstream_reset_mid_transfer(gannet):
     """The upstream sends 4 MB then resets the connection (SO_LINGER 0): the session ends
     (the client reads to its end), the access log has 200 and the bytes the client got,
