@@ -642,6 +642,12 @@ impl<S: Transport> Conn<S> {
             Handled::Gateway => super::gateway::streams(&req),
             _ => None,
         };
+        if stream_body.is_some() {
+            let buffer = usize::try_from(req.conf.client_body.buffer_size()).unwrap_or(usize::MAX);
+            if body::arrived_whole(&mut self.stream, &mut self.buf, req.head.body, buffer) {
+                stream_body = None;
+            }
+        }
         if req.head.body != BodyKind::None {
             let wanted = matches!(handled, Handled::Gateway | Handled::Put);
             // An unused body is read off the wire, unless the client waits for 100-continue
@@ -765,12 +771,9 @@ impl<S: Transport> Conn<S> {
                         // A CGI local redirect is served as a GET (RFC 3875, 6.2.2).
                         req.method_override = Some(Method::Get);
                     }
-                    // An error page or local redirect that reaches an application again
-                    // passes no body (it is fetched with GET). An answer read whole keeps
-                    // it: its `add_header`s may read `$request_body` / `$request_body_file`.
-                    if !matches!(flow, Flow::Done(_)) {
-                        req.body = None;
-                    }
+                    // The body read whole stays, as nginx's `r->request_body`: an error
+                    // page or local redirect reads it in `$request_body`, and passes it on
+                    // again if it reaches an application (with GET, as nginx).
                     handled = handler::resume(&mut req, &w, flow);
                 }
             }
