@@ -1111,7 +1111,7 @@ impl<S: Transport> Conn<S> {
                     let end = f.offset + f.len;
                     let mut piece = f.clone();
                     while piece.offset < end {
-                        piece.len = pace.allowance().await.min(end - piece.offset);
+                        piece.len = self.allowance(pace).await?.min(end - piece.offset);
                         let t = self.send_timeout;
                         self.stream.send_file(&[], &piece, use_sendfile, t).await?;
                         pace.wrote(piece.len);
@@ -1123,13 +1123,37 @@ impl<S: Transport> Conn<S> {
         self.write_paced(pace).await
     }
 
+    /// How many bytes the pace allows now, waiting until some may; an error when the client
+    /// closes meanwhile (as nginx's ngx_http_test_reading during a `limit_rate` delay: the
+    /// connection ends then, not when the next write fails).
+    async fn allowance(&mut self, pace: &mut Pace) -> std::io::Result<u64> {
+        let allowance = std::pin::pin!(pace.allowance());
+        let gone = std::pin::pin!(client_gone(&self.w.timers, &mut self.stream, &mut self.buf));
+        let mut race = (allowance, gone);
+        std::future::poll_fn(|cx| {
+            if let std::task::Poll::Ready(n) = std::future::Future::poll(race.0.as_mut(), cx) {
+                return std::task::Poll::Ready(Ok(n));
+            }
+            std::future::Future::poll(race.1.as_mut(), cx).map(|()| {
+                Err(std::io::Error::from(std::io::ErrorKind::ConnectionAborted))
+            })
+        })
+        .await
+    }
+
     /// Write the pending output in the pieces the pace allows.
     async fn write_paced(&mut self, pace: &mut Pace) -> std::io::Result<()> {
         let out = std::mem::take(&mut self.out);
         let mut rest = &out[..];
         let mut r = Ok(());
         while !rest.is_empty() && r.is_ok() {
-            let n = (pace.allowance().await as usize).min(rest.len());
+            let n = match self.allowance(pace).await {
+                Ok(n) => (n as usize).min(rest.len()),
+                Err(e) => {
+                    r = Err(e);
+                    break;
+                }
+            };
             r = self.stream.write_all(&rest[..n], self.send_timeout).await;
             pace.wrote(n as u64);
             rest = &rest[n..];
