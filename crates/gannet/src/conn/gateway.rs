@@ -884,6 +884,14 @@ pub async fn unless_client_leaves<F: std::future::Future>(
     raced
 }
 
+/// The body read whole that goes to an application: none on an error page's or a local
+/// redirect's GET (it stays in `req.body` all the same, for their `$request_body`).
+pub fn passed_body(req: &Request) -> Option<&RequestBody> {
+    req.body
+        .as_deref()
+        .filter(|_| req.method_override.is_none())
+}
+
 /// Pass the request (with its body, already read into `req.body`) to the location's
 /// upstream.
 pub async fn run(w: &Worker, req: &Request) -> Outcome {
@@ -945,8 +953,7 @@ async fn fetch(
     // A body read whole: one in memory is encoded with the head, one in a file follows it
     // in pieces (when it is passed at all: not with `*_pass_request_body off`, nor in place
     // of `proxy_set_body`, nor on an error page's GET).
-    // (The body stays in `req.body` on an error page, for its `$request_body`.)
-    let kept = req.body.as_deref().filter(|_| req.method_override.is_none());
+    let kept = passed_body(req);
     let (body, file): (&[u8], Option<&BodyFile>) = match kept {
         Some(RequestBody::Memory(v)) => (v, None),
         Some(RequestBody::File(f)) => (&[], Some(f)),

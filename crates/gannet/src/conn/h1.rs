@@ -1134,9 +1134,8 @@ impl<S: Transport> Conn<S> {
             if let std::task::Poll::Ready(n) = std::future::Future::poll(race.0.as_mut(), cx) {
                 return std::task::Poll::Ready(Ok(n));
             }
-            std::future::Future::poll(race.1.as_mut(), cx).map(|()| {
-                Err(std::io::Error::from(std::io::ErrorKind::ConnectionAborted))
-            })
+            std::future::Future::poll(race.1.as_mut(), cx)
+                .map(|()| Err(std::io::Error::from(std::io::ErrorKind::ConnectionAborted)))
         })
         .await
     }

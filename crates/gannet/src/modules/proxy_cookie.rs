@@ -159,7 +159,10 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
             // A plain domain and its replacement lose a leading dot, as in nginx: the
             // cookie's own dot is kept apart when matching (see `apply`).
             let (a0, to) = match domain && !a0.starts_with('~') {
-                true => (a0.strip_prefix('.').unwrap_or(a0), to.strip_prefix('.').unwrap_or(to)),
+                true => (
+                    a0.strip_prefix('.').unwrap_or(a0),
+                    to.strip_prefix('.').unwrap_or(to),
+                ),
                 false => (a0, to.as_str()),
             };
             Some(Rule {
