@@ -447,10 +447,15 @@ impl Link {
         }
     }
 
+    /// An HTTP answer's body has all come (its length, or its last chunk).
+    fn complete(&self) -> bool {
+        self.left == Some(0) || self.chunked.as_ref().is_some_and(|d| d.is_done())
+    }
+
     /// Whether the connection can carry another request: after a FastCGI END_REQUEST, or
     /// an HTTP answer read to its end on a kept-alive connection, with nothing after it.
     fn reusable(&self) -> bool {
-        let complete = self.left == Some(0) || self.chunked.as_ref().is_some_and(|d| d.is_done());
+        let complete = self.complete();
         match self.proto {
             Proto::FastCgi => self.input.is_empty(),
             Proto::Http | Proto::Memcached => self.keep_alive && complete && self.input.is_empty(),
@@ -1733,7 +1738,10 @@ async fn exchange(
                 }
                 // Under `proxy_limit_rate` nothing is read ahead of the head: the reads
                 // that follow are paced.
+                // An answer that has all come (a HEAD's, a 304's) is taken whole even
+                // unbuffered, so its connection goes back to the keepalive pool.
                 if head.is_some()
+                    && !link.complete()
                     && (!buffering
                         || body.len() >= c.buffers_total()
                         || (link.proto == Proto::Http && req.conf.proxy.limit_rate() > 0))
