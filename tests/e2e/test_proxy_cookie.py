@@ -29,6 +29,7 @@ http {
         location /plain/ { proxy_pass http://127.0.0.1:{port}/b/; proxy_cookie_domain backend.internal example.org; proxy_cookie_path /app/ /; }
         location /regex/ { proxy_pass http://127.0.0.1:{port}/b/; proxy_cookie_domain ~^BACKEND\.(.+)$ $1.example.org; proxy_cookie_path ~*^/app(.*)$ /new$1; }
         location /vars/ { proxy_pass http://127.0.0.1:{port}/b/; proxy_cookie_path /app $host; proxy_cookie_domain other.internal $server_port.test; }
+        location /dots/ { proxy_pass http://127.0.0.1:{port}/b/; proxy_cookie_domain .x.backend.internal .example.com; proxy_cookie_domain .$server_port.backend.internal en.example.org; proxy_cookie_domain backend.internal .d.test; }
         location /inherit/ { proxy_pass http://127.0.0.1:{port}/b/; }
         location /off/ { proxy_pass http://127.0.0.1:{port}/b/; proxy_cookie_path off; proxy_cookie_domain off; }
         location /flags/ { proxy_pass http://127.0.0.1:{port}/b/; proxy_cookie_path off; proxy_cookie_flags ~ secure httponly samesite=strict; }
@@ -48,7 +49,7 @@ http {
 }
 """
 
-PATHS = ["/plain/", "/regex/", "/vars/", "/inherit/", "/off/", "/flags/", "/some/", "/hidden/", "/redir1/", "/redir2/", "/redir3/"]
+PATHS = ["/plain/", "/dots/", "/regex/", "/vars/", "/inherit/", "/off/", "/flags/", "/some/", "/hidden/", "/redir1/", "/redir2/", "/redir3/"]
 
 
 def cookies_and_location(port: int, path: str) -> tuple[int, list[str], str | None]:
@@ -68,6 +69,9 @@ def test_cookies_and_redirects_match_nginx(tmp_path):
     # The comparison saw the rules at work (a config both servers ignored would pass too).
     assert "a=1; Domain=.example.org; Path=/x; HttpOnly" in answers["/plain/"][1][1]
     assert "d=4; Secure; HttpOnly; SameSite=Strict" in answers["/flags/"][1][1]
+    # A plain domain rule and its replacement lose their leading dot; the cookie's stays.
+    assert "a=1; Domain=.d.test; Path=/inherited/x; HttpOnly" in answers["/dots/"][1][1]
+    assert "f=6; Domain=example.com; Path=/app" in answers["/dots/"][1][1]
     assert answers["/hidden/"][1][1] == []
     assert answers["/redir1/"][1][2] == "http://127.0.0.1:PORT/y/"
 

@@ -160,3 +160,62 @@ async fn read_more<S: Transport>(
         _ => Err(BodyError::Io),
     }
 }
+
+/// nginx's test before it passes a body on as it arrives (`*_request_buffering off`,
+/// `ngx_http_read_client_request_body`): when all of it has come already - with the head,
+/// or to the read it makes at once into its body buffer (`buffer`, nginx's
+/// `client_body_buffer_size`, a quarter more for a Content-Length body that fits in that) -
+/// the body is kept whole instead, as if buffered (so `$request_body` has it, and the
+/// upstream gets it with a length). Reads only what has arrived, never waiting.
+pub fn arrived_whole<S: Transport>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    kind: BodyKind,
+    buffer: usize,
+) -> bool {
+    match kind {
+        BodyKind::None => true,
+        BodyKind::Length(n) => {
+            let n = usize::try_from(n).unwrap_or(usize::MAX);
+            let rest = n.saturating_sub(buf.len());
+            if rest > 0 && rest >= buffer.saturating_add(buffer >> 2) {
+                return false;
+            }
+            while buf.len() < n {
+                buf.reserve(n - buf.len());
+                if !matches!(stream.read_now(buf), Ok(k) if k > 0) {
+                    return false;
+                }
+            }
+            true
+        }
+        BodyKind::Chunked => {
+            let limit = buf.len().saturating_add(buffer);
+            loop {
+                if chunked_complete(buf) {
+                    return true;
+                }
+                if buf.len() >= limit {
+                    return false;
+                }
+                buf.reserve(limit - buf.len());
+                if !matches!(stream.read_now(buf), Ok(k) if k > 0) {
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// Whether `buf` starts with a whole chunked body (a copy is decoded; `buf` is untouched).
+fn chunked_complete(buf: &BytesMut) -> bool {
+    let mut copy = BytesMut::from(&buf[..]);
+    let mut dec = ChunkedDecoder::new();
+    loop {
+        match dec.decode(&mut copy) {
+            Ok(Chunk::Done) => return true,
+            Ok(Chunk::Data(_)) => {}
+            Ok(Chunk::NeedMore) | Err(_) => return false,
+        }
+    }
+}

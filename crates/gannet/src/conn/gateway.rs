@@ -447,10 +447,15 @@ impl Link {
         }
     }
 
+    /// An HTTP answer's body has all come (its length, or its last chunk).
+    fn complete(&self) -> bool {
+        self.left == Some(0) || self.chunked.as_ref().is_some_and(|d| d.is_done())
+    }
+
     /// Whether the connection can carry another request: after a FastCGI END_REQUEST, or
     /// an HTTP answer read to its end on a kept-alive connection, with nothing after it.
     fn reusable(&self) -> bool {
-        let complete = self.left == Some(0) || self.chunked.as_ref().is_some_and(|d| d.is_done());
+        let complete = self.complete();
         match self.proto {
             Proto::FastCgi => self.input.is_empty(),
             Proto::Http | Proto::Memcached => self.keep_alive && complete && self.input.is_empty(),
@@ -935,6 +940,14 @@ pub async fn unless_client_leaves<F: std::future::Future>(
     raced
 }
 
+/// The body read whole that goes to an application: none on an error page's or a local
+/// redirect's GET (it stays in `req.body` all the same, for their `$request_body`).
+pub fn passed_body(req: &Request) -> Option<&RequestBody> {
+    req.body
+        .as_deref()
+        .filter(|_| req.method_override.is_none())
+}
+
 /// Pass the request (with its body, already read into `req.body`) to the location's
 /// upstream.
 pub async fn run(w: &Worker, req: &Request) -> Outcome {
@@ -996,15 +1009,14 @@ async fn fetch(
     // A body read whole: one in memory is encoded with the head, one in a file follows it
     // in pieces (when it is passed at all: not with `*_pass_request_body off`, nor in place
     // of `proxy_set_body`, nor on an error page's GET).
-    let (body, file): (&[u8], Option<&BodyFile>) = match req.body.as_deref() {
+    let kept = passed_body(req);
+    let (body, file): (&[u8], Option<&BodyFile>) = match kept {
         Some(RequestBody::Memory(v)) => (v, None),
         Some(RequestBody::File(f)) => (&[], Some(f)),
         None => (&[], None),
     };
     let file = file.filter(|_| {
-        c.pass_request_body()
-            && req.method_override.is_none()
-            && !(proto == Proto::Http && req.conf.proxy.body.is_some())
+        c.pass_request_body() && !(proto == Proto::Http && req.conf.proxy.body.is_some())
     });
     let how = match (&streamed, file) {
         (Some((_, h)), _) => Some(*h),
@@ -1014,7 +1026,7 @@ async fn fetch(
     // The length the parameters announce (`CONTENT_LENGTH`), passed or not.
     let len = match how {
         Some(Streamed::Length(n)) => n,
-        _ => req.body.as_deref().map_or(0, RequestBody::len),
+        _ => kept.map_or(0, RequestBody::len),
     };
     // Room for a usual request head (and FastCGI's params) without growing it in steps.
     let mut out = Vec::with_capacity(1024);
@@ -1747,11 +1759,11 @@ async fn exchange(
 ) -> Result<Answered, Failure> {
     let c = gateway::conf(&req.conf, link.proto);
     req.upstream.borrow_mut().mark_connected();
-    send(&link.timers, &mut link.conn, &out.out, c.send_timeout()).await?;
-    req.upstream.borrow_mut().sent += out.out.len() as u64;
-    if let Some(b) = &mut out.body {
-        send_body(&link.timers, &mut link.conn, b, c.send_timeout()).await?;
+    match &mut out.body {
+        Some(b) => send_body(&link.timers, &mut link.conn, &out.out, b, c.send_timeout()).await?,
+        None => send(&link.timers, &mut link.conn, &out.out, c.send_timeout()).await?,
     }
+    req.upstream.borrow_mut().sent += out.out.len() as u64;
     let mut body = BytesMut::new();
     let mut head: Option<CgiHead> = None;
     // Whether the answer is held until it is whole (or `*_buffers` are full): `*_buffering`,
@@ -1786,7 +1798,10 @@ async fn exchange(
                 }
                 // Under `proxy_limit_rate` nothing is read ahead of the head: the reads
                 // that follow are paced.
+                // An answer that has all come (a HEAD's, a 304's) is taken whole even
+                // unbuffered, so its connection goes back to the keepalive pool.
                 if head.is_some()
+                    && !link.complete()
                     && (!buffering
                         || body.len() >= c.buffers_total()
                         || (link.proto == Proto::Http && req.conf.proxy.limit_rate() > 0))
@@ -1857,45 +1872,82 @@ async fn send(
     }
 }
 
-/// Send the body that follows the head, each piece framed for the upstream, then the end
-/// of the body: the client's as it arrives (each read waits at most
-/// `client_body_timeout`, in the body source), or a file's from its start. Each write
-/// waits at most `*_send_timeout`.
+/// Send the request's `head` and the body that follows it, framed for the upstream, then
+/// the end of the body: the client's as it arrives (each read waits at most
+/// `client_body_timeout`, in the body source), or a file's from its start. As nginx, what
+/// has come already goes in one write with the head, and after each wait all that has come
+/// by then goes in one write (one chunk, one STDIN record), up to [`FILE_PIECE`] bytes.
+/// Each write waits at most `*_send_timeout`.
 async fn send_body(
     timers: &ReadTimers,
     conn: &mut Conn,
+    head: &[u8],
     b: &mut StreamBody<'_>,
     timeout: Duration,
 ) -> Result<(), Failure> {
     let src = match &mut b.from {
         BodyFrom::Client(src) => &mut **src,
-        BodyFrom::File(f) => return send_file(timers, conn, f, b.frame, timeout).await,
-    };
-    let mut frame = Vec::new();
-    loop {
-        let piece = src.next_piece().await.map_err(Failure::Client)?;
-        frame.clear();
-        match (&piece, b.frame) {
-            (Some(d), BodyFrame::Raw) => {
-                b.started = true;
-                send(timers, conn, d, timeout).await?;
-                continue;
-            }
-            (None, BodyFrame::Raw) => return Ok(()),
-            (Some(d), BodyFrame::Chunked) => {
-                gannet_proto::h1::encode::chunk_size(&mut frame, d.len());
-                frame.extend_from_slice(d);
-                frame.extend_from_slice(b"\r\n");
-            }
-            (None, BodyFrame::Chunked) => frame.extend_from_slice(b"0\r\n\r\n"),
-            (Some(d), BodyFrame::FastCgi) => fastcgi::stdin(&mut frame, d),
-            (None, BodyFrame::FastCgi) => fastcgi::stdin_end(&mut frame),
+        BodyFrom::File(f) => {
+            send(timers, conn, head, timeout).await?;
+            return send_file(timers, conn, f, b.frame, timeout).await;
         }
-        b.started = true;
-        send(timers, conn, &frame, timeout).await?;
-        if piece.is_none() {
+    };
+    let mut frame = head.to_vec();
+    let mut data = Vec::new();
+    let mut first = true;
+    loop {
+        data.clear();
+        let mut end = false;
+        if !first {
+            match src.next_piece().await.map_err(Failure::Client)? {
+                Some(d) => data.extend_from_slice(&d),
+                None => end = true,
+            }
+        }
+        first = false;
+        while !end && data.len() < FILE_PIECE {
+            match ready_piece(src).map_err(Failure::Client)? {
+                Some(Some(d)) => data.extend_from_slice(&d),
+                Some(None) => end = true,
+                None => break,
+            }
+        }
+        if !data.is_empty() {
+            b.started = true;
+            match b.frame {
+                BodyFrame::Raw => frame.extend_from_slice(&data),
+                BodyFrame::Chunked => {
+                    gannet_proto::h1::encode::chunk_size(&mut frame, data.len());
+                    frame.extend_from_slice(&data);
+                    frame.extend_from_slice(b"\r\n");
+                }
+                BodyFrame::FastCgi => fastcgi::stdin(&mut frame, &data),
+            }
+        }
+        if end {
+            match b.frame {
+                BodyFrame::Raw => {}
+                BodyFrame::Chunked => frame.extend_from_slice(b"0\r\n\r\n"),
+                BodyFrame::FastCgi => fastcgi::stdin_end(&mut frame),
+            }
+        }
+        if !frame.is_empty() {
+            send(timers, conn, &frame, timeout).await?;
+            frame.clear();
+        }
+        if end {
             return Ok(());
         }
+    }
+}
+
+/// The body's next piece if it has come already (`Some(None)`: the body's end), without
+/// waiting: `None` when the next piece is still to come.
+fn ready_piece(src: &mut dyn BodySource) -> Result<Option<Option<Bytes>>, BodyError> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match src.next_piece().as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(r) => r.map(Some),
+        std::task::Poll::Pending => Ok(None),
     }
 }
 

@@ -468,7 +468,7 @@ pub async fn serve_h2(
 ) -> Served {
     // A body read already (for a mirror) goes whole, and so does none: the whole exchange
     // up to the head may then move to another server.
-    let whole = match req.body.as_deref() {
+    let whole = match super::gateway::passed_body(req) {
         Some(b) => match body_bytes(b) {
             Some(b) => Some(b),
             None => return Served::Flow(Flow::Status(500)),
@@ -763,7 +763,7 @@ fn relay_failed(
 /// The exchange for an HTTP/1.x client: the body read whole goes up, the answer comes back
 /// whole (its trailers dropped).
 pub async fn run_whole(w: &Worker, req: &Request) -> Flow {
-    let body = match req.body.as_deref().map(body_bytes) {
+    let body = match super::gateway::passed_body(req).map(body_bytes) {
         Some(Some(b)) => b,
         Some(None) => return Flow::Status(500),
         None => Bytes::new(),

@@ -645,6 +645,12 @@ impl<S: Transport> Conn<S> {
             Handled::Gateway => super::gateway::streams(&req),
             _ => None,
         };
+        if stream_body.is_some() {
+            let buffer = usize::try_from(req.conf.client_body.buffer_size()).unwrap_or(usize::MAX);
+            if body::arrived_whole(&mut self.stream, &mut self.buf, req.head.body, buffer) {
+                stream_body = None;
+            }
+        }
         if req.head.body != BodyKind::None {
             let wanted = matches!(handled, Handled::Gateway | Handled::Put);
             // An unused body is read off the wire, unless the client waits for 100-continue
@@ -770,12 +776,9 @@ impl<S: Transport> Conn<S> {
                         // A CGI local redirect is served as a GET (RFC 3875, 6.2.2).
                         req.method_override = Some(Method::Get);
                     }
-                    // An error page or local redirect that reaches an application again
-                    // passes no body (it is fetched with GET). An answer read whole keeps
-                    // it: its `add_header`s may read `$request_body` / `$request_body_file`.
-                    if !matches!(flow, Flow::Done(_)) {
-                        req.body = None;
-                    }
+                    // The body read whole stays, as nginx's `r->request_body`: an error
+                    // page or local redirect reads it in `$request_body`, and passes it on
+                    // again if it reaches an application (with GET, as nginx).
                     handled = handler::resume(&mut req, &w, flow);
                 }
             }
@@ -1113,7 +1116,7 @@ impl<S: Transport> Conn<S> {
                     let end = f.offset + f.len;
                     let mut piece = f.clone();
                     while piece.offset < end {
-                        piece.len = pace.allowance().await.min(end - piece.offset);
+                        piece.len = self.allowance(pace).await?.min(end - piece.offset);
                         let t = self.send_timeout;
                         self.stream.send_file(&[], &piece, use_sendfile, t).await?;
                         pace.wrote(piece.len);
@@ -1125,13 +1128,36 @@ impl<S: Transport> Conn<S> {
         self.write_paced(pace).await
     }
 
+    /// How many bytes the pace allows now, waiting until some may; an error when the client
+    /// closes meanwhile (as nginx's ngx_http_test_reading during a `limit_rate` delay: the
+    /// connection ends then, not when the next write fails).
+    async fn allowance(&mut self, pace: &mut Pace) -> std::io::Result<u64> {
+        let allowance = std::pin::pin!(pace.allowance());
+        let gone = std::pin::pin!(client_gone(&self.w.timers, &mut self.stream, &mut self.buf));
+        let mut race = (allowance, gone);
+        std::future::poll_fn(|cx| {
+            if let std::task::Poll::Ready(n) = std::future::Future::poll(race.0.as_mut(), cx) {
+                return std::task::Poll::Ready(Ok(n));
+            }
+            std::future::Future::poll(race.1.as_mut(), cx)
+                .map(|()| Err(std::io::Error::from(std::io::ErrorKind::ConnectionAborted)))
+        })
+        .await
+    }
+
     /// Write the pending output in the pieces the pace allows.
     async fn write_paced(&mut self, pace: &mut Pace) -> std::io::Result<()> {
         let out = std::mem::take(&mut self.out);
         let mut rest = &out[..];
         let mut r = Ok(());
         while !rest.is_empty() && r.is_ok() {
-            let n = (pace.allowance().await as usize).min(rest.len());
+            let n = match self.allowance(pace).await {
+                Ok(n) => (n as usize).min(rest.len()),
+                Err(e) => {
+                    r = Err(e);
+                    break;
+                }
+            };
             r = self.stream.write_all(&rest[..n], self.send_timeout).await;
             pace.wrote(n as u64);
             rest = &rest[n..];

@@ -457,10 +457,7 @@ async fn answer(
                 // The body, if any, was read whole (a mirror, an error_page's request).
                 match super::grpc::serve_h2(w, &mut req, recv, respond).await {
                     super::grpc::Served::Done => return timeout,
-                    super::grpc::Served::Flow(flow) => {
-                        req.body = None;
-                        handled = handler::resume(&mut req, w, flow)
-                    }
+                    super::grpc::Served::Flow(flow) => handled = handler::resume(&mut req, w, flow),
                 }
             }
             Handled::Gateway => {
@@ -511,10 +508,7 @@ async fn answer(
                     // A CGI local redirect is served as a GET (RFC 3875, 6.2.2).
                     req.method_override = Some(Method::Get);
                 }
-                // As HTTP/1.x: the body stays for an answer read whole (its add_headers).
-                if !matches!(flow, Flow::Done(_)) {
-                    req.body = None;
-                }
+                // As HTTP/1.x: the body read whole stays (error pages, local redirects).
                 handled = handler::resume(&mut req, w, flow);
             }
         }

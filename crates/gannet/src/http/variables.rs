@@ -340,6 +340,11 @@ impl Sent<'_> {
             "content-type" => r.content_type.as_deref(),
             "location" => r.location.as_deref(),
             "etag" => r.etag.as_deref(),
+            // Made by the head encoder; as nginx's ngx_http_variable_sent_connection reads
+            // it in the log phase, where a kept-alive request has had its r->keepalive
+            // cleared (ngx_http_set_keepalive) already: "close" but for an upgrade.
+            "connection" if r.status == 101 => Some("upgrade"),
+            "connection" => Some("close"),
             // Sent by the head encoder from a flag, as it is (`http::response`).
             "accept-ranges" if r.accept_ranges && r.status == 200 => Some("bytes"),
             "last-modified" => {

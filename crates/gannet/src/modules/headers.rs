@@ -294,10 +294,22 @@ fn expires(e: &Expires, fixed: bool, r: &mut Response) {
         Expires::After { secs, modified } => (secs, modified, false),
         Expires::Daily(secs) => (secs, false, true),
     };
-    let last_modified = r.last_modified.map(|t| {
-        t.duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64)
-    });
+    // The file's time, or an application's Last-Modified (nginx parses the upstream's into
+    // last_modified_time, which `modified` counts from).
+    let proxied = || {
+        r.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case("last-modified"))
+            .and_then(|(_, v)| std::str::from_utf8(v.as_ref()).ok())
+            .and_then(|v| httpdate::parse_http_date(v.trim()).ok())
+    };
+    let last_modified = r
+        .last_modified
+        .or_else(|| if modified { proxied() } else { None })
+        .map(|t| {
+            t.duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64)
+        });
     let (when, max_age) = if daily {
         let when = crate::runtime::clock::next_local_time(secs, now);
         (when, when - now)

@@ -155,10 +155,21 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
     let rule = match d.args.get(1) {
         None if a0 == "off" => None,
         None => return Err(d.error(format!("invalid parameter \"{a0}\""))),
-        Some(to) => Some(Rule {
-            from: pattern(d, a0, domain)?,
-            to: Template::compile(to).map_err(|e| d.error(e))?,
-        }),
+        Some(to) => {
+            // A plain domain and its replacement lose a leading dot, as in nginx: the
+            // cookie's own dot is kept apart when matching (see `apply`).
+            let (a0, to) = match domain && !a0.starts_with('~') {
+                true => (
+                    a0.strip_prefix('.').unwrap_or(a0),
+                    to.strip_prefix('.').unwrap_or(to),
+                ),
+                false => (a0, to.as_str()),
+            };
+            Some(Rule {
+                from: pattern(d, a0, domain)?,
+                to: Template::compile(to).map_err(|e| d.error(e))?,
+            })
+        }
     };
     push(d, list, rule)
 }

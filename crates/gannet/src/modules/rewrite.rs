@@ -484,17 +484,27 @@ fn answer(req: &Request, code: u16, text: Option<&Template>) -> Flow {
     if code == 444 {
         return Flow::Close;
     }
-    let Some(text) = text else {
-        return Flow::Status(code);
+    let value = match text {
+        Some(text) => text.eval(req, Some(&Sent::status(code))),
+        // A code under 400 without text is still nginx's ngx_http_send_response, with an
+        // empty body (not the built-in page); a redirect's and an error's are the page.
+        None if (200..400).contains(&code) && !is_redirect(code) => String::new(),
+        None => return Flow::Status(code),
     };
-    let value = text.eval(req, Some(&Sent::status(code)));
     if is_redirect(code) {
         return Flow::Moved(code, value);
     }
     let mut r = Response::new(code);
     // The type of the URI's extension, else `default_type`, as nginx's
-    // ngx_http_send_response (a `return 200 "..."` at /x.html is text/html).
-    r.content_type = Some(req.conf.types.lookup(&req.uri));
+    // ngx_http_send_response (a `return 200 "..."` at /x.html is text/html); a 204 has
+    // none (nginx's header filter drops it) unless an error_page answers with another
+    // status; a 304 still says its (empty) length, as nginx.
+    if code != 204 || req.error_status.is_some() {
+        r.content_type = Some(req.conf.types.lookup(&req.uri));
+    }
+    if code == 304 {
+        r.content_length = Some(value.len() as u64);
+    }
     r.body = Body::bytes(value);
     Flow::Done(r)
 }
