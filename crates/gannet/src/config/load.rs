@@ -98,6 +98,7 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
         log_files: Vec::new(),
         error_files: Vec::new(),
         probes: Vec::new(),
+        staplers: Vec::new(),
         acme: None,
         stream: None,
         temp_dirs: Vec::new(),
@@ -443,6 +444,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
     cfg.listens = groups;
     cfg.log_files = lctx.log_files;
     cfg.probes = lctx.probes;
+    cfg.staplers = std::mem::take(&mut lctx.tls.staplers);
     cfg.acme = std::mem::take(&mut lctx.acme).finish(&mut lctx.warnings)?;
     lctx.temp_dirs.sort();
     lctx.temp_dirs.dedup();
