@@ -137,3 +137,30 @@ def test_verify_with_right_trusted_ca(gannet, ocsp_pki, responder):
     srv = gannet.start(conf=server(ocsp_pki, "good", f"""ssl_stapling_verify on;
         ssl_trusted_certificate {ocsp_pki.d / 'ca.pem'};"""))
     assert wait_until(lambda: stapled(srv.port), 15), srv.error_log()
+
+
+def test_responder_name_through_the_resolver(gannet, ocsp_pki, tmp_path):
+    """`resolver` at http level looks up the responder's name (`ocsp.test`, which only the
+    test's DNS server knows)."""
+    from test_resolver import DNSMASQ, Dns
+    if DNSMASQ is None:
+        pytest.skip("dnsmasq is not installed")
+    dns = Dns(tmp_path)
+    other = Responder(ocsp_pki, free_port())
+    try:
+        dns.set({"ocsp.test": ["127.0.0.1"]})
+        assert wait_until(lambda: dns.address("ocsp.test") == "127.0.0.1")
+        other.start()
+        srv = gannet.start(conf=conf(f"""
+    resolver 127.0.0.1:{dns.port};
+    server {{
+        listen 127.0.0.1:{{port}} ssl;
+        ssl_certificate {ocsp_pki.d / 'good-chain.pem'};
+        ssl_certificate_key {ocsp_pki.d / 'good.key'};
+        ssl_stapling on;
+        ssl_stapling_responder http://ocsp.test:{other.port}/;
+    }}"""))
+        assert wait_until(lambda: stapled(srv.port), 15), srv.error_log()
+    finally:
+        other.stop()
+        dns.stop()

@@ -505,6 +505,11 @@ fn load_server(
     // ALPN offers h2 when the server has `http2 on` or one of its addresses `listen ... http2`.
     let h2 = conf.http2.enabled() || listens.iter().any(|(l, _)| l.http2);
     conf.tls.acme = modules::acme::server_slot(&conf, &server_names, lctx)?;
+    conf.tls.resolver = conf
+        .core
+        .resolver
+        .clone()
+        .map(|r| (r, conf.core.resolver_timeout()));
     let tls = crate::tls::build_server(&conf.tls, h2, lctx, &sd.loc)?;
     if listens.is_empty() {
         listens.push((Listen::default_for_server(), sd.loc.clone()));

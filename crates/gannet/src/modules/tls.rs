@@ -121,6 +121,9 @@ pub struct TlsConf {
     /// The certificate of this server's `acme_certificate`, which `ssl_certificate
     /// $acme_certificate` serves (set per server by `modules::acme`, not inherited).
     pub acme: Option<Arc<crate::acme::Slot>>,
+    /// The server's `resolver` and `resolver_timeout`, for the OCSP responder's name (set
+    /// per server from the core settings, not inherited here).
+    pub resolver: Option<(Arc<crate::resolver::Resolver>, Duration)>,
 }
 
 /// nginx: "one megabyte of the cache can store about 4000 sessions".

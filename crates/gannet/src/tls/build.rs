@@ -121,6 +121,7 @@ pub fn build_server(
                 &trusted,
                 c.stapling_responder.as_deref(),
                 c.stapling_verify.unwrap_or(false),
+                c.resolver.clone(),
                 &cert_file.path.display().to_string(),
             );
             match made {

@@ -10,6 +10,7 @@
 //! The DER is read with RustCrypto's `x509-ocsp`; signatures (`ssl_stapling_verify on`)
 //! are checked with rustls's webpki on aws-lc-rs.
 
+use crate::resolver::Resolver;
 use der::{Decode, Encode};
 use rustls::pki_types::CertificateDer;
 use rustls::sign::CertifiedKey;
@@ -81,6 +82,9 @@ pub struct Stapler {
     responder: Responder,
     /// The certificate's file, as nginx names it in its log lines.
     file: String,
+    /// The server's `resolver` for the responder's name (else the system's, as nginx,
+    /// which resolves it when the configuration loads).
+    resolver: Option<(Arc<Resolver>, Duration)>,
     /// `ssl_stapling_verify on`: the trust anchors (`ssl_trusted_certificate`) and the
     /// chain's other certificates a signer may chain through.
     verify: Option<(Vec<Certificate>, Vec<Certificate>)>,
@@ -92,6 +96,7 @@ pub fn setup(
     trusted: &[CertificateDer<'static>],
     responder: Option<&str>,
     verify: bool,
+    resolver: Option<(Arc<Resolver>, Duration)>,
     file: &str,
 ) -> Result<Arc<Stapler>, String> {
     let parse = |d: &CertificateDer| Certificate::from_der(d.as_ref()).ok();
@@ -127,6 +132,7 @@ pub fn setup(
         issuer,
         responder,
         file: file.to_string(),
+        resolver,
         verify: verify.then_some((anchors, chain)),
     }))
 }
@@ -275,7 +281,26 @@ impl Stapler {
                 c => path.push(c),
             }
         }
-        let mut s = tokio::net::TcpStream::connect((r.host.as_str(), r.port))
+        let addrs: Vec<std::net::SocketAddr> = match &self.resolver {
+            Some((res, timeout)) if !crate::resolver::is_literal(&r.host) => res
+                .lookup(&r.host, *timeout)
+                .await
+                .map_err(|f| self.failed(&format!("{} could not be resolved ({f})", r.host)))?
+                .0
+                .into_iter()
+                .map(|ip| (ip, r.port).into())
+                .collect(),
+            _ => tokio::net::lookup_host((r.host.as_str(), r.port))
+                .await
+                .map_err(|_| {
+                    self.failed(&format!(
+                        "{} could not be resolved (3: Host not found)",
+                        r.host
+                    ))
+                })?
+                .collect(),
+        };
+        let mut s = tokio::net::TcpStream::connect(&addrs[..])
             .await
             .map_err(|e| {
                 self.failed(&format!(
