@@ -52,6 +52,13 @@ def ocsp_pki(tmp_path_factory):
         # The served chain: leaf then CA, so the issuer is known.
         (p.d / f"{name}-chain.pem").write_text((p.d / f"{name}.pem").read_text() + (p.d / "ca.pem").read_text())
     openssl("ca", "-config", "ca.cnf", "-cert", "ca.pem", "-keyfile", "ca.key", "-revoke", "revoked.pem", cwd=p.d)
+    # Signers for the responder: one the CA delegated OCSP signing to, one it did not.
+    for name, eku in (("delegate", "OCSPSigning"), ("plain", "serverAuth")):
+        openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=p.d)
+        (p.d / f"{name}.ext").write_text(f"extendedKeyUsage={eku}\n")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=p.d)
     # A CA of no relation, for a failing ssl_stapling_verify.
     (p.d / "other").mkdir()
     openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
@@ -164,3 +171,22 @@ def test_responder_name_through_the_resolver(gannet, ocsp_pki, tmp_path):
     finally:
         other.stop()
         dns.stop()
+
+
+@pytest.mark.parametrize("signer,staples", [("delegate", True), ("plain", False)])
+def test_verify_accepts_only_the_issuer_or_its_delegate(gannet, ocsp_pki, signer, staples):
+    """A response signed by a certificate of the CA's is trusted only if the CA gave it
+    OCSP signing (RFC 6960 4.2.2.2), as OpenSSL's OCSP_basic_verify."""
+    r = Responder(ocsp_pki, free_port(), signer=signer)
+    r.start()
+    try:
+        srv = gannet.start(conf=server(ocsp_pki, "good", f"""ssl_stapling_verify on;
+            ssl_stapling_responder http://127.0.0.1:{r.port}/;
+            ssl_trusted_certificate {ocsp_pki.d / 'ca.pem'};"""))
+        if staples:
+            assert wait_until(lambda: stapled(srv.port), 15), srv.error_log()
+        else:
+            assert wait_until(lambda: "OCSP_basic_verify() failed" in srv.error_log(), 15), srv.error_log()
+            assert NONE in s_client(srv.port, "-status")
+    finally:
+        r.stop()

@@ -23,6 +23,8 @@ use x509_ocsp::{BasicOcspResponse, CertId, CertStatus, OcspRequest, OcspResponse
 const AIA: &str = "1.3.6.1.5.5.7.1.1";
 const AD_OCSP: &str = "1.3.6.1.5.5.7.48.1";
 const BASIC: &str = "1.3.6.1.5.5.7.48.1.1";
+const EKU: &str = "2.5.29.37";
+const OCSP_SIGNING: &str = "1.3.6.1.5.5.7.3.9";
 const SHA1: &str = "1.3.14.3.2.26";
 /// nginx's `ssl_stapling_responder` and resolver timeouts are not configurable here.
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -322,16 +324,21 @@ impl Stapler {
                 crate::errlog::errno_text(&e)
             ))
         })?;
-        let invalid = || self.failed("OCSP responder sent invalid response");
-        let end = memchr::memmem::find(&resp, b"\r\n\r\n").ok_or_else(|| {
-            if resp.is_empty() {
-                self.failed("OCSP responder prematurely closed connection")
-            } else {
-                invalid()
+        // Lines end in CRLF or, as nginx's parser also takes, a bare LF.
+        let (end, sep) = match (
+            memchr::memmem::find(&resp, b"\r\n\r\n"),
+            memchr::memmem::find(&resp, b"\n\n"),
+        ) {
+            (Some(a), Some(b)) if b < a => (b, 2),
+            (Some(a), _) => (a, 4),
+            (None, Some(b)) => (b, 2),
+            (None, None) if resp.is_empty() => {
+                return Err(self.failed("OCSP responder prematurely closed connection"))
             }
-        })?;
+            (None, None) => return Err(self.failed("OCSP responder sent invalid response")),
+        };
         let head = String::from_utf8_lossy(&resp[..end]).into_owned();
-        let mut lines = head.split("\r\n");
+        let mut lines = head.lines();
         let status = lines.next().unwrap_or_default();
         let code = status.split(' ').nth(1).unwrap_or_default();
         if code != "200" {
@@ -351,7 +358,7 @@ impl Stapler {
                 }
             }
         }
-        Ok(resp[end + 4..].to_vec())
+        Ok(resp[end + sep..].to_vec())
     }
 
     /// The response's judgement, as nginx's ngx_ssl_ocsp_verify: successful, (signed by
@@ -422,6 +429,10 @@ impl Stapler {
         else {
             return false;
         };
+        // RFC 6960 4.2.2.2: the issuer itself, or a responder it delegated to.
+        if *signer != self.issuer && !self.delegated(signer) {
+            return false;
+        }
         // Up the chain to an anchor (a few steps at most).
         let pool: Vec<&Certificate> = anchors
             .iter()
@@ -451,6 +462,27 @@ impl Stapler {
             }
         }
         false
+    }
+}
+
+impl Stapler {
+    /// A certificate the issuer signed for OCSP signing (extended key usage
+    /// id-kp-OCSPSigning).
+    fn delegated(&self, c: &Certificate) -> bool {
+        use x509_cert::ext::pkix::ExtendedKeyUsage;
+        let (Ok(tbs), Some(sig)) = (c.tbs_certificate.to_der(), c.signature.as_bytes()) else {
+            return false;
+        };
+        let eku = c
+            .tbs_certificate
+            .extensions
+            .iter()
+            .flatten()
+            .find(|e| e.extn_id.to_string() == EKU)
+            .and_then(|e| ExtendedKeyUsage::from_der(e.extn_value.as_bytes()).ok());
+        c.tbs_certificate.issuer == self.issuer.tbs_certificate.subject
+            && eku.is_some_and(|u| u.0.iter().any(|o| o.to_string() == OCSP_SIGNING))
+            && signed(&self.issuer, &c.signature_algorithm, &tbs, sig)
     }
 }
 
