@@ -4,6 +4,7 @@ the test CA's index; `openssl s_client -status` reads what the server staples.""
 from __future__ import annotations
 
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,14 @@ def ocsp_pki(tmp_path_factory):
     openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
             "-keyout", "other/ca.key", "-out", "other/ca.pem", "-days", "3", "-subj", "/CN=Other CA", cwd=p.d)
     return p
+
+
+@contextmanager
+def stopping(r: Responder):
+    try:
+        yield r
+    finally:
+        r.stop()
 
 
 @pytest.fixture
@@ -131,12 +140,27 @@ def test_bad_responder_url_is_a_warning(gannet, ocsp_pki):
     assert '"ssl_stapling" ignored, invalid URL prefix in OCSP responder "https://127.0.0.1/"' in r.stderr
 
 
-def test_verify_with_wrong_trusted_ca(gannet, ocsp_pki, responder):
+def test_verify_with_wrong_trusted_ca(gannet, ocsp_pki):
+    """A delegated responder's certificate must chain up to `ssl_trusted_certificate`."""
+    r = Responder(ocsp_pki, free_port(), signer="delegate")
+    r.start()
+    try:
+        srv = gannet.start(conf=server(ocsp_pki, "good", f"""ssl_stapling_verify on;
+            ssl_stapling_responder http://127.0.0.1:{r.port}/;
+            ssl_trusted_certificate {ocsp_pki.d / 'other/ca.pem'};"""))
+        assert wait_until(lambda: "OCSP_basic_verify() failed" in srv.error_log(), 15), srv.error_log()
+        assert NONE in s_client(srv.port, "-status")
+    finally:
+        r.stop()
+
+
+def test_verify_trusts_a_signer_served_in_the_chain(gannet, ocsp_pki, responder):
+    """As nginx (OCSP_TRUSTOTHER): the CA served after the certificate signed the response,
+    which is enough whatever `ssl_trusted_certificate` holds."""
     responder.start()
     srv = gannet.start(conf=server(ocsp_pki, "good", f"""ssl_stapling_verify on;
         ssl_trusted_certificate {ocsp_pki.d / 'other/ca.pem'};"""))
-    assert wait_until(lambda: "OCSP_basic_verify() failed" in srv.error_log(), 15), srv.error_log()
-    assert NONE in s_client(srv.port, "-status")
+    assert wait_until(lambda: stapled(srv.port), 15), srv.error_log()
 
 
 def test_verify_with_right_trusted_ca(gannet, ocsp_pki, responder):
@@ -190,3 +214,43 @@ def test_verify_accepts_only_the_issuer_or_its_delegate(gannet, ocsp_pki, signer
             assert NONE in s_client(srv.port, "-status")
     finally:
         r.stop()
+
+
+@pytest.mark.parametrize("cert,signer,extra,good,logged", [
+    ("good", "ca", "", True, None),
+    ("revoked", "ca", "", False, 'certificate status "revoked" in the OCSP response'),
+    ("good", "ca", "ssl_stapling_verify on; ssl_trusted_certificate {other};", True, None),
+    ("good", "delegate", "ssl_stapling_verify on; ssl_trusted_certificate {other};", False,
+     "OCSP_basic_verify() failed"),
+    ("good", "delegate", "ssl_stapling_verify on; ssl_trusted_certificate {ca};", True, None),
+    ("good", "plain", "ssl_stapling_verify on; ssl_trusted_certificate {ca};", False, "OCSP_basic_verify() failed"),
+])
+def test_stapled_status_as_nginx(tmp_path, ocsp_pki, cert, signer, extra, good, logged):
+    """Debian's nginx on the same config against the same responder: the same staple (nginx
+    asks on the first handshake, gannet at start; both are waited for) and the same log line."""
+    from nginx_peer import NGINX, PEER_MAIN, side_by_side
+    if NGINX is None:
+        pytest.skip("Debian's nginx is installed by scripts/test-all.sh")
+    responder = Responder(ocsp_pki, free_port(), signer=signer)
+    extra = extra.format(other=ocsp_pki.d / "other/ca.pem", ca=ocsp_pki.d / "ca.pem")
+    extra += f" ssl_stapling_responder http://127.0.0.1:{responder.port}/;"
+    text = PEER_MAIN + f"""
+http {{
+    server {{
+        listen 127.0.0.1:{{port}} ssl;
+        ssl_certificate {ocsp_pki.d / (cert + '-chain.pem')};
+        ssl_certificate_key {ocsp_pki.d / (cert + '.key')};
+        ssl_stapling on;
+        {extra}
+        location / {{ return 200 "ok\\n"; }}
+    }}
+}}"""
+    responder.start()
+    with stopping(responder), side_by_side(tmp_path, text) as (srv, nginx_port):
+        for port, log in ((srv.port, tmp_path / "gannet/error.log"), (nginx_port, tmp_path / "nginx/error.log")):
+            if good:
+                assert wait_until(lambda: stapled(port), 15), log.read_text()
+            else:
+                # A handshake makes nginx ask; then its answer is judged and logged.
+                assert wait_until(lambda: NONE in s_client(port, "-status") and logged in log.read_text(), 15), \
+                    log.read_text()

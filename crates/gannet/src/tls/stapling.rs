@@ -407,8 +407,9 @@ impl Stapler {
         )))
     }
 
-    /// OCSP_basic_verify: the signer (the issuer itself, or a certificate the response
-    /// carries) signed the response, and chains up to a trusted certificate.
+    /// OCSP_basic_verify with nginx's flags: the response is signed by a certificate served
+    /// in this one's chain, or by one it carries that chains up to `ssl_trusted_certificate`
+    /// and is the issuer itself or its delegated responder.
     fn verified(
         &self,
         basic: &BasicOcspResponse,
@@ -421,6 +422,14 @@ impl Stapler {
         let Some(sig) = basic.signature.as_bytes() else {
             return false;
         };
+        // nginx passes OCSP_TRUSTOTHER: a signer among the certificates served with this one
+        // is trusted as it is.
+        if chain
+            .iter()
+            .any(|c| signed(c, &basic.signature_algorithm, &tbs, sig))
+        {
+            return true;
+        }
         let carried = basic.certs.as_deref().unwrap_or_default();
         let candidates = carried.iter().chain(std::iter::once(&self.issuer));
         let Some(signer) = candidates
