@@ -254,3 +254,24 @@ http {{
                 # A handshake makes nginx ask; then its answer is judged and logged.
                 assert wait_until(lambda: NONE in s_client(port, "-status") and logged in log.read_text(), 15), \
                     log.read_text()
+
+
+def test_stream_server_staples(gannet, ocsp_pki, responder):
+    """The stream module's TLS servers staple the same way."""
+    responder.start()
+    srv = gannet.start(conf=f"""
+worker_processes 1;
+pid {{tmp}}/gannet.pid;
+error_log {{tmp}}/error.log info;
+events {{ }}
+stream {{
+    server {{
+        listen 127.0.0.1:{{port}} ssl;
+        ssl_certificate {ocsp_pki.d / 'good-chain.pem'};
+        ssl_certificate_key {ocsp_pki.d / 'good.key'};
+        ssl_stapling on;
+        return "ok\\n";
+    }}
+}}""")
+    out = lambda: s_client(srv.port, "-status", request=b"")
+    assert wait_until(lambda: all(s in out() for s in GOOD), 15), srv.error_log()

@@ -140,6 +140,7 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
         let notes = (&mut cfg.notices, &mut cfg.warnings);
         let mut conf = crate::stream::build(stream, prefix, &http, notes)?;
         cfg.error_files.append(&mut conf.error_files);
+        cfg.staplers.append(&mut conf.staplers);
         cfg.stream = Some(Arc::new(conf));
     }
     user_vars::check()?;
