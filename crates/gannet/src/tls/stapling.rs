@@ -55,8 +55,10 @@ impl Responder {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
         };
+        // `[::1]` alone has no port; `[::1]:8080` and `host:8080` have.
+        let bare_v6 = hostport.starts_with('[') && hostport.ends_with(']');
         let (host, port) = match hostport.rsplit_once(':') {
-            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (
+            Some((h, p)) if !bare_v6 => (
                 h,
                 p.parse::<u16>()
                     .map_err(|_| format!("invalid port in OCSP responder \"{url}\""))?,
@@ -527,4 +529,33 @@ pub fn spawn_all(staplers: &[Arc<Stapler>]) -> Vec<tokio::task::JoinHandle<()>> 
         .iter()
         .map(|s| tokio::task::spawn_local(s.clone().run()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Responder;
+
+    #[test]
+    fn responder_urls() {
+        let r = Responder::parse("http://[::1]/ocsp").unwrap();
+        assert_eq!(
+            (r.host.as_str(), r.port, r.path.as_str()),
+            ("::1", 80, "/ocsp")
+        );
+        let r = Responder::parse("HTTP://[::1]:8081").unwrap();
+        assert_eq!(
+            (r.host.as_str(), r.port, r.path.as_str()),
+            ("::1", 8081, "/")
+        );
+        let r = Responder::parse("http://ocsp.example:81/a/b").unwrap();
+        assert_eq!(
+            (r.host.as_str(), r.port, r.path.as_str()),
+            ("ocsp.example", 81, "/a/b")
+        );
+        assert!(Responder::parse("https://ocsp.example/")
+            .unwrap_err()
+            .starts_with("invalid URL prefix"));
+        assert!(Responder::parse("http://:80/").is_err());
+        assert!(Responder::parse("http://h:x/").is_err());
+    }
 }
