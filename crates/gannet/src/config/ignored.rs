@@ -77,10 +77,6 @@ pub const IGNORED: &[(&str, &str)] = &[
         "ssl_dhparam",
         "rustls offers no finite-field DHE suites (ECDHE is always used)",
     ),
-    (
-        "ssl_stapling_verify",
-        "the response in ssl_stapling_file is stapled as it is",
-    ),
     ("ssl_buffer_size", "rustls sizes its TLS records itself"),
     (
         "ssl_session_ticket_key",

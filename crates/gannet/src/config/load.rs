@@ -98,6 +98,7 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
         log_files: Vec::new(),
         error_files: Vec::new(),
         probes: Vec::new(),
+        staplers: Vec::new(),
         acme: None,
         stream: None,
         temp_dirs: Vec::new(),
@@ -139,6 +140,7 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
         let notes = (&mut cfg.notices, &mut cfg.warnings);
         let mut conf = crate::stream::build(stream, prefix, &http, notes)?;
         cfg.error_files.append(&mut conf.error_files);
+        cfg.staplers.append(&mut conf.staplers);
         cfg.stream = Some(Arc::new(conf));
     }
     user_vars::check()?;
@@ -443,6 +445,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
     cfg.listens = groups;
     cfg.log_files = lctx.log_files;
     cfg.probes = lctx.probes;
+    cfg.staplers = std::mem::take(&mut lctx.tls.staplers);
     cfg.acme = std::mem::take(&mut lctx.acme).finish(&mut lctx.warnings)?;
     lctx.temp_dirs.sort();
     lctx.temp_dirs.dedup();
@@ -503,6 +506,11 @@ fn load_server(
     // ALPN offers h2 when the server has `http2 on` or one of its addresses `listen ... http2`.
     let h2 = conf.http2.enabled() || listens.iter().any(|(l, _)| l.http2);
     conf.tls.acme = modules::acme::server_slot(&conf, &server_names, lctx)?;
+    conf.tls.resolver = conf
+        .core
+        .resolver
+        .clone()
+        .map(|r| (r, conf.core.resolver_timeout()));
     let tls = crate::tls::build_server(&conf.tls, h2, lctx, &sd.loc)?;
     if listens.is_empty() {
         listens.push((Listen::default_for_server(), sd.loc.clone()));

@@ -41,6 +41,8 @@ pub struct Config {
     pub error_files: Vec<Arc<crate::errlog::Log>>,
     /// Every `health_check`: what the first worker probes.
     pub probes: Vec<Probe>,
+    /// Every certificate stapled from its OCSP responder: what the first worker queries.
+    pub staplers: Vec<Arc<crate::tls::stapling::Stapler>>,
     /// The ACME certificates and pending HTTP-01 challenges (`acme_certificate`).
     pub acme: Option<Arc<crate::acme::Acme>>,
     /// The `stream {}` block, if any; its listens come after `listens` in the group

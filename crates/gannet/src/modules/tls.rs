@@ -3,7 +3,8 @@
 //!
 //! Directives: `ssl_certificate`, `ssl_certificate_key`, `ssl_password_file`, `ssl_protocols`, `ssl_ciphers`,
 //! `ssl_prefer_server_ciphers`, `ssl_session_cache`, `ssl_session_timeout`,
-//! `ssl_session_tickets`, `ssl_stapling`, `ssl_stapling_file`, `ssl_client_certificate`,
+//! `ssl_session_tickets`, `ssl_stapling`, `ssl_stapling_file`, `ssl_stapling_responder`,
+//! `ssl_stapling_verify`, `ssl_client_certificate`,
 //! `ssl_trusted_certificate`, `ssl_crl`, `ssl_verify_client`, `ssl_reject_handshake`,
 //! `ssl_ecdh_curve`. (`listen ... ssl` is in `config::listen`.)
 
@@ -40,6 +41,8 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("ssl_session_tickets", Args::Exactly(1)),
     spec("ssl_stapling", Args::Exactly(1)),
     spec("ssl_stapling_file", Args::Exactly(1)),
+    spec("ssl_stapling_responder", Args::Exactly(1)),
+    spec("ssl_stapling_verify", Args::Exactly(1)),
     spec("ssl_client_certificate", Args::Exactly(1)),
     spec("ssl_trusted_certificate", Args::Exactly(1)),
     spec("ssl_crl", Args::Exactly(1)),
@@ -101,6 +104,9 @@ pub struct TlsConf {
     pub session_tickets: Option<bool>,
     pub stapling: Option<(bool, Loc)>,
     pub stapling_file: Option<FileArg>,
+    /// `ssl_stapling_responder`: the URL asked instead of the certificate's.
+    pub stapling_responder: Option<String>,
+    pub stapling_verify: Option<bool>,
     pub client_certificate: Option<FileArg>,
     /// CAs trusted for client chains but not named to clients.
     pub trusted_certificate: Option<FileArg>,
@@ -115,6 +121,9 @@ pub struct TlsConf {
     /// The certificate of this server's `acme_certificate`, which `ssl_certificate
     /// $acme_certificate` serves (set per server by `modules::acme`, not inherited).
     pub acme: Option<Arc<crate::acme::Slot>>,
+    /// The server's `resolver` and `resolver_timeout`, for the OCSP responder's name (set
+    /// per server from the core settings, not inherited here).
+    pub resolver: Option<(Arc<crate::resolver::Resolver>, Duration)>,
 }
 
 /// nginx: "one megabyte of the cache can store about 4000 sessions".
@@ -138,6 +147,8 @@ impl TlsConf {
             session_tickets,
             stapling,
             stapling_file,
+            stapling_responder,
+            stapling_verify,
             client_certificate,
             verify_depth,
             trusted_certificate,
@@ -212,6 +223,9 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             c.stapling = Some((on, d.loc.clone()));
         }
         "ssl_stapling_file" => c.stapling_file = Some(file(d, ctx)),
+        // A bad URL is found, as nginx's, when a certificate is set up (a warning then).
+        "ssl_stapling_responder" => c.stapling_responder = Some(d.args[0].clone()),
+        "ssl_stapling_verify" => c.stapling_verify = Some(setters::flag(d)?),
         "ssl_client_certificate" => c.client_certificate = Some(file(d, ctx)),
         "ssl_trusted_certificate" => c.trusted_certificate = Some(file(d, ctx)),
         "ssl_crl" => c.crl = Some(file(d, ctx)),

@@ -264,7 +264,9 @@ pub fn run(
             crate::acme::spawn(acme);
         }
         let probes = if probe {
-            crate::conn::health::spawn_all(&w.config.probes)
+            let mut t = crate::conn::health::spawn_all(&w.config.probes);
+            t.extend(crate::tls::stapling::spawn_all(&w.config.staplers));
+            t
         } else {
             Vec::new()
         };

@@ -56,6 +56,8 @@ pub struct StreamConf {
     pub logs: Vec<Arc<log::Log>>,
     /// Every stream `error_log` file (moved to `Config::error_files`, reopened with them).
     pub error_files: Vec<Arc<crate::errlog::Log>>,
+    /// The certificates stapled from their OCSP responders (moved to `Config::staplers`).
+    pub staplers: Vec<Arc<crate::tls::stapling::Stapler>>,
 }
 
 /// Build the `stream` block. `http`: the addresses http listens on (the same TCP address
@@ -126,6 +128,7 @@ pub fn build(
         servers: Vec::new(),
         logs: Vec::new(),
         error_files: Vec::new(),
+        staplers: Vec::new(),
     };
     for s in body.iter().filter(|d| d.name == "server") {
         let (server, listens) = core::server(s, &top, &ctx)?;
@@ -144,5 +147,6 @@ pub fn build(
     let mut h = ctx.http.borrow_mut();
     notes.0.append(&mut h.notices);
     notes.1.append(&mut h.warnings);
+    out.staplers = std::mem::take(&mut h.tls.staplers);
     Ok(out)
 }

@@ -6,6 +6,7 @@ use super::certs::{self, load_chain, load_key};
 use super::crl::Crls;
 use super::resolve::KeyPairs;
 use super::session::{rotating_keys, TimedCache, TimedTickets};
+use super::stapling;
 use super::verify::{ClientRoots, DeferredVerifier};
 use super::ServerTls;
 use crate::modules::tls::{FileArg, SessionCache, TlsConf, VerifyClient};
@@ -32,6 +33,8 @@ pub struct LoadState {
     /// Upstream client setups by their settings (see `client::build`), so the locations
     /// that inherit the same `proxy_ssl_*` share one.
     pub(super) clients: HashMap<String, Arc<super::client::ClientTls>>,
+    /// The certificates stapled from their OCSP responders (`tls::stapling`).
+    pub staplers: Vec<Arc<super::stapling::Stapler>>,
 }
 
 fn err(loc: &Loc, msg: impl std::fmt::Display) -> ConfError {
@@ -60,6 +63,11 @@ pub fn build_server(
     let keys = c.keys.as_deref().unwrap_or_default();
     let provider = Arc::new(provider(c.ciphers.as_deref(), c.ecdh_curves.as_deref()));
     let mut pairs = Vec::new();
+    let mut staples = Vec::new();
+    let trusted = match (&c.stapling, &c.stapling_file, &c.trusted_certificate) {
+        (Some((true, _)), None, Some(f)) => load_chain(f, "trusted certificate")?,
+        _ => Vec::new(),
+    };
     for (i, cert_file) in certs.iter().enumerate() {
         if crate::acme::names_variable(&cert_file.path) {
             // `ssl_certificate $acme_certificate`: the certificate comes later, into the
@@ -104,8 +112,33 @@ pub fn build_server(
                 ),
             ));
         }
-        ck.ocsp = stapled(c, &mut lctx.notices)?;
-        pairs.push(Arc::new(ck));
+        ck.ocsp = stapled(c)?;
+        let ck = Arc::new(ck);
+        let queried = matches!((&c.stapling, &c.stapling_file), (Some((true, _)), None));
+        let stapler = if queried {
+            let made = stapling::setup(
+                ck.clone(),
+                &trusted,
+                c.stapling_responder.as_deref(),
+                c.stapling_verify.unwrap_or(false),
+                c.resolver.clone(),
+                &cert_file.path.display().to_string(),
+            );
+            match made {
+                Ok(s) => {
+                    lctx.tls.staplers.push(s.clone());
+                    Some(s)
+                }
+                Err(w) => {
+                    lctx.warnings.push(w);
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        staples.push(stapler);
+        pairs.push(ck);
     }
     let protocols = c.protocols();
     let mut versions: Vec<&'static SupportedProtocolVersion> = Vec::new();
@@ -128,6 +161,7 @@ pub fn build_server(
     };
     let mut config = builder.with_cert_resolver(Arc::new(KeyPairs {
         keys: pairs,
+        staples,
         acme: c.acme.clone(),
         acme_serves: certs.iter().any(|f| crate::acme::names_variable(&f.path)),
         suites: provider.cipher_suites.clone(),
@@ -194,19 +228,10 @@ pub(super) fn provider(
     p
 }
 
-/// The OCSP response to staple (`ssl_stapling on` with `ssl_stapling_file`).
-fn stapled(c: &TlsConf, notices: &mut Vec<String>) -> Result<Option<Vec<u8>>, ConfError> {
-    let Some((true, loc)) = &c.stapling else {
-        return Ok(None);
-    };
-    let Some(f) = &c.stapling_file else {
-        let notice = format!(
-            "{loc}: \"ssl_stapling\" staples only the response in \"ssl_stapling_file\" \
-             (gannet does not query OCSP responders); nothing is stapled"
-        );
-        if !notices.contains(&notice) {
-            notices.push(notice);
-        }
+/// The OCSP response to staple from `ssl_stapling_file` (without one, `stapling` queries
+/// the responder).
+fn stapled(c: &TlsConf) -> Result<Option<Vec<u8>>, ConfError> {
+    let (Some((true, _)), Some(f)) = (&c.stapling, &c.stapling_file) else {
         return Ok(None);
     };
     let der = std::fs::read(&f.path).map_err(|e| {

@@ -20,6 +20,7 @@ pub mod crl;
 pub mod handshake;
 mod resolve;
 mod session;
+pub mod stapling;
 pub mod vars;
 pub mod verify;
 

@@ -12,6 +12,8 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct KeyPairs {
     pub keys: Vec<Arc<CertifiedKey>>,
+    /// Per key: its staple's current state when it is queried from a responder.
+    pub staples: Vec<Option<Arc<super::stapling::Stapler>>>,
     /// The server's `acme_certificate`: its TLS-ALPN-01 validation certificates, and with
     /// `ssl_certificate $acme_certificate` (`acme_serves`) the certificate ACME got (or will
     /// get), read at each handshake so a new one serves at once; none yet refuses the
@@ -23,6 +25,14 @@ pub struct KeyPairs {
 }
 
 impl KeyPairs {
+    /// Key `i`, with the staple its responder last gave.
+    fn get(&self, i: usize) -> Option<Arc<CertifiedKey>> {
+        match self.staples.get(i) {
+            Some(Some(s)) => Some(s.current()),
+            _ => self.keys.get(i).cloned(),
+        }
+    }
+
     /// Whether some suite offered by both sides can be used with this key.
     fn usable(&self, ck: &CertifiedKey, hello: &ClientHello<'_>) -> bool {
         let alg = ck.key.algorithm();
@@ -49,20 +59,16 @@ impl ResolvesServerCert for KeyPairs {
             }
         }
         for scheme in hello.signature_schemes() {
-            let found = self
-                .keys
-                .iter()
-                .find(|ck| ck.key.choose_scheme(&[*scheme]).is_some() && self.usable(ck, &hello));
-            if let Some(ck) = found {
-                return Some(ck.clone());
+            let found = self.keys.iter().position(|ck| {
+                ck.key.choose_scheme(&[*scheme]).is_some() && self.usable(ck, &hello)
+            });
+            if let Some(i) = found {
+                return self.get(i);
             }
         }
         // Nothing fits the client's list: let rustls refuse with the first pair (it sends
         // the right alert).
-        self.keys
-            .iter()
-            .find(|ck| self.usable(ck, &hello))
-            .or(self.keys.first())
-            .cloned()
+        let i = self.keys.iter().position(|ck| self.usable(ck, &hello));
+        self.get(i.unwrap_or(0))
     }
 }
