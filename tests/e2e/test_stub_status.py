@@ -103,7 +103,17 @@ def test_counts_sum_worker_threads_and_survive_reload(gannet):
         m = LAYOUT.match(get(srv.port, "/status")[2])
         return tuple(int(x) for x in m.groups())
 
-    base = counts()
+    # The start-up probe's connection may still be on its way to being counted by another
+    # worker thread: the base is taken once two reads in a row differ by their own
+    # connection alone.
+    seen = [counts()]
+
+    def settled():
+        seen.append(counts())
+        return seen[-1][1] - seen[-2][1] == 1
+
+    assert wait_until(settled, 5)
+    base = seen[-1]
     for _ in range(40):
         get(srv.port, "/a.txt")
     after = counts()
