@@ -16,9 +16,8 @@
 //! the same; its body is a range of the entry file, sent like a static file's (sendfile,
 //! byte ranges).
 //!
-//! Entry files are opened and written off the event loop (`cache::entry`): a lookup is one
-//! hop to the blocking pool (two when the entry has a `Vary` variant to open next), a hit
-//! no more than that.
+//! Entry files are opened on the worker thread, as static files (`cache::entry::lookup`),
+//! and written off the event loop.
 
 use super::gateway::answer;
 use crate::cache::entry::{self, Meta, Writer};
