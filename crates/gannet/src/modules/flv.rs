@@ -34,7 +34,7 @@ pub fn set(_d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), C
 pub fn handle(req: &Request, w: &Worker) -> Flow {
     let f = match static_files::open_media(req, w) {
         Ok(f) => f,
-        Err(flow) => return flow,
+        Err(flow) => return *flow,
     };
     let mut r = static_files::file_response(req, &f);
     // nginx's `ngx_atoof`: digits only; 0, anything else or past the end: the whole file.

@@ -146,7 +146,7 @@ impl moov::Source for MemSrc<'_> {
 pub fn handle(req: &Request, w: &Worker) -> Flow {
     let f = match static_files::open_media(req, w) {
         Ok(f) => f,
-        Err(flow) => return flow,
+        Err(flow) => return *flow,
     };
     let mut r = static_files::file_response(req, &f);
     // `start` and `end` as nginx reads them: a bad value counts as absent; an `end` alone

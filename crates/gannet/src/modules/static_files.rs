@@ -307,19 +307,20 @@ pub fn file_response(req: &Request, f: &super::file_cache::OpenFile) -> Response
 /// The regular file a pseudo-streaming handler (flv, mp4) serves, or what to answer instead:
 /// 405 for other methods than GET/HEAD, the next handler for a directory URI or a directory
 /// (the static handler's redirect), the open error's status.
-pub fn open_media(req: &Request, w: &Worker) -> Result<super::file_cache::OpenFile, Flow> {
+/// (Boxed: a `Flow` is large and this is the rare path.)
+pub fn open_media(req: &Request, w: &Worker) -> Result<super::file_cache::OpenFile, Box<Flow>> {
     if !matches!(req.method(), Method::Get | Method::Head) {
-        return Err(Flow::Status(405));
+        return Err(Box::new(Flow::Status(405)));
     }
     if req.uri.ends_with('/') {
-        return Err(Flow::Next);
+        return Err(Box::new(Flow::Next));
     }
     let path = req.filename_for(&req.uri);
     let f = req
         .open_file(w, &path)
-        .map_err(|kind| Flow::Status(file_error(req, kind, &path)))?;
+        .map_err(|kind| Box::new(Flow::Status(file_error(req, kind, &path))))?;
     if !f.is_file {
-        return Err(Flow::Next);
+        return Err(Box::new(Flow::Next));
     }
     Ok(f)
 }
