@@ -98,15 +98,7 @@ enum End {
 /// Serve one accepted connection until it closes or parks.
 pub async fn serve(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, group: usize) {
     let g = &w.config.listens[group];
-    // A listen on a specific address already says where the connection arrived: spare
-    // the getsockname() call (one of the handful of syscalls a short connection costs).
-    let local = if g.listen.unix.is_some() {
-        g.listen.addr
-    } else if g.listen.addr.ip().is_unspecified() {
-        stream.local_addr().unwrap_or(g.listen.addr)
-    } else {
-        g.listen.addr
-    };
+    let local = g.listen.local_of(&stream);
     // client_header_timeout runs from here, through a PROXY protocol header and a TLS
     // handshake, to the end of the first request's head, as nginx's one timer does.
     let born = Instant::now();
