@@ -16,12 +16,14 @@ use super::request_body::Failed;
 use super::source::Source;
 use crate::config::ListenGroup;
 use crate::errlog::{self, Level};
+use crate::http::encoder::Encoder;
 use crate::http::handler::{self, Flow, Handled};
 use crate::http::request::{ConnInfo, Request};
 use crate::http::response::Response;
 use crate::http::router::select_server;
 use crate::modules::gateway::Streamed;
 use crate::runtime::worker::Worker;
+use bytes::Bytes;
 use gannet_proto::h1::{BodyKind, Method, RequestHead};
 use gannet_proto::uri::Target;
 use std::rc::Rc;
@@ -336,4 +338,49 @@ pub fn declared_empty(req: &Request, handled: &Handled) -> bool {
     matches!(req.head.body, BodyKind::Length(0))
         && matches!(handled, Handled::Gateway)
         && super::gateway::unbuffered(req).is_some()
+}
+
+/// A body compressed while sent (`resp.encode`: a large file, an application's answer),
+/// piece by piece, as every protocol sends it; without `encode` the pieces go as they are.
+pub struct Compress(Option<Encoder>);
+
+impl Compress {
+    /// `None` (logged) when the encoder cannot be made: the answer is aborted.
+    pub fn new(req: &Request, resp: &Response) -> Option<Compress> {
+        match resp.encode.map(|(c, level)| Encoder::new(c, level)) {
+            None => Some(Compress(None)),
+            Some(Ok(e)) => Some(Compress(Some(e))),
+            Some(Err(e)) => {
+                compress_failed(req, &e);
+                None
+            }
+        }
+    }
+
+    /// What to send for the next piece of the body (`None`: its end, for the encoder's
+    /// last bytes). `flush`: the source may pause before its next piece, so what was
+    /// compressed so far goes now. `None` when compression failed (logged).
+    pub fn piece(&mut self, req: &Request, data: Option<Bytes>, flush: bool) -> Option<Bytes> {
+        let out = match (data, &mut self.0) {
+            (Some(data), None) => return Some(data),
+            (None, None) => return Some(Bytes::new()),
+            (Some(data), Some(e)) => e
+                .write(&data)
+                .and_then(|()| if flush { e.flush() } else { Ok(()) })
+                .map(|()| e.take().into()),
+            (None, Some(_)) => match self.0.take() {
+                Some(e) => e.finish().map(Bytes::from),
+                None => Ok(Bytes::new()),
+            },
+        };
+        out.map_err(|e| compress_failed(req, &e)).ok()
+    }
+}
+
+fn compress_failed(req: &Request, e: &std::io::Error) {
+    errlog::request(
+        Level::Error,
+        req,
+        format_args!("compression failed, response aborted: {e}"),
+    );
 }

@@ -19,7 +19,7 @@
 //! kind (`conn::transport`), so cleartext pays nothing for TLS.
 
 use super::body::{self, BodyError};
-use super::exchange::{self, Exchange, Reset};
+use super::exchange::{self, Compress, Exchange, Reset};
 use super::gateway::{Outcome, Tunnel};
 use super::pace::Pace;
 use super::request_body::Failed;
@@ -27,10 +27,9 @@ use super::source::Source;
 use super::tls_stream::TlsStream;
 use super::transport::{Plain, Transport};
 use crate::errlog::Level;
-use crate::http::encoder::Encoder;
 use crate::http::handler::{Flow, Handled};
 use crate::http::request::{ConnInfo, Request};
-use crate::http::response::{encode_head, Body, HeadCtx, Part, Response};
+use crate::http::response::{encode_head, Body, HeadCtx, Hop, Part, Response};
 use crate::modules::gateway::Streamed;
 use crate::modules::{headers, limit_rate};
 use crate::runtime::clock;
@@ -38,7 +37,7 @@ use crate::runtime::parking::{Parked, PARK_AFTER};
 use crate::runtime::read_timers::{ReadTimers, TICK};
 use crate::runtime::worker::Worker;
 use crate::tls::handshake::{self, Accepted};
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use gannet_proto::h1::{parse_request, BodyKind, Limits, ParseError, RequestHead, Version};
 use gannet_proto::uri::parse_target;
 use std::net::SocketAddr;
@@ -727,13 +726,8 @@ impl<S: Transport> Conn<S> {
         let chunked = chunking && resp.content_length.is_none();
         resp.chunked = chunked;
         resp.length_unknown = !chunked && resp.content_length.is_none();
-        let mut encoder = match resp.encode.map(|(c, level)| Encoder::new(c, level)) {
-            None => None,
-            Some(Ok(e)) => Some(e),
-            Some(Err(e)) => {
-                compress_failed(req, &e);
-                return false;
-            }
+        let Some(mut encoder) = Compress::new(req, &resp) else {
+            return false;
         };
         let delimited = !resp.length_unknown;
         let (keep, head_len, send_body) = self.head(req, &mut resp, keep && delimited);
@@ -744,32 +738,17 @@ impl<S: Transport> Conn<S> {
         // dropped, not kept.
         let mut more = send_body;
         while more {
-            let piece = match src.next(&w, req).await {
-                Ok(Some(data)) => match &mut encoder {
-                    None => Ok(data),
-                    Some(e) => e
-                        .write(&data)
-                        .and_then(|()| if src.may_pause() { e.flush() } else { Ok(()) })
-                        .map(|()| e.take().into()),
-                },
-                Ok(None) => {
-                    more = false;
-                    encoder
-                        .take()
-                        .map_or(Ok(Bytes::new()), |e| e.finish().map(Bytes::from))
-                }
+            let data = match src.next(&w, req).await {
+                Ok(d) => d,
                 Err(()) => {
                     whole = false;
                     break;
                 }
             };
-            let piece = match piece {
-                Ok(p) => p,
-                Err(e) => {
-                    compress_failed(req, &e);
-                    whole = false;
-                    break;
-                }
+            more = data.is_some();
+            let Some(piece) = encoder.piece(req, data, src.may_pause()) else {
+                whole = false;
+                break;
             };
             // `$body_bytes_sent` is what went out after the head, the chunks' framing too,
             // as nginx counts it.
@@ -867,8 +846,11 @@ impl<S: Transport> Conn<S> {
         let tokens = core.server_tokens();
         clock::with_date(|date| {
             let ctx = HeadCtx {
-                keep_alive: keep,
-                keepalive_header: ka_header,
+                hop: if keep {
+                    Hop::KeepAlive(ka_header)
+                } else {
+                    Hop::Close
+                },
                 server_tokens: tokens,
                 date,
             };
@@ -1097,12 +1079,4 @@ async fn client_gone<S: Transport>(timers: &ReadTimers, stream: &mut S, buf: &mu
             Err(_) => return,
         }
     }
-}
-
-fn compress_failed(req: &Request, e: &std::io::Error) {
-    crate::errlog::request(
-        Level::Error,
-        req,
-        format_args!("compression failed, response aborted: {e}"),
-    );
 }
