@@ -14,6 +14,7 @@ pub mod h2;
 pub mod h2_flood;
 pub mod h2_response;
 pub mod health;
+pub mod info;
 pub mod log;
 pub mod mirror;
 pub mod pace;
@@ -29,6 +30,8 @@ pub mod temp_file;
 pub mod tls_stream;
 pub mod transport;
 pub mod tunnel;
+
+pub use info::ConnInfo;
 
 /// A future made straight into its heap slot. `Box::pin(make())` builds the future on the
 /// stack and then copies all of it into the box - its whole size (about 6 KiB for a

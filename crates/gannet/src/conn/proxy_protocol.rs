@@ -18,7 +18,7 @@
 //! gannet waits for the rest, within `client_header_timeout`.
 
 use crate::errlog::{self, Level};
-use crate::http::request::ConnInfo;
+use super::ConnInfo;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::AsRawFd;
