@@ -132,12 +132,12 @@ pub enum Reset {
 /// in absolute form, else the Host header's; lowercased, without port or trailing dot, as
 /// nginx's `ngx_http_validate_host`), `$host` (the server's name when none came).
 pub fn request(g: &ListenGroup, head: RequestHead, target: Target, info: ConnInfo) -> Request {
-    let mut host = match target.host.as_deref() {
+    // Both validated as nginx's `ngx_http_validate_host` (`gannet_proto`): the trailing
+    // dot is off already.
+    let host = match target.host.as_deref() {
         Some(h) => h.to_string(),
         None => head.host().map(lowercase).unwrap_or_default(),
     };
-    let kept = host.trim_end_matches('.').len();
-    host.truncate(kept);
     let server = select_server(&g.servers, g.default, &host).clone();
     let host = if host.is_empty() {
         server.primary_name.clone()
