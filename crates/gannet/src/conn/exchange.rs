@@ -149,7 +149,7 @@ pub fn request(g: &ListenGroup, head: RequestHead, target: Target, info: ConnInf
 
 /// `$host` from the Host header's host part (without port or trailing dot): one String,
 /// lowercased in place.
-pub fn lowercase(host: &[u8]) -> String {
+fn lowercase(host: &[u8]) -> String {
     let mut s = String::from_utf8_lossy(host).into_owned();
     s.make_ascii_lowercase();
     s
@@ -205,8 +205,12 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
     }
     if ex.body_pending(req, &handled) {
         let wanted = matches!(handled, Handled::Gateway | Handled::Put);
-        // An unused body is read off, unless the client waits for 100-continue (it will
-        // not send it) or the answer is to close anyway.
+        // The body is read before the answer: kept for an application, else read off and
+        // dropped - unless nobody wants it and the client waits for 100-continue (it will
+        // not send it), or the answer is to close anyway. (HTTP/2 then reads off what
+        // comes after the answer; answering every unwanted body first would close the
+        // stream's sending side early, and a WINDOW_UPDATE overflow on it would then go
+        // unanswered, which h2spec 6.9.1 checks.)
         if !wanted && (req.head.expect_continue || matches!(handled, Handled::Close)) {
             keep = false;
         } else {

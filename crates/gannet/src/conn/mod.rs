@@ -1,4 +1,6 @@
-//! Client connections: the HTTP/1.x connection loop (and HTTP/2's, over TLS or h2c), the
+//! Client connections: one request's exchange written once for every protocol
+//! (`exchange`, which each protocol joins through a small adapter), the HTTP/1.x
+//! connection loop (and HTTP/2's, over TLS or h2c), the
 //! streams they run on (cleartext or TLS), the ways a body leaves the process
 //! (whole, or streamed from a `source`), request bodies (kept in memory or a temporary
 //! file, or passed on as they arrive), the exchange with a FastCGI, SCGI or uwsgi

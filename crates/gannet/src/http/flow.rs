@@ -50,19 +50,20 @@ pub enum Flow {
 /// Where the phases got to.
 pub enum Handled {
     Respond(Response),
-    /// The connection must run the exchange with the application, then call [`handler::resume`](crate::http::handler::resume)
-    /// with its outcome.
+    /// The connection must run the exchange with the application, then call
+    /// `handler::resume` with its outcome.
     Gateway,
     /// The connection must read the body into a named file (`request_body::read`), then
-    /// call [`handler::put_body_read`](crate::http::handler::put_body_read).
+    /// call `handler::put_body_read`.
     Put,
     /// Close without an answer.
     Close,
-    /// The connection must wait this long, then call [`handler::resume`](crate::http::handler::resume) with [`Flow::Delayed`].
+    /// The connection must wait this long, then call `handler::resume` with
+    /// [`Flow::Delayed`].
     Delay(Duration),
-    /// [`handler::settle`](crate::http::handler::settle) must run this `auth_request` subrequest, then call [`handler::resume`](crate::http::handler::resume) with
-    /// [`Flow::AuthAnswered`].
+    /// `handler::settle` must run this `auth_request` subrequest, then call
+    /// `handler::resume` with [`Flow::AuthAnswered`].
     AuthRequest(Box<Subrequest>),
-    /// [`handler::settle`](crate::http::handler::settle) must ask Redis, then call [`handler::resume`](crate::http::handler::resume) with the outcome.
+    /// `handler::settle` must ask Redis, then call `handler::resume` with the outcome.
     LimitReqShared(Box<limit_req::shared::Pending>),
 }
