@@ -18,6 +18,7 @@ mod modules;
 mod resolver;
 mod runtime;
 mod stream;
+mod mail;
 mod syslog;
 mod tls;
 mod upstream;

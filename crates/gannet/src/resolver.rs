@@ -206,6 +206,19 @@ impl Resolver {
         }
         Ok((addrs, lookup.valid_until()))
     }
+
+    /// The name of `ip` (its PTR record, without the final dot), within `timeout`: the
+    /// mail proxy's SMTP client name.
+    pub async fn reverse(&self, ip: IpAddr, timeout: Duration) -> Result<String, Failure> {
+        let found = tokio::time::timeout(timeout, self.client().reverse_lookup(ip)).await;
+        let lookup = match found {
+            Err(_) => return Err(Failure::TimedOut),
+            Ok(Err(e)) => return Err(classify(&e)),
+            Ok(Ok(l)) => l,
+        };
+        let name = lookup.iter().next().ok_or(Failure::NotFound)?.to_utf8();
+        Ok(name.trim_end_matches('.').to_string())
+    }
 }
 
 fn classify(e: &hickory_resolver::ResolveError) -> Failure {
