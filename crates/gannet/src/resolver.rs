@@ -213,10 +213,18 @@ impl Resolver {
         let found = tokio::time::timeout(timeout, self.client().reverse_lookup(ip)).await;
         let lookup = match found {
             Err(_) => return Err(Failure::TimedOut),
-            Ok(Err(e)) => return Err(classify(&e)),
+            // Only a name that does not exist is "not found" here: an empty answer or
+            // one of another type is a server's failure (nginx's NGX_RESOLVE_FORMERR...).
+            Ok(Err(e)) if e.is_nx_domain() => return Err(Failure::NotFound),
+            Ok(Err(e)) => {
+                return Err(match classify(&e) {
+                    Failure::NotFound => Failure::ServFail,
+                    f => f,
+                })
+            }
             Ok(Ok(l)) => l,
         };
-        let name = lookup.iter().next().ok_or(Failure::NotFound)?.to_utf8();
+        let name = lookup.iter().next().ok_or(Failure::ServFail)?.to_utf8();
         Ok(name.trim_end_matches('.').to_string())
     }
 }

@@ -345,7 +345,12 @@ pub fn server(
     }
     let wants_tls = listens.iter().any(|l| l.ssl) || conf.ssl.starttls != super::ssl::StartTls::Off;
     let tls = match wants_tls {
-        true => Some(super::ssl::build(&conf.ssl, &mut ctx.http.borrow_mut(), &d.loc)?),
+        true => Some(super::ssl::build(
+            &conf.ssl,
+            protocol,
+            &mut ctx.http.borrow_mut(),
+            &d.loc,
+        )?),
         false => None,
     };
     Ok((

@@ -499,7 +499,8 @@ pub fn auth_external(s: &mut Session, arg: &[u8]) -> Sasl {
         return bad_base64(s, "EXTERNAL");
     };
     s.login = login;
-    s.passwd = Some(Vec::new());
+    // EXTERNAL carries no password: the auth server has to give one (Auth-Pass).
+    s.passwd = None;
     s.method = Method::External;
     Sasl::Done
 }

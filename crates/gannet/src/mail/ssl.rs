@@ -97,12 +97,17 @@ pub fn set(
     Ok(())
 }
 
+/// The server's TLS setup: ALPN agrees to the protocol's name only (a client offering
+/// others is refused, as nginx's).
 pub fn build(
     c: &MailSsl,
+    protocol: super::core::Protocol,
     h: &mut crate::modules::LoadCtx,
     at: &Loc,
 ) -> Result<Arc<ServerTls>, ConfError> {
-    crate::stream::ssl::build(&c.tls, h, at)
+    let mut tls = c.tls.clone();
+    tls.alpn = vec![protocol.name().as_bytes().to_vec()];
+    crate::stream::ssl::build(&tls, h, at)
 }
 
 /// `listen ... ssl`: the handshake before the greeting.
