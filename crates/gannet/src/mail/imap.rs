@@ -254,18 +254,21 @@ async fn read_command(s: &mut Session, continuation: bool) -> Read {
         Line::Gone => return Read::Gone,
     };
     let mut used = line.len();
+    // A non-synchronizing literal in an invalid command: its bytes would be taken as
+    // commands, so the session ends (as nginx's).
+    let nonsync = line.trim_ascii_end().ends_with(b"+}");
     let Some(mut rest) = h::strip_eol(&line).map(<[u8]>::to_vec) else {
-        return Read::Invalid;
+        return bad(s, nonsync);
     };
     let mut name = Vec::new();
     if !continuation {
         let Some(sp) = rest.iter().position(|&c| c == b' ') else {
-            return Read::Invalid;
+            return bad(s, nonsync);
         };
         let t = &rest[..sp];
         let ok = |c: &u8| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_');
         if t.is_empty() || t.len() > 32 || !t.iter().all(ok) {
-            return Read::Invalid;
+            return bad(s, nonsync);
         }
         s.tag = rest[..=sp].to_vec();
         let after: Vec<u8> = rest[sp..].iter().copied().skip_while(|&c| c == b' ').collect();
@@ -280,7 +283,7 @@ async fn read_command(s: &mut Session, continuation: bool) -> Read {
             b"AUTHENTICATE",
         ];
         if !KNOWN.iter().any(|k| k.eq_ignore_ascii_case(&name)) {
-            return Read::Invalid;
+            return bad(s, nonsync);
         }
         rest = after[end..].to_vec();
     }
@@ -288,14 +291,7 @@ async fn read_command(s: &mut Session, continuation: bool) -> Read {
     loop {
         let raw = continuation && args.is_empty();
         match parse_args(&rest, &mut args, raw) {
-            Err(()) => {
-                // A non-synchronizing literal in an invalid command: its bytes would be
-                // taken as commands, so the session ends (as nginx's).
-                if rest.ends_with(b"+}") {
-                    s.quit = true;
-                }
-                return Read::Invalid;
-            }
+            Err(()) => return bad(s, nonsync),
             Ok(None) => return Read::Cmd(name, args),
             Ok(Some((n, sync))) => {
                 if sync && !s.send(b"+ OK\r\n").await {
@@ -319,11 +315,18 @@ async fn read_command(s: &mut Session, continuation: bool) -> Read {
                 used += line.len();
                 match h::strip_eol(&line) {
                     Some(r) if r.is_empty() || r[0] == b' ' => rest = r.to_vec(),
-                    _ => return Read::Invalid,
+                    _ => return bad(s, nonsync),
                 }
             }
         }
     }
+}
+
+fn bad(s: &mut Session, nonsync: bool) -> Read {
+    if nonsync {
+        s.quit = true;
+    }
+    Read::Invalid
 }
 
 /// The arguments of `rest` (after the command): atoms, quoted strings, and a literal's
