@@ -62,7 +62,11 @@ impl Config {
     pub fn all_listens(&self) -> impl Iterator<Item = &Listen> {
         let stream = self.stream.iter().flat_map(|s| s.listens.iter());
         let mail = self.mail.iter().flat_map(|m| m.listens.iter());
-        self.listens.iter().map(|g| &g.listen).chain(stream).chain(mail)
+        self.listens
+            .iter()
+            .map(|g| &g.listen)
+            .chain(stream)
+            .chain(mail)
     }
 }
 

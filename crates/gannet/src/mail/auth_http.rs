@@ -15,11 +15,9 @@
 use super::core::Protocol;
 use super::handler::{Method, Session};
 use crate::errlog::Level;
-use crate::runtime::worker::Worker;
 use gannet_conf::{setters, ConfError, Directive};
 use std::fmt::Write as _;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::rc::Rc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -213,8 +211,7 @@ struct Answer {
 /// Ask the auth server about the session's login: the back end's address, or `None` after
 /// answering the client (the session ends when `s.quit` is set, else the dialogue
 /// resumes).
-pub async fn ask(w: &Rc<Worker>, s: &mut Session) -> Option<SocketAddr> {
-    let _ = w;
+pub async fn ask(s: &mut Session) -> Option<SocketAddr> {
     loop {
         s.action = "in http auth state";
         let Some(url) = s.srv.conf.auth.url.clone() else {
@@ -336,12 +333,9 @@ async fn internal(s: &mut Session) -> Option<SocketAddr> {
 }
 
 async fn exchange(url: &AuthUrl, req: &str) -> Result<Vec<u8>, String> {
-    let mut conn = tokio::net::TcpStream::connect(url.addr).await.map_err(|e| {
-        format!(
-            "connect() failed ({})",
-            crate::errlog::errno_text(&e)
-        )
-    })?;
+    let mut conn = tokio::net::TcpStream::connect(url.addr)
+        .await
+        .map_err(|e| format!("connect() failed ({})", crate::errlog::errno_text(&e)))?;
     conn.write_all(req.as_bytes())
         .await
         .map_err(|e| format!("send() failed ({})", crate::errlog::errno_text(&e)))?;

@@ -270,8 +270,13 @@ pub fn apply(
         "auth_http" | "auth_http_timeout" | "auth_http_header" | "auth_http_pass_client_cert" => {
             super::auth_http::set(d, &mut c.auth)?
         }
-        "proxy" | "proxy_buffer" | "proxy_timeout" | "proxy_pass_error_message" | "xclient"
-        | "proxy_smtp_auth" | "proxy_protocol" => super::proxy::set(d, &mut c.proxy)?,
+        "proxy"
+        | "proxy_buffer"
+        | "proxy_timeout"
+        | "proxy_pass_error_message"
+        | "xclient"
+        | "proxy_smtp_auth"
+        | "proxy_protocol" => super::proxy::set(d, &mut c.proxy)?,
         n if n.starts_with("imap_") => super::imap::set(d, &mut c.imap)?,
         n if n.starts_with("pop3_") => super::pop3::set(d, &mut c.pop3)?,
         n if n.starts_with("smtp_") => super::smtp::set(d, &mut c.smtp)?,
@@ -373,10 +378,8 @@ fn listen(d: &Directive) -> Result<Listen, ConfError> {
     for a in &d.args[1..] {
         let key = a.split('=').next().unwrap_or_default();
         match key {
-            "default_server" | "default" | "http2" | "deferred" | "quic" | "udp"
-            | "reuseport" | "fastopen" => {
-                return Err(d.error(format!("the invalid \"{a}\" parameter")))
-            }
+            "default_server" | "default" | "http2" | "deferred" | "quic" | "udp" | "reuseport"
+            | "fastopen" => return Err(d.error(format!("the invalid \"{a}\" parameter"))),
             _ => {}
         }
     }

@@ -82,7 +82,7 @@ pub struct Session {
 
 /// A command line read, or why there is none.
 pub enum Line {
-    Line(Vec<u8>),
+    Got(Vec<u8>),
     /// The client buffer filled up without a whole command.
     TooLong,
     /// Closed, failed or timed out (logged).
@@ -101,7 +101,12 @@ pub enum Step {
 pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, idx: usize) {
     let found = w.config.mail.as_ref().and_then(|m| {
         let l = m.listens.get(idx)?;
-        Some((m.servers.get(idx)?.clone(), l.ssl, l.proxy_protocol, l.unix.is_some()))
+        Some((
+            m.servers.get(idx)?.clone(),
+            l.ssl,
+            l.proxy_protocol,
+            l.unix.is_some(),
+        ))
     });
     let Some((srv, ssl, pp, unix)) = found else {
         w.connection_closed();
@@ -135,12 +140,12 @@ pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketA
             action: "",
             upstream: None,
         };
-        crate::errlog::scoped(srv.conf.error_log.clone(), run(&w, &mut s, ssl, pp)).await;
+        crate::errlog::scoped(srv.conf.error_log.clone(), run(&mut s, ssl, pp)).await;
     }
     w.connection_closed();
 }
 
-async fn run(w: &Rc<Worker>, s: &mut Session, ssl: bool, pp: bool) {
+async fn run(s: &mut Session, ssl: bool, pp: bool) {
     if crate::errlog::admits(Level::Info) {
         crate::errlog::log(
             Level::Info,
@@ -178,8 +183,8 @@ async fn run(w: &Rc<Worker>, s: &mut Session, ssl: bool, pp: bool) {
             return;
         }
         s.login_attempt += 1;
-        match super::auth_http::ask(w, s).await {
-            Some(backend) => return super::proxy::run(w, s, backend).await,
+        match super::auth_http::ask(s).await {
+            Some(backend) => return super::proxy::run(s, backend).await,
             None if s.quit => return,
             None => {}
         }
@@ -288,7 +293,7 @@ impl Session {
         loop {
             if let Some(i) = memchr::memchr(b'\n', &self.buf[seen..]) {
                 let line: Vec<u8> = self.buf.drain(..seen + i + 1).collect();
-                return Line::Line(line);
+                return Line::Got(line);
             }
             seen = self.buf.len();
             if self.buf.len() >= limit {

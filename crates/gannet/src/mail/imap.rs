@@ -41,7 +41,9 @@ pub fn set(d: &Directive, c: &mut ImapConf) -> Result<(), ConfError> {
     match d.name.as_str() {
         "imap_client_buffer" => {
             if d.args.len() != 1 {
-                return Err(d.error("invalid number of arguments in \"imap_client_buffer\" directive"));
+                return Err(
+                    d.error("invalid number of arguments in \"imap_client_buffer\" directive")
+                );
             }
             c.client_buffer = setters::size_arg(d, 0)?.max(1) as usize;
         }
@@ -60,7 +62,13 @@ pub fn texts(c: &ImapConf) -> Texts {
         caps.push_str(cap);
     }
     let before_auth = caps.clone();
-    let names = ["AUTH=PLAIN", "AUTH=LOGIN", "", "AUTH=CRAM-MD5", "AUTH=EXTERNAL"];
+    let names = [
+        "AUTH=PLAIN",
+        "AUTH=LOGIN",
+        "",
+        "AUTH=CRAM-MD5",
+        "AUTH=EXTERNAL",
+    ];
     for n in core::auth_names(c.auth, &names) {
         caps.push(' ');
         caps.push_str(n);
@@ -68,8 +76,7 @@ pub fn texts(c: &ImapConf) -> Texts {
     Texts {
         greeting: b"* OK IMAP4 ready\r\n".to_vec(),
         starttls_capability: format!("{caps} STARTTLS\r\n").into_bytes(),
-        starttls_only_capability: format!("{before_auth} STARTTLS LOGINDISABLED\r\n")
-            .into_bytes(),
+        starttls_only_capability: format!("{before_auth} STARTTLS LOGINDISABLED\r\n").into_bytes(),
         capability: format!("{caps}\r\n").into_bytes(),
         ..Default::default()
     }
@@ -249,7 +256,7 @@ fn authenticate(s: &mut Session, args: &[Vec<u8>], st: &mut St, out: &mut Vec<u8
 async fn read_command(s: &mut Session, continuation: bool) -> Read {
     let limit = s.srv.conf.imap.client_buffer;
     let line = match s.next_line(limit).await {
-        Line::Line(l) => l,
+        Line::Got(l) => l,
         Line::TooLong => return Read::TooLong,
         Line::Gone => return Read::Gone,
     };
@@ -271,7 +278,11 @@ async fn read_command(s: &mut Session, continuation: bool) -> Read {
             return bad(s, nonsync);
         }
         s.tag = rest[..=sp].to_vec();
-        let after: Vec<u8> = rest[sp..].iter().copied().skip_while(|&c| c == b' ').collect();
+        let after: Vec<u8> = rest[sp..]
+            .iter()
+            .copied()
+            .skip_while(|&c| c == b' ')
+            .collect();
         let end = after.iter().position(|&c| c == b' ').unwrap_or(after.len());
         name = after[..end].to_vec();
         const KNOWN: &[&[u8]] = &[
@@ -308,7 +319,7 @@ async fn read_command(s: &mut Session, continuation: bool) -> Read {
                 }
                 args.push(s.buf.drain(..n).collect());
                 let line = match s.next_line(limit.saturating_sub(used).max(1)).await {
-                    Line::Line(l) => l,
+                    Line::Got(l) => l,
                     Line::TooLong => return Read::TooLong,
                     Line::Gone => return Read::Gone,
                 };
@@ -332,7 +343,11 @@ fn bad(s: &mut Session, nonsync: bool) -> Read {
 /// The arguments of `rest` (after the command): atoms, quoted strings, and a literal's
 /// announcement at the end (`Some((length, synchronizing))`). `raw`: a continuation
 /// line, whose first argument is the line up to a space.
-fn parse_args(rest: &[u8], args: &mut Vec<Vec<u8>>, raw: bool) -> Result<Option<(usize, bool)>, ()> {
+fn parse_args(
+    rest: &[u8],
+    args: &mut Vec<Vec<u8>>,
+    raw: bool,
+) -> Result<Option<(usize, bool)>, ()> {
     let mut i = 0;
     if raw {
         let end = rest.iter().position(|&c| c == b' ').unwrap_or(rest.len());

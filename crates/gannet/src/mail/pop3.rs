@@ -115,7 +115,7 @@ pub async fn auth_state(s: &mut Session) -> Step {
     loop {
         let mut out: Vec<u8> = b"+OK\r\n".to_vec();
         let line = match s.next_line(BUFFER).await {
-            Line::Line(l) => Some(l),
+            Line::Got(l) => Some(l),
             Line::TooLong => {
                 s.too_long();
                 None
@@ -214,10 +214,7 @@ fn command(
             Sasl::Done
         }
         (b"APOP", St::Start) => {
-            if s.starttls_only()
-                || args.len() != 2
-                || s.srv.conf.pop3.auth & core::AUTH_APOP == 0
-            {
+            if s.starttls_only() || args.len() != 2 || s.srv.conf.pop3.auth & core::AUTH_APOP == 0 {
                 return Some(Sasl::Invalid);
             }
             s.login = args[0].clone();
@@ -226,9 +223,7 @@ fn command(
             Sasl::Done
         }
         (b"AUTH", St::Start) => auth(s, args, st, out),
-        (b"STLS", St::Start) if !s.io.is_tls() && s.srv.conf.ssl.starttls_enabled() => {
-            return None
-        }
+        (b"STLS", St::Start) if !s.io.is_tls() && s.srv.conf.ssl.starttls_enabled() => return None,
         _ => Sasl::Invalid,
     };
     Some(rc)

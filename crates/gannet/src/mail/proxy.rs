@@ -16,10 +16,8 @@
 use super::core::Protocol;
 use super::handler::{Method, Session};
 use crate::errlog::Level;
-use crate::runtime::worker::Worker;
 use gannet_conf::{setters, ConfError, Directive};
 use std::net::SocketAddr;
-use std::rc::Rc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -78,8 +76,7 @@ enum Fail {
 }
 
 /// Log in to `backend` for the session and relay.
-pub async fn run(w: &Rc<Worker>, s: &mut Session, backend: SocketAddr) {
-    let _ = w;
+pub async fn run(s: &mut Session, backend: SocketAddr) {
     s.action = "connecting to upstream";
     let timeout = s.srv.conf.timeout;
     let mut up = match tokio::time::timeout(timeout, TcpStream::connect(backend)).await {
@@ -144,7 +141,12 @@ struct Login<'a> {
 }
 
 impl Login<'_> {
-    async fn send(&mut self, s: &mut Session, line: &[u8], action: &'static str) -> Result<(), Fail> {
+    async fn send(
+        &mut self,
+        s: &mut Session,
+        line: &[u8],
+        action: &'static str,
+    ) -> Result<(), Fail> {
         s.action = action;
         self.buf.clear();
         match self.up.write_all(line).await {
@@ -159,7 +161,11 @@ impl Login<'_> {
 
     /// The back end's whole answer (ending in CRLF; SMTP: its last line), checked with
     /// `ok` (given the answer from its first line on).
-    async fn answer(&mut self, s: &mut Session, ok: impl Fn(&[u8]) -> Option<bool>) -> Result<(), Fail> {
+    async fn answer(
+        &mut self,
+        s: &mut Session,
+        ok: impl Fn(&[u8]) -> Option<bool>,
+    ) -> Result<(), Fail> {
         s.action = "reading response from upstream";
         loop {
             if self.buf.len() >= 4 && self.buf.ends_with(b"\r\n") {
@@ -272,14 +278,21 @@ fn smtp_code(r: &[u8]) -> Option<&[u8]> {
 }
 
 async fn smtp(s: &mut Session, b: &mut Login<'_>, c: &ProxyConf) -> Result<Vec<u8>, Fail> {
-    let code = |want: &'static [&'static [u8]]| {
-        move |r: &[u8]| smtp_code(r).map(|c| want.contains(&c))
-    };
+    let code =
+        |want: &'static [&'static [u8]]| move |r: &[u8]| smtp_code(r).map(|c| want.contains(&c));
     b.answer(s, code(&[b"220"])).await?;
-    let verb: &[u8] = if s.smtp.esmtp || c.xclient { b"EHLO " } else { b"HELO " };
+    let verb: &[u8] = if s.smtp.esmtp || c.xclient {
+        b"EHLO "
+    } else {
+        b"HELO "
+    };
     let name = s.srv.server_name.clone();
-    b.send(s, &line(&[verb, name.as_bytes()]), "sending HELO/EHLO to upstream")
-        .await?;
+    b.send(
+        s,
+        &line(&[verb, name.as_bytes()]),
+        "sending HELO/EHLO to upstream",
+    )
+    .await?;
     b.answer(s, code(&[b"250"])).await?;
     let xok: &'static [&'static [u8]] = &[b"220", b"250"];
     if c.xclient {

@@ -211,7 +211,7 @@ pub async fn auth_state(s: &mut Session) -> Step {
         let limit = s.srv.conf.smtp.client_buffer;
         let mut out: Vec<u8> = OK.to_vec();
         let line = match s.next_line(limit).await {
-            Line::Line(l) => Some(l),
+            Line::Got(l) => Some(l),
             Line::TooLong => {
                 s.too_long();
                 None
@@ -408,10 +408,13 @@ fn auth(s: &mut Session, args: &[Vec<u8>], st: &mut St, out: &mut Vec<u8>) -> Sa
     }
 }
 
+/// A command, its arguments and its text.
+type Parsed = (Vec<u8>, Vec<Vec<u8>>, Vec<u8>);
+
 /// A line as nginx's SMTP parser reads it: the command (upper-cased), its arguments (at
 /// most 11) and the command's text up to its last argument (for MAIL FROM / RCPT TO).
 /// A continuation line of AUTH is all arguments. `None`: invalid.
-fn parse(line: &[u8], st: St) -> Option<(Vec<u8>, Vec<Vec<u8>>, Vec<u8>)> {
+fn parse(line: &[u8], st: St) -> Option<Parsed> {
     let l = h::strip_eol(line)?;
     if st != St::Start {
         return Some((Vec::new(), vec![h::continuation(line)?], Vec::new()));
@@ -419,8 +422,18 @@ fn parse(line: &[u8], st: St) -> Option<(Vec<u8>, Vec<Vec<u8>>, Vec<u8>)> {
     let end = l.iter().position(|&c| c == b' ').unwrap_or(l.len());
     let cmd = l[..end].to_ascii_uppercase();
     const KNOWN: &[&[u8]] = &[
-        b"HELO", b"EHLO", b"QUIT", b"AUTH", b"NOOP", b"MAIL", b"RSET", b"RCPT", b"VRFY",
-        b"EXPN", b"HELP", b"STARTTLS",
+        b"HELO",
+        b"EHLO",
+        b"QUIT",
+        b"AUTH",
+        b"NOOP",
+        b"MAIL",
+        b"RSET",
+        b"RCPT",
+        b"VRFY",
+        b"EXPN",
+        b"HELP",
+        b"STARTTLS",
     ];
     if !KNOWN.contains(&cmd.as_slice()) {
         return None;
