@@ -108,6 +108,8 @@ enum Read {
 
 pub async fn auth_state(s: &mut Session) -> Step {
     let mut st = St::Start;
+    // A refused login's tag was used for its `NO`: the next command brings its own.
+    s.tag.clear();
     loop {
         let read = read_command(s, st != St::Start).await;
         let mut tagged = true;
