@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import free_port, wait_until
+from conftest import free_port, wait_port, wait_until
 from nginx_peer import NGINX, NginxPeer
 from test_tls import Pki
 
@@ -40,6 +40,14 @@ events { worker_connections 64; }
 http { access_log off; server { listen 127.0.0.1:{port}; return 204; } }
 mail {
 """ + mail + "\n}\n"
+
+
+def start(gannet, body: str, *ports: int):
+    """gannet on `conf(body)`, once its mail ports take connections too."""
+    srv = gannet.start(conf=conf(body))
+    for p in ports:
+        wait_port(p, srv.proc)
+    return srv
 
 
 class Auth:
@@ -183,11 +191,11 @@ def test_imap_login_reaches_the_backend_the_auth_server_names(gannet, auth, back
     b = backends("imap")
     auth.answer = lambda h: {**to(b), "Auth-Pass": "from-auth"}
     p = free_port()
-    srv = gannet.start(conf=conf(f"""
+    srv = start(gannet, f"""
     auth_http 127.0.0.1:{auth.port}/mail/auth;
     auth_http_header X-Gannet-Test yes;
     server {{ listen 127.0.0.1:{p}; protocol imap; }}
-"""))
+""", p)
     c = imaplib.IMAP4("127.0.0.1", p)
     assert c.welcome == b"* OK IMAP4 ready"
     typ, caps = c.capability()
@@ -216,10 +224,10 @@ def test_pop3_refusal_with_auth_wait_then_login(gannet, auth, backends):
     auth.answer = lambda h: (to(b) if h["auth-login-attempt"] == "2"
                              else {"Auth-Status": "Mailbox locked", "Auth-Wait": "1"})
     p = free_port()
-    srv = gannet.start(conf=conf(f"""
+    srv = start(gannet, f"""
     auth_http 127.0.0.1:{auth.port};
     server {{ listen 127.0.0.1:{p}; protocol pop3; }}
-"""))
+""", p)
     c = poplib.POP3("127.0.0.1", p)
     assert c.getwelcome() == b"+OK POP3 ready"
     c.user("bob")
@@ -238,11 +246,11 @@ def test_pop3_refusal_with_auth_wait_then_login(gannet, auth, backends):
 def test_refusal_without_auth_wait_ends_the_session(gannet, auth):
     auth.answer = lambda h: {"Auth-Status": "Invalid login", "Auth-Error-Code": "550 5.7.1"}
     p = free_port()
-    gannet.start(conf=conf(f"""
+    start(gannet, f"""
     auth_http 127.0.0.1:{auth.port};
     smtp_auth plain;
     server {{ listen 127.0.0.1:{p}; protocol smtp; server_name mx.test; }}
-"""))
+""", p)
     c = smtplib.SMTP("127.0.0.1", p)
     c.ehlo("client.test")
     # One mechanism offered, so smtplib does not try another after the refusal.
@@ -257,10 +265,10 @@ def test_smtp_xclient_and_login(gannet, auth, backends):
     b = backends("smtp")
     auth.answer = lambda h: to(b)
     p = free_port()
-    gannet.start(conf=conf(f"""
+    start(gannet, f"""
     auth_http 127.0.0.1:{auth.port};
     server {{ listen 127.0.0.1:{p}; protocol smtp; server_name mx.test; }}
-"""))
+""", p)
     c = smtplib.SMTP("127.0.0.1", p)
     code, text = c.ehlo("client.test")
     assert code == 250 and text == b"mx.test\nAUTH PLAIN LOGIN"
@@ -281,12 +289,12 @@ def test_smtp_without_authentication(gannet, auth, backends):
     b = backends("smtp")
     auth.answer = lambda h: to(b)
     p = free_port()
-    gannet.start(conf=conf(f"""
+    start(gannet, f"""
     auth_http 127.0.0.1:{auth.port};
     smtp_auth none;
     xclient off;
     server {{ listen 127.0.0.1:{p}; protocol smtp; server_name mx.test; }}
-"""))
+""", p)
     c = smtplib.SMTP("127.0.0.1", p)
     c.helo("client.test")
     assert c.mail("from@example.com") == (250, b"2.0.0 OK")
@@ -314,12 +322,12 @@ def test_starttls(gannet, auth, backends, pki):
     b = backends("imap")
     auth.answer = lambda h: to(b)
     p = free_port()
-    gannet.start(conf=conf(f"""
+    start(gannet, f"""
     auth_http 127.0.0.1:{auth.port};
     ssl_certificate {pki.d}/mail.pem;
     ssl_certificate_key {pki.d}/mail.key;
     server {{ listen 127.0.0.1:{p}; protocol imap; starttls only; }}
-"""))
+""", p)
     c = imaplib.IMAP4("localhost", p)
     assert "STARTTLS" in c.capabilities and "LOGINDISABLED" in c.capabilities
     # No login before STARTTLS with `only`.
@@ -338,12 +346,12 @@ def test_proxy_protocol_both_ways(gannet, auth, backends):
     b = backends("imap")
     auth.answer = lambda h: to(b)
     p = free_port()
-    gannet.start(conf=conf(f"""
+    start(gannet, f"""
     auth_http 127.0.0.1:{auth.port};
     proxy_protocol on;
     set_real_ip_from 127.0.0.1;
     server {{ listen 127.0.0.1:{p} proxy_protocol; protocol imap; }}
-"""))
+""", p)
     with socket.create_connection(("127.0.0.1", p), timeout=5) as s:
         f = s.makefile("rb")
         s.sendall(b"PROXY TCP4 192.0.2.7 192.0.2.1 4242 143\r\n")
@@ -359,11 +367,11 @@ def test_proxy_protocol_both_ways(gannet, auth, backends):
 
 def test_max_errors(gannet, auth):
     p = free_port()
-    srv = gannet.start(conf=conf(f"""
+    srv = start(gannet, f"""
     auth_http 127.0.0.1:{auth.port};
     max_errors 2;
     server {{ listen 127.0.0.1:{p}; protocol imap; }}
-"""))
+""", p)
     with socket.create_connection(("127.0.0.1", p), timeout=5) as s:
         f = s.makefile("rb")
         f.readline()
@@ -377,10 +385,10 @@ def test_max_errors(gannet, auth):
 def test_auth_server_failures_are_internal_errors(gannet):
     p = free_port()
     dead = free_port()
-    srv = gannet.start(conf=conf(f"""
+    srv = start(gannet, f"""
     auth_http 127.0.0.1:{dead};
     server {{ listen 127.0.0.1:{p}; protocol pop3; }}
-"""))
+""", p)
     c = poplib.POP3("127.0.0.1", p)
     c.user("gina")
     with pytest.raises(poplib.error_proto, match="-ERR internal server error"):
@@ -426,13 +434,15 @@ def test_differential_dialogues_before_login(gannet, auth, tmp_path):
             b"QUIT\r\n"]
     smtp = [b"EHLO a.test\r\n", b"HELO a.test\r\n", b"MAIL FROM:<a@b>\r\n", b"HELO\r\n", b"FOO\r\n",
             b"AUTH\r\n", b"AUTH LOGIN\r\n", b"x\r\n", b"RSET\r\n", b"QUIT\r\n"]
-    g = gannet.start(conf=conf(body))
+    g = start(gannet, body, *ports)
     got = [talk(ports[i], s) for i, s in enumerate((imap, pop3, smtp))]
     g.stop()
     # The same addresses, then served by nginx.
     nginx_port = free_port()
     nginx = NginxPeer(conf(body, load=True), nginx_port, tmp_path, tmp_path / "nginx")
     try:
+        for p in ports:
+            wait_port(p, nginx.proc)
         want = [talk(ports[i], s) for i, s in enumerate((imap, pop3, smtp))]
     finally:
         nginx.stop()
