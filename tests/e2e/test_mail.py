@@ -398,7 +398,8 @@ def test_auth_server_failures_are_internal_errors(gannet):
 
 
 def talk(port: int, lines: list[bytes]) -> bytes:
-    """Send each line, collecting what comes back until the server stops answering."""
+    """Send each line, collecting what comes back until the server has been quiet a
+    moment; the last line ends the session, so after it everything up to the close."""
     out = b""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.settimeout(0.25)
@@ -412,14 +413,20 @@ def talk(port: int, lines: list[bytes]) -> bytes:
                 pass
 
         drain()
-        for line in lines:
+        for line in lines[:-1]:
             s.sendall(line)
             drain()
+        s.settimeout(5)
+        s.sendall(lines[-1])
+        while d := s.recv(65536):
+            out += d
     return out
 
 
 @pytest.mark.skipif(NGINX is None or not os.path.exists(MAIL_MODULE), reason="nginx with its mail module needed")
 def test_differential_dialogues_before_login(gannet, auth, tmp_path):
+    # Every login refused, without Auth-Wait: the refusal is the session's last line.
+    auth.answer = lambda h: {"Auth-Status": "Bad password"}
     ports = [free_port() for _ in range(3)]
     body = f"""
     auth_http 127.0.0.1:{auth.port};
@@ -429,11 +436,12 @@ def test_differential_dialogues_before_login(gannet, auth, tmp_path):
     server {{ listen 127.0.0.1:{ports[2]}; protocol smtp; smtp_capabilities PIPELINING SIZE=1000; smtp_auth login plain; }}
 """
     imap = [b"a1 CAPABILITY\r\n", b"a2 NOOP\r\n", b"a3 FOO\r\n", b"a4 LOGIN\r\n",
-            b"a5 AUTHENTICATE LOGIN\r\n", base64.b64encode(b"u") + b"\r\n", b"!!\r\n", b"a6 LOGOUT\r\n"]
+            b"a5 AUTHENTICATE LOGIN\r\n", base64.b64encode(b"u") + b"\r\n", b"!!\r\n", b"a6 LOGIN u p\r\n"]
     pop3 = [b"CAPA\r\n", b"AUTH\r\n", b"NOOP\r\n", b"FOO\r\n", b"PASS x\r\n", b"AUTH PLAIN\r\n", b"###\r\n",
-            b"QUIT\r\n"]
+            b"USER u\r\n", b"PASS p\r\n"]
     smtp = [b"EHLO a.test\r\n", b"HELO a.test\r\n", b"MAIL FROM:<a@b>\r\n", b"HELO\r\n", b"FOO\r\n",
-            b"AUTH\r\n", b"AUTH LOGIN\r\n", b"x\r\n", b"RSET\r\n", b"QUIT\r\n"]
+            b"AUTH\r\n", b"AUTH LOGIN\r\n", b"x\r\n", b"RSET\r\n",
+            b"AUTH PLAIN " + base64.b64encode(b"\0u\0p") + b"\r\n"]
     g = start(gannet, body, *ports)
     got = [talk(ports[i], s) for i, s in enumerate((imap, pop3, smtp))]
     g.stop()
@@ -448,3 +456,6 @@ def test_differential_dialogues_before_login(gannet, auth, tmp_path):
         nginx.stop()
     assert got == want
     assert got[0].startswith(b"* OK IMAP4 ready\r\n* CAPABILITY IMAP4rev1 IDLE AUTH=PLAIN AUTH=CRAM-MD5\r\n")
+    assert got[0].endswith(b"a6 NO Bad password\r\n")
+    assert got[1].endswith(b"-ERR Bad password\r\n")
+    assert got[2].endswith(b"535 5.7.0 Bad password\r\n")

@@ -75,7 +75,7 @@ pub fn set(
                 "off" => StartTls::Off,
                 "on" => StartTls::On,
                 "only" => StartTls::Only,
-                v => return Err(d.error(format!("invalid value \"{v}\" in \"starttls\" directive, it must be \"on\", \"off\" or \"only\""))),
+                v => return Err(d.error(format!("invalid value \"{v}\""))),
             };
         }
         "ssl" => {
