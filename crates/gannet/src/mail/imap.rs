@@ -310,7 +310,7 @@ async fn read_command(s: &mut Session, continuation: bool) -> Read {
                 if sync && !s.send(b"+ OK\r\n").await {
                     return Read::Gone;
                 }
-                used += n;
+                used = used.saturating_add(n);
                 if used > limit {
                     return Read::TooLong;
                 }
@@ -325,7 +325,7 @@ async fn read_command(s: &mut Session, continuation: bool) -> Read {
                     Line::TooLong => return Read::TooLong,
                     Line::Gone => return Read::Gone,
                 };
-                used += line.len();
+                used = used.saturating_add(line.len());
                 match h::strip_eol(&line) {
                     Some(r) if r.is_empty() || r[0] == b' ' => rest = r.to_vec(),
                     _ => return bad(s, nonsync),
@@ -413,5 +413,29 @@ fn parse_args(
                 i = end;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_args;
+
+    fn args(rest: &[u8]) -> (Result<Option<(usize, bool)>, ()>, Vec<Vec<u8>>) {
+        let mut a = Vec::new();
+        let r = parse_args(rest, &mut a, false);
+        (r, a)
+    }
+
+    #[test]
+    fn atoms_quoted_and_literals() {
+        let (r, a) = args(br#" te\"st "se\"cret x""#);
+        assert_eq!(r, Ok(None));
+        assert_eq!(a, vec![br#"te\"st"#.to_vec(), br#"se"cret x"#.to_vec()]);
+        assert_eq!(args(b" user {6}").0, Ok(Some((6, true))));
+        assert_eq!(args(b" {6+}").0, Ok(Some((6, false))));
+        // At most three arguments; an unterminated quote or a bad literal is invalid.
+        assert_eq!(args(b" a b c d").0, Err(()));
+        assert_eq!(args(b" \"open").0, Err(()));
+        assert_eq!(args(b" {x}").0, Err(()));
     }
 }
