@@ -420,7 +420,9 @@ fn parse_args(
 mod tests {
     use super::parse_args;
 
-    fn args(rest: &[u8]) -> (Result<Option<(usize, bool)>, ()>, Vec<Vec<u8>>) {
+    type Parsed = (Result<Option<(usize, bool)>, ()>, Vec<Vec<u8>>);
+
+    fn args(rest: &[u8]) -> Parsed {
         let mut a = Vec::new();
         let r = parse_args(rest, &mut a, false);
         (r, a)
