@@ -161,7 +161,11 @@ fn startup_notices() {
     // SAFETY: `u` is valid and writable for the call.
     if unsafe { libc::uname(&mut u) } == 0 {
         let field = |f: &[libc::c_char]| {
-            let bytes: Vec<u8> = f.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+            let bytes: Vec<u8> = f
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|&c| c as u8)
+                .collect();
             String::from_utf8_lossy(&bytes).into_owned()
         };
         crate::errlog::notice(format_args!(
