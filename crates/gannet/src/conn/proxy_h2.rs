@@ -127,13 +127,15 @@ pub(super) async fn exchange(
     if !end {
         let timeout = c.send_timeout();
         let sent = match &mut out.body {
-            Some(b) => gw::send_body(&via.timers, &mut up, &out.out, b, timeout).await,
-            None => gw::send(&via.timers, &mut up, &out.out, timeout).await,
+            Some(b) => gw::send_body(&via.timers, &mut up, &out.out, b, timeout)
+                .await
+                .and_then(|()| {
+                    up.0.send_data(Bytes::new(), true)
+                        .map_err(|e| h2u::failure(e, SENDING))
+                }),
+            // A body at hand ends the stream with its last frame, as nginx sends it.
+            None => up.last(Bytes::copy_from_slice(&out.out), timeout).await,
         };
-        let sent = sent.and_then(|()| {
-            up.0.send_data(Bytes::new(), true)
-                .map_err(|e| h2u::failure(e, SENDING))
-        });
         match sent {
             Ok(()) => {}
             Err(f @ Failure::Client(_)) => return Err(f),
@@ -220,6 +222,28 @@ fn h2_io(e: h2::Error) -> io::Error {
     match e.get_io() {
         Some(io) => io::Error::new(io.kind(), io.to_string()),
         None => io::Error::other(e.to_string()),
+    }
+}
+
+impl Upload {
+    /// `data` as the stream's last DATA frames, sent as the window opens (each wait at
+    /// most `timeout`).
+    async fn last(&mut self, mut data: Bytes, timeout: std::time::Duration) -> Result<(), Failure> {
+        let s = &mut self.0;
+        while !data.is_empty() {
+            s.reserve_capacity(data.len());
+            let cap = std::future::poll_fn(|cx| s.poll_capacity(cx));
+            let n = match tokio::time::timeout(timeout, cap).await {
+                Ok(Some(Ok(n))) => n.min(data.len()),
+                Ok(Some(Err(e))) => return Err(h2u::failure(e, SENDING)),
+                Ok(None) => return Err(Failure::Io(io::ErrorKind::BrokenPipe.into(), SENDING)),
+                Err(_) => return Err(Failure::Timeout(SENDING)),
+            };
+            let piece = data.split_to(n);
+            s.send_data(piece, data.is_empty())
+                .map_err(|e| h2u::failure(e, SENDING))?;
+        }
+        Ok(())
     }
 }
 
