@@ -20,6 +20,7 @@ use h2::SendStream;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::rc::Rc;
 use std::task::Poll;
 
 /// The stream window (and the connection's) offered to servers: enough for a fast server
@@ -30,7 +31,14 @@ const WINDOW: u32 = 1024 * 1024;
 thread_local! {
     /// Each worker's kept HTTP/2 connections (`keepalive` groups): one per server and TLS
     /// setup, shared by the requests to it.
-    static KEPT: RefCell<HashMap<(String, u64), SendRequest<Bytes>>> = RefCell::default();
+    static KEPT: RefCell<HashMap<(String, u64), Kept>> = RefCell::default();
+}
+
+/// A server's kept connection, or the one being made for it: the requests that come
+/// meanwhile wait for it rather than each making one of their own.
+enum Kept {
+    Ready(SendRequest<Bytes>),
+    Connecting(Rc<tokio::sync::Notify>),
 }
 
 /// The request as it goes upstream, rebuilt for each attempt (an `http::Request` is no
@@ -64,19 +72,36 @@ pub(super) async fn stream(
     end: bool,
 ) -> Result<(ResponseFuture, SendStream<Bytes>), Failure> {
     let key = (addr.to_string(), via.kind());
-    if keep {
-        if let Some(mut s) = KEPT.with(|k| k.borrow_mut().remove(&key)) {
-            // Gone (an error) or out of streams (pending): a new connection is made.
-            let ready = std::future::poll_fn(|cx| Poll::Ready(s.poll_ready(cx))).await;
-            if matches!(ready, Poll::Ready(Ok(()))) {
-                if let Ok(r) = s.send_request(head.request(), end) {
-                    req.upstream.borrow_mut().mark_connected();
-                    KEPT.with(|k| k.borrow_mut().insert(key, s));
-                    return Ok(r);
+    let mut waits = 0;
+    while keep {
+        match KEPT.with(|k| k.borrow_mut().remove(&key)) {
+            Some(Kept::Ready(mut s)) => {
+                // Gone (an error) or out of streams (pending): a new connection is made.
+                let ready = std::future::poll_fn(|cx| Poll::Ready(s.poll_ready(cx))).await;
+                if matches!(ready, Poll::Ready(Ok(()))) {
+                    if let Ok(r) = s.send_request(head.request(), end) {
+                        req.upstream.borrow_mut().mark_connected();
+                        KEPT.with(|k| k.borrow_mut().insert(key, Kept::Ready(s)));
+                        return Ok(r);
+                    }
                 }
+                break;
             }
+            Some(Kept::Connecting(n)) if waits < 2 => {
+                waits += 1;
+                KEPT.with(|k| k.borrow_mut().insert(key.clone(), Kept::Connecting(n.clone())));
+                // Made or failed: either way look again.
+                let _ = tokio::time::timeout(c.connect_timeout(), n.notified()).await;
+            }
+            _ => break,
         }
     }
+    let connecting = keep.then(|| {
+        let n = Rc::new(tokio::sync::Notify::new());
+        KEPT.with(|k| k.borrow_mut().insert(key.clone(), Kept::Connecting(n.clone())));
+        // Whatever becomes of this attempt, those waiting for it look again.
+        Wake(key.clone(), n)
+    });
     let conn = gw::connect(addr, via, c, from).await?;
     let shake = h2::client::Builder::new()
         .enable_push(false)
@@ -104,9 +129,27 @@ pub(super) async fn stream(
         .send_request(head.request(), end)
         .map_err(|e| failure(e, SENDING))?;
     if keep {
-        KEPT.with(|k| k.borrow_mut().insert(key, send));
+        KEPT.with(|k| k.borrow_mut().insert(key, Kept::Ready(send)));
     }
+    drop(connecting);
     Ok(r)
+}
+
+/// Wakes the requests waiting for a connection being made, when dropped (made, failed,
+/// or the request gone).
+struct Wake((String, u64), Rc<tokio::sync::Notify>);
+
+impl Drop for Wake {
+    fn drop(&mut self) {
+        KEPT.with(|k| {
+            let mut k = k.borrow_mut();
+            // Not made: its place is free for the next attempt.
+            if matches!(k.get(&self.0), Some(Kept::Connecting(n)) if Rc::ptr_eq(n, &self.1)) {
+                k.remove(&self.0);
+            }
+        });
+        self.1.notify_waiters();
+    }
 }
 
 /// An HTTP/2 error as the gateway's failure (and nginx's log wording).
