@@ -7,7 +7,9 @@
 //! - HTTP (`proxy_pass`): a request head built by `modules::proxy`, then the body; the
 //!   answer's head says how its body ends (length, chunked, or the close) and whether the
 //!   connection can carry another request, which it does when the group has `keepalive N`
-//!   and the request did not ask for `Connection: close`.
+//!   and the request did not ask for `Connection: close`. With `proxy_http_version 2` each
+//!   attempt is a stream instead (`conn::proxy_h2`), whose answer is read through the same
+//!   [`Link`] (a [`Wire::H2`]) and goes through the same steps after its head.
 //!
 //! - FastCGI: BEGIN_REQUEST, PARAMS and the body as STDIN records; the answer comes in
 //!   STDOUT / STDERR records and ends with END_REQUEST, so the connection can carry the
@@ -1178,7 +1180,9 @@ async fn fetch(
             let mut tries = 1u64;
             loop {
                 let r = match &h2 {
-                    Some(h) => super::proxy_h2::exchange(req, &via, c, &addr, false, h, &mut out).await,
+                    Some(h) => {
+                        super::proxy_h2::exchange(req, &via, c, &addr, false, h, &mut out).await
+                    }
                     None => fresh(req, &via, &addr, &mut out).await,
                 };
                 let peer = crate::modules::metrics::direct_peer(req, &addr);
@@ -1281,12 +1285,14 @@ async fn fetch(
             }
             // A kept connection the server closed meanwhile is no failure of the server:
             // try once more on a new one.
-            (Some((conn, n)), None) => match exchange(req, addr, Link::new(conn, &via), &mut out).await {
-                Err(f) if f.stale() && !out.started() => {
-                    fresh(req, &via, addr, &mut out).await.map(|a| (a, 0))
+            (Some((conn, n)), None) => {
+                match exchange(req, addr, Link::new(conn, &via), &mut out).await {
+                    Err(f) if f.stale() && !out.started() => {
+                        fresh(req, &via, addr, &mut out).await.map(|a| (a, 0))
+                    }
+                    r => r.map(|a| (a, n)),
                 }
-                r => r.map(|a| (a, n)),
-            },
+            }
             (None, None) => fresh(req, &via, addr, &mut out).await.map(|a| (a, 0)),
         };
         now = record(
@@ -1553,7 +1559,11 @@ fn poll_read_into(
     let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); READ_MAX];
     let n = max.clamp(1, READ_MAX);
     let mut rb = tokio::io::ReadBuf::uninit(&mut chunk[..n]);
-    std::task::ready!(tokio::io::AsyncRead::poll_read(std::pin::Pin::new(s), cx, &mut rb))?;
+    std::task::ready!(tokio::io::AsyncRead::poll_read(
+        std::pin::Pin::new(s),
+        cx,
+        &mut rb
+    ))?;
     input.extend_from_slice(rb.filled());
     std::task::Poll::Ready(Ok(rb.filled().len()))
 }

@@ -4,9 +4,10 @@
 //!
 //! The upstream group, balancing, `grpc_next_upstream`, timeouts, the error-log lines and
 //! the `$upstream_*` records are the gateway's (`conn::gateway`); only the wire differs.
-//! With `keepalive N` in the group, one HTTP/2 connection per server and worker is kept and
-//! multiplexed (each request a stream on it); without, each request has a connection of its
-//! own, closed with its stream.
+//! Connections are `conn::h2_upstream`'s, shared with `proxy_http_version 2`: with
+//! `keepalive N` in the group, one per server and worker, kept and multiplexed (each request
+//! a stream on it); without, each request has a connection of its own, closed with its
+//! stream.
 //!
 //! Both directions stream, as nginx's `request_body_no_buffering` does for gRPC: the
 //! client's DATA frames go upstream as they arrive (its trailers too), while the answer's
@@ -668,7 +669,9 @@ pub async fn run_whole(w: &Worker, req: &Request) -> Flow {
                 data.extend_from_slice(&b);
             }
             Ok(None) => break,
-            Ok(Some(Err(e))) => return gw::failed(req, o.scheme, &o.addr, &h2u::failure(e, READING)),
+            Ok(Some(Err(e))) => {
+                return gw::failed(req, o.scheme, &o.addr, &h2u::failure(e, READING))
+            }
             Err(_) => return gw::failed(req, o.scheme, &o.addr, &Failure::Timeout(READING)),
         }
     }

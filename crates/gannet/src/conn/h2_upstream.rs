@@ -72,8 +72,11 @@ pub(super) async fn stream(
     end: bool,
 ) -> Result<(ResponseFuture, SendStream<Bytes>), Failure> {
     let key = (addr.to_string(), via.kind());
-    let mut waits = 0;
-    while keep {
+    // At most two waits for a connection being made, then one of its own.
+    for waits in 0..3 {
+        if !keep {
+            break;
+        }
         match KEPT.with(|k| k.borrow_mut().remove(&key)) {
             Some(Kept::Ready(mut s)) => {
                 // Gone (an error) or out of streams (pending): a new connection is made.
@@ -88,8 +91,10 @@ pub(super) async fn stream(
                 break;
             }
             Some(Kept::Connecting(n)) if waits < 2 => {
-                waits += 1;
-                KEPT.with(|k| k.borrow_mut().insert(key.clone(), Kept::Connecting(n.clone())));
+                KEPT.with(|k| {
+                    k.borrow_mut()
+                        .insert(key.clone(), Kept::Connecting(n.clone()))
+                });
                 // Made or failed: either way look again.
                 let _ = tokio::time::timeout(c.connect_timeout(), n.notified()).await;
             }
@@ -98,7 +103,10 @@ pub(super) async fn stream(
     }
     let connecting = keep.then(|| {
         let n = Rc::new(tokio::sync::Notify::new());
-        KEPT.with(|k| k.borrow_mut().insert(key.clone(), Kept::Connecting(n.clone())));
+        KEPT.with(|k| {
+            k.borrow_mut()
+                .insert(key.clone(), Kept::Connecting(n.clone()))
+        });
         // Whatever becomes of this attempt, those waiting for it look again.
         Wake(key.clone(), n)
     });

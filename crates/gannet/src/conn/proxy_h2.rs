@@ -49,7 +49,12 @@ pub(super) fn head(
     streamed: Option<Streamed>,
     out: &mut Vec<u8>,
 ) -> Result<Head, String> {
-    let vars = req.conf.proxy.target.as_deref().is_some_and(proxy::Target::vars);
+    let vars = req
+        .conf
+        .proxy
+        .target
+        .as_deref()
+        .is_some_and(proxy::Target::vars);
     let o = Outline::of(req, streamed);
     let body = o.body(body);
     let mut headers = http::HeaderMap::new();
@@ -96,7 +101,12 @@ fn uri(scheme: &str, host: &[u8], path: &[u8]) -> Result<http::Uri, String> {
     let host = String::from_utf8_lossy(host);
     let mut s = format!("{scheme}://{host}");
     for &b in path {
-        if b.is_ascii_graphic() && !matches!(b, b'"' | b'<' | b'>' | b'\\' | b'^' | b'`' | b'{' | b'|' | b'}') {
+        if b.is_ascii_graphic()
+            && !matches!(
+                b,
+                b'"' | b'<' | b'>' | b'\\' | b'^' | b'`' | b'{' | b'|' | b'}'
+            )
+        {
             s.push(char::from(b));
         } else {
             s.push_str(&format!("%{b:02X}"));
@@ -142,11 +152,8 @@ pub(super) async fn exchange(
             // The server may have answered without taking the whole body (a 413, say):
             // its answer, if it gave one, is what the client gets.
             Err(f) => {
-                if let Ok(Ok(r)) = tokio::time::timeout(
-                    std::time::Duration::from_millis(100),
-                    &mut answer,
-                )
-                .await
+                if let Ok(Ok(r)) =
+                    tokio::time::timeout(std::time::Duration::from_millis(100), &mut answer).await
                 {
                     return read(req, via, addr, r).await;
                 }

@@ -2,9 +2,11 @@
 //! request it sends upstream. It is the fourth protocol of the gateway machinery
 //! (`gateway`, `conn::gateway`): the same upstream groups, retries, timeouts and header
 //! lists as FastCGI, SCGI and uwsgi, with HTTP/1.x on the wire, over TCP, a unix socket, or
-//! TLS for `https://` URLs (whose `proxy_ssl_*` directives are in `proxy_ssl`).
+//! TLS for `https://` URLs (whose `proxy_ssl_*` directives are in `proxy_ssl`), or HTTP/2
+//! with `proxy_http_version 2` (`conn::proxy_h2`, with the same fields: [`fields`]).
 //!
-//! Directives: `proxy_pass`, `proxy_set_header`, `proxy_http_version`, `proxy_method`,
+//! Directives: `proxy_pass`, `proxy_set_header`, `proxy_http_version`, `proxy_pass_trailers`,
+//! `proxy_method`,
 //! `proxy_set_body`, `proxy_redirect`, and the shared ones with the `proxy_` prefix
 //! (`proxy_request_buffering`, `proxy_connect_timeout`, `proxy_send_timeout`, `proxy_read_timeout`,
 //! `proxy_buffering`, `proxy_buffers`, `proxy_buffer_size`, `proxy_intercept_errors`,
@@ -563,7 +565,8 @@ pub struct Outline<'r> {
 }
 
 impl<'r> Outline<'r> {
-    /// `body`: the client's body at hand (sent unless replaced or not passed).
+    /// `streamed`: how the client's body would follow the head, if it is passed on as it
+    /// arrives.
     pub fn of(req: &'r Request, streamed: Option<Streamed>) -> Outline<'r> {
         let c = &req.conf.proxy;
         let method: Cow<str> = match &c.method {
