@@ -56,7 +56,7 @@ http {
 """
 
 
-def upstream(tmp: Path, files: dict[str, bytes], tls: tuple[Path, Path] | None = None) -> NginxPeer:
+def upstream(tmp: Path, files: dict[str, bytes], tls: tuple[Path, Path] | None = None, listen: str = "http2") -> NginxPeer:
     root = tmp / "up-www"
     for name, data in files.items():
         p = root / name
@@ -66,7 +66,7 @@ def upstream(tmp: Path, files: dict[str, bytes], tls: tuple[Path, Path] | None =
     if tls:
         listen, extra = "ssl http2", f"ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]};"
     else:
-        listen, extra = "http2", ""
+        extra = ""
     return NginxPeer(UP_CONF % (listen, extra), free_port(), root, tmp / "up")
 
 
@@ -179,6 +179,26 @@ def test_trailers(gannet, tmp_path):
             assert "x-trailer: foo" in out
             # proxy_hide_header hides a trailer too, as nginx.
             assert "x-hidden" not in out
+    finally:
+        up.stop()
+
+
+def test_trailers_from_http11_upstream(gannet, tmp_path):
+    # nginx 1.29's proxy_pass_trailers takes an HTTP/1.1 server's (after its last chunk)
+    # the same way.
+    up = upstream(tmp_path, {"t.txt": b"SEE-THIS"}, listen="")
+    try:
+        srv = gannet.start(server=f"""
+            proxy_http_version 1.1;
+            add_trailer X-Own "";
+            location / {{ proxy_pass http://127.0.0.1:{up.port}; proxy_pass_trailers on; }}
+            location /off/ {{ proxy_pass http://127.0.0.1:{up.port}/; }}
+        """)
+        req = b"GET /t.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        raw = srv.raw(req)
+        assert raw.endswith(b"\r\n8\r\nSEE-THIS\r\n0\r\nx-trailer: foo\r\nx-hidden: bar\r\n\r\n"), raw
+        raw = srv.raw(req.replace(b"/t.txt", b"/off/t.txt"))
+        assert raw.endswith(b"\r\n8\r\nSEE-THIS\r\n0\r\n\r\n"), raw
     finally:
         up.stop()
 

@@ -228,6 +228,8 @@ pub(super) struct Link {
     left: Option<u64>,
     /// HTTP with a chunked body.
     chunked: Option<ChunkedDecoder>,
+    /// Where its trailer fields go (`proxy_pass_trailers`).
+    trailers: Option<super::proxy_h2::Trailers>,
     /// HTTP: the server keeps the connection after this answer.
     keep_alive: bool,
     /// Whether anything came: a FastCGI close before that is what a stale kept connection
@@ -255,6 +257,7 @@ impl Link {
             input: BytesMut::new(),
             left: None,
             chunked: None,
+            trailers: None,
             keep_alive: false,
             got_any: false,
             timers: via.timers.clone(),
@@ -348,7 +351,12 @@ impl Link {
                 .map_err(|_| Failure::Body("upstream sent invalid chunked response"))?;
             return Ok(match chunk {
                 Chunk::Data(b) => Some(Event::Data(b)),
-                Chunk::Done => Some(Event::End),
+                Chunk::Done => {
+                    if let Some(slot) = &self.trailers {
+                        super::proxy_h2::keep_trailers(slot, dec.take_trailers());
+                    }
+                    Some(Event::End)
+                }
                 Chunk::NeedMore => None,
             });
         }
@@ -2096,6 +2104,14 @@ fn read_head(
                 link.left = Some(0);
             } else {
                 link.set_framing(h.framing, h.keep_alive, body);
+                if let Some(dec) = link
+                    .chunked
+                    .as_mut()
+                    .filter(|_| req.conf.proxy.pass_trailers())
+                {
+                    dec.keep_trailers();
+                    link.trailers = Some(super::proxy_h2::trailer_slot(req));
+                }
             }
             return Ok(Some(CgiHead {
                 status: Some(h.status),

@@ -177,11 +177,7 @@ async fn read(
     let (parts, recv) = r.into_parts();
     let head = h2u::cgi_head(&parts);
     // Trailers are kept only where they may be passed on.
-    let trailers = req.conf.proxy.pass_trailers().then(|| {
-        let slot: Trailers = Rc::default();
-        req.upstream.borrow_mut().trailers = Some(slot.clone());
-        slot
-    });
+    let trailers = req.conf.proxy.pass_trailers().then(|| trailer_slot(req));
     let d = Download {
         recv,
         left: Bytes::new(),
@@ -194,8 +190,31 @@ async fn read(
     gw::read_answer(req, addr, link, (Some(head), body), &[]).await
 }
 
-/// Where an answer's trailer fields are kept until the body's end is sent.
+/// Where an answer's trailer fields (an HTTP/2 server's, or an HTTP/1.1 server's after its
+/// last chunk) are kept until the body's end is sent.
 pub type Trailers = Rc<RefCell<Option<http::HeaderMap>>>;
+
+/// A new place for the answer's trailer fields, the request's.
+pub(super) fn trailer_slot(req: &Request) -> Trailers {
+    let slot: Trailers = Rc::default();
+    req.upstream.borrow_mut().trailers = Some(slot.clone());
+    slot
+}
+
+/// An HTTP/1.1 server's trailer fields (after its last chunk) into `slot`; those HTTP/2
+/// could not carry are left out.
+pub(super) fn keep_trailers(slot: &Trailers, fields: Vec<(String, String)>) {
+    let mut map = http::HeaderMap::new();
+    for (n, v) in fields {
+        if let (Ok(n), Ok(v)) = (
+            http::HeaderName::from_bytes(n.as_bytes()),
+            http::HeaderValue::from_str(&v),
+        ) {
+            map.append(n, v);
+        }
+    }
+    *slot.borrow_mut() = Some(map);
+}
 
 /// Whether the answer being sent may end with an upstream's trailer fields
 /// (`proxy_pass_trailers` with an HTTP/2 server).

@@ -260,8 +260,8 @@ pub fn trailers(req: &Request, r: &Response) -> Vec<(String, String)> {
     out
 }
 
-/// Whether the answer may end with trailer fields that are not known yet: an HTTP/2
-/// server's passed on (`proxy_pass_trailers`). Unlike `add_trailer`'s, they do not make an
+/// Whether the answer may end with trailer fields that are not known yet: a server's
+/// passed on (`proxy_pass_trailers`). Unlike `add_trailer`'s, they do not make an
 /// HTTP/1.1 answer chunked (nginx's `expect_trailers` is not set for them): they go when it
 /// is chunked anyway.
 pub fn may_trail(req: &Request, r: &Response) -> bool {
