@@ -13,7 +13,8 @@
 //! from its temporary file, or from the client as it arrives (`proxy_request_buffering
 //! off`); the answer's DATA frames are read by the gateway's link through [`Download`],
 //! which opens the window again only as it is read, so a slow client slows the server.
-//! Its trailer fields are kept for the client when `proxy_pass_trailers` is on.
+//! Its trailer fields are kept for the client when `proxy_pass_trailers` is on (an HTTP/1.1
+//! server's chunked answer keeps its own in the same place: [`Trailers`]).
 
 use super::gateway::{self as gw, Answered, Failure, Link, Outgoing, Via, Wire, SENDING};
 use super::h2_upstream::{self as h2u, Head};
@@ -217,7 +218,7 @@ pub(super) fn keep_trailers(slot: &Trailers, fields: Vec<(String, String)>) {
 }
 
 /// Whether the answer being sent may end with an upstream's trailer fields
-/// (`proxy_pass_trailers` with an HTTP/2 server).
+/// (`proxy_pass_trailers`, an HTTP/2 server or a chunked HTTP/1.1 answer).
 pub fn trails(req: &Request) -> bool {
     req.upstream.borrow().trailers.is_some()
 }
