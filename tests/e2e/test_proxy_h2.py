@@ -56,7 +56,7 @@ http {
 """
 
 
-def upstream(tmp: Path, files: dict[str, bytes], tls: tuple[Path, Path] | None = None, listen: str = "http2") -> NginxPeer:
+def upstream(tmp: Path, files: dict[str, bytes], tls: tuple[Path, Path] | None = None, listen: str = "http2", more: str = "") -> NginxPeer:
     root = tmp / "up-www"
     for name, data in files.items():
         p = root / name
@@ -67,7 +67,7 @@ def upstream(tmp: Path, files: dict[str, bytes], tls: tuple[Path, Path] | None =
         listen, extra = "ssl http2", f"ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]};"
     else:
         extra = ""
-    return NginxPeer(UP_CONF % (listen, extra), free_port(), root, tmp / "up")
+    return NginxPeer(UP_CONF % (listen, extra + more), free_port(), root, tmp / "up")
 
 
 def up_log(peer: NginxPeer) -> list[list[str]]:
@@ -145,6 +145,27 @@ def test_multiplexed_and_kept_connections(gannet, tmp_path, big):
             assert srv.get("/f/small.txt")[0] == 200
         fresh = [r for r in up_log(up) if r[4] == '"fresh"']
         assert len({r[0] for r in fresh}) == 3 and all(r[1] == "1" for r in fresh)
+    finally:
+        up.stop()
+
+
+def test_server_closing_kept_connection(gannet, tmp_path):
+    # nginx ends a connection after 5 requests (GOAWAY): the streams it refused, and the
+    # requests that find the connection closing, go on a new one - no request fails.
+    up = upstream(tmp_path, {"small.txt": b"SEE-THIS"}, more="keepalive_requests 5;")
+    try:
+        srv = gannet.start(http=f"upstream u {{ server 127.0.0.1:{up.port}; keepalive 2; }}", server="""
+            proxy_http_version 2;
+            location / { proxy_pass http://u; }
+        """)
+        for _ in range(4):
+            assert srv.get("/small.txt")[0] == 200
+        with ThreadPoolExecutor(16) as pool:
+            got = list(pool.map(lambda _: srv.get("/small.txt"), range(32)))
+        assert [st for st, _, _ in got] == [200] * 32
+        log = up_log(up)
+        assert len(log) == 36 and max(int(r[1]) for r in log) <= 5
+        assert "[error]" not in srv.error_log()
     finally:
         up.stop()
 

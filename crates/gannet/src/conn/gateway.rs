@@ -870,7 +870,7 @@ pub(super) struct Outgoing<'a> {
 impl Outgoing<'_> {
     /// Body bytes were taken from the client: the request can go nowhere else (nginx's
     /// rule with `*_request_buffering off`).
-    fn started(&self) -> bool {
+    pub(super) fn started(&self) -> bool {
         self.body.as_ref().is_some_and(|b| b.started)
     }
 }

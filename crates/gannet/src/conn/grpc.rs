@@ -256,7 +256,7 @@ async fn open(
         };
         let end = whole.as_ref().is_some_and(Bytes::is_empty);
         let f = match h2u::stream(req, &via, gwc, &addr, (keep, None), &head, end).await {
-            Ok((answer, mut body)) => {
+            Ok((answer, mut body, _)) => {
                 let mut o = Opened {
                     answer,
                     addr: addr.clone(),

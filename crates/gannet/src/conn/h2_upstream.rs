@@ -61,7 +61,8 @@ impl Head {
 
 /// A stream for the request on `addr`: on the kept connection if there is a live one with
 /// room, else on a new one (made from `from`, `proxy_bind`'s address, and kept for the
-/// next requests when `keep`). `end`: the request has no body.
+/// next requests when `keep`). `end`: the request has no body. The flag says the stream is
+/// on a connection made before (which may have been closing meanwhile: [`unprocessed`]).
 pub(super) async fn stream(
     req: &Request,
     via: &Via,
@@ -70,7 +71,7 @@ pub(super) async fn stream(
     (keep, from): (bool, Option<(SocketAddr, bool)>),
     head: &Head,
     end: bool,
-) -> Result<(ResponseFuture, SendStream<Bytes>), Failure> {
+) -> Result<(ResponseFuture, SendStream<Bytes>, bool), Failure> {
     let key = (addr.to_string(), via.kind());
     // At most two waits for a connection being made, then one of its own.
     for waits in 0..3 {
@@ -85,7 +86,7 @@ pub(super) async fn stream(
                     if let Ok(r) = s.send_request(head.request(), end) {
                         req.upstream.borrow_mut().mark_connected();
                         KEPT.with(|k| k.borrow_mut().insert(key, Kept::Ready(s)));
-                        return Ok(r);
+                        return Ok((r.0, r.1, true));
                     }
                 }
                 break;
@@ -140,7 +141,25 @@ pub(super) async fn stream(
         KEPT.with(|k| k.borrow_mut().insert(key, Kept::Ready(send)));
     }
     drop(connecting);
-    Ok(r)
+    Ok((r.0, r.1, false))
+}
+
+/// Let go of the server's kept connection (it is closing): the next request makes a new one.
+pub(super) fn forget(via: &Via, addr: &Addr) {
+    let key = (addr.to_string(), via.kind());
+    KEPT.with(|k| {
+        let mut k = k.borrow_mut();
+        if matches!(k.get(&key), Some(Kept::Ready(_))) {
+            k.remove(&key);
+        }
+    });
+}
+
+/// The server refused the stream without processing it (GOAWAY below its id, or
+/// REFUSED_STREAM, RFC 9113 8.7): the request may go again on a new connection, whatever
+/// its method.
+pub(super) fn unprocessed(e: &h2::Error) -> bool {
+    (e.is_go_away() && e.is_remote()) || e.reason() == Some(h2::Reason::REFUSED_STREAM)
 }
 
 /// Wakes the requests waiting for a connection being made, when dropped (made, failed,

@@ -16,7 +16,9 @@
 //! Its trailer fields are kept for the client when `proxy_pass_trailers` is on (an HTTP/1.1
 //! server's chunked answer keeps its own in the same place: [`Trailers`]).
 
-use super::gateway::{self as gw, Answered, Failure, Link, Outgoing, Via, Wire, SENDING};
+use super::gateway::{
+    self as gw, Answered, Failure, Link, Outgoing, Via, Wire, READING_HEAD, SENDING,
+};
 use super::h2_upstream::{self as h2u, Head};
 use crate::http::request::Request;
 use crate::modules::gateway::{self as gateway, GatewayConf, Streamed};
@@ -133,7 +135,35 @@ pub(super) async fn exchange(
         _ => None,
     };
     let end = out.out.is_empty() && out.body.is_none();
-    let (mut answer, send) = h2u::stream(req, via, c, addr, (keep, from), head, end).await?;
+    // A stream a closing connection refused was not processed: it goes again on another
+    // connection (a few times at most, should each be full when it gets there).
+    let mut again = 8;
+    loop {
+        let (mut answer, send, reused) =
+            h2u::stream(req, via, c, addr, (keep, from), head, end).await?;
+        match attempt(req, via, c, addr, out, (&mut answer, send), end).await {
+            Err(Ok(e)) if reused && again > 0 && h2u::unprocessed(&e) && !out.started() => {
+                again -= 1;
+                h2u::forget(via, addr);
+            }
+            Err(Ok(e)) => return Err(h2u::failure(e, READING_HEAD)),
+            Err(Err(f)) => return Err(f),
+            Ok(a) => return Ok(a),
+        }
+    }
+}
+
+/// The body sent and the answer read, on the stream opened; an HTTP/2 error before the
+/// answer's head is given as it is (`Err(Ok(..))`).
+async fn attempt(
+    req: &Request,
+    via: &Via,
+    c: &GatewayConf,
+    addr: &Addr,
+    out: &mut Outgoing<'_>,
+    (answer, send): (&mut h2::client::ResponseFuture, SendStream<Bytes>),
+    end: bool,
+) -> Result<Answered, Result<h2::Error, Failure>> {
     let mut up = Upload(send);
     if !end {
         let timeout = c.send_timeout();
@@ -149,22 +179,26 @@ pub(super) async fn exchange(
         };
         match sent {
             Ok(()) => {}
-            Err(f @ Failure::Client(_)) => return Err(f),
+            Err(f @ Failure::Client(_)) => return Err(Err(f)),
             // The server may have answered without taking the whole body (a 413, say):
             // its answer, if it gave one, is what the client gets.
             Err(f) => {
                 if let Ok(Ok(r)) =
-                    tokio::time::timeout(std::time::Duration::from_millis(100), &mut answer).await
+                    tokio::time::timeout(std::time::Duration::from_millis(100), &mut *answer).await
                 {
-                    return read(req, via, addr, r).await;
+                    return read(req, via, addr, r).await.map_err(Err);
                 }
-                return Err(f);
+                return Err(Err(f));
             }
         }
     }
     req.upstream.borrow_mut().sent += out.out.len() as u64;
-    let r = h2u::answer(&mut answer, c.read_timeout()).await?;
-    read(req, via, addr, r).await
+    let r = match tokio::time::timeout(c.read_timeout(), answer).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(Ok(e)),
+        Err(_) => return Err(Err(Failure::Timeout(READING_HEAD))),
+    };
+    read(req, via, addr, r).await.map_err(Err)
 }
 
 /// The answer after its head: the body read through the gateway's link.
