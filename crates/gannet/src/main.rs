@@ -15,6 +15,7 @@ mod errlog;
 mod http;
 mod log_open;
 mod modules;
+mod oneline;
 mod resolver;
 mod runtime;
 mod stream;
@@ -104,12 +105,8 @@ fn main() -> ExitCode {
     if cfg.main.error_logs.is_empty() {
         cfg.main.error_logs.extend(early(&src.prefix));
     }
-    if src.conf.is_none() {
-        eprintln!(
-            "gannet: serving {} on http://{}/ (Ctrl-C stops)",
-            src.prefix.display(),
-            cli::listen_addr()
-        );
+    if let Some(b) = src.banner() {
+        eprintln!("gannet: {b}");
     }
     // SIGHUP reads the same file (or the embedded default) and `-g` again.
     let reload = move || src.load(None);
