@@ -492,6 +492,7 @@ def test_challenge_answered_whatever_the_locations_say(gannet, pebble, http_port
     ("acme_issuer x { uri https://a.test/d; external_account_key k data:!!; }", '"external_account_key" directive invalid base64url encoded value'),
     ("acme_issuer x { uri https://a.test/d; profile p maybe; }", 'invalid parameter "maybe"'),
     ("acme_issuer x { uri https://a.test/d; common_name_in_csr yes; }", 'it must be "on" or "off"'),
+    ("acme_issuer x { uri https://a.test/d; ssl_verify maybe; }", 'invalid value "maybe" in "ssl_verify" directive'),
     ("acme_certificate x;", '"acme_certificate" directive is not allowed here'),
 ])
 def test_issuer_config_errors(gannet, directive, error):
@@ -515,3 +516,26 @@ def test_certificate_config_errors(gannet):
     r = gannet.check(http="acme_issuer a { uri https://a.test/d; }",
                      server='server_name ""; acme_certificate a;')
     assert r.returncode != 0 and 'no identifiers found in "server_name"' in r.stderr, r.stderr
+
+
+def test_ssl_verify_off_and_ecdsa_384_key(gannet, pebble, http_port):
+    """`ssl_verify off`: the CA's HTTPS certificate (Pebble's, signed by its minica) is not
+    checked, so no `ssl_trusted_certificate` is needed; with the default `ssl_verify on`
+    and only the system's CAs, the same CA is refused and the failure logged. The
+    certificate's key is `key=ecdsa:384`."""
+    tls_port = free_port()
+    base = render(pebble, tls_port).replace(f"ssl_trusted_certificate {pebble.minica};", "")
+    srv = gannet.start(conf=base, port=http_port)
+    wait_port(tls_port, srv.proc)
+    assert wait_until(lambda: "retrying in 10s" in srv.error_log(), deadline=30), srv.error_log()
+    assert s_client(tls_port, pebble.root).returncode != 0
+    srv.stop()
+    conf = (base.replace("accept_terms_of_service;", "accept_terms_of_service; ssl_verify off;")
+            .replace("acme_certificate pebble;", "acme_certificate pebble key=ecdsa:384;"))
+    srv = gannet.start(conf=conf, port=http_port)
+    wait_port(tls_port, srv.proc)
+    leaf = wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=60, every=0.5)
+    assert leaf, srv.error_log()
+    text = subprocess.run(["openssl", "x509", "-noout", "-text"], input=(leaf + "-----END CERTIFICATE-----\n").encode(),
+                          capture_output=True).stdout.decode()
+    assert "secp384r1" in text or "P-384" in text, text

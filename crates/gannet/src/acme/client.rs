@@ -57,19 +57,33 @@ impl AccountCell {
 fn http(issuer: &Issuer) -> Result<Box<dyn instant_acme::HttpClient>, Error> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let builder = hyper_rustls::HttpsConnectorBuilder::new();
-    let builder = match &issuer.trusted {
+    let roots = match &issuer.trusted {
         Some(f) => {
             let mut roots = rustls::RootCertStore::empty();
             for ca in crate::tls::certs::load_chain(f, "trusted certificate")? {
                 roots.add(ca)?;
             }
-            let config = rustls::ClientConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()?
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-            builder.with_tls_config(config)
+            Some(roots)
         }
-        None => builder.with_provider_and_native_roots(provider)?,
+        None => None,
+    };
+    let builder = if !issuer.verify {
+        // `ssl_verify off`: the CA's certificate is not checked (a test CA, a private one).
+        let any = Arc::new(crate::tls::client::AnyCertificate::new(&provider));
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .dangerous()
+            .with_custom_certificate_verifier(any)
+            .with_no_client_auth();
+        builder.with_tls_config(config)
+    } else if let Some(roots) = roots {
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        builder.with_tls_config(config)
+    } else {
+        builder.with_provider_and_native_roots(provider)?
     };
     let connector = builder.https_only().enable_http1().build();
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())

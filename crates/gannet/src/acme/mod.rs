@@ -78,6 +78,8 @@ pub struct Issuer {
     pub accept_tos: bool,
     /// `ssl_trusted_certificate` (else the system's CAs).
     pub trusted: Option<crate::modules::tls::FileArg>,
+    /// `ssl_verify` (on): whether the CA's HTTPS certificate is verified.
+    pub verify: bool,
     /// `external_account_key KID FILE|data:KEY`: the key ID and the decoded MAC key.
     pub eab: Option<(String, Vec<u8>)>,
     /// `profile NAME [require]`: the name, and whether a CA without it is an error.

@@ -7,8 +7,8 @@
 //! Inside `acme_issuer`: `uri`, `account_key`, `challenge`, `contact`, `state_path`,
 //! `accept_terms_of_service`, `ssl_trusted_certificate`, `ssl_verify`,
 //! `external_account_key`, `profile`, `common_name_in_csr`. What nginx-acme has and gannet
-//! does not do yet (`preferred_chain`, `ssl_verify off`, account keys other than ECDSA
-//! P-256) are config errors saying so, never silently ignored.
+//! does not do yet (`preferred_chain`, account keys other than ECDSA P-256) are config
+//! errors saying so, never silently ignored.
 
 use super::{LoadCtx, LocConf};
 use crate::acme::{Challenge, Issuer, KeyAlg, Slot};
@@ -192,6 +192,7 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
         contacts: Vec::new(),
         accept_tos: false,
         trusted: None,
+        verify: true,
         eab: None,
         profile: None,
         common_name_in_csr: false,
@@ -256,11 +257,7 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
                     loc: e.loc.clone(),
                 })
             }
-            "ssl_verify" => {
-                if !flag(e, v)? {
-                    return Err(e.error("\"ssl_verify off\" is not supported yet"));
-                }
-            }
+            "ssl_verify" => is.verify = flag(e, v)?,
             "external_account_key" => {
                 if is.eab.is_some() {
                     return Err(e.error(format!("\"{n}\" directive is duplicate")));
