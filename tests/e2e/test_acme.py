@@ -42,7 +42,8 @@ def pebble_certs() -> Path | None:
 
 
 class Pebble:
-    def __init__(self, tmp: Path, http_port: int, validity: int | None = None, port: int | None = None, extra: dict | None = None):
+    def __init__(self, tmp: Path, http_port: int, validity: int | None = None, port: int | None = None, extra: dict | None = None,
+                 env: dict | None = None):
         certs = pebble_certs()
         self.port, self.mgmt = port or free_port(), free_port()
         self.minica = certs / "pebble.minica.pem"
@@ -63,9 +64,10 @@ class Pebble:
         conf["pebble"].update(extra or {})
         path = tmp / "pebble.json"
         path.write_text(json.dumps(conf))
+        extra_env = env or {}
         env = {k: v for k, v in os.environ.items() if k != "PEBBLE_VA_ALWAYS_VALID"}
         # No random validation delay and no rejected nonces: the tests wait for states.
-        env.update(PEBBLE_VA_NOSLEEP="1", PEBBLE_WFE_NONCEREJECT="0")
+        env.update(PEBBLE_VA_NOSLEEP="1", PEBBLE_WFE_NONCEREJECT="0", **extra_env)
         self.log_path = tmp / "pebble.log"
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([pebble_bin(), "-config", str(path)], stdout=self.log, stderr=subprocess.STDOUT, env=env)
@@ -78,9 +80,9 @@ class Pebble:
     def directory(self) -> str:
         return f"https://127.0.0.1:{self.port}/dir"
 
-    def fetch_root(self) -> bytes:
+    def fetch_root(self, n: int = 0) -> bytes:
         ctx = ssl.create_default_context(cafile=str(self.minica))
-        with urllib.request.urlopen(f"https://127.0.0.1:{self.mgmt}/roots/0", context=ctx, timeout=10) as r:
+        with urllib.request.urlopen(f"https://127.0.0.1:{self.mgmt}/roots/{n}", context=ctx, timeout=10) as r:
             return r.read()
 
     def set_renewal_window(self, cert_pem: str, start: str, end: str):
@@ -539,3 +541,32 @@ def test_ssl_verify_off_and_ecdsa_384_key(gannet, pebble, http_port):
     text = subprocess.run(["openssl", "x509", "-noout", "-text"], input=(leaf + "-----END CERTIFICATE-----\n").encode(),
                           capture_output=True).stdout.decode()
     assert "secp384r1" in text or "P-384" in text, text
+
+
+def test_preferred_chain(gannet, tmp_path, http_port):
+    """Pebble with an alternate root offers two chains for each certificate: with
+    `preferred_chain` naming the alternate root's common name, the chain served verifies
+    against that root and not against the default one; without it, the default chain."""
+    need_pebble()
+    pebble = Pebble(tmp_path, http_port, env={"PEBBLE_ALTERNATE_ROOTS": "1"})
+    try:
+        alt_root = tmp_path / "alt-root.pem"
+        alt_root.write_bytes(pebble.fetch_root(1))
+        subject = subprocess.run(["openssl", "x509", "-noout", "-subject", "-nameopt", "multiline"], input=alt_root.read_bytes(),
+                                 capture_output=True).stdout.decode()
+        cn = next(l.split("=", 1)[1].strip() for l in subject.splitlines() if "commonName" in l)
+        tls_port = free_port()
+        conf = render(pebble, tls_port).replace("accept_terms_of_service;", f'accept_terms_of_service; preferred_chain "{cn}";')
+        srv = gannet.start(conf=conf, port=http_port)
+        wait_port(tls_port, srv.proc)
+        assert wait_until(lambda: served_leaf(tls_port, alt_root), deadline=60, every=0.5), srv.error_log()
+        assert served_leaf(tls_port, pebble.root) is None
+        srv.stop()
+        # The same CA without the directive: the default chain.
+        conf = render(pebble, tls_port).replace("state_path {tmp}/acme;", "state_path {tmp}/acme2;")
+        srv = gannet.start(conf=conf, port=http_port)
+        wait_port(tls_port, srv.proc)
+        assert wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=60, every=0.5), srv.error_log()
+        assert served_leaf(tls_port, alt_root) is None
+    finally:
+        pebble.stop()

@@ -3,7 +3,7 @@
 //! CSR for a key generated here, download; then sleep until two thirds of the lifetime and
 //! renew. Failures are logged and retried with a doubling back-off.
 
-use super::{store, Acme, Cert, Challenge, Issuer, KeyAlg};
+use super::{chain, store, Acme, Cert, Challenge, Issuer, KeyAlg};
 use crate::errlog;
 use instant_acme::{
     Account, AuthorizationStatus, BodyWrapper, CertificateIdentifier, ChallengeType,
@@ -31,6 +31,8 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 pub struct AccountCell {
     issuer: Arc<Issuer>,
     account: tokio::sync::Mutex<Option<Account>>,
+    /// What the account's HTTP client noted (`preferred_chain`).
+    links: Arc<chain::Links>,
 }
 
 impl AccountCell {
@@ -38,6 +40,7 @@ impl AccountCell {
         AccountCell {
             issuer,
             account: tokio::sync::Mutex::new(None),
+            links: Arc::default(),
         }
     }
 
@@ -46,7 +49,7 @@ impl AccountCell {
         if let Some(a) = g.as_ref() {
             return Ok(a.clone());
         }
-        let a = login(&self.issuer).await?;
+        let a = login(&self.issuer, &self.links).await?;
         *g = Some(a.clone());
         Ok(a)
     }
@@ -54,7 +57,10 @@ impl AccountCell {
 
 /// The HTTP client to the ACME server: rustls on aws-lc-rs, trusting
 /// `ssl_trusted_certificate`'s CAs, or the system's.
-fn http(issuer: &Issuer) -> Result<Box<dyn instant_acme::HttpClient>, Error> {
+fn http(
+    issuer: &Issuer,
+    links: &Arc<chain::Links>,
+) -> Result<Box<dyn instant_acme::HttpClient>, Error> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let builder = hyper_rustls::HttpsConnectorBuilder::new();
     let roots = match &issuer.trusted {
@@ -88,12 +94,15 @@ fn http(issuer: &Issuer) -> Result<Box<dyn instant_acme::HttpClient>, Error> {
     let connector = builder.https_only().enable_http1().build();
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build::<_, BodyWrapper<bytes::Bytes>>(connector);
-    Ok(Box::new(client))
+    Ok(Box::new(chain::Tap {
+        inner: Box::new(client),
+        links: links.clone(),
+    }))
 }
 
 /// The issuer's account: restored from `account.key` and `account.url`, or found or made
 /// with the key (`account_key FILE`, or the stored one), or made with a new key, kept.
-async fn login(issuer: &Issuer) -> Result<Account, Error> {
+async fn login(issuer: &Issuer, links: &Arc<chain::Links>) -> Result<Account, Error> {
     let dir = issuer.state_path.as_deref();
     let key_pem = match (&issuer.account_key, dir) {
         (Some(f), _) => Some(std::fs::read(f).map_err(|e| format!("{}: {e}", f.display()))?),
@@ -112,13 +121,13 @@ async fn login(issuer: &Issuer) -> Result<Account, Error> {
         let der = PrivatePkcs8KeyDer::from_pem_slice(&pem)
             .map_err(|e| format!("account key is not a PKCS#8 PEM key: {e}"))?;
         if let Some(id) = url {
-            let a = Account::builder_with_http(http(issuer)?)
+            let a = Account::builder_with_http(http(issuer, links)?)
                 .from_parts(id, der, uri)
                 .await?;
             return Ok(a);
         }
         let key = Key::from_pkcs8_der(der.clone_key())?;
-        let (a, _) = Account::builder_with_http(http(issuer)?)
+        let (a, _) = Account::builder_with_http(http(issuer, links)?)
             .create_from_key((key, PrivateKeyDer::Pkcs8(der)), uri)
             .await?;
         if let Some(d) = dir.filter(|_| issuer.account_key.is_none()) {
@@ -131,7 +140,7 @@ async fn login(issuer: &Issuer) -> Result<Account, Error> {
         .eab
         .as_ref()
         .map(|(kid, key)| ExternalAccountKey::new(kid.clone(), key));
-    let (a, creds) = Account::builder_with_http(http(issuer)?)
+    let (a, creds) = Account::builder_with_http(http(issuer, links)?)
         .create(
             &NewAccount {
                 contact: &contacts,
@@ -271,10 +280,10 @@ async fn renewal_info(
 async fn order(
     acme: &Acme,
     cert: &Cert,
-    account: &AccountCell,
+    cell: &AccountCell,
     replaces: Option<CertificateDer<'static>>,
 ) -> Result<(), Error> {
-    let account = account.get().await?;
+    let account = cell.get().await?;
     let ids: Vec<Identifier> = cert
         .identifiers
         .iter()
@@ -357,7 +366,12 @@ async fn order(
     let csr = params.serialize_request(&key)?;
     order.finalize_csr(csr.der()).await?;
     let retries = RetryPolicy::default().timeout(Duration::from_secs(120));
-    let chain = order.poll_certificate(&retries).await?;
+    let mut chain = order.poll_certificate(&retries).await?;
+    if let Some(name) = &cert.issuer.preferred_chain {
+        if let Some(alt) = preferred(&account, &mut order, &cell.links, name, &chain).await? {
+            chain = alt;
+        }
+    }
     let key_pem = key.serialize_pem();
     let current = store::certified(chain.as_bytes(), key_pem.as_bytes())?;
     if let Err(e) = store::save_cert(cert, chain.as_bytes(), key_pem.as_bytes()) {
@@ -366,6 +380,37 @@ async fn order(
     }
     cert.slot.set(current);
     Ok(())
+}
+
+/// `preferred_chain NAME`: the first alternate chain issued by NAME when the default one is
+/// not (`None`: keep the default).
+async fn preferred(
+    account: &Account,
+    order: &mut instant_acme::Order,
+    links: &chain::Links,
+    name: &str,
+    default: &str,
+) -> Result<Option<String>, Error> {
+    if chain::issued_by(default, name) {
+        return Ok(None);
+    }
+    let Some(cert_url) = order.state().certificate.clone() else {
+        return Ok(None);
+    };
+    let order_url = order.url().to_string();
+    for alt in links.alternates(&cert_url) {
+        links.swap(&order_url, &alt);
+        let again = account.order(order_url.clone()).await;
+        links.unswap(&order_url);
+        let pem = match again?.certificate().await? {
+            Some(p) => p,
+            None => continue,
+        };
+        if chain::issued_by(&pem, name) {
+            return Ok(Some(pem));
+        }
+    }
+    Ok(None)
 }
 
 /// The HTTP-01 tokens of an order, answered until it is over (or given up, the timeout

@@ -13,6 +13,7 @@
 //! locations of the server say; TLS-ALPN-01 validation handshakes get their certificate
 //! from [`Slot::validation`].
 
+mod chain;
 mod client;
 pub mod store;
 
@@ -84,6 +85,8 @@ pub struct Issuer {
     pub eab: Option<(String, Vec<u8>)>,
     /// `profile NAME [require]`: the name, and whether a CA without it is an error.
     pub profile: Option<(String, bool)>,
+    /// `preferred_chain NAME`: the alternate chain whose top was issued by this CN.
+    pub preferred_chain: Option<String>,
     /// `common_name_in_csr on`: the first name is also the CSR's subject CN.
     pub common_name_in_csr: bool,
     pub challenge: Challenge,

@@ -6,9 +6,9 @@
 //!
 //! Inside `acme_issuer`: `uri`, `account_key`, `challenge`, `contact`, `state_path`,
 //! `accept_terms_of_service`, `ssl_trusted_certificate`, `ssl_verify`,
-//! `external_account_key`, `profile`, `common_name_in_csr`. What nginx-acme has and gannet
-//! does not do yet (`preferred_chain`, account keys other than ECDSA P-256) are config
-//! errors saying so, never silently ignored.
+//! `external_account_key`, `profile`, `preferred_chain`, `common_name_in_csr`. What
+//! nginx-acme has and gannet does not do yet (account keys other than ECDSA P-256) is a
+//! config error saying so, never silently ignored.
 
 use super::{LoadCtx, LocConf};
 use crate::acme::{Challenge, Issuer, KeyAlg, Slot};
@@ -195,6 +195,7 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
         verify: true,
         eab: None,
         profile: None,
+        preferred_chain: None,
         common_name_in_csr: false,
         challenge: Challenge::Http01,
     };
@@ -291,7 +292,7 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
                 is.profile = Some((v.to_string(), require));
             }
             "common_name_in_csr" => is.common_name_in_csr = flag(e, v)?,
-            "preferred_chain" => return Err(e.error(format!("\"{n}\" is not supported yet"))),
+            "preferred_chain" => is.preferred_chain = Some(v.to_string()),
             _ => return Err(e.error(format!("unknown directive \"{n}\""))),
         }
     }
