@@ -570,3 +570,32 @@ def test_preferred_chain(gannet, tmp_path, http_port):
         assert served_leaf(tls_port, alt_root) is None
     finally:
         pebble.stop()
+
+
+def test_account_key_file(gannet, pebble, http_port, tmp_path):
+    """`account_key FILE`: the account is made with that (PKCS#8 P-256) key, read as the
+    config loads; no key of gannet's own is generated into the state folder."""
+    key = tmp_path / "account.pem"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(key)],
+                   check=True, capture_output=True)
+    tls_port = free_port()
+    conf = render(pebble, tls_port).replace("accept_terms_of_service;", f"accept_terms_of_service; account_key {key};")
+    srv = gannet.start(conf=conf, port=http_port)
+    wait_port(tls_port, srv.proc)
+    assert wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=60, every=0.5), srv.error_log()
+    assert not (srv.tmp / "acme" / "account.key").exists()
+
+
+def test_account_key_config_errors(gannet, tmp_path):
+    rsa = tmp_path / "rsa.pem"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(rsa)],
+                   check=True, capture_output=True)
+    for directive, error in [
+        (f"account_key {rsa};", f'account key "{rsa}" is not supported yet (only ECDSA P-256)'),
+        ("account_key ecdsa:384;", 'account key "ecdsa:384" is not supported yet'),
+        (f"account_key {tmp_path}/nope.pem;", f'cannot load account key "{tmp_path}/nope.pem"'),
+        (f"ssl_trusted_certificate {tmp_path}/nope.pem;", "trusted certificate"),
+        ("preferred_chain;", 'invalid number of arguments in "preferred_chain"'),
+    ]:
+        r = gannet.check(http=f"acme_issuer x {{ uri https://a.test/d; {directive} }}")
+        assert r.returncode != 0 and error in r.stderr and "check.conf:" in r.stderr, (directive, r.stderr)

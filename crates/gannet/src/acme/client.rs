@@ -105,7 +105,7 @@ fn http(
 async fn login(issuer: &Issuer, links: &Arc<chain::Links>) -> Result<Account, Error> {
     let dir = issuer.state_path.as_deref();
     let key_pem = match (&issuer.account_key, dir) {
-        (Some(f), _) => Some(std::fs::read(f).map_err(|e| format!("{}: {e}", f.display()))?),
+        (Some(pem), _) => Some(pem.clone()),
         (None, Some(d)) => store::read(d, store::ACCOUNT_KEY)?,
         (None, None) => None,
     };

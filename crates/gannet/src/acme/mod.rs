@@ -70,9 +70,9 @@ impl std::fmt::Display for KeyAlg {
 pub struct Issuer {
     pub name: String,
     pub uri: String,
-    /// `account_key FILE`: an existing key (else one is generated and kept in the state
-    /// directory).
-    pub account_key: Option<PathBuf>,
+    /// `account_key FILE`: an existing key's PEM, read as the config loads (else one is
+    /// generated and kept in the state directory).
+    pub account_key: Option<Vec<u8>>,
     pub contacts: Vec<String>,
     /// `None`: `state_path off`.
     pub state_path: Option<PathBuf>,

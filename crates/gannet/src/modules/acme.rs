@@ -226,7 +226,7 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
                         "account key \"{v}\" is not supported yet (only ecdsa:256)"
                     )))
                 }
-                _ => is.account_key = Some(ctx.prefix.join(v)),
+                _ => is.account_key = Some(account_key_file(e, &ctx.prefix.join(v))?),
             },
             "challenge" => {
                 is.challenge = match v {
@@ -253,10 +253,13 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
             }
             "accept_terms_of_service" => is.accept_tos = true,
             "ssl_trusted_certificate" => {
-                is.trusted = Some(FileArg {
+                let f = FileArg {
                     path: ctx.prefix.join(v),
                     loc: e.loc.clone(),
-                })
+                };
+                // Checked now, as nginx-acme loads it (used when the CA is first asked).
+                crate::tls::certs::load_chain(&f, "trusted certificate")?;
+                is.trusted = Some(f);
             }
             "ssl_verify" => is.verify = flag(e, v)?,
             "external_account_key" => {
@@ -300,6 +303,26 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
         return Err(d.error("\"acme_issuer\" directive \"uri\" is missing"));
     }
     Ok(is)
+}
+
+/// `account_key FILE`: a PKCS#8 PEM key, read now (the master may read what the workers
+/// cannot), of a type the ACME crate signs with.
+fn account_key_file(e: &Directive, path: &std::path::Path) -> Result<Vec<u8>, ConfError> {
+    use rustls::pki_types::pem::PemObject;
+    let shown = path.display();
+    let pem = std::fs::read(path)
+        .map_err(|err| e.error(format!("cannot load account key \"{shown}\": {err}")))?;
+    let der = rustls::pki_types::PrivatePkcs8KeyDer::from_pem_slice(&pem).map_err(|err| {
+        e.error(format!(
+            "cannot load account key \"{shown}\": not a PKCS#8 PEM key ({err})"
+        ))
+    })?;
+    if instant_acme::Key::from_pkcs8_der(der).is_err() {
+        return Err(e.error(format!(
+            "account key \"{shown}\" is not supported yet (only ECDSA P-256)"
+        )));
+    }
+    Ok(pem)
 }
 
 /// `on` / `off`, with nginx's error otherwise.
