@@ -5,7 +5,7 @@
 //! Without `-c`, gannet runs `/etc/gannet/gannet.conf` (prefix `/etc/gannet/`) when that file
 //! exists, as nginx runs its compiled-in path; otherwise the embedded default that serves the
 //! current directory. `GANNET_DEFAULT_CONF` replaces that path; it exists for the tests, so
-//! they need not write to `/etc`.
+//! they need not write to `/etc`. `--https NAME ...` runs the config `oneline` generates.
 
 use crate::config::{self, Config};
 use crate::errlog;

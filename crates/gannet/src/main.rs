@@ -5,6 +5,8 @@
 //! - `gannet -c FILE [-p PREFIX] [-g DIRECTIVES] [-e LOG]` runs a config; `-t` only checks it,
 //!   `-T` also prints it; `-s stop|quit|reload|reopen` signals the running instance named by
 //!   the config's `pid`; `-V` / `-v` print the version.
+//! - `gannet --https NAME --root DIR | --proxy ADDR` serves NAME over HTTPS with an ACME
+//!   certificate from a config generated from the options (`oneline`).
 
 mod acme;
 mod cache;
