@@ -37,12 +37,19 @@ const ENTRY_BYTES: usize = 128;
 /// How long an answer without nextUpdate is kept, as nginx.
 const NO_NEXT_UPDATE: u64 = 3600;
 
+/// The cache's answers by CertID (status, until when), and the keys oldest first.
+#[derive(Debug, Default)]
+struct Entries {
+    map: HashMap<Vec<u8>, (Status, u64)>,
+    order: VecDeque<Vec<u8>>,
+}
+
 /// `ssl_ocsp_cache shared:NAME:SIZE`: answers by CertID, until when they hold; the oldest
 /// goes when it is full.
 #[derive(Debug)]
 pub struct Cache {
     max: usize,
-    entries: Mutex<(HashMap<Vec<u8>, (Status, u64)>, VecDeque<Vec<u8>>)>,
+    entries: Mutex<Entries>,
 }
 
 impl Cache {
@@ -55,11 +62,11 @@ impl Cache {
 
     fn get(&self, key: &[u8]) -> Option<Status> {
         let mut g = self.entries.lock().ok()?;
-        let &(status, valid) = g.0.get(key)?;
+        let &(status, valid) = g.map.get(key)?;
         if valid >= stapling::now() {
             return Some(status);
         }
-        g.0.remove(key);
+        g.map.remove(key);
         None
     }
 
@@ -76,7 +83,7 @@ impl Cache {
         let Ok(mut g) = self.entries.lock() else {
             return;
         };
-        let (map, order) = &mut *g;
+        let Entries { map, order } = &mut *g;
         if map.insert(key.clone(), (status, valid)).is_none() {
             order.push_back(key);
         }
