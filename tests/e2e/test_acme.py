@@ -586,13 +586,60 @@ def test_account_key_file(gannet, pebble, http_port, tmp_path):
     assert not (srv.tmp / "acme" / "account.key").exists()
 
 
+@pytest.mark.parametrize("directive,stored", [
+    ("account_key ecdsa:384;", "ASN1 OID: secp384r1"),
+    ("account_key rsa:2048;", "Private-Key: (2048 bit"),
+])
+def test_account_key_types(gannet, pebble, http_port, directive, stored):
+    """`account_key ecdsa:384` / `rsa:2048`: the account is made with a key of that type
+    (JWS ES384 / RS256, Pebble checking every signature), kept in the state folder and
+    used again after a restart."""
+    tls_port = free_port()
+    conf = render(pebble, tls_port).replace("accept_terms_of_service;", f"accept_terms_of_service; {directive}")
+    srv = gannet.start(conf=conf, port=http_port)
+    wait_port(tls_port, srv.proc)
+    assert wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=60, every=0.5), srv.error_log()
+    key = srv.tmp / "acme" / "account.key"
+    text = subprocess.run(["openssl", "pkey", "-in", str(key), "-noout", "-text"], capture_output=True, text=True).stdout
+    assert stored in text, text
+    url = (srv.tmp / "acme" / "account.url").read_text()
+    srv.stop()
+    # A new certificate (another key type) after a restart is ordered with the same account.
+    conf = conf.replace("acme_certificate pebble;", "acme_certificate pebble key=rsa:2048;")
+    srv = gannet.start(conf=conf, port=http_port)
+    wait_port(tls_port, srv.proc)
+    assert wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=60, every=0.5), srv.error_log()
+    assert (srv.tmp / "acme" / "account.url").read_text() == url
+    assert pebble.orders() == 2
+
+
+def test_account_key_rsa_file_with_external_account_binding(gannet, tmp_path, http_port):
+    """An RSA key file as the account key, at a CA that requires external account binding:
+    the binding names the RSA key (Pebble checks it), and the certificate comes."""
+    need_pebble()
+    pebble = Pebble(tmp_path, http_port, extra={"externalAccountBindingRequired": True,
+                                                "externalAccountMACKeys": {"kid-1": EAB_KEY}})
+    try:
+        key = tmp_path / "account.pem"
+        subprocess.run(["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(key)],
+                       check=True, capture_output=True)
+        tls_port = free_port()
+        conf = render(pebble, tls_port).replace(
+            "accept_terms_of_service;", f"accept_terms_of_service; account_key {key}; external_account_key kid-1 data:{EAB_KEY};")
+        srv = gannet.start(conf=conf, port=http_port)
+        wait_port(tls_port, srv.proc)
+        assert wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=60, every=0.5), \
+            srv.error_log() + pebble.log_path.read_text()[-3000:]
+    finally:
+        pebble.stop()
+
+
 def test_account_key_config_errors(gannet, tmp_path):
-    rsa = tmp_path / "rsa.pem"
-    subprocess.run(["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(rsa)],
-                   check=True, capture_output=True)
+    dsa = tmp_path / "dsa.pem"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "ED25519", "-out", str(dsa)], check=True, capture_output=True)
     for directive, error in [
-        (f"account_key {rsa};", f'account key "{rsa}" is not supported yet (only ECDSA P-256)'),
-        ("account_key ecdsa:384;", 'account key "ecdsa:384" is not supported yet'),
+        (f"account_key {dsa};", f'cannot load account key "{dsa}": unsupported account key type'),
+        ("account_key ecdsa:512;", f'cannot load account key "{tmp_path}'),
         (f"account_key {tmp_path}/nope.pem;", f'cannot load account key "{tmp_path}/nope.pem"'),
         (f"ssl_trusted_certificate {tmp_path}/nope.pem;", "trusted certificate"),
         ("preferred_chain;", 'invalid number of arguments in "preferred_chain"'),

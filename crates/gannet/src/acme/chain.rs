@@ -9,6 +9,7 @@
 //! URL swapped for the alternate's in the JSON the CA sent, and that order's certificate
 //! downloaded.
 
+use super::account_key::AccountKey;
 use instant_acme::{BodyWrapper, BytesResponse, HttpClient};
 use std::collections::HashMap;
 use std::future::Future;
@@ -22,7 +23,13 @@ pub struct Links {
     alternates: Mutex<HashMap<String, Vec<String>>>,
     /// Order URL -> the certificate URL its next response is to name.
     swap: Mutex<HashMap<String, String>>,
+    /// The account key that signs the requests again, and the external account binding's
+    /// MAC key (see `account_key`).
+    signer: Mutex<Option<Resigner>>,
 }
+
+/// The account key requests are signed again with, and the binding's MAC key.
+type Resigner = (Arc<AccountKey>, Option<Vec<u8>>);
 
 impl Links {
     /// The alternate chains of the certificate at `url`, as its download named them.
@@ -41,6 +48,16 @@ impl Links {
         }
     }
 
+    pub fn set_signer(&self, key: Arc<AccountKey>, eab: Option<Vec<u8>>) {
+        if let Ok(mut g) = self.signer.lock() {
+            *g = Some((key, eab));
+        }
+    }
+
+    pub fn signer(&self) -> Option<Arc<AccountKey>> {
+        self.signer.lock().ok()?.as_ref().map(|(k, _)| k.clone())
+    }
+
     pub fn unswap(&self, order_url: &str) {
         if let Ok(mut m) = self.swap.lock() {
             m.remove(order_url);
@@ -50,7 +67,7 @@ impl Links {
 
 /// The HTTP client the ACME crate is given: the real one, with the links noted.
 pub struct Tap {
-    pub inner: Box<dyn HttpClient>,
+    pub inner: Arc<dyn HttpClient>,
     pub links: Arc<Links>,
 }
 
@@ -61,9 +78,27 @@ impl HttpClient for Tap {
     ) -> Pin<Box<dyn Future<Output = Result<BytesResponse, instant_acme::Error>> + Send>> {
         let url = req.uri().to_string();
         let links = self.links.clone();
-        let fut = self.inner.request(req);
+        let inner = self.inner.clone();
         Box::pin(async move {
-            let mut rsp = fut.await?;
+            let signer = links.signer.lock().ok().and_then(|g| g.clone());
+            let req = match signer {
+                Some((key, eab)) if req.method() == http::Method::POST => {
+                    use http_body_util::BodyExt;
+                    let (parts, body) = req.into_parts();
+                    let body = match body.collect().await {
+                        Ok(b) => b.to_bytes(),
+                        Err(never) => match never {},
+                    };
+                    let signed = key
+                        .resign(&body, eab.as_deref())
+                        .map_err(|e| instant_acme::Error::Other(e.into()))?;
+                    let mut req = http::Request::from_parts(parts, BodyWrapper::from(signed));
+                    req.headers_mut().remove(http::header::CONTENT_LENGTH);
+                    req
+                }
+                _ => req,
+            };
+            let mut rsp = inner.request(req).await?;
             let alternates = alternate_links(&rsp.parts.headers, &url);
             if !alternates.is_empty() {
                 if let Ok(mut m) = links.alternates.lock() {

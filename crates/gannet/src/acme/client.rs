@@ -3,7 +3,7 @@
 //! CSR for a key generated here, download; then sleep until two thirds of the lifetime and
 //! renew. Failures are logged and retried with a doubling back-off.
 
-use super::{chain, store, Acme, Cert, Challenge, Issuer, KeyAlg};
+use super::{account_key, chain, store, Acme, Cert, Challenge, Issuer, KeyAlg};
 use crate::errlog;
 use instant_acme::{
     Account, AuthorizationStatus, BodyWrapper, CertificateIdentifier, ChallengeType,
@@ -95,7 +95,7 @@ fn http(
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build::<_, BodyWrapper<bytes::Bytes>>(connector);
     Ok(Box::new(chain::Tap {
-        inner: Box::new(client),
+        inner: Arc::new(client),
         links: links.clone(),
     }))
 }
@@ -104,7 +104,7 @@ fn http(
 /// with the key (`account_key FILE`, or the stored one), or made with a new key, kept.
 async fn login(issuer: &Issuer, links: &Arc<chain::Links>) -> Result<Account, Error> {
     let dir = issuer.state_path.as_deref();
-    let key_pem = match (&issuer.account_key, dir) {
+    let mut key_pem = match (&issuer.account_key, dir) {
         (Some(pem), _) => Some(pem.clone()),
         (None, Some(d)) => store::read(d, store::ACCOUNT_KEY)?,
         (None, None) => None,
@@ -117,6 +117,36 @@ async fn login(issuer: &Issuer, links: &Arc<chain::Links>) -> Result<Account, Er
         _ => None,
     };
     let uri = issuer.uri.clone();
+    // `account_key ecdsa:384` / `rsa:N`: a key of that type, made on first use.
+    let mut generated = false;
+    if key_pem.is_none() && issuer.account_key_alg != KeyAlg::Ecdsa(256) {
+        key_pem = Some(account_key::generate(issuer.account_key_alg)?.into_bytes());
+        generated = true;
+    }
+    let other = match &key_pem {
+        Some(pem) => account_key::AccountKey::from_pem(pem)?,
+        None => None,
+    };
+    if let (Some(key), Some(pem)) = (other, &key_pem) {
+        // A key the crate cannot sign with: it signs with a throwaway P-256 key, and every
+        // request is signed again with this one on its way out (see `account_key`).
+        links.set_signer(Arc::new(key), issuer.eab.as_ref().map(|(_, k)| k.clone()));
+        let (_, dummy) = Key::generate_pkcs8()?;
+        if let Some(id) = url {
+            let a = Account::builder_with_http(http(issuer, links)?)
+                .from_parts(id, dummy, uri)
+                .await?;
+            return Ok(a);
+        }
+        let a = create(issuer, links, uri).await?;
+        if let Some(d) = dir.filter(|_| issuer.account_key.is_none()) {
+            if generated {
+                store::write(d, store::ACCOUNT_KEY, pem)?;
+            }
+            store::write(d, store::ACCOUNT_URL, a.id().as_bytes())?;
+        }
+        return Ok(a);
+    }
     if let Some(pem) = key_pem {
         let der = PrivatePkcs8KeyDer::from_pem_slice(&pem)
             .map_err(|e| format!("account key is not a PKCS#8 PEM key: {e}"))?;
@@ -156,6 +186,33 @@ async fn login(issuer: &Issuer, links: &Arc<chain::Links>) -> Result<Account, Er
         store::write(d, store::ACCOUNT_KEY, pem.as_bytes())?;
         store::write(d, store::ACCOUNT_URL, a.id().as_bytes())?;
     }
+    errlog::notice(format_args!(
+        "acme: account {} created with issuer \"{}\"",
+        a.id(),
+        issuer.name
+    ));
+    Ok(a)
+}
+
+/// A new account (or the one the CA has for the key), with the issuer's contacts, terms
+/// and external account binding.
+async fn create(issuer: &Issuer, links: &Arc<chain::Links>, uri: String) -> Result<Account, Error> {
+    let contacts: Vec<&str> = issuer.contacts.iter().map(String::as_str).collect();
+    let eab = issuer
+        .eab
+        .as_ref()
+        .map(|(kid, key)| ExternalAccountKey::new(kid.clone(), key));
+    let (a, _) = Account::builder_with_http(http(issuer, links)?)
+        .create(
+            &NewAccount {
+                contact: &contacts,
+                terms_of_service_agreed: issuer.accept_tos,
+                only_return_existing: false,
+            },
+            uri,
+            eab.as_ref(),
+        )
+        .await?;
     errlog::notice(format_args!(
         "acme: account {} created with issuer \"{}\"",
         a.id(),
@@ -333,14 +390,18 @@ async fn order(
             let mut ch = a
                 .challenge(kind.clone())
                 .ok_or_else(|| format!("the ACME server offers no {what} challenge for {name}"))?;
-            let key_auth = ch.key_authorization();
+            // With a key the crate does not sign with, the authorization is that key's.
+            let key_auth = match cell.links.signer() {
+                Some(k) => k.key_authorization(&ch.token),
+                None => ch.key_authorization().as_str().to_string(),
+            };
             match cert.issuer.challenge {
                 Challenge::TlsAlpn01 => {
                     acme.add_validation_cert(&name, validation_cert(&name, &key_auth)?);
                     tokens.tls.push(name);
                 }
                 Challenge::Http01 => {
-                    acme.add_challenge(&ch.token, key_auth.as_str());
+                    acme.add_challenge(&ch.token, &key_auth);
                     tokens.http.push(ch.token.clone());
                 }
             }
@@ -435,11 +496,8 @@ impl Drop for Tokens<'_> {
 
 /// RFC 8737's validation certificate for `name`: self-signed, naming only it, with the
 /// critical acmeIdentifier extension holding the SHA-256 of the key authorization.
-fn validation_cert(
-    name: &str,
-    key_auth: &instant_acme::KeyAuthorization,
-) -> Result<Arc<rustls::sign::CertifiedKey>, Error> {
-    let digest = key_auth.digest();
+fn validation_cert(name: &str, key_auth: &str) -> Result<Arc<rustls::sign::CertifiedKey>, Error> {
+    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, key_auth.as_bytes());
     if digest.as_ref().len() != 32 {
         return Err("key authorization digest is not SHA-256".into());
     }
@@ -464,7 +522,7 @@ async fn why_not_ready(order: &mut instant_acme::Order, status: OrderStatus) -> 
     why
 }
 
-fn generate(alg: KeyAlg) -> Result<rcgen::KeyPair, rcgen::Error> {
+pub(super) fn generate(alg: KeyAlg) -> Result<rcgen::KeyPair, rcgen::Error> {
     match alg {
         KeyAlg::Ecdsa(384) => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384),
         KeyAlg::Ecdsa(521) => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P521_SHA512),

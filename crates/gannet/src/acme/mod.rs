@@ -13,6 +13,7 @@
 //! locations of the server say; TLS-ALPN-01 validation handshakes get their certificate
 //! from [`Slot::validation`].
 
+mod account_key;
 mod chain;
 mod client;
 pub mod store;
@@ -30,6 +31,12 @@ use std::time::SystemTime;
 pub fn names_variable(path: &std::path::Path) -> bool {
     path.file_name()
         .is_some_and(|n| n == "$acme_certificate" || n == "$acme_certificate_key")
+}
+
+/// Whether an account key file holds a key gannet can sign with (other than P-256, which
+/// the ACME crate loads itself).
+pub fn account_key_type(pem: &[u8]) -> Result<(), String> {
+    account_key::AccountKey::from_pem(pem).map(|_| ())
 }
 
 /// A generated certificate key: `key=ecdsa:256` (the default) ... `key=rsa:4096`.
@@ -73,6 +80,8 @@ pub struct Issuer {
     /// `account_key FILE`: an existing key's PEM, read as the config loads (else one is
     /// generated and kept in the state directory).
     pub account_key: Option<Vec<u8>>,
+    /// `account_key ALG[:SIZE]`: the type of the key generated (ecdsa:256 by default).
+    pub account_key_alg: KeyAlg,
     pub contacts: Vec<String>,
     /// `None`: `state_path off`.
     pub state_path: Option<PathBuf>,

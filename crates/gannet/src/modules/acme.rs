@@ -6,9 +6,7 @@
 //!
 //! Inside `acme_issuer`: `uri`, `account_key`, `challenge`, `contact`, `state_path`,
 //! `accept_terms_of_service`, `ssl_trusted_certificate`, `ssl_verify`,
-//! `external_account_key`, `profile`, `preferred_chain`, `common_name_in_csr`. What
-//! nginx-acme has and gannet does not do yet (account keys other than ECDSA P-256) is a
-//! config error saying so, never silently ignored.
+//! `external_account_key`, `profile`, `preferred_chain`, `common_name_in_csr`.
 
 use super::{LoadCtx, LocConf};
 use crate::acme::{Challenge, Issuer, KeyAlg, Slot};
@@ -189,6 +187,7 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
         name,
         uri: String::new(),
         account_key: None,
+        account_key_alg: KeyAlg::Ecdsa(256),
         contacts: Vec::new(),
         accept_tos: false,
         trusted: None,
@@ -219,14 +218,9 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
                 }
                 is.uri = v.to_string();
             }
-            "account_key" => match v {
-                "ecdsa" | "ecdsa:256" => is.account_key = None,
-                _ if KeyAlg::parse(v).is_some() => {
-                    return Err(e.error(format!(
-                        "account key \"{v}\" is not supported yet (only ecdsa:256)"
-                    )))
-                }
-                _ => is.account_key = Some(account_key_file(e, &ctx.prefix.join(v))?),
+            "account_key" => match KeyAlg::parse(v) {
+                Some(alg) => is.account_key_alg = alg,
+                None => is.account_key = Some(account_key_file(e, &ctx.prefix.join(v))?),
             },
             "challenge" => {
                 is.challenge = match v {
@@ -306,7 +300,7 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
 }
 
 /// `account_key FILE`: a PKCS#8 PEM key, read now (the master may read what the workers
-/// cannot), of a type the ACME crate signs with.
+/// cannot): ECDSA P-256, P-384, P-521 or RSA.
 fn account_key_file(e: &Directive, path: &std::path::Path) -> Result<Vec<u8>, ConfError> {
     use rustls::pki_types::pem::PemObject;
     let shown = path.display();
@@ -317,10 +311,10 @@ fn account_key_file(e: &Directive, path: &std::path::Path) -> Result<Vec<u8>, Co
             "cannot load account key \"{shown}\": not a PKCS#8 PEM key ({err})"
         ))
     })?;
-    if instant_acme::Key::from_pkcs8_der(der).is_err() {
-        return Err(e.error(format!(
-            "account key \"{shown}\" is not supported yet (only ECDSA P-256)"
-        )));
+    let p256 = instant_acme::Key::from_pkcs8_der(der).is_ok();
+    if !p256 {
+        crate::acme::account_key_type(&pem)
+            .map_err(|err| e.error(format!("cannot load account key \"{shown}\": {err}")))?;
     }
     Ok(pem)
 }
