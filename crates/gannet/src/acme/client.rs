@@ -138,7 +138,7 @@ async fn login(issuer: &Issuer, links: &Arc<chain::Links>) -> Result<Account, Er
                 .await?;
             return Ok(a);
         }
-        let a = create(issuer, links, uri).await?;
+        let (a, _) = create(issuer, links, uri).await?;
         if let Some(d) = dir.filter(|_| issuer.account_key.is_none()) {
             if generated {
                 store::write(d, store::ACCOUNT_KEY, pem)?;
@@ -165,6 +165,22 @@ async fn login(issuer: &Issuer, links: &Arc<chain::Links>) -> Result<Account, Er
         }
         return Ok(a);
     }
+    let (a, creds) = create(issuer, links, uri).await?;
+    if let Some(d) = dir {
+        let pem = rcgen::KeyPair::try_from(creds.private_key().secret_pkcs8_der())?.serialize_pem();
+        store::write(d, store::ACCOUNT_KEY, pem.as_bytes())?;
+        store::write(d, store::ACCOUNT_URL, a.id().as_bytes())?;
+    }
+    Ok(a)
+}
+
+/// A new account (or the one the CA has for the key), with the issuer's contacts, terms
+/// and external account binding.
+async fn create(
+    issuer: &Issuer,
+    links: &Arc<chain::Links>,
+    uri: String,
+) -> Result<(Account, instant_acme::AccountCredentials), Error> {
     let contacts: Vec<&str> = issuer.contacts.iter().map(String::as_str).collect();
     let eab = issuer
         .eab
@@ -181,44 +197,12 @@ async fn login(issuer: &Issuer, links: &Arc<chain::Links>) -> Result<Account, Er
             eab.as_ref(),
         )
         .await?;
-    if let Some(d) = dir {
-        let pem = rcgen::KeyPair::try_from(creds.private_key().secret_pkcs8_der())?.serialize_pem();
-        store::write(d, store::ACCOUNT_KEY, pem.as_bytes())?;
-        store::write(d, store::ACCOUNT_URL, a.id().as_bytes())?;
-    }
     errlog::notice(format_args!(
         "acme: account {} created with issuer \"{}\"",
         a.id(),
         issuer.name
     ));
-    Ok(a)
-}
-
-/// A new account (or the one the CA has for the key), with the issuer's contacts, terms
-/// and external account binding.
-async fn create(issuer: &Issuer, links: &Arc<chain::Links>, uri: String) -> Result<Account, Error> {
-    let contacts: Vec<&str> = issuer.contacts.iter().map(String::as_str).collect();
-    let eab = issuer
-        .eab
-        .as_ref()
-        .map(|(kid, key)| ExternalAccountKey::new(kid.clone(), key));
-    let (a, _) = Account::builder_with_http(http(issuer, links)?)
-        .create(
-            &NewAccount {
-                contact: &contacts,
-                terms_of_service_agreed: issuer.accept_tos,
-                only_return_existing: false,
-            },
-            uri,
-            eab.as_ref(),
-        )
-        .await?;
-    errlog::notice(format_args!(
-        "acme: account {} created with issuer \"{}\"",
-        a.id(),
-        issuer.name
-    ));
-    Ok(a)
+    Ok((a, creds))
 }
 
 /// Obtain the certificate when there is none, renew it in the window the CA suggests
