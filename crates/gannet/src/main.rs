@@ -16,6 +16,7 @@ mod conn;
 mod errlog;
 mod http;
 mod log_open;
+mod mail;
 mod modules;
 mod oneline;
 mod resolver;
