@@ -232,7 +232,10 @@ def test_redis_down_fails_open_or_closed_then_shares_again(redis, nodes):
 
         seen = [len(errors(n)) for n in nodes]
         redis.stop()
+        # A node refuses alone while the last refusal Redis gave it has not leaked below the
+        # burst (Redis would refuse too): that lasts under (1 + burst) / rate seconds. Then
         # fail_open: everything is served; fail_closed: everything refused.
+        assert wait_until(lambda: all(client.get("/open/") == 200 for _ in nodes), deadline=5)
         assert client.burst("/open/", 30)[:2] == (30, 0)
         assert client.burst("/closed/", 12)[:2] == (0, 12)
         for node, at in zip(nodes, seen):
@@ -316,3 +319,52 @@ def test_bad_redis_settings_are_config_errors(gannet, http, message):
     assert r.returncode != 0
     assert message in r.stderr, r.stderr
     assert re.search(r"gannet\.conf:\d+|check\.conf:\d+", r.stderr), r.stderr
+
+
+def redis_calls(port: int) -> int:
+    """How many scripts the server has run (EVALSHA, and EVAL for the first of each)."""
+    out = subprocess.run(["redis-cli", "-p", str(port), "info", "commandstats"], capture_output=True, text=True, timeout=10).stdout
+    return sum(int(m) for m in re.findall(r"cmdstat_eval(?:sha)?:calls=(\d+)", out))
+
+
+def test_nodes_decide_alone_within_their_allowance(tmp_path, redis):
+    """Each node refuses alone while Redis's last refusal holds, and a node whose requests
+    come fast counts them in Redis in batches: the requests cost far fewer calls than they
+    are, and the cluster still takes what one bucket takes."""
+    zones = f"""
+    redis_server shared {{ server 127.0.0.1:{redis.port}; }}
+    {ZONE} redis=shared;
+    limit_req_zone $server_name zone=shut:1m rate={RATE}r/s redis=shared fail_closed;
+    limit_req_zone $server_name zone=fast:1m rate=10000r/s redis=shared;
+"""
+    locations = LOCATIONS + "        location /fast/ { limit_req zone=fast burst=100 nodelay; }\n"
+    started = []
+    try:
+        for i in range(3):
+            g = Gannet(tmp_path / f"n{i}")
+            g.tmp.mkdir()
+            started.append((g, g.start(conf=conf(zones, locations), files={**FILES, "fast/index.html": "ok\n"})))
+        client = RoundRobin([s.port for _, s in started])
+        before = redis_calls(redis.port)
+        accepted, refused, took = client.burst("/open/", N)
+        calls = redis_calls(redis.port) - before
+        lo, hi = bucket_bounds(took)
+        assert lo <= accepted <= hi, (accepted, took)
+        # Each accepted request is one call (10 r/s is one request per lease); a refusal is
+        # asked once per node and then held until it leaks.
+        assert calls < accepted + 3 * (1 + RATE * took) + 3, (calls, accepted, refused, took)
+        assert calls < N // 2, (calls, accepted, refused)
+
+        single = RoundRobin([started[0][1].port])
+        before = redis_calls(redis.port)
+        accepted, refused, took = single.burst("/fast/", 300)
+        calls = redis_calls(redis.port) - before
+        single.close()
+        # 10000 r/s with a burst of 100: one client cannot go over it, so every request is
+        # taken, counted in batches of up to 25 (a quarter of the burst).
+        assert (accepted, refused) == (300, 0)
+        assert calls < 300 // 4, calls
+        client.close()
+    finally:
+        for g, _ in started:
+            g.close()
