@@ -726,7 +726,8 @@ impl<S: Transport> Conn<S> {
                 Handled::Close => return false,
                 waiting @ (Handled::Delay(_)
                 | Handled::AuthRequest(_)
-                | Handled::LimitReqShared(_)) => {
+                | Handled::LimitReqShared(_)
+                | Handled::LimitConnShared(_)) => {
                     handled = handler::settle(&mut req, &w, waiting).await
                 }
                 Handled::Gateway => {

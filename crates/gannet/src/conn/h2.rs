@@ -450,7 +450,8 @@ async fn answer(
                 return timeout;
             }
             waiting
-            @ (Handled::Delay(_) | Handled::AuthRequest(_) | Handled::LimitReqShared(_)) => {
+            @ (Handled::Delay(_) | Handled::AuthRequest(_) | Handled::LimitReqShared(_)
+                | Handled::LimitConnShared(_)) => {
                 handled = handler::settle(&mut req, w, waiting).await
             }
             Handled::Gateway if super::grpc::is_grpc(&req) => {

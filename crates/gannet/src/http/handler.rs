@@ -74,6 +74,11 @@ pub enum Flow {
     /// Ask Redis about the location's shared `limit_req` zones, then go on with what
     /// [`limit_req::shared::answered`] makes of the answer.
     LimitReqShared(Box<limit_req::shared::Pending>),
+    /// Count the request in the location's shared `limit_conn` zones, then go on with what
+    /// [`limit_conn::shared::ask`] makes of the answer.
+    LimitConnShared(Box<limit_conn::shared::Pending>),
+    /// The shared `limit_conn` zones counted the request: on to the access phase.
+    LimitConnPassed,
     /// Run `auth_request`'s subrequest, then go on with [`Flow::AuthAnswered`].
     AuthRequest(Box<Subrequest>),
     /// The subrequest answered: finish the access phase with it, then the content phase.
@@ -98,6 +103,8 @@ pub enum Handled {
     AuthRequest(Box<Subrequest>),
     /// [`settle`] must ask Redis, then call [`resume`] with the outcome.
     LimitReqShared(Box<limit_req::shared::Pending>),
+    /// [`settle`] must count the request in Redis, then call [`resume`] with the outcome.
+    LimitConnShared(Box<limit_conn::shared::Pending>),
 }
 
 /// The most internal redirects and location searches one request may make.
@@ -148,6 +155,8 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
             },
             Flow::AuthRequest(sub) => return Handled::AuthRequest(sub),
             Flow::LimitReqShared(p) => return Handled::LimitReqShared(p),
+            Flow::LimitConnShared(p) => return Handled::LimitConnShared(p),
+            Flow::LimitConnPassed => access_and_content(req, w),
             Flow::AuthAnswered(sub) => match access::auth_answered(req, &sub) {
                 Some(refused) => auth_delay(req, refused),
                 None => content(req, w),
@@ -227,6 +236,10 @@ pub async fn settle(req: &mut Request, w: &Worker, mut handled: Handled) -> Hand
             Handled::LimitReqShared(pending) => {
                 let asked = limit_req::shared::ask(pending).await;
                 let flow = limit_req::shared::answered(req, asked);
+                resume(req, w, flow)
+            }
+            Handled::LimitConnShared(pending) => {
+                let flow = limit_conn::shared::ask(req, pending).await;
                 resume(req, w, flow)
             }
             done => return done,
