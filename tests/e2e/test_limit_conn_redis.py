@@ -56,7 +56,7 @@ def node_conf(redis_port: int, app_port: int) -> str:
     return PEER_MAIN + f"""
 http {{
     access_log off;
-    redis_server shared {{ server 127.0.0.1:{redis_port}; timeout 500ms; }}
+    redis_server shared {{ server 127.0.0.1:{redis_port}; timeout 5s; }}
     limit_conn_zone $server_name zone=open:1m redis=shared;
     limit_conn_zone $server_name zone=shut:1m redis=shared fail_closed;
     server {{
