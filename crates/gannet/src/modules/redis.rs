@@ -121,7 +121,48 @@ fn host_port(s: &str) -> Option<(String, u16)> {
     (!host.is_empty() && port > 0).then(|| (host.to_string(), port))
 }
 
+/// This process's id among the nodes (random per process): what a node's counts in Redis are
+/// filed under, and how a node knows its own purge messages.
+pub static NODE: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| fastrand::u64(1..));
+
 impl Server {
+    /// This thread's connection, made if it has none; the error says why not, for the log.
+    async fn conn(&self) -> Result<(ThreadId, MultiplexedConnection), String> {
+        if super::limit_zone::lock(&self.down_until).is_some_and(|t| Instant::now() < t) {
+            return Err("not answering (waiting to retry)".into());
+        }
+        let thread = std::thread::current().id();
+        let known = super::limit_zone::lock(&self.conns).get(&thread).cloned();
+        if let Some(c) = known {
+            return Ok((thread, c));
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
+        let made = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await;
+        match made {
+            Ok(c) => {
+                super::limit_zone::lock(&self.conns).insert(thread, c.clone());
+                Ok((thread, c))
+            }
+            Err(e) => Err(self.failed(thread, e)),
+        }
+    }
+
+    /// Note how a call ended: the server answers, or it is left alone for a while.
+    fn ended<T>(&self, thread: ThreadId, r: redis::RedisResult<T>) -> Result<T, String> {
+        match r {
+            Ok(v) => {
+                *super::limit_zone::lock(&self.down_until) = None;
+                Ok(v)
+            }
+            Err(e) => Err(self.failed(thread, e)),
+        }
+    }
+
     /// Run `script` with `keys` and `args` on the server; the error says why not, for the
     /// log.
     pub async fn eval(
@@ -130,30 +171,7 @@ impl Server {
         keys: &[String],
         args: &[u64],
     ) -> Result<Vec<i64>, String> {
-        if super::limit_zone::lock(&self.down_until).is_some_and(|t| Instant::now() < t) {
-            return Err("not answering (waiting to retry)".into());
-        }
-        let thread = std::thread::current().id();
-        let known = super::limit_zone::lock(&self.conns).get(&thread).cloned();
-        let mut conn = match known {
-            Some(c) => c,
-            None => {
-                let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(self.timeout))
-                    .set_response_timeout(Some(self.timeout));
-                let made = self
-                    .client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await;
-                match made {
-                    Ok(c) => {
-                        super::limit_zone::lock(&self.conns).insert(thread, c.clone());
-                        c
-                    }
-                    Err(e) => return Err(self.failed(thread, e)),
-                }
-            }
-        };
+        let (thread, mut conn) = self.conn().await?;
         let mut call = script.prepare_invoke();
         for k in keys {
             call.key(k);
@@ -161,12 +179,56 @@ impl Server {
         for a in args {
             call.arg(*a);
         }
-        match call.invoke_async(&mut conn).await {
-            Ok(v) => {
-                *super::limit_zone::lock(&self.down_until) = None;
-                Ok(v)
+        let r = call.invoke_async(&mut conn).await;
+        self.ended(thread, r)
+    }
+
+    /// Send `message` to the nodes listening on `channel` (PUBLISH).
+    pub async fn publish(&self, channel: &str, message: &[u8]) -> Result<(), String> {
+        let (thread, mut conn) = self.conn().await?;
+        let mut cmd = redis::cmd("PUBLISH");
+        cmd.arg(channel).arg(message);
+        let r = cmd.query_async::<i64>(&mut conn).await;
+        self.ended(thread, r).map(drop)
+    }
+
+    /// Call `on` with each message on `channel`, for ever: a lost connection is made again
+    /// a [`RETRY`] later (the error logged once until it works again).
+    pub async fn subscribe(&self, channel: &str, mut on: impl FnMut(Vec<u8>)) {
+        let mut logged = false;
+        loop {
+            let sub = async {
+                let mut ps = self.client.get_async_pubsub().await?;
+                ps.subscribe(channel).await?;
+                Ok::<_, redis::RedisError>(ps)
+            };
+            match tokio::time::timeout(self.timeout, sub).await {
+                Ok(Ok(ps)) => {
+                    if std::mem::take(&mut logged) {
+                        crate::errlog::notice(format_args!(
+                            "redis_server \"{}\" ({}): listening on \"{channel}\" again",
+                            self.name, self.addr
+                        ));
+                    }
+                    let mut stream = std::pin::pin!(ps.into_on_message());
+                    while let Some(msg) =
+                        std::future::poll_fn(|cx| futures_core::Stream::poll_next(stream.as_mut(), cx))
+                            .await
+                    {
+                        on(msg.get_payload_bytes().to_vec());
+                    }
+                }
+                Ok(Err(e)) if !logged => {
+                    logged = true;
+                    crate::errlog::error(format_args!(
+                        "redis_server \"{}\" ({}): cannot listen on \"{channel}\": {e}",
+                        self.name, self.addr
+                    ));
+                }
+                _ => {}
             }
-            Err(e) => Err(self.failed(thread, e)),
+            // Not too often: the server is down, or the connection was just lost.
+            tokio::time::sleep(RETRY).await;
         }
     }
 

@@ -21,7 +21,7 @@ use crate::errlog::{self, Level};
 use crate::http::handler::Flow;
 use crate::http::request::Request;
 use crate::modules::limit_zone::{self, Policy};
-use crate::modules::redis::Server;
+use crate::modules::redis::{Server, NODE};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
@@ -78,8 +78,6 @@ return {#KEYS}
 static LUA: LazyLock<[redis::Script; 4]> =
     LazyLock::new(|| [TAKE, GIVE, RENEW, WRITE].map(redis::Script::new));
 
-/// This process's id among the nodes.
-static NODE: LazyLock<u64> = LazyLock::new(|| fastrand::u64(1..));
 
 const NODE_PREFIX: &str = "gannet:node:";
 
