@@ -13,6 +13,7 @@ pub mod h2;
 pub mod h2_flood;
 pub mod h2_response;
 pub mod health;
+pub mod health_share;
 pub mod log;
 pub mod mirror;
 pub mod pace;
