@@ -304,6 +304,27 @@ pub fn file_response(req: &Request, f: &super::file_cache::OpenFile) -> Response
     r
 }
 
+/// The regular file a pseudo-streaming handler (flv, mp4) serves, or what to answer instead:
+/// 405 for other methods than GET/HEAD, the next handler for a directory URI or a directory
+/// (the static handler's redirect), the open error's status.
+/// (Boxed: a `Flow` is large and this is the rare path.)
+pub fn open_media(req: &Request, w: &Worker) -> Result<super::file_cache::OpenFile, Box<Flow>> {
+    if !matches!(req.method(), Method::Get | Method::Head) {
+        return Err(Box::new(Flow::Status(405)));
+    }
+    if req.uri.ends_with('/') {
+        return Err(Box::new(Flow::Next));
+    }
+    let path = req.filename_for(&req.uri);
+    let f = req
+        .open_file(w, &path)
+        .map_err(|kind| Box::new(Flow::Status(file_error(req, kind, &path))))?;
+    if !f.is_file {
+        return Err(Box::new(Flow::Next));
+    }
+    Ok(f)
+}
+
 /// The status for a failed open, logged as nginx does (`open() "..." failed (2: ...)`).
 pub fn file_error(req: &Request, kind: ErrorKind, path: &std::path::Path) -> u16 {
     let (status, errno, why) = match kind {
