@@ -96,7 +96,11 @@ fn hex(h: &Hash) -> String {
 }
 
 fn unhex(s: &str) -> Option<Hash> {
-    data_encoding::HEXLOWER.decode(s.as_bytes()).ok()?.try_into().ok()
+    data_encoding::HEXLOWER
+        .decode(s.as_bytes())
+        .ok()?
+        .try_into()
+        .ok()
 }
 
 #[cfg(test)]
@@ -110,7 +114,10 @@ mod tests {
         let other = *NODE + 1;
         let m = format!("{other} {} http://a/b c", hex(&h));
         assert_eq!(parse(m.as_bytes()), Some(("http://a/b c".into(), Some(h))));
-        assert_eq!(parse(format!("{other} - k*").as_bytes()), Some(("k*".into(), None)));
+        assert_eq!(
+            parse(format!("{other} - k*").as_bytes()),
+            Some(("k*".into(), None))
+        );
         // A node's own message, and broken ones.
         assert_eq!(parse(format!("{} - k", *NODE).as_bytes()), None);
         assert_eq!(parse(b"x - k"), None);

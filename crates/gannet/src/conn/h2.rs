@@ -449,11 +449,10 @@ async fn answer(
                 respond.send_reset(h2::Reason::CANCEL);
                 return timeout;
             }
-            waiting
-            @ (Handled::Delay(_) | Handled::AuthRequest(_) | Handled::LimitReqShared(_)
-                | Handled::LimitConnShared(_)) => {
-                handled = handler::settle(&mut req, w, waiting).await
-            }
+            waiting @ (Handled::Delay(_)
+            | Handled::AuthRequest(_)
+            | Handled::LimitReqShared(_)
+            | Handled::LimitConnShared(_)) => handled = handler::settle(&mut req, w, waiting).await,
             Handled::Gateway if super::grpc::is_grpc(&req) => {
                 // The body, if any, was read whole (a mirror, an error_page's request).
                 match super::grpc::serve_h2(w, &mut req, recv, respond).await {

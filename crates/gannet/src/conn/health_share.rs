@@ -66,7 +66,11 @@ fn apply(p: &Probe, healthy: bool, addr: &str) {
         }
         p.upstream.set_healthy(i, healthy);
         crate::modules::metrics::peer_state(server.metrics, server.down, healthy);
-        let state = if healthy { "healthy again" } else { "unhealthy" };
+        let state = if healthy {
+            "healthy again"
+        } else {
+            "unhealthy"
+        };
         errlog::warn(format_args!(
             "upstream server {addr} of \"{}\" is {state} (said by another node)",
             p.upstream.name

@@ -221,7 +221,10 @@ fn refuse(
         Refused::Full => errlog::request(
             Level::Alert,
             req,
-            format_args!("could not allocate node in limit_conn zone \"{}\"", zone.name),
+            format_args!(
+                "could not allocate node in limit_conn zone \"{}\"",
+                zone.name
+            ),
         ),
     }
     // What the other zones counted for this request is given back.

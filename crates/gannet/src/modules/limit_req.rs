@@ -347,7 +347,9 @@ pub fn check(req: &mut Request) -> Option<Flow> {
         if let Some(s) = &l.zone.shared {
             match s.alone(&key, l.burst) {
                 shared::Alone::Pass(e) => spent.push((l, e)),
-                shared::Alone::Refuse(e) => return refuse(req, policy, &l.zone, Refusal::Excess(e)),
+                shared::Alone::Refuse(e) => {
+                    return refuse(req, policy, &l.zone, Refusal::Excess(e))
+                }
                 shared::Alone::Ask => in_redis.push((l, key)),
             }
             continue;

@@ -211,9 +211,10 @@ impl Server {
                         ));
                     }
                     let mut stream = std::pin::pin!(ps.into_on_message());
-                    while let Some(msg) =
-                        std::future::poll_fn(|cx| futures_core::Stream::poll_next(stream.as_mut(), cx))
-                            .await
+                    while let Some(msg) = std::future::poll_fn(|cx| {
+                        futures_core::Stream::poll_next(stream.as_mut(), cx)
+                    })
+                    .await
                     {
                         on(msg.get_payload_bytes().to_vec());
                     }

@@ -78,7 +78,6 @@ return {#KEYS}
 static LUA: LazyLock<[redis::Script; 4]> =
     LazyLock::new(|| [TAKE, GIVE, RENEW, WRITE].map(redis::Script::new));
 
-
 const NODE_PREFIX: &str = "gannet:node:";
 
 /// A zone's Redis side.
@@ -279,7 +278,9 @@ async fn write(zone: &ConnZone, s: &Shared, keys: Option<HashSet<Box<[u8]>>>) {
 impl ConnZone {
     /// Note one more of this node's requests for `key` (counted in Redis already).
     fn hold(self: &Arc<Self>, key: &[u8]) -> Held {
-        *limit_zone::lock(&self.counts).entry(key.into()).or_insert(0) += 1;
+        *limit_zone::lock(&self.counts)
+            .entry(key.into())
+            .or_insert(0) += 1;
         Held {
             zone: self.clone(),
             key: key.into(),
