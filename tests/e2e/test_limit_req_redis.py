@@ -310,7 +310,8 @@ def test_password_and_db(tmp_path, gannet):
         ("redis_server r { db 1; }", 'no "server" in redis_server "r"'),
         ("redis_server r { server 127.0.0.1:x; }", 'invalid value "127.0.0.1:x" in "server"'),
         ("redis_server r { server 127.0.0.1; timeout 0; }", 'invalid value "0" in "timeout"'),
-        ("redis_server r { server 127.0.0.1; tls on; }", 'unknown directive "tls"'),
+        ("redis_server r { server 127.0.0.1; tls maybe; }", 'invalid value "maybe" in "tls"'),
+        ("redis_server r { server 127.0.0.1; tls_trusted_certificate /etc/hostname; }", '"tls_trusted_certificate" needs "tls on"'),
         ("redis_server r { server 127.0.0.1; } redis_server r { server 127.0.0.1; }", 'duplicate redis_server "r"'),
     ],
 )
@@ -368,3 +369,58 @@ def test_nodes_decide_alone_within_their_allowance(tmp_path, redis):
     finally:
         for g, _ in started:
             g.close()
+
+
+def test_tls_with_the_right_and_a_wrong_ca(tmp_path, gannet):
+    """`tls on` speaks TLS to a redis-server that only has a TLS port, trusting the CA of
+    `tls_trusted_certificate`; a certificate from another CA is Redis not answering."""
+    from test_tls import Pki
+
+    (tmp_path / "pki").mkdir()
+    (tmp_path / "other").mkdir()
+    pki = Pki(tmp_path / "pki")
+    cert, key = pki.issue("redis", "localhost", sans=("localhost",))
+    other = Pki(tmp_path / "other")
+    port = free_port()
+    proc = subprocess.Popen(
+        [REDIS, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path),
+         "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(pki.path("ca.pem")), "--tls-auth-clients", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_port(port, proc)
+
+        def node(ca: Path, name: str):
+            zones = f"""
+    redis_server shared {{ server localhost:{port}; tls on; tls_trusted_certificate {ca}; }}
+    {ZONE} redis=shared;
+    limit_req_zone $server_name zone=shut:1m rate={RATE}r/s redis=shared fail_closed;
+"""
+            g = Gannet(tmp_path / name)
+            g.tmp.mkdir()
+            return g, g.start(conf=conf(zones, LOCATIONS), files=FILES)
+
+        g, srv = node(pki.path("ca.pem"), "right")
+        client = RoundRobin([srv.port])
+        try:
+            accepted, refused, _ = client.burst("/closed/", 20)
+        finally:
+            client.close()
+            g.close()
+        # Counted in Redis over TLS: the limit applies (fail_closed would refuse all).
+        assert refused > 0 and accepted > 0, (accepted, refused)
+        cli = subprocess.run(["redis-cli", "--tls", "--cacert", str(pki.path("ca.pem")), "-h", "localhost", "-p", str(port), "hget", "gannet:limit_req:shut:cluster", "e"],
+                             capture_output=True, text=True, timeout=10)
+        assert cli.stdout.strip().isdigit(), cli
+
+        g, srv = node(other.path("ca.pem"), "wrong")
+        client = RoundRobin([srv.port])
+        try:
+            assert client.burst("/closed/", 5)[:2] == (0, 5)
+        finally:
+            client.close()
+            g.close()
+        assert re.search(r'limit_req zone "shut" fails closed: redis_server "shared" \(localhost:\d+\): .*[Cc]ertificate', srv.error_log()), srv.error_log()
+    finally:
+        proc.terminate()
+        proc.wait(10)

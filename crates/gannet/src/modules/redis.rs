@@ -1,4 +1,5 @@
-//! `redis_server name { server host:port; password secret; db N; timeout T; }` (http level):
+//! `redis_server name { server host:port; password secret; db N; timeout T; tls on;
+//! tls_trusted_certificate file.pem; }` (http level):
 //! a Redis (or Valkey) server that state shared by many gannet nodes is kept in. nginx has
 //! no such directive (its open-source edition shares nothing between machines); zones name
 //! a server with `redis=name` (`limit_req_zone`, see limit_req/shared.rs).
@@ -14,7 +15,10 @@ use super::{LoadCtx, LocConf};
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, RedisConnectionInfo};
+use redis::{
+    AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo,
+    TlsCertificates,
+};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
@@ -61,6 +65,8 @@ pub fn set(d: &Directive, _lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Co
     let mut addr = None;
     let mut settings = RedisConnectionInfo::default();
     let mut timeout = DEFAULT_TIMEOUT;
+    let mut tls = false;
+    let mut trusted = None;
     for e in d.block.as_deref().unwrap_or_default() {
         if e.block.is_some() {
             return Err(e.error("unexpected \"{\""));
@@ -84,17 +90,53 @@ pub fn set(d: &Directive, _lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Co
                     .ok_or_else(|| bad(e, value))?;
                 timeout = Duration::from_millis(ms);
             }
+            "tls" => {
+                tls = match value.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(bad(e, value)),
+                }
+            }
+            "tls_trusted_certificate" => {
+                let path = ctx.prefix.join(value);
+                let pem = std::fs::read(&path)
+                    .map_err(|err| e.error(format!("cannot read \"{}\": {err}", path.display())))?;
+                trusted = Some(pem);
+            }
             other => return Err(e.error(format!("unknown directive \"{other}\""))),
         }
     }
     let Some(((host, port), at)) = addr else {
         return Err(d.error(format!("no \"server\" in redis_server \"{name}\"")));
     };
-    let info = (host.clone(), port)
+    if trusted.is_some() && !tls {
+        return Err(d.error("\"tls_trusted_certificate\" needs \"tls on\""));
+    }
+    let addr = if tls {
+        ConnectionAddr::TcpTls {
+            host: host.clone(),
+            port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(host.clone(), port)
+    };
+    let info = addr
         .into_connection_info()
         .map_err(|err| at.error(err.to_string()))?
         .set_redis_settings(settings);
-    let client = Client::open(info).map_err(|err| at.error(err.to_string()))?;
+    let client = if tls {
+        // The system's roots unless the block names its own (a PEM file).
+        let certs = TlsCertificates {
+            client_tls: None,
+            root_cert: trusted,
+        };
+        Client::build_with_tls(info, certs)
+    } else {
+        Client::open(info)
+    };
+    let client = client.map_err(|err| d.error(format!("redis_server \"{name}\": {err}")))?;
     let server = Server {
         name: name.clone(),
         addr: format!("{host}:{port}"),
