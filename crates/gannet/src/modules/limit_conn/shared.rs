@@ -150,9 +150,10 @@ pub async fn ask(req: &mut Request, pending: Box<Pending>) -> Flow {
                     req.limit_conns.push(held);
                     continue;
                 }
-                if let Some(f) = super::refuse(req, &policy, &l.zone, super::Refused::Limit) {
-                    return f;
-                }
+                // A dry run notes the refusal and goes on without the other zones, as a
+                // local zone's does.
+                return super::refuse(req, &policy, &l.zone, super::Refused::Limit)
+                    .unwrap_or(Flow::LimitConnPassed);
             }
             Err(e) => {
                 if !s.failing.swap(true, Ordering::Relaxed) {
