@@ -313,6 +313,8 @@ def test_password_and_db(tmp_path, gannet):
         ("redis_server r { server 127.0.0.1; tls maybe; }", 'invalid value "maybe" in "tls"'),
         ("redis_server r { server 127.0.0.1; tls_trusted_certificate /etc/hostname; }", '"tls_trusted_certificate" needs "tls on"'),
         ("redis_server r { server 127.0.0.1; } redis_server r { server 127.0.0.1; }", 'duplicate redis_server "r"'),
+        ("redis_server r { sentinel 127.0.0.1:26379; }", 'no "master_name" in redis_server "r"'),
+        ("redis_server r { server 127.0.0.1; sentinel 127.0.0.1:26379; master_name m; }", '"server" and "sentinel" cannot both be given'),
     ],
 )
 def test_bad_redis_settings_are_config_errors(gannet, http, message):
@@ -424,3 +426,57 @@ def test_tls_with_the_right_and_a_wrong_ca(tmp_path, gannet):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_sentinel_names_the_master_and_a_failover_is_followed(tmp_path, gannet, redis):
+    """`sentinel` + `master_name`: the node asks a real Sentinel (redis-server --sentinel)
+    where the master is; after a failover (forced with SENTINEL FAILOVER) the old master
+    refuses writes, the node drops its connection and asks again: counted on the new one."""
+    replica = Redis(free_port(), tmp_path / "replica")
+    (tmp_path / "replica").mkdir()
+    replica.start()
+    sentinel_port = free_port()
+    sdir = tmp_path / "sentinel"
+    sdir.mkdir()
+    (sdir / "sentinel.conf").write_text(
+        f"port {sentinel_port}\nbind 127.0.0.1\ndir {sdir}\nsentinel monitor mymaster 127.0.0.1 {redis.port} 1\n"
+        "sentinel down-after-milliseconds mymaster 1000\nsentinel failover-timeout mymaster 5000\n"
+    )
+    sentinel = subprocess.Popen([REDIS, str(sdir / "sentinel.conf"), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def cli(port: int, *args: str) -> str:
+        return subprocess.run(["redis-cli", "-p", str(port), *args], capture_output=True, text=True, timeout=10).stdout
+
+    try:
+        wait_port(sentinel_port, sentinel)
+        cli(replica.port, "replicaof", "127.0.0.1", str(redis.port))
+        assert wait_until(lambda: "master_link_status:up" in cli(replica.port, "info", "replication"), deadline=10)
+        # The sentinel has found the replica (it asks the master every 10 s at first).
+        assert wait_until(lambda: str(replica.port) in cli(sentinel_port, "sentinel", "replicas", "mymaster"), deadline=20, every=0.2)
+
+        zones = f"""
+    redis_server shared {{ sentinel 127.0.0.1:{sentinel_port}; master_name mymaster; timeout 2s; }}
+    {ZONE} redis=shared;
+    limit_req_zone $server_name zone=shut:1m rate={RATE}r/s redis=shared fail_closed;
+"""
+        srv = gannet.start(conf=conf(zones, LOCATIONS), files=FILES)
+        client = RoundRobin([srv.port])
+        try:
+            accepted, refused, _ = client.burst("/closed/", 20)
+            assert accepted > 0 and refused > 0, (accepted, refused)
+            assert cli(redis.port, "hget", "gannet:limit_req:shut:cluster", "e").strip().isdigit()
+
+            assert "OK" in cli(sentinel_port, "sentinel", "failover", "mymaster")
+            assert wait_until(lambda: str(replica.port) in cli(sentinel_port, "sentinel", "get-master-addr-by-name", "mymaster"), deadline=20, every=0.2)
+            assert wait_until(lambda: "role:master" in cli(replica.port, "info", "replication"), deadline=10)
+            # The new master counts the requests (fail_closed: answers, some refused).
+            def counted_on_new() -> bool:
+                client.burst("/closed/", 3)
+                return cli(replica.port, "hget", "gannet:limit_req:shut:cluster", "e").strip().isdigit() and client.burst("/closed/", 12)[:2] not in ((0, 12),)
+            assert wait_until(counted_on_new, deadline=15, every=0.3)
+        finally:
+            client.close()
+    finally:
+        sentinel.terminate()
+        sentinel.wait(10)
+        replica.stop()

@@ -1,5 +1,6 @@
-//! `redis_server name { server host:port; password secret; db N; timeout T; tls on;
-//! tls_trusted_certificate file.pem; }` (http level):
+//! `redis_server name { server host:port | sentinel host:port...; master_name NAME;
+//! password secret; db N; timeout T; tls on; tls_trusted_certificate file.pem; }` (http
+//! level):
 //! a Redis (or Valkey) server that state shared by many gannet nodes is kept in. nginx has
 //! no such directive (its open-source edition shares nothing between machines); zones name
 //! a server with `redis=name` (`limit_req_zone`, see limit_req/shared.rs).
@@ -15,6 +16,7 @@ use super::{LoadCtx, LocConf};
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
 use redis::aio::MultiplexedConnection;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo,
     TlsCertificates,
@@ -42,13 +44,20 @@ pub struct Server {
     pub name: String,
     /// `host:port`, for the log.
     pub addr: String,
-    client: Client,
+    source: Source,
     timeout: Duration,
     /// Each worker thread's connection (a connection's driver runs on the runtime that made
     /// it, and each worker thread has its own runtime).
     conns: Mutex<HashMap<ThreadId, MultiplexedConnection>>,
     /// Until when calls fail without trying (the server failed last time).
     down_until: Mutex<Option<Instant>>,
+}
+
+/// Where the server is: given, or asked of Sentinels (the current master, asked again for
+/// each new connection, so a failover is followed once the old master's connection fails).
+enum Source {
+    Direct(Client),
+    Sentinel(tokio::sync::Mutex<SentinelClient>),
 }
 
 impl std::fmt::Debug for Server {
@@ -67,6 +76,8 @@ pub fn set(d: &Directive, _lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Co
     let mut timeout = DEFAULT_TIMEOUT;
     let mut tls = false;
     let mut trusted = None;
+    let mut sentinels = Vec::new();
+    let mut master = None;
     for e in d.block.as_deref().unwrap_or_default() {
         if e.block.is_some() {
             return Err(e.error("unexpected \"{\""));
@@ -79,6 +90,8 @@ pub fn set(d: &Directive, _lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Co
         };
         match e.name.as_str() {
             "server" => addr = Some((host_port(value).ok_or_else(|| bad(e, value))?, e)),
+            "sentinel" => sentinels.push(host_port(value).ok_or_else(|| bad(e, value))?),
+            "master_name" => master = Some(value.clone()),
             "password" => settings = settings.set_password(value),
             "db" => {
                 let n = setters::num(value).ok_or_else(|| bad(e, value))?;
@@ -106,47 +119,94 @@ pub fn set(d: &Directive, _lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Co
             other => return Err(e.error(format!("unknown directive \"{other}\""))),
         }
     }
-    let Some(((host, port), at)) = addr else {
-        return Err(d.error(format!("no \"server\" in redis_server \"{name}\"")));
-    };
     if trusted.is_some() && !tls {
         return Err(d.error("\"tls_trusted_certificate\" needs \"tls on\""));
     }
-    let addr = if tls {
-        ConnectionAddr::TcpTls {
-            host: host.clone(),
-            port,
-            insecure: false,
-            tls_params: None,
+    let source = match (addr, sentinels.is_empty()) {
+        (Some(((host, port), at)), true) => {
+            let client = direct(host.clone(), port, settings, tls, trusted)
+                .map_err(|err| at.error(format!("redis_server \"{name}\": {err}")))?;
+            (Source::Direct(client), format!("{host}:{port}"))
         }
-    } else {
-        ConnectionAddr::Tcp(host.clone(), port)
+        (None, false) => {
+            let Some(master) = master else {
+                return Err(d.error(format!("no \"master_name\" in redis_server \"{name}\"")));
+            };
+            if trusted.is_some() {
+                return Err(
+                    d.error("\"tls_trusted_certificate\" is not supported with \"sentinel\"")
+                );
+            }
+            let at = sentinels.iter().map(|(h, p)| format!("{h}:{p}"));
+            let shown = format!(
+                "sentinel {}, master {master}",
+                at.collect::<Vec<_>>().join(" ")
+            );
+            let mut node =
+                SentinelNodeConnectionInfo::default().set_redis_connection_info(settings);
+            if tls {
+                node = node.set_tls_mode(redis::TlsMode::Secure);
+            }
+            let addrs = sentinels
+                .into_iter()
+                .map(|(h, p)| ConnectionAddr::Tcp(h, p));
+            let client = SentinelClient::build(
+                addrs.collect(),
+                master,
+                Some(node),
+                SentinelServerType::Master,
+            )
+            .map_err(|err| d.error(format!("redis_server \"{name}\": {err}")))?;
+            (Source::Sentinel(tokio::sync::Mutex::new(client)), shown)
+        }
+        (Some((_, at)), false) => {
+            return Err(at.error("\"server\" and \"sentinel\" cannot both be given"));
+        }
+        (None, true) => {
+            return Err(d.error(format!("no \"server\" in redis_server \"{name}\"")));
+        }
     };
-    let info = addr
-        .into_connection_info()
-        .map_err(|err| at.error(err.to_string()))?
-        .set_redis_settings(settings);
-    let client = if tls {
-        // The system's roots unless the block names its own (a PEM file).
-        let certs = TlsCertificates {
-            client_tls: None,
-            root_cert: trusted,
-        };
-        Client::build_with_tls(info, certs)
-    } else {
-        Client::open(info)
-    };
-    let client = client.map_err(|err| d.error(format!("redis_server \"{name}\": {err}")))?;
+    let (source, addr) = source;
     let server = Server {
         name: name.clone(),
-        addr: format!("{host}:{port}"),
-        client,
+        addr,
+        source,
         timeout,
         conns: Mutex::default(),
         down_until: Mutex::default(),
     };
     ctx.redis.insert(name, Arc::new(server));
     Ok(())
+}
+
+/// A client for one server (`server host:port`), over TLS with `tls on`.
+fn direct(
+    host: String,
+    port: u16,
+    settings: RedisConnectionInfo,
+    tls: bool,
+    trusted: Option<Vec<u8>>,
+) -> redis::RedisResult<Client> {
+    let addr = if tls {
+        ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(host, port)
+    };
+    let info = addr.into_connection_info()?.set_redis_settings(settings);
+    if !tls {
+        return Client::open(info);
+    }
+    // The system's roots unless the block names its own (a PEM file).
+    let certs = TlsCertificates {
+        client_tls: None,
+        root_cert: trusted,
+    };
+    Client::build_with_tls(info, certs)
 }
 
 fn bad(e: &Directive, value: &str) -> ConfError {
@@ -181,16 +241,28 @@ impl Server {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.timeout))
             .set_response_timeout(Some(self.timeout));
-        let made = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await;
+        let made = match self.client().await {
+            Ok(client) => {
+                client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
         match made {
             Ok(c) => {
                 super::limit_zone::lock(&self.conns).insert(thread, c.clone());
                 Ok((thread, c))
             }
             Err(e) => Err(self.failed(thread, e)),
+        }
+    }
+
+    /// The client of the server, or of the master the Sentinels name now.
+    async fn client(&self) -> redis::RedisResult<Client> {
+        match &self.source {
+            Source::Direct(c) => Ok(c.clone()),
+            Source::Sentinel(s) => s.lock().await.async_get_client().await,
         }
     }
 
@@ -240,7 +312,7 @@ impl Server {
         let mut logged = false;
         loop {
             let sub = async {
-                let mut ps = self.client.get_async_pubsub().await?;
+                let mut ps = self.client().await?.get_async_pubsub().await?;
                 ps.subscribe(channel).await?;
                 Ok::<_, redis::RedisError>(ps)
             };
