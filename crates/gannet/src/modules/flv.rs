@@ -7,7 +7,7 @@
 
 use super::static_files;
 use super::{LoadCtx, LocConf};
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use crate::http::response::{Body, FileRange, Part};
 use crate::runtime::worker::Worker;

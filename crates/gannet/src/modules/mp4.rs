@@ -12,7 +12,7 @@ mod tables;
 use super::static_files;
 use super::{inherit, LoadCtx, LocConf};
 use crate::errlog::Level;
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use crate::http::response::{Body, FileRange, Part};
 use crate::runtime::worker::Worker;

@@ -13,7 +13,7 @@ use super::file_cache::Policy;
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::errlog::Level;
 use crate::http::compress;
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use crate::http::response::{Body, FileRange, Part, Response};
 use crate::runtime::worker::Worker;

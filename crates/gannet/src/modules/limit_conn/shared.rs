@@ -18,7 +18,7 @@
 
 use super::{ConnZone, Held, Limit};
 use crate::errlog::{self, Level};
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use crate::modules::limit_zone::{self, Policy};
 use crate::modules::redis::{Server, NODE};
