@@ -608,4 +608,32 @@ mod tests {
         assert!(g.get_or_insert(&[11; 16], &mut ev).is_err());
         assert!(ev.is_empty());
     }
+
+    #[test]
+    fn a_key_changes_version_whenever_its_entry_may_have() {
+        let r = super::map("v", 4 * super::NODE_SHARE).unwrap();
+        let mut g = r.lock();
+        let mut ev = Vec::new();
+        let a = g.get_or_insert(&[1; 16], &mut ev).unwrap();
+        let b = g.get_or_insert(&[2; 16], &mut ev).unwrap();
+        let v = g.version(a);
+        assert_ne!(v, g.version(b));
+        // A lookup (touch) is no change.
+        g.touch(a, true);
+        assert_eq!(g.version(a), v);
+        // Stored, purged (size 0), rewritten in place: each a new version.
+        g.set_size(a, 10);
+        let stored = g.version(a);
+        assert_ne!(stored, v);
+        g.set_size(a, 0);
+        let purged = g.version(a);
+        assert_ne!(purged, stored);
+        g.changed(a);
+        assert_ne!(g.version(a), purged);
+        // Forgotten and made again: not any version it had before.
+        let before = [v, stored, purged, g.version(a)];
+        g.remove(a);
+        let again = g.get_or_insert(&[1; 16], &mut ev).unwrap();
+        assert!(!before.contains(&g.version(again)));
+    }
 }
