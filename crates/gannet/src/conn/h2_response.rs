@@ -101,7 +101,8 @@ pub async fn send(
         resp.content_length = Some(body_len);
     }
     let (h, head_len) = head(&resp, body_len, core.server_tokens());
-    let trailing = crate::modules::headers::sends_trailers(req, &resp);
+    let trailing = crate::modules::headers::sends_trailers(req, &resp)
+        || crate::modules::headers::may_trail(req, &resp);
     let end = !send_body || (src.is_none() && body_len == 0 && !trailing);
     let mut stream = match respond.send_response(h, end) {
         Ok(s) => s,
