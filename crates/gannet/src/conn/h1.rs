@@ -638,7 +638,26 @@ impl<S: Transport> Conn<S> {
             }
             None => handler::handle(&mut req, &w),
         };
-        let mut handled = handler::settle(&mut req, &w, handled).await;
+        let mut handled = if matches!(handled, Handled::Delay(_)) {
+            // A `limit_req` delay ends early when the client leaves (nginx's
+            // ngx_http_test_reading): the request is done then, logged 499.
+            let raced = {
+                let settled = std::pin::pin!(handler::settle(&mut req, &w, handled));
+                let gone = std::pin::pin!(client_gone(&w.timers, &mut self.stream, &mut self.buf));
+                race(settled, gone).await
+            };
+            match raced {
+                Some(h) => h,
+                None => {
+                    let why = "client prematurely closed connection";
+                    crate::errlog::request(Level::Info, &req, format_args!("{why}"));
+                    self.log(&req, &Response::new(499), 0, 0);
+                    return false;
+                }
+            }
+        } else {
+            handler::settle(&mut req, &w, handled).await
+        };
         // `*_request_buffering off`: the gateway reads the body itself, passing it on as it
         // arrives.
         let mut stream_body = match handled {
@@ -1208,6 +1227,20 @@ async fn client_gone<S: Transport>(timers: &ReadTimers, stream: &mut S, buf: &mu
             Err(_) => return,
         }
     }
+}
+
+/// `fut`'s output, or `None` if `gone` ends first.
+async fn race<F: std::future::Future>(
+    mut fut: std::pin::Pin<&mut F>,
+    mut gone: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        if let std::task::Poll::Ready(out) = fut.as_mut().poll(cx) {
+            return std::task::Poll::Ready(Some(out));
+        }
+        gone.as_mut().poll(cx).map(|()| None)
+    })
+    .await
 }
 
 fn compress_failed(req: &Request, e: &std::io::Error) {

@@ -196,6 +196,11 @@ impl Stream {
         set: Option<Vec<u8>>,
         stub: Option<Vec<u8>>,
     ) -> Result<Include, Failed> {
+        // nginx waits for `wait="yes"` and every `file=` include before parsing on.
+        let waited = file.is_some()
+            || wait
+                .as_deref()
+                .is_some_and(|w| w.eq_ignore_ascii_case(b"yes"));
         let uri = match (virt, file) {
             (Some(u), Some(f)) => {
                 self.log(format_args!(
@@ -282,6 +287,7 @@ impl Stream {
         Ok(Include {
             uri: path,
             args,
+            wait: waited || set.is_some(),
             set: set.map(|s| String::from_utf8_lossy(&s).to_ascii_lowercase()),
             stub,
         })
