@@ -531,24 +531,33 @@ pub async fn store_whole(
     body: &[u8],
     buffering: bool,
 ) {
-    if let Some((p, w)) = start(req, c, head, buffering) {
-        let mut tee = Tee { p, w };
+    if let Some(mut tee) = tee(req, c, head, buffering) {
         tee.write(req, body);
         tee.commit(req).await;
     }
 }
 
-/// The entry an answer read in pieces is written to, piece by piece.
+/// The entry an answer read in pieces is written to, piece by piece: a cache entry, or
+/// (`p` is `None`) the file `*_store` keeps it in (`conn::gateway_store`).
 pub struct Tee {
-    p: Box<Pending>,
+    p: Option<Box<Pending>>,
     w: Writer,
+}
+
+impl Tee {
+    pub fn file(w: Writer) -> Tee {
+        Tee { p: None, w }
+    }
 }
 
 /// Start storing an answer read in pieces: each piece the client is given is written
 /// ([`Tee::write`]), the bytes that came with the head too.
 pub fn tee(req: &Request, c: &GatewayConf, head: &CgiHead, buffering: bool) -> Option<Tee> {
+    if c.store.is_some() {
+        return super::gateway_store::start(req, c, head, buffering);
+    }
     let (p, w) = start(req, c, head, buffering)?;
-    Some(Tee { p, w })
+    Some(Tee { p: Some(p), w })
 }
 
 impl Tee {
@@ -566,7 +575,7 @@ impl Tee {
         let Tee { p, w } = self;
         let (done, placed) = tokio::sync::oneshot::channel();
         w.commit(Box::new(move |size| {
-            if let Some(size) = size {
+            if let (Some(p), Some(size)) = (&p, size) {
                 store::stored(&p.zone, &p.hash, size);
             }
             drop(p);
