@@ -121,7 +121,7 @@ pub fn handle(req: &mut Request, w: &Worker) -> Handled {
 }
 
 /// The server's rewrite statements (nginx's server rewrite phase), then the location search.
-fn server_rewrites(req: &mut Request) -> Flow {
+pub fn server_rewrites(req: &mut Request) -> Flow {
     if req.server.conf.rewrite.stmts.is_empty() {
         return Flow::Next;
     }

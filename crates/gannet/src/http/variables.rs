@@ -399,7 +399,9 @@ pub fn lookup(name: &str, req: &Request) -> Option<String> {
                 | Var::SentTrailer(_)
                 | Var::UpstreamHttp(_)
                 | Var::UpstreamCookie(_)
-        );
+        )
+        // `?a=` has an empty `$arg_a`, not none (SSI's `echo` shows no "(none)").
+        && !var.found_empty(req, &Sent::status(0));
     (!absent).then_some(out)
 }
 
