@@ -27,7 +27,7 @@ use crate::cache::{now_secs, validity, Status, Zone};
 use crate::errlog::{self, Level};
 use crate::http::handler::Flow;
 use crate::http::request::Request;
-use crate::http::response::{Body, FileRange, Part};
+use crate::http::response::{Body, FileRange, Part, Response};
 use crate::modules::gateway::{self, GatewayConf, Proto};
 use crate::modules::gateway_cache::{self as conf, stale};
 use bytes::BytesMut;
@@ -386,9 +386,33 @@ fn serve(req: &Request, c: &GatewayConf, file: File, meta: Meta) -> Flow {
             resp.headers
                 .retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
             resp.accept_ranges = resp.headers.len() != before || c.force_ranges();
+            take_validators(&mut resp);
             Flow::Done(resp)
         }
         flow => flow,
+    }
+}
+
+/// An entry's Last-Modified and ETag become the answer's validators, as nginx's for a
+/// cacheable answer (its not_modified filter then answers a conditional request 304 or
+/// 412, and its Last-Modified goes out as nginx writes dates); a date that does not parse
+/// stays a plain header.
+fn take_validators(resp: &mut Response) {
+    let mut i = 0;
+    while i < resp.headers.len() {
+        let (name, value) = &resp.headers[i];
+        if name.eq_ignore_ascii_case("last-modified") && resp.last_modified.is_none() {
+            if let Some(t) = gannet_proto::h1::encode::parse_http_date(value.as_bytes()) {
+                resp.last_modified = Some(t);
+                resp.headers.remove(i);
+                continue;
+            }
+        } else if name.eq_ignore_ascii_case("etag") && resp.etag.is_none() {
+            resp.etag = Some(Arc::from(&value[..]));
+            resp.headers.remove(i);
+            continue;
+        }
+        i += 1;
     }
 }
 
