@@ -473,6 +473,8 @@ struct Answered {
     link: Link,
     /// `*_buffering` or `X-Accel-Buffering` for this answer: read it ahead of the client.
     buffering: bool,
+    /// The exchange failed after the head: the answer ends after `body`, cut short.
+    failed: Option<Failure>,
 }
 
 /// What the request phases go on with.
@@ -1690,7 +1692,7 @@ async fn outcome(
                     first,
                     addr,
                     done: false,
-                    failed: None,
+                    failed: a.failed,
                     pool,
                     lease,
                     tee,
@@ -1769,12 +1771,19 @@ async fn exchange(
     // Whether the answer is held until it is whole (or `*_buffers` are full): `*_buffering`,
     // or the application's `X-Accel-Buffering`. Known once the head has come.
     let mut buffering = true;
+    let mut failed = None;
     loop {
         let event = if head.is_none() {
             link.next(c.read_timeout(), false).await?
         } else {
             match link.next_ready().await {
-                Some(ev) => ev?,
+                Some(Ok(ev)) => ev,
+                // The head has come: it goes to the client with what came of the body,
+                // and the answer is cut short after it (nginx sends no last chunk then).
+                Some(Err(f)) => {
+                    failed = Some(f);
+                    break;
+                }
                 // The application pauses: what came goes to the client now, the rest as
                 // it comes.
                 None => break,
@@ -1823,6 +1832,7 @@ async fn exchange(
                         done: true,
                         link,
                         buffering,
+                        failed: None,
                     }),
                     None if body.is_empty() => Err(Failure::Protocol(
                         "upstream sent no valid FastCGI stdout".into(),
@@ -1839,6 +1849,7 @@ async fn exchange(
         done: false,
         link,
         buffering,
+        failed,
     })
 }
 
