@@ -116,8 +116,43 @@ pub fn handle(req: &mut Request, w: &Worker) -> Handled {
     }
     crate::http::router::bind_server_captures(req);
     realip::apply(req, true);
+    if !w.config.main.debug_connection.is_empty()
+        || crate::errlog::admits_for(req, crate::errlog::Level::Debug)
+    {
+        debug_request(req);
+    }
     let flow = server_rewrites(req);
     resume(req, w, flow)
+}
+
+/// A request's debug lines (nginx's "http request line", "http uri", "http args" and the
+/// header lines), for a log at `debug` or a client `debug_connection` names.
+fn debug_request(req: &Request) {
+    use crate::errlog::{admits_for, debugged, Level};
+    if !admits_for(req, Level::Debug) && !debugged(req) {
+        return;
+    }
+    let raw = req.head.raw();
+    let mut lines = raw
+        .split(|&b| b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
+    let line = String::from_utf8_lossy(lines.next().unwrap_or_default());
+    crate::errlog::request(
+        Level::Debug,
+        req,
+        format_args!("http request line: \"{line}\""),
+    );
+    crate::errlog::request(Level::Debug, req, format_args!("http uri: \"{}\"", req.uri));
+    let args = req.args.as_deref().unwrap_or_default();
+    crate::errlog::request(Level::Debug, req, format_args!("http args: \"{args}\""));
+    for (name, value) in req.head.headers() {
+        let value = String::from_utf8_lossy(value);
+        crate::errlog::request(
+            Level::Debug,
+            req,
+            format_args!("http header: \"{name}: {value}\""),
+        );
+    }
 }
 
 /// The server's rewrite statements (nginx's server rewrite phase), then the location search.
