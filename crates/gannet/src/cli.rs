@@ -31,7 +31,7 @@ pub const NGINX_VERSION: &str = "1.22.1";
 /// `-V`'s `configure arguments:`: nginx's names for the modules gannet implements, and a
 /// `--without-...` for each module nginx builds by default that gannet lacks, so a script
 /// that reads them (nginx-tests' `has()`) selects what gannet can do. Modules nginx builds
-/// only on request and gannet lacks (mail, http_v3...) are simply not named:
+/// only on request and gannet lacks (http_v3...) are simply not named:
 /// naming them at all would match nginx-tests' plain-substring checks.
 const CONFIGURE_ARGS: &[&str] = &[
     "--with-debug",
@@ -54,14 +54,13 @@ const CONFIGURE_ARGS: &[&str] = &[
     "--with-stream_ssl_module",
     "--with-stream_ssl_preread_module",
     "--with-stream_realip_module",
+    "--with-mail",
+    "--with-mail_ssl_module",
     "--without-http_empty_gif_module",
     "--without-http_browser_module",
     "--without-http_upstream_sticky",
     "--without-http_upstream_least_time_module",
     "--without-http_tunnel_module",
-    "--without-mail_pop3_module",
-    "--without-mail_imap_module",
-    "--without-mail_smtp_module",
 ];
 
 /// `-v`: nginx's first line, naming gannet's own version too.

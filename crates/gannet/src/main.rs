@@ -14,6 +14,7 @@ mod conn;
 mod errlog;
 mod http;
 mod log_open;
+mod mail;
 mod modules;
 mod resolver;
 mod runtime;

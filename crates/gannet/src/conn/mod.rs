@@ -1,10 +1,13 @@
-//! Client connections: the HTTP/1.x connection loop (and HTTP/2's, over TLS or h2c), the
+//! Client connections: one request's exchange written once for every protocol
+//! (`exchange`, which each protocol joins through a small adapter), the HTTP/1.x
+//! connection loop (and HTTP/2's, over TLS or h2c), the
 //! streams they run on (cleartext or TLS), the ways a body leaves the process
 //! (whole, or streamed from a `source`), request bodies (kept in memory or a temporary
 //! file, or passed on as they arrive), the exchange with a FastCGI, SCGI or uwsgi
 //! application a request may wait for, and its answer read ahead of a slow client (`spool`).
 
 pub mod body;
+pub mod exchange;
 pub mod gateway;
 pub mod gateway_cache;
 pub mod gateway_store;
@@ -13,10 +16,13 @@ pub mod h1;
 pub mod h2;
 pub mod h2_flood;
 pub mod h2_response;
+pub mod h2_upstream;
 pub mod health;
+pub mod info;
 pub mod log;
 pub mod mirror;
 pub mod pace;
+pub mod proxy_h2;
 pub mod proxy_protocol;
 pub mod request_body;
 pub mod send;
@@ -29,6 +35,8 @@ pub mod temp_file;
 pub mod tls_stream;
 pub mod transport;
 pub mod tunnel;
+
+pub use info::ConnInfo;
 
 /// A future made straight into its heap slot. `Box::pin(make())` builds the future on the
 /// stack and then copies all of it into the box - its whole size (about 6 KiB for a

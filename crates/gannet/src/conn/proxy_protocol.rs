@@ -17,8 +17,8 @@
 //! only what its first read got, so a header split across TCP segments is "broken" there;
 //! gannet waits for the rest, within `client_header_timeout`.
 
+use super::ConnInfo;
 use crate::errlog::{self, Level};
-use crate::http::request::ConnInfo;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::AsRawFd;
@@ -234,6 +234,25 @@ fn peek(stream: &TcpStream, finished: bool) -> io::Result<Option<Parsed>> {
         Parsed::Incomplete if finished => broken(&buf[..n]),
         parsed => parsed,
     }))
+}
+
+/// The PROXY protocol v1 line a proxy opens its upstream connection with for a client
+/// `peer` that connected to `local` (nginx's `ngx_proxy_protocol_write`).
+pub fn v1_line(peer: SocketAddr, local: SocketAddr) -> String {
+    let (src, dst) = (
+        crate::http::cidr::unmapped(peer.ip()),
+        crate::http::cidr::unmapped(local.ip()),
+    );
+    let family = if src.is_ipv4() && dst.is_ipv4() {
+        "TCP4"
+    } else {
+        "TCP6"
+    };
+    format!(
+        "PROXY {family} {src} {dst} {} {}\r\n",
+        peer.port(),
+        local.port()
+    )
 }
 
 /// Take the PROXY protocol header off a new connection: its addresses (or none), or
