@@ -242,6 +242,7 @@ pub fn finish(req: &mut Request, resp: &mut Response) {
             resp.status = code;
         }
     }
+    crate::modules::core::msie_refresh(req, resp);
     // auth_basic's or auth_request's challenges: nginx sets them in the answer's headers
     // when refusing, so they go out whatever the error_page made of the refusal.
     for c in &req.auth_challenge {
@@ -530,7 +531,9 @@ fn error_page(req: &mut Request, code: u16) -> Option<Flow> {
     }
     let page = req.conf.error_page.find(code)?.clone();
     let target = page.uri.eval(req, None);
-    if target.starts_with("http://") || target.starts_with("https://") {
+    // Neither a URI nor a named location: a redirect to it (nginx's
+    // ngx_http_send_error_page), an absolute URL or not.
+    if !target.starts_with('/') && !target.starts_with('@') {
         let status = match page.status {
             Override::Code(c) if matches!(c, 301 | 302 | 303 | 307 | 308) => c,
             _ => 302,
