@@ -114,6 +114,7 @@ pub fn build(
                 config: Some(Arc::new(config)),
                 verify: t.verify,
                 roots: t.roots.clone(),
+                ocsp: None,
                 reject_handshake: t.reject_handshake,
             }))
         }
