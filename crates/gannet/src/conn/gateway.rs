@@ -603,6 +603,7 @@ impl Streaming {
         match r {
             Ok(b) => Ok(b),
             Err(f) => {
+                req.upstream.borrow_mut().body_done();
                 log_failure(req, self.scheme, &self.addr, &f);
                 Err(())
             }
@@ -639,6 +640,7 @@ impl Streaming {
                 Event::Stderr(b) => log_stderr(req, &self.addr, &b, true),
                 Event::End => {
                     self.done = true;
+                    req.upstream.borrow_mut().body_done();
                     return Ok(None);
                 }
             }
@@ -1456,6 +1458,7 @@ pub(super) fn record(
         sent,
         received,
         body: 0,
+        started: since,
     });
     end
 }
