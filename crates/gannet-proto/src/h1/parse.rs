@@ -268,10 +268,17 @@ impl RequestHead {
         let mut length = None;
         let mut expect_continue = false;
         let mut ignored = Vec::new();
+        let mut seen = 0u8;
         for (name, value) in fields {
             if names.drops(name.as_bytes()) {
                 ignored.push(Bytes::copy_from_slice(name.as_bytes()));
                 continue;
+            }
+            if let Some(bit) = fields::unique(name.as_bytes()) {
+                if seen & bit != 0 {
+                    return Err(ParseError::BadRequest("client sent duplicate header line"));
+                }
+                seen |= bit;
             }
             if name.eq_ignore_ascii_case("expect") {
                 expect_continue = fields::trim_ows(value).eq_ignore_ascii_case(b"100-continue");

@@ -64,7 +64,6 @@ pub const IGNORED: &[(&str, &str)] = &[
     ("aio", "not supported"),
     ("directio", "not supported"),
     ("msie_padding", "not needed by any current browser"),
-    ("msie_refresh", "not needed by any current browser"),
     (
         "proxy_headers_hash_max_size",
         "gannet's header tables need no sizing",

@@ -508,6 +508,8 @@ pub(super) struct Answered {
     link: Link,
     /// `*_buffering` or `X-Accel-Buffering` for this answer: read it ahead of the client.
     buffering: bool,
+    /// The exchange failed after the head: the answer ends after `body`, cut short.
+    failed: Option<Failure>,
 }
 
 /// What the request phases go on with.
@@ -603,6 +605,7 @@ impl Streaming {
         match r {
             Ok(b) => Ok(b),
             Err(f) => {
+                req.upstream.borrow_mut().body_done();
                 log_failure(req, self.scheme, &self.addr, &f);
                 Err(())
             }
@@ -639,6 +642,7 @@ impl Streaming {
                 Event::Stderr(b) => log_stderr(req, &self.addr, &b, true),
                 Event::End => {
                     self.done = true;
+                    req.upstream.borrow_mut().body_done();
                     return Ok(None);
                 }
             }
@@ -1526,6 +1530,7 @@ pub(super) fn record(
         sent,
         received,
         body: 0,
+        started: since,
     });
     end
 }
@@ -1830,7 +1835,7 @@ async fn outcome(
                     first,
                     addr,
                     done: false,
-                    failed: None,
+                    failed: a.failed,
                     pool,
                     lease,
                     tee,
@@ -1924,12 +1929,19 @@ pub(super) async fn read_answer(
     // or the application's `X-Accel-Buffering`. Known once the head has come.
     let mut buffering = known.as_ref().is_none_or(|h| buffers(c, h));
     let mut head = known;
+    let mut failed = None;
     loop {
         let event = if head.is_none() {
             link.next(c.read_timeout(), false).await?
         } else {
             match link.next_ready().await {
-                Some(ev) => ev?,
+                Some(Ok(ev)) => ev,
+                // The head has come: it goes to the client with what came of the body,
+                // and the answer is cut short after it (nginx sends no last chunk then).
+                Some(Err(f)) => {
+                    failed = Some(f);
+                    break;
+                }
                 // The application pauses: what came goes to the client now, the rest as
                 // it comes.
                 None => break,
@@ -1978,6 +1990,7 @@ pub(super) async fn read_answer(
                         done: true,
                         link,
                         buffering,
+                        failed: None,
                     }),
                     None if body.is_empty() => Err(Failure::Protocol(
                         "upstream sent no valid FastCGI stdout".into(),
@@ -1994,6 +2007,7 @@ pub(super) async fn read_answer(
         done: false,
         link,
         buffering,
+        failed,
     })
 }
 

@@ -28,7 +28,7 @@ use crate::cache::{now_secs, validity, Status, Zone};
 use crate::errlog::{self, Level};
 use crate::http::flow::Flow;
 use crate::http::request::Request;
-use crate::http::response::{Body, FileRange, Part};
+use crate::http::response::{Body, FileRange, Part, Response};
 use crate::modules::gateway::{self, GatewayConf, Proto};
 use crate::modules::gateway_cache::{self as conf, stale};
 use bytes::BytesMut;
@@ -426,9 +426,33 @@ fn serve_head(req: &Request, c: &GatewayConf, body: Part, meta: &Meta, head: Cgi
             resp.headers
                 .retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
             resp.accept_ranges = resp.headers.len() != before || c.force_ranges();
+            take_validators(&mut resp);
             Flow::Done(resp)
         }
         flow => flow,
+    }
+}
+
+/// An entry's Last-Modified and ETag become the answer's validators, as nginx's for a
+/// cacheable answer (its not_modified filter then answers a conditional request 304 or
+/// 412, and its Last-Modified goes out as nginx writes dates); a date that does not parse
+/// stays a plain header.
+fn take_validators(resp: &mut Response) {
+    let mut i = 0;
+    while i < resp.headers.len() {
+        let (name, value) = &resp.headers[i];
+        if name.eq_ignore_ascii_case("last-modified") && resp.last_modified.is_none() {
+            if let Some(t) = gannet_proto::h1::encode::parse_http_date(value.as_bytes()) {
+                resp.last_modified = Some(t);
+                resp.headers.remove(i);
+                continue;
+            }
+        } else if name.eq_ignore_ascii_case("etag") && resp.etag.is_none() {
+            resp.etag = Some(Arc::from(&value[..]));
+            resp.headers.remove(i);
+            continue;
+        }
+        i += 1;
     }
 }
 
@@ -574,24 +598,33 @@ pub async fn store_whole(
     body: &[u8],
     buffering: bool,
 ) {
-    if let Some((p, w)) = start(req, c, head, buffering) {
-        let mut tee = Tee { p, w };
+    if let Some(mut tee) = tee(req, c, head, buffering) {
         tee.write(body);
         tee.commit().await;
     }
 }
 
-/// The entry an answer read in pieces is written to, piece by piece.
+/// The entry an answer read in pieces is written to, piece by piece: a cache entry, or
+/// (`p` is `None`) the file `*_store` keeps it in (`conn::gateway_store`).
 pub struct Tee {
-    p: Box<Pending>,
+    p: Option<Box<Pending>>,
     w: Writer,
+}
+
+impl Tee {
+    pub fn file(w: Writer) -> Tee {
+        Tee { p: None, w }
+    }
 }
 
 /// Start storing an answer read in pieces: each piece the client is given is written
 /// ([`Tee::write`]), the bytes that came with the head too.
 pub fn tee(req: &Request, c: &GatewayConf, head: &CgiHead, buffering: bool) -> Option<Tee> {
+    if c.store.is_some() {
+        return super::gateway_store::start(req, c, head, buffering);
+    }
     let (p, w) = start(req, c, head, buffering)?;
-    Some(Tee { p, w })
+    Some(Tee { p: Some(p), w })
 }
 
 impl Tee {
@@ -616,7 +649,7 @@ impl Tee {
         let Tee { p, w } = self;
         let (done, placed) = tokio::sync::oneshot::channel();
         w.commit(Box::new(move |size| {
-            if let Some(size) = size {
+            if let (Some(p), Some(size)) = (&p, size) {
                 store::stored(&p.zone, &p.hash, size);
             }
             drop(p);

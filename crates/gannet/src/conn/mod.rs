@@ -10,6 +10,7 @@ pub mod body;
 pub mod exchange;
 pub mod gateway;
 pub mod gateway_cache;
+pub mod gateway_store;
 pub mod grpc;
 pub mod h1;
 pub mod h2;

@@ -356,14 +356,27 @@ impl Sent<'_> {
             }
             _ => None,
         };
-        let value = own.or_else(|| {
-            r.headers
-                .iter()
-                .find(|(n, _)| n.eq_ignore_ascii_case(name))
-                .map(|(_, v)| &v[..])
-        });
-        if let Some(v) = value {
+        if let Some(v) = own {
             out.push_str(v);
+            return;
+        }
+        // Several Cache-Control or Link lines are joined (nginx keeps them as lists); of
+        // another name, the first is the value.
+        let all = matches!(name, "cache-control" | "link");
+        let mut first = true;
+        for (_, v) in r
+            .headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+        {
+            if !first {
+                out.push_str(", ");
+            }
+            out.push_str(v);
+            first = false;
+            if !all {
+                break;
+            }
         }
     }
 }
@@ -386,7 +399,9 @@ pub fn lookup(name: &str, req: &Request) -> Option<String> {
                 | Var::SentTrailer(_)
                 | Var::UpstreamHttp(_)
                 | Var::UpstreamCookie(_)
-        );
+        )
+        // `?a=` has an empty `$arg_a`, not none (SSI's `echo` shows no "(none)").
+        && !var.found_empty(req, &Sent::status(0));
     (!absent).then_some(out)
 }
 

@@ -358,10 +358,16 @@ pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketA
     w.connection_closed();
 }
 
-/// nginx's first line of a session (info).
+/// nginx's first line of a session (info), and its debug line for a log at `debug`.
 pub fn connected(s: &Session) {
     if !crate::errlog::admits(crate::errlog::Level::Info) {
         return;
+    }
+    if crate::errlog::admits(crate::errlog::Level::Debug) {
+        crate::errlog::log(
+            crate::errlog::Level::Debug,
+            format_args!("*{} stream session: client {}", s.id, s.peer_text()),
+        );
     }
     crate::errlog::log(
         crate::errlog::Level::Info,
