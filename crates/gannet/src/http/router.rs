@@ -9,8 +9,8 @@
 //! (nested regexes before their parent's level), else the longest prefix match.
 
 use crate::config::ServerConf;
-use crate::http::request::Request;
 use crate::http::regex::Regex;
+use crate::http::request::Request;
 use crate::http::user_vars::CapRegex;
 use crate::modules::LocConf;
 use std::sync::Arc;

@@ -102,7 +102,11 @@ impl Maps {
             .filter(|d| d.name == "map")
             .flat_map(|d| d.block.iter().flatten())
             .map(|e| e.name.as_str())
-            .chain(server_names.iter().flat_map(|d| d.args.iter().map(String::as_str)));
+            .chain(
+                server_names
+                    .iter()
+                    .flat_map(|d| d.args.iter().map(String::as_str)),
+            );
         for p in patterns {
             if let Some(re) = p.strip_prefix('~') {
                 let re = re.strip_prefix('*').unwrap_or(re);

@@ -242,9 +242,11 @@ fn addresses(
         }
     }
     // The TLS setups of the servers on `ssl` addresses, then nginx's certificate checks.
-    for si in 0..loaded.len() {
-        if addrs.iter().any(|a| a.listen.ssl && a.servers.contains(&si)) {
-            let srv = &mut loaded[si];
+    for (si, srv) in loaded.iter_mut().enumerate() {
+        if addrs
+            .iter()
+            .any(|a| a.listen.ssl && a.servers.contains(&si))
+        {
             srv.tls = ssl::setup(&srv.conf.ssl, &mut ctx.http.borrow_mut(), &srv.loc)?;
         }
     }
