@@ -202,6 +202,8 @@ def test_config_errors(gannet, pki):
          'server name "*x" is invalid', ":10"),
         (f"server {{ listen 127.0.0.1:{p}; server_name ~; return a; }}",
          'empty regex in server name "~"', ":10"),
+        (f"server_name a.test;\nserver {{ listen 127.0.0.1:{p}; return a; }}",
+         '"server_name" directive is not allowed here', ":10"),
         (f"server {{ listen 127.0.0.1:{p}; server_names_hash_bucket_size 64; return a; }}",
          '"server_names_hash_bucket_size" directive is not allowed here', ":10"),
         (f"server_names_hash_max_size lots;\nserver {{ listen 127.0.0.1:{p}; return a; }}",
