@@ -99,6 +99,7 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
         error_files: Vec::new(),
         probes: Vec::new(),
         staplers: Vec::new(),
+        purge_zones: Vec::new(),
         acme: None,
         stream: None,
         mail: None,
@@ -462,6 +463,8 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
     cfg.listens = groups;
     cfg.log_files = lctx.log_files;
     cfg.probes = lctx.probes;
+    let fanout = lctx.caches.values().filter(|z| z.redis.is_some());
+    cfg.purge_zones = fanout.cloned().collect();
     cfg.staplers = std::mem::take(&mut lctx.tls.staplers);
     cfg.acme = std::mem::take(&mut lctx.acme).finish(&mut lctx.warnings)?;
     lctx.temp_dirs.sort();

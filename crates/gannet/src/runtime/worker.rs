@@ -266,6 +266,7 @@ pub fn run(
         let probes = if probe {
             let mut t = crate::conn::health::spawn_all(&w.config.probes);
             t.extend(crate::tls::stapling::spawn_all(&w.config.staplers));
+            t.extend(crate::cache::fanout::spawn_all(&w.config.purge_zones));
             t
         } else {
             Vec::new()
