@@ -145,7 +145,7 @@ pub(super) fn parse_length(v: &[u8]) -> Option<u64> {
 /// Validate a Host value the way nginx's `ngx_http_validate_host` does and return the length
 /// of its host part (without `:port` and one trailing dot). `None` for an invalid host:
 /// empty, `..`, a path separator, whitespace or control bytes.
-pub(super) fn valid_host(v: &[u8]) -> Option<usize> {
+pub fn valid_host(v: &[u8]) -> Option<usize> {
     let mut host_len = v.len();
     let mut in_literal = false;
     let mut in_port = false;

@@ -504,12 +504,7 @@ fn load_server(
                     // `$server_name` is the first name as nginx keeps it: a regex as
                     // written, a `.name` without its dot, others in lower case; `""` too.
                     if primary.is_none() {
-                        primary = Some(if n.starts_with('~') {
-                            n.clone()
-                        } else {
-                            let n = n.strip_prefix('.').filter(|r| !r.is_empty()).unwrap_or(n);
-                            n.to_ascii_lowercase()
-                        });
+                        primary = Some(router::primary_name(n));
                     }
                     server_names.push(n.clone());
                     names.add(n).map_err(|e| d.error(e))?;
