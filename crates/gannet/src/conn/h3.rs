@@ -1,0 +1,484 @@
+//! HTTP/3 connections (`conn::quic` accepts them): the `h3` crate does the framing and
+//! QPACK over quinn's streams; each request stream is a local task that runs the same
+//! exchange as HTTP/1.x and HTTP/2 (`conn::exchange`), with its body read from the
+//! stream's DATA frames and its answer sent as HTTP/2's is (`conn::h2_response`'s head and
+//! body writers), then logged.
+//!
+//! Limits: the request streams a client may have open are `http3_max_concurrent_streams`
+//! (QUIC's stream credit, `conn::quic`), the header section `large_client_header_buffers`'
+//! total, `keepalive_requests` streams per connection (then GOAWAY), the handshake
+//! `client_header_timeout`, each body read `client_body_timeout`, each write `send_timeout`.
+//! A worker that drains sends GOAWAY and lets the streams in flight finish.
+
+use super::body::{BodyError, BodySource};
+use super::h2_response::{self, BodyOut};
+use super::pace::Pace;
+use super::source::Source;
+use crate::errlog::{self, Level};
+use crate::http::request::{ConnInfo, Request};
+use crate::http::response::Response;
+use crate::http::router::select_server;
+use crate::modules::limit_rate;
+use crate::runtime::worker::Worker;
+use crate::tls::verify::Verified;
+use crate::tls::TlsInfo;
+use bytes::{Buf, Bytes};
+use gannet_proto::h1::RequestHead;
+use gannet_proto::uri::parse_target;
+use h3::server::RequestStream;
+use std::cell::Cell;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A request stream: quinn's bidirectional stream under h3's framing.
+pub(super) type Stream = RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
+
+/// How often a connection looks at the worker's drain flag.
+const DRAIN_CHECK: Duration = Duration::from_secs(1);
+
+/// How long a connection told GOAWAY (with no streams left) gets to close.
+const LINGER: Duration = Duration::from_secs(5);
+
+/// A connection's request streams in flight.
+struct Activity {
+    streams: Cell<usize>,
+}
+
+/// Held by a stream's task: counts it in, and out when the task ends.
+struct InFlight(Rc<Activity>);
+
+impl InFlight {
+    fn new(a: &Rc<Activity>) -> InFlight {
+        a.streams.set(a.streams.get() + 1);
+        InFlight(a.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.streams.set(self.0.streams.get() - 1);
+    }
+}
+
+/// Serve one QUIC connection, from its handshake until it closes.
+pub async fn serve(w: Rc<Worker>, connecting: quinn::Connecting, group: usize) {
+    let g = &w.config.listens[group];
+    let default = g.servers[g.default].clone();
+    let born = Instant::now();
+    let local = SocketAddr::new(
+        connecting.local_ip().unwrap_or(g.listen.addr.ip()),
+        g.listen.addr.port(),
+    );
+    let mut info = ConnInfo {
+        peer: connecting.remote_address(),
+        local,
+        id: Worker::next_conn_id(),
+        requests: 0,
+        tls: None,
+        proxy: None,
+        unix: None,
+        born,
+        pipelined: false,
+    };
+    let conn =
+        match tokio::time::timeout(default.conf.core.client_header_timeout(), connecting).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return handshake_failed(&w, &info, e),
+            Err(_) => return handshake_failed(&w, &info, "client timed out"),
+        };
+    let sni = conn
+        .handshake_data()
+        .and_then(|d| d.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+        .and_then(|d| d.server_name)
+        .map(|n| n.to_ascii_lowercase())
+        .unwrap_or_default();
+    let chosen = select_server(&g.servers, g.default, &sni);
+    let Some(by) = chosen.tls.as_ref().or(default.tls.as_ref()) else {
+        return handshake_failed(&w, &info, "no certificate for the listen address");
+    };
+    crate::modules::metrics::tls_handshake(Some(("TLSv1.3", false)));
+    info.tls = Some(Arc::new(TlsInfo {
+        protocol: "TLSv1.3",
+        // quinn does not say which suite and group were agreed on.
+        cipher: "",
+        curve: "",
+        server_name: sni,
+        alpn: "h3".to_string(),
+        offered: Default::default(),
+        reused: false,
+        verified: Verified::None,
+        client: None,
+        by: by.clone(),
+    }));
+    let (n, size) = default.conf.core.large_client_header_buffers();
+    let mut builder = h3::server::builder();
+    builder.max_field_section_size(u64::try_from(n * size).unwrap_or(u64::MAX));
+    let built = builder.build::<_, Bytes>(h3_quinn::Connection::new(conn.clone()));
+    let mut h3c = match tokio::time::timeout(default.conf.core.client_header_timeout(), built).await
+    {
+        Ok(Ok(c)) => c,
+        _ => {
+            w.connection_closed();
+            return;
+        }
+    };
+    let max_requests = default.conf.core.keepalive_requests();
+    let activity = Rc::new(Activity {
+        streams: Cell::new(0),
+    });
+    let mut requests = 0u64;
+    let mut closing: Option<Instant> = None;
+    loop {
+        let next = tokio::select! {
+            r = h3c.accept(), if closing.is_none() => Some(r),
+            () = tokio::time::sleep(DRAIN_CHECK) => None,
+            _ = conn.closed() => break,
+        };
+        match next {
+            Some(Ok(Some(resolver))) => {
+                requests += 1;
+                let mut info = info.clone();
+                info.requests = requests;
+                let guard = InFlight::new(&activity);
+                let task = stream(w.clone(), info, group, resolver, conn.clone(), guard);
+                tokio::task::spawn_local(task);
+                if max_requests > 0 && requests >= max_requests {
+                    let _ = h3c.shutdown(0).await;
+                    closing = Some(Instant::now());
+                }
+            }
+            Some(Ok(None)) => break,
+            Some(Err(e)) => {
+                if !e.is_h3_no_error() {
+                    log_conn(&info, format_args!("HTTP/3 connection closed: {e}"));
+                }
+                break;
+            }
+            None => match closing {
+                Some(since) => {
+                    if activity.streams.get() == 0 || since.elapsed() >= LINGER * 12 {
+                        break;
+                    }
+                }
+                None if w.draining.get() => {
+                    let _ = h3c.shutdown(0).await;
+                    closing = Some(Instant::now());
+                }
+                None => {}
+            },
+        }
+    }
+    // Streams still running hold the connection; it closes when the last one is done.
+    while activity.streams.get() > 0 && !w.draining.get() {
+        tokio::select! {
+            () = tokio::time::sleep(DRAIN_CHECK) => {}
+            _ = conn.closed() => break,
+        }
+    }
+    conn.close(quinn::VarInt::from_u32(0x100), b"");
+    w.connection_closed();
+}
+
+fn handshake_failed(w: &Worker, info: &ConnInfo, why: impl std::fmt::Display) {
+    crate::modules::metrics::tls_handshake(None);
+    errlog::log(
+        Level::Info,
+        format_args!(
+            "*{} {why} while handshaking, client: {}, server: {}",
+            info.id,
+            info.peer.ip(),
+            info.local
+        ),
+    );
+    w.connection_closed();
+}
+
+fn log_conn(info: &ConnInfo, what: std::fmt::Arguments) {
+    errlog::log(
+        Level::Info,
+        format_args!(
+            "*{} {what}, client: {}, server: {}",
+            info.id,
+            info.peer.ip(),
+            info.local
+        ),
+    );
+}
+
+/// One request stream: its head, the exchange, the answer.
+async fn stream(
+    w: Rc<Worker>,
+    info: ConnInfo,
+    group: usize,
+    resolver: h3::server::RequestResolver<h3_quinn::Connection, Bytes>,
+    conn: quinn::Connection,
+    _in_flight: InFlight,
+) {
+    let g = &w.config.listens[group];
+    let default = g.servers[g.default].clone();
+    let timeout = default.conf.core.client_header_timeout();
+    let (req, mut s) = match tokio::time::timeout(timeout, resolver.resolve_request()).await {
+        Ok(Ok(r)) => r,
+        // A malformed head: h3 has answered it with a stream or connection error.
+        _ => return,
+    };
+    w.stats.request();
+    let writing = w.stats.writing();
+    let (parts, ()) = req.into_parts();
+    // Whether a body follows: from Content-Length, else from whether the stream ended
+    // with its head (its first DATA is read now, and goes first in the body).
+    let mut first = None;
+    let mut body_follows = parts.headers.contains_key(http::header::CONTENT_LENGTH);
+    if !body_follows {
+        let body_timeout = default.conf.core.client_body_timeout();
+        match tokio::time::timeout(body_timeout, s.recv_data()).await {
+            Ok(Ok(None)) => {}
+            Ok(Ok(Some(mut b))) => {
+                first = Some(b.copy_to_bytes(b.remaining()));
+                body_follows = true;
+            }
+            _ => return,
+        }
+    }
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let fields = parts
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_bytes()));
+    let authority = parts.uri.authority().map(|a| a.as_str());
+    let parsed = RequestHead::from_fields(
+        parts.method.as_str(),
+        target,
+        authority,
+        fields,
+        body_follows,
+        default.conf.core.header_names(),
+    )
+    .and_then(|head| parse_target(head.target()).map(|t| (head.into_http3(), t)));
+    let mut ex = H3Exchange {
+        s,
+        first,
+        done: !body_follows,
+        conn,
+    };
+    match parsed {
+        Ok((head, target)) => {
+            let mut req = temp_request(g, head, target, info);
+            temp_serve(&mut ex, &w, &mut req).await;
+        }
+        Err(e) => {
+            let line = format!("{} {target} HTTP/3.0", parts.method);
+            let head = RequestHead::unparsed(Bytes::from(line), false).into_http3();
+            let host = default.primary_name.clone();
+            let req = Request::new(head, info, default.clone(), String::new(), None, host);
+            let resp = Response::error_page(e.status(), req.conf.core.server_tokens());
+            ex.send(&w, &req, resp, None).await;
+        }
+    }
+    // A body not read to its end: the client is told to stop sending it.
+    if !ex.done {
+        ex.s.stop_sending(h3::error::Code::H3_NO_ERROR);
+    }
+    drop(writing);
+}
+
+/// HTTP/3's part in the exchange: the stream's body as its DATA frames come, its answer
+/// through `conn::h2_response`'s head and body writers.
+struct H3Exchange {
+    s: Stream,
+    /// The body's first piece, read to learn whether there is a body.
+    first: Option<Bytes>,
+    /// The body has been read to its end (or there is none).
+    done: bool,
+    conn: quinn::Connection,
+}
+
+impl H3Exchange {
+    fn body<'a>(&'a mut self, req: &Request) -> H3Body<'a> {
+        let core = &req.conf.core;
+        H3Body {
+            ex: self,
+            limit: core.client_max_body_size(),
+            timeout: core.client_body_timeout(),
+            total: 0,
+        }
+    }
+
+    /// Send the answer and log it.
+    async fn send(&mut self, w: &Worker, req: &Request, mut resp: Response, src: Option<Source>) {
+        let timeout = req.conf.core.send_timeout();
+        let p = h2_response::prepare(req, &mut resp, src);
+        let sent_head = tokio::time::timeout(timeout, self.s.send_response(p.head)).await;
+        if !matches!(sent_head, Ok(Ok(()))) {
+            super::log::access(w, req, &resp, 0, 0);
+            return;
+        }
+        let mut out = Out {
+            s: &mut self.s,
+            sent: 0,
+            timeout,
+            ended: false,
+            trailers: p.trailing.then_some((req, &resp)),
+            pace: if p.end {
+                None
+            } else {
+                limit_rate::pace(req, &resp)
+            },
+        };
+        let whole = if p.end {
+            out.finish().await
+        } else {
+            h2_response::body(w, req, &resp, p.src, &mut out).await
+        };
+        if !whole {
+            out.s.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+        }
+        let sent = out.sent;
+        super::log::access(w, req, &resp, p.head_len, sent);
+    }
+}
+
+/// The sending half of a request stream.
+struct Out<'a> {
+    s: &'a mut Stream,
+    sent: u64,
+    timeout: Duration,
+    ended: bool,
+    trailers: Option<(&'a Request, &'a Response)>,
+    pace: Option<Pace>,
+}
+
+/// The most handed to the stream per write: what `limit_rate` meters at a time.
+const WRITE_MAX: usize = 64 * 1024;
+
+impl Out<'_> {
+    /// End the stream: trailers if any, then FIN.
+    async fn finish(&mut self) -> bool {
+        if let Some((req, resp)) = self.trailers {
+            let map = h2_response::trailer_fields(req, resp);
+            if !map.is_empty() {
+                let sent = tokio::time::timeout(self.timeout, self.s.send_trailers(map)).await;
+                if !matches!(sent, Ok(Ok(()))) {
+                    return false;
+                }
+            }
+        }
+        let done = tokio::time::timeout(self.timeout, self.s.finish()).await;
+        self.ended = matches!(done, Ok(Ok(())));
+        self.ended
+    }
+}
+
+impl BodyOut for Out<'_> {
+    async fn data(&mut self, mut data: Bytes, end: bool) -> bool {
+        while !data.is_empty() {
+            let mut want = data.len().min(WRITE_MAX);
+            if let Some(p) = &mut self.pace {
+                want = want.min(p.allowance().await as usize);
+                p.wrote(want as u64);
+            }
+            let piece = data.split_to(want);
+            // Bounded by the stream's and the connection's flow-control credit: a client
+            // that stops reading stalls the write, for `send_timeout` at most.
+            match tokio::time::timeout(self.timeout, self.s.send_data(piece)).await {
+                Ok(Ok(())) => self.sent += want as u64,
+                _ => return false,
+            }
+        }
+        !end || self.finish().await
+    }
+
+    fn ended(&self) -> bool {
+        self.ended
+    }
+}
+
+/// A request stream's body, DATA frame by DATA frame, within `client_max_body_size`
+/// (`limit`, 0 for none) and `client_body_timeout` per frame.
+struct H3Body<'a> {
+    ex: &'a mut H3Exchange,
+    limit: u64,
+    timeout: Duration,
+    total: u64,
+}
+
+impl H3Body<'_> {
+    async fn next(&mut self) -> Result<Option<Bytes>, BodyError> {
+        loop {
+            let chunk = match self.ex.first.take() {
+                Some(c) => c,
+                None if self.ex.done => return Ok(None),
+                None => match tokio::time::timeout(self.timeout, self.ex.s.recv_data()).await {
+                    Ok(Ok(Some(mut b))) => b.copy_to_bytes(b.remaining()),
+                    Ok(Ok(None)) => {
+                        // Trailers, if any, are read and dropped (nothing in gannet reads
+                        // them).
+                        let _ = tokio::time::timeout(self.timeout, self.ex.s.recv_trailers()).await;
+                        self.ex.done = true;
+                        return Ok(None);
+                    }
+                    _ => return Err(BodyError::Io),
+                },
+            };
+            self.total += chunk.len() as u64;
+            if self.limit > 0 && self.total > self.limit {
+                return Err(BodyError::TooLarge);
+            }
+            if !chunk.is_empty() {
+                return Ok(Some(chunk));
+            }
+        }
+    }
+}
+
+impl BodySource for H3Body<'_> {
+    fn next_piece(
+        &mut self,
+    ) -> Pin<Box<dyn Future<Output = Result<Option<Bytes>, BodyError>> + '_>> {
+        Box::pin(self.next())
+    }
+}
+
+// TEMPORARY until conn::exchange lands.
+fn temp_request(
+    g: &crate::config::ListenGroup,
+    head: RequestHead,
+    target: gannet_proto::uri::Target,
+    info: ConnInfo,
+) -> Request {
+    let host = match target.host.as_deref() {
+        Some(h) => h.to_string(),
+        None => head.host().map(super::h1::lowercase).unwrap_or_default(),
+    };
+    let host = host.trim_end_matches('.').to_string();
+    let server = select_server(&g.servers, g.default, &host).clone();
+    let host = if host.is_empty() {
+        server.primary_name.clone()
+    } else {
+        host
+    };
+    Request::new(head, info, server, target.path, target.query, host)
+}
+
+async fn temp_serve(ex: &mut H3Exchange, w: &Rc<Worker>, req: &mut Request) {
+    use crate::http::handler::{self, Handled};
+    let h = handler::handle(req, w);
+    let mut handled = handler::settle(req, w, h).await;
+    loop {
+        match handled {
+            Handled::Respond(r) => return ex.send(w, req, r, None).await,
+            Handled::Gateway => match super::gateway::run(w, req).await {
+                super::gateway::Outcome::Stream(resp, stream) => {
+                    return ex.send(w, req, resp, Some(Source::App(stream))).await
+                }
+                super::gateway::Outcome::Flow(f) => handled = handler::resume(req, w, f),
+                _ => return,
+            },
+            _ => return,
+        }
+    }
+}
