@@ -19,6 +19,7 @@
 //! kind (`conn::transport`), so cleartext pays nothing for TLS.
 
 use super::body::{self, BodyError};
+use super::exchange::{self, Compress, Exchange, Reset};
 use super::gateway::{Outcome, Tunnel};
 use super::pace::Pace;
 use super::request_body::Failed;
@@ -26,11 +27,9 @@ use super::source::Source;
 use super::tls_stream::TlsStream;
 use super::transport::{Plain, Transport};
 use crate::errlog::Level;
-use crate::http::encoder::Encoder;
-use crate::http::handler::{self, Flow, Handled};
+use crate::http::handler::{Flow, Handled};
 use crate::http::request::{ConnInfo, Request};
-use crate::http::response::{encode_head, Body, HeadCtx, Part, Response};
-use crate::http::router::select_server;
+use crate::http::response::{encode_head, Body, HeadCtx, Hop, Part, Response};
 use crate::modules::gateway::Streamed;
 use crate::modules::{headers, limit_rate};
 use crate::runtime::clock;
@@ -38,8 +37,8 @@ use crate::runtime::parking::{Parked, PARK_AFTER};
 use crate::runtime::read_timers::{ReadTimers, TICK};
 use crate::runtime::worker::Worker;
 use crate::tls::handshake::{self, Accepted};
-use bytes::{Bytes, BytesMut};
-use gannet_proto::h1::{parse_request, BodyKind, Limits, Method, ParseError, RequestHead, Version};
+use bytes::BytesMut;
+use gannet_proto::h1::{parse_request, BodyKind, Limits, ParseError, RequestHead, Version};
 use gannet_proto::uri::parse_target;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -597,7 +596,6 @@ impl<S: Transport> Conn<S> {
     /// Serve one request. Returns whether the connection stays open.
     async fn request(&mut self, head: RequestHead) -> bool {
         let w = self.w.clone();
-        let g = &w.config.listens[self.group];
         let target = match parse_target(head.target()) {
             Ok(t) => t,
             Err(e) => {
@@ -607,182 +605,9 @@ impl<S: Transport> Conn<S> {
                 return false;
             }
         };
-        let host = match target.host.as_deref() {
-            Some(h) => h.to_string(),
-            // The Host header's host, validated by the parser (port and trailing dot off).
-            None => head.host().map(lowercase).unwrap_or_default(),
-        };
-        let server = select_server(&g.servers, g.default, &host).clone();
-        let host = if host.is_empty() {
-            server.primary_name.clone()
-        } else {
-            host
-        };
-        let mut req = Request::new(
-            head,
-            self.info.clone(),
-            server,
-            target.path,
-            target.query,
-            host,
-        );
-        req.log_ignored_headers();
-        let mut keep = req.head.keep_alive;
-        let handled = match self.tls_refusal(&req) {
-            // nginx's own status (497, 495, 496) or 421, through `error_page` like any
-            // other; the connection closes after the answer.
-            Some((status, why)) => {
-                crate::errlog::request(Level::Info, &req, format_args!("{why}"));
-                keep = false;
-                handler::resume(&mut req, &w, Flow::Status(status))
-            }
-            None => handler::handle(&mut req, &w),
-        };
-        let mut handled = handler::settle(&mut req, &w, handled).await;
-        // `*_request_buffering off`: the gateway reads the body itself, passing it on as it
-        // arrives.
-        let mut stream_body = match handled {
-            Handled::Gateway => super::gateway::streams(&req),
-            _ => None,
-        };
-        if stream_body.is_some() {
-            let buffer = usize::try_from(req.conf.client_body.buffer_size()).unwrap_or(usize::MAX);
-            if body::arrived_whole(&mut self.stream, &mut self.buf, req.head.body, buffer) {
-                stream_body = None;
-            }
-        }
-        if req.head.body != BodyKind::None {
-            let wanted = matches!(handled, Handled::Gateway | Handled::Put);
-            // An unused body is read off the wire, unless the client waits for 100-continue
-            // (it will not send it) or the answer is to close anyway.
-            if !wanted && (req.head.expect_continue || matches!(handled, Handled::Close)) {
-                keep = false;
-            } else {
-                if wanted && req.head.expect_continue {
-                    self.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-                }
-                // Answers to earlier pipelined requests must not wait for this body.
-                if self.flush().await.is_err() {
-                    return false;
-                }
-                let read = match stream_body {
-                    Some(_) => Ok(0),
-                    None if wanted => {
-                        let named = matches!(handled, Handled::Put);
-                        self.keep_body(&mut req, named).await
-                    }
-                    None => {
-                        let core = &req.conf.core;
-                        body::discard(
-                            &mut self.stream,
-                            &mut self.buf,
-                            req.head.body,
-                            core.client_max_body_size(),
-                            core.client_body_timeout(),
-                        )
-                        .await
-                        .map_err(Failed::Client)
-                    }
-                };
-                match read {
-                    Ok(n) => req.body_length = n,
-                    Err(e) => {
-                        keep = false;
-                        let malformed = e == Failed::Client(BodyError::Malformed);
-                        if malformed {
-                            crate::errlog::request(
-                                Level::Info,
-                                &req,
-                                format_args!("client sent invalid chunked body"),
-                            );
-                        }
-                        let answered = matches!(&handled, Handled::Respond(r) if r.status < 400);
-                        if !wanted && malformed && answered {
-                            // nginx reads off (discards) a body before a `return`, a file
-                            // or any other answer that is not an error already, and a
-                            // broken chunked body turns it into a 400; an error answer
-                            // stands (the connection closes either way).
-                            handled = handler::resume(&mut req, &w, Flow::Status(400));
-                        }
-                        if wanted {
-                            // The application cannot be given half a body.
-                            let Some(status) = e.status() else {
-                                return false;
-                            };
-                            handled = handler::resume(&mut req, &w, Flow::Status(status));
-                        }
-                    }
-                }
-            }
-        }
-        if let Handled::Put = handled {
-            handled = handler::put_body_read(&mut req, &w);
-        }
-        super::mirror::spawn(&w, &req);
-        loop {
-            match handled {
-                Handled::Respond(resp) => return self.respond(&req, resp, keep).await,
-                Handled::Put => handled = handler::put_body_read(&mut req, &w),
-                Handled::Close => return false,
-                waiting @ (Handled::Delay(_)
-                | Handled::AuthRequest(_)
-                | Handled::LimitReqShared(_)) => {
-                    handled = handler::settle(&mut req, &w, waiting).await
-                }
-                Handled::Gateway => {
-                    let outcome = match stream_body.take() {
-                        Some(how) => {
-                            let (o, finished, n) = self.run_streaming(&w, &req, how).await;
-                            // The rest of a body the upstream did not wait for is not read:
-                            // the connection closes after the answer.
-                            keep &= finished;
-                            req.body_length = n;
-                            o
-                        }
-                        None if super::gateway::ignores_client_abort(&req) => {
-                            super::gateway::run(&w, &req).await
-                        }
-                        None => {
-                            let raced = {
-                                let exchange = std::pin::pin!(super::gateway::run(&w, &req));
-                                let (stream, buf) = (&mut self.stream, &mut self.buf);
-                                let gone = std::pin::pin!(client_gone(&w.timers, stream, buf));
-                                super::gateway::unless_client_leaves(&req, exchange, gone).await
-                            };
-                            match raced {
-                                Some(o) => o,
-                                None => {
-                                    self.log(&req, &Response::new(499), 0, 0);
-                                    return false;
-                                }
-                            }
-                        }
-                    };
-                    let flow = match outcome {
-                        Outcome::Flow(f) => f,
-                        Outcome::Upgrade(resp, tunnel) => {
-                            return self.tunnel(&req, resp, *tunnel).await;
-                        }
-                        Outcome::Stream(mut resp, stream) => {
-                            // A broken slice: no answer, as nginx closes.
-                            if !handler::finish_streamed(&mut req, &mut resp) {
-                                return false;
-                            }
-                            let src = Source::App(stream);
-                            return self.respond_streamed(&req, resp, src, keep).await;
-                        }
-                    };
-                    if matches!(flow, Flow::Redirect(_)) && !req.is_head() {
-                        // A CGI local redirect is served as a GET (RFC 3875, 6.2.2).
-                        req.method_override = Some(Method::Get);
-                    }
-                    // The body read whole stays, as nginx's `r->request_body`: an error
-                    // page or local redirect reads it in `$request_body`, and passes it on
-                    // again if it reaches an application (with GET, as nginx).
-                    handled = handler::resume(&mut req, &w, flow);
-                }
-            }
-        }
+        let g = &w.config.listens[self.group];
+        let mut req = exchange::request(g, head, target, self.info.clone());
+        exchange::serve(self, &w, &mut req).await
     }
 
     /// Read the body whole for the application (memory or temporary file, see
@@ -844,21 +669,6 @@ impl<S: Transport> Conn<S> {
         }
     }
 
-    /// A request nginx refuses on TLS grounds, with what it logs: plain HTTP on a TLS
-    /// address (497), a client certificate missing (496) or failed (495) where the server
-    /// requires one, or a request for a verifying server on a connection another server's
-    /// setup accepted (421).
-    fn tls_refusal(&self, req: &Request) -> Option<(u16, String)> {
-        if self.plain_on_tls {
-            return Some((
-                497,
-                "client sent plain HTTP request to HTTPS port".to_string(),
-            ));
-        }
-        let tls = req.conn.tls.as_ref()?;
-        tls.refusal(req.server.tls.as_ref()?)
-    }
-
     /// Write the response (head into the output buffer, body after it), then log it.
     /// Returns whether the connection stays open.
     async fn respond(&mut self, req: &Request, mut resp: Response, keep: bool) -> bool {
@@ -916,13 +726,8 @@ impl<S: Transport> Conn<S> {
         let chunked = chunking && resp.content_length.is_none();
         resp.chunked = chunked;
         resp.length_unknown = !chunked && resp.content_length.is_none();
-        let mut encoder = match resp.encode.map(|(c, level)| Encoder::new(c, level)) {
-            None => None,
-            Some(Ok(e)) => Some(e),
-            Some(Err(e)) => {
-                compress_failed(req, &e);
-                return false;
-            }
+        let Some(mut encoder) = Compress::new(req, &resp) else {
+            return false;
         };
         let delimited = !resp.length_unknown;
         let (keep, head_len, send_body) = self.head(req, &mut resp, keep && delimited);
@@ -933,32 +738,17 @@ impl<S: Transport> Conn<S> {
         // dropped, not kept.
         let mut more = send_body;
         while more {
-            let piece = match src.next(&w, req).await {
-                Ok(Some(data)) => match &mut encoder {
-                    None => Ok(data),
-                    Some(e) => e
-                        .write(&data)
-                        .and_then(|()| if src.may_pause() { e.flush() } else { Ok(()) })
-                        .map(|()| e.take().into()),
-                },
-                Ok(None) => {
-                    more = false;
-                    encoder
-                        .take()
-                        .map_or(Ok(Bytes::new()), |e| e.finish().map(Bytes::from))
-                }
+            let data = match src.next(&w, req).await {
+                Ok(d) => d,
                 Err(()) => {
                     whole = false;
                     break;
                 }
             };
-            let piece = match piece {
-                Ok(p) => p,
-                Err(e) => {
-                    compress_failed(req, &e);
-                    whole = false;
-                    break;
-                }
+            more = data.is_some();
+            let Some(piece) = encoder.piece(req, data, src.may_pause()) else {
+                whole = false;
+                break;
             };
             // `$body_bytes_sent` is what went out after the head, the chunks' framing too,
             // as nginx counts it.
@@ -1056,8 +846,11 @@ impl<S: Transport> Conn<S> {
         let tokens = core.server_tokens();
         clock::with_date(|date| {
             let ctx = HeadCtx {
-                keep_alive: keep,
-                keepalive_header: ka_header,
+                hop: if keep {
+                    Hop::KeepAlive(ka_header)
+                } else {
+                    Hop::Close
+                },
                 server_tokens: tokens,
                 date,
             };
@@ -1181,6 +974,84 @@ impl<S: Transport> Conn<S> {
     }
 }
 
+/// HTTP/1.x's part in the exchange: the connection itself (nothing allocated per request).
+impl<S: Transport> Exchange for Conn<S> {
+    const UPGRADES: bool = true;
+
+    fn body_pending(&self, req: &Request, _: &Handled) -> bool {
+        req.head.body != BodyKind::None
+    }
+
+    fn body_at_hand(&mut self, req: &Request) -> bool {
+        let buffer = usize::try_from(req.conf.client_body.buffer_size()).unwrap_or(usize::MAX);
+        body::arrived_whole(&mut self.stream, &mut self.buf, req.head.body, buffer)
+    }
+
+    async fn body_expected(&mut self, req: &Request, wanted: bool) -> bool {
+        if wanted && req.head.expect_continue {
+            self.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+        }
+        // Answers to earlier pipelined requests must not wait for this body.
+        self.flush().await.is_ok()
+    }
+
+    async fn keep_body(&mut self, req: &mut Request, named: bool) -> Result<u64, Failed> {
+        Conn::keep_body(self, req, named).await
+    }
+
+    async fn discard_body(&mut self, req: &Request) -> Result<u64, Failed> {
+        let core = &req.conf.core;
+        body::discard(
+            &mut self.stream,
+            &mut self.buf,
+            req.head.body,
+            core.client_max_body_size(),
+            core.client_body_timeout(),
+        )
+        .await
+        .map_err(Failed::Client)
+    }
+
+    async fn run_streaming(
+        &mut self,
+        w: &Rc<Worker>,
+        req: &Request,
+        how: Streamed,
+    ) -> (Outcome, bool, u64) {
+        Conn::run_streaming(self, w, req, how).await
+    }
+
+    async fn client_gone(&mut self, w: &Rc<Worker>) {
+        client_gone(&w.timers, &mut self.stream, &mut self.buf).await
+    }
+
+    async fn respond(&mut self, _: &Rc<Worker>, req: &Request, resp: Response, keep: bool) -> bool {
+        Conn::respond(self, req, resp, keep).await
+    }
+
+    async fn respond_streamed(
+        &mut self,
+        _: &Rc<Worker>,
+        req: &Request,
+        resp: Response,
+        src: Source,
+        keep: bool,
+    ) -> bool {
+        Conn::respond_streamed(self, req, resp, src, keep).await
+    }
+
+    async fn upgrade(&mut self, _: &Rc<Worker>, req: &Request, resp: Response, t: Tunnel) -> bool {
+        self.tunnel(req, resp, t).await
+    }
+
+    /// The connection closes: nothing to send first.
+    fn reset(&mut self, _: Reset) {}
+
+    fn plain_on_tls(&self) -> bool {
+        self.plain_on_tls
+    }
+}
+
 /// Ends when the client has closed its connection (or it failed). Bytes that come instead
 /// are a pipelined request, kept in `buf` for later: the client is there, and nothing more
 /// is watched (nginx peeks at one byte and stops watching too).
@@ -1208,20 +1079,4 @@ async fn client_gone<S: Transport>(timers: &ReadTimers, stream: &mut S, buf: &mu
             Err(_) => return,
         }
     }
-}
-
-fn compress_failed(req: &Request, e: &std::io::Error) {
-    crate::errlog::request(
-        Level::Error,
-        req,
-        format_args!("compression failed, response aborted: {e}"),
-    );
-}
-
-/// `$host` from the Host header's host part (without port or trailing dot): one String,
-/// lowercased in place.
-pub(super) fn lowercase(host: &[u8]) -> String {
-    let mut s = String::from_utf8_lossy(host).into_owned();
-    s.make_ascii_lowercase();
-    s
 }

@@ -19,20 +19,22 @@
 //! frame floods.
 
 use super::body::{BodyError, BodySource};
-use super::gateway::Outcome;
+use super::exchange::{self, Exchange, Reset};
+use super::gateway::{Outcome, Tunnel};
+use super::grpc::Served;
 use super::h2_flood::{Flood, FloodGuard};
 use super::h2_response;
 use super::request_body::Failed;
 use super::source::Source;
 use crate::errlog::{self, Level};
-use crate::http::handler::{self, Flow, Handled};
+use crate::http::handler::Handled;
 use crate::http::request::{ConnInfo, Request};
 use crate::http::response::Response;
-use crate::http::router::select_server;
+use crate::modules::gateway::Streamed;
 use crate::modules::LocConf;
 use crate::runtime::worker::Worker;
 use bytes::{Bytes, BytesMut};
-use gannet_proto::h1::{BodyKind, Method, RequestHead};
+use gannet_proto::h1::RequestHead;
 use gannet_proto::uri::parse_target;
 use h2::server::SendResponse;
 use h2::RecvStream;
@@ -342,176 +344,100 @@ async fn answer(
             return timeout;
         }
     };
-    let host = match target.host.as_deref() {
-        Some(h) => h.to_string(),
-        None => head.host().map(super::h1::lowercase).unwrap_or_default(),
-    };
-    let host = host.trim_end_matches('.').to_string();
-    let server = select_server(&g.servers, g.default, &host).clone();
-    let host = if host.is_empty() {
-        server.primary_name.clone()
-    } else {
-        host
-    };
-    let mut req = Request::new(head, info, server, target.path, target.query, host);
-    req.log_ignored_headers();
-    let refusal = req
-        .conn
-        .tls
-        .as_ref()
-        .zip(req.server.tls.as_ref())
-        .and_then(|(t, s)| t.refusal(s));
-    let handled = match refusal {
-        // nginx's 495 / 496, or 421, through `error_page` like any other status.
-        Some((status, why)) => {
-            errlog::request(Level::Info, &req, format_args!("{why}"));
-            handler::resume(&mut req, w, Flow::Status(status))
-        }
-        None => handler::handle(&mut req, w),
-    };
-    let mut handled = handler::settle(&mut req, w, handled).await;
-    let timeout = req.conf.core.client_body_timeout();
-    // gRPC streams both ways from the head on (`conn::grpc`): the body is not read first,
-    // unless a mirror needs it (below), as in nginx.
-    if matches!(handled, Handled::Gateway)
-        && super::grpc::is_grpc(&req)
-        && req.conf.mirror.uris().is_empty()
-    {
-        match super::grpc::serve_h2(w, &mut req, recv, respond).await {
-            super::grpc::Served::Done => return timeout,
-            super::grpc::Served::Flow(flow) => handled = handler::resume(&mut req, w, flow),
-        }
+    let mut req = exchange::request(g, head, target, info);
+    let mut ex = H2Exchange { recv, respond };
+    exchange::serve(&mut ex, w, &mut req).await;
+    req.conf.core.client_body_timeout()
+}
+
+/// HTTP/2's part in the exchange: a stream's body as its DATA frames come, its answer
+/// through `conn::h2_response`.
+struct H2Exchange<'a> {
+    recv: &'a mut RecvStream,
+    respond: &'a mut SendResponse<Bytes>,
+}
+
+impl Exchange for H2Exchange<'_> {
+    const UPGRADES: bool = false;
+    const GRPC: bool = true;
+
+    fn body_pending(&self, req: &Request, handled: &Handled) -> bool {
+        !self.recv.is_end_stream() && !exchange::declared_empty(req, handled)
     }
-    // As HTTP/1.x decides: `*_request_buffering off` passes it on as it arrives.
-    let mut stream_body = match handled {
-        Handled::Gateway if !recv.is_end_stream() => super::gateway::streams(&req),
-        _ => None,
-    };
-    // As HTTP/1.x does, the body is read before the answer: kept for an application, else
-    // read off and dropped (with its window given back) - unless nobody wants it and the
-    // client waits for 100-continue before sending it: then the answer goes at once and
-    // `stream` reads off whatever comes after. (Answering every unwanted body first would
-    // close the stream's sending side early, and a WINDOW_UPDATE overflow on it would then
-    // go unanswered, which h2spec 6.9.1 checks.)
-    let wanted = matches!(handled, Handled::Gateway | Handled::Put);
-    // A stream whose Content-Length is 0 has no body to wait for (the codec holds the
-    // client to it): an application that takes bodies unbuffered is asked at once, without
-    // waiting for the stream's end, as nginx does (a buffered one waits for it, as there).
-    let declared_empty = matches!(req.head.body, BodyKind::Length(0))
-        && matches!(handled, Handled::Gateway)
-        && super::gateway::unbuffered(&req).is_some();
-    if stream_body.is_none()
-        && !recv.is_end_stream()
-        && !declared_empty
-        && (wanted || !req.head.expect_continue)
-    {
-        let read = if wanted {
-            // Kept for the application the way HTTP/1.x keeps it (memory, else a file).
-            let mut src = H2Body::new(recv, &req);
-            let named = matches!(handled, Handled::Put);
-            let kept = super::request_body::read(&mut src, &req, named).await;
-            kept.map(|b| {
-                let n = b.len();
-                req.body = Some(std::rc::Rc::new(b));
-                n
-            })
-        } else {
-            let core = &req.conf.core;
-            let limit = core.client_max_body_size();
-            read_body(recv, limit, core.client_body_timeout())
-                .await
-                .map_err(Failed::Client)
-        };
-        match read {
-            Ok(n) => req.body_length = n,
-            Err(e) if wanted => {
-                let Some(status) = e.status() else {
-                    return timeout;
-                };
-                handled = handler::resume(&mut req, w, Flow::Status(status));
-            }
-            // An unused body that fails: the answer goes anyway, then the stream is stopped.
-            Err(_) => {}
-        }
+
+    fn body_at_hand(&mut self, _: &Request) -> bool {
+        self.recv.is_end_stream()
     }
-    if let Handled::Put = handled {
-        handled = handler::put_body_read(&mut req, w);
+
+    /// Nothing to say before a body: HTTP/2 has no interim answer to pipelined requests,
+    /// and a client waiting for 100-continue sends the body once its window is there.
+    async fn body_expected(&mut self, _: &Request, _: bool) -> bool {
+        true
     }
-    super::mirror::spawn(w, &req);
-    loop {
-        match handled {
-            Handled::Put => handled = handler::put_body_read(&mut req, w),
-            Handled::Respond(resp) => {
-                h2_response::send(w, &req, resp, None, respond).await;
-                return timeout;
-            }
-            Handled::Close => {
-                respond.send_reset(h2::Reason::CANCEL);
-                return timeout;
-            }
-            waiting
-            @ (Handled::Delay(_) | Handled::AuthRequest(_) | Handled::LimitReqShared(_)) => {
-                handled = handler::settle(&mut req, w, waiting).await
-            }
-            Handled::Gateway if super::grpc::is_grpc(&req) => {
-                // The body, if any, was read whole (a mirror, an error_page's request).
-                match super::grpc::serve_h2(w, &mut req, recv, respond).await {
-                    super::grpc::Served::Done => return timeout,
-                    super::grpc::Served::Flow(flow) => handled = handler::resume(&mut req, w, flow),
-                }
-            }
-            Handled::Gateway => {
-                let outcome = match stream_body.take() {
-                    Some(how) => {
-                        // (A content-length over the limit never gets here: the location
-                        // phase answers it 413.)
-                        let mut src = H2Body::new(recv, &req);
-                        let o = super::gateway::run_streaming(w, &req, &mut src, how).await;
-                        req.body_length = src.total;
-                        o
-                    }
-                    None if super::gateway::ignores_client_abort(&req) => {
-                        super::gateway::run(w, &req).await
-                    }
-                    None => {
-                        let exchange = std::pin::pin!(super::gateway::run(w, &req));
-                        let reset = std::future::poll_fn(|cx| respond.poll_reset(cx));
-                        let gone = std::pin::pin!(async {
-                            let _ = reset.await;
-                        });
-                        match super::gateway::unless_client_leaves(&req, exchange, gone).await {
-                            Some(o) => o,
-                            None => {
-                                super::log::access(w, &req, &Response::new(499), 0, 0);
-                                return timeout;
-                            }
-                        }
-                    }
-                };
-                let flow = match outcome {
-                    Outcome::Flow(f) => f,
-                    Outcome::Stream(mut resp, stream) => {
-                        // A broken slice: no answer, as nginx's error.
-                        if !handler::finish_streamed(&mut req, &mut resp) {
-                            respond.send_reset(h2::Reason::INTERNAL_ERROR);
-                            return timeout;
-                        }
-                        let src = Source::App(stream);
-                        h2_response::send(w, &req, resp, Some(src), respond).await;
-                        return timeout;
-                    }
-                    // HTTP/2 has no Upgrade (RFC 9113, 8.2.2): a 101 here is a broken
-                    // upstream's.
-                    Outcome::Upgrade(..) => Flow::Status(502),
-                };
-                if matches!(flow, Flow::Redirect(_)) && !req.is_head() {
-                    // A CGI local redirect is served as a GET (RFC 3875, 6.2.2).
-                    req.method_override = Some(Method::Get);
-                }
-                // As HTTP/1.x: the body read whole stays (error pages, local redirects).
-                handled = handler::resume(&mut req, w, flow);
-            }
-        }
+
+    async fn keep_body(&mut self, req: &mut Request, named: bool) -> Result<u64, Failed> {
+        // Kept for the application the way HTTP/1.x keeps it (memory, else a file).
+        let mut src = H2Body::new(self.recv, req);
+        let kept = super::request_body::read(&mut src, req, named).await?;
+        let n = kept.len();
+        req.body = Some(Rc::new(kept));
+        Ok(n)
+    }
+
+    async fn discard_body(&mut self, req: &Request) -> Result<u64, Failed> {
+        let core = &req.conf.core;
+        let limit = core.client_max_body_size();
+        read_body(self.recv, limit, core.client_body_timeout())
+            .await
+            .map_err(Failed::Client)
+    }
+
+    async fn run_streaming(
+        &mut self,
+        w: &Rc<Worker>,
+        req: &Request,
+        how: Streamed,
+    ) -> (Outcome, bool, u64) {
+        let mut src = H2Body::new(self.recv, req);
+        let o = super::gateway::run_streaming(w, req, &mut src, how).await;
+        // (A body not read to its end is read off by `stream`, after the answer.)
+        (o, true, src.total)
+    }
+
+    async fn client_gone(&mut self, _: &Rc<Worker>) {
+        let _ = std::future::poll_fn(|cx| self.respond.poll_reset(cx)).await;
+    }
+
+    async fn respond(&mut self, w: &Rc<Worker>, req: &Request, resp: Response, _: bool) -> bool {
+        h2_response::send(w, req, resp, None, self.respond).await;
+        false
+    }
+
+    async fn respond_streamed(
+        &mut self,
+        w: &Rc<Worker>,
+        req: &Request,
+        resp: Response,
+        src: Source,
+        _: bool,
+    ) -> bool {
+        h2_response::send(w, req, resp, Some(src), self.respond).await;
+        false
+    }
+
+    async fn upgrade(&mut self, _: &Rc<Worker>, _: &Request, _: Response, _: Tunnel) -> bool {
+        false
+    }
+
+    fn reset(&mut self, why: Reset) {
+        self.respond.send_reset(match why {
+            Reset::Cancel => h2::Reason::CANCEL,
+            Reset::Internal => h2::Reason::INTERNAL_ERROR,
+        });
+    }
+
+    async fn grpc(&mut self, w: &Rc<Worker>, req: &mut Request) -> Served {
+        super::grpc::serve_h2(w, req, self.recv, self.respond).await
     }
 }
 

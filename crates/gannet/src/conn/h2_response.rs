@@ -6,92 +6,72 @@
 
 use super::pace::Pace;
 use super::source::Source;
-use crate::errlog::{self, Level};
-use crate::http::encoder::Encoder;
+use super::exchange::Compress;
 use crate::http::request::Request;
-use crate::http::response::{Body, Part, Response};
+use crate::http::response::{head_fields, server, Body, Field, HeadCtx, Hop, Part, Response};
 use crate::modules::limit_rate;
 use crate::runtime::clock;
 use crate::runtime::worker::Worker;
 use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::SendStream;
-use http::header::{HeaderName, HeaderValue};
+use http::header::{
+    HeaderName, HeaderValue, InvalidHeaderValue, ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_TYPE,
+    DATE, ETAG, LAST_MODIFIED, LOCATION, SERVER,
+};
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
-/// Fields that only mean something for one HTTP/1.x connection (an application may send
-/// them): an HTTP/2 message must not carry them.
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "upgrade",
-];
-
 /// The head, and about how many bytes it stands for (name, value and separators, as the
-/// HTTP/1.x head would count them; HPACK makes the real frames smaller).
+/// HTTP/1.x head would count them; HPACK makes the real frames smaller). The fields are
+/// HTTP/1.x's ([`head_fields`]) less the connection-specific ones.
 pub(super) fn head(
     resp: &Response,
     body_len: u64,
     server_tokens: bool,
 ) -> (http::Response<()>, u64) {
-    let mut fields: Vec<(&str, String)> = Vec::with_capacity(8 + resp.headers.len());
-    let server = if server_tokens {
-        concat!("gannet/", env!("CARGO_PKG_VERSION"))
-    } else {
-        "gannet"
-    };
-    fields.push(("server", server.to_string()));
-    fields.push((
-        "date",
-        clock::with_date(|d| String::from_utf8_lossy(d).into_owned()),
-    ));
-    if let Some(ct) = &resp.content_type {
-        fields.push(("content-type", ct.to_string()));
-    }
-    if (resp.status_has_body() || resp.content_length.is_some()) && !resp.length_unknown {
-        fields.push((
-            "content-length",
-            resp.content_length.unwrap_or(body_len).to_string(),
-        ));
-    }
-    if let Some(lm) = resp.last_modified_sent() {
-        fields.push((
-            "last-modified",
-            clock::with_http_date(lm, |d| d.to_string()),
-        ));
-    }
-    if let Some(l) = &resp.location {
-        fields.push(("location", l.clone()));
-    }
-    if let Some(e) = &resp.etag {
-        fields.push(("etag", e.to_string()));
-    }
-    if resp.accept_ranges && resp.status == 200 {
-        fields.push(("accept-ranges", "bytes".to_string()));
-    }
-    for (n, v) in &resp.headers {
-        if !HOP_BY_HOP.iter().any(|h| n.eq_ignore_ascii_case(h)) {
-            fields.push((n, v.to_string()));
-        }
-    }
     let mut out = http::Response::new(());
     *out.status_mut() =
         http::StatusCode::from_u16(resp.status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
     let mut len = 15u64;
-    for (n, v) in fields {
-        // A name or value HTTP/2 cannot carry (an application's odd header) is left out.
-        let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(n.as_bytes()),
-            HeaderValue::from_str(&v),
-        ) else {
-            continue;
+    let headers = out.headers_mut();
+    let mut put = |n: HeaderName, v: Result<HeaderValue, InvalidHeaderValue>| {
+        // A value HTTP/2 cannot carry (an application's odd header) is left out.
+        if let Ok(v) = v {
+            len += (n.as_str().len() + v.len() + 4) as u64;
+            headers.append(n, v);
+        }
+    };
+    clock::with_date(|date| {
+        let ctx = HeadCtx {
+            hop: Hop::None,
+            server_tokens,
+            date,
         };
-        len += (n.len() + v.len() + 4) as u64;
-        out.headers_mut().append(name, value);
-    }
+        head_fields(resp, body_len, &ctx, |field| match field {
+            Field::ServerDate(tokens, date) => {
+                put(SERVER, Ok(HeaderValue::from_static(server(tokens))));
+                put(DATE, HeaderValue::from_bytes(date));
+            }
+            Field::ContentType(ct) => put(CONTENT_TYPE, HeaderValue::from_str(ct)),
+            Field::ContentLength(n) => put(CONTENT_LENGTH, Ok(HeaderValue::from(n))),
+            Field::LastModified(lm) => put(
+                LAST_MODIFIED,
+                clock::with_http_date(lm, HeaderValue::from_str),
+            ),
+            Field::Location(l) => put(LOCATION, HeaderValue::from_str(l)),
+            Field::ETag(e) => put(ETAG, HeaderValue::from_str(e)),
+            Field::AcceptRanges => put(ACCEPT_RANGES, Ok(HeaderValue::from_static("bytes"))),
+            Field::Other(n, v) => {
+                // A name HTTP/2 cannot carry is left out too.
+                if let Ok(n) = HeaderName::from_bytes(n.as_bytes()) {
+                    put(n, HeaderValue::from_str(v));
+                }
+            }
+            // Connection-specific: not chosen without a `Hop`.
+            Field::Chunked | Field::Upgrade | Field::KeepAlive(_) | Field::Close => {}
+        });
+    });
     (out, len + 2)
 }
 
@@ -355,39 +335,16 @@ async fn streamed(
     mut src: Source,
     out: &mut impl BodyOut,
 ) -> bool {
-    let mut encoder = match resp.encode.map(|(c, level)| Encoder::new(c, level)) {
-        None => None,
-        Some(Ok(e)) => Some(e),
-        Some(Err(e)) => {
-            compress_failed(req, &e);
-            return false;
-        }
+    let Some(mut encoder) = Compress::new(req, resp) else {
+        return false;
     };
     loop {
-        let (piece, more) = match src.next(w, req).await {
-            Ok(Some(data)) => match &mut encoder {
-                None => (Ok(data), true),
-                Some(e) => (
-                    e.write(&data)
-                        .and_then(|()| if src.may_pause() { e.flush() } else { Ok(()) })
-                        .map(|()| e.take().into()),
-                    true,
-                ),
-            },
-            Ok(None) => (
-                encoder
-                    .take()
-                    .map_or(Ok(Bytes::new()), |e| e.finish().map(Bytes::from)),
-                false,
-            ),
-            Err(()) => return false,
+        let Ok(data) = src.next(w, req).await else {
+            return false;
         };
-        let piece = match piece {
-            Ok(p) => p,
-            Err(e) => {
-                compress_failed(req, &e);
-                return false;
-            }
+        let more = data.is_some();
+        let Some(piece) = encoder.piece(req, data, src.may_pause()) else {
+            return false;
         };
         // A buffered answer is read ahead while the client takes what came.
         if !src.alongside(w, req, out.data(piece, !more)).await {
@@ -398,12 +355,4 @@ async fn streamed(
             return true;
         }
     }
-}
-
-fn compress_failed(req: &Request, e: &std::io::Error) {
-    errlog::request(
-        Level::Error,
-        req,
-        format_args!("compression failed, response aborted: {e}"),
-    );
 }

@@ -5,6 +5,7 @@
 //! application a request may wait for, and its answer read ahead of a slow client (`spool`).
 
 pub mod body;
+pub mod exchange;
 pub mod gateway;
 pub mod gateway_cache;
 pub mod grpc;

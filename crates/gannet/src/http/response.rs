@@ -1,4 +1,5 @@
-//! The response a handler produces, and its encoding as an HTTP/1.1 head.
+//! The response a handler produces, the fields of its head (chosen once for every
+//! protocol: [`head_fields`]), and their encoding as an HTTP/1.1 head.
 //!
 //! The body is kept as bytes or file ranges, so the connection can send a cached small file
 //! with one write and a large one with `sendfile`, and HEAD / 304 can drop it.
@@ -251,11 +252,7 @@ impl Response {
                     format!("<center>{why}</center>\r\n"),
                 )
             };
-            let server = if server_tokens {
-                concat!("gannet/", env!("CARGO_PKG_VERSION"))
-            } else {
-                "gannet"
-            };
+            let server = server(server_tokens);
             let html = format!(
                 "<html>\r\n<head><title>{title}</title></head>\r\n<body>\r\n<center><h1>{heading}</h1></center>\r\n{why}<hr><center>{server}</center>\r\n</body>\r\n</html>\r\n"
             );
@@ -271,70 +268,152 @@ impl Response {
     }
 }
 
-/// Connection-level facts the head encoder needs.
+/// What a head says about its connection: HTTP/1.x's `Connection` field (with
+/// `Keep-Alive: timeout=N`, keepalive_timeout's second argument, when kept). HTTP/2 and
+/// HTTP/3 have no connection-specific fields (RFC 9113 8.2.2, RFC 9114 4.2): their heads
+/// carry none, and drop an application's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hop {
+    KeepAlive(Option<u64>),
+    Close,
+    /// HTTP/2, HTTP/3.
+    None,
+}
+
+/// Connection-level facts the head needs.
 pub struct HeadCtx<'a> {
-    pub keep_alive: bool,
-    /// `Keep-Alive: timeout=N` header value (keepalive_timeout's second argument).
-    pub keepalive_header: Option<u64>,
+    pub hop: Hop,
     pub server_tokens: bool,
     pub date: &'a [u8],
 }
 
-/// Write the status line and headers. Returns nothing: `out` ends with the empty line.
+/// One field of a response head, as [`head_fields`] chose it (names in HTTP/1.x's case;
+/// HTTP/2 lowercases them).
+pub enum Field<'a> {
+    /// `Server` then `Date`, always first (HTTP/1.x writes them as one piece).
+    ServerDate(bool, &'a [u8]),
+    ContentType(&'a str),
+    Chunked,
+    ContentLength(u64),
+    LastModified(SystemTime),
+    Location(&'a str),
+    /// `Connection: upgrade` (a 101).
+    Upgrade,
+    /// `Connection: keep-alive`, and `Keep-Alive: timeout=N` with a number.
+    KeepAlive(Option<u64>),
+    /// `Connection: close`.
+    Close,
+    ETag(&'a str),
+    AcceptRanges,
+    /// Anything else: an application's, `add_header`'s.
+    Other(&'a str, &'a str),
+}
+
+/// Fields that only mean something for one HTTP/1.x connection (an application may send
+/// them): an HTTP/2 or HTTP/3 message must not carry them.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// The head's fields, in the order they are sent: which ones, and on what conditions, for
+/// every protocol ([`encode_head`] for HTTP/1.x, `conn::h2_response::head` for HTTP/2).
+#[inline]
+pub fn head_fields<'a>(r: &'a Response, body_len: u64, ctx: &HeadCtx<'a>, mut f: impl FnMut(Field<'a>)) {
+    let h1 = ctx.hop != Hop::None;
+    f(Field::ServerDate(ctx.server_tokens, ctx.date));
+    if let Some(ct) = &r.content_type {
+        f(Field::ContentType(ct));
+    }
+    if r.chunked && h1 {
+        f(Field::Chunked);
+    } else if (r.status_has_body() || r.content_length.is_some()) && !r.length_unknown {
+        f(Field::ContentLength(r.content_length.unwrap_or(body_len)));
+    }
+    if let Some(lm) = r.last_modified_sent() {
+        f(Field::LastModified(lm));
+    }
+    if let Some(loc) = &r.location {
+        f(Field::Location(loc));
+    }
+    match ctx.hop {
+        _ if !h1 => {}
+        _ if r.status == 101 => f(Field::Upgrade),
+        Hop::KeepAlive(t) => f(Field::KeepAlive(t)),
+        _ => f(Field::Close),
+    }
+    if let Some(etag) = &r.etag {
+        f(Field::ETag(etag));
+    }
+    if r.accept_ranges && r.status == 200 {
+        f(Field::AcceptRanges);
+    }
+    for (n, v) in &r.headers {
+        if h1 || !HOP_BY_HOP.iter().any(|h| n.eq_ignore_ascii_case(h)) {
+            f(Field::Other(n, v));
+        }
+    }
+}
+
+/// The `Server` field's value.
+pub fn server(tokens: bool) -> &'static str {
+    if tokens {
+        concat!("gannet/", env!("CARGO_PKG_VERSION"))
+    } else {
+        "gannet"
+    }
+}
+
+/// Write the HTTP/1.1 status line and headers. Returns nothing: `out` ends with the empty
+/// line.
 pub fn encode_head(r: &Response, body_len: u64, ctx: &HeadCtx, out: &mut Vec<u8>) {
     out.extend_from_slice(b"HTTP/1.1 ");
     encode::write_u64(out, u64::from(r.status));
     out.push(b' ');
     out.extend_from_slice(reason(r.status).as_bytes());
-    out.extend_from_slice(if ctx.server_tokens {
-        concat!(
-            "\r\nServer: gannet/",
-            env!("CARGO_PKG_VERSION"),
-            "\r\nDate: "
-        )
-        .as_bytes()
-    } else {
-        b"\r\nServer: gannet\r\nDate: "
-    });
-    out.extend_from_slice(ctx.date);
-    out.extend_from_slice(b"\r\n");
-    if let Some(ct) = &r.content_type {
-        put(out, "Content-Type", ct);
-    }
-    if r.chunked {
-        out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
-    } else if (r.status_has_body() || r.content_length.is_some()) && !r.length_unknown {
-        out.extend_from_slice(b"Content-Length: ");
-        encode::write_u64(out, r.content_length.unwrap_or(body_len));
-        out.extend_from_slice(b"\r\n");
-    }
-    if let Some(lm) = r.last_modified_sent() {
-        crate::runtime::clock::with_http_date(lm, |d| put(out, "Last-Modified", d));
-    }
-    if let Some(loc) = &r.location {
-        put(out, "Location", loc);
-    }
-    if r.status == 101 {
-        out.extend_from_slice(b"Connection: upgrade\r\n");
-    } else if ctx.keep_alive {
-        out.extend_from_slice(b"Connection: keep-alive\r\n");
-        if let Some(t) = ctx.keepalive_header {
-            out.extend_from_slice(b"Keep-Alive: timeout=");
-            encode::write_u64(out, t);
+    head_fields(r, body_len, ctx, |field| match field {
+        Field::ServerDate(tokens, date) => {
+            out.extend_from_slice(if tokens {
+                concat!(
+                    "\r\nServer: gannet/",
+                    env!("CARGO_PKG_VERSION"),
+                    "\r\nDate: "
+                )
+                .as_bytes()
+            } else {
+                b"\r\nServer: gannet\r\nDate: "
+            });
+            out.extend_from_slice(date);
             out.extend_from_slice(b"\r\n");
         }
-    } else {
-        out.extend_from_slice(b"Connection: close\r\n");
-    }
-    if let Some(etag) = &r.etag {
-        put(out, "ETag", etag);
-    }
-    if r.accept_ranges && r.status == 200 {
-        out.extend_from_slice(b"Accept-Ranges: bytes\r\n");
-    }
-    for (n, v) in &r.headers {
-        put(out, n, v);
-    }
+        Field::ContentType(ct) => put(out, "Content-Type", ct),
+        Field::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+        Field::ContentLength(n) => {
+            out.extend_from_slice(b"Content-Length: ");
+            encode::write_u64(out, n);
+            out.extend_from_slice(b"\r\n");
+        }
+        Field::LastModified(lm) => {
+            crate::runtime::clock::with_http_date(lm, |d| put(out, "Last-Modified", d))
+        }
+        Field::Location(loc) => put(out, "Location", loc),
+        Field::Upgrade => out.extend_from_slice(b"Connection: upgrade\r\n"),
+        Field::KeepAlive(t) => {
+            out.extend_from_slice(b"Connection: keep-alive\r\n");
+            if let Some(t) = t {
+                out.extend_from_slice(b"Keep-Alive: timeout=");
+                encode::write_u64(out, t);
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+        Field::Close => out.extend_from_slice(b"Connection: close\r\n"),
+        Field::ETag(etag) => put(out, "ETag", etag),
+        Field::AcceptRanges => out.extend_from_slice(b"Accept-Ranges: bytes\r\n"),
+        Field::Other(n, v) => put(out, n, v),
+    });
     out.extend_from_slice(b"\r\n");
 }
 

@@ -1,0 +1,386 @@
+//! One request's exchange, written once for every protocol: the server the request is
+//! for, nginx's TLS refusals, the phases (`http::handler`), the request body (read whole
+//! for an application or a DAV `PUT`, passed on as it comes with `*_request_buffering
+//! off`, else read off and dropped), `mirror`, the race between an application and a
+//! client that leaves (499), a CGI local redirect, and the answer.
+//!
+//! A protocol takes part through [`Exchange`]: it reads the body, says when the client
+//! left, sends the answer and refuses what it cannot carry. HTTP/1.x implements it on its
+//! connection (`conn::h1`, no allocation per request), HTTP/2 on a stream (`conn::h2`);
+//! a new protocol needs only such an adapter.
+
+use super::body::BodyError;
+use super::gateway::{Outcome, Tunnel};
+use super::grpc::Served;
+use super::request_body::Failed;
+use super::source::Source;
+use crate::config::ListenGroup;
+use crate::errlog::{self, Level};
+use crate::http::encoder::Encoder;
+use crate::http::handler::{self, Flow, Handled};
+use crate::http::request::{ConnInfo, Request};
+use crate::http::response::Response;
+use crate::http::router::select_server;
+use crate::modules::gateway::Streamed;
+use crate::runtime::worker::Worker;
+use bytes::Bytes;
+use gannet_proto::h1::{BodyKind, Method, RequestHead};
+use gannet_proto::uri::Target;
+use std::rc::Rc;
+
+/// How a protocol carries one request's exchange (see the module docs). The exchange calls
+/// these in order: maybe [`Exchange::body_at_hand`], then [`Exchange::body_expected`]
+/// and one of the body reads, then one answer ([`Exchange::respond`],
+/// [`Exchange::respond_streamed`], [`Exchange::upgrade`]) or [`Exchange::reset`]. `keep`
+/// is HTTP/1.x's "the connection may stay open": other protocols ignore it and return
+/// anything.
+///
+/// A protocol whose messages are `http::Request` / `http::Response` streams (HTTP/2,
+/// HTTP/3) implements the body reads over its stream of DATA chunks (`Failed::Client`
+/// with `BodyError::TooLarge` past `client_max_body_size`, `BodyError::Io` when the client
+/// is gone or slower than `client_body_timeout`), and the answers through the response
+/// head HTTP/2 builds (`conn::h2_response`: the same fields as HTTP/1.x less the
+/// connection-specific ones), DATA in `http2_chunk_size` pieces and `add_trailer`'s fields.
+/// (`conn::h2`'s `H2Exchange` is the model.)
+#[allow(async_fn_in_trait)] // futures stay on the worker's thread: no Send bound wanted
+pub trait Exchange {
+    /// The protocol can switch to another one (a 101 answer and a tunnel): HTTP/1.x only.
+    /// Elsewhere an application's 101 is answered 502.
+    const UPGRADES: bool;
+    /// The protocol passes gRPC through itself ([`Exchange::grpc`]), both ways at once.
+    const GRPC: bool = false;
+
+    /// Whether a body is announced and still to come from the client (HTTP/1.x: the head
+    /// announced one; HTTP/2: the stream is not ended). `handled` is the phases' answer.
+    fn body_pending(&self, req: &Request, handled: &Handled) -> bool;
+
+    /// With `*_request_buffering off`: whether the whole body is at hand already, so it is
+    /// read whole rather than passed on as it comes.
+    fn body_at_hand(&mut self, req: &Request) -> bool;
+
+    /// The body is about to be read (`wanted`: for an application or a PUT; else read off):
+    /// HTTP/1.x answers `Expect: 100-continue` and flushes earlier pipelined answers.
+    /// Returns false when the connection broke.
+    async fn body_expected(&mut self, req: &Request, wanted: bool) -> bool;
+
+    /// Read the body whole into `req.body` (memory or temporary file, `conn::request_body`;
+    /// a named file if `named`), returning its length.
+    async fn keep_body(&mut self, req: &mut Request, named: bool) -> Result<u64, Failed>;
+
+    /// Read the body off and drop it (within `client_max_body_size`), returning its length.
+    async fn discard_body(&mut self, req: &Request) -> Result<u64, Failed>;
+
+    /// Run the application with the body passed on as it arrives
+    /// (`gateway::run_streaming`). Returns the outcome, whether the body was read to its
+    /// end, and how much of it was read.
+    async fn run_streaming(
+        &mut self,
+        w: &Rc<Worker>,
+        req: &Request,
+        how: Streamed,
+    ) -> (Outcome, bool, u64);
+
+    /// Ends when the client has gone (closed the connection, reset the stream).
+    async fn client_gone(&mut self, w: &Rc<Worker>);
+
+    /// Send the answer (its body held in memory or files, or rewritten while sent) and log
+    /// it. Returns whether the connection stays open.
+    async fn respond(&mut self, w: &Rc<Worker>, req: &Request, resp: Response, keep: bool)
+        -> bool;
+
+    /// Send an answer whose body comes from `src` (an application's), and log it.
+    async fn respond_streamed(
+        &mut self,
+        w: &Rc<Worker>,
+        req: &Request,
+        resp: Response,
+        src: Source,
+        keep: bool,
+    ) -> bool;
+
+    /// Send the 101 head, then relay both ways (only called when [`Exchange::UPGRADES`]).
+    async fn upgrade(&mut self, w: &Rc<Worker>, req: &Request, resp: Response, t: Tunnel)
+        -> bool;
+
+    /// End the exchange without an answer (`return 444`, a broken slice).
+    fn reset(&mut self, why: Reset);
+
+    /// gRPC both ways (only called when [`Exchange::GRPC`]).
+    async fn grpc(&mut self, w: &Rc<Worker>, req: &mut Request) -> Served {
+        let _ = (w, req);
+        Served::Flow(Flow::Status(502))
+    }
+
+    /// The request came as plain HTTP on a TLS address (HTTP/1.x only): refused 497.
+    fn plain_on_tls(&self) -> bool {
+        false
+    }
+}
+
+/// Why an exchange ends without an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reset {
+    /// Closed on purpose (`return 444`).
+    Cancel,
+    /// The answer broke before its head (a slice that does not fit).
+    Internal,
+}
+
+/// The request for a parsed head: the server its host names in `group` (the target's host
+/// in absolute form, else the Host header's; lowercased, without port or trailing dot, as
+/// nginx's `ngx_http_validate_host`), `$host` (the server's name when none came).
+pub fn request(g: &ListenGroup, head: RequestHead, target: Target, info: ConnInfo) -> Request {
+    let mut host = match target.host.as_deref() {
+        Some(h) => h.to_string(),
+        None => head.host().map(lowercase).unwrap_or_default(),
+    };
+    let kept = host.trim_end_matches('.').len();
+    host.truncate(kept);
+    let server = select_server(&g.servers, g.default, &host).clone();
+    let host = if host.is_empty() {
+        server.primary_name.clone()
+    } else {
+        host
+    };
+    let req = Request::new(head, info, server, target.path, target.query, host);
+    req.log_ignored_headers();
+    req
+}
+
+/// `$host` from the Host header's host part (without port or trailing dot): one String,
+/// lowercased in place.
+pub fn lowercase(host: &[u8]) -> String {
+    let mut s = String::from_utf8_lossy(host).into_owned();
+    s.make_ascii_lowercase();
+    s
+}
+
+/// Drive `req` through the server to its answer over `ex`. Returns whether the connection
+/// may stay open (HTTP/1.x).
+pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -> bool {
+    let mut keep = req.head.keep_alive;
+    let refusal = if ex.plain_on_tls() {
+        Some((
+            497,
+            "client sent plain HTTP request to HTTPS port".to_string(),
+        ))
+    } else {
+        req.conn
+            .tls
+            .as_ref()
+            .zip(req.server.tls.as_ref())
+            .and_then(|(t, s)| t.refusal(s))
+    };
+    let handled = match refusal {
+        // nginx's own status (497, 495, 496) or 421, through `error_page` like any other;
+        // the connection closes after the answer.
+        Some((status, why)) => {
+            errlog::request(Level::Info, req, format_args!("{why}"));
+            keep = false;
+            handler::resume(req, w, Flow::Status(status))
+        }
+        None => handler::handle(req, w),
+    };
+    let mut handled = handler::settle(req, w, handled).await;
+    // gRPC streams both ways from the head on (`conn::grpc`): the body is not read first,
+    // unless a mirror needs it (below), as in nginx.
+    if E::GRPC
+        && matches!(handled, Handled::Gateway)
+        && super::grpc::is_grpc(req)
+        && req.conf.mirror.uris().is_empty()
+    {
+        match ex.grpc(w, req).await {
+            Served::Done => return false,
+            Served::Flow(flow) => handled = handler::resume(req, w, flow),
+        }
+    }
+    // `*_request_buffering off`: the gateway reads the body itself, passing it on as it
+    // arrives (unless it is all here already).
+    let mut stream_body = match handled {
+        Handled::Gateway => super::gateway::streams(req),
+        _ => None,
+    };
+    if stream_body.is_some() && ex.body_at_hand(req) {
+        stream_body = None;
+    }
+    if ex.body_pending(req, &handled) {
+        let wanted = matches!(handled, Handled::Gateway | Handled::Put);
+        // An unused body is read off, unless the client waits for 100-continue (it will
+        // not send it) or the answer is to close anyway.
+        if !wanted && (req.head.expect_continue || matches!(handled, Handled::Close)) {
+            keep = false;
+        } else {
+            if !ex.body_expected(req, wanted).await {
+                return false;
+            }
+            let read = match stream_body {
+                Some(_) => Ok(0),
+                None if wanted => ex.keep_body(req, matches!(handled, Handled::Put)).await,
+                None => ex.discard_body(req).await,
+            };
+            match read {
+                Ok(n) => req.body_length = n,
+                Err(e) => {
+                    keep = false;
+                    let malformed = e == Failed::Client(BodyError::Malformed);
+                    if malformed {
+                        errlog::request(
+                            Level::Info,
+                            req,
+                            format_args!("client sent invalid chunked body"),
+                        );
+                    }
+                    let answered = matches!(&handled, Handled::Respond(r) if r.status < 400);
+                    if !wanted && malformed && answered {
+                        // nginx reads off (discards) a body before a `return`, a file or
+                        // any other answer that is not an error already, and a broken
+                        // chunked body turns it into a 400; an error answer stands.
+                        handled = handler::resume(req, w, Flow::Status(400));
+                    }
+                    if wanted {
+                        // The application cannot be given half a body.
+                        let Some(status) = e.status() else {
+                            return false;
+                        };
+                        handled = handler::resume(req, w, Flow::Status(status));
+                    }
+                }
+            }
+        }
+    }
+    if let Handled::Put = handled {
+        handled = handler::put_body_read(req, w);
+    }
+    super::mirror::spawn(w, req);
+    loop {
+        match handled {
+            Handled::Respond(resp) => return ex.respond(w, req, resp, keep).await,
+            Handled::Put => handled = handler::put_body_read(req, w),
+            Handled::Close => {
+                ex.reset(Reset::Cancel);
+                return false;
+            }
+            waiting @ (Handled::Delay(_) | Handled::AuthRequest(_) | Handled::LimitReqShared(_)) => {
+                handled = handler::settle(req, w, waiting).await
+            }
+            Handled::Gateway if E::GRPC && super::grpc::is_grpc(req) => {
+                // The body, if any, was read whole (a mirror, an error_page's request).
+                match ex.grpc(w, req).await {
+                    Served::Done => return false,
+                    Served::Flow(flow) => handled = handler::resume(req, w, flow),
+                }
+            }
+            Handled::Gateway => {
+                let outcome = match stream_body.take() {
+                    Some(how) => {
+                        // (A content-length over the limit never gets here unread: the
+                        // location phase answers it 413.)
+                        let (o, finished, n) = ex.run_streaming(w, req, how).await;
+                        // The rest of a body the upstream did not wait for is not read:
+                        // the connection closes after the answer.
+                        keep &= finished;
+                        req.body_length = n;
+                        o
+                    }
+                    None if super::gateway::ignores_client_abort(req) => {
+                        super::gateway::run(w, req).await
+                    }
+                    None => {
+                        let raced = {
+                            let exchange = std::pin::pin!(super::gateway::run(w, req));
+                            let gone = std::pin::pin!(ex.client_gone(w));
+                            super::gateway::unless_client_leaves(req, exchange, gone).await
+                        };
+                        match raced {
+                            Some(o) => o,
+                            None => {
+                                super::log::access(w, req, &Response::new(499), 0, 0);
+                                return false;
+                            }
+                        }
+                    }
+                };
+                let flow = match outcome {
+                    Outcome::Flow(f) => f,
+                    Outcome::Upgrade(resp, tunnel) if E::UPGRADES => {
+                        return ex.upgrade(w, req, resp, *tunnel).await;
+                    }
+                    // No Upgrade here (HTTP/2: RFC 9113, 8.2.2): a 101 is a broken
+                    // upstream's.
+                    Outcome::Upgrade(..) => Flow::Status(502),
+                    Outcome::Stream(mut resp, stream) => {
+                        // A broken slice: no answer, as nginx closes.
+                        if !handler::finish_streamed(req, &mut resp) {
+                            ex.reset(Reset::Internal);
+                            return false;
+                        }
+                        let src = Source::App(stream);
+                        return ex.respond_streamed(w, req, resp, src, keep).await;
+                    }
+                };
+                if matches!(flow, Flow::Redirect(_)) && !req.is_head() {
+                    // A CGI local redirect is served as a GET (RFC 3875, 6.2.2).
+                    req.method_override = Some(Method::Get);
+                }
+                // The body read whole stays, as nginx's `r->request_body`: an error page or
+                // local redirect reads it in `$request_body`, and passes it on again if it
+                // reaches an application (with GET, as nginx).
+                handled = handler::resume(req, w, flow);
+            }
+        }
+    }
+}
+
+/// HTTP/2's rule for a body declared empty (Content-Length: 0) on a stream not ended yet:
+/// an application that takes bodies unbuffered is asked at once, without waiting for the
+/// stream's end, as nginx does (a buffered one waits for it, as there).
+pub fn declared_empty(req: &Request, handled: &Handled) -> bool {
+    matches!(req.head.body, BodyKind::Length(0))
+        && matches!(handled, Handled::Gateway)
+        && super::gateway::unbuffered(req).is_some()
+}
+
+/// A body compressed while sent (`resp.encode`: a large file, an application's answer),
+/// piece by piece, as every protocol sends it; without `encode` the pieces go as they are.
+pub struct Compress(Option<Encoder>);
+
+impl Compress {
+    /// `None` (logged) when the encoder cannot be made: the answer is aborted.
+    pub fn new(req: &Request, resp: &Response) -> Option<Compress> {
+        match resp.encode.map(|(c, level)| Encoder::new(c, level)) {
+            None => Some(Compress(None)),
+            Some(Ok(e)) => Some(Compress(Some(e))),
+            Some(Err(e)) => {
+                compress_failed(req, &e);
+                None
+            }
+        }
+    }
+
+    /// What to send for the next piece of the body (`None`: its end, for the encoder's
+    /// last bytes). `flush`: the source may pause before its next piece, so what was
+    /// compressed so far goes now. `None` when compression failed (logged).
+    pub fn piece(&mut self, req: &Request, data: Option<Bytes>, flush: bool) -> Option<Bytes> {
+        let out = match (data, &mut self.0) {
+            (Some(data), None) => return Some(data),
+            (None, None) => return Some(Bytes::new()),
+            (Some(data), Some(e)) => e
+                .write(&data)
+                .and_then(|()| if flush { e.flush() } else { Ok(()) })
+                .map(|()| e.take().into()),
+            (None, Some(_)) => match self.0.take() {
+                Some(e) => e.finish().map(Bytes::from),
+                None => Ok(Bytes::new()),
+            },
+        };
+        out.map_err(|e| compress_failed(req, &e)).ok()
+    }
+}
+
+fn compress_failed(req: &Request, e: &std::io::Error) {
+    errlog::request(
+        Level::Error,
+        req,
+        format_args!("compression failed, response aborted: {e}"),
+    );
+}
