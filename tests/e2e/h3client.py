@@ -82,22 +82,33 @@ class _Client(QuicConnectionProtocol):
         return await fut
 
 
-async def _run(host, port, reqs, sni, timeout, retry_token_seen):
+async def _run(host, port, reqs, sni, timeout, info):
     cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, verify_mode=ssl.CERT_NONE, server_name=sni or host)
     cfg.idle_timeout = timeout
     async with connect(host, port, configuration=cfg, create_protocol=_Client, wait_connected=True) as client:
+        q = client._quic
+        if info is not None:
+            # What the server said in its transport parameters and handshake, before any
+            # stream could change the credit.
+            cert = q.tls._peer_certificate
+            info.update(
+                retries=q._retry_count,
+                max_streams_bidi=q._remote_max_streams_bidi,
+                stream_window=q._remote_max_stream_data_bidi_remote,
+                max_data=q._remote_max_data,
+                alpn=q.tls.alpn_negotiated,
+                cert_cn=cert.subject.rfc4514_string() if cert is not None else None,
+            )
         authority = f"{sni or host}:{port}"
-        answers = await asyncio.wait_for(
+        return await asyncio.wait_for(
             asyncio.gather(*(client.request(m, authority, p, h, b) for m, p, h, b in reqs)), timeout
         )
-        if retry_token_seen is not None:
-            retry_token_seen.append(client._quic._retry_count)
-        return answers
 
 
-def fetch_many(port: int, reqs: list[tuple[str, str, dict | None, bytes | None]], host: str = "127.0.0.1", sni: str | None = None, timeout: float = 20.0, retries: list | None = None) -> list[Answer]:
-    """Send every (method, path, headers, body) at once on one connection."""
-    return asyncio.run(_run(host, port, reqs, sni, timeout, retries))
+def fetch_many(port: int, reqs: list[tuple[str, str, dict | None, bytes | None]], host: str = "127.0.0.1", sni: str | None = None, timeout: float = 20.0, info: dict | None = None) -> list[Answer]:
+    """Send every (method, path, headers, body) at once on one connection; `info`, when
+    given, is filled with what the handshake told (see `_run`)."""
+    return asyncio.run(_run(host, port, reqs, sni, timeout, info))
 
 
 def fetch(port: int, path: str, method: str = "GET", headers: dict | None = None, body: bytes | None = None, **kw) -> Answer:

@@ -85,8 +85,7 @@ pub trait Exchange {
 
     /// Send the answer (its body held in memory or files, or rewritten while sent) and log
     /// it. Returns whether the connection stays open.
-    async fn respond(&mut self, w: &Rc<Worker>, req: &Request, resp: Response, keep: bool)
-        -> bool;
+    async fn respond(&mut self, w: &Rc<Worker>, req: &Request, resp: Response, keep: bool) -> bool;
 
     /// Send an answer whose body comes from `src` (an application's), and log it.
     async fn respond_streamed(
@@ -99,8 +98,7 @@ pub trait Exchange {
     ) -> bool;
 
     /// Send the 101 head, then relay both ways (only called when [`Exchange::UPGRADES`]).
-    async fn upgrade(&mut self, w: &Rc<Worker>, req: &Request, resp: Response, t: Tunnel)
-        -> bool;
+    async fn upgrade(&mut self, w: &Rc<Worker>, req: &Request, resp: Response, t: Tunnel) -> bool;
 
     /// End the exchange without an answer (`return 444`, a broken slice).
     fn reset(&mut self, why: Reset);
@@ -260,7 +258,8 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
                 ex.reset(Reset::Cancel);
                 return false;
             }
-            waiting @ (Handled::Delay(_) | Handled::AuthRequest(_) | Handled::LimitReqShared(_)) => {
+            waiting
+            @ (Handled::Delay(_) | Handled::AuthRequest(_) | Handled::LimitReqShared(_)) => {
                 handled = handler::settle(req, w, waiting).await
             }
             Handled::Gateway if E::GRPC && super::grpc::is_grpc(req) => {

@@ -4,9 +4,9 @@
 //! `send_timeout`, after which the stream is reset) and as `limit_rate` allows (each stream
 //! is paced on its own, as nginx limits requests), then the access-log line.
 
+use super::exchange::Compress;
 use super::pace::Pace;
 use super::source::Source;
-use super::exchange::Compress;
 use crate::http::request::Request;
 use crate::http::response::{head_fields, server, Body, Field, HeadCtx, Hop, Part, Response};
 use crate::modules::limit_rate;
@@ -16,8 +16,8 @@ use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::SendStream;
 use http::header::{
-    HeaderName, HeaderValue, InvalidHeaderValue, ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_TYPE,
-    DATE, ETAG, LAST_MODIFIED, LOCATION, SERVER,
+    HeaderName, HeaderValue, InvalidHeaderValue, ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_TYPE, DATE,
+    ETAG, LAST_MODIFIED, LOCATION, SERVER,
 };
 use std::os::unix::fs::FileExt;
 use std::time::Duration;

@@ -11,13 +11,18 @@
 //! A worker that drains sends GOAWAY and lets the streams in flight finish.
 
 use super::body::{BodyError, BodySource};
+use super::exchange::{self, Exchange, Reset};
+use super::gateway::{Outcome, Tunnel};
 use super::h2_response::{self, BodyOut};
 use super::pace::Pace;
+use super::request_body::Failed;
 use super::source::Source;
 use crate::errlog::{self, Level};
+use crate::http::handler::Handled;
 use crate::http::request::{ConnInfo, Request};
 use crate::http::response::Response;
 use crate::http::router::select_server;
+use crate::modules::gateway::Streamed;
 use crate::modules::limit_rate;
 use crate::runtime::worker::Worker;
 use crate::tls::verify::Verified;
@@ -153,7 +158,9 @@ pub async fn serve(w: Rc<Worker>, connecting: quinn::Connecting, group: usize) {
             }
             Some(Ok(None)) => break,
             Some(Err(e)) => {
-                if !e.is_h3_no_error() {
+                // A protocol error of the client's (ours to note); one that closed or
+                // went away is not.
+                if matches!(e, h3::error::ConnectionError::Local { .. }) && !e.is_h3_no_error() {
                     log_conn(&info, format_args!("HTTP/3 connection closed: {e}"));
                 }
                 break;
@@ -267,8 +274,8 @@ async fn stream(
     };
     match parsed {
         Ok((head, target)) => {
-            let mut req = temp_request(g, head, target, info);
-            temp_serve(&mut ex, &w, &mut req).await;
+            let mut req = exchange::request(g, head, target, info);
+            exchange::serve(&mut ex, &w, &mut req).await;
         }
         Err(e) => {
             let line = format!("{} {target} HTTP/3.0", parts.method);
@@ -339,6 +346,85 @@ impl H3Exchange {
         }
         let sent = out.sent;
         super::log::access(w, req, &resp, p.head_len, sent);
+    }
+}
+
+impl Exchange for H3Exchange {
+    const UPGRADES: bool = false;
+
+    fn body_pending(&self, req: &Request, handled: &Handled) -> bool {
+        !self.done && !exchange::declared_empty(req, handled)
+    }
+
+    fn body_at_hand(&mut self, _: &Request) -> bool {
+        self.done
+    }
+
+    /// Nothing to say before a body: a client waiting for 100-continue sends it once its
+    /// stream's credit is there, as over HTTP/2.
+    async fn body_expected(&mut self, _: &Request, _: bool) -> bool {
+        true
+    }
+
+    async fn keep_body(&mut self, req: &mut Request, named: bool) -> Result<u64, Failed> {
+        // Kept for the application the way HTTP/1.x keeps it (memory, else a file).
+        let mut src = self.body(req);
+        let kept = super::request_body::read(&mut src, req, named).await?;
+        let n = kept.len();
+        req.body = Some(Rc::new(kept));
+        Ok(n)
+    }
+
+    async fn discard_body(&mut self, req: &Request) -> Result<u64, Failed> {
+        let mut src = self.body(req);
+        while src.next().await.map_err(Failed::Client)?.is_some() {}
+        Ok(src.total)
+    }
+
+    async fn run_streaming(
+        &mut self,
+        w: &Rc<Worker>,
+        req: &Request,
+        how: Streamed,
+    ) -> (Outcome, bool, u64) {
+        let mut src = self.body(req);
+        let o = super::gateway::run_streaming(w, req, &mut src, how).await;
+        // (A body not read to its end is refused by `stream`, after the answer.)
+        (o, true, src.total)
+    }
+
+    /// The client closed the connection. (A stream the client reset alone is not seen
+    /// before the answer is written to it: h3 does not expose the peer's STOP_SENDING.)
+    async fn client_gone(&mut self, _: &Rc<Worker>) {
+        let _ = self.conn.closed().await;
+    }
+
+    async fn respond(&mut self, w: &Rc<Worker>, req: &Request, resp: Response, _: bool) -> bool {
+        self.send(w, req, resp, None).await;
+        false
+    }
+
+    async fn respond_streamed(
+        &mut self,
+        w: &Rc<Worker>,
+        req: &Request,
+        resp: Response,
+        src: Source,
+        _: bool,
+    ) -> bool {
+        self.send(w, req, resp, Some(src)).await;
+        false
+    }
+
+    async fn upgrade(&mut self, _: &Rc<Worker>, _: &Request, _: Response, _: Tunnel) -> bool {
+        false
+    }
+
+    fn reset(&mut self, why: Reset) {
+        self.s.stop_stream(match why {
+            Reset::Cancel => h3::error::Code::H3_REQUEST_CANCELLED,
+            Reset::Internal => h3::error::Code::H3_INTERNAL_ERROR,
+        });
     }
 }
 
@@ -440,45 +526,5 @@ impl BodySource for H3Body<'_> {
         &mut self,
     ) -> Pin<Box<dyn Future<Output = Result<Option<Bytes>, BodyError>> + '_>> {
         Box::pin(self.next())
-    }
-}
-
-// TEMPORARY until conn::exchange lands.
-fn temp_request(
-    g: &crate::config::ListenGroup,
-    head: RequestHead,
-    target: gannet_proto::uri::Target,
-    info: ConnInfo,
-) -> Request {
-    let host = match target.host.as_deref() {
-        Some(h) => h.to_string(),
-        None => head.host().map(super::h1::lowercase).unwrap_or_default(),
-    };
-    let host = host.trim_end_matches('.').to_string();
-    let server = select_server(&g.servers, g.default, &host).clone();
-    let host = if host.is_empty() {
-        server.primary_name.clone()
-    } else {
-        host
-    };
-    Request::new(head, info, server, target.path, target.query, host)
-}
-
-async fn temp_serve(ex: &mut H3Exchange, w: &Rc<Worker>, req: &mut Request) {
-    use crate::http::handler::{self, Handled};
-    let h = handler::handle(req, w);
-    let mut handled = handler::settle(req, w, h).await;
-    loop {
-        match handled {
-            Handled::Respond(r) => return ex.send(w, req, r, None).await,
-            Handled::Gateway => match super::gateway::run(w, req).await {
-                super::gateway::Outcome::Stream(resp, stream) => {
-                    return ex.send(w, req, resp, Some(Source::App(stream))).await
-                }
-                super::gateway::Outcome::Flow(f) => handled = handler::resume(req, w, f),
-                _ => return,
-            },
-            _ => return,
-        }
     }
 }

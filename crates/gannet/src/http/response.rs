@@ -322,7 +322,12 @@ const HOP_BY_HOP: &[&str] = &[
 /// The head's fields, in the order they are sent: which ones, and on what conditions, for
 /// every protocol ([`encode_head`] for HTTP/1.x, `conn::h2_response::head` for HTTP/2).
 #[inline]
-pub fn head_fields<'a>(r: &'a Response, body_len: u64, ctx: &HeadCtx<'a>, mut f: impl FnMut(Field<'a>)) {
+pub fn head_fields<'a>(
+    r: &'a Response,
+    body_len: u64,
+    ctx: &HeadCtx<'a>,
+    mut f: impl FnMut(Field<'a>),
+) {
     let h1 = ctx.hop != Hop::None;
     f(Field::ServerDate(ctx.server_tokens, ctx.date));
     if let Some(ct) = &r.content_type {

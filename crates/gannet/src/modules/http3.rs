@@ -43,6 +43,8 @@ pub struct Http3Conf {
     /// The bytes of the `quic_host_key` file: what retry tokens and stateless resets are
     /// keyed with (else a random key made at load, shared by the workers started from it).
     pub host_key: Option<Arc<[u8]>>,
+    /// Checked and kept, but not sent: quinn advertises its own limit (5 connection IDs),
+    /// which is not configurable.
     pub active_connection_id_limit: Option<u64>,
 }
 
@@ -83,11 +85,6 @@ impl Http3Conf {
 
     pub fn gso(&self) -> bool {
         self.gso.unwrap_or(false)
-    }
-
-    /// nginx's default: 2.
-    pub fn active_connection_id_limit(&self) -> u64 {
-        self.active_connection_id_limit.unwrap_or(2)
     }
 }
 
