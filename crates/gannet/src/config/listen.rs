@@ -236,6 +236,11 @@ fn quic_compatible(d: &Directive, l: &Listen) -> Result<(), ConfError> {
             .iter()
             .any(|a| a == p || a.split_once('=').is_some_and(|(k, _)| k == p))
     };
+    if l.unix.is_some() {
+        return Err(d.error(
+            "\"listen\" directive \"quic\" parameter is incompatible with a unix domain socket",
+        ));
+    }
     let clash = [
         ("fastopen", l.fastopen.is_some()),
         ("backlog", has("backlog")),

@@ -450,6 +450,10 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
             }
         }
     }
+    if groups.iter().any(|g| g.listen.quic) {
+        // Made here, in the master, for the workers it forks to share (`conn::quic`).
+        crate::conn::quic::default_host_key();
+    }
     modules::otel::check_exporter(&conf, &lctx)?;
     cfg.listens = groups;
     cfg.log_files = lctx.log_files;

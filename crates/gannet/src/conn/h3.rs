@@ -37,6 +37,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 /// A request stream: quinn's bidirectional stream under h3's framing.
@@ -44,9 +45,6 @@ pub(super) type Stream = RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
 
 /// How often a connection looks at the worker's drain flag.
 const DRAIN_CHECK: Duration = Duration::from_secs(1);
-
-/// How long a connection told GOAWAY (with no streams left) gets to close.
-const LINGER: Duration = Duration::from_secs(5);
 
 /// A connection's request streams in flight.
 struct Activity {
@@ -136,10 +134,11 @@ pub async fn serve(w: Rc<Worker>, connecting: quinn::Connecting, group: usize) {
         streams: Cell::new(0),
     });
     let mut requests = 0u64;
-    let mut closing: Option<Instant> = None;
+    // GOAWAY has been sent (keepalive_requests reached, or the worker drains).
+    let mut closing = false;
     loop {
         let next = tokio::select! {
-            r = h3c.accept(), if closing.is_none() => Some(r),
+            r = h3c.accept(), if !closing => Some(r),
             () = tokio::time::sleep(DRAIN_CHECK) => None,
             _ = conn.closed() => break,
         };
@@ -153,7 +152,7 @@ pub async fn serve(w: Rc<Worker>, connecting: quinn::Connecting, group: usize) {
                 tokio::task::spawn_local(task);
                 if max_requests > 0 && requests >= max_requests {
                     let _ = h3c.shutdown(0).await;
-                    closing = Some(Instant::now());
+                    closing = true;
                 }
             }
             Some(Ok(None)) => break,
@@ -165,22 +164,22 @@ pub async fn serve(w: Rc<Worker>, connecting: quinn::Connecting, group: usize) {
                 }
                 break;
             }
-            None => match closing {
-                Some(since) => {
-                    if activity.streams.get() == 0 || since.elapsed() >= LINGER * 12 {
-                        break;
-                    }
+            None if closing => {
+                if activity.streams.get() == 0 {
+                    break;
                 }
-                None if w.draining.get() => {
+            }
+            None => {
+                if w.draining.get() {
                     let _ = h3c.shutdown(0).await;
-                    closing = Some(Instant::now());
+                    closing = true;
                 }
-                None => {}
-            },
+            }
         }
     }
-    // Streams still running hold the connection; it closes when the last one is done.
-    while activity.streams.get() > 0 && !w.draining.get() {
+    // Streams still running hold the connection (each within its own timeouts); it closes
+    // when the last one is done.
+    while activity.streams.get() > 0 {
         tokio::select! {
             () = tokio::time::sleep(DRAIN_CHECK) => {}
             _ = conn.closed() => break,
@@ -236,19 +235,20 @@ async fn stream(
     w.stats.request();
     let writing = w.stats.writing();
     let (parts, ()) = req.into_parts();
-    // Whether a body follows: from Content-Length, else from whether the stream ended
-    // with its head (its first DATA is read now, and goes first in the body).
+    // Whether a body follows: from Content-Length, else from whether the stream is known
+    // to end with its head (the FIN usually comes in the head's packet). What is at hand
+    // is looked at without waiting: a body's first piece, kept to go first.
     let mut first = None;
     let mut body_follows = parts.headers.contains_key(http::header::CONTENT_LENGTH);
     if !body_follows {
-        let body_timeout = default.conf.core.client_body_timeout();
-        match tokio::time::timeout(body_timeout, s.recv_data()).await {
-            Ok(Ok(None)) => {}
-            Ok(Ok(Some(mut b))) => {
+        match std::future::poll_fn(|cx| Poll::Ready(s.poll_recv_data(cx))).await {
+            Poll::Ready(Ok(None)) => {}
+            Poll::Ready(Ok(Some(mut b))) => {
                 first = Some(b.copy_to_bytes(b.remaining()));
                 body_follows = true;
             }
-            _ => return,
+            Poll::Ready(Err(_)) => return,
+            Poll::Pending => body_follows = true,
         }
     }
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());

@@ -59,9 +59,9 @@ pub async fn serve(w: Rc<Worker>, sock: std::net::UdpSocket, group: usize) {
             return;
         }
     };
-    // Closed when the worker stops accepting (this task is aborted): clients get
-    // CONNECTION_CLOSE at once instead of waiting for their idle timeout.
-    let _closer = CloseOnDrop(endpoint.clone());
+    // When the worker stops accepting (this task is aborted), new connections are refused;
+    // those in hand end as the worker drains (`conn::h3`: GOAWAY, streams finish).
+    let _refuser = RefuseOnDrop(endpoint.clone());
     while let Some(incoming) = endpoint.accept().await {
         if retry && !incoming.remote_address_validated() && incoming.may_retry() {
             let _ = incoming.retry();
@@ -79,12 +79,11 @@ pub async fn serve(w: Rc<Worker>, sock: std::net::UdpSocket, group: usize) {
     }
 }
 
-struct CloseOnDrop(quinn::Endpoint);
+struct RefuseOnDrop(quinn::Endpoint);
 
-impl Drop for CloseOnDrop {
+impl Drop for RefuseOnDrop {
     fn drop(&mut self) {
-        // H3_NO_ERROR: the server is going away.
-        self.0.close(quinn::VarInt::from_u32(0x100), b"");
+        self.0.set_server_config(None);
     }
 }
 
@@ -157,9 +156,10 @@ fn setup(
 }
 
 /// The key retry tokens and stateless resets are made with when `quic_host_key` is not
-/// set: random, once per process (the worker threads share it, so a token one issued is
-/// good at another).
-fn default_host_key() -> &'static [u8] {
+/// set: random, made once by the master when it loads a config with a QUIC address, so
+/// that every worker (threads, and processes forked after) has the same, and a token one
+/// issued is good at another.
+pub fn default_host_key() -> &'static [u8] {
     static KEY: OnceLock<[u8; 32]> = OnceLock::new();
     KEY.get_or_init(|| {
         let mut k = [0u8; 32];
