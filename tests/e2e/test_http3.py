@@ -140,16 +140,20 @@ def test_proxied_answer_and_request_bodies(gannet, pki):
     """, upstream)
     srv = gannet.start(conf=text, port=port)
     body = bytes(range(256)) * 400
-    got, posted, put, too_big = h3client.fetch_many(port, [
+    got, posted, put, too_big, short, extra = h3client.fetch_many(port, [
         ("GET", "/app/x?q=1", {"x-a": "hi"}, None),
         ("POST", "/app/y", None, body),
         ("PUT", "/up", None, body),
         ("POST", "/app/z", None, b"z" * (1024 * 1024 + 1)),
+        # DATA that does not add up to the Content-Length (RFC 9114 4.1.2): 400, as nginx.
+        ("POST", "/app/short", {"content-length": "10"}, b"abcd"),
+        ("POST", "/app/extra", {"content-length": "2"}, b"abcd"),
     ])
     assert got.status == 200 and got.body == b"upstream GET /x len= x=hi\n"
     assert posted.status == 200 and posted.body == f"upstream POST /y len={len(body)} x=\n".encode()
     assert put.status == 201 and (srv.root.parent / "up").read_bytes() == body
     assert too_big.status == 413
+    assert short.status == 400 and extra.status == 400
 
 
 @pytest.mark.skipif(PHP_FPM is None, reason="php-fpm is installed by scripts/test-all.sh")

@@ -28,7 +28,7 @@ use crate::runtime::worker::Worker;
 use crate::tls::verify::Verified;
 use crate::tls::TlsInfo;
 use bytes::{Buf, Bytes};
-use gannet_proto::h1::RequestHead;
+use gannet_proto::h1::{BodyKind, RequestHead};
 use gannet_proto::uri::parse_target;
 use h3::server::RequestStream;
 use std::cell::Cell;
@@ -119,7 +119,11 @@ pub async fn serve(w: Rc<Worker>, connecting: quinn::Connecting, group: usize) {
     }));
     let (n, size) = default.conf.core.large_client_header_buffers();
     let mut builder = h3::server::builder();
-    builder.max_field_section_size(u64::try_from(n * size).unwrap_or(u64::MAX));
+    builder
+        .max_field_section_size(u64::try_from(n * size).unwrap_or(u64::MAX))
+        // As nginx: no reserved (GREASE) frames, settings or streams, which some clients
+        // (nginx's own test client among them) do not skip.
+        .send_grease(false);
     let built = builder.build::<_, Bytes>(h3_quinn::Connection::new(conn.clone()));
     let mut h3c = match tokio::time::timeout(default.conf.core.client_header_timeout(), built).await
     {
@@ -129,7 +133,14 @@ pub async fn serve(w: Rc<Worker>, connecting: quinn::Connecting, group: usize) {
             return;
         }
     };
-    let max_requests = default.conf.core.keepalive_requests();
+    let core = &default.conf.core;
+    // `keepalive_timeout 0` keeps no connection for a second request, as over HTTP/1.x.
+    let max_requests = if core.keepalive_timeout().0.is_zero() {
+        1
+    } else {
+        core.keepalive_requests()
+    };
+    let keepalive_time = core.keepalive_time();
     let activity = Rc::new(Activity {
         streams: Cell::new(0),
     });
@@ -150,8 +161,10 @@ pub async fn serve(w: Rc<Worker>, connecting: quinn::Connecting, group: usize) {
                 let guard = InFlight::new(&activity);
                 let task = stream(w.clone(), info, group, resolver, conn.clone(), guard);
                 tokio::task::spawn_local(task);
-                if max_requests > 0 && requests >= max_requests {
-                    let _ = h3c.shutdown(0).await;
+                let enough = max_requests > 0 && requests >= max_requests;
+                if enough || born.elapsed() >= keepalive_time {
+                    // GOAWAY names the first stream not served: the one after this.
+                    let _ = h3c.shutdown(1).await;
                     closing = true;
                 }
             }
@@ -171,7 +184,7 @@ pub async fn serve(w: Rc<Worker>, connecting: quinn::Connecting, group: usize) {
             }
             None => {
                 if w.draining.get() {
-                    let _ = h3c.shutdown(0).await;
+                    let _ = h3c.shutdown(1).await;
                     closing = true;
                 }
             }
@@ -312,6 +325,10 @@ impl H3Exchange {
             limit: core.client_max_body_size(),
             timeout: core.client_body_timeout(),
             total: 0,
+            declared: match req.head.body {
+                BodyKind::Length(n) => Some(n),
+                _ => None,
+            },
         }
     }
 
@@ -490,6 +507,9 @@ struct H3Body<'a> {
     limit: u64,
     timeout: Duration,
     total: u64,
+    /// The Content-Length the head announced: the DATA must add up to it (RFC 9114 4.1.2;
+    /// nginx answers a body that does not 400).
+    declared: Option<u64>,
 }
 
 impl H3Body<'_> {
@@ -505,6 +525,9 @@ impl H3Body<'_> {
                         // them).
                         let _ = tokio::time::timeout(self.timeout, self.ex.s.recv_trailers()).await;
                         self.ex.done = true;
+                        if self.declared.is_some_and(|n| n != self.total) {
+                            return Err(BodyError::Malformed);
+                        }
                         return Ok(None);
                     }
                     _ => return Err(BodyError::Io),
@@ -513,6 +536,9 @@ impl H3Body<'_> {
             self.total += chunk.len() as u64;
             if self.limit > 0 && self.total > self.limit {
                 return Err(BodyError::TooLarge);
+            }
+            if self.declared.is_some_and(|n| self.total > n) {
+                return Err(BodyError::Malformed);
             }
             if !chunk.is_empty() {
                 return Ok(Some(chunk));

@@ -95,10 +95,13 @@ fn setup(
     let g = &config.listens[group];
     let default = &g.servers[g.default];
     let h3 = &default.conf.http3;
-    let base = default
-        .tls
-        .as_ref()
-        .and_then(|t| t.config.as_ref())
+    // The TLS settings shared by the address (cipher suites and groups, session cache and
+    // ticket keys): its default server's, or when that one only rejects handshakes
+    // (`ssl_reject_handshake` without a certificate), the first server's that has some.
+    let with_config =
+        |s: &Arc<crate::config::ServerConf>| s.tls.as_ref().and_then(|t| t.config.clone());
+    let base = with_config(default)
+        .or_else(|| g.servers.iter().find_map(with_config))
         .ok_or("no certificate for the listen address")?;
     let mut tls = rustls::ServerConfig::builder_with_provider(base.crypto_provider().clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
