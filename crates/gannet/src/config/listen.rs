@@ -86,6 +86,17 @@ pub enum SoKeepalive {
 }
 
 impl Listen {
+    /// Where an accepted connection arrived. A listen on a specific address already says
+    /// it: the getsockname() call (one of the handful of syscalls a short connection costs)
+    /// is made only for a wildcard address.
+    pub fn local_of(&self, stream: &std::net::TcpStream) -> SocketAddr {
+        if self.unix.is_none() && self.addr.ip().is_unspecified() {
+            stream.local_addr().unwrap_or(self.addr)
+        } else {
+            self.addr
+        }
+    }
+
     /// nginx's default when a server has no `listen`: *:80 (or *:8000 when not root).
     pub fn default_for_server() -> Listen {
         // SAFETY: geteuid has no preconditions and cannot fail.

@@ -14,11 +14,13 @@ use super::gateway::{Outcome, Tunnel};
 use super::grpc::Served;
 use super::request_body::Failed;
 use super::source::Source;
+use super::ConnInfo;
 use crate::config::ListenGroup;
 use crate::errlog::{self, Level};
 use crate::http::encoder::Encoder;
-use crate::http::handler::{self, Flow, Handled};
-use crate::http::request::{ConnInfo, Request};
+use crate::http::flow::{Flow, Handled};
+use crate::http::handler;
+use crate::http::request::Request;
 use crate::http::response::Response;
 use crate::http::router::select_server;
 use crate::modules::gateway::Streamed;
@@ -128,12 +130,12 @@ pub enum Reset {
 /// in absolute form, else the Host header's; lowercased, without port or trailing dot, as
 /// nginx's `ngx_http_validate_host`), `$host` (the server's name when none came).
 pub fn request(g: &ListenGroup, head: RequestHead, target: Target, info: ConnInfo) -> Request {
-    let mut host = match target.host.as_deref() {
+    // Both validated as nginx's `ngx_http_validate_host` (`gannet_proto`): the trailing
+    // dot is off already.
+    let host = match target.host.as_deref() {
         Some(h) => h.to_string(),
         None => head.host().map(lowercase).unwrap_or_default(),
     };
-    let kept = host.trim_end_matches('.').len();
-    host.truncate(kept);
     let server = select_server(&g.servers, g.default, &host).clone();
     let host = if host.is_empty() {
         server.primary_name.clone()
@@ -147,7 +149,7 @@ pub fn request(g: &ListenGroup, head: RequestHead, target: Target, info: ConnInf
 
 /// `$host` from the Host header's host part (without port or trailing dot): one String,
 /// lowercased in place.
-pub fn lowercase(host: &[u8]) -> String {
+fn lowercase(host: &[u8]) -> String {
     let mut s = String::from_utf8_lossy(host).into_owned();
     s.make_ascii_lowercase();
     s
@@ -203,8 +205,12 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
     }
     if ex.body_pending(req, &handled) {
         let wanted = matches!(handled, Handled::Gateway | Handled::Put);
-        // An unused body is read off, unless the client waits for 100-continue (it will
-        // not send it) or the answer is to close anyway.
+        // The body is read before the answer: kept for an application, else read off and
+        // dropped - unless nobody wants it and the client waits for 100-continue (it will
+        // not send it), or the answer is to close anyway. (HTTP/2 then reads off what
+        // comes after the answer; answering every unwanted body first would close the
+        // stream's sending side early, and a WINDOW_UPDATE overflow on it would then go
+        // unanswered, which h2spec 6.9.1 checks.)
         if !wanted && (req.head.expect_continue || matches!(handled, Handled::Close)) {
             keep = false;
         } else {

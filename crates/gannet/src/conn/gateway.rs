@@ -56,7 +56,7 @@ use super::body::{BodyError, BodySource};
 use super::request_body::{BodyFile, RequestBody};
 use super::spool::Spool;
 use crate::errlog::{self, Level};
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use crate::http::request::UpstreamTry;
 use crate::http::response::{Body, Response};

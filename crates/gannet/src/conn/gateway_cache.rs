@@ -25,7 +25,7 @@ use crate::cache::key::{self, Hash};
 use crate::cache::store::{self, Fetching};
 use crate::cache::{now_secs, validity, Status, Zone};
 use crate::errlog::{self, Level};
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use crate::http::response::{Body, FileRange, Part};
 use crate::modules::gateway::{self, GatewayConf, Proto};
@@ -294,7 +294,7 @@ fn background_update(req: &Request, fetch: Fetching) -> bool {
     copy.uri_changed = req.uri_changed;
     copy.cache_background = true;
     tokio::task::spawn_local(async move {
-        super::mirror::run(&w, copy, crate::http::handler::Flow::Next).await;
+        super::mirror::run(&w, copy, crate::http::flow::Flow::Next).await;
         drop(fetch);
     });
     true

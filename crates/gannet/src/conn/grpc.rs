@@ -24,7 +24,8 @@ use super::gateway::{self as gw, Failure, Via, CONNECTING, READING, READING_HEAD
 use super::h2_response::{self, Out};
 use super::request_body::RequestBody;
 use crate::errlog::{self, Level};
-use crate::http::handler::{self, Flow};
+use crate::http::flow::Flow;
+use crate::http::handler;
 use crate::http::request::Request;
 use crate::http::response::{Body, Response};
 use crate::modules::gateway::{Backend, Proto};

@@ -26,9 +26,10 @@ use super::request_body::Failed;
 use super::source::Source;
 use super::tls_stream::TlsStream;
 use super::transport::{Plain, Transport};
+use super::ConnInfo;
 use crate::errlog::Level;
-use crate::http::handler::{Flow, Handled};
-use crate::http::request::{ConnInfo, Request};
+use crate::http::flow::{Flow, Handled};
+use crate::http::request::Request;
 use crate::http::response::{encode_head, Body, HeadCtx, Hop, Part, Response};
 use crate::modules::gateway::Streamed;
 use crate::modules::{headers, limit_rate};
@@ -97,15 +98,7 @@ enum End {
 /// Serve one accepted connection until it closes or parks.
 pub async fn serve(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, group: usize) {
     let g = &w.config.listens[group];
-    // A listen on a specific address already says where the connection arrived: spare
-    // the getsockname() call (one of the handful of syscalls a short connection costs).
-    let local = if g.listen.unix.is_some() {
-        g.listen.addr
-    } else if g.listen.addr.ip().is_unspecified() {
-        stream.local_addr().unwrap_or(g.listen.addr)
-    } else {
-        g.listen.addr
-    };
+    let local = g.listen.local_of(&stream);
     // client_header_timeout runs from here, through a PROXY protocol header and a TLS
     // handshake, to the end of the first request's head, as nginx's one timer does.
     let born = Instant::now();

@@ -1,9 +1,8 @@
 //! HTTP/2 connections: ALPN `h2` on TLS addresses, and prior-knowledge h2c on cleartext
 //! ones (the HTTP/1.x loop hands over a connection that opens with the HTTP/2 preface).
 //! The `h2` crate does the framing, HPACK, flow control and the protocol's abuse limits;
-//! each stream is a local task that runs the same request pipeline as HTTP/1.x
-//! (`http::handler`, applications through `conn::gateway`) and answers through
-//! `conn::h2_response`. A request body is read whole before it goes to an application,
+//! each stream is a local task that runs the same exchange as HTTP/1.x (`conn::exchange`,
+//! through `H2Exchange`) and answers through `conn::h2_response`. A request body is read whole before it goes to an application,
 //! but with `*_request_buffering off`, where it is passed on as its DATA frames come (each
 //! frame's window given back once it is taken, so the client sends no faster than the
 //! upstream reads); a body nobody wants is read off before the answer, or after it when
@@ -26,9 +25,10 @@ use super::h2_flood::{Flood, FloodGuard};
 use super::h2_response;
 use super::request_body::Failed;
 use super::source::Source;
+use super::ConnInfo;
 use crate::errlog::{self, Level};
-use crate::http::handler::Handled;
-use crate::http::request::{ConnInfo, Request};
+use crate::http::flow::Handled;
+use crate::http::request::Request;
 use crate::http::response::Response;
 use crate::modules::gateway::Streamed;
 use crate::modules::LocConf;

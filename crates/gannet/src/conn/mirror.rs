@@ -8,7 +8,8 @@
 //! gannet starts it with the answer, as its own task.
 
 use super::gateway::{self, Outcome};
-use crate::http::handler::{self, Flow, Handled};
+use crate::http::flow::{Flow, Handled};
+use crate::http::handler;
 use crate::http::request::Request;
 use crate::runtime::worker::Worker;
 use std::rc::Rc;

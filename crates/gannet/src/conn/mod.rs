@@ -1,4 +1,6 @@
-//! Client connections: the HTTP/1.x connection loop (and HTTP/2's, over TLS or h2c), the
+//! Client connections: one request's exchange written once for every protocol
+//! (`exchange`, which each protocol joins through a small adapter), the HTTP/1.x
+//! connection loop (and HTTP/2's, over TLS or h2c), the
 //! streams they run on (cleartext or TLS), the ways a body leaves the process
 //! (whole, or streamed from a `source`), request bodies (kept in memory or a temporary
 //! file, or passed on as they arrive), the exchange with a FastCGI, SCGI or uwsgi
@@ -15,6 +17,7 @@ pub mod h2_flood;
 pub mod h2_response;
 pub mod h3;
 pub mod health;
+pub mod info;
 pub mod log;
 pub mod mirror;
 pub mod pace;
@@ -31,6 +34,8 @@ pub mod temp_file;
 pub mod tls_stream;
 pub mod transport;
 pub mod tunnel;
+
+pub use info::ConnInfo;
 
 /// A future made straight into its heap slot. `Box::pin(make())` builds the future on the
 /// stack and then copies all of it into the box - its whole size (about 6 KiB for a

@@ -17,8 +17,8 @@
 //! only what its first read got, so a header split across TCP segments is "broken" there;
 //! gannet waits for the rest, within `client_header_timeout`.
 
+use super::ConnInfo;
 use crate::errlog::{self, Level};
-use crate::http::request::ConnInfo;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::AsRawFd;

@@ -10,7 +10,8 @@
 
 use super::gateway::{self, Outcome, Streaming};
 use super::source::Source;
-use crate::http::handler::{self, Flow, Handled};
+use crate::http::flow::{Flow, Handled};
+use crate::http::handler;
 use crate::http::request::Request;
 use crate::http::response::Response;
 use crate::modules::auth_request::{self, Answer, Subrequest};

@@ -6,6 +6,7 @@ pub mod cidr;
 pub mod compress;
 pub mod conditional;
 pub mod encoder;
+pub mod flow;
 pub mod handler;
 pub mod regex;
 pub mod request;

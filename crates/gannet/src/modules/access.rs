@@ -21,7 +21,7 @@ use super::auth_request::{self, Subrequest};
 use super::{LoadCtx, LocConf};
 use crate::errlog::Level;
 use crate::http::cidr::{self, Cidr};
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{ConfError, Directive};

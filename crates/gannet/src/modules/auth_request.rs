@@ -16,7 +16,7 @@
 
 use super::{LoadCtx, LocConf};
 use crate::errlog::{self, Level};
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use crate::http::user_vars::{self, UserVar};
 use crate::http::variables::Template;

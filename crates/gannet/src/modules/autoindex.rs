@@ -5,7 +5,7 @@
 //! ("other" in xml and json, as nginx's lstat() fallback).
 
 use super::{inherit, invalid, LoadCtx, LocConf};
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use crate::http::response::{Body, Response};
 use gannet_conf::registry::{Args, Ctx, Spec};

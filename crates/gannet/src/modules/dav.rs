@@ -12,7 +12,7 @@ use super::{LoadCtx, LocConf};
 use crate::conn::request_body::{self, BodyFile, RequestBody};
 use crate::errlog::errno_text;
 use crate::errlog::{self, Level};
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use crate::http::response::Response;
 use gannet_conf::registry::{Args, Ctx, Spec};

@@ -7,14 +7,13 @@
 
 use super::static_files;
 use super::{LoadCtx, LocConf};
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use crate::http::response::{Body, FileRange, Part};
 use crate::runtime::worker::Worker;
 use bytes::Bytes;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{ConfError, Directive};
-use gannet_proto::h1::Method;
 
 pub const DIRECTIVES: &[Spec] = &[Spec {
     name: "flv",
@@ -33,21 +32,10 @@ pub fn set(_d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), C
 
 /// nginx's `ngx_http_flv_handler`.
 pub fn handle(req: &Request, w: &Worker) -> Flow {
-    if !matches!(req.method(), Method::Get | Method::Head) {
-        return Flow::Status(405);
-    }
-    if req.uri.ends_with('/') {
-        return Flow::Next;
-    }
-    let path = req.filename_for(&req.uri);
-    let f = match req.open_file(w, &path) {
+    let f = match static_files::open_media(req, w) {
         Ok(f) => f,
-        Err(kind) => return Flow::Status(static_files::file_error(req, kind, &path)),
+        Err(flow) => return *flow,
     };
-    if !f.is_file {
-        // A directory: the static handler's redirect to its slash form.
-        return Flow::Next;
-    }
     let mut r = static_files::file_response(req, &f);
     // nginx's `ngx_atoof`: digits only; 0, anything else or past the end: the whole file.
     let start = req

@@ -4,7 +4,7 @@
 //! (404 when the directory itself is missing).
 
 use super::{inherit, LoadCtx, LocConf};
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use crate::http::variables::Template;
 use crate::runtime::worker::Worker;

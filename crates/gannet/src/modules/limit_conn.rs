@@ -13,7 +13,7 @@
 use super::limit_zone;
 use super::{LoadCtx, LocConf};
 use crate::errlog::{self, Level};
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use crate::http::variables::Template;
 use gannet_conf::registry::{Args, Ctx, Spec};

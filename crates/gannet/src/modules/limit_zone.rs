@@ -10,7 +10,7 @@
 
 use super::{limit_conn, limit_req, LoadCtx};
 use crate::errlog::Level;
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use gannet_conf::{setters, ConfError, Directive};
 use std::collections::HashMap;

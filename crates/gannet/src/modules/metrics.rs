@@ -8,7 +8,7 @@
 //! live in `runtime::metrics` (per worker thread, shared between processes, summed here).
 
 use super::{LoadCtx, LocConf};
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use crate::http::response::{Body, Response};
 use crate::runtime::conn_stats::Totals;

@@ -12,14 +12,13 @@ mod tables;
 use super::static_files;
 use super::{inherit, LoadCtx, LocConf};
 use crate::errlog::Level;
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use crate::http::response::{Body, FileRange, Part};
 use crate::runtime::worker::Worker;
 use bytes::Bytes;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};
-use gannet_proto::h1::Method;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
@@ -145,20 +144,10 @@ impl moov::Source for MemSrc<'_> {
 
 /// nginx's `ngx_http_mp4_handler`.
 pub fn handle(req: &Request, w: &Worker) -> Flow {
-    if !matches!(req.method(), Method::Get | Method::Head) {
-        return Flow::Status(405);
-    }
-    if req.uri.ends_with('/') {
-        return Flow::Next;
-    }
-    let path = req.filename_for(&req.uri);
-    let f = match req.open_file(w, &path) {
+    let f = match static_files::open_media(req, w) {
         Ok(f) => f,
-        Err(kind) => return Flow::Status(static_files::file_error(req, kind, &path)),
+        Err(flow) => return *flow,
     };
-    if !f.is_file {
-        return Flow::Next;
-    }
     let mut r = static_files::file_response(req, &f);
     // `start` and `end` as nginx reads them: a bad value counts as absent; an `end` alone
     // starts at 0; an `end` at or before `start` cuts nothing off the end.
@@ -184,6 +173,7 @@ pub fn handle(req: &Request, w: &Worker) -> Flow {
         buffer_size: c.buffer_size.unwrap_or(512 * 1024),
         max_buffer_size: c.max_buffer_size.unwrap_or(10 * 1024 * 1024),
     };
+    let path = req.filename_for(&req.uri);
     let name = path.to_string_lossy();
     let done = match &f.data {
         Some(d) => moov::process(&MemSrc(d), f.size, &name, &params),

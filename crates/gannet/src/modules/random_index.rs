@@ -5,7 +5,7 @@
 
 use super::{inherit, LoadCtx, LocConf};
 use crate::errlog::Level;
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{setters, ConfError, Directive};

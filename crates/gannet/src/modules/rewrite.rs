@@ -14,7 +14,7 @@ mod condition;
 
 use super::{LoadCtx, LocConf};
 use crate::errlog::{self, Level};
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use crate::http::response::{Body, Response};
 use crate::http::user_vars::{self, CapRegex, UserVar};

@@ -13,7 +13,7 @@ use super::file_cache::Policy;
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::errlog::Level;
 use crate::http::compress;
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use crate::http::response::{Body, FileRange, Part, Response};
 use crate::runtime::worker::Worker;
@@ -302,6 +302,27 @@ pub fn file_response(req: &Request, f: &super::file_cache::OpenFile) -> Response
         })]),
     };
     r
+}
+
+/// The regular file a pseudo-streaming handler (flv, mp4) serves, or what to answer instead:
+/// 405 for other methods than GET/HEAD, the next handler for a directory URI or a directory
+/// (the static handler's redirect), the open error's status.
+/// (Boxed: a `Flow` is large and this is the rare path.)
+pub fn open_media(req: &Request, w: &Worker) -> Result<super::file_cache::OpenFile, Box<Flow>> {
+    if !matches!(req.method(), Method::Get | Method::Head) {
+        return Err(Box::new(Flow::Status(405)));
+    }
+    if req.uri.ends_with('/') {
+        return Err(Box::new(Flow::Next));
+    }
+    let path = req.filename_for(&req.uri);
+    let f = req
+        .open_file(w, &path)
+        .map_err(|kind| Box::new(Flow::Status(file_error(req, kind, &path))))?;
+    if !f.is_file {
+        return Err(Box::new(Flow::Next));
+    }
+    Ok(f)
 }
 
 /// The status for a failed open, logged as nginx does (`open() "..." failed (2: ...)`).

@@ -5,7 +5,7 @@
 //! `$connections_waiting`. The counters are the whole server's (`runtime::conn_stats`).
 
 use super::{LoadCtx, LocConf};
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use crate::http::response::{Body, Response};
 use crate::runtime::conn_stats::Totals;

@@ -3,7 +3,7 @@
 //! an internal redirect to the last argument (a URI or `@name`), or answer with `=code`.
 
 use super::{LoadCtx, LocConf};
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use crate::http::variables::Template;
 use crate::runtime::worker::Worker;

@@ -9,6 +9,7 @@ pub mod clock;
 pub mod conn_stats;
 pub mod listener;
 pub mod log_reopen;
+pub mod malloc;
 pub mod master;
 pub mod metrics;
 pub mod notify;

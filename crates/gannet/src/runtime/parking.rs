@@ -10,7 +10,7 @@
 //! epoll calls of parking and waking.
 
 use super::metrics;
-use crate::http::request::ConnInfo;
+use crate::conn::ConnInfo;
 use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::TcpStream;

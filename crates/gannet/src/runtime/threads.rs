@@ -31,6 +31,7 @@ pub const MSG_REOPEN: u8 = b'R';
 
 /// Run the worker threads until they have drained; the process's exit code.
 pub fn run(config: Arc<Config>, sockets: Vec<WorkerSockets>, chan: Channel) -> i32 {
+    super::malloc::tune();
     let (tx, rx) = mpsc::channel::<Event>();
     let reader = {
         let tx = tx.clone();

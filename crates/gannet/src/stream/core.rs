@@ -336,15 +336,13 @@ pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketA
             l.ssl,
             l.proxy_protocol,
             l.unix.is_some(),
+            l.local_of(&stream),
         ))
     });
-    let Some((srv, ssl, pp, unix)) = found else {
+    let Some((srv, ssl, pp, unix, local)) = found else {
         w.connection_closed();
         return;
     };
-    let local = stream
-        .local_addr()
-        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let mut s = Session::new(Worker::next_conn_id(), peer, local, false);
     s.unix = unix;
     let session = async {

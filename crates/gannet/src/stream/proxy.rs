@@ -532,14 +532,13 @@ fn no_live(s: &mut Session, group: &Group) {
     s.status = 502;
 }
 
-/// Pick and connect, trying the next server on failure as `proxy_next_upstream` allows.
-/// Returns the connection and its attempt's index; `None`: `$status` is set.
-async fn connect_upstream(
-    w: &Rc<Worker>,
+/// What every upstream attempt starts from, TCP or UDP: the group (`$status` set when there
+/// is none), the value of its `hash` key and the local address `proxy_bind` gives.
+#[allow(clippy::type_complexity)]
+async fn choose_group(
     srv: &Server,
     s: &mut Session,
-) -> Option<(Conn, crate::upstream::Lease, Arc<Group>, usize)> {
-    let c = &srv.conf.proxy;
+) -> Option<(Arc<Group>, Option<String>, Option<(SocketAddr, bool)>)> {
     let group = match group_for(srv, s).await {
         Ok(g) => g,
         Err(status) => {
@@ -548,11 +547,23 @@ async fn connect_upstream(
         }
     };
     let hash = group.hash_key(s, &srv.maps);
+    let local = bind_for(srv, s).ok()?;
+    Some((group, hash, local))
+}
+
+/// Pick and connect, trying the next server on failure as `proxy_next_upstream` allows.
+/// Returns the connection and its attempt's index; `None`: `$status` is set.
+async fn connect_upstream(
+    w: &Rc<Worker>,
+    srv: &Server,
+    s: &mut Session,
+) -> Option<(Conn, crate::upstream::Lease, Arc<Group>, usize)> {
+    let c = &srv.conf.proxy;
+    let (group, hash, local) = choose_group(srv, s).await?;
     let key = Key {
         ip: Some(s.peer.ip()),
         hash: hash.as_deref().map(str::as_bytes),
     };
-    let local = bind_for(srv, s).ok()?;
     let mut tried = Tried::default();
     let start = Instant::now();
     loop {
@@ -1118,19 +1129,11 @@ async fn udp_upstream(
     srv: &Server,
     s: &mut Session,
 ) -> Option<(UdpSocket, crate::upstream::Lease, Arc<Group>, usize)> {
-    let group = match group_for(srv, s).await {
-        Ok(g) => g,
-        Err(status) => {
-            s.status = status;
-            return None;
-        }
-    };
-    let hash = group.hash_key(s, &srv.maps);
+    let (group, hash, local) = choose_group(srv, s).await?;
     let key = Key {
         ip: Some(s.peer.ip()),
         hash: hash.as_deref().map(str::as_bytes),
     };
-    let local = bind_for(srv, s).ok()?;
     let mut tried = Tried::default();
     loop {
         let Pick::Server(i, lease) = w.upstreams.pick(&group.group, &key, &tried, Instant::now())

@@ -12,8 +12,8 @@
 use super::TlsInfo;
 use crate::config::ListenGroup;
 use crate::conn::tls_stream::TlsStream;
+use crate::conn::ConnInfo;
 use crate::errlog::{self, Level};
-use crate::http::request::ConnInfo;
 use crate::http::router::select_server;
 use crate::modules::LocConf;
 use rustls::server::Acceptor;

@@ -7,7 +7,7 @@ use super::{
     rename_into_place, trim_slash,
 };
 use crate::errlog::{self, Level};
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use std::fs;
 use std::io;

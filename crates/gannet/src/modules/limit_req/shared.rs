@@ -14,7 +14,7 @@
 
 use super::{count, refuse, Limit, Refusal, ReqZone, ONE};
 use crate::errlog::{self, Level};
-use crate::http::handler::Flow;
+use crate::http::flow::Flow;
 use crate::http::request::Request;
 use crate::modules::limit_zone::Policy;
 use crate::modules::redis::Server;
