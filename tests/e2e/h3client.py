@@ -82,10 +82,18 @@ class _Client(QuicConnectionProtocol):
         return await fut
 
 
-async def _run(host, port, reqs, sni, timeout, info):
+async def _run(host, port, reqs, sni, timeout, info, tickets):
     cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, verify_mode=ssl.CERT_NONE, server_name=sni or host)
     cfg.idle_timeout = timeout
-    async with connect(host, port, configuration=cfg, create_protocol=_Client, wait_connected=True) as client:
+    early = False
+    if tickets:
+        # Resumed with the last ticket: the requests go in 0-RTT data when the ticket
+        # allows early data.
+        cfg.session_ticket = tickets[-1]
+        early = True
+    handler = tickets.append if tickets is not None else None
+    async with connect(host, port, configuration=cfg, create_protocol=_Client, wait_connected=not early,
+                       session_ticket_handler=handler) as client:
         q = client._quic
         if info is not None:
             # What the server said in its transport parameters and handshake, before any
@@ -105,10 +113,12 @@ async def _run(host, port, reqs, sni, timeout, info):
         )
 
 
-def fetch_many(port: int, reqs: list[tuple[str, str, dict | None, bytes | None]], host: str = "127.0.0.1", sni: str | None = None, timeout: float = 20.0, info: dict | None = None) -> list[Answer]:
+def fetch_many(port: int, reqs: list[tuple[str, str, dict | None, bytes | None]], host: str = "127.0.0.1", sni: str | None = None, timeout: float = 20.0, info: dict | None = None, tickets: list | None = None) -> list[Answer]:
     """Send every (method, path, headers, body) at once on one connection; `info`, when
-    given, is filled with what the handshake told (see `_run`)."""
-    return asyncio.run(_run(host, port, reqs, sni, timeout, info))
+    given, is filled with what the handshake told (see `_run`). `tickets`, when given,
+    collects the session tickets the server sends; when it holds one, the connection
+    resumes with it and sends its requests as 0-RTT data."""
+    return asyncio.run(_run(host, port, reqs, sni, timeout, info, tickets))
 
 
 def fetch(port: int, path: str, method: str = "GET", headers: dict | None = None, body: bytes | None = None, **kw) -> Answer:

@@ -386,3 +386,21 @@ def test_keepalive_requests_ends_the_connection_with_goaway(gannet, pki):
     assert wait_until(lambda: h3log(srv).count("GET /v HTTP/3.0|200") == 2)
     # A new connection is served again.
     assert h3client.fetch(port, "/v").status == 200
+
+
+@pytest.mark.parametrize("early", ["on", "off"])
+def test_0rtt_only_with_ssl_early_data_on(gannet, pki, early):
+    text, port = quic_conf(pki, f"""ssl_early_data {early};
+        location = /e {{ return 200 "early=$ssl_early_data|$ssl_session_reused\\n"; }}""")
+    srv = gannet.start(conf=text, port=port)
+    tickets: list = []
+    first = h3client.fetch(port, "/e", sni="localhost", tickets=tickets)
+    assert first.body.startswith(b"early=|")
+    assert tickets, "the server sent no session ticket"
+    assert (tickets[-1].max_early_data_size or 0) == (0xFFFFFFFF if early == "on" else 0)
+    again = h3client.fetch(port, "/e", sni="localhost", tickets=tickets)
+    assert again.status == 200
+    # Sent in 0-RTT data and answered before the handshake completed: "1", as nginx's
+    # $ssl_early_data; without ssl_early_data the request waits for the handshake.
+    assert again.body.startswith(b"early=1|" if early == "on" else b"early=|")
+    assert wait_until(lambda: h3log(srv).count("GET /e HTTP/3.0|200") == 2)

@@ -37,6 +37,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -88,12 +89,10 @@ pub async fn serve(w: Rc<Worker>, connecting: quinn::Connecting, group: usize) {
         born,
         pipelined: false,
     };
-    let conn =
-        match tokio::time::timeout(default.conf.core.client_header_timeout(), connecting).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return handshake_failed(&w, &info, e),
-            Err(_) => return handshake_failed(&w, &info, "client timed out"),
-        };
+    let (conn, early_data) = match handshake(connecting, &default).await {
+        Ok(c) => c,
+        Err(why) => return handshake_failed(&w, &info, why),
+    };
     let sni = conn
         .handshake_data()
         .and_then(|d| d.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
@@ -117,6 +116,7 @@ pub async fn serve(w: Rc<Worker>, connecting: quinn::Connecting, group: usize) {
         verified: Verified::None,
         client: None,
         by: by.clone(),
+        early_data,
     }));
     let (n, size) = default.conf.core.large_client_header_buffers();
     let mut builder = h3::server::builder();
@@ -201,6 +201,47 @@ pub async fn serve(w: Rc<Worker>, connecting: quinn::Connecting, group: usize) {
     }
     conn.close(quinn::VarInt::from_u32(0x100), b"");
     w.connection_closed();
+}
+
+/// The handshake, within `client_header_timeout`. With `ssl_early_data on` the connection
+/// is taken as soon as the client's first flight is in (its 0-RTT requests are served at
+/// once), with a flag that says the handshake is not complete yet.
+async fn handshake(
+    mut connecting: quinn::Connecting,
+    default: &crate::config::ServerConf,
+) -> Result<(quinn::Connection, Option<Arc<AtomicBool>>), String> {
+    let timeout = default.conf.core.client_header_timeout();
+    if default.conf.tls.early_data() {
+        // The ClientHello first: the SNI name must be known before any request is.
+        match tokio::time::timeout(timeout, connecting.handshake_data()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err("client timed out".to_string()),
+        }
+        match connecting.into_0rtt() {
+            Ok((conn, done)) => {
+                let early = Arc::new(AtomicBool::new(true));
+                let flag = early.clone();
+                let watched = conn.clone();
+                tokio::task::spawn_local(async move {
+                    // Complete or failed (quinn closes a failed one): either way no longer
+                    // in early data. One not done in time is closed, as without 0-RTT.
+                    let finished = tokio::time::timeout(timeout, done).await;
+                    flag.store(false, Ordering::Relaxed);
+                    if finished.is_err() {
+                        watched.close(quinn::VarInt::from_u32(0x100), b"");
+                    }
+                });
+                return Ok((conn, Some(early)));
+            }
+            Err(c) => connecting = c,
+        }
+    }
+    match tokio::time::timeout(timeout, connecting).await {
+        Ok(Ok(c)) => Ok((c, None)),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("client timed out".to_string()),
+    }
 }
 
 fn handshake_failed(w: &Worker, info: &ConnInfo, why: impl std::fmt::Display) {

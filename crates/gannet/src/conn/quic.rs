@@ -15,8 +15,10 @@
 //! TLS is 1.3 only with ALPN `h3`: the SNI name picks the server (`select_server`, the
 //! default server for an unknown name) whose certificates answer, as on the TCP listener;
 //! a server with `http3 off` or `ssl_reject_handshake on` refuses the handshake. Session
-//! resumption uses the default server's cache and ticket keys. Not yet: 0-RTT
-//! (`ssl_early_data`), client certificates (`ssl_verify_client`; requests to a server that
+//! resumption uses the default server's cache and ticket keys, and with its `ssl_early_data
+//! on`, a resumed client's 0-RTT requests are served before the handshake completes
+//! (`$ssl_early_data` is "1" for them, as nginx). Not yet: client certificates
+//! (`ssl_verify_client`; requests to a server that
 //! requires one are answered 496), and routing a migrated connection's packets to the
 //! worker that owns it (a client that changes address reaches another worker's socket).
 
@@ -112,11 +114,22 @@ fn setup(
             group,
         }));
     tls.alpn_protocols = vec![b"h3".to_vec()];
-    tls.session_storage = base.session_storage.clone();
-    tls.ticketer = base.ticketer.clone();
-    tls.send_tls13_tickets = base.send_tls13_tickets;
-    // No 0-RTT (yet): quinn needs 0 or u32::MAX here.
-    tls.max_early_data_size = 0;
+    if default.conf.tls.early_data() {
+        // `ssl_early_data on`: 0-RTT (quinn takes 0 or u32::MAX here; QUIC's flow control
+        // bounds what comes early). rustls takes early data only on a session resumed from
+        // its cache, each ticket once (RFC 8446 8.1: a replayed first flight is refused),
+        // so no stateless tickets here, and a cache even without `ssl_session_cache`.
+        tls.max_early_data_size = u32::MAX;
+        tls.session_storage = if base.session_storage.can_cache() {
+            base.session_storage.clone()
+        } else {
+            early_data_cache()
+        };
+    } else {
+        tls.session_storage = base.session_storage.clone();
+        tls.ticketer = base.ticketer.clone();
+        tls.send_tls13_tickets = base.send_tls13_tickets;
+    }
     let crypto =
         quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
 
@@ -172,6 +185,19 @@ pub fn default_host_key() -> &'static [u8] {
         k
     })
 }
+
+/// The sessions 0-RTT resumes from when the server has no `ssl_session_cache`: one cache
+/// for the process, so a client that reconnects (from another port, so maybe to another
+/// worker thread) finds its session.
+fn early_data_cache() -> Arc<dyn rustls::server::StoresServerSessions> {
+    static CACHE: OnceLock<Arc<rustls::server::ServerSessionMemoryCache>> = OnceLock::new();
+    CACHE
+        .get_or_init(|| rustls::server::ServerSessionMemoryCache::new(EARLY_DATA_SESSIONS))
+        .clone()
+}
+
+/// How many sessions [`early_data_cache`] keeps (about 100 bytes each).
+const EARLY_DATA_SESSIONS: usize = 10_000;
 
 /// The certificate for a QUIC handshake: that of the server the SNI name picks.
 #[derive(Debug)]
