@@ -404,3 +404,30 @@ def test_0rtt_only_with_ssl_early_data_on(gannet, pki, early):
     # $ssl_early_data; without ssl_early_data the request waits for the handshake.
     assert again.body.startswith(b"early=1|" if early == "on" else b"early=|")
     assert wait_until(lambda: h3log(srv).count("GET /e HTTP/3.0|200") == 2)
+
+
+def test_access_rules_limits_redirects_and_error_pages(gannet, pki):
+    """The phases run as over HTTP/1.x and HTTP/2 (one exchange for all): access rules,
+    limit_req, rewrites with their redirects, error_page."""
+    text, port = quic_conf(pki, """
+        location /private/ { deny all; }
+        location /limited/ { limit_req zone=one nodelay; }
+        location = /old { return 301 /new; }
+        location = /gone { return 410; }
+        error_page 410 /gone.html;
+        location = /gone.html { internal; return 200 "custom gone\\n"; }
+    """, http="limit_req_zone $binary_remote_addr zone=one:1m rate=1r/m;")
+    srv = gannet.start(conf=text, files={"limited/a": "a\n", "limited/b": "b\n"}, port=port)
+    private, first, second, old, gone = h3client.fetch_many(port, [
+        ("GET", "/private/x", None, None),
+        ("GET", "/limited/a", None, None),
+        ("GET", "/limited/b", None, None),
+        ("GET", "/old", None, None),
+        ("GET", "/gone", None, None),
+    ], sni="localhost")
+    assert private.status == 403
+    assert sorted([first.status, second.status]) == [200, 503]
+    assert old.status == 301 and old.headers["location"] == f"https://localhost:{port}/new"
+    assert gone.status == 410 and gone.body == b"custom gone\n"
+    assert wait_until(lambda: "GET /private/x HTTP/3.0|403" in h3log(srv))
+    assert "access forbidden by rule" in srv.error_log()
