@@ -93,12 +93,14 @@ pub async fn serve(w: Rc<Worker>, connecting: quinn::Connecting, group: usize) {
         Ok(c) => c,
         Err(why) => return handshake_failed(&w, &info, why),
     };
-    let sni = conn
+    let hs = conn
         .handshake_data()
-        .and_then(|d| d.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
-        .and_then(|d| d.server_name)
-        .map(|n| n.to_ascii_lowercase())
-        .unwrap_or_default();
+        .and_then(|d| d.downcast::<super::quic_session::Handshake>().ok());
+    let (sni, offered) = match hs {
+        Some(h) => (h.server_name.unwrap_or_default(), h.offered),
+        None => (String::new(), None),
+    };
+    let sni = sni.to_ascii_lowercase();
     let chosen = select_server(&g.servers, g.default, &sni);
     let Some(by) = chosen.tls.as_ref().or(default.tls.as_ref()) else {
         return handshake_failed(&w, &info, "no certificate for the listen address");
@@ -111,7 +113,8 @@ pub async fn serve(w: Rc<Worker>, connecting: quinn::Connecting, group: usize) {
         curve: "",
         server_name: sni,
         alpn: "h3".to_string(),
-        offered: Default::default(),
+        offered: offered.unwrap_or_default(),
+        // quinn does not say whether the session was resumed.
         reused: false,
         verified: Verified::None,
         client: None,

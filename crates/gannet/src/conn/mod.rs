@@ -23,6 +23,7 @@ pub mod mirror;
 pub mod pace;
 pub mod proxy_protocol;
 pub mod quic;
+pub mod quic_session;
 pub mod request_body;
 pub mod send;
 pub mod slice;

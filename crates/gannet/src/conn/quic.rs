@@ -132,6 +132,7 @@ fn setup(
     }
     let crypto =
         quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let crypto = super::quic_session::Observed(Arc::new(crypto));
 
     let host_key: &[u8] = match &h3.host_key {
         Some(k) => k,
@@ -219,6 +220,7 @@ impl ResolvesServerCert for SniCerts {
             .server_name()
             .map(str::to_ascii_lowercase)
             .unwrap_or_default();
+        super::quic_session::note_hello(&hello);
         let chosen = select_server(&g.servers, g.default, &sni);
         if !chosen.conf.http3.enabled() {
             errlog::log(

@@ -84,6 +84,13 @@ impl Offered {
             groups: hello.named_groups().unwrap_or_default().into(),
         }
     }
+
+    pub fn copy(&self) -> Offered {
+        Offered {
+            ciphers: self.ciphers.clone(),
+            groups: self.groups.clone(),
+        }
+    }
 }
 
 impl TlsInfo {
