@@ -15,8 +15,8 @@
 # Module selection: nginx-tests reads `BINARY -V` to skip the tests of modules a binary lacks.
 # Debian's nginx is given through a wrapper that answers `-V` with gannet's list (gannet
 # prints nginx's layout, see docs/running.md), so both servers run exactly the same tests;
-# Debian's own list also names dynamic modules it does not ship (mail...); its stream
-# module (libnginx-mod-stream) is loaded for nginx's run.
+# Debian's own list also names dynamic modules it does not ship; its stream and mail
+# modules (libnginx-mod-stream, libnginx-mod-mail) are loaded for nginx's run.
 # As root the suite runs as `nobody`, as nginx-tests expects an unprivileged user (a root
 # nginx's workers become `nobody` and cannot read the suite's private temp dirs).
 # Each file runs under `timeout` (its whole process group: the test, its server, its
@@ -84,11 +84,12 @@ if [ "$(id -u)" -eq 0 ]; then as_user=(runuser -u nobody --); fi
 for server in ${SERVERS-nginx gannet}; do
   rm -rf "${work:?}/$server"
   bin="$work/debian-nginx"; [ $server = gannet ] && bin="$gannet"
-  # Debian builds stream as a dynamic module: loaded for nginx's run (the suite puts
-  # TEST_NGINX_GLOBALS in every config's main context); gannet has it built in.
+  # Debian builds stream and mail as dynamic modules: loaded for nginx's run (the suite
+  # puts TEST_NGINX_GLOBALS in every config's main context); gannet has them built in.
   globals=""
-  stream_so=/usr/lib/nginx/modules/ngx_stream_module.so
-  if [ $server = nginx ] && [ -f $stream_so ]; then globals="load_module $stream_so;"; fi
+  for so in /usr/lib/nginx/modules/ngx_stream_module.so /usr/lib/nginx/modules/ngx_mail_module.so; do
+    if [ $server = nginx ] && [ -f $so ]; then globals="$globals load_module $so;"; fi
+  done
   mkdir -p "$work/$server"; chmod 777 "$work/$server"
   echo "==> $server: ${#files[@]} files, prove -j$jobs, ${timeout}s per file" >&2
   (cd "$suite" && "${as_user[@]}" env TEST_NGINX_BINARY="$bin" TEST_NGINX_GLOBALS="$globals" TIMEOUT="$timeout" \

@@ -42,7 +42,8 @@ def pebble_certs() -> Path | None:
 
 
 class Pebble:
-    def __init__(self, tmp: Path, http_port: int, validity: int | None = None, port: int | None = None, extra: dict | None = None):
+    def __init__(self, tmp: Path, http_port: int, validity: int | None = None, port: int | None = None, extra: dict | None = None,
+                 env: dict | None = None):
         certs = pebble_certs()
         self.port, self.mgmt = port or free_port(), free_port()
         self.minica = certs / "pebble.minica.pem"
@@ -63,9 +64,10 @@ class Pebble:
         conf["pebble"].update(extra or {})
         path = tmp / "pebble.json"
         path.write_text(json.dumps(conf))
+        extra_env = env or {}
         env = {k: v for k, v in os.environ.items() if k != "PEBBLE_VA_ALWAYS_VALID"}
         # No random validation delay and no rejected nonces: the tests wait for states.
-        env.update(PEBBLE_VA_NOSLEEP="1", PEBBLE_WFE_NONCEREJECT="0")
+        env.update(PEBBLE_VA_NOSLEEP="1", PEBBLE_WFE_NONCEREJECT="0", **extra_env)
         self.log_path = tmp / "pebble.log"
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([pebble_bin(), "-config", str(path)], stdout=self.log, stderr=subprocess.STDOUT, env=env)
@@ -78,9 +80,9 @@ class Pebble:
     def directory(self) -> str:
         return f"https://127.0.0.1:{self.port}/dir"
 
-    def fetch_root(self) -> bytes:
+    def fetch_root(self, n: int = 0) -> bytes:
         ctx = ssl.create_default_context(cafile=str(self.minica))
-        with urllib.request.urlopen(f"https://127.0.0.1:{self.mgmt}/roots/0", context=ctx, timeout=10) as r:
+        with urllib.request.urlopen(f"https://127.0.0.1:{self.mgmt}/roots/{n}", context=ctx, timeout=10) as r:
             return r.read()
 
     def set_renewal_window(self, cert_pem: str, start: str, end: str):
@@ -492,6 +494,7 @@ def test_challenge_answered_whatever_the_locations_say(gannet, pebble, http_port
     ("acme_issuer x { uri https://a.test/d; external_account_key k data:!!; }", '"external_account_key" directive invalid base64url encoded value'),
     ("acme_issuer x { uri https://a.test/d; profile p maybe; }", 'invalid parameter "maybe"'),
     ("acme_issuer x { uri https://a.test/d; common_name_in_csr yes; }", 'it must be "on" or "off"'),
+    ("acme_issuer x { uri https://a.test/d; ssl_verify maybe; }", 'invalid value "maybe" in "ssl_verify" directive'),
     ("acme_certificate x;", '"acme_certificate" directive is not allowed here'),
 ])
 def test_issuer_config_errors(gannet, directive, error):
@@ -515,3 +518,131 @@ def test_certificate_config_errors(gannet):
     r = gannet.check(http="acme_issuer a { uri https://a.test/d; }",
                      server='server_name ""; acme_certificate a;')
     assert r.returncode != 0 and 'no identifiers found in "server_name"' in r.stderr, r.stderr
+
+
+def test_ssl_verify_off_and_ecdsa_384_key(gannet, pebble, http_port):
+    """`ssl_verify off`: the CA's HTTPS certificate (Pebble's, signed by its minica) is not
+    checked, so no `ssl_trusted_certificate` is needed; with the default `ssl_verify on`
+    and only the system's CAs, the same CA is refused and the failure logged. The
+    certificate's key is `key=ecdsa:384`."""
+    tls_port = free_port()
+    base = render(pebble, tls_port).replace(f"ssl_trusted_certificate {pebble.minica};", "")
+    srv = gannet.start(conf=base, port=http_port)
+    wait_port(tls_port, srv.proc)
+    assert wait_until(lambda: "retrying in 10s" in srv.error_log(), deadline=30), srv.error_log()
+    assert s_client(tls_port, pebble.root).returncode != 0
+    srv.stop()
+    conf = (base.replace("accept_terms_of_service;", "accept_terms_of_service; ssl_verify off;")
+            .replace("acme_certificate pebble;", "acme_certificate pebble key=ecdsa:384;"))
+    srv = gannet.start(conf=conf, port=http_port)
+    wait_port(tls_port, srv.proc)
+    leaf = wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=60, every=0.5)
+    assert leaf, srv.error_log()
+    text = subprocess.run(["openssl", "x509", "-noout", "-text"], input=(leaf + "-----END CERTIFICATE-----\n").encode(),
+                          capture_output=True).stdout.decode()
+    assert "secp384r1" in text or "P-384" in text, text
+
+
+def test_preferred_chain(gannet, tmp_path, http_port):
+    """Pebble with an alternate root offers two chains for each certificate: with
+    `preferred_chain` naming the alternate root's common name, the chain served verifies
+    against that root and not against the default one; without it, the default chain."""
+    need_pebble()
+    pebble = Pebble(tmp_path, http_port, env={"PEBBLE_ALTERNATE_ROOTS": "1"})
+    try:
+        alt_root = tmp_path / "alt-root.pem"
+        alt_root.write_bytes(pebble.fetch_root(1))
+        subject = subprocess.run(["openssl", "x509", "-noout", "-subject", "-nameopt", "multiline"], input=alt_root.read_bytes(),
+                                 capture_output=True).stdout.decode()
+        cn = next(l.split("=", 1)[1].strip() for l in subject.splitlines() if "commonName" in l)
+        tls_port = free_port()
+        conf = render(pebble, tls_port).replace("accept_terms_of_service;", f'accept_terms_of_service; preferred_chain "{cn}";')
+        srv = gannet.start(conf=conf, port=http_port)
+        wait_port(tls_port, srv.proc)
+        assert wait_until(lambda: served_leaf(tls_port, alt_root), deadline=60, every=0.5), srv.error_log()
+        assert served_leaf(tls_port, pebble.root) is None
+        srv.stop()
+        # The same CA without the directive: the default chain.
+        conf = render(pebble, tls_port).replace("state_path {tmp}/acme;", "state_path {tmp}/acme2;")
+        srv = gannet.start(conf=conf, port=http_port)
+        wait_port(tls_port, srv.proc)
+        assert wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=60, every=0.5), srv.error_log()
+        assert served_leaf(tls_port, alt_root) is None
+    finally:
+        pebble.stop()
+
+
+def test_account_key_file(gannet, pebble, http_port, tmp_path):
+    """`account_key FILE`: the account is made with that (PKCS#8 P-256) key, read as the
+    config loads; no key of gannet's own is generated into the state folder."""
+    key = tmp_path / "account.pem"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(key)],
+                   check=True, capture_output=True)
+    tls_port = free_port()
+    conf = render(pebble, tls_port).replace("accept_terms_of_service;", f"accept_terms_of_service; account_key {key};")
+    srv = gannet.start(conf=conf, port=http_port)
+    wait_port(tls_port, srv.proc)
+    assert wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=60, every=0.5), srv.error_log()
+    assert not (srv.tmp / "acme" / "account.key").exists()
+
+
+@pytest.mark.parametrize("directive,stored", [
+    ("account_key ecdsa:384;", "ASN1 OID: secp384r1"),
+    ("account_key rsa:2048;", "Private-Key: (2048 bit"),
+])
+def test_account_key_types(gannet, pebble, http_port, directive, stored):
+    """`account_key ecdsa:384` / `rsa:2048`: the account is made with a key of that type
+    (JWS ES384 / RS256, Pebble checking every signature), kept in the state folder and
+    used again after a restart."""
+    tls_port = free_port()
+    conf = render(pebble, tls_port).replace("accept_terms_of_service;", f"accept_terms_of_service; {directive}")
+    srv = gannet.start(conf=conf, port=http_port)
+    wait_port(tls_port, srv.proc)
+    assert wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=60, every=0.5), srv.error_log()
+    key = srv.tmp / "acme" / "account.key"
+    text = subprocess.run(["openssl", "pkey", "-in", str(key), "-noout", "-text"], capture_output=True, text=True).stdout
+    assert stored in text, text
+    url = (srv.tmp / "acme" / "account.url").read_text()
+    srv.stop()
+    # A new certificate (another key type) after a restart is ordered with the same account.
+    conf = conf.replace("acme_certificate pebble;", "acme_certificate pebble key=rsa:2048;")
+    srv = gannet.start(conf=conf, port=http_port)
+    wait_port(tls_port, srv.proc)
+    assert wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=60, every=0.5), srv.error_log()
+    assert (srv.tmp / "acme" / "account.url").read_text() == url
+    assert pebble.orders() == 2
+
+
+def test_account_key_rsa_file_with_external_account_binding(gannet, tmp_path, http_port):
+    """An RSA key file as the account key, at a CA that requires external account binding:
+    the binding names the RSA key (Pebble checks it), and the certificate comes."""
+    need_pebble()
+    pebble = Pebble(tmp_path, http_port, extra={"externalAccountBindingRequired": True,
+                                                "externalAccountMACKeys": {"kid-1": EAB_KEY}})
+    try:
+        key = tmp_path / "account.pem"
+        subprocess.run(["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(key)],
+                       check=True, capture_output=True)
+        tls_port = free_port()
+        conf = render(pebble, tls_port).replace(
+            "accept_terms_of_service;", f"accept_terms_of_service; account_key {key}; external_account_key kid-1 data:{EAB_KEY};")
+        srv = gannet.start(conf=conf, port=http_port)
+        wait_port(tls_port, srv.proc)
+        assert wait_until(lambda: served_leaf(tls_port, pebble.root), deadline=60, every=0.5), \
+            srv.error_log() + pebble.log_path.read_text()[-3000:]
+    finally:
+        pebble.stop()
+
+
+def test_account_key_config_errors(gannet, tmp_path):
+    dsa = tmp_path / "dsa.pem"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "ED25519", "-out", str(dsa)], check=True, capture_output=True)
+    for directive, error in [
+        (f"account_key {dsa};", f'cannot load account key "{dsa}": unsupported account key type'),
+        ("account_key ecdsa:512;", f'cannot load account key "{tmp_path}'),
+        (f"account_key {tmp_path}/nope.pem;", f'cannot load account key "{tmp_path}/nope.pem"'),
+        (f"ssl_trusted_certificate {tmp_path}/nope.pem;", "trusted certificate"),
+        ("preferred_chain;", 'invalid number of arguments in "preferred_chain"'),
+    ]:
+        r = gannet.check(http=f"acme_issuer x {{ uri https://a.test/d; {directive} }}")
+        assert r.returncode != 0 and error in r.stderr and "check.conf:" in r.stderr, (directive, r.stderr)

@@ -233,10 +233,10 @@ def traced_by(pid: int) -> bool:
     return all(tracer(t) != 0 for t in os.listdir(f"/proc/{pid}/task"))
 
 
-def trace_worker(pid: int, out):
-    """strace attached to all the worker's threads, tracing splice(2); returns it once
-    attached."""
-    proc = subprocess.Popen(["strace", "-f", "-qq", "-e", "trace=splice", "-o", str(out), "-p", str(pid)],
+def trace_worker(pid: int, out, calls: str = "splice"):
+    """strace attached to all the worker's threads, tracing `calls` (splice(2)); returns it
+    once attached."""
+    proc = subprocess.Popen(["strace", "-f", "-qq", "-e", f"trace={calls}", "-o", str(out), "-p", str(pid)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert wait_until(lambda: traced_by(pid)), "strace did not attach"
     return proc
@@ -269,6 +269,43 @@ def test_splice_is_used(gannet, tmp_path, extra, used):
         assert any("SPLICE_F_MOVE|SPLICE_F_NONBLOCK" in l for l in calls), calls[:5]
     else:
         assert calls == []
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/strace"), reason="needs strace")
+def test_short_exchange_is_copied_bulk_spliced(gannet, tmp_path):
+    """With `proxy_splice on` a direction is copied until a read fills the buffer: a 1 KB
+    exchange makes no pipe and no splice(2) call, while in the same session a 1 MB answer
+    is spliced; the bytes and counts are the same either way."""
+    small, data = pattern(1 << 10, b"s"), pattern(1 << 20, b"B")
+    back = Bulk(small)
+    p = free_port()
+    srv = gannet.start(conf=conf(f"server {{ listen 127.0.0.1:{p}; proxy_pass 127.0.0.1:{back.port};"
+                                 " proxy_half_close on; proxy_splice on; }"))
+    out = tmp_path / "trace"
+    tracer = trace_worker(srv.worker_pid(), out, "splice,pipe2")
+    try:
+        with socket.create_connection(("127.0.0.1", p), timeout=30) as s:
+            s.sendall(small)
+            s.shutdown(socket.SHUT_WR)
+            assert read_to_eof(s) == (len(small), hashlib.sha256(small).hexdigest())
+        assert wait_until(lambda: len(log_lines(srv.tmp, 1)) == 1)
+    finally:
+        tracer.send_signal(signal.SIGINT)
+        tracer.wait(10)
+    assert fields(log_lines(srv.tmp, 1)[0])[2:5] == ["200", str(len(small)), str(len(small))]
+    assert [l for l in out.read_text().splitlines() if "splice(" in l or "pipe2(" in l] == []
+    back.down = data
+    tracer = trace_worker(srv.worker_pid(), out, "splice,pipe2")
+    try:
+        with socket.create_connection(("127.0.0.1", p), timeout=30) as s:
+            s.sendall(small)
+            s.shutdown(socket.SHUT_WR)
+            assert read_to_eof(s) == (len(data), hashlib.sha256(data).hexdigest())
+    finally:
+        tracer.send_signal(signal.SIGINT)
+        tracer.wait(10)
+    text = out.read_text()
+    assert "pipe2(" in text and "SPLICE_F_MOVE|SPLICE_F_NONBLOCK" in text, text[:500]
+
 
 def test_config_errors(gannet):
     """A value other than on/off, or no value, is refused with the file and line, as

@@ -5,11 +5,12 @@
 //! Without `-c`, gannet runs `/etc/gannet/gannet.conf` (prefix `/etc/gannet/`) when that file
 //! exists, as nginx runs its compiled-in path; otherwise the embedded default that serves the
 //! current directory. `GANNET_DEFAULT_CONF` replaces that path; it exists for the tests, so
-//! they need not write to `/etc`.
+//! they need not write to `/etc`. `--https NAME ...` runs the config `oneline` generates.
 
 use crate::config::{self, Config};
 use crate::errlog;
 use crate::log_open::Target;
+use crate::oneline::OneLine;
 use clap::{Arg, ArgAction, ArgMatches, Command};
 use gannet_conf::{ConfError, Directive, Dump};
 use std::path::{Path, PathBuf};
@@ -31,7 +32,7 @@ pub const NGINX_VERSION: &str = "1.22.1";
 /// `-V`'s `configure arguments:`: nginx's names for the modules gannet implements, and a
 /// `--without-...` for each module nginx builds by default that gannet lacks, so a script
 /// that reads them (nginx-tests' `has()`) selects what gannet can do. Modules nginx builds
-/// only on request and gannet lacks (mail, http_v3...) are simply not named:
+/// only on request and gannet lacks (http_v3...) are simply not named:
 /// naming them at all would match nginx-tests' plain-substring checks.
 const CONFIGURE_ARGS: &[&str] = &[
     "--with-http_ssl_module",
@@ -53,14 +54,13 @@ const CONFIGURE_ARGS: &[&str] = &[
     "--with-stream_ssl_module",
     "--with-stream_ssl_preread_module",
     "--with-stream_realip_module",
+    "--with-mail",
+    "--with-mail_ssl_module",
     "--without-http_empty_gif_module",
     "--without-http_browser_module",
     "--without-http_upstream_sticky",
     "--without-http_upstream_least_time_module",
     "--without-http_tunnel_module",
-    "--without-mail_pop3_module",
-    "--without-mail_imap_module",
-    "--without-mail_smtp_module",
 ];
 
 /// `-v`: nginx's first line, naming gannet's own version too.
@@ -90,7 +90,7 @@ pub fn command() -> Command {
             .action(ArgAction::SetTrue)
             .help(help)
     };
-    Command::new("gannet")
+    let cmd = Command::new("gannet")
         .about("An event-driven HTTP server configured with nginx's syntax")
         .disable_version_flag(true)
         .arg(value(
@@ -146,7 +146,8 @@ pub fn command() -> Command {
                 .action(ArgAction::SetTrue)
                 .hide(true)
                 .help("print the gannet(8) manual page (roff) and exit"),
-        )
+        );
+    crate::oneline::args(cmd)
 }
 
 /// The sections of gannet(8) that are not in `--help`: troff source, after the options.
@@ -213,13 +214,17 @@ pub struct Source {
     pub conf: Option<PathBuf>,
     pub prefix: PathBuf,
     params: Vec<Directive>,
+    /// `--https NAME ...`: the config generated from the options.
+    pub oneline: Option<OneLine>,
 }
 
 impl Source {
     /// From the parsed flags; `Err` when `-g` does not parse.
     pub fn new(m: &ArgMatches) -> Result<Source, ConfError> {
+        let oneline = OneLine::from_matches(m).map_err(ConfError::bare)?;
         let conf = match m.get_one::<String>("conf") {
             Some(c) => Some(PathBuf::from(c)),
+            None if oneline.is_some() => None,
             None => system_conf(),
         };
         let prefix = match (m.get_one::<String>("prefix"), &conf) {
@@ -247,15 +252,32 @@ impl Source {
             conf,
             prefix,
             params,
+            oneline,
         })
     }
 
     /// How messages name the config.
     pub fn shown(&self) -> String {
-        self.conf.as_ref().map_or_else(
-            || "(embedded default)".to_string(),
-            |p| p.display().to_string(),
-        )
+        match (&self.conf, &self.oneline) {
+            (Some(p), _) => p.display().to_string(),
+            (None, Some(_)) => "(command line --https)".to_string(),
+            (None, None) => "(embedded default)".to_string(),
+        }
+    }
+
+    /// The line printed at start when no config file runs.
+    pub fn banner(&self) -> Option<String> {
+        if self.conf.is_some() {
+            return None;
+        }
+        Some(match &self.oneline {
+            Some(o) => o.banner(),
+            None => format!(
+                "serving {} on http://{}/ (Ctrl-C stops)",
+                self.prefix.display(),
+                listen_addr()
+            ),
+        })
     }
 
     /// Read and build the config; with `dump`, keep the text of every file read.
@@ -263,18 +285,24 @@ impl Source {
         let file = match &self.conf {
             Some(p) => gannet_conf::parse_file_dumped(p, dump)?,
             None => {
-                let text = embedded_text(&self.prefix);
+                let text = match &self.oneline {
+                    Some(o) => o.text(MIME_TYPES),
+                    None => embedded_text(&self.prefix),
+                };
                 if let Some(d) = dump {
                     d.push((self.shown().into(), text.clone().into_bytes()));
                 }
-                gannet_conf::parse_str(&text, "(embedded default)", &self.prefix)?
+                gannet_conf::parse_str(&text, &self.shown(), &self.prefix)?
             }
         };
         // `-g` first, as nginx: a directive there and in the file is a "duplicate".
         let mut tree = self.params.clone();
         tree.extend(file);
         let cfg = config::load::build(&tree, &self.prefix)?;
-        if self.conf.is_some() {
+        if let Some(o) = &self.oneline {
+            o.make_state_parent().map_err(ConfError::bare)?;
+        }
+        if self.conf.is_some() || self.oneline.is_some() {
             config::temp_dirs::create(&cfg).map_err(ConfError::bare)?;
         }
         Ok(cfg)
@@ -336,14 +364,15 @@ mod tests {
         let options = man[man.find(".SH OPTIONS").unwrap()..man.find(".SH SIGNALS").unwrap()]
             .replace("\\-", "-");
         for arg in command().get_arguments().filter(|a| !a.is_hide_set()) {
-            let short = arg.get_short().unwrap();
-            assert!(options.contains(&format!("-{short}")), "-{short} missing");
+            let flag = match (arg.get_short(), arg.get_long()) {
+                (Some(short), _) => format!("-{short}"),
+                (None, Some(long)) => format!("--{long}"),
+                (None, None) => unreachable!("an option without a flag"),
+            };
+            assert!(options.contains(&flag), "{flag} missing");
             let help = arg.get_help().unwrap().to_string();
             let words: Vec<&str> = help.split_whitespace().take(3).collect();
-            assert!(
-                options.contains(&words.join(" ")),
-                "help of -{short} missing"
-            );
+            assert!(options.contains(&words.join(" ")), "help of {flag} missing");
         }
         assert!(!man.contains("\\-\\-man"));
     }

@@ -5,6 +5,8 @@
 //! - `gannet -c FILE [-p PREFIX] [-g DIRECTIVES] [-e LOG]` runs a config; `-t` only checks it,
 //!   `-T` also prints it; `-s stop|quit|reload|reopen` signals the running instance named by
 //!   the config's `pid`; `-V` / `-v` print the version.
+//! - `gannet --https NAME --root DIR | --proxy ADDR` serves NAME over HTTPS with an ACME
+//!   certificate from a config generated from the options (`oneline`).
 
 mod acme;
 mod cache;
@@ -14,7 +16,9 @@ mod conn;
 mod errlog;
 mod http;
 mod log_open;
+mod mail;
 mod modules;
+mod oneline;
 mod resolver;
 mod runtime;
 mod stream;
@@ -104,12 +108,8 @@ fn main() -> ExitCode {
     if cfg.main.error_logs.is_empty() {
         cfg.main.error_logs.extend(early(&src.prefix));
     }
-    if src.conf.is_none() {
-        eprintln!(
-            "gannet: serving {} on http://{}/ (Ctrl-C stops)",
-            src.prefix.display(),
-            cli::listen_addr()
-        );
+    if let Some(b) = src.banner() {
+        eprintln!("gannet: {b}");
     }
     // SIGHUP reads the same file (or the embedded default) and `-g` again.
     let reload = move || src.load(None);

@@ -206,6 +206,77 @@ impl Resolver {
         }
         Ok((addrs, lookup.valid_until()))
     }
+
+    /// The name of `ip` (its PTR record, without the final dot), within `timeout`: the
+    /// mail proxy's SMTP client name. Asked of the name servers directly over UDP, one
+    /// after another (5 s each) until `timeout`: hickory's resolver answers for the
+    /// loopback addresses itself (RFC 6761), where nginx asks the server.
+    pub async fn reverse(&self, ip: IpAddr, timeout: Duration) -> Result<String, Failure> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut servers = self.servers.iter().cycle();
+        if self.servers.is_empty() {
+            return Err(Failure::ServFail);
+        }
+        loop {
+            let Some(&server) = servers.next() else {
+                return Err(Failure::ServFail);
+            };
+            let until = deadline.min(tokio::time::Instant::now() + Duration::from_secs(5));
+            match tokio::time::timeout_at(until, ptr_query(server, ip)).await {
+                Ok(Some(answer)) => return answer,
+                _ if tokio::time::Instant::now() >= deadline => return Err(Failure::TimedOut),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// One PTR question to `server`: its answer, or `None` when none came (or not one to
+/// this question).
+async fn ptr_query(server: SocketAddr, ip: IpAddr) -> Option<Result<String, Failure>> {
+    use hickory_resolver::proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+    use hickory_resolver::proto::rr::{Name, RData, RecordType};
+    use hickory_resolver::proto::serialize::binary::BinDecodable;
+    let id = fastrand::u16(..);
+    let mut m = Message::new();
+    m.set_id(id)
+        .set_message_type(MessageType::Query)
+        .set_op_code(OpCode::Query)
+        .set_recursion_desired(true)
+        .add_query(Query::query(Name::from(ip), RecordType::PTR));
+    let bytes = m.to_vec().ok()?;
+    let bind: SocketAddr = match server {
+        SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let sock = tokio::net::UdpSocket::bind(bind).await.ok()?;
+    sock.connect(server).await.ok()?;
+    sock.send(&bytes).await.ok()?;
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let n = sock.recv(&mut buf).await.ok()?;
+        let Ok(r) = Message::from_bytes(&buf[..n]) else {
+            continue;
+        };
+        if r.id() != id {
+            continue;
+        }
+        return Some(match r.response_code() {
+            ResponseCode::NoError => r
+                .answers()
+                .iter()
+                .find_map(|a| match a.data() {
+                    RData::PTR(p) => Some(p.0.to_utf8().trim_end_matches('.').to_string()),
+                    _ => None,
+                })
+                // No PTR in the answer (empty, or of another type): a server failure to
+                // nginx, not a name that does not exist.
+                .ok_or(Failure::ServFail),
+            ResponseCode::NXDomain => Err(Failure::NotFound),
+            ResponseCode::Refused => Err(Failure::Refused),
+            _ => Err(Failure::ServFail),
+        });
+    }
 }
 
 fn classify(e: &hickory_resolver::ResolveError) -> Failure {

@@ -69,6 +69,8 @@ pub struct ChunkedDecoder {
     total: u64,
     max_line: usize,
     max_trailers: usize,
+    /// The trailer section's lines, when asked to keep them ([`ChunkedDecoder::keep_trailers`]).
+    kept: Option<Vec<u8>>,
 }
 
 impl Default for ChunkedDecoder {
@@ -98,7 +100,30 @@ impl ChunkedDecoder {
             total: 0,
             max_line,
             max_trailers,
+            kept: None,
         }
+    }
+
+    /// Keep the trailer section (within the same limit) rather than drop it: a proxy
+    /// passing an upstream's trailers on.
+    pub fn keep_trailers(&mut self) {
+        self.kept = Some(Vec::new());
+    }
+
+    /// The trailer fields kept, once the body is done: `(name, value)` pairs, the value
+    /// trimmed; lines without a `:` are left out.
+    pub fn take_trailers(&mut self) -> Vec<(String, String)> {
+        let Some(kept) = self.kept.take() else {
+            return Vec::new();
+        };
+        kept.split(|&b| b == b'\n')
+            .filter_map(|line| {
+                let at = line.iter().position(|&b| b == b':')?;
+                let name = std::str::from_utf8(&line[..at]).ok()?.trim();
+                let value = String::from_utf8_lossy(&line[at + 1..]).trim().to_string();
+                (!name.is_empty()).then(|| (name.to_string(), value))
+            })
+            .collect()
     }
 
     /// Body bytes returned so far (for `client_max_body_size`).
@@ -190,12 +215,12 @@ impl ChunkedDecoder {
             },
             State::TrailerLine => match c {
                 b'\r' => State::TrailerLf { last: false },
-                b'\n' => State::TrailerStart,
+                b'\n' => self.trailer_line_end(),
                 _ => self.trailer_byte(c)?,
             },
             State::TrailerLf { last } => match (c, last) {
                 (b'\n', true) => State::Done,
-                (b'\n', false) => State::TrailerStart,
+                (b'\n', false) => self.trailer_line_end(),
                 _ => return Err(bad("invalid trailer line end")),
             },
             // `decode` handles these two before calling `step`.
@@ -240,7 +265,17 @@ impl ChunkedDecoder {
         if c < 0x20 && c != b'\t' || c == 0x7f {
             return Err(bad("invalid trailer"));
         }
+        if let Some(k) = &mut self.kept {
+            k.push(c);
+        }
         Ok(State::TrailerLine)
+    }
+
+    fn trailer_line_end(&mut self) -> State {
+        if let Some(k) = &mut self.kept {
+            k.push(b'\n');
+        }
+        State::TrailerStart
     }
 }
 

@@ -199,3 +199,26 @@ fn limits() {
     endless.resize(10_000, b'x');
     assert_eq!(status(&endless), 400);
 }
+
+#[test]
+fn kept_trailers_split_anywhere() {
+    let input: &[u8] = b"3\r\nabc\r\n0\r\nX-One: 1\r\nx-two:  two words \nbad line\r\n\r\n";
+    for cut in 0..input.len() {
+        let mut dec = ChunkedDecoder::new();
+        dec.keep_trailers();
+        let (body, done, _) = run(&mut dec, &[&input[..cut], &input[cut..]]).unwrap();
+        assert_eq!((body.as_slice(), done), (&b"abc"[..], true));
+        let t = dec.take_trailers();
+        assert_eq!(
+            t,
+            vec![
+                ("X-One".to_string(), "1".to_string()),
+                ("x-two".to_string(), "two words".to_string())
+            ]
+        );
+    }
+    // Not asked: nothing kept.
+    let mut dec = ChunkedDecoder::new();
+    run(&mut dec, &[input]).unwrap();
+    assert!(dec.take_trailers().is_empty());
+}

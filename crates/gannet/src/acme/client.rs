@@ -3,7 +3,7 @@
 //! CSR for a key generated here, download; then sleep until two thirds of the lifetime and
 //! renew. Failures are logged and retried with a doubling back-off.
 
-use super::{store, Acme, Cert, Challenge, Issuer, KeyAlg};
+use super::{account_key, chain, store, Acme, Cert, Challenge, Issuer, KeyAlg};
 use crate::errlog;
 use instant_acme::{
     Account, AuthorizationStatus, BodyWrapper, CertificateIdentifier, ChallengeType,
@@ -31,6 +31,8 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 pub struct AccountCell {
     issuer: Arc<Issuer>,
     account: tokio::sync::Mutex<Option<Account>>,
+    /// What the account's HTTP client noted (`preferred_chain`).
+    links: Arc<chain::Links>,
 }
 
 impl AccountCell {
@@ -38,6 +40,7 @@ impl AccountCell {
         AccountCell {
             issuer,
             account: tokio::sync::Mutex::new(None),
+            links: Arc::default(),
         }
     }
 
@@ -46,7 +49,7 @@ impl AccountCell {
         if let Some(a) = g.as_ref() {
             return Ok(a.clone());
         }
-        let a = login(&self.issuer).await?;
+        let a = login(&self.issuer, &self.links).await?;
         *g = Some(a.clone());
         Ok(a)
     }
@@ -54,35 +57,55 @@ impl AccountCell {
 
 /// The HTTP client to the ACME server: rustls on aws-lc-rs, trusting
 /// `ssl_trusted_certificate`'s CAs, or the system's.
-fn http(issuer: &Issuer) -> Result<Box<dyn instant_acme::HttpClient>, Error> {
+fn http(
+    issuer: &Issuer,
+    links: &Arc<chain::Links>,
+) -> Result<Box<dyn instant_acme::HttpClient>, Error> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let builder = hyper_rustls::HttpsConnectorBuilder::new();
-    let builder = match &issuer.trusted {
+    let roots = match &issuer.trusted {
         Some(f) => {
             let mut roots = rustls::RootCertStore::empty();
             for ca in crate::tls::certs::load_chain(f, "trusted certificate")? {
                 roots.add(ca)?;
             }
-            let config = rustls::ClientConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()?
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-            builder.with_tls_config(config)
+            Some(roots)
         }
-        None => builder.with_provider_and_native_roots(provider)?,
+        None => None,
+    };
+    let builder = if !issuer.verify {
+        // `ssl_verify off`: the CA's certificate is not checked (a test CA, a private one).
+        let any = Arc::new(crate::tls::client::AnyCertificate::new(&provider));
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .dangerous()
+            .with_custom_certificate_verifier(any)
+            .with_no_client_auth();
+        builder.with_tls_config(config)
+    } else if let Some(roots) = roots {
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        builder.with_tls_config(config)
+    } else {
+        builder.with_provider_and_native_roots(provider)?
     };
     let connector = builder.https_only().enable_http1().build();
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build::<_, BodyWrapper<bytes::Bytes>>(connector);
-    Ok(Box::new(client))
+    Ok(Box::new(chain::Tap {
+        inner: Arc::new(client),
+        links: links.clone(),
+    }))
 }
 
 /// The issuer's account: restored from `account.key` and `account.url`, or found or made
 /// with the key (`account_key FILE`, or the stored one), or made with a new key, kept.
-async fn login(issuer: &Issuer) -> Result<Account, Error> {
+async fn login(issuer: &Issuer, links: &Arc<chain::Links>) -> Result<Account, Error> {
     let dir = issuer.state_path.as_deref();
-    let key_pem = match (&issuer.account_key, dir) {
-        (Some(f), _) => Some(std::fs::read(f).map_err(|e| format!("{}: {e}", f.display()))?),
+    let mut key_pem = match (&issuer.account_key, dir) {
+        (Some(pem), _) => Some(pem.clone()),
         (None, Some(d)) => store::read(d, store::ACCOUNT_KEY)?,
         (None, None) => None,
     };
@@ -94,17 +117,47 @@ async fn login(issuer: &Issuer) -> Result<Account, Error> {
         _ => None,
     };
     let uri = issuer.uri.clone();
+    // `account_key ecdsa:384` / `rsa:N`: a key of that type, made on first use.
+    let mut generated = false;
+    if key_pem.is_none() && issuer.account_key_alg != KeyAlg::Ecdsa(256) {
+        key_pem = Some(account_key::generate(issuer.account_key_alg)?.into_bytes());
+        generated = true;
+    }
+    let other = match &key_pem {
+        Some(pem) => account_key::AccountKey::from_pem(pem)?,
+        None => None,
+    };
+    if let (Some(key), Some(pem)) = (other, &key_pem) {
+        // A key the crate cannot sign with: it signs with a throwaway P-256 key, and every
+        // request is signed again with this one on its way out (see `account_key`).
+        links.set_signer(Arc::new(key), issuer.eab.as_ref().map(|(_, k)| k.clone()));
+        let (_, dummy) = Key::generate_pkcs8()?;
+        if let Some(id) = url {
+            let a = Account::builder_with_http(http(issuer, links)?)
+                .from_parts(id, dummy, uri)
+                .await?;
+            return Ok(a);
+        }
+        let (a, _) = create(issuer, links, uri).await?;
+        if let Some(d) = dir.filter(|_| issuer.account_key.is_none()) {
+            if generated {
+                store::write(d, store::ACCOUNT_KEY, pem)?;
+            }
+            store::write(d, store::ACCOUNT_URL, a.id().as_bytes())?;
+        }
+        return Ok(a);
+    }
     if let Some(pem) = key_pem {
         let der = PrivatePkcs8KeyDer::from_pem_slice(&pem)
             .map_err(|e| format!("account key is not a PKCS#8 PEM key: {e}"))?;
         if let Some(id) = url {
-            let a = Account::builder_with_http(http(issuer)?)
+            let a = Account::builder_with_http(http(issuer, links)?)
                 .from_parts(id, der, uri)
                 .await?;
             return Ok(a);
         }
         let key = Key::from_pkcs8_der(der.clone_key())?;
-        let (a, _) = Account::builder_with_http(http(issuer)?)
+        let (a, _) = Account::builder_with_http(http(issuer, links)?)
             .create_from_key((key, PrivateKeyDer::Pkcs8(der)), uri)
             .await?;
         if let Some(d) = dir.filter(|_| issuer.account_key.is_none()) {
@@ -112,12 +165,28 @@ async fn login(issuer: &Issuer) -> Result<Account, Error> {
         }
         return Ok(a);
     }
+    let (a, creds) = create(issuer, links, uri).await?;
+    if let Some(d) = dir {
+        let pem = rcgen::KeyPair::try_from(creds.private_key().secret_pkcs8_der())?.serialize_pem();
+        store::write(d, store::ACCOUNT_KEY, pem.as_bytes())?;
+        store::write(d, store::ACCOUNT_URL, a.id().as_bytes())?;
+    }
+    Ok(a)
+}
+
+/// A new account (or the one the CA has for the key), with the issuer's contacts, terms
+/// and external account binding.
+async fn create(
+    issuer: &Issuer,
+    links: &Arc<chain::Links>,
+    uri: String,
+) -> Result<(Account, instant_acme::AccountCredentials), Error> {
     let contacts: Vec<&str> = issuer.contacts.iter().map(String::as_str).collect();
     let eab = issuer
         .eab
         .as_ref()
         .map(|(kid, key)| ExternalAccountKey::new(kid.clone(), key));
-    let (a, creds) = Account::builder_with_http(http(issuer)?)
+    let (a, creds) = Account::builder_with_http(http(issuer, links)?)
         .create(
             &NewAccount {
                 contact: &contacts,
@@ -128,17 +197,12 @@ async fn login(issuer: &Issuer) -> Result<Account, Error> {
             eab.as_ref(),
         )
         .await?;
-    if let Some(d) = dir {
-        let pem = rcgen::KeyPair::try_from(creds.private_key().secret_pkcs8_der())?.serialize_pem();
-        store::write(d, store::ACCOUNT_KEY, pem.as_bytes())?;
-        store::write(d, store::ACCOUNT_URL, a.id().as_bytes())?;
-    }
     errlog::notice(format_args!(
         "acme: account {} created with issuer \"{}\"",
         a.id(),
         issuer.name
     ));
-    Ok(a)
+    Ok((a, creds))
 }
 
 /// Obtain the certificate when there is none, renew it in the window the CA suggests
@@ -257,10 +321,10 @@ async fn renewal_info(
 async fn order(
     acme: &Acme,
     cert: &Cert,
-    account: &AccountCell,
+    cell: &AccountCell,
     replaces: Option<CertificateDer<'static>>,
 ) -> Result<(), Error> {
-    let account = account.get().await?;
+    let account = cell.get().await?;
     let ids: Vec<Identifier> = cert
         .identifiers
         .iter()
@@ -310,14 +374,18 @@ async fn order(
             let mut ch = a
                 .challenge(kind.clone())
                 .ok_or_else(|| format!("the ACME server offers no {what} challenge for {name}"))?;
-            let key_auth = ch.key_authorization();
+            // With a key the crate does not sign with, the authorization is that key's.
+            let key_auth = match cell.links.signer() {
+                Some(k) => k.key_authorization(&ch.token),
+                None => ch.key_authorization().as_str().to_string(),
+            };
             match cert.issuer.challenge {
                 Challenge::TlsAlpn01 => {
                     acme.add_validation_cert(&name, validation_cert(&name, &key_auth)?);
                     tokens.tls.push(name);
                 }
                 Challenge::Http01 => {
-                    acme.add_challenge(&ch.token, key_auth.as_str());
+                    acme.add_challenge(&ch.token, &key_auth);
                     tokens.http.push(ch.token.clone());
                 }
             }
@@ -343,7 +411,12 @@ async fn order(
     let csr = params.serialize_request(&key)?;
     order.finalize_csr(csr.der()).await?;
     let retries = RetryPolicy::default().timeout(Duration::from_secs(120));
-    let chain = order.poll_certificate(&retries).await?;
+    let mut chain = order.poll_certificate(&retries).await?;
+    if let Some(name) = &cert.issuer.preferred_chain {
+        if let Some(alt) = preferred(&account, &mut order, &cell.links, name, &chain).await? {
+            chain = alt;
+        }
+    }
     let key_pem = key.serialize_pem();
     let current = store::certified(chain.as_bytes(), key_pem.as_bytes())?;
     if let Err(e) = store::save_cert(cert, chain.as_bytes(), key_pem.as_bytes()) {
@@ -352,6 +425,37 @@ async fn order(
     }
     cert.slot.set(current);
     Ok(())
+}
+
+/// `preferred_chain NAME`: the first alternate chain issued by NAME when the default one is
+/// not (`None`: keep the default).
+async fn preferred(
+    account: &Account,
+    order: &mut instant_acme::Order,
+    links: &chain::Links,
+    name: &str,
+    default: &str,
+) -> Result<Option<String>, Error> {
+    if chain::issued_by(default, name) {
+        return Ok(None);
+    }
+    let Some(cert_url) = order.state().certificate.clone() else {
+        return Ok(None);
+    };
+    let order_url = order.url().to_string();
+    for alt in links.alternates(&cert_url) {
+        links.swap(&order_url, &alt);
+        let again = account.order(order_url.clone()).await;
+        links.unswap(&order_url);
+        let pem = match again?.certificate().await? {
+            Some(p) => p,
+            None => continue,
+        };
+        if chain::issued_by(&pem, name) {
+            return Ok(Some(pem));
+        }
+    }
+    Ok(None)
 }
 
 /// The HTTP-01 tokens of an order, answered until it is over (or given up, the timeout
@@ -376,11 +480,8 @@ impl Drop for Tokens<'_> {
 
 /// RFC 8737's validation certificate for `name`: self-signed, naming only it, with the
 /// critical acmeIdentifier extension holding the SHA-256 of the key authorization.
-fn validation_cert(
-    name: &str,
-    key_auth: &instant_acme::KeyAuthorization,
-) -> Result<Arc<rustls::sign::CertifiedKey>, Error> {
-    let digest = key_auth.digest();
+fn validation_cert(name: &str, key_auth: &str) -> Result<Arc<rustls::sign::CertifiedKey>, Error> {
+    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, key_auth.as_bytes());
     if digest.as_ref().len() != 32 {
         return Err("key authorization digest is not SHA-256".into());
     }
@@ -405,7 +506,7 @@ async fn why_not_ready(order: &mut instant_acme::Order, status: OrderStatus) -> 
     why
 }
 
-fn generate(alg: KeyAlg) -> Result<rcgen::KeyPair, rcgen::Error> {
+pub(super) fn generate(alg: KeyAlg) -> Result<rcgen::KeyPair, rcgen::Error> {
     match alg {
         KeyAlg::Ecdsa(384) => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384),
         KeyAlg::Ecdsa(521) => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P521_SHA512),

@@ -13,6 +13,8 @@
 //! locations of the server say; TLS-ALPN-01 validation handshakes get their certificate
 //! from [`Slot::validation`].
 
+mod account_key;
+mod chain;
 mod client;
 pub mod store;
 
@@ -29,6 +31,12 @@ use std::time::SystemTime;
 pub fn names_variable(path: &std::path::Path) -> bool {
     path.file_name()
         .is_some_and(|n| n == "$acme_certificate" || n == "$acme_certificate_key")
+}
+
+/// Whether an account key file holds a key gannet can sign with (other than P-256, which
+/// the ACME crate loads itself).
+pub fn account_key_type(pem: &[u8]) -> Result<(), String> {
+    account_key::AccountKey::from_pem(pem).map(|_| ())
 }
 
 /// A generated certificate key: `key=ecdsa:256` (the default) ... `key=rsa:4096`.
@@ -69,19 +77,25 @@ impl std::fmt::Display for KeyAlg {
 pub struct Issuer {
     pub name: String,
     pub uri: String,
-    /// `account_key FILE`: an existing key (else one is generated and kept in the state
-    /// directory).
-    pub account_key: Option<PathBuf>,
+    /// `account_key FILE`: an existing key's PEM, read as the config loads (else one is
+    /// generated and kept in the state directory).
+    pub account_key: Option<Vec<u8>>,
+    /// `account_key ALG[:SIZE]`: the type of the key generated (ecdsa:256 by default).
+    pub account_key_alg: KeyAlg,
     pub contacts: Vec<String>,
     /// `None`: `state_path off`.
     pub state_path: Option<PathBuf>,
     pub accept_tos: bool,
     /// `ssl_trusted_certificate` (else the system's CAs).
     pub trusted: Option<crate::modules::tls::FileArg>,
+    /// `ssl_verify` (on): whether the CA's HTTPS certificate is verified.
+    pub verify: bool,
     /// `external_account_key KID FILE|data:KEY`: the key ID and the decoded MAC key.
     pub eab: Option<(String, Vec<u8>)>,
     /// `profile NAME [require]`: the name, and whether a CA without it is an error.
     pub profile: Option<(String, bool)>,
+    /// `preferred_chain NAME`: the alternate chain whose top was issued by this CN.
+    pub preferred_chain: Option<String>,
     /// `common_name_in_csr on`: the first name is also the CSR's subject CN.
     pub common_name_in_csr: bool,
     pub challenge: Challenge,

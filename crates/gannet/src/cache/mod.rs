@@ -20,6 +20,7 @@
 //! `modules::gateway_cache`.
 
 pub mod entry;
+pub mod fanout;
 pub mod key;
 pub mod path;
 pub mod purge;

@@ -99,12 +99,15 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
         error_files: Vec::new(),
         probes: Vec::new(),
         staplers: Vec::new(),
+        purge_zones: Vec::new(),
         acme: None,
         stream: None,
+        mail: None,
         temp_dirs: Vec::new(),
     };
     let mut http_blocks = Vec::new();
     let mut stream_block = None;
+    let mut mail_block = None;
     for d in tree {
         match d.name.as_str() {
             "http" => {
@@ -120,6 +123,14 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
                 }
                 if stream_block.replace(d).is_some() {
                     return Err(d.error("\"stream\" directive is duplicate"));
+                }
+            }
+            "mail" => {
+                if d.block.is_none() || !d.args.is_empty() {
+                    return Err(d.error("invalid number of arguments in \"mail\" directive"));
+                }
+                if mail_block.replace(d).is_some() {
+                    return Err(d.error("\"mail\" directive is duplicate"));
                 }
             }
             "events" => {
@@ -142,6 +153,13 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
         cfg.error_files.append(&mut conf.error_files);
         cfg.staplers.append(&mut conf.staplers);
         cfg.stream = Some(Arc::new(conf));
+    }
+    if let Some(mail) = mail_block {
+        let taken: Vec<_> = cfg.all_listens().map(|l| l.endpoint()).collect();
+        let notes = (&mut cfg.notices, &mut cfg.warnings);
+        let mut conf = crate::mail::build(mail, prefix, &taken, notes)?;
+        cfg.error_files.append(&mut conf.error_files);
+        cfg.mail = Some(Arc::new(conf));
     }
     user_vars::check()?;
     // Printed by `gannet -t` as well as logged at start.
@@ -458,6 +476,8 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
     cfg.listens = groups;
     cfg.log_files = lctx.log_files;
     cfg.probes = lctx.probes;
+    let fanout = lctx.caches.values().filter(|z| z.redis.is_some());
+    cfg.purge_zones = fanout.cloned().collect();
     cfg.staplers = std::mem::take(&mut lctx.tls.staplers);
     cfg.acme = std::mem::take(&mut lctx.acme).finish(&mut lctx.warnings)?;
     lctx.temp_dirs.sort();

@@ -43,22 +43,32 @@ pub struct Config {
     pub probes: Vec<Probe>,
     /// Every certificate stapled from its OCSP responder: what the first worker queries.
     pub staplers: Vec<Arc<crate::tls::stapling::Stapler>>,
+    /// Every `*_cache_path` with `redis=name`: what the first worker listens for purges on.
+    pub purge_zones: Vec<Arc<crate::cache::path::Zone>>,
     /// The ACME certificates and pending HTTP-01 challenges (`acme_certificate`).
     pub acme: Option<Arc<crate::acme::Acme>>,
     /// The `stream {}` block, if any; its listens come after `listens` in the group
     /// numbering of the workers' sockets (`Config::all_listens`).
     pub stream: Option<Arc<crate::stream::StreamConf>>,
+    /// The `mail {}` block, if any; its listens come after the stream ones.
+    pub mail: Option<Arc<crate::mail::MailConf>>,
     /// Every `*_temp_path` folder: made by the master for the workers' account
     /// (`temp_dirs::create`).
     pub temp_dirs: Vec<std::path::PathBuf>,
 }
 
 impl Config {
-    /// Every address to listen on: http's groups, then the stream servers'. A worker's
+    /// Every address to listen on: http's groups, then the stream servers', then the mail
+    /// servers'. A worker's
     /// socket comes with its index in this order.
     pub fn all_listens(&self) -> impl Iterator<Item = &Listen> {
         let stream = self.stream.iter().flat_map(|s| s.listens.iter());
-        self.listens.iter().map(|g| &g.listen).chain(stream)
+        let mail = self.mail.iter().flat_map(|m| m.listens.iter());
+        self.listens
+            .iter()
+            .map(|g| &g.listen)
+            .chain(stream)
+            .chain(mail)
     }
 }
 

@@ -264,10 +264,10 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
                 ex.reset(Reset::Cancel);
                 return false;
             }
-            waiting
-            @ (Handled::Delay(_) | Handled::AuthRequest(_) | Handled::LimitReqShared(_)) => {
-                handled = handler::settle(req, w, waiting).await
-            }
+            waiting @ (Handled::Delay(_)
+            | Handled::AuthRequest(_)
+            | Handled::LimitReqShared(_)
+            | Handled::LimitConnShared(_)) => handled = handler::settle(req, w, waiting).await,
             Handled::Gateway if E::GRPC && super::grpc::is_grpc(req) => {
                 // The body, if any, was read whole (a mirror, an error_page's request).
                 match ex.grpc(w, req).await {

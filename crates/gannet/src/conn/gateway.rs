@@ -7,7 +7,9 @@
 //! - HTTP (`proxy_pass`): a request head built by `modules::proxy`, then the body; the
 //!   answer's head says how its body ends (length, chunked, or the close) and whether the
 //!   connection can carry another request, which it does when the group has `keepalive N`
-//!   and the request did not ask for `Connection: close`.
+//!   and the request did not ask for `Connection: close`. With `proxy_http_version 2` each
+//!   attempt is a stream instead (`conn::proxy_h2`), whose answer is read through the same
+//!   [`Link`] (a [`Wire::H2`]) and goes through the same steps after its head.
 //!
 //! - FastCGI: BEGIN_REQUEST, PARAMS and the body as STDIN records; the answer comes in
 //!   STDOUT / STDERR records and ends with END_REQUEST, so the connection can carry the
@@ -194,9 +196,29 @@ enum Event {
     End,
 }
 
+/// What a [`Link`] reads: the connection to the application, or an HTTP/2 stream on one
+/// (`proxy_http_version 2`, `conn::proxy_h2`), whose connection is the pool's.
+pub(super) enum Wire {
+    Socket(Conn),
+    H2(super::proxy_h2::Download),
+}
+
+impl tokio::io::AsyncRead for Wire {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Wire::Socket(c) => std::pin::Pin::new(&mut **c).poll_read(cx, buf),
+            Wire::H2(d) => std::pin::Pin::new(d).poll_read(cx, buf),
+        }
+    }
+}
+
 /// The connection to the application and how its answer is framed.
-struct Link {
-    conn: Conn,
+pub(super) struct Link {
+    conn: Wire,
     proto: Proto,
     /// How the log names the upstream (`http`, `https`, `fastcgi`...).
     scheme: &'static str,
@@ -206,6 +228,8 @@ struct Link {
     left: Option<u64>,
     /// HTTP with a chunked body.
     chunked: Option<ChunkedDecoder>,
+    /// Where its trailer fields go (`proxy_pass_trailers`).
+    trailers: Option<super::proxy_h2::Trailers>,
     /// HTTP: the server keeps the connection after this answer.
     keep_alive: bool,
     /// Whether anything came: a FastCGI close before that is what a stale kept connection
@@ -222,6 +246,10 @@ struct Link {
 
 impl Link {
     fn new(conn: Conn, via: &Via) -> Link {
+        Link::on(Wire::Socket(conn), via)
+    }
+
+    pub(super) fn on(conn: Wire, via: &Via) -> Link {
         Link {
             conn,
             proto: via.proto,
@@ -229,6 +257,7 @@ impl Link {
             input: BytesMut::new(),
             left: None,
             chunked: None,
+            trailers: None,
             keep_alive: false,
             got_any: false,
             timers: via.timers.clone(),
@@ -322,11 +351,17 @@ impl Link {
                 .map_err(|_| Failure::Body("upstream sent invalid chunked response"))?;
             return Ok(match chunk {
                 Chunk::Data(b) => Some(Event::Data(b)),
-                Chunk::Done => Some(Event::End),
+                Chunk::Done => {
+                    if let Some(slot) = &self.trailers {
+                        super::proxy_h2::keep_trailers(slot, dec.take_trailers());
+                    }
+                    Some(Event::End)
+                }
                 Chunk::NeedMore => None,
             });
         }
-        if self.left == Some(0) {
+        // An HTTP/2 stream is read to its end all the same: trailer fields may follow.
+        if self.left == Some(0) && !matches!(self.conn, Wire::H2(_)) {
             return Ok(Some(Event::End));
         }
         if self.input.is_empty() {
@@ -390,7 +425,7 @@ impl Link {
             Proto::FastCgi => Err(Failure::ClosedEarly),
             // A stream's end is the answer's end, once its head has come and unless it
             // announced a length or chunks.
-            _ if in_body && !delimited => Ok(Event::End),
+            _ if in_body && (!delimited || self.complete()) => Ok(Event::End),
             _ if in_body => Err(Failure::Premature(self.proto)),
             _ => Err(Failure::ClosedEarly),
         }
@@ -401,7 +436,7 @@ impl Link {
     /// nothing for 204 and 304, else the Content-Length if there is one. A FastCGI answer
     /// ends with its END_REQUEST record, but no later than its Content-Length (so the
     /// client, which gets that length, is never sent more).
-    fn frame(&mut self, req: &Request, head: &CgiHead, body: &mut BytesMut) {
+    pub(super) fn frame(&mut self, req: &Request, head: &CgiHead, body: &mut BytesMut) {
         if req.is_head() {
             return;
         }
@@ -466,7 +501,7 @@ impl Link {
 
 /// The application's answer: its head and body, whole (`done`), or what came of it before
 /// it paused (at most about `*_buffers`) and the connection to read on.
-struct Answered {
+pub(super) struct Answered {
     head: CgiHead,
     body: BytesMut,
     done: bool,
@@ -683,9 +718,10 @@ impl Streaming {
     /// still being sent what came.
     fn release(&mut self, w: &Worker) {
         if let Some(link) = self.link.take() {
-            if let (true, Some(p)) = (link.reusable(), self.pool.take()) {
-                w.upstreams
-                    .put_idle(&p.up, p.slot, link.conn, Instant::now());
+            if let (true, Some(p), Wire::Socket(conn)) =
+                (link.reusable(), self.pool.take(), link.conn)
+            {
+                w.upstreams.put_idle(&p.up, p.slot, conn, Instant::now());
             }
         }
         self.lease = None;
@@ -826,21 +862,21 @@ pub(super) fn tls_for(
 
 /// The request as it goes out: what is encoded whole, then the body still to come from the
 /// client when it is passed on as it arrives.
-struct Outgoing<'a> {
-    out: Vec<u8>,
-    body: Option<StreamBody<'a>>,
+pub(super) struct Outgoing<'a> {
+    pub(super) out: Vec<u8>,
+    pub(super) body: Option<StreamBody<'a>>,
 }
 
 impl Outgoing<'_> {
     /// Body bytes were taken from the client: the request can go nowhere else (nginx's
     /// rule with `*_request_buffering off`).
-    fn started(&self) -> bool {
+    pub(super) fn started(&self) -> bool {
         self.body.as_ref().is_some_and(|b| b.started)
     }
 }
 
 /// A body sent after the request's head, and how each piece is framed upstream.
-struct StreamBody<'a> {
+pub(super) struct StreamBody<'a> {
     from: BodyFrom<'a>,
     frame: BodyFrame,
     /// Client bytes were taken for this attempt (never for a file, which is sent again from
@@ -849,7 +885,7 @@ struct StreamBody<'a> {
 }
 
 /// Where a body sent in pieces comes from.
-enum BodyFrom<'a> {
+pub(super) enum BodyFrom<'a> {
     /// The client, as it arrives (`*_request_buffering off`).
     Client(&'a mut dyn BodySource),
     /// A body read whole into a temporary file.
@@ -861,7 +897,7 @@ enum BodyFrom<'a> {
 const FILE_PIECE: usize = 64 * 1024 - 8;
 
 #[derive(Clone, Copy)]
-enum BodyFrame {
+pub(super) enum BodyFrame {
     /// As it is (after a Content-Length, or SCGI's / uwsgi's header).
     Raw,
     /// HTTP/1.1 chunks.
@@ -878,7 +914,7 @@ pub fn streams(req: &Request) -> Option<Streamed> {
     let proto = unbuffered(req)?;
     match req.head.body {
         BodyKind::Length(n) if n > 0 => Some(Streamed::Length(n)),
-        BodyKind::Chunked if proto == Proto::Http && req.conf.proxy.http11.unwrap_or(false) => {
+        BodyKind::Chunked if proto == Proto::Http && req.conf.proxy.http11() => {
             Some(Streamed::Chunked)
         }
         // FastCGI frames the body in records whatever its length, so one of unknown length
@@ -1032,6 +1068,8 @@ async fn fetch(
     let mut out = Vec::with_capacity(1024);
     // HTTP: whether the request lets the server keep the connection.
     let mut sent_keep = false;
+    // `proxy_http_version 2`: the request's head for HTTP/2 (`out` holds the body).
+    let mut h2 = None;
     let mut via = Via {
         proto,
         tls: None,
@@ -1060,7 +1098,17 @@ async fn fetch(
                 return Outcome::Flow(Flow::Status(502));
             }
         };
-        sent_keep = proxy::encode_request(req, &dest, body, how, &mut out);
+        if req.conf.proxy.http2() {
+            match super::proxy_h2::head(req, &dest, body, how, &mut out) {
+                Ok(h) => h2 = Some(h),
+                Err(why) => {
+                    errlog::request(Level::Error, req, format_args!("{why}"));
+                    return Outcome::Flow(Flow::Status(500));
+                }
+            }
+        } else {
+            sent_keep = proxy::encode_request(req, &dest, body, how, &mut out);
+        }
         dest.backend.clone()
     } else if proto == Proto::Memcached {
         if let Err(why) = memcached::request_line(req, &mut out) {
@@ -1122,6 +1170,8 @@ async fn fetch(
             from,
             frame: match (proto, how) {
                 (Proto::FastCgi, _) => BodyFrame::FastCgi,
+                // HTTP/2 frames it itself.
+                _ if h2.is_some() => BodyFrame::Raw,
                 (_, Streamed::Chunked) => BodyFrame::Chunked,
                 (_, Streamed::Length(_)) => BodyFrame::Raw,
             },
@@ -1137,7 +1187,12 @@ async fn fetch(
             let mut spare = spare.into_iter();
             let mut tries = 1u64;
             loop {
-                let r = fresh(req, &via, &addr, &mut out).await;
+                let r = match &h2 {
+                    Some(h) => {
+                        super::proxy_h2::exchange(req, &via, c, &addr, false, h, &mut out).await
+                    }
+                    None => fresh(req, &via, &addr, &mut out).await,
+                };
                 let peer = crate::modules::metrics::direct_peer(req, &addr);
                 let now = record(req, &addr, peer, attempt_status(r.as_ref()), t0);
                 let f = match r {
@@ -1230,16 +1285,23 @@ async fn fetch(
         } else {
             None
         };
-        let result = match idle {
+        let result = match (idle, &h2) {
+            (_, Some(h)) => {
+                let keep = up.keepalive > 0;
+                let r = super::proxy_h2::exchange(req, &via, c, addr, keep, h, &mut out).await;
+                r.map(|a| (a, 0))
+            }
             // A kept connection the server closed meanwhile is no failure of the server:
             // try once more on a new one.
-            Some((conn, n)) => match exchange(req, addr, Link::new(conn, &via), &mut out).await {
-                Err(f) if f.stale() && !out.started() => {
-                    fresh(req, &via, addr, &mut out).await.map(|a| (a, 0))
+            (Some((conn, n)), None) => {
+                match exchange(req, addr, Link::new(conn, &via), &mut out).await {
+                    Err(f) if f.stale() && !out.started() => {
+                        fresh(req, &via, addr, &mut out).await.map(|a| (a, 0))
+                    }
+                    r => r.map(|a| (a, n)),
                 }
-                r => r.map(|a| (a, n)),
-            },
-            None => fresh(req, &via, addr, &mut out).await.map(|a| (a, 0)),
+            }
+            (None, None) => fresh(req, &via, addr, &mut out).await.map(|a| (a, 0)),
         };
         now = record(
             req,
@@ -1281,7 +1343,9 @@ async fn fetch(
                         buffering,
                         ..
                     } = a;
-                    w.upstreams.put_idle(&up, slot, link.conn, now);
+                    if let Wire::Socket(conn) = link.conn {
+                        w.upstreams.put_idle(&up, slot, conn, now);
+                    }
                     let cacheable = super::gateway_cache::cacheable(req);
                     super::gateway_cache::store_whole(req, c, &head, &body, buffering).await;
                     return Outcome::Flow(whole(req, c, head, body, cacheable));
@@ -1480,7 +1544,7 @@ pub(super) fn failed(req: &Request, scheme: &str, addr: &Addr, f: &Failure) -> F
 /// enough to make the allocator consolidate its small free chunks each time).
 async fn read_more(
     timers: &ReadTimers,
-    s: &mut Conn,
+    s: &mut Wire,
     (input, max): (&mut BytesMut, usize),
     timeout: Duration,
     phase: &'static str,
@@ -1496,14 +1560,18 @@ async fn read_more(
 /// One read of at most `max` bytes from `s` appended to `input`: the byte count, 0 at the
 /// end of the stream.
 fn poll_read_into(
-    s: &mut Conn,
+    s: &mut Wire,
     (input, max): (&mut BytesMut, usize),
     cx: &mut std::task::Context<'_>,
 ) -> std::task::Poll<std::io::Result<usize>> {
     let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); READ_MAX];
     let n = max.clamp(1, READ_MAX);
     let mut rb = tokio::io::ReadBuf::uninit(&mut chunk[..n]);
-    std::task::ready!(std::pin::Pin::new(&mut **s).poll_read(cx, &mut rb))?;
+    std::task::ready!(tokio::io::AsyncRead::poll_read(
+        std::pin::Pin::new(s),
+        cx,
+        &mut rb
+    ))?;
     input.extend_from_slice(rb.filled());
     std::task::Poll::Ready(Ok(rb.filled().len()))
 }
@@ -1721,14 +1789,12 @@ fn upgrade(req: &Request, c: &GatewayConf, a: Answered, addr: &Addr) -> Outcome 
     } = a;
     let mut early = body;
     early.extend_from_slice(&link.input);
+    // HTTP/2 has no 101 (the `h2` crate takes none): only a connection switches.
+    let Wire::Socket(conn) = link.conn else {
+        return Outcome::Flow(Flow::Status(502));
+    };
     match answer(req, c, head) {
-        Flow::Done(resp) => Outcome::Upgrade(
-            resp,
-            Box::new(Tunnel {
-                conn: link.conn,
-                early,
-            }),
-        ),
+        Flow::Done(resp) => Outcome::Upgrade(resp, Box::new(Tunnel { conn, early })),
         flow => Outcome::Flow(flow),
     }
 }
@@ -1759,16 +1825,32 @@ async fn exchange(
 ) -> Result<Answered, Failure> {
     let c = gateway::conf(&req.conf, link.proto);
     req.upstream.borrow_mut().mark_connected();
+    let Wire::Socket(conn) = &mut link.conn else {
+        return Err(Failure::ClosedEarly);
+    };
     match &mut out.body {
-        Some(b) => send_body(&link.timers, &mut link.conn, &out.out, b, c.send_timeout()).await?,
-        None => send(&link.timers, &mut link.conn, &out.out, c.send_timeout()).await?,
+        Some(b) => send_body(&link.timers, conn, &out.out, b, c.send_timeout()).await?,
+        None => send(&link.timers, conn, &out.out, c.send_timeout()).await?,
     }
     req.upstream.borrow_mut().sent += out.out.len() as u64;
-    let mut body = BytesMut::new();
-    let mut head: Option<CgiHead> = None;
+    read_answer(req, addr, link, (None, BytesMut::new()), &out.out).await
+}
+
+/// Read the answer: whole, or up to where the application pauses. `known`: its head when
+/// the wire gave it apart (HTTP/2) with what came of the body, else `None` and nothing.
+/// `sent` is the request as sent (memcached's answer names its key).
+pub(super) async fn read_answer(
+    req: &Request,
+    addr: &Addr,
+    mut link: Link,
+    (known, mut body): (Option<CgiHead>, BytesMut),
+    sent: &[u8],
+) -> Result<Answered, Failure> {
+    let c = gateway::conf(&req.conf, link.proto);
     // Whether the answer is held until it is whole (or `*_buffers` are full): `*_buffering`,
     // or the application's `X-Accel-Buffering`. Known once the head has come.
-    let mut buffering = true;
+    let mut buffering = known.as_ref().is_none_or(|h| buffers(c, h));
+    let mut head = known;
     loop {
         let event = if head.is_none() {
             link.next(c.read_timeout(), false).await?
@@ -1790,7 +1872,7 @@ async fn exchange(
                     body.extend_from_slice(&b);
                 }
                 if head.is_none() {
-                    head = read_head(req, c, &mut link, &mut body, &out.out)?;
+                    head = read_head(req, c, &mut link, &mut body, sent)?;
                     buffering = head.as_ref().is_some_and(|h| buffers(c, h));
                     if head.is_some() {
                         req.upstream.borrow_mut().head_read = Some(Instant::now());
@@ -1855,9 +1937,9 @@ fn buffers(c: &GatewayConf, head: &CgiHead) -> bool {
 
 /// Write `data` within `timeout`. The flush sends what TLS still holds when the socket was
 /// full (plain sockets hold nothing).
-async fn send(
+pub(super) async fn send(
     timers: &ReadTimers,
-    conn: &mut Conn,
+    conn: &mut (impl tokio::io::AsyncWrite + Unpin),
     data: &[u8],
     timeout: Duration,
 ) -> Result<(), Failure> {
@@ -1878,9 +1960,9 @@ async fn send(
 /// has come already goes in one write with the head, and after each wait all that has come
 /// by then goes in one write (one chunk, one STDIN record), up to [`FILE_PIECE`] bytes.
 /// Each write waits at most `*_send_timeout`.
-async fn send_body(
+pub(super) async fn send_body(
     timers: &ReadTimers,
-    conn: &mut Conn,
+    conn: &mut (impl tokio::io::AsyncWrite + Unpin),
     head: &[u8],
     b: &mut StreamBody<'_>,
     timeout: Duration,
@@ -1957,7 +2039,7 @@ fn ready_piece(src: &mut dyn BodySource) -> Result<Option<Option<Bytes>>, BodyEr
 /// be completed.
 async fn send_file(
     timers: &ReadTimers,
-    conn: &mut Conn,
+    conn: &mut (impl tokio::io::AsyncWrite + Unpin),
     f: &BodyFile,
     frame: BodyFrame,
     timeout: Duration,
@@ -2022,6 +2104,14 @@ fn read_head(
                 link.left = Some(0);
             } else {
                 link.set_framing(h.framing, h.keep_alive, body);
+                if let Some(dec) = link
+                    .chunked
+                    .as_mut()
+                    .filter(|_| req.conf.proxy.pass_trailers())
+                {
+                    dec.keep_trailers();
+                    link.trailers = Some(super::proxy_h2::trailer_slot(req));
+                }
             }
             return Ok(Some(CgiHead {
                 status: Some(h.status),

@@ -311,6 +311,7 @@ async fn purge(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Flow {
         .as_deref()
         .unwrap_or_else(|| conf::default_key(proto))
         .eval(req, None);
+    let mut variant = None;
     let removed = if let Some(prefix) = key.strip_suffix('*') {
         // Every entry file's header is read: off the event loop.
         let (z, p) = (zone.clone(), prefix.as_bytes().to_vec());
@@ -319,10 +320,14 @@ async fn purge(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Flow {
             .unwrap_or(0)
     } else {
         crate::cache::purge::one(zone, &key, |main, vary| {
-            key::variant(main, &validity::variant_of(vary, || req.head.headers()))
+            let v = key::variant(main, &validity::variant_of(vary, || req.head.headers()));
+            variant = Some(v);
+            v
         })
     };
     crate::modules::metrics::cache::purged(zone, removed);
+    // The other nodes' entries too, whether this node had one or not.
+    crate::cache::fanout::publish(zone, &key, variant).await;
     Flow::Status(if removed > 0 { 204 } else { 404 })
 }
 

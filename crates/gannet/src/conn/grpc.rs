@@ -4,9 +4,10 @@
 //!
 //! The upstream group, balancing, `grpc_next_upstream`, timeouts, the error-log lines and
 //! the `$upstream_*` records are the gateway's (`conn::gateway`); only the wire differs.
-//! With `keepalive N` in the group, one HTTP/2 connection per server and worker is kept and
-//! multiplexed (each request a stream on it); without, each request has a connection of its
-//! own, closed with its stream.
+//! Connections are `conn::h2_upstream`'s, shared with `proxy_http_version 2`: with
+//! `keepalive N` in the group, one per server and worker, kept and multiplexed (each request
+//! a stream on it); without, each request has a connection of its own, closed with its
+//! stream.
 //!
 //! Both directions stream, as nginx's `request_body_no_buffering` does for gRPC: the
 //! client's DATA frames go upstream as they arrive (its trailers too), while the answer's
@@ -20,8 +21,9 @@
 //! HTTP/1.x clients get the same exchange with their body read whole and the answer sent
 //! whole (its trailers are dropped: HTTP/1.x answers carry none).
 
-use super::gateway::{self as gw, Failure, Via, CONNECTING, READING, READING_HEAD, SENDING};
+use super::gateway::{self as gw, Failure, Via, CONNECTING, READING, READING_HEAD};
 use super::h2_response::{self, Out};
+use super::h2_upstream::{self as h2u, Head};
 use super::request_body::RequestBody;
 use crate::errlog::{self, Level};
 use crate::http::flow::Flow;
@@ -32,44 +34,17 @@ use crate::modules::gateway::{Backend, Proto};
 use crate::runtime::worker::Worker;
 use crate::upstream::{Addr, Key, Lease, Pick, Tried, Upstream};
 use bytes::{Bytes, BytesMut};
-use gannet_proto::cgi::{CgiHead, Fields};
-use h2::client::{ResponseFuture, SendRequest};
+use h2::client::ResponseFuture;
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-thread_local! {
-    /// Each worker's kept HTTP/2 connections (`keepalive` groups): one per server and TLS
-    /// setup, shared by the requests to it.
-    static KEPT: RefCell<HashMap<(String, u64), SendRequest<Bytes>>> = RefCell::default();
-}
-
 /// Whether the location passes its requests to a gRPC server.
 pub fn is_grpc(req: &Request) -> bool {
     req.conf.grpc.gw.pass.is_some()
-}
-
-/// The request as it goes upstream, rebuilt for each attempt (an `http::Request` is no
-/// `Clone`).
-struct Head {
-    method: http::Method,
-    uri: http::Uri,
-    headers: http::HeaderMap,
-}
-
-impl Head {
-    fn request(&self) -> http::Request<()> {
-        let mut r = http::Request::new(());
-        *r.method_mut() = self.method.clone();
-        *r.uri_mut() = self.uri.clone();
-        *r.headers_mut() = self.headers.clone();
-        r
-    }
 }
 
 /// Client headers never passed on: hop-by-hop ones, HTTP/2's forbidden ones and the
@@ -281,8 +256,8 @@ async fn open(
             None => crate::modules::metrics::direct_peer(req, &addr),
         };
         let end = whole.as_ref().is_some_and(Bytes::is_empty);
-        let f = match stream(req, &via, &addr, keep, &head, end).await {
-            Ok((answer, mut body)) => {
+        let f = match h2u::stream(req, &via, gwc, &addr, (keep, None), &head, end).await {
+            Ok((answer, mut body, _)) => {
                 let mut o = Opened {
                     answer,
                     addr: addr.clone(),
@@ -343,103 +318,13 @@ async fn open(
     }
 }
 
-/// A stream for the request on `addr`: on the kept connection if there is a live one, else
-/// on a new one (kept for the next requests when `keep`).
-async fn stream(
-    req: &Request,
-    via: &Via,
-    addr: &Addr,
-    keep: bool,
-    head: &Head,
-    end: bool,
-) -> Result<(ResponseFuture, SendStream<Bytes>), Failure> {
-    let c = &req.conf.grpc.gw;
-    let key = (addr.to_string(), via.kind());
-    if keep {
-        if let Some(mut s) = KEPT.with(|k| k.borrow_mut().remove(&key)) {
-            // Gone (an error) or out of streams (pending): a new connection is made.
-            let ready = std::future::poll_fn(|cx| Poll::Ready(s.poll_ready(cx))).await;
-            if matches!(ready, Poll::Ready(Ok(()))) {
-                if let Ok(r) = s.send_request(head.request(), end) {
-                    req.upstream.borrow_mut().mark_connected();
-                    KEPT.with(|k| k.borrow_mut().insert(key, s));
-                    return Ok(r);
-                }
-            }
-        }
-    }
-    // No `grpc_bind` (yet): the system picks the local address.
-    let conn = gw::connect(addr, via, c, None).await?;
-    let shake = h2::client::Builder::new()
-        .enable_push(false)
-        .handshake::<_, Bytes>(conn);
-    let (send, connection) = match tokio::time::timeout(c.connect_timeout(), shake).await {
-        Ok(Ok(p)) => p,
-        Ok(Err(e)) => return Err(h2_failure(e, SENDING)),
-        Err(_) => return Err(Failure::Timeout(SENDING)),
-    };
-    req.upstream.borrow_mut().mark_connected();
-    // The connection's frames are read and written by a task of its own; it ends when
-    // the last handle on it (the kept `SendRequest`, the streams) is dropped.
-    tokio::task::spawn_local(async move {
-        let _ = connection.await;
-    });
-    let ready = tokio::time::timeout(c.send_timeout(), send.ready()).await;
-    let mut send = match ready {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return Err(h2_failure(e, SENDING)),
-        Err(_) => return Err(Failure::Timeout(SENDING)),
-    };
-    let r = send
-        .send_request(head.request(), end)
-        .map_err(|e| h2_failure(e, SENDING))?;
-    if keep {
-        KEPT.with(|k| k.borrow_mut().insert(key, send));
-    }
-    Ok(r)
-}
-
-/// An HTTP/2 error as the gateway's failure (and nginx's log wording).
-fn h2_failure(e: h2::Error, phase: &'static str) -> Failure {
-    if e.is_io() {
-        if let Some(io) = e.get_io() {
-            return Failure::Io(std::io::Error::new(io.kind(), io.to_string()), phase);
-        }
-    }
-    match e.reason() {
-        Some(r) if e.is_remote() && e.is_reset() => Failure::Protocol(format!(
-            "upstream rejected request with error {}",
-            u32::from(r)
-        )),
-        _ => Failure::Protocol(format!("upstream sent invalid http2 frames ({e})")),
-    }
-}
-
-/// The answer's head as the gateway takes one: status and fields.
-fn cgi_head(resp: &http::response::Parts) -> CgiHead {
-    let pairs: Vec<(&str, &str)> = resp
-        .headers
-        .iter()
-        .filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?)))
-        .collect();
-    CgiHead {
-        status: Some(resp.status.as_u16()),
-        headers: Fields::from_pairs(&pairs),
-    }
-}
-
 /// The answer's head within `grpc_read_timeout`, recorded for `$upstream_*`; a failure
 /// is the caller's to log.
 async fn answer_head(
     req: &Request,
     o: &mut Opened,
 ) -> Result<(http::response::Parts, RecvStream), Failure> {
-    let timeout = req.conf.grpc.gw.read_timeout();
-    let r = match tokio::time::timeout(timeout, &mut o.answer).await {
-        Ok(Ok(r)) => Ok(r),
-        Ok(Err(e)) => Err(h2_failure(e, READING_HEAD)),
-        Err(_) => Err(Failure::Timeout(READING_HEAD)),
-    };
+    let r = h2u::answer(&mut o.answer, req.conf.grpc.gw.read_timeout()).await;
     let status = match &r {
         Ok(r) => r.status().as_u16(),
         Err(f) => f.status(),
@@ -527,7 +412,7 @@ pub async fn serve_h2(
         Some(Err(f)) => return Served::Flow(gw::failed(req, o.scheme, &o.addr, &f)),
         None => return client_gone(w, req),
     };
-    let mut resp = match gw::answer(req, &req.conf.grpc.gw, cgi_head(&parts)) {
+    let mut resp = match gw::answer(req, &req.conf.grpc.gw, h2u::cgi_head(&parts)) {
         Flow::Done(resp) => resp,
         flow => return Served::Flow(flow),
     };
@@ -718,7 +603,7 @@ async fn relay(req: &Request, o: &Opened, up: &mut RecvStream, out: &mut Out<'_>
             Some(Ok(None)) => break,
             Some(Ok(Some(Err(e)))) => {
                 let reason = e.reason();
-                relay_failed(req, o, h2_failure(e, READING), reason, out);
+                relay_failed(req, o, h2u::failure(e, READING), reason, out);
                 return true;
             }
             Some(Err(_)) => {
@@ -731,7 +616,7 @@ async fn relay(req: &Request, o: &Opened, up: &mut RecvStream, out: &mut Out<'_>
         Ok(Ok(t)) => t,
         Ok(Err(e)) => {
             let reason = e.reason();
-            relay_failed(req, o, h2_failure(e, READING), reason, out);
+            relay_failed(req, o, h2u::failure(e, READING), reason, out);
             return true;
         }
         Err(_) => {
@@ -785,14 +670,16 @@ pub async fn run_whole(w: &Worker, req: &Request) -> Flow {
                 data.extend_from_slice(&b);
             }
             Ok(None) => break,
-            Ok(Some(Err(e))) => return gw::failed(req, o.scheme, &o.addr, &h2_failure(e, READING)),
+            Ok(Some(Err(e))) => {
+                return gw::failed(req, o.scheme, &o.addr, &h2u::failure(e, READING))
+            }
             Err(_) => return gw::failed(req, o.scheme, &o.addr, &Failure::Timeout(READING)),
         }
     }
     if let Some((up, i, _)) = &o.server {
         w.upstreams.succeeded(up, *i);
     }
-    match gw::answer(req, &req.conf.grpc.gw, cgi_head(&parts)) {
+    match gw::answer(req, &req.conf.grpc.gw, h2u::cgi_head(&parts)) {
         Flow::Done(mut resp) => {
             if !data.is_empty() {
                 resp.body = Body::bytes(data.freeze());

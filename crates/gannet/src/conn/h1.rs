@@ -757,7 +757,7 @@ impl<S: Transport> Conn<S> {
             }
             if !more && chunked {
                 self.out.extend_from_slice(b"0\r\n");
-                if trailing {
+                if trailing || headers::may_trail(req, &resp) {
                     for (n, v) in headers::trailers(req, &resp) {
                         for part in [n.as_bytes(), b": ", v.as_bytes(), b"\r\n"] {
                             self.out.extend_from_slice(part);

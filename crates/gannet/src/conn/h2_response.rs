@@ -103,7 +103,9 @@ pub(super) fn prepare(req: &Request, resp: &mut Response, src: Option<Source>) -
         resp.content_length = Some(body_len);
     }
     let (head, head_len) = head(resp, body_len, req.conf.core.server_tokens());
-    let trailing = crate::modules::headers::sends_trailers(req, resp);
+    // `add_trailer`'s, or a server's passed on (`proxy_pass_trailers`).
+    let trailing = crate::modules::headers::sends_trailers(req, resp)
+        || crate::modules::headers::may_trail(req, resp);
     let end = !send_body || (src.is_none() && body_len == 0 && !trailing);
     Prepared {
         src,

@@ -236,6 +236,25 @@ fn peek(stream: &TcpStream, finished: bool) -> io::Result<Option<Parsed>> {
     }))
 }
 
+/// The PROXY protocol v1 line a proxy opens its upstream connection with for a client
+/// `peer` that connected to `local` (nginx's `ngx_proxy_protocol_write`).
+pub fn v1_line(peer: SocketAddr, local: SocketAddr) -> String {
+    let (src, dst) = (
+        crate::http::cidr::unmapped(peer.ip()),
+        crate::http::cidr::unmapped(local.ip()),
+    );
+    let family = if src.is_ipv4() && dst.is_ipv4() {
+        "TCP4"
+    } else {
+        "TCP6"
+    };
+    format!(
+        "PROXY {family} {src} {dst} {} {}\r\n",
+        peer.port(),
+        local.port()
+    )
+}
+
 /// Take the PROXY protocol header off a new connection: its addresses (or none), or
 /// `Err` when the connection is to be closed (the reason logged, as nginx logs it).
 pub async fn read(

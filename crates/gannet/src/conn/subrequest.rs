@@ -131,9 +131,10 @@ pub async fn run(w: &Worker, r: &mut Request) -> (Response, Option<Box<Streaming
             Handled::Close => return (Response::new(444), None),
             // A subrequest has no body of its own: `dav::put` answers 500, as nginx.
             Handled::Put => handled = handler::put_body_read(r, w),
-            Handled::Delay(_) | Handled::AuthRequest(_) | Handled::LimitReqShared(_) => {
-                handled = handler::settle(r, w, handled).await
-            }
+            Handled::Delay(_)
+            | Handled::AuthRequest(_)
+            | Handled::LimitReqShared(_)
+            | Handled::LimitConnShared(_) => handled = handler::settle(r, w, handled).await,
             Handled::Gateway => {
                 let flow = match gateway::run(w, r).await {
                     Outcome::Flow(f) => f,

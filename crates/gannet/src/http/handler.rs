@@ -90,6 +90,8 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
             },
             Flow::AuthRequest(sub) => return Handled::AuthRequest(sub),
             Flow::LimitReqShared(p) => return Handled::LimitReqShared(p),
+            Flow::LimitConnShared(p) => return Handled::LimitConnShared(p),
+            Flow::LimitConnPassed => access_and_content(req, w),
             Flow::AuthAnswered(sub) => match access::auth_answered(req, &sub) {
                 Some(refused) => auth_delay(req, refused),
                 None => content(req, w),
@@ -169,6 +171,10 @@ pub async fn settle(req: &mut Request, w: &Worker, mut handled: Handled) -> Hand
             Handled::LimitReqShared(pending) => {
                 let asked = limit_req::shared::ask(pending).await;
                 let flow = limit_req::shared::answered(req, asked);
+                resume(req, w, flow)
+            }
+            Handled::LimitConnShared(pending) => {
+                let flow = limit_conn::shared::ask(req, pending).await;
                 resume(req, w, flow)
             }
             done => return done,

@@ -140,6 +140,9 @@ pub struct Tries {
     /// Bytes the attempt under way sent and read so far, taken by its [`UpstreamTry`].
     pub sent: u64,
     pub received: u64,
+    /// The trailer fields of a server's answer, kept for the client (`proxy_pass_trailers`,
+    /// `conn::proxy_h2`).
+    pub trailers: Option<crate::conn::proxy_h2::Trailers>,
 }
 
 impl Tries {

@@ -6,9 +6,7 @@
 //!
 //! Inside `acme_issuer`: `uri`, `account_key`, `challenge`, `contact`, `state_path`,
 //! `accept_terms_of_service`, `ssl_trusted_certificate`, `ssl_verify`,
-//! `external_account_key`, `profile`, `common_name_in_csr`. What nginx-acme has and gannet
-//! does not do yet (`preferred_chain`, `ssl_verify off`, account keys other than ECDSA
-//! P-256) are config errors saying so, never silently ignored.
+//! `external_account_key`, `profile`, `preferred_chain`, `common_name_in_csr`.
 
 use super::{LoadCtx, LocConf};
 use crate::acme::{Challenge, Issuer, KeyAlg, Slot};
@@ -189,11 +187,14 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
         name,
         uri: String::new(),
         account_key: None,
+        account_key_alg: KeyAlg::Ecdsa(256),
         contacts: Vec::new(),
         accept_tos: false,
         trusted: None,
+        verify: true,
         eab: None,
         profile: None,
+        preferred_chain: None,
         common_name_in_csr: false,
         challenge: Challenge::Http01,
     };
@@ -217,14 +218,9 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
                 }
                 is.uri = v.to_string();
             }
-            "account_key" => match v {
-                "ecdsa" | "ecdsa:256" => is.account_key = None,
-                _ if KeyAlg::parse(v).is_some() => {
-                    return Err(e.error(format!(
-                        "account key \"{v}\" is not supported yet (only ecdsa:256)"
-                    )))
-                }
-                _ => is.account_key = Some(ctx.prefix.join(v)),
+            "account_key" => match KeyAlg::parse(v) {
+                Some(alg) => is.account_key_alg = alg,
+                None => is.account_key = Some(account_key_file(e, &ctx.prefix.join(v))?),
             },
             "challenge" => {
                 is.challenge = match v {
@@ -251,16 +247,15 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
             }
             "accept_terms_of_service" => is.accept_tos = true,
             "ssl_trusted_certificate" => {
-                is.trusted = Some(FileArg {
+                let f = FileArg {
                     path: ctx.prefix.join(v),
                     loc: e.loc.clone(),
-                })
+                };
+                // Checked now, as nginx-acme loads it (used when the CA is first asked).
+                crate::tls::certs::load_chain(&f, "trusted certificate")?;
+                is.trusted = Some(f);
             }
-            "ssl_verify" => {
-                if !flag(e, v)? {
-                    return Err(e.error("\"ssl_verify off\" is not supported yet"));
-                }
-            }
+            "ssl_verify" => is.verify = flag(e, v)?,
             "external_account_key" => {
                 if is.eab.is_some() {
                     return Err(e.error(format!("\"{n}\" directive is duplicate")));
@@ -294,7 +289,7 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
                 is.profile = Some((v.to_string(), require));
             }
             "common_name_in_csr" => is.common_name_in_csr = flag(e, v)?,
-            "preferred_chain" => return Err(e.error(format!("\"{n}\" is not supported yet"))),
+            "preferred_chain" => is.preferred_chain = Some(v.to_string()),
             _ => return Err(e.error(format!("unknown directive \"{n}\""))),
         }
     }
@@ -302,6 +297,26 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
         return Err(d.error("\"acme_issuer\" directive \"uri\" is missing"));
     }
     Ok(is)
+}
+
+/// `account_key FILE`: a PKCS#8 PEM key, read now (the master may read what the workers
+/// cannot): ECDSA P-256, P-384, P-521 or RSA.
+fn account_key_file(e: &Directive, path: &std::path::Path) -> Result<Vec<u8>, ConfError> {
+    use rustls::pki_types::pem::PemObject;
+    let shown = path.display();
+    let pem = std::fs::read(path)
+        .map_err(|err| e.error(format!("cannot load account key \"{shown}\": {err}")))?;
+    let der = rustls::pki_types::PrivatePkcs8KeyDer::from_pem_slice(&pem).map_err(|err| {
+        e.error(format!(
+            "cannot load account key \"{shown}\": not a PKCS#8 PEM key ({err})"
+        ))
+    })?;
+    let p256 = instant_acme::Key::from_pkcs8_der(der).is_ok();
+    if !p256 {
+        crate::acme::account_key_type(&pem)
+            .map_err(|err| e.error(format!("cannot load account key \"{shown}\": {err}")))?;
+    }
+    Ok(pem)
 }
 
 /// `on` / `off`, with nginx's error otherwise.

@@ -238,14 +238,12 @@ pub fn sends_trailers(req: &Request, r: &Response) -> bool {
 
 /// The trailer fields of an answer whose body has been sent, for the HTTP/1 chunked ending
 /// and the HTTP/2 trailing HEADERS frame alike: `add_trailer`'s that apply to the status,
-/// evaluated now; those with an empty value are left out. nginx evaluates them before its
+/// evaluated now (those with an empty value are left out), then an upstream's. nginx evaluates them before its
 /// last buffer is written, so `$body_bytes_sent` is not counted yet: 0 here too.
 pub fn trailers(req: &Request, r: &Response) -> Vec<(String, String)> {
-    let Some(list) = &r.trailers else {
-        return Vec::new();
-    };
+    let mut out: Vec<(String, String)> = Vec::new();
+    let list = r.trailers.as_deref().map_or(&[][..], |l| l.as_slice());
     let ok = status_gets_headers(r.status);
-    let mut out: Vec<(String, String)> = Vec::with_capacity(list.len());
     for h in list.iter().filter(|h| ok || h.always) {
         // Each sees those before it as sent (`$sent_trailer_*`), as in nginx.
         let sent = Sent {
@@ -257,7 +255,17 @@ pub fn trailers(req: &Request, r: &Response) -> Vec<(String, String)> {
             out.push((h.name.clone(), v));
         }
     }
+    // Then an HTTP/2 server's own (`proxy_pass_trailers`), as nginx appends them.
+    crate::conn::proxy_h2::passed_trailers(req, &mut out);
     out
+}
+
+/// Whether the answer may end with trailer fields that are not known yet: a server's
+/// passed on (`proxy_pass_trailers`). Unlike `add_trailer`'s, they do not make an
+/// HTTP/1.1 answer chunked (nginx's `expect_trailers` is not set for them): they go when it
+/// is chunked anyway.
+pub fn may_trail(req: &Request, r: &Response) -> bool {
+    !req.is_head() && r.status_has_body() && crate::conn::proxy_h2::trails(req)
 }
 
 /// The response as `$status` and `$sent_http_*` see it while its head is being made.

@@ -2,9 +2,11 @@
 //! request it sends upstream. It is the fourth protocol of the gateway machinery
 //! (`gateway`, `conn::gateway`): the same upstream groups, retries, timeouts and header
 //! lists as FastCGI, SCGI and uwsgi, with HTTP/1.x on the wire, over TCP, a unix socket, or
-//! TLS for `https://` URLs (whose `proxy_ssl_*` directives are in `proxy_ssl`).
+//! TLS for `https://` URLs (whose `proxy_ssl_*` directives are in `proxy_ssl`), or HTTP/2
+//! with `proxy_http_version 2` (`conn::proxy_h2`, with the same fields: [`fields`]).
 //!
-//! Directives: `proxy_pass`, `proxy_set_header`, `proxy_http_version`, `proxy_method`,
+//! Directives: `proxy_pass`, `proxy_set_header`, `proxy_http_version`, `proxy_pass_trailers`,
+//! `proxy_method`,
 //! `proxy_set_body`, `proxy_redirect`, and the shared ones with the `proxy_` prefix
 //! (`proxy_request_buffering`, `proxy_connect_timeout`, `proxy_send_timeout`, `proxy_read_timeout`,
 //! `proxy_buffering`, `proxy_buffers`, `proxy_buffer_size`, `proxy_intercept_errors`,
@@ -49,6 +51,7 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("proxy_pass", LOC_IF.or(Ctx::LIMIT_EXCEPT), Args::Exactly(1)),
     spec("proxy_set_header", HSL, Args::Exactly(2)),
     spec("proxy_http_version", HSL, Args::Exactly(1)),
+    spec("proxy_pass_trailers", HSL, Args::Exactly(1)),
     spec("proxy_limit_rate", HSL, Args::Exactly(1)),
     spec("proxy_bind", HSL, Args::Between(1, 2)),
     spec("proxy_method", HSL, Args::Exactly(1)),
@@ -140,8 +143,10 @@ pub struct ProxyConf {
     /// Set with `proxy_pass`, in the location itself only.
     pub target: Option<Arc<Target>>,
     pub set_headers: Option<Arc<Vec<(String, Template)>>>,
-    /// `proxy_http_version 1.1`.
-    pub http11: Option<bool>,
+    /// `proxy_http_version`: 1.0 (the default), 1.1 or 2 (`conn::proxy_h2`).
+    pub http_version: Option<HttpVersion>,
+    /// `proxy_pass_trailers`: the answer's trailer fields go on to the client.
+    pub pass_trailers: Option<bool>,
     /// `proxy_limit_rate`: bytes a second the answer is read from the server at (0: no
     /// limit).
     pub limit_rate: Option<u64>,
@@ -171,7 +176,8 @@ impl ProxyConf {
             self,
             parent,
             set_headers,
-            http11,
+            http_version,
+            pass_trailers,
             limit_rate,
             bind,
             method,
@@ -183,6 +189,25 @@ impl ProxyConf {
     pub fn limit_rate(&self) -> u64 {
         self.limit_rate.unwrap_or(0)
     }
+    /// HTTP/1.1 or HTTP/2 upstream: a body of unknown length can be passed on as it comes.
+    pub fn http11(&self) -> bool {
+        self.http_version.is_some_and(|v| v != HttpVersion::V10)
+    }
+    /// `proxy_http_version 2`.
+    pub fn http2(&self) -> bool {
+        self.http_version == Some(HttpVersion::V2)
+    }
+    pub fn pass_trailers(&self) -> bool {
+        self.pass_trailers.unwrap_or(false)
+    }
+}
+
+/// `proxy_http_version`'s values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpVersion {
+    V10,
+    V11,
+    V2,
 }
 
 /// `proxy_bind address [transparent]`: an address, with a port or not, or a value with
@@ -278,9 +303,10 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             lc.proxy.bind = Some(bind(d)?);
         }
         "proxy_http_version" => {
-            lc.proxy.http11 = Some(match a0 {
-                "1.0" => false,
-                "1.1" => true,
+            lc.proxy.http_version = Some(match a0 {
+                "1.0" => HttpVersion::V10,
+                "1.1" => HttpVersion::V11,
+                "2" => HttpVersion::V2,
                 _ => return Err(invalid(d, a0)),
             })
         }
@@ -291,6 +317,9 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             lc.proxy.body = Some(Template::compile(a0).map_err(|e| d.error(e))?);
         }
         "proxy_redirect" => set_redirect(d, &mut lc.proxy)?,
+        "proxy_pass_trailers" => {
+            lc.proxy.pass_trailers = Some(gannet_conf::setters::flag(d)?);
+        }
         "proxy_cache_convert_head" => {
             lc.proxy.convert_head = Some(gannet_conf::setters::flag(d)?);
         }
@@ -523,69 +552,89 @@ const HOP: &[&str] = &[
     "proxy-connection",
 ];
 
-/// The request to send upstream: its head, then the body (or only the head, framed for a
-/// body that follows as it arrives: `streamed`). Returns whether it asks the server to keep
-/// the connection (no `Connection: close` was sent).
-pub fn encode_request(
+/// What goes upstream besides the fields, for HTTP/1.x and HTTP/2 alike: the method, the
+/// body (`proxy_set_body`'s, the client's, or none), and how a body sent after the head
+/// is framed.
+pub struct Outline<'r> {
+    pub method: Cow<'r, str>,
+    /// `proxy_set_body`'s value, sent in place of the client's body.
+    pub set_body: Option<String>,
+    /// A body goes (and so a Content-Length, when its length is known).
+    pub has_body: bool,
+    pub streamed: Option<Streamed>,
+}
+
+impl<'r> Outline<'r> {
+    /// `streamed`: how the client's body would follow the head, if it is passed on as it
+    /// arrives.
+    pub fn of(req: &'r Request, streamed: Option<Streamed>) -> Outline<'r> {
+        let c = &req.conf.proxy;
+        let method: Cow<str> = match &c.method {
+            Some(m) => Cow::Owned(m.eval(req, None)),
+            None => match req.method_override {
+                Some(_) => Cow::Borrowed("GET"),
+                None if crate::conn::gateway_cache::head_as_get(req) => Cow::Borrowed("GET"),
+                None => Cow::Borrowed(req.head.method_str()),
+            },
+        };
+        let set_body = c.body.as_ref().map(|t| t.eval(req, None));
+        // The client's body goes unless turned off or the request became a GET (error_page).
+        let client_body = c.gw.pass_request_body()
+            && req.method_override.is_none()
+            && req.head.body != gannet_proto::h1::BodyKind::None;
+        let has_body = set_body.is_some() || client_body;
+        let streamed = streamed.filter(|_| set_body.is_none() && client_body);
+        Outline {
+            method,
+            set_body,
+            has_body,
+            streamed,
+        }
+    }
+
+    /// The body sent with the head: `proxy_set_body`'s, else `body` when the client's goes.
+    pub fn body<'a>(&'a self, body: &'a [u8]) -> &'a [u8] {
+        match &self.set_body {
+            Some(b) => b.as_bytes(),
+            None if self.has_body => body,
+            None => &[],
+        }
+    }
+}
+
+/// The request's header fields in the order they go, each to `put`: `Host` and
+/// `Connection: close` unless `proxy_set_header` changes them, the framing of the body
+/// (`body_len` bytes sent with the head, or `o.streamed`), the other `proxy_set_header`s
+/// (an empty value sends nothing), the cache's conditional fields, then the client's
+/// fields except the ones set here and the hop-by-hop ones. Returns whether the request
+/// lets the server keep the connection (no `Connection: close` went). One list for
+/// HTTP/1.x and HTTP/2 (which leaves out what it cannot carry).
+pub fn fields(
     req: &Request,
     dest: &Dest,
-    body: &[u8],
-    streamed: Option<Streamed>,
-    out: &mut Vec<u8>,
+    o: &Outline,
+    body_len: usize,
+    mut put: impl FnMut(&str, &[u8]),
 ) -> bool {
     let c = &req.conf.proxy;
-    let vars = matches!(c.target.as_deref(), Some(Target::Vars(..)));
-    let method: Cow<str> = match &c.method {
-        Some(m) => Cow::Owned(m.eval(req, None)),
-        None => match req.method_override {
-            Some(_) => Cow::Borrowed("GET"),
-            None if crate::conn::gateway_cache::head_as_get(req) => Cow::Borrowed("GET"),
-            None => Cow::Borrowed(req.head.method_str()),
-        },
-    };
-    let set_body = c.body.as_ref().map(|t| t.eval(req, None));
-    // The client's body goes unless turned off or the request became a GET (error_page).
-    let client_body = c.gw.pass_request_body()
-        && req.method_override.is_none()
-        && req.head.body != gannet_proto::h1::BodyKind::None;
-    let (body, has_body): (&[u8], bool) = match &set_body {
-        Some(b) => (b.as_bytes(), true),
-        None if client_body => (body, true),
-        None => (&[], false),
-    };
-    let streamed = streamed.filter(|_| set_body.is_none() && client_body);
-    out.extend_from_slice(method.as_bytes());
-    out.push(b' ');
-    upstream_uri(req, dest, vars, out);
-    out.extend_from_slice(if c.http11.unwrap_or(false) {
-        b" HTTP/1.1\r\n"
-    } else {
-        b" HTTP/1.0\r\n"
-    });
     let set = c.set_headers.as_deref().map_or(&[][..], |v| v.as_slice());
     let is_set = |name: &str| set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name));
     let mut keep = true;
-    let put = |name: &str, value: &[u8], out: &mut Vec<u8>| {
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value);
-        out.extend_from_slice(b"\r\n");
-    };
     if !is_set("host") {
-        put("Host", dest.host.as_bytes(), out);
+        put("Host", dest.host.as_bytes());
     }
     if !is_set("connection") {
-        put("Connection", b"close", out);
+        put("Connection", b"close");
         keep = false;
     }
-    match streamed {
-        Some(Streamed::Chunked) => put("Transfer-Encoding", b"chunked", out),
+    match o.streamed {
+        Some(Streamed::Chunked) => put("Transfer-Encoding", b"chunked"),
         Some(Streamed::Length(n)) if !is_set("content-length") => {
-            put("Content-Length", n.to_string().as_bytes(), out)
+            put("Content-Length", n.to_string().as_bytes())
         }
         Some(Streamed::Length(_)) => {}
-        None if has_body && !is_set("content-length") => {
-            put("Content-Length", body.len().to_string().as_bytes(), out)
+        None if o.has_body && !is_set("content-length") => {
+            put("Content-Length", body_len.to_string().as_bytes())
         }
         None => {}
     }
@@ -597,7 +646,7 @@ pub fn encode_request(
         if name.eq_ignore_ascii_case("connection") && v.to_ascii_lowercase().contains("close") {
             keep = false;
         }
-        put(name, v.as_bytes(), out);
+        put(name, v.as_bytes());
     }
     // A request whose answer may be cached sends the cache's conditional headers, not the
     // client's (nginx's `proxy_cache_headers`): the entry must be the whole answer.
@@ -606,7 +655,7 @@ pub fn encode_request(
         if let Some((lm, etag)) = crate::conn::gateway_cache::revalidation(req) {
             for (n, v) in [("If-Modified-Since", lm), ("If-None-Match", etag)] {
                 if let Some(v) = v.filter(|_| !is_set(n)) {
-                    put(n, v.as_bytes(), out);
+                    put(n, v.as_bytes());
                 }
             }
         }
@@ -619,9 +668,40 @@ pub fn encode_request(
             {
                 continue;
             }
-            put(name, value, out);
+            put(name, value);
         }
     }
+    keep
+}
+
+/// The request to send upstream over HTTP/1.x: its head, then the body (or only the head,
+/// framed for a body that follows as it arrives: `streamed`). Returns whether it asks the
+/// server to keep the connection (no `Connection: close` was sent).
+pub fn encode_request(
+    req: &Request,
+    dest: &Dest,
+    body: &[u8],
+    streamed: Option<Streamed>,
+    out: &mut Vec<u8>,
+) -> bool {
+    let c = &req.conf.proxy;
+    let vars = matches!(c.target.as_deref(), Some(Target::Vars(..)));
+    let o = Outline::of(req, streamed);
+    out.extend_from_slice(o.method.as_bytes());
+    out.push(b' ');
+    upstream_uri(req, dest, vars, out);
+    out.extend_from_slice(if c.http11() {
+        b" HTTP/1.1\r\n"
+    } else {
+        b" HTTP/1.0\r\n"
+    });
+    let body = o.body(body);
+    let keep = fields(req, dest, &o, body.len(), |name, value| {
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    });
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(body);
     keep

@@ -239,7 +239,9 @@ fn build_for(lc: &mut LocConf, ctx: &mut LoadCtx, at: &Loc) -> Result<(), ConfEr
         None => false,
     };
     if may_tls && lc.proxy.client_tls.is_none() {
-        lc.proxy.client_tls = Some(build(&lc.proxy.ssl, "proxy_ssl_", ctx, at, None)?);
+        // `proxy_http_version 2` asks the server for `h2` (ALPN), as nginx.
+        let alpn = lc.proxy.http2().then_some(&b"h2"[..]);
+        lc.proxy.client_tls = Some(build(&lc.proxy.ssl, "proxy_ssl_", ctx, at, alpn)?);
     }
     if lc.uwsgi.tls && lc.uwsgi.client_tls.is_none() {
         lc.uwsgi.client_tls = Some(build(&lc.uwsgi.ssl, "uwsgi_ssl_", ctx, at, None)?);

@@ -5,7 +5,8 @@
 //! `ssl_prefer_server_ciphers`, `ssl_session_cache`, `ssl_session_timeout`,
 //! `ssl_session_tickets`, `ssl_stapling`, `ssl_stapling_file`, `ssl_stapling_responder`,
 //! `ssl_stapling_verify`, `ssl_client_certificate`,
-//! `ssl_trusted_certificate`, `ssl_crl`, `ssl_verify_client`, `ssl_reject_handshake`,
+//! `ssl_trusted_certificate`, `ssl_crl`, `ssl_ocsp`, `ssl_ocsp_responder`,
+//! `ssl_ocsp_cache`, `ssl_verify_client`, `ssl_reject_handshake`,
 //! `ssl_ecdh_curve`, `ssl_early_data` (0-RTT, taken over QUIC only: `conn::quic`).
 //! (`listen ... ssl` is in `config::listen`.)
 
@@ -47,6 +48,9 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("ssl_client_certificate", Args::Exactly(1)),
     spec("ssl_trusted_certificate", Args::Exactly(1)),
     spec("ssl_crl", Args::Exactly(1)),
+    spec("ssl_ocsp", Args::Exactly(1)),
+    spec("ssl_ocsp_responder", Args::Exactly(1)),
+    spec("ssl_ocsp_cache", Args::Exactly(1)),
     spec("ssl_verify_client", Args::Exactly(1)),
     spec("ssl_verify_depth", Args::Exactly(1)),
     spec("ssl_reject_handshake", Args::Exactly(1)),
@@ -114,6 +118,12 @@ pub struct TlsConf {
     pub trusted_certificate: Option<FileArg>,
     /// Revocation lists the client chains are checked against.
     pub crl: Option<FileArg>,
+    /// `ssl_ocsp on|leaf` (`None` inside: `off`), where it was written.
+    pub ocsp: Option<(Option<crate::tls::ocsp::Mode>, Loc)>,
+    /// `ssl_ocsp_responder`: the URL asked instead of the certificates' own.
+    pub ocsp_responder: Option<(String, Loc)>,
+    /// `ssl_ocsp_cache`: `None` inside for `off`, else the zone's name and size.
+    pub ocsp_cache: Option<Option<(String, usize)>>,
     pub verify_client: Option<(VerifyClient, Loc)>,
     /// `ssl_verify_depth`: the most intermediate CAs in a client chain.
     pub verify_depth: Option<u64>,
@@ -157,6 +167,9 @@ impl TlsConf {
             verify_depth,
             trusted_certificate,
             crl,
+            ocsp,
+            ocsp_responder,
+            ocsp_cache,
             verify_client,
             reject_handshake,
             early_data,
@@ -238,6 +251,24 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         "ssl_client_certificate" => c.client_certificate = Some(file(d, ctx)),
         "ssl_trusted_certificate" => c.trusted_certificate = Some(file(d, ctx)),
         "ssl_crl" => c.crl = Some(file(d, ctx)),
+        "ssl_ocsp" => {
+            use crate::tls::ocsp::Mode;
+            let mode = match d.args[0].as_str() {
+                "off" => None,
+                "on" => Some(Mode::All),
+                "leaf" => Some(Mode::Leaf),
+                other => return Err(invalid(d, other)),
+            };
+            c.ocsp = Some((mode, d.loc.clone()));
+        }
+        // Checked when the server is set up, and only with `ssl_ocsp` on, as nginx's.
+        "ssl_ocsp_responder" => c.ocsp_responder = Some((d.args[0].clone(), d.loc.clone())),
+        "ssl_ocsp_cache" => {
+            if c.ocsp_cache.is_some() {
+                return Err(d.error("\"ssl_ocsp_cache\" directive is duplicate"));
+            }
+            c.ocsp_cache = Some(ocsp_cache(d)?);
+        }
         "ssl_verify_depth" => c.verify_depth = Some(setters::num_arg(d, 0)?),
         "ssl_verify_client" => {
             let v = match d.args[0].as_str() {
@@ -336,6 +367,25 @@ fn ecdh_curves(d: &Directive, ctx: &mut LoadCtx) -> Result<Option<Vec<NamedGroup
         ));
     }
     Ok(Some(groups))
+}
+
+/// `ssl_ocsp_cache off | shared:NAME:SIZE` (at least 8 pages, as nginx's zone).
+fn ocsp_cache(d: &Directive) -> Result<Option<(String, usize)>, ConfError> {
+    let v = &d.args[0];
+    if v == "off" {
+        return Ok(None);
+    }
+    let bad = || d.error(format!("invalid OCSP cache \"{v}\""));
+    let rest = v.strip_prefix("shared:").ok_or_else(bad)?;
+    let (name, size) = rest.split_once(':').ok_or_else(bad)?;
+    if name.is_empty() {
+        return Err(bad());
+    }
+    let bytes = setters::size(size).ok_or_else(bad)?;
+    if bytes < 8 * 4096 {
+        return Err(d.error(format!("OCSP cache \"{v}\" is too small")));
+    }
+    Ok(Some((name.to_string(), bytes as usize)))
 }
 
 fn session_cache(d: &Directive) -> Result<SessionCache, ConfError> {

@@ -103,6 +103,7 @@ pub fn run(config: Config, reload: impl Fn() -> Result<Config, ConfError>) -> Re
     if let Some(n) = main.rlimit_nofile {
         set_nofile(n)?;
     }
+    startup_notices();
     worker_process::set_single_process(!main.master_process);
     // Blocked before the first socket listens: a signal sent as soon as the port answers
     // (SIGHUP, SIGUSR2: deadly by default) waits for the signal loop instead.
@@ -145,6 +146,45 @@ pub fn run(config: Config, reload: impl Fn() -> Result<Config, ConfError>) -> Re
         no_accept: false,
     };
     supervise(config.clone(), bound, main.pid.as_deref(), up, reload)
+}
+
+/// What nginx's master says at `notice` level as it starts (the event method, the version,
+/// the OS and the open-files limit): admins and tools (nginx's own tests) look for them.
+fn startup_notices() {
+    crate::errlog::notice(format_args!("using the \"epoll\" event method"));
+    crate::errlog::notice(format_args!(
+        "{}",
+        crate::cli::version_line().trim_start_matches("nginx version: ")
+    ));
+    // SAFETY: utsname is plain old data, zero-initialised; uname fills it in.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is valid and writable for the call.
+    if unsafe { libc::uname(&mut u) } == 0 {
+        let field = |f: &[libc::c_char]| {
+            let bytes: Vec<u8> = f
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|&c| c as u8)
+                .collect();
+            String::from_utf8_lossy(&bytes).into_owned()
+        };
+        crate::errlog::notice(format_args!(
+            "OS: {} {}",
+            field(&u.sysname),
+            field(&u.release)
+        ));
+    }
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is valid and writable for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        crate::errlog::notice(format_args!(
+            "getrlimit(RLIMIT_NOFILE): {}:{}",
+            lim.rlim_cur, lim.rlim_max
+        ));
+    }
 }
 
 fn set_nofile(n: u64) -> Result<(), String> {

@@ -283,6 +283,7 @@ pub fn run(
         let probes = if probe {
             let mut t = crate::conn::health::spawn_all(&w.config.probes);
             t.extend(crate::tls::stapling::spawn_all(&w.config.staplers));
+            t.extend(crate::cache::fanout::spawn_all(&w.config.purge_zones));
             t
         } else {
             Vec::new()
@@ -413,12 +414,25 @@ async fn accept_loop(w: Rc<Worker>, listener: AsyncFd<StdListener>, group: usize
                         ));
                     }
                     Some(k) => {
-                        tokio::task::spawn_local(crate::stream::core::serve_tcp(
-                            w.clone(),
-                            stream,
-                            peer,
-                            k,
-                        ));
+                        let streams = w.config.stream.as_ref().map_or(0, |s| s.listens.len());
+                        match k.checked_sub(streams) {
+                            None => {
+                                tokio::task::spawn_local(crate::stream::core::serve_tcp(
+                                    w.clone(),
+                                    stream,
+                                    peer,
+                                    k,
+                                ));
+                            }
+                            Some(m) => {
+                                tokio::task::spawn_local(crate::mail::handler::serve_tcp(
+                                    w.clone(),
+                                    stream,
+                                    peer,
+                                    m,
+                                ));
+                            }
+                        }
                     }
                 }
             }

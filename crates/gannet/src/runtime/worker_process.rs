@@ -161,11 +161,14 @@ pub fn spawn(
             // SAFETY: _exit ends the process at once; nothing of it is used after.
             unsafe { libc::_exit(code) }
         }
-        pid => Ok(WorkerProcess {
-            pid,
-            chan: master_end,
-            here: None,
-        }),
+        pid => {
+            crate::errlog::notice(format_args!("start worker process {pid}"));
+            Ok(WorkerProcess {
+                pid,
+                chan: master_end,
+                here: None,
+            })
+        }
     }
 }
 

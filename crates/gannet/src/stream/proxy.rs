@@ -725,20 +725,7 @@ async fn ssl_handshake(
 
 /// The PROXY protocol v1 line for the session (nginx's `ngx_proxy_protocol_write`).
 fn proxy_header(s: &Session) -> String {
-    let (src, dst) = (
-        crate::http::cidr::unmapped(s.peer.ip()),
-        crate::http::cidr::unmapped(s.local.ip()),
-    );
-    let family = if src.is_ipv4() && dst.is_ipv4() {
-        "TCP4"
-    } else {
-        "TCP6"
-    };
-    format!(
-        "PROXY {family} {src} {dst} {} {}\r\n",
-        s.peer.port(),
-        s.local.port()
-    )
+    crate::conn::proxy_protocol::v1_line(s.peer, s.local)
 }
 
 /// Proxy a TCP session; `head`: client bytes read already (`ssl_preread`).

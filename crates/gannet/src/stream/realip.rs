@@ -32,6 +32,14 @@ impl Trusted {
         Ok(())
     }
 
+    /// Whether a connection from `peer` (`unix`: over a unix socket) is trusted.
+    pub fn trusts(&self, peer: std::net::SocketAddr, unix: bool) -> bool {
+        match unix {
+            true => self.unix,
+            false => self.from.iter().any(|n| n.contains(unmapped(peer.ip()))),
+        }
+    }
+
     /// Take the PROXY header's client address when the connection is trusted.
     pub fn apply(&self, s: &mut Session) {
         if self.from.is_empty() && !self.unix {
@@ -40,12 +48,7 @@ impl Trusted {
         let Some(client) = s.proxy_protocol.as_ref().and_then(|p| p.client()) else {
             return;
         };
-        let ip = unmapped(s.peer.ip());
-        let trusted = match s.unix {
-            true => self.unix,
-            false => self.from.iter().any(|n| n.contains(ip)),
-        };
-        if trusted {
+        if self.trusts(s.peer, s.unix) {
             s.realip_from = Some(s.peer);
             s.realip_unix = s.unix;
             s.peer = client;

@@ -114,6 +114,7 @@ pub fn build(
                 config: Some(Arc::new(config)),
                 verify: t.verify,
                 roots: t.roots.clone(),
+                ocsp: None,
                 reject_handshake: t.reject_handshake,
             }))
         }
@@ -132,6 +133,32 @@ pub async fn handshake(
     tcp: TcpStream,
     s: &mut Session,
 ) -> Option<TlsStream<TcpStream>> {
+    let who = (s.id, s.peer, s.local);
+    let stream = match accept(tls, timeout, tcp, who).await {
+        Some((stream, info)) => {
+            // nginx's checks after the handshake (495/496 are HTTP's codes: here the
+            // session just ends).
+            let refused = info.refusal(tls);
+            s.tls = Some(info);
+            match refused {
+                None => return Some(stream),
+                Some((_, why)) => why,
+            }
+        }
+        None => return None,
+    };
+    failed(who, &stream);
+    None
+}
+
+/// The handshake alone (the mail proxy's too): the stream and what it agreed, or `None`
+/// (logged). `who`: the connection's number, client and local address, for the log.
+pub async fn accept(
+    tls: &Arc<ServerTls>,
+    timeout: Duration,
+    tcp: TcpStream,
+    who: (u64, std::net::SocketAddr, std::net::SocketAddr),
+) -> Option<(TlsStream<TcpStream>, crate::tls::TlsInfo)> {
     let config = tls.config.clone()?;
     let hs = async {
         let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp);
@@ -148,26 +175,24 @@ pub async fn handshake(
     let why = match tokio::time::timeout(timeout, hs).await {
         Ok(Ok((stream, sni, offered))) => {
             let info = crate::tls::TlsInfo::of(stream.get_ref().1, sni, offered, tls);
-            // nginx's checks after the handshake (495/496 are HTTP's codes: here the
-            // session just ends).
-            let refused = info.refusal(tls);
-            s.tls = Some(info);
-            match refused {
-                None => return Some(stream),
-                Some((_, why)) => why,
-            }
+            return Some((stream, info));
         }
         Ok(Err(e)) => e.to_string(),
         Err(_) => "client timed out".to_string(),
     };
+    failed(who, &why);
+    None
+}
+
+/// nginx's `info` line for a handshake that failed.
+pub fn failed(who: (u64, std::net::SocketAddr, std::net::SocketAddr), why: &str) {
     crate::errlog::log(
         crate::errlog::Level::Info,
         format_args!(
             "*{} {why} while SSL handshaking, client: {}, server: {}",
-            s.id,
-            crate::http::cidr::unmapped(s.peer.ip()),
-            s.local
+            who.0,
+            crate::http::cidr::unmapped(who.1.ip()),
+            who.2
         ),
     );
-    None
 }

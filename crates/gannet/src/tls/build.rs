@@ -35,6 +35,8 @@ pub struct LoadState {
     pub(super) clients: HashMap<String, Arc<super::client::ClientTls>>,
     /// The certificates stapled from their OCSP responders (`tls::stapling`).
     pub staplers: Vec<Arc<super::stapling::Stapler>>,
+    /// The `ssl_ocsp_cache shared:NAME` caches.
+    ocsp_caches: HashMap<String, Arc<super::ocsp::Cache>>,
 }
 
 fn err(loc: &Loc, msg: impl std::fmt::Display) -> ConfError {
@@ -56,6 +58,7 @@ pub fn build_server(
                 config: None,
                 verify: VerifyClient::Off,
                 roots: None,
+                ocsp: None,
                 reject_handshake: true,
             })
         }));
@@ -195,10 +198,12 @@ pub fn build_server(
         // Neither tickets nor a cache: a TLS 1.3 ticket could never be honoured.
         config.send_tls13_tickets = 0;
     }
+    let ocsp = client_ocsp(c, verify, &mut lctx.tls)?;
     Ok(Some(Arc::new(ServerTls {
         config: Some(Arc::new(config)),
         verify,
         roots,
+        ocsp,
         reject_handshake: c.reject_handshake(),
     })))
 }
@@ -314,6 +319,49 @@ fn client_roots(
         crls,
         depth: c.verify_depth(),
     }))
+}
+
+/// `ssl_ocsp on|leaf` with `ssl_verify_client`: how client chains' OCSP status is asked.
+fn client_ocsp(
+    c: &TlsConf,
+    verify: VerifyClient,
+    state: &mut LoadState,
+) -> Result<Option<Arc<super::ocsp::ClientOcsp>>, ConfError> {
+    let Some((Some(mode), loc)) = &c.ocsp else {
+        return Ok(None);
+    };
+    if verify == VerifyClient::OptionalNoCa {
+        return Err(err(
+            loc,
+            "\"ssl_ocsp\" is incompatible with \"ssl_verify_client optional_no_ca\"",
+        ));
+    }
+    let responder = match &c.ocsp_responder {
+        Some((url, at)) => Some(
+            super::stapling::Responder::parse(url)
+                .map_err(|e| err(at, format!("{e} in \"ssl_ocsp_responder\"")))?,
+        ),
+        None => None,
+    };
+    if verify == VerifyClient::Off {
+        return Ok(None);
+    }
+    let cache = match &c.ocsp_cache {
+        Some(Some((name, bytes))) => Some(
+            state
+                .ocsp_caches
+                .entry(name.clone())
+                .or_insert_with(|| Arc::new(super::ocsp::Cache::new(*bytes)))
+                .clone(),
+        ),
+        _ => None,
+    };
+    Ok(Some(Arc::new(super::ocsp::ClientOcsp {
+        mode: *mode,
+        responder,
+        cache,
+        resolver: c.resolver.clone(),
+    })))
 }
 
 /// The CA names, each once (a file may hold the same CA twice; OpenSSL's list is unique).

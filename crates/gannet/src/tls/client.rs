@@ -435,11 +435,20 @@ fn cn_matches(cert: &CertificateDer<'_>, name: &ServerName<'_>) -> bool {
     found
 }
 
-/// `proxy_ssl_verify off`: any certificate is accepted, but the handshake signatures are
-/// checked against the key in it, as OpenSSL does without verification.
+/// `proxy_ssl_verify off` (and an `acme_issuer`'s `ssl_verify off`): any certificate is
+/// accepted, but the handshake signatures are checked against the key in it, as OpenSSL
+/// does without verification.
 #[derive(Debug)]
-struct AnyCertificate {
+pub struct AnyCertificate {
     algs: WebPkiSupportedAlgorithms,
+}
+
+impl AnyCertificate {
+    pub fn new(provider: &rustls::crypto::CryptoProvider) -> AnyCertificate {
+        AnyCertificate {
+            algs: provider.signature_verification_algorithms,
+        }
+    }
 }
 
 impl ServerCertVerifier for AnyCertificate {

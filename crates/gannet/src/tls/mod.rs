@@ -18,6 +18,7 @@ pub mod ciphers;
 pub mod client;
 pub mod crl;
 pub mod handshake;
+pub mod ocsp;
 mod resolve;
 mod session;
 pub mod stapling;
@@ -41,6 +42,8 @@ pub struct ServerTls {
     pub verify: VerifyClient,
     /// Judges client chains against `ssl_client_certificate` (see `verify`).
     pub roots: Option<verify::ClientRoots>,
+    /// `ssl_ocsp`: the OCSP status of good client chains, asked after the handshake.
+    pub ocsp: Option<Arc<ocsp::ClientOcsp>>,
     /// `ssl_reject_handshake on`: a client whose SNI picks this server is refused.
     pub reject_handshake: bool,
 }
@@ -166,6 +169,11 @@ impl TlsInfo {
             }
             (VerifyClient::OptionalNoCa, Verified::Failed(f)) if f.only_unknown_ca() => None,
             (VerifyClient::Off, _) | (_, Verified::None | Verified::Success) => None,
+            // An OCSP verdict (code 0) is logged by nginx without a number.
+            (_, Verified::Failed(f)) if f.code == 0 => Some((
+                495,
+                format!("client SSL certificate verify error: {}", f.reason),
+            )),
             (_, Verified::Failed(f)) => Some((
                 495,
                 format!(

@@ -142,7 +142,7 @@ pub fn setup(
 }
 
 /// The certificate's OCSP URL from its Authority Information Access extension.
-fn aia_url(cert: &Certificate) -> Option<String> {
+pub fn aia_url(cert: &Certificate) -> Option<String> {
     use x509_cert::ext::pkix::name::GeneralName;
     use x509_cert::ext::pkix::AuthorityInfoAccessSyntax;
     let ext = cert
@@ -160,7 +160,109 @@ fn aia_url(cert: &Certificate) -> Option<String> {
     })
 }
 
-fn now() -> u64 {
+/// The CertID (SHA-1 hashes of the issuer's name and key, the serial) of `cert`.
+pub fn cert_id(cert: &Certificate, issuer: &Certificate) -> Result<CertId, String> {
+    let sha1 =
+        |b: &[u8]| aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA1_FOR_LEGACY_USE_ONLY, b);
+    let name = issuer
+        .tbs_certificate
+        .subject
+        .to_der()
+        .map_err(|e| format!("OCSP_cert_to_id() failed: {e}"))?;
+    let key = issuer
+        .tbs_certificate
+        .subject_public_key_info
+        .subject_public_key
+        .raw_bytes();
+    let oct = |d: aws_lc_rs::digest::Digest| {
+        der::asn1::OctetString::new(d.as_ref()).map_err(|e| e.to_string())
+    };
+    Ok(CertId {
+        hash_algorithm: x509_cert::spki::AlgorithmIdentifierOwned {
+            oid: SHA1.parse().map_err(|_| "bad OID".to_string())?,
+            parameters: Some(der::asn1::Null.into()),
+        },
+        issuer_name_hash: oct(sha1(&name))?,
+        issuer_key_hash: oct(sha1(key))?,
+        serial_number: cert.tbs_certificate.serial_number.clone(),
+    })
+}
+
+/// The DER of an OCSP request for one certificate.
+pub fn request(id: &CertId) -> Result<Vec<u8>, String> {
+    OcspRequest {
+        tbs_request: x509_ocsp::TbsRequest {
+            version: x509_ocsp::Version::V1,
+            requestor_name: None,
+            request_list: vec![x509_ocsp::Request {
+                req_cert: id.clone(),
+                single_request_extensions: None,
+            }],
+            request_extensions: None,
+        },
+        optional_signature: None,
+    }
+    .to_der()
+    .map_err(|e| format!("i2d_OCSP_REQUEST() failed: {e}"))
+}
+
+/// A certificate's status in a response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Good,
+    Revoked,
+    Unknown,
+}
+
+/// What the responder said of the certificate `id`, as nginx's ngx_ssl_ocsp_verify judges
+/// a response: successful, signed by a signer `trusted` accepts, naming `id`, current.
+/// Returns the status and until when it holds (`u64::MAX`: no nextUpdate). `failed` words
+/// the error.
+pub fn judge_response(
+    der_bytes: &[u8],
+    id: &CertId,
+    trusted: impl Fn(&BasicOcspResponse) -> bool,
+    failed: &dyn Fn(&str) -> String,
+) -> Result<(Status, u64), String> {
+    let resp = x509_ocsp::OcspResponse::from_der(der_bytes)
+        .map_err(|_| failed("d2i_OCSP_RESPONSE() failed"))?;
+    if resp.response_status != OcspResponseStatus::Successful {
+        return Err(failed(&format!(
+            "OCSP response not successful ({}: {:?})",
+            resp.response_status as u8, resp.response_status
+        )));
+    }
+    let bytes = resp
+        .response_bytes
+        .filter(|b| b.response_type.to_string() == BASIC)
+        .ok_or_else(|| failed("OCSP_response_get1_basic() failed"))?;
+    let basic = BasicOcspResponse::from_der(bytes.response.as_bytes())
+        .map_err(|_| failed("OCSP_response_get1_basic() failed"))?;
+    if !trusted(&basic) {
+        return Err(failed("OCSP_basic_verify() failed"));
+    }
+    let single = basic
+        .tbs_response_data
+        .responses
+        .iter()
+        .find(|r| r.cert_id == *id)
+        .ok_or_else(|| failed("certificate status not found in the OCSP response"))?;
+    let now = now();
+    let secs = |t: &x509_ocsp::OcspGeneralizedTime| t.0.to_unix_duration().as_secs();
+    // OCSP_check_validity(thisupdate, nextupdate, 300, -1).
+    let next = single.next_update.as_ref().map(secs);
+    if secs(&single.this_update) > now + RETRY || next.is_some_and(|n| n + RETRY < now) {
+        return Err(failed("OCSP_check_validity() failed"));
+    }
+    let status = match single.cert_status {
+        CertStatus::Good(_) => Status::Good,
+        CertStatus::Revoked(_) => Status::Revoked,
+        CertStatus::Unknown(_) => Status::Unknown,
+    };
+    Ok((status, next.unwrap_or(u64::MAX)))
+}
+
+pub fn now() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -205,57 +307,27 @@ impl Stapler {
         }
     }
 
-    fn cert_id(&self) -> Result<CertId, String> {
-        let sha1 =
-            |b: &[u8]| aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA1_FOR_LEGACY_USE_ONLY, b);
-        let name = self
-            .issuer
-            .tbs_certificate
-            .subject
-            .to_der()
-            .map_err(|e| format!("OCSP_cert_to_id() failed: {e}"))?;
-        let key = self
-            .issuer
-            .tbs_certificate
-            .subject_public_key_info
-            .subject_public_key
-            .raw_bytes();
-        let oct = |d: aws_lc_rs::digest::Digest| {
-            der::asn1::OctetString::new(d.as_ref()).map_err(|e| e.to_string())
-        };
-        Ok(CertId {
-            hash_algorithm: x509_cert::spki::AlgorithmIdentifierOwned {
-                oid: SHA1.parse().map_err(|_| "bad OID".to_string())?,
-                parameters: Some(der::asn1::Null.into()),
-            },
-            issuer_name_hash: oct(sha1(&name))?,
-            issuer_key_hash: oct(sha1(key))?,
-            serial_number: self.cert.tbs_certificate.serial_number.clone(),
-        })
-    }
-
     /// One exchange with the responder: the DER to staple and until when it is valid.
     async fn query(&self) -> Result<(Vec<u8>, u64), String> {
-        let id = self.cert_id()?;
-        let req = OcspRequest {
-            tbs_request: x509_ocsp::TbsRequest {
-                version: x509_ocsp::Version::V1,
-                requestor_name: None,
-                request_list: vec![x509_ocsp::Request {
-                    req_cert: id.clone(),
-                    single_request_extensions: None,
-                }],
-                request_extensions: None,
-            },
-            optional_signature: None,
+        let id = cert_id(&self.cert, &self.issuer)?;
+        let req = request(&id)?;
+        let failed = |what: &str| self.failed(what);
+        let body = fetch(&self.responder, self.resolver.as_ref(), true, &req, &failed).await?;
+        let trusted = |b: &BasicOcspResponse| match &self.verify {
+            Some((anchors, chain)) => signer_trusted(b, anchors, chain, &self.issuer, true),
+            None => true,
+        };
+        match judge_response(&body, &id, trusted, &failed)? {
+            (Status::Good, valid) => Ok((body, valid)),
+            (status, _) => Err(self.failed(&format!(
+                "certificate status \"{}\" in the OCSP response",
+                if status == Status::Revoked {
+                    "revoked"
+                } else {
+                    "unknown"
+                }
+            ))),
         }
-        .to_der()
-        .map_err(|e| format!("i2d_OCSP_REQUEST() failed: {e}"))?;
-        let body = tokio::time::timeout(TIMEOUT, self.exchange(&req))
-            .await
-            .map_err(|_| self.failed("OCSP responder timed out"))??;
-        let valid = self.check(&body, &id)?;
-        Ok((body, valid))
     }
 
     fn failed(&self, what: &str) -> String {
@@ -267,234 +339,213 @@ impl Stapler {
             self.file
         )
     }
-
-    /// nginx's request: `GET /path/<base64, escaped> HTTP/1.0` with Host; the body of a
-    /// 200 answer of type application/ocsp-response.
-    async fn exchange(&self, req: &[u8]) -> Result<Vec<u8>, String> {
-        let r = &self.responder;
-        let b64 = data_encoding::BASE64.encode(req);
-        let mut path = r.path.clone();
-        if !path.ends_with('/') {
-            path.push('/');
-        }
-        for ch in b64.chars() {
-            match ch {
-                '+' => path.push_str("%2B"),
-                '/' => path.push_str("%2F"),
-                '=' => path.push_str("%3D"),
-                c => path.push(c),
-            }
-        }
-        let addrs: Vec<std::net::SocketAddr> = match &self.resolver {
-            Some((res, timeout)) if !crate::resolver::is_literal(&r.host) => res
-                .lookup(&r.host, *timeout)
-                .await
-                .map_err(|f| self.failed(&format!("{} could not be resolved ({f})", r.host)))?
-                .0
-                .into_iter()
-                .map(|ip| (ip, r.port).into())
-                .collect(),
-            _ => tokio::net::lookup_host((r.host.as_str(), r.port))
-                .await
-                .map_err(|_| {
-                    self.failed(&format!(
-                        "{} could not be resolved (3: Host not found)",
-                        r.host
-                    ))
-                })?
-                .collect(),
-        };
-        let mut s = tokio::net::TcpStream::connect(&addrs[..])
-            .await
-            .map_err(|e| {
-                self.failed(&format!(
-                    "connect() failed ({})",
-                    crate::errlog::errno_text(&e)
-                ))
-            })?;
-        let head = format!("GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", r.host);
-        s.write_all(head.as_bytes()).await.map_err(|e| {
-            self.failed(&format!(
-                "send() failed ({})",
-                crate::errlog::errno_text(&e)
-            ))
-        })?;
-        let mut resp = Vec::new();
-        s.read_to_end(&mut resp).await.map_err(|e| {
-            self.failed(&format!(
-                "recv() failed ({})",
-                crate::errlog::errno_text(&e)
-            ))
-        })?;
-        // Lines end in CRLF or, as nginx's parser also takes, a bare LF.
-        let (end, sep) = match (
-            memchr::memmem::find(&resp, b"\r\n\r\n"),
-            memchr::memmem::find(&resp, b"\n\n"),
-        ) {
-            (Some(a), Some(b)) if b < a => (b, 2),
-            (Some(a), _) => (a, 4),
-            (None, Some(b)) => (b, 2),
-            (None, None) if resp.is_empty() => {
-                return Err(self.failed("OCSP responder prematurely closed connection"))
-            }
-            (None, None) => return Err(self.failed("OCSP responder sent invalid response")),
-        };
-        let head = String::from_utf8_lossy(&resp[..end]).into_owned();
-        let mut lines = head.lines();
-        let status = lines.next().unwrap_or_default();
-        let code = status.split(' ').nth(1).unwrap_or_default();
-        if code != "200" {
-            return Err(self.failed(&format!(
-                "OCSP responder sent invalid response, status: {status}"
-            )));
-        }
-        for l in lines {
-            if let Some((k, v)) = l.split_once(':') {
-                let v = v.trim();
-                if k.eq_ignore_ascii_case("content-type")
-                    && !v.eq_ignore_ascii_case("application/ocsp-response")
-                {
-                    return Err(self.failed(&format!(
-                        "OCSP responder sent invalid \"Content-Type\" header: \"{v}\""
-                    )));
-                }
-            }
-        }
-        Ok(resp[end + sep..].to_vec())
-    }
-
-    /// The response's judgement, as nginx's ngx_ssl_ocsp_verify: successful, (signed by
-    /// a trusted signer with `ssl_stapling_verify on`), about this certificate, current,
-    /// and `good`. Returns until when it is valid.
-    fn check(&self, der_bytes: &[u8], id: &CertId) -> Result<u64, String> {
-        let resp = x509_ocsp::OcspResponse::from_der(der_bytes)
-            .map_err(|_| self.failed("d2i_OCSP_RESPONSE() failed"))?;
-        if resp.response_status != OcspResponseStatus::Successful {
-            return Err(self.failed(&format!(
-                "OCSP response not successful ({}: {:?})",
-                resp.response_status as u8, resp.response_status
-            )));
-        }
-        let bytes = resp
-            .response_bytes
-            .filter(|b| b.response_type.to_string() == BASIC)
-            .ok_or_else(|| self.failed("OCSP_response_get1_basic() failed"))?;
-        let basic = BasicOcspResponse::from_der(bytes.response.as_bytes())
-            .map_err(|_| self.failed("OCSP_response_get1_basic() failed"))?;
-        if let Some((anchors, chain)) = &self.verify {
-            if !self.verified(&basic, anchors, chain) {
-                return Err(self.failed("OCSP_basic_verify() failed"));
-            }
-        }
-        let single = basic
-            .tbs_response_data
-            .responses
-            .iter()
-            .find(|r| r.cert_id == *id)
-            .ok_or_else(|| self.failed("certificate status not found in the OCSP response"))?;
-        let now = now();
-        let secs = |t: &x509_ocsp::OcspGeneralizedTime| t.0.to_unix_duration().as_secs();
-        // OCSP_check_validity(thisupdate, nextupdate, 300, -1).
-        let next = single.next_update.as_ref().map(secs);
-        if secs(&single.this_update) > now + RETRY || next.is_some_and(|n| n + RETRY < now) {
-            return Err(self.failed("OCSP_check_validity() failed"));
-        }
-        let status = match single.cert_status {
-            CertStatus::Good(_) => return Ok(next.unwrap_or(u64::MAX)),
-            CertStatus::Revoked(_) => "revoked",
-            CertStatus::Unknown(_) => "unknown",
-        };
-        Err(self.failed(&format!(
-            "certificate status \"{status}\" in the OCSP response"
-        )))
-    }
-
-    /// OCSP_basic_verify with nginx's flags: the response is signed by a certificate served
-    /// in this one's chain, or by one it carries that chains up to `ssl_trusted_certificate`
-    /// and is the issuer itself or its delegated responder.
-    fn verified(
-        &self,
-        basic: &BasicOcspResponse,
-        anchors: &[Certificate],
-        chain: &[Certificate],
-    ) -> bool {
-        let Ok(tbs) = basic.tbs_response_data.to_der() else {
-            return false;
-        };
-        let Some(sig) = basic.signature.as_bytes() else {
-            return false;
-        };
-        // nginx passes OCSP_TRUSTOTHER: a signer among the certificates served with this one
-        // is trusted as it is.
-        if chain
-            .iter()
-            .any(|c| signed(c, &basic.signature_algorithm, &tbs, sig))
-        {
-            return true;
-        }
-        let carried = basic.certs.as_deref().unwrap_or_default();
-        let candidates = carried.iter().chain(std::iter::once(&self.issuer));
-        let Some(signer) = candidates
-            .into_iter()
-            .find(|c| signed(c, &basic.signature_algorithm, &tbs, sig))
-        else {
-            return false;
-        };
-        // RFC 6960 4.2.2.2: the issuer itself, or a responder it delegated to.
-        if *signer != self.issuer && !self.delegated(signer) {
-            return false;
-        }
-        // Up the chain to an anchor (a few steps at most).
-        let pool: Vec<&Certificate> = anchors
-            .iter()
-            .chain(chain)
-            .chain(carried)
-            .chain([&self.issuer])
-            .collect();
-        let mut cur = signer.clone();
-        for _ in 0..4 {
-            if anchors.contains(&cur) {
-                return true;
-            }
-            let Ok(tbs) = cur.tbs_certificate.to_der() else {
-                return false;
-            };
-            let Some(sig) = cur.signature.as_bytes() else {
-                return false;
-            };
-            let parent = pool.iter().find(|p| {
-                p.tbs_certificate.subject == cur.tbs_certificate.issuer
-                    && **p != &cur
-                    && signed(p, &cur.signature_algorithm, &tbs, sig)
-            });
-            match parent {
-                Some(p) => cur = (*p).clone(),
-                None => return false,
-            }
-        }
-        false
-    }
 }
 
-impl Stapler {
-    /// A certificate the issuer signed for OCSP signing (extended key usage
-    /// id-kp-OCSPSigning).
-    fn delegated(&self, c: &Certificate) -> bool {
-        use x509_cert::ext::pkix::ExtendedKeyUsage;
-        let (Ok(tbs), Some(sig)) = (c.tbs_certificate.to_der(), c.signature.as_bytes()) else {
+/// Ask the responder, within nginx's timeout; nginx's request: `GET /path/<base64, escaped> HTTP/1.0` with Host; the body of a
+/// 200 answer of type application/ocsp-response.
+pub async fn fetch(
+    r: &Responder,
+    resolver: Option<&(Arc<Resolver>, Duration)>,
+    system_resolver: bool,
+    req: &[u8],
+    failed: &dyn Fn(&str) -> String,
+) -> Result<Vec<u8>, String> {
+    tokio::time::timeout(TIMEOUT, exchange(r, resolver, system_resolver, req, failed))
+        .await
+        .map_err(|_| failed("OCSP responder timed out"))?
+}
+
+async fn exchange(
+    r: &Responder,
+    resolver: Option<&(Arc<Resolver>, Duration)>,
+    system_resolver: bool,
+    req: &[u8],
+    failed: &dyn Fn(&str) -> String,
+) -> Result<Vec<u8>, String> {
+    let b64 = data_encoding::BASE64.encode(req);
+    let mut path = r.path.clone();
+    if !path.ends_with('/') {
+        path.push('/');
+    }
+    for ch in b64.chars() {
+        match ch {
+            '+' => path.push_str("%2B"),
+            '/' => path.push_str("%2F"),
+            '=' => path.push_str("%3D"),
+            c => path.push(c),
+        }
+    }
+    let literal = crate::resolver::is_literal(&r.host);
+    let addrs: Vec<std::net::SocketAddr> = match resolver {
+        Some((res, timeout)) if !literal => res
+            .lookup(&r.host, *timeout)
+            .await
+            .map_err(|f| failed(&format!("{} could not be resolved ({f})", r.host)))?
+            .0
+            .into_iter()
+            .map(|ip| (ip, r.port).into())
+            .collect(),
+        // nginx's ssl_ocsp resolves a certificate's responder only with `resolver`.
+        None if !literal && !system_resolver => {
+            return Err(failed(&format!(
+                "no resolver defined to resolve {}",
+                r.host
+            )))
+        }
+        _ => tokio::net::lookup_host((r.host.as_str(), r.port))
+            .await
+            .map_err(|_| {
+                failed(&format!(
+                    "{} could not be resolved (3: Host not found)",
+                    r.host
+                ))
+            })?
+            .collect(),
+    };
+    let mut s = tokio::net::TcpStream::connect(&addrs[..])
+        .await
+        .map_err(|e| {
+            failed(&format!(
+                "connect() failed ({})",
+                crate::errlog::errno_text(&e)
+            ))
+        })?;
+    let head = format!("GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", r.host);
+    s.write_all(head.as_bytes()).await.map_err(|e| {
+        failed(&format!(
+            "send() failed ({})",
+            crate::errlog::errno_text(&e)
+        ))
+    })?;
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).await.map_err(|e| {
+        failed(&format!(
+            "recv() failed ({})",
+            crate::errlog::errno_text(&e)
+        ))
+    })?;
+    // Lines end in CRLF or, as nginx's parser also takes, a bare LF.
+    let (end, sep) = match (
+        memchr::memmem::find(&resp, b"\r\n\r\n"),
+        memchr::memmem::find(&resp, b"\n\n"),
+    ) {
+        (Some(a), Some(b)) if b < a => (b, 2),
+        (Some(a), _) => (a, 4),
+        (None, Some(b)) => (b, 2),
+        (None, None) if resp.is_empty() => {
+            return Err(failed("OCSP responder prematurely closed connection"))
+        }
+        (None, None) => return Err(failed("OCSP responder sent invalid response")),
+    };
+    let head = String::from_utf8_lossy(&resp[..end]).into_owned();
+    let mut lines = head.lines();
+    let status = lines.next().unwrap_or_default();
+    let code = status.split(' ').nth(1).unwrap_or_default();
+    if code != "200" {
+        return Err(failed(&format!(
+            "OCSP responder sent invalid response, status: {status}"
+        )));
+    }
+    for l in lines {
+        if let Some((k, v)) = l.split_once(':') {
+            let v = v.trim();
+            if k.eq_ignore_ascii_case("content-type")
+                && !v.eq_ignore_ascii_case("application/ocsp-response")
+            {
+                return Err(failed(&format!(
+                    "OCSP responder sent invalid \"Content-Type\" header: \"{v}\""
+                )));
+            }
+        }
+    }
+    Ok(resp[end + sep..].to_vec())
+}
+
+/// OCSP_basic_verify: the response is signed by the certificate's issuer or a responder
+/// it delegated to (one the response carries, or one of `chain`), which chains up to
+/// the `anchors`. With `trust_other` (nginx's stapling passes OCSP_TRUSTOTHER) a signer
+/// among `chain`, the certificates served with this one, is trusted as it is.
+pub fn signer_trusted(
+    basic: &BasicOcspResponse,
+    anchors: &[Certificate],
+    chain: &[Certificate],
+    issuer: &Certificate,
+    trust_other: bool,
+) -> bool {
+    let Ok(tbs) = basic.tbs_response_data.to_der() else {
+        return false;
+    };
+    let Some(sig) = basic.signature.as_bytes() else {
+        return false;
+    };
+    // nginx passes OCSP_TRUSTOTHER: a signer among the certificates served with this one
+    // is trusted as it is.
+    if trust_other
+        && chain
+            .iter()
+            .any(|c| signed(c, &basic.signature_algorithm, &tbs, sig))
+    {
+        return true;
+    }
+    let carried = basic.certs.as_deref().unwrap_or_default();
+    let candidates = carried.iter().chain(chain).chain(std::iter::once(issuer));
+    let Some(signer) = candidates
+        .into_iter()
+        .find(|c| signed(c, &basic.signature_algorithm, &tbs, sig))
+    else {
+        return false;
+    };
+    // RFC 6960 4.2.2.2: the issuer itself, or a responder it delegated to.
+    if signer != issuer && !delegated(issuer, signer) {
+        return false;
+    }
+    // Up the chain to an anchor (a few steps at most).
+    let pool: Vec<&Certificate> = anchors
+        .iter()
+        .chain(chain)
+        .chain(carried)
+        .chain([issuer])
+        .collect();
+    let mut cur = signer.clone();
+    for _ in 0..4 {
+        if anchors.contains(&cur) {
+            return true;
+        }
+        let Ok(tbs) = cur.tbs_certificate.to_der() else {
             return false;
         };
-        let eku = c
-            .tbs_certificate
-            .extensions
-            .iter()
-            .flatten()
-            .find(|e| e.extn_id.to_string() == EKU)
-            .and_then(|e| ExtendedKeyUsage::from_der(e.extn_value.as_bytes()).ok());
-        c.tbs_certificate.issuer == self.issuer.tbs_certificate.subject
-            && eku.is_some_and(|u| u.0.iter().any(|o| o.to_string() == OCSP_SIGNING))
-            && signed(&self.issuer, &c.signature_algorithm, &tbs, sig)
+        let Some(sig) = cur.signature.as_bytes() else {
+            return false;
+        };
+        let parent = pool.iter().find(|p| {
+            p.tbs_certificate.subject == cur.tbs_certificate.issuer
+                && **p != &cur
+                && signed(p, &cur.signature_algorithm, &tbs, sig)
+        });
+        match parent {
+            Some(p) => cur = (*p).clone(),
+            None => return false,
+        }
     }
+    false
+}
+
+/// A certificate `issuer` signed for OCSP signing (extended key usage id-kp-OCSPSigning).
+fn delegated(issuer: &Certificate, c: &Certificate) -> bool {
+    use x509_cert::ext::pkix::ExtendedKeyUsage;
+    let (Ok(tbs), Some(sig)) = (c.tbs_certificate.to_der(), c.signature.as_bytes()) else {
+        return false;
+    };
+    let eku = c
+        .tbs_certificate
+        .extensions
+        .iter()
+        .flatten()
+        .find(|e| e.extn_id.to_string() == EKU)
+        .and_then(|e| ExtendedKeyUsage::from_der(e.extn_value.as_bytes()).ok());
+    c.tbs_certificate.issuer == issuer.tbs_certificate.subject
+        && eku.is_some_and(|u| u.0.iter().any(|o| o.to_string() == OCSP_SIGNING))
+        && signed(issuer, &c.signature_algorithm, &tbs, sig)
 }
 
 /// Whether `signer`'s key made `sig` over `msg` with the algorithm named.

@@ -385,3 +385,37 @@ pub fn handshake_signature(
         CertificateError::BadSignature,
     ))
 }
+
+/// The chain OpenSSL verified, as DER: the client's certificate, then each issuer (found by
+/// name among those sent and the trusted ones, and checked to have signed it) up to a
+/// self-signed one or the last found. nginx's `ssl_ocsp` asks about each link of it.
+pub fn verified_chain(
+    end_entity: &CertificateDer<'static>,
+    intermediates: &[CertificateDer<'static>],
+    trusted: &[CertificateDer<'static>],
+) -> Vec<CertificateDer<'static>> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    fn parse(d: &[u8]) -> Option<X509Certificate<'_>> {
+        X509Certificate::from_der(d).ok().map(|(_, c)| c)
+    }
+    let mut chain = vec![end_entity.clone()];
+    // A chain is short; the bound only stops a loop of names.
+    while chain.len() < 16 {
+        let Some(last) = chain.last() else { break };
+        let Some(cert) = parse(last) else { break };
+        if cert.subject().as_raw() == cert.issuer().as_raw() {
+            break;
+        }
+        let issuer = intermediates.iter().chain(trusted).find(|d| {
+            parse(d).is_some_and(|c| {
+                c.subject().as_raw() == cert.issuer().as_raw()
+                    && cert.verify_signature(Some(c.public_key())).is_ok()
+            })
+        });
+        match issuer {
+            Some(i) if !chain.contains(i) => chain.push(i.clone()),
+            _ => break,
+        }
+    }
+    chain
+}
