@@ -17,6 +17,7 @@ pub mod h2_flood;
 pub mod h2_response;
 pub mod h2_upstream;
 pub mod h3;
+pub mod h3_stream;
 pub mod health;
 pub mod health_share;
 pub mod info;
