@@ -19,6 +19,7 @@ use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 const MAGIC: &[u8; 8] = b"GNTCACH2";
@@ -159,7 +160,13 @@ enum Op {
 struct Job {
     queue: Mutex<(VecDeque<Op>, bool)>,
     file: Mutex<Output>,
+    /// Bytes queued and not yet written, and the signal that some were.
+    queued: AtomicUsize,
+    written: tokio::sync::Notify,
 }
+
+/// How many bytes [`Writer::room`] lets wait for the disk.
+const QUEUED_MAX: usize = 1 << 20;
 
 struct Output {
     file: Option<File>,
@@ -201,6 +208,8 @@ impl Writer {
                     len: 0,
                     failed: None,
                 }),
+                queued: AtomicUsize::new(0),
+                written: tokio::sync::Notify::new(),
             }),
             done: false,
         };
@@ -210,6 +219,19 @@ impl Writer {
 
     pub fn write(&mut self, b: &[u8]) {
         self.job.push(Op::Data(b.to_vec()));
+    }
+
+    /// Wait until the bytes queued for the file are few enough to queue more.
+    pub async fn room(&self) {
+        loop {
+            let written = self.job.written.notified();
+            let mut written = std::pin::pin!(written);
+            written.as_mut().enable();
+            if self.job.queued.load(Relaxed) < QUEUED_MAX {
+                return;
+            }
+            written.await;
+        }
     }
 
     /// Put the entry in place; `then` gets its size on disk (on the blocking task).
@@ -229,6 +251,9 @@ impl Drop for Writer {
 
 impl Job {
     fn push(self: &Arc<Self>, op: Op) {
+        if let Op::Data(b) = &op {
+            self.queued.fetch_add(b.len(), Relaxed);
+        }
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         q.0.push_back(op);
         if q.1 {
@@ -253,8 +278,17 @@ impl Job {
                     }
                 }
             };
+            let n = match &op {
+                Op::Data(b) => b.len(),
+                _ => 0,
+            };
             let mut out = self.file.lock().unwrap_or_else(|e| e.into_inner());
             out.apply(op);
+            drop(out);
+            if n > 0 {
+                self.queued.fetch_sub(n, Relaxed);
+                self.written.notify_waiters();
+            }
         }
     }
 }

@@ -547,6 +547,8 @@ pub struct Streaming {
     tee: Option<super::gateway_cache::Tee>,
     /// `proxy_limit_rate`: how fast the answer is read.
     pace: Option<ReadPace>,
+    /// `*_read_timeout`, for reading the rest into the entry once the client is gone.
+    read_timeout: Duration,
 }
 
 /// `proxy_limit_rate` (buffered answers only, as nginx's): after each read from the server,
@@ -589,10 +591,10 @@ impl Streaming {
         let r = self.pull(req).await;
         if let Some(t) = &mut self.tee {
             match &r {
-                Ok(Some(b)) => t.write(req, b),
+                Ok(Some(b)) => t.write(b),
                 Ok(None) => {
                     if let Some(t) = self.tee.take() {
-                        t.commit(req).await;
+                        t.commit().await;
                     }
                 }
                 Err(_) => self.tee = None,
@@ -732,6 +734,76 @@ impl Streaming {
         if self.done {
             self.release(w);
         }
+    }
+}
+
+/// The client went away before the answer's end while the answer is being cached: as
+/// nginx (whose `u->cacheable` keeps the upstream going after the client closed), the rest
+/// is read into the entry, which is then stored; the requests waiting on `*_cache_lock`
+/// go on with it. What was read ahead goes first; the rest is written as it comes, no
+/// faster than the entry's file takes it (see `Tee::write_paced`).
+impl Drop for Streaming {
+    fn drop(&mut self) {
+        let Some(tee) = self.tee.take() else {
+            return;
+        };
+        let Some(w) = crate::runtime::worker::current() else {
+            return;
+        };
+        let rest = Streaming {
+            link: self.link.take(),
+            scheme: self.scheme,
+            first: self.first.take(),
+            addr: self.addr.clone(),
+            done: self.done,
+            spool: self.spool.take(),
+            failed: self.failed.take(),
+            pool: self.pool.take(),
+            lease: self.lease.take(),
+            tee: None,
+            pace: None,
+            read_timeout: self.read_timeout,
+        };
+        tokio::task::spawn_local(rest.store_rest(w, tee));
+    }
+}
+
+impl Streaming {
+    async fn store_rest(mut self, w: Rc<Worker>, mut tee: super::gateway_cache::Tee) {
+        if let Some(b) = self.first.take() {
+            tee.write_paced(&b).await;
+        }
+        while let Some(spool) = &mut self.spool {
+            match spool.pop() {
+                Ok(Some(b)) => tee.write_paced(&b).await,
+                Ok(None) => break,
+                Err(e) => {
+                    self.failed = Some(Failure::Spool(e));
+                    break;
+                }
+            }
+        }
+        while let (Some(link), None, false) = (&mut self.link, &self.failed, self.done) {
+            match link.next(self.read_timeout, true).await {
+                Ok(Event::Data(b)) => tee.write_paced(&b).await,
+                Ok(Event::Stderr(_)) => {}
+                Ok(Event::End) => self.done = true,
+                Err(f) => self.failed = Some(f),
+            }
+        }
+        if let Some(f) = &self.failed {
+            // The entry is given up (dropping the tee removes its temp file).
+            errlog::log(
+                Level::Error,
+                format_args!(
+                    "{f} after the client closed, upstream: \"{}://{}\"",
+                    self.scheme, self.addr
+                ),
+            );
+            return;
+        }
+        self.release(&w);
+        tee.commit().await;
     }
 }
 
@@ -1763,6 +1835,7 @@ async fn outcome(
                     lease,
                     tee,
                     pace,
+                    read_timeout: c.read_timeout(),
                 }),
             )
         }
