@@ -96,7 +96,7 @@ pub(super) fn interpret(
         (None, None) => BodyKind::None,
     };
     let keep_alive = match version {
-        Version::Http11 | Version::Http2 => !close,
+        Version::Http11 | Version::Http2 | Version::Http3 => !close,
         Version::Http10 => keep_alive_token && !close,
     };
     Ok(Fields {

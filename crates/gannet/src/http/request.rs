@@ -230,7 +230,9 @@ impl Request {
         for line in &self.head.ignored {
             let line = String::from_utf8_lossy(line);
             let what = match self.head.version {
-                gannet_proto::h1::Version::Http2 => "invalid header",
+                gannet_proto::h1::Version::Http2 | gannet_proto::h1::Version::Http3 => {
+                    "invalid header"
+                }
                 _ => "invalid header line",
             };
             crate::errlog::request(
