@@ -496,6 +496,8 @@ def test_challenge_answered_whatever_the_locations_say(gannet, pebble, http_port
     ("acme_issuer x { uri https://a.test/d; common_name_in_csr yes; }", 'it must be "on" or "off"'),
     ("acme_issuer x { uri https://a.test/d; ssl_verify maybe; }", 'invalid value "maybe" in "ssl_verify" directive'),
     ("acme_certificate x;", '"acme_certificate" directive is not allowed here'),
+    ("acme_issuer x { uri https://a.test/d; renewal_check 500ms; }", '"renewal_check" directive invalid value'),
+    ("acme_issuer x { uri https://a.test/d; renewal_check soon; }", '"renewal_check" directive invalid value'),
 ])
 def test_issuer_config_errors(gannet, directive, error):
     r = gannet.check(http=directive)

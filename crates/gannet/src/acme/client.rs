@@ -20,10 +20,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 /// The longest one order may take, all its requests and polls together (a CA that
 /// accepts connections and never answers must not stop the renewals for good).
 const ORDER_TIMEOUT: Duration = Duration::from_secs(600);
-/// Bounds on the Retry-After of the CA's renewal information (RFC 9773 4.3.3 suggests a
-/// client clamp it).
+/// The lower bound on the Retry-After of the CA's renewal information (RFC 9773 4.3.3
+/// suggests a client clamp it); the upper one is the issuer's `renewal_check`.
 const ARI_MIN_RECHECK: Duration = Duration::from_secs(60);
-const ARI_MAX_RECHECK: Duration = Duration::from_secs(6 * 3600);
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -271,13 +270,14 @@ async fn wait_for_renewal(cert: &Cert, account: &AccountCell) -> Option<Certific
     loop {
         let fallback = cert.slot.renew_at()?;
         let leaf = cert.slot.get()?.cert.first()?.clone();
+        let most = cert.issuer.renewal_check;
         let (due, recheck, ari) = match renewal_info(&leaf, account).await {
             Ok((start, end, retry)) => {
                 let span = end.duration_since(start).unwrap_or_default();
                 let pick = Duration::from_secs(fastrand::u64(0..=span.as_secs()));
                 (
                     start + pick,
-                    retry.clamp(ARI_MIN_RECHECK, ARI_MAX_RECHECK),
+                    retry.clamp(ARI_MIN_RECHECK.min(most), most),
                     true,
                 )
             }
@@ -291,7 +291,7 @@ async fn wait_for_renewal(cert: &Cert, account: &AccountCell) -> Option<Certific
                         cert.identifiers.join(" ")
                     ));
                 }
-                (fallback, ARI_MAX_RECHECK, false)
+                (fallback, most, false)
             }
         };
         let Ok(wait) = due.duration_since(SystemTime::now()) else {

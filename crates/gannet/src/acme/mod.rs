@@ -99,7 +99,14 @@ pub struct Issuer {
     /// `common_name_in_csr on`: the first name is also the CSR's subject CN.
     pub common_name_in_csr: bool,
     pub challenge: Challenge,
+    /// `renewal_check TIME` (gannet's own): the longest wait between two looks at the CA's
+    /// renewal information, so a revoked certificate (whose window the CA moves into the
+    /// past) is replaced within it whatever Retry-After the CA answers.
+    pub renewal_check: std::time::Duration,
 }
+
+/// `renewal_check`'s default: RFC 9773's usual Retry-After, six hours.
+pub const RENEWAL_CHECK: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
 
 /// The challenge kind an issuer validates with (`challenge`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

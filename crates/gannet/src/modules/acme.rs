@@ -6,7 +6,8 @@
 //!
 //! Inside `acme_issuer`: `uri`, `account_key`, `challenge`, `contact`, `state_path`,
 //! `accept_terms_of_service`, `ssl_trusted_certificate`, `ssl_verify`,
-//! `external_account_key`, `profile`, `preferred_chain`, `common_name_in_csr`.
+//! `external_account_key`, `profile`, `preferred_chain`, `common_name_in_csr`, and gannet's own
+//! `renewal_check`.
 
 use super::{LoadCtx, LocConf};
 use crate::acme::{Challenge, Issuer, KeyAlg, Slot};
@@ -197,6 +198,7 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
         preferred_chain: None,
         common_name_in_csr: false,
         challenge: Challenge::Http01,
+        renewal_check: crate::acme::RENEWAL_CHECK,
     };
     for e in d.block.as_deref().unwrap_or_default() {
         let n = e.name.as_str();
@@ -290,6 +292,12 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
             }
             "common_name_in_csr" => is.common_name_in_csr = flag(e, v)?,
             "preferred_chain" => is.preferred_chain = Some(v.to_string()),
+            "renewal_check" => {
+                let ms = gannet_conf::setters::msec(v)
+                    .filter(|&ms| ms >= 1000)
+                    .ok_or_else(|| e.error(format!("\"{n}\" directive invalid value")))?;
+                is.renewal_check = std::time::Duration::from_millis(ms);
+            }
             _ => return Err(e.error(format!("unknown directive \"{n}\""))),
         }
     }
