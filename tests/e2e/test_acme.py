@@ -498,6 +498,7 @@ def test_challenge_answered_whatever_the_locations_say(gannet, pebble, http_port
     ("acme_certificate x;", '"acme_certificate" directive is not allowed here'),
     ("acme_issuer x { uri https://a.test/d; renewal_check 500ms; }", '"renewal_check" directive invalid value'),
     ("acme_issuer x { uri https://a.test/d; renewal_check soon; }", '"renewal_check" directive invalid value'),
+    ("acme_issuer x { uri https://a.test/d; state_path redis:nope; }", 'unknown redis_server "nope"'),
 ])
 def test_issuer_config_errors(gannet, directive, error):
     r = gannet.check(http=directive)

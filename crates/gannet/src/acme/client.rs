@@ -102,18 +102,20 @@ fn http(
 /// The issuer's account: restored from `account.key` and `account.url`, or found or made
 /// with the key (`account_key FILE`, or the stored one), or made with a new key, kept.
 async fn login(issuer: &Issuer, links: &Arc<chain::Links>) -> Result<Account, Error> {
-    let dir = issuer.state_path.as_deref();
-    let mut key_pem = match (&issuer.account_key, dir) {
-        (Some(pem), _) => Some(pem.clone()),
-        (None, Some(d)) => store::read(d, store::ACCOUNT_KEY)?,
-        (None, None) => None,
+    let store = &issuer.store;
+    let own_key = issuer.account_key.is_none();
+    let mut key_pem = match &issuer.account_key {
+        Some(pem) => Some(pem.clone()),
+        None => store.get(store::ACCOUNT_KEY).await?,
     };
-    let url = match dir {
-        Some(d) if issuer.account_key.is_none() => store::read(d, store::ACCOUNT_URL)?
+    let url = match own_key {
+        true => store
+            .get(store::ACCOUNT_URL)
+            .await?
             .and_then(|u| String::from_utf8(u).ok())
             .map(|u| u.trim().to_string())
             .filter(|u| !u.is_empty()),
-        _ => None,
+        false => None,
     };
     let uri = issuer.uri.clone();
     // `account_key ecdsa:384` / `rsa:N`: a key of that type, made on first use.
@@ -138,11 +140,12 @@ async fn login(issuer: &Issuer, links: &Arc<chain::Links>) -> Result<Account, Er
             return Ok(a);
         }
         let (a, _) = create(issuer, links, uri).await?;
-        if let Some(d) = dir.filter(|_| issuer.account_key.is_none()) {
+        if own_key {
+            let mut items = vec![(store::ACCOUNT_URL, a.id().as_bytes())];
             if generated {
-                store::write(d, store::ACCOUNT_KEY, pem)?;
+                items.insert(0, (store::ACCOUNT_KEY, pem.as_slice()));
             }
-            store::write(d, store::ACCOUNT_URL, a.id().as_bytes())?;
+            store.put(&items).await?;
         }
         return Ok(a);
     }
@@ -159,17 +162,19 @@ async fn login(issuer: &Issuer, links: &Arc<chain::Links>) -> Result<Account, Er
         let (a, _) = Account::builder_with_http(http(issuer, links)?)
             .create_from_key((key, PrivateKeyDer::Pkcs8(der)), uri)
             .await?;
-        if let Some(d) = dir.filter(|_| issuer.account_key.is_none()) {
-            store::write(d, store::ACCOUNT_URL, a.id().as_bytes())?;
+        if own_key {
+            store.put(&[(store::ACCOUNT_URL, a.id().as_bytes())]).await?;
         }
         return Ok(a);
     }
     let (a, creds) = create(issuer, links, uri).await?;
-    if let Some(d) = dir {
-        let pem = rcgen::KeyPair::try_from(creds.private_key().secret_pkcs8_der())?.serialize_pem();
-        store::write(d, store::ACCOUNT_KEY, pem.as_bytes())?;
-        store::write(d, store::ACCOUNT_URL, a.id().as_bytes())?;
-    }
+    let pem = rcgen::KeyPair::try_from(creds.private_key().secret_pkcs8_der())?.serialize_pem();
+    store
+        .put(&[
+            (store::ACCOUNT_KEY, pem.as_bytes()),
+            (store::ACCOUNT_URL, a.id().as_bytes()),
+        ])
+        .await?;
     Ok(a)
 }
 
@@ -208,12 +213,23 @@ async fn create(
 /// (ARI, RFC 9773) or else at two thirds of its lifetime; forever (the task ends with the
 /// worker thread).
 pub async fn run(acme: Arc<Acme>, cert: Arc<Cert>, account: Arc<AccountCell>) {
+    let store = &cert.issuer.store;
+    let names = cert.identifiers.join(" ");
     // A worker process restarted by the master has the slots of the config as loaded: a
-    // certificate obtained since then is on disk, not in them.
+    // certificate obtained since then is stored, not in them (and a Redis store is read
+    // here only).
     if cert.slot.get().is_none() {
-        if let Ok(Some(c)) = store::load_cert(&cert) {
-            cert.slot.set(c);
+        match store::load_cert(&cert).await {
+            Ok(Some(c)) => cert.slot.set(c),
+            Ok(None) => {}
+            Err(e) => errlog::error(format_args!(
+                "acme: cannot read the certificate for \"{names}\" from {}: {e}",
+                store.describe()
+            )),
         }
+    }
+    if store.shared() {
+        tokio::task::spawn_local(follow(cert.clone()));
     }
     let mut backoff = FIRST_BACKOFF;
     // The certificate the next order replaces (told to a CA that has ARI); none on the
@@ -221,24 +237,30 @@ pub async fn run(acme: Arc<Acme>, cert: Arc<Cert>, account: Arc<AccountCell>) {
     let mut replaces = None;
     loop {
         if backoff == FIRST_BACKOFF {
-            replaces = wait_for_renewal(&cert, &account).await;
+            let (judged, ari) = wait_for_renewal(&cert, &account).await;
+            // Another node renewed it meanwhile (taken from the shared store): judge again.
+            if judged.is_some() && judged != leaf_of(&cert) {
+                continue;
+            }
+            replaces = judged.filter(|_| ari);
         }
-        let names = cert.identifiers.join(" ");
         let attempt = tokio::time::timeout(
             ORDER_TIMEOUT,
-            order(&acme, &cert, &account, replaces.take()),
+            ordered(&acme, &cert, &account, replaces.take()),
         );
         let result = match attempt.await {
             Ok(r) => r,
             Err(_) => Err(format!("no answer within {}s", ORDER_TIMEOUT.as_secs()).into()),
         };
         match result {
-            Ok(()) => {
+            Ok(issued) => {
                 backoff = FIRST_BACKOFF;
-                errlog::notice(format_args!(
-                    "acme: certificate for \"{names}\" issued by \"{}\"",
-                    cert.issuer.name
-                ));
+                if issued {
+                    errlog::notice(format_args!(
+                        "acme: certificate for \"{names}\" issued by \"{}\"",
+                        cert.issuer.name
+                    ));
+                }
             }
             Err(e) => {
                 let what = match e.downcast_ref::<instant_acme::Error>() {
@@ -262,14 +284,77 @@ pub async fn run(acme: Arc<Acme>, cert: Arc<Cert>, account: Arc<AccountCell>) {
     }
 }
 
+/// How often a node looks in a shared store for a certificate another node ordered: while
+/// that node holds the order lock, and between renewals.
+const WAIT_POLL: Duration = Duration::from_secs(1);
+const FOLLOW_POLL: Duration = Duration::from_secs(10);
+
+/// The served leaf certificate, if any.
+fn leaf_of(cert: &Cert) -> Option<CertificateDer<'static>> {
+    cert.slot.get()?.cert.first().cloned()
+}
+
+/// Take the stored certificate when it is not the one served; whether it was.
+async fn take_stored(cert: &Cert) -> bool {
+    match store::load_cert(cert).await {
+        Ok(Some(c)) if c.key.cert.first() != leaf_of(cert).as_ref() => {
+            cert.slot.set(c);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// With a shared store, serve the certificates the other nodes store, for ever.
+async fn follow(cert: Arc<Cert>) {
+    loop {
+        tokio::time::sleep(FOLLOW_POLL).await;
+        take_stored(&cert).await;
+    }
+}
+
+/// Order under the store's lock (`true`: issued here); a node that does not get the lock
+/// waits for the holder's certificate in the store instead (`false`).
+async fn ordered(
+    acme: &Acme,
+    cert: &Cert,
+    cell: &AccountCell,
+    replaces: Option<CertificateDer<'static>>,
+) -> Result<bool, Error> {
+    let store = &cert.issuer.store;
+    let lock = store::lock_name(cert);
+    let unavailable = |e: String| format!("{} unavailable: {e}", store.describe());
+    if !store.lock(&lock, ORDER_TIMEOUT).await.map_err(unavailable)? {
+        loop {
+            tokio::time::sleep(WAIT_POLL).await;
+            if take_stored(cert).await || !store.held(&lock).await.map_err(unavailable)? {
+                return Ok(false);
+            }
+        }
+    }
+    // Another node may have stored a renewal since this one last looked.
+    if store.shared() && take_stored(cert).await {
+        store.unlock(&lock).await;
+        return Ok(false);
+    }
+    let r = order(acme, cert, cell, replaces).await;
+    store.unlock(&lock).await;
+    r.map(|()| true)
+}
+
 /// Sleep until the certificate is due for renewal (at once when there is none). With ARI
 /// the CA's suggested window decides, a random time in it, asked again after its
 /// Retry-After; without (or when the CA cannot be asked), two thirds of the lifetime.
-/// Returns the certificate to name as replaced when the CA has ARI.
-async fn wait_for_renewal(cert: &Cert, account: &AccountCell) -> Option<CertificateDer<'static>> {
+/// Returns the certificate judged due (none when there is none), and whether the CA has
+/// ARI (then the order names it as replaced).
+async fn wait_for_renewal(
+    cert: &Cert,
+    account: &AccountCell,
+) -> (Option<CertificateDer<'static>>, bool) {
     loop {
-        let fallback = cert.slot.renew_at()?;
-        let leaf = cert.slot.get()?.cert.first()?.clone();
+        let (Some(fallback), Some(leaf)) = (cert.slot.renew_at(), leaf_of(cert)) else {
+            return (None, false);
+        };
         let most = cert.issuer.renewal_check;
         let (due, recheck, ari) = match renewal_info(&leaf, account).await {
             Ok((start, end, retry)) => {
@@ -295,11 +380,11 @@ async fn wait_for_renewal(cert: &Cert, account: &AccountCell) -> Option<Certific
             }
         };
         let Ok(wait) = due.duration_since(SystemTime::now()) else {
-            return ari.then_some(leaf);
+            return (Some(leaf), ari);
         };
         if wait <= recheck {
             tokio::time::sleep(wait).await;
-            return ari.then_some(leaf);
+            return (Some(leaf), ari);
         }
         tokio::time::sleep(recheck).await;
     }
@@ -419,7 +504,7 @@ async fn order(
     }
     let key_pem = key.serialize_pem();
     let current = store::certified(chain.as_bytes(), key_pem.as_bytes())?;
-    if let Err(e) = store::save_cert(cert, chain.as_bytes(), key_pem.as_bytes()) {
+    if let Err(e) = store::save_cert(cert, chain.as_bytes(), key_pem.as_bytes()).await {
         // Served anyway; only a restart will have to order again.
         errlog::error(format_args!("acme: cannot store the certificate: {e}"));
     }

@@ -22,7 +22,6 @@ use crate::http::response::{Body, Response};
 use gannet_conf::{ConfError, Loc};
 use rustls::sign::CertifiedKey;
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
@@ -83,8 +82,8 @@ pub struct Issuer {
     /// `account_key ALG[:SIZE]`: the type of the key generated (ecdsa:256 by default).
     pub account_key_alg: KeyAlg,
     pub contacts: Vec<String>,
-    /// `None`: `state_path off`.
-    pub state_path: Option<PathBuf>,
+    /// `state_path`: a directory, a Redis server, or nothing (`off`).
+    pub store: store::Store,
     pub accept_tos: bool,
     /// `ssl_trusted_certificate` (else the system's CAs).
     pub trusted: Option<crate::modules::tls::FileArg>,
@@ -327,7 +326,7 @@ impl Registry {
                 key: o.key,
                 slot: o.slot,
             };
-            match store::load_cert(&cert) {
+            match store::load_cert_now(&cert) {
                 Ok(Some(c)) => cert.slot.set(c),
                 Ok(None) => {}
                 Err(e) => warnings.push(format!(

@@ -10,6 +10,7 @@
 //! `renewal_check`.
 
 use super::{LoadCtx, LocConf};
+use crate::acme::store::Store;
 use crate::acme::{Challenge, Issuer, KeyAlg, Slot};
 use crate::modules::tls::FileArg;
 use gannet_conf::registry::{Args, Ctx, Spec};
@@ -56,8 +57,8 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             let issuer = issuer(d, ctx)?;
             // Made by the master, 0700 and owned by the workers' user, as nginx-acme's
             // state path is (ngx_create_paths): the workers write into it.
-            if let Some(dir) = &issuer.state_path {
-                ctx.temp_dirs.push(dir.clone());
+            if let Some(dir) = issuer.store.dir() {
+                ctx.temp_dirs.push(dir.to_path_buf());
             }
             ctx.acme.issuers.insert(name.clone(), Arc::new(issuer));
         }
@@ -184,7 +185,7 @@ pub fn server_slot(
 fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
     let name = d.args[0].clone();
     let mut is = Issuer {
-        state_path: Some(ctx.prefix.join(format!("acme_{name}"))),
+        store: Store::Files(ctx.prefix.join(format!("acme_{name}"))),
         name,
         uri: String::new(),
         account_key: None,
@@ -245,7 +246,17 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
                 });
             }
             "state_path" => {
-                is.state_path = (v != "off").then(|| ctx.prefix.join(v));
+                is.store = match v.strip_prefix("redis:") {
+                    _ if v == "off" => Store::Off,
+                    // gannet's own: shared by the nodes using the same Redis.
+                    Some(server) => Store::Redis {
+                        server: ctx.redis.get(server).cloned().ok_or_else(|| {
+                            e.error(format!("unknown redis_server \"{server}\""))
+                        })?,
+                        prefix: format!("gannet:acme:{}:", is.name),
+                    },
+                    None => Store::Files(ctx.prefix.join(v)),
+                };
             }
             "accept_terms_of_service" => is.accept_tos = true,
             "ssl_trusted_certificate" => {

@@ -297,6 +297,13 @@ impl Server {
         self.ended(thread, r)
     }
 
+    /// Run one command (ACME's storage: GET, MSET, SET NX); the error says why not.
+    pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, String> {
+        let (thread, mut conn) = self.conn().await?;
+        let r = cmd.query_async::<T>(&mut conn).await;
+        self.ended(thread, r)
+    }
+
     /// Send `message` to the nodes listening on `channel` (PUBLISH).
     pub async fn publish(&self, channel: &str, message: &[u8]) -> Result<(), String> {
         let (thread, mut conn) = self.conn().await?;

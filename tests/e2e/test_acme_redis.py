@@ -1,0 +1,145 @@
+"""ACME state kept in Redis (`state_path redis:NAME`): two gannet nodes with the same
+config and the same real redis-server, a real Pebble as the CA: one order reaches Pebble
+and both nodes serve the same certificate over TLS verified against Pebble's root; Redis
+down at start: the error is logged and retried, and once Redis is up the certificate
+comes, without a reload or a crash."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from conftest import Gannet, free_port, wait_port, wait_until
+from test_acme import Pebble, http_port, need_pebble, served_leaf  # noqa: F401 (fixture)
+from test_limit_req_redis import REDIS, Redis
+
+pytestmark = pytest.mark.skipif(not Path(REDIS).exists(), reason="Debian's redis-server is installed by scripts/test-all.sh")
+
+CONF = """
+worker_processes 2;
+pid {tmp}/gannet.pid;
+error_log {tmp}/error.log info;
+events { worker_connections 64; }
+http {
+    access_log off;
+    redis_server shared { server 127.0.0.1:@REDIS@; db 2; timeout 500ms; }
+    acme_issuer pebble {
+        uri @DIRECTORY@;
+        ssl_trusted_certificate @MINICA@;
+        state_path redis:shared;
+        accept_terms_of_service;
+    }
+    server {
+        listen 127.0.0.1:@TLS@ ssl;
+        server_name localhost;
+        acme_certificate pebble;
+        ssl_certificate $acme_certificate;
+        ssl_certificate_key $acme_certificate_key;
+        location / { return 200 "secure\\n"; }
+    }
+    server {
+        listen 127.0.0.1:{port};
+        location / { return 404; }
+    }
+}
+"""
+
+
+def node_conf(pebble: Pebble, redis_port: int, tls_port: int) -> str:
+    return (CONF.replace("@REDIS@", str(redis_port)).replace("@DIRECTORY@", pebble.directory)
+            .replace("@MINICA@", str(pebble.minica)).replace("@TLS@", str(tls_port)))
+
+
+def serial(leaf: str) -> int:
+    return x509.load_pem_x509_certificate((leaf + "-----END CERTIFICATE-----\n").encode()).serial_number
+
+
+def redis_keys(port: int) -> list[str]:
+    out = subprocess.run(["redis-cli", "-p", str(port), "-n", "2", "--raw", "KEYS", "*"], capture_output=True, text=True)
+    return sorted(out.stdout.split())
+
+
+@pytest.fixture
+def pebble(tmp_path, http_port):
+    """Pebble taking every validation as good: the two nodes cannot both have the one
+    HTTP-01 port it validates on (the real exchange is test_acme's)."""
+    need_pebble()
+    p = Pebble(tmp_path, http_port, env={"PEBBLE_VA_ALWAYS_VALID": "1"})
+    yield p
+    p.stop()
+
+
+def start_nodes(tmp_path: Path, pebble: Pebble, redis_port: int) -> list:
+    nodes = []
+    for i in range(2):
+        g = Gannet(tmp_path / f"node{i}")
+        g.tmp.mkdir()
+        tls = free_port()
+        srv = g.start(conf=node_conf(pebble, redis_port, tls))
+        nodes.append((g, srv, tls))
+    return nodes
+
+
+def test_two_nodes_order_once_and_serve_the_same_certificate(tmp_path, pebble):
+    redis = Redis(free_port(), tmp_path)
+    redis.start()
+    nodes = start_nodes(tmp_path, pebble, redis.port)
+    try:
+        leaves = []
+        for _, srv, tls in nodes:
+            wait_port(tls, srv.proc)
+            leaf = wait_until(lambda: served_leaf(tls, pebble.root), deadline=60, every=0.5)
+            assert leaf, f"{srv.error_log()}\n{pebble.log_path.read_text()}"
+            leaves.append(leaf)
+        assert serial(leaves[0]) == serial(leaves[1])
+        assert pebble.orders() == 1, pebble.log_path.read_text()
+        assert pebble.log_path.read_text().count("There are now 1 accounts") == 1
+        # The account, the certificate and its key are in Redis; the lock is given back.
+        keys = redis_keys(redis.port)
+        assert "gannet:acme:pebble:account.key" in keys and "gannet:acme:pebble:account.url" in keys
+        assert [k for k in keys if k.endswith(".crt")] and [k for k in keys if k.endswith(".key") and "localhost" in k]
+        assert not [k for k in keys if k.endswith(".lock")]
+        # Nothing on disk: no state directory beside the nodes.
+        for g, _, _ in nodes:
+            assert not list(g.tmp.glob("acme_*"))
+        # A third node started later takes the stored certificate without ordering.
+        g = Gannet(tmp_path / "node2")
+        g.tmp.mkdir()
+        tls = free_port()
+        srv = g.start(conf=node_conf(pebble, redis.port, tls))
+        nodes.append((g, srv, tls))
+        wait_port(tls, srv.proc)
+        leaf = wait_until(lambda: served_leaf(tls, pebble.root), deadline=30, every=0.5)
+        assert leaf and serial(leaf) == serial(leaves[0]), srv.error_log()
+        assert pebble.orders() == 1
+    finally:
+        for g, _, _ in nodes:
+            g.close()
+        redis.stop()
+
+
+def test_redis_down_at_start_is_logged_and_retried(tmp_path, pebble):
+    redis = Redis(free_port(), tmp_path)
+    g = Gannet(tmp_path / "node")
+    g.tmp.mkdir()
+    tls = free_port()
+    try:
+        srv = g.start(conf=node_conf(pebble, redis.port, tls))
+        wait_port(tls, srv.proc)
+        said = 'acme: certificate for "localhost" from "pebble" failed: redis_server "shared" (127.0.0.1:%d) unavailable' % redis.port
+        assert wait_until(lambda: said in srv.error_log() and "retrying in 10s" in srv.error_log(), deadline=20), srv.error_log()
+        assert served_leaf(tls, pebble.root) is None
+        assert pebble.orders() == 0
+        worker = srv.worker_pid()
+        redis.start()
+        leaf = wait_until(lambda: served_leaf(tls, pebble.root), deadline=60, every=0.5)
+        assert leaf, srv.error_log()
+        assert srv.worker_pids() == [worker]
+        assert [k for k in redis_keys(redis.port) if k.endswith(".crt")]
+        assert pebble.orders() == 1
+    finally:
+        g.close()
+        redis.stop()
