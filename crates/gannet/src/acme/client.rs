@@ -163,7 +163,9 @@ async fn login(issuer: &Issuer, links: &Arc<chain::Links>) -> Result<Account, Er
             .create_from_key((key, PrivateKeyDer::Pkcs8(der)), uri)
             .await?;
         if own_key {
-            store.put(&[(store::ACCOUNT_URL, a.id().as_bytes())]).await?;
+            store
+                .put(&[(store::ACCOUNT_URL, a.id().as_bytes())])
+                .await?;
         }
         return Ok(a);
     }
@@ -324,7 +326,11 @@ async fn ordered(
     let store = &cert.issuer.store;
     let lock = store::lock_name(cert);
     let unavailable = |e: String| format!("{} unavailable: {e}", store.describe());
-    if !store.lock(&lock, ORDER_TIMEOUT).await.map_err(unavailable)? {
+    if !store
+        .lock(&lock, ORDER_TIMEOUT)
+        .await
+        .map_err(unavailable)?
+    {
         loop {
             tokio::time::sleep(WAIT_POLL).await;
             if take_stored(cert).await || !store.held(&lock).await.map_err(unavailable)? {

@@ -8,7 +8,8 @@
 //! The protocol is the `instant-acme` crate's (JWS on aws-lc-rs, the crypto rustls uses
 //! here); `client` runs the account and order state machine (renewal in the CA's ARI
 //! window, RFC 9773, else at two thirds of the lifetime), `store` keeps the account key
-//! and the certificates under `state_path` so a restart reuses them. HTTP-01 challenges
+//! and the certificates under `state_path` so a restart reuses them (or in Redis, with
+//! an order lock, so that of several nodes one orders and all serve it). HTTP-01 challenges
 //! are answered from [`Acme::answer`] on every GET for a pending token, whatever the
 //! locations of the server say; TLS-ALPN-01 validation handshakes get their certificate
 //! from [`Slot::validation`].

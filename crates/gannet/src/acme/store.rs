@@ -27,7 +27,10 @@ pub enum Store {
     /// `state_path off`: nothing kept, a restart orders again.
     Off,
     Files(PathBuf),
-    Redis { server: Arc<Server>, prefix: String },
+    Redis {
+        server: Arc<Server>,
+        prefix: String,
+    },
 }
 
 /// Releases the order lock only if this node still holds it (it may have expired and been

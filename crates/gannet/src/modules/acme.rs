@@ -246,17 +246,18 @@ fn issuer(d: &Directive, ctx: &LoadCtx) -> Result<Issuer, ConfError> {
                 });
             }
             "state_path" => {
-                is.store = match v.strip_prefix("redis:") {
-                    _ if v == "off" => Store::Off,
-                    // gannet's own: shared by the nodes using the same Redis.
-                    Some(server) => Store::Redis {
-                        server: ctx.redis.get(server).cloned().ok_or_else(|| {
-                            e.error(format!("unknown redis_server \"{server}\""))
-                        })?,
-                        prefix: format!("gannet:acme:{}:", is.name),
-                    },
-                    None => Store::Files(ctx.prefix.join(v)),
-                };
+                is.store =
+                    match v.strip_prefix("redis:") {
+                        _ if v == "off" => Store::Off,
+                        // gannet's own: shared by the nodes using the same Redis.
+                        Some(server) => Store::Redis {
+                            server: ctx.redis.get(server).cloned().ok_or_else(|| {
+                                e.error(format!("unknown redis_server \"{server}\""))
+                            })?,
+                            prefix: format!("gannet:acme:{}:", is.name),
+                        },
+                        None => Store::Files(ctx.prefix.join(v)),
+                    };
             }
             "accept_terms_of_service" => is.accept_tos = true,
             "ssl_trusted_certificate" => {
