@@ -6,7 +6,9 @@ comes, without a reload or a crash."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -143,3 +145,78 @@ def test_redis_down_at_start_is_logged_and_retried(tmp_path, pebble):
     finally:
         g.close()
         redis.stop()
+
+
+class ToTheOtherNode:
+    """Pebble's HTTP-01 port, forwarded to the node that is not ordering (the one whose log
+    does not say it made the account): the CA's validation request reaches a node that
+    only knows the token from Redis."""
+
+    def __init__(self, port: int, nodes: list):
+        self.nodes, self.reached = nodes, []
+        self.sock = socket.create_server(("127.0.0.1", port))
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            others = [srv for srv in self.nodes if "acme: account" not in srv.error_log()]
+            if len(others) != 1:
+                client.close()
+                continue
+            self.reached.append(others[0])
+            upstream = socket.create_connection(("127.0.0.1", others[0].port))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self.pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def pipe(a: socket.socket, b: socket.socket):
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.sock.close()
+
+
+def test_http01_answered_by_the_node_that_does_not_order(tmp_path, http_port):
+    """Real HTTP-01 validation (no PEBBLE_VA_ALWAYS_VALID) reaching only the other node: the
+    ordering node tells the token over Redis pub/sub, and the order succeeds."""
+    need_pebble()
+    pebble = Pebble(tmp_path, http_port)
+    redis = Redis(free_port(), tmp_path)
+    redis.start()
+    started = []
+    try:
+        for i in range(2):
+            g = Gannet(tmp_path / f"node{i}")
+            g.tmp.mkdir()
+            tls = free_port()
+            started.append((g, g.start(conf=node_conf(pebble, redis.port, tls)), tls))
+        proxy = ToTheOtherNode(http_port, [srv for _, srv, _ in started])
+        leaves = []
+        for _, srv, tls in started:
+            wait_port(tls, srv.proc)
+            leaf = wait_until(lambda: served_leaf(tls, pebble.root), deadline=60, every=0.5)
+            assert leaf, f"{srv.error_log()}\n{pebble.log_path.read_text()}"
+            leaves.append(leaf)
+        assert serial(leaves[0]) == serial(leaves[1])
+        assert proxy.reached, "the CA's validation request did not come"
+        assert pebble.orders() == 1, pebble.log_path.read_text()
+        proxy.close()
+    finally:
+        for g, _, _ in started:
+            g.close()
+        redis.stop()
+        pebble.stop()

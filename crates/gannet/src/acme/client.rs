@@ -446,6 +446,7 @@ async fn order(
         acme,
         http: Vec::new(),
         tls: Vec::new(),
+        channel: cert.issuer.store.challenge_channel(),
     };
     async {
         let mut authzs = order.authorizations();
@@ -478,6 +479,15 @@ async fn order(
                 Challenge::Http01 => {
                     acme.add_challenge(&ch.token, &key_auth);
                     tokens.http.push(ch.token.clone());
+                    // The CA's request may reach another node sharing the store.
+                    if let Some((server, channel)) = &tokens.channel {
+                        let msg = format!("{} {key_auth}", ch.token);
+                        if let Err(e) = server.publish(channel, msg.as_bytes()).await {
+                            errlog::warn(format_args!(
+                                "acme: cannot tell the other nodes the challenge for {name}: {e}"
+                            ));
+                        }
+                    }
                 }
             }
             ch.set_ready().await?;
@@ -556,12 +566,22 @@ struct Tokens<'a> {
     http: Vec<String>,
     /// TLS-ALPN-01: the names whose validation certificates are served.
     tls: Vec<String>,
+    /// Where the other nodes sharing the store learn the HTTP-01 tokens.
+    channel: Option<(Arc<crate::modules::redis::Server>, String)>,
 }
 
 impl Drop for Tokens<'_> {
     fn drop(&mut self) {
         for t in &self.http {
             self.acme.remove_challenge(t);
+        }
+        if let Some((server, channel)) = self.channel.take() {
+            let done = std::mem::take(&mut self.http);
+            tokio::task::spawn_local(async move {
+                for t in done {
+                    let _ = server.publish(&channel, t.as_bytes()).await;
+                }
+            });
         }
         for n in &self.tls {
             self.acme.remove_validation_cert(n);

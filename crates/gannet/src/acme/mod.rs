@@ -258,12 +258,35 @@ impl Acme {
 pub fn spawn(acme: &Arc<Acme>) {
     let mut accounts: HashMap<String, Arc<client::AccountCell>> = HashMap::new();
     for cert in &acme.certs {
+        if !accounts.contains_key(&cert.issuer.name) {
+            if let Some((server, channel)) = cert.issuer.store.challenge_channel() {
+                tokio::task::spawn_local(follow_challenges(acme.clone(), server, channel));
+            }
+        }
         let account = accounts
             .entry(cert.issuer.name.clone())
             .or_insert_with(|| Arc::new(client::AccountCell::new(cert.issuer.clone())))
             .clone();
         tokio::task::spawn_local(client::run(acme.clone(), cert.clone(), account));
     }
+}
+
+/// Answer the HTTP-01 tokens the other nodes sharing the store are validated with (their
+/// messages: `TOKEN KEYAUTH` to answer, `TOKEN` to stop).
+async fn follow_challenges(
+    acme: Arc<Acme>,
+    server: Arc<crate::modules::redis::Server>,
+    channel: String,
+) {
+    server
+        .subscribe(&channel, |msg| {
+            let msg = String::from_utf8_lossy(&msg);
+            match msg.split_once(' ') {
+                Some((token, key_auth)) => acme.add_challenge(token, key_auth),
+                None => acme.remove_challenge(&msg),
+            }
+        })
+        .await;
 }
 
 /// An `acme_certificate` as read: issuer name, where it was written, identifiers, key type,

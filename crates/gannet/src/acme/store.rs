@@ -112,6 +112,18 @@ impl Store {
         Ok(r.is_some())
     }
 
+    /// The Redis server and channel the nodes tell each other their pending HTTP-01
+    /// tokens on (`TOKEN KEYAUTH` to answer it, `TOKEN` alone to stop), so that the CA's
+    /// validation request may reach any node.
+    pub fn challenge_channel(&self) -> Option<(Arc<Server>, String)> {
+        match self {
+            Store::Redis { server, prefix } => {
+                Some((server.clone(), format!("{prefix}challenges")))
+            }
+            _ => None,
+        }
+    }
+
     /// Whether the order lock `name` is held (by any node).
     pub async fn held(&self, name: &str) -> Result<bool, String> {
         let Store::Redis { server, prefix } = self else {
