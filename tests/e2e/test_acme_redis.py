@@ -16,6 +16,7 @@ from cryptography import x509
 
 from conftest import Gannet, free_port, wait_port, wait_until
 from test_acme import Pebble, http_port, need_pebble, served_leaf  # noqa: F401 (fixture)
+from test_acme_revoke import revoke_with
 from test_limit_req_redis import REDIS, Redis
 
 pytestmark = pytest.mark.skipif(not Path(REDIS).exists(), reason="Debian's redis-server is installed by scripts/test-all.sh")
@@ -33,6 +34,7 @@ http {
         ssl_trusted_certificate @MINICA@;
         state_path redis:shared;
         accept_terms_of_service;
+        renewal_check 1s;
     }
     server {
         listen 127.0.0.1:@TLS@ ssl;
@@ -57,6 +59,10 @@ def node_conf(pebble: Pebble, redis_port: int, tls_port: int) -> str:
 
 def serial(leaf: str) -> int:
     return x509.load_pem_x509_certificate((leaf + "-----END CERTIFICATE-----\n").encode()).serial_number
+
+
+def redis_get(port: int, key: str) -> bytes:
+    return subprocess.run(["redis-cli", "-p", str(port), "-n", "2", "--raw", "GET", key], capture_output=True).stdout.rstrip(b"\n")
 
 
 def redis_keys(port: int) -> list[str]:
@@ -117,6 +123,17 @@ def test_two_nodes_order_once_and_serve_the_same_certificate(tmp_path, pebble):
         leaf = wait_until(lambda: served_leaf(tls, pebble.root), deadline=30, every=0.5)
         assert leaf and serial(leaf) == serial(leaves[0]), srv.error_log()
         assert pebble.orders() == 1
+        # Revoked at the CA (signed with the account key from Redis): one node replaces it
+        # (`renewal_check 1s` looks at the CA's renewal information), all serve the new one.
+        revoke_with(pebble, redis_get(redis.port, "gannet:acme:pebble:account.key"),
+                    redis_get(redis.port, "gannet:acme:pebble:account.url").decode(), leaf + "-----END CERTIFICATE-----\n")
+        renewed = []
+        for _, srv, tls in nodes:
+            new = wait_until(lambda: (l := served_leaf(tls, pebble.root)) and serial(l) != serial(leaf) and l, deadline=60, every=0.5)
+            assert new, srv.error_log()
+            renewed.append(serial(new))
+        assert len(set(renewed)) == 1
+        assert pebble.orders() == 2
     finally:
         for g, _, _ in nodes:
             g.close()

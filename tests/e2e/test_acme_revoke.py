@@ -29,15 +29,20 @@ def b64(b: bytes) -> str:
 def revoke(pebble: Pebble, state: Path, leaf_pem: str):
     """POST revokeCert (RFC 8555 7.6) for `leaf_pem`, signed ES256 with the account key and
     URL gannet keeps in `state`."""
+    revoke_with(pebble, (state / "account.key").read_bytes(), (state / "account.url").read_text(), leaf_pem)
+
+
+def revoke_with(pebble: Pebble, key_pem: bytes, kid: str, leaf_pem: str):
+    """revokeCert signed with this account key (PEM) and account URL."""
     ctx = ssl.create_default_context(cafile=str(pebble.minica))
     with urllib.request.urlopen(pebble.directory, context=ctx, timeout=10) as r:
         directory = json.load(r)
     req = urllib.request.Request(directory["newNonce"], method="HEAD")
     with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
         nonce = r.headers["Replay-Nonce"]
-    key = serialization.load_pem_private_key((state / "account.key").read_bytes(), None)
+    key = serialization.load_pem_private_key(key_pem, None)
     assert isinstance(key, ec.EllipticCurvePrivateKey)
-    kid = (state / "account.url").read_text().strip()
+    kid = kid.strip()
     der = x509.load_pem_x509_certificate(leaf_pem.encode()).public_bytes(serialization.Encoding.DER)
     protected = b64(json.dumps({"alg": "ES256", "kid": kid, "nonce": nonce, "url": directory["revokeCert"]}).encode())
     payload = b64(json.dumps({"certificate": b64(der)}).encode())
