@@ -59,6 +59,8 @@ python3 -m pip install -q -e './arena[test]'
 python3 -m pip install -q brotli zstandard
 # An HTTP/3 client for tests/e2e/test_http3.py (with ngtcp2-client's gtlsclient).
 python3 -m pip install -q aioquic
+# X.509 parsing and ECDSA signing for tests/e2e/test_acme_revoke.py and test_acme_redis.py.
+python3 -m pip install -q cryptography
 
 step "h2spec (HTTP/2 conformance; a Go module, for tests/e2e/test_http2.py)"
 if ! command -v h2spec >/dev/null && [ ! -x "$HOME/go/bin/h2spec" ]; then
