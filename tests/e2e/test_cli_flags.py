@@ -206,11 +206,12 @@ def test_V_is_nginx_style_and_names_only_real_nginx_modules():
     withs = {a for a in args if a.startswith("--with-")}
     assert {"--with-http_ssl_module", "--with-http_v2_module", "--with-http_realip_module"} <= withs
     assert withs <= debian_nginx_configure_args()
-    # What gannet lacks is off or not named: nginx-tests skips mail, http_v3...; what it has of
+    # What gannet lacks is off or not named: nginx-tests skips http_v3...; what it has of
     # the default modules (ssi, memcached, grpc, the cache) is not switched off.
     assert not re.search(r"--without-http_(ssi|memcached|grpc)_module|--without-http-cache", r.stderr)
     assert {"--with-http_dav_module", "--with-http_stub_status_module", "--with-stream",
-            "--with-http_slice_module", "--with-http_mp4_module"} <= withs
-    assert not re.search(r"--with-mail|http_v3|OpenSSL", r.stderr)
+            "--with-http_slice_module", "--with-http_mp4_module", "--with-mail",
+            "--with-mail_ssl_module"} <= withs
+    assert not re.search(r"http_v3|OpenSSL", r.stderr)
     v = run("-v")
     assert v.returncode == 0 and v.stderr.strip() == lines[0]

@@ -7,7 +7,7 @@ import pytest
     "line, message",
     [
         ("location /api/ { proxy_ssl_conf_command Options PrioritizeChaCha; }", '"proxy_ssl_conf_command": this proxy directive is not supported yet'),
-        ("location ~ \\.php$ { fastcgi_store on; }", '"fastcgi_store": this FastCGI directive is not supported yet'),
+        ("location ~ \\.php$ { fastcgi_bind 127.0.0.1; }", '"fastcgi_bind": this FastCGI directive is not supported yet'),
         ("ssl_conf_command Options PrioritizeChaCha;", '"ssl_conf_command": this TLS directive is not supported yet'),
         ("geo $x $y { default 0; }", '"geo" directive is not allowed here'),
         ("frobnicate on;", 'unknown directive "frobnicate"'),

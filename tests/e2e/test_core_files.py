@@ -111,13 +111,19 @@ http {
         location /on/ { disable_symlinks on; }
         location /from/ { disable_symlinks on from=$document_root; }
         location /owner/ { disable_symlinks if_not_owner; }
+        location /ifon/ {
+            disable_symlinks on;
+            if (-f $request_filename) { return 204; }
+        }
+        # A file named as a folder (a trailing `/`): no such folder.
+        location ~ ^(/owner/.+/)tail$ { disable_symlinks if_not_owner; alias {root}$1; }
     }
 }
 """
 
 
 def make_links(root):
-    for d in ("on", "from", "owner", "plain"):
+    for d in ("on", "from", "owner", "plain", "ifon"):
         (root / d).mkdir(exist_ok=True)
         (root / d / "real.txt").write_text(f"real {d}\n")
         os.symlink(root / d / "real.txt", root / d / "link.txt")
@@ -139,6 +145,9 @@ def test_disable_symlinks_as_nginx(tmp_path):
             "/from/real.txt": 200, "/from/link.txt": 403,
             "/owner/link.txt": 200, "/owner/otherlink.txt": 403,
             "/plain/link.txt": 200,
+            # `if (-f ...)` opens the file with the location's check: a link is no file.
+            "/ifon/real.txt": 204, "/ifon/link.txt": 403,
+            "/owner/real.txt/tail": 404,
         }
         for path, status in cases.items():
             g, n = get(srv.port, path), get(nginx_port, path)

@@ -232,7 +232,10 @@ def test_redis_down_fails_open_or_closed_then_shares_again(redis, nodes):
 
         seen = [len(errors(n)) for n in nodes]
         redis.stop()
+        # A node refuses alone while the last refusal Redis gave it has not leaked below the
+        # burst (Redis would refuse too): that lasts under (1 + burst) / rate seconds. Then
         # fail_open: everything is served; fail_closed: everything refused.
+        assert wait_until(lambda: all(client.get("/open/") == 200 for _ in nodes), deadline=5)
         assert client.burst("/open/", 30)[:2] == (30, 0)
         assert client.burst("/closed/", 12)[:2] == (0, 12)
         for node, at in zip(nodes, seen):
@@ -240,7 +243,8 @@ def test_redis_down_fails_open_or_closed_then_shares_again(redis, nodes):
             log = errors(node)[at:]
             assert len(re.findall(r'\[error\] .*limit_req zone "one" fails open: redis_server "shared" \(127\.0\.0\.1:\d+\)', log)) == 1, log
             assert len(re.findall(r'limit_req zone "shut" fails closed: redis_server "shared"', log)) == 1, log
-            assert "limiting requests" not in log
+            # Refused alone while the last refusal held (above), none once Redis was found gone.
+            assert "limiting requests" not in log[log.find("fails open"):], log
 
         redis.start()
         # Without a reload: once a node reconnects (it retries a second after a failure),
@@ -307,8 +311,11 @@ def test_password_and_db(tmp_path, gannet):
         ("redis_server r { db 1; }", 'no "server" in redis_server "r"'),
         ("redis_server r { server 127.0.0.1:x; }", 'invalid value "127.0.0.1:x" in "server"'),
         ("redis_server r { server 127.0.0.1; timeout 0; }", 'invalid value "0" in "timeout"'),
-        ("redis_server r { server 127.0.0.1; tls on; }", 'unknown directive "tls"'),
+        ("redis_server r { server 127.0.0.1; tls maybe; }", 'invalid value "maybe" in "tls"'),
+        ("redis_server r { server 127.0.0.1; tls_trusted_certificate /etc/hostname; }", '"tls_trusted_certificate" needs "tls on"'),
         ("redis_server r { server 127.0.0.1; } redis_server r { server 127.0.0.1; }", 'duplicate redis_server "r"'),
+        ("redis_server r { sentinel 127.0.0.1:26379; }", 'no "master_name" in redis_server "r"'),
+        ("redis_server r { server 127.0.0.1; sentinel 127.0.0.1:26379; master_name m; }", '"server" and "sentinel" cannot both be given'),
     ],
 )
 def test_bad_redis_settings_are_config_errors(gannet, http, message):
@@ -316,3 +323,164 @@ def test_bad_redis_settings_are_config_errors(gannet, http, message):
     assert r.returncode != 0
     assert message in r.stderr, r.stderr
     assert re.search(r"gannet\.conf:\d+|check\.conf:\d+", r.stderr), r.stderr
+
+
+def redis_calls(port: int) -> int:
+    """How many scripts the server has run (EVALSHA, and EVAL for the first of each)."""
+    out = subprocess.run(["redis-cli", "-p", str(port), "info", "commandstats"], capture_output=True, text=True, timeout=10).stdout
+    return sum(int(m) for m in re.findall(r"cmdstat_eval(?:sha)?:calls=(\d+)", out))
+
+
+def test_nodes_decide_alone_within_their_allowance(tmp_path, redis):
+    """Each node refuses alone while Redis's last refusal holds, and a node whose requests
+    come fast counts them in Redis in batches: the requests cost far fewer calls than they
+    are, and the cluster still takes what one bucket takes."""
+    zones = f"""
+    redis_server shared {{ server 127.0.0.1:{redis.port}; }}
+    {ZONE} redis=shared;
+    limit_req_zone $server_name zone=shut:1m rate={RATE}r/s redis=shared fail_closed;
+    limit_req_zone $server_name zone=fast:1m rate=10000r/s redis=shared;
+"""
+    locations = LOCATIONS + "        location /fast/ { limit_req zone=fast burst=100 nodelay; }\n"
+    started = []
+    try:
+        for i in range(3):
+            g = Gannet(tmp_path / f"n{i}")
+            g.tmp.mkdir()
+            started.append((g, g.start(conf=conf(zones, locations), files={**FILES, "fast/index.html": "ok\n"})))
+        client = RoundRobin([s.port for _, s in started])
+        before = redis_calls(redis.port)
+        accepted, refused, took = client.burst("/open/", N)
+        calls = redis_calls(redis.port) - before
+        lo, hi = bucket_bounds(took)
+        assert lo <= accepted <= hi, (accepted, took)
+        # Each accepted request is one call (10 r/s is one request per lease); a refusal is
+        # asked once per node and then held until it leaks.
+        assert calls < accepted + 3 * (1 + RATE * took) + 3, (calls, accepted, refused, took)
+        assert calls < N // 2, (calls, accepted, refused)
+
+        single = RoundRobin([started[0][1].port])
+        before = redis_calls(redis.port)
+        accepted, refused, took = single.burst("/fast/", 300)
+        calls = redis_calls(redis.port) - before
+        single.close()
+        # 10000 r/s with a burst of 100: one client cannot go over it, so every request is
+        # taken, counted in batches of up to 25 (a quarter of the burst).
+        assert (accepted, refused) == (300, 0)
+        assert calls < 300 // 4, calls
+        client.close()
+    finally:
+        for g, _ in started:
+            g.close()
+
+
+def test_tls_with_the_right_and_a_wrong_ca(tmp_path, gannet):
+    """`tls on` speaks TLS to a redis-server that only has a TLS port, trusting the CA of
+    `tls_trusted_certificate`; a certificate from another CA is Redis not answering."""
+    from test_tls import Pki
+
+    (tmp_path / "pki").mkdir()
+    (tmp_path / "other").mkdir()
+    pki = Pki(tmp_path / "pki")
+    cert, key = pki.issue("redis", "localhost", sans=("localhost",))
+    other = Pki(tmp_path / "other")
+    port = free_port()
+    proc = subprocess.Popen(
+        [REDIS, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path),
+         "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(pki.path("ca.pem")), "--tls-auth-clients", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_port(port, proc)
+
+        def node(ca: Path, name: str):
+            zones = f"""
+    redis_server shared {{ server localhost:{port}; tls on; tls_trusted_certificate {ca}; }}
+    {ZONE} redis=shared;
+    limit_req_zone $server_name zone=shut:1m rate={RATE}r/s redis=shared fail_closed;
+"""
+            g = Gannet(tmp_path / name)
+            g.tmp.mkdir()
+            return g, g.start(conf=conf(zones, LOCATIONS), files=FILES)
+
+        g, srv = node(pki.path("ca.pem"), "right")
+        client = RoundRobin([srv.port])
+        try:
+            # fail_closed: the first answer is the node's first call that went through.
+            assert wait_until(lambda: client.get("/closed/") == 200, deadline=10)
+            accepted, refused, _ = client.burst("/closed/", 20)
+        finally:
+            client.close()
+            g.close()
+        # Counted in Redis over TLS: the limit applies (fail_closed would refuse all).
+        assert refused > 0, (accepted, refused)
+        cli = subprocess.run(["redis-cli", "--tls", "--cacert", str(pki.path("ca.pem")), "-h", "localhost", "-p", str(port), "hget", "gannet:limit_req:shut:cluster", "e"],
+                             capture_output=True, text=True, timeout=10)
+        assert cli.stdout.strip().isdigit(), cli
+
+        g, srv = node(other.path("ca.pem"), "wrong")
+        client = RoundRobin([srv.port])
+        try:
+            assert client.burst("/closed/", 5)[:2] == (0, 5)
+        finally:
+            client.close()
+            g.close()
+        assert re.search(r'limit_req zone "shut" fails closed: redis_server "shared" \(localhost:\d+\): .*[Cc]ertificate', srv.error_log()), srv.error_log()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_sentinel_names_the_master_and_a_failover_is_followed(tmp_path, gannet, redis):
+    """`sentinel` + `master_name`: the node asks a real Sentinel (redis-server --sentinel)
+    where the master is; after a failover (forced with SENTINEL FAILOVER) the old master
+    refuses writes, the node drops its connection and asks again: counted on the new one."""
+    replica = Redis(free_port(), tmp_path / "replica")
+    (tmp_path / "replica").mkdir()
+    replica.start()
+    sentinel_port = free_port()
+    sdir = tmp_path / "sentinel"
+    sdir.mkdir()
+    (sdir / "sentinel.conf").write_text(
+        f"port {sentinel_port}\nbind 127.0.0.1\ndir {sdir}\nsentinel monitor mymaster 127.0.0.1 {redis.port} 1\n"
+        "sentinel down-after-milliseconds mymaster 1000\nsentinel failover-timeout mymaster 5000\n"
+    )
+    sentinel = subprocess.Popen([REDIS, str(sdir / "sentinel.conf"), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def cli(port: int, *args: str) -> str:
+        return subprocess.run(["redis-cli", "-p", str(port), *args], capture_output=True, text=True, timeout=10).stdout
+
+    try:
+        wait_port(sentinel_port, sentinel)
+        cli(replica.port, "replicaof", "127.0.0.1", str(redis.port))
+        assert wait_until(lambda: "master_link_status:up" in cli(replica.port, "info", "replication"), deadline=10)
+        # The sentinel has found the replica (it asks the master every 10 s at first).
+        assert wait_until(lambda: str(replica.port) in cli(sentinel_port, "sentinel", "replicas", "mymaster"), deadline=20, every=0.2)
+
+        zones = f"""
+    redis_server shared {{ sentinel 127.0.0.1:{sentinel_port}; master_name mymaster; timeout 2s; }}
+    {ZONE} redis=shared;
+    limit_req_zone $server_name zone=shut:1m rate={RATE}r/s redis=shared fail_closed;
+"""
+        srv = gannet.start(conf=conf(zones, LOCATIONS), files=FILES)
+        client = RoundRobin([srv.port])
+        try:
+            assert wait_until(lambda: client.get("/closed/") == 200, deadline=10)
+            accepted, refused, _ = client.burst("/closed/", 20)
+            assert accepted > 0 and refused > 0, (accepted, refused)
+            assert cli(redis.port, "hget", "gannet:limit_req:shut:cluster", "e").strip().isdigit()
+
+            assert "OK" in cli(sentinel_port, "sentinel", "failover", "mymaster")
+            assert wait_until(lambda: str(replica.port) in cli(sentinel_port, "sentinel", "get-master-addr-by-name", "mymaster"), deadline=20, every=0.2)
+            assert wait_until(lambda: "role:master" in cli(replica.port, "info", "replication"), deadline=10)
+            # The new master counts the requests (fail_closed: answers, some refused).
+            def counted_on_new() -> bool:
+                client.burst("/closed/", 3)
+                return cli(replica.port, "hget", "gannet:limit_req:shut:cluster", "e").strip().isdigit() and client.burst("/closed/", 12)[:2] not in ((0, 12),)
+            assert wait_until(counted_on_new, deadline=15, every=0.3)
+        finally:
+            client.close()
+    finally:
+        sentinel.terminate()
+        sentinel.wait(10)
+        replica.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -150,6 +151,23 @@ def test_limit_req_delays_past_delay_and_logs_it(gannet):
     # About 3.000: exactly 3.000 when the four requests came within one millisecond (the
     # bucket leaks by whole milliseconds, as nginx's does).
     assert re.search(r'\[warn\] .*delaying request, excess: (2\.\d{3}|3\.000), by zone "fast"', srv.error_log())
+
+
+def test_client_leaving_during_a_delay_ends_the_request(gannet):
+    # nginx watches the connection while it delays a request: a client that leaves ends
+    # it at once (logged 499), rather than when the delay is over - here a minute.
+    srv = gannet.start(
+        files={"d/f.txt": "d\n"},
+        http="log_format lim '$uri $status'; limit_req_zone $uri zone=min:1m rate=1r/m;",
+        server=f"access_log {gannet.tmp}/lim.log lim; location /d/ {{ limit_req zone=min burst=5; }}",
+    )
+    assert srv.get("/d/f.txt")[0] == 200
+    with socket.create_connection(("127.0.0.1", srv.port)) as s:
+        s.sendall(b"GET /d/f.txt HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert wait_until(lambda: "delaying request" in srv.error_log())
+    log = log_lines(srv.tmp / "lim.log", 2)
+    assert log == ["/d/f.txt 200", "/d/f.txt 499"]
+    assert "client prematurely closed connection" in srv.error_log()
 
 
 class Held:

@@ -394,7 +394,7 @@ def test_tls_termination(gannet, echo, tmp_path):
     assert wait_until(lambda: log.exists() and len(log.read_text().splitlines()) == 2)
     assert log.read_text().splitlines() == ["TLSv1.3 t.test 200 6", "- - 500 0"]
     r = gannet.check(conf=conf(f"server {{ listen 127.0.0.1:{p} ssl; proxy_pass 127.0.0.1:1; }}"))
-    assert 'no "ssl_certificate" is defined for server' in r.stderr
+    assert 'no "ssl_certificate" is defined for the "listen ... ssl" directive in' in r.stderr, r.stderr
 
 
 def test_reload_keeps_sessions_and_listener(gannet, echo):

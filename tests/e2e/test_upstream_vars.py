@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 import socket
+import threading
+import time
 
 import pytest
 
@@ -145,3 +147,42 @@ def test_upstream_cache_status_is_not_found_as_without_proxy_cache(tmp_path):
         logs = [(tmp_path / side / "access.log") for side in ("gannet", "nginx")]
         assert wait_until(lambda: all(p.exists() and p.read_text() for p in logs))
         assert [p.read_text() for p in logs] == ['-|"-"|/x\n'] * 2
+
+
+def test_response_time_covers_the_body(gannet):
+    # The application sends its head, then its body only once the client has had the head
+    # and half a second has passed: $upstream_response_time runs to the body's end (as
+    # nginx's), $upstream_header_time stops at the head.
+    got_head = threading.Event()
+
+    def slow_body(conn, _head, _body):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n")
+        got_head.wait(5)
+        conn.sendall(b"body\n")
+
+    app = rawapps.HttpApp(slow_body)
+    try:
+        srv = gannet.start(
+            http="log_format t '$upstream_header_time $upstream_response_time';",
+            server=f"location / {{ proxy_pass http://127.0.0.1:{app.port}; proxy_buffering off;"
+            f" access_log {gannet.tmp}/t.log t; }}",
+        )
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += s.recv(4096)
+            # A measured gap (the quantity under test), not a wait for some state.
+            time.sleep(0.5)
+            got_head.set()
+            while chunk := s.recv(4096):
+                data += chunk
+        assert data.endswith(b"body\n")
+        log = srv.tmp / "t.log"
+        assert wait_until(lambda: log.exists() and log.read_text().strip())
+        header, total = map(float, log.read_text().split())
+        # (The times are read from the worker's clock, cached per event-loop turn: a few ms
+        # of slack on the measured gap.)
+        assert header < 0.5 and total >= 0.49, (header, total)
+    finally:
+        app.close()

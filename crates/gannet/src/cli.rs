@@ -35,6 +35,7 @@ pub const NGINX_VERSION: &str = "1.22.1";
 /// only on request and gannet lacks (http_v3...) are simply not named:
 /// naming them at all would match nginx-tests' plain-substring checks.
 const CONFIGURE_ARGS: &[&str] = &[
+    "--with-debug",
     "--with-http_ssl_module",
     "--with-http_v2_module",
     "--with-http_realip_module",

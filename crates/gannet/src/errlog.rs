@@ -176,7 +176,12 @@ impl ErrorLogs {
     }
 
     fn write(&self, level: Level, args: fmt::Arguments) {
-        if !self.admits(level) {
+        self.write_to(level, args, false);
+    }
+
+    /// `all`: to every log whatever its level (`debug_connection`).
+    fn write_to(&self, level: Level, args: fmt::Arguments, all: bool) {
+        if !all && !self.admits(level) {
             return;
         }
         // SAFETY: gettid has no preconditions and cannot fail.
@@ -189,7 +194,7 @@ impl ErrorLogs {
             tid,
             args
         );
-        for log in self.logs.iter().filter(|l| level >= l.level) {
+        for log in self.logs.iter().filter(|l| all || level >= l.level) {
             log.write(level, line.as_bytes());
         }
     }
@@ -298,7 +303,33 @@ pub fn request(level: Level, req: &crate::http::request::Request, args: fmt::Arg
     };
     if logs.admits(level) {
         logs.write(level, format_args!("{}", Context(req, args)));
+    } else if debugged(req) {
+        logs.write_to(level, format_args!("{}", Context(req, args)), true);
     }
+}
+
+/// Whether a line at `level` for `req` goes to one of its logs (the context's, else the
+/// main ones).
+pub fn admits_for(req: &crate::http::request::Request, level: Level) -> bool {
+    match &req.conf.error_log {
+        Some(l) => l.admits(level),
+        None => main_logs().is_some_and(|l| l.admits(level)),
+    }
+}
+
+/// Whether the request's client is one `debug_connection` names: its lines go to every
+/// error log whatever the log's level, as nginx raises that connection's log to debug.
+/// Only asked for a line a log would otherwise leave out.
+pub fn debugged(req: &crate::http::request::Request) -> bool {
+    let Some(w) = crate::runtime::worker::current() else {
+        return false;
+    };
+    let peers = &w.config.main.debug_connection;
+    if peers.is_empty() {
+        return false;
+    }
+    let ip = req.conn.unix.is_none().then(|| req.conn.peer.ip());
+    crate::config::main_conf::debugged(peers, ip)
 }
 
 /// A request message followed by nginx's context.

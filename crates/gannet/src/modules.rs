@@ -28,6 +28,7 @@ pub mod gunzip;
 pub mod headers;
 pub mod health_check;
 pub mod http2;
+pub mod http3;
 pub mod index;
 pub mod limit_conn;
 pub mod limit_rate;
@@ -315,6 +316,10 @@ pub const MODULES: &[Module] = &[
         set: http2::set,
     },
     Module {
+        directives: http3::DIRECTIVES,
+        set: http3::set,
+    },
+    Module {
         directives: secure_link::DIRECTIVES,
         set: secure_link::set,
     },
@@ -462,6 +467,7 @@ pub struct LocConf {
     pub health_check: Option<Arc<health_check::HealthCheck>>,
     pub tls: tls::TlsConf,
     pub http2: http2::Http2Conf,
+    pub http3: http3::Http3Conf,
     pub secure_link: secure_link::SecureLinkConf,
     pub userid: userid::UseridConf,
     pub otel: otel::OtelConf,
@@ -525,6 +531,7 @@ impl LocConf {
         self.mirror.merge(&parent.mirror);
         self.tls.merge(&parent.tls);
         self.http2.merge(&parent.http2);
+        self.http3.merge(&parent.http3);
         self.secure_link.merge(&parent.secure_link);
         self.userid.merge(&parent.userid);
         self.otel.merge(&parent.otel);

@@ -32,10 +32,17 @@ pub(super) fn interpret(
     let mut close = false;
     let mut keep_alive_token = false;
     let mut expect_continue = false;
+    let mut seen = 0u8;
 
     for (name, value) in headers {
         let name = &b[name.clone()];
         let v = &b[value.clone()];
+        if let Some(bit) = unique(name) {
+            if seen & bit != 0 {
+                return Err(bad("client sent duplicate header line"));
+            }
+            seen |= bit;
+        }
         // Dispatch on length first: most fields are none of these and cost one compare.
         match name.len() {
             4 if name.eq_ignore_ascii_case(b"host") => {
@@ -89,7 +96,7 @@ pub(super) fn interpret(
         (None, None) => BodyKind::None,
     };
     let keep_alive = match version {
-        Version::Http11 | Version::Http2 => !close,
+        Version::Http11 | Version::Http2 | Version::Http3 => !close,
         Version::Http10 => keep_alive_token && !close,
     };
     Ok(Fields {
@@ -98,6 +105,30 @@ pub(super) fn interpret(
         expect_continue,
         host,
     })
+}
+
+/// The fields nginx takes once only (ngx_http_process_unique_header_line; Host,
+/// Content-Length and Transfer-Encoding are checked with their meaning): a repeat is a
+/// bad request. Each one's bit in a set of those seen.
+pub(super) fn unique(name: &[u8]) -> Option<u8> {
+    const NAMES: [&[u8]; 8] = [
+        b"if-modified-since",
+        b"if-unmodified-since",
+        b"if-match",
+        b"if-none-match",
+        b"content-range",
+        b"if-range",
+        b"expect",
+        b"authorization",
+    ];
+    // Most fields have none of these lengths: one compare.
+    if !matches!(name.len(), 6 | 8 | 13 | 17 | 19) {
+        return None;
+    }
+    NAMES
+        .iter()
+        .position(|n| name.eq_ignore_ascii_case(n))
+        .map(|i| 1 << i)
 }
 
 /// Content-Length: 1*DIGIT that fits a u64. No sign, no spaces inside, no list form.
@@ -114,7 +145,7 @@ pub(super) fn parse_length(v: &[u8]) -> Option<u64> {
 /// Validate a Host value the way nginx's `ngx_http_validate_host` does and return the length
 /// of its host part (without `:port` and one trailing dot). `None` for an invalid host:
 /// empty, `..`, a path separator, whitespace or control bytes.
-pub(super) fn valid_host(v: &[u8]) -> Option<usize> {
+pub fn valid_host(v: &[u8]) -> Option<usize> {
     let mut host_len = v.len();
     let mut in_literal = false;
     let mut in_port = false;

@@ -17,6 +17,7 @@ mod parse_tests;
 mod response_tests;
 
 pub use chunked::{Chunk, ChunkedDecoder};
+pub use fields::valid_host;
 pub use parse::{
     parse_request, BodyKind, HeaderNames, Limits, Method, ParseError, RequestHead, Version,
 };

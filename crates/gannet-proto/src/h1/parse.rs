@@ -21,6 +21,8 @@ pub enum Version {
     Http11,
     /// A request that came as an HTTP/2 stream (see [`RequestHead::from_fields`]).
     Http2,
+    /// A request that came as an HTTP/3 stream ([`RequestHead::into_http3`]).
+    Http3,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -268,10 +270,17 @@ impl RequestHead {
         let mut length = None;
         let mut expect_continue = false;
         let mut ignored = Vec::new();
+        let mut seen = 0u8;
         for (name, value) in fields {
             if names.drops(name.as_bytes()) {
                 ignored.push(Bytes::copy_from_slice(name.as_bytes()));
                 continue;
+            }
+            if let Some(bit) = fields::unique(name.as_bytes()) {
+                if seen & bit != 0 {
+                    return Err(ParseError::BadRequest("client sent duplicate header line"));
+                }
+                seen |= bit;
             }
             if name.eq_ignore_ascii_case("expect") {
                 expect_continue = fields::trim_ows(value).eq_ignore_ascii_case(b"100-continue");
@@ -329,6 +338,19 @@ impl RequestHead {
             ignored,
             added: 0,
         })
+    }
+
+    /// A head made by [`RequestHead::from_fields`] for a request that came over HTTP/3:
+    /// its request line says `HTTP/3.0` (`$request`), as nginx's.
+    pub fn into_http3(mut self) -> RequestHead {
+        let at = self.target_range.end + 1;
+        if self.raw.get(at..at + 8) == Some(b"HTTP/2.0".as_slice()) {
+            let mut raw = self.raw.to_vec();
+            raw[at..at + 8].copy_from_slice(b"HTTP/3.0");
+            self.raw = Bytes::from(raw);
+        }
+        self.version = Version::Http3;
+        self
     }
 
     pub fn method_str(&self) -> &str {

@@ -19,6 +19,7 @@ use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 const MAGIC: &[u8; 8] = b"GNTCACH2";
@@ -159,7 +160,13 @@ enum Op {
 struct Job {
     queue: Mutex<(VecDeque<Op>, bool)>,
     file: Mutex<Output>,
+    /// Bytes queued and not yet written, and the signal that some were.
+    queued: AtomicUsize,
+    written: tokio::sync::Notify,
 }
+
+/// How many bytes [`Writer::room`] lets wait for the disk.
+const QUEUED_MAX: usize = 1 << 20;
 
 struct Output {
     file: Option<File>,
@@ -168,6 +175,9 @@ struct Output {
     len: u64,
     /// The first failure (later writes are skipped; the entry is not committed).
     failed: Option<String>,
+    /// A stored answer's file (`*_store`), not a cache entry: its permissions and
+    /// modification time.
+    plain: Option<(u32, Option<std::time::SystemTime>)>,
 }
 
 static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -191,25 +201,64 @@ impl Writer {
         h.extend_from_slice(key.as_bytes());
         h.extend_from_slice(meta.vary.as_bytes());
         h.extend_from_slice(&meta.head);
-        let w = Writer {
-            job: Arc::new(Job {
-                queue: Mutex::new((VecDeque::new(), false)),
-                file: Mutex::new(Output {
-                    file: None,
-                    tmp,
-                    dest,
-                    len: 0,
-                    failed: None,
-                }),
-            }),
-            done: false,
-        };
+        let w = Writer::to(Output {
+            file: None,
+            tmp,
+            dest,
+            len: 0,
+            failed: None,
+            plain: None,
+        });
         w.job.push(Op::Data(h));
         w
     }
 
+    /// A plain file for `dest` (`*_store`), with a temp file in `tmp_dir`: the body alone,
+    /// given `access` (its new folders too) and `mtime` when put in place.
+    pub fn plain(
+        tmp_dir: &Path,
+        dest: PathBuf,
+        access: u32,
+        mtime: Option<std::time::SystemTime>,
+    ) -> Writer {
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Writer::to(Output {
+            file: None,
+            tmp: tmp_dir.join(format!("{:010}.{}", n, std::process::id())),
+            dest,
+            len: 0,
+            failed: None,
+            plain: Some((access, mtime)),
+        })
+    }
+
+    fn to(out: Output) -> Writer {
+        Writer {
+            job: Arc::new(Job {
+                queue: Mutex::new((VecDeque::new(), false)),
+                file: Mutex::new(out),
+                queued: AtomicUsize::new(0),
+                written: tokio::sync::Notify::new(),
+            }),
+            done: false,
+        }
+    }
+
     pub fn write(&mut self, b: &[u8]) {
         self.job.push(Op::Data(b.to_vec()));
+    }
+
+    /// Wait until the bytes queued for the file are few enough to queue more.
+    pub async fn room(&self) {
+        loop {
+            let written = self.job.written.notified();
+            let mut written = std::pin::pin!(written);
+            written.as_mut().enable();
+            if self.job.queued.load(Relaxed) < QUEUED_MAX {
+                return;
+            }
+            written.await;
+        }
     }
 
     /// Put the entry in place; `then` gets its size on disk (on the blocking task).
@@ -229,6 +278,9 @@ impl Drop for Writer {
 
 impl Job {
     fn push(self: &Arc<Self>, op: Op) {
+        if let Op::Data(b) = &op {
+            self.queued.fetch_add(b.len(), Relaxed);
+        }
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         q.0.push_back(op);
         if q.1 {
@@ -253,8 +305,17 @@ impl Job {
                     }
                 }
             };
+            let n = match &op {
+                Op::Data(b) => b.len(),
+                _ => 0,
+            };
             let mut out = self.file.lock().unwrap_or_else(|e| e.into_inner());
             out.apply(op);
+            drop(out);
+            if n > 0 {
+                self.queued.fetch_sub(n, Relaxed);
+                self.written.notify_waiters();
+            }
         }
     }
 }
@@ -301,6 +362,9 @@ impl Output {
     }
 
     fn commit(&mut self) -> Option<u64> {
+        if let Some(plain) = self.plain {
+            return self.commit_plain(plain);
+        }
         if self.failed.is_some() {
             self.abort();
             return None;
@@ -316,6 +380,58 @@ impl Output {
                 crate::errlog::Level::Crit,
                 format_args!(
                     "rename() of cache temp file failed ({})",
+                    crate::errlog::errno_text(&e)
+                ),
+            );
+            let _ = std::fs::remove_file(&self.tmp);
+            return None;
+        }
+        Some(self.len)
+    }
+
+    /// A stored answer put in place as nginx's ngx_ext_rename_file: its access and time
+    /// set, the missing folders made (with the access and search rights where it reads),
+    /// an error logged and the temp file removed on a failure.
+    fn commit_plain(
+        &mut self,
+        (access, mtime): (u32, Option<std::time::SystemTime>),
+    ) -> Option<u64> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        if self.failed.is_none() && self.file.is_none() {
+            // An empty answer: its file is made all the same.
+            if let Err(e) = self.write(&[]) {
+                crate::errlog::log(crate::errlog::Level::Crit, format_args!("{e}"));
+                self.failed = Some(e);
+            }
+        }
+        if self.failed.is_some() {
+            self.abort();
+            return None;
+        }
+        if let (Some(f), Some(t)) = (&self.file, mtime) {
+            let _ = f.set_modified(t);
+        }
+        self.file = None;
+        let _ = std::fs::set_permissions(&self.tmp, std::fs::Permissions::from_mode(access));
+        let dirs = access | (access & 0o444) >> 2;
+        let r = match std::fs::rename(&self.tmp, &self.dest) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match self.dest.parent() {
+                Some(dir) => std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(dirs)
+                    .create(dir)
+                    .and_then(|()| std::fs::rename(&self.tmp, &self.dest)),
+                None => Err(e),
+            },
+            r => r,
+        };
+        if let Err(e) = r {
+            crate::errlog::log(
+                crate::errlog::Level::Crit,
+                format_args!(
+                    "rename() \"{}\" to \"{}\" failed ({})",
+                    self.tmp.display(),
+                    self.dest.display(),
                     crate::errlog::errno_text(&e)
                 ),
             );

@@ -9,6 +9,8 @@
 //! - [`key`]: the md5 of `*_cache_key`, which names the entry's file in `levels` folders.
 //! - [`entry`]: an entry file (a header with the key, validity and the answer's head, then
 //!   the body), written to a temp file and renamed, never torn.
+//! - [`hot`]: a worker thread's copies of the entries it serves (open file, parsed head),
+//!   checked against the key's version in the keys zone.
 //! - [`store`]: counting lookups, the one-fetch lock for concurrent misses (across
 //!   processes), and the one manager that enforces `inactive` and `max_size`.
 //! - [`purge`]: nginx Plus's `*_cache_purge`: one key's entry, or every entry whose key
@@ -20,6 +22,8 @@
 //! `modules::gateway_cache`.
 
 pub mod entry;
+pub mod fanout;
+pub mod hot;
 pub mod key;
 pub mod path;
 pub mod purge;

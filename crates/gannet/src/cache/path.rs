@@ -37,6 +37,9 @@ pub struct Zone {
     pub local: Local,
     /// The zone's key on the `metrics` page (0: nothing counted).
     pub metrics: crate::runtime::metrics::Key,
+    /// `redis=name` (gannet's): purges are sent to, and taken from, the other nodes using
+    /// that server ([`super::fanout`]).
+    pub redis: Option<Arc<crate::modules::redis::Server>>,
 }
 
 impl Zone {
@@ -46,8 +49,13 @@ impl Zone {
     }
 }
 
-/// Parse `*_cache_path`; `prefix` completes a relative folder.
-pub fn parse(d: &Directive, prefix: &std::path::Path) -> Result<Zone, ConfError> {
+/// Parse `*_cache_path`; `prefix` completes a relative folder, `redis` has the
+/// `redis_server` blocks a `redis=name` may name.
+pub fn parse(
+    d: &Directive,
+    prefix: &std::path::Path,
+    redis: &std::collections::HashMap<String, Arc<crate::modules::redis::Server>>,
+) -> Result<Zone, ConfError> {
     let mut dir = d.args[0].as_str();
     if dir.len() > 1 {
         dir = dir.strip_suffix('/').unwrap_or(dir);
@@ -59,6 +67,7 @@ pub fn parse(d: &Directive, prefix: &std::path::Path) -> Result<Zone, ConfError>
     let mut inactive = std::time::Duration::from_secs(600);
     let mut max_size = None;
     let mut use_temp_path = true;
+    let mut server = None;
     for a in &d.args[1..] {
         let (k, v) = a.split_once('=').unwrap_or((a, ""));
         match k {
@@ -110,6 +119,10 @@ pub fn parse(d: &Directive, prefix: &std::path::Path) -> Result<Zone, ConfError>
                         .ok_or_else(|| d.error(format!("invalid max_size value \"{a}\"")))?,
                 );
             }
+            "redis" => {
+                let s = redis.get(v).cloned();
+                server = Some(s.ok_or_else(|| d.error(format!("unknown redis_server \"{v}\"")))?);
+            }
             "min_free" => {
                 setters::size(v)
                     .ok_or_else(|| d.error(format!("invalid min_free value \"{a}\"")))?;
@@ -138,6 +151,7 @@ pub fn parse(d: &Directive, prefix: &std::path::Path) -> Result<Zone, ConfError>
         gen,
         local: Local::default(),
         metrics: 0,
+        redis: server,
     })
 }
 

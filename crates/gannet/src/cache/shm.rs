@@ -44,6 +44,8 @@ struct Header {
     /// The LRU list: most recently used first.
     head: AtomicU32,
     tail: AtomicU32,
+    /// The last version given to a node (see [`Guard::version`]).
+    versions: AtomicU64,
 }
 
 #[repr(C)]
@@ -53,6 +55,9 @@ struct Node {
     last: AtomicU64,
     fetch: AtomicU64,
     fetch_since: AtomicU64,
+    /// Changed whenever the key's entry file may have changed (made, stored, purged,
+    /// refreshed): what a worker's in-memory copy of an entry is checked against.
+    version: AtomicU64,
     uses: AtomicU32,
     chain: AtomicU32,
     prev: AtomicU32,
@@ -200,7 +205,7 @@ impl Region {
 
     /// Take the lock (spinning, then yielding: the sections are short).
     pub fn lock(&self) -> Guard<'_> {
-        let me = std::process::id();
+        let me = pid();
         let word = &self.header().lock;
         let mut spins = 0u32;
         while word.compare_exchange_weak(0, me, Acquire, Relaxed).is_err() {
@@ -271,6 +276,28 @@ pub fn child_died(pid: libc::pid_t) {
         }
         drop(g);
     }
+}
+
+/// This process's id, without a `getpid` system call per lock (each cache hit takes the
+/// lock): remembered, and forgotten in a child made by `fork` (the worker processes).
+pub fn pid() -> u32 {
+    static PID: AtomicU32 = AtomicU32::new(0);
+    static AT_FORK: std::sync::Once = std::sync::Once::new();
+    extern "C" fn forget() {
+        PID.store(0, Relaxed);
+    }
+    let p = PID.load(Relaxed);
+    if p != 0 {
+        return p;
+    }
+    AT_FORK.call_once(|| {
+        // SAFETY: registers a handler that only stores to an atomic, which is
+        // async-signal-safe as a fork child handler must be.
+        unsafe { libc::pthread_atfork(None, None, Some(forget)) };
+    });
+    let p = std::process::id();
+    PID.store(p, Relaxed);
+    p
 }
 
 /// Milliseconds of the monotonic clock, which every process reads alike.
@@ -388,6 +415,7 @@ impl Guard<'_> {
             f.store(0, Relaxed);
         }
         n.uses.store(0, Relaxed);
+        n.version.store(self.next_version(), Relaxed);
         n.last.store(now_ms(), Relaxed);
         let b = self.bucket_of(h);
         n.chain.store(b.load(Relaxed), Relaxed);
@@ -473,8 +501,23 @@ impl Guard<'_> {
         self.n(s).size.load(Relaxed)
     }
 
-    /// Set the entry's size, keeping the total.
+    /// The version of the key's entry: another one once its file may have changed.
+    pub fn version(&self, s: Slot) -> u64 {
+        self.n(s).version.load(Relaxed)
+    }
+
+    /// The key's entry file changed (stored anew, removed, rewritten in place).
+    pub fn changed(&mut self, s: Slot) {
+        self.n(s).version.store(self.next_version(), Relaxed);
+    }
+
+    fn next_version(&self) -> u64 {
+        self.r.header().versions.fetch_add(1, Relaxed) + 1
+    }
+
+    /// Set the entry's size, keeping the total; the entry is another one now.
     pub fn set_size(&mut self, s: Slot, size: u64) {
+        self.changed(s);
         let old = self.n(s).size.swap(size, Relaxed);
         self.set_size_total(self.total().saturating_sub(old) + size);
     }
@@ -564,5 +607,33 @@ mod tests {
         assert!(ev.is_empty());
         assert!(g.get_or_insert(&[11; 16], &mut ev).is_err());
         assert!(ev.is_empty());
+    }
+
+    #[test]
+    fn a_key_changes_version_whenever_its_entry_may_have() {
+        let r = super::map("v", 4 * super::NODE_SHARE).unwrap();
+        let mut g = r.lock();
+        let mut ev = Vec::new();
+        let a = g.get_or_insert(&[1; 16], &mut ev).unwrap();
+        let b = g.get_or_insert(&[2; 16], &mut ev).unwrap();
+        let v = g.version(a);
+        assert_ne!(v, g.version(b));
+        // A lookup (touch) is no change.
+        g.touch(a, true);
+        assert_eq!(g.version(a), v);
+        // Stored, purged (size 0), rewritten in place: each a new version.
+        g.set_size(a, 10);
+        let stored = g.version(a);
+        assert_ne!(stored, v);
+        g.set_size(a, 0);
+        let purged = g.version(a);
+        assert_ne!(purged, stored);
+        g.changed(a);
+        assert_ne!(g.version(a), purged);
+        // Forgotten and made again: not any version it had before.
+        let before = [v, stored, purged, g.version(a)];
+        g.remove(a);
+        let again = g.get_or_insert(&[1; 16], &mut ev).unwrap();
+        assert!(!before.contains(&g.version(again)));
     }
 }

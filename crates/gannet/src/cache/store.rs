@@ -40,6 +40,8 @@ pub struct Seen {
     pub uses: u64,
     /// A fetch of the key under way: its token and its age.
     pub fetching: Option<(u64, Duration)>,
+    /// The version of the key's entry (see `shm::Guard::version`).
+    pub version: u64,
 }
 
 /// The fetch of a key under way; dropping it (the entry stored, or given up) lets the
@@ -107,13 +109,20 @@ pub fn look(zone: &Arc<Zone>, h: &Hash, count: bool) -> Result<Seen, NoRoom> {
         }
     };
     let uses = g.touch(s, count);
-    let now = shm::now_ms();
-    let fetching = g
-        .fetch(s)
-        .map(|(t, since)| (t, Duration::from_millis(now.saturating_sub(since))));
+    let version = g.version(s);
+    let fetching = g.fetch(s).map(|(t, since)| {
+        let now = shm::now_ms();
+        (t, Duration::from_millis(now.saturating_sub(since)))
+    });
     drop(g);
-    remove_files(zone, evicted);
-    Ok(Seen { uses, fetching })
+    if !evicted.is_empty() {
+        remove_files(zone, evicted);
+    }
+    Ok(Seen {
+        uses,
+        fetching,
+        version,
+    })
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(1);
@@ -328,6 +337,15 @@ fn parse_hex(name: &str) -> Option<Hash> {
     }
     Some(h)
 }
+/// `h`'s entry file was rewritten in place (a revalidation made it fresh again): copies of
+/// it kept in memory are not to be used.
+pub fn changed(zone: &Zone, h: &Hash) {
+    let mut g = zone.shm.lock();
+    if let Some(s) = g.find(h) {
+        g.changed(s);
+    }
+}
+
 /// A purge removed `h`'s file: its size no longer counts (the key stays known, with the
 /// fetch that may be under way for it).
 pub fn forget(zone: &Zone, h: &Hash) {

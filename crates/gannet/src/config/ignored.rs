@@ -64,7 +64,6 @@ pub const IGNORED: &[(&str, &str)] = &[
     ("aio", "not supported"),
     ("directio", "not supported"),
     ("msie_padding", "not needed by any current browser"),
-    ("msie_refresh", "not needed by any current browser"),
     (
         "proxy_headers_hash_max_size",
         "gannet's header tables need no sizing",
@@ -82,7 +81,10 @@ pub const IGNORED: &[(&str, &str)] = &[
         "ssl_session_ticket_key",
         "ticket keys are random and rotated by gannet itself",
     ),
-    ("ssl_early_data", "0-RTT early data is never accepted"),
+    (
+        "ssl_early_data",
+        "0-RTT early data is taken over HTTP/3 only (`listen ... quic`)",
+    ),
     (
         "http2_push",
         "HTTP/2 server push is obsolete (nginx ignores it too)",

@@ -1,5 +1,5 @@
 //! The `listen` directive: `listen [addr:]port | [ipv6]:port | addr | unix:PATH [default_server] [ssl]
-//! [http2] [proxy_protocol] [reuseport] [backlog=N] [rcvbuf=SIZE] [sndbuf=SIZE]
+//! [http2] [quic] [proxy_protocol] [reuseport] [backlog=N] [rcvbuf=SIZE] [sndbuf=SIZE]
 //! [fastopen=N] [ipv6only=on|off] [deferred] [bind]
 //! [so_keepalive=on|off|[keepidle]:[keepintvl]:[keepcnt]]`.
 
@@ -66,6 +66,9 @@ pub struct Listen {
     pub fastopen: Option<i32>,
     /// `udp` (stream only): a datagram socket (`stream::proxy`'s sessions).
     pub udp: bool,
+    /// `quic` (http): HTTP/3 over QUIC on a datagram socket (`conn::h3`); `udp` is set too,
+    /// so the address is apart from a TCP listener on the same port.
+    pub quic: bool,
 }
 
 /// `so_keepalive=on|off|[keepidle]:[keepintvl]:[keepcnt]`, as nginx: `on` / `off` set
@@ -122,6 +125,7 @@ impl Listen {
             so_keepalive: None,
             fastopen: None,
             udp: false,
+            quic: false,
         }
     }
 
@@ -222,14 +226,47 @@ impl Listen {
                 // its own socket anyway, the other two are FreeBSD's.
                 ("bind", None) | ("setfib", Some(_)) | ("accept_filter", Some(_)) => {}
                 ("quic", None) => {
-                    return Err(d.error(format!(
-                        "the \"{key}\" parameter of \"listen\" is not supported yet"
-                    )))
+                    l.quic = true;
+                    l.udp = true;
                 }
                 _ => return Err(d.error(format!("invalid parameter \"{opt}\""))),
             }
         }
+        if l.quic {
+            quic_compatible(d, &l)?;
+        }
         Ok(l)
+    }
+}
+
+/// nginx's refusals of TCP-only parameters on a `quic` address (`ssl` too: QUIC is always
+/// TLS; `http2`: it is HTTP/3).
+fn quic_compatible(d: &Directive, l: &Listen) -> Result<(), ConfError> {
+    let has = |p: &str| {
+        d.args[1..]
+            .iter()
+            .any(|a| a == p || a.split_once('=').is_some_and(|(k, _)| k == p))
+    };
+    if l.unix.is_some() {
+        return Err(d.error(
+            "\"listen\" directive \"quic\" parameter is incompatible with a unix domain socket",
+        ));
+    }
+    let clash = [
+        ("fastopen", l.fastopen.is_some()),
+        ("backlog", has("backlog")),
+        ("accept_filter", has("accept_filter")),
+        ("deferred", l.deferred),
+        ("ssl", l.ssl),
+        ("http2", l.http2),
+        ("so_keepalive", l.so_keepalive.is_some()),
+        ("proxy_protocol", l.proxy_protocol),
+    ];
+    match clash.iter().find(|(_, set)| *set) {
+        Some((p, _)) => Err(d.error(format!(
+            "\"listen\" directive \"{p}\" parameter is incompatible with \"quic\""
+        ))),
+        None => Ok(()),
     }
 }
 

@@ -99,6 +99,7 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
         error_files: Vec::new(),
         probes: Vec::new(),
         staplers: Vec::new(),
+        purge_zones: Vec::new(),
         acme: None,
         stream: None,
         mail: None,
@@ -413,7 +414,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
             if i == ssl_at.len() {
                 ssl_at.push(None);
             }
-            if l.ssl && ssl_at[i].is_none() {
+            if (l.ssl || l.quic) && ssl_at[i].is_none() {
                 ssl_at[i] = Some(loc.clone());
             }
             match groups.get_mut(i) {
@@ -447,21 +448,36 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
     // answers clients whose SNI name no server has).
     for (g, at) in groups.iter().zip(&ssl_at) {
         if let Some(at) = at {
-            if g.servers[g.default].tls.is_none() {
+            let name = if g.listen.quic { "quic" } else { "ssl" };
+            let default = &g.servers[g.default];
+            if default.tls.is_none() {
                 return Err(ConfError::at(
                     at,
                     format!(
-                        "no \"ssl_certificate\" is defined for the \"listen ... ssl\" directive ({} has none)",
-                        describe_server(&g.servers[g.default])
+                        "no \"ssl_certificate\" is defined for the \"listen ... {name}\" directive ({} has none)",
+                        describe_server(default)
                     ),
                 ));
             }
+            // QUIC carries TLS 1.3 only (RFC 9001).
+            if g.listen.quic && !default.conf.tls.protocols().tls13 {
+                return Err(ConfError::at(
+                    at,
+                    "\"ssl_protocols\" must enable TLSv1.3 for the \"listen ... quic\" directive",
+                ));
+            }
         }
+    }
+    if groups.iter().any(|g| g.listen.quic) {
+        // Made here, in the master, for the workers it forks to share (`conn::quic`).
+        crate::conn::quic::default_host_key();
     }
     modules::otel::check_exporter(&conf, &lctx)?;
     cfg.listens = groups;
     cfg.log_files = lctx.log_files;
     cfg.probes = lctx.probes;
+    let fanout = lctx.caches.values().filter(|z| z.redis.is_some());
+    cfg.purge_zones = fanout.cloned().collect();
     cfg.staplers = std::mem::take(&mut lctx.tls.staplers);
     cfg.acme = std::mem::take(&mut lctx.acme).finish(&mut lctx.warnings)?;
     lctx.temp_dirs.sort();
@@ -501,12 +517,7 @@ fn load_server(
                     // `$server_name` is the first name as nginx keeps it: a regex as
                     // written, a `.name` without its dot, others in lower case; `""` too.
                     if primary.is_none() {
-                        primary = Some(if n.starts_with('~') {
-                            n.clone()
-                        } else {
-                            let n = n.strip_prefix('.').filter(|r| !r.is_empty()).unwrap_or(n);
-                            n.to_ascii_lowercase()
-                        });
+                        primary = Some(router::primary_name(n));
                     }
                     server_names.push(n.clone());
                     names.add(n).map_err(|e| d.error(e))?;

@@ -72,7 +72,30 @@ pub const DIRECTIVES: &[Spec] = &[
         args: Args::Exactly(1),
         block: false,
     },
+    Spec {
+        name: "debug_connection",
+        ctx: Ctx::EVENTS,
+        args: Args::Exactly(1),
+        block: false,
+    },
 ];
+
+/// `debug_connection`: a client whose requests are logged at the debug level.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DebugPeer {
+    Net(crate::http::cidr::Cidr),
+    /// `unix:`: every connection to a UNIX-domain socket.
+    Unix,
+}
+
+/// Whether a client at `peer` (None: over a UNIX-domain socket) is one to debug.
+pub fn debugged(peers: &[DebugPeer], peer: Option<std::net::IpAddr>) -> bool {
+    peers.iter().any(|p| match (p, peer) {
+        (DebugPeer::Unix, None) => true,
+        (DebugPeer::Net(c), Some(ip)) => c.contains(crate::http::cidr::unmapped(ip)),
+        _ => false,
+    })
+}
 
 #[derive(Debug, Clone)]
 pub struct MainConf {
@@ -92,6 +115,8 @@ pub struct MainConf {
     pub cpu_affinity: Option<CpuAffinity>,
     /// `worker_priority`: the workers' nice value.
     pub priority: Option<i32>,
+    /// `debug_connection`s (several may be given).
+    pub debug_connection: Vec<DebugPeer>,
     /// The single-valued directives already set, for the "duplicate" error.
     seen: Vec<&'static str>,
 }
@@ -145,6 +170,7 @@ impl Default for MainConf {
             shutdown_timeout: None,
             cpu_affinity: None,
             priority: None,
+            debug_connection: Vec::new(),
             seen: Vec::new(),
         }
     }
@@ -154,7 +180,7 @@ impl MainConf {
     /// Apply one main/events directive. `prefix` resolves relative paths as nginx's `-p` does.
     /// Returns Ok(false) when the directive is not one of ours.
     pub fn set(&mut self, d: &Directive, prefix: &std::path::Path) -> Result<bool, ConfError> {
-        if d.name != "error_log" {
+        if d.name != "error_log" && d.name != "debug_connection" {
             if let Some(spec) = DIRECTIVES.iter().find(|s| s.name == d.name) {
                 if self.seen.contains(&spec.name) {
                     return Err(d.error(format!("\"{}\" directive is duplicate", d.name)));
@@ -176,6 +202,30 @@ impl MainConf {
                                 "invalid value \"{}\" in \"worker_processes\" directive",
                                 d.args[0]
                             )))
+                        }
+                    }
+                }
+            }
+            "debug_connection" => {
+                let a = d.args[0].as_str();
+                if a == "unix:" {
+                    self.debug_connection.push(DebugPeer::Unix);
+                } else if let Some((c, _)) = crate::http::cidr::Cidr::parse(a) {
+                    self.debug_connection.push(DebugPeer::Net(c));
+                } else {
+                    // A name: each of its addresses, as nginx resolves it at start.
+                    use std::net::ToSocketAddrs;
+                    let found: Vec<_> = (a, 0)
+                        .to_socket_addrs()
+                        .map(Iterator::collect)
+                        .unwrap_or_default();
+                    if found.is_empty() {
+                        return Err(d.error(format!("host not found in debug_connection \"{a}\"")));
+                    }
+                    for sa in found {
+                        let ip = crate::http::cidr::unmapped(sa.ip());
+                        if let Some((c, _)) = crate::http::cidr::Cidr::parse(&ip.to_string()) {
+                            self.debug_connection.push(DebugPeer::Net(c));
                         }
                     }
                 }

@@ -43,6 +43,8 @@ pub struct Config {
     pub probes: Vec<Probe>,
     /// Every certificate stapled from its OCSP responder: what the first worker queries.
     pub staplers: Vec<Arc<crate::tls::stapling::Stapler>>,
+    /// Every `*_cache_path` with `redis=name`: what the first worker listens for purges on.
+    pub purge_zones: Vec<Arc<crate::cache::path::Zone>>,
     /// The ACME certificates and pending HTTP-01 challenges (`acme_certificate`).
     pub acme: Option<Arc<crate::acme::Acme>>,
     /// The `stream {}` block, if any; its listens come after `listens` in the group

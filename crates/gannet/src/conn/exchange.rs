@@ -181,7 +181,26 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
         }
         None => handler::handle(req, w),
     };
-    let mut handled = handler::settle(req, w, handled).await;
+    let mut handled = if matches!(handled, Handled::Delay(_)) {
+        // A `limit_req` delay ends early when the client leaves (nginx's
+        // ngx_http_test_reading): the request is done then, logged 499.
+        let raced = {
+            let settled = std::pin::pin!(handler::settle(req, w, handled));
+            let gone = std::pin::pin!(ex.client_gone(w));
+            race(settled, gone).await
+        };
+        match raced {
+            Some(h) => h,
+            None => {
+                let why = "client prematurely closed connection";
+                errlog::request(Level::Info, req, format_args!("{why}"));
+                super::log::access(w, req, &Response::new(499), 0, 0);
+                return false;
+            }
+        }
+    } else {
+        handler::settle(req, w, handled).await
+    };
     // gRPC streams both ways from the head on (`conn::grpc`): the body is not read first,
     // unless a mirror needs it (below), as in nginx.
     if E::GRPC
@@ -264,10 +283,10 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
                 ex.reset(Reset::Cancel);
                 return false;
             }
-            waiting
-            @ (Handled::Delay(_) | Handled::AuthRequest(_) | Handled::LimitReqShared(_)) => {
-                handled = handler::settle(req, w, waiting).await
-            }
+            waiting @ (Handled::Delay(_)
+            | Handled::AuthRequest(_)
+            | Handled::LimitReqShared(_)
+            | Handled::LimitConnShared(_)) => handled = handler::settle(req, w, waiting).await,
             Handled::Gateway if E::GRPC && super::grpc::is_grpc(req) => {
                 // The body, if any, was read whole (a mirror, an error_page's request).
                 match ex.grpc(w, req).await {
@@ -388,4 +407,18 @@ fn compress_failed(req: &Request, e: &std::io::Error) {
         req,
         format_args!("compression failed, response aborted: {e}"),
     );
+}
+
+/// `fut`'s output, or `None` if `gone` ends first.
+async fn race<F: std::future::Future>(
+    mut fut: std::pin::Pin<&mut F>,
+    mut gone: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        if let std::task::Poll::Ready(out) = fut.as_mut().poll(cx) {
+            return std::task::Poll::Ready(Some(out));
+        }
+        gone.as_mut().poll(cx).map(|()| None)
+    })
+    .await
 }

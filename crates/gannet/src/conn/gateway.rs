@@ -508,6 +508,8 @@ pub(super) struct Answered {
     link: Link,
     /// `*_buffering` or `X-Accel-Buffering` for this answer: read it ahead of the client.
     buffering: bool,
+    /// The exchange failed after the head: the answer ends after `body`, cut short.
+    failed: Option<Failure>,
 }
 
 /// What the request phases go on with.
@@ -547,6 +549,8 @@ pub struct Streaming {
     tee: Option<super::gateway_cache::Tee>,
     /// `proxy_limit_rate`: how fast the answer is read.
     pace: Option<ReadPace>,
+    /// `*_read_timeout`, for reading the rest into the entry once the client is gone.
+    read_timeout: Duration,
 }
 
 /// `proxy_limit_rate` (buffered answers only, as nginx's): after each read from the server,
@@ -589,10 +593,10 @@ impl Streaming {
         let r = self.pull(req).await;
         if let Some(t) = &mut self.tee {
             match &r {
-                Ok(Some(b)) => t.write(req, b),
+                Ok(Some(b)) => t.write(b),
                 Ok(None) => {
                     if let Some(t) = self.tee.take() {
-                        t.commit(req).await;
+                        t.commit().await;
                     }
                 }
                 Err(_) => self.tee = None,
@@ -601,6 +605,7 @@ impl Streaming {
         match r {
             Ok(b) => Ok(b),
             Err(f) => {
+                req.upstream.borrow_mut().body_done();
                 log_failure(req, self.scheme, &self.addr, &f);
                 Err(())
             }
@@ -637,6 +642,7 @@ impl Streaming {
                 Event::Stderr(b) => log_stderr(req, &self.addr, &b, true),
                 Event::End => {
                     self.done = true;
+                    req.upstream.borrow_mut().body_done();
                     return Ok(None);
                 }
             }
@@ -732,6 +738,76 @@ impl Streaming {
         if self.done {
             self.release(w);
         }
+    }
+}
+
+/// The client went away before the answer's end while the answer is being cached: as
+/// nginx (whose `u->cacheable` keeps the upstream going after the client closed), the rest
+/// is read into the entry, which is then stored; the requests waiting on `*_cache_lock`
+/// go on with it. What was read ahead goes first; the rest is written as it comes, no
+/// faster than the entry's file takes it (see `Tee::write_paced`).
+impl Drop for Streaming {
+    fn drop(&mut self) {
+        let Some(tee) = self.tee.take() else {
+            return;
+        };
+        let Some(w) = crate::runtime::worker::current() else {
+            return;
+        };
+        let rest = Streaming {
+            link: self.link.take(),
+            scheme: self.scheme,
+            first: self.first.take(),
+            addr: self.addr.clone(),
+            done: self.done,
+            spool: self.spool.take(),
+            failed: self.failed.take(),
+            pool: self.pool.take(),
+            lease: self.lease.take(),
+            tee: None,
+            pace: None,
+            read_timeout: self.read_timeout,
+        };
+        tokio::task::spawn_local(rest.store_rest(w, tee));
+    }
+}
+
+impl Streaming {
+    async fn store_rest(mut self, w: Rc<Worker>, mut tee: super::gateway_cache::Tee) {
+        if let Some(b) = self.first.take() {
+            tee.write_paced(&b).await;
+        }
+        while let Some(spool) = &mut self.spool {
+            match spool.pop() {
+                Ok(Some(b)) => tee.write_paced(&b).await,
+                Ok(None) => break,
+                Err(e) => {
+                    self.failed = Some(Failure::Spool(e));
+                    break;
+                }
+            }
+        }
+        while let (Some(link), None, false) = (&mut self.link, &self.failed, self.done) {
+            match link.next(self.read_timeout, true).await {
+                Ok(Event::Data(b)) => tee.write_paced(&b).await,
+                Ok(Event::Stderr(_)) => {}
+                Ok(Event::End) => self.done = true,
+                Err(f) => self.failed = Some(f),
+            }
+        }
+        if let Some(f) = &self.failed {
+            // The entry is given up (dropping the tee removes its temp file).
+            errlog::log(
+                Level::Error,
+                format_args!(
+                    "{f} after the client closed, upstream: \"{}://{}\"",
+                    self.scheme, self.addr
+                ),
+            );
+            return;
+        }
+        self.release(&w);
+        tee.commit().await;
     }
 }
 
@@ -1454,6 +1530,7 @@ pub(super) fn record(
         sent,
         received,
         body: 0,
+        started: since,
     });
     end
 }
@@ -1758,11 +1835,12 @@ async fn outcome(
                     first,
                     addr,
                     done: false,
-                    failed: None,
+                    failed: a.failed,
                     pool,
                     lease,
                     tee,
                     pace,
+                    read_timeout: c.read_timeout(),
                 }),
             )
         }
@@ -1851,12 +1929,19 @@ pub(super) async fn read_answer(
     // or the application's `X-Accel-Buffering`. Known once the head has come.
     let mut buffering = known.as_ref().is_none_or(|h| buffers(c, h));
     let mut head = known;
+    let mut failed = None;
     loop {
         let event = if head.is_none() {
             link.next(c.read_timeout(), false).await?
         } else {
             match link.next_ready().await {
-                Some(ev) => ev?,
+                Some(Ok(ev)) => ev,
+                // The head has come: it goes to the client with what came of the body,
+                // and the answer is cut short after it (nginx sends no last chunk then).
+                Some(Err(f)) => {
+                    failed = Some(f);
+                    break;
+                }
                 // The application pauses: what came goes to the client now, the rest as
                 // it comes.
                 None => break,
@@ -1905,6 +1990,7 @@ pub(super) async fn read_answer(
                         done: true,
                         link,
                         buffering,
+                        failed: None,
                     }),
                     None if body.is_empty() => Err(Failure::Protocol(
                         "upstream sent no valid FastCGI stdout".into(),
@@ -1921,6 +2007,7 @@ pub(super) async fn read_answer(
         done: false,
         link,
         buffering,
+        failed,
     })
 }
 

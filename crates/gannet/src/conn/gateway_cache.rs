@@ -21,13 +21,14 @@
 
 use super::gateway::answer;
 use crate::cache::entry::{self, Meta, Writer};
+use crate::cache::hot;
 use crate::cache::key::{self, Hash};
 use crate::cache::store::{self, Fetching};
 use crate::cache::{now_secs, validity, Status, Zone};
 use crate::errlog::{self, Level};
 use crate::http::flow::Flow;
 use crate::http::request::Request;
-use crate::http::response::{Body, FileRange, Part};
+use crate::http::response::{Body, FileRange, Part, Response};
 use crate::modules::gateway::{self, GatewayConf, Proto};
 use crate::modules::gateway_cache::{self as conf, stale};
 use bytes::BytesMut;
@@ -182,15 +183,22 @@ async fn look_up(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Option<Flo
         pend(req, zone, key, main, main_vary, true, None, None);
         return None;
     }
-    let shared_key: Arc<str> = key.as_str().into();
     // When waiting for the lock ends (`*_cache_lock_timeout`), from the first wait on.
     let mut lock_deadline = None;
     let mut first = true;
+    let files = req.conf.files.policy();
     loop {
         let Ok(seen) = store::look(zone, &main, std::mem::take(&mut first)) else {
             return Some(Flow::Status(500));
         };
-        let mut found = entry::lookup(zone.file(&main), shared_key.clone()).await;
+        // The hit path: this thread's copy of the entry, still the zone's.
+        if let Some(h) = hot::get(zone, &main, seen.version, &key, files.valid) {
+            if h.meta.valid >= now_secs() {
+                set_status(req, Status::Hit);
+                return Some(serve_hot(req, c, &h));
+            }
+        }
+        let mut found = entry::lookup(zone.file(&main), key.as_str().into()).await;
         let mut found_at = main;
         // The main entry's Vary, and its variant: where an answer goes (see `start`).
         let main_vary = found.as_ref().map(|(_, m)| (m.vary.clone(), m.variant));
@@ -205,14 +213,22 @@ async fn look_up(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Option<Flo
             if want != v.variant {
                 // Another variant: its own entry, if it is one for this request.
                 found_at = want;
-                found = entry::lookup(zone.file(&want), shared_key.clone())
+                found = entry::lookup(zone.file(&want), key.as_str().into())
                     .await
                     .filter(|(_, m)| m.vary.is_empty() || variant_for(&m.vary) == m.variant);
             }
         }
         if let Some((file, meta)) = found.take_if(|(_, m)| m.valid >= now_secs()) {
             set_status(req, Status::Hit);
-            return Some(serve(req, c, file, meta));
+            if found_at != main {
+                return Some(serve(req, c, file, meta));
+            }
+            return Some(
+                match hot::put(zone, &main, seen.version, &key, file, meta, &files) {
+                    Ok(h) => serve_hot(req, c, &h),
+                    Err((file, meta)) => serve(req, c, file, meta),
+                },
+            );
         }
         // The background update fetches even though its own request marked the key.
         let fetching = seen.fetching.filter(|_| !req.cache_background);
@@ -311,6 +327,7 @@ async fn purge(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Flow {
         .as_deref()
         .unwrap_or_else(|| conf::default_key(proto))
         .eval(req, None);
+    let mut variant = None;
     let removed = if let Some(prefix) = key.strip_suffix('*') {
         // Every entry file's header is read: off the event loop.
         let (z, p) = (zone.clone(), prefix.as_bytes().to_vec());
@@ -319,10 +336,14 @@ async fn purge(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Flow {
             .unwrap_or(0)
     } else {
         crate::cache::purge::one(zone, &key, |main, vary| {
-            key::variant(main, &validity::variant_of(vary, || req.head.headers()))
+            let v = key::variant(main, &validity::variant_of(vary, || req.head.headers()));
+            variant = Some(v);
+            v
         })
     };
     crate::modules::metrics::cache::purged(zone, removed);
+    // The other nodes' entries too, whether this node had one or not.
+    crate::cache::fanout::publish(zone, &key, variant).await;
     Flow::Status(if removed > 0 { 204 } else { 404 })
 }
 
@@ -367,14 +388,33 @@ fn serve(req: &Request, c: &GatewayConf, file: File, meta: Meta) -> Flow {
     let Ok(Some(head)) = cgi::parse_head(&mut buf, usize::MAX) else {
         return Flow::Status(500);
     };
+    let body = Part::File(FileRange {
+        file: Rc::new(file),
+        offset: meta.body_start,
+        len: meta.body_len,
+    });
+    serve_head(req, c, body, &meta, head)
+}
+
+/// A worker's copy of an entry as the answer: the body from memory if it is small.
+fn serve_hot(req: &Request, c: &GatewayConf, h: &hot::Hot) -> Flow {
+    let body = match &h.data {
+        Some(b) => Part::Bytes(b.clone()),
+        None => Part::File(FileRange {
+            file: h.file.clone(),
+            offset: h.meta.body_start,
+            len: h.meta.body_len,
+        }),
+    };
+    serve_head(req, c, body, &h.meta, h.head())
+}
+
+/// An entry, whose stored head is `head` and body `body`, as the answer.
+fn serve_head(req: &Request, c: &GatewayConf, body: Part, meta: &Meta, head: CgiHead) -> Flow {
     match answer(req, c, head) {
         Flow::Done(mut resp) => {
             if meta.body_len > 0 {
-                resp.body = Body::Parts(vec![Part::File(FileRange {
-                    file: Rc::new(file),
-                    offset: meta.body_start,
-                    len: meta.body_len,
-                })]);
+                resp.body = Body::Parts(vec![body]);
             }
             // The length is the body's (and a range's, once cut), as a static file's.
             resp.content_length = None;
@@ -386,9 +426,33 @@ fn serve(req: &Request, c: &GatewayConf, file: File, meta: Meta) -> Flow {
             resp.headers
                 .retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
             resp.accept_ranges = resp.headers.len() != before || c.force_ranges();
+            take_validators(&mut resp);
             Flow::Done(resp)
         }
         flow => flow,
+    }
+}
+
+/// An entry's Last-Modified and ETag become the answer's validators, as nginx's for a
+/// cacheable answer (its not_modified filter then answers a conditional request 304 or
+/// 412, and its Last-Modified goes out as nginx writes dates); a date that does not parse
+/// stays a plain header.
+fn take_validators(resp: &mut Response) {
+    let mut i = 0;
+    while i < resp.headers.len() {
+        let (name, value) = &resp.headers[i];
+        if name.eq_ignore_ascii_case("last-modified") && resp.last_modified.is_none() {
+            if let Some(t) = gannet_proto::h1::encode::parse_http_date(value.as_bytes()) {
+                resp.last_modified = Some(t);
+                resp.headers.remove(i);
+                continue;
+            }
+        } else if name.eq_ignore_ascii_case("etag") && resp.etag.is_none() {
+            resp.etag = Some(Arc::from(&value[..]));
+            resp.headers.remove(i);
+            continue;
+        }
+        i += 1;
     }
 }
 
@@ -512,14 +576,17 @@ fn revalidated(req: &Request, c: &GatewayConf, head: &CgiHead) {
     };
     let path = p.zone.file(&p.hash);
     meta.valid = until;
-    entry::off_loop(move || {
-        if let Err(e) = entry::refresh(&path, until, now) {
-            errlog::log(
-                Level::Crit,
-                format_args!("{}", errlog::failed("pwrite()", &path, &e)),
-            );
-        }
-    });
+    // On the worker thread, as a hit's read of the header (a write of 16 bytes into a file
+    // the page cache holds): the next request finds the entry fresh, as in nginx, which
+    // updates the header before it answers.
+    if let Err(e) = entry::refresh(&path, until, now) {
+        errlog::log(
+            Level::Crit,
+            format_args!("{}", errlog::failed("pwrite()", &path, &e)),
+        );
+    }
+    // The copies workers keep of the expired entry are to be read again.
+    store::changed(&p.zone, &p.hash);
 }
 
 /// An answer that came whole: store it if it may be (not when it is not buffered:
@@ -531,42 +598,58 @@ pub async fn store_whole(
     body: &[u8],
     buffering: bool,
 ) {
-    if let Some((p, w)) = start(req, c, head, buffering) {
-        let mut tee = Tee { p, w };
-        tee.write(req, body);
-        tee.commit(req).await;
+    if let Some(mut tee) = tee(req, c, head, buffering) {
+        tee.write(body);
+        tee.commit().await;
     }
 }
 
-/// The entry an answer read in pieces is written to, piece by piece.
+/// The entry an answer read in pieces is written to, piece by piece: a cache entry, or
+/// (`p` is `None`) the file `*_store` keeps it in (`conn::gateway_store`).
 pub struct Tee {
-    p: Box<Pending>,
+    p: Option<Box<Pending>>,
     w: Writer,
+}
+
+impl Tee {
+    pub fn file(w: Writer) -> Tee {
+        Tee { p: None, w }
+    }
 }
 
 /// Start storing an answer read in pieces: each piece the client is given is written
 /// ([`Tee::write`]), the bytes that came with the head too.
 pub fn tee(req: &Request, c: &GatewayConf, head: &CgiHead, buffering: bool) -> Option<Tee> {
+    if c.store.is_some() {
+        return super::gateway_store::start(req, c, head, buffering);
+    }
     let (p, w) = start(req, c, head, buffering)?;
-    Some(Tee { p, w })
+    Some(Tee { p: Some(p), w })
 }
 
 impl Tee {
     /// A piece of the answer, queued for the entry (a failure is logged by the writer).
-    pub fn write(&mut self, _req: &Request, b: &[u8]) {
+    pub fn write(&mut self, b: &[u8]) {
         if !b.is_empty() {
             self.w.write(b);
         }
     }
 
+    /// A piece of the answer no client waits for: queued once the entry's file has taken
+    /// most of what came before (the memory held stays bounded whatever the disk's pace).
+    pub async fn write_paced(&mut self, b: &[u8]) {
+        self.w.room().await;
+        self.write(b);
+    }
+
     /// The answer ended whole: put the entry in place. The fetch ends (its waiters go on)
     /// once the entry is there; the answer's end waits for it too, so that the client's
     /// next request finds the entry (nginx renames before it finishes the request).
-    pub async fn commit(self, _req: &Request) {
+    pub async fn commit(self) {
         let Tee { p, w } = self;
         let (done, placed) = tokio::sync::oneshot::channel();
         w.commit(Box::new(move |size| {
-            if let Some(size) = size {
+            if let (Some(p), Some(size)) = (&p, size) {
                 store::stored(&p.zone, &p.hash, size);
             }
             drop(p);

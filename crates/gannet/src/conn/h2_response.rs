@@ -75,6 +75,62 @@ pub(super) fn head(
     (out, len + 2)
 }
 
+/// An answer made ready to send (HTTP/2 and HTTP/3 alike): its body's source when it is
+/// streamed (an application's, or one compressed while sent), its head, whether the head
+/// alone ends the stream, and whether trailers (`add_trailer`) follow the body.
+pub(super) struct Prepared {
+    pub(super) src: Option<Source>,
+    pub(super) head: http::Response<()>,
+    /// The head's size as an HTTP/1.x head would count it (`$bytes_sent`).
+    pub(super) head_len: u64,
+    pub(super) end: bool,
+    pub(super) trailing: bool,
+}
+
+pub(super) fn prepare(req: &Request, resp: &mut Response, src: Option<Source>) -> Prepared {
+    let send_body = !req.is_head() && resp.status_has_body();
+    // A compressed-while-sent answer is streamed from its own parts.
+    let src = match src {
+        Some(s) => Some(s),
+        None => Source::from_body(resp),
+    }
+    .map(|s| s.filtered(resp));
+    if src.is_some() && resp.content_length.is_none() {
+        resp.length_unknown = true;
+    }
+    let body_len = resp.body.len();
+    if !send_body && src.is_none() && resp.status_has_body() && resp.content_length.is_none() {
+        resp.content_length = Some(body_len);
+    }
+    let (head, head_len) = head(resp, body_len, req.conf.core.server_tokens());
+    // `add_trailer`'s, or a server's passed on (`proxy_pass_trailers`).
+    let trailing = crate::modules::headers::sends_trailers(req, resp)
+        || crate::modules::headers::may_trail(req, resp);
+    let end = !send_body || (src.is_none() && body_len == 0 && !trailing);
+    Prepared {
+        src,
+        head,
+        head_len,
+        end,
+        trailing,
+    }
+}
+
+/// Send the body of a prepared answer that does not end with its head: from `src`, else
+/// from `resp.body`. Returns false when it broke off (the stream is to be reset).
+pub(super) async fn body(
+    w: &Worker,
+    req: &Request,
+    resp: &Response,
+    src: Option<Source>,
+    out: &mut impl BodyOut,
+) -> bool {
+    match src {
+        Some(src) => streamed(w, req, resp, src, out).await,
+        None => whole_body(&resp.body, out).await,
+    }
+}
+
 /// Send the answer (from `src` when it is streamed, else from `resp.body`) and log it.
 pub async fn send(
     w: &Worker,
@@ -86,25 +142,8 @@ pub async fn send(
     let core = &req.conf.core;
     let timeout = core.send_timeout();
     let chunk = req.conf.http2.chunk_size() as usize;
-    let send_body = !req.is_head() && resp.status_has_body();
-    // A compressed-while-sent answer is streamed from its own parts.
-    let src = match src {
-        Some(s) => Some(s),
-        None => Source::from_body(&mut resp),
-    }
-    .map(|s| s.filtered(&mut resp));
-    if src.is_some() && resp.content_length.is_none() {
-        resp.length_unknown = true;
-    }
-    let body_len = resp.body.len();
-    if !send_body && src.is_none() && resp.status_has_body() && resp.content_length.is_none() {
-        resp.content_length = Some(body_len);
-    }
-    let (h, head_len) = head(&resp, body_len, core.server_tokens());
-    let trailing = crate::modules::headers::sends_trailers(req, &resp)
-        || crate::modules::headers::may_trail(req, &resp);
-    let end = !send_body || (src.is_none() && body_len == 0 && !trailing);
-    let mut stream = match respond.send_response(h, end) {
+    let p = prepare(req, &mut resp, src);
+    let mut stream = match respond.send_response(p.head, p.end) {
         Ok(s) => s,
         Err(_) => {
             super::log::access(w, req, &resp, 0, 0);
@@ -117,25 +156,54 @@ pub async fn send(
         chunk,
         timeout,
         ended: false,
-        trailers: trailing.then_some((req, &resp)),
-        pace: if end {
+        trailers: p.trailing.then_some((req, &resp)),
+        pace: if p.end {
             None
         } else {
             limit_rate::pace(req, &resp)
         },
     };
-    let whole = if end {
-        true
-    } else if let Some(src) = src {
-        streamed(w, req, &resp, src, &mut out).await
-    } else {
-        whole_body(&resp.body, &mut out).await
-    };
+    let whole = p.end || body(w, req, &resp, p.src, &mut out).await;
     if !whole {
         out.stream.send_reset(h2::Reason::CANCEL);
     }
     let sent = out.sent;
-    super::log::access(w, req, &resp, head_len, sent);
+    super::log::access(w, req, &resp, p.head_len, sent);
+}
+
+/// `add_trailer`'s fields, as HTTP/2 and HTTP/3 send them.
+pub(super) fn trailer_fields(req: &Request, resp: &Response) -> http::HeaderMap {
+    let fields = crate::modules::headers::trailers(req, resp);
+    let mut map = http::HeaderMap::new();
+    for (n, v) in fields {
+        // A name or value HTTP/2 cannot carry is left out.
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(n.to_ascii_lowercase().as_bytes()),
+            HeaderValue::from_str(&v),
+        ) {
+            map.append(n, v);
+        }
+    }
+    map
+}
+
+/// Where an answer's body goes, piece by piece: an HTTP/2 or an HTTP/3 stream.
+#[allow(async_fn_in_trait)] // futures stay on the worker's thread: no Send bound wanted
+pub(super) trait BodyOut {
+    /// Send `data`; `end`: it is the last (trailers, if any, follow it and end the
+    /// stream). False when the stream broke.
+    async fn data(&mut self, data: Bytes, end: bool) -> bool;
+    /// The stream has been ended.
+    fn ended(&self) -> bool;
+}
+
+impl BodyOut for Out<'_> {
+    async fn data(&mut self, data: Bytes, end: bool) -> bool {
+        Out::data(self, data, end).await
+    }
+    fn ended(&self) -> bool {
+        self.ended
+    }
 }
 
 /// Frames of `http2_chunk_size` asked for per wait for window capacity.
@@ -165,17 +233,7 @@ impl Out<'_> {
         }
         match self.trailers.filter(|_| end) {
             Some((req, resp)) => {
-                let fields = crate::modules::headers::trailers(req, resp);
-                let mut map = http::HeaderMap::new();
-                for (n, v) in fields {
-                    // A name or value HTTP/2 cannot carry is left out.
-                    if let (Ok(n), Ok(v)) = (
-                        http::HeaderName::from_bytes(n.to_ascii_lowercase().as_bytes()),
-                        http::HeaderValue::from_str(&v),
-                    ) {
-                        map.append(n, v);
-                    }
-                }
+                let map = trailer_fields(req, resp);
                 self.ended = if map.is_empty() {
                     // Nothing to send after all: an empty DATA frame ends the stream.
                     self.stream.send_data(Bytes::new(), true).is_ok()
@@ -234,7 +292,7 @@ impl Out<'_> {
 }
 
 /// A body held in memory or in files; the last frame ends the stream.
-async fn whole_body(body: &Body, out: &mut Out<'_>) -> bool {
+async fn whole_body(body: &Body, out: &mut impl BodyOut) -> bool {
     let Body::Parts(parts) = body else {
         return out.data(Bytes::new(), true).await;
     };
@@ -268,7 +326,7 @@ async fn whole_body(body: &Body, out: &mut Out<'_>) -> bool {
         }
     }
     // A last part with nothing in it (an empty file) sent no frame to end the stream.
-    out.ended || out.data(Bytes::new(), true).await
+    out.ended() || out.data(Bytes::new(), true).await
 }
 
 /// A body of unknown length: an application's, or one compressed while sent.
@@ -277,7 +335,7 @@ async fn streamed(
     req: &Request,
     resp: &Response,
     mut src: Source,
-    out: &mut Out<'_>,
+    out: &mut impl BodyOut,
 ) -> bool {
     let Some(mut encoder) = Compress::new(req, resp) else {
         return false;

@@ -26,6 +26,11 @@ pub fn spawn_all(probes: &[Probe]) -> Vec<JoinHandle<()>> {
         for i in 0..p.upstream.servers.len() {
             tasks.push(tokio::task::spawn_local(probe_loop(p.clone(), i)));
         }
+        if p.check.redis.is_some() {
+            tasks.push(tokio::task::spawn_local(super::health_share::listen(
+                p.clone(),
+            )));
+        }
     }
     tasks
 }
@@ -52,6 +57,7 @@ async fn probe_loop(p: Probe, i: usize) {
                         "upstream server {} of \"{}\" is healthy again",
                         server.addr, p.upstream.name
                     ));
+                    super::health_share::publish(&p, i, true).await;
                 }
             }
             Err(why) => {
@@ -64,6 +70,7 @@ async fn probe_loop(p: Probe, i: usize) {
                         "upstream server {} of \"{}\" is unhealthy: {why} (health check \"{}\")",
                         server.addr, p.upstream.name, p.check.uri
                     ));
+                    super::health_share::publish(&p, i, false).await;
                 }
             }
         }

@@ -10,6 +10,20 @@ use crate::runtime::worker::Worker;
 /// Log a finished request; `head_len` and `body_len` are the bytes sent for it.
 pub fn access(w: &Worker, req: &Request, resp: &Response, head_len: u64, body_len: u64) {
     crate::modules::otel::finish(req, resp, body_len);
+    {
+        use crate::errlog::{admits_for, debugged, Level};
+        // The location's debug line (its logs, not the server's the request line went to).
+        let debug = admits_for(req, Level::Debug)
+            || (!w.config.main.debug_connection.is_empty() && debugged(req));
+        if debug {
+            let status = resp.status;
+            crate::errlog::request(
+                Level::Debug,
+                req,
+                format_args!("http finalize request: {status}"),
+            );
+        }
+    }
     crate::modules::metrics::request(
         req,
         resp.status,

@@ -10,7 +10,7 @@
 
 use super::gateway::{self, Outcome, Streaming};
 use super::source::Source;
-use crate::http::flow::{Flow, Handled};
+use crate::http::flow::Handled;
 use crate::http::handler;
 use crate::http::request::Request;
 use crate::http::response::Response;
@@ -121,7 +121,9 @@ fn split(uri: &str) -> (String, Option<String>) {
 /// Run `r` through the phases (and its application): its answer, with the application's
 /// body still to read when it is streamed (its headers then went through the filters).
 pub async fn run(w: &Worker, r: &mut Request) -> (Response, Option<Box<Streaming>>) {
-    let first = handler::resume(r, w, Flow::Next);
+    // From the server's rewrites, as nginx's subrequests (internal requests).
+    let start = handler::server_rewrites(r);
+    let first = handler::resume(r, w, start);
     let mut handled = handler::settle(r, w, first).await;
     loop {
         match handled {
@@ -131,9 +133,10 @@ pub async fn run(w: &Worker, r: &mut Request) -> (Response, Option<Box<Streaming
             Handled::Close => return (Response::new(444), None),
             // A subrequest has no body of its own: `dav::put` answers 500, as nginx.
             Handled::Put => handled = handler::put_body_read(r, w),
-            Handled::Delay(_) | Handled::AuthRequest(_) | Handled::LimitReqShared(_) => {
-                handled = handler::settle(r, w, handled).await
-            }
+            Handled::Delay(_)
+            | Handled::AuthRequest(_)
+            | Handled::LimitReqShared(_)
+            | Handled::LimitConnShared(_) => handled = handler::settle(r, w, handled).await,
             Handled::Gateway => {
                 let flow = match gateway::run(w, r).await {
                     Outcome::Flow(f) => f,

@@ -5,7 +5,7 @@
 
 use crate::http::response::Response;
 use crate::modules::auth_request::Subrequest;
-use crate::modules::limit_req;
+use crate::modules::{limit_conn, limit_req};
 use gannet_proto::cgi::HeaderValue;
 use std::borrow::Cow;
 use std::time::Duration;
@@ -41,6 +41,11 @@ pub enum Flow {
     /// Ask Redis about the location's shared `limit_req` zones, then go on with what
     /// [`limit_req::shared::answered`] makes of the answer.
     LimitReqShared(Box<limit_req::shared::Pending>),
+    /// Count the request in the location's shared `limit_conn` zones, then go on with what
+    /// [`limit_conn::shared::ask`] makes of the answer.
+    LimitConnShared(Box<limit_conn::shared::Pending>),
+    /// The shared `limit_conn` zones counted the request: on to the access phase.
+    LimitConnPassed,
     /// Run `auth_request`'s subrequest, then go on with [`Flow::AuthAnswered`].
     AuthRequest(Box<Subrequest>),
     /// The subrequest answered: finish the access phase with it, then the content phase.
@@ -66,4 +71,7 @@ pub enum Handled {
     AuthRequest(Box<Subrequest>),
     /// `handler::settle` must ask Redis, then call `handler::resume` with the outcome.
     LimitReqShared(Box<limit_req::shared::Pending>),
+    /// `handler::settle` must count the request in Redis, then call `handler::resume` with
+    /// the outcome.
+    LimitConnShared(Box<limit_conn::shared::Pending>),
 }

@@ -58,12 +58,47 @@ pub fn handle(req: &mut Request, w: &Worker) -> Handled {
     }
     crate::http::router::bind_server_captures(req);
     realip::apply(req, true);
+    if !w.config.main.debug_connection.is_empty()
+        || crate::errlog::admits_for(req, crate::errlog::Level::Debug)
+    {
+        debug_request(req);
+    }
     let flow = server_rewrites(req);
     resume(req, w, flow)
 }
 
+/// A request's debug lines (nginx's "http request line", "http uri", "http args" and the
+/// header lines), for a log at `debug` or a client `debug_connection` names.
+fn debug_request(req: &Request) {
+    use crate::errlog::{admits_for, debugged, Level};
+    if !admits_for(req, Level::Debug) && !debugged(req) {
+        return;
+    }
+    let raw = req.head.raw();
+    let mut lines = raw
+        .split(|&b| b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
+    let line = String::from_utf8_lossy(lines.next().unwrap_or_default());
+    crate::errlog::request(
+        Level::Debug,
+        req,
+        format_args!("http request line: \"{line}\""),
+    );
+    crate::errlog::request(Level::Debug, req, format_args!("http uri: \"{}\"", req.uri));
+    let args = req.args.as_deref().unwrap_or_default();
+    crate::errlog::request(Level::Debug, req, format_args!("http args: \"{args}\""));
+    for (name, value) in req.head.headers() {
+        let value = String::from_utf8_lossy(value);
+        crate::errlog::request(
+            Level::Debug,
+            req,
+            format_args!("http header: \"{name}: {value}\""),
+        );
+    }
+}
+
 /// The server's rewrite statements (nginx's server rewrite phase), then the location search.
-fn server_rewrites(req: &mut Request) -> Flow {
+pub fn server_rewrites(req: &mut Request) -> Flow {
     if req.server.conf.rewrite.stmts.is_empty() {
         return Flow::Next;
     }
@@ -90,6 +125,8 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
             },
             Flow::AuthRequest(sub) => return Handled::AuthRequest(sub),
             Flow::LimitReqShared(p) => return Handled::LimitReqShared(p),
+            Flow::LimitConnShared(p) => return Handled::LimitConnShared(p),
+            Flow::LimitConnPassed => access_and_content(req, w),
             Flow::AuthAnswered(sub) => match access::auth_answered(req, &sub) {
                 Some(refused) => auth_delay(req, refused),
                 None => content(req, w),
@@ -171,6 +208,10 @@ pub async fn settle(req: &mut Request, w: &Worker, mut handled: Handled) -> Hand
                 let flow = limit_req::shared::answered(req, asked);
                 resume(req, w, flow)
             }
+            Handled::LimitConnShared(pending) => {
+                let flow = limit_conn::shared::ask(req, pending).await;
+                resume(req, w, flow)
+            }
             done => return done,
         };
     }
@@ -207,6 +248,7 @@ pub fn finish(req: &mut Request, resp: &mut Response) {
             resp.status = code;
         }
     }
+    crate::modules::core::msie_refresh(req, resp);
     // auth_basic's or auth_request's challenges: nginx sets them in the answer's headers
     // when refusing, so they go out whatever the error_page made of the refusal.
     for c in &req.auth_challenge {
@@ -495,7 +537,9 @@ fn error_page(req: &mut Request, code: u16) -> Option<Flow> {
     }
     let page = req.conf.error_page.find(code)?.clone();
     let target = page.uri.eval(req, None);
-    if target.starts_with("http://") || target.starts_with("https://") {
+    // Neither a URI nor a named location: a redirect to it (nginx's
+    // ngx_http_send_error_page), an absolute URL or not.
+    if !target.starts_with('/') && !target.starts_with('@') {
         let status = match page.status {
             Override::Code(c) if matches!(c, 301 | 302 | 303 | 307 | 308) => c,
             _ => 302,

@@ -125,6 +125,8 @@ pub struct UpstreamTry {
     /// (`$upstream_response_length`); both grow while the body is passed on.
     pub received: u64,
     pub body: u64,
+    /// When the attempt began: `time` runs on to the end of a body read after the head.
+    pub started: std::time::Instant,
 }
 
 /// The upstream servers a request was sent to, in order. The first is kept inline: nearly
@@ -167,6 +169,14 @@ impl Tries {
             if !read {
                 t.received += n as u64;
             }
+        }
+    }
+
+    /// The answer's body has been read to its end (or failed): `$upstream_response_time`
+    /// is the whole exchange's, as nginx's.
+    pub fn body_done(&mut self) {
+        if let Some(t) = self.more.last_mut().or(self.first.as_mut()) {
+            t.time = t.started.elapsed();
         }
     }
 
@@ -220,7 +230,9 @@ impl Request {
         for line in &self.head.ignored {
             let line = String::from_utf8_lossy(line);
             let what = match self.head.version {
-                gannet_proto::h1::Version::Http2 => "invalid header",
+                gannet_proto::h1::Version::Http2 | gannet_proto::h1::Version::Http3 => {
+                    "invalid header"
+                }
                 _ => "invalid header line",
             };
             crate::errlog::request(

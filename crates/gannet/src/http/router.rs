@@ -9,6 +9,7 @@
 //! (nested regexes before their parent's level), else the longest prefix match.
 
 use crate::config::ServerConf;
+use crate::http::regex::Regex;
 use crate::http::request::Request;
 use crate::http::user_vars::CapRegex;
 use crate::modules::LocConf;
@@ -186,20 +187,76 @@ fn find_level(locs: &[Arc<Location>], uri: &str) -> Result<(Option<Found>, bool)
     Ok((found, false))
 }
 
+/// A `~regex` server name: HTTP's keep their named captures as request variables
+/// ([`CapRegex`]), stream's as the session's (a bare [`Regex`]).
+pub trait NameRegex: Sized {
+    fn compile(pattern: &str, caseless: bool) -> Result<Self, String>;
+    fn is_match(&self, host: &str) -> bool;
+}
+
+impl NameRegex for CapRegex {
+    fn compile(pattern: &str, caseless: bool) -> Result<Self, String> {
+        CapRegex::compile(pattern, caseless)
+    }
+    fn is_match(&self, host: &str) -> bool {
+        self.re.is_match(host.as_bytes())
+    }
+}
+
+impl NameRegex for Regex {
+    fn compile(pattern: &str, caseless: bool) -> Result<Self, String> {
+        Regex::new(pattern, caseless)
+    }
+    fn is_match(&self, host: &str) -> bool {
+        Regex::is_match(self, host.as_bytes())
+    }
+}
+
 /// A server's names, split by kind for the lookup order.
-#[derive(Debug, Default)]
-pub struct ServerNames {
+#[derive(Debug)]
+pub struct ServerNames<R = CapRegex> {
     pub exact: Vec<String>,
     /// `*.example.com` stored as `.example.com`; `.example.com` also matches `example.com`.
     pub suffix: Vec<String>,
     /// `www.example.*` stored as `www.example.`
     pub prefix: Vec<String>,
     /// `~regex` names; their captures set `$1`.. and named variables, as in nginx.
-    pub regex: Vec<CapRegex>,
+    pub regex: Vec<R>,
 }
 
-impl ServerNames {
+impl<R> Default for ServerNames<R> {
+    fn default() -> Self {
+        ServerNames {
+            exact: Vec::new(),
+            suffix: Vec::new(),
+            prefix: Vec::new(),
+            regex: Vec::new(),
+        }
+    }
+}
+
+/// `$server_name` for a server whose first name is `name`, as nginx keeps it: a regex as
+/// written, a `.name` without its dot, others in lower case.
+pub fn primary_name(name: &str) -> String {
+    if name.starts_with('~') {
+        return name.to_string();
+    }
+    let n = name
+        .strip_prefix('.')
+        .filter(|r| !r.is_empty())
+        .unwrap_or(name);
+    n.to_ascii_lowercase()
+}
+
+impl<R: NameRegex> ServerNames<R> {
     pub fn add(&mut self, name: &str) -> Result<(), String> {
+        // nginx's check of both `server_name` directives (http's and stream's).
+        let b = name.as_bytes();
+        if (b.first() == Some(&b'*') && (b.len() < 3 || b[1] != b'.'))
+            || (b.first() == Some(&b'.') && b.len() < 2)
+        {
+            return Err(format!("server name \"{name}\" is invalid"));
+        }
         if let Some(re) = name.strip_prefix('~') {
             if re.is_empty() {
                 return Err(format!("empty regex in server name \"{name}\""));
@@ -207,7 +264,7 @@ impl ServerNames {
             // As nginx: the pattern is not lowercased (`\D` is not `\d`); one with an
             // upper-case letter matches caselessly instead, the host being lowercase.
             let caseless = re.bytes().any(|b| b.is_ascii_uppercase());
-            self.regex.push(CapRegex::compile(re, caseless)?);
+            self.regex.push(R::compile(re, caseless)?);
             return Ok(());
         }
         let name = name.to_ascii_lowercase();
@@ -233,54 +290,61 @@ pub fn select_server<'a>(
     host: &str,
 ) -> &'a Arc<ServerConf> {
     // No Host at all is the name "" (`server_name ""`), as nginx looks it up.
-    if host.is_empty() {
-        if let Some(s) = servers
+    let found = if host.is_empty() {
+        servers
             .iter()
             .find(|s| s.names.exact.iter().any(String::is_empty))
-        {
-            return s;
-        }
+    } else {
+        find_by_name(servers, |s| &s.names, host).map(|(s, _)| s)
+    };
+    found.unwrap_or(&servers[default])
+}
+
+/// The server among `servers` that `host` (lowercased, without port) names, with nginx's
+/// order: exact names, the longest `*.suffix`, the longest `prefix.*`, then the regexes in
+/// config order (the index of the one that matched comes along, for its captures). `None`:
+/// no server has the name (the caller's default server serves it).
+pub fn find_by_name<'a, T, R: NameRegex>(
+    servers: &'a [T],
+    names: impl Fn(&T) -> &ServerNames<R>,
+    host: &str,
+) -> Option<(&'a T, Option<usize>)> {
+    if let Some(s) = servers
+        .iter()
+        .find(|s| names(s).exact.iter().any(|n| n == host))
+    {
+        return Some((s, None));
     }
-    if !host.is_empty() {
-        if let Some(s) = servers
+    let longest = |f: &dyn Fn(&ServerNames<R>) -> Option<usize>| {
+        servers
             .iter()
-            .find(|s| s.names.exact.iter().any(|n| n == host))
-        {
-            return s;
-        }
-        let longest = |f: &dyn Fn(&ServerNames) -> Option<usize>| {
-            servers
-                .iter()
-                .filter_map(|s| f(&s.names).map(|len| (len, s)))
-                .max_by_key(|(len, _)| *len)
-                .map(|(_, s)| s)
-        };
-        if let Some(s) = longest(&|n| {
-            n.suffix
-                .iter()
-                .filter(|w| host.ends_with(w.as_str()))
-                .map(|w| w.len())
-                .max()
-        }) {
-            return s;
-        }
-        if let Some(s) = longest(&|n| {
+            .filter_map(|s| f(names(s)).map(|len| (len, s)))
+            .max_by_key(|(len, _)| *len)
+            .map(|(_, s)| (s, None))
+    };
+    let wildcard = longest(&|n| {
+        n.suffix
+            .iter()
+            .filter(|w| host.ends_with(w.as_str()))
+            .map(|w| w.len())
+            .max()
+    })
+    .or_else(|| {
+        longest(&|n| {
             n.prefix
                 .iter()
                 .filter(|w| host.starts_with(w.as_str()))
                 .map(|w| w.len())
                 .max()
-        }) {
-            return s;
-        }
-        if let Some(s) = servers
-            .iter()
-            .find(|s| s.names.regex.iter().any(|r| r.re.is_match(host.as_bytes())))
-        {
-            return s;
-        }
+        })
+    });
+    if wildcard.is_some() {
+        return wildcard;
     }
-    &servers[default]
+    servers.iter().find_map(|s| {
+        let i = names(s).regex.iter().position(|r| r.is_match(host))?;
+        Some((s, Some(i)))
+    })
 }
 
 /// When `req`'s server was chosen by one of its `~regex` names, set that match's captures

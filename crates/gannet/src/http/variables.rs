@@ -13,7 +13,7 @@
 //! `$upstream_header_time` `$upstream_response_length` `$upstream_bytes_sent`
 //! `$upstream_bytes_received` `$upstream_cache_status` `$upstream_http_NAME`
 //! `$upstream_cookie_NAME` `$sent_trailer_NAME`
-//! `$request_id` `$http2` `$limit_req_status` `$limit_conn_status` `$secure_link`
+//! `$request_id` `$http2` `$http3` `$limit_req_status` `$limit_conn_status` `$secure_link`
 //! `$secure_link_expires` `$uid_got` `$uid_set` `$otel_trace_id` `$otel_span_id`
 //! `$otel_parent_id` `$otel_parent_sampled` and `$1`..`$9`; the TLS
 //! ones of `tls::vars` (`$ssl_protocol`, `$ssl_client_verify`...; empty on cleartext); and the variables a config defines with `set`, `map`, `geo`, `split_clients` or named captures (see
@@ -125,6 +125,8 @@ pub enum Var {
     SentTrailer(String),
     RequestId,
     Http2,
+    /// `$http3`: "h3" on an HTTP/3 request, else empty (ngx_http_v3_module).
+    Http3,
     /// `$invalid_referer` (the referer module).
     InvalidReferer,
     SecureLink,
@@ -217,6 +219,7 @@ impl Var {
             "slice_range" => Var::SliceRange,
             "request_id" => Var::RequestId,
             "http2" => Var::Http2,
+            "http3" => Var::Http3,
             "secure_link" => Var::SecureLink,
             "secure_link_expires" => Var::SecureLinkExpires,
             "uid_got" => Var::UidGot,
@@ -292,7 +295,7 @@ impl Var {
             Var::Arg(name) => req.arg(name).is_some(),
             Var::Cookie(name) => req.cookie(name).is_some(),
             Var::Args => req.args.is_some(),
-            Var::IsArgs | Var::Http2 | Var::InvalidReferer => true,
+            Var::IsArgs | Var::Http2 | Var::Http3 | Var::InvalidReferer => true,
             Var::SentHttp(name) => sent
                 .response
                 .is_some_and(|r| r.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))),
@@ -371,14 +374,27 @@ impl Sent<'_> {
             }
             _ => None,
         };
-        let value = own.or_else(|| {
-            r.headers
-                .iter()
-                .find(|(n, _)| n.eq_ignore_ascii_case(name))
-                .map(|(_, v)| &v[..])
-        });
-        if let Some(v) = value {
+        if let Some(v) = own {
             out.push_str(v);
+            return;
+        }
+        // Several Cache-Control or Link lines are joined (nginx keeps them as lists); of
+        // another name, the first is the value.
+        let all = matches!(name, "cache-control" | "link");
+        let mut first = true;
+        for (_, v) in r
+            .headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+        {
+            if !first {
+                out.push_str(", ");
+            }
+            out.push_str(v);
+            first = false;
+            if !all {
+                break;
+            }
         }
     }
 }
@@ -401,7 +417,9 @@ pub fn lookup(name: &str, req: &Request) -> Option<String> {
                 | Var::SentTrailer(_)
                 | Var::UpstreamHttp(_)
                 | Var::UpstreamCookie(_)
-        );
+        )
+        // `?a=` has an empty `$arg_a`, not none (SSI's `echo` shows no "(none)").
+        && !var.found_empty(req, &Sent::status(0));
     (!absent).then_some(out)
 }
 
@@ -843,6 +861,11 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                 out.push_str(if req.conn.tls.is_some() { "h2" } else { "h2c" });
             }
         }
+        Var::Http3 => {
+            if req.head.version == gannet_proto::h1::Version::Http3 {
+                out.push_str("h3");
+            }
+        }
         Var::SecureLink => crate::modules::secure_link::append_secure_link(out, req),
         Var::SecureLinkExpires => crate::modules::secure_link::append_expires(out, req),
         Var::UidGot => crate::modules::userid::append_got(out, req),
@@ -915,6 +938,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
             gannet_proto::h1::Version::Http10 => "HTTP/1.0",
             gannet_proto::h1::Version::Http11 => "HTTP/1.1",
             gannet_proto::h1::Version::Http2 => "HTTP/2.0",
+            gannet_proto::h1::Version::Http3 => "HTTP/3.0",
         }),
         Var::Scheme => out.push_str(if req.conn.tls.is_some() {
             "https"

@@ -398,6 +398,76 @@ pub fn auth_parse(s: &mut Session, args: &[Vec<u8>]) -> Mech {
     }
 }
 
+/// What a SASL exchange (IMAP AUTHENTICATE, POP3 and SMTP AUTH) waits for from the client.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum SaslWait {
+    LoginUsername,
+    LoginPassword,
+    Plain,
+    CramMd5,
+    External,
+}
+
+/// An AUTH command's mechanism (`methods`: the protocol's `*_auth` flags; `prompt`: its
+/// continuation, "+ " or "334 "): the outcome, what comes next, its challenge in `out`.
+pub fn sasl_begin(
+    s: &mut Session,
+    args: &[Vec<u8>],
+    methods: u8,
+    prompt: &str,
+    out: &mut Vec<u8>,
+) -> (Sasl, Option<SaslWait>) {
+    let mut ask = |text: &str| *out = format!("{prompt}{text}\r\n").into_bytes();
+    match auth_parse(s, args) {
+        Mech::Login => {
+            ask("VXNlcm5hbWU6");
+            (Sasl::Next, Some(SaslWait::LoginUsername))
+        }
+        Mech::LoginUsername => {
+            ask("UGFzc3dvcmQ6");
+            (
+                auth_login_username(s, &args[1]),
+                Some(SaslWait::LoginPassword),
+            )
+        }
+        Mech::Plain => {
+            ask("");
+            (Sasl::Next, Some(SaslWait::Plain))
+        }
+        Mech::CramMd5 if methods & super::core::AUTH_CRAM_MD5 != 0 => {
+            *out = cram_md5_challenge(s, prompt);
+            (Sasl::Next, Some(SaslWait::CramMd5))
+        }
+        Mech::External if methods & super::core::AUTH_EXTERNAL != 0 => {
+            ask("VXNlcm5hbWU6");
+            (Sasl::Next, Some(SaslWait::External))
+        }
+        Mech::Done => (Sasl::Done, None),
+        _ => (Sasl::Invalid, None),
+    }
+}
+
+/// The client's line answering a SASL challenge: the outcome and, when another line is
+/// wanted, what it is (its challenge in `out`).
+pub fn sasl_continue(
+    s: &mut Session,
+    wait: SaslWait,
+    arg: &[u8],
+    prompt: &str,
+    out: &mut Vec<u8>,
+) -> (Sasl, Option<SaslWait>) {
+    match wait {
+        SaslWait::LoginUsername => {
+            *out = format!("{prompt}UGFzc3dvcmQ6\r\n").into_bytes();
+            (auth_login_username(s, arg), Some(SaslWait::LoginPassword))
+        }
+        SaslWait::LoginPassword => (auth_login_password(s, arg), None),
+        SaslWait::Plain => (auth_plain(s, arg), None),
+        SaslWait::CramMd5 => (auth_cram_md5(s, arg), None),
+        SaslWait::External => (auth_external(s, arg), None),
+    }
+}
+
 /// nginx's base64 decoding: the standard alphabet, padding optional.
 fn base64(s: &[u8]) -> Option<Vec<u8>> {
     let end = s.iter().position(|&c| c == b'=').unwrap_or(s.len());

@@ -10,7 +10,7 @@
 //! PLAIN and LOGIN), `imap_client_buffer SIZE` (4k: the longest command).
 
 use super::core::{self, Capabilities, Texts};
-use super::handler::{self as h, Line, Mech, Sasl, Session, Step};
+use super::handler::{self as h, Line, Sasl, Session, Step};
 use gannet_conf::{setters, ConfError, Directive};
 
 #[derive(Debug, Clone)]
@@ -90,11 +90,8 @@ pub async fn greet(s: &mut Session) -> bool {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum St {
     Start,
-    LoginUsername,
-    LoginPassword,
-    Plain,
-    CramMd5,
-    External,
+    /// Within AUTH: waiting for the client's answer to a challenge.
+    Sasl(h::SaslWait),
 }
 
 /// A command as read.
@@ -166,17 +163,14 @@ pub async fn auth_state(s: &mut Session) -> Step {
             Read::Cmd(_, args) => {
                 let arg = args.first().cloned().unwrap_or_default();
                 match st {
-                    St::LoginUsername => {
-                        let rc = h::auth_login_username(s, &arg);
-                        tagged = false;
-                        out = b"+ UGFzc3dvcmQ6\r\n".to_vec();
-                        st = St::LoginPassword;
+                    St::Sasl(wait) => {
+                        let (rc, next) = h::sasl_continue(s, wait, &arg, "+ ", &mut out);
+                        if let Some(next) = next {
+                            tagged = false;
+                            st = St::Sasl(next);
+                        }
                         rc
                     }
-                    St::LoginPassword => h::auth_login_password(s, &arg),
-                    St::Plain => h::auth_plain(s, &arg),
-                    St::CramMd5 => h::auth_cram_md5(s, &arg),
-                    St::External => h::auth_external(s, &arg),
                     St::Start => Sasl::Invalid,
                 }
             }
@@ -222,36 +216,11 @@ fn login(s: &mut Session, args: &[Vec<u8>]) -> Sasl {
 }
 
 fn authenticate(s: &mut Session, args: &[Vec<u8>], st: &mut St, out: &mut Vec<u8>) -> Sasl {
-    let auth = s.srv.conf.imap.auth;
-    match h::auth_parse(s, args) {
-        Mech::Login => {
-            *out = b"+ VXNlcm5hbWU6\r\n".to_vec();
-            *st = St::LoginUsername;
-            Sasl::Next
-        }
-        Mech::LoginUsername => {
-            *out = b"+ UGFzc3dvcmQ6\r\n".to_vec();
-            *st = St::LoginPassword;
-            h::auth_login_username(s, &args[1])
-        }
-        Mech::Plain => {
-            *out = b"+ \r\n".to_vec();
-            *st = St::Plain;
-            Sasl::Next
-        }
-        Mech::CramMd5 if auth & core::AUTH_CRAM_MD5 != 0 => {
-            *out = h::cram_md5_challenge(s, "+ ");
-            *st = St::CramMd5;
-            Sasl::Next
-        }
-        Mech::External if auth & core::AUTH_EXTERNAL != 0 => {
-            *out = b"+ VXNlcm5hbWU6\r\n".to_vec();
-            *st = St::External;
-            Sasl::Next
-        }
-        Mech::Done => Sasl::Done,
-        _ => Sasl::Invalid,
+    let (rc, next) = h::sasl_begin(s, args, s.srv.conf.imap.auth, "+ ", out);
+    if let Some(next) = next {
+        *st = St::Sasl(next);
     }
+    rc
 }
 
 /// Read one command: its tag (unless `continuation`), name and arguments, with literals.

@@ -10,7 +10,7 @@
 //! external...` (plain, which brings LOGIN along: the `SASL` capability's list).
 
 use super::core::{self, Capabilities, Texts};
-use super::handler::{self as h, Line, Mech, Sasl, Session, Step};
+use super::handler::{self as h, Line, Sasl, Session, Step};
 use gannet_conf::{ConfError, Directive};
 
 #[derive(Debug, Clone)]
@@ -103,11 +103,8 @@ pub async fn greet(s: &mut Session) -> bool {
 enum St {
     Start,
     User,
-    LoginUsername,
-    LoginPassword,
-    Plain,
-    CramMd5,
-    External,
+    /// Within AUTH: waiting for the client's answer to a challenge.
+    Sasl(h::SaslWait),
 }
 
 pub async fn auth_state(s: &mut Session) -> Step {
@@ -141,15 +138,14 @@ pub async fn auth_state(s: &mut Session) -> Step {
                 _ => {
                     let arg = args.first().cloned().unwrap_or_default();
                     match st {
-                        St::LoginUsername => {
-                            out = b"+ UGFzc3dvcmQ6\r\n".to_vec();
-                            st = St::LoginPassword;
-                            h::auth_login_username(s, &arg)
+                        St::Sasl(wait) => {
+                            let (rc, next) = h::sasl_continue(s, wait, &arg, "+ ", &mut out);
+                            if let Some(next) = next {
+                                st = St::Sasl(next);
+                            }
+                            rc
                         }
-                        St::LoginPassword => h::auth_login_password(s, &arg),
-                        St::Plain => h::auth_plain(s, &arg),
-                        St::CramMd5 => h::auth_cram_md5(s, &arg),
-                        _ => h::auth_external(s, &arg),
+                        St::Start | St::User => Sasl::Invalid,
                     }
                 }
             },
@@ -237,36 +233,11 @@ fn auth(s: &mut Session, args: &[Vec<u8>], st: &mut St, out: &mut Vec<u8>) -> Sa
         *out = s.srv.texts.auth_capability.clone();
         return Sasl::Next;
     }
-    let methods = s.srv.conf.pop3.auth;
-    match h::auth_parse(s, args) {
-        Mech::Login => {
-            *out = b"+ VXNlcm5hbWU6\r\n".to_vec();
-            *st = St::LoginUsername;
-            Sasl::Next
-        }
-        Mech::LoginUsername => {
-            *out = b"+ UGFzc3dvcmQ6\r\n".to_vec();
-            *st = St::LoginPassword;
-            h::auth_login_username(s, &args[1])
-        }
-        Mech::Plain => {
-            *out = b"+ \r\n".to_vec();
-            *st = St::Plain;
-            Sasl::Next
-        }
-        Mech::CramMd5 if methods & core::AUTH_CRAM_MD5 != 0 => {
-            *out = h::cram_md5_challenge(s, "+ ");
-            *st = St::CramMd5;
-            Sasl::Next
-        }
-        Mech::External if methods & core::AUTH_EXTERNAL != 0 => {
-            *out = b"+ VXNlcm5hbWU6\r\n".to_vec();
-            *st = St::External;
-            Sasl::Next
-        }
-        Mech::Done => Sasl::Done,
-        _ => Sasl::Invalid,
+    let (rc, next) = h::sasl_begin(s, args, s.srv.conf.pop3.auth, "+ ", out);
+    if let Some(next) = next {
+        *st = St::Sasl(next);
     }
+    rc
 }
 
 /// A line as nginx's POP3 parser reads it: the command (upper-cased) and its arguments;

@@ -11,7 +11,7 @@
 //! (plain login), `smtp_client_buffer SIZE` (4k), `smtp_greeting_delay TIME` (0).
 
 use super::core::{self, Capabilities, Texts};
-use super::handler::{self as h, Line, Mech, Sasl, Session, Step};
+use super::handler::{self as h, Line, Sasl, Session, Step};
 use crate::errlog::Level;
 use gannet_conf::{setters, ConfError, Directive};
 use std::time::Duration;
@@ -194,11 +194,8 @@ async fn client_host(s: &mut Session) -> String {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum St {
     Start,
-    LoginUsername,
-    LoginPassword,
-    Plain,
-    CramMd5,
-    External,
+    /// Within AUTH: waiting for the client's answer to a challenge.
+    Sasl(h::SaslWait),
 }
 
 const OK: &[u8] = b"250 2.0.0 OK\r\n";
@@ -241,15 +238,14 @@ pub async fn auth_state(s: &mut Session) -> Step {
             Some(Some((_, args, _))) => {
                 let arg = args.first().cloned().unwrap_or_default();
                 match st {
-                    St::LoginUsername => {
-                        out = b"334 UGFzc3dvcmQ6\r\n".to_vec();
-                        st = St::LoginPassword;
-                        h::auth_login_username(s, &arg)
+                    St::Sasl(wait) => {
+                        let (rc, next) = h::sasl_continue(s, wait, &arg, "334 ", &mut out);
+                        if let Some(next) = next {
+                            st = St::Sasl(next);
+                        }
+                        rc
                     }
-                    St::LoginPassword => h::auth_login_password(s, &arg),
-                    St::Plain => h::auth_plain(s, &arg),
-                    St::CramMd5 => h::auth_cram_md5(s, &arg),
-                    _ => h::auth_external(s, &arg),
+                    St::Start => Sasl::Invalid,
                 }
             }
         };
@@ -376,36 +372,11 @@ fn rejected(s: &Session, raw: &[u8]) {
 }
 
 fn auth(s: &mut Session, args: &[Vec<u8>], st: &mut St, out: &mut Vec<u8>) -> Sasl {
-    let methods = s.srv.conf.smtp.auth;
-    match h::auth_parse(s, args) {
-        Mech::Login => {
-            *out = b"334 VXNlcm5hbWU6\r\n".to_vec();
-            *st = St::LoginUsername;
-            Sasl::Next
-        }
-        Mech::LoginUsername => {
-            *out = b"334 UGFzc3dvcmQ6\r\n".to_vec();
-            *st = St::LoginPassword;
-            h::auth_login_username(s, &args[1])
-        }
-        Mech::Plain => {
-            *out = b"334 \r\n".to_vec();
-            *st = St::Plain;
-            Sasl::Next
-        }
-        Mech::CramMd5 if methods & core::AUTH_CRAM_MD5 != 0 => {
-            *out = h::cram_md5_challenge(s, "334 ");
-            *st = St::CramMd5;
-            Sasl::Next
-        }
-        Mech::External if methods & core::AUTH_EXTERNAL != 0 => {
-            *out = b"334 VXNlcm5hbWU6\r\n".to_vec();
-            *st = St::External;
-            Sasl::Next
-        }
-        Mech::Done => Sasl::Done,
-        _ => Sasl::Invalid,
+    let (rc, next) = h::sasl_begin(s, args, s.srv.conf.smtp.auth, "334 ", out);
+    if let Some(next) = next {
+        *st = St::Sasl(next);
     }
+    rc
 }
 
 /// A command, its arguments and its text.

@@ -8,7 +8,7 @@
 //! `keepalive_time`, `keepalive_disable`, `auth_delay`, `post_action`, `subrequest_output_buffer_size`, `sendfile`, `tcp_nopush`, `tcp_nodelay`, `server_tokens`,
 //! `log_not_found`, `absolute_redirect`, `port_in_redirect`, `server_name_in_redirect`,
 //! `merge_slashes`, `underscores_in_headers`, `ignore_invalid_headers`, `max_ranges`,
-//! `chunked_transfer_encoding`, `log_subrequest`, `disable_symlinks`, `resolver`, `resolver_timeout` (the
+//! `chunked_transfer_encoding`, `msie_refresh` (see [`msie_refresh`]), `log_subrequest`, `disable_symlinks`, `resolver`, `resolver_timeout` (the
 //! name servers for names met at run time: `crate::resolver`).
 
 use super::{inherit, invalid, LoadCtx, LocConf};
@@ -229,6 +229,12 @@ pub const DIRECTIVES: &[Spec] = &[
         block: false,
     },
     Spec {
+        name: "msie_refresh",
+        ctx: HSL,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
         name: "log_subrequest",
         ctx: HSL,
         args: Args::Exactly(1),
@@ -301,6 +307,8 @@ pub struct CoreConf {
     /// Most ranges answered with a 206; `None`: no limit (nginx's default).
     pub max_ranges: Option<u32>,
     pub chunked_transfer_encoding: Option<bool>,
+    /// `msie_refresh`: MSIE clients get a redirect as a page that refreshes to it.
+    pub msie_refresh: Option<bool>,
     /// `log_subrequest`: subrequests (auth_request, SSI includes, additions) are logged too.
     pub log_subrequest: Option<bool>,
     pub disable_symlinks: Option<(SymlinkMode, Option<Template>)>,
@@ -344,6 +352,7 @@ impl CoreConf {
             ignore_invalid_headers,
             max_ranges,
             chunked_transfer_encoding,
+            msie_refresh,
             log_subrequest,
             disable_symlinks,
             resolver,
@@ -443,6 +452,9 @@ impl CoreConf {
             underscores: self.underscores_in_headers.unwrap_or(false),
             ignore_invalid: self.ignore_invalid_headers.unwrap_or(true),
         }
+    }
+    pub fn msie_refresh(&self) -> bool {
+        self.msie_refresh.unwrap_or(false)
     }
     pub fn chunked_transfer_encoding(&self) -> bool {
         self.chunked_transfer_encoding.unwrap_or(true)
@@ -596,6 +608,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         "ignore_invalid_headers" => c.ignore_invalid_headers = Some(setters::flag(d)?),
         "max_ranges" => c.max_ranges = Some(d.args[0].parse().map_err(|_| invalid(d, &d.args[0]))?),
         "chunked_transfer_encoding" => c.chunked_transfer_encoding = Some(setters::flag(d)?),
+        "msie_refresh" => c.msie_refresh = Some(setters::flag(d)?),
         "log_subrequest" => c.log_subrequest = Some(setters::flag(d)?),
         "disable_symlinks" => {
             if c.disable_symlinks.is_some() {
@@ -648,4 +661,41 @@ fn disable_symlinks(d: &Directive) -> Result<(SymlinkMode, Option<Template>), Co
         return Err(d.error("\"from=\" cannot be used with \"off\" parameter"));
     }
     Ok((mode, from))
+}
+
+/// `msie_refresh on`: nginx's own 301 / 302 (a `return`, an `error_page` redirect) to an
+/// MSIE client (its User-Agent says `MSIE ` with something after) is a 200 page whose meta
+/// refresh goes to the Location, as ngx_http_send_refresh: the Location header goes, the
+/// URL is escaped as nginx's NGX_ESCAPE_REFRESH (controls, space, quotes, non-ASCII).
+pub fn msie_refresh(
+    req: &crate::http::request::Request,
+    resp: &mut crate::http::response::Response,
+) {
+    if !resp.special || !matches!(resp.status, 301 | 302) || !req.conf.core.msie_refresh() {
+        return;
+    }
+    let msie = req
+        .head
+        .header("user-agent")
+        .is_some_and(|ua| memchr::memmem::find(ua, b"MSIE ").is_some_and(|at| at + 7 < ua.len()));
+    if !msie {
+        return;
+    }
+    let Some(location) = resp.location.take() else {
+        return;
+    };
+    let mut body = String::from("<html><head><meta http-equiv=\"Refresh\" content=\"0; URL=");
+    for &b in location.as_bytes() {
+        if b <= b' ' || b == b'"' || b == b'\'' || b >= 0x7f {
+            body.push_str(&format!("%{b:02X}"));
+        } else {
+            body.push(b as char);
+        }
+    }
+    body.push_str("\"></head><body></body></html>\r\n");
+    let mut page = crate::http::response::Response::new(200);
+    page.content_type = Some(std::sync::Arc::from("text/html"));
+    page.body = crate::http::response::Body::bytes(bytes::Bytes::from(body));
+    page.special = true;
+    *resp = page;
 }

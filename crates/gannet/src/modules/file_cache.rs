@@ -287,7 +287,9 @@ fn open_checked(path: &Path, check: Symlinks) -> io::Result<File> {
         .peekable();
     while let Some(name) = parts.next() {
         let last = parts.peek().is_none();
-        let flags = if last {
+        // A path that ends with `/` names a folder, its last part too (a file there is
+        // ENOTDIR, as nginx's ngx_open_file_wrapper).
+        let flags = if last && !bytes.ends_with(b"/") {
             libc::O_RDONLY | libc::O_NONBLOCK
         } else {
             dir_flags

@@ -7,7 +7,8 @@
 //! `*_max_temp_file_size`, `*_temp_file_write_size`, `*_intercept_errors`, `*_hide_header`,
 //! `*_pass_header`, `*_pass_request_headers`, `*_pass_request_body`, `*_request_buffering`,
 //! `*_next_upstream`, `*_next_upstream_tries`, `*_next_upstream_timeout`, and the cache's
-//! (`*_cache_path`, `*_cache`, `*_cache_key`..., see `gateway_cache`); the parameters a
+//! (`*_cache_path`, `*_cache`, `*_cache_key`..., see `gateway_cache`), `*_store` and
+//! `*_store_access` (not grpc's, as nginx: see `conn::gateway_store`); the parameters a
 //! request sends and
 //! which answer headers reach the client. The protocols' own directives are in `proxy`
 //! (which has no `*_param` and its own `proxy_pass`), `fastcgi`, `scgi` and `uwsgi`; the I/O
@@ -124,6 +125,8 @@ macro_rules! directives {
             $crate::modules::gateway::directives!(@spec $p "force_ranges" [HSL] Exactly(1)),
             $crate::modules::gateway::directives!(@spec $p "cache_purge" [HSL] AtLeast(1)),
             $crate::modules::gateway::directives!(@spec $p "cache_background_update" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "store" [HSL] Exactly(1)),
+            $crate::modules::gateway::directives!(@spec $p "store_access" [HSL] Between(1, 3)),
             $($extra,)*
         ]
     };
@@ -136,6 +139,31 @@ macro_rules! directives {
     };
 }
 pub(crate) use directives;
+
+/// `user:rw group:r all:r`, as nginx's ngx_conf_set_access_slot: the owner may always
+/// read and write unless `user:` says otherwise.
+fn access(d: &Directive) -> Result<u32, ConfError> {
+    let (mut mode, mut user) = (0, 0o600);
+    for a in &d.args {
+        let (shift, right) = if let Some(r) = a.strip_prefix("user:") {
+            user = 0;
+            (6, r)
+        } else if let Some(r) = a.strip_prefix("group:") {
+            (3, r)
+        } else if let Some(r) = a.strip_prefix("all:") {
+            (0, r)
+        } else {
+            return Err(d.error(format!("invalid value \"{a}\"")));
+        };
+        let bits = match right {
+            "rw" => 6,
+            "r" => 4,
+            _ => return Err(d.error(format!("invalid value \"{a}\""))),
+        };
+        mode |= bits << shift;
+    }
+    Ok(mode | user)
+}
 
 /// A plain (non-block) directive's spec.
 pub const fn spec(name: &'static str, ctx: Ctx, args: Args) -> Spec {
@@ -245,6 +273,20 @@ pub struct GatewayConf {
     pub force_ranges: Option<bool>,
     /// `*_cache` and its settings (`gateway_cache`).
     pub cache: super::gateway_cache::CacheConf,
+    /// `*_store`: a 200 answer is kept as a file (`conn::gateway_store`).
+    pub store: Option<Store>,
+    /// `*_store_access`: the stored file's permissions (and its new directories').
+    pub store_access: Option<u32>,
+}
+
+/// `*_store`'s value.
+#[derive(Debug, Clone)]
+pub enum Store {
+    Off,
+    /// `on`: at the path the URI maps to under `root` / `alias`.
+    Root,
+    /// At the path the string makes.
+    Path(Arc<Template>),
 }
 
 impl GatewayConf {
@@ -277,7 +319,16 @@ impl GatewayConf {
             socket_keepalive,
             ignore_client_abort,
             force_ranges,
+            store,
+            store_access,
         );
+    }
+    /// `*_store`, if it is on.
+    pub fn store(&self) -> Option<&Store> {
+        self.store.as_ref().filter(|s| !matches!(s, Store::Off))
+    }
+    pub fn store_access(&self) -> u32 {
+        self.store_access.unwrap_or(0o600)
     }
     pub fn force_ranges(&self) -> bool {
         self.force_ranges.unwrap_or(false)
@@ -467,6 +518,22 @@ pub fn set(
         "pass_request_body" => c.pass_request_body = Some(setters::flag(d)?),
         "request_buffering" => c.request_buffering = Some(setters::flag(d)?),
         "ignore_client_abort" => c.ignore_client_abort = Some(setters::flag(d)?),
+        "store" => {
+            if c.store.is_some() {
+                return Err(d.error(format!("\"{}\" directive is duplicate", d.name)));
+            }
+            c.store = Some(match a0 {
+                "off" => Store::Off,
+                "on" => Store::Root,
+                _ => Store::Path(Arc::new(Template::compile(a0).map_err(|e| d.error(e))?)),
+            });
+        }
+        "store_access" => {
+            if c.store_access.is_some() {
+                return Err(d.error(format!("\"{}\" directive is duplicate", d.name)));
+            }
+            c.store_access = Some(access(d)?);
+        }
         "next_upstream" => {
             const KNOWN: &[&str] = &[
                 "error",

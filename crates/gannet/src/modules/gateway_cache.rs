@@ -194,7 +194,7 @@ pub fn set(
     };
     match suffix {
         "cache_path" => {
-            let mut zone = crate::cache::path::parse(d, &ctx.prefix)?;
+            let mut zone = crate::cache::path::parse(d, &ctx.prefix, &ctx.redis)?;
             if ctx.caches.contains_key(&zone.name) {
                 return Err(d.error(format!("duplicate zone \"{}\"", zone.name)));
             }

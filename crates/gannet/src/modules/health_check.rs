@@ -5,7 +5,8 @@
 //! level for what a healthy answer looks like (by default: a 2xx or 3xx status).
 //!
 //! The probes themselves run in `conn::health`; an unhealthy server gets no requests from
-//! any worker until it passes again.
+//! any worker until it passes again. With `redis=name` (gannet's) a node's verdicts reach
+//! the other nodes using that `redis_server` (`conn::health_share`).
 
 use super::{invalid, LoadCtx, LocConf};
 use crate::http::regex::Regex;
@@ -35,6 +36,9 @@ pub struct HealthCheck {
     pub matcher: Option<Arc<Match>>,
     /// Servers start unhealthy until their first probe passes.
     pub mandatory: bool,
+    /// `redis=name` (gannet's): results are shared with the other nodes through that
+    /// server (`conn::health_share`).
+    pub redis: Option<Arc<super::redis::Server>>,
 }
 
 /// A `match` block: every condition must hold.
@@ -150,6 +154,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         port: None,
         matcher: None,
         mandatory: false,
+        redis: None,
     };
     for a in &d.args {
         let bad = || invalid(d, a);
@@ -179,6 +184,10 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
                 hc.matcher = Some(m.clone());
             }
             "mandatory" if v.is_empty() => hc.mandatory = true,
+            "redis" => {
+                let s = ctx.redis.get(v).cloned();
+                hc.redis = Some(s.ok_or_else(|| d.error(format!("unknown redis_server \"{v}\"")))?);
+            }
             _ => return Err(bad()),
         }
     }

@@ -9,6 +9,9 @@
 //! the request and given back when it is dropped). One over the limit of any zone is
 //! refused (503 unless `limit_conn_status` says otherwise). The lists are inherited by a
 //! level that has none of its own.
+//!
+//! A zone with `redis=name` (gannet's, not nginx's) counts the requests of every gannet node
+//! using that `redis_server`: see [`shared`].
 
 use super::limit_zone;
 use super::{LoadCtx, LocConf};
@@ -23,8 +26,11 @@ use std::sync::{Arc, Mutex};
 
 use super::gateway::spec;
 
+pub mod shared;
+
 pub const DIRECTIVES: &[Spec] = &[
-    spec("limit_conn_zone", Ctx::HTTP, Args::Exactly(2)),
+    // Two as nginx's; `redis=name` and `fail_open | fail_closed` may follow.
+    spec("limit_conn_zone", Ctx::HTTP, Args::Between(2, 4)),
     spec("limit_conn", Ctx::HSL, Args::Exactly(2)),
     spec("limit_conn_dry_run", Ctx::HSL, Args::Exactly(1)),
     spec("limit_conn_log_level", Ctx::HSL, Args::Exactly(1)),
@@ -44,6 +50,8 @@ pub struct ConnZone {
     counts: Mutex<HashMap<Box<[u8]>, u64>>,
     /// Its `metrics` key (0: not counted).
     metrics: crate::runtime::metrics::Key,
+    /// Counted in Redis (`redis=name`); `counts` then holds this node's own requests.
+    shared: Option<shared::Shared>,
 }
 
 /// One request counted in a zone, given back when dropped.
@@ -61,6 +69,10 @@ impl Drop for Held {
             if *n == 0 {
                 counts.remove(&self.key);
             }
+        }
+        drop(counts);
+        if self.zone.shared.is_some() {
+            shared::give(&self.zone, &self.key);
         }
     }
 }
@@ -101,24 +113,7 @@ pub type LimitConnConf = limit_zone::Limits<Limit>;
 
 pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), ConfError> {
     match d.name.as_str() {
-        "limit_conn_zone" => {
-            let key = Template::compile(&d.args[0]).map_err(|e| d.error(e))?;
-            let (name, capacity) = limit_zone::parse_zone(d, &d.args[1], 32_000, ctx)?;
-            let zone = ConnZone {
-                name: name.clone(),
-                key,
-                key_src: d.args[0].clone(),
-                capacity,
-                counts: Mutex::default(),
-                metrics: super::metrics::register(
-                    ctx,
-                    crate::runtime::metrics::Kind::LimitConn,
-                    &name,
-                ),
-            };
-            ctx.zones.conn.insert(name, Arc::new(zone));
-            Ok(())
-        }
+        "limit_conn_zone" => zone(d, ctx),
         "limit_conn" => {
             let name = &d.args[0];
             let zone = ctx
@@ -145,6 +140,24 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
     }
 }
 
+/// `limit_conn_zone key zone=name:size [redis=name [fail_open | fail_closed]]`.
+fn zone(d: &Directive, ctx: &mut LoadCtx) -> Result<(), ConfError> {
+    let (redis, fail_open) = limit_zone::redis_args(d, 2, ctx)?;
+    let key = Template::compile(&d.args[0]).map_err(|e| d.error(e))?;
+    let (name, capacity) = limit_zone::parse_zone(d, &d.args[1], 32_000, ctx)?;
+    let zone = ConnZone {
+        name: name.clone(),
+        key,
+        key_src: d.args[0].clone(),
+        capacity,
+        counts: Mutex::default(),
+        metrics: super::metrics::register(ctx, crate::runtime::metrics::Kind::LimitConn, &name),
+        shared: redis.map(|server| shared::Shared::new(server, &name, fail_open)),
+    };
+    ctx.zones.conn.insert(name, Arc::new(zone));
+    Ok(())
+}
+
 /// The pre-access check: `None` to go on (the request now holds its counts), or the
 /// refusal.
 pub fn check(req: &mut Request) -> Option<Flow> {
@@ -158,10 +171,15 @@ pub fn check(req: &mut Request) -> Option<Flow> {
     };
     let limits = conf.limit_conn.list.as_deref()?;
     let policy = &conf.limit_conn.policy;
+    let mut in_redis = Vec::new();
     for l in limits {
         let Some(key) = limit_zone::key(req, &l.zone.key, &l.zone.key_src, MAX_KEY) else {
             continue;
         };
+        if l.zone.shared.is_some() {
+            in_redis.push((l.clone(), key));
+            continue;
+        }
         req.limit_conn_status = Some("PASSED");
         match l.zone.take(key.as_bytes(), l.max) {
             Ok(held) => {
@@ -169,40 +187,56 @@ pub fn check(req: &mut Request) -> Option<Flow> {
                 req.limit_conns.push(held)
             }
             Err(why) => {
-                let dry = if policy.dry_run() { ", dry run," } else { "" };
-                match why {
-                    Refused::Limit => errlog::request(
-                        policy.log_level(),
-                        req,
-                        format_args!("limiting connections{dry} by zone \"{}\"", l.zone.name),
-                    ),
-                    Refused::Full => errlog::request(
-                        Level::Alert,
-                        req,
-                        format_args!(
-                            "could not allocate node in limit_conn zone \"{}\"",
-                            l.zone.name
-                        ),
-                    ),
+                if let Some(f) = refuse(req, policy, &l.zone, why) {
+                    return Some(f);
                 }
-                // What the other zones counted for this request is given back.
-                req.limit_conns.clear();
-                let word = if policy.dry_run() {
-                    "REJECTED_DRY_RUN"
-                } else {
-                    "REJECTED"
-                };
-                super::metrics::limited(l.zone.metrics, word);
-                if policy.dry_run() {
-                    req.limit_conn_status = Some("REJECTED_DRY_RUN");
-                    return None;
-                }
-                req.limit_conn_status = Some("REJECTED");
-                return Some(Flow::Status(policy.status()));
+                return None;
             }
         }
     }
-    None
+    if in_redis.is_empty() {
+        return None;
+    }
+    Some(Flow::LimitConnShared(Box::new(shared::Pending {
+        shared: in_redis,
+        policy: *policy,
+    })))
+}
+
+/// Log a refusal, give back what the request holds and answer it (or, in a dry run, note it
+/// and go on: `None`).
+fn refuse(
+    req: &mut Request,
+    policy: &limit_zone::Policy,
+    zone: &ConnZone,
+    why: Refused,
+) -> Option<Flow> {
+    let dry = if policy.dry_run() { ", dry run," } else { "" };
+    match why {
+        Refused::Limit => errlog::request(
+            policy.log_level(),
+            req,
+            format_args!("limiting connections{dry} by zone \"{}\"", zone.name),
+        ),
+        Refused::Full => errlog::request(
+            Level::Alert,
+            req,
+            format_args!(
+                "could not allocate node in limit_conn zone \"{}\"",
+                zone.name
+            ),
+        ),
+    }
+    // What the other zones counted for this request is given back.
+    req.limit_conns.clear();
+    let word = if policy.dry_run() {
+        "REJECTED_DRY_RUN"
+    } else {
+        "REJECTED"
+    };
+    super::metrics::limited(zone.metrics, word);
+    req.limit_conn_status = Some(word);
+    (!policy.dry_run()).then(|| Flow::Status(policy.status()))
 }
 
 #[cfg(test)]
@@ -218,6 +252,7 @@ mod tests {
             capacity: 1,
             counts: Mutex::default(),
             metrics: 0,
+            shared: None,
         });
         let a = z.take(b"a", 2).ok();
         let b = z.take(b"a", 2).ok();

@@ -243,13 +243,15 @@ fn zone(d: &Directive, ctx: &mut LoadCtx) -> Result<(), ConfError> {
     let Some((name, capacity)) = named else {
         return Err(d.error("\"limit_req_zone\" must have \"zone\" parameter"));
     };
-    let shared = redis.map(|server| shared::Shared::new(server, &name, fail_open.unwrap_or(true)));
+    // nginx's default rate: 1r/s (below 1r/m the rate rounds down to 0; keep it leaking).
+    let rate = rate.unwrap_or(ONE).max(1);
+    let shared =
+        redis.map(|server| shared::Shared::new(server, &name, rate, fail_open.unwrap_or(true)));
     let zone = ReqZone {
         name: name.clone(),
         key,
         key_src: d.args[0].clone(),
-        // nginx's default rate: 1r/s (below 1r/m the rate rounds down to 0; keep it leaking).
-        rate: rate.unwrap_or(ONE).max(1),
+        rate,
         capacity,
         born: Instant::now(),
         table: Mutex::default(),
@@ -336,12 +338,20 @@ pub fn check(req: &mut Request) -> Option<Flow> {
     // Redis is asked later, in one round trip that checks and counts at once).
     let mut keyed = Vec::with_capacity(limits.len());
     let mut in_redis = Vec::new();
+    // Zones in Redis the node decided alone (within its allowance).
+    let mut spent: Vec<(&Limit, u64)> = Vec::new();
     for l in limits {
         let Some(key) = limit_zone::key(req, &l.zone.key, &l.zone.key_src, MAX_KEY) else {
             continue;
         };
-        if l.zone.shared.is_some() {
-            in_redis.push((l, key));
+        if let Some(s) = &l.zone.shared {
+            match s.alone(&key, l.burst) {
+                shared::Alone::Pass(e) => spent.push((l, e)),
+                shared::Alone::Refuse(e) => {
+                    return refuse(req, policy, &l.zone, Refusal::Excess(e))
+                }
+                shared::Alone::Ask => in_redis.push((l, key)),
+            }
             continue;
         }
         let refused = match l.zone.excess(key.as_bytes(), false) {
@@ -359,14 +369,15 @@ pub fn check(req: &mut Request) -> Option<Flow> {
         return Some(Flow::LimitReqShared(Box::new(shared::Pending {
             local: own(keyed),
             shared: own(in_redis),
+            spent: spent.into_iter().map(|(l, e)| (l.clone(), e)).collect(),
             policy: *policy,
         })));
     }
-    if keyed.is_empty() {
+    if keyed.is_empty() && spent.is_empty() {
         // No key applied: a later location's limits may still (nginx's limit_req_set unset).
         return None;
     }
-    count(req, policy, &keyed, &[])
+    count(req, policy, &keyed, &spent)
 }
 
 /// Log a refusal and answer it (or, in a dry run, note it and go on: `None`).

@@ -63,6 +63,38 @@ pub fn parse_zone(
     Ok((name.to_string(), keys.max(1)))
 }
 
+/// A zone's `redis=name` and `fail_open | fail_closed` (gannet's), after nginx's `n`
+/// arguments: the server (`None` without `redis=`) and whether it fails open (the default).
+pub fn redis_args(
+    d: &Directive,
+    n: usize,
+    ctx: &LoadCtx,
+) -> Result<(Option<Arc<super::redis::Server>>, bool), ConfError> {
+    let extra = d.args.get(n..).unwrap_or_default();
+    if !extra.iter().any(|a| a.starts_with("redis=")) {
+        return Err(d.error(if extra.is_empty() {
+            return Ok((None, true));
+        } else if extra.iter().any(|a| a == "fail_open" || a == "fail_closed") {
+            "\"fail_open\" and \"fail_closed\" need \"redis=\"".to_string()
+        } else {
+            format!("invalid number of arguments in \"{}\" directive", d.name)
+        }));
+    }
+    let mut server = None;
+    let mut fail_open = true;
+    for a in extra {
+        if let Some(name) = a.strip_prefix("redis=") {
+            let s = ctx.redis.get(name).cloned();
+            server = Some(s.ok_or_else(|| d.error(format!("unknown redis_server \"{name}\"")))?);
+        } else if a == "fail_open" || a == "fail_closed" {
+            fail_open = a == "fail_open";
+        } else {
+            return Err(d.error(format!("invalid parameter \"{a}\"")));
+        }
+    }
+    Ok((server, fail_open))
+}
+
 /// A level's limits of one kind with their settings: the list is inherited by a level that
 /// has none of its own, the settings one by one.
 #[derive(Debug, Clone)]

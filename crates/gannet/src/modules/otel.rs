@@ -440,6 +440,7 @@ fn default_attrs(span: &mut Span, req: &Request, status: u16, body_len: u64) {
         Version::Http10 => "1.0",
         Version::Http11 => "1.1",
         Version::Http2 => "2.0",
+        Version::Http3 => "3.0",
     };
     a.push(text("http.flavor", flavor));
     if let Some(ua) = req.head.header("user-agent") {

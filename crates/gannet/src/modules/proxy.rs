@@ -51,6 +51,8 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("proxy_pass", LOC_IF.or(Ctx::LIMIT_EXCEPT), Args::Exactly(1)),
     spec("proxy_set_header", HSL, Args::Exactly(2)),
     spec("proxy_http_version", HSL, Args::Exactly(1)),
+    spec("proxy_store", HSL, Args::Exactly(1)),
+    spec("proxy_store_access", HSL, Args::Between(1, 3)),
     spec("proxy_pass_trailers", HSL, Args::Exactly(1)),
     spec("proxy_limit_rate", HSL, Args::Exactly(1)),
     spec("proxy_bind", HSL, Args::Between(1, 2)),

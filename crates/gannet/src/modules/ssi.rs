@@ -16,9 +16,10 @@
 //! in its place before the rest of the page is parsed. SSI variables, blocks and regex
 //! captures belong to the main request and are shared by every nested level ([`Shared`]).
 //!
-//! Unlike nginx, every include is run to its end before the page goes on (as with
-//! `wait="yes"`): the output is the same, only commands after an include that nginx would
-//! run while the include is still under way see its side effects.
+//! As nginx's, includes start as the page is parsed and run side by side (their bodies go
+//! out in the page's order: a later include's answer waits until those before it are sent);
+//! parsing stops at an include with `wait="yes"`, `file=` or `set=` until it is done, and
+//! goes ahead of the output only as far as the page's own body is at hand.
 
 use super::compress::Types;
 use super::{LoadCtx, LocConf};
@@ -205,6 +206,10 @@ pub struct Include {
     pub set: Option<String>,
     /// `stub=`: this text stands in for an empty or failed answer.
     pub stub: Option<Vec<u8>>,
+    /// `wait="yes"`, `file=` or `set=`: the page is parsed on only once this include is
+    /// done (commands after it may read what it set); other includes start at once and
+    /// run side by side, their bodies going out in the page's order.
+    pub wait: bool,
 }
 
 /// What parsing came to.

@@ -121,12 +121,12 @@ pub fn applies(req: &Request, resp: &Response, streamed: bool) -> bool {
 /// Whether a body filter with these `*_types` (none: text/html) has a body to work on in
 /// `resp`: one of the types, and not known to be empty (shared with SSI).
 pub fn text_body(types: Option<&Types>, resp: &Response, streamed: bool) -> bool {
-    let Some(ct) = resp.content_type.as_deref() else {
-        return false;
-    };
-    let types_match = match types {
-        Some(t) => t.matches(ct),
-        None => Types::List(Vec::new()).matches(ct),
+    // `*` takes an answer without a Content-Type too (nginx's ngx_http_test_content_type).
+    let types_match = match (types, resp.content_type.as_deref()) {
+        (Some(Types::Any), _) => true,
+        (_, None) => false,
+        (Some(t), Some(ct)) => t.matches(ct),
+        (None, Some(ct)) => Types::List(Vec::new()).matches(ct),
     };
     let known_empty = match resp.content_length {
         Some(n) => n == 0,

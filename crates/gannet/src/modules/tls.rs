@@ -7,7 +7,8 @@
 //! `ssl_stapling_verify`, `ssl_client_certificate`,
 //! `ssl_trusted_certificate`, `ssl_crl`, `ssl_ocsp`, `ssl_ocsp_responder`,
 //! `ssl_ocsp_cache`, `ssl_verify_client`, `ssl_reject_handshake`,
-//! `ssl_ecdh_curve`. (`listen ... ssl` is in `config::listen`.)
+//! `ssl_ecdh_curve`, `ssl_early_data` (0-RTT, taken over QUIC only: `conn::quic`).
+//! (`listen ... ssl` is in `config::listen`.)
 
 use super::{inherit, invalid, LoadCtx, LocConf};
 use crate::tls::certs::{read_passwords, Passwords};
@@ -53,6 +54,7 @@ pub const DIRECTIVES: &[Spec] = &[
     spec("ssl_verify_client", Args::Exactly(1)),
     spec("ssl_verify_depth", Args::Exactly(1)),
     spec("ssl_reject_handshake", Args::Exactly(1)),
+    spec("ssl_early_data", Args::Exactly(1)),
     spec("ssl_ecdh_curve", Args::Exactly(1)),
 ];
 
@@ -126,6 +128,8 @@ pub struct TlsConf {
     /// `ssl_verify_depth`: the most intermediate CAs in a client chain.
     pub verify_depth: Option<u64>,
     pub reject_handshake: Option<bool>,
+    /// `ssl_early_data`: 0-RTT requests are taken (HTTP/3; a TCP handshake takes none).
+    pub early_data: Option<bool>,
     /// `ssl_ecdh_curve`: the key exchange groups, in order (`None`: rustls's default).
     pub ecdh_curves: Option<Vec<NamedGroup>>,
     /// The certificate of this server's `acme_certificate`, which `ssl_certificate
@@ -168,6 +172,7 @@ impl TlsConf {
             ocsp_cache,
             verify_client,
             reject_handshake,
+            early_data,
             ecdh_curves,
         );
     }
@@ -200,6 +205,10 @@ impl TlsConf {
         self.verify_client
             .as_ref()
             .map_or(VerifyClient::Off, |v| v.0)
+    }
+
+    pub fn early_data(&self) -> bool {
+        self.early_data.unwrap_or(false)
     }
 
     pub fn reject_handshake(&self) -> bool {
@@ -272,6 +281,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             c.verify_client = Some((v, d.loc.clone()));
         }
         "ssl_reject_handshake" => c.reject_handshake = Some(setters::flag(d)?),
+        "ssl_early_data" => c.early_data = Some(setters::flag(d)?),
         "ssl_ecdh_curve" => c.ecdh_curves = ecdh_curves(d, ctx)?,
         _ => return Err(d.error(format!("unknown directive \"{}\"", d.name))),
     }

@@ -98,6 +98,10 @@ fn spawn(
     let (config, cmd, exited) = (config.clone(), cmd.subscribe(), exited.clone());
     std::thread::Builder::new()
         .name(format!("gannet-worker-{w}"))
+        // A main thread's 8 MiB rather than a thread's 2: a page's SSI includes nest 50
+        // deep (nginx's limit), each level polling the next one's subrequest (only the
+        // pages touched are ever mapped in).
+        .stack_size(8 << 20)
         .spawn(move || {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 placement::apply(&config.main, w);

@@ -82,6 +82,23 @@ impl Worker {
         self.conn_closed.notify_waiters();
     }
 
+    /// Count a new connection in, if `worker_connections` has room for it (idle kept
+    /// connections are closed first to make some); false when it is to be refused.
+    pub fn admit(&self) -> bool {
+        self.reuse_connections();
+        if self.in_use() >= self.config.main.worker_connections {
+            crate::errlog::warn(format_args!(
+                "{} worker_connections are not enough",
+                self.config.main.worker_connections
+            ));
+            self.stats.dropped();
+            return false;
+        }
+        self.active.set(self.active.get() + 1);
+        self.stats.accepted();
+        true
+    }
+
     pub fn next_conn_id() -> u64 {
         CONN_SEQ.fetch_add(1, Ordering::Relaxed)
     }
@@ -266,6 +283,7 @@ pub fn run(
         let probes = if probe {
             let mut t = crate::conn::health::spawn_all(&w.config.probes);
             t.extend(crate::tls::stapling::spawn_all(&w.config.staplers));
+            t.extend(crate::cache::fanout::spawn_all(&w.config.purge_zones));
             t
         } else {
             Vec::new()
@@ -277,6 +295,16 @@ pub fn run(
                 .checked_sub(http_groups)
                 .and_then(|k| w.config.stream.as_ref()?.listens.get(k))
                 .is_some_and(|l| l.udp);
+            if w.config.listens.get(i).is_some_and(|g| g.listen.quic) {
+                // `listen ... quic`: this worker's QUIC endpoint on the address.
+                let sock = std::net::UdpSocket::from(std::os::fd::OwnedFd::from(s));
+                accepts.push(tokio::task::spawn_local(crate::conn::quic::serve(
+                    w.clone(),
+                    sock,
+                    i,
+                )));
+                continue;
+            }
             if udp {
                 // A datagram socket held as a listener (`listener::bind`).
                 let sock = std::net::UdpSocket::from(std::os::fd::OwnedFd::from(s));
@@ -372,18 +400,10 @@ async fn accept_loop(w: Rc<Worker>, listener: AsyncFd<StdListener>, group: usize
         }
         match accept(&listener).await {
             Ok((stream, peer)) => {
-                w.reuse_connections();
-                if w.in_use() >= w.config.main.worker_connections {
-                    crate::errlog::warn(format_args!(
-                        "{} worker_connections are not enough",
-                        w.config.main.worker_connections
-                    ));
+                if !w.admit() {
                     drop(stream);
-                    w.stats.dropped();
                     continue;
                 }
-                w.active.set(w.active.get() + 1);
-                w.stats.accepted();
                 match group.checked_sub(w.config.listens.len()) {
                     None => {
                         tokio::task::spawn_local(crate::conn::h1::serve(

@@ -2,10 +2,16 @@
 //! settings a server inherits from the stream level, and a TCP session from accept to its
 //! log line: access rules, `ssl_preread`, the proxy, the log.
 //!
-//! `listen ADDRESS:PORT | PORT | unix:PATH [udp] [reuseport] [backlog=N] [rcvbuf=]
-//! [sndbuf=] [so_keepalive=] [fastopen=] [ipv6only=] [bind]`: as nginx, a port is required
-//! and one server serves an address. `ssl` and `proxy_protocol` on a stream listen are
-//! refused as not supported yet.
+//! `listen ADDRESS:PORT | PORT | unix:PATH [default_server] [ssl] [proxy_protocol] [udp]
+//! [reuseport] [backlog=N] [rcvbuf=] [sndbuf=] [so_keepalive=] [fastopen=] [ipv6only=]
+//! [bind]`: as nginx, a port is required. Several servers may share an address (nginx
+//! 1.25.5's virtual servers, gathered in `stream::addresses`): a session starts in its
+//! `default_server` (else the first), and the SNI name of `listen ... ssl` (during the
+//! handshake, so the chosen server's certificate answers) or of `ssl_preread` (once the
+//! ClientHello is read) moves it to the server whose `server_name` matches, with the http
+//! side's matcher (`http::router::find_by_name`): exact, `*.suffix`, `prefix.*`, `~regex`.
+//! As in nginx, the default server's `set`, `limit_conn` and access rules apply before
+//! the move; the chosen server's handler, logs and `error_log` after it.
 
 use super::access::Rules;
 use super::log::{Format, Log};
@@ -15,8 +21,10 @@ use super::ssl_preread::Preread;
 use super::upstream::Group;
 use super::variables::Session;
 use crate::config::listen::Listen;
+use crate::http::regex::Regex;
+use crate::http::router::{self, ServerNames};
 use crate::runtime::worker::Worker;
-use gannet_conf::{setters, ConfError, Directive};
+use gannet_conf::{setters, ConfError, Directive, Loc};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -98,6 +106,13 @@ impl Default for ServerConf {
 /// A `server {}` block, loaded.
 #[derive(Debug)]
 pub struct Server {
+    /// `server_name`: what SNI (of `listen ... ssl` or `ssl_preread`) picks it by among
+    /// the servers of an address, with the http side's rules (`http::router`).
+    pub names: ServerNames<Regex>,
+    /// `$server_name`: the first name ("" without `server_name`).
+    pub name: Arc<str>,
+    /// The `server` block, for the errors about it.
+    pub loc: Loc,
     pub conf: ServerConf,
     pub maps: Arc<Maps>,
     /// The stream block's groups by name, for `proxy_pass $var`.
@@ -221,6 +236,18 @@ pub fn apply(
             c.ret = None;
         }
         n if n.starts_with("proxy_") => super::proxy::set(d, &mut c.proxy, ctx)?,
+        // Sizes of nginx's name hash tables: checked, as gannet's lookup has no table
+        // to size.
+        "server_names_hash_max_size" | "server_names_hash_bucket_size" if !in_server => {
+            one()?;
+            match d.name.as_str() {
+                "server_names_hash_max_size" => setters::num_arg(d, 0).map(drop)?,
+                _ => setters::size_arg(d, 0).map(drop)?,
+            }
+        }
+        "server_names_hash_max_size" | "server_names_hash_bucket_size" => {
+            return Err(d.error(format!("\"{}\" directive is not allowed here", d.name)))
+        }
         "listen" | "server_name" if !in_server => {
             return Err(d.error(format!("\"{}\" directive is not allowed here", d.name)))
         }
@@ -229,12 +256,21 @@ pub fn apply(
     Ok(())
 }
 
-/// A `server {}` block: its settings over the stream level's, and its listens.
+/// A stream `listen` of a server: the address and its options, where it was written, and
+/// whether it sets socket options (nginx's `lsopt.set`: one listen of an address may).
+pub struct ServerListen {
+    pub listen: Listen,
+    pub loc: Loc,
+    pub sets_options: bool,
+}
+
+/// A `server {}` block: its settings over the stream level's, and its listens. Its TLS
+/// setup is made by the caller, which knows which addresses are `ssl`.
 pub fn server(
     d: &Directive,
     top: &ServerConf,
     ctx: &LoadCtx,
-) -> Result<(Server, Vec<Listen>), ConfError> {
+) -> Result<(Server, Vec<ServerListen>), ConfError> {
     if d.block.is_none() || !d.args.is_empty() {
         return Err(d.error("invalid number of arguments in \"server\" directive"));
     }
@@ -247,12 +283,25 @@ pub fn server(
     conf.ssl.certs_inherited = true;
     conf.ssl.keys_inherited = true;
     let mut listens = Vec::new();
+    let mut names = ServerNames::default();
+    let mut name = None;
     for e in d.block.as_deref().unwrap_or_default() {
         match e.name.as_str() {
             "listen" => listens.push(listen(e)?),
-            // nginx 1.25.5's `server_name` picks a server by SNI among those on one
-            // address; gannet has one server per address.
-            "server_name" => return Err(e.error("\"server_name\" in stream is not supported yet")),
+            "server_name" => {
+                if e.args.is_empty() {
+                    return Err(e.error("invalid number of arguments in \"server_name\" directive"));
+                }
+                for n in &e.args {
+                    // nginx's `$hostname` name: the machine's.
+                    let n = match n.eq_ignore_ascii_case("$hostname") {
+                        true => super::variables::hostname(),
+                        false => n.clone(),
+                    };
+                    names.add(&n).map_err(|m| e.error(m))?;
+                    name.get_or_insert_with(|| router::primary_name(&n));
+                }
+            }
             _ => apply(e, &mut conf, ctx, true)?,
         }
     }
@@ -269,17 +318,12 @@ pub fn server(
             crate::tls::client::build(&conf.proxy.ssl, "proxy_ssl_", &mut h.tls, &d.loc, None)?;
         conf.proxy.client_tls = Some(setup);
     }
-    let tls = match listens.iter().any(|l| l.ssl) {
-        true => Some(super::ssl::build(
-            &conf.ssl,
-            &mut ctx.http.borrow_mut(),
-            &d.loc,
-        )?),
-        false => None,
-    };
     Ok((
         Server {
-            tls,
+            names,
+            name: Arc::from(name.unwrap_or_default()),
+            loc: d.loc.clone(),
+            tls: None,
             conf,
             maps: ctx.maps.clone(),
             groups: ctx.upstreams.clone(),
@@ -290,7 +334,7 @@ pub fn server(
 }
 
 /// A stream `listen`: http's parser for what both have, after the stream checks.
-fn listen(d: &Directive) -> Result<Listen, ConfError> {
+fn listen(d: &Directive) -> Result<ServerListen, ConfError> {
     if d.args.is_empty() {
         return Err(d.error("invalid number of arguments in \"listen\" directive"));
     }
@@ -310,13 +354,15 @@ fn listen(d: &Directive) -> Result<Listen, ConfError> {
         udp |= is_udp;
         !is_udp
     });
+    let mut sets_options = false;
     for a in &rest.args[1..] {
         let key = a.split('=').next().unwrap_or_default();
         match key {
-            "default_server" | "default" | "http2" | "deferred" | "quic" => {
+            "default" | "http2" | "deferred" | "quic" => {
                 return Err(d.error(format!("invalid parameter \"{a}\"")))
             }
-            _ => {}
+            "default_server" | "ssl" | "proxy_protocol" => {}
+            _ => sets_options = true,
         }
     }
     let mut l = Listen::parse(&rest)?;
@@ -324,44 +370,93 @@ fn listen(d: &Directive) -> Result<Listen, ConfError> {
         return Err(d.error("\"udp\" on a unix socket is not supported"));
     }
     l.udp = udp;
-    Ok(l)
+    Ok(ServerListen {
+        listen: l,
+        loc: d.loc.clone(),
+        sets_options,
+    })
 }
 
-/// Serve one accepted TCP connection of stream server `idx`.
+/// nginx's ngx_stream_find_virtual_server, with the SNI `name` as the client sent it
+/// (checked and lowercased as nginx's ngx_stream_validate_host): the server of the
+/// address it names, or `None` (a bad or unknown name: the current server stays).
+pub fn find_virtual(servers: &[Arc<Server>], name: &str) -> Option<Found> {
+    if servers.is_empty() || name.is_empty() {
+        return None;
+    }
+    let len = gannet_proto::h1::valid_host(name.as_bytes())?;
+    let host = name[..len].to_ascii_lowercase();
+    let (srv, regex) = router::find_by_name(servers, |s| &s.names, &host)?;
+    Some(Found {
+        server: srv.clone(),
+        regex: regex.map(|i| (i, host)),
+    })
+}
+
+/// A server SNI chose, and the `~regex` name (and host) that chose it.
+pub struct Found {
+    pub server: Arc<Server>,
+    regex: Option<(usize, String)>,
+}
+
+impl Found {
+    /// The session moves to the server: `$server_name`, and the captures of the regex
+    /// name that chose it (`$1`.., its named variables), as nginx's regex exec leaves them.
+    pub fn enter(self, s: &mut Session) -> Arc<Server> {
+        let srv = self.server;
+        if let Some((i, host)) = &self.regex {
+            if let Some(re) = srv.names.regex.get(*i) {
+                if let Some(c) = re.captures(host.as_bytes()) {
+                    srv.maps.capture(s, re, &c);
+                }
+            }
+        }
+        s.server_name = Some(srv.name.clone());
+        srv
+    }
+}
+
+/// Serve one accepted TCP connection of stream listen `idx`: its default server first,
+/// the one SNI names once the handshake or `ssl_preread` has read it.
 pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, idx: usize) {
-    let found = w.config.stream.as_ref().and_then(|s| {
-        let l = s.listens.get(idx)?;
-        Some((
-            s.servers.get(idx)?.clone(),
-            l.ssl,
-            l.proxy_protocol,
-            l.unix.is_some(),
-            l.local_of(&stream),
-        ))
-    });
-    let Some((srv, ssl, pp, unix, local)) = found else {
+    let Some(conf) = w.config.stream.clone() else {
         w.connection_closed();
         return;
     };
-    let mut s = Session::new(Worker::next_conn_id(), peer, local, false);
-    s.unix = unix;
+    let (Some(l), Some(srv)) = (conf.listens.get(idx), conf.servers.get(idx)) else {
+        w.connection_closed();
+        return;
+    };
+    let virtuals = conf.virtuals.get(idx).map_or(&[][..], Vec::as_slice);
+    let mut srv = srv.clone();
+    let mut s = Session::new(Worker::next_conn_id(), peer, l.local_of(&stream), false);
+    s.unix = l.unix.is_some();
+    s.server_name = Some(srv.name.clone());
+    let (ssl, pp) = (l.ssl, l.proxy_protocol);
+    let logs = srv.conf.error_log.clone();
     let session = async {
         connected(&s);
         if let Ok(client) = tokio::net::TcpStream::from_std(stream) {
-            run_tcp(&w, &srv, client, (ssl, pp), &mut s).await;
+            run_tcp(&w, &mut srv, virtuals, client, (ssl, pp), &mut s).await;
         } else {
             s.status = 500;
         }
         finish(&srv, &s);
     };
-    crate::errlog::scoped(srv.conf.error_log.clone(), session).await;
+    crate::errlog::scoped(logs, session).await;
     w.connection_closed();
 }
 
-/// nginx's first line of a session (info).
+/// nginx's first line of a session (info), and its debug line for a log at `debug`.
 pub fn connected(s: &Session) {
     if !crate::errlog::admits(crate::errlog::Level::Info) {
         return;
+    }
+    if crate::errlog::admits(crate::errlog::Level::Debug) {
+        crate::errlog::log(
+            crate::errlog::Level::Debug,
+            format_args!("*{} stream session: client {}", s.id, s.peer_text()),
+        );
     }
     crate::errlog::log(
         crate::errlog::Level::Info,
@@ -377,12 +472,14 @@ pub fn connected(s: &Session) {
 
 async fn run_tcp(
     w: &Rc<Worker>,
-    srv: &Server,
+    srv: &mut Arc<Server>,
+    virtuals: &[Arc<Server>],
     mut client: tokio::net::TcpStream,
     (ssl, pp): (bool, bool),
     s: &mut Session,
 ) {
-    let c = &srv.conf;
+    let default = srv.clone();
+    let c = &default.conf;
     if c.tcp_nodelay && !s.unix {
         let _ = client.set_nodelay(true);
     }
@@ -404,16 +501,26 @@ async fn run_tcp(
         }
         c.realip.apply(s);
     }
-    let Some(_held) = enter(srv, s) else { return };
-    if !check_access(srv, s) {
+    // As nginx's phases: the default server's limits and access rules, then the
+    // handshake or the preread, which may move the session to another server.
+    let Some(_held) = enter(&default, s) else {
+        return;
+    };
+    if !check_access(&default, s) {
         return;
     }
-    if let (true, Some(tls)) = (ssl, &srv.tls) {
-        match super::ssl::handshake(tls, c.ssl.handshake_timeout, client, s).await {
-            Some(mut tls) => match &c.ret {
-                Some(t) => super::return_::tcp(&mut tls, &t.eval(s, &srv.maps), s).await,
-                None => super::proxy::tcp(w, srv, tls, Vec::new(), s).await,
-            },
+    if ssl {
+        let mut found = None;
+        let choose = |name: &str| {
+            found = find_virtual(virtuals, name);
+            pick_tls(&default, found.as_ref().map(|f| &f.server))
+        };
+        let tls = super::ssl::handshake(choose, c.ssl.handshake_timeout, client, s).await;
+        if let Some(f) = found {
+            *srv = f.enter(s);
+        }
+        match tls {
+            Some(tls) => content(w, srv, &default, tls, Vec::new(), s).await,
             None => s.status = 500,
         }
         return;
@@ -424,10 +531,50 @@ async fn run_tcp(
             s.status = status;
             return;
         }
+        if let Some(f) = s.sni.as_deref().and_then(|n| find_virtual(virtuals, n)) {
+            *srv = f.enter(s);
+        }
     }
-    match &c.ret {
-        Some(t) => super::return_::tcp(&mut client, &t.eval(s, &srv.maps), s).await,
-        None => super::proxy::tcp(w, srv, client, head, s).await,
+    content(w, srv, &default, client, head, s).await
+}
+
+/// nginx's SNI callback: the TLS setup of the server the name chose (`None`: no server
+/// has it, the default stays), or the default server's when the chosen one has no
+/// certificate; the chosen server's `ssl_reject_handshake` refuses the handshake.
+fn pick_tls(default: &Server, chosen: Option<&Arc<Server>>) -> super::ssl::Chosen {
+    use super::ssl::Chosen;
+    let own = chosen.map_or(default, |c| &**c);
+    match &own.tls {
+        Some(t) if t.reject_handshake => Chosen::Reject,
+        Some(t) if t.config.is_some() => Chosen::Go(t.clone()),
+        _ => match &default.tls {
+            Some(t) if t.config.is_some() => Chosen::Go(t.clone()),
+            _ => Chosen::Reject,
+        },
+    }
+}
+
+/// The content phase (`return` or the proxy), in the error log of the server SNI moved
+/// the session to.
+async fn content<C>(
+    w: &Rc<Worker>,
+    srv: &Arc<Server>,
+    default: &Arc<Server>,
+    mut client: C,
+    head: Vec<u8>,
+    s: &mut Session,
+) where
+    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
+{
+    let run = async {
+        match &srv.conf.ret {
+            Some(t) => super::return_::tcp(&mut client, &t.eval(s, &srv.maps), s).await,
+            None => super::proxy::tcp(w, srv, client, head, s).await,
+        }
+    };
+    match Arc::ptr_eq(srv, default) {
+        true => run.await,
+        false => crate::errlog::scoped(srv.conf.error_log.clone(), run).await,
     }
 }
 

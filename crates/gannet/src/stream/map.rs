@@ -87,20 +87,28 @@ impl Maps {
     }
 
     /// Read every `map` and `split_clients` of the stream block: names first (with the
-    /// regexes' named captures and the variables of `sets`, the servers' `set`
-    /// directives), so values may read any of them.
+    /// named captures of the maps' regexes and of the servers' `server_name` ones, and the
+    /// variables of `sets`, the servers' `set` directives), so values may read any of them.
     pub fn build(
         blocks: &[&Directive],
         sets: &[&Directive],
+        server_names: &[&Directive],
         notices: &mut Vec<String>,
     ) -> Result<Maps, ConfError> {
         let mut maps = Maps::default();
-        for e in blocks
+        // The regexes' named captures: the maps' keys and the servers' `~` names.
+        let patterns = blocks
             .iter()
             .filter(|d| d.name == "map")
             .flat_map(|d| d.block.iter().flatten())
-        {
-            if let Some(re) = e.name.strip_prefix('~') {
+            .map(|e| e.name.as_str())
+            .chain(
+                server_names
+                    .iter()
+                    .flat_map(|d| d.args.iter().map(String::as_str)),
+            );
+        for p in patterns {
+            if let Some(re) = p.strip_prefix('~') {
                 let re = re.strip_prefix('*').unwrap_or(re);
                 if let Ok(re) = Regex::new(re, false) {
                     for (_, name) in re.names() {
@@ -232,7 +240,7 @@ impl Maps {
     }
 
     /// Keep a match's groups for `$1`.. and its named captures.
-    fn capture(&self, s: &Session, re: &Regex, c: &crate::http::regex::Captures) {
+    pub fn capture(&self, s: &Session, re: &Regex, c: &crate::http::regex::Captures) {
         let mut to = s.captured.borrow_mut();
         to.groups = c.to_strings();
         for (group, name) in re.names() {

@@ -48,10 +48,13 @@ use std::sync::Arc;
 /// The loaded `stream {}` block.
 #[derive(Debug)]
 pub struct StreamConf {
-    /// Every address to listen on, each served by `servers[i]` (nginx allows one server
-    /// per address in stream: there is no name to tell them apart).
+    /// Every address to listen on, each served by `servers[i]`, its default server,
+    /// until SNI picks another of `virtuals[i]`.
     pub listens: Vec<Listen>,
     pub servers: Vec<Arc<core::Server>>,
+    /// The servers of `listens[i]` that SNI chooses among (nginx's virtual servers);
+    /// empty when there is nothing to choose (one server without a `~regex` name).
+    pub virtuals: Vec<Vec<Arc<core::Server>>>,
     /// Every access log, for reopening (SIGUSR1).
     pub logs: Vec<Arc<log::Log>>,
     /// Every stream `error_log` file (moved to `Config::error_files`, reopened with them).
@@ -74,13 +77,19 @@ pub fn build(
         .iter()
         .filter(|d| matches!(d.name.as_str(), "map" | "split_clients" | "geo"))
         .collect();
+    let names: Vec<&Directive> = body
+        .iter()
+        .filter(|d| d.name == "server")
+        .flat_map(|d| d.block.iter().flatten())
+        .filter(|d| d.name == "server_name")
+        .collect();
     let sets: Vec<&Directive> = body
         .iter()
         .filter(|d| d.name == "server")
         .flat_map(|d| d.block.iter().flatten())
         .filter(|d| d.name == "set" && d.args.len() == 2)
         .collect();
-    let maps = Arc::new(map::Maps::build(&maps, &sets, notes.0)?);
+    let maps = Arc::new(map::Maps::build(&maps, &sets, &names, notes.0)?);
     let mut upstreams = std::collections::HashMap::new();
     for u in body.iter().filter(|d| d.name == "upstream") {
         let up = upstream::parse(u, &maps)?;
@@ -126,22 +135,16 @@ pub fn build(
     let mut out = StreamConf {
         listens: Vec::new(),
         servers: Vec::new(),
+        virtuals: Vec::new(),
         logs: Vec::new(),
         error_files: Vec::new(),
         staplers: Vec::new(),
     };
-    for s in body.iter().filter(|d| d.name == "server") {
-        let (server, listens) = core::server(s, &top, &ctx)?;
-        let server = Arc::new(server);
-        for l in listens {
-            let at = l.endpoint();
-            if out.listens.iter().any(|o| o.endpoint() == at) || http.contains(&at) {
-                return Err(s.error(format!("duplicate \"{at}\" address and port pair")));
-            }
-            out.listens.push(l);
-            out.servers.push(server.clone());
-        }
-    }
+    let servers: Vec<&Directive> = body.iter().filter(|d| d.name == "server").collect();
+    let (listens, servers, virtuals) = addresses(&servers, &top, &ctx, http, &mut *notes.1)?;
+    out.listens = listens;
+    out.servers = servers;
+    out.virtuals = virtuals;
     out.logs = ctx.logs.take();
     out.error_files = ctx.error_files.take();
     let mut h = ctx.http.borrow_mut();
@@ -149,4 +152,155 @@ pub fn build(
     notes.1.append(&mut h.warnings);
     out.staplers = std::mem::take(&mut h.tls.staplers);
     Ok(out)
+}
+
+/// An address being gathered from the servers' listens (nginx's ngx_stream_conf_addr_t).
+struct Address {
+    listen: Listen,
+    /// Indexes of its servers, in config order; `default` is one of them.
+    servers: Vec<usize>,
+    default: usize,
+    /// One of its listens set socket options (`backlog=`, `bind`, ...).
+    options_set: bool,
+}
+
+type Addresses = (
+    Vec<Listen>,
+    Vec<Arc<core::Server>>,
+    Vec<Vec<Arc<core::Server>>>,
+);
+
+/// The `server` blocks and their addresses, as nginx's ngx_stream_add_listen: several
+/// servers may share an address (its `ssl` and `proxy_protocol` are any listen's), one of
+/// them the `default_server` (else the first); one listen of it may set socket options.
+/// Each TLS address needs a certificate (or `ssl_reject_handshake`) in its default server.
+fn addresses(
+    blocks: &[&Directive],
+    top: &core::ServerConf,
+    ctx: &core::LoadCtx,
+    http: &[Endpoint],
+    warnings: &mut Vec<String>,
+) -> Result<Addresses, ConfError> {
+    let mut loaded = Vec::new();
+    let mut addrs: Vec<Address> = Vec::new();
+    for (si, s) in blocks.iter().enumerate() {
+        let (server, listens) = core::server(s, top, ctx)?;
+        loaded.push(server);
+        for core::ServerListen {
+            listen,
+            loc,
+            sets_options,
+        } in listens
+        {
+            let at = listen.endpoint();
+            if http.contains(&at) {
+                return Err(ConfError::at(
+                    &loc,
+                    format!("duplicate \"{at}\" address and port pair"),
+                ));
+            }
+            let Some(a) = addrs.iter_mut().find(|a| a.listen.endpoint() == at) else {
+                addrs.push(Address {
+                    listen,
+                    servers: vec![si],
+                    default: si,
+                    options_set: sets_options,
+                });
+                continue;
+            };
+            if a.servers.contains(&si) {
+                return Err(ConfError::at(&loc, format!("a duplicate listen {at}")));
+            }
+            let (ssl, pp, default) = (
+                a.listen.ssl | listen.ssl,
+                a.listen.proxy_protocol | listen.proxy_protocol,
+                a.listen.default_server,
+            );
+            if sets_options {
+                if a.options_set {
+                    return Err(ConfError::at(
+                        &loc,
+                        format!("duplicate listen options for {at}"),
+                    ));
+                }
+                a.listen = listen.clone();
+                a.options_set = true;
+            }
+            if listen.default_server {
+                if default {
+                    return Err(ConfError::at(
+                        &loc,
+                        format!("a duplicate default server for {at}"),
+                    ));
+                }
+                a.default = si;
+            }
+            a.listen.default_server = default | listen.default_server;
+            a.listen.ssl = ssl;
+            a.listen.proxy_protocol = pp;
+            a.servers.push(si);
+        }
+    }
+    // The TLS setups of the servers on `ssl` addresses, then nginx's certificate checks.
+    for (si, srv) in loaded.iter_mut().enumerate() {
+        if addrs
+            .iter()
+            .any(|a| a.listen.ssl && a.servers.contains(&si))
+        {
+            srv.tls = ssl::setup(&srv.conf.ssl, &mut ctx.http.borrow_mut(), &srv.loc)?;
+        }
+    }
+    for a in addrs.iter().filter(|a| a.listen.ssl) {
+        let default = &loaded[a.default];
+        let missing = match &default.tls {
+            None => Some(default),
+            // A default server that rejects handshakes without a certificate: each of
+            // the others needs its own (or rejects too).
+            Some(t) if t.config.is_none() => a
+                .servers
+                .iter()
+                .map(|&i| &loaded[i])
+                .find(|s| s.tls.is_none()),
+            Some(_) => None,
+        };
+        if let Some(s) = missing {
+            return Err(ConfError::bare(format!(
+                "no \"ssl_certificate\" is defined for the \"listen ... ssl\" directive in {}",
+                s.loc
+            )));
+        }
+    }
+    for a in &addrs {
+        conflicts(a, &loaded, warnings);
+    }
+    let loaded: Vec<Arc<core::Server>> = loaded.into_iter().map(Arc::new).collect();
+    let mut out = (Vec::new(), Vec::new(), Vec::new());
+    for a in addrs {
+        let default = loaded[a.default].clone();
+        let choose = a.servers.len() > 1 || !default.names.regex.is_empty();
+        out.2.push(match choose {
+            true => a.servers.iter().map(|&i| loaded[i].clone()).collect(),
+            false => Vec::new(),
+        });
+        out.0.push(a.listen);
+        out.1.push(default);
+    }
+    Ok(out)
+}
+
+/// nginx's warning for a name two servers of an address have (the first keeps it).
+fn conflicts(a: &Address, loaded: &[core::Server], warnings: &mut Vec<String>) {
+    let mut seen = std::collections::HashSet::new();
+    for &i in &a.servers {
+        let names = &loaded[i].names;
+        let wild = names.suffix.iter().chain(&names.prefix);
+        for n in names.exact.iter().chain(wild) {
+            if !n.is_empty() && !seen.insert(n.as_str()) {
+                warnings.push(format!(
+                    "conflicting server name \"{n}\" on {}, ignored",
+                    a.listen.endpoint()
+                ));
+            }
+        }
+    }
 }

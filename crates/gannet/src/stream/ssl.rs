@@ -93,31 +93,14 @@ pub fn set(
     r
 }
 
-/// The server's TLS setup, for a server with a `listen ... ssl`.
+/// The server's TLS setup, for a server with a `listen ... ssl` (the mail proxy's).
 pub fn build(
     c: &SslConf,
     h: &mut crate::modules::LoadCtx,
     at: &Loc,
 ) -> Result<Arc<ServerTls>, ConfError> {
-    match crate::tls::build_server(&c.tls, false, h, at)? {
-        Some(t) => {
-            let Some(config) = &t.config else {
-                return Err(ConfError::at(
-                    at,
-                    "no \"ssl_certificate\" is defined for server",
-                ));
-            };
-            // http's setup agrees to http/1.1; stream agrees to `ssl_alpn`'s, or to none.
-            let mut config = (**config).clone();
-            config.alpn_protocols = c.alpn.clone();
-            Ok(Arc::new(ServerTls {
-                config: Some(Arc::new(config)),
-                verify: t.verify,
-                roots: t.roots.clone(),
-                ocsp: None,
-                reject_handshake: t.reject_handshake,
-            }))
-        }
+    match setup(c, h, at)? {
+        Some(t) if t.config.is_some() => Ok(t),
         _ => Err(ConfError::at(
             at,
             "no \"ssl_certificate\" is defined for server",
@@ -125,20 +108,54 @@ pub fn build(
     }
 }
 
+/// A server's TLS setup, or `None` when it has no certificate and does not reject
+/// handshakes (SNI choosing it then leaves the handshake to the default server's).
+pub fn setup(
+    c: &SslConf,
+    h: &mut crate::modules::LoadCtx,
+    at: &Loc,
+) -> Result<Option<Arc<ServerTls>>, ConfError> {
+    let Some(t) = crate::tls::build_server(&c.tls, false, h, at)? else {
+        return Ok(None);
+    };
+    // http's setup agrees to http/1.1; stream agrees to `ssl_alpn`'s, or to none.
+    let config = t.config.as_ref().map(|config| {
+        let mut config = (**config).clone();
+        config.alpn_protocols = c.alpn.clone();
+        Arc::new(config)
+    });
+    Ok(Some(Arc::new(ServerTls {
+        config,
+        verify: t.verify,
+        roots: t.roots.clone(),
+        ocsp: None,
+        reject_handshake: t.reject_handshake,
+    })))
+}
+
+/// How the ClientHello's name settles the handshake (nginx's SNI callback).
+pub enum Chosen {
+    /// Go on with this setup.
+    Go(Arc<ServerTls>),
+    /// `ssl_reject_handshake`: refuse with an `unrecognized_name` alert.
+    Reject,
+}
+
 /// The handshake; `None` when it failed or the client's certificate does not do for
-/// `ssl_verify_client` (logged, as nginx at `info`).
+/// `ssl_verify_client` (logged, as nginx at `info`). `choose` sees the SNI name as sent
+/// (empty without) and picks the setup, as nginx's SNI callback switches the server.
 pub async fn handshake(
-    tls: &Arc<ServerTls>,
+    choose: impl FnOnce(&str) -> Chosen,
     timeout: Duration,
     tcp: TcpStream,
     s: &mut Session,
 ) -> Option<TlsStream<TcpStream>> {
     let who = (s.id, s.peer, s.local);
-    let stream = match accept(tls, timeout, tcp, who).await {
+    let stream = match accept_with(choose, timeout, tcp, who).await {
         Some((stream, info)) => {
             // nginx's checks after the handshake (495/496 are HTTP's codes: here the
             // session just ends).
-            let refused = info.refusal(tls);
+            let refused = info.refusal(&info.by);
             s.tls = Some(info);
             match refused {
                 None => return Some(stream),
@@ -151,7 +168,7 @@ pub async fn handshake(
     None
 }
 
-/// The handshake alone (the mail proxy's too): the stream and what it agreed, or `None`
+/// The handshake alone (the mail proxy's): the stream and what it agreed, or `None`
 /// (logged). `who`: the connection's number, client and local address, for the log.
 pub async fn accept(
     tls: &Arc<ServerTls>,
@@ -159,22 +176,42 @@ pub async fn accept(
     tcp: TcpStream,
     who: (u64, std::net::SocketAddr, std::net::SocketAddr),
 ) -> Option<(TlsStream<TcpStream>, crate::tls::TlsInfo)> {
-    let config = tls.config.clone()?;
+    accept_with(|_| Chosen::Go(tls.clone()), timeout, tcp, who).await
+}
+
+async fn accept_with(
+    choose: impl FnOnce(&str) -> Chosen,
+    timeout: Duration,
+    tcp: TcpStream,
+    who: (u64, std::net::SocketAddr, std::net::SocketAddr),
+) -> Option<(TlsStream<TcpStream>, crate::tls::TlsInfo)> {
+    let deadline = tokio::time::Instant::now() + timeout;
     let hs = async {
         let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp);
         let start = acceptor.await?;
         let hello = start.client_hello();
         let offered = crate::tls::Offered::of(&hello);
-        let sni = hello
-            .server_name()
-            .map(str::to_ascii_lowercase)
-            .unwrap_or_default();
+        let raw = hello.server_name().unwrap_or_default().to_string();
+        let tls = match choose(&raw) {
+            Chosen::Go(t) if !t.reject_handshake => t,
+            _ => {
+                let mut tcp = start.io;
+                // Best effort: the connection is closed whatever comes of it.
+                let alert = crate::tls::handshake::UNRECOGNIZED_NAME;
+                let _ = tokio::io::AsyncWriteExt::write_all(&mut tcp, &alert).await;
+                let why = format!("handshake rejected for \"{raw}\"");
+                return Err(std::io::Error::other(why));
+            }
+        };
+        let Some(config) = tls.config.clone() else {
+            return Err(std::io::Error::other("no certificate"));
+        };
         let stream = start.into_stream(config).await?;
-        Ok::<_, std::io::Error>((stream, sni, offered))
+        Ok::<_, std::io::Error>((stream, raw.to_ascii_lowercase(), offered, tls))
     };
-    let why = match tokio::time::timeout(timeout, hs).await {
-        Ok(Ok((stream, sni, offered))) => {
-            let info = crate::tls::TlsInfo::of(stream.get_ref().1, sni, offered, tls);
+    let why = match tokio::time::timeout_at(deadline, hs).await {
+        Ok(Ok((stream, sni, offered, tls))) => {
+            let info = crate::tls::TlsInfo::of(stream.get_ref().1, sni, offered, &tls);
             return Some((stream, info));
         }
         Ok(Err(e)) => e.to_string(),

@@ -46,6 +46,9 @@ pub enum Var {
     RealipRemoteAddr,
     RealipRemotePort,
     SslPrereadProtocol,
+    /// `$server_name`: the first name of the server serving the session (the one SNI
+    /// chose, else the address's default).
+    ServerName,
     /// `$ssl_*` of `listen ... ssl` (the http side's, `tls::vars`).
     Ssl(crate::tls::vars::SslVar),
     /// A `map`'s result (index into [`Maps`]), or a `set` variable's.
@@ -92,6 +95,7 @@ impl Var {
             "realip_remote_addr" => Var::RealipRemoteAddr,
             "realip_remote_port" => Var::RealipRemotePort,
             "ssl_preread_protocol" => Var::SslPrereadProtocol,
+            "server_name" => Var::ServerName,
             _ => Var::Ssl(
                 name.strip_prefix("ssl_")
                     .and_then(crate::tls::vars::SslVar::from_name)
@@ -150,6 +154,8 @@ pub struct Session {
     pub captured: std::cell::RefCell<super::map::Captured>,
     /// The values `set` gave, by variable index (empty without any `set`).
     pub set_values: Vec<Option<String>>,
+    /// `$server_name` (the serving server's `core::Server::name`).
+    pub server_name: Option<std::sync::Arc<str>>,
 }
 
 impl Session {
@@ -175,6 +181,7 @@ impl Session {
             limit_conn_status: 0,
             captured: Default::default(),
             set_values: Vec::new(),
+            server_name: None,
         }
     }
 }
@@ -427,6 +434,7 @@ fn append(out: &mut String, v: Var, s: &Session, maps: &Maps, depth: usize) {
             let _ = write!(out, "{}", s.realip_from.unwrap_or(s.peer).port());
         }
         Var::SslPrereadProtocol => out.push_str(s.preread_protocol),
+        Var::ServerName => out.push_str(s.server_name.as_deref().unwrap_or_default()),
         Var::Ssl(v) => {
             if let Some(t) = &s.tls {
                 v.append(out, t);
@@ -451,7 +459,7 @@ fn pp(
     }
 }
 
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: gethostname writes at most `buf.len()` bytes into the buffer it is given.
     let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };

@@ -45,7 +45,7 @@ const HANDSHAKE_RECORD: u8 = 0x16;
 /// (`unrecognized_name`, 112), as a plaintext alert record (the handshake has not
 /// begun, so nothing is encrypted yet). rustls has no way to refuse a ClientHello with an
 /// alert of one's choosing, so the record is written to the socket directly.
-const UNRECOGNIZED_NAME: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 112];
+pub(crate) const UNRECOGNIZED_NAME: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 112];
 
 /// A handshake that began (the client sent a TLS record) and failed: counted for `metrics`.
 fn handshake_failed(info: &ConnInfo, why: impl std::fmt::Display) -> Accepted {

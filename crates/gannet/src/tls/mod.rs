@@ -68,6 +68,9 @@ pub struct TlsInfo {
     pub client: Option<CertFacts>,
     /// The setup that did the handshake (and judged the client's certificate).
     pub by: Arc<ServerTls>,
+    /// A QUIC connection that took 0-RTT data: set while its handshake is not complete
+    /// yet (`$ssl_early_data` is "1" then, as OpenSSL's SSL_in_early_data says in nginx).
+    pub early_data: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// A ClientHello's offers, kept as codes (named only when a variable is read).
@@ -82,6 +85,13 @@ impl Offered {
         Offered {
             ciphers: hello.cipher_suites().into(),
             groups: hello.named_groups().unwrap_or_default().into(),
+        }
+    }
+
+    pub fn copy(&self) -> Offered {
+        Offered {
+            ciphers: self.ciphers.clone(),
+            groups: self.groups.clone(),
         }
     }
 }
@@ -125,6 +135,7 @@ impl TlsInfo {
             verified,
             client: chain.and_then(|c| c.first()).and_then(CertFacts::of),
             by: tls.clone(),
+            early_data: None,
         }
     }
 

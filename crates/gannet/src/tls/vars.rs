@@ -21,6 +21,9 @@ pub enum SslVar {
     ServerName,
     SessionId,
     SessionReused,
+    /// `$ssl_early_data`: "1" while a request that came in 0-RTT data is served before the
+    /// handshake completed.
+    EarlyData,
     AlpnProtocol,
     ClientVerify,
     ClientSDn,
@@ -49,6 +52,7 @@ impl SslVar {
             "server_name" => SslVar::ServerName,
             "session_id" => SslVar::SessionId,
             "session_reused" => SslVar::SessionReused,
+            "early_data" => SslVar::EarlyData,
             "alpn_protocol" => SslVar::AlpnProtocol,
             "client_verify" => SslVar::ClientVerify,
             "client_s_dn" => SslVar::ClientSDn,
@@ -69,7 +73,10 @@ impl SslVar {
 
     /// Whether nginx's stream module has it too (the `_legacy` names are http's only).
     pub fn in_stream(self) -> bool {
-        !matches!(self, SslVar::ClientSDnLegacy | SslVar::ClientIDnLegacy)
+        !matches!(
+            self,
+            SslVar::ClientSDnLegacy | SslVar::ClientIDnLegacy | SslVar::EarlyData
+        )
     }
 
     pub fn append(self, out: &mut String, t: &TlsInfo) {
@@ -94,6 +101,12 @@ impl SslVar {
             SslVar::ServerName => out.push_str(&t.server_name),
             SslVar::SessionId => {}
             SslVar::SessionReused => out.push(if t.reused { 'r' } else { '.' }),
+            SslVar::EarlyData => {
+                let early = t.early_data.as_ref();
+                if early.is_some_and(|e| e.load(std::sync::atomic::Ordering::Relaxed)) {
+                    out.push('1');
+                }
+            }
             SslVar::AlpnProtocol => out.push_str(&t.alpn),
             SslVar::ClientVerify => out.push_str(&t.verify_str()),
             SslVar::ClientSDn => out.push_str(from_client(|c| &c.subject)),

@@ -151,6 +151,23 @@ impl Cond {
 }
 
 fn file_test(req: &Request, path: &str, test: FileTest) -> bool {
+    // Under `disable_symlinks`, a path through a refused link is no file at all (nginx
+    // opens it with the location's check): the test fails, with nginx's line.
+    if req.conf.core.disable_symlinks.is_some() {
+        if let Some(w) = crate::runtime::worker::current() {
+            let refused = crate::modules::file_cache::LINK_REFUSED;
+            if req.open_file(&w, std::path::Path::new(path)).err() == Some(refused) {
+                crate::errlog::request(
+                    Level::Crit,
+                    req,
+                    format_args!(
+                        "openat() \"{path}\" failed (40: Too many levels of symbolic links)"
+                    ),
+                );
+                return false;
+            }
+        }
+    }
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
         Err(e) => {

@@ -196,6 +196,11 @@ impl Stream {
         set: Option<Vec<u8>>,
         stub: Option<Vec<u8>>,
     ) -> Result<Include, Failed> {
+        // nginx waits for `wait="yes"` and every `file=` include before parsing on.
+        let waited = file.is_some()
+            || wait
+                .as_deref()
+                .is_some_and(|w| w.eq_ignore_ascii_case(b"yes"));
         let uri = match (virt, file) {
             (Some(u), Some(f)) => {
                 self.log(format_args!(
@@ -250,15 +255,14 @@ impl Stream {
             uri = full;
         }
         let uri = String::from_utf8_lossy(&uri).into_owned();
-        let (path, args) = match uri.split_once('?') {
-            Some((p, a)) => (p.to_string(), Some(a.to_string())),
-            None => (uri, None),
-        };
-        // nginx's ngx_http_parse_unsafe_uri: no "..", no NUL.
-        if path.contains('\0') || path.split('/').any(|s| s == "..") {
+        // nginx's ngx_http_parse_unsafe_uri: the arguments after the first `?`, the path
+        // percent-decoded (an escaped `?` stays in it), no "..", no NUL.
+        let args = uri.split_once('?').map(|(_, a)| a.to_string());
+        let Some(path) = crate::http::unsafe_uri(&uri) else {
+            let path = uri.split('?').next().unwrap_or_default();
             self.log(format_args!("unsafe URI \"{path}\" was detected"));
             return Err(Failed);
-        }
+        };
         let stub = match stub {
             Some(name) => match self.shared.borrow().block(&name) {
                 Some(b) => Some(b),
@@ -282,6 +286,7 @@ impl Stream {
         Ok(Include {
             uri: path,
             args,
+            wait: waited || set.is_some(),
             set: set.map(|s| String::from_utf8_lossy(&s).to_ascii_lowercase()),
             stub,
         })

@@ -1,0 +1,66 @@
+"""The copies of hot entries each worker thread keeps (`cache::hot`): a new answer stored
+for the key (a bypassed request's), or a purge, is seen by the very next request on every
+thread, even within `open_file_cache_valid`. Two worker threads, each request on its own
+connection so both threads serve (and keep) the entry."""
+
+from __future__ import annotations
+
+import pytest
+
+from cacheapp import CacheApp
+from nginx_peer import exchange
+
+CONF = r"""
+worker_processes 2;
+events { worker_connections 256; }
+http {
+    access_log off;
+    open_file_cache max=100 inactive=60s;
+    open_file_cache_valid 60s;
+    proxy_cache_path {tmp}/cache levels=1:2 keys_zone=one:1m;
+    map $request_method $purge_method { PURGE 1; default 0; }
+    add_header X-Cache $upstream_cache_status always;
+    server {
+        listen 127.0.0.1:{port};
+        location / {
+            proxy_pass http://127.0.0.1:@UP@;
+            proxy_cache one;
+            proxy_cache_valid 200 10m;
+            proxy_cache_bypass $http_x_bypass;
+            proxy_cache_purge $purge_method;
+        }
+    }
+}
+"""
+
+
+@pytest.fixture
+def app():
+    a = CacheApp()
+    yield a
+    a.stop()
+
+
+def ask(port: int, method: str = "GET", headers: str = "") -> tuple[int, str, bytes]:
+    a = exchange(port, f"{method} /hot HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}Connection: close\r\n\r\n".encode())
+    return a.status, a.headers.get("x-cache", ""), a.body
+
+
+def test_kept_entries_follow_a_new_answer_and_a_purge(gannet, app):
+    srv = gannet.start(conf=CONF.replace("@UP@", str(app.port)))
+    first = ask(srv.port)
+    assert first[:2] == (200, "MISS") and first[2].endswith(b"count=1 lang=\n"), first
+    for _ in range(8):
+        assert ask(srv.port) == (200, "HIT", first[2])
+    # A bypassed request stores a new answer: every thread serves it from then on.
+    new = ask(srv.port, headers="X-Bypass: 1\r\n")
+    assert new[:2] == (200, "BYPASS") and new[2].endswith(b"count=2 lang=\n"), new
+    for _ in range(8):
+        assert ask(srv.port) == (200, "HIT", new[2])
+    # A purge: the next request fetches again, and the later ones get that answer.
+    assert ask(srv.port, "PURGE")[0] == 204
+    again = ask(srv.port)
+    assert again[:2] == (200, "MISS") and again[2].endswith(b"count=3 lang=\n"), again
+    for _ in range(8):
+        assert ask(srv.port) == (200, "HIT", again[2])
+    assert app.count("", "/hot") == 3
