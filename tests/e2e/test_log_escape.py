@@ -94,3 +94,44 @@ def test_unknown_escaping_is_refused_as_nginx(tmp_path):
     assert n.returncode != 0 and g.returncode != 0
     assert 'unknown log format escaping "xml"' in n.stderr
     assert 'unknown log format escaping "xml"' in g.stderr
+
+
+RAW_CONF = PEER_MAIN + r"""
+http {
+    log_format rq '$arg_i "$request" "$http_user_agent" "$http_x_a"';
+    server {
+        listen 127.0.0.1:{port};
+        access_log {tmp}/raw.log rq;
+        location / { return 200 "ok\n"; }
+    }
+}
+"""
+
+
+def test_bytes_that_are_not_utf8_are_logged_as_received_as_nginx(tmp_path):
+    # Latin-1 and stray bytes in headers (`$http_*`; `$request` takes the same path): each
+    # byte is escaped as itself (`\xE9`, `\xFF`), not as a replacement character's UTF-8.
+    sent = [
+        b"GET /p?i=0 HTTP/1.1\r\nHost: t\r\nUser-Agent: caf\xe9 \xff\xfe\r\nX-A: \x80ok\r\nConnection: close\r\n\r\n",
+        b"GET /p?i=1 HTTP/1.1\r\nHost: t\r\nUser-Agent: caf\xc3\xa9\r\nConnection: close\r\n\r\n",
+    ]
+    with side_by_side(tmp_path, RAW_CONF) as (srv, nginx_port):
+        for port in (srv.port, nginx_port):
+            for r in sent:
+                assert exchange(port, r).status == 200
+        start = re.compile(rb"\n(?=\d+ )")
+
+        def lines(path):
+            def read():
+                data = path.read_bytes() if path.exists() else b""
+                got = start.split(data.removesuffix(b"\n")) if data else []
+                return len(got) >= len(sent) and sorted(got)
+
+            got = wait_until(read)
+            assert got, f"{path} has fewer than {len(sent)} lines"
+            return got
+
+        g, n = lines(srv.tmp / "raw.log"), lines(tmp_path / "nginx" / "raw.log")
+    assert g == n, f"nginx  {n!r}\ngannet {g!r}"
+    assert b'"caf\\xE9 \\xFF\\xFE" "\\x80ok"' in n[0]
+    assert b'"caf\\xC3\\xA9" "-"' in n[1]

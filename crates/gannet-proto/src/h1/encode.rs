@@ -128,6 +128,8 @@ pub fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &str {
             break;
         }
     }
-    // Only ASCII digits were written.
-    std::str::from_utf8(&buf[i..]).unwrap_or_default()
+    // SAFETY: `buf[i..]` holds only the bytes b'0'..=b'9' written above, which are ASCII
+    // and so valid UTF-8. (The checked conversion, a call per number, showed in profiles:
+    // every Content-Length and every logged number goes through here.)
+    unsafe { std::str::from_utf8_unchecked(&buf[i..]) }
 }

@@ -43,7 +43,9 @@ pub fn access(w: &Worker, req: &Request, resp: &Response, head_len: u64, body_le
         response: Some(resp),
         trailers: &[],
     };
-    let mut line = Vec::with_capacity(256);
+    // One line buffer per worker thread, reused from request to request (taken out of the
+    // cell while in use, so nothing here can see it borrowed twice).
+    let mut line = LINE.with(std::cell::Cell::take);
     for log in logs.iter() {
         if let Some(cond) = &log.filter {
             let v = cond.eval(req, Some(&sent));
@@ -55,4 +57,14 @@ pub fn access(w: &Worker, req: &Request, resp: &Response, head_len: u64, body_le
         access_log::format_line(&log.format, req, &sent, &mut line);
         log.write_line(w, req, &line);
     }
+    if line.capacity() <= LINE_KEEP {
+        LINE.with(|c| c.set(line));
+    }
+}
+
+/// A line buffer that grew past this (a huge header logged) is not kept.
+const LINE_KEEP: usize = 16 * 1024;
+
+thread_local! {
+    static LINE: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }

@@ -348,7 +348,17 @@ impl Request {
             p.push_str(rest);
             return PathBuf::from(p);
         }
-        let mut p = core.root().eval(self, None);
+        // A root without variables (the usual one) is copied once into a path sized for
+        // the URI too, rather than copied and then grown.
+        let root = core.root();
+        let mut p = match root.as_literal() {
+            Some(r) => {
+                let mut p = String::with_capacity(r.len() + uri.len());
+                p.push_str(r);
+                p
+            }
+            None => root.eval(self, None),
+        };
         if p.ends_with('/') && uri.starts_with('/') {
             p.pop();
         }

@@ -51,6 +51,13 @@ pub struct VarTable {
 }
 
 impl VarTable {
+    /// Whether some `set` may give `var` (a prefixed built-in) a value of its own.
+    pub fn may_assign(&self, var: &Var) -> bool {
+        self.weak
+            .get()
+            .is_some_and(|w| w.iter().any(|(v, _)| v == var))
+    }
+
     /// The value assigned to `var` in this request, if `var` is one a config assigns.
     pub fn append_assigned(&self, var: &Var, req: &Request, out: &mut String) -> bool {
         let Some(weak) = self.weak.get().filter(|w| !w.is_empty()) else {

@@ -274,6 +274,21 @@ impl Var {
 
     /// Whether an empty value is one nginx has (empty, but found) rather than its "not
     /// found": the difference between `""` and `-` in a default-escaped log line.
+    /// The value as the request's bytes, for the log's most common variables (`$request`,
+    /// `$http_user_agent`...): written escaped as received, with no UTF-8 check or copy
+    /// (nginx logs a byte that is not UTF-8 as it is, escaped). `None` for the others;
+    /// `Some(None)` for a header that is not there.
+    fn log_bytes<'r>(&self, req: &'r Request) -> Option<Option<&'r [u8]>> {
+        match self {
+            // An empty one (a rejected request with no line) is logged as not found.
+            Var::Request => Some(Some(request_line(req)).filter(|l| !l.is_empty())),
+            Var::Http(name) if !joined_header(name) && !req.server.vars.may_assign(self) => {
+                Some(req.head.header(name))
+            }
+            _ => None,
+        }
+    }
+
     fn found_empty(&self, req: &Request, sent: &Sent) -> bool {
         match self {
             Var::Http(name) => req.head.header(name).is_some(),
@@ -567,7 +582,7 @@ impl Template {
     /// `value`, which escapes it as the format's `escape=` says; `None` for a variable nginx
     /// calls "not found" (logged as `-` by default), `Some("")` for one that is there but
     /// empty (an empty header, `$is_args` without a query). One value buffer for the whole
-    /// line, sized once for the usual ones (a User-Agent, a request line).
+    /// line, and for the next lines of the thread.
     pub fn eval_log(
         &self,
         req: &Request,
@@ -575,11 +590,17 @@ impl Template {
         out: &mut Vec<u8>,
         value: impl Fn(Option<&[u8]>, &mut Vec<u8>),
     ) {
-        let mut val = String::with_capacity(128);
+        // The value buffer is the thread's, reused line after line (taken out of its cell
+        // while in use: a value that logs something itself gets a fresh one).
+        let mut val = LOG_VALUE.with(std::cell::Cell::take);
         for p in &self.parts {
             match p {
                 Part::Lit(s) => out.extend_from_slice(s.as_bytes()),
                 Part::Var(v) => {
+                    if let Some(raw) = v.log_bytes(req) {
+                        value(raw, out);
+                        continue;
+                    }
                     val.clear();
                     append(&mut val, v, req, Some(sent), &req.captures);
                     // Only an empty value needs the second look.
@@ -588,7 +609,31 @@ impl Template {
                 }
             }
         }
+        if val.capacity() <= LOG_VALUE_KEEP {
+            LOG_VALUE.with(|c| c.set(val));
+        }
     }
+}
+
+/// `$request`: the request line as received, without the line end.
+fn request_line(req: &Request) -> &[u8] {
+    let raw = req.head.raw();
+    let end = memchr::memchr(b'\n', raw).unwrap_or(raw.len());
+    let line = &raw[..end];
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+/// The request headers `$http_NAME` gives every field of, joined (as nginx's multi-header
+/// variables); the others give the first one.
+fn joined_header(name: &str) -> bool {
+    name == "cookie" || name == "x-forwarded-for"
+}
+
+/// A log value buffer that grew past this (a huge header) is not kept.
+const LOG_VALUE_KEEP: usize = 16 * 1024;
+
+thread_local! {
+    static LOG_VALUE: std::cell::Cell<String> = const { std::cell::Cell::new(String::new()) };
 }
 
 /// A number in decimal. The variables a FastCGI request sends for every request (ports) and
@@ -678,6 +723,11 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                 out.push_str(v)
             }
         }
+        Var::Http(name) if !joined_header(name) => {
+            if let Some(val) = req.head.header(name) {
+                out.push_str(&String::from_utf8_lossy(val));
+            }
+        }
         Var::Http(name) => {
             // Several Cookie / X-Forwarded-For headers are joined as nginx does.
             let sep = if name == "cookie" { "; " } else { ", " };
@@ -689,9 +739,6 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                     }
                     out.push_str(&String::from_utf8_lossy(val));
                     first = false;
-                    if name != "cookie" && name != "x-forwarded-for" {
-                        break;
-                    }
                 }
             }
         }
@@ -917,14 +964,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
             Some(gannet_proto::h1::Method::Get) => out.push_str("GET"),
             _ => out.push_str(req.head.method_str()),
         },
-        Var::Request => {
-            // The request line as received, without the line end.
-            let raw = req.head.raw();
-            let end = memchr::memchr(b'\n', raw).unwrap_or(raw.len());
-            let line = &raw[..end];
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
-            out.push_str(&String::from_utf8_lossy(line));
-        }
+        Var::Request => out.push_str(&String::from_utf8_lossy(request_line(req))),
         Var::RequestBody => {
             // As nginx: the body when it is in memory, nothing when it is in a file.
             if let Some(crate::conn::request_body::RequestBody::Memory(b)) = req.body.as_deref() {
