@@ -576,11 +576,9 @@ def test_config_errors(gannet):
         "scgi_next_upstream sometimes;": "invalid value",
         "scgi_buffer_size 10;": "invalid value",
         "uwsgi_cache zone;": '"uwsgi_cache" zone "zone" is unknown',
-        "uwsgi_store on;": "this uwsgi directive is not supported yet",
         "fastcgi_ignore_headers Foo;": 'invalid value "Foo"',
         "scgi_socket_keepalive maybe;": 'invalid value "maybe"',
         "uwsgi_busy_buffers_size 1x;": '"uwsgi_busy_buffers_size" directive invalid value',
-        "scgi_store on;": "this SCGI directive is not supported yet",
     }
     for stmt, msg in bad.items():
         r = gannet.check(server=f"location /x {{ {stmt} }}")
@@ -589,8 +587,8 @@ def test_config_errors(gannet):
         assert re.search(r"check\.conf:\d+", r.stderr), r.stderr
     ok = gannet.check(server=f"""
         include {REPO}/conf/scgi_params;
-        location /u {{ include {REPO}/conf/uwsgi_params; uwsgi_pass 127.0.0.1:9000; uwsgi_modifier1 0; }}
-        location /s {{ scgi_pass unix:/run/app.sock; scgi_read_timeout 5s; scgi_temp_path /tmp; }}
+        location /u {{ include {REPO}/conf/uwsgi_params; uwsgi_pass 127.0.0.1:9000; uwsgi_modifier1 0; uwsgi_store on; }}
+        location /s {{ scgi_pass unix:/run/app.sock; scgi_read_timeout 5s; scgi_temp_path /tmp; scgi_store /tmp$uri; }}
         location /f {{
             fastcgi_pass unix:/run/php.sock; fastcgi_busy_buffers_size 64k;
             fastcgi_ignore_headers Cache-Control expires Set-Cookie; fastcgi_socket_keepalive on;
