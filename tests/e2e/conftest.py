@@ -14,6 +14,7 @@ where `{port}`, `{root}`, `{tmp}` and `{repo}` are replaced.
 
 from __future__ import annotations
 
+import collections
 import http.client
 import os
 import re
@@ -39,10 +40,20 @@ def gannet_bin() -> Path:
     raise RuntimeError("gannet binary not found: run `cargo build --release` first or set GANNET_BIN")
 
 
+_GIVEN: "collections.deque[int]" = collections.deque(maxlen=4096)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, and not one handed out recently: the kernel may give the same
+    ephemeral port to two binds in a row (`p, q = free_port(), free_port()` was once a
+    duplicate listen)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.append(port)
+            return port
 
 
 def wait_until(fn, deadline: float = 5.0, every: float = 0.02):
