@@ -187,13 +187,17 @@ impl Shared {
             batch: 1,
             refused: None,
         });
-        let spent_in_lease = l.left == 0 && now.saturating_duration_since(l.at) < LEASE;
-        l.batch = if spent_in_lease {
-            (l.batch * 2).min(1 << 16)
-        } else {
-            1
+        let live = now.saturating_duration_since(l.at) < LEASE;
+        // Asks overlap when requests for the key come at once (all saw nothing left): an
+        // answer arriving while the last batch is unspent neither shrinks the next batch
+        // (which kept batches at one or two: every few requests a call) nor loses what is
+        // left (Redis counted it already).
+        l.batch = match (live, l.left) {
+            (true, 0) => (l.batch * 2).min(1 << 16),
+            (true, _) => l.batch,
+            (false, _) => 1,
         };
-        l.left = granted.saturating_sub(1);
+        l.left = if live { l.left } else { 0 } + granted.saturating_sub(1);
         l.next = excess + ONE;
         l.at = now;
         l.refused = None;
