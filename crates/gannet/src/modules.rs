@@ -25,6 +25,7 @@ pub mod gateway_cache;
 pub mod geo;
 pub mod grpc;
 pub mod gunzip;
+pub mod image_filter;
 pub mod headers;
 pub mod health_check;
 pub mod http2;
@@ -336,6 +337,10 @@ pub const MODULES: &[Module] = &[
         set: gunzip::set,
     },
     Module {
+        directives: image_filter::DIRECTIVES,
+        set: image_filter::set,
+    },
+    Module {
         directives: random_index::DIRECTIVES,
         set: random_index::set,
     },
@@ -454,6 +459,7 @@ pub struct LocConf {
     pub fastcgi: fastcgi::FastCgiConf,
     pub compress: compress::CompressConf,
     pub gunzip: gunzip::GunzipConf,
+    pub image_filter: image_filter::ImageFilterConf,
     pub addition: addition::AdditionConf,
     pub sub_filter: sub_filter::SubFilterConf,
     pub ssi: ssi::SsiConf,
@@ -518,6 +524,7 @@ impl LocConf {
         self.fastcgi.merge(&parent.fastcgi);
         self.compress.merge(&parent.compress);
         self.gunzip.merge(&parent.gunzip);
+        self.image_filter.merge(&parent.image_filter);
         self.addition.merge(&parent.addition);
         self.slice.merge(&parent.slice);
         self.mp4.merge(&parent.mp4);

@@ -24,6 +24,7 @@ use crate::http::request::Request;
 use crate::http::response::Response;
 use crate::http::router::select_server;
 use crate::modules::gateway::Streamed;
+use crate::modules::image_filter;
 use crate::runtime::worker::Worker;
 use bytes::Bytes;
 use gannet_proto::h1::{BodyKind, Method, RequestHead};
@@ -332,6 +333,12 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
                     // No Upgrade here (HTTP/2: RFC 9113, 8.2.2): a 101 is a broken
                     // upstream's.
                     Outcome::Upgrade(..) => Flow::Status(502),
+                    Outcome::Stream(resp, mut stream) if image_filter::applies(req) => {
+                        // The image filter needs the whole answer before its head.
+                        let resp = image_filter::read_whole(req, resp, &mut stream).await;
+                        handled = handler::filters(req, resp);
+                        continue;
+                    }
                     Outcome::Stream(mut resp, stream) => {
                         // A broken slice: no answer, as nginx closes.
                         if !handler::finish_streamed(req, &mut resp) {

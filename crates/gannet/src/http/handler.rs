@@ -32,7 +32,7 @@ use crate::http::{compress, conditional};
 use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{
-    access, addition, autoindex, charset, dav, gateway, gunzip, headers, index, limit_conn,
+    access, addition, autoindex, charset, dav, gateway, gunzip, headers, image_filter, index, limit_conn,
     limit_req, limit_zone, otel, random_index, realip, slice, ssi, static_files, stub_status,
     sub_filter, try_files, userid,
 };
@@ -111,7 +111,7 @@ pub fn server_rewrites(req: &mut Request) -> Flow {
 
 /// Go on from `flow` (the start, or what an application answered) to the response.
 pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
-    let mut resp = loop {
+    let resp = loop {
         flow = match flow {
             Flow::Next => locate_and_run(req, w),
             Flow::Done(r) => break r,
@@ -146,10 +146,17 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
             },
         };
     };
+    filters(req, resp)
+}
+
+/// The filters of an answer whose body is at hand (a file's, an error page's, or an
+/// application's read whole for the image filter), in nginx's order.
+pub fn filters(req: &mut Request, mut resp: Response) -> Handled {
     // The slice filter runs first, as nginx's: the filters after it see the client's answer.
     if !slice::start(req, &mut resp) {
         return Handled::Close;
     }
+    image_filter::filter(req, &mut resp);
     finish(req, &mut resp);
     gunzip::start(req, &mut resp);
     addition::start(req, &mut resp);

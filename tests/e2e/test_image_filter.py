@@ -1,0 +1,156 @@
+"""image_filter: images made here with Pillow (JPEG, PNG, GIF, WebP) served from files and
+through a proxy; `size`'s JSON, `test`'s 415, resize/crop/rotate geometry read back by
+decoding the answer, image_filter_buffer's 415; side by side with Debian's nginx and its
+dynamic ngx_http_image_filter_module where that is installed."""
+
+import io
+import os
+
+import pytest
+
+from nginx_peer import NGINX, PEER_MAIN, exchange, side_by_side
+
+PIL = pytest.importorskip("PIL.Image")
+
+MODULE = "/usr/lib/nginx/modules/ngx_http_image_filter_module.so"
+
+CONF = PEER_MAIN + """
+http {
+    types { image/jpeg jpg; image/png png; image/gif gif; image/webp webp; text/plain txt; }
+    server {
+        listen 127.0.0.1:{port};
+        root {root};
+        location /size/ { alias {root}/; image_filter size; }
+        location /test/ { alias {root}/; image_filter test; }
+        location /resize/ { alias {root}/; image_filter resize 40 -; }
+        location /fit/ { alias {root}/; image_filter resize 50 50; }
+        location /crop/ { alias {root}/; image_filter crop 30 30; }
+        location /rotate/ { alias {root}/; image_filter rotate 90; }
+        location /rot180/ { alias {root}/; image_filter rotate 180; }
+        location /both/ { alias {root}/; image_filter resize 60 60; image_filter rotate 270; }
+        location /var/ { alias {root}/; image_filter resize $arg_w $arg_h; }
+        location /small/ { alias {root}/; image_filter_buffer 100; image_filter test; }
+        location /proxied/ { proxy_pass http://127.0.0.1:{port}/plain/; image_filter resize 25 25; }
+        location /proxsize/ { proxy_pass http://127.0.0.1:{port}/plain/; image_filter size; }
+        location /plain/ { alias {root}/; }
+    }
+}
+"""
+
+
+def make(fmt, size=(120, 80)):
+    img = PIL.new("RGB", size, (200, 30, 40))
+    for x in range(size[0] // 2):
+        img.putpixel((x, size[1] // 2), (0, 0, 255))
+    out = io.BytesIO()
+    img.save(out, fmt)
+    return out.getvalue()
+
+
+FILES = {
+    "a.jpg": make("JPEG"),
+    "a.png": make("PNG"),
+    "a.gif": make("GIF"),
+    "a.webp": make("WEBP"),
+    "tall.png": make("PNG", (40, 100)),
+    "tiny.png": make("PNG", (10, 10)),
+    "a.txt": b"not an image at all, only some text\n",
+}
+
+pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx not installed")
+
+
+def get(port, path):
+    return exchange(port, f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+
+
+def dims(a):
+    """The answer's status, type and, for an image, its format and dimensions."""
+    if a.status != 200 or not a.headers.get("content-type", "").startswith("image/"):
+        return a.status, a.headers.get("content-type")
+    img = PIL.open(io.BytesIO(a.body))
+    return a.status, a.headers["content-type"], img.format, img.size
+
+
+def conf_for(peer):
+    # nginx's module is dynamic in Debian: loaded on the nginx side only (gannet has it built in
+    # and ignores load_module).
+    return (f"load_module {MODULE};\n" if peer else "") + CONF
+
+
+@pytest.fixture
+def servers(tmp_path):
+    conf = conf_for(os.path.exists(MODULE))
+    with side_by_side(tmp_path, conf, FILES) as (srv, nginx_port):
+        yield srv.port, (nginx_port if os.path.exists(MODULE) else None)
+
+
+def test_size_json(servers):
+    port, _ = servers
+    for name, ty in (("a.jpg", "jpeg"), ("a.png", "png"), ("a.gif", "gif"), ("a.webp", "webp")):
+        a = get(port, f"/size/{name}")
+        assert a.status == 200 and a.headers["content-type"] == "application/json"
+        assert a.body == ('{ "img" : { "width": 120, "height": 80, "type": "%s" } }\r\n' % ty).encode()
+        assert a.headers["content-length"] == str(len(a.body))
+    a = get(port, "/size/a.txt")
+    assert (a.status, a.body) == (200, b"{}\r\n")
+
+
+def test_test_and_buffer(servers):
+    port, _ = servers
+    assert get(port, "/test/a.txt").status == 415
+    a = get(port, "/test/a.png")
+    assert a.status == 200 and a.body == FILES["a.png"] and a.headers["content-type"] == "image/png"
+    # image_filter_buffer 100: the image is larger, the answer 415.
+    assert get(port, "/small/a.png").status == 415
+    assert get(port, "/small/tiny.png").status == 200 or len(FILES["tiny.png"]) > 100
+
+
+@pytest.mark.parametrize("name", ["a.jpg", "a.png", "a.gif", "a.webp"])
+def test_geometry(servers, name):
+    port, _ = servers
+    fmt = {"jpg": "JPEG", "png": "PNG", "gif": "GIF", "webp": "WEBP"}[name.rsplit(".", 1)[1]]
+    ct = "image/" + {"JPEG": "jpeg"}.get(fmt, fmt.lower())
+    # resize 40 -: 120x80 -> 40x26 (aspect kept, integer arithmetic as nginx's).
+    assert dims(get(port, f"/resize/{name}")) == (200, ct, fmt, (40, 26))
+    assert dims(get(port, f"/fit/{name}")) == (200, ct, fmt, (50, 33))
+    # crop 30 30: reduced to 45x30, then the centre 30x30.
+    assert dims(get(port, f"/crop/{name}")) == (200, ct, fmt, (30, 30))
+    assert dims(get(port, f"/rotate/{name}")) == (200, ct, fmt, (80, 120))
+    assert dims(get(port, f"/rot180/{name}")) == (200, ct, fmt, (120, 80))
+    assert dims(get(port, f"/both/{name}")) == (200, ct, fmt, (40, 60))
+    assert dims(get(port, f"/var/{name}?w=60&h=-")) == (200, ct, fmt, (60, 40))
+    assert get(port, f"/var/{name}?w=x&h=10").status == 415
+
+
+def test_small_enough_passed_unchanged(servers):
+    port, _ = servers
+    a = get(port, "/fit/tiny.png")
+    assert a.status == 200 and a.body == FILES["tiny.png"]
+    assert a.headers["content-length"] == str(len(FILES["tiny.png"]))
+    assert dims(get(port, "/crop/tall.png")) == (200, "image/png", "PNG", (30, 30))
+
+
+def test_proxied(servers):
+    port, _ = servers
+    a = get(port, "/proxied/a.png")
+    assert dims(a) == (200, "image/png", "PNG", (25, 16))
+    assert a.headers["content-length"] == str(len(a.body))
+    assert get(port, "/proxied/a.txt").status == 415
+    assert get(port, "/proxsize/a.gif").body == b'{ "img" : { "width": 120, "height": 80, "type": "gif" } }\r\n'
+
+
+PATHS = [f"/{loc}/{name}" for loc in ("size", "test", "resize", "fit", "crop", "rotate", "both", "small", "proxied", "proxsize")
+         for name in ("a.jpg", "a.png", "a.gif", "a.webp", "tall.png", "tiny.png", "a.txt")]
+
+
+def test_as_nginx(servers):
+    port, nginx_port = servers
+    if nginx_port is None:
+        pytest.skip("libnginx-mod-http-image-filter not installed")
+    for path in PATHS:
+        g, n = get(port, path), get(nginx_port, path)
+        if path.startswith(("/size/", "/proxsize/")):
+            assert (g.status, g.body, g.headers.get("content-type")) == (n.status, n.body, n.headers.get("content-type")), path
+        else:
+            assert dims(g) == dims(n), path
