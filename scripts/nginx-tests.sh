@@ -84,10 +84,11 @@ if [ "$(id -u)" -eq 0 ]; then as_user=(runuser -u nobody --); fi
 for server in ${SERVERS-nginx gannet}; do
   rm -rf "${work:?}/$server"
   bin="$work/debian-nginx"; [ $server = gannet ] && bin="$gannet"
-  # Debian builds stream and mail as dynamic modules: loaded for nginx's run (the suite
+  # Debian builds stream, mail and image_filter as dynamic modules: loaded for nginx's run (the suite
   # puts TEST_NGINX_GLOBALS in every config's main context); gannet has them built in.
   globals=""
-  for so in /usr/lib/nginx/modules/ngx_stream_module.so /usr/lib/nginx/modules/ngx_mail_module.so; do
+  for so in /usr/lib/nginx/modules/ngx_stream_module.so /usr/lib/nginx/modules/ngx_mail_module.so \
+    /usr/lib/nginx/modules/ngx_http_image_filter_module.so; do
     if [ $server = nginx ] && [ -f $so ]; then globals="$globals load_module $so;"; fi
   done
   mkdir -p "$work/$server"; chmod 777 "$work/$server"

@@ -48,6 +48,7 @@ const CONFIGURE_ARGS: &[&str] = &[
     "--with-http_addition_module",
     "--with-http_flv_module",
     "--with-http_gunzip_module",
+    "--with-http_image_filter_module",
     "--with-http_mp4_module",
     "--with-http_random_index_module",
     "--with-http_slice_module",

@@ -223,7 +223,7 @@ fn set_filter(d: &Directive, c: &mut ImageFilterConf) -> Result<(), ConfError> {
 }
 
 /// Whether `req`'s location filters images: then an application's answer is read whole
-/// before it is answered (`conn::exchange`).
+/// before it is answered (`conn::exchange`). Not a HEAD's: it has no body to filter.
 pub fn applies(req: &Request) -> bool {
     req.conf.image_filter.active().is_some() && !req.is_head()
 }
@@ -328,7 +328,8 @@ pub fn filter(req: &Request, resp: &mut Response) {
     let Some(f) = req.conf.image_filter.active() else {
         return;
     };
-    if resp.status == 304 || req.is_head() {
+    // A HEAD too: nginx filters the file's body and sends the filtered answer's head.
+    if resp.status == 304 {
         return;
     }
     if let Err(why) = run(req, f, resp) {
