@@ -5,9 +5,12 @@ dynamic ngx_http_image_filter_module where that is installed."""
 
 import io
 import os
+import re
+import subprocess
 
 import pytest
 
+from conftest import gannet_bin
 from nginx_peer import NGINX, PEER_MAIN, exchange, side_by_side
 
 PIL = pytest.importorskip("PIL.Image")
@@ -154,3 +157,39 @@ def test_as_nginx(servers):
             assert (g.status, g.body, g.headers.get("content-type")) == (n.status, n.body, n.headers.get("content-type")), path
         else:
             assert dims(g) == dims(n), path
+
+
+BAD = [
+    "location / { image_filter bogus; }",
+    "location / { image_filter rotate 45; }",
+    "location / { image_filter resize 0 10; }",
+    "location / { image_filter crop 10 x; }",
+    "location / { image_filter resize 10; }",
+    "image_filter_jpeg_quality 0;",
+    "image_filter_buffer 1x;",
+    "image_filter_transparency maybe;",
+    "image_filter test;",
+]
+
+
+def check(tmp_path, server, peer):
+    """`nginx -t` (with Debian's module loaded) and `gannet -t` on one server block."""
+    conf = tmp_path / "check.conf"
+    main = PEER_MAIN.replace("{tmp}", str(tmp_path))
+    conf.write_text((f"load_module {MODULE};\n" if peer else "") + main + "http {\nserver {\nlisten 127.0.0.1:1;\n" + server + "\n}\n}\n")
+    run = lambda *cmd: subprocess.run([*cmd, "-t", "-c", str(conf)], capture_output=True, text=True, timeout=30)
+    return run(NGINX, "-p", f"{tmp_path}/"), run(str(gannet_bin()))
+
+
+def test_config_errors_as_nginx(tmp_path):
+    if not os.path.exists(MODULE):
+        pytest.skip("libnginx-mod-http-image-filter not installed")
+    for server in BAD:
+        n, g = check(tmp_path, server, True)
+        assert n.returncode != 0 and g.returncode != 0, (server, n.stderr, g.stderr)
+        msg, line = re.search(r"\] \d+#\d+: (.*) in \S+:(\d+)", n.stderr).groups()
+        assert f":{line}: {msg}" in g.stderr or (msg in g.stderr and f":{line}" in g.stderr), (n.stderr, g.stderr)
+    good = "image_filter_buffer 2m; image_filter_jpeg_quality $arg_q; image_filter_sharpen 10;" \
+           " location / { image_filter resize - 20; image_filter rotate $arg_a; }"
+    n, g = check(tmp_path, good, True)
+    assert n.returncode == 0 and g.returncode == 0, (n.stderr, g.stderr)

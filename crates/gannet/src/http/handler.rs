@@ -32,9 +32,9 @@ use crate::http::{compress, conditional};
 use crate::modules::error_page::Override;
 use crate::modules::rewrite::{self, Outcome};
 use crate::modules::{
-    access, addition, autoindex, charset, dav, gateway, gunzip, headers, image_filter, index, limit_conn,
-    limit_req, limit_zone, otel, random_index, realip, slice, ssi, static_files, stub_status,
-    sub_filter, try_files, userid,
+    access, addition, autoindex, charset, dav, gateway, gunzip, headers, image_filter, index,
+    limit_conn, limit_req, limit_zone, otel, random_index, realip, slice, ssi, static_files,
+    stub_status, sub_filter, try_files, userid,
 };
 use crate::runtime::worker::Worker;
 use gannet_proto::cgi::HeaderValue;
