@@ -28,6 +28,7 @@ http {
         location /resize/ { alias {root}/; image_filter resize 40 -; }
         location /fit/ { alias {root}/; image_filter resize 50 50; }
         location /crop/ { alias {root}/; image_filter crop 30 30; }
+        location /wide/ { alias {root}/; image_filter crop 200 10; }
         location /rotate/ { alias {root}/; image_filter rotate 90; }
         location /rot180/ { alias {root}/; image_filter rotate 180; }
         location /both/ { alias {root}/; image_filter resize 60 60; image_filter rotate 270; }
@@ -122,6 +123,7 @@ def test_geometry(servers, name):
     assert dims(get(port, f"/fit/{name}")) == (200, ct, fmt, (50, 33))
     # crop 30 30: reduced to 45x30, then the centre 30x30.
     assert dims(get(port, f"/crop/{name}")) == (200, ct, fmt, (30, 30))
+    assert dims(get(port, f"/wide/{name}")) == (200, ct, fmt, (120, 10))
     assert dims(get(port, f"/rotate/{name}")) == (200, ct, fmt, (80, 120))
     assert dims(get(port, f"/rot180/{name}")) == (200, ct, fmt, (120, 80))
     assert dims(get(port, f"/both/{name}")) == (200, ct, fmt, (40, 60))
@@ -159,8 +161,8 @@ def test_http2_same(gannet):
     assert r.stdout == "415 2"
 
 
-PATHS = [f"/{loc}/{name}" for loc in ("size", "test", "resize", "fit", "crop", "rotate", "both", "small", "proxied", "proxsize")
-         for name in ("a.jpg", "a.png", "a.gif", "a.webp", "tall.png", "tiny.png", "a.txt")]
+PATHS = [f"/{loc}/{name}" for loc in ("size", "test", "resize", "fit", "crop", "wide", "rotate", "both", "small", "proxied", "proxsize")
+         for name in ("a.jpg", "a.png", "a.gif", "a.webp", "tall.png", "tiny.png", "a.txt", "missing.png")]
 
 
 def test_as_nginx(servers):
@@ -209,3 +211,15 @@ def test_config_errors_as_nginx(tmp_path):
            " location / { image_filter resize - 20; image_filter rotate $arg_a; }"
     n, g = check(tmp_path, good, True)
     assert n.returncode == 0 and g.returncode == 0, (n.stderr, g.stderr)
+
+
+def test_head_as_nginx(servers):
+    port, nginx_port = servers
+    if nginx_port is None:
+        pytest.skip("libnginx-mod-http-image-filter not installed")
+    for path in ("/test/a.gif", "/test/a.txt", "/size/a.txt", "/size/a.png", "/resize/a.png", "/proxied/a.png"):
+        head = f"HEAD {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+        g, n = exchange(port, head), exchange(nginx_port, head)
+        assert (g.status, g.headers.get("content-type")) == (n.status, n.headers.get("content-type")), path
+        if path.startswith("/size/"):
+            assert g.headers.get("content-length") == n.headers.get("content-length"), path

@@ -526,3 +526,49 @@ fn read_body(body: &Body) -> std::io::Result<Vec<u8>> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_as_nginx_reads_them() {
+        assert_eq!(number("-"), usize::MAX);
+        assert_eq!(number("120"), 120);
+        assert_eq!(number(""), 0);
+        assert_eq!(number("12x"), 0);
+        assert_eq!(number("+5"), 0);
+    }
+
+    #[test]
+    fn types_from_the_first_bytes() {
+        let pad = |b: &[u8]| [b, &[0u8; 16][..]].concat();
+        assert_eq!(Type::of(&pad(b"\xff\xd8\xff")), Some(Type::Jpeg));
+        assert_eq!(Type::of(&pad(b"GIF89a")), Some(Type::Gif));
+        assert_eq!(Type::of(&pad(b"GIF88a")), None);
+        assert_eq!(Type::of(&pad(b"\x89PNG\r\n\x1a\n")), Some(Type::Png));
+        assert_eq!(Type::of(b"RIFF\0\0\0\0WEBPVP8 "), Some(Type::Webp));
+        // Fewer than 16 bytes are no image, as nginx's test.
+        assert_eq!(Type::of(b"\xff\xd8\xff"), None);
+    }
+
+    #[test]
+    fn geometry_as_nginx() {
+        let img = || DynamicImage::new_rgb8(120, 80);
+        let size = |i: DynamicImage| (i.width(), i.height());
+        assert_eq!(size(transform(img(), Kind::Resize, 50, 50, 0)), (50, 33));
+        assert_eq!(
+            size(transform(img(), Kind::Resize, usize::MAX, 20, 90)),
+            (20, 30)
+        );
+        assert_eq!(size(transform(img(), Kind::Crop, 30, 30, 0)), (30, 30));
+        // Wider bounds than the image's ratio: nginx fits the width (already within) and
+        // only cuts the height.
+        assert_eq!(size(transform(img(), Kind::Crop, 200, 10, 0)), (120, 10));
+        assert_eq!(size(transform(img(), Kind::Crop, 10, 40, 0)), (10, 40));
+        assert_eq!(
+            size(transform(img(), Kind::Rotate, usize::MAX, usize::MAX, 270)),
+            (80, 120)
+        );
+    }
+}
