@@ -396,6 +396,13 @@ fn run(req: &Request, f: &Filter, resp: &mut Response) -> Result<(), String> {
     let img = image::load_from_memory_with_format(&data, ty.format())
         .map_err(|e| format!("decode failed: {e}"))?;
     let img = transform(img, f.kind, mw, mh, angle);
+    // image_filter_transparency off: a palette image's transparent colour is not kept (GIF
+    // is one; the crate does not say which PNGs were).
+    let img = if ty == Type::Gif && c.transparency == Some(false) {
+        DynamicImage::ImageRgb8(img.to_rgb8())
+    } else {
+        img
+    };
     let img = match c.sharpen.as_ref().map_or(0, |v| v.get(req)) {
         0 => img,
         // gd's percentage, as the unsharp mask's strength (an approximation of libgd's).
