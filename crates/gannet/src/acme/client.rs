@@ -482,10 +482,18 @@ async fn order(
                     // The CA's request may reach another node sharing the store.
                     if let Some((server, channel)) = &tokens.channel {
                         let msg = format!("{} {key_auth}", ch.token);
-                        if let Err(e) = server.publish(channel, msg.as_bytes()).await {
-                            errlog::warn(format_args!(
+                        match server.publish(channel, msg.as_bytes()).await {
+                            Ok(nodes) => {
+                                let key = super::seen_key(channel, &ch.token);
+                                if !all_took(server, &key, nodes).await {
+                                    errlog::warn(format_args!(
+                                        "acme: not every node confirmed the challenge for {name} in time"
+                                    ));
+                                }
+                            }
+                            Err(e) => errlog::warn(format_args!(
                                 "acme: cannot tell the other nodes the challenge for {name}: {e}"
-                            ));
+                            )),
                         }
                     }
                 }
@@ -630,5 +638,25 @@ pub(super) fn generate(alg: KeyAlg) -> Result<rcgen::KeyPair, rcgen::Error> {
             };
             rcgen::KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, size)
         }
+    }
+}
+
+/// Whether the `nodes` that got a challenge's token have all taken it (their count in
+/// `key`), waiting up to 5 s: the CA's validation request may reach any of them at once.
+async fn all_took(server: &crate::modules::redis::Server, key: &str, nodes: i64) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(key);
+        if let Ok(Some(n)) = server.query::<Option<i64>>(&cmd).await {
+            if n >= nodes {
+                return true;
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        // A node's acknowledgement is one Redis round trip away.
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

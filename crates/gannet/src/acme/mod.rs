@@ -278,15 +278,34 @@ async fn follow_challenges(
     server: Arc<crate::modules::redis::Server>,
     channel: String,
 ) {
+    let acks = server.clone();
     server
         .subscribe(&channel, |msg| {
             let msg = String::from_utf8_lossy(&msg);
             match msg.split_once(' ') {
-                Some((token, key_auth)) => acme.add_challenge(token, key_auth),
+                Some((token, key_auth)) => {
+                    acme.add_challenge(token, key_auth);
+                    // Say so: the ordering node waits for every node before the CA asks.
+                    let (server, key) = (acks.clone(), seen_key(&channel, token));
+                    tokio::task::spawn_local(async move {
+                        let mut incr = redis::cmd("INCR");
+                        incr.arg(&key);
+                        let mut expire = redis::cmd("EXPIRE");
+                        expire.arg(&key).arg(600);
+                        if server.query::<i64>(&incr).await.is_ok() {
+                            let _ = server.query::<i64>(&expire).await;
+                        }
+                    });
+                }
                 None => acme.remove_challenge(&msg),
             }
         })
         .await;
+}
+
+/// The counter of the nodes that have taken `token` (see `follow_challenges`).
+pub(crate) fn seen_key(channel: &str, token: &str) -> String {
+    format!("{channel}:seen:{token}")
 }
 
 /// An `acme_certificate` as read: issuer name, where it was written, identifiers, key type,

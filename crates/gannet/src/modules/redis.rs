@@ -304,13 +304,13 @@ impl Server {
         self.ended(thread, r)
     }
 
-    /// Send `message` to the nodes listening on `channel` (PUBLISH).
-    pub async fn publish(&self, channel: &str, message: &[u8]) -> Result<(), String> {
+    /// Send `message` to the nodes listening on `channel` (PUBLISH); how many got it.
+    pub async fn publish(&self, channel: &str, message: &[u8]) -> Result<i64, String> {
         let (thread, mut conn) = self.conn().await?;
         let mut cmd = redis::cmd("PUBLISH");
         cmd.arg(channel).arg(message);
         let r = cmd.query_async::<i64>(&mut conn).await;
-        self.ended(thread, r).map(drop)
+        self.ended(thread, r)
     }
 
     /// Call `on` with each message on `channel`, for ever: a lost connection is made again
