@@ -157,7 +157,8 @@ def test_response_time_covers_the_body(gannet):
 
     def slow_body(conn, _head, _body):
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n")
-        got_head.wait(5)
+        # Longer than the client waits: a head held back until the body fails the test.
+        got_head.wait(10)
         conn.sendall(b"body\n")
 
     app = rawapps.HttpApp(slow_body)

@@ -730,6 +730,13 @@ impl<S: Transport> Conn<S> {
         // A body-less answer (HEAD, 304) reads no further: the application's connection is
         // dropped, not kept.
         let mut more = send_body;
+        // An application slow to its first byte (a long poll, an event stream, a report
+        // being made): its head goes out at once, as nginx sends it, unless some of the body
+        // is at hand to go in the same write.
+        if more && src.may_pause() && !src.at_hand() && self.flush().await.is_err() {
+            whole = false;
+            more = false;
+        }
         while more {
             let data = match src.next(&w, req).await {
                 Ok(d) => d,
