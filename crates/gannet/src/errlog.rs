@@ -200,6 +200,25 @@ impl ErrorLogs {
     }
 }
 
+/// `error_log` in a stream or mail block (`in_server`: a server's): the first at a server
+/// level replaces the logs it inherited (`own` says it has its own), the next add to them.
+pub fn set_block(
+    d: &Directive,
+    prefix: &Path,
+    (logs, own): (&mut Option<Arc<ErrorLogs>>, &mut bool),
+    in_server: bool,
+    opened: &mut Vec<Arc<Log>>,
+) -> Result<(), ConfError> {
+    if d.args.is_empty() || d.args.len() > 2 {
+        return Err(d.error("invalid number of arguments in \"error_log\" directive"));
+    }
+    if in_server && !*own {
+        *logs = None;
+    }
+    *own = in_server;
+    set_nested(d, prefix, logs, opened)
+}
+
 /// `error_log` in http, server or location: add it to that level's logs (`logs`), and to
 /// `opened` for reopening.
 pub fn set_nested(

@@ -257,15 +257,9 @@ pub fn apply(
             c.resolver_timeout = Duration::from_millis(setters::msec_arg(d, 0)?);
         }
         "error_log" => {
-            if d.args.is_empty() || d.args.len() > 2 {
-                return Err(d.error("invalid number of arguments in \"error_log\" directive"));
-            }
-            if in_server && !c.error_log_own {
-                c.error_log = None;
-            }
-            c.error_log_own = in_server;
             let mut opened = ctx.error_files.borrow_mut();
-            crate::errlog::set_nested(d, &ctx.prefix, &mut c.error_log, &mut opened)?;
+            let log = (&mut c.error_log, &mut c.error_log_own);
+            crate::errlog::set_block(d, &ctx.prefix, log, in_server, &mut opened)?;
         }
         "auth_http" | "auth_http_timeout" | "auth_http_header" | "auth_http_pass_client_cert" => {
             super::auth_http::set(d, &mut c.auth)?
