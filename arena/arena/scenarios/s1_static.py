@@ -59,7 +59,7 @@ class S1Static(Scenario):
             return self._multiplexed_points(options.transport, levels, requests)
         tls = options.transport == "tls"
         points = []
-        for client in CLIENTS:
+        for client in ("wrk", "h2load"):  # the HTTP/1.1 points (h3load speaks only HTTP/3)
             for close in (False, True):
                 connection = "new connection" if close else "keep-alive"
                 for c in levels:
