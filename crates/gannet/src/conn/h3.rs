@@ -76,9 +76,10 @@ pub async fn serve(w: Rc<Worker>, connecting: quinn::Connecting, group: usize) {
     let Some(mut tls) = tls else {
         return handshake_failed(&w, &info, "no certificate for the listen address");
     };
-    let chain = conn
-        .peer_identity()
-        .and_then(|c| c.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>().ok());
+    let chain = conn.peer_identity().and_then(|c| {
+        c.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+            .ok()
+    });
     tls.check_ocsp(chain.as_deref().map(Vec::as_slice)).await;
     tls.early_data = early_data;
     crate::modules::metrics::tls_handshake(Some((tls.protocol, tls.reused)));

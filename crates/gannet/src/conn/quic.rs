@@ -120,9 +120,9 @@ fn setup(
         None => builder.with_no_client_auth(),
     };
     let mut tls = builder.with_cert_resolver(Arc::new(SniCerts {
-            config: config.clone(),
-            group,
-        }));
+        config: config.clone(),
+        group,
+    }));
     tls.alpn_protocols = vec![b"h3".to_vec()];
     if default.conf.tls.early_data() {
         // `ssl_early_data on`: 0-RTT (quinn takes 0 or u32::MAX here; QUIC's flow control

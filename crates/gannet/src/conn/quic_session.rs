@@ -190,7 +190,12 @@ impl Session for QuicSession {
         };
         let tls = self.noted.as_ref().map(|n| {
             let sni = server.server_name().unwrap_or_default();
-            TlsInfo::of(&self.conn, sni.to_ascii_lowercase(), n.offered.copy(), &n.by)
+            TlsInfo::of(
+                &self.conn,
+                sni.to_ascii_lowercase(),
+                n.offered.copy(),
+                &n.by,
+            )
         });
         Some(Box::new(Handshake { tls }))
     }
