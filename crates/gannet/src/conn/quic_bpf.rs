@@ -129,24 +129,24 @@ fn program() -> Vec<libc::sock_filter> {
     };
     let cid = CID_LEN as u32;
     vec![
-        /* 0 */ stmt(BPF_LD | BPF_W | BPF_LEN, 0),
+        stmt(BPF_LD | BPF_W | BPF_LEN, 0), // 0
         // Shorter than a short header with our ID: not ours.
-        /* 1 */ jump(BPF_JMP | BPF_JGE | BPF_K, 1 + cid, 0, 12),
-        /* 2 */ stmt(BPF_LD | BPF_B | BPF_ABS, 0),
-        /* 3 */ jump(BPF_JMP | BPF_JSET | BPF_K, 0x80, 2, 0),
+        jump(BPF_JMP | BPF_JGE | BPF_K, 1 + cid, 0, 12), // 1
+        stmt(BPF_LD | BPF_B | BPF_ABS, 0),               // 2
+        jump(BPF_JMP | BPF_JSET | BPF_K, 0x80, 2, 0),    // 3
         // Short header: the ID's first two bytes are the index.
-        /* 4 */ stmt(BPF_LD | BPF_H | BPF_ABS, 1),
-        /* 5 */ stmt(BPF_RET | BPF_A, 0),
+        stmt(BPF_LD | BPF_H | BPF_ABS, 1), // 4
+        stmt(BPF_RET | BPF_A, 0),          // 5
         // Long header: a Handshake packet with an ID of our length, whole in the packet.
-        /* 6 */ stmt(BPF_ALU | BPF_AND | BPF_K, LONG_TYPE),
-        /* 7 */ jump(BPF_JMP | BPF_JEQ | BPF_K, HANDSHAKE, 0, 6),
-        /* 8 */ stmt(BPF_LD | BPF_B | BPF_ABS, 5),
-        /* 9 */ jump(BPF_JMP | BPF_JEQ | BPF_K, cid, 0, 4),
-        /* 10 */ stmt(BPF_LD | BPF_W | BPF_LEN, 0),
-        /* 11 */ jump(BPF_JMP | BPF_JGE | BPF_K, 6 + cid, 0, 2),
-        /* 12 */ stmt(BPF_LD | BPF_H | BPF_ABS, 6),
-        /* 13 */ stmt(BPF_RET | BPF_A, 0),
-        /* 14 */ stmt(BPF_RET | BPF_K, FALLBACK),
+        stmt(BPF_ALU | BPF_AND | BPF_K, LONG_TYPE), // 6
+        jump(BPF_JMP | BPF_JEQ | BPF_K, HANDSHAKE, 0, 6), // 7
+        stmt(BPF_LD | BPF_B | BPF_ABS, 5),          // 8
+        jump(BPF_JMP | BPF_JEQ | BPF_K, cid, 0, 4), // 9
+        stmt(BPF_LD | BPF_W | BPF_LEN, 0),          // 10
+        jump(BPF_JMP | BPF_JGE | BPF_K, 6 + cid, 0, 2), // 11
+        stmt(BPF_LD | BPF_H | BPF_ABS, 6),          // 12
+        stmt(BPF_RET | BPF_A, 0),                   // 13
+        stmt(BPF_RET | BPF_K, FALLBACK),            // 14
     ]
 }
 
@@ -276,11 +276,19 @@ mod tests {
         for i in [2u16, 0, 1, 2, 1, 0] {
             assert_eq!(lands(&socks, at, &client, &short_header(i)), usize::from(i));
             let cid = Cids::new(i).generate_cid();
-            assert_eq!(lands(&socks, at, &client, &long_header(2, &cid)), usize::from(i));
+            assert_eq!(
+                lands(&socks, at, &client, &long_header(2, &cid)),
+                usize::from(i)
+            );
         }
         // One client port, one hash: what the program leaves to the kernel lands on one
         // socket, whatever the ID says.
-        let hashed = lands(&socks, at, &client, &long_header(0, &[0, 1, 2, 3, 4, 5, 6, 7]));
+        let hashed = lands(
+            &socks,
+            at,
+            &client,
+            &long_header(0, &[0, 1, 2, 3, 4, 5, 6, 7]),
+        );
         let (other, third) = ((hashed as u16 + 1) % 3, (hashed as u16 + 2) % 3);
         for packet in [
             long_header(0, &Cids::new(other).generate_cid()),
