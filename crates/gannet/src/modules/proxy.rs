@@ -134,6 +134,8 @@ pub enum Redirect {
 #[derive(Debug, Clone)]
 pub enum RedirectFrom {
     Prefix(String),
+    /// A prefix with variables, evaluated per answer (nginx's complex-value pattern).
+    Vars(Template),
     Regex(Regex),
 }
 
@@ -351,6 +353,8 @@ fn set_redirect(d: &Directive, c: &mut ProxyConf) -> Result<(), ConfError> {
                 RedirectFrom::Regex(compile_ci(d, re, true)?)
             } else if let Some(re) = from.strip_prefix('~') {
                 RedirectFrom::Regex(compile_ci(d, re, false)?)
+            } else if from.contains('$') {
+                RedirectFrom::Vars(Template::compile(from).map_err(|e| d.error(e))?)
             } else {
                 RedirectFrom::Prefix(from.to_string())
             };
@@ -739,6 +743,11 @@ pub fn rewrite_location(req: &Request, value: &str) -> Option<String> {
             }
             Redirect::Rule(RedirectFrom::Prefix(p), to) => {
                 if let Some(rest) = value.strip_prefix(p.as_str()) {
+                    return Some(format!("{}{rest}", to.eval(req, None)));
+                }
+            }
+            Redirect::Rule(RedirectFrom::Vars(p), to) => {
+                if let Some(rest) = value.strip_prefix(p.eval(req, None).as_str()) {
                     return Some(format!("{}{rest}", to.eval(req, None)));
                 }
             }
