@@ -1339,6 +1339,7 @@ async fn fetch(
                         up.name
                     ),
                 );
+                no_live(req, &up.name, now);
                 return Outcome::Flow(Flow::Status(502));
             }
         };
@@ -1505,6 +1506,22 @@ fn attempt_status(r: Result<&Answered, &Failure>) -> u16 {
 
 /// Note an attempt for the `$upstream_*` variables; returns when it ended.
 /// Also counted for `metrics` in the server's key `peer`.
+/// "no live upstreams": nginx still counts it as an attempt, its peer named for the group
+/// (`$upstream_addr` ends in the upstream's name, `$upstream_status` in 502).
+pub(super) fn no_live(req: &Request, group: &str, since: Instant) {
+    req.upstream.borrow_mut().push(UpstreamTry {
+        addr: Addr::Tcp(group.into()),
+        status: 502,
+        time: since.elapsed(),
+        connect: None,
+        header: None,
+        sent: 0,
+        received: 0,
+        body: 0,
+        started: since,
+    });
+}
+
 pub(super) fn record(
     req: &Request,
     addr: &Addr,

@@ -242,6 +242,7 @@ async fn open(
                             up.name
                         ),
                     );
+                    super::gateway::no_live(req, &up.name, std::time::Instant::now());
                     return Err(Flow::Status(502));
                 }
             },
