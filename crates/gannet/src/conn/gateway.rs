@@ -2368,7 +2368,12 @@ pub(super) fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
     }
     let (status, head) = match gateway::classify(c, head) {
         Answer::LocalRedirect(uri) => return Flow::Redirect(uri),
-        Answer::AccelRedirect(uri, carried) => return Flow::Accel(uri, carried),
+        Answer::AccelRedirect(uri, carried, rate) => {
+            if rate.is_some() {
+                req.limit_rate.set(rate);
+            }
+            return Flow::Accel(uri, carried);
+        }
         Answer::Respond(s, h) => (s, h),
     };
     if status >= 300 && c.intercept_errors() && req.conf.error_page.find(status).is_some() {
@@ -2417,6 +2422,15 @@ pub(super) fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
         } else if gateway::passes(c, &name) {
             resp.headers.push((name, fields.keep(value)));
         }
+    }
+    if c.pass_headers.is_some() {
+        // A passed `Server`/`Date` replaces gannet's own; nginx's proxy sends none at all
+        // when the server sent none, the other modules their own then.
+        let passed = |name: &str| {
+            gateway::pass_lists(c, name)
+                && (proxied || resp.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)))
+        };
+        resp.passed_server_date = (passed("server"), passed("date"));
     }
     // `X-Accel-Charset`: the charset the answer is said to be in, added to a Content-Type
     // that names none (gannet recodes nothing: nginx too leaves a type that names another
