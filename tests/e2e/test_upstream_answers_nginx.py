@@ -5,7 +5,11 @@ checked side by side with Debian's nginx on the same config:
   255.255.255.255 entry (or the default) applies, for net and `ranges` tables alike;
 - `proxy_redirect` whose first argument holds variables;
 - "no live upstreams": nginx lists the group's name in `$upstream_addr`, after the servers
-  that were tried.
+  that were tried;
+- `proxy_pass_header Server`/`Date`: the server's fields replace ours, and none is sent
+  when the server sent none;
+- an `X-Accel-Limit-Rate` given with an `X-Accel-Redirect` is the redirected request's
+  rate, over the new location's `limit_rate`.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import re
 
 import pytest
 
+import rawapps
 from nginx_peer import NGINX, PEER_MAIN, exchange, side_by_side
 
 pytestmark = pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
@@ -118,3 +123,88 @@ def test_no_live_upstreams_names_the_group(tmp_path):
     # Both servers failed the first time (and are down for fail_timeout): the second
     # request has no server to try.
     assert got[1] == (502, "bad", "502")
+
+
+@pytest.fixture
+def app():
+    yield from rawapps.made(rawapps.HttpApp)
+
+
+PASS_DATE = PEER_MAIN + r"""
+http {
+    access_log off;
+    server {
+        listen 127.0.0.1:{port};
+        location / {
+            proxy_pass http://127.0.0.1:APP;
+            proxy_pass_header Date;
+            proxy_pass_header Server;
+        }
+        location /date-only/ {
+            proxy_pass http://127.0.0.1:APP;
+            proxy_pass_header Date;
+        }
+        location /plain/ { proxy_pass http://127.0.0.1:APP; }
+    }
+}
+"""
+
+
+def test_passed_server_and_date_replace_our_own(tmp_path, app):
+    def behave(conn, head, body):
+        with_them = b" /with" in head or b"/with " in head
+        extra = "Date: passed-date\r\nServer: passed-server\r\n" if with_them else ""
+        conn.sendall(rawapps.http_answer(b"ok", headers=extra, keep=False))
+
+    backend = app(behave)
+    conf = PASS_DATE.replace("APP", str(backend.port))
+
+    def fields(raw):
+        head = raw.partition(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")[1:]
+        out = [line.split(":", 1) for line in head]
+        # Our own Date is the time: only that one is there matters.
+        return sorted((n.lower(), v.strip() if "passed" in v else "own") for n, v in out
+                      if n.lower() in ("date", "server"))  # fmt: skip
+
+    uris = ["/with", "/none", "/date-only/with", "/date-only/none", "/plain/with"]
+
+    def ask(port):
+        return [fields(exchange(port, f"GET {u} HTTP/1.0\r\n\r\n".encode()).raw) for u in uris]
+
+    with side_by_side(tmp_path, conf) as (srv, nginx_port):
+        got, want = ask(srv.port), ask(nginx_port)
+    assert got == want
+    assert got[0] == [("date", "passed-date"), ("server", "passed-server")]
+    assert got[1] == []
+    assert got[3] == [("server", "own")]
+    assert got[4] == [("date", "own"), ("server", "own")]
+
+
+ACCEL_RATE = PEER_MAIN + r"""
+http {
+    access_log off;
+    server {
+        listen 127.0.0.1:{port};
+        location /proxy/ { proxy_pass http://127.0.0.1:{port}/; }
+        location /data {
+            add_header X-Accel-Redirect /redirect;
+            add_header X-Accel-Limit-Rate $arg_xal;
+            return 204;
+        }
+        location /redirect {
+            limit_rate 0;
+            return 200 "rate=$limit_rate\n";
+        }
+    }
+}
+"""
+
+
+def test_accel_limit_rate_outlives_accel_redirect(tmp_path):
+    def ask(port):
+        return [exchange(port, f"GET /proxy/data{q} HTTP/1.0\r\n\r\n".encode()).body for q in ("?xal=13000", "")]
+
+    with side_by_side(tmp_path, ACCEL_RATE) as (srv, nginx_port):
+        got, want = ask(srv.port), ask(nginx_port)
+    assert got == want
+    assert got[0] == b"rate=13000\n"
