@@ -435,9 +435,11 @@ impl Link {
     /// `body`. Read to the close for HEAD (the length is the entity's, not this answer's),
     /// nothing for 204 and 304, else the Content-Length if there is one. A FastCGI answer
     /// ends with its END_REQUEST record, but no later than its Content-Length (so the
-    /// client, which gets that length, is never sent more).
+    /// client, which gets that length, is never sent more). A HEAD whose answer goes to a
+    /// cache entry is framed as the others: as nginx's, the entry holds no more than the
+    /// Content-Length, and one that came short (a body-less answer to HEAD) is not kept.
     pub(super) fn frame(&mut self, req: &Request, head: &CgiHead, body: &mut BytesMut) {
-        if req.is_head() {
+        if req.is_head() && req.cache.borrow().is_none() {
             return;
         }
         let framing = match head.status {
