@@ -9,7 +9,8 @@ checked side by side with Debian's nginx on the same config:
 - `proxy_pass_header Server`/`Date`: the server's fields replace ours, and none is sent
   when the server sent none;
 - an `X-Accel-Limit-Rate` given with an `X-Accel-Redirect` is the redirected request's
-  rate, over the new location's `limit_rate`.
+  rate, over the new location's `limit_rate`;
+- an SCGI answer to HEAD is cached only if its body is as long as its Content-Length.
 """
 
 from __future__ import annotations
@@ -208,3 +209,73 @@ def test_accel_limit_rate_outlives_accel_redirect(tmp_path):
         got, want = ask(srv.port), ask(nginx_port)
     assert got == want
     assert got[0] == b"rate=13000\n"
+
+
+class ScgiApp(rawapps.Listener):
+    """An SCGI application: to HEAD, the answer its path names (a body that is short of
+    or longer than its Content-Length); to GET, a fresh `FRESH` (so a GET answered from
+    a cache entry shows what the entry kept)."""
+
+    ANSWERS = {
+        "/extra": b"Content-Length: 8\r\n\r\nSEE-THIS-BUT-NOT-THIS",
+        "/short": b"Content-Length: 100\r\n\r\nSEE-THIS",
+        "/empty": b"Content-Length: 8\r\n\r\n",
+        "/matching": b"Content-Length: 8\r\n\r\nSEE-THIS",
+    }
+
+    def serve(self, conn):
+        buf = b""
+        while b":" not in buf or len(buf) < buf.index(b":") + 1 + int(buf[: buf.index(b":")]) + 1:
+            got = conn.recv(65536)
+            if not got:
+                return
+            buf += got
+        n = int(buf[: buf.index(b":")])
+        fields = buf[buf.index(b":") + 1 :][:n].split(b"\0")
+        env = dict(zip(fields[::2], fields[1::2]))
+        uri = env.get(b"REQUEST_URI", b"").decode()
+        if env.get(b"REQUEST_METHOD") == b"HEAD":
+            answer = self.ANSWERS.get(uri, b"Content-Length: 0\r\n\r\n")
+        else:
+            answer = b"Content-Length: 5\r\n\r\nFRESH"
+        conn.sendall(b"Status: 200 OK\r\nContent-Type: text/plain\r\n" + answer)
+
+
+@pytest.fixture
+def scgi():
+    yield from rawapps.made(ScgiApp)
+
+
+HEAD_CACHE = PEER_MAIN + r"""
+http {
+    access_log off;
+    scgi_cache_path {tmp}/cache keys_zone=one:1m;
+    server {
+        listen 127.0.0.1:{port};
+        location / {
+            scgi_pass 127.0.0.1:APP;
+            scgi_param REQUEST_URI $request_uri;
+            scgi_param REQUEST_METHOD $request_method;
+            scgi_cache one;
+            scgi_cache_key $request_uri;
+            scgi_cache_valid any 1m;
+        }
+    }
+}
+"""
+
+
+def test_head_answer_cached_only_whole_and_no_longer_than_its_length(tmp_path, scgi):
+    app = scgi()
+    conf = HEAD_CACHE.replace("APP", str(app.port))
+    uris = list(ScgiApp.ANSWERS)
+
+    def ask(port):
+        heads = [exchange(port, f"HEAD {u} HTTP/1.0\r\n\r\n".encode()).status for u in uris]
+        return heads, [exchange(port, f"GET {u} HTTP/1.0\r\n\r\n".encode()).body for u in uris]
+
+    with side_by_side(tmp_path, conf) as (srv, nginx_port):
+        got, want = ask(srv.port), ask(nginx_port)
+    assert got == want
+    # Only the answer whose body matched its length was kept for the GET.
+    assert got == ([200] * 4, [b"FRESH", b"FRESH", b"FRESH", b"SEE-THIS"])

@@ -436,8 +436,8 @@ impl Link {
     /// nothing for 204 and 304, else the Content-Length if there is one. A FastCGI answer
     /// ends with its END_REQUEST record, but no later than its Content-Length (so the
     /// client, which gets that length, is never sent more). A HEAD whose answer goes to a
-    /// cache entry is framed as the others: as nginx's, the entry holds no more than the
-    /// Content-Length, and one that came short (a body-less answer to HEAD) is not kept.
+    /// cache entry is framed as the others: as nginx's, one that came short (a body-less
+    /// answer to HEAD) or longer than its Content-Length is not kept.
     pub(super) fn frame(&mut self, req: &Request, head: &CgiHead, body: &mut BytesMut) {
         if req.is_head() && req.cache.borrow().is_none() {
             return;
@@ -451,6 +451,12 @@ impl Link {
         };
         if self.proto == Proto::FastCgi && !matches!(framing, Framing::Length(_)) {
             return;
+        }
+        if let (true, Framing::Length(n)) = (req.is_head(), framing) {
+            // More than announced in answer to HEAD: nginx keeps no entry of it.
+            if body.len() as u64 > n {
+                super::gateway_cache::no_store(req);
+            }
         }
         self.set_framing(framing, false, body);
     }
