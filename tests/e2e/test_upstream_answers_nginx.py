@@ -10,7 +10,8 @@ checked side by side with Debian's nginx on the same config:
   when the server sent none;
 - an `X-Accel-Limit-Rate` given with an `X-Accel-Redirect` is the redirected request's
   rate, over the new location's `limit_rate`;
-- an SCGI answer to HEAD is cached only if its body is as long as its Content-Length.
+- an SCGI answer to HEAD is cached only if its body is as long as its Content-Length;
+- the Location of a `/dir/` location's auto redirect is escaped as nginx 1.22 escapes URIs.
 """
 
 from __future__ import annotations
@@ -279,3 +280,30 @@ def test_head_answer_cached_only_whole_and_no_longer_than_its_length(tmp_path, s
     assert got == want
     # Only the answer whose body matched its length was kept for the GET.
     assert got == ([200] * 4, [b"FRESH", b"FRESH", b"FRESH", b"SEE-THIS"])
+
+
+AUTO = PEER_MAIN + r"""
+http {
+    access_log off;
+    absolute_redirect off;
+    server {
+        listen 127.0.0.1:{port};
+        location '/auto "#%<>?\^`{|}/' { proxy_pass http://127.0.0.1:{port}/x; }
+        location /x { return 204; }
+    }
+}
+"""
+
+
+def test_auto_redirect_location_escapes_as_nginx(tmp_path):
+    # The location's name, escaped as nginx 1.22's NGX_ESCAPE_URI (RFC 3986's unsafe set).
+    target = "/auto%20%22%23%25%3C%3E%3F%5C%5E%60%7B%7C%7D"
+
+    def ask(port):
+        a = exchange(port, f"GET {target}?a=b HTTP/1.0\r\n\r\n".encode())
+        return a.status, a.headers.get("location")
+
+    with side_by_side(tmp_path, AUTO) as (srv, nginx_port):
+        got, want = ask(srv.port), ask(nginx_port)
+    assert got == want
+    assert got == (301, target + "/?a=b")

@@ -532,11 +532,19 @@ pub(crate) fn upstream_uri(req: &Request, dest: &Dest, vars: bool, out: &mut Vec
     }
 }
 
-/// nginx's NGX_ESCAPE_URI set: space, `#`, `%`, `?`, controls and bytes above 0x7e.
+/// nginx's NGX_ESCAPE_URI set (1.22's, after RFC 3986): space, `#`, `%`, `?`, the
+/// characters a URI may not hold unescaped (`"`, `<`, `>`, `\`, `^`, `` ` ``, `{`, `|`,
+/// `}`), controls and bytes above 0x7e.
 pub(crate) fn escape_uri(s: &str, out: &mut Vec<u8>) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for &c in s.as_bytes() {
-        if c <= b' ' || c >= 0x7f || matches!(c, b'#' | b'%' | b'?') {
+        if c <= b' '
+            || c >= 0x7f
+            || matches!(
+                c,
+                b'#' | b'%' | b'?' | b'"' | b'<' | b'>' | b'\\' | b'^' | b'`' | b'{' | b'|' | b'}'
+            )
+        {
             out.extend_from_slice(&[b'%', HEX[usize::from(c >> 4)], HEX[usize::from(c & 15)]]);
         } else {
             out.push(c);
@@ -810,6 +818,6 @@ mod tests {
     fn escaping_matches_nginx_set() {
         let mut s = Vec::new();
         escape_uri("/a b/%?#/é\"<>", &mut s);
-        assert_eq!(s, b"/a%20b/%25%3F%23/%C3%A9\"<>");
+        assert_eq!(s, b"/a%20b/%25%3F%23/%C3%A9%22%3C%3E");
     }
 }
