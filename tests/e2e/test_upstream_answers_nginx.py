@@ -11,7 +11,8 @@ checked side by side with Debian's nginx on the same config:
 - an `X-Accel-Limit-Rate` given with an `X-Accel-Redirect` is the redirected request's
   rate, over the new location's `limit_rate`;
 - an SCGI answer to HEAD is cached only if its body is as long as its Content-Length;
-- the Location of a `/dir/` location's auto redirect is escaped as nginx 1.22 escapes URIs.
+- the Location of a `/dir/` location's auto redirect is escaped as nginx 1.22 escapes URIs;
+- `merge_slashes off`, from the default server of the address.
 """
 
 from __future__ import annotations
@@ -307,3 +308,36 @@ def test_auto_redirect_location_escapes_as_nginx(tmp_path):
         got, want = ask(srv.port), ask(nginx_port)
     assert got == want
     assert got == (301, target + "/?a=b")
+
+
+UNMERGED = PEER_MAIN + r"""
+http {
+    access_log off;
+    server {
+        listen 127.0.0.1:{port};
+        merge_slashes off;
+        location / { return 200 "uri=$uri\n"; }
+        location /a//b { return 200 "double uri=$uri\n"; }
+    }
+    server {
+        listen 127.0.0.1:{port};
+        server_name merged;
+        merge_slashes on;
+        location / { return 200 "merged uri=$uri\n"; }
+    }
+}
+"""
+
+
+def test_merge_slashes_off_keeps_empty_segments(tmp_path):
+    reqs = [("/foo//../bar", "x"), ("/foo///../bar", "x"), ("/a//b", "x"), ("//x//", "x"),
+            ("/a//b", "merged")]  # fmt: skip
+
+    def ask(port):
+        return [exchange(port, f"GET {u} HTTP/1.0\r\nHost: {h}\r\n\r\n".encode()).body for u, h in reqs]
+
+    with side_by_side(tmp_path, UNMERGED) as (srv, nginx_port):
+        got, want = ask(srv.port), ask(nginx_port)
+    assert got == want
+    # The second server is chosen after the URI was parsed with the default server's setting.
+    assert got == [b"uri=/foo/bar\n", b"uri=/foo//bar\n", b"double uri=/a//b\n", b"uri=//x//\n", b"merged uri=/a//b\n"]
