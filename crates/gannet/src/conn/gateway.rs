@@ -2436,7 +2436,11 @@ pub(super) fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
         // when the server sent none, the other modules their own then.
         let passed = |name: &str| {
             gateway::pass_lists(c, name)
-                && (proxied || resp.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)))
+                && (proxied
+                    || resp
+                        .headers
+                        .iter()
+                        .any(|(n, _)| n.eq_ignore_ascii_case(name)))
         };
         resp.passed_server_date = (passed("server"), passed("date"));
     }
