@@ -4,7 +4,8 @@
   order they were written; they must agree on buffer, flush and gzip (nginx's "already
   defined with conflicting parameters");
 - `open_log_file_cache`: a name whose file cannot be opened takes no place in the cache,
-  so it does not push out a descriptor kept for a file renamed away meanwhile.
+  so it does not push out a descriptor kept for a file renamed away meanwhile;
+- `$uri` of a request rejected for its target is empty, not missing (`-`).
 """
 
 from __future__ import annotations
@@ -100,3 +101,30 @@ def test_failed_open_keeps_cached_descriptors(tmp_path):
         assert sorted(p.name for p in moved.iterdir()) == ["log_a", "log_b"], side
         assert (moved / "log_a").read_text().count("\n") == 3, side
         assert (moved / "log_b").read_text().count("\n") == 3, side
+
+
+BAD_URI = PEER_MAIN + r"""
+http {
+    log_format u "$uri|$request";
+    server {
+        listen 127.0.0.1:{port};
+        access_log {tmp}/uri.log u;
+        location / { return 204; }
+    }
+}
+"""
+
+
+def test_uri_of_a_rejected_request_is_empty_not_missing(tmp_path):
+    # A target read but not normalised (climbing above the root, a bad escape) leaves nginx
+    # an empty `$uri`; a request line that is not one leaves none ("-").
+    reqs = [b"GET /ok HTTP/1.0\r\n\r\n", b"GET /../bad HTTP/1.0\r\n\r\n", b"GET /%zz HTTP/1.0\r\n\r\n",
+            b"BROKEN\r\n\r\n"]  # fmt: skip
+    with side_by_side(tmp_path, BAD_URI) as (srv, nginx_port):
+        for port in (srv.port, nginx_port):
+            for r in reqs:
+                exchange(port, r)
+        srv.stop(signal.SIGQUIT)
+    got = (tmp_path / "gannet" / "uri.log").read_text()
+    assert got == (tmp_path / "nginx" / "uri.log").read_text()
+    assert got.splitlines()[:3] == ["/ok|GET /ok HTTP/1.0", "|GET /../bad HTTP/1.0", "|GET /%zz HTTP/1.0"]

@@ -307,6 +307,12 @@ impl Var {
             // `set`, `map`, `geo` and named captures give a value even when it is empty
             // (nginx logs `set $x ""` as `""`).
             Var::User(_) => true,
+            // Empty only for a rejected request: one whose target was read but could not be
+            // normalised (`/../x`) has nginx's empty URI; without a target, none at all.
+            Var::Uri => request_line(req)
+                .split(|&b| b == b' ')
+                .nth(1)
+                .is_some_and(|t| t.first() == Some(&b'/')),
             _ => false,
         }
     }
