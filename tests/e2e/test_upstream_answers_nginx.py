@@ -12,12 +12,15 @@ checked side by side with Debian's nginx on the same config:
   rate, over the new location's `limit_rate`;
 - an SCGI answer to HEAD is cached only if its body is as long as its Content-Length;
 - the Location of a `/dir/` location's auto redirect is escaped as nginx 1.22 escapes URIs;
-- `merge_slashes off`, from the default server of the address.
+- `merge_slashes off`, from the default server of the address;
+- `$upstream_response_time` is `-` for the answer being passed on (`add_header`), and a
+  `down` server is not counted as a server to try.
 """
 
 from __future__ import annotations
 
 import re
+import signal
 
 import pytest
 
@@ -341,3 +344,46 @@ def test_merge_slashes_off_keeps_empty_segments(tmp_path):
     assert got == want
     # The second server is chosen after the URI was parsed with the default server's setting.
     assert got == [b"uri=/foo/bar\n", b"uri=/foo//bar\n", b"double uri=/a//b\n", b"uri=//x//\n", b"merged uri=/a//b\n"]
+
+
+TIMES = PEER_MAIN + r"""
+http {
+    log_format t "$upstream_response_time";
+    upstream with_down {
+        server 127.0.0.1:{port};
+        server 127.0.0.1:1 down;
+    }
+    server {
+        listen 127.0.0.1:{port};
+        location /t {
+            access_log {tmp}/t.log t;
+            proxy_pass http://127.0.0.1:{port}/answer;
+            add_header X-RT $upstream_response_time;
+        }
+        location /answer { access_log off; return 200 "ok"; }
+        location /down {
+            access_log off;
+            proxy_pass http://with_down/missing;
+            proxy_next_upstream http_404;
+        }
+        location /missing { access_log off; return 404; }
+    }
+}
+"""
+
+
+def test_response_time_and_tries_as_nginx(tmp_path):
+    def ask(port):
+        t = exchange(port, b"GET /t HTTP/1.0\r\n\r\n")
+        d = exchange(port, b"GET /down HTTP/1.0\r\n\r\n")
+        return t.headers.get("x-rt"), d.status
+
+    with side_by_side(tmp_path, TIMES) as (srv, nginx_port):
+        got, want = ask(srv.port), ask(nginx_port)
+        srv.stop(signal.SIGQUIT)
+    assert got == want
+    # While the answer is passed on its time is not known yet; a `down` server is no try,
+    # so the one server's 404 is the answer (not "no live upstreams").
+    assert got == ("-", 404)
+    for side in ("gannet", "nginx"):
+        assert re.fullmatch(r"\d+\.\d{3}\n", (tmp_path / side / "t.log").read_text()), side

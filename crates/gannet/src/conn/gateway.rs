@@ -1398,7 +1398,7 @@ async fn fetch(
         // Another server may be tried if there is one, within the tries and time allowed,
         // and if no body has been taken from the client for this one.
         let more = !out.started()
-            && tried.len() < up.servers.len()
+            && tried.len() < up.tries()
             && c.next_upstream_tries
                 .is_none_or(|n| n == 0 || (tried.len() as u64) < n)
             && c.next_upstream_timeout
@@ -1517,7 +1517,9 @@ fn attempt_status(r: Result<&Answered, &Failure>) -> u16 {
 /// "no live upstreams": nginx still counts it as an attempt, its peer named for the group
 /// (`$upstream_addr` ends in the upstream's name, `$upstream_status` in 502).
 pub(super) fn no_live(req: &Request, group: &str, since: Instant) {
-    req.upstream.borrow_mut().push(UpstreamTry {
+    let mut tries = req.upstream.borrow_mut();
+    tries.pending = false;
+    tries.push(UpstreamTry {
         addr: Addr::Tcp(group.into()),
         status: 502,
         time: since.elapsed(),
@@ -1546,6 +1548,7 @@ pub(super) fn record(
         std::mem::take(&mut tries.sent),
         std::mem::take(&mut tries.received),
     );
+    tries.pending = header.is_some();
     tries.push(UpstreamTry {
         addr: addr.clone(),
         status,

@@ -780,7 +780,9 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         | Var::UpstreamBytesReceived => {
             // One entry per server tried, as nginx lists them: "a, b"; a time the attempt
             // never reached (no connection, no head) as "-".
-            for (i, t) in req.upstream.borrow().iter().enumerate() {
+            let tries = req.upstream.borrow();
+            let last = tries.len().wrapping_sub(1);
+            for (i, t) in tries.iter().enumerate() {
                 if i > 0 {
                     out.push_str(", ");
                 }
@@ -808,6 +810,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                     }
                     Var::UpstreamConnectTime => t.connect,
                     Var::UpstreamHeaderTime => t.header,
+                    _ if i == last && tries.pending => None,
                     _ => Some(t.time),
                 };
                 match time {
