@@ -50,3 +50,21 @@ def test_accel_redirect_through_server_rewrites_as_nginx(tmp_path):
     assert got[0] == (200, b"xar: /index.html uri: /index.html method: GET", "blah=blah", None)
     assert got[1][1].endswith(b"method: GET")
     assert got[2][1] == b"index redirect seen"
+
+
+@pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
+def test_accel_redirect_uri_is_unescaped_and_checked_after(tmp_path):
+    # `$arg_xar` is not decoded: the application sends the escapes as they are. nginx decodes the URI, refuses
+    # a `..` that only shows once decoded, and redirects to the decoded path.
+    xars = ["/foo%20bar", "/foo/.%2e", "/foo/%2e%2e/x", "/./index.html", "/a%3Fb"]
+
+    def ask(port, xar):
+        a = exchange(port, f"GET /proxy?xar={xar} HTTP/1.0\r\n\r\n".encode())
+        return a.status, a.body if a.status == 200 else b""
+
+    with side_by_side(tmp_path, CONF, {"index.html": "file"}) as (srv, nginx_port):
+        got = [ask(srv.port, x) for x in xars]
+        want = [ask(nginx_port, x) for x in xars]
+    assert got == want
+    assert got[0] == (200, b"xar: /foo%20bar uri: /foo bar method: GET")
+    assert got[1][0] == got[2][0] == 404

@@ -25,6 +25,13 @@ const fn bad(reason: &'static str) -> ParseError {
 /// Anything else, a bad percent-escape, a decoded NUL, a path that is not UTF-8 once
 /// decoded, or one whose `..` segments climb above the root is a 400.
 pub fn parse_target(raw: &[u8]) -> Result<Target, ParseError> {
+    parse_target_with(raw, true)
+}
+
+/// [`parse_target`], with repeated slashes kept as they are (`merge_slashes off`): an empty
+/// segment is one of its own, which a following `..` removes, as nginx's
+/// ngx_http_parse_complex_uri.
+pub fn parse_target_with(raw: &[u8], merge_slashes: bool) -> Result<Target, ParseError> {
     if raw.iter().any(|&c| c <= b' ' || c == 0x7f) {
         return Err(bad("invalid character in request target"));
     }
@@ -54,7 +61,7 @@ pub fn parse_target(raw: &[u8]) -> Result<Target, ParseError> {
     let path = if path.is_empty() {
         "/".to_string()
     } else {
-        normalize_path(path)?
+        normalize_path(path, merge_slashes)?
     };
     let query = match query {
         Some(q) => Some(String::from_utf8(q.to_vec()).map_err(|_| bad("invalid query"))?),
@@ -126,7 +133,7 @@ fn authority_host(a: &[u8]) -> Option<String> {
 }
 
 /// Percent-decode `raw` (which starts with `/`) and resolve `.`, `..` and repeated slashes.
-fn normalize_path(raw: &[u8]) -> Result<String, ParseError> {
+fn normalize_path(raw: &[u8], merge: bool) -> Result<String, ParseError> {
     let decoded = percent_decode(raw)?;
     if decoded.contains(&0) {
         return Err(bad("NUL in request path"));
@@ -139,8 +146,14 @@ fn normalize_path(raw: &[u8]) -> Result<String, ParseError> {
     let mut out = String::with_capacity(decoded.len());
     // Whether the result ends in a directory (`/a/`, `/a/.`, `/a/b/..`).
     let mut dir = false;
-    for seg in decoded.split('/').skip(1) {
+    let mut segs = decoded.split('/').skip(1).peekable();
+    while let Some(seg) = segs.next() {
         match seg {
+            // Unmerged, an empty segment (not the trailing slash) stays: `//`.
+            "" if !merge && segs.peek().is_some() => {
+                out.push('/');
+                dir = false;
+            }
             "" | "." => dir = true,
             ".." => {
                 // `out` is `/seg/seg...`: dropping the last segment means cutting at its `/`.

@@ -159,3 +159,21 @@ fn escape_html() {
     );
     assert_eq!(html_escape("plain café"), "plain café");
 }
+
+#[test]
+fn unmerged_slashes() {
+    let unmerged = |raw: &str| parse_target_with(raw.as_bytes(), false).map(|t| t.path);
+    for (raw, want) in [
+        ("/foo//../bar", "/foo/bar"),
+        ("/foo///../bar", "/foo//bar"),
+        ("//a//b//", "//a//b//"),
+        ("/a/./b//c", "/a/b//c"),
+        ("/a//%2e%2e/b", "/a/b"),
+        ("/a/", "/a/"),
+    ] {
+        assert_eq!(unmerged(raw).as_deref(), Ok(want), "{raw}");
+    }
+    assert!(unmerged("/..").is_err());
+    // Merged, the empty segments go first.
+    assert_eq!(path("/foo//../bar").as_deref(), Ok("/bar"));
+}

@@ -211,6 +211,12 @@ pub struct Upstream {
 }
 
 impl Upstream {
+    /// How many servers one request may try (nginx's `peer.tries`): the ones not marked
+    /// `down`, backups included.
+    pub fn tries(&self) -> usize {
+        self.servers.iter().filter(|s| !s.down).count()
+    }
+
     pub fn healthy(&self, i: usize) -> bool {
         self.health.get(i).is_none_or(|h| h.load(Ordering::Relaxed))
     }

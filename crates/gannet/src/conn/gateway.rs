@@ -435,9 +435,11 @@ impl Link {
     /// `body`. Read to the close for HEAD (the length is the entity's, not this answer's),
     /// nothing for 204 and 304, else the Content-Length if there is one. A FastCGI answer
     /// ends with its END_REQUEST record, but no later than its Content-Length (so the
-    /// client, which gets that length, is never sent more).
+    /// client, which gets that length, is never sent more). A HEAD whose answer goes to a
+    /// cache entry is framed as the others: as nginx's, one that came short (a body-less
+    /// answer to HEAD) or longer than its Content-Length is not kept.
     pub(super) fn frame(&mut self, req: &Request, head: &CgiHead, body: &mut BytesMut) {
-        if req.is_head() {
+        if req.is_head() && req.cache.borrow().is_none() {
             return;
         }
         let framing = match head.status {
@@ -449,6 +451,12 @@ impl Link {
         };
         if self.proto == Proto::FastCgi && !matches!(framing, Framing::Length(_)) {
             return;
+        }
+        if let (true, Framing::Length(n)) = (req.is_head(), framing) {
+            // More than announced in answer to HEAD: nginx keeps no entry of it.
+            if body.len() as u64 > n {
+                super::gateway_cache::no_store(req);
+            }
         }
         self.set_framing(framing, false, body);
     }
@@ -1339,6 +1347,7 @@ async fn fetch(
                         up.name
                     ),
                 );
+                no_live(req, &up.name, now);
                 return Outcome::Flow(Flow::Status(502));
             }
         };
@@ -1389,7 +1398,7 @@ async fn fetch(
         // Another server may be tried if there is one, within the tries and time allowed,
         // and if no body has been taken from the client for this one.
         let more = !out.started()
-            && tried.len() < up.servers.len()
+            && tried.len() < up.tries()
             && c.next_upstream_tries
                 .is_none_or(|n| n == 0 || (tried.len() as u64) < n)
             && c.next_upstream_timeout
@@ -1505,6 +1514,24 @@ fn attempt_status(r: Result<&Answered, &Failure>) -> u16 {
 
 /// Note an attempt for the `$upstream_*` variables; returns when it ended.
 /// Also counted for `metrics` in the server's key `peer`.
+/// "no live upstreams": nginx still counts it as an attempt, its peer named for the group
+/// (`$upstream_addr` ends in the upstream's name, `$upstream_status` in 502).
+pub(super) fn no_live(req: &Request, group: &str, since: Instant) {
+    let mut tries = req.upstream.borrow_mut();
+    tries.pending = false;
+    tries.push(UpstreamTry {
+        addr: Addr::Tcp(group.into()),
+        status: 502,
+        time: since.elapsed(),
+        connect: None,
+        header: None,
+        sent: 0,
+        received: 0,
+        body: 0,
+        started: since,
+    });
+}
+
 pub(super) fn record(
     req: &Request,
     addr: &Addr,
@@ -1521,6 +1548,7 @@ pub(super) fn record(
         std::mem::take(&mut tries.sent),
         std::mem::take(&mut tries.received),
     );
+    tries.pending = header.is_some();
     tries.push(UpstreamTry {
         addr: addr.clone(),
         status,
@@ -2351,7 +2379,12 @@ pub(super) fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
     }
     let (status, head) = match gateway::classify(c, head) {
         Answer::LocalRedirect(uri) => return Flow::Redirect(uri),
-        Answer::AccelRedirect(uri, carried) => return Flow::Accel(uri, carried),
+        Answer::AccelRedirect(uri, carried, rate) => {
+            if rate.is_some() {
+                req.limit_rate.set(rate);
+            }
+            return Flow::Accel(uri, carried);
+        }
         Answer::Respond(s, h) => (s, h),
     };
     if status >= 300 && c.intercept_errors() && req.conf.error_page.find(status).is_some() {
@@ -2400,6 +2433,19 @@ pub(super) fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
         } else if gateway::passes(c, &name) {
             resp.headers.push((name, fields.keep(value)));
         }
+    }
+    if c.pass_headers.is_some() {
+        // A passed `Server`/`Date` replaces gannet's own; nginx's proxy sends none at all
+        // when the server sent none, the other modules their own then.
+        let passed = |name: &str| {
+            gateway::pass_lists(c, name)
+                && (proxied
+                    || resp
+                        .headers
+                        .iter()
+                        .any(|(n, _)| n.eq_ignore_ascii_case(name)))
+        };
+        resp.passed_server_date = (passed("server"), passed("date"));
     }
     // `X-Accel-Charset`: the charset the answer is said to be in, added to a Content-Type
     // that names none (gannet recodes nothing: nginx too leaves a type that names another

@@ -389,6 +389,13 @@ pub fn head_as_get(req: &Request) -> bool {
         && req.cache.borrow().is_some()
 }
 
+/// The answer is not to be stored after all (its entry is not written).
+pub fn no_store(req: &Request) {
+    if let Some(p) = req.cache.borrow_mut().as_mut() {
+        p.store = false;
+    }
+}
+
 /// An entry as the answer.
 fn serve(req: &Request, c: &GatewayConf, file: File, meta: Meta) -> Flow {
     let mut buf = BytesMut::from(&meta.head[..]);

@@ -242,6 +242,7 @@ async fn open(
                             up.name
                         ),
                     );
+                    super::gateway::no_live(req, &up.name, std::time::Instant::now());
                     return Err(Flow::Status(502));
                 }
             },
@@ -279,7 +280,7 @@ async fn open(
                     Ok((parts, recv)) => {
                         let status = parts.status.as_u16();
                         let more = match &o.server {
-                            Some((up, ..)) => tried.len() < up.servers.len(),
+                            Some((up, ..)) => tried.len() < up.tries(),
                             None => spare.len() > 0,
                         } && within(attempts, start, now);
                         if !more || !gw::retry_status(status, gwc, req) {
@@ -308,7 +309,7 @@ async fn open(
         let group_left = match &server {
             Some((up, i, _)) => {
                 w.upstreams.failed(up, *i, now);
-                tried.len() < up.servers.len()
+                tried.len() < up.tries()
             }
             None => spare.len() > 0,
         };

@@ -40,7 +40,7 @@ use crate::runtime::worker::Worker;
 use crate::tls::handshake::{self, Accepted};
 use bytes::BytesMut;
 use gannet_proto::h1::{parse_request, BodyKind, Limits, ParseError, RequestHead, Version};
-use gannet_proto::uri::parse_target;
+use gannet_proto::uri::parse_target_with;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::task::Poll;
@@ -589,7 +589,11 @@ impl<S: Transport> Conn<S> {
     /// Serve one request. Returns whether the connection stays open.
     async fn request(&mut self, head: RequestHead) -> bool {
         let w = self.w.clone();
-        let target = match parse_target(head.target()) {
+        let g = &w.config.listens[self.group];
+        // `merge_slashes` is the default server's, as nginx parses the URI before the Host
+        // header picks the server.
+        let merge = g.servers[g.default].conf.core.merge_slashes();
+        let target = match parse_target_with(head.target(), merge) {
             Ok(t) => t,
             Err(e) => {
                 let line_only =
@@ -598,7 +602,6 @@ impl<S: Transport> Conn<S> {
                 return false;
             }
         };
-        let g = &w.config.listens[self.group];
         let mut req = exchange::request(g, head, target, self.info.clone());
         exchange::serve(self, &w, &mut req).await
     }

@@ -36,7 +36,7 @@ use crate::modules::LocConf;
 use crate::runtime::worker::Worker;
 use bytes::{Bytes, BytesMut};
 use gannet_proto::h1::{ParseError, RequestHead};
-use gannet_proto::uri::parse_target;
+use gannet_proto::uri::parse_target_with;
 use h2::server::SendResponse;
 use h2::RecvStream;
 use std::cell::Cell;
@@ -346,7 +346,9 @@ async fn answer(
             default.conf.core.header_names(),
         ),
     }
-    .and_then(|head| parse_target(head.target()).map(|t| (head, t)));
+    .and_then(|head| {
+        parse_target_with(head.target(), default.conf.core.merge_slashes()).map(|t| (head, t))
+    });
     let (head, target) = match parsed {
         Ok(p) => p,
         Err(e) => {

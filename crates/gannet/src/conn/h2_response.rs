@@ -53,6 +53,8 @@ pub(super) fn head(
                 put(SERVER, Ok(HeaderValue::from_static(server(tokens))));
                 put(DATE, HeaderValue::from_bytes(date));
             }
+            Field::Server(tokens) => put(SERVER, Ok(HeaderValue::from_static(server(tokens)))),
+            Field::Date(date) => put(DATE, HeaderValue::from_bytes(date)),
             Field::ContentType(ct) => put(CONTENT_TYPE, HeaderValue::from_str(ct)),
             Field::ContentLength(n) => put(CONTENT_LENGTH, Ok(HeaderValue::from(n))),
             Field::LastModified(lm) => put(

@@ -21,7 +21,7 @@ use crate::modules::limit_rate;
 use crate::runtime::worker::Worker;
 use bytes::{Buf, Bytes};
 use gannet_proto::h1::{BodyKind, RequestHead};
-use gannet_proto::uri::parse_target;
+use gannet_proto::uri::parse_target_with;
 use h3::server::RequestStream;
 use std::future::Future;
 use std::pin::Pin;
@@ -82,7 +82,10 @@ pub(super) async fn stream(
         body_follows,
         default.conf.core.header_names(),
     )
-    .and_then(|head| parse_target(head.target()).map(|t| (head.into_http3(), t)));
+    .and_then(|head| {
+        parse_target_with(head.target(), default.conf.core.merge_slashes())
+            .map(|t| (head.into_http3(), t))
+    });
     let mut ex = H3Exchange {
         s,
         first,

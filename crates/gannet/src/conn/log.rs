@@ -36,6 +36,8 @@ pub fn access(w: &Worker, req: &Request, resp: &Response, head_len: u64, body_le
     if logs.is_empty() {
         return;
     }
+    // The request is over: the last attempt's time stands (nginx's finalize).
+    req.upstream.borrow_mut().pending = false;
     let sent = Sent {
         status: resp.status,
         body_bytes: body_len,

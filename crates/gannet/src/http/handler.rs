@@ -510,29 +510,33 @@ fn internal_redirect(req: &mut Request, w: &Worker, uri: &str) -> Flow {
     server_rewrites(req)
 }
 
-/// `X-Accel-Redirect`, as nginx: a URI that could climb out of its folders (`.`/`..`
-/// segments, no leading `/`) is a 404; else an internal redirect as a GET, the headers
-/// carried to the answer.
+/// `X-Accel-Redirect`, as nginx (ngx_http_parse_unsafe_uri): the path is percent-decoded
+/// and a URI that could climb out of its folders (`..` segments, before or after decoding),
+/// holds a NUL or has no leading `/` is a 404; else an internal redirect to the decoded path
+/// (with the arguments as sent) as a GET, the headers carried to the answer.
 fn accel_redirect(
     req: &mut Request,
     w: &Worker,
     uri: &str,
     carried: Vec<(Cow<'static, str>, HeaderValue)>,
 ) -> Flow {
-    if !uri.starts_with('@') {
-        let path = uri.split_once('?').map_or(uri, |(p, _)| p);
-        let unsafe_uri = !path.starts_with('/')
-            || path.contains('\0')
-            || path.split('/').any(|seg| seg == "." || seg == "..");
-        if unsafe_uri {
-            return Flow::Status(404);
-        }
-        if !req.is_head() {
-            req.method_override = Some(Method::Get);
-        }
-    }
     req.carried = carried;
-    internal_redirect(req, w, uri)
+    if uri.starts_with('@') {
+        return internal_redirect(req, w, uri);
+    }
+    let Some(path) = crate::http::unsafe_uri(uri).filter(|p| p.starts_with('/')) else {
+        return Flow::Status(404);
+    };
+    if !req.is_head() {
+        req.method_override = Some(Method::Get);
+    }
+    // The decoded path may hold a `?` of its own: set apart from the arguments here.
+    let args = uri.split_once('?').map(|(_, a)| a.to_string());
+    req.internal = true;
+    req.uri_changed = true;
+    req.uri = path;
+    req.args = args.filter(|a| !a.is_empty());
+    server_rewrites(req)
 }
 
 /// `error_page` for `code`, if the location has one: an internal redirect (GET) carrying

@@ -145,6 +145,10 @@ pub struct Tries {
     /// The trailer fields of a server's answer, kept for the client (`proxy_pass_trailers`,
     /// `conn::proxy_h2`).
     pub trailers: Option<crate::conn::proxy_h2::Trailers>,
+    /// The last attempt's answer is being passed on: its `$upstream_response_time` is
+    /// `-` until its body has been read (nginx sets it when the upstream part ends, so
+    /// `add_header` sees `-` for it).
+    pub pending: bool,
 }
 
 impl Tries {
@@ -175,6 +179,7 @@ impl Tries {
     /// The answer's body has been read to its end (or failed): `$upstream_response_time`
     /// is the whole exchange's, as nginx's.
     pub fn body_done(&mut self) {
+        self.pending = false;
         if let Some(t) = self.more.last_mut().or(self.first.as_mut()) {
             t.time = t.started.elapsed();
         }
@@ -182,6 +187,11 @@ impl Tries {
 
     pub fn iter(&self) -> impl Iterator<Item = &UpstreamTry> {
         self.first.iter().chain(&self.more)
+    }
+
+    /// How many attempts there were.
+    pub fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.more.len()
     }
 }
 

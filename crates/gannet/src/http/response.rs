@@ -154,6 +154,10 @@ pub struct Response {
     /// it, where any other answer to the page's URI (a file, a proxied answer) takes the
     /// error_page's status.
     pub special: bool,
+    /// The application's `Server` and `Date` stand for gannet's own (`proxy_pass_header
+    /// Server`/`Date`): gannet adds none of its own, even when the application sent none
+    /// (nginx's proxy marks a missing one with an empty field that is never sent).
+    pub passed_server_date: (bool, bool),
 }
 
 impl Response {
@@ -292,6 +296,9 @@ pub struct HeadCtx<'a> {
 pub enum Field<'a> {
     /// `Server` then `Date`, always first (HTTP/1.x writes them as one piece).
     ServerDate(bool, &'a [u8]),
+    /// Only one of the two (the application's other one is passed on in its place).
+    Server(bool),
+    Date(&'a [u8]),
     ContentType(&'a str),
     Chunked,
     ContentLength(u64),
@@ -329,7 +336,17 @@ pub fn head_fields<'a>(
     mut f: impl FnMut(Field<'a>),
 ) {
     let h1 = ctx.hop != Hop::None;
-    f(Field::ServerDate(ctx.server_tokens, ctx.date));
+    match r.passed_server_date {
+        (false, false) => f(Field::ServerDate(ctx.server_tokens, ctx.date)),
+        (server, date) => {
+            if !server {
+                f(Field::Server(ctx.server_tokens));
+            }
+            if !date {
+                f(Field::Date(ctx.date));
+            }
+        }
+    }
     if let Some(ct) = &r.content_type {
         f(Field::ContentType(ct));
     }
@@ -379,6 +396,10 @@ pub fn encode_head(r: &Response, body_len: u64, ctx: &HeadCtx, out: &mut Vec<u8>
     encode::write_u64(out, u64::from(r.status));
     out.push(b' ');
     out.extend_from_slice(reason(r.status).as_bytes());
+    if r.passed_server_date != (false, false) {
+        // `ServerDate` ends the status line otherwise.
+        out.extend_from_slice(b"\r\n");
+    }
     head_fields(r, body_len, ctx, |field| match field {
         Field::ServerDate(tokens, date) => {
             out.extend_from_slice(if tokens {
@@ -391,6 +412,12 @@ pub fn encode_head(r: &Response, body_len: u64, ctx: &HeadCtx, out: &mut Vec<u8>
             } else {
                 b"\r\nServer: gannet\r\nDate: "
             });
+            out.extend_from_slice(date);
+            out.extend_from_slice(b"\r\n");
+        }
+        Field::Server(tokens) => put(out, "Server", server(tokens)),
+        Field::Date(date) => {
+            out.extend_from_slice(b"Date: ");
             out.extend_from_slice(date);
             out.extend_from_slice(b"\r\n");
         }

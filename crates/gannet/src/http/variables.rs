@@ -307,6 +307,12 @@ impl Var {
             // `set`, `map`, `geo` and named captures give a value even when it is empty
             // (nginx logs `set $x ""` as `""`).
             Var::User(_) => true,
+            // Empty only for a rejected request: one whose target was read but could not be
+            // normalised (`/../x`) has nginx's empty URI; without a target, none at all.
+            Var::Uri => request_line(req)
+                .split(|&b| b == b' ')
+                .nth(1)
+                .is_some_and(|t| t.first() == Some(&b'/')),
             _ => false,
         }
     }
@@ -770,7 +776,9 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         | Var::UpstreamBytesReceived => {
             // One entry per server tried, as nginx lists them: "a, b"; a time the attempt
             // never reached (no connection, no head) as "-".
-            for (i, t) in req.upstream.borrow().iter().enumerate() {
+            let tries = req.upstream.borrow();
+            let last = tries.len().wrapping_sub(1);
+            for (i, t) in tries.iter().enumerate() {
                 if i > 0 {
                     out.push_str(", ");
                 }
@@ -798,6 +806,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                     }
                     Var::UpstreamConnectTime => t.connect,
                     Var::UpstreamHeaderTime => t.header,
+                    _ if i == last && tries.pending => None,
                     _ => Some(t.time),
                 };
                 match time {

@@ -390,8 +390,26 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
             Output::File(file, target.path().map(Path::to_path_buf))
         }
     };
+    // Buffered logs to one file share one buffer (nginx keeps it with the open file), so
+    // their lines stay in the order written; they must agree on how it is buffered.
+    let same_file = |l: &&Arc<LogFile>| {
+        l.buffer > 0
+            && matches!((&l.out, &out), (Output::File(_, Some(a)), Output::File(_, Some(b))) if a == b)
+    };
+    let shared = match ctx.log_files.iter().find(same_file) {
+        Some(l) if buffer > 0 => {
+            if l.buffer != buffer || l.flush != flush || l.gzip != gzip {
+                return Err(d.error(format!(
+                    "access_log \"{}\" already defined with conflicting parameters",
+                    d.args[0]
+                )));
+            }
+            Some(l.id)
+        }
+        _ => None,
+    };
     let log = Arc::new(LogFile {
-        id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        id: shared.unwrap_or_else(|| NEXT_ID.fetch_add(1, Ordering::Relaxed)),
         out,
         format,
         buffer,

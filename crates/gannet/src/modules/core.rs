@@ -430,6 +430,9 @@ impl CoreConf {
     pub fn tcp_nodelay(&self) -> bool {
         self.tcp_nodelay.unwrap_or(true)
     }
+    pub fn merge_slashes(&self) -> bool {
+        self.merge_slashes.unwrap_or(true)
+    }
     pub fn server_tokens(&self) -> bool {
         self.server_tokens.unwrap_or(true)
     }

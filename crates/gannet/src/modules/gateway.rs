@@ -716,6 +716,13 @@ pub fn passes(c: &GatewayConf, name: &str) -> bool {
     !named(HIDDEN) || listed(&c.pass_headers)
 }
 
+/// Whether `*_pass_header` names this header (one of the hidden ones passed on).
+pub fn pass_lists(c: &GatewayConf, name: &str) -> bool {
+    c.pass_headers
+        .as_ref()
+        .is_some_and(|l| l.iter().any(|n| n.eq_ignore_ascii_case(name)))
+}
+
 /// What the application's head asks for.
 pub enum Answer {
     /// A response with this status and these headers.
@@ -723,8 +730,10 @@ pub enum Answer {
     /// A CGI local redirect (`Location: /path` and no `Status`): serve that URI instead.
     LocalRedirect(String),
     /// `X-Accel-Redirect: /uri` or `@name`: serve that instead, with the headers nginx
-    /// carries over to the redirected request's answer.
-    AccelRedirect(String, Vec<(Cow<'static, str>, HeaderValue)>),
+    /// carries over to the redirected request's answer and the `X-Accel-Limit-Rate` given
+    /// with it (nginx sets the request's rate as it reads the head, so it outlives the
+    /// redirect and stands over the new location's `limit_rate`).
+    AccelRedirect(String, Vec<(Cow<'static, str>, HeaderValue)>, Option<u64>),
 }
 
 /// The answer headers nginx keeps across an `X-Accel-Redirect` (its `redirect` flag).
@@ -746,7 +755,11 @@ pub fn classify(c: &GatewayConf, head: CgiHead) -> Answer {
                 .filter(|(n, _)| CARRIED.iter().any(|k| n.eq_ignore_ascii_case(k)))
                 .map(|(n, v)| (Cow::Owned(n.to_string()), HeaderValue::from(v)))
                 .collect();
-            return Answer::AccelRedirect(uri.to_string(), carried);
+            let rate = head
+                .get("x-accel-limit-rate")
+                .filter(|_| !c.ignores("x-accel-limit-rate"))
+                .and_then(|v| gannet_conf::setters::num(v.trim()));
+            return Answer::AccelRedirect(uri.to_string(), carried, rate);
         }
     }
     match (head.status, head.get("location")) {

@@ -373,6 +373,9 @@ impl Geo {
     /// The address to look up; `None` when `$address` is not an address.
     fn address(&self, req: &Request, sent: Option<&Sent>) -> Option<IpAddr> {
         let addr = match &self.source {
+            // A `listen unix:` client has no address: nginx looks up 255.255.255.255
+            // (its AF_UNIX case), as for a `$address` that is not one.
+            None if req.unix_client() => return None,
             None => req.client().ip(),
             Some(t) => t.eval(req, sent).parse().ok()?,
         };

@@ -134,6 +134,8 @@ pub enum Redirect {
 #[derive(Debug, Clone)]
 pub enum RedirectFrom {
     Prefix(String),
+    /// A prefix with variables, evaluated per answer (nginx's complex-value pattern).
+    Vars(Template),
     Regex(Regex),
 }
 
@@ -351,6 +353,8 @@ fn set_redirect(d: &Directive, c: &mut ProxyConf) -> Result<(), ConfError> {
                 RedirectFrom::Regex(compile_ci(d, re, true)?)
             } else if let Some(re) = from.strip_prefix('~') {
                 RedirectFrom::Regex(compile_ci(d, re, false)?)
+            } else if from.contains('$') {
+                RedirectFrom::Vars(Template::compile(from).map_err(|e| d.error(e))?)
             } else {
                 RedirectFrom::Prefix(from.to_string())
             };
@@ -529,11 +533,19 @@ pub(crate) fn upstream_uri(req: &Request, dest: &Dest, vars: bool, out: &mut Vec
     }
 }
 
-/// nginx's NGX_ESCAPE_URI set: space, `#`, `%`, `?`, controls and bytes above 0x7e.
+/// nginx's NGX_ESCAPE_URI set (1.22's, after RFC 3986): space, `#`, `%`, `?`, the
+/// characters a URI may not hold unescaped (`"`, `<`, `>`, `\`, `^`, `` ` ``, `{`, `|`,
+/// `}`), controls and bytes above 0x7e.
 pub(crate) fn escape_uri(s: &str, out: &mut Vec<u8>) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for &c in s.as_bytes() {
-        if c <= b' ' || c >= 0x7f || matches!(c, b'#' | b'%' | b'?') {
+        if c <= b' '
+            || c >= 0x7f
+            || matches!(
+                c,
+                b'#' | b'%' | b'?' | b'"' | b'<' | b'>' | b'\\' | b'^' | b'`' | b'{' | b'|' | b'}'
+            )
+        {
             out.extend_from_slice(&[b'%', HEX[usize::from(c >> 4)], HEX[usize::from(c & 15)]]);
         } else {
             out.push(c);
@@ -743,6 +755,11 @@ pub fn rewrite_location(req: &Request, value: &str) -> Option<String> {
                     return Some(format!("{}{rest}", to.eval(req, None)));
                 }
             }
+            Redirect::Rule(RedirectFrom::Vars(p), to) => {
+                if let Some(rest) = value.strip_prefix(p.eval(req, None).as_str()) {
+                    return Some(format!("{}{rest}", to.eval(req, None)));
+                }
+            }
             Redirect::Rule(RedirectFrom::Regex(re), to) => {
                 // A match replaces the whole value (not only the part matched, as nginx
                 // does), with the captures as $1..$9.
@@ -802,6 +819,6 @@ mod tests {
     fn escaping_matches_nginx_set() {
         let mut s = Vec::new();
         escape_uri("/a b/%?#/é\"<>", &mut s);
-        assert_eq!(s, b"/a%20b/%25%3F%23/%C3%A9\"<>");
+        assert_eq!(s, b"/a%20b/%25%3F%23/%C3%A9%22%3C%3E");
     }
 }

@@ -131,22 +131,32 @@ fn cached(c: &CacheConf, name: &Path, line: &[u8]) -> Written {
         let files = caches.entry(c.id).or_default();
         // Descriptors unused for `inactive` close (nginx expires them as it looks up).
         files.retain(|_, e| now.duration_since(e.last) < c.inactive);
-        if !files.contains_key(name) && files.len() >= c.max {
-            // Full: the least recently used one makes room.
-            if let Some(oldest) = files
-                .iter()
-                .min_by_key(|(_, e)| e.last)
-                .map(|(p, _)| p.clone())
-            {
-                files.remove(&oldest);
+        if !files.contains_key(name) {
+            // A name not in the cache: opened first, and only a file that opened takes a
+            // place (nginx caches no failed open, so a missing directory evicts nothing).
+            let f = open_write(name, line)?;
+            if files.len() >= c.max {
+                // Full: the least recently used one makes room.
+                if let Some(oldest) = files
+                    .iter()
+                    .min_by_key(|(_, e)| e.last)
+                    .map(|(p, _)| p.clone())
+                {
+                    files.remove(&oldest);
+                }
             }
+            let entry = Entry {
+                file: (c.min_uses <= 1).then_some(f),
+                uses: 1,
+                last: now,
+                checked: now,
+            };
+            files.insert(name.to_path_buf(), entry);
+            return Ok(());
         }
-        let e = files.entry(name.to_path_buf()).or_insert(Entry {
-            file: None,
-            uses: 0,
-            last: now,
-            checked: now,
-        });
+        let Some(e) = files.get_mut(name) else {
+            return Ok(());
+        };
         e.uses = e.uses.saturating_add(1);
         e.last = now;
         if let Some(f) = &e.file {
