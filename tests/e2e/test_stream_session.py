@@ -1,7 +1,8 @@
 """A stream session from accept to close: what its plain relay costs the worker in system
 calls (strace on the worker: its sockets leave the event loop with their close, never with
-an `EPOLL_CTL_DEL`; the client's TCP_NODELAY comes from the listening socket), and the client's
-first bytes reaching the next server when the first refuses.
+an `EPOLL_CTL_DEL`; the client's TCP_NODELAY comes from the listening socket), the client's
+first bytes reaching the next server when the first refuses,
+and a server without a handler (nginx 1.27.1+: loaded, its sessions end with 500).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import socket
 import pytest
 
 from conftest import free_port
-from test_stream import Echo, conf, dead_port, log_lines
+from test_stream import Echo, conf, dead_port, log_lines, talk
 from test_stream_splice import trace_worker
 
 needs_strace = pytest.mark.skipif(not os.path.exists("/usr/bin/strace"), reason="needs strace")
@@ -81,3 +82,29 @@ def test_first_bytes_reach_the_next_server_after_a_refusal(gannet, echo):
     assert exchange(p, msg) == b"[1]" + msg
     line = log_lines(srv.tmp, 1)[0]
     assert line == f'127.0.0.1 TCP 200 3003 3000 "127.0.0.1:{dead}, 127.0.0.1:{echo.ports[1]}" 0, 3000 0, 3003', line
+
+
+def test_server_without_handler(gannet):
+    """nginx 1.27.1+ loads a server with neither `proxy_pass` nor `return` (1.22 refused it,
+    so there is no side by side here): a TCP session is accepted and closed with nothing
+    sent, a UDP datagram gets no reply, both logged with 500 (the datagram counted as
+    received); `deny` still comes first (403)."""
+    p, q, u = free_port(), free_port(), free_port()
+    srv = gannet.start(conf=conf(
+        f"server {{ listen 127.0.0.1:{p}; listen 127.0.0.1:{u} udp; }}\n"
+        f"server {{ listen 127.0.0.1:{q}; deny all; }}"))
+    assert talk(p) == b""
+    assert log_lines(srv.tmp, 1)[0] == '127.0.0.1 TCP 500 0 0 "-" - -'
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as d:
+        d.sendto(b"ping!", ("127.0.0.1", u))
+        assert log_lines(srv.tmp, 2)[1] == '127.0.0.1 UDP 500 0 5 "-" - -'
+        # The line is written as the session ends: a reply would be here by now.
+        d.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            d.recv(100)
+    assert talk(q) == b""
+    assert log_lines(srv.tmp, 3)[2] == '127.0.0.1 TCP 403 0 0 "-" - -'
+    r = gannet.check(conf=conf(f"server {{ listen 127.0.0.1:{free_port()}; }}"))
+    assert r.returncode == 0, r.stderr
+
+

@@ -303,9 +303,6 @@ pub fn server(
     if listens.is_empty() {
         return Err(d.error("no \"listen\" is defined for server"));
     }
-    if conf.proxy.pass.is_none() && conf.ret.is_none() {
-        return Err(d.error("no handler for server"));
-    }
     if conf.proxy.ssl_enable {
         super::proxy::finish_ssl(&mut conf.proxy, &ctx.prefix)?;
         let mut h = ctx.http.borrow_mut();
@@ -575,15 +572,28 @@ async fn content<C>(
     C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
 {
     let run = async {
-        match &srv.conf.ret {
-            Some(t) => super::return_::tcp(&mut client, &t.eval(s, &srv.maps), s).await,
-            None => super::proxy::tcp(w, srv, client, head, s).await,
+        match (&srv.conf.ret, srv.conf.proxy.pass.is_some()) {
+            (Some(t), _) => super::return_::tcp(&mut client, &t.eval(s, &srv.maps), s).await,
+            (None, true) => super::proxy::tcp(w, srv, client, head, s).await,
+            (None, false) => no_handler(s),
         }
     };
     match Arc::ptr_eq(srv, default) {
         true => run.await,
         false => crate::errlog::scoped(srv.conf.error_log.clone(), run).await,
     }
+}
+
+/// A server with neither `proxy_pass` nor `return` (nginx 1.27.1+ loads it, e.g. one
+/// that only does `ssl_reject_handshake`): its sessions end in the content phase with 500.
+pub fn no_handler(s: &mut Session) {
+    if crate::errlog::admits(crate::errlog::Level::Debug) {
+        crate::errlog::log(
+            crate::errlog::Level::Debug,
+            format_args!("*{} no handler for server", s.id),
+        );
+    }
+    s.status = 500;
 }
 
 /// The preaccess phase (`set`, then `limit_conn`): the session's places in its zones, or

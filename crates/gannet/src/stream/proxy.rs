@@ -1190,8 +1190,8 @@ async fn udp_session(
     super::core::connected(&s);
     if let Some(_held) = super::core::enter(&srv, &mut s) {
         if super::core::check_access(&srv, &mut s) {
-            match &srv.conf.ret {
-                Some(t) => {
+            match (&srv.conf.ret, srv.conf.proxy.pass.is_some()) {
+                (Some(t), _) => {
                     if let Ok(d) = rx.try_recv() {
                         s.bytes_received += d.len() as u64;
                     }
@@ -1200,7 +1200,14 @@ async fn udp_session(
                         s.bytes_sent += text.len() as u64;
                     }
                 }
-                None => run_udp(&w, &srv, &sock, &mut s, &mut rx).await,
+                (None, true) => run_udp(&w, &srv, &sock, &mut s, &mut rx).await,
+                (None, false) => {
+                    // nginx counts the session's first datagram as it starts.
+                    if let Ok(d) = rx.try_recv() {
+                        s.bytes_received += d.len() as u64;
+                    }
+                    super::core::no_handler(&mut s);
+                }
             }
         }
     }
