@@ -23,8 +23,10 @@ use tokio::io::unix::AsyncFd;
 /// Readiness bits of a slot.
 const READ: u8 = 1;
 const WRITE: u8 = 2;
-/// The peer closed, or the socket failed: final, both ways stay ready.
+/// The socket failed or hung up: final, both ways stay ready.
 const CLOSED: u8 = 4;
+/// The peer shut its writing side down (EPOLLRDHUP): final, reading stays ready.
+const PEER_DONE: u8 = 8;
 
 /// Events taken from the set per `epoll_wait`.
 const BATCH: usize = 256;
@@ -77,9 +79,8 @@ impl Dir {
 pub fn get() -> Option<Rc<Epoll>> {
     SET.with_borrow_mut(|set| {
         if set.is_none() {
-            let made = Epoll::new().map_err(|e| {
-                crate::errlog::warn(format_args!("stream epoll set not made ({e})"))
-            });
+            let made = Epoll::new()
+                .map_err(|e| crate::errlog::warn(format_args!("stream epoll set not made ({e})")));
             if let Ok(e) = made {
                 let e = Rc::new(e);
                 tokio::task::spawn_local(dispatch(e.clone()));
@@ -140,7 +141,10 @@ impl Epoll {
     /// and out of the set, [`Epoll::delete`] first.)
     pub fn remove(&self, key: Key) {
         let mut slots = self.slots.borrow_mut();
-        if let Some(s) = slots.get_mut(key.index as usize).filter(|s| s.gen == key.gen) {
+        if let Some(s) = slots
+            .get_mut(key.index as usize)
+            .filter(|s| s.gen == key.gen)
+        {
             *s = Slot {
                 gen: s.gen.wrapping_add(1),
                 ..Slot::default()
@@ -153,7 +157,12 @@ impl Epoll {
     pub fn delete(&self, fd: RawFd, key: Key) {
         // SAFETY: `fd` is open; EPOLL_CTL_DEL reads no event.
         let _ = unsafe {
-            libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut())
+            libc::epoll_ctl(
+                self.fd.as_raw_fd(),
+                libc::EPOLL_CTL_DEL,
+                fd,
+                std::ptr::null_mut(),
+            )
         };
         self.remove(key);
     }
@@ -161,10 +170,17 @@ impl Epoll {
     /// Ready for `dir` (or closed); else the task is woken by the next event for it.
     pub fn poll_ready(&self, key: Key, dir: Dir, cx: &mut Context<'_>) -> Poll<()> {
         let mut slots = self.slots.borrow_mut();
-        let Some(s) = slots.get_mut(key.index as usize).filter(|s| s.gen == key.gen) else {
+        let Some(s) = slots
+            .get_mut(key.index as usize)
+            .filter(|s| s.gen == key.gen)
+        else {
             return Poll::Ready(());
         };
-        if s.ready & (dir.bit() | CLOSED) != 0 {
+        let done = match dir {
+            Dir::Read => CLOSED | PEER_DONE,
+            Dir::Write => CLOSED,
+        };
+        if s.ready & (dir.bit() | done) != 0 {
             return Poll::Ready(());
         }
         let w = match dir {
@@ -182,9 +198,22 @@ impl Epoll {
     /// between.)
     pub fn clear(&self, key: Key, dir: Dir) {
         let mut slots = self.slots.borrow_mut();
-        if let Some(s) = slots.get_mut(key.index as usize).filter(|s| s.gen == key.gen) {
+        if let Some(s) = slots
+            .get_mut(key.index as usize)
+            .filter(|s| s.gen == key.gen)
+        {
             s.ready &= !dir.bit();
         }
+    }
+
+    /// The peer has shut its writing side down (and the socket has no error): once what
+    /// is there is read, a read would find the end.
+    pub fn peer_done(&self, key: Key) -> bool {
+        let slots = self.slots.borrow();
+        slots
+            .get(key.index as usize)
+            .filter(|s| s.gen == key.gen)
+            .is_some_and(|s| s.ready & (PEER_DONE | CLOSED) == PEER_DONE)
     }
 
     /// Read the events the set has and wake their sessions; true when there may be more.
@@ -192,7 +221,12 @@ impl Epoll {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; BATCH];
         // SAFETY: `events` is a writable array of BATCH epoll_events, as the length says.
         let n = unsafe {
-            libc::epoll_wait(self.fd.as_raw_fd(), events.as_mut_ptr(), BATCH as libc::c_int, 0)
+            libc::epoll_wait(
+                self.fd.as_raw_fd(),
+                events.as_mut_ptr(),
+                BATCH as libc::c_int,
+                0,
+            )
         };
         let Ok(n) = usize::try_from(n) else {
             return false;
@@ -207,7 +241,10 @@ impl Epoll {
             if bits & libc::EPOLLOUT != 0 {
                 ready |= WRITE;
             }
-            if bits & (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) != 0 {
+            if bits & libc::EPOLLRDHUP != 0 {
+                ready |= PEER_DONE;
+            }
+            if bits & (libc::EPOLLHUP | libc::EPOLLERR) != 0 {
                 ready |= CLOSED;
             }
             let (reader, writer) = {
@@ -216,7 +253,7 @@ impl Epoll {
                     continue;
                 };
                 s.ready |= ready;
-                let reader = (ready & (READ | CLOSED) != 0).then(|| s.reader.take());
+                let reader = (ready & (READ | CLOSED | PEER_DONE) != 0).then(|| s.reader.take());
                 let writer = (ready & (WRITE | CLOSED) != 0).then(|| s.writer.take());
                 (reader.flatten(), writer.flatten())
             };

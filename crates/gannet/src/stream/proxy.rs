@@ -631,7 +631,7 @@ async fn connect_upstream(
         let addr = &group.group.servers[i].addr;
         let began = Instant::now();
         s.attempts.push(Attempt {
-            addr: attempt_addr(&addr),
+            addr: attempt_addr(addr),
             ..Default::default()
         });
         let timeout = (c.connect_timeout, &*w.timers);

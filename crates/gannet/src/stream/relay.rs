@@ -193,6 +193,15 @@ impl Sock {
         }
     }
 
+    /// The peer shut its writing side down before the last read (a short one): the end
+    /// is all a next read would find, so it need not be made.
+    fn peer_done(&self) -> bool {
+        match self {
+            Sock::Own(o) => o.set.peer_done(o.key),
+            _ => false,
+        }
+    }
+
     /// One write; a socket that takes nothing (or not all) is full until its next event.
     fn send(&self, data: &[u8]) -> io::Result<usize> {
         match self {
@@ -251,7 +260,9 @@ impl Sock {
             Sock::Failed => Err(io::ErrorKind::NotConnected.into()),
             _ => {
                 let r = splice(from, to, len);
-                if r.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock) {
+                if r.as_ref()
+                    .is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock)
+                {
                     self.drained(dir);
                 }
                 r
@@ -661,6 +672,11 @@ fn step(
                 *moved = true;
                 d.dry = n < size;
                 d.bulk = c.splice && n == size;
+                // The FIN came with (or before the read of) these bytes: they were the
+                // last (nginx reads on to the 0).
+                if d.dry && src.peer_done() {
+                    d.src_done = Some(true);
+                }
             }
         }
     }
@@ -698,8 +714,7 @@ pub async fn run(early: Early, mut up: Sock, c: &Conf<'_>) -> Outcome {
             }
         }
         if to_client.ended.is_none() {
-            if let Poll::Ready(ok) = step(&mut to_client, &mut up, &mut client, c, cx, &mut moved)
-            {
+            if let Poll::Ready(ok) = step(&mut to_client, &mut up, &mut client, c, cx, &mut moved) {
                 to_client.ended = Some(ok);
                 first.get_or_insert(("upstream", ok));
             }
