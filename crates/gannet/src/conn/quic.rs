@@ -14,14 +14,22 @@
 //!
 //! TLS is 1.3 only with ALPN `h3`: the SNI name picks the server (`select_server`, the
 //! default server for an unknown name) whose certificates answer, as on the TCP listener;
-//! a server with `http3 off` or `ssl_reject_handshake on` refuses the handshake. Session
+//! a server with `http3 off` or `ssl_reject_handshake on` refuses the handshake. A server
+//! with `ssl_verify_client` asks for a client certificate, judged after the handshake as
+//! on TCP (`conn::quic_session` drives rustls's session so that everything the handshake
+//! agreed on reaches the `$ssl_*` variables through `TlsInfo::of`, as on TCP). Session
 //! resumption uses the default server's cache and ticket keys, and with its `ssl_early_data
 //! on`, a resumed client's 0-RTT requests are served before the handshake completes
-//! (`$ssl_early_data` is "1" for them, as nginx). Not yet: client certificates
-//! (`ssl_verify_client`; requests to a server that
-//! requires one are answered 496), and routing a migrated connection's packets to the
-//! worker that owns it (a client that changes address reaches another worker's socket).
+//! (`$ssl_early_data` is "1" for them, as nginx). Not yet: `http3_hq` (nginx's HTTP/0.9
+//! over QUIC for interop tests: gannet has no HTTP/0.9).
+//!
+//! A client may change address (migrate, or be moved by a NAT) when its packets still
+//! reach this endpoint after it: with `quic_bpf on` (`conn::quic_bpf`: the connection IDs
+//! carry the socket's place and a program steers by them), or when the socket is its
+//! address's only one. Otherwise clients are told not to migrate (another worker's socket
+//! would get the packets) and packets from a new address are ignored.
 
+use super::quic_bpf::{Cids, Steering};
 use crate::config::{Config, ListenGroup};
 use crate::errlog::{self, Level};
 use crate::http::router::select_server;
@@ -44,9 +52,10 @@ const SEND_WINDOW: u64 = 1024 * 1024;
 const SALT: &[u8] = b"ngx_quic";
 
 /// Serve the QUIC address `group` on this worker's socket for it, until the worker stops
-/// accepting (the task is aborted; connections go on until they end).
-pub async fn serve(w: Rc<Worker>, sock: std::net::UdpSocket, group: usize) {
-    let (endpoint_config, server_config, retry) = match setup(&w.config, group) {
+/// accepting (the task is aborted; connections go on until they end). `steering`: how the
+/// packets of the socket's connections find it.
+pub async fn serve(w: Rc<Worker>, sock: std::net::UdpSocket, group: usize, steering: Steering) {
+    let (endpoint_config, server_config, retry) = match setup(&w.config, group, steering) {
         Ok(s) => s,
         Err(e) => {
             errlog::error(format_args!("QUIC setup failed: {e}"));
@@ -93,6 +102,7 @@ impl Drop for RefuseOnDrop {
 fn setup(
     config: &Arc<Config>,
     group: usize,
+    steering: Steering,
 ) -> Result<(quinn::EndpointConfig, quinn::ServerConfig, bool), String> {
     let g = &config.listens[group];
     let default = &g.servers[g.default];
@@ -105,14 +115,21 @@ fn setup(
     let base = with_config(default)
         .or_else(|| g.servers.iter().find_map(with_config))
         .ok_or("no certificate for the listen address")?;
-    let mut tls = rustls::ServerConfig::builder_with_provider(base.crypto_provider().clone())
+    let builder = rustls::ServerConfig::builder_with_provider(base.crypto_provider().clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| e.to_string())?
-        .with_no_client_auth()
-        .with_cert_resolver(Arc::new(SniCerts {
-            config: config.clone(),
-            group,
-        }));
+        .map_err(|e| e.to_string())?;
+    // Client certificates are asked for only by the servers whose `ssl_verify_client` says
+    // so (see `quic_session::ClientAuth`); an address without any asks nothing.
+    let algs = base.crypto_provider().signature_verification_algorithms;
+    let verifying = g.servers.iter().filter_map(|s| s.tls.clone());
+    let builder = match super::quic_session::ClientAuth::new(verifying, algs) {
+        Some(auth) => builder.with_client_cert_verifier(Arc::new(auth)),
+        None => builder.with_no_client_auth(),
+    };
+    let mut tls = builder.with_cert_resolver(Arc::new(SniCerts {
+        config: config.clone(),
+        group,
+    }));
     tls.alpn_protocols = vec![b"h3".to_vec()];
     if default.conf.tls.early_data() {
         // `ssl_early_data on`: 0-RTT (quinn takes 0 or u32::MAX here; QUIC's flow control
@@ -130,9 +147,7 @@ fn setup(
         tls.ticketer = base.ticketer.clone();
         tls.send_tls13_tickets = base.send_tls13_tickets;
     }
-    let crypto =
-        quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
-    let crypto = super::quic_session::Observed(Arc::new(crypto));
+    let crypto = super::quic_session::Quic::new(tls)?;
 
     let host_key: &[u8] = match &h3.host_key {
         Some(k) => k,
@@ -148,7 +163,10 @@ fn setup(
         .expand(&[b"av_token_key"], aws_lc_rs::hkdf::HKDF_SHA256)
         .map_err(|_| "cannot derive the address validation key")?
         .into();
-    let endpoint = quinn::EndpointConfig::new(Arc::new(reset_key));
+    let mut endpoint = quinn::EndpointConfig::new(Arc::new(reset_key));
+    if let Steering::Cid(index) = steering {
+        endpoint.cid_generator(move || Box::new(Cids::new(index)));
+    }
 
     let var = |n: u64| quinn::VarInt::from_u64(n).unwrap_or(quinn::VarInt::MAX);
     let streams = h3.max_concurrent_streams();
@@ -167,8 +185,9 @@ fn setup(
     transport.max_idle_timeout(idle);
     let mut server = quinn::ServerConfig::new(Arc::new(crypto), Arc::new(token_key));
     server.transport_config(Arc::new(transport));
-    // A migrated connection would reach another worker's socket: clients are told not to.
-    server.migration(false);
+    // Unless its packets are steered here, a migrated connection would reach another
+    // worker's socket: clients are told not to migrate.
+    server.migration(steering.follows_migration());
     Ok((endpoint, server, h3.retry()))
 }
 
@@ -220,7 +239,6 @@ impl ResolvesServerCert for SniCerts {
             .server_name()
             .map(str::to_ascii_lowercase)
             .unwrap_or_default();
-        super::quic_session::note_hello(&hello);
         let chosen = select_server(&g.servers, g.default, &sni);
         if !chosen.conf.http3.enabled() {
             errlog::log(
@@ -234,6 +252,7 @@ impl ResolvesServerCert for SniCerts {
         if tls.reject_handshake {
             return None;
         }
+        super::quic_session::note_hello(&hello, tls);
         tls.config.as_ref()?.cert_resolver.resolve(hello)
     }
 }
