@@ -106,9 +106,10 @@ cargo clippy --workspace --all-targets -q -- -D warnings
 step "cargo test"
 cargo test --workspace -q 2>&1 | tail -n 40
 
-step "build the release binary"
-cargo build --release -p gannet -q
+step "build the release binaries (gannet, and the arena's HTTP/3 load client)"
+cargo build --release -p gannet -p h3load -q
 export GANNET_BIN="$PWD/target/release/gannet"
+export H3LOAD_BIN="$PWD/target/release/h3load"
 
 step "Shakespeare app: PHP-FPM + MariaDB (study S1's dynamic workload)"
 apps/shakespeare/setup.sh

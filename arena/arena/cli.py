@@ -53,10 +53,13 @@ def _parser() -> argparse.ArgumentParser:
                      "of one CPU (a cgroup): req/s becomes capacity per core; needs root")
     run.add_argument("--tls", action="store_true", help="HTTPS/1.1: every server on TLS (s1-static, c10k)")
     run.add_argument("--h2", action="store_true", help="HTTP/2 over TLS (s1-static, c10k)")
+    run.add_argument("--h3", action="store_true", help="HTTP/3 over QUIC (s1-static): the servers that speak it, "
+                     "loaded by h3load (built from this repository)")
     run.add_argument("--cert", choices=["ecdsa", "rsa"], help="the run's self-signed test certificate: "
-                     "ecdsa (P-256, the default) or rsa (2048 bits); with --tls or --h2")
+                     "ecdsa (P-256, the default) or rsa (2048 bits); with --tls, --h2 or --h3")
     run.add_argument("--resumption", action="store_true", help="leave TLS session resumption on in every "
-                     "server (default: off, so each new connection is a full handshake); with --tls or --h2")
+                     "server (default: off, so each new connection is a full handshake); with --tls, --h2 "
+                     "or --h3")
 
     cmp = sub.add_parser("compare", help="show what changed between two runs")
     cmp.add_argument("run_a", type=Path)
@@ -127,6 +130,8 @@ def _run(args, console: Console) -> int:
     if not args.scenario:
         raise ArenaError("name a scenario (`arena list` shows them), or --resume FOLDER")
     args.profile = args.profile or "tuned"
+    if args.h3 and (args.h2 or args.tls):
+        raise ArenaError(f"--h3 is a transport of its own: drop {'--h2' if args.h2 else '--tls'}")
     scenario = scenarios.get(args.scenario)
     if args.servers:
         chosen = servers.parse_list(args.servers)
@@ -139,9 +144,9 @@ def _run(args, console: Console) -> int:
         if skipped:
             why = sites.kind(kind).lacking
             console.print(f"not run (no {kind} site support{': ' + why if why else ''}): {', '.join(skipped)}")
-    transport = "h2" if args.h2 else "tls" if args.tls else "http"
+    transport = "h3" if args.h3 else "h2" if args.h2 else "tls" if args.tls else "http"
     if transport == "http" and (args.cert or args.resumption):
-        raise ArenaError(f"{'--cert' if args.cert else '--resumption'} needs --tls or --h2")
+        raise ArenaError(f"{'--cert' if args.cert else '--resumption'} needs --tls, --h2 or --h3")
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
     if args.requests is not None and args.requests < 1:
         raise ArenaError("--requests must be at least 1")

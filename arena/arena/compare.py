@@ -5,6 +5,7 @@ failures)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from arena.errors import ArenaError
@@ -24,9 +25,19 @@ def load(path: Path) -> dict:
         raise ArenaError(f"{file} is not a valid results file") from None
 
 
+# The --h2 and --h3 variants plan the same points, each under its own prefix (h2/h2load/...,
+# h3/h3load/...): compared with each other they are matched on the rest of the key.
+MULTIPLEXED = re.compile(r"^h[23]/h[23]load/")
+
+
+def unprefixed(key: str) -> str:
+    return MULTIPLEXED.sub("", key)
+
+
 def changes(a: dict, b: dict) -> tuple[list[dict], list[str]]:
     """Rows (point, server, metric, a, b, change, verdict) and notes on what does not match."""
     notes = []
+    point = str
     if a["scenario"]["name"] != b["scenario"]["name"]:
         notes.append(f"different scenarios: {a['scenario']['name']} vs {b['scenario']['name']}")
     if a["options"]["profile"] != b["options"]["profile"]:
@@ -35,12 +46,15 @@ def changes(a: dict, b: dict) -> tuple[list[dict], list[str]]:
     ta, tb = a["options"].get("transport") or "http", b["options"].get("transport") or "http"
     if ta != tb:
         notes.append(f"different transports: {ta} vs {tb}")
+        if {ta, tb} == {"h2", "h3"}:
+            notes.append("HTTP/2 and HTTP/3 points matched on their keys without the transport's prefix")
+            point = unprefixed
     elif ta != "http":
         for key, what in (("cert", "certificates"), ("resumption", "TLS session resumption")):
             if a["options"].get(key) != b["options"].get(key):
                 notes.append(f"different {what}: {a['options'].get(key)} vs {b['options'].get(key)}")
-    index_a = {(r["point"], r["server"]): r for r in a["summary"]}
-    index_b = {(r["point"], r["server"]): r for r in b["summary"]}
+    index_a = {(point(r["point"]), r["server"]): r for r in a["summary"]}
+    index_b = {(point(r["point"]), r["server"]): r for r in b["summary"]}
     for pair in sorted(set(index_a) - set(index_b)):
         notes.append(f"only in A: {pair[1]} at {pair[0]}")
     for pair in sorted(set(index_b) - set(index_a)):

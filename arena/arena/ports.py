@@ -11,13 +11,21 @@ HOST = "127.0.0.1"
 
 
 def free_port(host: str = HOST) -> int:
-    """A port nothing listens on right now (bind port 0, read it, release it).
+    """A port nothing listens on right now (bind port 0, read it, release it), on UDP too:
+    an HTTP/3 server (--h3) takes the same port number for QUIC.
 
     A race with another program is possible; the server start reports it as "port in use".
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+                try:
+                    udp.bind((host, port))
+                except OSError:
+                    continue
+                return port
 
 
 def free_port_outside(client_ports: tuple[int, int], host: str = HOST) -> int:

@@ -112,28 +112,38 @@ def tls_table(results: dict) -> Table | None:
     if not record:
         return None
     body = []
+    quic = record["transport"] == "h3"
     for server, info in record["servers"].items():
         resumes = info.get("resumes_sessions")
         body.append([server, info.get("protocol") or "-", info.get("cipher") or "-", info.get("alpn") or "-",
                      info.get("key_exchange") or "-", info.get("signature") or "-",
-                     "-" if resumes is None else "yes" if resumes else "no", _h2load_saw(results, server)])
+                     "-" if resumes is None else "yes" if resumes else "no", _load_tool_saw(results, server)])
+    tool = "h3load" if quic else "h2load"
+    offered = tls.TCP_ALPN.get(record["transport"], tls.ALPN.get(record["transport"]))
+    note = (f"openssl s_client offering ALPN {offered}, once per server before the load"
+            f"{' (over TCP, on the port QUIC shares)' if quic else ''}; cipher and protocol choices are each "
+            "server's defaults (the client's cipher order counts too: h2load puts AES-128-GCM first). "
+            "'resumes a session': a second connection from Python offering the first one's session")
+    if quic:
+        note += ("; over QUIC h3load verifies the run's certificate on every connection and reports the ALPN "
+                 "protocol (TLS 1.3 by definition; quinn does not say which cipher was agreed)")
     return Table("TLS negotiated", ["server", "protocol", "cipher", "ALPN", "key exchange", "signature",
-                                    "resumes a session", "h2load negotiated"], body,
-                 f"openssl s_client offering ALPN {tls.ALPN[record['transport']]}, once per server before "
-                 "the load; cipher and protocol choices are each server's defaults (the client's cipher order "
-                 "counts too: h2load puts AES-128-GCM first). 'resumes a session': a second connection from "
-                 "Python offering the first one's session")
+                                    "resumes a session", f"{tool} negotiated"], body, note)
 
 
-def _h2load_saw(results: dict, server: str) -> str:
-    """Every protocol, cipher and application protocol h2load reported for the server's rounds."""
-    seen = sorted({" ".join(str(x.get(k)) for k in ("tls_protocol", "tls_cipher", "application_protocol"))
-                   for s in results["samples"] if s.get("server") == server and s.get("tool") == "h2load"
+def _load_tool_saw(results: dict, server: str) -> str:
+    """Every protocol, cipher and application protocol h2load (or h3load) reported for the
+    server's rounds."""
+    seen = sorted({" ".join(str(x[k]) for k in ("tls_protocol", "tls_cipher", "application_protocol") if x.get(k))
+                   for s in results["samples"] if s.get("server") == server and s.get("tool") in ("h2load", "h3load")
                    for x in [s.get("extra") or {}] if x.get("tls_protocol")})
     return "; ".join(seen) or "-"
 
 
 def _handshakes(record: dict) -> str:
+    if record["transport"] == "h3":
+        return ("h3load keeps its QUIC connections, making one again only when the server ends it: the points "
+                "measure requests, not handshakes")
     if record["resumption"]:
         return ("resumption left on in every server; wrk and h2load resume the previous connection's "
                 "session, so new-connection points measure resumed handshakes where the server resumes")
@@ -168,6 +178,12 @@ def warnings(results: dict) -> list[str]:
             out.append(f"{where}: some replies did not carry the expected number of bytes.")
         for err in row["errors"]:
             out.append(f"{where}: {err}")
+    for sample in results["samples"]:
+        drops = (sample.get("extra") or {}).get("udp_receive_drops")
+        if drops:
+            out.append(f"{sample['server']} at {sample['point']}, round {sample['round']}: the kernel dropped "
+                       f"{drops:,} UDP datagrams for a full receive buffer (the client's or the server's); QUIC "
+                       "resent them, at a cost to both sides.")
     return out
 
 

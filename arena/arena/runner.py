@@ -19,6 +19,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
 from arena import envinfo, ports, probe, resume, tls, tools
 from arena.errors import ArenaError
 from arena.measure import TreeSample
+from arena.clients import h3load
 from arena.clients.base import LoadResult
 from arena.output import RunFolder, write_run
 from arena.quota import CpuQuota
@@ -79,7 +80,7 @@ def preflight(scenario: Scenario, servers: list[Server], options: Options) -> No
     """Fail before starting anything: missing tools, missing binaries and modules, bad CPU lists."""
     check_transport(scenario, options)
     tools.require("taskset")
-    for name in scenario.tools:
+    for name in scenario.tools_for(options):
         tools.require(name)
     if options.transport != "http":
         tools.require("openssl")
@@ -120,11 +121,25 @@ def probe_server(server: RunningServer, paths: list[str], files: dict[str, int])
         }
 
 
-def tls_record(running: list[RunningServer], options: Options, cert: tls.Certificate) -> dict:
+def quic_probe(server: RunningServer, path: str, body_size: int | None, cert: tls.Certificate, cpus: str) -> dict:
+    """h3load fetches `path` twice over HTTP/3, verifying the run's certificate: what the
+    server negotiates over QUIC; one that does not answer whole stops the run."""
+    info = h3load.probe(server.url(path), cert.cert, cpus, body_size)
+    if info["error"]:
+        raise ArenaError(f"{server.name} does not serve {path} over HTTP/3 as configured: {info['error']}")
+    if info["alpn"] != tls.ALPN["h3"] or not info["verified"]:
+        raise ArenaError(f"{server.name}: HTTP/3 handshake negotiated ALPN {info['alpn'] or 'none'}, certificate "
+                         f"{'verified' if info['verified'] else 'not verified'}; expected h3 with the run's certificate")
+    return info
+
+
+def tls_record(running: list[RunningServer], options: Options, cert: tls.Certificate, path: str = "/robots.txt",
+               body_size: int | None = None) -> dict:
     """What each server negotiates (openssl s_client, once per server) and whether it resumes;
-    a server that does not speak the transport's protocol stops the run before any load."""
+    with --h3 also over QUIC (h3load fetching `path`, of `body_size` bytes). A server that does
+    not speak the transport's protocol stops the run before any load."""
     servers = {}
-    offered = tls.ALPN[options.transport]
+    offered = tls.TCP_ALPN[options.transport]
     for server in running:
         info = tls.server_record(server.site.host, server.site.port, options.transport, cert.cert)
         if info.get("error"):
@@ -132,6 +147,8 @@ def tls_record(running: list[RunningServer], options: Options, cert: tls.Certifi
         if info["alpn"] != offered:
             raise ArenaError(f"{server.name} answered ALPN {offered} with {info['alpn'] or 'no protocol'}: "
                              f"it does not serve {tls.LABELS[options.transport]} as configured")
+        if options.transport == "h3":
+            info["quic"] = quic_probe(server, path, body_size, cert, options.client_cpus)
         servers[server.name] = info
     # The clients' TLS library: wrk, h2load and s_client all use the system's OpenSSL.
     openssl = tools.command_output([tools.require("openssl"), "version"]).strip()
@@ -203,7 +220,7 @@ def run(scenario: Scenario, servers: list[Server], options: Options, out: Path,
     try:
         folder.create()
         files = make_docroot(workdir / "www")
-        environment = envinfo.collect(servers, scenario.tools, options)
+        environment = envinfo.collect(servers, scenario.tools_for(options), options)
         if previous:
             environment = resume.environment(previous["environment"], environment, [s.name for s in servers])
         if skipped:
@@ -217,6 +234,7 @@ def run(scenario: Scenario, servers: list[Server], options: Options, out: Path,
         site_options = scenario.site_options(options)
         if cert:
             site_options = replace(site_options, tls=TlsSite(cert.cert, cert.key, http2=options.transport == "h2",
+                                                             http3=options.transport == "h3",
                                                              resumption=options.resumption))
         for server in servers:
             site = Site(site_options.docroot or workdir / "www", ports.free_port(), site_options)
@@ -227,7 +245,8 @@ def run(scenario: Scenario, servers: list[Server], options: Options, out: Path,
         for server in running:
             probe_server(server, scenario.probe_paths(), files)
         if cert:
-            environment["tls"] = tls_record(running, options, cert)
+            path = scenario.probe_paths()[0]
+            environment["tls"] = tls_record(running, options, cert, path, files.get(path.lstrip("/")))
         envinfo.write_configs(folder.tmp, running)
         environment["probes"] = {s.name: s.probes for s in running}
 

@@ -1,7 +1,7 @@
-"""TLS for the `--tls` and `--h2` variants of a run.
+"""TLS for the `--tls`, `--h2` and `--h3` variants of a run.
 
-- The transports a run can use: cleartext HTTP/1.1 (the studies' own), HTTPS/1.1, and HTTP/2
-  over TLS, with the ALPN protocol the arena's clients offer for each.
+- The transports a run can use: cleartext HTTP/1.1 (the studies' own), HTTPS/1.1, HTTP/2
+  over TLS and HTTP/3 over QUIC, with the ALPN protocol the arena's clients offer for each.
 - The run's test certificate: self-signed for 127.0.0.1 and localhost, ECDSA P-256 (or
   RSA-2048 with `--cert rsa`), made once per run with the openssl CLI; every server gets the
   same two files.
@@ -24,11 +24,16 @@ from pathlib import Path
 from arena.errors import ArenaError
 from arena.tools import require
 
-TRANSPORTS = ("http", "tls", "h2")
-LABELS = {"http": "HTTP/1.1 (cleartext)", "tls": "HTTPS/1.1 (HTTP/1.1 over TLS)", "h2": "HTTP/2 over TLS"}
+TRANSPORTS = ("http", "tls", "h2", "h3")
+LABELS = {"http": "HTTP/1.1 (cleartext)", "tls": "HTTPS/1.1 (HTTP/1.1 over TLS)", "h2": "HTTP/2 over TLS",
+          "h3": "HTTP/3 over QUIC"}
 # The one protocol the load tools offer in ALPN for each TLS transport (wrk offers none, which
-# servers answer with HTTP/1.1).
-ALPN = {"tls": "http/1.1", "h2": "h2"}
+# servers answer with HTTP/1.1; h3load offers h3 over QUIC).
+ALPN = {"tls": "http/1.1", "h2": "h2", "h3": "h3"}
+# What openssl s_client offers on the TCP port. An HTTP/3 server serves the same certificate
+# over TCP on the same port number (where a browser first meets it), and the arena probes and
+# waits for it there with HTTP/1.1; its QUIC side is probed by h3load (arena/runner.py).
+TCP_ALPN = {"tls": "http/1.1", "h2": "h2", "h3": "http/1.1"}
 CERT_KINDS = {
     "ecdsa": ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"],
     "rsa": ["-newkey", "rsa:2048"],
@@ -183,9 +188,9 @@ def resumes(host: str, port: int, cafile: Path, timeout: float = 10) -> bool | N
 
 
 def server_record(host: str, port: int, transport: str, cafile: Path) -> dict:
-    """What one server negotiates with a client offering the transport's ALPN, and whether it
-    resumes sessions."""
-    info = s_client(host, port, ALPN[transport], cafile)
-    info["alpn_offered"] = ALPN[transport]
+    """What one server negotiates over TCP with a client offering the transport's ALPN, and
+    whether it resumes sessions."""
+    info = s_client(host, port, TCP_ALPN[transport], cafile)
+    info["alpn_offered"] = TCP_ALPN[transport]
     info["resumes_sessions"] = resumes(host, port, cafile)
     return info

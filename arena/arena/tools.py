@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
+from arena import repo
 from arena.errors import ArenaError
 
 # program -> Debian package that ships it; used in "missing tool" messages and `arena peers install`.
@@ -25,7 +28,11 @@ PACKAGES = {
     "openssl": "openssl",
 }
 
-LOAD_TOOLS = ["wrk", "h2load", "ab", "httperf", "siege"]
+# Load tools built from this repository (`cargo build --release`), not packaged: name -> the
+# environment variable that points at another build.
+BUILT = {"h3load": "H3LOAD_BIN"}
+
+LOAD_TOOLS = ["wrk", "h2load", "ab", "httperf", "siege", "h3load"]
 # libapache2-mod-php8.2: Apache prefork runs the dynamic scenarios' PHP app with mod_php.
 # lighttpd-mod-openssl and openssl: the --tls and --h2 variants (lighttpd's TLS module; the test
 # certificate and the handshake probe).
@@ -40,19 +47,34 @@ _VERSION_COMMANDS = {
     "httperf": (["httperf", "--version"], r"httperf-\S+"),
     "siege": (["siege", "--version"], r"SIEGE\s+\S+"),
     "ss": (["ss", "-V"], r"iproute2-\S+"),
+    "h3load": (["h3load", "--version"], r"h3load\s+\S+"),
 }
 
 _SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+def built(program: str) -> Path:
+    """Where a tool built from this repository is: $H3LOAD_BIN (say), else the release build
+    under the checkout."""
+    override = os.environ.get(BUILT[program])
+    return Path(override) if override else repo.root_or_nowhere() / "target" / "release" / program
+
+
 def which(program: str) -> str | None:
     """Path of `program`, also looking in the sbin directories a non-root PATH may lack."""
+    if program in BUILT:
+        path = built(program)
+        return str(path) if path.is_file() and os.access(path, os.X_OK) else None
     return shutil.which(program) or shutil.which(program, path=_SEARCH_PATH)
 
 
 def require(program: str) -> str:
-    """Path of `program`, or an ArenaError naming the apt package that provides it."""
+    """Path of `program`, or an ArenaError naming the apt package that provides it (or, for a
+    tool of this repository, how to build it)."""
     path = which(program)
+    if path is None and program in BUILT:
+        raise ArenaError(f"{program} not found at {built(program)}: build it with `cargo build --release -p "
+                         f"{program}` in the repository{repo.hint()}, or set {BUILT[program]} to the binary")
     if path is None:
         package = PACKAGES.get(program, program)
         raise ArenaError(

@@ -1,7 +1,8 @@
 """Regenerate the parser fixtures: real outputs of wrk, h2load, ab, httperf and siege run for
-about a second each against a local nginx started by the arena's own adapter.
+about a second each against a local nginx started by the arena's own adapter, and of h3load
+(built from this repository) against Debian's Caddy over HTTP/3.
 
-    python tests/capture_fixtures.py      (from arena/; needs nginx and the load tools)
+    python tests/capture_fixtures.py      (from arena/; needs nginx, Caddy and the load tools)
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from arena import adtraffic, ports, proxycount, tls
-from arena.clients import ab, h2load, httperf, siege, wrk
+from arena.clients import ab, h2load, h3load, httperf, siege, wrk
 from arena.clients.base import run_tool
 from arena.servers import SERVERS, Site, SiteOptions
 from arena.servers.base import TlsSite
@@ -93,6 +94,27 @@ def capture_tls() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def capture_h3() -> None:
+    """The --h3 variant: h3load against Caddy over HTTP/3 (nginx 1.22 has none) with the
+    arena's test certificate verified: the image over 2 connections of 4 streams, a missing
+    page, and a port nothing answers on (a 1 s handshake deadline)."""
+    work = Path(tempfile.mkdtemp(prefix="arena-fixtures-h3-"))
+    work.chmod(0o755)
+    make_docroot(work / "www")
+    cert = tls.make_certificate(work / "tls")
+    site = Site(work / "www", ports.free_port(), SiteOptions(tls=TlsSite(cert.cert, cert.key, http3=True)))
+    server = SERVERS["caddy"].start(site, work / "caddy", "tuned", "0")
+    try:
+        image = h3load.command(server.url("/img.jpg"), 2, 40, streams=4, cafile=cert.cert)
+        save("h3load_image.txt", run_tool(image, CPUS, 60).stdout)
+        save("h3load_404.txt", run_tool(h3load.command(server.url("/missing.html"), 1, 20), CPUS, 60).stdout)
+        closed = f"https://{site.host}:{ports.free_port()}/img.jpg"
+        save("h3load_refused.txt", run_tool(h3load.command(closed, 1, 5, timeout=1), CPUS, 60).stdout)
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     OUT.mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="arena-fixtures-"))
@@ -141,6 +163,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     capture_s4()
     capture_tls()
+    capture_h3()
 
 
 if __name__ == "__main__":

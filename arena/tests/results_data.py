@@ -26,11 +26,11 @@ def sample(rps: float, cpu_s: float, requests: int = 1000, failures: int = 0, p9
     return record(result, tool, None, tree, body_size=403456, header_range=(235, 245))
 
 
-def build(folder: Path, rps_of: dict[str, list[float]], interrupted: bool = False) -> dict:
+def build(folder: Path, rps_of: dict[str, list[float]], interrupted: bool = False, transport: str = "http") -> dict:
     """A quick s1-static run whose every point got, per server, one round per rps value."""
     scenario = get("s1-static")
     rounds = len(next(iter(rps_of.values())))
-    options = Options(quick=True, rounds=rounds)
+    options = Options(quick=True, rounds=rounds, transport=transport)
     points = scenario.points(options)
     samples = []
     for point in points:

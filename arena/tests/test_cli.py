@@ -35,10 +35,16 @@ def arena(*args, env=None, timeout=120):
      "arena: s2-rate has no HTTPS/1.1 (HTTP/1.1 over TLS) variant (--tls): scenarios with one: c10k, s1-static"),
     (["run", "s5-latency", "--h2", "--servers", "nginx"],
      "arena: s5-latency has no HTTP/2 over TLS variant (--h2): scenarios with one: c10k, s1-static"),
-    (["run", "s1-static", "--cert", "rsa", "--servers", "nginx"], "arena: --cert needs --tls or --h2"),
-    (["run", "s1-static", "--resumption", "--servers", "nginx"], "arena: --resumption needs --tls or --h2"),
+    (["run", "s1-static", "--cert", "rsa", "--servers", "nginx"], "arena: --cert needs --tls, --h2 or --h3"),
+    (["run", "s1-static", "--resumption", "--servers", "nginx"], "arena: --resumption needs --tls, --h2 or --h3"),
     (["run", "s1-static", "--h2", "--servers", "apache-prefork"],
      "arena: none of the servers chosen can serve HTTP/2 over TLS"),
+    (["run", "s1-static", "--h3", "--servers", "nginx,h2o"],
+     "arena: none of the servers chosen can serve HTTP/3 over QUIC (nginx: Debian's nginx 1.22 has no HTTP/3 "
+     "(ngx_http_v3_module came with nginx 1.25); h2o: Debian's h2o 2.2 has no HTTP/3"),
+    (["run", "c10k", "--h3", "--servers", "gannet"],
+     "arena: c10k has no HTTP/3 over QUIC variant (--h3): scenarios with one: s1-static"),
+    (["run", "s1-static", "--h3", "--h2"], "arena: --h3 is a transport of its own: drop --h2"),
 ])
 def test_bad_input_is_one_clear_line(args, message):
     done = arena(*args)
@@ -61,6 +67,16 @@ def test_missing_tool_names_its_package(monkeypatch):
     monkeypatch.setattr(tools, "which", lambda program: None)
     with pytest.raises(ArenaError, match=r"h2load not found: install the Debian package 'nghttp2-client'"):
         tools.require("h2load")
+
+
+def test_missing_h3load_says_how_to_build_it(tmp_path):
+    env = dict(os.environ, H3LOAD_BIN=str(tmp_path / "no-h3load"))
+    done = arena("run", "s1-static", "--quick", "--h3", "--servers", "gannet,caddy", "--out", str(tmp_path / "run"),
+                 env=env)
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"arena: h3load not found at {tmp_path / 'no-h3load'}: build it with "
+                                  "`cargo build --release -p h3load`"), done.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_existing_output_folder_is_refused(tmp_path):

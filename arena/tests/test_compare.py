@@ -52,3 +52,20 @@ def test_changes_notes_a_different_transport(tmp_path):
     assert changes(a, b)[1] == ["different transports: http vs tls"]
     a["options"].update({"transport": "tls", "cert": "rsa", "resumption": True})
     assert changes(a, b)[1] == ["different certificates: rsa vs ecdsa", "different TLS session resumption: True vs False"]
+
+
+def test_http2_and_http3_runs_compare_point_by_point(tmp_path):
+    """`arena compare` of an --h2 and an --h3 run: the same points under each transport's prefix."""
+    h2 = build(tmp_path / "h2", {"gannet": [1000]}, transport="h2")
+    h3 = build(tmp_path / "h3", {"gannet": [800]}, transport="h3")
+    assert {r["point"].split("/")[0] for r in h3["summary"]} == {"h3"}
+    rows, notes = changes(h2, h3)
+    assert notes == ["different transports: h2 vs h3",
+                     "HTTP/2 and HTTP/3 points matched on their keys without the transport's prefix"]
+    rps = {r["point"]: r for r in rows if r["metric"] == "rps"}
+    assert set(rps) == {r["point"].removeprefix("h2/h2load/") for r in h2["summary"]}
+    assert {"m10/c100", "robots/m1/c1"} <= set(rps)
+    assert rps["m10/c100"]["verdict"] == "worse" and rps["m10/c100"]["change"] == -0.2
+    # Other transports are not matched across: nothing in common.
+    tls = build(tmp_path / "tls", {"gannet": [800]}, transport="tls")
+    assert changes(h2, tls)[0] == []

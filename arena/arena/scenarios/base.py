@@ -40,7 +40,8 @@ class Options:
     client_cpus: str = "1"
     profile: str = "tuned"
     backend_cpus: str | None = None  # a scenario's back end (s4-proxy); None = the client CPUs
-    # "http" (cleartext HTTP/1.1), "tls" (HTTPS/1.1) or "h2" (HTTP/2 over TLS): arena/tls.py.
+    # "http" (cleartext HTTP/1.1), "tls" (HTTPS/1.1), "h2" (HTTP/2 over TLS) or "h3" (HTTP/3
+    # over QUIC): arena/tls.py.
     transport: str = "http"
     cert: str = "ecdsa"            # the test certificate's key: "ecdsa" (P-256) or "rsa" (2048)
     resumption: bool = False       # TLS: leave session resumption on in every server
@@ -52,7 +53,7 @@ class Context:
     options: Options
     files: dict[str, int]          # served file name -> size in bytes
     tick: Callable[[], None] | None = None
-    cert: Path | None = None       # the run's TLS certificate (a --tls or --h2 run)
+    cert: Path | None = None       # the run's TLS certificate (a --tls, --h2 or --h3 run)
 
 
 class Scenario:
@@ -62,13 +63,18 @@ class Scenario:
     description = ""
     tools: list[str] = []          # load tools it runs (checked before anything starts)
     x_label = "concurrency"
-    # The transports it has variants for (arena/tls.py); --tls and --h2 are refused elsewhere.
+    # The transports it has variants for (arena/tls.py); --tls, --h2 and --h3 are refused elsewhere.
     transports: tuple[str, ...] = ("http",)
     # Columns of the per-server table in the study's own layout: (header, param or metric key).
     study_columns: list[tuple[str, str]] = []
 
     def site_options(self, options: Options) -> SiteOptions:
         return SiteOptions()
+
+    def tools_for(self, options: Options) -> list[str]:
+        """The load tools a run with `options` uses: checked before anything starts, their
+        versions recorded."""
+        return self.tools
 
     def prepare(self, options: Options, servers: list[str]) -> dict:
         """Called once per run before any server starts: set up what the scenario needs

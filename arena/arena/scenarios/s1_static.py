@@ -1,28 +1,34 @@
 """S1 static: the 394 KB wallpaper at concurrency 1, 10, 100 and 1,000, a fixed number of
 requests per point, keep-alive and a new connection per request, with wrk and h2load.
 
-Variants (`--tls`, `--h2`, arena/tls.py):
+Variants (`--tls`, `--h2`, `--h3`, arena/tls.py):
 - HTTPS/1.1: the same points over TLS, with both clients, so each series compares with its
   cleartext twin. New-connection points measure handshakes per second: full handshakes
   unless the run leaves resumption on (both wrk and h2load offer the previous connection's
   session). wrk offers no ALPN; h2load offers http/1.1 and reports what was negotiated.
 - HTTP/2 over TLS: h2load with 1 and with 10 streams per connection, keep-alive only: an
   HTTP/2 client keeps its connection, and h2load has no way to open a new one per request
-  (the handshake rate is the HTTPS/1.1 variant's new-connection points)."""
+  (the handshake rate is the HTTPS/1.1 variant's new-connection points). The image, then
+  robots.txt (the smallest answer: the cost of a request itself).
+- HTTP/3 over QUIC: the same points as HTTP/2, by h3load (Debian's h2load has no QUIC), so a
+  `--h2` run and an `--h3` run compare point by point."""
 
 from __future__ import annotations
 
-from arena.clients import h2load, wrk
+from arena.clients import h2load, h3load, wrk
 from arena.scenarios import register
 from arena.scenarios.base import Context, Options, Point, Scenario, record, sampled
 from arena.servers.base import RunningServer, SiteOptions
 from arena.workload import IMAGE_NAME
 
-CLIENTS = {"wrk": wrk, "h2load": h2load}
+CLIENTS = {"wrk": wrk, "h2load": h2load, "h3load": h3load}
 PATH = f"/{IMAGE_NAME}"
-# Streams per connection of the HTTP/2 points: one (the HTTP/1.1 points' load, framed as h2)
-# and ten (multiplexing, as a browser fetching a page's images does).
+ROBOTS = "/robots.txt"
+# Streams per connection of the HTTP/2 and HTTP/3 points: one (the HTTP/1.1 points' load,
+# framed as h2 or h3) and ten (multiplexing, as a browser fetching a page's images does).
 H2_STREAMS = (1, 10)
+# The multiplexed transports' client and the prefix of their point keys.
+MULTIPLEXED = {"h2": "h2load", "h3": "h3load"}
 
 
 @register
@@ -31,9 +37,10 @@ class S1Static(Scenario):
     title = "S1 static: the 394 KB image, concurrency 1 to 1,000"
     study = "S1 - Apache vs Nginx, static and dynamic content, concurrency 1 to 1,000 (2015)"
     description = ("1920x1200 JPEG of 394 KiB; 100,000 requests per point at concurrency 1, 10, "
-                   "100, 1,000; keep-alive and new connection per request; wrk and h2load.")
+                   "100, 1,000; keep-alive and new connection per request; wrk and h2load "
+                   "(--h2 and --h3: also robots.txt, by h2load and h3load).")
     tools = ["wrk", "h2load"]
-    transports = ("http", "tls", "h2")
+    transports = ("http", "tls", "h2", "h3")
     x_label = "concurrency"
     study_columns = [("Client", "client"), ("Connection", "connection"), ("Requests", "requests"),
                      ("Concurrency", "concurrency"), ("Req/s", "rps"), ("Max CPU %", "peak_cpu_pct"),
@@ -42,14 +49,17 @@ class S1Static(Scenario):
     def site_options(self, options: Options) -> SiteOptions:
         return SiteOptions(connections=1000 if not options.quick else 128)
 
+    def tools_for(self, options: Options) -> list[str]:
+        return ["h3load"] if options.transport == "h3" else self.tools
+
     def points(self, options: Options) -> list[Point]:
         levels = [1, 10, 100] if options.quick else [1, 10, 100, 1000]
         requests = options.requests or (1000 if options.quick else 100_000)
-        if options.transport == "h2":
-            return self._h2_points(levels, requests)
+        if options.transport in MULTIPLEXED:
+            return self._multiplexed_points(options.transport, levels, requests)
         tls = options.transport == "tls"
         points = []
-        for client in CLIENTS:
+        for client in ("wrk", "h2load"):  # the HTTP/1.1 points (h3load speaks only HTTP/3)
             for close in (False, True):
                 connection = "new connection" if close else "keep-alive"
                 for c in levels:
@@ -63,17 +73,23 @@ class S1Static(Scenario):
         return points
 
     @staticmethod
-    def _h2_points(levels: list[int], requests: int) -> list[Point]:
+    def _multiplexed_points(protocol: str, levels: list[int], requests: int) -> list[Point]:
+        """The image's points (keys as the HTTP/2 variant always had them), then robots.txt's."""
+        client = MULTIPLEXED[protocol]
         points = []
-        for streams in H2_STREAMS:
-            for c in levels:
-                points.append(Point(
-                    key=f"h2/h2load/m{streams}/c{c}",
-                    series=f"h2load h2, {streams} stream{'s' if streams > 1 else ''} per connection", x=c,
-                    params={"client": "h2load", "connection": f"keep-alive, {streams} streams",
-                            "close": False, "concurrency": c, "streams": streams, "protocol": "h2",
-                            # Enough for every stream of every connection to be used.
-                            "requests": max(requests, c * streams), "path": PATH}))
+        for path, part, label in ((PATH, "", ""), (ROBOTS, "robots/", " robots.txt")):
+            file = f",{label}" if label else ""
+            for streams in H2_STREAMS:
+                for c in levels:
+                    points.append(Point(
+                        key=f"{protocol}/{client}/{part}m{streams}/c{c}",
+                        series=f"{client} {protocol}{label}, {streams} stream{'s' if streams > 1 else ''} "
+                               "per connection", x=c,
+                        # (The per-server tables keep the study's columns: the file is said here.)
+                        params={"client": client, "connection": f"keep-alive, {streams} streams{file}",
+                                "close": False, "concurrency": c, "streams": streams, "protocol": protocol,
+                                # Enough for every stream of every connection to be used.
+                                "requests": max(requests, c * streams), "path": path}))
         return points
 
     def warmup(self, point: Point, options: Options) -> Point:
@@ -82,15 +98,22 @@ class S1Static(Scenario):
         return Point(point.key + "/warmup", point.series, point.x, {**point.params, "requests": n})
 
     def probe_paths(self) -> list[str]:
-        return [PATH]
+        return [PATH, ROBOTS]
 
     def measure(self, point: Point, server: RunningServer, ctx: Context) -> dict:
         p = point.params
         client = CLIENTS[p["client"]]
-        h2 = {"http2": True, "streams": p["streams"]} if p.get("protocol") == "h2" else {}
+        if p.get("protocol") == "h3":
+            # The run's certificate verified on every connection: a server answering with
+            # another one fails the round.
+            options = {"streams": p["streams"], "cafile": ctx.cert}
+        elif p.get("protocol") == "h2":
+            options = {"http2": True, "streams": p["streams"], "close": False}
+        else:
+            options = {"close": p["close"]}
         result, tool, failure, sample = sampled(server, lambda: client.run(
             server.url(p["path"]), p["concurrency"], p["requests"], ctx.options.client_cpus,
-            close=p["close"], tick=ctx.tick, **h2))
+            tick=ctx.tick, **options))
         probe = server.probes.get(p["path"], {})
         header_range = (probe["header_min"], probe["header_max"]) if probe else None
         return record(result, tool, failure, sample, body_size=ctx.files[p["path"].lstrip("/")],

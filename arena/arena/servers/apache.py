@@ -71,6 +71,7 @@ class Apache(Server):
     package = "apache2"
     config_file = "apache2.conf"
     pid_file = "apache2.pid"
+    no_http3 = "Apache httpd 2.4 has no HTTP/3"
 
     def __init__(self, mpm: str):
         self.mpm = mpm
@@ -89,10 +90,10 @@ class Apache(Server):
             return ("mod_http2 does not work under the prefork MPM: httpd logs AH10034 (\"the mpm module "
                     "(prefork.c) is not supported by mod_http2 ... the HTTP/2 protocol will be inactive\") and "
                     "ALPN never selects h2; prefork serves --tls (HTTP/1.1) only")
-        return None
+        return super().transport_support(transport)
 
     def transport_files(self, transport: str) -> tuple[tuple[Path, str], ...]:
-        files = {"http": (), "tls": ("mod_ssl.so",), "h2": ("mod_ssl.so", "mod_http2.so")}[transport]
+        files = {"tls": ("mod_ssl.so",), "h2": ("mod_ssl.so", "mod_http2.so")}.get(transport, ())
         return tuple((MODULES / f, "apache2-bin") for f in files)
 
     def template_name(self, profile: str) -> str:

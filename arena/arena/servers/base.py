@@ -29,12 +29,14 @@ START_TIMEOUT = 20.0
 
 @dataclass
 class TlsSite:
-    """TLS on the site's port: the `--tls` and `--h2` variants (arena/tls.py)."""
+    """TLS on the site's port: the `--tls`, `--h2` and `--h3` variants (arena/tls.py)."""
     cert: Path
     key: Path
     # ALPN offers h2 (--h2). Without it a server offers only HTTP/1.1 where its config can say
     # so; the clients of a --tls run offer only http/1.1 anyway (wrk offers no ALPN at all).
     http2: bool = False
+    # HTTP/3 over QUIC on the same port number, UDP, beside TLS on TCP (--h3).
+    http3: bool = False
     # False: session tickets and the session cache are turned off in every server, so each new
     # connection is a full handshake whatever the client offers (wrk and h2load both resume).
     resumption: bool = False
@@ -124,6 +126,8 @@ class Server:
     config_file = ""     # main config file written into the run directory
     pid_file = ""        # file the server writes its pid to, relative to the run directory
     reference = False    # a reference row (the floor), not a web server people run
+    # Why it cannot serve HTTP/3 (--h3); None for those that can (gannet, Caddy).
+    no_http3: str | None = "it has no HTTP/3"
 
     # -- hooks -----------------------------------------------------------------------------
     def binary(self) -> str:
@@ -159,7 +163,7 @@ class Server:
     def transport_support(self, transport: str) -> str | None:
         """None when the server can serve `transport` (arena/tls.py); else the reason it
         cannot, which the run reports when it leaves the server out."""
-        return None
+        return self.no_http3 if transport == "h3" else None
 
     def transport_files(self, transport: str) -> tuple[tuple[Path, str], ...]:
         """Files (modules) the server needs for `transport`, each with its Debian package."""

@@ -1,7 +1,7 @@
 """Caddy from Debian: a Caddyfile, `caddy run`, admin API off, state kept in the run directory.
 The tuned profile sets GOMAXPROCS=1 so Go schedules on one worker thread, like the others.
 
-TLS (--tls, --h2) uses the run's certificate files (`tls CERT KEY`; no ACME, no redirect
+TLS (--tls, --h2, --h3) uses the run's certificate files (`tls CERT KEY`; no ACME, no redirect
 listener). The Caddyfile has no switch for session tickets, so a run without resumption adapts
 the Caddyfile to JSON (`caddy adapt`), sets `apps.tls.session_tickets.disabled`, and runs that."""
 
@@ -12,14 +12,14 @@ import subprocess
 from pathlib import Path
 
 from arena.errors import ArenaError
-from arena.servers.base import Server, Site
+from arena.servers.base import Server, Site, TlsSite
 
 JSON_CONFIG = "caddy.json"
 
 
 def servers_block(keepalive: int | None, protocols: str | None) -> str:
     """The global `servers` options: the idle timeout, and the protocols served over TLS (h3
-    stays off: it would open a UDP port and no client here speaks it)."""
+    only in the --h3 variant: elsewhere it would open a UDP port no client uses)."""
     inner = []
     if keepalive is not None:
         inner.append(f"timeouts {{\n\t\t\tidle {keepalive}s\n\t\t}}")
@@ -30,6 +30,13 @@ def servers_block(keepalive: int | None, protocols: str | None) -> str:
     return "servers {\n" + "".join(f"\t\t{line}\n" for line in inner) + "\t}"
 
 
+def protocols(tls: TlsSite | None) -> str | None:
+    """What Caddy serves over TLS: HTTP/1.1, with h2 (--h2) or h3 on UDP (--h3)."""
+    if tls is None:
+        return None
+    return "h1 h3" if tls.http3 else "h1 h2" if tls.http2 else "h1"
+
+
 class Caddy(Server):
     name = "caddy"
     title = "Caddy"
@@ -37,6 +44,7 @@ class Caddy(Server):
     package = "caddy"
     config_file = "Caddyfile"
     pid_file = "caddy.pid"
+    no_http3 = None
 
     def version(self) -> str:
         if not self.available():
@@ -56,7 +64,7 @@ class Caddy(Server):
             "docroot": site.docroot,
             "gzip": "encode gzip" if opts.gzip else "",
             "access_log": f"log {{\n\t\toutput file {rundir}/access.log\n\t}}" if access else "",
-            "servers": servers_block(keepalive, ("h1 h2" if opts.tls.http2 else "h1") if opts.tls else None),
+            "servers": servers_block(keepalive, protocols(opts.tls)),
             "scheme": site.scheme,
             "tls": f"tls {opts.tls.cert} {opts.tls.key}" if opts.tls else "",
         }

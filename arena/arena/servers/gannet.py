@@ -8,7 +8,7 @@ from pathlib import Path
 
 from arena import repo
 from arena.errors import ArenaError
-from arena.servers.base import Server, Site
+from arena.servers.base import Server, Site, TlsSite
 from arena.servers.nginx import log_line, tls_lines
 from arena.tools import command_output
 
@@ -26,6 +26,17 @@ def mime_types() -> Path:
     return ours if ours.exists() else Path("/etc/nginx/mime.types")
 
 
+def protocol_lines(tls: TlsSite | None, site: Site, tuned: bool) -> str:
+    """`http2 on` (--h2), or QUIC on the same port number beside the TCP listener (--h3, as
+    nginx's documentation sets it up); the tuned profile sends with UDP segmentation offload,
+    as Caddy (quic-go) does by default."""
+    if tls is None:
+        return ""
+    if tls.http3:
+        return f"listen {site.host}:{site.port} quic;" + ("\n        quic_gso on;" if tuned else "")
+    return "http2 on;" if tls.http2 else ""
+
+
 class Gannet(Server):
     name = "gannet"
     title = "gannet"
@@ -33,6 +44,7 @@ class Gannet(Server):
     package = "(built from this repository)"
     config_file = "gannet.conf"
     pid_file = "gannet.pid"
+    no_http3 = None
 
     def binary(self) -> str:
         path = gannet_binary()
@@ -71,7 +83,7 @@ class Gannet(Server):
             "keepalive_timeout": opts.keepalive_timeout if opts.keepalive_timeout is not None else 65,
             "listen_tls": " ssl" if opts.tls else "",
             # gannet's defaults: TLSv1.2 and TLSv1.3, its own cipher order.
-            "tls": tls_lines(opts.tls, extra="http2 on;" if opts.tls and opts.tls.http2 else ""),
+            "tls": tls_lines(opts.tls, extra=protocol_lines(opts.tls, site, tuned)),
         }
         if tuned:
             values["worker_connections"] = max(1024, site.options.connections + 128)

@@ -33,6 +33,7 @@ class H2o(Server):
     package = "h2o"
     config_file = "h2o.conf"
     pid_file = "h2o.pid"
+    no_http3 = "Debian's h2o 2.2 has no HTTP/3 (QUIC came with h2o 2.3)"
 
     def values(self, site: Site, rundir: Path, profile: str) -> dict[str, object]:
         opts = site.options

@@ -12,6 +12,7 @@ from arena.servers.base import Server, Site, run_user
 
 class Haproxy(Server):
     name = "haproxy"
+    no_http3 = "Debian's HAProxy is built without QUIC (`haproxy -vv` lists -QUIC)"
     title = "HAProxy"
     program = "haproxy"
     package = "haproxy"

@@ -24,6 +24,7 @@ def tls_settings(tls: TlsSite) -> str:
 
 class Lighttpd(Server):
     name = "lighttpd"
+    no_http3 = "lighttpd 1.4 has no HTTP/3"
     title = "lighttpd"
     program = "lighttpd"
     package = "lighttpd"

@@ -35,6 +35,7 @@ class Nginx(Server):
     package = "nginx"
     config_file = "nginx.conf"
     pid_file = "nginx.pid"
+    no_http3 = "Debian's nginx 1.22 has no HTTP/3 (ngx_http_v3_module came with nginx 1.25)"
 
     def values(self, site: Site, rundir: Path, profile: str) -> dict[str, object]:
         opts = site.options

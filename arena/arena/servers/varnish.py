@@ -11,6 +11,7 @@ from arena.servers.base import Server, Site
 
 class Varnish(Server):
     name = "varnish"
+    no_http3 = "Varnish has no HTTP/3 (nor TLS)"
     title = "Varnish"
     program = "varnishd"
     package = "varnish"
