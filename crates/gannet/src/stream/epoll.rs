@@ -216,6 +216,15 @@ impl Epoll {
             .is_some_and(|s| s.ready & (PEER_DONE | CLOSED) == PEER_DONE)
     }
 
+    /// The socket reported an error or a hang-up (a refused connect among them).
+    pub fn failed(&self, key: Key) -> bool {
+        let slots = self.slots.borrow();
+        slots
+            .get(key.index as usize)
+            .filter(|s| s.gen == key.gen)
+            .is_some_and(|s| s.ready & CLOSED != 0)
+    }
+
     /// Read the events the set has and wake their sessions; true when there may be more.
     fn take_events(&self) -> bool {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; BATCH];

@@ -453,6 +453,14 @@ pub async fn connect(
         loop {
             std::future::poll_fn(|cx| up.poll_ready(cx, Dir::Write)).await?;
             if early.buf.is_empty() {
+                // Writable without an error or hang-up in the same event: connected (a
+                // refused connect reports EPOLLERR|EPOLLHUP); SO_ERROR is read only to
+                // name a failure, or where tokio has the socket.
+                if let Sock::Own(o) = &up {
+                    if !o.set.failed(o.key) {
+                        return Ok(());
+                    }
+                }
                 let error = up.sock_ref().map(|r| r.take_error());
                 return match error {
                     Some(Ok(None)) => Ok(()),
