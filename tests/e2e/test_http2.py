@@ -5,6 +5,7 @@ throwaway CA."""
 from __future__ import annotations
 
 import gzip
+import re
 import socket
 import struct
 import subprocess
@@ -481,6 +482,20 @@ def h2spec_bin() -> str | None:
     return found or (home if os.path.exists(home) else None)
 
 
+# Where gannet answers as nginx does rather than as h2spec (RFC 9113 / 7541) wants: nginx
+# takes a header block in one frame larger than 16 KiB (it offers frames up to 2^24-1;
+# gannet up to its header cap), answers 400 to a request without a pseudo-header, and reads
+# a Huffman string padded with a whole byte of ones (nginx-tests' h2_headers.t and grpc.t
+# rely on all three).
+AS_NGINX = {
+    "Sends a large size HEADERS frame that exceeds the SETTINGS_MAX_FRAME_SIZE",
+    'Sends a HEADERS frame that omits ":method" pseudo-header field',
+    'Sends a HEADERS frame that omits ":scheme" pseudo-header field',
+    'Sends a HEADERS frame that omits ":path" pseudo-header field',
+    "Sends a Huffman-encoded string literal representation with padding longer than 7 bits",
+}
+
+
 @pytest.mark.skipif(h2spec_bin() is None, reason="h2spec is not installed (scripts/test-all.sh installs it)")
 def test_h2spec_passes_every_case(gannet, pki):
     text, tls = servers(pki, h2c_listen="http2")
@@ -490,7 +505,9 @@ def test_h2spec_passes_every_case(gannet, pki):
         r = subprocess.run([h2spec_bin(), "-h", "127.0.0.1", "-p", str(port), "-o", "5", *args],
                            capture_output=True, text=True, timeout=300)
         summary = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr
-        assert summary == "145 tests, 145 passed, 0 skipped, 0 failed", r.stdout[-3000:]
+        failed = set(re.findall(r"× \d+: (.+?)\s*$", r.stdout, re.M))
+        assert failed == AS_NGINX, r.stdout[-3000:]
+        assert summary == f"145 tests, {145 - len(AS_NGINX)} passed, 0 skipped, {len(AS_NGINX)} failed", r.stdout[-3000:]
     assert srv.proc.poll() is None
 
 

@@ -1,6 +1,6 @@
 """Access and error logs as an admin reads them: the predefined `combined` line, escaping,
 custom `log_format` variables, `access_log off`, several logs at once, buffered logs
-(`buffer=` / `flush=`, and the flush at a graceful stop), and the error log's
+(`buffer=` / `flush=`, and the flush at a graceful or fast stop), and the error log's
 `open() ... failed` line for a missing file (gone with `log_not_found off`).
 
 Logs are written after the response, so every check polls the file with a deadline.
@@ -10,6 +10,8 @@ import re
 import signal
 import time
 from pathlib import Path
+
+import pytest
 
 COMBINED_RE = re.compile(
     r'^(?P<addr>\S+) - (?P<user>\S+) \[(?P<time>\d{2}/[A-Z][a-z]{2}/\d{4}:\d{2}:\d{2}:\d{2} [+-]\d{4})\] '
@@ -147,6 +149,20 @@ def test_buffered_log_written_at_graceful_stop(gannet):
     assert srv.stop(signal.SIGQUIT) == 0
     got = lines(srv.tmp / "buf.log")
     assert [re.search(r"\?n=(\d)", ln)[1] for ln in got] == ["0", "1", "2", "3", "4"], got
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["term", "int"])
+@pytest.mark.parametrize("main", ["", "master_process off;"], ids=["workers", "single"])
+def test_buffered_log_written_at_fast_stop(gannet, sig, main):
+    # nginx's worker writes its `buffer=` logs on its way out, a fast stop too; gannet's
+    # worker process died on the signal with the lines still in its buffer.
+    srv = gannet.start(main=main, server=f"access_log {gannet.tmp}/buf.log combined buffer=64k flush=1h;", files={"b.txt": "b"})
+    for i in range(3):
+        assert srv.get(f"/b.txt?n={i}")[0] == 200
+    assert lines(srv.tmp / "buf.log") == []
+    srv.stop(sig)
+    got = lines(srv.tmp / "buf.log")
+    assert [re.search(r"\?n=(\d)", ln)[1] for ln in got] == ["0", "1", "2"], got
 
 
 def error_log_after_404(gannet, server: str) -> str:

@@ -315,3 +315,83 @@ def test_resolve_with_zone_and_resolver_in_the_block_loads(gannet):
     r = gannet.check(http="upstream u { zone u 64k; resolver 127.0.0.1:5353; resolver_timeout 2s;"
                           " server a.test resolve; }")
     assert r.returncode == 0, r.stderr
+
+
+class ScriptedDns:
+    """A UDP name server answering each (name, type) as `answers` says: a list of IPv4
+    addresses (an empty list is NOERROR with no records) or an rcode (2: SERVFAIL)."""
+
+    def __init__(self, answers: dict):
+        self.answers = answers
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                q, peer = self.sock.recvfrom(512)
+            except OSError:
+                return
+            at, labels = 12, []
+            while q[at]:
+                labels.append(q[at + 1:at + 1 + q[at]].decode())
+                at += 1 + q[at]
+            question = q[12:at + 5]
+            qtype = int.from_bytes(q[at + 1:at + 3], "big")
+            answer = self.answers.get((".".join(labels).lower(), qtype), 3)
+            ips = answer if isinstance(answer, list) else []
+            rcode = 0 if isinstance(answer, list) else answer
+            head = q[:2] + bytes([0x81, 0x80 | rcode]) + b"\x00\x01" + len(ips).to_bytes(2, "big") + b"\x00\x00\x00\x00"
+            records = b"".join(b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x0e\x10\x00\x04" + socket.inet_aton(ip) for ip in ips)
+            self.sock.sendto(head + question + records, peer)
+
+    def stop(self):
+        self.sock.close()
+
+
+@pytest.mark.skipif(NGINX is None, reason="nginx is not installed")
+def test_name_server_answers_as_nginx_takes_them(tmp_path, backends):
+    # A name server's error for AAAA (or A) fails the name even when the other type has
+    # addresses, as nginx; an empty answer for one type leaves the other's addresses. With
+    # two servers, each new name goes to the next one and a SERVFAIL is the answer (nginx
+    # asks no other server; hickory's pool did): two.test fails once, then is found.
+    A, AAAA = 1, 28
+    dns = ScriptedDns({("a-err.test", A): ["127.0.0.2"], ("a-err.test", AAAA): 2,
+                       ("err-a.test", A): 2, ("err-a.test", AAAA): [],
+                       ("a-none.test", A): ["127.0.0.2"], ("a-none.test", AAAA): [],
+                       ("two.test", A): 2, ("two.test", AAAA): 2})
+    good = ScriptedDns({("two.test", A): ["127.0.0.2"], ("two.test", AAAA): []})
+    conf = PEER_MAIN + f"""
+http {{
+    access_log off;
+    server {{
+        listen 127.0.0.1:{{port}};
+        location / {{
+            resolver 127.0.0.1:{dns.port};
+            resolver_timeout 2s;
+            proxy_pass http://$arg_h:{backends};
+        }}
+        location /two {{
+            resolver 127.0.0.1:{dns.port} 127.0.0.1:{good.port};
+            resolver_timeout 2s;
+            proxy_pass http://$arg_h:{backends};
+        }}
+    }}
+}}
+"""
+    paths = ["/?h=a-err.test", "/?h=err-a.test", "/?h=a-none.test"]
+    try:
+        with side_by_side(tmp_path, conf) as (srv, nginx_port):
+            got = {p: fetch(srv.port, p)[0] for p in paths}
+            want = {p: fetch(nginx_port, p)[0] for p in paths}
+            got["two"] = [fetch(srv.port, "/two?h=two.test")[0] for _ in range(3)]
+            want["two"] = [fetch(nginx_port, "/two?h=two.test")[0] for _ in range(3)]
+            log = srv.error_log()
+    finally:
+        dns.stop()
+        good.stop()
+    assert got == want
+    assert got == {"/?h=a-err.test": 502, "/?h=err-a.test": 502, "/?h=a-none.test": 200, "two": [502, 200, 200]}
+    assert "a-err.test could not be resolved (2: Server failure)" in log

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from conftest import wait_until
+from nginx_peer import NGINX, PEER_MAIN, exchange, side_by_side
 
 DIGITS = "0123456789abcdefghij"  # 20 bytes, so every byte's offset is visible
 
@@ -354,3 +355,26 @@ def test_changed_file_is_served_new(srv):
     started = time.monotonic()
     assert wait_until(lambda: srv.get("/v.txt")[2] == b"version-two", deadline=3.0)
     assert time.monotonic() - started < 2.5
+
+
+REWRITE_CONF = r"""
+http {
+    access_log off;
+    server { listen 127.0.0.1:{port}; root {root}; }
+}
+"""
+
+
+@pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
+def test_file_rewritten_in_place_is_served_new_at_once(tmp_path):
+    # Without open_file_cache nginx opens the file for each request: a file rewritten in
+    # place (same inode, same size, within the second) is served new by the next request.
+    # gannet's always-on cache served the old bytes until its 1 s check.
+    with side_by_side(tmp_path, PEER_MAIN + REWRITE_CONF, files={"v.txt": "SEE-THIS"}) as (srv, nginx_port):
+        page = srv.root / "v.txt"
+        for port in (srv.port, nginx_port):
+            assert exchange(port, b"GET /v.txt HTTP/1.0\r\n\r\n").body == b"SEE-THIS"
+        with open(page, "r+b") as f:  # the same inode, rewritten
+            f.write(b"SEE-THAT")
+        got = [exchange(port, b"GET /v.txt HTTP/1.0\r\n\r\n").body for port in (srv.port, nginx_port)]
+    assert got == [b"SEE-THAT", b"SEE-THAT"]

@@ -2,11 +2,16 @@
 //! `*_pass` with variables, an upstream `server NAME resolve`) are looked up through the
 //! name servers it lists, never through the system's resolver, as in nginx.
 //!
-//! The DNS protocol, the answers' cache (kept by their TTL, or for `valid=` when given)
-//! and the rotation across name servers are hickory-resolver's. Each `resolver` line is
-//! one [`Resolver`]; its hickory client is made in the worker on first use (the config is
-//! read in the master, whose runtime is not the worker's). `resolver_timeout` is the
-//! location's, so it bounds each lookup from outside.
+//! The DNS protocol is hickory-resolver's; the asking is nginx's. Each `resolver` line is
+//! one [`Resolver`], with a hickory client per name server (made in the worker on first
+//! use: the config is read in the master, whose runtime is not the worker's). A name is
+//! asked of one server at a time, the next in turn for each new name; a server that gives
+//! no usable answer within 5 s (none, or a format error, which nginx ignores) is left for
+//! the next one, until `resolver_timeout` (the location's, bounding each lookup from
+//! outside). A server's answer, good or bad, is the answer: nginx does not ask another
+//! server after SERVFAIL, as hickory's pool would. A and AAAA are asked together, and an
+//! error for either fails the name. Answers are kept, for all servers, by their TTL (or for
+//! `valid=` when given); errors are not (hickory keeps "no such name" as nginx does).
 //!
 //! Errors are nginx's (ngx_resolver_strerror): a name that does not exist or has no
 //! address is `3: Host not found`, a name server that does not answer in time (or cannot
@@ -15,17 +20,26 @@
 use gannet_conf::{ConfError, Directive};
 use hickory_resolver::config::{
     LookupIpStrategy, NameServerConfig, ResolveHosts, ResolverConfig, ResolverOpts,
-    ServerOrderingStrategy,
 };
 use hickory_resolver::name_server::TokioConnectionProvider;
+use hickory_resolver::proto::rr::{RData, RecordType};
 use hickory_resolver::proto::xfer::Protocol;
 use hickory_resolver::proto::ProtoErrorKind;
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// nginx's `resolver_timeout` default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a server has to answer before the name is asked of the next (nginx's
+/// resend time).
+const RESEND: Duration = Duration::from_secs(5);
+
+/// The most names kept (past it, expired ones are dropped; then new ones are not kept).
+const KEPT_MAX: usize = 4096;
 
 /// One `resolver` directive.
 pub struct Resolver {
@@ -33,7 +47,12 @@ pub struct Resolver {
     /// `valid=`: how long answers are kept, whatever their TTL.
     valid: Option<Duration>,
     strategy: LookupIpStrategy,
-    client: OnceLock<hickory_resolver::TokioResolver>,
+    /// One client per name server, in `servers`' order.
+    clients: OnceLock<Vec<hickory_resolver::TokioResolver>>,
+    /// The server the next name is asked of (modulo their number).
+    next: AtomicUsize,
+    /// Addresses found, by lower-case name, and until when they hold.
+    kept: Mutex<HashMap<String, (Vec<IpAddr>, Instant)>>,
 }
 
 impl std::fmt::Debug for Resolver {
@@ -105,7 +124,9 @@ pub fn parse(d: &Directive) -> Result<Resolver, ConfError> {
         servers,
         valid,
         strategy,
-        client: OnceLock::new(),
+        clients: OnceLock::new(),
+        next: AtomicUsize::new(0),
+        kept: Mutex::default(),
     })
 }
 
@@ -147,38 +168,34 @@ fn server_addrs(d: &Directive, a: &str) -> Result<Vec<SocketAddr>, ConfError> {
 }
 
 impl Resolver {
-    fn client(&self) -> &hickory_resolver::TokioResolver {
-        self.client.get_or_init(|| {
-            let mut config = ResolverConfig::new();
-            for &sa in &self.servers {
-                // nginx asks over UDP and falls back to TCP for a truncated answer; so
-                // does hickory with both listed.
-                config.add_name_server(NameServerConfig::new(sa, Protocol::Udp));
-                config.add_name_server(NameServerConfig::new(sa, Protocol::Tcp));
-            }
-            let mut opts = ResolverOpts::default();
-            opts.ip_strategy = self.strategy;
-            opts.server_ordering_strategy = ServerOrderingStrategy::RoundRobin;
-            opts.use_hosts_file = ResolveHosts::Never;
-            // The names are looked up as written: no search list, no `ndots`.
-            opts.ndots = 0;
-            // nginx asks again every 5 s until `resolver_timeout` (30 s by default), which
-            // bounds every lookup from outside.
-            opts.attempts = 6;
-            opts.timeout = Duration::from_secs(5);
-            if let Some(v) = self.valid {
-                opts.positive_min_ttl = Some(v);
-                opts.positive_max_ttl = Some(v);
-                opts.negative_min_ttl = Some(v);
-                opts.negative_max_ttl = Some(v);
-            }
-            hickory_resolver::Resolver::builder_with_config(
-                config,
-                TokioConnectionProvider::default(),
-            )
+    fn clients(&self) -> &[hickory_resolver::TokioResolver] {
+        self.clients
+            .get_or_init(|| self.servers.iter().map(|&sa| self.client(sa)).collect())
+    }
+
+    fn client(&self, server: SocketAddr) -> hickory_resolver::TokioResolver {
+        let mut config = ResolverConfig::new();
+        // nginx asks over UDP and asks again over TCP for a truncated answer; so does
+        // hickory with both listed.
+        config.add_name_server(NameServerConfig::new(server, Protocol::Udp));
+        config.add_name_server(NameServerConfig::new(server, Protocol::Tcp));
+        let mut opts = ResolverOpts::default();
+        opts.use_hosts_file = ResolveHosts::Never;
+        // The names are looked up as written: no search list, no `ndots`.
+        opts.ndots = 0;
+        // One question at a time; asking again (another server) is `lookup`'s.
+        opts.attempts = 1;
+        opts.num_concurrent_reqs = 1;
+        opts.timeout = RESEND;
+        if let Some(v) = self.valid {
+            opts.positive_min_ttl = Some(v);
+            opts.positive_max_ttl = Some(v);
+            opts.negative_min_ttl = Some(v);
+            opts.negative_max_ttl = Some(v);
+        }
+        hickory_resolver::Resolver::builder_with_config(config, TokioConnectionProvider::default())
             .with_options(opts)
             .build()
-        })
     }
 
     /// The addresses of `name`, within `timeout` (the location's `resolver_timeout`), and
@@ -188,23 +205,109 @@ impl Resolver {
         name: &str,
         timeout: Duration,
     ) -> Result<(Vec<IpAddr>, Instant), Failure> {
-        // A fully qualified name: no search domain is ever appended.
-        let fqdn = if name.ends_with('.') {
-            name.to_string()
-        } else {
-            format!("{name}.")
-        };
-        let found = tokio::time::timeout(timeout, self.client().lookup_ip(fqdn)).await;
-        let lookup = match found {
-            Err(_) => return Err(Failure::TimedOut),
-            Ok(Err(e)) => return Err(classify(&e)),
-            Ok(Ok(l)) => l,
-        };
-        let addrs: Vec<IpAddr> = lookup.iter().collect();
-        if addrs.is_empty() {
-            return Err(Failure::NotFound);
+        let key = name.trim_end_matches('.').to_ascii_lowercase();
+        if let Some(found) = self.kept(&key) {
+            return Ok(found);
         }
-        Ok((addrs, lookup.valid_until()))
+        // A fully qualified name: no search domain is ever appended.
+        let fqdn = format!("{key}.");
+        let clients = self.clients();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut turn = self.next.fetch_add(1, Ordering::Relaxed);
+        loop {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Err(Failure::TimedOut);
+            }
+            let resend = deadline.min(now + RESEND);
+            let client = &clients[turn % clients.len()];
+            turn = turn.wrapping_add(1);
+            match tokio::time::timeout_at(resend, self.ask(client, &fqdn)).await {
+                Ok(Ok(found)) => {
+                    self.keep(key, &found);
+                    return Ok(found);
+                }
+                Ok(Err(Some(failure))) => return Err(failure),
+                // No usable answer: as nginx, the next server when the resend time comes.
+                Ok(Err(None)) => tokio::time::sleep_until(resend).await,
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// One server's answer for `fqdn`: its addresses, a failure, or `Err(None)` for none
+    /// usable. A and AAAA are asked apart (hickory's combined lookup keeps one answer when
+    /// the other is an error): as nginx, an error for either fails the name, and only an
+    /// empty answer (NOERROR, no records) leaves the other's addresses.
+    async fn ask(
+        &self,
+        client: &hickory_resolver::TokioResolver,
+        fqdn: &str,
+    ) -> Result<(Vec<IpAddr>, Instant), Option<Failure>> {
+        let (v4, v6) = match self.strategy {
+            LookupIpStrategy::Ipv4Only => (true, false),
+            LookupIpStrategy::Ipv6Only => (false, true),
+            _ => (true, true),
+        };
+        let ask = |on: bool, kind: RecordType| async move {
+            match on {
+                true => Some(client.lookup(fqdn, kind).await),
+                false => None,
+            }
+        };
+        let (a, aaaa) = (ask(v4, RecordType::A), ask(v6, RecordType::AAAA));
+        tokio::pin!(a, aaaa);
+        // Each answer as it comes: an error fails the name at once, as in nginx.
+        let (mut got_a, mut got_aaaa) = (None, None);
+        while got_a.is_none() || got_aaaa.is_none() {
+            let answer = tokio::select! {
+                r = &mut a, if got_a.is_none() => got_a.insert(r),
+                r = &mut aaaa, if got_aaaa.is_none() => got_aaaa.insert(r),
+            };
+            if let Some(Err(e)) = answer {
+                if !is_empty_answer(e) {
+                    return Err(judge(e));
+                }
+            }
+        }
+        let mut addrs = Vec::new();
+        let mut until: Option<Instant> = None;
+        for answer in [got_a, got_aaaa].into_iter().flatten().flatten() {
+            let Ok(lookup) = answer else { continue };
+            addrs.extend(lookup.iter().filter_map(|r| match r {
+                RData::A(a) => Some(IpAddr::V4(a.0)),
+                RData::AAAA(a) => Some(IpAddr::V6(a.0)),
+                _ => None,
+            }));
+            let t = lookup.valid_until();
+            until = Some(until.map_or(t, |u| u.min(t)));
+        }
+        match until {
+            Some(until) if !addrs.is_empty() => Ok((addrs, until)),
+            _ => Err(Some(Failure::NotFound)),
+        }
+    }
+
+    fn kept(&self, key: &str) -> Option<(Vec<IpAddr>, Instant)> {
+        let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        kept.get(key)
+            .filter(|(_, until)| *until > Instant::now())
+            .cloned()
+    }
+
+    fn keep(&self, key: String, found: &(Vec<IpAddr>, Instant)) {
+        let now = Instant::now();
+        if found.1 <= now {
+            // A zero TTL: not kept, as nginx.
+            return;
+        }
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.len() >= KEPT_MAX {
+            kept.retain(|_, (_, until)| *until > now);
+        }
+        if kept.len() < KEPT_MAX {
+            kept.insert(key, found.clone());
+        }
     }
 
     /// The name of `ip` (its PTR record, without the final dot), within `timeout`: the
@@ -235,7 +338,7 @@ impl Resolver {
 /// this question).
 async fn ptr_query(server: SocketAddr, ip: IpAddr) -> Option<Result<String, Failure>> {
     use hickory_resolver::proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
-    use hickory_resolver::proto::rr::{Name, RData, RecordType};
+    use hickory_resolver::proto::rr::Name;
     use hickory_resolver::proto::serialize::binary::BinDecodable;
     let id = fastrand::u16(..);
     let mut m = Message::new();
@@ -279,16 +382,28 @@ async fn ptr_query(server: SocketAddr, ip: IpAddr) -> Option<Result<String, Fail
     }
 }
 
-fn classify(e: &hickory_resolver::ResolveError) -> Failure {
+/// NOERROR with no record of the type asked: the name has none of those addresses.
+fn is_empty_answer(e: &hickory_resolver::ResolveError) -> bool {
+    use hickory_resolver::proto::op::ResponseCode;
+    matches!(
+        e.proto().map(|p| p.kind()),
+        Some(ProtoErrorKind::NoRecordsFound { response_code, .. }) if *response_code == ResponseCode::NoError
+    )
+}
+
+/// What a server's error answer means for the name; `None` when it is no usable answer
+/// (a format error, which nginx ignores, or no answer at all: a broken connection).
+fn judge(e: &hickory_resolver::ResolveError) -> Option<Failure> {
     use hickory_resolver::proto::op::ResponseCode;
     match e.proto().map(|p| p.kind()) {
         Some(ProtoErrorKind::NoRecordsFound { response_code, .. }) => match *response_code {
-            ResponseCode::ServFail => Failure::ServFail,
-            ResponseCode::Refused => Failure::Refused,
-            _ => Failure::NotFound,
+            ResponseCode::FormErr => None,
+            ResponseCode::ServFail => Some(Failure::ServFail),
+            ResponseCode::Refused => Some(Failure::Refused),
+            _ => Some(Failure::NotFound),
         },
-        _ if e.is_nx_domain() || e.is_no_records_found() => Failure::NotFound,
-        _ => Failure::TimedOut,
+        _ if e.is_nx_domain() || e.is_no_records_found() => Some(Failure::NotFound),
+        _ => None,
     }
 }
 

@@ -8,10 +8,11 @@
 //! folder with `use_temp_path=off`) and renamed into place when whole, so a reader never
 //! sees one half written; one that is not finished is removed.
 //!
-//! No file operation runs on an event loop thread (a slow disk would stall every connection
-//! of the thread): [`lookup`] opens and reads the header in one hop to tokio's blocking
-//! pool, the one hop a hit costs; a [`Writer`] queues its writes and rename for a blocking
-//! task that works the queue in order.
+//! Entry files are opened and read on the worker thread ([`lookup`]), as nginx reads them
+//! and as static files are opened. A [`Writer`] writes a small entry there too, when the
+//! answer ends, in one write and a rename (as nginx writes its entries without `aio`); a
+//! larger one's writes and rename go, in order, to a blocking task (a slow disk must not
+//! stall every connection of the thread for a big body).
 
 use super::key::Hash;
 use std::collections::VecDeque;
@@ -135,16 +136,52 @@ pub fn off_loop(f: impl FnOnce() + Send + 'static) {
 /// [`open`] on the worker thread, as static files are opened and as nginx reads its cache
 /// files (without `aio`): one open, one fstat and two preads of a file the page cache
 /// holds. Handing each hit to tokio's blocking pool instead cost two thread switches per
-/// request, three times nginx's CPU per hit in the arena's cache scenario; writes (which
-/// may wait on a full disk) stay off the loop.
+/// request, three times nginx's CPU per hit in the arena's cache scenario (the same holds
+/// for a small entry's write: [`Writer`]).
 pub async fn lookup(path: PathBuf, key: Arc<str>) -> Option<(File, Meta)> {
     open(&path, &key)
 }
 
-/// An entry being written: its operations go, in order, to a blocking task.
+/// What precedes an entry's body in its file: the fixed header, the key, the `Vary`
+/// header and the answer's head.
+fn header(key: &str, meta: &Meta) -> Vec<u8> {
+    let mut h = Vec::with_capacity(FIXED + key.len() + meta.vary.len() + meta.head.len());
+    h.extend_from_slice(MAGIC);
+    h.extend_from_slice(&meta.valid.to_le_bytes());
+    h.extend_from_slice(&meta.date.to_le_bytes());
+    for l in [key.len(), meta.vary.len(), meta.head.len()] {
+        h.extend_from_slice(&(l as u32).to_le_bytes());
+    }
+    h.extend_from_slice(&meta.variant);
+    h.extend_from_slice(&meta.updating.to_le_bytes());
+    h.extend_from_slice(&meta.error.to_le_bytes());
+    h.extend_from_slice(key.as_bytes());
+    h.extend_from_slice(meta.vary.as_bytes());
+    h.extend_from_slice(&meta.head);
+    h
+}
+
+/// The most a [`Writer`] holds in memory to write on the worker thread when the answer
+/// ends (as a hot entry's body kept in memory: `file_cache::SMALL_FILE`).
+const HOLD_MAX: usize = crate::modules::file_cache::SMALL_FILE as usize;
+
+/// An entry (or a stored answer's file) being written. A small one is held in memory and
+/// written on the worker thread when it ends, in one write and a rename, as nginx writes its
+/// entries on its event loop (without `aio`): into the page cache that costs less than the
+/// thread switches of hops to the blocking pool and back (a miss of the arena's cache
+/// scenario: 6 context switches and 8 `futex` calls fewer; docs/bench/cache-report.md). Once past
+/// `HOLD_MAX` its operations go, in order, to a blocking task instead (a slow disk must not
+/// stall every connection of the thread for a big body).
 pub struct Writer {
-    job: Arc<Job>,
-    done: bool,
+    state: State,
+}
+
+enum State {
+    /// Small so far: the bytes, and where they go.
+    Held(Vec<u8>, Box<Output>),
+    Queued(Arc<Job>),
+    /// Committed.
+    Done,
 }
 
 /// What to do when the entry is in place (its size on disk) or could not be (`None`: the
@@ -183,34 +220,21 @@ struct Output {
 static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Writer {
-    /// Start the entry for `dest` with a temp file in `tmp_dir` (made by the blocking
-    /// task; a failure is logged there and the entry not stored).
+    /// Start the entry of `key` for `dest`, with a temp file in `tmp_dir` (a failure to
+    /// write it is logged and the entry not stored).
     pub fn create(tmp_dir: &Path, dest: PathBuf, key: &str, meta: &Meta) -> Writer {
         let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = tmp_dir.join(format!("{:010}.{}.cache", n, std::process::id()));
-        let mut h = Vec::with_capacity(FIXED + key.len() + meta.vary.len() + meta.head.len());
-        h.extend_from_slice(MAGIC);
-        h.extend_from_slice(&meta.valid.to_le_bytes());
-        h.extend_from_slice(&meta.date.to_le_bytes());
-        for l in [key.len(), meta.vary.len(), meta.head.len()] {
-            h.extend_from_slice(&(l as u32).to_le_bytes());
-        }
-        h.extend_from_slice(&meta.variant);
-        h.extend_from_slice(&meta.updating.to_le_bytes());
-        h.extend_from_slice(&meta.error.to_le_bytes());
-        h.extend_from_slice(key.as_bytes());
-        h.extend_from_slice(meta.vary.as_bytes());
-        h.extend_from_slice(&meta.head);
-        let w = Writer::to(Output {
+        let out = Output {
             file: None,
-            tmp,
+            tmp: tmp_dir.join(format!("{:010}.{}.cache", n, super::shm::pid())),
             dest,
             len: 0,
             failed: None,
             plain: None,
-        });
-        w.job.push(Op::Data(h));
-        w
+        };
+        Writer {
+            state: State::Held(header(key, meta), Box::new(out)),
+        }
     }
 
     /// A plain file for `dest` (`*_store`), with a temp file in `tmp_dir`: the body alone,
@@ -222,56 +246,77 @@ impl Writer {
         mtime: Option<std::time::SystemTime>,
     ) -> Writer {
         let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Writer::to(Output {
+        let out = Output {
             file: None,
-            tmp: tmp_dir.join(format!("{:010}.{}", n, std::process::id())),
+            tmp: tmp_dir.join(format!("{:010}.{}", n, super::shm::pid())),
             dest,
             len: 0,
             failed: None,
             plain: Some((access, mtime)),
-        })
-    }
-
-    fn to(out: Output) -> Writer {
+        };
         Writer {
-            job: Arc::new(Job {
-                queue: Mutex::new((VecDeque::new(), false)),
-                file: Mutex::new(out),
-                queued: AtomicUsize::new(0),
-                written: tokio::sync::Notify::new(),
-            }),
-            done: false,
+            state: State::Held(Vec::new(), Box::new(out)),
         }
     }
 
     pub fn write(&mut self, b: &[u8]) {
-        self.job.push(Op::Data(b.to_vec()));
+        match &mut self.state {
+            State::Held(held, _) if held.len() + b.len() <= HOLD_MAX => held.extend_from_slice(b),
+            State::Queued(job) => job.push(Op::Data(b.to_vec())),
+            State::Done => {}
+            State::Held(..) => {
+                // Too big to hold: what came so far and the rest go to a blocking task.
+                let State::Held(held, out) = std::mem::replace(&mut self.state, State::Done) else {
+                    return;
+                };
+                let job = Arc::new(Job {
+                    queue: Mutex::new((VecDeque::new(), false)),
+                    file: Mutex::new(*out),
+                    queued: AtomicUsize::new(0),
+                    written: tokio::sync::Notify::new(),
+                });
+                job.push(Op::Data(held));
+                job.push(Op::Data(b.to_vec()));
+                self.state = State::Queued(job);
+            }
+        }
     }
 
     /// Wait until the bytes queued for the file are few enough to queue more.
     pub async fn room(&self) {
+        let State::Queued(job) = &self.state else {
+            return;
+        };
         loop {
-            let written = self.job.written.notified();
+            let written = job.written.notified();
             let mut written = std::pin::pin!(written);
             written.as_mut().enable();
-            if self.job.queued.load(Relaxed) < QUEUED_MAX {
+            if job.queued.load(Relaxed) < QUEUED_MAX {
                 return;
             }
             written.await;
         }
     }
 
-    /// Put the entry in place; `then` gets its size on disk (on the blocking task).
+    /// Put the entry in place; `then` gets its size on disk (here for an entry held in
+    /// memory, else on the blocking task).
     pub fn commit(mut self, then: OnCommit) {
-        self.done = true;
-        self.job.push(Op::Commit(then));
+        match std::mem::replace(&mut self.state, State::Done) {
+            State::Held(held, mut out) => {
+                out.apply(Op::Data(held));
+                then(out.commit());
+            }
+            State::Queued(job) => job.push(Op::Commit(then)),
+            State::Done => then(None),
+        }
     }
 }
 
 impl Drop for Writer {
     fn drop(&mut self) {
-        if !self.done {
-            self.job.push(Op::Abort);
+        // A held entry has no file yet: nothing to remove.
+        if let State::Queued(job) = &self.state {
+            job.push(Op::Abort);
         }
     }
 }
@@ -370,11 +415,15 @@ impl Output {
             return None;
         }
         self.file = None;
-        let r = match self.dest.parent() {
-            Some(dir) => make_dirs(dir),
-            None => Ok(()),
-        }
-        .and_then(|()| std::fs::rename(&self.tmp, &self.dest));
+        // The rename first: the folders are made only when it finds one missing (as nginx's
+        // ngx_ext_rename_file), not checked for every entry.
+        let r = match std::fs::rename(&self.tmp, &self.dest) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match self.dest.parent() {
+                Some(dir) => make_dirs(dir).and_then(|()| std::fs::rename(&self.tmp, &self.dest)),
+                None => Err(e),
+            },
+            r => r,
+        };
         if let Err(e) = r {
             crate::errlog::log(
                 crate::errlog::Level::Crit,

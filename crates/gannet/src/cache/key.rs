@@ -30,18 +30,29 @@ pub fn hex(h: &Hash) -> [u8; 32] {
     out
 }
 
-/// The file of `h` under `dir` with `levels` (each 1 or 2 hex digits, taken from the end).
+/// The file of `h` under `dir` with `levels` (each 1 or 2 hex digits, taken from the end),
+/// made in one allocation (a lookup's and a miss's cost: `PathBuf::push` per part
+/// reallocated each time).
 pub fn file(dir: &Path, levels: &[u8], h: &Hash) -> PathBuf {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
     let name = hex(h);
-    let mut p = dir.to_path_buf();
+    let dir = dir.as_os_str().as_bytes();
+    let mut p = Vec::with_capacity(dir.len() + 3 * levels.len() + 1 + name.len());
+    p.extend_from_slice(dir);
     let mut end = name.len();
     for &l in levels {
-        let l = usize::from(l);
-        p.push(std::str::from_utf8(&name[end - l..end]).unwrap_or_default());
+        let l = usize::from(l).min(end);
+        if p.last() != Some(&b'/') {
+            p.push(b'/');
+        }
+        p.extend_from_slice(&name[end - l..end]);
         end -= l;
     }
-    p.push(std::str::from_utf8(&name).unwrap_or_default());
-    p
+    if p.last() != Some(&b'/') {
+        p.push(b'/');
+    }
+    p.extend_from_slice(&name);
+    PathBuf::from(std::ffi::OsString::from_vec(p))
 }
 
 #[cfg(test)]
@@ -57,5 +68,12 @@ mod tests {
         }
         let p = super::file(std::path::Path::new("/c"), &[1, 2], &h);
         assert_eq!(p.to_str(), Some("/c/0/65/c29b7f54b2df7773722d382f4809d650"));
+        let p = super::file(std::path::Path::new("/c/"), &[], &h);
+        assert_eq!(p.to_str(), Some("/c/c29b7f54b2df7773722d382f4809d650"));
+        let p = super::file(std::path::Path::new("/"), &[2, 2, 2], &h);
+        assert_eq!(
+            p.to_str(),
+            Some("/50/d6/09/c29b7f54b2df7773722d382f4809d650")
+        );
     }
 }

@@ -42,6 +42,10 @@ pub struct Seen {
     pub fetching: Option<(u64, Duration)>,
     /// The version of the key's entry (see `shm::Guard::version`).
     pub version: u64,
+    /// The key may have an entry file: one was stored (or found by the loader), or the
+    /// loader has not counted the folder's entries yet. Every entry written, found or
+    /// removed is accounted in the zone, so a key without one has no file to open.
+    pub on_disk: bool,
 }
 
 /// The fetch of a key under way; dropping it (the entry stored, or given up) lets the
@@ -110,6 +114,7 @@ pub fn look(zone: &Arc<Zone>, h: &Hash, count: bool) -> Result<Seen, NoRoom> {
     };
     let uses = g.touch(s, count);
     let version = g.version(s);
+    let on_disk = g.size(s) > 0 || !zone.shm.loaded();
     let fetching = g.fetch(s).map(|(t, since)| {
         let now = shm::now_ms();
         (t, Duration::from_millis(now.saturating_sub(since)))
@@ -122,6 +127,7 @@ pub fn look(zone: &Arc<Zone>, h: &Hash, count: bool) -> Result<Seen, NoRoom> {
         uses,
         fetching,
         version,
+        on_disk,
     })
 }
 
@@ -132,7 +138,7 @@ static SEQ: AtomicU64 = AtomicU64::new(1);
 /// lock); `None` if another request began one meanwhile (the lookup is to be done again).
 /// The fetch lasts while the returned value lives.
 pub fn begin_fetch(zone: &Arc<Zone>, h: &Hash, seen: Option<u64>) -> Option<Fetching> {
-    let token = (u64::from(std::process::id()) << 32) | (SEQ.fetch_add(1, Relaxed) & 0xffff_ffff);
+    let token = (u64::from(shm::pid()) << 32) | (SEQ.fetch_add(1, Relaxed) & 0xffff_ffff);
     let notify = Arc::new(Notify::new());
     // Registered first: a waiter that sees the token finds its signal.
     zone.local.lock().insert(token, notify.clone());
@@ -175,7 +181,7 @@ pub fn fetching_with(zone: &Zone, h: &Hash, token: u64) -> bool {
 /// Wait until the fetch `token` of `h` ends; false if `timeout` passed first.
 pub async fn wait(zone: &Zone, h: &Hash, token: u64, timeout: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + timeout;
-    let mine = token >> 32 == u64::from(std::process::id());
+    let mine = token >> 32 == u64::from(shm::pid());
     let local = mine
         .then(|| zone.local.lock().get(&token).cloned())
         .flatten();
@@ -293,7 +299,12 @@ fn load(zone: &Zone) {
     for chunk in found.chunks(256) {
         let mut g = zone.shm.lock();
         for (h, size) in chunk {
-            if g.find(h).is_some() {
+            if let Some(s) = g.find(h) {
+                // A key looked up before the loader came to it: its file counts too (else
+                // lookups, which open no file for a key without one, would never find it).
+                if g.size(s) == 0 {
+                    g.set_size(s, *size);
+                }
                 continue;
             }
             if g.count() >= zone.shm.capacity() {

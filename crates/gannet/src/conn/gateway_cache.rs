@@ -16,8 +16,11 @@
 //! the same; its body is a range of the entry file, sent like a static file's (sendfile,
 //! byte ranges).
 //!
-//! Entry files are opened on the worker thread, as static files (`cache::entry::lookup`),
-//! and written off the event loop.
+//! Entry files are opened on the worker thread, as static files (`cache::entry::lookup`);
+//! a small answer's entry is written there too, a larger one's off the event loop
+//! (`cache::entry::Writer`). A lookup opens no file for a key the keys zone knows no entry
+//! of (once the loader has counted the folder's entries), as nginx's
+//! `ngx_http_file_cache_open`.
 
 use super::gateway::answer;
 use crate::cache::entry::{self, Meta, Writer};
@@ -198,7 +201,11 @@ async fn look_up(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Option<Flo
                 return Some(serve_hot(req, c, &h));
             }
         }
-        let mut found = entry::lookup(zone.file(&main), key.as_str().into()).await;
+        // A key the zone knows no entry file of has none (nginx opens no file then either).
+        let mut found = match seen.on_disk {
+            true => entry::lookup(zone.file(&main), key.as_str().into()).await,
+            false => None,
+        };
         let mut found_at = main;
         // The main entry's Vary, and its variant: where an answer goes (see `start`).
         let main_vary = found.as_ref().map(|(_, m)| (m.vary.clone(), m.variant));

@@ -22,6 +22,7 @@ use super::exchange::{self, Exchange, Reset};
 use super::gateway::{Outcome, Tunnel};
 use super::grpc::Served;
 use super::h2_flood::{Flood, FloodGuard};
+use super::h2_mend::{HpackMend, Refused};
 use super::h2_response;
 use super::request_body::Failed;
 use super::source::Source;
@@ -34,7 +35,7 @@ use crate::modules::gateway::Streamed;
 use crate::modules::LocConf;
 use crate::runtime::worker::Worker;
 use bytes::{Bytes, BytesMut};
-use gannet_proto::h1::RequestHead;
+use gannet_proto::h1::{ParseError, RequestHead};
 use gannet_proto::uri::parse_target;
 use h2::server::SendResponse;
 use h2::RecvStream;
@@ -98,7 +99,10 @@ where
         // for): what a client may send unread is bounded by each stream's window.
         .initial_connection_window_size(CONN_WINDOW)
         .max_header_list_size(header_cap)
-        .max_frame_size(16 * 1024)
+        // nginx takes frames of any size (it offers 2^24-1): a client may send its whole
+        // header block in one HEADERS frame. Up to the header cap here (a DATA frame is
+        // bounded by the stream's window anyway).
+        .max_frame_size(header_cap.clamp(16 * 1024, (1 << 24) - 1))
         // Room for four frames of the largest `http2_chunk_size` (a location may set its
         // own, up to 16k; the server's would cap a location's larger frames).
         .max_send_buffer_size(4 * 16 * 1024);
@@ -108,6 +112,10 @@ where
         w.connection_closed();
         return;
     };
+    // A client's over-long Huffman padding is taken, and the fields nginx answers 400 are
+    // noted (`conn::h2_mend`; after the preface, which `Prefixed` gives again).
+    let refused = Rc::new(Refused::default());
+    let io = HpackMend::new(io, PREFACE.len(), Some(refused.clone()));
     let handshake = builder.handshake::<_, Bytes>(io);
     let mut conn = match tokio::time::timeout(core.client_header_timeout(), handshake).await {
         Ok(Ok(c)) => c,
@@ -160,7 +168,9 @@ where
                 let mut info = info.clone();
                 info.requests = requests;
                 let guard = InFlight::new(&activity);
-                tokio::task::spawn_local(stream(w.clone(), info, group, req, respond, guard));
+                let bad = refused.take(u32::from(respond.stream_id()));
+                let run = stream(w.clone(), info, group, req, respond, guard, bad);
+                tokio::task::spawn_local(run);
                 if max_requests > 0 && requests >= max_requests && closing.is_none() {
                     conn.graceful_shutdown();
                     closing = Some(Instant::now());
@@ -285,12 +295,13 @@ async fn stream(
     req: http::Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
     _in_flight: InFlight,
+    bad: bool,
 ) {
     let (parts, mut recv) = req.into_parts();
     w.stats.request();
     crate::modules::metrics::h2_stream();
     let writing = w.stats.writing();
-    let timeout = answer(&w, info, group, parts, &mut recv, &mut respond).await;
+    let timeout = answer(&w, info, group, parts, &mut recv, &mut respond, bad).await;
     // A body not read to its end (not wanted, too large, too slow): it is read off for a
     // while so the client sees the answer and the stream ends cleanly. Past that, the
     // client is told to stop (RST_STREAM NO_ERROR, RFC 9113 8.1), which may cost it the
@@ -305,7 +316,7 @@ async fn stream(
 const DISCARD_MAX: u64 = 1024 * 1024;
 
 /// The request through the pipeline, and its answer. Returns the `client_body_timeout` in
-/// force.
+/// force. `bad`: a field nginx refuses came with it (`conn::h2_mend`): 400.
 async fn answer(
     w: &Rc<Worker>,
     info: ConnInfo,
@@ -313,6 +324,7 @@ async fn answer(
     parts: http::request::Parts,
     recv: &mut RecvStream,
     respond: &mut SendResponse<Bytes>,
+    bad: bool,
 ) -> Duration {
     let g = &w.config.listens[group];
     let default = g.servers[g.default].clone();
@@ -323,14 +335,17 @@ async fn answer(
         .iter()
         .map(|(n, v)| (n.as_str(), v.as_bytes()));
     let authority = parts.uri.authority().map(|a| a.as_str());
-    let parsed = RequestHead::from_fields(
-        parts.method.as_str(),
-        target,
-        authority,
-        fields,
-        !recv.is_end_stream(),
-        default.conf.core.header_names(),
-    )
+    let parsed = match bad {
+        true => Err(ParseError::BadRequest("client sent invalid header")),
+        false => RequestHead::from_fields(
+            parts.method.as_str(),
+            target,
+            authority,
+            fields,
+            !recv.is_end_stream(),
+            default.conf.core.header_names(),
+        ),
+    }
     .and_then(|head| parse_target(head.target()).map(|t| (head, t)));
     let (head, target) = match parsed {
         Ok(p) => p,

@@ -116,7 +116,8 @@ pub(super) async fn stream(
         .enable_push(false)
         .initial_window_size(WINDOW)
         .initial_connection_window_size(WINDOW)
-        .handshake::<_, Bytes>(conn);
+        // An upstream's over-long Huffman padding is taken, as nginx takes it.
+        .handshake::<_, Bytes>(super::h2_mend::HpackMend::new(conn, 0, None));
     let (send, connection) = match tokio::time::timeout(c.connect_timeout(), shake).await {
         Ok(Ok(p)) => p,
         Ok(Err(e)) => return Err(failure(e, SENDING)),

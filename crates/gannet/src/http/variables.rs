@@ -754,14 +754,10 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         }
         Var::Host => out.push_str(&req.host),
         Var::ProxyHost => {
-            if let Some((h, _)) = crate::modules::proxy::host_and_port(req) {
-                out.push_str(&h);
-            }
+            crate::modules::proxy::host_and_port(req, |h, _| out.push_str(h));
         }
         Var::ProxyPort => {
-            if let Some((_, p)) = crate::modules::proxy::host_and_port(req) {
-                push_uint(out, p.into());
-            }
+            crate::modules::proxy::host_and_port(req, |_, p| push_uint(out, p.into()));
         }
         Var::ProxyAddXForwardedFor => crate::modules::proxy::add_x_forwarded_for(req, out),
         Var::UpstreamAddr

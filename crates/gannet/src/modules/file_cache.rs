@@ -3,8 +3,10 @@
 //!
 //! An entry keeps the open file, its size, mtime and inode, and for files up to
 //! `SMALL_FILE` bytes the whole content as `Bytes`, so a hot small file is answered with one
-//! write and no syscall on the file at all. Entries are re-validated with `stat` once their
-//! `valid` period (1 s, or `open_file_cache_valid`) is over; a changed file is re-read.
+//! write and no open or read of the file. Without `open_file_cache` an entry is re-validated
+//! with `stat` at each use (nginx opens the file anew each time, so a file rewritten in place
+//! is seen at once); with it, once its `valid` period (1 s, or `open_file_cache_valid`) is
+//! over. A changed file is re-read.
 //! Not-found results are cached only with `open_file_cache_errors on`, as in nginx.
 //! Nothing here is shared between workers, so there are no locks.
 //!
@@ -43,6 +45,9 @@ pub struct OpenFile {
     pub data: Option<Bytes>,
     /// Compressed copies of `data`, made on first demand (shared by every clone).
     pub variants: Rc<Variants>,
+    mtime_nsec: i64,
+    /// The inode's change time (seconds, nanoseconds).
+    ctime: (i64, i64),
     ino: u64,
     dev: u64,
 }
@@ -97,6 +102,10 @@ pub struct Policy {
     pub valid: Duration,
     pub errors: bool,
     pub symlinks: Symlinks,
+    /// No `open_file_cache` in force: nginx opens the file anew for each request, so a file
+    /// rewritten in place is served new at once. The entry is then checked with `stat` at
+    /// every use (a changed file is read again), not once per `valid`.
+    pub restat: bool,
 }
 
 impl Default for Policy {
@@ -107,6 +116,7 @@ impl Default for Policy {
             valid: Duration::from_secs(1),
             errors: false,
             symlinks: Symlinks::Off,
+            restat: false,
         }
     }
 }
@@ -142,15 +152,17 @@ impl FileCache {
         let now = Instant::now();
         let mut map = self.map.borrow_mut();
         if let Some(slot) = map.get_mut(path).filter(|s| s.symlinks == policy.symlinks) {
-            if now.duration_since(slot.checked) < policy.valid {
+            if !policy.restat && now.duration_since(slot.checked) < policy.valid {
                 slot.last_used = now;
                 return match &slot.entry {
                     Entry::Found(f) => Ok(f.clone()),
                     Entry::Error(e) => Err(*e),
                 };
             }
-            // Re-validate: the same inode, size and mtime keep the entry. Under a symlink
-            // check, the metadata comes from opening the path again with that check.
+            // Re-validate: the same inode, size and times (to the nanosecond: a file
+            // rewritten within the second, to the same size, is another file) keep the
+            // entry. Under a symlink check, the metadata comes from opening the path again
+            // with that check.
             let meta = match policy.symlinks {
                 Symlinks::Off => std::fs::metadata(path),
                 check => open_checked(path, check).and_then(|f| f.metadata()),
@@ -160,6 +172,8 @@ impl FileCache {
                     && meta.dev() == f.dev
                     && meta.size() == f.size
                     && meta.mtime() == f.mtime_secs
+                    && meta.mtime_nsec() == f.mtime_nsec
+                    && (meta.ctime(), meta.ctime_nsec()) == f.ctime
                 {
                     slot.checked = now;
                     slot.last_used = now;
@@ -238,6 +252,8 @@ fn load(path: &Path, symlinks: Symlinks) -> Result<OpenFile, io::ErrorKind> {
         size,
         mtime: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
         mtime_secs: meta.mtime(),
+        mtime_nsec: meta.mtime_nsec(),
+        ctime: (meta.ctime(), meta.ctime_nsec()),
         is_dir: meta.is_dir(),
         is_file: meta.is_file(),
         data,

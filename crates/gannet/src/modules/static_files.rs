@@ -73,8 +73,9 @@ pub enum IfModifiedSince {
 pub struct FilesConf {
     pub etag: Option<bool>,
     pub if_modified_since: Option<IfModifiedSince>,
-    /// `open_file_cache max= inactive=`: (max, inactive); `off` keeps gannet's default.
-    pub cache_size: Option<(usize, Duration)>,
+    /// `open_file_cache max= inactive=`: (max, inactive); `off` (`Some(None)`) keeps
+    /// gannet's default size, and each use of a file re-checks it as nginx re-opens it.
+    pub cache_size: Option<Option<(usize, Duration)>>,
     pub cache_valid: Option<Duration>,
     pub cache_errors: Option<bool>,
 }
@@ -99,7 +100,8 @@ impl FilesConf {
     }
     pub fn policy(&self) -> Policy {
         let d = Policy::default();
-        let (max, inactive) = self.cache_size.unwrap_or((d.max, d.inactive));
+        let set = self.cache_size.flatten();
+        let (max, inactive) = set.unwrap_or((d.max, d.inactive));
         Policy {
             max,
             inactive,
@@ -110,6 +112,7 @@ impl FilesConf {
             errors: self.cache_errors.unwrap_or(false),
             // Set per request by `Request::open_file` from `disable_symlinks`.
             symlinks: d.symlinks,
+            restat: set.is_none(),
         }
     }
 }
@@ -128,7 +131,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
         }
         "open_file_cache" => {
             if d.args[0] == "off" {
-                c.cache_size = None;
+                c.cache_size = Some(None);
                 return Ok(());
             }
             let mut max = None;
@@ -149,7 +152,7 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
             }
             let max =
                 max.ok_or_else(|| d.error("\"open_file_cache\" must have the \"max\" parameter"))?;
-            c.cache_size = Some((max, inactive));
+            c.cache_size = Some(Some((max, inactive)));
         }
         "open_file_cache_valid" => {
             c.cache_valid = Some(Duration::from_secs(

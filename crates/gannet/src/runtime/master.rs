@@ -387,10 +387,24 @@ fn exited(
 }
 
 /// SIGTERM / SIGINT: the worker processes stop at once; wait for them (a few seconds, then
-/// SIGKILL) so that their sockets are closed when the master is gone.
+/// SIGKILL) so that their sockets are closed when the master is gone. Worker threads in
+/// this process (single-process mode) are waited for as long, for their buffered logs.
 fn terminate(gens: &[Generation]) {
     let deadline = Instant::now() + Duration::from_secs(5);
-    let mut left: Vec<libc::pid_t> = gens.iter().filter_map(|g| g.process.terminate()).collect();
+    let mut here = Vec::new();
+    let mut left = Vec::new();
+    for g in gens {
+        match g.process.terminate() {
+            Some(pid) => left.push(pid),
+            None => here.push(&g.process),
+        }
+    }
+    while !here.is_empty() && Instant::now() < deadline {
+        here.retain(|p| p.finished().is_none());
+        if !here.is_empty() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
     while !left.is_empty() {
         left.retain(|&pid| {
             let mut status = 0;

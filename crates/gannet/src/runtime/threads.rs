@@ -20,17 +20,23 @@ enum Event {
     Exited(usize, bool),
     /// The master asked for a graceful stop, or is gone.
     Drain,
+    /// A fast stop (SIGTERM / SIGINT, or the master's message in single-process mode).
+    Terminate,
     /// Log files the master reopened: (log index, descriptor), see `worker_process`.
     Reopen(Vec<(u32, OwnedFd)>),
 }
 
 /// Messages on the channel, master to worker process.
 pub const MSG_DRAIN: u8 = b'Q';
+/// A fast stop, for worker threads in the master's process (a worker process gets SIGTERM).
+pub const MSG_TERMINATE: u8 = b'T';
 /// `R` then a little-endian u32 log index per descriptor passed with it.
 pub const MSG_REOPEN: u8 = b'R';
 
-/// Run the worker threads until they have drained; the process's exit code.
-pub fn run(config: Arc<Config>, sockets: Vec<WorkerSockets>, chan: Channel) -> i32 {
+/// Run the worker threads until they have drained; the process's exit code. `signals`: a
+/// worker process of its own, which takes SIGTERM / SIGINT itself (blocked in every thread
+/// by `worker_process`, waited for here) to stop at once, its buffered logs written.
+pub fn run(config: Arc<Config>, sockets: Vec<WorkerSockets>, chan: Channel, signals: bool) -> i32 {
     super::malloc::tune();
     let (tx, rx) = mpsc::channel::<Event>();
     let reader = {
@@ -42,6 +48,16 @@ pub fn run(config: Arc<Config>, sockets: Vec<WorkerSockets>, chan: Channel) -> i
     if let Err(e) = reader {
         crate::errlog::error(format_args!("channel thread failed to start: {e}"));
         return 2;
+    }
+    if signals {
+        let tx = tx.clone();
+        let waiter = std::thread::Builder::new()
+            .name("gannet-signals".into())
+            .spawn(move || wait_terminate(&tx));
+        if let Err(e) = waiter {
+            crate::errlog::error(format_args!("signal thread failed to start: {e}"));
+            return 2;
+        }
     }
     let (cmd, _) = watch::channel(Command::Run);
     let mut running = 0;
@@ -72,9 +88,14 @@ pub fn run(config: Arc<Config>, sockets: Vec<WorkerSockets>, chan: Channel) -> i
                 }
                 running -= 1;
             }
-            Event::Drain => {
+            Event::Drain if !draining => {
                 draining = true;
                 cmd.send_replace(Command::Drain);
+            }
+            Event::Drain => {}
+            Event::Terminate => {
+                draining = true;
+                cmd.send_replace(Command::Stop);
             }
             Event::Reopen(fds) => super::log_reopen::adopt(&config, fds),
         }
@@ -138,6 +159,7 @@ fn read_channel(chan: &Channel, tx: &mpsc::Sender<Event>) {
         };
         let event = match buf[0] {
             MSG_DRAIN => Event::Drain,
+            MSG_TERMINATE => Event::Terminate,
             MSG_REOPEN => {
                 let indices = buf[1..n]
                     .chunks_exact(4)
@@ -152,5 +174,26 @@ fn read_channel(chan: &Channel, tx: &mpsc::Sender<Event>) {
         if tx.send(event).is_err() {
             return;
         }
+    }
+}
+
+/// SIGTERM / SIGINT (blocked in this process's threads): a fast stop, once.
+fn wait_terminate(tx: &mpsc::Sender<Event>) {
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it and sigaddset is given
+    // valid signal numbers.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        set
+    };
+    loop {
+        // SAFETY: `set` is an initialised signal set; a null siginfo is allowed.
+        if unsafe { libc::sigwaitinfo(&set, std::ptr::null_mut()) } > 0 {
+            let _ = tx.send(Event::Terminate);
+            return;
+        }
+        // EINTR: wait again.
     }
 }

@@ -26,6 +26,9 @@ pub enum Command {
     /// SIGQUIT, or a reload replacing this worker: stop accepting, finish in-flight
     /// requests, close idle connections, exit.
     Drain,
+    /// SIGTERM / SIGINT: exit at once, the buffered access log lines written first (nginx
+    /// flushes its `buffer=` logs as a worker exits, fast or graceful).
+    Stop,
 }
 
 /// Connection serial numbers are process-wide, as nginx's are.
@@ -343,35 +346,57 @@ pub fn run(
                 break;
             }
         }
-        // Draining: no new connections; busy ones close after their response (said with
-        // `Connection: close`); kept ones waiting for a request close if none came within
-        // `DRAIN_GRACE` (see `read_timers`). Parked ones get a task again for that, and to be
-        // closed the careful way (`conn::h1`).
+        // No new connections either way; a fast stop leaves the open ones to be dropped
+        // with the runtime.
         for a in accepts.iter().chain(&probes) {
             a.abort();
         }
-        w.draining.set(true);
-        w.timers.drain(Instant::now() + DRAIN_GRACE);
-        if let Some(lot) = &w.parking {
-            for p in lot.take_all() {
-                tokio::task::spawn_local(crate::conn::h1::resume(w.clone(), p));
-            }
-        }
-        let deadline = w.config.main.shutdown_timeout;
-        let wait_idle = async {
-            while w.active.get() > 0 {
-                w.conn_closed.notified().await;
-            }
-        };
-        match deadline {
-            Some(d) => {
-                let _ = tokio::time::timeout(d, wait_idle).await;
-            }
-            None => wait_idle.await,
+        if *cmd.borrow() != Command::Stop {
+            drain(&w, &mut cmd).await;
         }
         ticker.abort();
         w.flush_logs(true);
     });
+}
+
+/// A graceful stop: busy connections close after their response (said with `Connection:
+/// close`); kept ones waiting for a request close if none came within `DRAIN_GRACE` (see
+/// `read_timers`). Parked ones get a task again for that, and to be closed the careful way
+/// (`conn::h1`). Returns when all are done, at `shutdown_timeout`, or at a fast stop that
+/// comes meanwhile.
+async fn drain(w: &Rc<Worker>, cmd: &mut watch::Receiver<Command>) {
+    w.draining.set(true);
+    w.timers.drain(Instant::now() + DRAIN_GRACE);
+    if let Some(lot) = &w.parking {
+        for p in lot.take_all() {
+            tokio::task::spawn_local(crate::conn::h1::resume(w.clone(), p));
+        }
+    }
+    let deadline = w.config.main.shutdown_timeout;
+    let wait_idle = async {
+        while w.active.get() > 0 {
+            w.conn_closed.notified().await;
+        }
+    };
+    let stopped = async {
+        while *cmd.borrow_and_update() != Command::Stop {
+            if cmd.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    let wait = async {
+        tokio::select! {
+            () = wait_idle => {}
+            () = stopped => {}
+        }
+    };
+    match deadline {
+        Some(d) => {
+            let _ = tokio::time::timeout(d, wait).await;
+        }
+        None => wait.await,
+    }
 }
 
 /// Give parked connections that turned readable a task again.

@@ -18,7 +18,7 @@
 
 use super::channel::{self, Channel, MAX_FDS};
 use super::listener::WorkerSockets;
-use super::threads::{MSG_DRAIN, MSG_REOPEN};
+use super::threads::{MSG_DRAIN, MSG_REOPEN, MSG_TERMINATE};
 use crate::config::Config;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{mpsc, Arc, OnceLock};
@@ -105,10 +105,12 @@ impl WorkerProcess {
         }
     }
 
-    /// Stop at once (SIGTERM: the worker process keeps its default action and dies); the
-    /// pid to wait for. Worker threads in this process need nothing: they end with it.
+    /// Stop at once, the buffered access logs written first: SIGTERM to a worker process
+    /// (the pid to wait for), the same asked over the channel of worker threads in this
+    /// process (`None`: wait with [`Self::finished`]).
     pub fn terminate(&self) -> Option<libc::pid_t> {
         if self.here.is_some() {
+            let _ = self.chan.send(&[MSG_TERMINATE], &[]);
             return None;
         }
         // SAFETY: kill takes plain integers; `pid` is our child, not yet reaped.
@@ -192,7 +194,7 @@ fn start_here(
             // SAFETY: gettid has no preconditions.
             let _ = tx.send(unsafe { libc::gettid() });
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                super::threads::run(config, mine, worker_end)
+                super::threads::run(config, mine, worker_end, false)
             }));
             let _ = tx.send(r.unwrap_or(EXIT_FATAL));
             // SAFETY: kill takes plain integers; the signal goes to this very process.
@@ -239,7 +241,7 @@ fn child(config: Arc<Config>, sockets: &[WorkerSockets], foreign: &[RawFd], chan
         return EXIT_FATAL;
     }
     match dup_sockets(sockets) {
-        Ok(mine) => super::threads::run(config, mine, chan),
+        Ok(mine) => super::threads::run(config, mine, chan, true),
         Err(e) => {
             crate::errlog::error(format_args!("socket dup failed: {e}"));
             EXIT_FATAL
@@ -248,10 +250,12 @@ fn child(config: Arc<Config>, sockets: &[WorkerSockets], foreign: &[RawFd], chan
 }
 
 /// The master blocks its signals (it takes them with sigwaitinfo) and the child inherits
-/// that mask: unblock them. SIGTERM and SIGINT keep their default action (stop at once);
-/// the rest of the master's signals are the master's business (a terminal's Ctrl-\ or a
-/// hang-up reaches the whole process group): it tells the worker what to do over the
-/// channel.
+/// that mask: unblock them, but for SIGTERM and SIGINT, which stay blocked in every thread
+/// for `threads::run` to wait for (a fast stop that first writes the buffered access logs,
+/// as nginx's worker does on its way out); their default action stays for a thread that
+/// would unblock them. The rest of the master's signals are the master's business (a
+/// terminal's Ctrl-\ or a hang-up reaches the whole process group): it tells the worker
+/// what to do over the channel.
 fn reset_signals() {
     for (sig, action) in [
         (libc::SIGTERM, libc::SIG_DFL),
@@ -266,10 +270,13 @@ fn reset_signals() {
         // SAFETY: SIG_DFL and SIG_IGN are valid dispositions for these catchable signals.
         unsafe { libc::signal(sig, action) };
     }
-    // SAFETY: sigset_t is plain data; sigemptyset initialises it; an empty mask unblocks.
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it and sigaddset is given
+    // valid signal numbers.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
         libc::pthread_sigmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
     }
 }

@@ -1,0 +1,811 @@
+//! HPACK strings with over-long Huffman padding, mended before the h2 crate reads them.
+//!
+//! RFC 7541 5.2 calls padding longer than 7 bits a decoding error, and the h2 crate ends
+//! the connection on it (GOAWAY PROTOCOL_ERROR: a request or an upstream's answer lost).
+//! nginx's decoder takes it: a string whose code ends on a byte boundary padded with a
+//! whole byte of ones (an empty value coded as the single byte 0xff, as some encoders and
+//! nginx's own test suite write them) is read as meant. So that gannet takes what nginx
+//! takes, this reader sits under the codec, on a client's connection and on a gRPC
+//! upstream's, and drops such surplus bytes from each Huffman string of a header block.
+//!
+//! On a client's connection it also finds what nginx answers 400 but the h2 crate would
+//! take for a connection error (GOAWAY, every stream on it lost): a field name with a
+//! space, a control character or a colon (past a pseudo-header's first), a plain (not
+//! Huffman-coded) value with NUL, CR or LF (nginx's ngx_http_v2_validate_header). Such a
+//! field is given on made lawful (those bytes as `-` in a name, upper case lowered, and as
+//! a space in a value, so that the dynamic table keeps its size) and its stream is noted in
+//! [`Refused`], which the stream's handler answers 400. A name whose only fault is upper
+//! case is left to the codec: RFC 9113 wants an error there (h2spec's 8.1.2 checks it).
+//!
+//! Frames pass through as they are read, payloads unread, but for HEADERS and
+//! CONTINUATION: a header block is held until its END_HEADERS, walked representation by
+//! representation (no table is needed for that), and given on unchanged unless a string
+//! was mended; a mended block goes on as one HEADERS frame (no padding; CONTINUATION frames
+//! past 16 KiB). The dynamic table is the same either way: it holds decoded strings. Header
+//! blocks are all this reader copies; DATA passes through unread.
+
+use bytes::{BufMut, BytesMut};
+use std::cell::RefCell;
+use std::io;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+const HEADERS: u8 = 0x1;
+const CONTINUATION: u8 = 0x9;
+const END_HEADERS: u8 = 0x4;
+const PADDED: u8 = 0x8;
+const PRIORITY: u8 = 0x20;
+/// A header block longer than this is given on as it came (the codec's own limits apply).
+const MAX_BLOCK: usize = 256 * 1024;
+/// The largest frame payload either side of gannet accepts by default (SETTINGS_MAX_FRAME_SIZE).
+const MAX_FRAME: usize = 16 * 1024;
+
+/// The streams of a connection whose request is to be answered 400 (see the module docs).
+#[derive(Default)]
+pub struct Refused(RefCell<Vec<u32>>);
+
+impl Refused {
+    /// Whether stream `id` was noted (it is forgotten then).
+    pub fn take(&self, id: u32) -> bool {
+        let mut ids = self.0.borrow_mut();
+        let found = ids.iter().position(|&s| s == id);
+        found.map(|i| ids.swap_remove(i)).is_some()
+    }
+
+    fn note(&self, id: u32) {
+        let mut ids = self.0.borrow_mut();
+        // Streams the codec refuses before they are handled are never taken: the oldest
+        // notes go first.
+        if ids.len() >= 64 {
+            ids.remove(0);
+        }
+        ids.push(id);
+    }
+}
+
+pub struct HpackMend<IO> {
+    io: IO,
+    /// A client's connection: its fields are checked as nginx checks them.
+    refused: Option<Rc<Refused>>,
+    /// Payload bytes of the current (passed-through) frame still to come.
+    skip: usize,
+    /// Bytes read but not yet given on: from a frame header whose frame is not known yet,
+    /// or a header block not yet complete.
+    held: BytesMut,
+    /// Bytes ready to be given on, before anything else.
+    ready: BytesMut,
+    /// The highest stream a header block came on.
+    last_sid: u32,
+}
+
+impl<IO> HpackMend<IO> {
+    /// `skip`: the bytes before the first frame (a client's 24-byte preface); `refused`:
+    /// on a client's connection, where the streams to answer 400 are noted.
+    pub fn new(io: IO, skip: usize, refused: Option<Rc<Refused>>) -> HpackMend<IO> {
+        HpackMend {
+            io,
+            refused,
+            skip,
+            held: BytesMut::new(),
+            ready: BytesMut::new(),
+            last_sid: 0,
+        }
+    }
+
+    /// Follow the frames through `data` (just read, not yet held): the offset from which
+    /// bytes must be held (a frame header that may open a header block), if any.
+    fn pass(&mut self, data: &[u8]) -> Option<usize> {
+        let mut at = 0;
+        loop {
+            let n = self.skip.min(data.len() - at);
+            self.skip -= n;
+            at += n;
+            if at == data.len() {
+                return None;
+            }
+            let Some(h) = data.get(at..at + 9) else {
+                return Some(at);
+            };
+            if matches!(h[3], HEADERS | CONTINUATION) {
+                return Some(at);
+            }
+            self.skip = frame_len(h);
+            at += 9;
+        }
+    }
+
+    /// Move what `held` starts with to `ready`: frames that open no header block (then
+    /// passed on as in `pass`), and complete header blocks, mended. Stops at a frame header
+    /// or a header block not yet complete.
+    fn settle(&mut self) {
+        while self.held.len() >= 9 {
+            let h = &self.held[..9];
+            if !matches!(h[3], HEADERS | CONTINUATION) {
+                let len = frame_len(h);
+                let take = (9 + len).min(self.held.len());
+                self.skip = 9 + len - take;
+                let piece = self.held.split_to(take);
+                self.ready.extend_from_slice(&piece);
+                if self.skip > 0 {
+                    return;
+                }
+                continue;
+            }
+            let Some(end) = block_end(&self.held) else {
+                if self.held.len() > MAX_BLOCK {
+                    // Too long to hold: given on as it came, the rest passed through.
+                    let len = frame_len(&self.held[..9]);
+                    let take = (9 + len).min(self.held.len());
+                    self.skip = 9 + len - take;
+                    let piece = self.held.split_to(take);
+                    self.ready.extend_from_slice(&piece);
+                    if self.skip > 0 {
+                        return;
+                    }
+                    continue;
+                }
+                return;
+            };
+            let block = self.held.split_to(end);
+            let check = self.refused.is_some();
+            // A client's streams only go up: a block on a higher one opens a request, one
+            // on a stream seen already is trailers.
+            let h = &block[5..9];
+            let sid = u32::from_be_bytes([h[0] & 0x7f, h[1], h[2], h[3]]);
+            let request = block[3] == HEADERS && sid > self.last_sid;
+            if request {
+                self.last_sid = sid;
+            }
+            match mend_block(&block, check, request) {
+                Some((frame, bad)) => {
+                    if let (true, Some(r)) = (bad, &self.refused) {
+                        let h = &frame[5..9];
+                        r.note(u32::from_be_bytes([h[0] & 0x7f, h[1], h[2], h[3]]));
+                    }
+                    self.ready.extend_from_slice(&frame);
+                }
+                None => self.ready.extend_from_slice(&block),
+            }
+        }
+    }
+}
+
+fn frame_len(h: &[u8]) -> usize {
+    usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2])
+}
+
+/// Where the header block that `buf` starts with ends (after the frame with END_HEADERS),
+/// once all of it is in `buf`.
+fn block_end(buf: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    loop {
+        let h = buf.get(at..at + 9)?;
+        let end = at + 9 + frame_len(h);
+        if end > buf.len() {
+            return None;
+        }
+        if h[4] & END_HEADERS != 0 {
+            return Some(end);
+        }
+        at = end;
+        // A block goes on in CONTINUATION frames only (anything else is the codec's error
+        // to find): given on as it is, up to here.
+        if buf.get(at + 3).is_some_and(|&t| t != CONTINUATION) {
+            return Some(at);
+        }
+    }
+}
+
+/// The header block in `frames` (a HEADERS frame, then CONTINUATION frames) as one HEADERS
+/// frame with its over-long Huffman padding dropped (and with `check`, its fields nginx
+/// refuses made lawful: then `true`; `request`: it opens a request); `None` when nothing
+/// needed mending or the block is not one this reader understands (then the codec judges
+/// it).
+fn mend_block(frames: &[u8], check: bool, request: bool) -> Option<(BytesMut, bool)> {
+    let h = &frames[..9];
+    if h[3] != HEADERS {
+        return None;
+    }
+    let (flags, sid) = (h[4], &h[5..9]);
+    let mut payload = &frames[9..9 + frame_len(h)];
+    let mut pad = 0;
+    if flags & PADDED != 0 {
+        pad = usize::from(*payload.first()?);
+        payload = &payload[1..];
+    }
+    let fragment_len = payload.len().checked_sub(pad)?;
+    let priority = if flags & PRIORITY != 0 { 5 } else { 0 };
+    let prefix = payload.get(..priority)?;
+    let mut block = payload.get(priority..fragment_len)?.to_vec();
+    let mut at = 9 + frame_len(h);
+    let mut last_flags = flags;
+    while at < frames.len() {
+        let c = &frames[at..at + 9];
+        let len = frame_len(c);
+        block.extend_from_slice(&frames[at + 9..at + 9 + len]);
+        last_flags = c[4];
+        at += 9 + len;
+    }
+    if last_flags & END_HEADERS == 0 {
+        return None;
+    }
+    let (mended, bad) = mend_fields(&block, check, request)?;
+    // One HEADERS frame, then CONTINUATION frames past the largest frame.
+    let mut out = BytesMut::with_capacity(prefix.len() + mended.len() + 9);
+    let first = mended.len().min(MAX_FRAME - prefix.len());
+    let (head, mut rest) = mended.split_at(first);
+    let end = if rest.is_empty() { END_HEADERS } else { 0 };
+    out.put_uint((prefix.len() + head.len()) as u64, 3);
+    out.put_u8(HEADERS);
+    out.put_u8((flags & !(PADDED | END_HEADERS)) | end);
+    out.extend_from_slice(sid);
+    out.extend_from_slice(prefix);
+    out.extend_from_slice(head);
+    while !rest.is_empty() {
+        let (piece, more) = rest.split_at(rest.len().min(MAX_FRAME));
+        rest = more;
+        out.put_uint(piece.len() as u64, 3);
+        out.put_u8(CONTINUATION);
+        out.put_u8(if rest.is_empty() { END_HEADERS } else { 0 });
+        out.extend_from_slice(sid);
+        out.extend_from_slice(piece);
+    }
+    Some((out, bad))
+}
+
+/// The field representations of a header block (RFC 7541 6) with each Huffman string's
+/// surplus padding bytes dropped, and with `check` the fields nginx refuses made lawful
+/// (then `true`); `None` if nothing changed (or the block does not parse). `request`: the
+/// block opens a request (not trailers), whose pseudo-headers are checked too.
+fn mend_fields(block: &[u8], check: bool, request: bool) -> Option<(Vec<u8>, bool)> {
+    let mut out = Vec::with_capacity(block.len());
+    let mut changed = false;
+    let mut bad = false;
+    let mut at = 0;
+    // Where missing pseudo-headers would go: after the leading table size updates.
+    let mut head = None;
+    // The pseudo-headers seen (method, scheme, path), and whether a field named from the
+    // dynamic table leaves that unknown.
+    let mut seen = [false; 3];
+    let mut unknown = false;
+    while at < block.len() {
+        let b = block[at];
+        let start = at;
+        // The representation's first integer (its prefix bits) and how many strings follow.
+        let (prefix, strings) = match b {
+            _ if b & 0x80 != 0 => (7, 0),
+            _ if b & 0xc0 == 0x40 => (6, if b & 0x3f == 0 { 2 } else { 1 }),
+            _ if b & 0xe0 == 0x20 => (5, 0),
+            _ => (4, if b & 0x0f == 0 { 2 } else { 1 }),
+        };
+        let n = int_len(&block[at..], prefix)?;
+        let index = decode_int(&block[at..at + n], prefix);
+        at += n;
+        if prefix != 5 && head.is_none() {
+            head = Some(out.len());
+        }
+        // The static table's names (RFC 7541 A): 1 :authority, 2-3 :method, 4-5 :path,
+        // 6-7 :scheme.
+        let mut name_is = |index: u64| match index {
+            2 | 3 => seen[0] = true,
+            6 | 7 => seen[1] = true,
+            4 | 5 => seen[2] = true,
+            62.. => unknown = true,
+            _ => {}
+        };
+        if prefix != 5 {
+            name_is(index);
+        }
+        if check && request && prefix == 7 && index == 1 {
+            // `:authority` empty (the static entry), which nginx answers 400 and the codec
+            // would reset the stream for: dropped (an indexed field leaves the table as it
+            // is), the stream noted.
+            bad = true;
+            changed = true;
+            continue;
+        }
+        out.extend_from_slice(&block[start..at]);
+        let mut path = check && request && strings == 1 && matches!(index, 4 | 5);
+        for k in 0..strings {
+            let huffman = *block.get(at)? & 0x80 != 0;
+            let n = int_len(&block[at..], 7)?;
+            let len = usize::try_from(decode_int(&block[at..at + n], 7)).ok()?;
+            let s = block.get(at + n..at + n + len)?;
+            at += n + len;
+            let kept = if huffman { trim_padding(s) } else { s };
+            // A literal name (Huffman-coded ones decoded: names are few, values many) and
+            // a plain value, checked as nginx checks them.
+            let is_name = strings == 2 && k == 0;
+            if check && (is_name || !huffman) {
+                let name = match (huffman, is_name) {
+                    (true, _) => decoded(kept),
+                    (false, true) => Some(kept.to_vec()),
+                    (false, false) => None,
+                };
+                if let Some(name) = &name {
+                    match name.as_slice() {
+                        b":method" => seen[0] = true,
+                        b":scheme" => seen[1] = true,
+                        b":path" => {
+                            seen[2] = true;
+                            path = check && request;
+                        }
+                        _ => {}
+                    }
+                }
+                let fixed = match name {
+                    Some(name) => lawful_name(&name),
+                    None if path => lawful_path(kept),
+                    None => lawful_value(kept),
+                };
+                if let Some(f) = fixed {
+                    bad = true;
+                    changed = true;
+                    put_int(&mut out, f.len() as u64, 7, 0);
+                    out.extend_from_slice(&f);
+                    continue;
+                }
+            }
+            if kept.len() == s.len() {
+                out.extend_from_slice(&block[at - n - len..at]);
+                continue;
+            }
+            changed = true;
+            // An empty string goes as a plain one (nothing to decode).
+            let h = if kept.is_empty() { 0 } else { 0x80 };
+            put_int(&mut out, kept.len() as u64, 7, h);
+            out.extend_from_slice(kept);
+        }
+    }
+    if check && request && !unknown && seen.contains(&false) {
+        // A request without :method, :scheme or :path (nginx: 400; the codec would reset
+        // the stream): the missing ones from the static table (GET, http, /), which leave
+        // the dynamic table as it is, the stream noted.
+        let fill: Vec<u8> = [0x82, 0x86, 0x84]
+            .into_iter()
+            .zip(seen)
+            .filter(|(_, s)| !s)
+            .map(|(b, _)| b)
+            .collect();
+        let at = head.unwrap_or(out.len());
+        out.splice(at..at, fill);
+        bad = true;
+        changed = true;
+    }
+    changed.then_some((out, bad))
+}
+
+/// A plain `:path` nginx answers 400 (not `/...` nor `*`, or with a space or a control
+/// character) made lawful, the same length; `None` for one nginx takes (or an empty one,
+/// left to the codec).
+fn lawful_path(path: &[u8]) -> Option<Vec<u8>> {
+    let refused = |c: u8| c <= 0x20 || c == 0x7f;
+    let first = *path.first()?;
+    if (first == b'/' || path == b"*") && !path.iter().any(|&c| refused(c)) {
+        return None;
+    }
+    let mut out: Vec<u8> = path
+        .iter()
+        .map(|&c| if refused(c) { b'-' } else { c })
+        .collect();
+    if out != b"*" {
+        out[0] = b'/';
+    }
+    Some(out)
+}
+
+/// A Huffman string decoded (`None` if it does not decode).
+fn decoded(s: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(s.len() * 2);
+    httlib_huffman::decode(s, &mut out, httlib_huffman::DecoderSpeed::FourBits).ok()?;
+    Some(out)
+}
+
+/// A field name nginx answers 400 (a control character, a space or a colon, a
+/// pseudo-header's leading one aside) made lawful, the same length; `None` for a name
+/// nginx takes or whose only fault is upper case (see the module docs).
+fn lawful_name(name: &[u8]) -> Option<Vec<u8>> {
+    let from = usize::from(name.first() == Some(&b':'));
+    let refused = |c: u8| c <= 0x20 || c == 0x7f || c == b':';
+    if !name[from..].iter().any(|&c| refused(c)) {
+        return None;
+    }
+    let mut out = name.to_vec();
+    for c in &mut out[from..] {
+        if c.is_ascii_uppercase() {
+            c.make_ascii_lowercase();
+        } else if refused(*c) {
+            *c = b'-';
+        }
+    }
+    Some(out)
+}
+
+/// A field value with NUL, CR or LF (nginx answers 400) made lawful, the same length.
+fn lawful_value(value: &[u8]) -> Option<Vec<u8>> {
+    let refused = |c: &u8| matches!(c, b'\0' | b'\r' | b'\n');
+    if !value.iter().any(refused) {
+        return None;
+    }
+    Some(
+        value
+            .iter()
+            .map(|c| if refused(c) { b' ' } else { *c })
+            .collect(),
+    )
+}
+
+/// A Huffman string without its trailing whole bytes of padding: each 0xff at the end is
+/// dropped while the rest still decodes with lawful (under 8 bits) padding. No code is
+/// eight ones or fewer (the shortest all-ones code is EOS's 30), so such a byte can only
+/// be padding.
+fn trim_padding(mut s: &[u8]) -> &[u8] {
+    let mut scratch = Vec::new();
+    while let Some((&0xff, rest)) = s.split_last() {
+        if httlib_huffman::decode(s, &mut scratch, httlib_huffman::DecoderSpeed::FourBits).is_ok() {
+            break;
+        }
+        scratch.clear();
+        if httlib_huffman::decode(rest, &mut scratch, httlib_huffman::DecoderSpeed::FourBits)
+            .is_err()
+        {
+            break;
+        }
+        scratch.clear();
+        s = rest;
+    }
+    s
+}
+
+/// The length of the HPACK integer (RFC 7541 5.1) at the start of `b`, with an
+/// `n`-bit prefix.
+fn int_len(b: &[u8], n: u32) -> Option<usize> {
+    let max = (1u8 << n) - 1;
+    if *b.first()? & max != max {
+        return Some(1);
+    }
+    // Continuation bytes until one without the high bit; more than 4 is no length a
+    // header block can use.
+    for (i, &c) in b.iter().enumerate().skip(1).take(4) {
+        if c & 0x80 == 0 {
+            return Some(i + 1);
+        }
+    }
+    None
+}
+
+fn decode_int(b: &[u8], n: u32) -> u64 {
+    let max = (1u64 << n) - 1;
+    let mut v = u64::from(b[0]) & max;
+    if v < max {
+        return v;
+    }
+    for (i, &c) in b[1..].iter().enumerate() {
+        v += u64::from(c & 0x7f) << (7 * i);
+    }
+    v
+}
+
+fn put_int(out: &mut Vec<u8>, mut v: u64, n: u32, flags: u8) {
+    let max = (1u64 << n) - 1;
+    if v < max {
+        out.push(flags | v as u8);
+        return;
+    }
+    out.push(flags | max as u8);
+    v -= max;
+    while v >= 0x80 {
+        out.push((v as u8 & 0x7f) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for HpackMend<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        loop {
+            if !this.ready.is_empty() {
+                let n = this.ready.len().min(buf.remaining());
+                buf.put_slice(&this.ready.split_to(n));
+                return Poll::Ready(Ok(()));
+            }
+            let before = buf.filled().len();
+            match Pin::new(&mut this.io).poll_read(cx, buf) {
+                Poll::Ready(Ok(())) => {}
+                other => return other,
+            }
+            let got = buf.filled().len() - before;
+            if got == 0 {
+                // The end: whatever is held goes on for the codec to judge.
+                if this.held.is_empty() {
+                    return Poll::Ready(Ok(()));
+                }
+                let held = this.held.split();
+                this.ready.extend_from_slice(&held);
+                continue;
+            }
+            if this.held.is_empty() {
+                let Some(k) = this.pass(&buf.filled()[before..]) else {
+                    return Poll::Ready(Ok(()));
+                };
+                this.held.extend_from_slice(&buf.filled()[before + k..]);
+                buf.set_filled(before + k);
+            } else {
+                this.held.extend_from_slice(&buf.filled()[before..]);
+                buf.set_filled(before);
+            }
+            // Whatever `settle` leaves held is a frame header or header block not yet
+            // complete (it stops inside a frame it passes on only at the end of `held`).
+            this.settle();
+            if buf.filled().len() > before {
+                return Poll::Ready(Ok(()));
+            }
+        }
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for HpackMend<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    fn huff(s: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        httlib_huffman::encode(s, &mut out).unwrap();
+        out
+    }
+
+    fn frame(kind: u8, flags: u8, sid: u32, payload: &[u8]) -> Vec<u8> {
+        let mut f = Vec::new();
+        f.extend_from_slice(&(payload.len() as u32).to_be_bytes()[1..]);
+        f.push(kind);
+        f.push(flags);
+        f.extend_from_slice(&sid.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    /// A literal field without indexing, with a new name (raw) and a value (Huffman).
+    fn field(name: &str, value: &[u8]) -> Vec<u8> {
+        let mut b = vec![0x00, name.len() as u8];
+        b.extend_from_slice(name.as_bytes());
+        put_int(&mut b, value.len() as u64, 7, 0x80);
+        b.extend_from_slice(value);
+        b
+    }
+
+    #[test]
+    fn lawful_strings_are_kept() {
+        for s in [
+            &b""[..],
+            b"a",
+            b"localhost",
+            b"application/grpc",
+            b"\xff\xfe\x00\x01",
+        ] {
+            let h = huff(s);
+            assert_eq!(trim_padding(&h), &h[..], "{s:?}");
+        }
+        assert_eq!(
+            mend_fields(&field("x-a", &huff(b"localhost")), true, false),
+            None
+        );
+    }
+
+    #[test]
+    fn a_whole_byte_of_padding_is_dropped() {
+        // "aaaaaaaa": eight 5-bit codes end on a byte boundary.
+        let lawful = huff(b"aaaaaaaa");
+        assert_eq!(lawful.len(), 5);
+        let mut padded = lawful.clone();
+        padded.push(0xff);
+        assert_eq!(trim_padding(&padded), &lawful[..]);
+        let mut block = vec![0x82]; // :method GET (indexed)
+        block.extend(field("x-a", &padded));
+        let mut want = vec![0x82];
+        want.extend(field("x-a", &lawful));
+        assert_eq!(mend_fields(&block, false, true), Some((want, false)));
+        // An empty value as the single byte 0xff: an empty plain string.
+        assert_eq!(
+            mend_fields(&field("x-b", &[0xff]), false, true),
+            Some((vec![0x00, 3, b'x', b'-', b'b', 0x00], false))
+        );
+    }
+
+    /// A literal field without indexing, name and value plain.
+    fn plain(name: &[u8], value: &[u8]) -> Vec<u8> {
+        let mut b = vec![0x00, name.len() as u8];
+        b.extend_from_slice(name);
+        b.push(value.len() as u8);
+        b.extend_from_slice(value);
+        b
+    }
+
+    #[test]
+    fn fields_nginx_refuses_are_made_lawful_and_noted() {
+        for (name, value, want_name, want_value) in [
+            (&b"x foo"[..], &b"bar"[..], &b"x-foo"[..], &b"bar"[..]),
+            (b"x:foo", b"bar", b"x-foo", b"bar"),
+            (b"foo\x02", b"bar", b"foo-", b"bar"),
+            (b"X Foo", b"bar", b"x-foo", b"bar"),
+            (b"x-foo", b"x\r\nreferer: y", b"x-foo", b"x  referer: y"),
+        ] {
+            let got = mend_fields(&plain(name, value), true, false);
+            assert_eq!(got, Some((plain(want_name, want_value), true)), "{name:?}");
+            // Not on an upstream's connection: the codec judges.
+            assert_eq!(mend_fields(&plain(name, value), false, false), None);
+        }
+        // A Huffman-coded name is decoded to be checked; lawful ones are left alone.
+        let mut b = vec![0x00];
+        let h = huff(b"x:foo");
+        put_int(&mut b, h.len() as u64, 7, 0x80);
+        b.extend(h);
+        b.extend([0x03, b'b', b'a', b'r']);
+        assert_eq!(
+            mend_fields(&b, true, false),
+            Some((plain(b"x-foo", b"bar"), true))
+        );
+        for ok in [&b"x-foo"[..], b"x_foo", b":path", b"x.foo", b"X-Upper"] {
+            assert_eq!(mend_fields(&plain(ok, b"bar"), true, false), None, "{ok:?}");
+        }
+        let r = Refused::default();
+        r.note(3);
+        assert!(!r.take(1));
+        assert!(r.take(3));
+        assert!(!r.take(3));
+    }
+
+    #[test]
+    fn headers_split_into_frames_and_reads_are_mended_whole() {
+        let mut padded = huff(b"aaaaaaaa");
+        padded.push(0xff);
+        let block = field("x-a", &padded);
+        let mut input = frame(0x4, 0, 0, &[]); // SETTINGS
+        input.extend(frame(
+            HEADERS,
+            PADDED,
+            1,
+            &[&[2u8][..], &block[..3], &[0, 0]].concat(),
+        ));
+        input.extend(frame(CONTINUATION, END_HEADERS, 1, &block[3..]));
+        input.extend(frame(0x0, 0x1, 1, b"HEADERS?")); // DATA, END_STREAM
+        let mut want = frame(0x4, 0, 0, &[]);
+        want.extend(frame(
+            HEADERS,
+            END_HEADERS,
+            1,
+            &field("x-a", &huff(b"aaaaaaaa")),
+        ));
+        want.extend(frame(0x0, 0x1, 1, b"HEADERS?"));
+        // One byte at a time, and all at once.
+        for piece in [1, input.len()] {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let chunks: Vec<Vec<u8>> = input.chunks(piece).map(<[u8]>::to_vec).collect();
+            let got = rt.block_on(async {
+                let mut r = HpackMend::new(Chunks(chunks), 0, None);
+                let mut out = Vec::new();
+                r.read_to_end(&mut out).await.unwrap();
+                out
+            });
+            assert_eq!(got, want, "pieces of {piece}");
+        }
+    }
+
+    #[test]
+    fn requests_nginx_answers_400_are_made_lawful_and_noted() {
+        // No :method nor :scheme: GET and http from the static table, first.
+        let got = mend_fields(&[0x84, 0x41, 1, b'a'], true, true);
+        assert_eq!(got, Some((vec![0x82, 0x86, 0x84, 0x41, 1, b'a'], true)));
+        // ... after a table size update.
+        let got = mend_fields(&[0x3f, 0x01, 0x84, 0x82], true, true);
+        assert_eq!(got, Some((vec![0x3f, 0x01, 0x86, 0x84, 0x82], true)));
+        // Trailers, or a field named from the dynamic table: left alone.
+        assert_eq!(mend_fields(&[0x40, 1, b'a', 1, b'b'], true, false), None);
+        assert_eq!(mend_fields(&[0x82, 0xbe, 0x86], true, true), None);
+        // An empty :authority (the static entry) dropped.
+        let got = mend_fields(&[0x82, 0x86, 0x84, 0x81], true, true);
+        assert_eq!(got, Some((vec![0x82, 0x86, 0x84], true)));
+        // A :path not from the root, or with a control character.
+        let got = mend_fields(&[0x82, 0x86, 0x44, 3, b'a', b'/', b'b'], true, true);
+        assert_eq!(
+            got,
+            Some((vec![0x82, 0x86, 0x44, 3, b'/', b'/', b'b'], true))
+        );
+        let got = mend_fields(&[0x82, 0x86, 0x04, 3, b'/', b'a', 2], true, true);
+        assert_eq!(
+            got,
+            Some((vec![0x82, 0x86, 0x04, 3, b'/', b'a', b'-'], true))
+        );
+        for fine in [
+            &[0x82, 0x86, 0x84, 0x41, 1, b'a'][..],
+            &[0x82, 0x86, 0x44, 1, b'*'],
+        ] {
+            assert_eq!(mend_fields(fine, true, true), None, "{fine:?}");
+        }
+    }
+
+    #[test]
+    fn a_mended_block_past_the_frame_size_goes_on_in_continuations() {
+        let mut padded = huff(b"aaaaaaaa");
+        padded.push(0xff);
+        let mut block = field("x-a", &padded);
+        let big = vec![b'v'; 20_000];
+        let mut long = vec![0x00, 3, b'x', b'-', b'b'];
+        put_int(&mut long, big.len() as u64, 7, 0);
+        long.extend(&big);
+        block.extend(&long);
+        let mut frames = frame(HEADERS, 0x1, 5, &block[..10_000]);
+        frames.extend(frame(CONTINUATION, END_HEADERS, 5, &block[10_000..]));
+        let (out, bad) = mend_block(&frames, true, false).unwrap();
+        assert!(!bad);
+        let mut want = field("x-a", &huff(b"aaaaaaaa"));
+        want.extend(&long);
+        let (first, rest) = out.split_at(9 + frame_len(&out));
+        assert_eq!((first[3], first[4]), (HEADERS, 0x1));
+        assert_eq!(first.len(), 9 + MAX_FRAME);
+        assert_eq!(
+            (rest[3], rest[4], &rest[5..9]),
+            (CONTINUATION, END_HEADERS, &[0, 0, 0, 5][..])
+        );
+        assert_eq!([&first[9..], &rest[9..]].concat(), want);
+    }
+
+    /// A reader that gives its chunks one read at a time.
+    struct Chunks(Vec<Vec<u8>>);
+
+    impl AsyncRead for Chunks {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            if let Some(c) = self.0.first_mut() {
+                let n = c.len().min(buf.remaining());
+                buf.put_slice(&c[..n]);
+                c.drain(..n);
+                if c.is_empty() {
+                    self.0.remove(0);
+                }
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+}

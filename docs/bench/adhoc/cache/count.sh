@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Cost per request of the arena's cache scenario, counted rather than timed (the machine is
+# shared: wall-clock figures swing, counts over a fixed number of requests hardly do).
+# server.conf is the scenario's config (one worker, the keys zone, the origin over kept
+# connections) plus a second server with the same proxy_pass and no cache.
+#
+#   hit-c1000   every request a hit (the API's 360 URLs, each fetched once before), 1,000 kept
+#               connections
+#   hit-c100    the same at 100 connections
+#   mix-c1000   the arena's 95 % point: every 20th request a URL never seen
+#   miss-c10    every request a new URL (the upstream request, the entry stored), 10
+#               connections (fewer than the upstream's 32 kept ones)
+#   plain-c10   the same requests through the uncached proxy_pass
+#
+# Default: system calls (perf stat on the syscalls:sys_enter_* tracepoints) and context
+# switches of the worker process, its threads and the threads they start (tokio's blocking
+# pool, gannet's cache manager; nginx's cache manager and loader are processes of their own,
+# not counted). CALLGRIND=1: user-space instructions per request (valgrind's callgrind, every
+# thread; `master_process off` so that the one process is the worker; fewer requests).
+# Client: wrk with the arena's wrk_paths.lua (a fixed count, the paths in order) on CPU 1,
+# the server on CPU 0; counts are divided by the answers wrk counted (wrk sends up to
+# `connections` more, which the server may or may not have answered: N >> connections).
+#
+# Usage: bash count.sh gannet|nginx [REQUESTS]   (GANNET_BIN overrides target/release/gannet)
+# Output: one line per phase, then the system calls per request of each, in $W/NAME.calls
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../../../.." && pwd)
+SERVER=$1
+N=${2:-50000}
+CG=${CALLGRIND:-}
+[ -n "$CG" ] && N=${2:-10000}
+W=/tmp/cachecount.$SERVER${CG:+.cg}
+ORIGIN=18190 PORT=18191 PLAIN=18192
+rm -rf "$W"
+mkdir -p "$W"
+
+PYTHONPATH=$REPO/arena python3 - "$W" "$N" <<'EOF'
+import itertools, sys
+from pathlib import Path
+from arena import adtraffic
+from arena.scenarios.cache import api_urls, with_misses
+w, n = Path(sys.argv[1]), int(sys.argv[2])
+adtraffic.write_docroot(w / "www")
+(w / "www" / "page.html").write_text(("<p>" + "x" * 95 + "</p>\n") * 44 + "x" * 4)
+urls = api_urls()
+lines = n + 1000 + 1
+(w / "hit.txt").write_text("\n".join(urls) + "\n")
+(w / "mix.txt").write_text("\n".join(with_misses(urls, lines, "mix")) + "\n")
+miss = [f"{u}&miss={i}" for i, u in zip(range(lines), itertools.cycle(urls))]
+(w / "miss.txt").write_text("\n".join(miss) + "\n")
+EOF
+
+fill() { sed -e "s|@RUN@|$W|g" -e "s|@PORT@|$PORT|g" -e "s|@PLAIN@|$PLAIN|g" -e "s|@ORIGIN@|$ORIGIN|g" "$1"; }
+fill "$HERE/origin.conf" > "$W/origin.conf"
+fill "$HERE/server.conf" > "$W/server.conf"
+# Under valgrind: one process, and the descriptor limit valgrind leaves (it keeps some).
+[ -n "$CG" ] && sed -i -e 's/^daemon off;/daemon off;\nmaster_process off;/' -e '/worker_rlimit_nofile/d' "$W/server.conf"
+
+taskset -c 1 nginx -p "$W/" -c "$W/origin.conf" &
+origin=$!
+case $SERVER in
+gannet) BIN=${GANNET_BIN:-$REPO/target/release/gannet} ;;
+nginx) BIN=/usr/sbin/nginx ;;
+*) echo "usage: $0 gannet|nginx [REQUESTS]" >&2; exit 2 ;;
+esac
+if [ -n "$CG" ]; then
+    taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$W/cg.out" \
+        "$BIN" -p "$W/" -c "$W/server.conf" > "$W/valgrind.log" 2>&1 &
+else
+    taskset -c 0 "$BIN" -p "$W/" -c "$W/server.conf" &
+fi
+master=$!
+trap 'kill $master $origin 2>/dev/null; wait 2>/dev/null' EXIT
+for _ in $(seq 1 300); do
+    curl -s -o /dev/null "http://127.0.0.1:$PORT/robots.txt" && break
+    sleep 0.1
+done
+if [ -n "$CG" ]; then
+    worker=$master
+else
+    worker=$(pgrep -P "$master" | head -1)
+    [ "$SERVER" = nginx ] && worker=$(pgrep -P "$master" -f "worker process" | head -1)
+fi
+
+# Warm: each URL once (and a page), as the arena does before its rounds.
+PYTHONPATH=$REPO/arena python3 - "$W/hit.txt" "$PORT" <<'EOF'
+import http.client, sys
+c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[2]))
+for path in open(sys.argv[1]).read().split():
+    for _ in range(2):
+        c.request("GET", path)
+        r = c.getresponse()
+        r.read()
+        assert r.status == 200, (path, r.status)
+EOF
+
+phase() {
+    local name=$1 port=$2 conns=$3 paths=$4
+    local client=(taskset -c 1 wrk -t 1 -c "$conns" -d 600s --timeout 10s
+        -s "$REPO/arena/arena/clients/wrk_paths.lua" "http://127.0.0.1:$port/" -- "$N" "$conns" "$W/$paths")
+    if [ -n "$CG" ]; then
+        callgrind_control -z "$worker" > /dev/null
+        "${client[@]}" > "$W/$name.wrk"
+        callgrind_control -d "$name" "$worker" > /dev/null
+    else
+        perf stat -x, -o "$W/$name.perf" -e 'syscalls:sys_enter_*' -e context-switches,page-faults \
+            -p "$worker" -- "${client[@]}" > "$W/$name.wrk"
+    fi
+    local answered
+    answered=$(grep -o '"requests": [0-9]*' "$W/$name.wrk" | grep -o '[0-9]*$')
+    if [ -n "$CG" ]; then
+        local f
+        f=$(ls -t "$W"/cg.out.* | head -1)
+        local ir
+        ir=$(grep -m1 '^summary:' "$f" | awk '{print $2}')
+        printf '%-10s %7d answers  %9.0f instructions/request  (%s)\n' "$name" "$answered" \
+            "$(awk -v a="$ir" -v b="$answered" 'BEGIN { print a / b }')" "$f"
+    else
+        awk -F, -v n="$answered" '$1 ~ /^[0-9]+$/ && $1 > 0 {
+                name = $3; sub(/^syscalls:sys_enter_/, "", name)
+                if (name == "context-switches") cs = $1
+                else if (name == "page-faults") pf = $1
+                else { total += $1; print name, $1 / n }
+            }
+            END { printf "TOTAL %.3f\nCS %.3f\nPF %.3f\n", total / n, cs / n, pf / n }' "$W/$name.perf" |
+            sort -k2 -g -r > "$W/$name.calls"
+        printf '%-10s %7d answers  %6.2f syscalls  %6.3f context switches  %6.3f page faults /request\n' \
+            "$name" "$answered" "$(awk '$1=="TOTAL"{print $2}' "$W/$name.calls")" \
+            "$(awk '$1=="CS"{print $2}' "$W/$name.calls")" "$(awk '$1=="PF"{print $2}' "$W/$name.calls")"
+    fi
+}
+
+phase hit-c1000 "$PORT" 1000 hit.txt
+phase hit-c100 "$PORT" 100 hit.txt
+phase mix-c1000 "$PORT" 1000 mix.txt
+phase miss-c10 "$PORT" 10 miss.txt
+phase plain-c10 "$PLAIN" 10 miss.txt
+echo "per phase, each system call per request: $W/*.calls"
