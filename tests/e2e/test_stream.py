@@ -190,7 +190,6 @@ def test_proxy_protocol_to_upstream(gannet, echo):
 def test_config_errors(gannet):
     cases = [
         ("server { listen 127.0.0.1; proxy_pass 127.0.0.1:1; }", 'no port in "127.0.0.1" of the "listen" directive'),
-        ("server { listen 127.0.0.1:1; }", "no handler for server"),
         ("server { listen 127.0.0.1:1; proxy_pass $nope; }", 'unknown "nope" variable'),
         ("access_log {tmp}/x.log;\nserver { listen 127.0.0.1:1; proxy_pass 127.0.0.1:2; }", "log format is not specified"),
         ("upstream u { ip_hash; server 127.0.0.1:2; }\nserver { listen 127.0.0.1:1; proxy_pass u; }", 'unknown directive "ip_hash"'),

@@ -504,19 +504,10 @@ pub trait Io: AsyncRead + AsyncWrite + AsFd + Unpin {
     /// False means nothing (no byte, no close) has come since, as far as the loop knows,
     /// and no system call is needed to tell; true means look.
     fn maybe_readable(&self) -> bool;
-
-    /// The plain TCP socket, when the connection is one (the stream proxy's splice(2)).
-    fn tcp(&self) -> Option<&tokio::net::TcpStream> {
-        None
-    }
 }
 impl Io for tokio::net::TcpStream {
     fn maybe_readable(&self) -> bool {
         read_ready(|cx| self.poll_read_ready(cx))
-    }
-
-    fn tcp(&self) -> Option<&tokio::net::TcpStream> {
-        Some(self)
     }
 }
 impl Io for tokio::net::UnixStream {

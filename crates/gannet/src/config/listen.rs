@@ -69,6 +69,11 @@ pub struct Listen {
     /// `quic` (http): HTTP/3 over QUIC on a datagram socket (`conn::h3`); `udp` is set too,
     /// so the address is apart from a TCP listener on the same port.
     pub quic: bool,
+    /// TCP_NODELAY on the listening socket, which the connections it accepts inherit
+    /// (Linux copies it to them): a stream TCP address's, its default server's
+    /// `tcp_nodelay`, so that a session need not set it itself (`stream::core`). `None`:
+    /// left as the system has it (http, which sets it per connection as it decides).
+    pub nodelay: Option<bool>,
 }
 
 /// `so_keepalive=on|off|[keepidle]:[keepintvl]:[keepcnt]`, as nginx: `on` / `off` set
@@ -126,6 +131,7 @@ impl Listen {
             fastopen: None,
             udp: false,
             quic: false,
+            nodelay: None,
         }
     }
 

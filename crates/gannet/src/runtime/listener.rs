@@ -84,6 +84,9 @@ fn set_options(s: SockRef<'_>, l: &Listen) -> io::Result<()> {
     if l.udp {
         return Ok(());
     }
+    if let Some(on) = l.nodelay {
+        s.set_tcp_nodelay(on)?;
+    }
     match l.so_keepalive {
         None => {}
         Some(SoKeepalive::Off) => s.set_keepalive(false)?,

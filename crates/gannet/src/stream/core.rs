@@ -17,6 +17,7 @@ use super::access::Rules;
 use super::log::{Format, Log};
 use super::map::Maps;
 use super::proxy::ProxyConf;
+use super::relay::Sock;
 use super::ssl_preread::Preread;
 use super::upstream::Group;
 use super::variables::Session;
@@ -302,9 +303,6 @@ pub fn server(
     if listens.is_empty() {
         return Err(d.error("no \"listen\" is defined for server"));
     }
-    if conf.proxy.pass.is_none() && conf.ret.is_none() {
-        return Err(d.error("no handler for server"));
-    }
     if conf.proxy.ssl_enable {
         super::proxy::finish_ssl(&mut conf.proxy, &ctx.prefix)?;
         let mut h = ctx.http.borrow_mut();
@@ -426,15 +424,12 @@ pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketA
     let mut s = Session::new(Worker::next_conn_id(), peer, l.local_of(&stream), false);
     s.unix = l.unix.is_some();
     s.server_name = Some(srv.name.clone());
-    let (ssl, pp) = (l.ssl, l.proxy_protocol);
     let logs = srv.conf.error_log.clone();
     let session = async {
         connected(&s);
-        if let Ok(client) = tokio::net::TcpStream::from_std(stream) {
-            run_tcp(&w, &mut srv, virtuals, client, (ssl, pp), &mut s).await;
-        } else {
-            s.status = 500;
-        }
+        // In the event loop only once it has to wait (`relay::Sock`).
+        let client = Sock::Raw(stream);
+        run_tcp(&w, &mut srv, virtuals, client, l, &mut s).await;
         finish(&srv, &s);
     };
     crate::errlog::scoped(logs, session).await;
@@ -468,23 +463,31 @@ async fn run_tcp(
     w: &Rc<Worker>,
     srv: &mut Arc<Server>,
     virtuals: &[Arc<Server>],
-    mut client: tokio::net::TcpStream,
-    (ssl, pp): (bool, bool),
+    mut client: Sock,
+    l: &Listen,
     s: &mut Session,
 ) {
     let default = srv.clone();
     let c = &default.conf;
-    if c.tcp_nodelay && !s.unix {
-        let _ = client.set_nodelay(true);
+    let (ssl, pp) = (l.ssl, l.proxy_protocol);
+    // Set on the listening socket, the accepted one has it already (`Listen::nodelay`).
+    if c.tcp_nodelay && !s.unix && l.nodelay != Some(true) {
+        if let Some(r) = client.sock_ref() {
+            let _ = r.set_tcp_nodelay(true);
+        }
     }
     if pp {
+        let Ok(tcp) = client.reg() else {
+            s.status = 500;
+            return;
+        };
         let who = crate::conn::proxy_protocol::Who {
             id: s.id,
             peer: s.peer,
             local: s.local,
         };
         let start = std::time::Instant::now();
-        match crate::conn::proxy_protocol::read_for(&client, &who, c.proxy_protocol_timeout).await {
+        match crate::conn::proxy_protocol::read_for(tcp, &who, c.proxy_protocol_timeout).await {
             Ok(addrs) => s.proxy_protocol = addrs,
             // nginx: a timeout ends the session with 200, a broken header with 400.
             Err(()) if start.elapsed() >= c.proxy_protocol_timeout => return,
@@ -509,7 +512,11 @@ async fn run_tcp(
             found = find_virtual(virtuals, name);
             pick_tls(&default, found.as_ref().map(|f| &f.server))
         };
-        let tls = super::ssl::handshake(choose, c.ssl.handshake_timeout, client, s).await;
+        let Ok(tcp) = client.into_tokio() else {
+            s.status = 500;
+            return;
+        };
+        let tls = super::ssl::handshake(choose, c.ssl.handshake_timeout, tcp, s).await;
         if let Some(f) = found {
             *srv = f.enter(s);
         }
@@ -521,7 +528,11 @@ async fn run_tcp(
     }
     let mut head = Vec::new();
     if c.preread.on {
-        if let Err(status) = super::ssl_preread::run(&c.preread, &mut client, &mut head, s).await {
+        let Ok(tcp) = client.reg() else {
+            s.status = 500;
+            return;
+        };
+        if let Err(status) = super::ssl_preread::run(&c.preread, tcp, &mut head, s).await {
             s.status = status;
             return;
         }
@@ -561,15 +572,28 @@ async fn content<C>(
     C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
 {
     let run = async {
-        match &srv.conf.ret {
-            Some(t) => super::return_::tcp(&mut client, &t.eval(s, &srv.maps), s).await,
-            None => super::proxy::tcp(w, srv, client, head, s).await,
+        match (&srv.conf.ret, srv.conf.proxy.pass.is_some()) {
+            (Some(t), _) => super::return_::tcp(&mut client, &t.eval(s, &srv.maps), s).await,
+            (None, true) => super::proxy::tcp(w, srv, client, head, s).await,
+            (None, false) => no_handler(s),
         }
     };
     match Arc::ptr_eq(srv, default) {
         true => run.await,
         false => crate::errlog::scoped(srv.conf.error_log.clone(), run).await,
     }
+}
+
+/// A server with neither `proxy_pass` nor `return` (nginx 1.27.1+ loads it, e.g. one
+/// that only does `ssl_reject_handshake`): its sessions end in the content phase with 500.
+pub fn no_handler(s: &mut Session) {
+    if crate::errlog::admits(crate::errlog::Level::Debug) {
+        crate::errlog::log(
+            crate::errlog::Level::Debug,
+            format_args!("*{} no handler for server", s.id),
+        );
+    }
+    s.status = 500;
 }
 
 /// The preaccess phase (`set`, then `limit_conn`): the session's places in its zones, or

@@ -12,7 +12,10 @@
 //! - [`log`]: `log_format` / `access_log` (ngx_stream_log_module);
 //! - [`return_`]: `return` (ngx_stream_return_module);
 //! - [`realip`]: `set_real_ip_from` (ngx_stream_realip_module);
-//! - [`splice`]: `proxy_splice`, the plain TCP relay through splice(2) (gannet's own);
+//! - [`relay`]: the plain TCP relay (both sides plain sockets, no rate), the proxy's
+//!   common case, made for its cost per session; its sockets wait in [`epoll`], a set of
+//!   its own that a socket's close leaves without an `epoll_ctl`;
+//! - [`splice`]: `proxy_splice`, the plain relay through splice(2) (gannet's own);
 //! - [`ssl`]: TLS terminated on `listen ... ssl` (ngx_stream_ssl_module);
 //! - [`ssl_preread`]: the ClientHello's fields without terminating TLS
 //!   (ngx_stream_ssl_preread_module);
@@ -27,11 +30,13 @@
 
 pub mod access;
 pub mod core;
+pub mod epoll;
 pub mod limit_conn;
 pub mod log;
 pub mod map;
 pub mod proxy;
 pub mod realip;
+pub mod relay;
 #[path = "return.rs"]
 pub mod return_;
 pub mod splice;
@@ -282,7 +287,10 @@ fn addresses(
             true => a.servers.iter().map(|&i| loaded[i].clone()).collect(),
             false => Vec::new(),
         });
-        out.0.push(a.listen);
+        let mut listen = a.listen;
+        // The sessions' TCP_NODELAY comes with the accepted socket (`Listen::nodelay`).
+        listen.nodelay = (listen.unix.is_none() && !listen.udp).then_some(default.conf.tcp_nodelay);
+        out.0.push(listen);
         out.1.push(default);
     }
     Ok(out)

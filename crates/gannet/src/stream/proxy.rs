@@ -25,6 +25,7 @@
 //! codes).
 
 use super::core::{LoadCtx, Server};
+use super::relay::{Early, Sock};
 use super::upstream::Group;
 use super::variables::{Attempt, Session, Template};
 use crate::runtime::worker::Worker;
@@ -451,9 +452,9 @@ fn is_literal(a: &Addr) -> bool {
     }
 }
 
-/// A connected upstream socket (boxed as `upstream::Conn` once made, for TLS).
+/// A connected upstream socket.
 enum Socket {
-    Tcp(TcpStream),
+    Tcp(Sock),
     Unix(UnixStream),
 }
 
@@ -461,20 +462,62 @@ impl Socket {
     /// The local end, as nginx's "proxy ... connected to" line names it.
     fn local_text(&self) -> String {
         match self {
-            Socket::Tcp(t) => t.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            Socket::Tcp(t) => t
+                .sock_ref()
+                .and_then(|r| r.local_addr().ok()?.as_socket())
+                .map(|a| a.to_string())
+                .unwrap_or_default(),
             Socket::Unix(_) => "unix:".to_string(),
         }
     }
 }
 
-/// Connect, from `local` (`proxy_bind`) when given.
+/// An upstream connection: a plain TCP socket (the plain relay's, unboxed) or any other.
+enum Up {
+    Plain(Sock),
+    Other(Conn),
+}
+
+impl Up {
+    fn into_conn(self) -> std::io::Result<Conn> {
+        match self {
+            Up::Plain(t) => Ok(Box::new(t.into_tokio()?)),
+            Up::Other(c) => Ok(c),
+        }
+    }
+}
+
+/// The error of a connect that took longer than `proxy_connect_timeout`.
+pub(super) fn timed_out() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::TimedOut, "upstream timed out")
+}
+
+/// nginx's line for a session that `proxy_timeout` ended.
+pub(super) fn log_timed_out(id: u64) {
+    crate::errlog::log(
+        crate::errlog::Level::Info,
+        format_args!("*{id} connection timed out"),
+    );
+}
+
+/// Connect, from `local` (`proxy_bind`) when given. `early`: the plain relay's first
+/// bytes, sent as the connect completes (an address without `proxy_bind` only; see
+/// `relay::connect`).
 async fn connect(
     addr: &Addr,
-    timeout: Duration,
+    (timeout, timers): (Duration, &crate::runtime::read_timers::ReadTimers),
     local: Option<(SocketAddr, bool)>,
+    nodelay: bool,
+    early: Option<&mut Early>,
 ) -> std::io::Result<Socket> {
+    if let (Addr::Tcp(a), None, Some(early)) = (addr, local, early) {
+        if let Ok(to) = a.parse::<SocketAddr>() {
+            let sock = super::relay::connect(timers, to, timeout, nodelay, early).await?;
+            return Ok(Socket::Tcp(sock));
+        }
+    }
     let fut = async {
-        match (addr, local) {
+        let tcp = match (addr, local) {
             (Addr::Tcp(a), Some((from, transparent))) => {
                 let to = tokio::net::lookup_host(&**a)
                     .await?
@@ -492,18 +535,27 @@ async fn connect(
                     }
                 }
                 sock.bind(from)?;
-                sock.connect(to).await.map(Socket::Tcp)
+                sock.connect(to).await?
             }
-            (Addr::Tcp(a), None) => TcpStream::connect(&**a).await.map(Socket::Tcp),
-            (Addr::Unix(p), _) => UnixStream::connect(p).await.map(Socket::Unix),
+            (Addr::Tcp(a), None) => TcpStream::connect(&**a).await?,
+            (Addr::Unix(p), _) => return UnixStream::connect(p).await.map(Socket::Unix),
+        };
+        if nodelay {
+            let _ = tcp.set_nodelay(true);
         }
+        Ok(Socket::Tcp(Sock::Reg(tcp)))
     };
     match tokio::time::timeout(timeout, fut).await {
         Ok(r) => r,
-        Err(_) => Err(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "upstream timed out",
-        )),
+        Err(_) => Err(timed_out()),
+    }
+}
+
+/// An attempt's `$upstream_addr`: a TCP address is shared, not copied.
+fn attempt_addr(addr: &Addr) -> Arc<str> {
+    match addr {
+        Addr::Tcp(a) => a.clone(),
+        Addr::Unix(_) => addr.to_string().into(),
     }
 }
 
@@ -526,7 +578,7 @@ fn no_live(s: &mut Session, group: &Group) {
         group.group.name
     ));
     s.attempts.push(Attempt {
-        addr: group.group.name.clone(),
+        addr: group.group.name.as_str().into(),
         ..Default::default()
     });
     s.status = 502;
@@ -557,7 +609,8 @@ async fn connect_upstream(
     w: &Rc<Worker>,
     srv: &Server,
     s: &mut Session,
-) -> Option<(Conn, crate::upstream::Lease, Arc<Group>, usize)> {
+    mut early: Option<&mut Early>,
+) -> Option<(Up, crate::upstream::Lease, Arc<Group>, usize)> {
     let c = &srv.conf.proxy;
     let (group, hash, local) = choose_group(srv, s).await?;
     let key = Key {
@@ -578,14 +631,13 @@ async fn connect_upstream(
         let addr = &group.group.servers[i].addr;
         let began = Instant::now();
         s.attempts.push(Attempt {
-            addr: addr.to_string(),
+            addr: attempt_addr(addr),
             ..Default::default()
         });
-        let conn = match connect(addr, c.connect_timeout, local).await {
+        let timeout = (c.connect_timeout, &*w.timers);
+        let nodelay = srv.conf.tcp_nodelay;
+        let conn = match connect(addr, timeout, local, nodelay, early.as_deref_mut()).await {
             Ok(sock) => {
-                if let (Socket::Tcp(t), true) = (&sock, srv.conf.tcp_nodelay) {
-                    let _ = t.set_nodelay(true);
-                }
                 if crate::errlog::admits(crate::errlog::Level::Info) {
                     crate::errlog::log(
                         crate::errlog::Level::Info,
@@ -597,13 +649,27 @@ async fn connect_upstream(
                         ),
                     );
                 }
-                let conn: Conn = match sock {
-                    Socket::Tcp(t) => Box::new(t),
-                    Socket::Unix(u) => Box::new(u),
-                };
-                match &c.client_tls {
-                    Some(setup) => ssl_handshake(w, srv, s, &group, setup, conn).await,
-                    None => Ok(conn),
+                match (&c.client_tls, sock) {
+                    (None, Socket::Tcp(t)) => Ok(Up::Plain(t)),
+                    (None, Socket::Unix(u)) => Ok(Up::Other(Box::new(u))),
+                    (Some(setup), sock) => {
+                        let conn: std::io::Result<Conn> = match sock {
+                            Socket::Tcp(t) => t.into_tokio().map(|t| Box::new(t) as Conn),
+                            Socket::Unix(u) => Ok(Box::new(u)),
+                        };
+                        match conn {
+                            Ok(conn) => ssl_handshake(w, srv, s, &group, setup, conn)
+                                .await
+                                .map(Up::Other),
+                            Err(e) => Err((
+                                format!(
+                                    "connect() failed ({}) while connecting to upstream",
+                                    crate::errlog::errno_text(&e)
+                                ),
+                                false,
+                            )),
+                        }
+                    }
                 }
             }
             Err(e) => {
@@ -728,41 +794,85 @@ fn proxy_header(s: &Session) -> String {
     crate::conn::proxy_protocol::v1_line(s.peer, s.local)
 }
 
-/// Proxy a TCP session; `head`: client bytes read already (`ssl_preread`).
+/// Proxy a TCP session; `head`: client bytes read already (`ssl_preread`). A plain
+/// client ([`Sock`]) that no rate paces goes to the plain relay (`relay`).
 pub async fn tcp<C>(w: &Rc<Worker>, srv: &Server, client: C, head: Vec<u8>, s: &mut Session)
 where
     C: AsyncRead + AsyncWrite + Unpin + 'static,
 {
-    let Some((conn, _lease, _group, _)) = connect_upstream(w, srv, s).await else {
-        return;
-    };
-    if let Some(plain) = spliceable(srv, &client) {
-        if let Some(up) = conn.tcp() {
-            return relay_spliced(srv, plain, up, head, s).await;
-        }
-    }
-    relay(srv, client, conn, head, s).await
-}
-
-/// The client as a plain TCP socket when the session is spliced: `proxy_splice on`, no
-/// TLS on the client's side (its type is then `TcpStream` itself), no rate to pace.
-fn spliceable<'a, C: 'static>(srv: &Server, client: &'a C) -> Option<&'a TcpStream> {
     let c = &srv.conf.proxy;
     let paced = c.upload_rate != 0
         || c.download_rate != 0
         || c.upload_rate_var.is_some()
         || c.download_rate_var.is_some();
-    if !c.splice || paced {
-        return None;
+    let mut client = Some(client);
+    if !paced {
+        let plain = (&mut client as &mut dyn std::any::Any).downcast_mut::<Option<Sock>>();
+        if let Some(sock) = plain.and_then(Option::take) {
+            return tcp_plain(w, srv, sock, head, s).await;
+        }
     }
-    (client as &dyn std::any::Any).downcast_ref::<TcpStream>()
+    let Some(client) = client else {
+        return;
+    };
+    let Some((up, _lease, _group, _)) = connect_upstream(w, srv, s, None).await else {
+        return;
+    };
+    let Ok(conn) = up.into_conn() else {
+        s.status = 502;
+        return;
+    };
+    let pre = preamble(c, s, head);
+    relay(srv, client, conn, pre, s).await
+}
+
+/// A plain client: its first bytes go out with the connect, and a plain TCP upstream
+/// gets the plain relay (others the buffered one).
+async fn tcp_plain(w: &Rc<Worker>, srv: &Server, client: Sock, head: Vec<u8>, s: &mut Session) {
+    let c = &srv.conf.proxy;
+    let pre = preamble(c, s, head);
+    let mut early = Early::new(client, pre, c.buffer_size);
+    // Over TLS the upstream's first bytes are the handshake's.
+    let first = c.client_tls.is_none().then_some(&mut early);
+    let Some((up, _lease, _group, _)) = connect_upstream(w, srv, s, first).await else {
+        return;
+    };
+    let up = match up {
+        Up::Plain(up) => up,
+        Up::Other(conn) => {
+            let (client, pre) = early.into_parts();
+            return relay(srv, client, conn, pre, s).await;
+        }
+    };
+    let conf = super::relay::Conf {
+        size: c.buffer_size,
+        splice: c.splice,
+        half_close: c.half_close,
+        timeout: c.timeout,
+        timers: &w.timers,
+        id: s.id,
+    };
+    let pre_len = early.pre_len as u64;
+    let began = Instant::now();
+    let out = super::relay::run(early, up, &conf).await;
+    if out.pre_failed {
+        s.status = 502;
+        return;
+    }
+    let counts = Counts {
+        up: out.up_bytes,
+        down: out.down_bytes,
+        down_first: out.down_first,
+        began,
+    };
+    account(s, pre_len, out.closed, &counts);
 }
 
 /// One direction's byte counter and pacing.
-pub(super) struct Flow {
-    pub(super) bytes: Cell<u64>,
+struct Flow {
+    bytes: Cell<u64>,
     /// When the first byte came (`$upstream_first_byte_time` of the download side).
-    pub(super) first: Cell<Option<Instant>>,
+    first: Cell<Option<Instant>>,
     rate: u64,
     /// The session's start in the clock's whole seconds (nginx's `u->start_sec`).
     start_sec: u64,
@@ -850,14 +960,14 @@ fn preamble(c: &ProxyConf, s: &mut Session, head: Vec<u8>) -> Vec<u8> {
     pre
 }
 
-async fn relay<C, U>(srv: &Server, client: C, up: U, head: Vec<u8>, s: &mut Session)
+/// The buffered relay (TLS on a side, a unix upstream, a rate): `pre` goes first.
+async fn relay<C, U>(srv: &Server, client: C, up: U, pre: Vec<u8>, s: &mut Session)
 where
     C: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
 {
     let c = &srv.conf.proxy;
     let (ur, mut uw) = tokio::io::split(up);
-    let pre = preamble(c, s, head);
     if !pre.is_empty() && (uw.write_all(&pre).await.is_err() || uw.flush().await.is_err()) {
         s.status = 502;
         return;
@@ -868,27 +978,6 @@ where
     let up = pump(cr, uw, &m.up, how, &m.last);
     let down = pump(ur, cw, &m.down, how, &m.last);
     m.drive(srv, s, pre.len() as u64, up, down).await;
-}
-
-/// `relay` over splice(2): both sides plain TCP sockets (see `spliceable`).
-async fn relay_spliced(
-    srv: &Server,
-    client: &TcpStream,
-    up: &TcpStream,
-    head: Vec<u8>,
-    s: &mut Session,
-) {
-    let c = &srv.conf.proxy;
-    let pre = preamble(c, s, head);
-    if super::splice::write_all(up, &pre).await.is_err() {
-        s.status = 502;
-        return;
-    }
-    let m = Meter::new(srv, s);
-    let how = (c.buffer_size, c.half_close);
-    let to_up = super::splice::pump(client, up, &m.up, how, &m.last);
-    let to_client = super::splice::pump(up, client, &m.down, how, &m.last);
-    m.drive(srv, s, pre.len() as u64, to_up, to_client).await;
 }
 
 /// A relay's two directions' counts and the time of its last byte (`proxy_timeout`).
@@ -945,10 +1034,7 @@ impl Meter {
                 let until = last.get() + c.timeout;
                 tokio::time::sleep_until(until.into()).await;
                 if last.get() + c.timeout <= Instant::now() {
-                    crate::errlog::log(
-                        crate::errlog::Level::Info,
-                        format_args!("*{id} connection timed out"),
-                    );
+                    log_timed_out(id);
                     return;
                 }
             }
@@ -971,28 +1057,47 @@ impl Meter {
             },
             f => f.map(|(who, _)| who),
         };
-        let (up_flow, down_flow) = (&self.up, &self.down);
-        s.bytes_received += up_flow.bytes.get();
-        s.bytes_sent += down_flow.bytes.get();
-        if let Some(a) = s.attempts.last_mut() {
-            a.sent = sent_first + up_flow.bytes.get();
-            a.received = down_flow.bytes.get();
-            // nginx measures both from the start of the connect.
-            let base = a.connect.unwrap_or_default();
-            let began = self.began;
-            a.first_byte = (down_flow.first.get()).map(|t| base + (t - began).as_secs_f64());
-            a.session = Some(base + began.elapsed().as_secs_f64());
-        }
-        let info = crate::errlog::admits(crate::errlog::Level::Info);
-        if let (Some(who), Some(a), true) = (closed, s.attempts.last(), info) {
-            crate::errlog::log(
-                crate::errlog::Level::Info,
-                format_args!(
-                    "*{} {who} disconnected, bytes from/to client:{}/{}, bytes from/to upstream:{}/{}",
-                    s.id, s.bytes_received, s.bytes_sent, a.received, a.sent
-                ),
-            );
-        }
+        let counts = Counts {
+            up: self.up.bytes.get(),
+            down: self.down.bytes.get(),
+            down_first: self.down.first.get(),
+            began: self.began,
+        };
+        account(s, sent_first, closed, &counts);
+    }
+}
+
+/// A relay's counts: bytes each way, the upstream's first byte, when the relay began.
+struct Counts {
+    up: u64,
+    down: u64,
+    down_first: Option<Instant>,
+    began: Instant,
+}
+
+/// A relay is over (`closed`: the side that ended it, `None` at `proxy_timeout`): the
+/// session's bytes and times, and nginx's "disconnected" line. `sent_first`: the
+/// preamble's bytes.
+fn account(s: &mut Session, sent_first: u64, closed: Option<&str>, n: &Counts) {
+    s.bytes_received += n.up;
+    s.bytes_sent += n.down;
+    if let Some(a) = s.attempts.last_mut() {
+        a.sent = sent_first + n.up;
+        a.received = n.down;
+        // nginx measures both from the start of the connect.
+        let base = a.connect.unwrap_or_default();
+        a.first_byte = n.down_first.map(|t| base + (t - n.began).as_secs_f64());
+        a.session = Some(base + n.began.elapsed().as_secs_f64());
+    }
+    let info = crate::errlog::admits(crate::errlog::Level::Info);
+    if let (Some(who), Some(a), true) = (closed, s.attempts.last(), info) {
+        crate::errlog::log(
+            crate::errlog::Level::Info,
+            format_args!(
+                "*{} {who} disconnected, bytes from/to client:{}/{}, bytes from/to upstream:{}/{}",
+                s.id, s.bytes_received, s.bytes_sent, a.received, a.sent
+            ),
+        );
     }
 }
 
@@ -1085,8 +1190,8 @@ async fn udp_session(
     super::core::connected(&s);
     if let Some(_held) = super::core::enter(&srv, &mut s) {
         if super::core::check_access(&srv, &mut s) {
-            match &srv.conf.ret {
-                Some(t) => {
+            match (&srv.conf.ret, srv.conf.proxy.pass.is_some()) {
+                (Some(t), _) => {
                     if let Ok(d) = rx.try_recv() {
                         s.bytes_received += d.len() as u64;
                     }
@@ -1095,7 +1200,14 @@ async fn udp_session(
                         s.bytes_sent += text.len() as u64;
                     }
                 }
-                None => run_udp(&w, &srv, &sock, &mut s, &mut rx).await,
+                (None, true) => run_udp(&w, &srv, &sock, &mut s, &mut rx).await,
+                (None, false) => {
+                    // nginx counts the session's first datagram as it starts.
+                    if let Ok(d) = rx.try_recv() {
+                        s.bytes_received += d.len() as u64;
+                    }
+                    super::core::no_handler(&mut s);
+                }
             }
         }
     }
@@ -1131,7 +1243,7 @@ async fn udp_upstream(
         tried.push(i);
         let addr = group.group.servers[i].addr.clone();
         s.attempts.push(Attempt {
-            addr: addr.to_string(),
+            addr: attempt_addr(&addr),
             ..Default::default()
         });
         let began = Instant::now();

@@ -108,7 +108,8 @@ impl Var {
 /// One upstream attempt, for the `$upstream_*` lists (`, `-separated as nginx writes them).
 #[derive(Debug, Default, Clone)]
 pub struct Attempt {
-    pub addr: String,
+    /// The server's address (shared with the group's, not copied per session).
+    pub addr: std::sync::Arc<str>,
     pub sent: u64,
     pub received: u64,
     /// Seconds to connect; `None`: the connect failed ("-").
