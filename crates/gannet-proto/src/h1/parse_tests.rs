@@ -784,3 +784,46 @@ fn set_header_replaces_or_adds_and_keeps_the_received_bytes() {
     assert_eq!(h.raw().len(), sent.len());
     assert!(h.raw().starts_with(b"GET / HTTP/1.1\r\nHost: a\r\n"));
 }
+
+/// The names summary finds every field whatever its case, misses none added later, and
+/// answers the absent ones (all of them here, over many names) without a match.
+#[test]
+fn header_lookups_see_every_present_name_and_no_absent_one() {
+    let mut h = ok(b"GET / HTTP/1.1\r\nHost: a\r\nUser-Agent: x\r\nX-Y: 1\r\nA: 2\r\n\r\n");
+    for (name, value) in [
+        ("host", &b"a"[..]),
+        ("USER-AGENT", b"x"),
+        ("x-y", b"1"),
+        ("a", b"2"),
+    ] {
+        assert_eq!(h.header(name), Some(value), "{name}");
+    }
+    for name in [
+        "referer",
+        "if-modified-since",
+        "if-none-match",
+        "range",
+        "accept-encoding",
+        "b",
+        "x-z",
+        "user-agen",
+        "",
+    ] {
+        assert_eq!(h.header(name), None, "{name}");
+    }
+    h.set_header("Accept-Encoding", b"gzip");
+    assert_eq!(h.header("accept-encoding"), Some(&b"gzip"[..]));
+    let h2 = RequestHead::from_fields(
+        "GET",
+        "/",
+        Some("a"),
+        [("If-None-Match", &b"\"e\""[..])],
+        false,
+        HeaderNames::default(),
+    )
+    .map_err(|e| e.status());
+    let h2 = h2.unwrap_or_else(|s| panic!("{s}"));
+    assert_eq!(h2.header("if-none-match"), Some(&b"\"e\""[..]));
+    assert_eq!(h2.header("host"), Some(&b"a"[..]));
+    assert_eq!(h2.header("range"), None);
+}
