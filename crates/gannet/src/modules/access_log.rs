@@ -516,7 +516,11 @@ mod tests {
             for pos in 0..19 {
                 let mut v = b"GET /robots.txt HTTP/1.1".to_vec();
                 v[pos] = c;
-                assert_eq!(esc(Escape::Default, &v), reference(&v), "byte {c:#x} at {pos}");
+                assert_eq!(
+                    esc(Escape::Default, &v),
+                    reference(&v),
+                    "byte {c:#x} at {pos}"
+                );
             }
         }
     }
