@@ -23,7 +23,7 @@ def arena(*args, env=None, timeout=120):
 
 @pytest.mark.parametrize("args, message", [
     (["run", "s9-nothing"], "arena: unknown scenario 's9-nothing': choose from c10k, cache, l4-proxy, s1-dynamic, s1-static, s2-rate, s2-rate-gz, "
-                            "s3-sessions, s4-failover, s4-mirror, s4-proxy, s5-latency"),
+                            "s3-sessions, s4-failover, s4-mirror, s4-proxy, s5-latency, small-static"),
     (["run", "s4-mirror", "--servers", "gannet,caddy"],
      "arena: caddy cannot serve proxy-mirror sites (only gannet and nginx (ngx_http_mirror_module) have request "
      "mirroring built in)"),

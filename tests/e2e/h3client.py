@@ -82,9 +82,13 @@ class _Client(QuicConnectionProtocol):
         return await fut
 
 
-async def _run(host, port, reqs, sni, timeout, info, tickets):
+async def _run(host, port, reqs, sni, timeout, info, tickets, ciphers, cert):
     cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, verify_mode=ssl.CERT_NONE, server_name=sni or host)
     cfg.idle_timeout = timeout
+    if ciphers is not None:
+        cfg.cipher_suites = ciphers
+    if cert is not None:
+        cfg.load_cert_chain(*cert)
     early = False
     if tickets:
         # Resumed with the last ticket: the requests go in 0-RTT data when the ticket
@@ -98,14 +102,15 @@ async def _run(host, port, reqs, sni, timeout, info, tickets):
         if info is not None:
             # What the server said in its transport parameters and handshake, before any
             # stream could change the credit.
-            cert = q.tls._peer_certificate
+            peer = q.tls._peer_certificate
             info.update(
                 retries=q._retry_count,
                 max_streams_bidi=q._remote_max_streams_bidi,
                 stream_window=q._remote_max_stream_data_bidi_remote,
                 max_data=q._remote_max_data,
                 alpn=q.tls.alpn_negotiated,
-                cert_cn=cert.subject.rfc4514_string() if cert is not None else None,
+                cert_cn=peer.subject.rfc4514_string() if peer is not None else None,
+                cert_requested=q.tls._certificate_request is not None,
             )
         authority = f"{sni or host}:{port}"
         return await asyncio.wait_for(
@@ -113,12 +118,14 @@ async def _run(host, port, reqs, sni, timeout, info, tickets):
         )
 
 
-def fetch_many(port: int, reqs: list[tuple[str, str, dict | None, bytes | None]], host: str = "127.0.0.1", sni: str | None = None, timeout: float = 20.0, info: dict | None = None, tickets: list | None = None) -> list[Answer]:
+def fetch_many(port: int, reqs: list[tuple[str, str, dict | None, bytes | None]], host: str = "127.0.0.1", sni: str | None = None, timeout: float = 20.0, info: dict | None = None, tickets: list | None = None, ciphers: list | None = None, cert: tuple | None = None) -> list[Answer]:
     """Send every (method, path, headers, body) at once on one connection; `info`, when
     given, is filled with what the handshake told (see `_run`). `tickets`, when given,
     collects the session tickets the server sends; when it holds one, the connection
-    resumes with it and sends its requests as 0-RTT data."""
-    return asyncio.run(_run(host, port, reqs, sni, timeout, info, tickets))
+    resumes with it and sends its requests as 0-RTT data. `ciphers` (aioquic's
+    `CipherSuite`s) are the suites offered, `cert` a client certificate (certificate
+    file, key file) sent when the server asks for one."""
+    return asyncio.run(_run(host, port, reqs, sni, timeout, info, tickets, ciphers, cert))
 
 
 def fetch(port: int, path: str, method: str = "GET", headers: dict | None = None, body: bytes | None = None, **kw) -> Answer:

@@ -17,6 +17,8 @@ import socket
 import subprocess
 import threading
 
+import pytest
+
 from conftest import free_port, gannet_bin, read_head, wait_port, wait_until
 from rawapps import HttpApp, http_answer
 
@@ -91,13 +93,23 @@ def connection_adds(trace: str) -> int:
     return n
 
 
-def test_short_connections_are_never_registered(tmp_path):
-    big = os.urandom(4 * 1024 * 1024)
-    port, stop = traced(tmp_path, {"small.txt": b"hello\n", "big.bin": big})
+@pytest.mark.parametrize("sendfile", ["off", "on"])
+def test_short_connections_are_never_registered(tmp_path, sendfile):
+    big = os.urandom(32 * 1024 * 1024)
+    # Past the size answered from memory: sent from the file (with sendfile(2) or read and
+    # written), which the socket buffer of a loopback connection takes whole.
+    mid = os.urandom(100 * 1024)
+    files = {"small.txt": b"hello\n", "mid.bin": mid, "big.bin": big}
+    port, stop = traced(tmp_path, files, http=f"sendfile {sendfile};")
     for _ in range(20):
         with socket.create_connection(("127.0.0.1", port)) as s:
             head, body = get(s, "/small.txt", close=True)
             assert head.startswith(b"HTTP/1.1 200") and body == b"hello\n"
+            assert s.recv(1) == b"", "the connection should close after its answer"
+    for _ in range(5):
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            head, body = get(s, "/mid.bin", close=True)
+            assert head.startswith(b"HTTP/1.1 200") and body == mid
             assert s.recv(1) == b"", "the connection should close after its answer"
     # A file bigger than the socket buffer has to wait for the client: it registers, and
     # arrives whole.
@@ -110,7 +122,7 @@ def test_short_connections_are_never_registered(tmp_path):
             head, body = get(s, "/small.txt", close=False)
             assert head.startswith(b"HTTP/1.1 200") and body == b"hello\n"
     trace = stop()
-    # One ADD for the big file and one for the keep-alive connection; none for the 20
+    # One ADD for the big file and one for the keep-alive connection; none for the 25
     # short connections, nor for wait_port's probe (it closes without a request: read at
     # accept, it is closed unregistered too).
     assert connection_adds(trace) == 2, trace

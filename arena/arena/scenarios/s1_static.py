@@ -93,5 +93,5 @@ class S1Static(Scenario):
             close=p["close"], tick=ctx.tick, **h2))
         probe = server.probes.get(p["path"], {})
         header_range = (probe["header_min"], probe["header_max"]) if probe else None
-        return record(result, tool, failure, sample, body_size=ctx.files[IMAGE_NAME],
+        return record(result, tool, failure, sample, body_size=ctx.files[p["path"].lstrip("/")],
                       header_range=header_range)

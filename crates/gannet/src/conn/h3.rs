@@ -10,10 +10,7 @@
 
 use super::ConnInfo;
 use crate::errlog::{self, Level};
-use crate::http::router::select_server;
 use crate::runtime::worker::Worker;
-use crate::tls::verify::Verified;
-use crate::tls::TlsInfo;
 use bytes::Bytes;
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -70,34 +67,23 @@ pub async fn serve(w: Rc<Worker>, connecting: quinn::Connecting, group: usize) {
         Ok(c) => c,
         Err(why) => return handshake_failed(&w, &info, why),
     };
-    let hs = conn
+    // What the handshake established, as on the TCP listener (`conn::quic_session`):
+    // the server the SNI name chose did it (and judged the client's certificate).
+    let tls = conn
         .handshake_data()
-        .and_then(|d| d.downcast::<super::quic_session::Handshake>().ok());
-    let (sni, offered) = match hs {
-        Some(h) => (h.server_name.unwrap_or_default(), h.offered),
-        None => (String::new(), None),
-    };
-    let sni = sni.to_ascii_lowercase();
-    let chosen = select_server(&g.servers, g.default, &sni);
-    let Some(by) = chosen.tls.as_ref().or(default.tls.as_ref()) else {
+        .and_then(|d| d.downcast::<super::quic_session::Handshake>().ok())
+        .and_then(|h| h.tls);
+    let Some(mut tls) = tls else {
         return handshake_failed(&w, &info, "no certificate for the listen address");
     };
-    crate::modules::metrics::tls_handshake(Some(("TLSv1.3", false)));
-    info.tls = Some(Arc::new(TlsInfo {
-        protocol: "TLSv1.3",
-        // quinn does not say which suite and group were agreed on.
-        cipher: "",
-        curve: "",
-        server_name: sni,
-        alpn: "h3".to_string(),
-        offered: offered.unwrap_or_default(),
-        // quinn does not say whether the session was resumed.
-        reused: false,
-        verified: Verified::None,
-        client: None,
-        by: by.clone(),
-        early_data,
-    }));
+    let chain = conn.peer_identity().and_then(|c| {
+        c.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+            .ok()
+    });
+    tls.check_ocsp(chain.as_deref().map(Vec::as_slice)).await;
+    tls.early_data = early_data;
+    crate::modules::metrics::tls_handshake(Some((tls.protocol, tls.reused)));
+    info.tls = Some(Arc::new(tls));
     let (n, size) = default.conf.core.large_client_header_buffers();
     let mut builder = h3::server::builder();
     builder
@@ -184,9 +170,9 @@ pub async fn serve(w: Rc<Worker>, connecting: quinn::Connecting, group: usize) {
     w.connection_closed();
 }
 
-/// The handshake, within `client_header_timeout`. With `ssl_early_data on` the connection
-/// is taken as soon as the client's first flight is in (its 0-RTT requests are served at
-/// once), with a flag that says the handshake is not complete yet.
+/// The handshake, within `client_header_timeout`. With `ssl_early_data on` a resumed
+/// connection is taken as soon as the client's first flight is in (its 0-RTT requests are
+/// served at once), with a flag that says the handshake is not complete yet.
 async fn handshake(
     mut connecting: quinn::Connecting,
     default: &crate::config::ServerConf,
@@ -200,6 +186,17 @@ async fn handshake(
             Err(_) => return Err("client timed out".to_string()),
         }
         match connecting.into_0rtt() {
+            // Only a resumed session can carry early data; any other handshake completes
+            // first (quinn would hand it over before the client's certificate is in).
+            Ok((conn, done)) if !resumed(&conn) => {
+                return match tokio::time::timeout(timeout, done).await {
+                    Ok(_) => match conn.close_reason() {
+                        None => Ok((conn, None)),
+                        Some(e) => Err(e.to_string()),
+                    },
+                    Err(_) => Err("client timed out".to_string()),
+                };
+            }
             Ok((conn, done)) => {
                 let early = Arc::new(AtomicBool::new(true));
                 let flag = early.clone();
@@ -223,6 +220,14 @@ async fn handshake(
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err("client timed out".to_string()),
     }
+}
+
+/// The session was resumed (quinn's connection, while in its handshake).
+fn resumed(conn: &quinn::Connection) -> bool {
+    conn.handshake_data()
+        .and_then(|d| d.downcast::<super::quic_session::Handshake>().ok())
+        .and_then(|h| h.tls)
+        .is_some_and(|t| t.reused)
 }
 
 fn handshake_failed(w: &Worker, info: &ConnInfo, why: impl std::fmt::Display) {

@@ -14,13 +14,16 @@
 //!
 //! TLS is 1.3 only with ALPN `h3`: the SNI name picks the server (`select_server`, the
 //! default server for an unknown name) whose certificates answer, as on the TCP listener;
-//! a server with `http3 off` or `ssl_reject_handshake on` refuses the handshake. Session
+//! a server with `http3 off` or `ssl_reject_handshake on` refuses the handshake. A server
+//! with `ssl_verify_client` asks for a client certificate, judged after the handshake as
+//! on TCP (`conn::quic_session` drives rustls's session so that everything the handshake
+//! agreed on reaches the `$ssl_*` variables through `TlsInfo::of`, as on TCP). Session
 //! resumption uses the default server's cache and ticket keys, and with its `ssl_early_data
 //! on`, a resumed client's 0-RTT requests are served before the handshake completes
-//! (`$ssl_early_data` is "1" for them, as nginx). Not yet: client certificates
-//! (`ssl_verify_client`; requests to a server that
-//! requires one are answered 496), and routing a migrated connection's packets to the
-//! worker that owns it (a client that changes address reaches another worker's socket).
+//! (`$ssl_early_data` is "1" for them, as nginx). Not yet: `http3_hq` (nginx's HTTP/0.9
+//! over QUIC for interop tests: gannet has no HTTP/0.9), and routing a migrated
+//! connection's packets to the worker that owns it (a client that changes address reaches
+//! another worker's socket).
 
 use crate::config::{Config, ListenGroup};
 use crate::errlog::{self, Level};
@@ -105,14 +108,21 @@ fn setup(
     let base = with_config(default)
         .or_else(|| g.servers.iter().find_map(with_config))
         .ok_or("no certificate for the listen address")?;
-    let mut tls = rustls::ServerConfig::builder_with_provider(base.crypto_provider().clone())
+    let builder = rustls::ServerConfig::builder_with_provider(base.crypto_provider().clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| e.to_string())?
-        .with_no_client_auth()
-        .with_cert_resolver(Arc::new(SniCerts {
-            config: config.clone(),
-            group,
-        }));
+        .map_err(|e| e.to_string())?;
+    // Client certificates are asked for only by the servers whose `ssl_verify_client` says
+    // so (see `quic_session::ClientAuth`); an address without any asks nothing.
+    let algs = base.crypto_provider().signature_verification_algorithms;
+    let verifying = g.servers.iter().filter_map(|s| s.tls.clone());
+    let builder = match super::quic_session::ClientAuth::new(verifying, algs) {
+        Some(auth) => builder.with_client_cert_verifier(Arc::new(auth)),
+        None => builder.with_no_client_auth(),
+    };
+    let mut tls = builder.with_cert_resolver(Arc::new(SniCerts {
+        config: config.clone(),
+        group,
+    }));
     tls.alpn_protocols = vec![b"h3".to_vec()];
     if default.conf.tls.early_data() {
         // `ssl_early_data on`: 0-RTT (quinn takes 0 or u32::MAX here; QUIC's flow control
@@ -130,9 +140,7 @@ fn setup(
         tls.ticketer = base.ticketer.clone();
         tls.send_tls13_tickets = base.send_tls13_tickets;
     }
-    let crypto =
-        quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
-    let crypto = super::quic_session::Observed(Arc::new(crypto));
+    let crypto = super::quic_session::Quic::new(tls)?;
 
     let host_key: &[u8] = match &h3.host_key {
         Some(k) => k,
@@ -220,7 +228,6 @@ impl ResolvesServerCert for SniCerts {
             .server_name()
             .map(str::to_ascii_lowercase)
             .unwrap_or_default();
-        super::quic_session::note_hello(&hello);
         let chosen = select_server(&g.servers, g.default, &sni);
         if !chosen.conf.http3.enabled() {
             errlog::log(
@@ -234,6 +241,7 @@ impl ResolvesServerCert for SniCerts {
         if tls.reject_handshake {
             return None;
         }
+        super::quic_session::note_hello(&hello, tls);
         tls.config.as_ref()?.cert_resolver.resolve(hello)
     }
 }

@@ -4,7 +4,7 @@
 use super::transport::Transport;
 use crate::http::response::FileRange;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
 use tokio::io::Interest;
@@ -73,6 +73,58 @@ pub async fn write_all(
     Ok(())
 }
 
+/// Send as much of `buf` as the socket takes now, without waiting: the bytes sent. For a
+/// socket not in the event loop yet (`transport::Plain::Raw`), whose answer usually fits the
+/// socket buffer whole.
+pub fn send_now(fd: RawFd, buf: &[u8], more: bool) -> io::Result<usize> {
+    let flags = if more { libc::MSG_MORE } else { 0 } | libc::MSG_NOSIGNAL;
+    let mut sent = 0;
+    while sent < buf.len() {
+        let rest = &buf[sent..];
+        // SAFETY: `fd` is a live socket its caller owns; `rest` is a valid slice for its
+        // whole length and send() only reads from it.
+        let n = unsafe { libc::send(fd, rest.as_ptr().cast(), rest.len(), flags) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock {
+                break;
+            }
+            return Err(e);
+        }
+        sent += n as usize;
+    }
+    Ok(sent)
+}
+
+/// [`send_now`] for a file range with sendfile(2): the bytes sent before the socket would
+/// block.
+pub fn sendfile_now(fd: RawFd, f: &FileRange) -> io::Result<u64> {
+    let file = f.file.as_raw_fd();
+    let mut off = f.offset as libc::off_t;
+    let end = (f.offset + f.len) as libc::off_t;
+    while off < end {
+        let chunk = ((end - off) as usize).min(1 << 30);
+        // SAFETY: both fds are open for the duration of the call (the socket is owned by the
+        // caller, the file by `f`), and `off` is a valid, exclusively borrowed off_t.
+        let n = unsafe { libc::sendfile(fd, file, &mut off, chunk) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock {
+                break;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(truncated());
+        }
+    }
+    Ok(off as u64 - f.offset)
+}
+
+fn truncated() -> io::Error {
+    io::Error::new(io::ErrorKind::UnexpectedEof, "file truncated while sending")
+}
+
 /// Send a file range with sendfile(2): the bytes go from the page cache to the socket
 /// without passing through this process.
 pub async fn sendfile(stream: &mut TcpStream, f: &FileRange, idle: Duration) -> io::Result<()> {
@@ -94,12 +146,7 @@ pub async fn sendfile(stream: &mut TcpStream, f: &FileRange, idle: Duration) -> 
         });
         match r {
             // The file shrank under us: the promised length can no longer be sent.
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "file truncated while sending",
-                ))
-            }
+            Ok(0) => return Err(truncated()),
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => writable(stream, idle).await?,
             Err(e) => return Err(e),
@@ -121,10 +168,7 @@ pub async fn copy_file<S: Transport>(
         let want = ((end - off) as usize).min(buf.len());
         let n = f.file.read_at(&mut buf[..want], off)?;
         if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "file truncated while sending",
-            ));
+            return Err(truncated());
         }
         stream.write_all(&buf[..n], idle).await?;
         off += n as u64;

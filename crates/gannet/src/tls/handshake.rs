@@ -9,7 +9,6 @@
 //! the rest of the handshake runs with that server's rustls config. A failed or abandoned
 //! handshake costs only its own connection: it is logged at `info`, as nginx does.
 
-use super::verify::Verified;
 use super::TlsInfo;
 use crate::config::ListenGroup;
 use crate::conn::tls_stream::TlsStream;
@@ -114,17 +113,9 @@ pub async fn accept(g: &ListenGroup, tcp: TcpStream, info: &ConnInfo) -> Accepte
         Err(_) => return handshake_failed(info, "client timed out"),
     };
     let mut tls_info = TlsInfo::of(stream.get_ref().1, sni, offered, tls);
-    if let (Some(ocsp), Verified::Success, Some(chain), Some(roots)) = (
-        &tls.ocsp,
-        &tls_info.verified,
-        stream.get_ref().1.peer_certificates(),
-        &tls.roots,
-    ) {
-        // nginx's ngx_ssl_ocsp_validate: the handshake is over, the request waits for it.
-        if let Err(f) = ocsp.check(chain, &roots.trusted).await {
-            tls_info.verified = Verified::Failed(f);
-        }
-    }
+    tls_info
+        .check_ocsp(stream.get_ref().1.peer_certificates())
+        .await;
     let tls_info = Arc::new(tls_info);
     crate::modules::metrics::tls_handshake(Some((tls_info.protocol, tls_info.reused)));
     if stream.get_ref().1.alpn_protocol() == Some(b"h2") {

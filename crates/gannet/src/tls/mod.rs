@@ -29,8 +29,8 @@ pub use build::{build_server, LoadState};
 
 use crate::modules::tls::VerifyClient;
 use certs::CertFacts;
-use rustls::server::ServerConnection;
-use rustls::{HandshakeKind, ProtocolVersion, ServerConfig};
+use rustls::pki_types::CertificateDer;
+use rustls::{CommonState, HandshakeKind, ProtocolVersion, ServerConfig};
 use std::sync::Arc;
 use verify::Verified;
 
@@ -97,8 +97,10 @@ impl Offered {
 }
 
 impl TlsInfo {
+    /// What the handshake of `conn` established, on TCP (a `ServerConnection`) or QUIC
+    /// (`conn::quic_session`) alike; `tls` is the server setup that did it.
     pub fn of(
-        conn: &ServerConnection,
+        conn: &CommonState,
         server_name: String,
         offered: Offered,
         tls: &Arc<ServerTls>,
@@ -136,6 +138,20 @@ impl TlsInfo {
             client: chain.and_then(|c| c.first()).and_then(CertFacts::of),
             by: tls.clone(),
             early_data: None,
+        }
+    }
+
+    /// `ssl_ocsp`: the OCSP status of a good client chain, asked once the handshake is
+    /// over (nginx's ngx_ssl_ocsp_validate: the first request waits for it); a revoked or
+    /// unknown one turns the verdict into a failure.
+    pub async fn check_ocsp(&mut self, chain: Option<&[CertificateDer<'static>]>) {
+        let by = self.by.clone();
+        if let (Some(ocsp), Verified::Success, Some(chain), Some(roots)) =
+            (&by.ocsp, &self.verified, chain, &by.roots)
+        {
+            if let Err(f) = ocsp.check(chain, &roots.trusted).await {
+                self.verified = Verified::Failed(f);
+            }
         }
     }
 
