@@ -158,11 +158,6 @@ pub struct RequestHead {
     method_range: Range<usize>,
     target_range: Range<usize>,
     headers: Vec<(Range<usize>, Range<usize>)>,
-    /// Which names `headers` has, one bit per name ([`name_bit`]): a lookup of a field the
-    /// request does not have - most of a request's twenty-odd lookups (the conditional and
-    /// range fields, Accept-Encoding, Referer...) - costs one test, not a case-insensitive
-    /// comparison with every field.
-    names: u64,
     /// The Host header's host part (no port, no trailing dot), if a Host header was sent.
     host_range: Option<Range<usize>>,
     pub method: Method,
@@ -222,7 +217,6 @@ impl RequestHead {
             raw.slice(..line_end)
         };
         RequestHead {
-            names: names_of(&raw, &headers),
             raw,
             method_range: 0..method_end,
             target_range: method_end..method_end,
@@ -334,7 +328,6 @@ impl RequestHead {
             method: Method::from_token(method.as_bytes()),
             method_range: 0..method.len(),
             target_range,
-            names: names_of(&raw, &headers),
             headers,
             host_range,
             raw,
@@ -369,9 +362,6 @@ impl RequestHead {
     }
     /// First value of a header, case-insensitive name.
     pub fn header(&self, name: &str) -> Option<&[u8]> {
-        if self.names & name_bit(name.as_bytes()) == 0 {
-            return None;
-        }
         // Compared as bytes: the names are tokens (ASCII), so the UTF-8 check `headers()`
         // makes is not needed here, and a proxied answer alone looks up five headers.
         self.headers
@@ -425,7 +415,6 @@ impl RequestHead {
                 raw.extend_from_slice(value);
                 self.headers
                     .push((name_range, start + name.len()..raw.len()));
-                self.names |= name_bit(name.as_bytes());
             }
         }
         self.added += raw.len() - self.raw.len();
@@ -446,24 +435,6 @@ impl RequestHead {
             .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v)
     }
-}
-
-/// The bit of [`RequestHead::names`] for a field name: from its length and its first and
-/// last bytes, case-folded with `| 0x20` (which folds ASCII letters and leaves every other
-/// byte as it is on both sides of a comparison, so names equal but for case share a bit).
-fn name_bit(name: &[u8]) -> u64 {
-    let (Some(&first), Some(&last)) = (name.first(), name.last()) else {
-        return 1;
-    };
-    let h = name.len() as u64 * 7 + u64::from(first | 0x20) * 3 + u64::from(last | 0x20);
-    1 << (h & 63)
-}
-
-/// [`RequestHead::names`] for these fields.
-fn names_of(raw: &[u8], headers: &[(Range<usize>, Range<usize>)]) -> u64 {
-    headers
-        .iter()
-        .fold(0, |m, (n, _)| m | name_bit(&raw[n.clone()]))
 }
 
 /// Header slots kept on the stack: enough for virtually every real request, so the common
@@ -532,7 +503,6 @@ pub fn parse_request(
     let ignored = parsed.ignored.into_iter().map(|r| raw.slice(r)).collect();
     let method = Method::from_token(&raw[parsed.line.method.clone()]);
     Ok(Some(RequestHead {
-        names: names_of(&raw, &parsed.headers),
         raw,
         method_range: parsed.line.method,
         target_range: parsed.line.target,
