@@ -1113,9 +1113,9 @@ mod tests {
         std::mem::size_of::<R>()
     }
 
-    /// Every request allocates its future (`conn::boxed` in the loop), as large as the
-    /// largest state any request may reach: the rare branches are boxed where taken so that
-    /// a small request's allocation stays small (see `exchange::serve`).
+    /// Every request in progress holds its future in a heap block (`conn::reuse`), as large
+    /// as the largest state any request may reach: the rare branches are boxed where taken
+    /// so that it stays small (see `exchange::serve`).
     #[test]
     fn a_request_future_stays_small() {
         let request = size2(Conn::<Plain>::request);
