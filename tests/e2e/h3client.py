@@ -4,7 +4,9 @@ connection, each answered as (status, headers as a lower-case dict, body)."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
+import time
 from dataclasses import dataclass, field
 
 from aioquic.asyncio.client import connect
@@ -12,6 +14,7 @@ from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.h3.connection import H3_ALPN, H3Connection
 from aioquic.h3.events import DataReceived, H3Event, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
 from aioquic.quic.events import ConnectionTerminated, QuicEvent, StreamReset
 
 
@@ -130,3 +133,82 @@ def fetch_many(port: int, reqs: list[tuple[str, str, dict | None, bytes | None]]
 
 def fetch(port: int, path: str, method: str = "GET", headers: dict | None = None, body: bytes | None = None, **kw) -> Answer:
     return fetch_many(port, [(method, path, headers, body)], **kw)[0]
+
+
+class Moving:
+    """One HTTP/3 connection driven by hand over a plain UDP socket, which the client can
+    swap for a new one: from the server's side, the client moved to a new port (a NAT
+    rebinding, or with a new connection ID, a migration)."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1", sni: str = "localhost"):
+        cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, verify_mode=ssl.CERT_NONE, server_name=sni)
+        self.authority = f"{sni}:{port}".encode()
+        self.quic = QuicConnection(configuration=cfg)
+        self.h3 = H3Connection(self.quic)
+        self.sock = self._bind()
+        # Every local port the connection has sent from.
+        self.ports = [self.sock.getsockname()[1]]
+        self.ended: ConnectionTerminated | None = None
+        self.answers: dict[int, Answer] = {}
+        self.done: set[int] = set()
+        self.quic.connect((host, port), now=time.monotonic())
+
+    @staticmethod
+    def _bind() -> socket.socket:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("127.0.0.1", 0))
+        return s
+
+    def move(self, new_id: bool) -> None:
+        """Go on from a new local port; with `new_id`, to the next connection ID the server
+        issued too."""
+        old, self.sock = self.sock, self._bind()
+        old.close()
+        self.ports.append(self.sock.getsockname()[1])
+        if new_id:
+            self.quic.change_connection_id()
+
+    def _turn(self, until: float) -> None:
+        """Send what is due, then take one datagram or timer, whichever comes first."""
+        for data, addr in self.quic.datagrams_to_send(now=time.monotonic()):
+            self.sock.sendto(data, addr)
+        timer = self.quic.get_timer()
+        wake = until if timer is None else min(until, timer)
+        self.sock.settimeout(max(wake - time.monotonic(), 0.001))
+        try:
+            data, addr = self.sock.recvfrom(65536)
+            self.quic.receive_datagram(data, addr, now=time.monotonic())
+        except socket.timeout:
+            if timer is not None and time.monotonic() >= timer:
+                self.quic.handle_timer(now=time.monotonic())
+        while (event := self.quic.next_event()) is not None:
+            if isinstance(event, ConnectionTerminated):
+                self.ended = event
+            for e in self.h3.handle_event(event):
+                ans = self.answers.get(getattr(e, "stream_id", -1))
+                if ans is None:
+                    continue
+                if isinstance(e, HeadersReceived):
+                    ans.status = int(dict(e.headers).get(b":status", b"0"))
+                elif isinstance(e, DataReceived):
+                    ans.body += e.data
+                if getattr(e, "stream_ended", False):
+                    self.done.add(e.stream_id)
+
+    def get(self, path: str, timeout: float = 5.0) -> Answer | None:
+        """GET `path` on this connection; None when no whole answer came within `timeout`
+        (or the connection ended)."""
+        sid = self.quic.get_next_available_stream_id()
+        self.answers[sid] = Answer()
+        fields = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", self.authority), (b":path", path.encode())]
+        self.h3.send_headers(sid, fields, end_stream=True)
+        until = time.monotonic() + timeout
+        while sid not in self.done and self.ended is None and time.monotonic() < until:
+            self._turn(until)
+        return self.answers[sid] if sid in self.done else None
+
+    def close(self) -> None:
+        self.quic.close()
+        for data, addr in self.quic.datagrams_to_send(now=time.monotonic()):
+            self.sock.sendto(data, addr)
+        self.sock.close()

@@ -1,6 +1,7 @@
 //! Main- and events-context settings: `worker_processes`, `worker_connections`, `pid`,
 //! `daemon`, `master_process`, `error_log`, `worker_rlimit_nofile`, `worker_shutdown_timeout`,
-//! `worker_cpu_affinity`, `worker_priority`.
+//! `worker_cpu_affinity`, `worker_priority`; and `quic_bpf` (nginx's ngx_quic_bpf_module,
+//! a core module too: `conn::quic_bpf` does the steering it turns on).
 //!
 //! As in nginx, each of them but `error_log` may be set once: a second one, in the file or
 //! after the same directive given with `-g`, is a "directive is duplicate" error.
@@ -67,6 +68,12 @@ pub const DIRECTIVES: &[Spec] = &[
         block: false,
     },
     Spec {
+        name: "quic_bpf",
+        ctx: Ctx::MAIN,
+        args: Args::Exactly(1),
+        block: false,
+    },
+    Spec {
         name: "worker_connections",
         ctx: Ctx::EVENTS,
         args: Args::Exactly(1),
@@ -117,6 +124,9 @@ pub struct MainConf {
     pub priority: Option<i32>,
     /// `debug_connection`s (several may be given).
     pub debug_connection: Vec<DebugPeer>,
+    /// `quic_bpf`: a QUIC address's packets are steered to the worker whose connection they
+    /// are for, by connection ID (`conn::quic_bpf`); nginx's default off.
+    pub quic_bpf: bool,
     /// The single-valued directives already set, for the "duplicate" error.
     seen: Vec<&'static str>,
 }
@@ -171,6 +181,7 @@ impl Default for MainConf {
             cpu_affinity: None,
             priority: None,
             debug_connection: Vec::new(),
+            quic_bpf: false,
             seen: Vec::new(),
         }
     }
@@ -250,6 +261,7 @@ impl MainConf {
             }
             "daemon" => self.daemon = setters::flag(d)?,
             "master_process" => self.master_process = setters::flag(d)?,
+            "quic_bpf" => self.quic_bpf = setters::flag(d)?,
             "worker_rlimit_nofile" => {
                 self.rlimit_nofile = Some(d.args[0].parse::<u64>().map_err(|_| {
                     d.error(format!(

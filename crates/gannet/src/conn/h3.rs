@@ -125,6 +125,9 @@ pub async fn serve(w: Rc<Worker>, connecting: quinn::Connecting, group: usize) {
                 requests += 1;
                 let mut info = info.clone();
                 info.requests = requests;
+                // The client's address now: a connection that migrated (`quic_bpf`) is
+                // on a new one, which `$remote_addr` gives from then on, as in nginx.
+                info.peer = conn.remote_address();
                 let guard = InFlight::new(&activity);
                 let task =
                     super::h3_stream::stream(w.clone(), info, group, resolver, conn.clone(), guard);

@@ -28,6 +28,7 @@ pub mod pace;
 pub mod proxy_h2;
 pub mod proxy_protocol;
 pub mod quic;
+pub mod quic_bpf;
 pub mod quic_session;
 pub mod request_body;
 pub mod reuse;

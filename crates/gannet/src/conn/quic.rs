@@ -21,10 +21,15 @@
 //! resumption uses the default server's cache and ticket keys, and with its `ssl_early_data
 //! on`, a resumed client's 0-RTT requests are served before the handshake completes
 //! (`$ssl_early_data` is "1" for them, as nginx). Not yet: `http3_hq` (nginx's HTTP/0.9
-//! over QUIC for interop tests: gannet has no HTTP/0.9), and routing a migrated
-//! connection's packets to the worker that owns it (a client that changes address reaches
-//! another worker's socket).
+//! over QUIC for interop tests: gannet has no HTTP/0.9).
+//!
+//! A client may change address (migrate, or be moved by a NAT) when its packets still
+//! reach this endpoint after it: with `quic_bpf on` (`conn::quic_bpf`: the connection IDs
+//! carry the socket's place and a program steers by them), or when the socket is its
+//! address's only one. Otherwise clients are told not to migrate (another worker's socket
+//! would get the packets) and packets from a new address are ignored.
 
+use super::quic_bpf::{Cids, Steering};
 use crate::config::{Config, ListenGroup};
 use crate::errlog::{self, Level};
 use crate::http::router::select_server;
@@ -47,9 +52,10 @@ const SEND_WINDOW: u64 = 1024 * 1024;
 const SALT: &[u8] = b"ngx_quic";
 
 /// Serve the QUIC address `group` on this worker's socket for it, until the worker stops
-/// accepting (the task is aborted; connections go on until they end).
-pub async fn serve(w: Rc<Worker>, sock: std::net::UdpSocket, group: usize) {
-    let (endpoint_config, server_config, retry) = match setup(&w.config, group) {
+/// accepting (the task is aborted; connections go on until they end). `steering`: how the
+/// packets of the socket's connections find it.
+pub async fn serve(w: Rc<Worker>, sock: std::net::UdpSocket, group: usize, steering: Steering) {
+    let (endpoint_config, server_config, retry) = match setup(&w.config, group, steering) {
         Ok(s) => s,
         Err(e) => {
             errlog::error(format_args!("QUIC setup failed: {e}"));
@@ -96,6 +102,7 @@ impl Drop for RefuseOnDrop {
 fn setup(
     config: &Arc<Config>,
     group: usize,
+    steering: Steering,
 ) -> Result<(quinn::EndpointConfig, quinn::ServerConfig, bool), String> {
     let g = &config.listens[group];
     let default = &g.servers[g.default];
@@ -156,7 +163,10 @@ fn setup(
         .expand(&[b"av_token_key"], aws_lc_rs::hkdf::HKDF_SHA256)
         .map_err(|_| "cannot derive the address validation key")?
         .into();
-    let endpoint = quinn::EndpointConfig::new(Arc::new(reset_key));
+    let mut endpoint = quinn::EndpointConfig::new(Arc::new(reset_key));
+    if let Steering::Cid(index) = steering {
+        endpoint.cid_generator(move || Box::new(Cids::new(index)));
+    }
 
     let var = |n: u64| quinn::VarInt::from_u64(n).unwrap_or(quinn::VarInt::MAX);
     let streams = h3.max_concurrent_streams();
@@ -175,8 +185,9 @@ fn setup(
     transport.max_idle_timeout(idle);
     let mut server = quinn::ServerConfig::new(Arc::new(crypto), Arc::new(token_key));
     server.transport_config(Arc::new(transport));
-    // A migrated connection would reach another worker's socket: clients are told not to.
-    server.migration(false);
+    // Unless its packets are steered here, a migrated connection would reach another
+    // worker's socket: clients are told not to migrate.
+    server.migration(steering.follows_migration());
     Ok((endpoint, server, h3.retry()))
 }
 

@@ -10,12 +10,18 @@
 //! is removed when the master stops listening on it: a reload without it ("deleting
 //! socket"), and the master's exit unless a new binary took the socket over.
 //!
+//! A `listen ... quic` address's sockets form one reuseport group; with `quic_bpf on` the
+//! group gets a program that steers a packet to its connection's socket by connection ID
+//! (`conn::quic_bpf`), whose index in the group is the order it was bound: here, worker
+//! order, and a reload only appends.
+//!
 //! The master keeps every socket ([`Bound`]) across reloads: an address the new config still
 //! listens on keeps its sockets (only missing ones are added), so no connection queued in
 //! a socket's backlog is lost when workers change.
 
 use crate::config::listen::{Endpoint, Listen, SoKeepalive};
 use crate::config::Config;
+use crate::conn::quic_bpf::{self, Steering};
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use std::collections::HashMap;
 use std::io;
@@ -179,8 +185,9 @@ fn probe(l: &Listen) -> io::Result<()> {
 /// The listening sockets of each address.
 pub type Bound = HashMap<Endpoint, Vec<TcpListener>>;
 
-/// A worker's sockets, each with the index of the `config.listens` group it serves.
-pub type WorkerSockets = Vec<(TcpListener, usize)>;
+/// A worker's sockets, each with the index of the `config.listens` group it serves and,
+/// for a QUIC address, how its connections' packets find it.
+pub type WorkerSockets = Vec<(TcpListener, usize, Steering)>;
 
 fn bind_error(l: &Listen, e: io::Error) -> String {
     format!("bind() to {} failed ({e})", l.endpoint())
@@ -226,6 +233,18 @@ pub fn bind_for(config: &Config, old: &Bound) -> Result<Bound, String> {
             };
             socks.push(s);
         }
+        if l.quic && socks.len() > 1 && !super::activation::inherited(&at) {
+            let sock = SockRef::from(&socks[0]);
+            if config.main.quic_bpf {
+                quic_bpf::attach(sock).map_err(|e| {
+                    format!("quic bpf setsockopt(SO_ATTACH_REUSEPORT_CBPF) on {at} failed ({e})")
+                })?;
+            } else if let Err(e) = quic_bpf::detach(sock) {
+                crate::errlog::warn(format_args!(
+                    "quic bpf setsockopt(SO_DETACH_REUSEPORT_BPF) on {at} failed ({e})"
+                ));
+            }
+        }
         out.insert(at, socks);
     }
     Ok(out)
@@ -237,11 +256,23 @@ pub fn assign(config: &Config, bound: &Bound) -> Result<Vec<WorkerSockets>, Stri
     let workers = config.main.worker_processes.max(1);
     let mut per: Vec<WorkerSockets> = (0..workers).map(|_| Vec::new()).collect();
     for (group, l) in config.all_listens().enumerate() {
-        for (k, s) in bound.get(&l.endpoint()).into_iter().flatten().enumerate() {
+        let at = l.endpoint();
+        let socks = bound.get(&at).map_or(&[][..], Vec::as_slice);
+        for (k, s) in socks.iter().enumerate() {
             let s = s
                 .try_clone()
                 .map_err(|e| format!("socket dup failed: {e}"))?;
-            per[k % workers].push((s, group));
+            let steering = if !l.quic {
+                Steering::Hash
+            } else if socks.len() == 1 {
+                Steering::Alone
+            } else if config.main.quic_bpf && !super::activation::inherited(&at) {
+                // `bind_for` attached the program; its index is the socket's place.
+                u16::try_from(k).map_or(Steering::Hash, Steering::Cid)
+            } else {
+                Steering::Hash
+            };
+            per[k % workers].push((s, group, steering));
         }
     }
     Ok(per)

@@ -284,7 +284,7 @@ fn foreign_fds(bound: &[&Bound], gens: &[Generation], own: Option<u64>) -> Vec<R
     for g in gens {
         fds.push(g.process.channel_fd());
         if Some(g.id) != own {
-            fds.extend(g.sockets.iter().flatten().map(|(s, _)| s.as_raw_fd()));
+            fds.extend(g.sockets.iter().flatten().map(|(s, _, _)| s.as_raw_fd()));
         }
     }
     fds

@@ -92,7 +92,7 @@ fn spawn(
 ) -> Result<(), String> {
     let mine = sockets[w]
         .iter()
-        .map(|(s, group)| s.try_clone().map(|s| (s, *group)))
+        .map(|(s, group, steer)| s.try_clone().map(|s| (s, *group, *steer)))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("socket dup failed: {e}"))?;
     let (config, cmd, exited) = (config.clone(), cmd.subscribe(), exited.clone());

@@ -231,11 +231,12 @@ pub fn current() -> Option<Rc<Worker>> {
 
 /// Run one worker until it is told to drain and its connections are done, or the process
 /// exits. Each socket comes with the index of the `config.listens` group it serves (a
-/// worker may have several for one group after a reload that lowered `worker_processes`).
+/// worker may have several for one group after a reload that lowered `worker_processes`)
+/// and, for a QUIC address, how its connections' packets find it.
 /// `probe`: this worker runs the config's health checks (`conn::health`).
 pub fn run(
     config: Arc<Config>,
-    sockets: Vec<(StdListener, usize)>,
+    sockets: super::listener::WorkerSockets,
     mut cmd: watch::Receiver<Command>,
     probe: bool,
 ) {
@@ -290,7 +291,7 @@ pub fn run(
         };
         let mut accepts = Vec::new();
         let http_groups = w.config.listens.len();
-        for (s, i) in sockets {
+        for (s, i, steering) in sockets {
             let udp = i
                 .checked_sub(http_groups)
                 .and_then(|k| w.config.stream.as_ref()?.listens.get(k))
@@ -302,6 +303,7 @@ pub fn run(
                     w.clone(),
                     sock,
                     i,
+                    steering,
                 )));
                 continue;
             }

@@ -217,7 +217,7 @@ fn dup_sockets(sockets: &[WorkerSockets]) -> std::io::Result<Vec<WorkerSockets>>
         .iter()
         .map(|set| {
             set.iter()
-                .map(|(s, group)| s.try_clone().map(|s| (s, *group)))
+                .map(|(s, group, steer)| s.try_clone().map(|s| (s, *group, *steer)))
                 .collect()
         })
         .collect()
