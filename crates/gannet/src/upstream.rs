@@ -47,7 +47,6 @@ mod balance;
 use gannet_conf::{setters, ConfError, Directive};
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
@@ -609,31 +608,10 @@ fn group_key(up: &Arc<Upstream>) -> usize {
 }
 
 /// The worker's groups by [`group_key`]. A request looks its group up five times (pick,
-/// idle take and put, success, the lease's end): a multiplicative hash of the address
-/// costs a few instructions where the default SipHash cost ~150 each.
-type Groups = HashMap<usize, GroupState, BuildHasherDefault<AddrHasher>>;
-
-#[derive(Default)]
-struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(self.0.rotate_left(8) ^ u64::from(b));
-        }
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
-    }
-    fn write_u64(&mut self, n: u64) {
-        // Fibonacci hashing: spreads the (aligned, similar) addresses over the high bits,
-        // which the table uses as well as the low ones.
-        self.0 = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
+/// idle take and put, success, the lease's end): foldhash's few instructions for an
+/// address where the default SipHash cost ~150 each (the keys are the configuration's
+/// addresses, not a client's choice).
+type Groups = HashMap<usize, GroupState, foldhash::fast::RandomState>;
 
 impl Upstreams {
     /// The server for a request's next attempt by the group's balancing method, skipping

@@ -182,13 +182,16 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
         }
         None => handler::handle(req, w),
     };
+    // The rare branches' futures (a wait, a request body, an upgrade, gRPC, the image
+    // filter) are boxed where they are taken: inline, each would widen this future - which
+    // every request allocates - to its own size, for requests that never take them.
     let mut handled = if matches!(handled, Handled::Delay(_)) {
         // A `limit_req` delay ends early when the client leaves (nginx's
         // ngx_http_test_reading): the request is done then, logged 499.
         let raced = {
-            let settled = std::pin::pin!(handler::settle(req, w, handled));
+            let mut settled = Box::pin(handler::settle(req, w, handled));
             let gone = std::pin::pin!(ex.client_gone(w));
-            race(settled, gone).await
+            race(settled.as_mut(), gone).await
         };
         match raced {
             Some(h) => h,
@@ -199,8 +202,10 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
                 return false;
             }
         }
+    } else if handler::waits(&handled) {
+        Box::pin(handler::settle(req, w, handled)).await
     } else {
-        handler::settle(req, w, handled).await
+        handled
     };
     // gRPC streams both ways from the head on (`conn::grpc`): the body is not read first,
     // unless a mirror needs it (below), as in nginx.
@@ -209,7 +214,7 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
         && super::grpc::is_grpc(req)
         && req.conf.mirror.uris().is_empty()
     {
-        match ex.grpc(w, req).await {
+        match Box::pin(ex.grpc(w, req)).await {
             Served::Done => return false,
             Served::Flow(flow) => handled = handler::resume(req, w, flow),
         }
@@ -239,8 +244,10 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
             }
             let read = match stream_body {
                 Some(_) => Ok(0),
-                None if wanted => ex.keep_body(req, matches!(handled, Handled::Put)).await,
-                None => ex.discard_body(req).await,
+                None if wanted => {
+                    Box::pin(ex.keep_body(req, matches!(handled, Handled::Put))).await
+                }
+                None => Box::pin(ex.discard_body(req)).await,
             };
             match read {
                 Ok(n) => req.body_length = n,
@@ -287,10 +294,12 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
             waiting @ (Handled::Delay(_)
             | Handled::AuthRequest(_)
             | Handled::LimitReqShared(_)
-            | Handled::LimitConnShared(_)) => handled = handler::settle(req, w, waiting).await,
+            | Handled::LimitConnShared(_)) => {
+                handled = Box::pin(handler::settle(req, w, waiting)).await
+            }
             Handled::Gateway if E::GRPC && super::grpc::is_grpc(req) => {
                 // The body, if any, was read whole (a mirror, an error_page's request).
-                match ex.grpc(w, req).await {
+                match Box::pin(ex.grpc(w, req)).await {
                     Served::Done => return false,
                     Served::Flow(flow) => handled = handler::resume(req, w, flow),
                 }
@@ -300,7 +309,7 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
                     Some(how) => {
                         // (A content-length over the limit never gets here unread: the
                         // location phase answers it 413.)
-                        let (o, finished, n) = ex.run_streaming(w, req, how).await;
+                        let (o, finished, n) = Box::pin(ex.run_streaming(w, req, how)).await;
                         // The rest of a body the upstream did not wait for is not read:
                         // the connection closes after the answer.
                         keep &= finished;
@@ -328,14 +337,14 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
                 let flow = match outcome {
                     Outcome::Flow(f) => f,
                     Outcome::Upgrade(resp, tunnel) if E::UPGRADES => {
-                        return ex.upgrade(w, req, resp, *tunnel).await;
+                        return Box::pin(ex.upgrade(w, req, resp, *tunnel)).await;
                     }
                     // No Upgrade here (HTTP/2: RFC 9113, 8.2.2): a 101 is a broken
                     // upstream's.
                     Outcome::Upgrade(..) => Flow::Status(502),
                     Outcome::Stream(resp, mut stream) if image_filter::applies(req) => {
                         // The image filter needs the whole answer before its head.
-                        let resp = image_filter::read_whole(req, resp, &mut stream).await;
+                        let resp = Box::pin(image_filter::read_whole(req, resp, &mut stream)).await;
                         handled = handler::filters(req, resp);
                         continue;
                     }

@@ -64,6 +64,7 @@ use crate::http::request::UpstreamTry;
 use crate::http::response::{Body, Response};
 use crate::modules::gateway::{self, Answer, Backend, GatewayConf, Proto, Streamed};
 use crate::modules::{memcached, proxy, proxy_cookie};
+use crate::runtime::clock;
 use crate::runtime::metrics::Key as MetricsKey;
 use crate::runtime::read_timers::ReadTimers;
 use crate::runtime::worker::Worker;
@@ -735,7 +736,7 @@ impl Streaming {
             if let (true, Some(p), Wire::Socket(conn)) =
                 (link.reusable(), self.pool.take(), link.conn)
             {
-                w.upstreams.put_idle(&p.up, p.slot, conn, Instant::now());
+                w.upstreams.put_idle(&p.up, p.slot, conn, clock::now());
             }
         }
         self.lease = None;
@@ -1266,7 +1267,7 @@ async fn fetch(
         Backend::Addr(mut addr) => {
             // One address, or those a name resolved to: the next is tried after a failure
             // as nginx's round robin over them does (`spare` is empty otherwise).
-            let start = Instant::now();
+            let start = clock::now();
             let mut t0 = start;
             let mut spare = spare.into_iter();
             let mut tries = 1u64;
@@ -1318,7 +1319,8 @@ async fn fetch(
     };
     let mut tried = Tried::default();
     // One clock read per attempt: each attempt's end (see `record`) is the next one's start.
-    let start = Instant::now();
+    // The turn's time (`runtime::clock`), as nginx times upstreams with its cached time.
+    let start = clock::now();
     let mut now = start;
     let mut queue_deadline = None;
     loop {
@@ -1539,7 +1541,7 @@ pub(super) fn record(
     status: u16,
     since: Instant,
 ) -> Instant {
-    let end = Instant::now();
+    let end = clock::now();
     let mut tries = req.upstream.borrow_mut();
     let connect = tries.connected.take().map(|t| t.duration_since(since));
     let header = tries.head_read.take().map(|t| t.duration_since(since));
@@ -1988,7 +1990,7 @@ pub(super) async fn read_answer(
                     head = read_head(req, c, &mut link, &mut body, sent)?;
                     buffering = head.as_ref().is_some_and(|h| buffers(c, h));
                     if head.is_some() {
-                        req.upstream.borrow_mut().head_read = Some(Instant::now());
+                        req.upstream.borrow_mut().head_read = Some(clock::now());
                     }
                 }
                 // Under `proxy_limit_rate` nothing is read ahead of the head: the reads

@@ -95,13 +95,23 @@ enum End {
     Park(Instant, Instant),
 }
 
-/// Serve one accepted connection until it closes or parks.
-pub async fn serve(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, group: usize) {
+/// Serve one accepted connection until it closes or parks. Each poll of its task is one
+/// turn of the clock (`runtime::clock::Turns`): the clocks are read once per turn.
+pub fn serve(
+    w: Rc<Worker>,
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    group: usize,
+) -> clock::Turns<impl std::future::Future<Output = ()>> {
+    clock::Turns::new(serve_conn(w, stream, peer, group))
+}
+
+async fn serve_conn(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, group: usize) {
     let g = &w.config.listens[group];
     let local = g.listen.local_of(&stream);
     // client_header_timeout runs from here, through a PROXY protocol header and a TLS
     // handshake, to the end of the first request's head, as nginx's one timer does.
-    let born = Instant::now();
+    let born = clock::now();
     let mut info = ConnInfo {
         peer,
         local,
@@ -168,9 +178,10 @@ async fn serve_tls(w: Rc<Worker>, stream: TcpStream, mut info: ConnInfo, group: 
     }
 }
 
-/// Take a parked connection back and go on serving it.
-pub async fn resume(w: Rc<Worker>, p: Parked) {
-    run_conn(w, Plain::Raw(p.stream), p.info, p.group, false).await
+/// Take a parked connection back and go on serving it (one clock turn per poll, as
+/// [`serve`]).
+pub fn resume(w: Rc<Worker>, p: Parked) -> clock::Turns<impl std::future::Future<Output = ()>> {
+    clock::Turns::new(run_conn(w, Plain::Raw(p.stream), p.info, p.group, false))
 }
 
 async fn run_conn<S: Transport>(
@@ -290,10 +301,12 @@ impl<S: Transport> Conn<S> {
                         w.stats.request();
                     }
                     let _writing = w.stats.writing();
-                    // Boxed: the request's state (head, response, body sends) is large and lives
-                    // only while the request does; inline it would sit in every idle
-                    // connection's task for its whole life.
-                    if !super::boxed(|| c.request(head)).await {
+                    // On the heap: the request's state (head, response, body sends) is large
+                    // and lives only while the request does; inline it would sit in every
+                    // idle connection's task for its whole life. In a block the thread
+                    // reuses (`conn::reuse`): a fresh `Box` of that size cost a few hundred
+                    // instructions per request in glibc.
+                    if !super::reuse::Reused::new(|| c.request(head)).await {
                         let _ = c.flush().await;
                         return End::Close;
                     }
@@ -372,7 +385,8 @@ impl<S: Transport> Conn<S> {
                     c.out = Vec::new();
                 }
             }
-            let now = Instant::now();
+            // The turn's time (`runtime::clock`), read already for the request just answered.
+            let now = clock::now();
             let deadline = if idle && c.info.requests > 0 {
                 now + c.keepalive.unwrap_or(server_keepalive)
             } else {
@@ -668,14 +682,16 @@ impl<S: Transport> Conn<S> {
     /// Write the response (head into the output buffer, body after it), then log it.
     /// Returns whether the connection stays open.
     async fn respond(&mut self, req: &Request, mut resp: Response, keep: bool) -> bool {
+        // The streamed and the paced sends are boxed where taken: inline, their state would
+        // widen every request's future (allocated per request) for the few that need them.
         if let Some(src) = Source::from_body(&mut resp) {
             // Compressed or rewritten while sent.
-            return self.respond_streamed(req, resp, src, keep).await;
+            return Box::pin(self.respond_streamed(req, resp, src, keep)).await;
         }
         if req.head.version == Version::Http11 && headers::sends_trailers(req, &resp) {
             // Chunked, for its trailer fields to follow the body.
             let src = Source::whole(&mut resp);
-            return self.respond_streamed(req, resp, src, keep).await;
+            return Box::pin(self.respond_streamed(req, resp, src, keep)).await;
         }
         // Room for the head and a body copied after it, at once: a new connection's empty
         // buffer otherwise grew by doubling from a few bytes, eight reallocations per
@@ -688,7 +704,7 @@ impl<S: Transport> Conn<S> {
         let sent_ok = !send_body
             || match limit_rate::pace(req, &resp) {
                 None => self.send_body(&resp.body, sendfile).await,
-                Some(mut pace) => self.send_paced(&resp.body, sendfile, &mut pace).await,
+                Some(mut pace) => Box::pin(self.send_paced(&resp.body, sendfile, &mut pace)).await,
             }
             .is_ok();
         self.log(req, &resp, head_len, if send_body { body_len } else { 0 });
@@ -1081,5 +1097,41 @@ async fn client_gone<S: Transport>(timers: &ReadTimers, stream: &mut S, buf: &mu
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(_) => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::handler;
+
+    // The size of the future an async fn returns, read from its type without calling it.
+    fn size2<A, B, R>(_: impl FnOnce(A, B) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+    fn size3<A, B, C, R>(_: impl FnOnce(A, B, C) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+    fn size4<A, B, C, D, R>(_: impl FnOnce(A, B, C, D) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    /// Every request in progress holds its future in a heap block (`conn::reuse`), as large
+    /// as the largest state any request may reach: the rare branches are boxed where taken
+    /// so that it stays small (see `exchange::serve`).
+    #[test]
+    fn a_request_future_stays_small() {
+        let request = size2(Conn::<Plain>::request);
+        let parts = [
+            ("exchange::serve", size3(exchange::serve::<Conn<Plain>>)),
+            ("Conn::respond", size4(Conn::<Plain>::respond)),
+            ("Conn::send_body", size3(Conn::<Plain>::send_body)),
+            ("gateway::run", size2(super::super::gateway::run)),
+            ("handler::settle", size3(handler::settle)),
+        ];
+        eprintln!("Conn::request: {request} bytes; {parts:?}");
+        // About 8 KiB in a debug build today, most of it the gateway's exchange (5.6 KiB,
+        // the proxy's hot path, inline); the rest of the rare branches are boxed.
+        assert!(request <= 8 * 1024, "{request} bytes");
     }
 }

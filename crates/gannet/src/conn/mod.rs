@@ -32,6 +32,7 @@ pub mod quic;
 pub mod quic_bpf;
 pub mod quic_session;
 pub mod request_body;
+pub mod reuse;
 pub mod send;
 pub mod slice;
 pub mod source;
@@ -44,11 +45,3 @@ pub mod transport;
 pub mod tunnel;
 
 pub use info::ConnInfo;
-
-/// A future made straight into its heap slot. `Box::pin(make())` builds the future on the
-/// stack and then copies all of it into the box - its whole size (about 6 KiB for a
-/// request's, most of it room for states not yet entered), once per request. Allocating
-/// first and writing the new future into the slot lets the compiler build it there.
-pub fn boxed<F: std::future::Future>(make: impl FnOnce() -> F) -> std::pin::Pin<Box<F>> {
-    Box::into_pin(Box::write(Box::new_uninit(), make()))
-}

@@ -196,6 +196,17 @@ pub fn put_body_read(req: &mut Request, w: &Worker) -> Handled {
     resume(req, w, flow)
 }
 
+/// Whether `handled` has to wait before its answer ([`settle`] has work to do).
+pub fn waits(handled: &Handled) -> bool {
+    matches!(
+        handled,
+        Handled::Delay(_)
+            | Handled::AuthRequest(_)
+            | Handled::LimitReqShared(_)
+            | Handled::LimitConnShared(_)
+    )
+}
+
 /// Wait out `limit_req` delays and `auth_request` subrequests: the phases' decision, once
 /// it is one to act on. HTTP/1 and HTTP/2 both come through here.
 pub async fn settle(req: &mut Request, w: &Worker, mut handled: Handled) -> Handled {

@@ -162,7 +162,8 @@ impl Tries {
     /// The attempt under way has a connection to send on (kept or new); the first mark
     /// counts, as nginx sets its connect time once per attempt.
     pub fn mark_connected(&mut self) {
-        self.connected.get_or_insert_with(Instant::now);
+        self.connected
+            .get_or_insert_with(crate::runtime::clock::now);
     }
 
     /// The answer's body: `n` bytes came with its head (`read`: counted as received
@@ -271,7 +272,8 @@ impl Request {
             host,
             location: None,
             captures: Vec::new(),
-            start: Instant::now(),
+            // The turn's time (`runtime::clock`): the head was read in this turn.
+            start: crate::runtime::clock::now(),
             body_length: 0,
             body: None,
             internal: false,

@@ -987,7 +987,10 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         Var::RequestLength => {
             push_uint(out, req.head.raw().len() as u64 + req.body_length);
         }
-        Var::RequestTime => push_secs(out, req.start.elapsed()),
+        Var::RequestTime => push_secs(
+            out,
+            crate::runtime::clock::now().saturating_duration_since(req.start),
+        ),
         // Before an answer is made, nginx's "000".
         Var::Status => match sent.map_or(0, |s| s.status) {
             s @ 100.. => push_uint(out, s.into()),

@@ -94,15 +94,41 @@ const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
 fn escape_default(v: &[u8], out: &mut Vec<u8>) {
     // Runs of bytes that need nothing are copied at once: most values have no byte to escape.
+    // They are found eight bytes at a time (`plain8`): byte by byte, the combined format's
+    // values (request line, referer, user agent) took a fifth of a small request's user time.
     let mut start = 0;
-    for (i, &c) in v.iter().enumerate() {
+    let mut i = 0;
+    while i < v.len() {
+        if let Some(Ok(word)) = v.get(i..i + 8).map(<[u8; 8]>::try_from) {
+            if plain8(u64::from_le_bytes(word)) {
+                i += 8;
+                continue;
+            }
+        }
+        let c = v[i];
         if c == b'"' || c == b'\\' || !(0x20..=0x7e).contains(&c) {
             out.extend_from_slice(&v[start..i]);
             out.extend_from_slice(&[b'\\', b'x', HEX[(c >> 4) as usize], HEX[(c & 15) as usize]]);
             start = i + 1;
         }
+        i += 1;
     }
     out.extend_from_slice(&v[start..]);
+}
+
+/// Whether none of the eight bytes in `x` needs `escape_default` (all are printable ASCII
+/// other than `"` and `\`). The classic word-at-a-time byte tests: each flags the high bit
+/// of a byte that is below 0x20, above 0x7e, or equal to `"` or `\`; a borrow or carry can
+/// flag a byte that is fine (the word is then looked at byte by byte), never miss one.
+fn plain8(x: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let zero = |y: u64| y.wrapping_sub(ONES) & !y & HIGH;
+    let below = x.wrapping_sub(ONES * 0x20) & !x & HIGH;
+    let above = (x.wrapping_add(ONES) | x) & HIGH;
+    let quote = zero(x ^ (ONES * u64::from(b'"')));
+    let backslash = zero(x ^ (ONES * u64::from(b'\\')));
+    (below | above | quote | backslash) == 0
 }
 
 fn escape_json(v: &[u8], out: &mut Vec<u8>) {
@@ -487,5 +513,33 @@ mod tests {
             assert_eq!(esc(e, b""), b"".to_vec());
         }
         assert_eq!(esc(Escape::Default, b"plain"), b"plain".to_vec());
+    }
+
+    /// The word-at-a-time scan escapes what the byte-at-a-time rule does, every byte value
+    /// at every position of a word.
+    #[test]
+    fn the_word_scan_misses_no_byte() {
+        let reference = |v: &[u8]| {
+            let mut out = Vec::new();
+            for &c in v {
+                if c == b'"' || c == b'\\' || !(0x20..=0x7e).contains(&c) {
+                    out.extend_from_slice(format!("\\x{c:02X}").as_bytes());
+                } else {
+                    out.push(c);
+                }
+            }
+            out
+        };
+        for c in 0..=255u8 {
+            for pos in 0..19 {
+                let mut v = b"GET /robots.txt HTTP/1.1".to_vec();
+                v[pos] = c;
+                assert_eq!(
+                    esc(Escape::Default, &v),
+                    reference(&v),
+                    "byte {c:#x} at {pos}"
+                );
+            }
+        }
     }
 }

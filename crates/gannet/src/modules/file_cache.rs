@@ -17,13 +17,12 @@
 use super::compress::Coding;
 use bytes::Bytes;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::fs::{File, Metadata};
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -141,17 +140,30 @@ pub enum Symlinks {
     },
 }
 
+/// The cache's table, keyed by the path's bytes: a `PathBuf` key hashed and compared the
+/// path component by component (std's `Hash for Path`), a byte-wise key does it at once
+/// (`/a//b` and `/a/b` are two entries for one file then, which only costs room).
+///
+/// Hashed with foldhash, not SipHash: the keys are request paths, so a client chooses
+/// them, but foldhash's seed is random per table (per worker) and never shown to a client,
+/// and the table holds at most `open_file_cache max` entries of files that exist (or
+/// errors, with `open_file_cache_errors on`), evicted by age: crafted collisions would need
+/// the seed, and could at worst make one lookup walk that many entries.
+type Map = std::collections::HashMap<Box<[u8]>, Slot, foldhash::fast::RandomState>;
+
 #[derive(Default)]
 pub struct FileCache {
-    map: RefCell<HashMap<PathBuf, Slot>>,
+    map: RefCell<Map>,
 }
 
 impl FileCache {
     /// Open (or find) `path`. Errors are io::Error kinds (NotFound, PermissionDenied...).
     pub fn open(&self, path: &Path, policy: &Policy) -> Result<OpenFile, io::ErrorKind> {
-        let now = Instant::now();
+        // The turn's time (`runtime::clock`): no clock read of its own per request.
+        let now = crate::runtime::clock::now();
         let mut map = self.map.borrow_mut();
-        if let Some(slot) = map.get_mut(path).filter(|s| s.symlinks == policy.symlinks) {
+        let key = path.as_os_str().as_bytes();
+        if let Some(slot) = map.get_mut(key).filter(|s| s.symlinks == policy.symlinks) {
             if !policy.restat && now.duration_since(slot.checked) < policy.valid {
                 slot.last_used = now;
                 return match &slot.entry {
@@ -181,7 +193,7 @@ impl FileCache {
                 }
             }
         }
-        map.remove(path);
+        map.remove(key);
         let result = load(path, policy.symlinks);
         if map.len() >= policy.max {
             evict(&mut map, now, policy);
@@ -189,7 +201,7 @@ impl FileCache {
         match &result {
             Ok(f) => {
                 map.insert(
-                    path.to_path_buf(),
+                    Box::from(key),
                     Slot {
                         symlinks: policy.symlinks,
                         entry: Entry::Found(f.clone()),
@@ -200,7 +212,7 @@ impl FileCache {
             }
             Err(e) if policy.errors => {
                 map.insert(
-                    path.to_path_buf(),
+                    Box::from(key),
                     Slot {
                         symlinks: policy.symlinks,
                         entry: Entry::Error(*e),
@@ -216,7 +228,7 @@ impl FileCache {
 }
 
 /// Drop entries unused for `inactive`; if still full, drop the least recently used half.
-fn evict(map: &mut HashMap<PathBuf, Slot>, now: Instant, policy: &Policy) {
+fn evict(map: &mut Map, now: Instant, policy: &Policy) {
     map.retain(|_, s| now.duration_since(s.last_used) < policy.inactive);
     if map.len() >= policy.max {
         let mut ages: Vec<Instant> = map.values().map(|s| s.last_used).collect();

@@ -1,9 +1,96 @@
 //! Time strings, rendered at most once per second per thread: the Date header, `$time_local`,
 //! `$time_iso8601`, the error log's and syslog's stamps and autoindex dates. Rendering a date costs more
 //! than serving a cached file's bytes, so it must not happen per request.
+//!
+//! And the time itself, read once per turn of a connection's task ([`Turns`], [`now`],
+//! [`wall`]), as nginx reads it once per event-loop turn (`ngx_time_update`): a keep-alive
+//! request read, answered and logged in one turn read the clock five times (request start,
+//! open file cache, Date, `$time_local`, the next keep-alive deadline) where one read of each
+//! clock says the same.
 
-use std::cell::RefCell;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// This thread's time for the turn under way: `None` outside a [`Turns`] poll (the clocks
+/// are read every time then), else each clock as first read in this turn.
+#[derive(Clone, Copy)]
+struct TurnTime {
+    mono: Option<Instant>,
+    wall: Option<SystemTime>,
+}
+
+thread_local! {
+    static TURN: Cell<Option<TurnTime>> = const { Cell::new(None) };
+}
+
+/// A task whose every poll is one turn: the clocks read during a poll are read once (see
+/// the module docs). Only a task that does no long work inside one poll should be wrapped
+/// (a connection's loop: its file reads and answers take microseconds); time stands still
+/// within a turn, as nginx's cached time does between two event-loop turns.
+pub struct Turns<F>(F);
+
+impl<F: Future> Turns<F> {
+    pub fn new(f: F) -> Turns<F> {
+        Turns(f)
+    }
+}
+
+impl<F: Future> Future for Turns<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // SAFETY: the inner future is structurally pinned: it is never moved out of `self`,
+        // nor reached other than through this pinned projection.
+        let inner = unsafe { self.map_unchecked_mut(|t| &mut t.0) };
+        let _outer = EndTurn(TURN.replace(Some(TurnTime {
+            mono: None,
+            wall: None,
+        })));
+        inner.poll(cx)
+    }
+}
+
+/// Ends a turn however its poll ends (a task that panics is caught by the runtime, which
+/// goes on): what ran before it gets its state back, so that no time read in a turn is
+/// used after it.
+struct EndTurn(Option<TurnTime>);
+
+impl Drop for EndTurn {
+    fn drop(&mut self) {
+        TURN.set(self.0);
+    }
+}
+
+/// The monotonic time: the turn's (read once per turn) inside a [`Turns`] task, else now.
+pub fn now() -> Instant {
+    match TURN.get() {
+        None => Instant::now(),
+        Some(TurnTime { mono: Some(t), .. }) => t,
+        Some(mut turn) => {
+            let t = Instant::now();
+            turn.mono = Some(t);
+            TURN.set(Some(turn));
+            t
+        }
+    }
+}
+
+/// The wall-clock time, as [`now`].
+pub fn wall() -> SystemTime {
+    match TURN.get() {
+        None => SystemTime::now(),
+        Some(TurnTime { wall: Some(t), .. }) => t,
+        Some(mut turn) => {
+            let t = SystemTime::now();
+            turn.wall = Some(t);
+            TURN.set(Some(turn));
+            t
+        }
+    }
+}
 
 const MONTHS: [&str; 12] = [
     "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
@@ -75,7 +162,7 @@ thread_local! {
 }
 
 fn with_cache<R>(f: impl FnOnce(&Cache) -> R) -> R {
-    let now = unix(SystemTime::now());
+    let now = unix(wall());
     CACHE.with(|c| {
         let mut c = c.borrow_mut();
         if c.sec != now {
@@ -155,4 +242,47 @@ pub fn iso8601_utc(t: SystemTime) -> String {
 pub fn listing_time(t: SystemTime, local: bool) -> String {
     let (y, mo, d, h, mi, _, _) = breakdown(unix(t), local);
     format!("{d:02}-{}-{y} {h:02}:{mi:02}", MONTHS[mo])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits (without sleeping) until the clock has moved past `t`.
+    fn after(t: Instant) {
+        while Instant::now() <= t {
+            std::hint::spin_loop();
+        }
+    }
+
+    #[test]
+    fn a_turn_reads_each_clock_once_and_ends_with_its_poll() {
+        let mut turn = std::pin::pin!(Turns::new(async {
+            let (a, w) = (now(), wall());
+            after(a);
+            assert_eq!(now(), a, "one monotonic time per turn");
+            assert_eq!(wall(), w, "one wall-clock time per turn");
+            std::future::pending::<()>().await;
+        }));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(turn.as_mut().poll(&mut cx).is_pending());
+        // Outside a turn the clock is read each time.
+        let a = now();
+        after(a);
+        assert!(now() > a);
+        // And a panic inside a turn ends it too.
+        let panicked = std::panic::catch_unwind(|| {
+            let mut bad = std::pin::pin!(Turns::new(async {
+                now();
+                panic!("in a turn");
+            }));
+            let _ = bad
+                .as_mut()
+                .poll(&mut Context::from_waker(std::task::Waker::noop()));
+        });
+        assert!(panicked.is_err());
+        let b = now();
+        after(b);
+        assert!(now() > b);
+    }
 }

@@ -109,7 +109,9 @@ impl ReadTimers {
             if let Poll::Ready(out) = f.as_mut().poll(cx) {
                 return Poll::Ready(Ok(out));
             }
-            let h = held.get_or_insert_with(|| self.hold(Instant::now() + timeout, false));
+            // The turn's time (`runtime::clock`): an upstream's answer awaited right after
+            // its request went out costs no clock read of its own.
+            let h = held.get_or_insert_with(|| self.hold(super::clock::now() + timeout, false));
             self.poll(h.key, cx).map(|()| Err(()))
         })
         .await

@@ -1,0 +1,160 @@
+//! A future in a heap block that the worker thread reuses: the HTTP/1.x loop's per-request
+//! future (`conn::h1`).
+//!
+//! That future is several KiB (room for every state a request may reach), past glibc's
+//! per-thread cache (1 KiB), so each request's `Box` went through `_int_malloc` and
+//! `_int_free` (and a `malloc_consolidate` of the small chunks freed since: the large
+//! request sweeps them), a few hundred instructions per request. The block is kept
+//! instead: a request's future is written into a free block of its layout, dropped in
+//! place when done, and the block goes back to this thread's list for the next request.
+//! At most [`KEEP`] blocks are kept per thread (the requests in progress at once beyond
+//! that free theirs), and they are freed with the thread.
+
+use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
+use std::cell::RefCell;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::ptr::NonNull;
+use std::task::{Context, Poll};
+
+/// Free blocks kept per thread: the requests a worker thread has in progress at once on
+/// its busiest keep-alive connections, bounded (a few KiB each).
+const KEEP: usize = 64;
+
+/// This thread's free blocks, each with its layout.
+struct Free(Vec<(Layout, NonNull<u8>)>);
+
+impl Drop for Free {
+    fn drop(&mut self) {
+        for (layout, p) in self.0.drain(..) {
+            // SAFETY: every block here came from `alloc` with this layout (see `Reused::new`)
+            // and is owned by the list alone (no future lives in it).
+            unsafe { dealloc(p.as_ptr(), layout) };
+        }
+    }
+}
+
+thread_local! {
+    static FREE: RefCell<Free> = const { RefCell::new(Free(Vec::new())) };
+}
+
+/// `F` in a block of this thread's (see the module docs); polled in place, dropped in
+/// place.
+pub struct Reused<F> {
+    p: NonNull<F>,
+    /// Owns an `F` (for the drop check).
+    _owns: PhantomData<F>,
+}
+
+impl<F> Reused<F> {
+    /// The future `make` builds, written straight into its block: `Box::pin(make())` would
+    /// build it on the stack and copy all of it (its whole size, most of it room for states
+    /// not entered yet) into the box.
+    pub fn new(make: impl FnOnce() -> F) -> Reused<F> {
+        let layout = Layout::new::<F>();
+        assert!(layout.size() > 0, "a future holds at least its state");
+        let kept = FREE.with(|f| {
+            let mut f = f.borrow_mut();
+            let i = f.0.iter().rposition(|(l, _)| *l == layout)?;
+            Some(f.0.swap_remove(i).1)
+        });
+        let block = kept.unwrap_or_else(|| {
+            // SAFETY: the layout's size is not zero (asserted above).
+            let p = unsafe { alloc(layout) };
+            NonNull::new(p).unwrap_or_else(|| handle_alloc_error(layout))
+        });
+        let p = block.cast::<F>();
+        // SAFETY: the block is `F`'s layout (size and alignment), unused and exclusively
+        // ours: taken from the free list or just allocated.
+        unsafe { p.as_ptr().write(make()) };
+        Reused {
+            p,
+            _owns: PhantomData,
+        }
+    }
+}
+
+// The `F` is in its block, never in `Reused` itself: moving a `Reused` moves the pointer
+// only, so it may be moved whether or not `F` may.
+impl<F> Unpin for Reused<F> {}
+
+impl<F: Future> Future for Reused<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // SAFETY: the `F` lives in its block from `new` until `drop`, which drops it in
+        // place: it is never moved, so it may be pinned; `self` is borrowed mutably, so
+        // nothing else reaches it meanwhile.
+        let f = unsafe { Pin::new_unchecked(&mut *self.get_mut().p.as_ptr()) };
+        f.poll(cx)
+    }
+}
+
+impl<F> Drop for Reused<F> {
+    fn drop(&mut self) {
+        let layout = Layout::new::<F>();
+        // SAFETY: the block holds a live `F` (written in `new`, dropped only here).
+        unsafe { std::ptr::drop_in_place(self.p.as_ptr()) };
+        let block = self.p.cast::<u8>();
+        let kept = FREE
+            .try_with(|f| {
+                let mut f = f.borrow_mut();
+                if f.0.len() < KEEP {
+                    f.0.push((layout, block));
+                    true
+                } else {
+                    false
+                }
+            })
+            .unwrap_or(false);
+        if !kept {
+            // SAFETY: allocated with this layout in `new` (or by a `Reused` before, from
+            // the free list); the `F` in it was dropped above and nothing else holds it.
+            unsafe { dealloc(block.as_ptr(), layout) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::rc::Rc;
+
+    #[test]
+    fn a_block_is_reused_and_its_future_dropped_in_place() {
+        let dropped = Rc::new(std::cell::Cell::new(0));
+        let make = |d: Rc<std::cell::Cell<u32>>| {
+            let big = [7u8; 4096];
+            async move {
+                let _guard = Guard(d);
+                std::future::ready(()).await;
+                big.iter().map(|&b| u32::from(b)).sum::<u32>()
+            }
+        };
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut first = Reused::new(|| make(dropped.clone()));
+        let at = first.p.cast::<u8>();
+        assert_eq!(Pin::new(&mut first).poll(&mut cx), Poll::Ready(7 * 4096));
+        drop(first);
+        assert_eq!(dropped.get(), 1);
+        // The next future of that layout goes in the same block; dropped unfinished, it is
+        // dropped all the same.
+        let second = Reused::new(|| make(dropped.clone()));
+        assert_eq!(second.p.cast::<u8>(), at, "the block is reused");
+        drop(second);
+        assert_eq!(dropped.get(), 1, "an unstarted future holds no guard yet");
+        let mut third = Reused::new(|| make(dropped.clone()));
+        let _ = Pin::new(&mut third).poll(&mut cx);
+        drop(third);
+        assert_eq!(dropped.get(), 2);
+    }
+
+    struct Guard(Rc<std::cell::Cell<u32>>);
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.0.set(self.0.get() + 1);
+        }
+    }
+}

@@ -1,0 +1,68 @@
+#!/bin/bash
+# Cost per request, deterministically (no wall-clock benchmark): user-space instructions per
+# request under callgrind, or system calls per request from the syscall tracepoints, over a
+# fixed number of HTTP/1.1 keep-alive requests (h2load --h1, 10 connections). The server has
+# CPU 0, the client CPU 1. See docs/bench/cost-per-request.md.
+#
+# Usage (from anywhere; needs valgrind, h2load, perf, nginx for the proxy's back end, gcc for
+# the floor):
+#   bash measure.sh BINARY|floor LABEL PATH [REQUESTS] [cg|sys]
+# PATH: /robots.txt (static) or /px/ad.json (proxied to the back end, started here).
+# BINARY "floor" is arena/arena/servers/floor.c (built on first use): recv + send only.
+# HEADERS (environment, one "Name: value" a line) adds request fields, e.g. a browser's.
+set -u
+B=$1; L=$2; P=$3; N=${4:-20000}; MODE=${5:-cg}
+HERE=$(cd "$(dirname "$0")" && pwd); REPO=$(cd "$HERE/../../../.." && pwd)
+W=${WORK:-/tmp/cost}; PORT=18120
+mkdir -p "$W/www"
+cp "$HERE/../robots/robots.txt" "$HERE/../proxy/ad.json" "$W/www/"
+H=()
+while IFS= read -r h; do [ -n "$h" ] && H+=(-H "$h"); done <<< "${HEADERS:-}"
+fill() { sed -e "s#WORK#$W#g" -e "s#PORT#$PORT#g" -e "s#MIME#$REPO/conf/mime.types#g" "$1"; }
+if [[ $P == /px/* ]] && ! curl -s -o /dev/null http://127.0.0.1:18090/ad.json; then
+  fill "$HERE/backend.conf" > "$W/backend.conf"
+  taskset -c 1 nginx -p "$W" -c "$W/backend.conf" > "$W/backend.log" 2>&1 &
+  for _ in $(seq 1 50); do curl -s -o /dev/null http://127.0.0.1:18090/ad.json && break; sleep 0.1; done
+fi
+if [ "$B" = floor ]; then
+  [ -x "$W/floor" ] || gcc -O2 -o "$W/floor" "$REPO/arena/arena/servers/floor.c"
+  CMD=("$W/floor" 127.0.0.1 $PORT "$W/www")
+else
+  fill "$HERE/gannet.conf" > "$W/$L.conf"
+  CMD=("$B" -c "$W/$L.conf")
+fi
+rm -f "$W/$PORT.access.log" "$W"/cg."$L".*
+if [ "$MODE" = cg ]; then
+  taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$W/cg.$L.%p" "${CMD[@]}" > "$W/$L.vg.log" 2>&1 &
+else
+  taskset -c 0 "${CMD[@]}" > "$W/$L.log" 2>&1 &
+fi
+VP=$!
+for _ in $(seq 1 150); do curl -s -o /dev/null "http://127.0.0.1:$PORT$P" && break; sleep 0.2; done
+# Warm-up: the open file cache, the upstream connections.
+taskset -c 1 h2load --h1 -n 200 -c 10 "http://127.0.0.1:$PORT$P" > /dev/null 2>&1
+if [ "$MODE" = cg ]; then
+  # Only this server's process (other valgrind runs on the machine are left alone).
+  if [ "$B" = floor ]; then ME="$W/floor "; else ME="$W/$L.conf"; fi
+  PIDS=$(pgrep -f "valgrind.bin.*$ME" | tr '\n' ' ')
+  for p in $PIDS; do callgrind_control -z "$p" > /dev/null; done
+  taskset -c 1 h2load --h1 -n "$N" -c 10 "${H[@]}" "http://127.0.0.1:$PORT$P" | grep -E "^requests:|status codes"
+  for p in $PIDS; do callgrind_control -d "$p" > /dev/null; done
+  kill $VP; wait $VP 2>/dev/null
+  # The dump taken at the end of the run (suffix .1), not the one written at exit.
+  total=0
+  for f in "$W"/cg."$L".*.1; do
+    t=$(grep -m1 '^summary:' "$f" | awk '{print $2}'); total=$((total + ${t:-0}))
+  done
+  echo "$L $P user instructions/request: $((total / N))"
+else
+  # The process that serves (gannet with `master_process off`, or the floor).
+  if [ "$B" = floor ]; then WP=$VP; else WP=$(pgrep -n -f "$W/$L.conf"); fi
+  perf stat -e 'syscalls:sys_enter_*' -p "$WP" -o "$W/$L.perf.txt" &
+  PP=$!
+  sleep 0.5
+  taskset -c 1 h2load --h1 -n "$N" -c 10 "${H[@]}" "http://127.0.0.1:$PORT$P" | grep -E "^requests:|status codes"
+  kill -INT $PP; wait $PP
+  kill $VP; wait $VP 2>/dev/null
+  awk -v n="$N" -v l="$L" '$1 ~ /^[0-9,]+$/ && $2 ~ /syscalls/ {gsub(",","",$1); if ($1>0) {s+=$1; printf "  %-40s %.3f\n", $2, $1/n}} END {printf "%s system calls/request: %.3f\n", l, s/n}' "$W/$L.perf.txt"
+fi
