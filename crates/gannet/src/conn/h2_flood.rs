@@ -126,26 +126,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for FloodGuard<IO> {
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for FloodGuard<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
+    writes_through!(no_shutdown);
     /// The codec closes the connection. After a flood the client's unread frames are still
     /// coming; closing on them would reset the connection, and a reset makes the client's
     /// kernel drop what it has not read yet, GOAWAY included. So, like nginx's lingering

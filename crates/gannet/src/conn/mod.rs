@@ -6,6 +6,46 @@
 //! file, or passed on as they arrive), the exchange with a FastCGI, SCGI or uwsgi
 //! application a request may wait for, and its answer read ahead of a slow client (`spool`).
 
+/// The `AsyncWrite` methods of a stream wrapper that changes only what is read: writes,
+/// flushes (and, unless the wrapper writes its own `poll_shutdown`, the shutdown) go to its
+/// `io` field as they are. Used in `impl AsyncWrite for Wrapper<IO>` blocks.
+macro_rules! writes_through {
+    () => {
+        writes_through!(no_shutdown);
+        fn poll_shutdown(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+        }
+    };
+    (no_shutdown) => {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+        }
+        fn poll_write_vectored(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            bufs: &[std::io::IoSlice<'_>],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        }
+        fn is_write_vectored(&self) -> bool {
+            self.io.is_write_vectored()
+        }
+        fn poll_flush(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.io).poll_flush(cx)
+        }
+    };
+}
+
 pub mod body;
 pub mod exchange;
 pub mod gateway;
