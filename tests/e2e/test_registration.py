@@ -111,8 +111,8 @@ def test_short_connections_are_never_registered(tmp_path, sendfile):
             head, body = get(s, "/mid.bin", close=True)
             assert head.startswith(b"HTTP/1.1 200") and body == mid
             assert s.recv(1) == b"", "the connection should close after its answer"
-    # A file bigger than the socket buffer has to wait for the client: it registers, and
-    # arrives whole.
+    # A file bigger than the socket buffer may have to wait for the client (then it
+    # registers; a client reading fast enough may spare it that), and arrives whole.
     with socket.create_connection(("127.0.0.1", port)) as s:
         head, body = get(s, "/big.bin", close=True)
         assert head.startswith(b"HTTP/1.1 200") and body == big
@@ -122,10 +122,10 @@ def test_short_connections_are_never_registered(tmp_path, sendfile):
             head, body = get(s, "/small.txt", close=False)
             assert head.startswith(b"HTTP/1.1 200") and body == b"hello\n"
     trace = stop()
-    # One ADD for the big file and one for the keep-alive connection; none for the 25
-    # short connections, nor for wait_port's probe (it closes without a request: read at
+    # One ADD for the keep-alive connection and at most one for the big file; none for the
+    # 25 short connections, nor for wait_port's probe (it closes without a request: read at
     # accept, it is closed unregistered too).
-    assert connection_adds(trace) == 2, trace
+    assert connection_adds(trace) in (1, 2), trace
 
 
 def test_kept_upstream_connection_is_looked_at_only_after_an_event(tmp_path):

@@ -66,11 +66,17 @@ redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
 return {had}
 ";
 
-/// KEYS: hashes; ARGV: the node's id, then its count in each. Writes them as they are.
+/// KEYS: hashes; ARGV: the node's id, whether only to raise, then its count in each.
+/// Exact (a decrement that failed left Redis too high), or only raised where Redis has less
+/// (counts it lost): a request counted by [`TAKE`] while this was on its way is in Redis and
+/// not yet in the node's counts the write was made from, and lowering it would let the
+/// cluster take one more than its limit.
 const WRITE: &str = r"
 for i, k in ipairs(KEYS) do
-  local n = tonumber(ARGV[i + 1])
-  if n > 0 then redis.call('HSET', k, ARGV[1], n) else redis.call('HDEL', k, ARGV[1]) end
+  local n = tonumber(ARGV[i + 2])
+  if ARGV[2] == '1' then
+    if n > tonumber(redis.call('HGET', k, ARGV[1]) or '0') then redis.call('HSET', k, ARGV[1], n) end
+  elseif n > 0 then redis.call('HSET', k, ARGV[1], n) else redis.call('HDEL', k, ARGV[1]) end
 end
 return {#KEYS}
 ";
@@ -91,6 +97,8 @@ pub struct Shared {
     failing: AtomicBool,
     /// The renewal task runs (started by the first request).
     renewing: AtomicBool,
+    /// A request found that Redis had forgot the node: the next renewal writes its counts.
+    forgot: AtomicBool,
     /// Keys whose count in Redis may differ from the node's (a decrement failed).
     dirty: Mutex<HashSet<Box<[u8]>>>,
 }
@@ -103,6 +111,7 @@ impl Shared {
             fail_open,
             failing: AtomicBool::new(false),
             renewing: AtomicBool::new(false),
+            forgot: AtomicBool::new(false),
             dirty: Mutex::default(),
         }
     }
@@ -139,9 +148,7 @@ pub async fn ask(req: &mut Request, pending: Box<Pending>) -> Flow {
                 back(req, &l.zone, s);
                 if v.get(1) == Some(&0) {
                     // Redis lost the node's counts: the next renewal writes them again.
-                    let all: Vec<Box<[u8]>> =
-                        limit_zone::lock(&l.zone.counts).keys().cloned().collect();
-                    limit_zone::lock(&s.dirty).extend(all);
+                    s.forgot.store(true, Ordering::Relaxed);
                 }
                 if v.first() == Some(&1) {
                     req.limit_conn_status = Some("PASSED");
@@ -239,7 +246,9 @@ async fn renew(zone: Weak<ConnZone>) {
         match s.server.eval(&LUA[2], &node_key, &[lease]).await {
             // Redis forgot the node (restarted, or the lease ran out while it did not
             // answer): the other nodes may have dropped its counts, so all are written.
-            Ok(v) if v.first() == Some(&0) => write(&z, s, None).await,
+            Ok(v) if v.first() == Some(&0) || s.forgot.swap(false, Ordering::Relaxed) => {
+                write(&z, s, None).await
+            }
             Ok(_) => {
                 let dirty = std::mem::take(&mut *limit_zone::lock(&s.dirty));
                 if !dirty.is_empty() {
@@ -256,6 +265,7 @@ async fn renew(zone: Weak<ConnZone>) {
 /// Write the node's counts for `keys` (all it holds when `None`) into Redis; what fails
 /// stays to be written next time.
 async fn write(zone: &ConnZone, s: &Shared, keys: Option<HashSet<Box<[u8]>>>) {
+    let raise = keys.is_none();
     let (hashes, counts, all): (Vec<String>, Vec<u64>, Vec<Box<[u8]>>) = {
         let counts = limit_zone::lock(&zone.counts);
         let keys: Vec<Box<[u8]>> = match keys {
@@ -269,7 +279,8 @@ async fn write(zone: &ConnZone, s: &Shared, keys: Option<HashSet<Box<[u8]>>>) {
     if hashes.is_empty() {
         return;
     }
-    let mut args = vec![*NODE];
+    // All of them: Redis forgot the node, so its counts only go up (see WRITE).
+    let mut args = vec![*NODE, u64::from(raise)];
     args.extend(counts);
     if s.server.eval(&LUA[3], &hashes, &args).await.is_err() {
         limit_zone::lock(&s.dirty).extend(all);
