@@ -178,7 +178,7 @@ def warnings(results: dict) -> list[str]:
             out.append(f"{where}: some replies did not carry the expected number of bytes.")
         for err in row["errors"]:
             out.append(f"{where}: {err}")
-    for sample in results["samples"]:
+    for sample in results.get("samples", []):
         drops = (sample.get("extra") or {}).get("udp_receive_drops")
         if drops:
             out.append(f"{sample['server']} at {sample['point']}, round {sample['round']}: the kernel dropped "
