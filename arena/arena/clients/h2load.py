@@ -52,8 +52,9 @@ def parse_log(text: str) -> dict[str, float]:
             "mean": sum(durations) / len(durations)}
 
 
-def parse(text: str, log_text: str = "") -> LoadResult:
-    res = LoadResult(tool=TOOL)
+def summary(text: str, res: LoadResult) -> None:
+    """h2load's summary lines (`finished in`, `requests:`, `status codes:`) into `res`; h3load
+    prints them in the same form."""
     fin = re.search(r"finished in ([\d.]+)(us|ms|s|m), ([\d.]+) req/s", text)
     if fin:
         res.duration_s = to_ms(fin.group(1), fin.group(2)) / 1000
@@ -74,6 +75,11 @@ def parse(text: str, log_text: str = "") -> LoadResult:
         res.non_2xx_3xx = int(codes.group(3)) + int(codes.group(4))
         res.extra["status_2xx"] = int(codes.group(1))
         res.extra["status_3xx"] = int(codes.group(2))
+
+
+def parse(text: str, log_text: str = "") -> LoadResult:
+    res = LoadResult(tool=TOOL)
+    summary(text, res)
     traffic = re.search(r"traffic: .*?\((\d+)\) total, .*?\((\d+)\) headers .*?, .*?\((\d+)\) data", text)
     if traffic:
         res.bytes_total, res.header_bytes, res.body_bytes = map(int, traffic.groups())

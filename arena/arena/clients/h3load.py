@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from arena.clients import h2load
 from arena.clients.base import LoadResult, ToolRun, run_tool, tool_failed
 from arena.tools import require
 
@@ -30,25 +31,8 @@ def command(url: str, connections: int, requests: int, streams: int = 1, cafile:
 
 def parse(text: str) -> LoadResult:
     res = LoadResult(tool=TOOL)
-    fin = re.search(r"^finished in ([\d.]+)s, ([\d.]+) req/s", text, re.MULTILINE)
-    if fin:
-        res.duration_s = float(fin.group(1))
-        res.rps = float(fin.group(2))
-    req = re.search(r"^requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, "
-                    r"(\d+) failed, (\d+) errored, (\d+) timeout", text, re.MULTILINE)
-    if req:
-        total, started, done, ok, failed, errored, timeout = map(int, req.groups())
-        res.requests = done
-        res.sent = started
-        # As h2load's: every request that did not end in a 2xx/3xx answer, those never sent too.
-        res.failures = failed
-        res.socket_errors = errored + timeout
-        res.extra["succeeded"] = ok
-    codes = re.search(r"^status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", text, re.MULTILINE)
-    if codes:
-        res.non_2xx_3xx = int(codes.group(3)) + int(codes.group(4))
-        res.extra["status_2xx"] = int(codes.group(1))
-        res.extra["status_3xx"] = int(codes.group(2))
+    # The summary lines are h2load's.
+    h2load.summary(text, res)
     traffic = re.search(r"^traffic: (\d+) bytes body, (\d+) bytes headers \(decoded\), (\d+) bytes in (\d+) UDP "
                         r"datagrams", text, re.MULTILINE)
     if traffic:
