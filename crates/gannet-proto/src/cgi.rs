@@ -15,7 +15,8 @@ use std::ops::Range;
 /// the client's response (whose names are `Cow<'static, str>` too) without a copy.
 pub type HeaderName = Cow<'static, str>;
 
-/// The fields servers and applications usually send, in their usual spelling.
+/// The fields servers and applications usually send, in their usual spelling (and PHP's
+/// `Content-type`, which every PHP answer carries).
 pub const COMMON_NAMES: &[&str] = &[
     "Accept-Ranges",
     "Age",
@@ -25,6 +26,7 @@ pub const COMMON_NAMES: &[&str] = &[
     "Content-Language",
     "Content-Length",
     "Content-Type",
+    "Content-type",
     "Date",
     "ETag",
     "Expires",
@@ -80,8 +82,9 @@ impl Fields {
     /// The fields of `head` whose values are at the places `list` gives.
     pub(crate) fn from_head(head: Bytes, mut list: Vec<(HeaderName, Range<usize>)>) -> Fields {
         if std::str::from_utf8(&head).is_ok() {
-            // Checked: the conversion cannot fail.
-            let text = ByteString::try_from(head).unwrap_or_default();
+            // SAFETY: `head` was just checked to be UTF-8 (`try_from` would check it a
+            // second time, once per answer).
+            let text = unsafe { ByteString::from_bytes_unchecked(head) };
             return Fields { text, list };
         }
         // obs-text: the values, each made valid, in a text of their own.

@@ -213,54 +213,103 @@ impl std::fmt::Display for DecodeError {
     }
 }
 
+/// A record at the front of a buffer, where it lies (see [`peek`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum RecordRef<'a> {
+    Stdout(&'a [u8]),
+    Stderr(&'a [u8]),
+    End {
+        app_status: u32,
+        protocol_status: u8,
+    },
+    /// A record the web server may ignore: a management record (request id 0), or an
+    /// empty STDOUT or STDERR.
+    Skip,
+}
+
+/// The whole record at the front of `buf`, borrowed, and the bytes it takes (header,
+/// content and padding); `Ok(None)` means more bytes are needed. For a caller that takes
+/// records apart where they were read, without a buffer of its own for them.
+pub fn peek(buf: &[u8]) -> Result<Option<(RecordRef<'_>, usize)>, DecodeError> {
+    if buf.len() < HEADER_LEN {
+        return Ok(None);
+    }
+    let h = &buf[..HEADER_LEN];
+    if h[0] != VERSION {
+        return Err(DecodeError::Version(h[0]));
+    }
+    let kind = h[1];
+    let id = u16::from_be_bytes([h[2], h[3]]);
+    let len = usize::from(u16::from_be_bytes([h[4], h[5]]));
+    let used = HEADER_LEN + len + usize::from(h[6]);
+    if buf.len() < used {
+        return Ok(None);
+    }
+    // Management records (request id 0) carry no request's data.
+    if id == 0 {
+        return Ok(Some((RecordRef::Skip, used)));
+    }
+    if id != REQUEST_ID {
+        return Err(DecodeError::RequestId(id));
+    }
+    let content = &buf[HEADER_LEN..HEADER_LEN + len];
+    let record = match kind {
+        STDOUT | STDERR if content.is_empty() => RecordRef::Skip,
+        STDOUT => RecordRef::Stdout(content),
+        STDERR => RecordRef::Stderr(content),
+        END_REQUEST => {
+            if content.len() < 8 {
+                return Err(DecodeError::ShortEnd);
+            }
+            RecordRef::End {
+                app_status: u32::from_be_bytes([content[0], content[1], content[2], content[3]]),
+                protocol_status: content[4],
+            }
+        }
+        other => return Err(DecodeError::Type(other)),
+    };
+    Ok(Some((record, used)))
+}
+
 /// Take the next whole record off `buf`; `Ok(None)` means more bytes are needed. Records
 /// the web server may ignore (an empty STDOUT, GET_VALUES_RESULT...) are skipped.
 pub fn decode(buf: &mut BytesMut) -> Result<Option<Record>, DecodeError> {
     loop {
-        if buf.len() < HEADER_LEN {
-            return Ok(None);
-        }
-        let h = &buf[..HEADER_LEN];
-        if h[0] != VERSION {
-            return Err(DecodeError::Version(h[0]));
-        }
-        let kind = h[1];
-        let id = u16::from_be_bytes([h[2], h[3]]);
-        let len = usize::from(u16::from_be_bytes([h[4], h[5]]));
-        let pad = usize::from(h[6]);
-        if buf.len() < HEADER_LEN + len + pad {
-            buf.reserve(HEADER_LEN + len + pad - buf.len());
-            return Ok(None);
-        }
-        // Management records (request id 0) carry no request's data.
-        if id == 0 {
-            buf.advance(HEADER_LEN + len + pad);
-            continue;
-        }
-        if id != REQUEST_ID {
-            return Err(DecodeError::RequestId(id));
-        }
-        buf.advance(HEADER_LEN);
-        let content = buf.split_to(len).freeze();
-        buf.advance(pad);
-        return Ok(Some(match kind {
-            STDOUT if content.is_empty() => continue,
-            STDOUT => Record::Stdout(content),
-            STDERR if content.is_empty() => continue,
-            STDERR => Record::Stderr(content),
-            END_REQUEST => {
-                if content.len() < 8 {
-                    return Err(DecodeError::ShortEnd);
-                }
-                Record::End {
-                    app_status: u32::from_be_bytes([
-                        content[0], content[1], content[2], content[3],
-                    ]),
-                    protocol_status: content[4],
-                }
+        let Some((record, used)) = peek(buf)? else {
+            if buf.len() >= HEADER_LEN {
+                // Room for the rest of the record.
+                let want = HEADER_LEN + usize::from(u16::from_be_bytes([buf[4], buf[5]]));
+                buf.reserve(want + usize::from(buf[6]) - buf.len());
             }
-            other => return Err(DecodeError::Type(other)),
-        }));
+            return Ok(None);
+        };
+        let stdout = matches!(record, RecordRef::Stdout(_));
+        let record = match record {
+            RecordRef::Skip => {
+                buf.advance(used);
+                continue;
+            }
+            RecordRef::End {
+                app_status,
+                protocol_status,
+            } => Record::End {
+                app_status,
+                protocol_status,
+            },
+            RecordRef::Stdout(c) | RecordRef::Stderr(c) => {
+                let len = c.len();
+                buf.advance(HEADER_LEN);
+                let content = buf.split_to(len).freeze();
+                buf.advance(used - HEADER_LEN - len);
+                return Ok(Some(if stdout {
+                    Record::Stdout(content)
+                } else {
+                    Record::Stderr(content)
+                }));
+            }
+        };
+        buf.advance(used);
+        return Ok(Some(record));
     }
 }
 

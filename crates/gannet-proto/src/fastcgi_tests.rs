@@ -155,3 +155,41 @@ fn decode_errors() {
     let mut buf = BytesMut::from(&record(END_REQUEST, 1, &[0, 0], 0)[..]);
     assert_eq!(decode(&mut buf), Err(DecodeError::ShortEnd));
 }
+
+#[test]
+fn peek_borrows_records_where_they_lie() {
+    let mut buf = record(STDOUT, 1, b"Status: 200\r\n\r\nhi", 6);
+    let first = buf.len();
+    buf.extend(record(STDOUT, 0, b"mgmt", 4));
+    buf.extend(record(STDERR, 1, b"", 0));
+    buf.extend(record(END_REQUEST, 1, &[0, 0, 0, 7, 0, 0, 0, 0], 0));
+    let (r, used) = peek(&buf).unwrap().unwrap();
+    assert_eq!(
+        (r, used),
+        (RecordRef::Stdout(b"Status: 200\r\n\r\nhi"), first)
+    );
+    let rest = &buf[used..];
+    let (r, used) = peek(rest).unwrap().unwrap();
+    assert_eq!((r, used), (RecordRef::Skip, 16));
+    let (r, used2) = peek(&rest[used..]).unwrap().unwrap();
+    assert_eq!((r, used2), (RecordRef::Skip, 8));
+    let end = &rest[used + used2..];
+    assert_eq!(
+        peek(end).unwrap(),
+        Some((
+            RecordRef::End {
+                app_status: 7,
+                protocol_status: 0
+            },
+            16
+        ))
+    );
+    // Cut anywhere before its end, a record is not there yet.
+    for cut in 0..end.len() {
+        assert_eq!(peek(&end[..cut]).unwrap(), None);
+    }
+    assert_eq!(
+        peek(&[2, 6, 0, 1, 0, 0, 0, 0]),
+        Err(DecodeError::Version(2))
+    );
+}
