@@ -243,6 +243,11 @@ pub(super) struct Link {
     read_max: usize,
     /// memcached: how much of the `\r\nEND\r\n` after the value is still to come.
     trailer: usize,
+    /// FastCGI: STDOUT taken out of the records as they were read (see [`Link::demux`]),
+    /// to go before anything in `input`.
+    stdout: BytesMut,
+    /// FastCGI: END_REQUEST came last in a read, nothing after it.
+    ended: bool,
 }
 
 impl Link {
@@ -264,6 +269,69 @@ impl Link {
             timers: via.timers.clone(),
             read_max: READ_MAX,
             trailer: 0,
+            stdout: BytesMut::new(),
+            ended: false,
+        }
+    }
+
+    /// One read from the application (0: the end of the stream).
+    fn poll_read(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if self.proto != Proto::FastCgi || !self.input.is_empty() {
+            return poll_read_into(&mut self.conn, (&mut self.input, self.read_max), cx);
+        }
+        let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); READ_MAX];
+        let n = self.read_max.clamp(1, READ_MAX);
+        let mut rb = tokio::io::ReadBuf::uninit(&mut chunk[..n]);
+        std::task::ready!(tokio::io::AsyncRead::poll_read(
+            std::pin::Pin::new(&mut self.conn),
+            cx,
+            &mut rb
+        ))?;
+        self.demux(rb.filled());
+        std::task::Poll::Ready(Ok(rb.filled().len()))
+    }
+
+    /// FastCGI, with no partial record pending: the whole STDOUT records of what was just
+    /// read go into `stdout` as they are copied out of the read's buffer, and the rest (a
+    /// record cut by the read's end, STDERR, or anything after END_REQUEST) into `input`,
+    /// decoded from there in order after them. Hand-written for the usual answer, a few
+    /// records in one read: their content is copied once, into a buffer of its size that
+    /// becomes the answer's body as it is. (Through `input`, each record was copied there,
+    /// split off it - an allocation for the buffer's shared count - and copied again into
+    /// the body, since the rest of `input` still shared the buffer.)
+    fn demux(&mut self, mut got: &[u8]) {
+        // Room for exactly the STDOUT that came: a buffer whose length is its capacity
+        // becomes a `Bytes` and back (the body) without an allocation of its own.
+        let mut room = 0;
+        let mut rest = got;
+        while let Ok(Some((r, used))) = fastcgi::peek(rest) {
+            match r {
+                fastcgi::RecordRef::Stdout(c) => room += c.len(),
+                fastcgi::RecordRef::Skip => {}
+                _ => break,
+            }
+            rest = &rest[used..];
+        }
+        self.stdout.reserve(room);
+        loop {
+            match fastcgi::peek(got) {
+                Ok(Some((fastcgi::RecordRef::Stdout(c), used))) => {
+                    self.stdout.extend_from_slice(c);
+                    got = &got[used..];
+                }
+                Ok(Some((fastcgi::RecordRef::Skip, used))) => got = &got[used..],
+                Ok(Some((fastcgi::RecordRef::End { .. }, used))) if used == got.len() => {
+                    self.ended = true;
+                    got = &[];
+                }
+                _ => break,
+            }
+        }
+        if !got.is_empty() {
+            self.input.extend_from_slice(got);
         }
     }
 
@@ -274,10 +342,10 @@ impl Link {
                 return Ok(ev);
             }
             let phase = if in_body { READING } else { READING_HEAD };
+            let timers = self.timers.clone();
             let read = read_more(
-                &self.timers,
-                &mut self.conn,
-                (&mut self.input, self.read_max),
+                &timers,
+                std::future::poll_fn(|cx| self.poll_read(cx)),
                 timeout,
                 phase,
             );
@@ -299,9 +367,8 @@ impl Link {
                 Err(f) => return Some(Err(f)),
                 Ok(None) => {}
             }
-            let (conn, input, max) = (&mut self.conn, &mut self.input, self.read_max);
             let polled = std::future::poll_fn(|cx| {
-                std::task::Poll::Ready(match poll_read_into(conn, (input, max), cx) {
+                std::task::Poll::Ready(match self.poll_read(cx) {
                     std::task::Poll::Ready(r) => Some(r),
                     std::task::Poll::Pending => None,
                 })
@@ -321,8 +388,18 @@ impl Link {
             return Ok(self.memcached_piece());
         }
         if self.proto == Proto::FastCgi {
-            let record =
-                fastcgi::decode(&mut self.input).map_err(|e| Failure::Protocol(e.to_string()))?;
+            // What `demux` took out goes first; it came before anything in `input`.
+            let record = if !self.stdout.is_empty() {
+                Some(Record::Stdout(std::mem::take(&mut self.stdout).freeze()))
+            } else if self.ended && self.input.is_empty() {
+                self.ended = false;
+                Some(Record::End {
+                    app_status: 0,
+                    protocol_status: 0,
+                })
+            } else {
+                fastcgi::decode(&mut self.input).map_err(|e| Failure::Protocol(e.to_string()))?
+            };
             return match record {
                 Some(Record::Stdout(mut b)) => {
                     if let Some(left) = &mut self.left {
@@ -1327,10 +1404,10 @@ async fn fetch(
         let pick = match w.upstreams.pick(&up, &key, &tried, now) {
             Pick::Full => {
                 let wait = up.queue.map_or(Duration::ZERO, |(_, t)| t);
-                let deadline =
-                    *queue_deadline.get_or_insert_with(|| tokio::time::Instant::now() + wait);
-                if w.upstreams.wait_for_slot(&up, deadline).await {
-                    now = Instant::now();
+                let deadline = *queue_deadline.get_or_insert_with(|| now + wait);
+                if w.upstreams.wait_for_slot(&up, &w.timers, deadline).await {
+                    // The turn's time, as every upstream time here.
+                    now = clock::now();
                     continue;
                 }
                 Pick::Full
@@ -1651,12 +1728,10 @@ pub(super) fn failed(req: &Request, scheme: &str, addr: &Addr, f: &Failure) -> F
 /// enough to make the allocator consolidate its small free chunks each time).
 async fn read_more(
     timers: &ReadTimers,
-    s: &mut Wire,
-    (input, max): (&mut BytesMut, usize),
+    read: impl std::future::Future<Output = std::io::Result<usize>>,
     timeout: Duration,
     phase: &'static str,
 ) -> Result<usize, Failure> {
-    let read = std::future::poll_fn(|cx| poll_read_into(s, (&mut *input, max), cx));
     match timers.within(timeout, read).await {
         Ok(Ok(n)) => Ok(n),
         Ok(Err(e)) => Err(Failure::Io(e, phase)),

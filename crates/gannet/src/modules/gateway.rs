@@ -631,9 +631,9 @@ pub fn build_params(
     // Usually none, so this Vec never allocates (it grew four times per request when it
     // held every name).
     let mut set_names: Vec<&str> = Vec::new();
-    // One buffer for every value (a typical fastcgi_params has about twenty), and one for
-    // the headers' names, each made once at a size that holds the usual ones.
-    let mut v = String::with_capacity(256);
+    // One buffer for every value (a typical fastcgi_params has about twenty): the thread's,
+    // reused request after request (taken out of its cell while in use).
+    let mut v = PARAM_VALUE.with(std::cell::Cell::take);
     for param in c.params.iter().flat_map(|l| l.iter()) {
         v.clear();
         param.value.append_to(&mut v, req, None);
@@ -661,27 +661,52 @@ pub fn build_params(
             }
         }
     }
+    if v.capacity() <= PARAM_VALUE_KEEP {
+        v.clear();
+        PARAM_VALUE.with(|cell| cell.set(v));
+    }
     if c.pass_request_headers.unwrap_or(true) {
-        let mut name = String::with_capacity(64);
+        // `HTTP_` and the name, made byte by byte on the stack (a String built char by char
+        // and allocated per request cost ~40 instructions a header more); a name too long
+        // for it gets a Vec.
+        let mut stack = [0u8; 96];
+        let mut heap = Vec::new();
         for (n, v) in req.head.headers() {
             // Underscores would make two different headers one variable: nginx drops them.
-            if n.contains('_') || (cached && crate::conn::gateway_cache::withheld(n)) {
+            if n.as_bytes().contains(&b'_') || (cached && crate::conn::gateway_cache::withheld(n)) {
                 continue;
             }
-            name.clear();
-            name.push_str("HTTP_");
-            name.extend(n.chars().map(|ch| match ch {
-                '-' => '_',
-                ch => ch.to_ascii_uppercase(),
-            }));
-            if set_names.contains(&name.as_str()) {
+            let len = 5 + n.len();
+            let name: &mut [u8] = if len <= stack.len() {
+                &mut stack[..len]
+            } else {
+                heap.resize(len, 0);
+                &mut heap[..]
+            };
+            name[..5].copy_from_slice(b"HTTP_");
+            for (d, b) in name[5..].iter_mut().zip(n.bytes()) {
+                *d = if b == b'-' {
+                    b'_'
+                } else {
+                    b.to_ascii_uppercase()
+                };
+            }
+            if set_names.iter().any(|s| s.as_bytes() == &name[..]) {
                 continue;
             }
-            out.push(name.as_bytes(), v)?;
+            out.push(name, v)?;
         }
     }
     Ok(())
 }
+
+thread_local! {
+    /// [`build_params`]' value buffer, kept between requests.
+    static PARAM_VALUE: std::cell::Cell<String> = const { std::cell::Cell::new(String::new()) };
+}
+
+/// The most value-buffer capacity kept for the next request (a huge value is not kept).
+const PARAM_VALUE_KEEP: usize = 4096;
 
 /// Whether a header of the application's answer goes to the client.
 pub fn passes(c: &GatewayConf, name: &str) -> bool {

@@ -408,7 +408,7 @@ pub fn parse_url(url: &str, groups: &HashMap<String, Arc<Upstream>>) -> Result<D
             return Err(format!("no path in the unix domain socket \"{url}\""));
         }
         return Ok(Dest {
-            backend: Backend::Addr(Addr::Unix(sock.into())),
+            backend: Backend::Addr(Addr::Unix(std::path::Path::new(sock).into())),
             tls,
             host: "localhost".into(),
             port: default_port,
