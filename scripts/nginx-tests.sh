@@ -59,8 +59,10 @@ cat >"$work/run-one" <<'EOF'
 #!/usr/bin/env bash
 t="$1"; name="$(basename "$t" .t)"
 tmp="$(mktemp -d)"
+start=$(date +%s%N)
 TMPDIR="$tmp" TEST_NGINX_LEAVE=1 timeout -k 10 "$TIMEOUT" perl "$t" >"$RESULTS/$name.tap" 2>"$RESULTS/$name.err"
 rc=$?
+echo $(( ($(date +%s%N) - start) / 1000000 )) >"$RESULTS/$name.ms"
 cat "$RESULTS/$name.tap"
 [ $rc -eq 124 ] || [ $rc -eq 137 ] && echo hang >"$RESULTS/$name.status"
 # A server that would not start under try_run() (the test is then skipped, with stderr
@@ -141,6 +143,7 @@ def result(server, f):
 
 rows, tot = [], {s: [0, 0, 0, 0, 0, 0] for s in ("nginx", "gannet")}
 causes = {s: {} for s in ("nginx", "gannet")}
+slow = []
 for f in files:
     row = [f]
     res = {s: result(s, f) for s in ("nginx", "gannet")}
@@ -167,6 +170,18 @@ for f in files:
             cause = re.sub(r"/tmp/\S+", "PATH", cause)
             n, fs = causes[s].get(cause, (0, []))
             causes[s][cause] = (n + fail, fs + [f])
+    # Time: a file gannet takes more than twice nginx's time over (and more than a second
+    # longer, below which it is start-up noise) is listed. Where nginx did not start the
+    # file's config (a newer nginx's directive) its time is no reference: gannet's is listed
+    # over 10 s, as slow as a file that waits on timeouts.
+    ms = {s: (work / s / f"{Path(f).stem}.ms") for s in ("nginx", "gannet")}
+    if all(m.exists() for m in ms.values()) and sum(res["gannet"][:3]):
+        tn, tg = (int(ms[s].read_text() or 0) for s in ("nginx", "gannet"))
+        if "emerg:" in res["nginx"][3] or not sum(res["nginx"][:3]):
+            if tg > 10000:
+                slow.append(f"{f} {tg / 1000:.1f} s (nginx 1.22 cannot run it)")
+        elif tg > 2 * tn and tg - tn > 1000:
+            slow.append(f"{f} {tg / 1000:.1f} s (nginx {tn / 1000:.1f} s)")
     rows.append(row)
 
 out = ["file\tnginx pass/fail/skip\tgannet pass/fail/skip"]
@@ -186,7 +201,12 @@ for s in ("nginx", "gannet"):
     lines.append(f"\n{s}: subtests lost, by cause")
     for cause, (n, fs) in sorted(causes[s].items(), key=lambda c: -c[1][0]):
         lines.append(f"{n:>6}  {cause}  ({len(fs)} files: {' '.join(fs[:8])}{' ...' if len(fs) > 8 else ''})")
+lines.append(f"\nslow files (over twice nginx's time): {len(slow)}")
+lines += [f"  {x}" for x in slow]
 (work / "causes.txt").write_text("\n".join(lines) + "\n")
+print(f"\nslow files (over twice nginx's time): {len(slow)}")
+for x in slow:
+    print(f"  {x}")
 for s in ("nginx", "gannet"):
     print(f"\n{s}: top causes by subtests lost (all of them in causes.txt, kept with -o)")
     for cause, (n, fs) in sorted(causes[s].items(), key=lambda c: -c[1][0])[:10]:
