@@ -207,6 +207,35 @@ lines += [f"  {x}" for x in slow]
 print(f"\nslow files (over twice nginx's time): {len(slow)}")
 for x in slow:
     print(f"  {x}")
+# The same as markdown, for docs/testing.md's results (-o keeps it as results.md).
+def passed(cell):
+    return int(cell.split("/", 1)[0])
+kept = sum(min(passed(r[1]), passed(r[2])) for r in rows)
+md = ["| server | files run | subtests passed | failed or lost | skipped | hangs or crashes |",
+      "|---|---|---|---|---|---|"]
+for s, label in (("nginx", "Debian's nginx"), ("gannet", "gannet")):
+    run, ok, fail, skip, skipped, hc = tot[s]
+    md.append(f"| {label} | {run} | {ok:,} | {fail:,} | {skip} | {hc} |")
+if tot["nginx"][1]:
+    md += ["", f"Per file, gannet passes at least what nginx passes for {100 * kept / tot['nginx'][1]:.1f}% of "
+           f"nginx's passed subtests ({kept:,} of {tot['nginx'][1]:,})."]
+md += ["", f"Slow files (gannet over twice nginx's time and a second more; where nginx cannot start "
+       f"the config, gannet over 10 s): {len(slow)}" + (":" if slow else ".")]
+md += [f"- {x}" for x in slow]
+md += ["", "gannet's causes of lost subtests:", "", "| lost | cause | files |", "|---|---|---|"]
+for cause, (n, fs) in sorted(causes["gannet"].items(), key=lambda c: -c[1][0]):
+    md.append(f"| {n} | {cause} | {len(fs)} files: {' '.join(fs[:12])}{' ...' if len(fs) > 12 else ''} |")
+md += ["", "Per file (files run by either server; `pass/fail/skip`, fail including lost subtests):", "",
+       "| file | nginx pass/fail/skip | gannet pass/fail/skip |", "|---|---|---|"]
+md += [f"| {r[0]} | {r[1]} | {r[2]} |" for r in rows if not (r[1].startswith("0/0/0 skip:") and r[2].startswith("0/0/0 skip:"))]
+skipped_both = {}
+for r in rows:
+    if r[1].startswith("0/0/0 skip:") and r[2].startswith("0/0/0 skip:"):
+        why = re.sub(r" emerg: .*", "", r[2][len("0/0/0 skip: "):])
+        skipped_both.setdefault(why, []).append(Path(r[0]).stem)
+md += ["", "Skipped by both (the module is not built in, or the test's prerequisites):", ""]
+md += [f"- {why} ({len(fs)}): {', '.join(fs)}" for why, fs in sorted(skipped_both.items(), key=lambda c: -len(c[1]))]
+(work / "results.md").write_text("\n".join(md) + "\n")
 for s in ("nginx", "gannet"):
     print(f"\n{s}: top causes by subtests lost (all of them in causes.txt, kept with -o)")
     for cause, (n, fs) in sorted(causes[s].items(), key=lambda c: -c[1][0])[:10]:
