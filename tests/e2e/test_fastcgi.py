@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -759,6 +760,39 @@ def test_max_conns_without_queue_is_502(gannet, backend):
         release.set()
         t.join(20)
     assert first[0][0] == 200 and first[0][2] == b"done"
+
+
+def test_queue_timeout_is_502_while_the_slot_stays_taken(gannet, backend):
+    """A request queued behind `max_conns` gets its 502 when the queue's timeout passes
+    (the wait is a slot in the worker's deadline table, swept every 250 ms), while the
+    request holding the slot goes on to its answer."""
+    release = threading.Event()
+
+    def slow(conn):
+        release.wait(20)
+        conn.sendall(record(6, b"Content-Type: text/plain\r\n\r\ndone") + end_request())
+
+    b = backend(slow)
+    srv = group_server(gannet, f"""upstream php {{
+        server 127.0.0.1:{b.port} max_conns=1;
+        queue 10 timeout=1s;
+    }}""", files={"x.php": "unused"})
+    first = []
+    t = threading.Thread(target=lambda: first.append(srv.get("/x.php")))
+    t.start()
+    try:
+        assert wait_until(lambda: len(b.conns) == 1), "the first request reached the application"
+        start = time.monotonic()
+        assert srv.get("/x.php")[0] == 502
+        waited = time.monotonic() - start
+        assert 0.9 <= waited < 5, waited
+        assert "no live upstreams" in srv.error_log()
+        assert not first, "the first request is still waiting for its answer"
+    finally:
+        release.set()
+        t.join(20)
+    assert first[0][0] == 200 and first[0][2] == b"done"
+    assert len(b.conns) == 1
 
 
 def test_upstream_config_errors(gannet):
