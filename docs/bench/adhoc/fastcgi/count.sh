@@ -10,7 +10,8 @@
 #   keep: `fastcgi_keep_conn on` and an upstream with `keepalive 4` (gannet's also
 #         `max_conns=4` and a queue: the arena's tuned gannet, docs/bench/adhoc/fastcgi/gannet.conf)
 #   new:  `fastcgi_pass unix:...`, a new connection per request (the arena's nginx)
-#   hello: hello.php from a pool of 16 children started here (php-fpm8.2)
+#   hello: hello.php from a pool of 16 children started here (php-fpm8.2; it stays up for the
+#         next run: kill "$(cat /tmp/fcgicount/fpm.pid)" when done)
 #   s1:   the arena's s1-dynamic mix (260 URLs of the Shakespeare app, HTML and JSON,
 #         `try_files` to the front controller); apps/shakespeare/setup.sh must have run (its
 #         PHP-FPM and MariaDB are moved to CPU 1 while this runs)
