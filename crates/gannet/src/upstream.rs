@@ -591,7 +591,11 @@ impl Drop for Lease {
             if let Some(a) = g.active.get_mut(self.server) {
                 *a = a.saturating_sub(1);
             }
-            g.freed.notify_one();
+            // Only a request waiting in the `queue` needs the word (with none, the notice
+            // would be kept for the next one to wait, which would wake it for nothing).
+            if g.queued > 0 {
+                g.freed.notify_one();
+            }
         }
     }
 }

@@ -391,18 +391,21 @@ pub(super) fn choose(v: &mut View, ip: Option<IpAddr>, key: Option<&[u8]>) -> Fo
 }
 
 fn round_robin(v: &mut View) -> Found {
-    let mut any_full = false;
     for backup in [false, true] {
-        // The tier is walked twice rather than its usable servers collected: this is every
-        // proxied request's path, and the list was an allocation per request.
-        any_full |= v.tier(backup).any(|i| v.fit(i) == Fit::Full);
+        // The tier's usable servers are walked in place rather than collected: this is
+        // every proxied request's path, and the list was an allocation per request.
         let usable =
             |v: &View, i: usize| v.up.servers[i].backup == backup && v.fit(i) == Fit::Usable;
         if let Some(i) = v.swrr_where(usable) {
             return Found::Server(i);
         }
     }
-    if any_full {
+    // Only when none is usable: whether some are at `max_conns` (the request may wait).
+    // Looked at up front, it was each server's fitness taken twice per request.
+    if [false, true]
+        .into_iter()
+        .any(|backup| v.tier(backup).any(|i| v.fit(i) == Fit::Full))
+    {
         Found::Full
     } else {
         Found::None
