@@ -100,6 +100,22 @@ impl Fields {
         }
     }
 
+    /// [`Fields::from_head`] for a head its parser found to be all ASCII, without
+    /// walking it again.
+    ///
+    /// # Safety
+    ///
+    /// Every byte of `head` is ASCII.
+    pub(crate) unsafe fn from_ascii_head(
+        head: Bytes,
+        list: Vec<(HeaderName, Range<usize>)>,
+    ) -> Fields {
+        debug_assert!(head.is_ascii());
+        // SAFETY: ASCII is UTF-8 (the caller's promise).
+        let text = unsafe { ByteString::from_bytes_unchecked(head) };
+        Fields { text, list }
+    }
+
     /// Fields made from (name, value) pairs, for heads not parsed from the wire.
     pub fn from_pairs(pairs: &[(&str, &str)]) -> Fields {
         let mut text = String::new();

@@ -92,8 +92,10 @@ pub fn parse_response(
         // Uninitialised slots: httparse fills only what it uses (no 3 KiB memset per answer).
         let mut slots = [const { MaybeUninit::<Header<'_>>::uninit() }; MAX_HEADERS];
         let mut r = httparse::Response::new(&mut []);
+        let parsed = plain(buf, &mut slots);
+        let fast = parsed.is_some();
         let (status, minor, used, headers): (u16, u8, usize, &[Header<'_>]) =
-            match plain(buf, &mut slots) {
+            match parsed {
                 Some((status, minor, used, n)) => {
                     // SAFETY: `plain` initialised the first `n` slots (and `n` is within
                     // them); they borrow `buf`, as httparse's would.
@@ -172,7 +174,13 @@ pub fn parse_response(
                 }
             }
         }
-        head.headers = Fields::from_head(buf.split_to(used).freeze(), list);
+        let text = buf.split_to(used).freeze();
+        head.headers = if fast {
+            // SAFETY: `plain` took only ASCII bytes into the head (see there).
+            unsafe { Fields::from_ascii_head(text, list) }
+        } else {
+            Fields::from_head(text, list)
+        };
         head.framing = if head_request || status < 200 || status == 204 || status == 304 {
             Framing::Empty
         } else {
@@ -193,7 +201,8 @@ pub fn parse_response(
 
 /// The usual answer head, parsed in one pass: `HTTP/1.1` or `HTTP/1.0`, a three-digit code,
 /// a reason of visible ASCII, then `Name: value` lines of token names and visible-ASCII
-/// values, every line ending in CRLF, up to [`MAX_HEADERS`] fields. Returns the code, the
+/// values, every line ending in CRLF, up to [`MAX_HEADERS`] fields (so all of it ASCII).
+/// Returns the code, the
 /// minor version, the head's length and how many of `slots` hold its fields, exactly as
 /// httparse would give them for such a head; `None` for anything else (not all here yet,
 /// other bytes, bare LFs, folded lines, whitespace after a value, an empty value...),
@@ -267,10 +276,17 @@ fn visible_to_cr(buf: &[u8], mut i: usize) -> Option<usize> {
     const HIGH: u64 = 0x8080_8080_8080_8080;
     while let Some(w) = buf.get(i..i + 8) {
         let x = u64::from_le_bytes(w.try_into().ok()?);
-        // Whether any byte is below 0x20, or above 0x7e (both exact as tests of "any").
+        // The bytes below 0x20 and above 0x7e: exact up to the first flagged one (borrows
+        // and carries go only towards later bytes), which is usually the CR.
         let below = x.wrapping_sub(ONES * 0x20) & !x & HIGH;
-        let above = (x.wrapping_add(ONES * (127 - 0x7e)) | x) & HIGH;
-        if below | above != 0 {
+        // (Adding 0x7f - 0x7e to each byte takes a byte above 0x7e to 0x80 or past it.)
+        let above = (x.wrapping_add(ONES) | x) & HIGH;
+        let odd = below | above;
+        if odd != 0 {
+            i += (odd.trailing_zeros() / 8) as usize;
+            if buf[i] == b'\r' {
+                return Some(i);
+            }
             break;
         }
         i += 8;
