@@ -554,24 +554,18 @@ pub(crate) fn escape_uri(s: &str, out: &mut Vec<u8>) {
 }
 
 /// Client headers never passed on as they are: hop-by-hop ones and the framing, which the
-/// proxy sets itself (`host`, `connection`, `keep-alive`, `te`, `expect`, `upgrade`,
-/// `transfer-encoding`, `content-length`, `proxy-connection`). The name's length picks the
-/// candidates: this runs for every field of every proxied request, where comparing each
-/// with the nine names in turn cost more than the one comparison.
-fn hop(name: &str) -> bool {
-    let is = |n: &str| name.eq_ignore_ascii_case(n);
-    match name.len() {
-        2 => is("te"),
-        4 => is("host"),
-        6 => is("expect"),
-        7 => is("upgrade"),
-        10 => is("connection") || is("keep-alive"),
-        14 => is("content-length"),
-        16 => is("proxy-connection"),
-        17 => is("transfer-encoding"),
-        _ => false,
-    }
-}
+/// proxy sets itself.
+const HOP: &[&str] = &[
+    "host",
+    "connection",
+    "keep-alive",
+    "te",
+    "expect",
+    "upgrade",
+    "transfer-encoding",
+    "content-length",
+    "proxy-connection",
+];
 
 /// What goes upstream besides the fields, for HTTP/1.x and HTTP/2 alike: the method, the
 /// body (`proxy_set_body`'s, the client's, or none), and how a body sent after the head
@@ -683,7 +677,7 @@ pub fn fields(
     }
     if c.gw.pass_request_headers.unwrap_or(true) {
         for (name, value) in req.head.headers() {
-            if hop(name)
+            if HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
                 || is_set(name)
                 || (cached && crate::conn::gateway_cache::withheld(name))
             {
