@@ -94,33 +94,28 @@ pub fn parse_response(
         let mut r = httparse::Response::new(&mut []);
         let parsed = plain(buf, &mut slots);
         let fast = parsed.is_some();
-        let (status, minor, used, headers): (u16, u8, usize, &[Header<'_>]) =
-            match parsed {
-                Some((status, minor, used, n)) => {
-                    // SAFETY: `plain` initialised the first `n` slots (and `n` is within
-                    // them); they borrow `buf`, as httparse's would.
-                    let h = unsafe { std::slice::from_raw_parts(slots.as_ptr().cast(), n) };
-                    (status, minor, used, h)
-                }
-                None => {
-                    let used = match ParserConfig::default()
-                        .parse_response_with_uninit_headers(&mut r, buf, &mut slots)
-                    {
-                        Ok(Status::Complete(n)) => n,
-                        Ok(Status::Partial) if buf.len() > max => {
-                            return Err(ResponseError::TooBig)
-                        }
-                        Ok(Status::Partial) => return Ok(None),
-                        Err(httparse::Error::TooManyHeaders) => {
-                            return Err(ResponseError::TooBig)
-                        }
-                        Err(_) => return Err(ResponseError::Invalid),
-                    };
-                    let status = r.code.ok_or(ResponseError::Invalid)?;
-                    let minor = r.version.ok_or(ResponseError::Invalid)?;
-                    (status, minor, used, &*r.headers)
-                }
-            };
+        let (status, minor, used, headers): (u16, u8, usize, &[Header<'_>]) = match parsed {
+            Some((status, minor, used, n)) => {
+                // SAFETY: `plain` initialised the first `n` slots (and `n` is within
+                // them); they borrow `buf`, as httparse's would.
+                let h = unsafe { std::slice::from_raw_parts(slots.as_ptr().cast(), n) };
+                (status, minor, used, h)
+            }
+            None => {
+                let used = match ParserConfig::default()
+                    .parse_response_with_uninit_headers(&mut r, buf, &mut slots)
+                {
+                    Ok(Status::Complete(n)) => n,
+                    Ok(Status::Partial) if buf.len() > max => return Err(ResponseError::TooBig),
+                    Ok(Status::Partial) => return Ok(None),
+                    Err(httparse::Error::TooManyHeaders) => return Err(ResponseError::TooBig),
+                    Err(_) => return Err(ResponseError::Invalid),
+                };
+                let status = r.code.ok_or(ResponseError::Invalid)?;
+                let minor = r.version.ok_or(ResponseError::Invalid)?;
+                (status, minor, used, &*r.headers)
+            }
+        };
         if used > max {
             return Err(ResponseError::TooBig);
         }
@@ -224,9 +219,7 @@ pub(super) fn plain<'b>(
     if !code.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    let status = code
-        .iter()
-        .fold(0u16, |n, d| n * 10 + u16::from(d - b'0'));
+    let status = code.iter().fold(0u16, |n, d| n * 10 + u16::from(d - b'0'));
     let mut i = 12;
     if *buf.get(i)? == b' ' {
         i = visible_to_cr(buf, i + 1)?;

@@ -218,7 +218,10 @@ fn plain_heads_parse_as_httparse_parses_them() {
         let mut r = httparse::Response::new(&mut slots);
         let used = match r.parse(case) {
             Ok(httparse::Status::Complete(n)) => n,
-            other => panic!("{:?}: plain parsed, httparse {other:?}", String::from_utf8_lossy(case)),
+            other => panic!(
+                "{:?}: plain parsed, httparse {other:?}",
+                String::from_utf8_lossy(case)
+            ),
         };
         let fields: Vec<_> = r
             .headers
