@@ -335,9 +335,17 @@ async fn answer(
         .iter()
         .map(|(n, v)| (n.as_str(), v.as_bytes()));
     let authority = parts.uri.authority().map(|a| a.as_str());
-    let parsed = match bad {
-        true => Err(ParseError::BadRequest("client sent invalid header")),
-        false => RequestHead::from_fields(
+    // nginx's ngx_http_v2_parse_method: upper-case letters, `_` and `-` only (the codec
+    // takes any token).
+    let method_ok = parts
+        .method
+        .as_str()
+        .bytes()
+        .all(|c| c.is_ascii_uppercase() || c == b'_' || c == b'-');
+    let parsed = match (bad, method_ok) {
+        (true, _) => Err(ParseError::BadRequest("client sent invalid header")),
+        (false, false) => Err(ParseError::BadRequest("client sent invalid method")),
+        (false, true) => RequestHead::from_fields(
             parts.method.as_str(),
             target,
             authority,
@@ -355,9 +363,11 @@ async fn answer(
             let line = format!("{} {target} HTTP/2.0", parts.method);
             let head = RequestHead::unparsed(Bytes::from(line), false);
             let host = default.primary_name.clone();
-            let req = Request::new(head, info, default.clone(), String::new(), None, host);
-            let resp = Response::error_page(e.status(), req.conf.core.server_tokens());
-            h2_response::send(w, &req, resp, None, respond).await;
+            let mut req = Request::new(head, info, default.clone(), String::new(), None, host);
+            // Through the server's error_page, as nginx finalizes it (a `return 444`
+            // there resets the stream).
+            let mut ex = H2Exchange { recv, respond };
+            exchange::refuse(&mut ex, w, &mut req, e.status()).await;
             return timeout;
         }
     };

@@ -308,6 +308,12 @@ fn mend_fields(block: &[u8], check: bool, request: bool) -> Option<(Vec<u8>, boo
         }
         out.extend_from_slice(&block[start..at]);
         let mut path = check && request && strings == 1 && matches!(index, 4 | 5);
+        // The value of `:authority` (static entry 1) or Host (38): `Some(pseudo)`.
+        let mut authority = match (strings, index) {
+            (1, 1) if check && request => Some(true),
+            (1, 38) if check && request => Some(false),
+            _ => None,
+        };
         for k in 0..strings {
             let huffman = *block.get(at)? & 0x80 != 0;
             let n = int_len(&block[at..], 7)?;
@@ -332,13 +338,18 @@ fn mend_fields(block: &[u8], check: bool, request: bool) -> Option<(Vec<u8>, boo
                             seen[2] = true;
                             path = check && request;
                         }
+                        b":authority" if request => authority = Some(true),
+                        b"host" if request => authority = Some(false),
                         _ => {}
                     }
                 }
                 let fixed = match name {
                     Some(name) => lawful_name(&name),
                     None if path => lawful_path(kept),
-                    None => lawful_value(kept),
+                    None => match authority {
+                        Some(pseudo) => lawful_authority(kept, pseudo),
+                        None => lawful_value(kept),
+                    },
                 };
                 if let Some(f) = fixed {
                     bad = true;
@@ -421,6 +432,15 @@ fn lawful_name(name: &[u8]) -> Option<Vec<u8>> {
         }
     }
     Some(out)
+}
+
+/// An `:authority` (`pseudo`) or Host value nginx answers 400 that the codec would reset
+/// the stream for - one the `http` crate takes for no authority (empty, a path separator),
+/// or with a control character - made lawful: as many `x` (one for an empty one).
+fn lawful_authority(value: &[u8], pseudo: bool) -> Option<Vec<u8>> {
+    let control = value.iter().any(|&c| c < 0x20 || c == 0x7f);
+    let refused = control || (pseudo && http::uri::Authority::try_from(value).is_err());
+    refused.then(|| vec![b'x'; value.len().max(1)])
 }
 
 /// A field value with NUL, CR or LF (nginx answers 400) made lawful, the same length.
@@ -732,9 +752,25 @@ mod tests {
             got,
             Some((vec![0x82, 0x86, 0x04, 3, b'/', b'a', b'-'], true))
         );
+        // An :authority that is none to the codec (empty, a path separator), or a Host
+        // with a control character: as many `x`.
+        let got = mend_fields(&[0x82, 0x86, 0x84, 0x41, 0], true, true);
+        assert_eq!(got, Some((vec![0x82, 0x86, 0x84, 0x41, 1, b'x'], true)));
+        let got = mend_fields(&[0x82, 0x86, 0x84, 0x41, 3, 0x1b, b'/', b'a'], true, true);
+        assert_eq!(
+            got,
+            Some((vec![0x82, 0x86, 0x84, 0x41, 3, b'x', b'x', b'x'], true))
+        );
+        let got = mend_fields(&[0x82, 0x86, 0x84, 0x66, 2, b'a', 2], true, true);
+        assert_eq!(got, Some((vec![0x82, 0x86, 0x84, 0x66, 2, b'x', b'x'], true)));
+        let host = [0x82, 0x86, 0x84, 0x40, 4, b'h', b'o', b's', b't', 2, b'a', 2];
+        let got = mend_fields(&host, true, true).map(|(b, bad)| (b[10..].to_vec(), bad));
+        assert_eq!(got, Some((vec![b'x', b'x'], true)));
         for fine in [
             &[0x82, 0x86, 0x84, 0x41, 1, b'a'][..],
             &[0x82, 0x86, 0x44, 1, b'*'],
+            // A Host nginx itself judges (path separators are its 400, after the codec).
+            &[0x82, 0x86, 0x84, 0x66, 3, b'a', b'/', b'b'],
         ] {
             assert_eq!(mend_fields(fine, true, true), None, "{fine:?}");
         }
