@@ -42,27 +42,70 @@ const MAX_BLOCK: usize = 256 * 1024;
 /// The largest frame payload either side of gannet accepts by default (SETTINGS_MAX_FRAME_SIZE).
 const MAX_FRAME: usize = 16 * 1024;
 
-/// The streams of a connection whose request is to be answered 400 (see the module docs).
+/// The streams of a connection whose request is to be answered 400 (see the module docs),
+/// and each request's header block length (nginx's `$request_length` before the body: the
+/// HEADERS and CONTINUATION payloads without padding or priority).
 #[derive(Default)]
-pub struct Refused(RefCell<Vec<u32>>);
+pub struct Refused {
+    ids: RefCell<Vec<u32>>,
+    lens: RefCell<Vec<(u32, u32)>>,
+}
 
 impl Refused {
     /// Whether stream `id` was noted (it is forgotten then).
     pub fn take(&self, id: u32) -> bool {
-        let mut ids = self.0.borrow_mut();
+        let mut ids = self.ids.borrow_mut();
         let found = ids.iter().position(|&s| s == id);
         found.map(|i| ids.swap_remove(i)).is_some()
     }
 
-    fn note(&self, id: u32) {
-        let mut ids = self.0.borrow_mut();
-        // Streams the codec refuses before they are handled are never taken: the oldest
-        // notes go first.
-        if ids.len() >= 64 {
-            ids.remove(0);
-        }
-        ids.push(id);
+    /// The length of stream `id`'s header block (forgotten then).
+    pub fn block_len(&self, id: u32) -> Option<u32> {
+        let mut lens = self.lens.borrow_mut();
+        let found = lens.iter().position(|&(s, _)| s == id);
+        found.map(|i| lens.swap_remove(i).1)
     }
+
+    fn note(&self, id: u32) {
+        keep_last(&mut self.ids.borrow_mut(), id);
+    }
+
+    fn note_len(&self, id: u32, len: usize) {
+        let len = u32::try_from(len).unwrap_or(u32::MAX);
+        keep_last(&mut self.lens.borrow_mut(), (id, len));
+    }
+}
+
+/// Streams the codec refuses before they are handled are never taken: the oldest notes go
+/// first.
+fn keep_last<T>(notes: &mut Vec<T>, note: T) {
+    if notes.len() >= 64 {
+        notes.remove(0);
+    }
+    notes.push(note);
+}
+
+/// The header block's own bytes in `frames` (a HEADERS frame and its CONTINUATION frames):
+/// the payloads without the pad length, the padding and the priority fields.
+fn block_len(frames: &[u8]) -> usize {
+    let mut at = 0;
+    let mut len = 0;
+    while let Some(h) = frames.get(at..at + 9) {
+        let n = frame_len(h);
+        let mut own = n;
+        if h[3] == HEADERS {
+            if h[4] & PADDED != 0 {
+                let pad = frames.get(at + 9).map_or(0, |&p| usize::from(p));
+                own = own.saturating_sub(1 + pad);
+            }
+            if h[4] & PRIORITY != 0 {
+                own = own.saturating_sub(5);
+            }
+        }
+        len += own;
+        at += 9 + n;
+    }
+    len
 }
 
 pub struct HpackMend<IO> {
@@ -157,6 +200,9 @@ impl<IO> HpackMend<IO> {
             let request = block[3] == HEADERS && sid > self.last_sid;
             if request {
                 self.last_sid = sid;
+                if let Some(r) = &self.refused {
+                    r.note_len(sid, block_len(&block));
+                }
             }
             match mend_block(&block, check, request) {
                 Some((frame, bad)) => {
