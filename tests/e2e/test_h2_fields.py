@@ -137,3 +137,43 @@ def test_refused_request_goes_through_error_page(tmp_path):
         got = [status_of(srv.port, b""), status_of(srv.port, b"", pseudo=b"\x82\x84")]
         want = [status_of(nginx_port, b""), status_of(nginx_port, b"", pseudo=b"\x82\x84")]
     assert got == want == ["200", "RST_STREAM"]
+
+
+LENGTH_CONF = PEER_MAIN + r"""
+http {
+    access_log off;
+    server {
+        listen 127.0.0.1:{port} http2;
+        location / { return 200 "$request_length"; }
+    }
+}
+"""
+
+
+def body_of(port: int, block: bytes) -> bytes:
+    """The DATA of the answer to a request with header block `block` on stream 1."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(PREFACE + frame(4, 0, 0, b"") + frame(HEADERS, 0x5, 1, block))
+        data, body = b"", b""
+        while chunk := s.recv(65536):
+            data += chunk
+            while len(data) >= 9 and len(data) >= 9 + int.from_bytes(data[:3], "big"):
+                n = int.from_bytes(data[:3], "big")
+                kind, flags, payload = data[3], data[4], data[9:9 + n]
+                data = data[9 + n:]
+                if kind == 0:
+                    body += payload
+                    if flags & 1:
+                        return body
+    return body
+
+
+@pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
+def test_request_length_is_the_header_block(tmp_path):
+    """$request_length over HTTP/2 is the header block's length as it came (HPACK-coded)."""
+    blocks = [b"\x82\x86\x84\x01\x09localhost",
+              b"\x82\x86\x84\x01\x09localhost" + literal(b"x-long", b"v" * 100)]
+    with side_by_side(tmp_path, LENGTH_CONF) as (srv, nginx_port):
+        got = [body_of(srv.port, b) for b in blocks]
+        want = [body_of(nginx_port, b) for b in blocks]
+    assert got == want == [str(len(b)).encode() for b in blocks]
