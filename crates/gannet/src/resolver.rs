@@ -175,10 +175,8 @@ impl Resolver {
                     let (found, ttl) = tokio::time::timeout_at(deadline, asked)
                         .await
                         .map_err(|_| Failure::TimedOut)??;
-                    let until = Instant::now()
-                        + self
-                            .valid
-                            .unwrap_or(Duration::from_secs(u64::from(ttl)));
+                    let until =
+                        Instant::now() + self.valid.unwrap_or(Duration::from_secs(u64::from(ttl)));
                     self.keep(&key, &found, until);
                     (found, until)
                 }

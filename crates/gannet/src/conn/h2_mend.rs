@@ -808,8 +808,13 @@ mod tests {
             Some((vec![0x82, 0x86, 0x84, 0x41, 3, b'x', b'x', b'x'], true))
         );
         let got = mend_fields(&[0x82, 0x86, 0x84, 0x66, 2, b'a', 2], true, true);
-        assert_eq!(got, Some((vec![0x82, 0x86, 0x84, 0x66, 2, b'x', b'x'], true)));
-        let host = [0x82, 0x86, 0x84, 0x40, 4, b'h', b'o', b's', b't', 2, b'a', 2];
+        assert_eq!(
+            got,
+            Some((vec![0x82, 0x86, 0x84, 0x66, 2, b'x', b'x'], true))
+        );
+        let host = [
+            0x82, 0x86, 0x84, 0x40, 4, b'h', b'o', b's', b't', 2, b'a', 2,
+        ];
         let got = mend_fields(&host, true, true).map(|(b, bad)| (b[10..].to_vec(), bad));
         assert_eq!(got, Some((vec![b'x', b'x'], true)));
         for fine in [

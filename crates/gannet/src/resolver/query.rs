@@ -300,10 +300,7 @@ pub(super) async fn udp_socket(server: SocketAddr) -> Option<tokio::net::UdpSock
     Some(sock)
 }
 
-async fn recv(
-    sock: Option<&tokio::net::UdpSocket>,
-    buf: &mut [u8],
-) -> std::io::Result<usize> {
+async fn recv(sock: Option<&tokio::net::UdpSocket>, buf: &mut [u8]) -> std::io::Result<usize> {
     match sock {
         Some(s) => s.recv(buf).await,
         None => std::future::pending().await,
