@@ -1057,8 +1057,37 @@ pub async fn unless_client_leaves<F: std::future::Future>(
             req,
             format_args!("client prematurely closed connection, so upstream connection is closed too while {READING_HEAD}"),
         );
+        abandoned(req);
     }
     raced
+}
+
+/// The client left during an attempt: the attempt is noted with the times it got to (its
+/// connect time if it connected, no header time, its time until now) and no status, as
+/// nginx logs it (`$upstream_status` `-`).
+fn abandoned(req: &Request) {
+    let mut tries = req.upstream.borrow_mut();
+    let Some((addr, since)) = tries.under_way.take() else {
+        return;
+    };
+    let connect = tries.connected.take().map(|t| t.duration_since(since));
+    tries.head_read = None;
+    let (sent, received) = (
+        std::mem::take(&mut tries.sent),
+        std::mem::take(&mut tries.received),
+    );
+    tries.pending = false;
+    tries.push(UpstreamTry {
+        addr,
+        status: 0,
+        time: clock::now().duration_since(since),
+        connect,
+        header: None,
+        sent,
+        received,
+        body: 0,
+        started: since,
+    });
 }
 
 /// The body read whole that goes to an application: none on an error page's or a local
@@ -1272,6 +1301,7 @@ async fn fetch(
             let mut spare = spare.into_iter();
             let mut tries = 1u64;
             loop {
+                req.upstream.borrow_mut().under_way = Some((addr.clone(), t0));
                 let r = match &h2 {
                     Some(h) => {
                         super::proxy_h2::exchange(req, &via, c, &addr, false, h, &mut out).await
@@ -1367,28 +1397,33 @@ async fn fetch(
                 None => continue,
             },
         };
+        req.upstream.borrow_mut().under_way = Some((addr.clone(), now));
         let idle = if keep {
             w.upstreams.take_idle(&up, i, via.kind(), now)
         } else {
             None
         };
+        // With the answer: the requests its connection carried before, and when the
+        // connection was made (for `keepalive_requests` and `keepalive_time`).
         let result = match (idle, &h2) {
             (_, Some(h)) => {
                 let keep = up.keepalive > 0;
                 let r = super::proxy_h2::exchange(req, &via, c, addr, keep, h, &mut out).await;
-                r.map(|a| (a, 0))
+                r.map(|a| (a, (0, now)))
             }
             // A kept connection the server closed meanwhile is no failure of the server:
             // try once more on a new one.
-            (Some((conn, n)), None) => {
+            (Some((conn, n, born)), None) => {
                 match exchange(req, addr, Link::new(conn, &via), &mut out).await {
-                    Err(f) if f.stale() && !out.started() => {
-                        fresh(req, &via, addr, &mut out).await.map(|a| (a, 0))
-                    }
-                    r => r.map(|a| (a, n)),
+                    Err(f) if f.stale() && !out.started() => fresh(req, &via, addr, &mut out)
+                        .await
+                        .map(|a| (a, (0, now))),
+                    r => r.map(|a| (a, (n, born))),
                 }
             }
-            (None, None) => fresh(req, &via, addr, &mut out).await.map(|a| (a, 0)),
+            (None, None) => fresh(req, &via, addr, &mut out)
+                .await
+                .map(|a| (a, (0, now))),
         };
         now = record(
             req,
@@ -1406,7 +1441,7 @@ async fn fetch(
             && c.next_upstream_timeout
                 .is_none_or(|t| t.is_zero() || now.duration_since(start) < t);
         match result {
-            Ok((a, n)) => {
+            Ok((a, (n, born))) => {
                 let status = a.head.status.unwrap_or(200);
                 if more && retry_status(status, c, req) {
                     // nginx counts these against the server, except 403 and 404.
@@ -1420,6 +1455,7 @@ async fn fetch(
                     server: i,
                     kind: via.kind(),
                     requests: n + 1,
+                    born,
                     linger: via.proto == Proto::Http,
                 };
                 if keep && a.done && a.link.reusable() {
@@ -1543,6 +1579,7 @@ pub(super) fn record(
 ) -> Instant {
     let end = clock::now();
     let mut tries = req.upstream.borrow_mut();
+    tries.under_way = None;
     let connect = tries.connected.take().map(|t| t.duration_since(since));
     let header = tries.head_read.take().map(|t| t.duration_since(since));
     crate::modules::metrics::attempt(peer, status, header.is_some(), end.duration_since(since));
@@ -2390,6 +2427,16 @@ pub(super) fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
         Answer::Respond(s, h) => (s, h),
     };
     if status >= 300 && c.intercept_errors() && req.conf.error_page.find(status).is_some() {
+        let fields = &head.headers;
+        let challenges: Vec<String> = fields
+            .list
+            .iter()
+            .filter(|(n, _)| status == 401 && n.eq_ignore_ascii_case("www-authenticate"))
+            .map(|(_, at)| fields.value(at).to_string())
+            .collect();
+        if !challenges.is_empty() {
+            return Flow::Intercepted(status, challenges);
+        }
         return Flow::Status(status);
     }
     let proxied = gateway::active(&req.conf) == Some(Proto::Http);
@@ -2449,13 +2496,7 @@ pub(super) fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
         };
         resp.passed_server_date = (passed("server"), passed("date"));
     }
-    // `X-Accel-Charset`: the charset the answer is said to be in, added to a Content-Type
-    // that names none (gannet recodes nothing: nginx too leaves a type that names another
-    // charset as it is when it has no map between the two).
-    if let (Some(cs), Some(ct)) = (charset, &resp.content_type) {
-        if !cs.is_empty() && !ct.to_ascii_lowercase().contains("charset=") {
-            resp.content_type = Some(Arc::from(format!("{ct}; charset={cs}")));
-        }
-    }
+    // `X-Accel-Charset`: the charset the answer is to be sent in (`charset::start`).
+    resp.override_charset = charset.filter(|cs| !cs.is_empty()).map(Arc::from);
     Flow::Done(resp)
 }

@@ -356,7 +356,8 @@ async fn answer(
             let head = RequestHead::unparsed(Bytes::from(line), false);
             let host = default.primary_name.clone();
             let req = Request::new(head, info, default.clone(), String::new(), None, host);
-            let resp = Response::error_page(e.status(), req.conf.core.server_tokens());
+            let resp =
+                Response::error_page(exchange::refusal_status(&e), req.conf.core.server_tokens());
             h2_response::send(w, &req, resp, None, respond).await;
             return timeout;
         }
@@ -421,7 +422,7 @@ impl Exchange for H2Exchange<'_> {
         (o, true, src.total)
     }
 
-    async fn client_gone(&mut self, _: &Rc<Worker>) {
+    async fn client_gone(&mut self, _: &Rc<Worker>, _: bool) {
         let _ = std::future::poll_fn(|cx| self.respond.poll_reset(cx)).await;
     }
 
