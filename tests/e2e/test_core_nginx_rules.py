@@ -79,7 +79,9 @@ def test_request_rules_as_nginx(tmp_path):
         for name, port in (("nginx", nginx_port), ("gannet", srv.port)):
             trace = raw(port, b"TRACE / HTTP/1.1\r\nHost: t\r\n\r\n")
             connect = raw(port, b"CONNECT / HTTP/1.1\r\nHost: t\r\n\r\n")
-            found = get(port, "/auth/?f=htpasswd", auth)
+            # Relative to each server's prefix (gannet's is its config's folder, next to the
+            # shared document root; nginx's is its own folder beside it).
+            found = get(port, "/auth/?f=../gannet/www/htpasswd", auth)
             missing = get(port, "/auth/?f=nx", auth)
             nested = get(port, "/nested/a.txt")
             ssi = get(port, "/ssi/page.html")

@@ -389,6 +389,7 @@ def test_background_update_is_done_before_the_connection_goes_on_as_nginx(tmp_pa
 
         app = rawapps.HttpApp(behave)
         try:
+            (tmp_path / name).mkdir()
             with side_by_side(tmp_path / name, SWR_CONF.replace("APP_PORT", str(app.port))) as (srv, nginx_port):
                 port = nginx_port if name == "nginx" else srv.port
                 get = lambda: exchange(port, b"GET /p HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")  # noqa: E731

@@ -74,6 +74,7 @@ def test_failures_among_successes_take_a_server_out_as_nginx(tmp_path, app):
     for name in ("nginx", "gannet"):
         a, b = app(flaky("a")), app(steady("b"))
         conf = FAILS_CONF.replace("A_PORT", str(a.port)).replace("B_PORT", str(b.port))
+        (tmp_path / name).mkdir()
         with side_by_side(tmp_path / name, conf) as (srv, nginx_port):
             port = nginx_port if name == "nginx" else srv.port
             seen = {"a": 0, "b": 0}
@@ -213,7 +214,7 @@ def test_a_client_that_leaves_gives_its_limit_conn_count_back_at_once_as_nginx(t
                 wait_until(lambda: len(backend.requests) > before)
                 held = get(port, "/1").status
                 s.close()
-                released = wait_until(lambda: get(port, "/1").status == 200, deadline=0.2)
+                released = wait_until(lambda: get(port, "/1").status == 200, deadline=0.1)
                 got[name] = (held, bool(released))
     finally:
         hold.set()
