@@ -394,7 +394,7 @@ def test_background_update_is_done_before_the_connection_goes_on_as_nginx(tmp_pa
                 port = nginx_port if name == "nginx" else srv.port
                 get = lambda: exchange(port, b"GET /p HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")  # noqa: E731
                 first = get()
-                time.sleep(1.1)  # the entry's max-age running out: nothing signals it
+                time.sleep(2.1)  # the entry's max-age (whole seconds) running out: nothing signals it
                 started = time.monotonic()
                 stale = get()
                 waited = time.monotonic() - started
