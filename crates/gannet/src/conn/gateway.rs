@@ -2435,7 +2435,7 @@ pub(super) fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
             .map(|(_, at)| fields.value(at).to_string())
             .collect();
         if !challenges.is_empty() {
-            return Flow::Intercepted(status, challenges);
+            return Flow::Intercepted(Box::new((status, challenges)));
         }
         return Flow::Status(status);
     }
@@ -2497,6 +2497,6 @@ pub(super) fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
         resp.passed_server_date = (passed("server"), passed("date"));
     }
     // `X-Accel-Charset`: the charset the answer is to be sent in (`charset::start`).
-    resp.override_charset = charset.filter(|cs| !cs.is_empty()).map(Arc::from);
+    *req.override_charset.borrow_mut() = charset.filter(|cs| !cs.is_empty()).map(Arc::from);
     Flow::Done(resp)
 }

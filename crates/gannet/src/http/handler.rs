@@ -133,7 +133,8 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
             },
             Flow::Redirect(uri) => internal_redirect(req, w, &uri),
             Flow::Accel(uri, carried) => accel_redirect(req, w, &uri, carried),
-            Flow::Intercepted(code, challenges) => {
+            Flow::Intercepted(i) => {
+                let (code, challenges) = *i;
                 req.auth_challenge.extend(challenges);
                 Flow::Status(code)
             }

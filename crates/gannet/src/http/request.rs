@@ -104,6 +104,11 @@ pub struct Request {
     /// The background update of a STALE answer's entry (`*_cache_background_update`): as
     /// nginx's background subrequest, the connection goes on once it is done.
     pub background: RefCell<Option<tokio::task::JoinHandle<()>>>,
+    /// An application's `X-Accel-Charset` (nginx's `override_charset` of the answer): the
+    /// charset the charset filter recodes its answer into, whatever the location's
+    /// `charset` says; taken by the filter. (Kept here, not in the `Response`, which every
+    /// answer carries.)
+    pub override_charset: RefCell<Option<Arc<str>>>,
     /// The slice module's state, made when `$slice_range` is read (`modules::slice`).
     pub slice: RefCell<Option<Box<crate::modules::slice::State>>>,
     /// A cache's background update (`*_cache_background_update`): it fetches even while
@@ -309,6 +314,7 @@ impl Request {
             cache_status: Cell::new(None),
             cache: RefCell::new(None),
             background: RefCell::new(None),
+            override_charset: RefCell::new(None),
             slice: RefCell::new(None),
             cache_background: false,
             auth_delayed: None,

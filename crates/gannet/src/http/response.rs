@@ -158,9 +158,6 @@ pub struct Response {
     /// Server`/`Date`): gannet adds none of its own, even when the application sent none
     /// (nginx's proxy marks a missing one with an empty field that is never sent).
     pub passed_server_date: (bool, bool),
-    /// An application's `X-Accel-Charset` (nginx's `override_charset`): the charset the
-    /// charset filter recodes the answer into, whatever the location's `charset` says.
-    pub override_charset: Option<Arc<str>>,
 }
 
 impl Response {

@@ -293,8 +293,12 @@ fn eval(n: &Name, req: &Request) -> Option<String> {
 /// recoding (in `resp.rewrites`), as nginx's. Free for a location without `charset` whose
 /// answer has no `X-Accel-Charset`.
 pub fn start(req: &Request, resp: &mut Response) {
+    let over = req.override_charset.borrow_mut().take();
+    start_with(req, resp, over);
+}
+
+fn start_with(req: &Request, resp: &mut Response, over: Option<Arc<str>>) {
     let c = &req.conf.charset;
-    let over = resp.override_charset.take();
     let dst_conf = c.charset.as_ref().filter(|n| !matches!(n, Name::Off));
     if over.is_none() && dst_conf.is_none() {
         return;
@@ -405,14 +409,14 @@ pub fn keep_length(resp: &mut Response) {
 /// Whether `start` will change the body's length (for the filters that plan before it).
 pub fn changes_length(req: &Request, resp: &Response) -> bool {
     let c = &req.conf.charset;
-    if c.charset.as_ref().is_none_or(|n| matches!(n, Name::Off)) && resp.override_charset.is_none()
+    if c.charset.as_ref().is_none_or(|n| matches!(n, Name::Off))
+        && req.override_charset.borrow().is_none()
     {
         return false;
     }
     let mut probe = Response {
         status: resp.status,
         content_type: resp.content_type.clone(),
-        override_charset: resp.override_charset.clone(),
         headers: resp
             .headers
             .iter()
@@ -421,7 +425,8 @@ pub fn changes_length(req: &Request, resp: &Response) -> bool {
             .collect(),
         ..Default::default()
     };
-    start(req, &mut probe);
+    let over = req.override_charset.borrow().clone();
+    start_with(req, &mut probe, over);
     probe.length_unknown
 }
 
