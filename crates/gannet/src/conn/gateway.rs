@@ -1859,7 +1859,7 @@ async fn outcome(
     lease: Option<Lease>,
 ) -> Outcome {
     if a.head.status == Some(101) {
-        return upgrade(req, c, a, &addr);
+        return upgrade(req, c, a);
     }
     // Whether the answer may be stored, before storing it takes the request's entry.
     let cacheable = super::gateway_cache::cacheable(req);
@@ -1916,18 +1916,19 @@ async fn outcome(
     }
 }
 
-/// A 101 answer: the client gets its head, then the tunnel, if it asked to upgrade at all
-/// (nginx's rule; a 101 nobody asked for is a broken server).
-fn upgrade(req: &Request, c: &GatewayConf, a: Answered, addr: &Addr) -> Outcome {
+/// A 101 answer: the client gets its head, then the tunnel, if it asked to upgrade at all.
+/// A 101 nobody asked for is passed on as nginx does: its head alone, no body and nothing
+/// switched, the connection closed after it.
+fn upgrade(req: &Request, c: &GatewayConf, a: Answered) -> Outcome {
     if req.head.header("upgrade").is_none() {
-        errlog::request(
-            Level::Error,
-            req,
-            format_args!(
-                "upstream sent \"101 Switching Protocols\" response to a request without \"Upgrade\" header while {READING_HEAD}, upstream: \"{}://{addr}\"", a.link.scheme
-            ),
-        );
-        return Outcome::Flow(Flow::Status(502));
+        return match answer(req, c, a.head) {
+            Flow::Done(mut resp) => {
+                resp.body = Body::Empty;
+                resp.close = true;
+                Outcome::Flow(Flow::Done(resp))
+            }
+            flow => Outcome::Flow(flow),
+        };
     }
     let Answered {
         head, body, link, ..
