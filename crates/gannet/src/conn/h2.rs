@@ -370,7 +370,7 @@ async fn answer(
             // Through the server's error_page, as nginx finalizes it (a `return 444`
             // there resets the stream).
             let mut ex = H2Exchange { recv, respond };
-            exchange::refuse(&mut ex, w, &mut req, e.status()).await;
+            exchange::refuse(&mut ex, w, &mut req, exchange::refusal_status(&e)).await;
             return timeout;
         }
     };
@@ -435,7 +435,7 @@ impl Exchange for H2Exchange<'_> {
         (o, true, src.total)
     }
 
-    async fn client_gone(&mut self, _: &Rc<Worker>) {
+    async fn client_gone(&mut self, _: &Rc<Worker>, _: bool) {
         let _ = std::future::poll_fn(|cx| self.respond.poll_reset(cx)).await;
     }
 

@@ -594,7 +594,7 @@ pub fn set(
     Ok(true)
 }
 
-fn parse_backend(d: &Directive, a: &str, ctx: &LoadCtx) -> Result<Backend, ConfError> {
+fn parse_backend(d: &Directive, a: &str, ctx: &mut LoadCtx) -> Result<Backend, ConfError> {
     if a.contains('$') {
         let value = Template::compile(a).map_err(|e| d.error(e))?;
         return Ok(Backend::Vars(Arc::new(PassVars {
@@ -606,11 +606,20 @@ fn parse_backend(d: &Directive, a: &str, ctx: &LoadCtx) -> Result<Backend, ConfE
         return Ok(Backend::Group(up.clone()));
     }
     match Addr::parse(a) {
+        Some(Addr::Tcp(hp)) => Ok(implicit_group(ctx, &hp).unwrap_or(Backend::Addr(Addr::Tcp(hp)))),
         Some(addr) => Ok(Backend::Addr(addr)),
         None if a.starts_with("unix:") => Err(invalid(d, a)),
         // What nginx says when a name is neither a group nor a host:port.
         None => Err(d.error(format!("host not found in upstream \"{a}\""))),
     }
+}
+
+/// A `*_pass` to `host:port` whose host is a name: nginx's implicit group of the addresses
+/// it resolves to (`upstream::implicit`).
+pub fn implicit_group(ctx: &mut LoadCtx, host_port: &str) -> Option<Backend> {
+    let (host, port) = host_port.rsplit_once(':')?;
+    let port = port.parse().ok()?;
+    crate::upstream::implicit(&mut ctx.upstreams, host, port).map(Backend::Group)
 }
 
 /// The parameters of a request into `out`: the configured `*_param`s, then each request
