@@ -173,6 +173,14 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
             .and_then(|(t, s)| t.refusal(s))
     };
     let handled = match refusal {
+        // TRACE is refused before anything else runs, on every protocol, as nginx's
+        // ngx_http_process_request_header.
+        _ if req.head.method == Method::Trace => {
+            errlog::request(Level::Info, req, format_args!("client sent TRACE method"));
+            // Refused before keep-alive is settled: the connection closes after it.
+            keep = false;
+            handler::resume(req, w, Flow::Status(405))
+        }
         // nginx's own status (497, 495, 496) or 421, through `error_page` like any other;
         // the connection closes after the answer.
         Some((status, why)) => {
@@ -185,7 +193,7 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
     // The rare branches' futures (a wait, a request body, an upgrade, gRPC, the image
     // filter) are boxed where they are taken: inline, each would widen this future - which
     // every request allocates - to its own size, for requests that never take them.
-    let mut handled = if matches!(handled, Handled::Delay(_)) {
+    let handled = if matches!(handled, Handled::Delay(_)) {
         // A `limit_req` delay ends early when the client leaves (nginx's
         // ngx_http_test_reading): the request is done then, logged 499.
         let raced = {
@@ -207,6 +215,25 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
     } else {
         handled
     };
+    answer(ex, w, req, handled, keep).await
+}
+
+/// A request whose head nginx refuses (a 400 found by the protocol's own checks): answered
+/// through the server's `error_page` like any other status (nginx finalizes it so), where
+/// a `return 444` ends the exchange without an answer.
+pub async fn refuse<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request, status: u16) {
+    let handled = handler::resume(req, w, Flow::Status(status));
+    answer(ex, w, req, handled, false).await;
+}
+
+/// The request's body and answer once the phases have said what to do (`handled`).
+async fn answer<E: Exchange>(
+    ex: &mut E,
+    w: &Rc<Worker>,
+    req: &mut Request,
+    mut handled: Handled,
+    mut keep: bool,
+) -> bool {
     // gRPC streams both ways from the head on (`conn::grpc`): the body is not read first,
     // unless a mirror needs it (below), as in nginx.
     if E::GRPC

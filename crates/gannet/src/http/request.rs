@@ -35,6 +35,9 @@ pub struct Request {
     pub start: Instant,
     /// Bytes of request body read (for `$request_length`).
     pub body_length: u64,
+    /// The head's length as it came when that is not `head.raw()`'s (HTTP/2: the header
+    /// block, HPACK-coded), for `$request_length`.
+    pub wire_head_len: Option<u32>,
     /// The body read whole for an application (memory or temporary file), shared with
     /// mirrored copies; `None` when there is none or it is passed on as it arrives.
     pub body: Option<std::rc::Rc<crate::conn::request_body::RequestBody>>,
@@ -275,6 +278,7 @@ impl Request {
             // The turn's time (`runtime::clock`): the head was read in this turn.
             start: crate::runtime::clock::now(),
             body_length: 0,
+            wire_head_len: None,
             body: None,
             internal: false,
             redirects: 0,

@@ -1008,7 +1008,10 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
             }
         }
         Var::RequestLength => {
-            push_uint(out, req.head.raw().len() as u64 + req.body_length);
+            let head = req
+                .wire_head_len
+                .map_or(req.head.raw().len() as u64, u64::from);
+            push_uint(out, head + req.body_length);
         }
         Var::RequestTime => push_secs(
             out,
