@@ -205,7 +205,7 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
             None => {
                 let why = "client prematurely closed connection";
                 errlog::request(Level::Info, req, format_args!("{why}"));
-                super::log::access(w, req, &Response::new(499), 0, 0);
+                super::log::access(w, req, &Response::new(499), 0, 0, false);
                 return false;
             }
         }
@@ -335,7 +335,7 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
                         match raced {
                             Some(o) => o,
                             None => {
-                                super::log::access(w, req, &Response::new(499), 0, 0);
+                                super::log::access(w, req, &Response::new(499), 0, 0, false);
                                 return false;
                             }
                         }

@@ -425,7 +425,7 @@ pub async fn serve_h2(
     let mut stream = match respond.send_response(h, ended) {
         Ok(s) => s,
         Err(_) => {
-            super::log::access(w, req, &resp, 0, 0);
+            super::log::access(w, req, &resp, 0, 0, false);
             return Served::Done;
         }
     };
@@ -438,8 +438,9 @@ pub async fn serve_h2(
         trailers: None,
         pace: None,
     };
+    let mut whole = true;
     if !ended {
-        let whole = {
+        whole = {
             let mut relay = std::pin::pin!(relay(req, &o, &mut up, &mut out));
             std::future::poll_fn(|cx| {
                 if !pumped {
@@ -462,7 +463,7 @@ pub async fn serve_h2(
         w.upstreams.succeeded(up, *i);
     }
     let sent = out.sent;
-    super::log::access(w, req, &resp, head_len, sent);
+    super::log::access(w, req, &resp, head_len, sent, whole);
     Served::Done
 }
 
@@ -474,7 +475,7 @@ fn client_gone(w: &Worker, req: &Request) -> Served {
         req,
         format_args!("client prematurely closed connection, so upstream connection is closed too while {READING_HEAD}"),
     );
-    super::log::access(w, req, &Response::new(499), 0, 0);
+    super::log::access(w, req, &Response::new(499), 0, 0, false);
     Served::Done
 }
 

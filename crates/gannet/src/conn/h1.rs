@@ -614,7 +614,7 @@ impl<S: Transport> Conn<S> {
             &req,
             format_args!("client timed out while reading client request {part}"),
         );
-        self.log(&req, &Response::new(408), 0, 0);
+        self.log(&req, &Response::new(408), 0, 0, false);
     }
 
     /// Serve one request. Returns whether the connection stays open.
@@ -726,7 +726,8 @@ impl<S: Transport> Conn<S> {
                 Some(mut pace) => Box::pin(self.send_paced(&resp.body, sendfile, &mut pace)).await,
             }
             .is_ok();
-        self.log(req, &resp, head_len, if send_body { body_len } else { 0 });
+        let body_sent = if send_body { body_len } else { 0 };
+        self.log(req, &resp, head_len, body_sent, sent_ok);
         keep && sent_ok
     }
 
@@ -830,7 +831,7 @@ impl<S: Transport> Conn<S> {
         if send_body && whole {
             src.finish(&self.w);
         }
-        self.log(req, &resp, head_len, sent);
+        self.log(req, &resp, head_len, sent, whole && flushed);
         keep && whole && flushed
     }
 
@@ -845,7 +846,7 @@ impl<S: Transport> Conn<S> {
         let early = self.buf.split();
         let idle = req.conf.proxy.gw.read_timeout();
         let n = super::tunnel::relay(&mut self.stream, &mut t.conn, &early, &t.early, idle).await;
-        self.log(req, &resp, head_len, n.to_client);
+        self.log(req, &resp, head_len, n.to_client, true);
         false
     }
 
@@ -1008,8 +1009,8 @@ impl<S: Transport> Conn<S> {
     }
 
     /// The log phase: one line per configured access log.
-    fn log(&self, req: &Request, resp: &Response, head_len: u64, body_len: u64) {
-        super::log::access(&self.w, req, resp, head_len, body_len);
+    fn log(&self, req: &Request, resp: &Response, head_len: u64, body_len: u64, complete: bool) {
+        super::log::access(&self.w, req, resp, head_len, body_len, complete);
     }
 }
 

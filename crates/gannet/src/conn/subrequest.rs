@@ -106,7 +106,7 @@ pub struct Body {
 /// subrequest's `$body_bytes_sent` as 0).
 pub fn log(w: &Worker, r: &Request, status: u16) {
     if r.conf.core.log_subrequest() {
-        super::log::access(w, r, &Response::new(status), 0, 0);
+        super::log::access(w, r, &Response::new(status), 0, 0, false);
     }
 }
 

@@ -445,6 +445,9 @@ fn content(req: &mut Request, w: &Worker) -> Flow {
     if req.conf.stub_status {
         return stub_status::handle(req);
     }
+    if req.conf.empty_gif {
+        return crate::modules::empty_gif::handle(req);
+    }
     if req.conf.flv {
         match crate::modules::flv::handle(req, w) {
             Flow::Next => {}

@@ -6,7 +6,7 @@
 //! `$remote_addr` `$remote_port` `$realip_remote_addr` `$realip_remote_port` `$remote_user` `$server_addr` `$server_port` `$server_name`
 //! `$server_protocol` `$scheme` `$https` `$document_root` `$realpath_root` `$request_filename`
 //! `$request_method` `$request` `$request_body` `$request_body_file` `$request_length` `$request_time` `$status` `$body_bytes_sent`
-//! `$bytes_sent` `$content_type` `$content_length` `$connection` `$connection_requests` `$connection_time` `$pipe` `$msec`
+//! `$bytes_sent` `$content_type` `$content_length` `$connection` `$connection_requests` `$connection_time` `$pipe` `$request_completion` `$msec`
 //! `$time_local` `$time_iso8601` `$pid` `$nginx_version` `$gannet_version` `$fastcgi_script_name`
 //! `$fastcgi_path_info` `$proxy_host` `$proxy_port` `$proxy_add_x_forwarded_for`
 //! `$upstream_addr` `$upstream_status` `$upstream_response_time` `$upstream_connect_time`
@@ -87,6 +87,8 @@ pub enum Var {
     ConnectionTime,
     /// `$pipe`: `p` for a pipelined request, else `.`.
     Pipe,
+    /// `$request_completion`: `OK` once the whole answer is sent, else empty.
+    RequestCompletion,
     Connections(crate::modules::stub_status::Gauge),
     LimitReqStatus,
     LimitConnStatus,
@@ -191,6 +193,7 @@ impl Var {
             "connection_requests" => Var::ConnectionRequests,
             "connection_time" => Var::ConnectionTime,
             "pipe" => Var::Pipe,
+            "request_completion" => Var::RequestCompletion,
             "connections_active" => Var::Connections(Gauge::Active),
             "connections_reading" => Var::Connections(Gauge::Reading),
             "connections_writing" => Var::Connections(Gauge::Writing),
@@ -295,7 +298,11 @@ impl Var {
             Var::Arg(name) => req.arg(name).is_some(),
             Var::Cookie(name) => req.cookie(name).is_some(),
             Var::Args => req.args.is_some(),
-            Var::IsArgs | Var::Http2 | Var::Http3 | Var::InvalidReferer => true,
+            Var::IsArgs
+            | Var::Http2
+            | Var::Http3
+            | Var::InvalidReferer
+            | Var::RequestCompletion => true,
             Var::SentHttp(name) => sent
                 .response
                 .is_some_and(|r| r.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))),
@@ -342,6 +349,8 @@ pub struct Sent<'a> {
     /// The trailer fields sent so far, for `$sent_trailer_*` (`add_trailer` evaluates each
     /// field with those before it already sent, as nginx does).
     pub trailers: &'a [(String, String)],
+    /// The whole answer went out (`$request_completion`); known in the log phase only.
+    pub complete: bool,
 }
 
 impl Sent<'_> {
@@ -354,6 +363,7 @@ impl Sent<'_> {
             bytes: 0,
             response: None,
             trailers: &[],
+            complete: false,
         }
     }
 
@@ -1022,6 +1032,11 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         }
         Var::ConnectionTime => push_secs(out, req.conn.born.elapsed()),
         Var::Pipe => out.push(if req.conn.pipelined { 'p' } else { '.' }),
+        Var::RequestCompletion => {
+            if sent.is_some_and(|s| s.complete) {
+                out.push_str("OK");
+            }
+        }
         Var::Connections(g) => push_uint(out, crate::modules::stub_status::variable(*g)),
         Var::LimitReqStatus => out.push_str(req.limit_req_status.unwrap_or_default()),
         Var::LimitConnStatus => out.push_str(req.limit_conn_status.unwrap_or_default()),

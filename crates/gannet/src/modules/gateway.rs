@@ -504,13 +504,8 @@ pub fn set(
             }
             c.buffers = Some((n, size));
         }
-        "buffer_size" => {
-            let n = setters::size_arg(d, 0)?;
-            if n < 256 {
-                return Err(invalid(d, a0));
-            }
-            c.buffer_size = Some(n);
-        }
+        // Any size, as nginx's: a head that does not fit is the upstream's error (502).
+        "buffer_size" => c.buffer_size = Some(setters::size_arg(d, 0)?),
         "intercept_errors" => c.intercept_errors = Some(setters::flag(d)?),
         "hide_header" => push(&mut c.hide, a0),
         "pass_header" => push(&mut c.pass_headers, a0),
