@@ -430,9 +430,9 @@ pub fn encode_head(r: &Response, body_len: u64, ctx: &HeadCtx, out: &mut Vec<u8>
             out.extend_from_slice(b"\r\nContent-Length: ");
             encode::write_u64(out, n);
         }
-        Field::LastModified(lm) => crate::runtime::clock::with_http_date(lm, |d| {
-            put(out, b"\r\nLast-Modified: ", d)
-        }),
+        Field::LastModified(lm) => {
+            crate::runtime::clock::with_http_date(lm, |d| put(out, b"\r\nLast-Modified: ", d))
+        }
         Field::Location(loc) => put(out, b"\r\nLocation: ", loc),
         Field::Upgrade => out.extend_from_slice(b"\r\nConnection: upgrade"),
         Field::KeepAlive(t) => {
