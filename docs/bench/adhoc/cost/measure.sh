@@ -80,7 +80,8 @@ else
   # sends: data, FIN, ACKs it sends itself).
   perf stat -e 'syscalls:sys_enter_*,context-switches,net:net_dev_xmit' -p "$WP" -o "$W/$L.perf.txt" &
   PP=$!
-  sleep 0.5
+  # perf stat takes a while to attach on a loaded machine: counts start after it has.
+  sleep 2
   load
   kill -INT $PP; wait $PP
   kill $VP; wait $VP 2>/dev/null
