@@ -316,10 +316,11 @@ fn background_update(req: &Request, fetch: Fetching) -> bool {
     let mut copy = super::mirror::copy_of(req, req.uri.clone(), req.body.clone());
     copy.uri_changed = req.uri_changed;
     copy.cache_background = true;
-    tokio::task::spawn_local(async move {
+    let update = tokio::task::spawn_local(async move {
         super::mirror::run(&w, copy, crate::http::flow::Flow::Next).await;
         drop(fetch);
     });
+    *req.background.borrow_mut() = Some(update);
     true
 }
 

@@ -219,7 +219,7 @@ impl Exchange for H3Exchange {
 
     /// The client closed the connection. (A stream the client reset alone is not seen
     /// before the answer is written to it: h3 does not expose the peer's STOP_SENDING.)
-    async fn client_gone(&mut self, _: &Rc<Worker>) {
+    async fn client_gone(&mut self, _: &Rc<Worker>, _: bool) {
         let _ = self.conn.closed().await;
     }
 
