@@ -708,12 +708,28 @@ fn binary_addr(ip: std::net::IpAddr) -> ([u8; 16], usize) {
 fn push_ip(out: &mut String, ip: std::net::IpAddr) {
     match ip {
         std::net::IpAddr::V4(v4) => {
-            for (i, octet) in v4.octets().into_iter().enumerate() {
+            // Digits into a stack buffer, then one copy: four numbers written one by one
+            // were about 210 instructions per access-log line (callgrind).
+            let mut buf = [0u8; 15];
+            let mut n = 0;
+            for (i, o) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
-                    out.push('.');
+                    buf[n] = b'.';
+                    n += 1;
                 }
-                push_uint(out, octet.into());
+                if o >= 100 {
+                    buf[n] = b'0' + o / 100;
+                    n += 1;
+                }
+                if o >= 10 {
+                    buf[n] = b'0' + o / 10 % 10;
+                    n += 1;
+                }
+                buf[n] = b'0' + o % 10;
+                n += 1;
             }
+            // Digits and dots: ASCII.
+            out.push_str(std::str::from_utf8(&buf[..n]).unwrap_or_default());
         }
         std::net::IpAddr::V6(v6) => {
             let _ = write!(out, "{v6}");
@@ -1166,6 +1182,9 @@ mod tests {
             "0.0.0.0",
             "127.0.0.1",
             "10.200.3.255",
+            "255.255.255.255",
+            "100.10.1.9",
+            "1.20.199.0",
             "::1",
             "2001:db8::ff",
             "::ffff:1.2.3.4",
