@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import email.utils
 import socket
+import struct
 import time
 
 import pytest
+
+from nginx_peer import NGINX, PEER_MAIN, side_by_side
 
 FILES = {"a.txt": "hello", "a b.txt": "a b", "x/b.txt": "bee"}
 
@@ -303,3 +306,42 @@ def test_date_header_present_and_valid(srv):
     assert abs(date.timestamp() - time.time()) < 5
     # The exact IMF-fixdate shape: "Sun, 06 Nov 1994 08:49:37 GMT".
     assert email.utils.format_datetime(date, usegmt=True) == h["date"]
+
+
+# --- the close after an answer ----------------------------------------------------------------
+
+CLOSE_CONF = r"""
+http {
+    access_log off;
+    sendfile on;
+    tcp_nopush on;
+    server { listen 127.0.0.1:{port}; root {root}; }
+}
+"""
+
+
+def segments_received(port: int, request: bytes) -> int:
+    """The TCP segments a client received on one connection (`tcpi_segs_in`, Linux's
+    TCP_INFO), read once the server's close has arrived."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    try:
+        s.sendall(request)
+        while s.recv(65536):
+            pass
+        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 192)
+        return struct.unpack_from("I", info, 140)[0]
+    finally:
+        s.close()
+
+
+@pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
+def test_closing_answer_and_fin_share_a_segment_as_in_nginx(tmp_path):
+    # nginx (tcp_nopush) closes its socket corked: the answer and the FIN leave as one
+    # segment. gannet sends a closing connection's last answer with MSG_MORE so the close
+    # puts its FIN on it; it used to send them apart (a segment more per connection, and
+    # an ACK more from the client). The fewest over a few connections: a delayed ACK of the
+    # request may add one on a slow run.
+    with side_by_side(tmp_path, PEER_MAIN + CLOSE_CONF, files=FILES) as (srv, nginx_port):
+        r = req("/a.txt", "Connection: close")
+        got = [min(segments_received(port, r) for _ in range(5)) for port in (srv.port, nginx_port)]
+    assert got[0] == got[1], f"gannet {got[0]} segments, nginx {got[1]}"

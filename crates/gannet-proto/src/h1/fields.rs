@@ -146,6 +146,48 @@ pub(super) fn parse_length(v: &[u8]) -> Option<u64> {
 /// of its host part (without `:port` and one trailing dot). `None` for an invalid host:
 /// empty, `..`, a path separator, whitespace or control bytes.
 pub fn valid_host(v: &[u8]) -> Option<usize> {
+    plain_host(v).or_else(|| valid_host_general(v))
+}
+
+/// Bytes of a host name as most clients send it: letters, digits, `-` and `_`.
+static NAME_BYTE: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        t[c] = b.is_ascii_alphanumeric() || b == b'-' || b == b'_';
+        c += 1;
+    }
+    t
+};
+
+/// The usual Host value in one table lookup a byte: a name or IPv4 address (name bytes
+/// and single dots inside), then maybe `:` and a port of digits. `None` for anything else,
+/// which [`valid_host_general`] judges (the general rules, a dozen instructions a byte:
+/// about 250 for `127.0.0.1:8080`, callgrind).
+fn plain_host(v: &[u8]) -> Option<usize> {
+    let mut prev_dot = true;
+    let mut end = v.len();
+    for (i, &c) in v.iter().enumerate() {
+        if NAME_BYTE[usize::from(c)] {
+            prev_dot = false;
+        } else if c == b'.' && !prev_dot {
+            prev_dot = true;
+        } else if c == b':' {
+            end = i;
+            break;
+        } else {
+            return None;
+        }
+    }
+    if prev_dot || !v[end..].iter().skip(1).all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(end)
+}
+
+/// [`valid_host`]'s rules for every value.
+fn valid_host_general(v: &[u8]) -> Option<usize> {
     let mut host_len = v.len();
     let mut in_literal = false;
     let mut in_port = false;
@@ -187,4 +229,34 @@ pub(super) fn trim_ows(v: &[u8]) -> &[u8] {
         .rposition(|c| !matches!(c, b' ' | b'\t'))
         .map_or(start, |i| i + 1);
     &v[start..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one-lookup-a-byte path takes only values the general rules take, and finds the
+    /// same host part: every value of up to six bytes from the bytes that matter.
+    #[test]
+    fn the_plain_host_path_agrees_with_the_general_one() {
+        let alphabet: &[u8] = b"a-_.:9[]/ \x7f\xc3";
+        let mut v = Vec::new();
+        let mut taken = 0;
+        for len in 0..=6u32 {
+            for mut n in 0..alphabet.len().pow(len) {
+                v.clear();
+                for _ in 0..len {
+                    v.push(alphabet[n % alphabet.len()]);
+                    n /= alphabet.len();
+                }
+                if let Some(h) = plain_host(&v) {
+                    assert_eq!(Some(h), valid_host_general(&v), "{v:?}");
+                    taken += 1;
+                }
+            }
+        }
+        assert!(taken > 1000, "{taken}");
+        assert_eq!(valid_host(b"127.0.0.1:8080"), Some(9));
+        assert_eq!(valid_host(b"Example.COM."), Some(11));
+    }
 }

@@ -164,9 +164,16 @@ pub fn request(g: &ListenGroup, head: RequestHead, target: Target, info: ConnInf
 /// `$host` from the Host header's host part (without port or trailing dot): one String,
 /// lowercased in place.
 fn lowercase(host: &[u8]) -> String {
-    let mut s = String::from_utf8_lossy(host).into_owned();
-    s.make_ascii_lowercase();
-    s
+    // UTF-8 (nearly always ASCII) is checked and copied lowercased in one go; the lossy
+    // conversion's chunk iterator cost more than the rest together (callgrind).
+    match std::str::from_utf8(host) {
+        Ok(h) => h.to_ascii_lowercase(),
+        Err(_) => {
+            let mut s = String::from_utf8_lossy(host).into_owned();
+            s.make_ascii_lowercase();
+            s
+        }
+    }
 }
 
 /// Drive `req` through the server to its answer over `ex`. Returns whether the connection

@@ -85,6 +85,8 @@ struct Conn<S: Transport> {
     plain_on_tls: bool,
     /// Closed by a worker out of connections, to make room (`Worker::reuse_connections`).
     reused: bool,
+    /// The last request answered came without a body (so none of it is left unread).
+    bodiless: bool,
 }
 
 /// How a connection's loop ended.
@@ -209,6 +211,7 @@ async fn run_conn<S: Transport>(
         unsent_limited: false,
         plain_on_tls,
         reused: false,
+        bodiless: false,
     };
     let end = c.run().await;
     if let End::H2c = end {
@@ -308,7 +311,10 @@ impl<S: Transport> Conn<S> {
                     // reuses (`conn::reuse`): a fresh `Box` of that size cost a few hundred
                     // instructions per request in glibc.
                     if !super::reuse::Reused::new(|| c.request(head)).await {
-                        let _ = c.flush().await;
+                        // Nothing left unread (no body, nothing pipelined seen): the answer's
+                        // end may wait for the FIN of the close that follows.
+                        let last = c.bodiless && c.buf.is_empty();
+                        let _ = c.flush_as(last).await;
                         return End::Close;
                     }
                     pipelined = !c.buf.is_empty();
@@ -536,10 +542,21 @@ impl<S: Transport> Conn<S> {
     /// that first: the timed, waiting write (and its timer) is only built when it does not
     /// (or when TLS still holds records the socket did not take).
     async fn flush(&mut self) -> std::io::Result<()> {
+        self.flush_as(false).await
+    }
+
+    /// [`Conn::flush`]; `last`: the connection closes right after, with nothing unread
+    /// (`Transport::try_write_last`).
+    async fn flush_as(&mut self, last: bool) -> std::io::Result<()> {
         if self.out.is_empty() && !self.stream.has_pending() {
             return Ok(());
         }
-        let done = match self.stream.try_write(&self.out) {
+        let tried = if last {
+            self.stream.try_write_last(&self.out)
+        } else {
+            self.stream.try_write(&self.out)
+        };
+        let done = match tried {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
             Err(e) => return Err(e),
@@ -604,6 +621,8 @@ impl<S: Transport> Conn<S> {
 
     /// Serve one request. Returns whether the connection stays open.
     async fn request(&mut self, head: RequestHead) -> bool {
+        // Until this request's answer says otherwise (`Conn::head`).
+        self.bodiless = false;
         let w = self.w.clone();
         let g = &w.config.listens[self.group];
         // `merge_slashes` is the default server's, as nginx parses the URI before the Host
@@ -870,6 +889,7 @@ impl<S: Transport> Conn<S> {
         if keep && !self.unsent_limited {
             self.unsent_limited = self.stream.limit_unsent();
         }
+        self.bodiless = req.head.body == BodyKind::None;
         let body_len = resp.body.len();
         let send_body = !req.is_head() && resp.status_has_body();
         if !send_body && resp.status_has_body() && resp.content_length.is_none() {

@@ -58,6 +58,12 @@ pub trait Transport: Sized {
     /// Write what the stream takes now without waiting; returns how much of `data` it took.
     fn try_write(&mut self, data: &[u8]) -> io::Result<usize>;
 
+    /// [`Transport::try_write`] for the last bytes of a connection that closes right after
+    /// and has nothing unread: they may wait for the close to go out with its FIN.
+    fn try_write_last(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.try_write(data)
+    }
+
     /// Output taken by `try_write` that has not reached the socket yet (TLS records).
     fn has_pending(&self) -> bool;
 
@@ -212,6 +218,22 @@ impl Transport for Plain {
             // MSG_NOSIGNAL, as tokio's write: a closed peer is an error, not a signal.
             Plain::Raw(s) => socket2::SockRef::from(&*s).send_with_flags(data, libc::MSG_NOSIGNAL),
             Plain::Reg(t) => t.try_write(data),
+            Plain::Failed => Err(io::ErrorKind::NotConnected.into()),
+        }
+    }
+
+    /// With MSG_MORE: the kernel holds the answer's last segment, and the close that
+    /// follows at once puts its FIN on it - one segment (and one ACK from the client)
+    /// where an answer sent and then closed took two, data then FIN. nginx's close after a
+    /// corked (`tcp_nopush`) answer goes out the same way. Only without bytes unread: a
+    /// close with some would reset the connection and drop the held answer.
+    fn try_write_last(&mut self, data: &[u8]) -> io::Result<usize> {
+        const FLAGS: libc::c_int = libc::MSG_NOSIGNAL | libc::MSG_MORE;
+        match self {
+            Plain::Raw(s) => socket2::SockRef::from(&*s).send_with_flags(data, FLAGS),
+            Plain::Reg(t) => t.try_io(Interest::WRITABLE, || {
+                socket2::SockRef::from(&*t).send_with_flags(data, FLAGS)
+            }),
             Plain::Failed => Err(io::ErrorKind::NotConnected.into()),
         }
     }

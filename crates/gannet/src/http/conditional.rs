@@ -44,6 +44,10 @@ pub fn preconditions(
     etag: Option<&str>,
     last_modified: Option<SystemTime>,
 ) -> bool {
+    // No `If-` field at all (the usual request): nothing to look up.
+    if !req.head.may_be_conditional() {
+        return false;
+    }
     let h = |n| req.head.header(n);
     // Preconditions that fail with 412.
     if let Some(im) = h("if-match") {

@@ -368,36 +368,39 @@ impl Request {
     /// Map a URI to a file path by `root` or `alias`. The URI is normalised, so the result
     /// never leaves the root.
     pub fn filename_for(&self, uri: &str) -> PathBuf {
+        let mut p = String::new();
+        self.filename_into(uri, &mut p);
+        PathBuf::from(p)
+    }
+
+    /// [`Request::filename_for`], appended to `p` (the static handler's buffer, reused
+    /// from request to request: no allocation per file served).
+    pub fn filename_into(&self, uri: &str, p: &mut String) {
         let core = &self.conf.core;
         if let Some(alias) = &core.alias {
-            let base = alias.eval(self, None);
+            p.push_str(&alias.eval(self, None));
             // A regex location's alias holds the whole path (built from captures); a
             // prefix location's replaces its prefix, in the locations nested in it too.
             let prefix = core.alias_of.as_deref().unwrap_or("");
-            if prefix.is_empty() && alias.has_vars() {
-                return PathBuf::from(base);
+            if !(prefix.is_empty() && alias.has_vars()) {
+                p.push_str(uri.strip_prefix(prefix).unwrap_or(uri));
             }
-            let rest = uri.strip_prefix(prefix).unwrap_or(uri);
-            let mut p = base;
-            p.push_str(rest);
-            return PathBuf::from(p);
+            return;
         }
-        // A root without variables (the usual one) is copied once into a path sized for
-        // the URI too, rather than copied and then grown.
-        let root = core.root();
-        let mut p = match root.as_literal() {
+        let start = p.len();
+        match core.root().as_literal() {
+            // A root without variables (the usual one) is copied once into room for the
+            // URI too, rather than copied and then grown.
             Some(r) => {
-                let mut p = String::with_capacity(r.len() + uri.len());
+                p.reserve(r.len() + uri.len());
                 p.push_str(r);
-                p
             }
-            None => root.eval(self, None),
-        };
-        if p.ends_with('/') && uri.starts_with('/') {
+            None => p.push_str(&core.root().eval(self, None)),
+        }
+        if p.len() > start && p.ends_with('/') && uri.starts_with('/') {
             p.pop();
         }
         p.push_str(uri);
-        PathBuf::from(p)
     }
 
     /// `$request_id`: 128 random bits, as nginx's (which reads them from OpenSSL's

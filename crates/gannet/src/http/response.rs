@@ -392,13 +392,18 @@ pub fn server(tokens: bool) -> &'static str {
 /// Write the HTTP/1.1 status line and headers. Returns nothing: `out` ends with the empty
 /// line.
 pub fn encode_head(r: &Response, body_len: u64, ctx: &HeadCtx, out: &mut Vec<u8>) {
-    out.extend_from_slice(b"HTTP/1.1 ");
-    encode::write_u64(out, u64::from(r.status));
-    out.push(b' ');
-    out.extend_from_slice(reason(r.status).as_bytes());
-    if r.passed_server_date != (false, false) {
-        // `ServerDate` ends the status line otherwise.
-        out.extend_from_slice(b"\r\n");
+    // Written in as few copies as the fields allow, every one of them but the status line
+    // starting with its line break: the name (a literal, copied inline) and then the value
+    // (a `memcpy`). A head in its usual pieces cost about 900 instructions, a third of
+    // them the calls copying a few bytes each (callgrind, robots.txt).
+    match r.status {
+        200 => out.extend_from_slice(b"HTTP/1.1 200 OK"),
+        status => {
+            out.extend_from_slice(b"HTTP/1.1 ");
+            encode::write_u64(out, u64::from(status));
+            out.push(b' ');
+            out.extend_from_slice(reason(status).as_bytes());
+        }
     }
     head_fields(r, body_len, ctx, |field| match field {
         Field::ServerDate(tokens, date) => {
@@ -413,45 +418,90 @@ pub fn encode_head(r: &Response, body_len: u64, ctx: &HeadCtx, out: &mut Vec<u8>
                 b"\r\nServer: gannet\r\nDate: "
             });
             out.extend_from_slice(date);
-            out.extend_from_slice(b"\r\n");
         }
-        Field::Server(tokens) => put(out, "Server", server(tokens)),
+        Field::Server(tokens) => put(out, b"\r\nServer: ", server(tokens)),
         Field::Date(date) => {
-            out.extend_from_slice(b"Date: ");
+            out.extend_from_slice(b"\r\nDate: ");
             out.extend_from_slice(date);
-            out.extend_from_slice(b"\r\n");
         }
-        Field::ContentType(ct) => put(out, "Content-Type", ct),
-        Field::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+        Field::ContentType(ct) => put(out, b"\r\nContent-Type: ", ct),
+        Field::Chunked => out.extend_from_slice(b"\r\nTransfer-Encoding: chunked"),
         Field::ContentLength(n) => {
-            out.extend_from_slice(b"Content-Length: ");
+            out.extend_from_slice(b"\r\nContent-Length: ");
             encode::write_u64(out, n);
-            out.extend_from_slice(b"\r\n");
         }
         Field::LastModified(lm) => {
-            crate::runtime::clock::with_http_date(lm, |d| put(out, "Last-Modified", d))
+            crate::runtime::clock::with_http_date(lm, |d| put(out, b"\r\nLast-Modified: ", d))
         }
-        Field::Location(loc) => put(out, "Location", loc),
-        Field::Upgrade => out.extend_from_slice(b"Connection: upgrade\r\n"),
+        Field::Location(loc) => put(out, b"\r\nLocation: ", loc),
+        Field::Upgrade => out.extend_from_slice(b"\r\nConnection: upgrade"),
         Field::KeepAlive(t) => {
-            out.extend_from_slice(b"Connection: keep-alive\r\n");
+            out.extend_from_slice(b"\r\nConnection: keep-alive");
             if let Some(t) = t {
-                out.extend_from_slice(b"Keep-Alive: timeout=");
+                out.extend_from_slice(b"\r\nKeep-Alive: timeout=");
                 encode::write_u64(out, t);
-                out.extend_from_slice(b"\r\n");
             }
         }
-        Field::Close => out.extend_from_slice(b"Connection: close\r\n"),
-        Field::ETag(etag) => put(out, "ETag", etag),
-        Field::AcceptRanges => out.extend_from_slice(b"Accept-Ranges: bytes\r\n"),
-        Field::Other(n, v) => put(out, n, v),
+        Field::Close => out.extend_from_slice(b"\r\nConnection: close"),
+        Field::ETag(etag) => put(out, b"\r\nETag: ", etag),
+        Field::AcceptRanges => out.extend_from_slice(b"\r\nAccept-Ranges: bytes"),
+        Field::Other(n, v) => {
+            out.extend_from_slice(b"\r\n");
+            out.extend_from_slice(n.as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(v.as_bytes());
+        }
     });
-    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(b"\r\n\r\n");
 }
 
-fn put(out: &mut Vec<u8>, name: &str, value: &str) {
-    out.extend_from_slice(name.as_bytes());
-    out.extend_from_slice(b": ");
+/// A line break and a field's name and colon (a literal: copied inline), then its value.
+#[inline(always)]
+fn put(out: &mut Vec<u8>, name: &'static [u8], value: &str) {
+    out.extend_from_slice(name);
     out.extend_from_slice(value.as_bytes());
-    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The head written in its few copies is the field-per-line head, byte for byte.
+    #[test]
+    fn encodes_the_head_field_by_field() {
+        let mut r = Response::new(200);
+        r.content_type = Some(Arc::from("text/plain"));
+        r.last_modified = Some(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1));
+        r.etag = Some(Arc::from("\"1-5\""));
+        r.accept_ranges = true;
+        r.headers.push(("X-A".into(), "b".into()));
+        let ctx = HeadCtx {
+            hop: Hop::KeepAlive(Some(65)),
+            server_tokens: false,
+            date: b"Thu, 01 Jan 1970 00:00:02 GMT",
+        };
+        let mut out = Vec::new();
+        encode_head(&r, 5, &ctx, &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 200 OK\r\nServer: gannet\r\nDate: Thu, 01 Jan 1970 00:00:02 GMT\r\n\
+             Content-Type: text/plain\r\nContent-Length: 5\r\n\
+             Last-Modified: Thu, 01 Jan 1970 00:00:01 GMT\r\nConnection: keep-alive\r\n\
+             Keep-Alive: timeout=65\r\nETag: \"1-5\"\r\nAccept-Ranges: bytes\r\nX-A: b\r\n\r\n"
+        );
+        let mut r = Response::new(404);
+        r.passed_server_date = (true, false);
+        r.location = Some("/x".into());
+        let ctx = HeadCtx {
+            hop: Hop::Close,
+            ..ctx
+        };
+        let mut out = Vec::new();
+        encode_head(&r, 0, &ctx, &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 404 Not Found\r\nDate: Thu, 01 Jan 1970 00:00:02 GMT\r\n\
+             Content-Length: 0\r\nLocation: /x\r\nConnection: close\r\n\r\n"
+        );
+    }
 }

@@ -185,18 +185,38 @@ pub fn handle(req: &Request, w: &Worker) -> Flow {
     if req.uri.ends_with('/') {
         return Flow::Next;
     }
-    let path = req.filename_for(&req.uri);
+    // The path in the thread's buffer (taken out of its cell while in use): a file served
+    // from the open file cache then costs no allocation for its name.
+    let mut buf = PATH.with(std::cell::Cell::take);
+    buf.clear();
+    req.filename_into(&req.uri, &mut buf);
+    let flow = serve(req, w, std::path::Path::new(&buf));
+    if buf.capacity() <= PATH_KEEP {
+        PATH.with(|c| c.set(buf));
+    }
+    flow
+}
+
+/// A path buffer that grew past this is not kept.
+const PATH_KEEP: usize = 4096;
+
+thread_local! {
+    static PATH: std::cell::Cell<String> = const { std::cell::Cell::new(String::new()) };
+}
+
+/// [`handle`] once the file's path is known.
+fn serve(req: &Request, w: &Worker, path: &std::path::Path) -> Flow {
     let mut vary = false;
     if req.conf.compress.any_static() && req.method() != Method::Post {
-        match precompressed(req, w, &path) {
+        match precompressed(req, w, path) {
             Precompressed::Found(r) => return Flow::Done(r),
             Precompressed::Varies => vary = true,
             Precompressed::None => {}
         }
     }
-    let f = match req.open_file(w, &path) {
+    let f = match req.open_file(w, path) {
         Ok(f) => f,
-        Err(kind) => return Flow::Status(file_error(req, kind, &path)),
+        Err(kind) => return Flow::Status(file_error(req, kind, path)),
     };
     if f.is_dir {
         return Flow::Moved(301, dir_location(req));

@@ -43,10 +43,12 @@ impl TypesConf {
 
     /// The type for a file name by its extension (case-insensitive), else `default_type`.
     pub fn lookup(&self, name: &str) -> Arc<str> {
-        let ext = name
-            .rsplit_once('.')
-            .map(|(_, e)| e)
-            .filter(|e| !e.contains('/'));
+        // The text after the last dot of the last path segment, in one backward scan for
+        // either byte (a char search then a second scan for `/` was ~150 instructions).
+        let ext = match memchr::memrchr2(b'.', b'/', name.as_bytes()) {
+            Some(i) if name.as_bytes()[i] == b'.' => name.get(i + 1..),
+            _ => None,
+        };
         if let Some(ext) = ext {
             let found = match &self.types {
                 Some(t) => lookup_ext(t, ext),

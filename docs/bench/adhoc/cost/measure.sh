@@ -15,6 +15,9 @@
 # profile has it (HAProxy logs nothing either way).
 # WORK and PORT (environment) change the scratch folder and the port (default /tmp/cost, 18120).
 # HEADERS (environment, one "Name: value" a line) adds request fields, e.g. a browser's.
+# CLOSE=1 (environment): a new connection per request ("Connection: close", closer.c, built
+# on first use) instead of h2load's kept ones: the counts are then per connection. CONC
+# (environment): the connections at a time (10).
 set -u
 B=$1; L=$2; P=$3; N=${4:-20000}; MODE=${5:-cg}
 HERE=$(cd "$(dirname "$0")" && pwd); REPO=$(cd "$HERE/../../../.." && pwd)
@@ -26,6 +29,15 @@ while IFS= read -r h; do [ -n "$h" ] && H+=(-H "$h"); done <<< "${HEADERS:-}"
 fill() {
   sed -e "s#WORK#$W#g" -e "s#PORT#$PORT#g" -e "s#MIME#$REPO/conf/mime.types#g" "$1" |
     if [ "${LOG:-on}" = off ]; then sed -e "s#^\( *access_log\) .*#\1 off;#"; else cat; fi
+}
+# The counted load: N requests, kept connections (h2load) or one connection each (closer).
+load() {
+  if [ "${CLOSE:-}" = 1 ]; then
+    [ -x "$W/closer" ] || gcc -O2 -o "$W/closer" "$HERE/closer.c"
+    taskset -c 1 "$W/closer" 127.0.0.1 $PORT "$P" "$N" "${CONC:-10}"
+  else
+    taskset -c 1 h2load --h1 -n "$N" -c "${CONC:-10}" "${H[@]}" "http://127.0.0.1:$PORT$P" | grep -E "^requests:|status codes"
+  fi
 }
 if [[ $P == /px/* ]] && ! curl -s -o /dev/null http://127.0.0.1:18090/ad.json; then
   fill "$HERE/backend.conf" > "$W/backend.conf"
@@ -60,7 +72,7 @@ if [ "$MODE" = cg ]; then
   if [ "$B" = floor ]; then ME="$W/floor "; else ME="$W/$L.conf"; fi
   PIDS=$(pgrep -f "valgrind.bin.*$ME" | tr '\n' ' ')
   for p in $PIDS; do callgrind_control -z "$p" > /dev/null; done
-  taskset -c 1 h2load --h1 -n "$N" -c 10 "${H[@]}" "http://127.0.0.1:$PORT$P" | grep -E "^requests:|status codes"
+  load
   for p in $PIDS; do callgrind_control -d "$p" > /dev/null; done
   kill $VP; wait $VP 2>/dev/null
   # The dump taken at the end of the run (suffix .1), not the one written at exit.
@@ -72,11 +84,17 @@ if [ "$MODE" = cg ]; then
 else
   # The process that serves (gannet with `master_process off`, or the floor).
   if [ "$B" = floor ]; then WP=$VP; else WP=$(pgrep -n -f "$W/$L.conf"); fi
-  perf stat -e 'syscalls:sys_enter_*' -p "$WP" -o "$W/$L.perf.txt" &
+  # Besides the system calls: the process's context switches (each sleep in epoll_wait and
+  # wake-up) and the packets sent from its context (on loopback, every segment the server
+  # sends: data, FIN, ACKs it sends itself).
+  perf stat -e 'syscalls:sys_enter_*,context-switches,net:net_dev_xmit' -p "$WP" -o "$W/$L.perf.txt" &
   PP=$!
-  sleep 0.5
-  taskset -c 1 h2load --h1 -n "$N" -c 10 "${H[@]}" "http://127.0.0.1:$PORT$P" | grep -E "^requests:|status codes"
+  # perf stat takes a while to attach on a loaded machine: counts start after it has.
+  sleep 2
+  load
   kill -INT $PP; wait $PP
   kill $VP; wait $VP 2>/dev/null
-  awk -v n="$N" -v l="$L" '$1 ~ /^[0-9,]+$/ && $2 ~ /syscalls/ {gsub(",","",$1); if ($1>0) {s+=$1; printf "  %-40s %.3f\n", $2, $1/n}} END {printf "%s system calls/request: %.3f\n", l, s/n}' "$W/$L.perf.txt"
+  awk -v n="$N" -v l="$L" '$1 ~ /^[0-9,]+$/ && $2 ~ /syscalls/ {gsub(",","",$1); if ($1>0) {s+=$1; printf "  %-40s %.3f\n", $2, $1/n}}
+    $1 ~ /^[0-9,]+$/ && $2 !~ /syscalls/ {gsub(",","",$1); o = o sprintf("  %-40s %.3f\n", $2, $1/n)}
+    END {printf "%s system calls/request: %.3f\n%s", l, s/n, o}' "$W/$L.perf.txt"
 fi
