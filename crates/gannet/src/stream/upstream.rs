@@ -18,6 +18,18 @@ pub struct Group {
     pub group: Arc<crate::upstream::Upstream>,
     /// `hash KEY`'s key, in stream variables.
     pub key: Option<Template>,
+    /// Each server's address parsed once (`None`: a unix socket, or a name), so that a
+    /// session's connect does not parse its text again (~340 instructions).
+    pub socks: Vec<Option<std::net::SocketAddr>>,
+}
+
+/// The servers' addresses, parsed (see [`Group::socks`]).
+fn socks(group: &crate::upstream::Upstream) -> Vec<Option<std::net::SocketAddr>> {
+    let parse = |a: &crate::upstream::Addr| match a {
+        crate::upstream::Addr::Tcp(t) => t.parse().ok(),
+        crate::upstream::Addr::Unix(_) => None,
+    };
+    group.servers.iter().map(|s| parse(&s.addr)).collect()
 }
 
 impl Group {
@@ -54,6 +66,7 @@ pub fn parse(d: &Directive, maps: &Maps) -> Result<Group, ConfError> {
     }
     let group = crate::upstream::parse(&d, &(None, None))?;
     Ok(Group {
+        socks: socks(&group),
         group: Arc::new(group),
         key,
     })
@@ -93,6 +106,7 @@ pub fn of_addrs(name: &str, addrs: Vec<crate::upstream::Addr>) -> Group {
         health,
     };
     Group {
+        socks: socks(&group),
         group: Arc::new(group),
         key: None,
     }
