@@ -59,8 +59,10 @@ cat >"$work/run-one" <<'EOF'
 #!/usr/bin/env bash
 t="$1"; name="$(basename "$t" .t)"
 tmp="$(mktemp -d)"
+start=$(date +%s%N)
 TMPDIR="$tmp" TEST_NGINX_LEAVE=1 timeout -k 10 "$TIMEOUT" perl "$t" >"$RESULTS/$name.tap" 2>"$RESULTS/$name.err"
 rc=$?
+echo $(( ($(date +%s%N) - start) / 1000000 )) >"$RESULTS/$name.ms"
 cat "$RESULTS/$name.tap"
 [ $rc -eq 124 ] || [ $rc -eq 137 ] && echo hang >"$RESULTS/$name.status"
 # A server that would not start under try_run() (the test is then skipped, with stderr
@@ -141,6 +143,7 @@ def result(server, f):
 
 rows, tot = [], {s: [0, 0, 0, 0, 0, 0] for s in ("nginx", "gannet")}
 causes = {s: {} for s in ("nginx", "gannet")}
+slow = []
 for f in files:
     row = [f]
     res = {s: result(s, f) for s in ("nginx", "gannet")}
@@ -167,6 +170,18 @@ for f in files:
             cause = re.sub(r"/tmp/\S+", "PATH", cause)
             n, fs = causes[s].get(cause, (0, []))
             causes[s][cause] = (n + fail, fs + [f])
+    # Time: a file gannet takes more than twice nginx's time over (and more than a second
+    # longer, below which it is start-up noise) is listed. Where nginx did not start the
+    # file's config (a newer nginx's directive) its time is no reference: gannet's is listed
+    # over 10 s, as slow as a file that waits on timeouts.
+    ms = {s: (work / s / f"{Path(f).stem}.ms") for s in ("nginx", "gannet")}
+    if all(m.exists() for m in ms.values()) and sum(res["gannet"][:3]):
+        tn, tg = (int(ms[s].read_text() or 0) for s in ("nginx", "gannet"))
+        if "emerg:" in res["nginx"][3] or not sum(res["nginx"][:3]):
+            if tg > 10000:
+                slow.append(f"{f} {tg / 1000:.1f} s (nginx 1.22 cannot run it)")
+        elif tg > 2 * tn and tg - tn > 1000:
+            slow.append(f"{f} {tg / 1000:.1f} s (nginx {tn / 1000:.1f} s)")
     rows.append(row)
 
 out = ["file\tnginx pass/fail/skip\tgannet pass/fail/skip"]
@@ -186,7 +201,41 @@ for s in ("nginx", "gannet"):
     lines.append(f"\n{s}: subtests lost, by cause")
     for cause, (n, fs) in sorted(causes[s].items(), key=lambda c: -c[1][0]):
         lines.append(f"{n:>6}  {cause}  ({len(fs)} files: {' '.join(fs[:8])}{' ...' if len(fs) > 8 else ''})")
+lines.append(f"\nslow files (over twice nginx's time): {len(slow)}")
+lines += [f"  {x}" for x in slow]
 (work / "causes.txt").write_text("\n".join(lines) + "\n")
+print(f"\nslow files (over twice nginx's time): {len(slow)}")
+for x in slow:
+    print(f"  {x}")
+# The same as markdown, for docs/testing.md's results (-o keeps it as results.md).
+def passed(cell):
+    return int(cell.split("/", 1)[0])
+kept = sum(min(passed(r[1]), passed(r[2])) for r in rows)
+md = ["| server | files run | subtests passed | failed or lost | skipped | hangs or crashes |",
+      "|---|---|---|---|---|---|"]
+for s, label in (("nginx", "Debian's nginx"), ("gannet", "gannet")):
+    run, ok, fail, skip, skipped, hc = tot[s]
+    md.append(f"| {label} | {run} | {ok:,} | {fail:,} | {skip} | {hc} |")
+if tot["nginx"][1]:
+    md += ["", f"Per file, gannet passes at least what nginx passes for {100 * kept / tot['nginx'][1]:.1f}% of "
+           f"nginx's passed subtests ({kept:,} of {tot['nginx'][1]:,})."]
+md += ["", f"Slow files (gannet over twice nginx's time and a second more; where nginx cannot start "
+       f"the config, gannet over 10 s): {len(slow)}" + (":" if slow else ".")]
+md += [f"- {x}" for x in slow]
+md += ["", "gannet's causes of lost subtests:", "", "| lost | cause | files |", "|---|---|---|"]
+for cause, (n, fs) in sorted(causes["gannet"].items(), key=lambda c: -c[1][0]):
+    md.append(f"| {n} | {cause} | {len(fs)} files: {' '.join(fs[:12])}{' ...' if len(fs) > 12 else ''} |")
+md += ["", "Per file (files run by either server; `pass/fail/skip`, fail including lost subtests):", "",
+       "| file | nginx pass/fail/skip | gannet pass/fail/skip |", "|---|---|---|"]
+md += [f"| {r[0]} | {r[1]} | {r[2]} |" for r in rows if not (r[1].startswith("0/0/0 skip:") and r[2].startswith("0/0/0 skip:"))]
+skipped_both = {}
+for r in rows:
+    if r[1].startswith("0/0/0 skip:") and r[2].startswith("0/0/0 skip:"):
+        why = re.sub(r" emerg: .*", "", r[2][len("0/0/0 skip: "):])
+        skipped_both.setdefault(why, []).append(Path(r[0]).stem)
+md += ["", "Skipped by both (the module is not built in, or the test's prerequisites):", ""]
+md += [f"- {why} ({len(fs)}): {', '.join(fs)}" for why, fs in sorted(skipped_both.items(), key=lambda c: -len(c[1]))]
+(work / "results.md").write_text("\n".join(md) + "\n")
 for s in ("nginx", "gannet"):
     print(f"\n{s}: top causes by subtests lost (all of them in causes.txt, kept with -o)")
     for cause, (n, fs) in sorted(causes[s].items(), key=lambda c: -c[1][0])[:10]:

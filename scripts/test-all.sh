@@ -12,7 +12,7 @@ step() { printf '\n==> %s\n' "$*"; }
 
 # The lib*-perl ones are what nginx's own test suite needs (scripts/nginx-tests.sh; not run here).
 step "system packages"
-pkgs=(curl openssl python3-yaml dpkg-dev libcrypt-dev nginx slowhttptest lighttpd lighttpd-mod-openssl h2o caddy apache2 apache2-utils libapache2-mod-php8.2 wrk nghttp2-client httperf siege iproute2 strace php-fpm uwsgi-core uwsgi-plugin-python3 dnsmasq prometheus-nginx-exporter memcached libnginx-mod-stream libnginx-mod-mail bind9-dnsutils mariadb-server mariadb-client libio-socket-ssl-perl libfcgi-perl libscgi-perl libprotocol-websocket-perl prometheus varnish haproxy python3-grpcio ffmpeg redis-server ngtcp2-client libcryptx-perl libnginx-mod-http-image-filter libgd-perl)
+pkgs=(curl openssl python3-yaml dpkg-dev libcrypt-dev nginx slowhttptest lighttpd lighttpd-mod-openssl h2o caddy apache2 apache2-utils libapache2-mod-php8.2 wrk nghttp2-client httperf siege iproute2 strace php-fpm uwsgi-core uwsgi-plugin-python3 dnsmasq prometheus-nginx-exporter memcached libnginx-mod-stream libnginx-mod-mail bind9-dnsutils mariadb-server mariadb-client libio-socket-ssl-perl libfcgi-perl libscgi-perl libprotocol-websocket-perl libcache-memcached-perl prometheus varnish haproxy python3-grpcio ffmpeg redis-server ngtcp2-client libcryptx-perl libnginx-mod-http-image-filter libgd-perl)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -3,7 +3,7 @@ path and query), so a test sees how many reached it, and answers as the query sa
 `cc=` a Cache-Control, `xae=` an X-Accel-Expires, `exp=` an Expires that many seconds
 ahead, `cookie=1` a Set-Cookie, `vary=` a Vary, `status=`, `size=` a body of that many
 bytes, `ar=1` an Accept-Ranges, `delay=` seconds before answering, `etag=` an ETag (and a 304 to a request
-with that If-None-Match). The body names the path and the count, so an
+with that If-None-Match), `loc=` a Location of that path on the application's own address. The body names the path and the count, so an
 answer from a cache shows an older count."""
 
 from __future__ import annotations
@@ -76,6 +76,8 @@ class CacheApp:
                     self.send_header("ETag", f'"{q["etag"]}"')
                 if "ar" in q:
                     self.send_header("Accept-Ranges", "bytes")
+                if "loc" in q:
+                    self.send_header("Location", f"http://127.0.0.1:{app.port}{q['loc']}")
                 if "vary" in q:
                     self.send_header("Vary", q["vary"])
                 self.end_headers()

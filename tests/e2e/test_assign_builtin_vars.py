@@ -1,6 +1,7 @@
 """Assigning built-in variables, on gannet and Debian's nginx with one config: `set` of a
 prefixed one (`$http_NAME`, `$arg_NAME`) is read back where the request ran the `set`, and is
-the header/argument elsewhere; `auth_request_set $args` changes the query string passed on;
+the header/argument elsewhere; `set $args` and `auth_request_set $args` change the query string
+passed on (the client's raw URI is then not);
 and `return` with a text takes the type of the URI's extension, as nginx's.
 """
 
@@ -35,6 +36,21 @@ http {
             add_header X-V "[$args][$arg_from][$http_baz]";
         }
         location = /ok { return 204; }
+        # Assigning `$args` drops the client's raw URI: a proxy_pass without a URI part
+        # sends the URI with the new arguments (the hop back answers with what it got).
+        location /pass/ {
+            if ($http_x_hop) { return 200 "$request_uri"; }
+            set $args $arg_c;
+            proxy_set_header X-Hop 1;
+            proxy_pass http://127.0.0.1:{port};
+        }
+        location /authpass/ {
+            if ($http_x_hop) { return 200 "$request_uri"; }
+            auth_request /ok;
+            auth_request_set $args "from=auth";
+            proxy_set_header X-Hop 1;
+            proxy_pass http://127.0.0.1:{port};
+        }
     }
 }
 """
@@ -47,7 +63,8 @@ def get(port: int, path: str) -> tuple[int, str, bytes, str]:
 
 @pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
 def test_assigned_builtin_variables_as_nginx(tmp_path):
-    paths = ["/set", "/set.html?a=1", "/other", "/plain?a=1", "/plain.html", "/auth?x=1"]
+    paths = ["/set", "/set.html?a=1", "/other", "/plain?a=1", "/plain.html", "/auth?x=1",
+             "/pass/a%20b?c=1&f", "/pass/x?f", "/authpass/y?x=1"]
     with side_by_side(tmp_path, CONF, {"auth": "file"}) as (srv, nginx_port):
         got = {p: get(srv.port, p) for p in paths}
         want = {p: get(nginx_port, p) for p in paths}
@@ -56,3 +73,6 @@ def test_assigned_builtin_variables_as_nginx(tmp_path):
     assert got["/plain?a=1"][2] == b"[b][1]"
     assert got["/set.html?a=1"][1] == "text/html" and got["/set"][1] == "text/plain"
     assert got["/auth?x=1"][3] == "[from=auth][auth][z]"
+    assert got["/pass/a%20b?c=1&f"][2] == b"/pass/a%20b?1"
+    assert got["/pass/x?f"][2] == b"/pass/x"
+    assert got["/authpass/y?x=1"][2] == b"/authpass/y?from=auth"

@@ -116,3 +116,58 @@ def test_recodes_without_a_table_and_keeps_a_proxied_charset(gannet):
     # UTF-16 cannot be written: the answer goes out unchanged, without a charset name.
     b = exchange(srv.port, req("/b/page.html"))
     assert b.headers["content-type"] == "text/html" and b.body == UTF
+
+
+# An application's `X-Accel-Charset` names the charset its answer is to be sent in, whatever
+# the location's `charset` says: recoded by the map here, from the cache too, and in ranges
+# (each part names the new charset) since the map is byte to byte.
+ACCEL_CONF = PEER_MAIN + r"""
+http {
+    access_log {tmp}/access.log;
+    types { text/html html; }
+    charset_map B A { 58 59; }
+    proxy_cache_path {tmp}/cache levels=1:2 keys_zone=C:1m;
+    server {
+        listen 127.0.0.1:{port};
+        location / { proxy_pass http://unix:{tmp}/back.sock:; proxy_cache C; proxy_cache_valid 200 1m; }
+    }
+    server {
+        listen unix:{tmp}/back.sock;
+        root {root};
+        charset B;
+        location /accel/ { add_header X-Accel-Charset A; }
+    }
+}
+"""
+ACCEL_BODY = "".join(f"X{i:03d}XXXXXX" for i in range(100)).encode()
+
+
+def ranged(a) -> tuple:
+    """Status, Content-Type (the boundary left out) and body (the boundary replaced)."""
+    ct = a.headers.get("content-type", "")
+    body = a.body
+    if "boundary=" in ct:
+        boundary = ct.split("boundary=", 1)[1]
+        body = body.replace(boundary.encode(), b"BOUNDARY")
+        ct = ct.split("boundary=", 1)[0]
+    return a.status, ct, body
+
+
+@pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
+def test_accel_charset_recodes_cached_ranges_as_nginx(tmp_path):
+    files = {"accel/t.html": ACCEL_BODY, "plain/t.html": ACCEL_BODY}
+    rng = "GET {} HTTP/1.1\r\nHost: main.test\r\nRange: bytes=0-9, 10-19\r\nConnection: close\r\n\r\n"
+    with side_by_side(tmp_path, ACCEL_CONF, files) as (srv, nginx_port):
+        got = {}
+        for name, port in (("nginx", nginx_port), ("gannet", srv.port)):
+            first = {p: exchange(port, req(p)) for p in ("/accel/t.html", "/plain/t.html")}
+            ranges = {p: exchange(port, rng.format(p).encode()) for p in ("/accel/t.html", "/plain/t.html")}
+            got[name] = ({p: (a.status, a.headers.get("content-type"), a.body) for p, a in first.items()},
+                         {p: ranged(a) for p, a in ranges.items()})  # fmt: skip
+    assert got["gannet"] == got["nginx"]
+    whole, parts = got["gannet"]
+    assert whole["/accel/t.html"] == (200, "text/html; charset=A", ACCEL_BODY.replace(b"X", b"Y"))
+    assert whole["/plain/t.html"] == (200, "text/html; charset=B", ACCEL_BODY)
+    status, _, body = parts["/accel/t.html"]
+    assert status == 206 and b"Content-Type: text/html; charset=A\r\n" in body
+    assert b"Y000YYYYYY" in body and b"Y001YYYYYY" in body

@@ -574,7 +574,7 @@ def test_config_errors(gannet):
         "uwsgi_param A b maybe;": 'invalid parameter "maybe"',
         "uwsgi_modifier1 256;": 'invalid value "256"',
         "scgi_next_upstream sometimes;": "invalid value",
-        "scgi_buffer_size 10;": "invalid value",
+        "scgi_buffer_size 10x;": '"scgi_buffer_size" directive invalid value',
         "uwsgi_cache zone;": '"uwsgi_cache" zone "zone" is unknown',
         "fastcgi_ignore_headers Foo;": 'invalid value "Foo"',
         "scgi_socket_keepalive maybe;": 'invalid value "maybe"',

@@ -89,3 +89,34 @@ def test_gunzip_config(tmp_path):
         assert f":{line}: {msg}" in g.stderr, (n.stderr, g.stderr)
     n, g = check_both(tmp_path, "gunzip on; gunzip_buffers 16 8k;")
     assert n.returncode == 0 and g.returncode == 0, (n.stderr, g.stderr)
+
+
+SSI_CONF = PEER_MAIN + """
+http {
+    server {
+        listen 127.0.0.1:{port};
+        root {root};
+        location / {
+            gunzip on;
+            proxy_pass http://unix:{tmp}/back.sock:/;
+            proxy_set_header Accept-Encoding gzip;
+        }
+        location /t.html { ssi on; }
+    }
+    server {
+        listen unix:{tmp}/back.sock;
+        root {root};
+        location / { default_type text/plain; gzip_static on; gzip_http_version 1.0; gzip_types text/plain; }
+    }
+}
+"""
+
+
+def test_an_included_gzip_answer_is_inflated_as_nginx(tmp_path):
+    # A subrequest's answer goes into the main one: inflated even for a client that takes
+    # gzip (nginx's gzip_ok never holds for a subrequest).
+    files = {"t1.gz": gzip.compress(b"X" * 1000), "t.html": b'xxx <!--#include virtual="/t1" --> xxx'}
+    with side_by_side(tmp_path, SSI_CONF, files) as (srv, nginx_port):
+        for extra in ("", "Accept-Encoding: gzip\r\n"):
+            g, n = ask(srv.port, "/t.html", extra), ask(nginx_port, "/t.html", extra)
+            assert g[0] == n[0] == 200 and g[3] == n[3] == b"xxx " + b"X" * 1000 + b" xxx", (extra, g[3][:40], n[3][:40])

@@ -40,10 +40,11 @@ def literal(name: bytes, value: bytes, huffman_value: bool = False) -> bytes:
     return b"\x00" + bytes([len(name)]) + name + bytes([(0x80 if huffman_value else 0) | len(value)]) + value
 
 
-def status_of(port: int, fields: bytes) -> str:
+def status_of(port: int, fields: bytes, authority: bytes = b"\x01\x09localhost",
+              pseudo: bytes = b"\x82\x86\x84") -> str:
     """GET / with `fields` after the pseudo-headers: the answer's status ("200", "400"), or
     "GOAWAY" when the connection was ended instead, or "none"."""
-    block = b"\x82\x86\x84\x01\x09localhost" + fields  # GET, http, /, :authority localhost
+    block = pseudo + authority + fields  # GET, http, /, :authority localhost
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(PREFACE + frame(4, 0, 0, b"") + frame(HEADERS, 0x5, 1, block))
         data = b""
@@ -89,3 +90,90 @@ def test_request_fields_as_nginx(tmp_path):
     refused = [k for k in CASES if k not in taken]
     assert {k: got[k] for k in refused} == {k: "400" for k in refused}
     assert not any(want[k] == "200" for k in refused), want
+
+
+AUTHORITIES = {
+    "empty authority": (b"\x41\x00", b""),
+    "separators in authority": (b"\x41\x0c\x1b/xample.com", b""),
+    "control in host": (b"", b"\x66\x0alocalhost\x02"),
+    "lawful authority": (b"\x41\x09localhost", b""),
+    "lawful host": (b"", b"\x66\x09localhost"),
+}
+
+
+@pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
+def test_authority_nginx_refuses(tmp_path):
+    """An :authority the h2 crate takes for none (empty, with a path separator) or a Host with
+    a control character: 400, as nginx answers since 1.25 (nginx-tests' h2_host.t), where
+    the codec alone would reset the stream."""
+    with side_by_side(tmp_path, CONF) as (srv, nginx_port):
+        got = {k: status_of(srv.port, f, a) for k, (a, f) in AUTHORITIES.items()}
+        want = {k: status_of(nginx_port, f, a) for k, (a, f) in AUTHORITIES.items()}
+    taken = ["lawful authority", "lawful host"]
+    assert {k: got[k] for k in taken} == {k: want[k] for k in taken} == {k: "200" for k in taken}
+    refused = [k for k in AUTHORITIES if k not in taken]
+    assert {k: got[k] for k in refused} == {k: "400" for k in refused}
+    assert not any(want[k] == "200" for k in refused), want
+
+
+CLOSE_CONF = PEER_MAIN + r"""
+http {
+    access_log off;
+    server {
+        listen 127.0.0.1:{port} http2;
+        error_page 400 = /close;
+        location / { return 200; }
+        location /close { return 444; }
+    }
+}
+"""
+
+
+@pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
+def test_refused_request_goes_through_error_page(tmp_path):
+    """A request HTTP/2 refuses (no :scheme) is finalized with 400 through the server's
+    error_page, as nginx's (ticket #274): `return 444` there resets the stream."""
+    with side_by_side(tmp_path, CLOSE_CONF) as (srv, nginx_port):
+        got = [status_of(srv.port, b""), status_of(srv.port, b"", pseudo=b"\x82\x84")]
+        want = [status_of(nginx_port, b""), status_of(nginx_port, b"", pseudo=b"\x82\x84")]
+    assert got == want == ["200", "RST_STREAM"]
+
+
+LENGTH_CONF = PEER_MAIN + r"""
+http {
+    access_log off;
+    server {
+        listen 127.0.0.1:{port} http2;
+        location / { return 200 "$request_length"; }
+    }
+}
+"""
+
+
+def body_of(port: int, block: bytes) -> bytes:
+    """The DATA of the answer to a request with header block `block` on stream 1."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(PREFACE + frame(4, 0, 0, b"") + frame(HEADERS, 0x5, 1, block))
+        data, body = b"", b""
+        while chunk := s.recv(65536):
+            data += chunk
+            while len(data) >= 9 and len(data) >= 9 + int.from_bytes(data[:3], "big"):
+                n = int.from_bytes(data[:3], "big")
+                kind, flags, payload = data[3], data[4], data[9:9 + n]
+                data = data[9 + n:]
+                if kind == 0:
+                    body += payload
+                    if flags & 1:
+                        return body
+    return body
+
+
+@pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
+def test_request_length_is_the_header_block(tmp_path):
+    """$request_length over HTTP/2 is the header block's length as it came (HPACK-coded)."""
+    blocks = [b"\x82\x86\x84\x01\x09localhost",
+              b"\x82\x86\x84\x01\x09localhost" + literal(b"x-long", b"v" * 100)]
+    with side_by_side(tmp_path, LENGTH_CONF) as (srv, nginx_port):
+        got = [body_of(srv.port, b) for b in blocks]
+        want = [body_of(nginx_port, b) for b in blocks]
+    assert got == want == [str(len(b)).encode() for b in blocks]

@@ -251,3 +251,33 @@ def test_head_as_nginx(servers):
         assert (g.status, g.headers.get("content-type")) == (n.status, n.headers.get("content-type")), path
         if path.startswith("/size/"):
             assert g.headers.get("content-length") == n.headers.get("content-length"), path
+
+
+def gif_interlaced(data: bytes) -> bool:
+    """The interlace flag of a GIF's first image descriptor."""
+    at = 13 + (3 << ((data[10] & 7) + 1) if data[10] & 0x80 else 0)
+    while data[at] == 0x21:  # extensions: label, then sub-blocks up to a zero length
+        at += 2
+        while data[at]:
+            at += data[at] + 1
+        at += 1
+    assert data[at] == 0x2C
+    return bool(data[at + 9] & 0x40)
+
+
+def test_interlace_and_quality_comment(gannet):
+    # `image_filter_interlace on` makes an interlaced GIF (rows in GIF's four passes, so it
+    # decodes to the same picture); a JPEG names its quality in a comment, as libgd's do.
+    conf = CONF.replace("        location /plain/", """        location /flat/ { alias {root}/; image_filter resize 60 60; }
+        location /inter/ { alias {root}/; image_filter resize 60 60; image_filter_interlace on; }
+        location /q/ { alias {root}/; image_filter resize 60 60; image_filter_jpeg_quality 40; }
+        location /plain/""")
+    srv = gannet.start(conf=conf, files=FILES)
+    flat = exchange(srv.port, b"GET /flat/a.gif HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").body
+    inter = exchange(srv.port, b"GET /inter/a.gif HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").body
+    assert not gif_interlaced(flat) and gif_interlaced(inter)
+    a, b = PIL.open(io.BytesIO(flat)).convert("RGB"), PIL.open(io.BytesIO(inter)).convert("RGB")
+    assert a.size == b.size == (60, 40) and a.tobytes() == b.tobytes()
+    jpeg = exchange(srv.port, b"GET /resize/a.jpg HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").body
+    assert b"quality = 75\n" in jpeg and PIL.open(io.BytesIO(jpeg)).size == (40, 26)
+    assert b"quality = 40\n" in exchange(srv.port, b"GET /q/a.jpg HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").body

@@ -135,3 +135,34 @@ def test_bytes_that_are_not_utf8_are_logged_as_received_as_nginx(tmp_path):
     assert g == n, f"nginx  {n!r}\ngannet {g!r}"
     assert b'"caf\\xE9 \\xFF\\xFE" "\\x80ok"' in n[0]
     assert b'"caf\\xC3\\xA9" "-"' in n[1]
+
+
+BINARY_CONF = PEER_MAIN + r"""
+http {
+    log_format bin 'B $binary_remote_addr|';
+    log_format bin_raw escape=none 'N $binary_remote_addr|';
+    log_format bin_json escape=json '{"a":"$binary_remote_addr"}';
+    server {
+        listen 127.0.0.1:{port};
+        access_log {tmp}/bin.log bin;
+        access_log {tmp}/bin.log bin_raw;
+        access_log {tmp}/bin.log bin_json;
+        location / { return 200 "ok\n"; }
+    }
+}
+"""
+
+
+def test_binary_remote_addr_is_logged_as_bytes_as_nginx(tmp_path):
+    # nginx's four address bytes, escaped as any value (`\x7F\x00\x00\x01`), raw with
+    # escape=none, \u-escaped in JSON; not the text address.
+    with side_by_side(tmp_path, BINARY_CONF) as (srv, nginx_port):
+        for port in (srv.port, nginx_port):
+            assert exchange(port, b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").status == 200
+
+        def read(path):
+            return wait_until(lambda: path.exists() and path.read_bytes().count(b"\n") >= 3 and path.read_bytes())
+
+        g, n = read(srv.tmp / "bin.log"), read(tmp_path / "nginx" / "bin.log")
+    assert g == n
+    assert b"B \\x7F\\x00\\x00\\x01|\n" in g and b"N \x7f\x00\x00\x01|\n" in g

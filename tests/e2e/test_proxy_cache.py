@@ -351,3 +351,56 @@ def test_http2_clients_share_the_cache(gannet, app):
     head, body = curl("-r", "1000-1099")
     assert head.startswith("HTTP/2 206") and body == first.body[1000:1100]
     assert app.count("", path) == 1
+
+
+SWR_CONF = PEER_MAIN + r"""
+http {
+    access_log off;
+    proxy_cache_path {tmp}/swr levels=1:2 keys_zone=swr:1m;
+    server {
+        listen 127.0.0.1:{port};
+        location / {
+            proxy_pass http://127.0.0.1:APP_PORT;
+            proxy_cache swr;
+            proxy_cache_background_update on;
+            add_header X-Cache $upstream_cache_status always;
+        }
+    }
+}
+"""
+
+
+@pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
+def test_background_update_is_done_before_the_connection_goes_on_as_nginx(tmp_path):
+    # A stale entry is answered at once (STALE) while a slow background update fetches the
+    # next version; as nginx's background subrequest, the client's connection closes only
+    # once the update is stored, so a request made after it is a HIT of the new version.
+    import rawapps
+
+    results = {}
+    for name in ("nginx", "gannet"):
+        served = []
+
+        def behave(conn, head, body, served=served):
+            served.append(head)
+            if len(served) > 1:
+                time.sleep(0.5)  # a slow update: what the client must not wait for
+            conn.sendall(rawapps.http_answer(f"v{len(served)}\n".encode(), headers="Cache-Control: max-age=1, stale-while-revalidate=10\r\n", keep=False))
+
+        app = rawapps.HttpApp(behave)
+        try:
+            (tmp_path / name).mkdir()
+            with side_by_side(tmp_path / name, SWR_CONF.replace("APP_PORT", str(app.port))) as (srv, nginx_port):
+                port = nginx_port if name == "nginx" else srv.port
+                get = lambda: exchange(port, b"GET /p HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")  # noqa: E731
+                first = get()
+                time.sleep(2.1)  # the entry's max-age (whole seconds) running out: nothing signals it
+                started = time.monotonic()
+                stale = get()
+                waited = time.monotonic() - started
+                after = get()
+                results[name] = [(a.headers.get("x-cache"), a.body) for a in (first, stale, after)]
+                assert waited >= 0.4, f"{name}: the connection closed before the update ended"
+        finally:
+            app.close()
+    assert results["gannet"] == results["nginx"] == [("MISS", b"v1\n"), ("STALE", b"v1\n"), ("HIT", b"v2\n")]

@@ -79,9 +79,11 @@ pub struct Fields {
 impl Fields {
     /// The fields of `head` whose values are at the places `list` gives.
     pub(crate) fn from_head(head: Bytes, mut list: Vec<(HeaderName, Range<usize>)>) -> Fields {
-        if std::str::from_utf8(&head).is_ok() {
-            // Checked: the conversion cannot fail.
-            let text = ByteString::try_from(head).unwrap_or_default();
+        // A head is almost always ASCII: one check of that (`ByteString::try_from` made it
+        // again after `from_utf8`'s, two walks of every head).
+        if head.is_ascii() || std::str::from_utf8(&head).is_ok() {
+            // SAFETY: `head` was just checked to be UTF-8 (ASCII is).
+            let text = unsafe { ByteString::from_bytes_unchecked(head) };
             return Fields { text, list };
         }
         // obs-text: the values, each made valid, in a text of their own.
@@ -96,6 +98,22 @@ impl Fields {
             text: text.into(),
             list,
         }
+    }
+
+    /// [`Fields::from_head`] for a head its parser found to be all ASCII, without
+    /// walking it again.
+    ///
+    /// # Safety
+    ///
+    /// Every byte of `head` is ASCII.
+    pub(crate) unsafe fn from_ascii_head(
+        head: Bytes,
+        list: Vec<(HeaderName, Range<usize>)>,
+    ) -> Fields {
+        debug_assert!(head.is_ascii());
+        // SAFETY: ASCII is UTF-8 (the caller's promise).
+        let text = unsafe { ByteString::from_bytes_unchecked(head) };
+        Fields { text, list }
     }
 
     /// Fields made from (name, value) pairs, for heads not parsed from the wire.
@@ -128,11 +146,13 @@ impl Fields {
         self.list.iter().map(|(n, at)| (&**n, self.value(at)))
     }
 
-    /// The first value of a field, case-insensitive name.
+    /// The first value of a field, case-insensitive name. Only the name found is made a
+    /// value (each lookup walks every field: a proxied answer is looked up several times).
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.iter()
+        self.list
+            .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v)
+            .map(|(_, at)| self.value(at))
     }
 
     pub fn is_empty(&self) -> bool {

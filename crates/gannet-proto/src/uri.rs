@@ -88,8 +88,9 @@ fn split_absolute(raw: &[u8]) -> Result<(String, &[u8]), ParseError> {
 }
 
 /// The host part of an authority, validated: a reg-name of letters, digits, `-`, `.` and `_`
-/// or a bracketed IPv6 literal, then an optional `:port` of digits. Userinfo (`@`) is
-/// refused, as nginx does.
+/// or a bracketed IP literal (IPv6, or RFC 3986's IPvFuture: letters, digits, `:`, the
+/// unreserved and sub-delims characters, as nginx's request line parser takes), then an
+/// optional `:port` of digits. Userinfo (`@`) is refused, as nginx does.
 fn authority_host(a: &[u8]) -> Option<String> {
     let (host, port) = if a.first() == Some(&b'[') {
         let close = a.iter().position(|&c| c == b']')?;
@@ -97,7 +98,7 @@ fn authority_host(a: &[u8]) -> Option<String> {
         if inner.is_empty()
             || !inner
                 .iter()
-                .all(|c| c.is_ascii_hexdigit() || b":.".contains(c))
+                .all(|c| c.is_ascii_alphanumeric() || b":-._~!$&'()*+,;=".contains(c))
         {
             return None;
         }

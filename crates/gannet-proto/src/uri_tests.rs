@@ -127,6 +127,10 @@ fn asterisk_and_absolute_form() {
     assert_eq!(t.host.as_deref(), Some("[::1]"));
     let t = parse_target(b"http://a_b-c.d/").unwrap();
     assert_eq!(t.host.as_deref(), Some("a_b-c.d"));
+    // An IPvFuture literal with every character nginx's parser takes in one, lowercased.
+    let t = parse_target(b"http://[v1F.!$&'()*+,;=-._~Az:]/").unwrap();
+    assert_eq!(t.host.as_deref(), Some("[v1f.!$&'()*+,;=-._~az:]"));
+    assert!(parse_target(b"http://[v1\"x]/").is_err());
     assert_eq!(
         parse_target(b"http://host/..").map_err(|e| e.status()),
         Err(400)

@@ -16,6 +16,7 @@ pub mod client_body;
 pub mod compress;
 pub mod core;
 pub mod dav;
+pub mod empty_gif;
 pub mod error_page;
 pub mod fastcgi;
 pub mod file_cache;
@@ -357,6 +358,10 @@ pub const MODULES: &[Module] = &[
         set: flv::set,
     },
     Module {
+        directives: empty_gif::DIRECTIVES,
+        set: empty_gif::set,
+    },
+    Module {
         directives: mp4::DIRECTIVES,
         set: mp4::set,
     },
@@ -481,6 +486,8 @@ pub struct LocConf {
     pub stub_status: bool,
     /// `flv`: this location's content handler (not inherited, as nginx's handlers).
     pub flv: bool,
+    /// `empty_gif` (this level only, as `flv`).
+    pub empty_gif: bool,
     pub slice: slice::SliceConf,
     /// `mp4` (the handler: this level only) and its buffer sizes and key-frame flag.
     pub mp4: mp4::Mp4Conf,

@@ -2,41 +2,34 @@
 //! `*_pass` with variables, an upstream `server NAME resolve`) are looked up through the
 //! name servers it lists, never through the system's resolver, as in nginx.
 //!
-//! The DNS protocol is hickory-resolver's; the asking is nginx's. Each `resolver` line is
-//! one [`Resolver`], with a hickory client per name server (made in the worker on first
-//! use: the config is read in the master, whose runtime is not the worker's). A name is
-//! asked of one server at a time, the next in turn for each new name; a server that gives
-//! no usable answer within 5 s (none, or a format error, which nginx ignores) is left for
-//! the next one, until `resolver_timeout` (the location's, bounding each lookup from
-//! outside). A server's answer, good or bad, is the answer: nginx does not ask another
-//! server after SERVFAIL, as hickory's pool would. A and AAAA are asked together, and an
-//! error for either fails the name. Answers are kept, for all servers, by their TTL (or for
-//! `valid=` when given); errors are not (hickory keeps "no such name" as nginx does).
+//! The DNS messages are hickory-proto's; the asking is nginx's (`query`): each new name is
+//! asked of the next server in turn, A and AAAA together, a truncated answer again over
+//! TCP, and what is unanswered after 5 s of the next server, until `resolver_timeout` (the
+//! location's, bounding each lookup from outside). A server's answer, good or bad, is the
+//! answer. A CNAME is kept as the name's answer and its target looked up as a name of its
+//! own (at most 50 in a row). Answers are kept, for all servers, by their TTL (or for
+//! `valid=` when given); errors are not.
 //!
 //! Errors are nginx's (ngx_resolver_strerror): a name that does not exist or has no
 //! address is `3: Host not found`, a name server that does not answer in time (or cannot
 //! be reached: nginx waits for the timeout then) is `110: Operation timed out`.
 
+mod query;
+
 use gannet_conf::{ConfError, Directive};
-use hickory_resolver::config::{
-    LookupIpStrategy, NameServerConfig, ResolveHosts, ResolverConfig, ResolverOpts,
-};
-use hickory_resolver::name_server::TokioConnectionProvider;
 use hickory_resolver::proto::rr::{RData, RecordType};
-use hickory_resolver::proto::xfer::Protocol;
-use hickory_resolver::proto::ProtoErrorKind;
+use query::Found;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// nginx's `resolver_timeout` default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long a server has to answer before the name is asked of the next (nginx's
-/// resend time).
-const RESEND: Duration = Duration::from_secs(5);
+/// The most CNAMEs followed for one name (NGX_RESOLVER_MAX_RECURSION).
+const MAX_RECURSION: usize = 50;
 
 /// The most names kept (past it, expired ones are dropped; then new ones are not kept).
 const KEPT_MAX: usize = 4096;
@@ -46,13 +39,12 @@ pub struct Resolver {
     servers: Vec<SocketAddr>,
     /// `valid=`: how long answers are kept, whatever their TTL.
     valid: Option<Duration>,
-    strategy: LookupIpStrategy,
-    /// One client per name server, in `servers`' order.
-    clients: OnceLock<Vec<hickory_resolver::TokioResolver>>,
+    /// `ipv4=`, `ipv6=`: the address families asked for.
+    families: (bool, bool),
     /// The server the next name is asked of (modulo their number).
     next: AtomicUsize,
-    /// Addresses found, by lower-case name, and until when they hold.
-    kept: Mutex<HashMap<String, (Vec<IpAddr>, Instant)>>,
+    /// Answers, by lower-case name, and until when they hold.
+    kept: Mutex<HashMap<String, (Found, Instant)>>,
 }
 
 impl std::fmt::Debug for Resolver {
@@ -69,6 +61,7 @@ impl std::fmt::Debug for Resolver {
 pub enum Failure {
     NotFound,
     ServFail,
+    NotImplemented,
     Refused,
     TimedOut,
 }
@@ -78,6 +71,7 @@ impl std::fmt::Display for Failure {
         f.write_str(match self {
             Failure::NotFound => "3: Host not found",
             Failure::ServFail => "2: Server failure",
+            Failure::NotImplemented => "4: Unimplemented",
             Failure::Refused => "5: Operation refused",
             Failure::TimedOut => "110: Operation timed out",
         })
@@ -115,16 +109,10 @@ pub fn parse(d: &Directive) -> Result<Resolver, ConfError> {
     if servers.is_empty() {
         return Err(d.error("no name servers defined"));
     }
-    let strategy = match (v4, v6) {
-        (true, false) => LookupIpStrategy::Ipv4Only,
-        (false, true) => LookupIpStrategy::Ipv6Only,
-        _ => LookupIpStrategy::Ipv4AndIpv6,
-    };
     Ok(Resolver {
         servers,
         valid,
-        strategy,
-        clients: OnceLock::new(),
+        families: (v4, v6),
         next: AtomicUsize::new(0),
         kept: Mutex::default(),
     })
@@ -168,136 +156,57 @@ fn server_addrs(d: &Directive, a: &str) -> Result<Vec<SocketAddr>, ConfError> {
 }
 
 impl Resolver {
-    fn clients(&self) -> &[hickory_resolver::TokioResolver] {
-        self.clients
-            .get_or_init(|| self.servers.iter().map(|&sa| self.client(sa)).collect())
-    }
-
-    fn client(&self, server: SocketAddr) -> hickory_resolver::TokioResolver {
-        let mut config = ResolverConfig::new();
-        // nginx asks over UDP and asks again over TCP for a truncated answer; so does
-        // hickory with both listed.
-        config.add_name_server(NameServerConfig::new(server, Protocol::Udp));
-        config.add_name_server(NameServerConfig::new(server, Protocol::Tcp));
-        let mut opts = ResolverOpts::default();
-        opts.use_hosts_file = ResolveHosts::Never;
-        // The names are looked up as written: no search list, no `ndots`.
-        opts.ndots = 0;
-        // One question at a time; asking again (another server) is `lookup`'s.
-        opts.attempts = 1;
-        opts.num_concurrent_reqs = 1;
-        opts.timeout = RESEND;
-        if let Some(v) = self.valid {
-            opts.positive_min_ttl = Some(v);
-            opts.positive_max_ttl = Some(v);
-            opts.negative_min_ttl = Some(v);
-            opts.negative_max_ttl = Some(v);
-        }
-        hickory_resolver::Resolver::builder_with_config(config, TokioConnectionProvider::default())
-            .with_options(opts)
-            .build()
-    }
-
     /// The addresses of `name`, within `timeout` (the location's `resolver_timeout`), and
-    /// until when they hold (their TTL, or `valid=`).
+    /// until when they hold (their TTL, or `valid=`; the least along a CNAME chain).
     pub async fn lookup(
         &self,
         name: &str,
         timeout: Duration,
     ) -> Result<(Vec<IpAddr>, Instant), Failure> {
-        let key = name.trim_end_matches('.').to_ascii_lowercase();
-        if let Some(found) = self.kept(&key) {
-            return Ok(found);
-        }
-        // A fully qualified name: no search domain is ever appended.
-        let fqdn = format!("{key}.");
-        let clients = self.clients();
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut turn = self.next.fetch_add(1, Ordering::Relaxed);
-        loop {
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return Err(Failure::TimedOut);
-            }
-            let resend = deadline.min(now + RESEND);
-            let client = &clients[turn % clients.len()];
-            turn = turn.wrapping_add(1);
-            match tokio::time::timeout_at(resend, self.ask(client, &fqdn)).await {
-                Ok(Ok(found)) => {
-                    self.keep(key, &found);
-                    return Ok(found);
+        let mut key = name.trim_end_matches('.').to_ascii_lowercase();
+        let mut chain_until: Option<Instant> = None;
+        for _ in 0..=MAX_RECURSION {
+            let (found, until) = match self.kept(&key) {
+                Some(kept) => kept,
+                None => {
+                    let first = self.next.fetch_add(1, Ordering::Relaxed);
+                    let asked = query::resolve(&self.servers, first, self.families, &key);
+                    let (found, ttl) = tokio::time::timeout_at(deadline, asked)
+                        .await
+                        .map_err(|_| Failure::TimedOut)??;
+                    let until =
+                        Instant::now() + self.valid.unwrap_or(Duration::from_secs(u64::from(ttl)));
+                    self.keep(&key, &found, until);
+                    (found, until)
                 }
-                Ok(Err(Some(failure))) => return Err(failure),
-                // No usable answer: as nginx, the next server when the resend time comes.
-                Ok(Err(None)) => tokio::time::sleep_until(resend).await,
-                Err(_) => {}
-            }
-        }
-    }
-
-    /// One server's answer for `fqdn`: its addresses, a failure, or `Err(None)` for none
-    /// usable. A and AAAA are asked apart (hickory's combined lookup keeps one answer when
-    /// the other is an error): as nginx, an error for either fails the name, and only an
-    /// empty answer (NOERROR, no records) leaves the other's addresses.
-    async fn ask(
-        &self,
-        client: &hickory_resolver::TokioResolver,
-        fqdn: &str,
-    ) -> Result<(Vec<IpAddr>, Instant), Option<Failure>> {
-        let (v4, v6) = match self.strategy {
-            LookupIpStrategy::Ipv4Only => (true, false),
-            LookupIpStrategy::Ipv6Only => (false, true),
-            _ => (true, true),
-        };
-        let ask = |on: bool, kind: RecordType| async move {
-            match on {
-                true => Some(client.lookup(fqdn, kind).await),
-                false => None,
-            }
-        };
-        let (a, aaaa) = (ask(v4, RecordType::A), ask(v6, RecordType::AAAA));
-        tokio::pin!(a, aaaa);
-        // Each answer as it comes: an error fails the name at once, as in nginx.
-        let (mut got_a, mut got_aaaa) = (None, None);
-        while got_a.is_none() || got_aaaa.is_none() {
-            let answer = tokio::select! {
-                r = &mut a, if got_a.is_none() => got_a.insert(r),
-                r = &mut aaaa, if got_aaaa.is_none() => got_aaaa.insert(r),
             };
-            if let Some(Err(e)) = answer {
-                if !is_empty_answer(e) {
-                    return Err(judge(e));
+            let until = chain_until.map_or(until, |u| u.min(until));
+            match found {
+                Found::Addrs(addrs) => return Ok((addrs, until)),
+                Found::Cname(target) => {
+                    key = target;
+                    chain_until = Some(until);
                 }
             }
         }
-        let mut addrs = Vec::new();
-        let mut until: Option<Instant> = None;
-        for answer in [got_a, got_aaaa].into_iter().flatten().flatten() {
-            let Ok(lookup) = answer else { continue };
-            addrs.extend(lookup.iter().filter_map(|r| match r {
-                RData::A(a) => Some(IpAddr::V4(a.0)),
-                RData::AAAA(a) => Some(IpAddr::V6(a.0)),
-                _ => None,
-            }));
-            let t = lookup.valid_until();
-            until = Some(until.map_or(t, |u| u.min(t)));
-        }
-        match until {
-            Some(until) if !addrs.is_empty() => Ok((addrs, until)),
-            _ => Err(Some(Failure::NotFound)),
-        }
+        Err(Failure::NotFound)
     }
 
-    fn kept(&self, key: &str) -> Option<(Vec<IpAddr>, Instant)> {
+    /// A kept answer, its addresses handed out as nginx hands out a cached one.
+    fn kept(&self, key: &str) -> Option<(Found, Instant)> {
         let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        kept.get(key)
-            .filter(|(_, until)| *until > Instant::now())
-            .cloned()
+        let (found, until) = kept.get(key).filter(|(_, until)| *until > Instant::now())?;
+        let found = match found {
+            Found::Addrs(addrs) => Found::Addrs(rotated(addrs)),
+            cname => cname.clone(),
+        };
+        Some((found, *until))
     }
 
-    fn keep(&self, key: String, found: &(Vec<IpAddr>, Instant)) {
+    fn keep(&self, key: &str, found: &Found, until: Instant) {
         let now = Instant::now();
-        if found.1 <= now {
+        if until <= now {
             // A zero TTL: not kept, as nginx.
             return;
         }
@@ -306,14 +215,13 @@ impl Resolver {
             kept.retain(|_, (_, until)| *until > now);
         }
         if kept.len() < KEPT_MAX {
-            kept.insert(key, found.clone());
+            kept.insert(key.to_string(), (found.clone(), until));
         }
     }
 
     /// The name of `ip` (its PTR record, without the final dot), within `timeout`: the
-    /// mail proxy's SMTP client name. Asked of the name servers directly over UDP, one
-    /// after another (5 s each) until `timeout`: hickory's resolver answers for the
-    /// loopback addresses itself (RFC 6761), where nginx asks the server.
+    /// mail proxy's SMTP client name. Asked of the name servers over UDP, one after
+    /// another (5 s each) until `timeout`.
     pub async fn reverse(&self, ip: IpAddr, timeout: Duration) -> Result<String, Failure> {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut servers = self.servers.iter().cycle();
@@ -348,12 +256,7 @@ async fn ptr_query(server: SocketAddr, ip: IpAddr) -> Option<Result<String, Fail
         .set_recursion_desired(true)
         .add_query(Query::query(Name::from(ip), RecordType::PTR));
     let bytes = m.to_vec().ok()?;
-    let bind: SocketAddr = match server {
-        SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
-        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
-    };
-    let sock = tokio::net::UdpSocket::bind(bind).await.ok()?;
-    sock.connect(server).await.ok()?;
+    let sock = query::udp_socket(server).await?;
     sock.send(&bytes).await.ok()?;
     let mut buf = vec![0u8; 4096];
     loop {
@@ -382,29 +285,28 @@ async fn ptr_query(server: SocketAddr, ip: IpAddr) -> Option<Result<String, Fail
     }
 }
 
-/// NOERROR with no record of the type asked: the name has none of those addresses.
-fn is_empty_answer(e: &hickory_resolver::ResolveError) -> bool {
-    use hickory_resolver::proto::op::ResponseCode;
-    matches!(
-        e.proto().map(|p| p.kind()),
-        Some(ProtoErrorKind::NoRecordsFound { response_code, .. }) if *response_code == ResponseCode::NoError
-    )
-}
-
-/// What a server's error answer means for the name; `None` when it is no usable answer
-/// (a format error, which nginx ignores, or no answer at all: a broken connection).
-fn judge(e: &hickory_resolver::ResolveError) -> Option<Failure> {
-    use hickory_resolver::proto::op::ResponseCode;
-    match e.proto().map(|p| p.kind()) {
-        Some(ProtoErrorKind::NoRecordsFound { response_code, .. }) => match *response_code {
-            ResponseCode::FormErr => None,
-            ResponseCode::ServFail => Some(Failure::ServFail),
-            ResponseCode::Refused => Some(Failure::Refused),
-            _ => Some(Failure::NotFound),
-        },
-        _ if e.is_nx_domain() || e.is_no_records_found() => Some(Failure::NotFound),
-        _ => None,
+/// Addresses (IPv4 before IPv6) in nginx's order for a cached answer (ngx_resolver_export
+/// with `rotate`): each family's from a random one on, laid from a random place on, so
+/// that the requests for a name spread over its addresses.
+fn rotated(addrs: &[IpAddr]) -> Vec<IpAddr> {
+    let n = addrs.len();
+    if n < 2 {
+        return addrs.to_vec();
     }
+    let v4 = addrs.iter().filter(|a| a.is_ipv4()).count();
+    let mut out = addrs.to_vec();
+    let mut d = fastrand::usize(..n);
+    for family in [&addrs[..v4], &addrs[v4..]] {
+        if family.is_empty() {
+            continue;
+        }
+        let j = fastrand::usize(..family.len());
+        for i in 0..family.len() {
+            out[d % n] = family[(j + i) % family.len()];
+            d += 1;
+        }
+    }
+    out
 }
 
 /// Whether `host` (without a port; an IPv6 address in brackets or not) is an address
@@ -436,15 +338,33 @@ mod tests {
             .collect();
         assert_eq!(r.servers, want);
         assert_eq!(r.valid, Some(Duration::from_secs(30)));
-        assert_eq!(r.strategy, LookupIpStrategy::Ipv4AndIpv6);
+        assert_eq!(r.families, (true, true));
         assert_eq!(
-            parsed("resolver 127.0.0.1 ipv6=off;").unwrap().strategy,
-            LookupIpStrategy::Ipv4Only
+            parsed("resolver 127.0.0.1 ipv6=off;").unwrap().families,
+            (true, false)
         );
         assert_eq!(
-            parsed("resolver 127.0.0.1 ipv4=off;").unwrap().strategy,
-            LookupIpStrategy::Ipv6Only
+            parsed("resolver 127.0.0.1 ipv4=off;").unwrap().families,
+            (false, true)
         );
+    }
+
+    #[test]
+    fn cached_addresses_are_rotated_not_lost() {
+        let addrs: Vec<IpAddr> = ["127.0.0.1", "127.0.0.2", "127.0.0.3", "::1", "::2"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let mut firsts = std::collections::HashSet::new();
+        for _ in 0..200 {
+            let r = rotated(&addrs);
+            let mut sorted = r.clone();
+            sorted.sort();
+            assert_eq!(sorted, addrs);
+            firsts.insert(r[0]);
+        }
+        assert_eq!(firsts.len(), addrs.len());
+        assert_eq!(rotated(&addrs[..1]), addrs[..1]);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! idle connections kept open for reuse.
 //!
 //! Directives inside `upstream`: `server ADDRESS [weight=N] [max_fails=N] [fail_timeout=T]
-//! [max_conns=N] [slow_start=T] [backup] [down]`, `keepalive N`, `keepalive_timeout`, `keepalive_requests`,
+//! [max_conns=N] [slow_start=T] [backup] [down]`, `keepalive N`, `keepalive_timeout`, `keepalive_requests`, `keepalive_time`,
 //! `queue N [timeout=T]` (nginx Plus's: wait for a server under `max_conns` instead of
 //! failing), `zone` (accepted: gannet's state is per worker, there is nothing to share;
 //! so `max_conns` counts per worker, as nginx's does without a zone), and one balancing
@@ -21,7 +21,16 @@
 //! failure count and take turns ([`Resolving`]).
 //!
 //! Like nginx's, the state is per worker: no lock on the request path, and a worker that
-//! saw a server fail stops sending to it for `fail_timeout` on its own.
+//! saw a server fail stops sending to it for `fail_timeout` on its own. Failures are counted
+//! as nginx's round robin counts them: a success does not clear the count while
+//! `fail_timeout` since the last failure runs (so `max_fails` failures among successes take
+//! the server out); each failure lowers the server's effective weight by
+//! `weight / max_fails`, regained one unit per choice; a group of one server is never
+//! taken out.
+//!
+//! `proxy_pass` (and the other `*_pass`es) to `host:port` whose host is a name make an
+//! implicit group, as nginx's: the name is looked up when the config is loaded and each
+//! of its addresses is a server ([`implicit`]).
 //!
 //! Kept connections: `keepalive N` idle ones per worker, closed when `keepalive_timeout`
 //! passes (on the worker's housekeeping tick, as nginx's timer does). One deliberate
@@ -198,6 +207,8 @@ pub struct Upstream {
     pub keepalive: usize,
     pub keepalive_timeout: Duration,
     pub keepalive_requests: u64,
+    /// `keepalive_time`: how long a kept connection may be used, from when it was made.
+    pub keepalive_time: Duration,
     /// `queue N timeout=T`: requests that may wait for a server under `max_conns`.
     pub queue: Option<(usize, Duration)>,
     pub method: Method,
@@ -210,10 +221,32 @@ pub struct Upstream {
 }
 
 impl Upstream {
+    /// A round-robin group of these addresses with nginx's defaults (an implicit group, a
+    /// stream `proxy_pass` with variables naming an address or a name).
+    pub fn of_addrs(name: &str, addrs: Vec<Addr>) -> Upstream {
+        Upstream {
+            name: name.to_string(),
+            health: addrs.iter().map(|_| AtomicBool::new(true)).collect(),
+            servers: addrs.into_iter().map(Server::new).collect(),
+            keepalive: 0,
+            keepalive_timeout: Duration::from_secs(60),
+            keepalive_requests: 1000,
+            keepalive_time: Duration::from_secs(3600),
+            queue: None,
+            method: Method::RoundRobin,
+            slow_start: false,
+        }
+    }
+
     /// How many servers one request may try (nginx's `peer.tries`): the ones not marked
     /// `down`, backups included.
     pub fn tries(&self) -> usize {
         self.servers.iter().filter(|s| !s.down).count()
+    }
+
+    /// One server and no backup: nginx's `single` peer, never taken out for its failures.
+    pub fn single(&self) -> bool {
+        self.servers.len() == 1 && self.servers[0].resolve.is_none()
     }
 
     pub fn healthy(&self, i: usize) -> bool {
@@ -248,6 +281,8 @@ pub struct Slot {
     pub kind: u64,
     /// Requests it has carried, the one just answered included.
     pub requests: u64,
+    /// When the connection was made (`keepalive_time`).
+    pub born: Instant,
     /// May stay as surplus over `keepalive` for a moment ([`SURPLUS_GRACE`]).
     pub linger: bool,
 }
@@ -296,6 +331,7 @@ pub fn parse(d: &Directive, http: &HttpResolver) -> Result<Upstream, ConfError> 
         keepalive: 0,
         keepalive_timeout: Duration::from_secs(60),
         keepalive_requests: 1000,
+        keepalive_time: Duration::from_secs(3600),
         queue: None,
         method: Method::RoundRobin,
         slow_start: false,
@@ -371,7 +407,10 @@ pub fn parse(d: &Directive, http: &HttpResolver) -> Result<Upstream, ConfError> 
                 }
                 up.queue = Some((n, timeout));
             }
-            "keepalive_time" => nargs(1, 2)?,
+            "keepalive_time" => {
+                nargs(1, 1)?;
+                up.keepalive_time = Duration::from_millis(setters::msec_arg(s, 0)?);
+            }
             "least_conn" | "ip_hash" | "hash" | "random" => {
                 // nginx warns and keeps the last; one of two was surely not meant.
                 if std::mem::replace(&mut method_set, true) {
@@ -440,6 +479,49 @@ pub fn parse(d: &Directive, http: &HttpResolver) -> Result<Upstream, ConfError> 
     up.slow_start = up.servers.iter().any(|s| s.slow_start.is_some());
     up.health = up.servers.iter().map(|_| AtomicBool::new(true)).collect();
     Ok(up)
+}
+
+/// nginx's implicit upstream (`ngx_http_upstream_add`) for a `*_pass` to `host:port` whose
+/// host is a name: the name is looked up once, as the config is loaded (the system's
+/// resolver, IPv4 addresses first as nginx orders them), and each address is a server of a
+/// group named `host:port`, kept in `groups` so that every `*_pass` to the same `host:port`
+/// shares it and one with variables whose value names it finds it (as nginx looks its
+/// upstreams up). `None` for an address (nothing to look up) or a name that does not
+/// resolve, which is then looked up when connecting (nginx refuses such a config).
+pub fn implicit(
+    groups: &mut HashMap<String, Arc<Upstream>>,
+    host: &str,
+    port: u16,
+) -> Option<Arc<Upstream>> {
+    use std::net::ToSocketAddrs;
+    if crate::resolver::is_literal(host) {
+        return None;
+    }
+    let key = format!("{host}:{port}");
+    if let Some(up) = groups.get(&key) {
+        return Some(up.clone());
+    }
+    let found: Vec<std::net::SocketAddr> = (host, port).to_socket_addrs().ok()?.collect();
+    let mut addrs: Vec<std::net::SocketAddr> = Vec::new();
+    for a in found
+        .iter()
+        .filter(|a| a.is_ipv4())
+        .chain(found.iter().filter(|a| a.is_ipv6()))
+    {
+        if !addrs.contains(a) {
+            addrs.push(*a);
+        }
+    }
+    if addrs.is_empty() {
+        return None;
+    }
+    let addrs = addrs
+        .iter()
+        .map(|a| Addr::Tcp(a.to_string().into()))
+        .collect();
+    let up = Arc::new(Upstream::of_addrs(&key, addrs));
+    groups.insert(key, up.clone());
+    Some(up)
 }
 
 /// A `server` line, with the name and port to look up at run time for `resolve`.
@@ -533,6 +615,7 @@ struct Idle {
     conn: Conn,
     since: Instant,
     requests: u64,
+    born: Instant,
     /// The server's `metrics` key, whose idle gauge counts this connection.
     metrics: crate::runtime::metrics::Key,
 }
@@ -548,8 +631,12 @@ impl Idle {
 struct GroupState {
     /// Smooth weighted round robin: each server's current weight.
     current: Vec<i64>,
-    /// Per server: failures counted and when the count started.
-    fails: Vec<(u32, Instant)>,
+    /// Per server: its failures, as nginx's round robin counts them.
+    fails: Vec<Fails>,
+    /// Per server: how far its effective weight is below its weight (scaled as
+    /// `balance::WEIGHT_SCALE`), nginx's `weight - effective_weight`: each failure lowers it
+    /// by `weight / max_fails`, each choice it takes part in raises it by one again.
+    deficit: Vec<i64>,
     /// Per server: connections in use (for `max_conns`).
     active: Vec<usize>,
     /// Per server with `slow_start`: when it last became usable again (its weight ramps
@@ -563,6 +650,37 @@ struct GroupState {
     /// Requests waiting in the `queue`, and how they are woken when a server frees up.
     queued: usize,
     freed: Rc<Notify>,
+}
+
+/// A server's failures, kept as nginx's round robin keeps them (`fails`, `accessed`,
+/// `checked`): the count is not reset by a success while `fail_timeout` since the last
+/// failure runs (so `max_fails` failures among successes take the server out), only by a
+/// success of a request sent once that time had passed; nor by time alone.
+#[derive(Clone, Copy)]
+struct Fails {
+    count: u32,
+    /// The last failure.
+    accessed: Option<Instant>,
+    /// The last failure, or the first choice of the server once `fail_timeout` after it
+    /// had passed.
+    checked: Instant,
+}
+
+impl Fails {
+    fn new(now: Instant) -> Fails {
+        Fails {
+            count: 0,
+            accessed: None,
+            checked: now,
+        }
+    }
+
+    /// Out of use: `max_fails` failures, the last within `fail_timeout`.
+    fn out(&self, s: &Server, now: Instant) -> bool {
+        s.max_fails > 0
+            && self.count >= s.max_fails
+            && now.saturating_duration_since(self.checked) <= s.fail_timeout
+    }
 }
 
 /// What [`Upstreams::pick`] found.
@@ -591,7 +709,11 @@ impl Drop for Lease {
             if let Some(a) = g.active.get_mut(self.server) {
                 *a = a.saturating_sub(1);
             }
-            g.freed.notify_one();
+            // Only a request waiting in the `queue` needs the word (with none, the notice
+            // would be kept for the next one to wait, which would wake it for nothing).
+            if g.queued > 0 {
+                g.freed.notify_one();
+            }
         }
     }
 }
@@ -621,7 +743,8 @@ impl Upstreams {
         let mut groups = self.groups.borrow_mut();
         let g = groups.entry(group_key(up)).or_default();
         g.current.resize(up.servers.len(), 0);
-        g.fails.resize(up.servers.len(), (0, now));
+        g.fails.resize(up.servers.len(), Fails::new(now));
+        g.deficit.resize(up.servers.len(), 0);
         g.active.resize(up.servers.len(), 0);
         if up.slow_start {
             g.ramp.resize(up.servers.len(), (None, false));
@@ -631,6 +754,12 @@ impl Upstreams {
         match balance::choose(&mut view, key.ip, key.hash) {
             balance::Found::Server(i) => {
                 view.g.active[i] += 1;
+                // The first choice after `fail_timeout`: a success now makes the count
+                // start over (nginx's `checked`).
+                let f = &mut view.g.fails[i];
+                if now.saturating_duration_since(f.checked) > up.servers[i].fail_timeout {
+                    f.checked = now;
+                }
                 let metrics = up.servers[i].metrics;
                 crate::runtime::metrics::gauge_add(
                     metrics,
@@ -676,38 +805,57 @@ impl Upstreams {
         woken
     }
 
-    /// A server failed (could not connect, timed out, answered garbage).
+    /// A server failed (could not connect, timed out, answered garbage). A group of one
+    /// server never takes it out (nginx's `single` peer).
     pub fn failed(&self, up: &Arc<Upstream>, server: usize, now: Instant) {
+        if up.single() {
+            return;
+        }
         let mut groups = self.groups.borrow_mut();
         let g = groups.entry(group_key(up)).or_default();
-        g.fails.resize(up.servers.len(), (0, now));
+        g.fails.resize(up.servers.len(), Fails::new(now));
+        g.deficit.resize(up.servers.len(), 0);
         let s = &up.servers[server];
-        let (n, since) = g.fails[server];
-        g.fails[server] = if n == 0 || now.duration_since(since) >= s.fail_timeout {
-            (1, now)
-        } else {
-            (n + 1, since)
-        };
+        let f = &mut g.fails[server];
+        f.count += 1;
+        f.accessed = Some(now);
+        f.checked = now;
+        if s.max_fails > 0 {
+            // nginx's integer division: weight 1 with max_fails 3 loses nothing.
+            let full = s.weight.saturating_mul(balance::WEIGHT_SCALE);
+            let lost = (s.weight / i64::from(s.max_fails)).saturating_mul(balance::WEIGHT_SCALE);
+            g.deficit[server] = (g.deficit[server] + lost).min(full);
+            if f.count >= s.max_fails {
+                crate::errlog::log(
+                    crate::errlog::Level::Warn,
+                    format_args!("upstream server temporarily disabled"),
+                );
+            }
+        }
     }
 
-    /// A server answered: its failure count starts over.
+    /// A server answered: its failure count starts over if it was chosen after
+    /// `fail_timeout` had passed since its last failure.
     pub fn succeeded(&self, up: &Arc<Upstream>, server: usize) {
         if let Some(g) = self.groups.borrow_mut().get_mut(&group_key(up)) {
             if let Some(f) = g.fails.get_mut(server) {
-                f.0 = 0;
+                if f.accessed.is_some_and(|a| a < f.checked) {
+                    f.count = 0;
+                }
             }
         }
     }
 
     /// An idle connection to `server` of this `kind` (see [`Idle`]), if one is kept and
-    /// still open. Returns it with the number of requests it has carried.
+    /// still open. Returns it with the number of requests it has carried and when it was
+    /// made.
     pub fn take_idle(
         &self,
         up: &Arc<Upstream>,
         server: usize,
         kind: u64,
         now: Instant,
-    ) -> Option<(Conn, u64)> {
+    ) -> Option<(Conn, u64, Instant)> {
         let mut groups = self.groups.borrow_mut();
         let g = groups.get_mut(&group_key(up))?;
         g.expire_idle(now);
@@ -721,7 +869,7 @@ impl Upstreams {
             };
             i.left();
             if still_open(&mut i.conn) {
-                return Some((i.conn, i.requests));
+                return Some((i.conn, i.requests, i.born));
             }
         }
         None
@@ -736,9 +884,15 @@ impl Upstreams {
             server,
             kind,
             requests,
+            born,
             linger,
         } = slot;
-        if up.keepalive == 0 || requests >= up.keepalive_requests {
+        // Not kept past `keepalive_requests` or `keepalive_time` (nginx checks both as the
+        // request ends, so the last request within the time still reuses the connection).
+        if up.keepalive == 0
+            || requests >= up.keepalive_requests
+            || now.saturating_duration_since(born) > up.keepalive_time
+        {
             return;
         }
         let mut groups = self.groups.borrow_mut();
@@ -758,8 +912,20 @@ impl Upstreams {
             conn,
             since: now,
             requests,
+            born,
             metrics,
         });
+    }
+
+    /// A graceful stop: every idle connection is closed now, as nginx closes its cached
+    /// upstream connections (a server at the other end, gannet itself maybe, then sees its
+    /// side idle and closes it without waiting for it).
+    pub fn close_idle(&self) {
+        for g in self.groups.borrow_mut().values_mut() {
+            for old in g.idle.drain(..) {
+                old.left();
+            }
+        }
     }
 
     /// Close idle connections past `keepalive_timeout`, and surplus ones past
@@ -843,6 +1009,72 @@ mod tests {
             .map_err(|e| e.to_string())
     }
 
+    /// nginx-tests' upstream.t: every third request to the first server fails and is sent
+    /// on to the second; successes in between do not clear the count, so the third failure
+    /// takes the server out, after six successes.
+    #[test]
+    fn failures_among_successes_add_up_to_max_fails() {
+        let up = group(
+            "server 127.0.0.1:1 max_fails=3 fail_timeout=10s;
+             server 127.0.0.1:2 max_fails=3 fail_timeout=10s;",
+        )
+        .unwrap();
+        let ups = Upstreams::default();
+        let now = Instant::now();
+        let (mut served, mut first) = ([0; 2], 0);
+        for _ in 0..30 {
+            let mut tried = Vec::new();
+            loop {
+                let Pick::Server(i, _lease) = ups.pick(&up, &Key::default(), &tried, now) else {
+                    panic!("no server left");
+                };
+                tried.push(i);
+                if i == 0 {
+                    first += 1;
+                    if first % 3 == 0 {
+                        ups.failed(&up, 0, now);
+                        continue;
+                    }
+                }
+                ups.succeeded(&up, i);
+                served[i] += 1;
+                break;
+            }
+        }
+        assert_eq!(served, [6, 24]);
+        // Once fail_timeout has passed it is tried again, and a success clears the count.
+        let later = now + Duration::from_secs(11);
+        let back = (0..2)
+            .filter_map(|_| match ups.pick(&up, &Key::default(), &[], later) {
+                Pick::Server(i, _) => Some(i),
+                _ => None,
+            })
+            .find(|&i| i == 0);
+        assert_eq!(back, Some(0));
+        ups.succeeded(&up, 0);
+        ups.failed(&up, 0, later);
+        assert!(matches!(
+            ups.pick(&up, &Key::default(), &[1], later),
+            Pick::Server(0, _)
+        ));
+    }
+
+    /// A group of one server (no backup) keeps it in use however often it fails (nginx's
+    /// single peer).
+    #[test]
+    fn a_single_server_is_never_taken_out() {
+        let up = group("server 127.0.0.1:1 max_fails=1;").unwrap();
+        let ups = Upstreams::default();
+        let now = Instant::now();
+        for _ in 0..3 {
+            ups.failed(&up, 0, now);
+        }
+        assert!(matches!(
+            ups.pick(&up, &Key::default(), &[], now),
+            Pick::Server(0, _)
+        ));
+    }
+
     #[test]
     fn slow_start_ramps_the_weight_up_after_fail_timeout() {
         let up = group("server 127.0.0.1:1; server 127.0.0.1:2 fail_timeout=10s slow_start=100s;")
@@ -850,10 +1082,17 @@ mod tests {
         let ups = Upstreams::default();
         let t0 = Instant::now();
         ups.failed(&up, 1, t0);
-        // Share of server 1 over 1000 picks at `at`.
+        // Share of server 1 over 1000 picks at `at`, each answered (the first pick after
+        // fail_timeout is the server's trial: its success brings it back).
         let share = |at: Instant| {
             (0..1000)
-                .filter(|_| matches!(ups.pick(&up, &Key::default(), &[], at), Pick::Server(1, _)))
+                .filter(|_| match ups.pick(&up, &Key::default(), &[], at) {
+                    Pick::Server(i, _) => {
+                        ups.succeeded(&up, i);
+                        i == 1
+                    }
+                    _ => false,
+                })
                 .count()
         };
         assert_eq!(share(t0 + Duration::from_secs(5)), 0, "still failed");

@@ -1,6 +1,7 @@
-//! A worker thread's copies of the entries it serves: per key hash the open entry file, its
-//! header and its answer's head already parsed, so that a hit costs no open, stat, read or
-//! parse of the file (nginx keeps the descriptor with `open_file_cache` and re-reads the
+//! A worker thread's copies of the entries it serves: per key the open entry file, its
+//! header, its answer's head already parsed (and made ready for the location that serves it)
+//! and the key's md5, so that a hit costs no open, stat, read or parse of the file and no
+//! md5 of the key (nginx keeps the descriptor with `open_file_cache` and re-reads the
 //! header; gannet keeps the header too).
 //!
 //! A copy is used only while the key's version in the keys zone is the one it was made
@@ -15,6 +16,7 @@ use super::entry::Meta;
 use super::key::Hash;
 use super::Zone;
 use crate::modules::file_cache::{Policy, SMALL_FILE};
+use crate::runtime::clock;
 use bytes::Bytes;
 use gannet_proto::cgi::{self, CgiHead, Fields};
 use std::cell::RefCell;
@@ -30,7 +32,8 @@ pub struct Hot {
     /// The zone it is of (a `Weak` keeps the address from being reused by another zone).
     zone: Weak<Zone>,
     version: u64,
-    key: Box<str>,
+    /// The md5 of its key.
+    pub hash: Hash,
     made: Instant,
     pub file: Rc<File>,
     pub meta: Meta,
@@ -38,7 +41,19 @@ pub struct Hot {
     /// sent with the head in one write.
     pub data: Option<Bytes>,
     status: Option<u16>,
-    fields: Fields,
+    pub fields: Fields,
+    /// The answer's head as the last location that served it makes it, when that is the
+    /// same for every request of the location (`conn::gateway_cache::serve_hot`).
+    pub ready: RefCell<Option<Ready>>,
+}
+
+/// An entry's answer head made ready for one location: a hit clones it instead of
+/// parsing the stored head, hiding fields and reading its dates again.
+pub struct Ready {
+    /// The location (a `Weak` keeps its address from being reused by a reloaded one).
+    pub conf: Weak<crate::modules::LocConf>,
+    /// The answer without its body.
+    pub resp: crate::http::response::Response,
 }
 
 impl Hot {
@@ -51,49 +66,35 @@ impl Hot {
     }
 }
 
-/// The keys are md5 hashes already: their first bytes are the map's hash.
-#[derive(Default)]
-struct Md5Hasher(u64);
-
-impl std::hash::Hasher for Md5Hasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, b: &[u8]) {
-        for &x in b.iter().take(8) {
-            self.0 = (self.0 << 8) | u64::from(x);
-        }
-    }
-}
-
-type Map = HashMap<Hash, Rc<Hot>, std::hash::BuildHasherDefault<Md5Hasher>>;
+/// Keyed by the entry's key text (foldhash, seeded per table, as the open file cache's
+/// paths): a hit finds its copy, and with it the key's md5 (`Hot::hash`), without hashing
+/// the key with md5 (about 760 instructions a hit, callgrind, docs/bench/cache-report.md).
+type Map = HashMap<Box<str>, Rc<Hot>, foldhash::fast::RandomState>;
 
 thread_local! {
     static HOT: RefCell<Map> = RefCell::new(Map::default());
 }
 
-/// The copy of `h`'s entry in `zone`, if it is still the entry of version `version`, for
-/// `key`, and younger than `valid`.
-pub fn get(
-    zone: &Arc<Zone>,
-    h: &Hash,
-    version: u64,
-    key: &str,
-    valid: Duration,
-) -> Option<Rc<Hot>> {
+impl Hot {
+    /// Whether the copy is still the entry of version `version` (the keys zone's) and
+    /// younger than `valid`.
+    pub fn current(&self, version: u64, valid: Duration) -> bool {
+        self.version == version && clock::now().saturating_duration_since(self.made) < valid
+    }
+}
+
+/// This thread's copy of `key`'s entry in `zone`, whatever its version (see
+/// [`Hot::current`]).
+pub fn find(zone: &Arc<Zone>, key: &str) -> Option<Rc<Hot>> {
     HOT.with_borrow(|m| {
-        let hot = m.get(h)?;
-        (hot.version == version
-            && std::ptr::eq(hot.zone.as_ptr(), Arc::as_ptr(zone))
-            && &*hot.key == key
-            && hot.made.elapsed() < valid)
-            .then(|| hot.clone())
+        let hot = m.get(key)?;
+        std::ptr::eq(hot.zone.as_ptr(), Arc::as_ptr(zone)).then(|| hot.clone())
     })
 }
 
-/// Keep `file` as `h`'s entry of version `version` (at most `open_file_cache`'s `max`
-/// copies per thread); the
-/// copy, or `None` if the entry has `Vary` or its head does not parse.
+/// Keep `file` as the entry of `key` (whose md5 is `h`) at version `version` (at most
+/// `open_file_cache`'s `max` copies per thread); the copy, or the file back if the entry
+/// has `Vary` or its head does not parse.
 pub fn put(
     zone: &Arc<Zone>,
     h: &Hash,
@@ -120,26 +121,30 @@ pub fn put(
     let hot = Rc::new(Hot {
         zone: Arc::downgrade(zone),
         version,
-        key: key.into(),
-        made: Instant::now(),
+        hash: *h,
+        made: clock::now(),
         file: Rc::new(file),
         meta,
         data,
         status: head.status,
         fields: head.headers,
+        ready: RefCell::new(None),
     });
     let (valid, max) = (policy.valid, policy.max.max(1));
     HOT.with_borrow_mut(|m| {
-        if m.len() >= max && !m.contains_key(h) {
+        if m.len() >= max && !m.contains_key(key) {
             // The copies past their time first; else any one.
-            m.retain(|_, v| v.made.elapsed() < valid && v.zone.strong_count() > 0);
+            let now = clock::now();
+            m.retain(|_, v| {
+                now.saturating_duration_since(v.made) < valid && v.zone.strong_count() > 0
+            });
             if m.len() >= max {
-                if let Some(k) = m.keys().next().copied() {
+                if let Some(k) = m.keys().next().cloned() {
                     m.remove(&k);
                 }
             }
         }
-        m.insert(*h, hot.clone());
+        m.insert(key.into(), hot.clone());
     });
     Ok(hot)
 }

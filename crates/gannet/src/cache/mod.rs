@@ -69,9 +69,11 @@ impl Status {
     }
 }
 
-/// Seconds since the epoch, the clock entries' validity is kept in (as nginx's `valid_sec`).
+/// Seconds since the epoch, the clock entries' validity is kept in (as nginx's `valid_sec`):
+/// the time of the event-loop turn under way, as nginx's `ngx_time()` (a hit read the clock
+/// for it besides the turn's own read).
 pub fn now_secs() -> i64 {
-    std::time::SystemTime::now()
+    crate::runtime::clock::wall()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
 }

@@ -681,6 +681,12 @@ fn load_location(
         level_directive(cfg, c, &mut conf, lctx, Ctx::LOCATION)?;
     }
     lctx.prefixless = false;
+    if conf.core.alias.is_some() {
+        // What the alias replaces, here and in the locations nested in this one.
+        if let Matcher::Exact(p) | Matcher::Prefix { path: p, .. } = &matcher {
+            conf.core.alias_of = Some(Arc::from(p.as_str()));
+        }
+    }
     conf.merge(parent_conf);
     modules::rewrite::merge_ifs(&mut conf);
     modules::proxy_ssl::finish(&mut conf, lctx, &d.loc)?;

@@ -83,8 +83,11 @@ pub trait Exchange {
         how: Streamed,
     ) -> (Outcome, bool, u64);
 
-    /// Ends when the client has gone (closed the connection, reset the stream).
-    async fn client_gone(&mut self, w: &Rc<Worker>);
+    /// Ends when the client has gone (closed the connection, reset the stream). `at_once`:
+    /// watched from now on, even where watching costs system calls that a short exchange
+    /// would not need (the request holds a `limit_conn` count, which a client that left
+    /// must give back as soon as nginx's would).
+    async fn client_gone(&mut self, w: &Rc<Worker>, at_once: bool);
 
     /// Send the answer (its body held in memory or files, or rewritten while sent) and log
     /// it. Returns whether the connection stays open.
@@ -127,6 +130,16 @@ pub enum Reset {
     Internal,
 }
 
+/// The status a request that could not be parsed is answered with: the parser's, except
+/// for a head over the limits (too many fields, a field or the whole head too long), which
+/// nginx refuses with its own code 494, sent as `400 Request Header Or Cookie Too Large`.
+pub fn refusal_status(e: &gannet_proto::h1::ParseError) -> u16 {
+    match e {
+        gannet_proto::h1::ParseError::HeaderTooLarge => 494,
+        e => e.status(),
+    }
+}
+
 /// The request for a parsed head: the server its host names in `group` (the target's host
 /// in absolute form, else the Host header's; lowercased, without port or trailing dot, as
 /// nginx's `ngx_http_validate_host`), `$host` (the server's name when none came).
@@ -160,7 +173,12 @@ fn lowercase(host: &[u8]) -> String {
 /// may stay open (HTTP/1.x).
 pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -> bool {
     let mut keep = req.head.keep_alive;
-    let refusal = if ex.plain_on_tls() {
+    let refusal = if matches!(req.head.method, Method::Trace | Method::Connect) {
+        // nginx refuses both once the head is read (`ngx_http_process_request_header`),
+        // before anything else runs, on every protocol, and closes the connection after
+        // its 405 (refused before keep-alive is settled).
+        Some((405, format!("client sent {} method", req.head.method_str())))
+    } else if ex.plain_on_tls() {
         Some((
             497,
             "client sent plain HTTP request to HTTPS port".to_string(),
@@ -185,12 +203,13 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
     // The rare branches' futures (a wait, a request body, an upgrade, gRPC, the image
     // filter) are boxed where they are taken: inline, each would widen this future - which
     // every request allocates - to its own size, for requests that never take them.
-    let mut handled = if matches!(handled, Handled::Delay(_)) {
+    let handled = if matches!(handled, Handled::Delay(_)) {
         // A `limit_req` delay ends early when the client leaves (nginx's
         // ngx_http_test_reading): the request is done then, logged 499.
+        let at_once = !req.limit_conns.is_empty();
         let raced = {
             let mut settled = Box::pin(handler::settle(req, w, handled));
-            let gone = std::pin::pin!(ex.client_gone(w));
+            let gone = std::pin::pin!(ex.client_gone(w, at_once));
             race(settled.as_mut(), gone).await
         };
         match raced {
@@ -198,7 +217,7 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
             None => {
                 let why = "client prematurely closed connection";
                 errlog::request(Level::Info, req, format_args!("{why}"));
-                super::log::access(w, req, &Response::new(499), 0, 0);
+                super::log::access(w, req, &Response::new(499), 0, 0, false);
                 return false;
             }
         }
@@ -207,6 +226,25 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
     } else {
         handled
     };
+    answer(ex, w, req, handled, keep).await
+}
+
+/// A request whose head nginx refuses (a 400 found by the protocol's own checks): answered
+/// through the server's `error_page` like any other status (nginx finalizes it so), where
+/// a `return 444` ends the exchange without an answer.
+pub async fn refuse<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request, status: u16) {
+    let handled = handler::resume(req, w, Flow::Status(status));
+    answer(ex, w, req, handled, false).await;
+}
+
+/// The request's body and answer once the phases have said what to do (`handled`).
+async fn answer<E: Exchange>(
+    ex: &mut E,
+    w: &Rc<Worker>,
+    req: &mut Request,
+    mut handled: Handled,
+    mut keep: bool,
+) -> bool {
     // gRPC streams both ways from the head on (`conn::grpc`): the body is not read first,
     // unless a mirror needs it (below), as in nginx.
     if E::GRPC
@@ -320,15 +358,16 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
                         super::gateway::run(w, req).await
                     }
                     None => {
+                        let at_once = !req.limit_conns.is_empty();
                         let raced = {
                             let exchange = std::pin::pin!(super::gateway::run(w, req));
-                            let gone = std::pin::pin!(ex.client_gone(w));
+                            let gone = std::pin::pin!(ex.client_gone(w, at_once));
                             super::gateway::unless_client_leaves(req, exchange, gone).await
                         };
                         match raced {
                             Some(o) => o,
                             None => {
-                                super::log::access(w, req, &Response::new(499), 0, 0);
+                                super::log::access(w, req, &Response::new(499), 0, 0, false);
                                 return false;
                             }
                         }

@@ -62,7 +62,7 @@ use crate::http::flow::Flow;
 use crate::http::request::Request;
 use crate::http::request::UpstreamTry;
 use crate::http::response::{Body, Response};
-use crate::modules::gateway::{self, Answer, Backend, GatewayConf, Proto, Streamed};
+use crate::modules::gateway::{self, Answer, Backend, Field, GatewayConf, Proto, Streamed};
 use crate::modules::{memcached, proxy, proxy_cookie};
 use crate::runtime::clock;
 use crate::runtime::metrics::Key as MetricsKey;
@@ -952,6 +952,35 @@ pub(super) struct Outgoing<'a> {
     pub(super) body: Option<StreamBody<'a>>,
 }
 
+thread_local! {
+    /// The buffer the last request on this thread encoded its request in, kept for the
+    /// next: an allocation and a free fewer per request (a proxied request's head is a few
+    /// hundred bytes; a request that ran at once with another gets a new one).
+    static SPARE_OUT: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The most of a request buffer kept for the next request (one that carried a body
+/// encoded with its head may be much larger).
+const SPARE_OUT_MAX: usize = 16 * 1024;
+
+/// An empty buffer to encode a request in, with room for a usual request head (and
+/// FastCGI's params) without growing it in steps.
+fn request_buffer() -> Vec<u8> {
+    let mut out = SPARE_OUT.take();
+    out.reserve(1024);
+    out
+}
+
+impl Drop for Outgoing<'_> {
+    fn drop(&mut self) {
+        if self.out.capacity() <= SPARE_OUT_MAX {
+            let mut out = std::mem::take(&mut self.out);
+            out.clear();
+            SPARE_OUT.set(out);
+        }
+    }
+}
+
 impl Outgoing<'_> {
     /// Body bytes were taken from the client: the request can go nowhere else (nginx's
     /// rule with `*_request_buffering off`).
@@ -1057,8 +1086,37 @@ pub async fn unless_client_leaves<F: std::future::Future>(
             req,
             format_args!("client prematurely closed connection, so upstream connection is closed too while {READING_HEAD}"),
         );
+        abandoned(req);
     }
     raced
+}
+
+/// The client left during an attempt: the attempt is noted with the times it got to (its
+/// connect time if it connected, no header time, its time until now) and no status, as
+/// nginx logs it (`$upstream_status` `-`).
+fn abandoned(req: &Request) {
+    let mut tries = req.upstream.borrow_mut();
+    let Some((addr, since)) = tries.under_way.take() else {
+        return;
+    };
+    let connect = tries.connected.take().map(|t| t.duration_since(since));
+    tries.head_read = None;
+    let (sent, received) = (
+        std::mem::take(&mut tries.sent),
+        std::mem::take(&mut tries.received),
+    );
+    tries.pending = false;
+    tries.push(UpstreamTry {
+        addr,
+        status: 0,
+        time: clock::now().duration_since(since),
+        connect,
+        header: None,
+        sent,
+        received,
+        body: 0,
+        started: since,
+    });
 }
 
 /// The body read whole that goes to an application: none on an error page's or a local
@@ -1149,8 +1207,7 @@ async fn fetch(
         Some(Streamed::Length(n)) => n,
         _ => kept.map_or(0, RequestBody::len),
     };
-    // Room for a usual request head (and FastCGI's params) without growing it in steps.
-    let mut out = Vec::with_capacity(1024);
+    let mut out = request_buffer();
     // HTTP: whether the request lets the server keep the connection.
     let mut sent_keep = false;
     // `proxy_http_version 2`: the request's head for HTTP/2 (`out` holds the body).
@@ -1272,6 +1329,7 @@ async fn fetch(
             let mut spare = spare.into_iter();
             let mut tries = 1u64;
             loop {
+                req.upstream.borrow_mut().under_way = Some((addr.clone(), t0));
                 let r = match &h2 {
                     Some(h) => {
                         super::proxy_h2::exchange(req, &via, c, &addr, false, h, &mut out).await
@@ -1367,28 +1425,33 @@ async fn fetch(
                 None => continue,
             },
         };
+        req.upstream.borrow_mut().under_way = Some((addr.clone(), now));
         let idle = if keep {
             w.upstreams.take_idle(&up, i, via.kind(), now)
         } else {
             None
         };
+        // With the answer: the requests its connection carried before, and when the
+        // connection was made (for `keepalive_requests` and `keepalive_time`).
         let result = match (idle, &h2) {
             (_, Some(h)) => {
                 let keep = up.keepalive > 0;
                 let r = super::proxy_h2::exchange(req, &via, c, addr, keep, h, &mut out).await;
-                r.map(|a| (a, 0))
+                r.map(|a| (a, (0, now)))
             }
             // A kept connection the server closed meanwhile is no failure of the server:
             // try once more on a new one.
-            (Some((conn, n)), None) => {
+            (Some((conn, n, born)), None) => {
                 match exchange(req, addr, Link::new(conn, &via), &mut out).await {
-                    Err(f) if f.stale() && !out.started() => {
-                        fresh(req, &via, addr, &mut out).await.map(|a| (a, 0))
-                    }
-                    r => r.map(|a| (a, n)),
+                    Err(f) if f.stale() && !out.started() => fresh(req, &via, addr, &mut out)
+                        .await
+                        .map(|a| (a, (0, now))),
+                    r => r.map(|a| (a, (n, born))),
                 }
             }
-            (None, None) => fresh(req, &via, addr, &mut out).await.map(|a| (a, 0)),
+            (None, None) => fresh(req, &via, addr, &mut out)
+                .await
+                .map(|a| (a, (0, now))),
         };
         now = record(
             req,
@@ -1406,7 +1469,7 @@ async fn fetch(
             && c.next_upstream_timeout
                 .is_none_or(|t| t.is_zero() || now.duration_since(start) < t);
         match result {
-            Ok((a, n)) => {
+            Ok((a, (n, born))) => {
                 let status = a.head.status.unwrap_or(200);
                 if more && retry_status(status, c, req) {
                     // nginx counts these against the server, except 403 and 404.
@@ -1420,6 +1483,7 @@ async fn fetch(
                     server: i,
                     kind: via.kind(),
                     requests: n + 1,
+                    born,
                     linger: via.proto == Proto::Http,
                 };
                 if keep && a.done && a.link.reusable() {
@@ -1543,6 +1607,7 @@ pub(super) fn record(
 ) -> Instant {
     let end = clock::now();
     let mut tries = req.upstream.borrow_mut();
+    tries.under_way = None;
     let connect = tries.connected.take().map(|t| t.duration_since(since));
     let header = tries.head_read.take().map(|t| t.duration_since(since));
     crate::modules::metrics::attempt(peer, status, header.is_some(), end.duration_since(since));
@@ -1822,7 +1887,7 @@ async fn outcome(
     lease: Option<Lease>,
 ) -> Outcome {
     if a.head.status == Some(101) {
-        return upgrade(req, c, a, &addr);
+        return upgrade(req, c, a);
     }
     // Whether the answer may be stored, before storing it takes the request's entry.
     let cacheable = super::gateway_cache::cacheable(req);
@@ -1879,18 +1944,19 @@ async fn outcome(
     }
 }
 
-/// A 101 answer: the client gets its head, then the tunnel, if it asked to upgrade at all
-/// (nginx's rule; a 101 nobody asked for is a broken server).
-fn upgrade(req: &Request, c: &GatewayConf, a: Answered, addr: &Addr) -> Outcome {
+/// A 101 answer: the client gets its head, then the tunnel, if it asked to upgrade at all.
+/// A 101 nobody asked for is passed on as nginx does: its head alone, no body and nothing
+/// switched, the connection closed after it.
+fn upgrade(req: &Request, c: &GatewayConf, a: Answered) -> Outcome {
     if req.head.header("upgrade").is_none() {
-        errlog::request(
-            Level::Error,
-            req,
-            format_args!(
-                "upstream sent \"101 Switching Protocols\" response to a request without \"Upgrade\" header while {READING_HEAD}, upstream: \"{}://{addr}\"", a.link.scheme
-            ),
-        );
-        return Outcome::Flow(Flow::Status(502));
+        return match answer(req, c, a.head) {
+            Flow::Done(mut resp) => {
+                resp.body = Body::Empty;
+                resp.close = true;
+                Outcome::Flow(Flow::Done(resp))
+            }
+            flow => Outcome::Flow(flow),
+        };
     }
     let Answered {
         head, body, link, ..
@@ -2390,6 +2456,16 @@ pub(super) fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
         Answer::Respond(s, h) => (s, h),
     };
     if status >= 300 && c.intercept_errors() && req.conf.error_page.find(status).is_some() {
+        let fields = &head.headers;
+        let challenges: Vec<String> = fields
+            .list
+            .iter()
+            .filter(|(n, _)| status == 401 && n.eq_ignore_ascii_case("www-authenticate"))
+            .map(|(_, at)| fields.value(at).to_string())
+            .collect();
+        if !challenges.is_empty() {
+            return Flow::Intercepted(Box::new((status, challenges)));
+        }
         return Flow::Status(status);
     }
     let proxied = gateway::active(&req.conf) == Some(Proto::Http);
@@ -2405,20 +2481,22 @@ pub(super) fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
     let mut charset = None;
     for (name, at) in std::mem::take(&mut fields.list) {
         let value = fields.value(&at);
-        if name.eq_ignore_ascii_case("x-accel-limit-rate") && !c.ignores("x-accel-limit-rate") {
+        // Each name classified once (see `Field::of`).
+        let kind = Field::of(&name);
+        if kind == Field::LimitRate && !c.ignores("x-accel-limit-rate") {
             // nginx takes a number of bytes per second and ignores anything else.
             if let Some(n) = gannet_conf::setters::num(value.trim()) {
                 resp.limit_rate = Some(u32::try_from(n).unwrap_or(u32::MAX));
             }
         }
-        if name.eq_ignore_ascii_case("content-type") {
+        if kind == Field::ContentType {
             resp.content_type = Some(Arc::from(value));
-        } else if name.eq_ignore_ascii_case("x-accel-charset") && !c.ignores("x-accel-charset") {
+        } else if kind == Field::Charset && !c.ignores("x-accel-charset") {
             charset = Some(value);
-        } else if name.eq_ignore_ascii_case("location") {
+        } else if kind == Field::Location {
             let rewritten = proxied.then(|| proxy::rewrite_location(req, value));
             resp.location = Some(rewritten.flatten().unwrap_or_else(|| value.to_string()));
-        } else if proxied && name.eq_ignore_ascii_case("refresh") {
+        } else if proxied && kind == Field::Refresh {
             // `Refresh: 5; url=URL`: the URL is rewritten as a Location would be.
             let at = value.to_ascii_lowercase().find("url=").map(|i| i + 4);
             let v = at
@@ -2428,11 +2506,11 @@ pub(super) fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
                     |(i, u)| format!("{}{u}", &value[..i]).into(),
                 );
             resp.headers.push((name, v));
-        } else if proxied && name.eq_ignore_ascii_case("set-cookie") && gateway::passes(c, &name) {
+        } else if proxied && kind == Field::SetCookie && gateway::passes_field(c, &name, kind) {
             let v = proxy_cookie::rewrite(req, value)
                 .map_or_else(|| fields.keep(value), HeaderValue::from);
             resp.headers.push((name, v));
-        } else if gateway::passes(c, &name) {
+        } else if gateway::passes_field(c, &name, kind) {
             resp.headers.push((name, fields.keep(value)));
         }
     }
@@ -2449,13 +2527,7 @@ pub(super) fn answer(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
         };
         resp.passed_server_date = (passed("server"), passed("date"));
     }
-    // `X-Accel-Charset`: the charset the answer is said to be in, added to a Content-Type
-    // that names none (gannet recodes nothing: nginx too leaves a type that names another
-    // charset as it is when it has no map between the two).
-    if let (Some(cs), Some(ct)) = (charset, &resp.content_type) {
-        if !cs.is_empty() && !ct.to_ascii_lowercase().contains("charset=") {
-            resp.content_type = Some(Arc::from(format!("{ct}; charset={cs}")));
-        }
-    }
+    // `X-Accel-Charset`: the charset the answer is to be sent in (`charset::start`).
+    *req.override_charset.borrow_mut() = charset.filter(|cs| !cs.is_empty()).map(Arc::from);
     Flow::Done(resp)
 }

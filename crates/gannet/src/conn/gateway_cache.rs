@@ -172,18 +172,23 @@ async fn look_up(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Option<Flo
         return None;
     }
     let proto = gateway::active(&req.conf)?;
-    let key = cc
-        .key
-        .as_deref()
-        .unwrap_or_else(|| conf::default_key(proto))
-        .eval(req, None);
-    let main = key::hash(key.as_bytes());
+    let mut key = KeyText::of(
+        cc.key
+            .as_deref()
+            .unwrap_or_else(|| conf::default_key(proto)),
+        req,
+    );
+    // A key this thread keeps a copy of the entry of has its md5 there (the hit path).
+    let mut kept = hot::find(zone, &key.0);
+    let main = kept
+        .as_ref()
+        .map_or_else(|| key::hash(key.0.as_bytes()), |h| h.hash);
     if any_set(&cc.bypass, req) {
         set_status(req, Status::Bypass);
-        let main_vary = entry::lookup(zone.file(&main), key.as_str().into())
+        let main_vary = entry::lookup(zone.file(&main), key.0.as_str().into())
             .await
             .map(|(_, m)| (m.vary, m.variant));
-        pend(req, zone, key, main, main_vary, true, None, None);
+        pend(req, zone, key.take(), main, main_vary, true, None, None);
         return None;
     }
     // When waiting for the lock ends (`*_cache_lock_timeout`), from the first wait on.
@@ -195,7 +200,8 @@ async fn look_up(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Option<Flo
             return Some(Flow::Status(500));
         };
         // The hit path: this thread's copy of the entry, still the zone's.
-        if let Some(h) = hot::get(zone, &main, seen.version, &key, files.valid) {
+        let h = kept.take().or_else(|| hot::find(zone, &key.0));
+        if let Some(h) = h.filter(|h| h.current(seen.version, files.valid)) {
             if h.meta.valid >= now_secs() {
                 set_status(req, Status::Hit);
                 return Some(serve_hot(req, c, &h));
@@ -203,7 +209,7 @@ async fn look_up(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Option<Flo
         }
         // A key the zone knows no entry file of has none (nginx opens no file then either).
         let mut found = match seen.on_disk {
-            true => entry::lookup(zone.file(&main), key.as_str().into()).await,
+            true => entry::lookup(zone.file(&main), key.0.as_str().into()).await,
             false => None,
         };
         let mut found_at = main;
@@ -220,7 +226,7 @@ async fn look_up(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Option<Flo
             if want != v.variant {
                 // Another variant: its own entry, if it is one for this request.
                 found_at = want;
-                found = entry::lookup(zone.file(&want), key.as_str().into())
+                found = entry::lookup(zone.file(&want), key.0.as_str().into())
                     .await
                     .filter(|(_, m)| m.vary.is_empty() || variant_for(&m.vary) == m.variant);
             }
@@ -231,7 +237,7 @@ async fn look_up(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Option<Flo
                 return Some(serve(req, c, file, meta));
             }
             return Some(
-                match hot::put(zone, &main, seen.version, &key, file, meta, &files) {
+                match hot::put(zone, &main, seen.version, &key.0, file, meta, &files) {
                     Ok(h) => serve_hot(req, c, &h),
                     Err((file, meta)) => serve(req, c, file, meta),
                 },
@@ -297,13 +303,55 @@ async fn look_up(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Option<Flo
             .as_ref()
             .filter(|_| cc.revalidate())
             .and_then(|(_, m)| validators(m));
-        pend(req, zone, key, main, main_vary, store, found, Some(fetch));
+        pend(
+            req,
+            zone,
+            key.take(),
+            main,
+            main_vary,
+            store,
+            found,
+            Some(fetch),
+        );
         if let Some(p) = req.cache.borrow_mut().as_mut() {
             p.revalidate = revalidate;
             // The expired entry's file, for a revalidation to refresh.
             p.hash = found_at;
         }
         return None;
+    }
+}
+
+thread_local! {
+    static KEY: std::cell::Cell<String> = const { std::cell::Cell::new(String::new()) };
+}
+
+/// A request's cache key, evaluated into the thread's reused buffer and given back to it
+/// when dropped (a lookup that fetches keeps it: [`KeyText::take`]). A hit allocated the
+/// key and grew it part by part (about 400 instructions of malloc, realloc and free).
+struct KeyText(String);
+
+impl KeyText {
+    fn of(t: &crate::http::variables::Template, req: &Request) -> KeyText {
+        // Taken out of its cell while in use: a lookup waiting for a lock holds it across an
+        // await, and another request of the thread gets a fresh one meanwhile.
+        let mut s = KEY.with(std::cell::Cell::take);
+        s.clear();
+        t.append_to(&mut s, req, None);
+        KeyText(s)
+    }
+
+    fn take(&mut self) -> String {
+        std::mem::take(&mut self.0)
+    }
+}
+
+impl Drop for KeyText {
+    fn drop(&mut self) {
+        // A huge key's buffer is not kept.
+        if self.0.capacity() > 0 && self.0.capacity() <= 4096 {
+            KEY.with(|c| c.set(std::mem::take(&mut self.0)));
+        }
     }
 }
 
@@ -316,10 +364,11 @@ fn background_update(req: &Request, fetch: Fetching) -> bool {
     let mut copy = super::mirror::copy_of(req, req.uri.clone(), req.body.clone());
     copy.uri_changed = req.uri_changed;
     copy.cache_background = true;
-    tokio::task::spawn_local(async move {
+    let update = tokio::task::spawn_local(async move {
         super::mirror::run(&w, copy, crate::http::flow::Flow::Next).await;
         drop(fetch);
     });
+    *req.background.borrow_mut() = Some(update);
     true
 }
 
@@ -410,7 +459,11 @@ fn serve(req: &Request, c: &GatewayConf, file: File, meta: Meta) -> Flow {
     serve_head(req, c, body, &meta, head)
 }
 
-/// A worker's copy of an entry as the answer: the body from memory if it is small.
+/// A worker's copy of an entry as the answer: the body from memory if it is small. The
+/// head is the one made for the location's last hit when there is one (see
+/// [`same_for_every_request`]): a hit then parses no stored head, hides no fields and reads
+/// no date again (about 3,500 instructions of a 20,000-instruction hit, callgrind,
+/// docs/bench/cache-report.md).
 fn serve_hot(req: &Request, c: &GatewayConf, h: &hot::Hot) -> Flow {
     let body = match &h.data {
         Some(b) => Part::Bytes(b.clone()),
@@ -420,16 +473,68 @@ fn serve_hot(req: &Request, c: &GatewayConf, h: &hot::Hot) -> Flow {
             len: h.meta.body_len,
         }),
     };
-    serve_head(req, c, body, &h.meta, h.head())
+    if let Some(ready) = h.ready.borrow().as_ref() {
+        if std::ptr::eq(ready.conf.as_ptr(), Arc::as_ptr(&req.conf)) {
+            if crate::http::variables::keeps_upstream_headers() {
+                // As `answer` keeps them for `$upstream_http_NAME`.
+                *req.upstream_headers.borrow_mut() = Some(h.fields.clone());
+            }
+            let mut resp = ready.resp.clone();
+            with_body(&mut resp, &h.meta, body);
+            return Flow::Done(resp);
+        }
+    }
+    let flow = head_of(req, c, h.head());
+    let Flow::Done(mut resp) = flow else {
+        return flow;
+    };
+    if same_for_every_request(req, c, &h.fields) {
+        *h.ready.borrow_mut() = Some(hot::Ready {
+            conf: Arc::downgrade(&req.conf),
+            resp: resp.clone(),
+        });
+    }
+    with_body(&mut resp, &h.meta, body);
+    Flow::Done(resp)
+}
+
+/// Whether [`head_of`] makes the same answer of a stored head for every request of the
+/// location: it does but for the fields the proxy rewrites per request (a Location or
+/// Refresh by `proxy_redirect`, a Set-Cookie it passes by `proxy_cookie_*`); all else it
+/// does depends on the location's settings and the head alone.
+fn same_for_every_request(req: &Request, c: &GatewayConf, fields: &cgi::Fields) -> bool {
+    match gateway::active(&req.conf) {
+        Some(Proto::Http) => !fields.iter().any(|(n, _)| {
+            n.eq_ignore_ascii_case("location")
+                || n.eq_ignore_ascii_case("refresh")
+                || (n.eq_ignore_ascii_case("set-cookie") && gateway::passes(c, n))
+        }),
+        Some(Proto::Memcached) | None => false,
+        Some(_) => true,
+    }
 }
 
 /// An entry, whose stored head is `head` and body `body`, as the answer.
 fn serve_head(req: &Request, c: &GatewayConf, body: Part, meta: &Meta, head: CgiHead) -> Flow {
+    match head_of(req, c, head) {
+        Flow::Done(mut resp) => {
+            with_body(&mut resp, meta, body);
+            Flow::Done(resp)
+        }
+        flow => flow,
+    }
+}
+
+fn with_body(resp: &mut Response, meta: &Meta, body: Part) {
+    if meta.body_len > 0 {
+        resp.body = Body::Parts(vec![body]);
+    }
+}
+
+/// An entry's stored head as the answer's, without its body.
+fn head_of(req: &Request, c: &GatewayConf, head: CgiHead) -> Flow {
     match answer(req, c, head) {
         Flow::Done(mut resp) => {
-            if meta.body_len > 0 {
-                resp.body = Body::Parts(vec![body]);
-            }
             // The length is the body's (and a range's, once cut), as a static file's.
             resp.content_length = None;
             resp.length_unknown = false;

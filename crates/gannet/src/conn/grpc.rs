@@ -386,6 +386,19 @@ pub async fn serve_h2(
         end
     ));
     let mut pumped = end;
+    // As nginx, an upstream reset with an error, even after the answer's end, fails the
+    // answer (its trailers are not passed on): seen by the pump, judged by the relay.
+    let rejected = std::cell::Cell::new(None);
+    let pumped_out = |r: Result<(), Pumped>| match r {
+        Err(Pumped::Client) => true,
+        Err(Pumped::Reset(r)) => {
+            if r != h2::Reason::NO_ERROR {
+                rejected.set(Some(r));
+            }
+            false
+        }
+        _ => false,
+    };
     // The answer's head, while the body goes up.
     let head = if let Some(h) = head0 {
         Some(Ok(h))
@@ -396,7 +409,7 @@ pub async fn serve_h2(
             if !pumped {
                 if let Poll::Ready(r) = pump.as_mut().poll(cx) {
                     pumped = true;
-                    if let Err(Pumped::Client) = r {
+                    if pumped_out(r) {
                         return Poll::Ready(None);
                     }
                 }
@@ -425,7 +438,7 @@ pub async fn serve_h2(
     let mut stream = match respond.send_response(h, ended) {
         Ok(s) => s,
         Err(_) => {
-            super::log::access(w, req, &resp, 0, 0);
+            super::log::access(w, req, &resp, 0, 0, false);
             return Served::Done;
         }
     };
@@ -438,14 +451,15 @@ pub async fn serve_h2(
         trailers: None,
         pace: None,
     };
+    let mut whole = true;
     if !ended {
-        let whole = {
-            let mut relay = std::pin::pin!(relay(req, &o, &mut up, &mut out));
+        whole = {
+            let mut relay = std::pin::pin!(relay(req, &o, &mut up, &mut out, &rejected));
             std::future::poll_fn(|cx| {
                 if !pumped {
                     if let Poll::Ready(r) = pump.as_mut().poll(cx) {
                         pumped = true;
-                        if let Err(Pumped::Client) = r {
+                        if pumped_out(r) {
                             return Poll::Ready(false);
                         }
                     }
@@ -462,7 +476,7 @@ pub async fn serve_h2(
         w.upstreams.succeeded(up, *i);
     }
     let sent = out.sent;
-    super::log::access(w, req, &resp, head_len, sent);
+    super::log::access(w, req, &resp, head_len, sent, whole);
     Served::Done
 }
 
@@ -474,7 +488,7 @@ fn client_gone(w: &Worker, req: &Request) -> Served {
         req,
         format_args!("client prematurely closed connection, so upstream connection is closed too while {READING_HEAD}"),
     );
-    super::log::access(w, req, &Response::new(499), 0, 0);
+    super::log::access(w, req, &Response::new(499), 0, 0, false);
     Served::Done
 }
 
@@ -499,6 +513,8 @@ enum Pumped {
     /// The upstream stopped taking the body (it answered, or reset the stream): the
     /// answer decides.
     Upstream,
+    /// The upstream reset its stream while the body was still coming (with this reason).
+    Reset(h2::Reason),
 }
 
 /// The client's body up to the server as it arrives, with its trailers, within
@@ -516,9 +532,23 @@ async fn pump_body(
     }
     let mut total = 0u64;
     loop {
-        let chunk = match tokio::time::timeout(body_timeout, recv.data()).await {
-            Ok(Some(Ok(c))) => c,
-            Ok(None) => {
+        // The upstream may reset its stream while the client is still sending: seen at
+        // once (the answer's relay judges it).
+        let next = {
+            let mut data = std::pin::pin!(tokio::time::timeout(body_timeout, recv.data()));
+            std::future::poll_fn(|cx| {
+                if let Poll::Ready(r) = send.poll_reset(cx) {
+                    return Poll::Ready(Err(r.ok()));
+                }
+                data.as_mut().poll(cx).map(Ok)
+            })
+            .await
+        };
+        let chunk = match next {
+            Err(Some(reason)) => return Err(Pumped::Reset(reason)),
+            Err(None) => return Err(Pumped::Upstream),
+            Ok(Ok(Some(Ok(c)))) => c,
+            Ok(Ok(None)) => {
                 let t = tokio::time::timeout(body_timeout, recv.trailers()).await;
                 return match t {
                     Ok(Ok(Some(t))) => send.send_trailers(t).map_err(|_| Pumped::Upstream),
@@ -528,7 +558,7 @@ async fn pump_body(
                     _ => Err(Pumped::Client),
                 };
             }
-            Ok(Some(Err(_))) | Err(_) => return Err(Pumped::Client),
+            Ok(Ok(Some(Err(_))) | Err(_)) => return Err(Pumped::Client),
         };
         total += chunk.len() as u64;
         let _ = recv.flow_control().release_capacity(chunk.len());
@@ -577,7 +607,13 @@ async fn send_up(
 
 /// The answer's DATA frames and trailers to the client as they come; false when it was
 /// cut short (the client's stream is then reset).
-async fn relay(req: &Request, o: &Opened, up: &mut RecvStream, out: &mut Out<'_>) -> bool {
+async fn relay(
+    req: &Request,
+    o: &Opened,
+    up: &mut RecvStream,
+    out: &mut Out<'_>,
+    rejected: &std::cell::Cell<Option<h2::Reason>>,
+) -> bool {
     let timeout = req.conf.grpc.gw.read_timeout();
     loop {
         let next = {
@@ -625,6 +661,11 @@ async fn relay(req: &Request, o: &Opened, up: &mut RecvStream, out: &mut Out<'_>
             return true;
         }
     };
+    if let Some(r) = rejected.get() {
+        let why = format!("upstream rejected request with error {}", u32::from(r));
+        relay_failed(req, o, Failure::Protocol(why), Some(r), out);
+        return true;
+    }
     out.ended = match t {
         Some(t) => out.stream.send_trailers(t).is_ok(),
         None => out.stream.send_data(Bytes::new(), true).is_ok(),

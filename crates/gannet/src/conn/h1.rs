@@ -9,8 +9,9 @@
 //! connection's first request, from the request's first byte after that; a head still
 //! incomplete then is closed unanswered and logged as 408), `keepalive_timeout` between
 //! requests, `client_body_timeout` between two body reads, `send_timeout` between two
-//! writes. Framing errors are answered (400/413/414/431/501/505) and the connection is
-//! closed, since what follows can no longer be trusted.
+//! writes. Framing errors are answered (400/413/414/501/505, and nginx's 400 "Request
+//! Header Or Cookie Too Large" for a head over the limits) and the connection is closed,
+//! since what follows can no longer be trusted.
 //!
 //! On a `listen ... ssl` address the TLS handshake comes first (`tls::handshake`), and the
 //! loop then runs over the encrypted stream (`conn::tls_stream`); a client speaking plain
@@ -568,7 +569,8 @@ impl<S: Transport> Conn<S> {
                 format_args!("client sent invalid request ({why})"),
             );
         }
-        let mut resp = Response::error_page(e.status(), req.conf.core.server_tokens());
+        let mut resp =
+            Response::error_page(exchange::refusal_status(e), req.conf.core.server_tokens());
         // nginx's header filters run on this answer too, with the server's settings: an
         // `add_header ... always` there is sent with it.
         crate::modules::headers::filter(&req, &mut resp);
@@ -597,7 +599,7 @@ impl<S: Transport> Conn<S> {
             &req,
             format_args!("client timed out while reading client request {part}"),
         );
-        self.log(&req, &Response::new(408), 0, 0);
+        self.log(&req, &Response::new(408), 0, 0, false);
     }
 
     /// Serve one request. Returns whether the connection stays open.
@@ -617,7 +619,18 @@ impl<S: Transport> Conn<S> {
             }
         };
         let mut req = exchange::request(g, head, target, self.info.clone());
-        exchange::serve(self, &w, &mut req).await
+        let keep = exchange::serve(self, &w, &mut req).await;
+        let update = req.background.get_mut().take();
+        if let Some(update) = update {
+            // A background cache update is part of the request in nginx (a subrequest):
+            // the answer goes out at once, but the connection goes on to its next request,
+            // or closes, once the update is done - so a next request finds it done.
+            if self.flush().await.is_err() {
+                return false;
+            }
+            let _ = update.await;
+        }
+        keep
     }
 
     /// Read the body whole for the application (memory or temporary file, see
@@ -707,7 +720,8 @@ impl<S: Transport> Conn<S> {
                 Some(mut pace) => Box::pin(self.send_paced(&resp.body, sendfile, &mut pace)).await,
             }
             .is_ok();
-        self.log(req, &resp, head_len, if send_body { body_len } else { 0 });
+        let body_sent = if send_body { body_len } else { 0 };
+        self.log(req, &resp, head_len, body_sent, sent_ok);
         keep && sent_ok
     }
 
@@ -811,7 +825,7 @@ impl<S: Transport> Conn<S> {
         if send_body && whole {
             src.finish(&self.w);
         }
-        self.log(req, &resp, head_len, sent);
+        self.log(req, &resp, head_len, sent, whole && flushed);
         keep && whole && flushed
     }
 
@@ -826,7 +840,7 @@ impl<S: Transport> Conn<S> {
         let early = self.buf.split();
         let idle = req.conf.proxy.gw.read_timeout();
         let n = super::tunnel::relay(&mut self.stream, &mut t.conn, &early, &t.early, idle).await;
-        self.log(req, &resp, head_len, n.to_client);
+        self.log(req, &resp, head_len, n.to_client, true);
         false
     }
 
@@ -945,7 +959,12 @@ impl<S: Transport> Conn<S> {
     /// connection ends then, not when the next write fails).
     async fn allowance(&mut self, pace: &mut Pace) -> std::io::Result<u64> {
         let allowance = std::pin::pin!(pace.allowance());
-        let gone = std::pin::pin!(client_gone(&self.w.timers, &mut self.stream, &mut self.buf));
+        let gone = std::pin::pin!(client_gone(
+            &self.w.timers,
+            &mut self.stream,
+            &mut self.buf,
+            false
+        ));
         let mut race = (allowance, gone);
         std::future::poll_fn(|cx| {
             if let std::task::Poll::Ready(n) = std::future::Future::poll(race.0.as_mut(), cx) {
@@ -988,8 +1007,8 @@ impl<S: Transport> Conn<S> {
     }
 
     /// The log phase: one line per configured access log.
-    fn log(&self, req: &Request, resp: &Response, head_len: u64, body_len: u64) {
-        super::log::access(&self.w, req, resp, head_len, body_len);
+    fn log(&self, req: &Request, resp: &Response, head_len: u64, body_len: u64, complete: bool) {
+        super::log::access(&self.w, req, resp, head_len, body_len, complete);
     }
 }
 
@@ -1040,8 +1059,8 @@ impl<S: Transport> Exchange for Conn<S> {
         Conn::run_streaming(self, w, req, how).await
     }
 
-    async fn client_gone(&mut self, w: &Rc<Worker>) {
-        client_gone(&w.timers, &mut self.stream, &mut self.buf).await
+    async fn client_gone(&mut self, w: &Rc<Worker>, at_once: bool) {
+        client_gone(&w.timers, &mut self.stream, &mut self.buf, at_once).await
     }
 
     async fn respond(&mut self, _: &Rc<Worker>, req: &Request, resp: Response, keep: bool) -> bool {
@@ -1080,9 +1099,15 @@ impl<S: Transport> Exchange for Conn<S> {
 /// deadlines being swept every `TICK`): watching it at once would register it, an
 /// `epoll_ctl` ADD now and a DEL at its close - two system calls per proxied request on a
 /// new connection, for an exchange that is over in a millisecond most of the time. A
-/// client that leaves sooner is noticed then.
-async fn client_gone<S: Transport>(timers: &ReadTimers, stream: &mut S, buf: &mut BytesMut) {
-    if !stream.in_loop() {
+/// client that leaves sooner is noticed then - unless `at_once` (a request holding a
+/// `limit_conn` count, whose release a next request may be waiting for).
+async fn client_gone<S: Transport>(
+    timers: &ReadTimers,
+    stream: &mut S,
+    buf: &mut BytesMut,
+    at_once: bool,
+) {
+    if !stream.in_loop() && !at_once {
         let tick = timers.hold(Instant::now() + TICK, false);
         std::future::poll_fn(|cx| timers.poll(tick.key, cx)).await;
     }

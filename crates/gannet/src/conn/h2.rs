@@ -168,8 +168,9 @@ where
                 let mut info = info.clone();
                 info.requests = requests;
                 let guard = InFlight::new(&activity);
-                let bad = refused.take(u32::from(respond.stream_id()));
-                let run = stream(w.clone(), info, group, req, respond, guard, bad);
+                let id = u32::from(respond.stream_id());
+                let noted = (refused.take(id), refused.block_len(id));
+                let run = stream(w.clone(), info, group, req, respond, guard, noted);
                 tokio::task::spawn_local(run);
                 if max_requests > 0 && requests >= max_requests && closing.is_none() {
                     conn.graceful_shutdown();
@@ -295,13 +296,13 @@ async fn stream(
     req: http::Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
     _in_flight: InFlight,
-    bad: bool,
+    noted: (bool, Option<u32>),
 ) {
     let (parts, mut recv) = req.into_parts();
     w.stats.request();
     crate::modules::metrics::h2_stream();
     let writing = w.stats.writing();
-    let timeout = answer(&w, info, group, parts, &mut recv, &mut respond, bad).await;
+    let timeout = answer(&w, info, group, parts, &mut recv, &mut respond, noted).await;
     // A body not read to its end (not wanted, too large, too slow): it is read off for a
     // while so the client sees the answer and the stream ends cleanly. Past that, the
     // client is told to stop (RST_STREAM NO_ERROR, RFC 9113 8.1), which may cost it the
@@ -316,7 +317,8 @@ async fn stream(
 const DISCARD_MAX: u64 = 1024 * 1024;
 
 /// The request through the pipeline, and its answer. Returns the `client_body_timeout` in
-/// force. `bad`: a field nginx refuses came with it (`conn::h2_mend`): 400.
+/// force. `noted` by `conn::h2_mend`: a field nginx refuses came with it (400), and the
+/// header block's length (`$request_length`).
 async fn answer(
     w: &Rc<Worker>,
     info: ConnInfo,
@@ -324,7 +326,7 @@ async fn answer(
     parts: http::request::Parts,
     recv: &mut RecvStream,
     respond: &mut SendResponse<Bytes>,
-    bad: bool,
+    (bad, head_len): (bool, Option<u32>),
 ) -> Duration {
     let g = &w.config.listens[group];
     let default = g.servers[g.default].clone();
@@ -335,9 +337,17 @@ async fn answer(
         .iter()
         .map(|(n, v)| (n.as_str(), v.as_bytes()));
     let authority = parts.uri.authority().map(|a| a.as_str());
-    let parsed = match bad {
-        true => Err(ParseError::BadRequest("client sent invalid header")),
-        false => RequestHead::from_fields(
+    // nginx's ngx_http_v2_parse_method: upper-case letters, `_` and `-` only (the codec
+    // takes any token).
+    let method_ok = parts
+        .method
+        .as_str()
+        .bytes()
+        .all(|c| c.is_ascii_uppercase() || c == b'_' || c == b'-');
+    let parsed = match (bad, method_ok) {
+        (true, _) => Err(ParseError::BadRequest("client sent invalid header")),
+        (false, false) => Err(ParseError::BadRequest("client sent invalid method")),
+        (false, true) => RequestHead::from_fields(
             parts.method.as_str(),
             target,
             authority,
@@ -355,13 +365,17 @@ async fn answer(
             let line = format!("{} {target} HTTP/2.0", parts.method);
             let head = RequestHead::unparsed(Bytes::from(line), false);
             let host = default.primary_name.clone();
-            let req = Request::new(head, info, default.clone(), String::new(), None, host);
-            let resp = Response::error_page(e.status(), req.conf.core.server_tokens());
-            h2_response::send(w, &req, resp, None, respond).await;
+            let mut req = Request::new(head, info, default.clone(), String::new(), None, host);
+            req.wire_head_len = head_len;
+            // Through the server's error_page, as nginx finalizes it (a `return 444`
+            // there resets the stream).
+            let mut ex = H2Exchange { recv, respond };
+            exchange::refuse(&mut ex, w, &mut req, exchange::refusal_status(&e)).await;
             return timeout;
         }
     };
     let mut req = exchange::request(g, head, target, info);
+    req.wire_head_len = head_len;
     let mut ex = H2Exchange { recv, respond };
     exchange::serve(&mut ex, w, &mut req).await;
     req.conf.core.client_body_timeout()
@@ -421,7 +435,7 @@ impl Exchange for H2Exchange<'_> {
         (o, true, src.total)
     }
 
-    async fn client_gone(&mut self, _: &Rc<Worker>) {
+    async fn client_gone(&mut self, _: &Rc<Worker>, _: bool) {
         let _ = std::future::poll_fn(|cx| self.respond.poll_reset(cx)).await;
     }
 

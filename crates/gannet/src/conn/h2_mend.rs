@@ -42,27 +42,70 @@ const MAX_BLOCK: usize = 256 * 1024;
 /// The largest frame payload either side of gannet accepts by default (SETTINGS_MAX_FRAME_SIZE).
 const MAX_FRAME: usize = 16 * 1024;
 
-/// The streams of a connection whose request is to be answered 400 (see the module docs).
+/// The streams of a connection whose request is to be answered 400 (see the module docs),
+/// and each request's header block length (nginx's `$request_length` before the body: the
+/// HEADERS and CONTINUATION payloads without padding or priority).
 #[derive(Default)]
-pub struct Refused(RefCell<Vec<u32>>);
+pub struct Refused {
+    ids: RefCell<Vec<u32>>,
+    lens: RefCell<Vec<(u32, u32)>>,
+}
 
 impl Refused {
     /// Whether stream `id` was noted (it is forgotten then).
     pub fn take(&self, id: u32) -> bool {
-        let mut ids = self.0.borrow_mut();
+        let mut ids = self.ids.borrow_mut();
         let found = ids.iter().position(|&s| s == id);
         found.map(|i| ids.swap_remove(i)).is_some()
     }
 
-    fn note(&self, id: u32) {
-        let mut ids = self.0.borrow_mut();
-        // Streams the codec refuses before they are handled are never taken: the oldest
-        // notes go first.
-        if ids.len() >= 64 {
-            ids.remove(0);
-        }
-        ids.push(id);
+    /// The length of stream `id`'s header block (forgotten then).
+    pub fn block_len(&self, id: u32) -> Option<u32> {
+        let mut lens = self.lens.borrow_mut();
+        let found = lens.iter().position(|&(s, _)| s == id);
+        found.map(|i| lens.swap_remove(i).1)
     }
+
+    fn note(&self, id: u32) {
+        keep_last(&mut self.ids.borrow_mut(), id);
+    }
+
+    fn note_len(&self, id: u32, len: usize) {
+        let len = u32::try_from(len).unwrap_or(u32::MAX);
+        keep_last(&mut self.lens.borrow_mut(), (id, len));
+    }
+}
+
+/// Streams the codec refuses before they are handled are never taken: the oldest notes go
+/// first.
+fn keep_last<T>(notes: &mut Vec<T>, note: T) {
+    if notes.len() >= 64 {
+        notes.remove(0);
+    }
+    notes.push(note);
+}
+
+/// The header block's own bytes in `frames` (a HEADERS frame and its CONTINUATION frames):
+/// the payloads without the pad length, the padding and the priority fields.
+fn block_len(frames: &[u8]) -> usize {
+    let mut at = 0;
+    let mut len = 0;
+    while let Some(h) = frames.get(at..at + 9) {
+        let n = frame_len(h);
+        let mut own = n;
+        if h[3] == HEADERS {
+            if h[4] & PADDED != 0 {
+                let pad = frames.get(at + 9).map_or(0, |&p| usize::from(p));
+                own = own.saturating_sub(1 + pad);
+            }
+            if h[4] & PRIORITY != 0 {
+                own = own.saturating_sub(5);
+            }
+        }
+        len += own;
+        at += 9 + n;
+    }
+    len
 }
 
 pub struct HpackMend<IO> {
@@ -157,6 +200,9 @@ impl<IO> HpackMend<IO> {
             let request = block[3] == HEADERS && sid > self.last_sid;
             if request {
                 self.last_sid = sid;
+                if let Some(r) = &self.refused {
+                    r.note_len(sid, block_len(&block));
+                }
             }
             match mend_block(&block, check, request) {
                 Some((frame, bad)) => {
@@ -308,6 +354,12 @@ fn mend_fields(block: &[u8], check: bool, request: bool) -> Option<(Vec<u8>, boo
         }
         out.extend_from_slice(&block[start..at]);
         let mut path = check && request && strings == 1 && matches!(index, 4 | 5);
+        // The value of `:authority` (static entry 1) or Host (38): `Some(pseudo)`.
+        let mut authority = match (strings, index) {
+            (1, 1) if check && request => Some(true),
+            (1, 38) if check && request => Some(false),
+            _ => None,
+        };
         for k in 0..strings {
             let huffman = *block.get(at)? & 0x80 != 0;
             let n = int_len(&block[at..], 7)?;
@@ -332,13 +384,18 @@ fn mend_fields(block: &[u8], check: bool, request: bool) -> Option<(Vec<u8>, boo
                             seen[2] = true;
                             path = check && request;
                         }
+                        b":authority" if request => authority = Some(true),
+                        b"host" if request => authority = Some(false),
                         _ => {}
                     }
                 }
                 let fixed = match name {
                     Some(name) => lawful_name(&name),
                     None if path => lawful_path(kept),
-                    None => lawful_value(kept),
+                    None => match authority {
+                        Some(pseudo) => lawful_authority(kept, pseudo),
+                        None => lawful_value(kept),
+                    },
                 };
                 if let Some(f) = fixed {
                     bad = true;
@@ -421,6 +478,15 @@ fn lawful_name(name: &[u8]) -> Option<Vec<u8>> {
         }
     }
     Some(out)
+}
+
+/// An `:authority` (`pseudo`) or Host value nginx answers 400 that the codec would reset
+/// the stream for - one the `http` crate takes for no authority (empty, a path separator),
+/// or with a control character - made lawful: as many `x` (one for an empty one).
+fn lawful_authority(value: &[u8], pseudo: bool) -> Option<Vec<u8>> {
+    let control = value.iter().any(|&c| c < 0x20 || c == 0x7f);
+    let refused = control || (pseudo && http::uri::Authority::try_from(value).is_err());
+    refused.then(|| vec![b'x'; value.len().max(1)])
 }
 
 /// A field value with NUL, CR or LF (nginx answers 400) made lawful, the same length.
@@ -732,9 +798,30 @@ mod tests {
             got,
             Some((vec![0x82, 0x86, 0x04, 3, b'/', b'a', b'-'], true))
         );
+        // An :authority that is none to the codec (empty, a path separator), or a Host
+        // with a control character: as many `x`.
+        let got = mend_fields(&[0x82, 0x86, 0x84, 0x41, 0], true, true);
+        assert_eq!(got, Some((vec![0x82, 0x86, 0x84, 0x41, 1, b'x'], true)));
+        let got = mend_fields(&[0x82, 0x86, 0x84, 0x41, 3, 0x1b, b'/', b'a'], true, true);
+        assert_eq!(
+            got,
+            Some((vec![0x82, 0x86, 0x84, 0x41, 3, b'x', b'x', b'x'], true))
+        );
+        let got = mend_fields(&[0x82, 0x86, 0x84, 0x66, 2, b'a', 2], true, true);
+        assert_eq!(
+            got,
+            Some((vec![0x82, 0x86, 0x84, 0x66, 2, b'x', b'x'], true))
+        );
+        let host = [
+            0x82, 0x86, 0x84, 0x40, 4, b'h', b'o', b's', b't', 2, b'a', 2,
+        ];
+        let got = mend_fields(&host, true, true).map(|(b, bad)| (b[10..].to_vec(), bad));
+        assert_eq!(got, Some((vec![b'x', b'x'], true)));
         for fine in [
             &[0x82, 0x86, 0x84, 0x41, 1, b'a'][..],
             &[0x82, 0x86, 0x44, 1, b'*'],
+            // A Host nginx itself judges (path separators are its 400, after the codec).
+            &[0x82, 0x86, 0x84, 0x66, 3, b'a', b'/', b'b'],
         ] {
             assert_eq!(mend_fields(fine, true, true), None, "{fine:?}");
         }

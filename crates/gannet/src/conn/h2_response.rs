@@ -148,7 +148,7 @@ pub async fn send(
     let mut stream = match respond.send_response(p.head, p.end) {
         Ok(s) => s,
         Err(_) => {
-            super::log::access(w, req, &resp, 0, 0);
+            super::log::access(w, req, &resp, 0, 0, false);
             return;
         }
     };
@@ -170,7 +170,7 @@ pub async fn send(
         out.stream.send_reset(h2::Reason::CANCEL);
     }
     let sent = out.sent;
-    super::log::access(w, req, &resp, p.head_len, sent);
+    super::log::access(w, req, &resp, p.head_len, sent, whole);
 }
 
 /// `add_trailer`'s fields, as HTTP/2 and HTTP/3 send them.

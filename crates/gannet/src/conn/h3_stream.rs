@@ -145,7 +145,7 @@ impl H3Exchange {
         let p = h2_response::prepare(req, &mut resp, src);
         let sent_head = tokio::time::timeout(timeout, self.s.send_response(p.head)).await;
         if !matches!(sent_head, Ok(Ok(()))) {
-            super::log::access(w, req, &resp, 0, 0);
+            super::log::access(w, req, &resp, 0, 0, false);
             return;
         }
         let mut out = Out {
@@ -169,7 +169,7 @@ impl H3Exchange {
             out.s.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
         }
         let sent = out.sent;
-        super::log::access(w, req, &resp, p.head_len, sent);
+        super::log::access(w, req, &resp, p.head_len, sent, whole);
     }
 }
 
@@ -219,7 +219,7 @@ impl Exchange for H3Exchange {
 
     /// The client closed the connection. (A stream the client reset alone is not seen
     /// before the answer is written to it: h3 does not expose the peer's STOP_SENDING.)
-    async fn client_gone(&mut self, _: &Rc<Worker>) {
+    async fn client_gone(&mut self, _: &Rc<Worker>, _: bool) {
         let _ = self.conn.closed().await;
     }
 

@@ -7,8 +7,16 @@ use crate::http::variables::Sent;
 use crate::modules::access_log;
 use crate::runtime::worker::Worker;
 
-/// Log a finished request; `head_len` and `body_len` are the bytes sent for it.
-pub fn access(w: &Worker, req: &Request, resp: &Response, head_len: u64, body_len: u64) {
+/// Log a finished request; `head_len` and `body_len` are the bytes sent for it, `complete`
+/// whether the whole answer went out (`$request_completion`).
+pub fn access(
+    w: &Worker,
+    req: &Request,
+    resp: &Response,
+    head_len: u64,
+    body_len: u64,
+    complete: bool,
+) {
     crate::modules::otel::finish(req, resp, body_len);
     {
         use crate::errlog::{admits_for, debugged, Level};
@@ -44,6 +52,7 @@ pub fn access(w: &Worker, req: &Request, resp: &Response, head_len: u64, body_le
         bytes: head_len + body_len,
         response: Some(resp),
         trailers: &[],
+        complete,
     };
     // One line buffer per worker thread, reused from request to request (taken out of the
     // cell while in use, so nothing here can see it borrowed twice).

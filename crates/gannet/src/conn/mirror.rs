@@ -14,8 +14,8 @@ use crate::http::request::Request;
 use crate::runtime::worker::Worker;
 use std::rc::Rc;
 
-/// Start a copy of `req` for each mirror URI of its location (none: nothing to do), and
-/// its location's `post_action`.
+/// Start a copy of `req` for each mirror URI of the locations it went through (none:
+/// nothing to do), and its location's `post_action`.
 pub fn spawn(w: &Rc<Worker>, req: &Request) {
     if let Some(to) = &req.conf.core.post_action {
         if !req.subrequest {
@@ -30,17 +30,18 @@ pub fn spawn(w: &Rc<Worker>, req: &Request) {
             tokio::task::spawn_local(async move { run(&w, copy, start).await });
         }
     }
-    let m = &req.conf.mirror;
-    if m.uris().is_empty() {
-        return;
-    }
-    // The body (in memory or its temporary file) is shared, not copied: each copy reads
-    // its file from the start on its own.
-    let body = req.body.clone().filter(|_| m.request_body());
-    for uri in m.uris() {
-        let copy = copy_of(req, uri.clone(), body.clone());
-        let w = w.clone();
-        tokio::task::spawn_local(async move { run(&w, copy, Flow::Next).await });
+    // Each location with `mirror` the request went through, in order (again after an
+    // internal redirect, as nginx's precontent phase).
+    for conf in &req.mirrored {
+        let m = &conf.mirror;
+        // The body (in memory or its temporary file) is shared, not copied: each copy
+        // reads its file from the start on its own.
+        let body = req.body.clone().filter(|_| m.request_body());
+        for uri in m.uris() {
+            let copy = copy_of(req, uri.clone(), body.clone());
+            let w = w.clone();
+            tokio::task::spawn_local(async move { run(&w, copy, Flow::Next).await });
+        }
     }
 }
 

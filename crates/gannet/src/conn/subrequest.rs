@@ -70,6 +70,9 @@ pub fn request(main: &Request, uri: String, args: Option<String>) -> Request {
     // The variables are the main request's (a server-level `set` naming the auth
     // service's URL, as Authelia's snippets do); the caller takes back what it set.
     r.vars.copy_from(&main.vars);
+    // One `$request_id` for the request and its subrequests (nginx's share the values of
+    // their variables).
+    r.request_id.set(Some(main.request_id()));
     r
 }
 
@@ -106,7 +109,7 @@ pub struct Body {
 /// subrequest's `$body_bytes_sent` as 0).
 pub fn log(w: &Worker, r: &Request, status: u16) {
     if r.conf.core.log_subrequest() {
-        super::log::access(w, r, &Response::new(status), 0, 0);
+        super::log::access(w, r, &Response::new(status), 0, 0, false);
     }
 }
 

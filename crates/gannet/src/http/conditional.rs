@@ -28,11 +28,11 @@ fn etag_listed(list: &[u8], etag: &str, weak: bool) -> bool {
     })
 }
 
-pub fn filter(req: &Request, r: &mut Response) {
+/// nginx's not_modified filter on an answer with its own validators: `true` when it made
+/// the answer a 304 or 412 (no range is then cut).
+pub fn not_modified_filter(req: &Request, r: &mut Response) -> bool {
     let (etag, lm) = (r.etag.clone(), r.last_modified);
-    if !preconditions(req, r, etag.as_deref(), lm) {
-        range(req, r);
-    }
+    preconditions(req, r, etag.as_deref(), lm)
 }
 
 /// nginx's not_modified filter against these validators: a failed If-Match or
@@ -272,7 +272,10 @@ pub fn streamed_range(req: &Request, r: &mut Response) {
     }
 }
 
-fn range(req: &Request, r: &mut Response) {
+/// nginx's range filter: the answer cut into the ranges asked for (a 206, or a 416), when
+/// it offers ranges. It runs after the filters that change the head (the charset filter's
+/// Content-Type is in each part's head).
+pub fn range(req: &Request, r: &mut Response) {
     let max_ranges = req.conf.core.max_ranges;
     // `max_ranges 0`: ranges are off, and not offered either (no Accept-Ranges), as nginx.
     if max_ranges == Some(0) {

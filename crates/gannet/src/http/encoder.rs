@@ -8,6 +8,9 @@
 use crate::modules::compress::Coding;
 use std::io::{self, Write};
 
+/// The length of the gzip header flate2 writes (no name, no extra fields).
+const GZIP_HEADER: usize = 10;
+
 /// Brotli's window as ngx_brotli's default `brotli_window 512k` (2^19).
 const BROTLI_LGWIN: u32 = 19;
 
@@ -55,13 +58,22 @@ impl Encoder {
         }
     }
 
-    /// The compressed bytes produced so far.
+    /// The compressed bytes produced so far. gzip's 10-byte header alone is held back
+    /// until compressed bytes follow it: a short answer then goes out in one piece (one
+    /// chunk), as nginx's zlib output does, not its header in a chunk of its own.
     pub fn take(&mut self) -> Vec<u8> {
-        std::mem::take(match self {
-            Encoder::Gzip(e) => e.get_mut(),
+        let out = match self {
+            Encoder::Gzip(e) => {
+                let out = e.get_mut();
+                if out.len() == GZIP_HEADER && out.starts_with(&[0x1f, 0x8b, 0x08]) {
+                    return Vec::new();
+                }
+                out
+            }
             Encoder::Br(e) => e.get_mut(),
             Encoder::Zstd(e) => e.get_mut(),
-        })
+        };
+        std::mem::take(out)
     }
 
     /// End the stream; returns the last compressed bytes.
@@ -93,4 +105,30 @@ pub fn compress(coding: Coding, level: u32, data: &[u8]) -> io::Result<Vec<u8>> 
     let mut out = e.take();
     out.extend_from_slice(&e.finish()?);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// A short gzip answer comes out in one piece: the header waits for the data.
+    #[test]
+    fn gzip_header_waits_for_the_data() {
+        let mut e = Encoder::new(Coding::Gzip, 1).unwrap();
+        e.write(b"SEE-THIS").unwrap();
+        assert!(e.take().is_empty());
+        let whole = e.finish().unwrap();
+        assert!(whole.starts_with(&[0x1f, 0x8b, 0x08]));
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(&whole[..])
+            .read_to_string(&mut text)
+            .unwrap();
+        assert_eq!(text, "SEE-THIS");
+        // Once data follows, the header goes with it.
+        let mut e = Encoder::new(Coding::Gzip, 1).unwrap();
+        e.write(b"SEE-THIS").unwrap();
+        e.flush().unwrap();
+        assert!(e.take().len() > GZIP_HEADER);
+    }
 }

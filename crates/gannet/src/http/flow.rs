@@ -18,6 +18,10 @@ pub enum Flow {
     Done(Response),
     /// Answer with this status (through `error_page` if one is set for it).
     Status(u16),
+    /// An application's 401 taken over by `error_page` (`*_intercept_errors`): its
+    /// WWW-Authenticate values go out with the page, as nginx copies them. (Boxed: rare,
+    /// and every `Flow` would carry its size.)
+    Intercepted(Box<(u16, Vec<String>)>),
     /// A redirect nginx makes itself (`rewrite`, `return`, a directory's slash, a location's
     /// auto_redirect): through `error_page` if one is set for its status, as any of nginx's
     /// own answers, else its page with this Location.

@@ -133,6 +133,11 @@ pub fn resume(req: &mut Request, w: &Worker, mut flow: Flow) -> Handled {
             },
             Flow::Redirect(uri) => internal_redirect(req, w, &uri),
             Flow::Accel(uri, carried) => accel_redirect(req, w, &uri, carried),
+            Flow::Intercepted(i) => {
+                let (code, challenges) = *i;
+                req.auth_challenge.extend(challenges);
+                Flow::Status(code)
+            }
             Flow::Status(code) => match error_page(req, code) {
                 Some(f) => f,
                 None => break Response::error_page(code, req.conf.core.server_tokens()),
@@ -174,14 +179,19 @@ pub fn filters(req: &mut Request, mut resp: Response) -> Handled {
     // filters skip subrequests): a subrequest's whole body goes into the main answer.
     // A sliced answer was ranged by the slice filter, which knows the whole length.
     let sliced = resp.rewrites.as_ref().is_some_and(|r| r.window.is_some());
-    if resp.status == 200 && !req.subrequest && !sliced {
-        conditional::filter(req, &mut resp);
-    }
+    let conditional = resp.status == 200 && !req.subrequest && !sliced;
+    let decided = conditional && conditional::not_modified_filter(req, &mut resp);
     if sub {
         ssi::start(req, &mut resp, false);
         sub_filter::start(req, &mut resp, false);
     }
+    // The charset filter before the range filter, as nginx's: a multipart answer's parts
+    // name the charset the body is sent in.
     charset::start(req, &mut resp);
+    if conditional && !decided {
+        conditional::range(req, &mut resp);
+    }
+    charset::keep_length(&mut resp);
     // A body changed while sent (gunzip's, addition's too) is not the one at hand.
     let rewritten = resp.rewrites.is_some();
     compress::apply(req, &mut resp, plan, rewritten);
@@ -435,6 +445,10 @@ fn auth_delay(req: &mut Request, refused: Flow) -> Flow {
 
 /// Phase 6.
 fn content(req: &mut Request, w: &Worker) -> Flow {
+    // The precontent phase: `mirror` (copies made once the body is read), then try_files.
+    if !req.conf.mirror.uris().is_empty() && !req.subrequest {
+        req.mirrored.push(req.conf.clone());
+    }
     match try_files::handle(req, w) {
         Flow::Next => {}
         other => return other,
@@ -444,6 +458,9 @@ fn content(req: &mut Request, w: &Worker) -> Flow {
     }
     if req.conf.stub_status {
         return stub_status::handle(req);
+    }
+    if req.conf.empty_gif {
+        return crate::modules::empty_gif::handle(req);
     }
     if req.conf.flv {
         match crate::modules::flv::handle(req, w) {

@@ -35,6 +35,9 @@ pub struct Request {
     pub start: Instant,
     /// Bytes of request body read (for `$request_length`).
     pub body_length: u64,
+    /// The head's length as it came when that is not `head.raw()`'s (HTTP/2: the header
+    /// block, HPACK-coded), for `$request_length`.
+    pub wire_head_len: Option<u32>,
     /// The body read whole for an application (memory or temporary file), shared with
     /// mirrored copies; `None` when there is none or it is passed on as it arrives.
     pub body: Option<std::rc::Rc<crate::conn::request_body::RequestBody>>,
@@ -84,6 +87,9 @@ pub struct Request {
     pub real_peer: Option<SocketAddr>,
     /// `$request_id`, made the first time it is read and then kept for the request.
     pub request_id: Cell<Option<u128>>,
+    /// The locations with `mirror` this request went through (nginx's precontent phase
+    /// mirrors once per location it runs in: again after an internal redirect).
+    pub mirrored: Vec<Arc<crate::modules::LocConf>>,
     /// The last upstream answer's header fields, for `$upstream_http_NAME`; kept only while
     /// a loaded config reads such a variable (see `http::variables::keeps_upstream_headers`).
     pub upstream_headers: RefCell<Option<gannet_proto::cgi::Fields>>,
@@ -98,6 +104,14 @@ pub struct Request {
     pub cache_status: Cell<Option<crate::cache::Status>>,
     /// The cache entry this request's answer may be stored as (`conn::gateway_cache`).
     pub cache: RefCell<Option<Box<crate::conn::gateway_cache::Pending>>>,
+    /// The background update of a STALE answer's entry (`*_cache_background_update`): as
+    /// nginx's background subrequest, the connection goes on once it is done.
+    pub background: RefCell<Option<tokio::task::JoinHandle<()>>>,
+    /// An application's `X-Accel-Charset` (nginx's `override_charset` of the answer): the
+    /// charset the charset filter recodes its answer into, whatever the location's
+    /// `charset` says; taken by the filter. (Kept here, not in the `Response`, which every
+    /// answer carries.)
+    pub override_charset: RefCell<Option<Arc<str>>>,
     /// The slice module's state, made when `$slice_range` is read (`modules::slice`).
     pub slice: RefCell<Option<Box<crate::modules::slice::State>>>,
     /// A cache's background update (`*_cache_background_update`): it fetches even while
@@ -139,6 +153,9 @@ pub struct Tries {
     /// [`UpstreamTry`] that records the attempt.
     pub connected: Option<Instant>,
     pub head_read: Option<Instant>,
+    /// The attempt under way: its server and start, for a client that leaves before it
+    /// is over (its line is logged with the times it got to, as nginx's).
+    pub under_way: Option<(crate::upstream::Addr, Instant)>,
     /// Bytes the attempt under way sent and read so far, taken by its [`UpstreamTry`].
     pub sent: u64,
     pub received: u64,
@@ -275,6 +292,7 @@ impl Request {
             // The turn's time (`runtime::clock`): the head was read in this turn.
             start: crate::runtime::clock::now(),
             body_length: 0,
+            wire_head_len: None,
             body: None,
             internal: false,
             redirects: 0,
@@ -295,9 +313,12 @@ impl Request {
             carried: Vec::new(),
             moved_to: None,
             request_id: Cell::new(None),
+            mirrored: Vec::new(),
             upstream_headers: RefCell::new(None),
             cache_status: Cell::new(None),
             cache: RefCell::new(None),
+            background: RefCell::new(None),
+            override_charset: RefCell::new(None),
             slice: RefCell::new(None),
             cache_background: false,
             auth_delayed: None,
@@ -350,8 +371,9 @@ impl Request {
         let core = &self.conf.core;
         if let Some(alias) = &core.alias {
             let base = alias.eval(self, None);
-            // A regex location's alias holds the whole path (built from captures).
-            let prefix = self.location.as_ref().map_or("", |l| l.prefix());
+            // A regex location's alias holds the whole path (built from captures); a
+            // prefix location's replaces its prefix, in the locations nested in it too.
+            let prefix = core.alias_of.as_deref().unwrap_or("");
             if prefix.is_empty() && alias.has_vars() {
                 return PathBuf::from(base);
             }
@@ -376,6 +398,17 @@ impl Request {
         }
         p.push_str(uri);
         PathBuf::from(p)
+    }
+
+    /// `$request_id`: 128 random bits, as nginx's (which reads them from OpenSSL's
+    /// RAND_bytes, or its own random() without OpenSSL), a label for a request, not a
+    /// secret; made the first time it is read, then kept.
+    pub fn request_id(&self) -> u128 {
+        self.request_id.get().unwrap_or_else(|| {
+            let id = fastrand::u128(..);
+            self.request_id.set(Some(id));
+            id
+        })
     }
 
     /// The method the phases act on (GET for an error_page fetch).

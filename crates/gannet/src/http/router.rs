@@ -66,7 +66,8 @@ pub fn auto_redirect<'a>(
 }
 
 impl Location {
-    /// The prefix this location matched by, for `alias` (empty for regex locations).
+    /// The prefix this location matched by, which a `proxy_pass` URI part replaces (empty
+    /// for regex locations).
     pub fn prefix(&self) -> &str {
         match &self.matcher {
             Matcher::Exact(p) | Matcher::Prefix { path: p, .. } => p,

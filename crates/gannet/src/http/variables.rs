@@ -6,7 +6,7 @@
 //! `$remote_addr` `$remote_port` `$realip_remote_addr` `$realip_remote_port` `$remote_user` `$server_addr` `$server_port` `$server_name`
 //! `$server_protocol` `$scheme` `$https` `$document_root` `$realpath_root` `$request_filename`
 //! `$request_method` `$request` `$request_body` `$request_body_file` `$request_length` `$request_time` `$status` `$body_bytes_sent`
-//! `$bytes_sent` `$content_type` `$content_length` `$connection` `$connection_requests` `$connection_time` `$pipe` `$msec`
+//! `$bytes_sent` `$content_type` `$content_length` `$connection` `$connection_requests` `$connection_time` `$pipe` `$request_completion` `$msec`
 //! `$time_local` `$time_iso8601` `$pid` `$nginx_version` `$gannet_version` `$fastcgi_script_name`
 //! `$fastcgi_path_info` `$proxy_host` `$proxy_port` `$proxy_add_x_forwarded_for`
 //! `$upstream_addr` `$upstream_status` `$upstream_response_time` `$upstream_connect_time`
@@ -52,6 +52,10 @@ pub enum Var {
     Host,
     Hostname,
     RemoteAddr,
+    /// `$binary_remote_addr`: in a log line nginx's bytes (4 or 16, escaped as any value);
+    /// elsewhere (a `limit_req`/`limit_conn` key, a `map` source) the text address, which
+    /// tells clients apart the same.
+    BinaryRemoteAddr,
     RemotePort,
     RealipRemoteAddr,
     RealipRemotePort,
@@ -87,6 +91,8 @@ pub enum Var {
     ConnectionTime,
     /// `$pipe`: `p` for a pipelined request, else `.`.
     Pipe,
+    /// `$request_completion`: `OK` once the whole answer is sent, else empty.
+    RequestCompletion,
     Connections(crate::modules::stub_status::Gauge),
     LimitReqStatus,
     LimitConnStatus,
@@ -154,7 +160,8 @@ impl Var {
             "is_args" => Var::IsArgs,
             "host" => Var::Host,
             "hostname" => Var::Hostname,
-            "remote_addr" | "binary_remote_addr" => Var::RemoteAddr,
+            "remote_addr" => Var::RemoteAddr,
+            "binary_remote_addr" => Var::BinaryRemoteAddr,
             "remote_port" => Var::RemotePort,
             "realip_remote_addr" => Var::RealipRemoteAddr,
             "realip_remote_port" => Var::RealipRemotePort,
@@ -191,6 +198,7 @@ impl Var {
             "connection_requests" => Var::ConnectionRequests,
             "connection_time" => Var::ConnectionTime,
             "pipe" => Var::Pipe,
+            "request_completion" => Var::RequestCompletion,
             "connections_active" => Var::Connections(Gauge::Active),
             "connections_reading" => Var::Connections(Gauge::Reading),
             "connections_writing" => Var::Connections(Gauge::Writing),
@@ -295,7 +303,11 @@ impl Var {
             Var::Arg(name) => req.arg(name).is_some(),
             Var::Cookie(name) => req.cookie(name).is_some(),
             Var::Args => req.args.is_some(),
-            Var::IsArgs | Var::Http2 | Var::Http3 | Var::InvalidReferer => true,
+            Var::IsArgs
+            | Var::Http2
+            | Var::Http3
+            | Var::InvalidReferer
+            | Var::RequestCompletion => true,
             Var::SentHttp(name) => sent
                 .response
                 .is_some_and(|r| r.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))),
@@ -342,6 +354,8 @@ pub struct Sent<'a> {
     /// The trailer fields sent so far, for `$sent_trailer_*` (`add_trailer` evaluates each
     /// field with those before it already sent, as nginx does).
     pub trailers: &'a [(String, String)],
+    /// The whole answer went out (`$request_completion`); known in the log phase only.
+    pub complete: bool,
 }
 
 impl Sent<'_> {
@@ -354,6 +368,7 @@ impl Sent<'_> {
             bytes: 0,
             response: None,
             trailers: &[],
+            complete: false,
         }
     }
 
@@ -602,6 +617,10 @@ impl Template {
         for p in &self.parts {
             match p {
                 Part::Lit(s) => out.extend_from_slice(s.as_bytes()),
+                Part::Var(Var::BinaryRemoteAddr) if !req.unix_client() => {
+                    let (bytes, n) = binary_addr(req.client().ip());
+                    value(Some(&bytes[..n]), out);
+                }
                 Part::Var(v) => {
                     if let Some(raw) = v.log_bytes(req) {
                         value(raw, out);
@@ -642,6 +661,19 @@ thread_local! {
     static LOG_VALUE: std::cell::Cell<String> = const { std::cell::Cell::new(String::new()) };
 }
 
+/// Bytes as text, an invalid sequence replaced. An ASCII request target (nearly every one)
+/// is taken as it is: `from_utf8_lossy`'s checks cost about 340 instructions for
+/// `$request_uri` in the default cache key, per request (callgrind,
+/// docs/bench/cache-report.md).
+fn push_lossy(out: &mut String, b: &[u8]) {
+    if b.is_ascii() {
+        // SAFETY: ASCII bytes are valid UTF-8.
+        out.push_str(unsafe { std::str::from_utf8_unchecked(b) });
+    } else {
+        out.push_str(&String::from_utf8_lossy(b));
+    }
+}
+
 /// A number in decimal. The variables a FastCGI request sends for every request (ports) and
 /// the log's numbers (`$status`, `$body_bytes_sent`...) are written often enough that `write!`'s formatting machinery showed in
 /// profiles (about 150 instructions a number, callgrind).
@@ -661,6 +693,18 @@ fn push_secs(out: &mut String, t: std::time::Duration) {
 
 /// An address as `Display` writes it; IPv4 without the formatter (`$remote_addr` and
 /// `$server_addr` went through it for every FastCGI request: ~950 instructions each).
+/// `$binary_remote_addr`'s bytes, as nginx's: the four of IPv4, the sixteen of IPv6.
+fn binary_addr(ip: std::net::IpAddr) -> ([u8; 16], usize) {
+    let mut b = [0; 16];
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            b[..4].copy_from_slice(&v4.octets());
+            (b, 4)
+        }
+        std::net::IpAddr::V6(v6) => (v6.octets(), 16),
+    }
+}
+
 fn push_ip(out: &mut String, ip: std::net::IpAddr) {
     match ip {
         std::net::IpAddr::V4(v4) => {
@@ -717,7 +761,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
     }
     match v {
         Var::Uri => out.push_str(&req.uri),
-        Var::RequestUri => out.push_str(&String::from_utf8_lossy(req.head.target())),
+        Var::RequestUri => push_lossy(out, req.head.target()),
         Var::Args => out.push_str(req.args.as_deref().unwrap_or("")),
         Var::IsArgs => {
             if req.args.is_some() {
@@ -788,7 +832,12 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                         continue;
                     }
                     Var::UpstreamStatus => {
-                        push_uint(out, t.status.into());
+                        // 0: the attempt ended without one (the client left), nginx's `-`.
+                        if t.status == 0 {
+                            out.push('-');
+                        } else {
+                            push_uint(out, t.status.into());
+                        }
                         continue;
                     }
                     Var::UpstreamResponseLength
@@ -847,14 +896,7 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
             }
         }
         Var::RequestId => {
-            // 128 random bits, as nginx (which reads them from OpenSSL's RAND_bytes, or its
-            // own random() without OpenSSL): a label for a request, not a secret.
-            let id = req.request_id.get().unwrap_or_else(|| {
-                let id = fastrand::u128(..);
-                req.request_id.set(Some(id));
-                id
-            });
-            let _ = write!(out, "{id:032x}");
+            let _ = write!(out, "{:032x}", req.request_id());
         }
         Var::InvalidReferer => {
             if crate::modules::referer::invalid(req) {
@@ -878,8 +920,8 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         Var::Otel(o) => o.append(out, req),
         Var::Hostname => out.push_str(crate::runtime::hostname()),
         // A unix socket's client is `unix:`, with no port (nginx).
-        Var::RemoteAddr if req.unix_client() => out.push_str("unix:"),
-        Var::RemoteAddr => {
+        Var::RemoteAddr | Var::BinaryRemoteAddr if req.unix_client() => out.push_str("unix:"),
+        Var::RemoteAddr | Var::BinaryRemoteAddr => {
             push_ip(out, req.client().ip());
         }
         // A client address from `real_ip_header` without a port has none (nginx: empty).
@@ -985,7 +1027,10 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
             }
         }
         Var::RequestLength => {
-            push_uint(out, req.head.raw().len() as u64 + req.body_length);
+            let head = req
+                .wire_head_len
+                .map_or(req.head.raw().len() as u64, u64::from);
+            push_uint(out, head + req.body_length);
         }
         Var::RequestTime => push_secs(
             out,
@@ -1012,6 +1057,13 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         Var::ContentLength => {
             if let Some(v) = header_str(req, "content-length") {
                 out.push_str(&v)
+            } else if let Some(b) = req
+                .body
+                .as_deref()
+                .filter(|_| req.head.body == gannet_proto::h1::BodyKind::Chunked)
+            {
+                // A chunked body read whole: its length, as nginx's (0 for an empty one).
+                push_uint(out, b.len());
             }
         }
         Var::Connection => {
@@ -1022,6 +1074,11 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         }
         Var::ConnectionTime => push_secs(out, req.conn.born.elapsed()),
         Var::Pipe => out.push(if req.conn.pipelined { 'p' } else { '.' }),
+        Var::RequestCompletion => {
+            if sent.is_some_and(|s| s.complete) {
+                out.push_str("OK");
+            }
+        }
         Var::Connections(g) => push_uint(out, crate::modules::stub_status::variable(*g)),
         Var::LimitReqStatus => out.push_str(req.limit_req_status.unwrap_or_default()),
         Var::LimitConnStatus => out.push_str(req.limit_conn_status.unwrap_or_default()),

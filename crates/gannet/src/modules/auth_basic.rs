@@ -18,6 +18,7 @@ use crate::http::variables::Template;
 use gannet_conf::registry::{Args, Ctx, Spec};
 use gannet_conf::{ConfError, Directive};
 use std::ffi::{CStr, CString};
+use std::sync::Arc;
 
 use super::gateway::spec;
 
@@ -32,7 +33,15 @@ pub const DIRECTIVES: &[Spec] = &[
 pub struct AuthBasicConf {
     /// The realm; `Some(None)` is `auth_basic off`.
     realm: Option<Option<Template>>,
-    user_file: Option<Template>,
+    user_file: Option<UserFile>,
+}
+
+/// `auth_basic_user_file`: the path, and for one that starts with a variable the prefix a
+/// relative value is under (nginx's `ngx_get_full_name` per request).
+#[derive(Debug, Clone)]
+struct UserFile {
+    path: Template,
+    prefix: Option<Arc<std::path::Path>>,
 }
 
 impl AuthBasicConf {
@@ -50,13 +59,19 @@ pub fn set(d: &Directive, lc: &mut LocConf, ctx: &mut LoadCtx) -> Result<(), Con
         });
     } else {
         let file = &d.args[0];
-        // Relative to the prefix, as nginx's ngx_conf_full_name makes it.
+        // Relative to the prefix, as nginx's ngx_conf_full_name makes it; a value that
+        // starts with a variable, once it is known.
         let full = if file.starts_with('/') || file.starts_with('$') {
             file.clone()
         } else {
             ctx.prefix.join(file).to_string_lossy().into_owned()
         };
-        lc.auth_basic.user_file = Some(t(&full)?);
+        lc.auth_basic.user_file = Some(UserFile {
+            path: t(&full)?,
+            prefix: file
+                .starts_with('$')
+                .then(|| Arc::from(ctx.prefix.as_path())),
+        });
     }
     Ok(())
 }
@@ -101,7 +116,10 @@ pub fn check(req: &mut Request) -> Auth {
     else {
         return Auth::Off;
     };
-    let (realm, path) = (realm.eval(req, None), file.eval(req, None));
+    let (realm, mut path) = (realm.eval(req, None), file.path.eval(req, None));
+    if let Some(prefix) = file.prefix.as_deref().filter(|_| !path.starts_with('/')) {
+        path = prefix.join(&path).to_string_lossy().into_owned();
+    }
     match verdict(req, &realm, &path) {
         Some(flow) => Auth::Refused(flow),
         None => Auth::Passed,

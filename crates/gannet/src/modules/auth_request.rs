@@ -151,6 +151,8 @@ pub fn set_vars(main: &Request, sub: &Request) -> Option<String> {
 pub fn apply_args(req: &mut Request, answer: &Answer) {
     if let Some(a) = &answer.args {
         req.args = (!a.is_empty()).then(|| a.clone());
+        // nginx's `$args` setter: the raw URI no longer applies.
+        req.uri_changed = true;
     }
 }
 

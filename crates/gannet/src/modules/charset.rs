@@ -22,8 +22,12 @@
 //! character the destination lacks becomes `&#N;`. UTF-16 and other unknown names are not
 //! recoded (the "no charset_map" case). The body is recoded piece by piece as it is sent
 //! (`conn::source`); only an incomplete UTF-8 character is held between pieces. A recoded
-//! answer loses its Content-Length except for byte-to-byte tables, and is not offered in
-//! ranges.
+//! answer loses its Content-Length, and so its ranges, except for byte-to-byte tables, whose
+//! ranges are cut as nginx's (after this filter: each part names the new charset).
+//!
+//! An application's `X-Accel-Charset` (proxied, FastCGI...; unless `*_ignore_headers`
+//! names it) is the destination charset of its answer, as nginx's `override_charset` of the
+//! answer: it holds whatever the location's `charset` says, with the same recoding.
 
 use super::compress::Types;
 use super::{LoadCtx, LocConf};
@@ -286,35 +290,54 @@ fn eval(n: &Name, req: &Request) -> Option<String> {
 }
 
 /// The charset header filter: name the charset in `resp`'s Content-Type and set up its
-/// recoding (in `resp.rewrites`), as nginx's. Free for a location without `charset`.
+/// recoding (in `resp.rewrites`), as nginx's. Free for a location without `charset` whose
+/// answer has no `X-Accel-Charset`.
 pub fn start(req: &Request, resp: &mut Response) {
+    let over = req.override_charset.borrow_mut().take();
+    start_with(req, resp, over);
+}
+
+fn start_with(req: &Request, resp: &mut Response, over: Option<Arc<str>>) {
     let c = &req.conf.charset;
-    let Some(dst_conf) = c.charset.as_ref().filter(|n| !matches!(n, Name::Off)) else {
+    let dst_conf = c.charset.as_ref().filter(|n| !matches!(n, Name::Off));
+    if over.is_none() && dst_conf.is_none() {
         return;
-    };
+    }
     let Some(ct) = resp.content_type.clone().filter(|t| !t.is_empty()) else {
         return;
     };
     let own = own_charset(&ct);
-    if own.is_some() {
-        if c.override_charset != Some(true) {
-            return;
-        }
-    } else {
-        let default;
-        let types = match &c.types {
-            Some(t) => t.as_ref(),
-            None => {
-                default = Types::List(DEFAULT_TYPES.iter().map(|s| s.to_string()).collect());
-                &default
+    // An application's `X-Accel-Charset` is the destination whatever the location says
+    // (nginx's `override_charset` of the answer); else the location's `charset`, for an
+    // answer that names none of its own (unless `override_charset on`) and whose type is
+    // in `charset_types`.
+    let dst = match (over, dst_conf) {
+        (Some(o), _) => o.to_string(),
+        (None, None) => return,
+        (None, Some(dst_conf)) => {
+            if own.is_some() {
+                if c.override_charset != Some(true) {
+                    return;
+                }
+            } else {
+                let default;
+                let types = match &c.types {
+                    Some(t) => t.as_ref(),
+                    None => {
+                        default =
+                            Types::List(DEFAULT_TYPES.iter().map(|s| s.to_string()).collect());
+                        &default
+                    }
+                };
+                if !types.matches(&ct) {
+                    return;
+                }
             }
-        };
-        if !types.matches(&ct) {
-            return;
+            let Some(dst) = eval(dst_conf, req) else {
+                return;
+            };
+            dst
         }
-    }
-    let Some(dst) = eval(dst_conf, req) else {
-        return;
     };
     let base = own.map_or(&ct[..], |(end, _)| &ct[..end]);
     let src = match own {
@@ -355,31 +378,40 @@ pub fn start(req: &Request, resp: &mut Response) {
         return;
     };
     named(resp);
-    let bytewise =
-        matches!(&recode, Recode::Table(t, i, _) if matches!(t[*i].map, Map::Bytes { .. }));
-    if bytewise {
-        // Same length: a body at hand keeps its Content-Length though it is now streamed.
-        if resp.content_length.is_none() && !resp.length_unknown && resp.body.len() > 0 {
-            resp.content_length = Some(resp.body.len());
-        }
-    } else {
+    if !recode.bytewise() {
+        // The length changes: no Content-Length, and so no ranges (nginx's range filter
+        // cuts only an answer of known length).
         resp.content_length = None;
         resp.length_unknown = true;
-        resp.headers
-            .retain(|(n, _)| !n.eq_ignore_ascii_case("content-length"));
+        resp.accept_ranges = false;
+        resp.headers.retain(|(n, _)| {
+            !n.eq_ignore_ascii_case("content-length") && !n.eq_ignore_ascii_case("accept-ranges")
+        });
     }
-    resp.accept_ranges = false;
-    resp.headers
-        .retain(|(n, _)| !n.eq_ignore_ascii_case("accept-ranges"));
     if !req.is_head() {
         resp.rewrites().charset = Some(Rc::new(recode));
+    }
+}
+
+/// After the range filter: a body at hand recoded byte for byte keeps its length (whole, or
+/// the ranges cut from it), though it is now streamed through the recoding.
+pub fn keep_length(resp: &mut Response) {
+    let bytewise = resp
+        .rewrites
+        .as_ref()
+        .and_then(|r| r.charset.as_deref())
+        .is_some_and(Recode::bytewise);
+    if bytewise && resp.content_length.is_none() && !resp.length_unknown && resp.body.len() > 0 {
+        resp.content_length = Some(resp.body.len());
     }
 }
 
 /// Whether `start` will change the body's length (for the filters that plan before it).
 pub fn changes_length(req: &Request, resp: &Response) -> bool {
     let c = &req.conf.charset;
-    if c.charset.as_ref().is_none_or(|n| matches!(n, Name::Off)) {
+    if c.charset.as_ref().is_none_or(|n| matches!(n, Name::Off))
+        && req.override_charset.borrow().is_none()
+    {
         return false;
     }
     let mut probe = Response {
@@ -393,8 +425,16 @@ pub fn changes_length(req: &Request, resp: &Response) -> bool {
             .collect(),
         ..Default::default()
     };
-    start(req, &mut probe);
+    let over = req.override_charset.borrow().clone();
+    start_with(req, &mut probe, over);
     probe.length_unknown
+}
+
+impl Recode {
+    /// Byte to byte (a `charset_map` between one-byte charsets): the length stays.
+    fn bytewise(&self) -> bool {
+        matches!(self, Recode::Table(t, i, _) if matches!(t[*i].map, Map::Bytes { .. }))
+    }
 }
 
 fn recoder(maps: Option<&Arc<Vec<Table>>>, src: &str, dst: &str) -> Option<Recode> {

@@ -269,6 +269,10 @@ pub enum SymlinkMode {
 pub struct CoreConf {
     pub root: Option<Template>,
     pub alias: Option<Template>,
+    /// The prefix of the location that set `alias` (what the alias replaces in the URI),
+    /// kept with it into nested locations, as nginx's `clcf->alias` length; `None` for an
+    /// alias set in a regex location.
+    pub alias_of: Option<std::sync::Arc<str>>,
     pub internal: bool,
     pub client_max_body_size: Option<u64>,
     pub client_header_buffer_size: Option<usize>,
@@ -319,13 +323,17 @@ pub struct CoreConf {
 
 impl CoreConf {
     pub fn merge(&mut self, p: &CoreConf) {
-        // `alias` and `internal` belong to one location and are not inherited (nested
-        // locations of an aliased location inherit it in nginx; gannet keeps that too).
+        // `internal` belongs to one location. `root` and `alias` are one setting: a
+        // location with either inherits neither (nested locations of an aliased location
+        // inherit the alias in nginx, with the prefix it replaces).
+        if self.root.is_none() && self.alias.is_none() {
+            self.root = p.root.clone();
+            self.alias = p.alias.clone();
+            self.alias_of = p.alias_of.clone();
+        }
         inherit!(
             self,
             p,
-            root,
-            alias,
             client_max_body_size,
             client_header_buffer_size,
             large_client_header_buffers,

@@ -75,7 +75,12 @@ pub fn start(req: &Request, resp: &mut Response) {
     }
     let mut only_gzip = [false; 3];
     only_gzip[Coding::Gzip as usize] = true;
-    if !client_refuses(req, resp) && negotiate(accept_encoding(req), &only_gzip).is_some() {
+    // A subrequest's answer goes into the main one as it is: always inflated (nginx's
+    // gzip_ok never holds for a subrequest), whatever the client accepts.
+    if !req.subrequest
+        && !client_refuses(req, resp)
+        && negotiate(accept_encoding(req), &only_gzip).is_some()
+    {
         return;
     }
     resp.headers.retain(|(n, _)| {

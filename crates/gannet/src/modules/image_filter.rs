@@ -479,18 +479,77 @@ fn encode(img: &DynamicImage, ty: Type, req: &Request) -> image::ImageResult<Vec
             let enc = image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, q);
             // JPEG has no alpha: as gd, what is transparent is dropped.
             img.to_rgb8().write_with_encoder(enc)?;
+            quality_comment(&mut out, q);
         }
         // The `image` crate writes WebP lossless only: image_filter_webp_quality has no
         // effect (docs/modules/image_filter.md).
         Type::Webp => img
             .to_rgba8()
             .write_to(&mut std::io::Cursor::new(&mut out), ImageFormat::WebP)?,
-        Type::Gif => img
-            .to_rgba8()
-            .write_to(&mut std::io::Cursor::new(&mut out), ImageFormat::Gif)?,
+        Type::Gif => encode_gif(img, c.interlace == Some(true), &mut out)?,
         Type::Png => img.write_to(&mut std::io::Cursor::new(&mut out), ImageFormat::Png)?,
     }
     Ok(out)
+}
+
+/// A comment naming the quality, after the JFIF segment, as libgd's JPEGs carry one for
+/// nginx (`CREATOR: gd-jpeg v1.0 (using IJG JPEG v80), quality = 75`): tools read the
+/// quality back from it.
+fn quality_comment(jpeg: &mut Vec<u8>, quality: u8) {
+    let text = format!("CREATOR: gannet image_filter, quality = {quality}\n");
+    // SOI, then APP0 (JFIF) when the encoder wrote one: its length follows its marker.
+    let mut at = 2;
+    if jpeg.get(2..4) == Some(&[0xff, 0xe0][..]) {
+        let len = jpeg
+            .get(4..6)
+            .map_or(0, |l| usize::from(u16::from_be_bytes([l[0], l[1]])));
+        at = 4 + len;
+    }
+    if at > jpeg.len() || !jpeg.starts_with(&[0xff, 0xd8]) {
+        return;
+    }
+    let len = (text.len() + 2) as u16;
+    let mut com = vec![0xff, 0xfe];
+    com.extend_from_slice(&len.to_be_bytes());
+    com.extend_from_slice(text.as_bytes());
+    jpeg.splice(at..at, com);
+}
+
+/// A GIF as the image crate writes one (a palette quantised at its best quality, the
+/// frame cleared to the background after), interlaced when asked: its rows stored in the
+/// four passes GIF's interlacing orders them in (every 8th from 0, every 8th from 4, every
+/// 4th from 2, every 2nd from 1).
+fn encode_gif(img: &DynamicImage, interlace: bool, out: &mut Vec<u8>) -> image::ImageResult<()> {
+    let fail = |e: gif::EncodingError| {
+        image::ImageError::Encoding(image::error::EncodingError::new(ImageFormat::Gif.into(), e))
+    };
+    let too_big = || {
+        image::ImageError::Parameter(image::error::ParameterError::from_kind(
+            image::error::ParameterErrorKind::DimensionMismatch,
+        ))
+    };
+    let mut rgba = img.to_rgba8();
+    let w = u16::try_from(rgba.width()).map_err(|_| too_big())?;
+    let h = u16::try_from(rgba.height()).map_err(|_| too_big())?;
+    let mut frame = gif::Frame::from_rgba_speed(w, h, &mut rgba, 1);
+    frame.dispose = gif::DisposalMethod::Background;
+    if interlace && w > 0 {
+        let row = usize::from(w);
+        let rows: Vec<usize> = [(0, 8), (4, 8), (2, 4), (1, 2)]
+            .into_iter()
+            .flat_map(|(first, step)| (first..usize::from(h)).step_by(step))
+            .collect();
+        let mut reordered = Vec::with_capacity(frame.buffer.len());
+        for r in rows {
+            if let Some(line) = frame.buffer.get(r * row..(r + 1) * row) {
+                reordered.extend_from_slice(line);
+            }
+        }
+        frame.buffer = reordered.into();
+        frame.interlaced = true;
+    }
+    let mut enc = gif::Encoder::new(out, w, h, &[]).map_err(fail)?;
+    enc.write_frame(&frame).map_err(fail)
 }
 
 /// nginx's ngx_http_image_json: a 200 `application/json` answer, the other headers gone

@@ -360,6 +360,7 @@ pub fn finish(req: &Request, resp: &Response, body_len: u64) {
         bytes: body_len,
         response: Some(resp),
         trailers: &[],
+        complete: false,
     };
     let mut span = Span {
         trace_id: t.current.trace_id.to_vec(),

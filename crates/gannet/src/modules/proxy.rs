@@ -371,12 +371,17 @@ pub fn compile_ci(d: &Directive, re: &str, ci: bool) -> Result<Regex, ConfError>
     Regex::new(re, ci).map_err(|e| d.error(e))
 }
 
-fn parse_target(d: &Directive, url: &str, ctx: &LoadCtx) -> Result<Target, ConfError> {
+fn parse_target(d: &Directive, url: &str, ctx: &mut LoadCtx) -> Result<Target, ConfError> {
     if url.contains('$') {
         let t = Template::compile(url).map_err(|e| d.error(e))?;
         return Ok(Target::Vars(t, Arc::new(ctx.upstreams.clone())));
     }
-    let dest = parse_url(url, &ctx.upstreams).map_err(|e| d.error(e))?;
+    let mut dest = parse_url(url, &ctx.upstreams).map_err(|e| d.error(e))?;
+    if let Backend::Addr(Addr::Tcp(hp)) = &dest.backend {
+        if let Some(group) = gateway::implicit_group(ctx, hp) {
+            dest.backend = group;
+        }
+    }
     if dest.uri.is_some() && ctx.prefixless {
         return Err(d.error(
             "\"proxy_pass\" cannot have URI part in location given by regular expression, \
@@ -448,8 +453,14 @@ pub fn parse_url(url: &str, groups: &HashMap<String, Arc<Upstream>>) -> Result<D
     if host.is_empty() {
         return Err(format!("no host in \"{url}\""));
     }
+    let host_port = format!("{host}:{port}");
+    // A name some `proxy_pass` made an implicit group of (found by a URL with variables).
+    let backend = match groups.get(&host_port) {
+        Some(up) => Backend::Group(up.clone()),
+        None => Backend::Addr(Addr::Tcp(host_port.into())),
+    };
     Ok(Dest {
-        backend: Backend::Addr(Addr::Tcp(format!("{host}:{port}").into())),
+        backend,
         tls,
         host: authority.to_string(),
         port,

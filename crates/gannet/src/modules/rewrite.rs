@@ -323,6 +323,9 @@ fn run_block(stmts: &[Stmt], req: &mut Request, changed: &mut bool) -> Option<Ou
             Stmt::SetArgs(value) => {
                 let v = value.eval(req, None);
                 req.args = (!v.is_empty()).then_some(v);
+                // As nginx's `$args` setter: the client's raw URI no longer applies (a
+                // `*_pass` without a URI part sends the URI with the new arguments).
+                req.uri_changed = true;
             }
             Stmt::SetLimitRate(value) => {
                 super::limit_rate::set_var(req, &value.eval(req, None));
@@ -528,7 +531,9 @@ pub fn absolute(req: &Request, location: &str) -> Option<String> {
     }
     // The host the client named (Host, or an absolute-form target); without one, nginx
     // names the address the connection came to, not the server.
-    let named = req.head.host().is_some() || !req.head.target().starts_with(b"/");
+    // (A head refused unparsed has neither: its Host was never taken.)
+    let target = req.head.target();
+    let named = req.head.host().is_some() || !(target.is_empty() || target.starts_with(b"/"));
     let local;
     let host = if core.server_name_in_redirect() {
         &req.server.primary_name

@@ -367,6 +367,7 @@ pub fn run(
 async fn drain(w: &Rc<Worker>, cmd: &mut watch::Receiver<Command>) {
     w.draining.set(true);
     w.timers.drain(Instant::now() + DRAIN_GRACE);
+    w.upstreams.close_idle();
     if let Some(lot) = &w.parking {
         for p in lot.take_all() {
             tokio::task::spawn_local(crate::conn::h1::resume(w.clone(), p));

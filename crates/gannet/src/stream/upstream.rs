@@ -9,9 +9,7 @@
 use super::map::Maps;
 use super::variables::{Session, Template};
 use gannet_conf::{ConfError, Directive};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Duration;
 
 #[derive(Debug)]
 pub struct Group {
@@ -92,19 +90,7 @@ pub fn single(addr: crate::upstream::Addr) -> Group {
 /// A round-robin group of servers with nginx's defaults (`proxy_pass $var` naming an
 /// address, or a name and the addresses it resolved to).
 pub fn of_addrs(name: &str, addrs: Vec<crate::upstream::Addr>) -> Group {
-    use crate::upstream::{Method, Server, Upstream};
-    let health = addrs.iter().map(|_| AtomicBool::new(true)).collect();
-    let group = Upstream {
-        name: name.to_string(),
-        servers: addrs.into_iter().map(Server::new).collect(),
-        keepalive: 0,
-        keepalive_timeout: Duration::from_secs(60),
-        keepalive_requests: 1000,
-        queue: None,
-        method: Method::RoundRobin,
-        slow_start: false,
-        health,
-    };
+    let group = crate::upstream::Upstream::of_addrs(name, addrs);
     Group {
         socks: socks(&group),
         group: Arc::new(group),

@@ -208,7 +208,7 @@ fn ip_step(hash: u64, bytes: &[u8]) -> u64 {
 
 /// Weights are counted in thousandths, so that a ramping server's share grows smoothly.
 /// Smooth weighted round robin chooses the same with every weight scaled alike.
-const WEIGHT_SCALE: i64 = 1000;
+pub(super) const WEIGHT_SCALE: i64 = 1000;
 
 /// Note the `slow_start` servers that became usable again since the last choice: back from
 /// `max_fails` (the ramp starts when `fail_timeout` ran out) or from failing health checks
@@ -219,10 +219,13 @@ pub(super) fn track_ramps(up: &Upstream, g: &mut GroupState, now: Instant) {
         if s.slow_start.is_none() {
             continue;
         }
-        let (fails, since) = g.fails[i];
+        let f = g.fails[i];
         let ramp = &mut g.ramp[i];
-        if s.max_fails > 0 && fails >= s.max_fails {
-            let back = since + s.fail_timeout;
+        if let Some(last) = f
+            .accessed
+            .filter(|_| s.max_fails > 0 && f.count >= s.max_fails)
+        {
+            let back = last + s.fail_timeout;
             if now >= back && ramp.0.is_none_or(|r| r < back) {
                 ramp.0 = Some(back);
             }
@@ -263,10 +266,7 @@ pub(super) struct View<'a> {
 impl View<'_> {
     fn fit(&self, i: usize) -> Fit {
         let s = &self.up.servers[i];
-        let (fails, since) = self.g.fails[i];
-        let failed = s.max_fails > 0
-            && fails >= s.max_fails
-            && self.now.duration_since(since) < s.fail_timeout;
+        let failed = self.g.fails[i].out(s, self.now) && !self.up.single();
         if s.down || failed || !self.up.healthy(i) || self.tried.contains(&i) {
             Fit::Out
         } else if s.max_conns > 0 && self.g.active[i] >= s.max_conns {
@@ -310,7 +310,12 @@ impl View<'_> {
             if !candidate(self, i) {
                 continue;
             }
-            let w = self.weight(i);
+            // The effective weight (nginx's): lowered by failures, regained one unit per
+            // choice taken part in.
+            let full = self.up.servers[i].weight.saturating_mul(WEIGHT_SCALE);
+            let deficit = self.g.deficit[i];
+            let w = self.weight(i).min(full - deficit);
+            self.g.deficit[i] = (deficit - WEIGHT_SCALE).max(0);
             self.g.current[i] += w;
             total += w;
             if best.is_none_or(|b| self.g.current[i] > self.g.current[b]) {
@@ -391,18 +396,21 @@ pub(super) fn choose(v: &mut View, ip: Option<IpAddr>, key: Option<&[u8]>) -> Fo
 }
 
 fn round_robin(v: &mut View) -> Found {
-    let mut any_full = false;
     for backup in [false, true] {
-        // The tier is walked twice rather than its usable servers collected: this is every
-        // proxied request's path, and the list was an allocation per request.
-        any_full |= v.tier(backup).any(|i| v.fit(i) == Fit::Full);
+        // The tier's usable servers are walked in place rather than collected: this is
+        // every proxied request's path, and the list was an allocation per request.
         let usable =
             |v: &View, i: usize| v.up.servers[i].backup == backup && v.fit(i) == Fit::Usable;
         if let Some(i) = v.swrr_where(usable) {
             return Found::Server(i);
         }
     }
-    if any_full {
+    // Only when none is usable: whether some are at `max_conns` (the request may wait).
+    // Looked at up front, it was each server's fitness taken twice per request.
+    if [false, true]
+        .into_iter()
+        .any(|backup| v.tier(backup).any(|i| v.fit(i) == Fit::Full))
+    {
         Found::Full
     } else {
         Found::None

@@ -59,6 +59,12 @@ fill "$HERE/server.conf" > "$W/server.conf"
 
 taskset -c 1 nginx -p "$W/" -c "$W/origin.conf" &
 origin=$!
+# The origin first: a server whose first request finds it not listening yet marks it down
+# (max_fails) and answers 502 to the warm-up.
+for _ in $(seq 1 300); do
+    curl -s -o /dev/null "http://127.0.0.1:$ORIGIN/" && break
+    sleep 0.1
+done
 case $SERVER in
 gannet) BIN=${GANNET_BIN:-$REPO/target/release/gannet} ;;
 nginx) BIN=/usr/sbin/nginx ;;

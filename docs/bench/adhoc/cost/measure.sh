@@ -8,17 +8,25 @@
 # the floor):
 #   bash measure.sh BINARY|floor LABEL PATH [REQUESTS] [cg|sys]
 # PATH: /robots.txt (static) or /px/ad.json (proxied to the back end, started here).
-# BINARY "floor" is arena/arena/servers/floor.c (built on first use): recv + send only.
+# BINARY "floor" is arena/arena/servers/floor.c (built on first use): recv + send only;
+# "nginx" is Debian's nginx with the same gannet.conf (`daemon off` added); "haproxy" is
+# Debian's HAProxy with haproxy.cfg (one thread, `http-reuse always`, no log).
+# LOG=off (environment) turns gannet's and nginx's access log off, as the arena's tuned
+# profile has it (HAProxy logs nothing either way).
+# WORK and PORT (environment) change the scratch folder and the port (default /tmp/cost, 18120).
 # HEADERS (environment, one "Name: value" a line) adds request fields, e.g. a browser's.
 set -u
 B=$1; L=$2; P=$3; N=${4:-20000}; MODE=${5:-cg}
 HERE=$(cd "$(dirname "$0")" && pwd); REPO=$(cd "$HERE/../../../.." && pwd)
-W=${WORK:-/tmp/cost}; PORT=18120
+W=${WORK:-/tmp/cost}; PORT=${PORT:-18120}
 mkdir -p "$W/www"
 cp "$HERE/../robots/robots.txt" "$HERE/../proxy/ad.json" "$W/www/"
 H=()
 while IFS= read -r h; do [ -n "$h" ] && H+=(-H "$h"); done <<< "${HEADERS:-}"
-fill() { sed -e "s#WORK#$W#g" -e "s#PORT#$PORT#g" -e "s#MIME#$REPO/conf/mime.types#g" "$1"; }
+fill() {
+  sed -e "s#WORK#$W#g" -e "s#PORT#$PORT#g" -e "s#MIME#$REPO/conf/mime.types#g" "$1" |
+    if [ "${LOG:-on}" = off ]; then sed -e "s#^\( *access_log\) .*#\1 off;#"; else cat; fi
+}
 if [[ $P == /px/* ]] && ! curl -s -o /dev/null http://127.0.0.1:18090/ad.json; then
   fill "$HERE/backend.conf" > "$W/backend.conf"
   taskset -c 1 nginx -p "$W" -c "$W/backend.conf" > "$W/backend.log" 2>&1 &
@@ -27,6 +35,12 @@ fi
 if [ "$B" = floor ]; then
   [ -x "$W/floor" ] || gcc -O2 -o "$W/floor" "$REPO/arena/arena/servers/floor.c"
   CMD=("$W/floor" 127.0.0.1 $PORT "$W/www")
+elif [ "$B" = haproxy ]; then
+  fill "$HERE/haproxy.cfg" > "$W/$L.conf"
+  CMD=(haproxy -db -f "$W/$L.conf")
+elif [ "$B" = nginx ]; then
+  fill "$HERE/gannet.conf" > "$W/$L.conf"
+  CMD=(nginx -p "$W" -g "daemon off;" -c "$W/$L.conf")
 else
   fill "$HERE/gannet.conf" > "$W/$L.conf"
   CMD=("$B" -c "$W/$L.conf")

@@ -40,7 +40,7 @@ pub fn copy_move(req: &Request, mv: bool) -> Flow {
     }
     // An alias location maps only URIs at least as long as its prefix.
     if req.conf.core.alias.is_some() {
-        let prefix = req.location.as_ref().map_or(0, |l| l.prefix().len());
+        let prefix = req.conf.core.alias_of.as_deref().map_or(0, str::len);
         if duri.len() < prefix {
             return invalid_destination(req, &dest);
         }
