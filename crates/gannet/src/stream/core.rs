@@ -410,6 +410,13 @@ impl Found {
 
 /// Serve one accepted TCP connection of stream listen `idx`: its default server first,
 /// the one SNI names once the handshake or `ssl_preread` has read it.
+///
+/// Its future holds only the plain path's states: every wait off it (TLS, `ssl_preread`,
+/// a PROXY header, the buffered relay, a resolver, an upstream handshake) is a boxed
+/// future of its own. With them inline it was 19 KB, which tokio boxed at the spawn and
+/// which was moved whole into the error-log scope: a 19 KB `memcpy` per session, two
+/// thirds of a short session's user-space instructions
+/// (docs/bench/l4-proxy-report.md).
 pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, idx: usize) {
     let Some(conf) = w.config.stream.clone() else {
         w.connection_closed();
@@ -487,7 +494,9 @@ async fn run_tcp(
             local: s.local,
         };
         let start = std::time::Instant::now();
-        match crate::conn::proxy_protocol::read_for(tcp, &who, c.proxy_protocol_timeout).await {
+        // Boxed, as every wait off the plain path (see `serve_tcp`).
+        let read = crate::conn::proxy_protocol::read_for(tcp, &who, c.proxy_protocol_timeout);
+        match Box::pin(read).await {
             Ok(addrs) => s.proxy_protocol = addrs,
             // nginx: a timeout ends the session with 200, a broken header with 400.
             Err(()) if start.elapsed() >= c.proxy_protocol_timeout => return,
@@ -507,24 +516,7 @@ async fn run_tcp(
         return;
     }
     if ssl {
-        let mut found = None;
-        let choose = |name: &str| {
-            found = find_virtual(virtuals, name);
-            pick_tls(&default, found.as_ref().map(|f| &f.server))
-        };
-        let Ok(tcp) = client.into_tokio() else {
-            s.status = 500;
-            return;
-        };
-        let tls = super::ssl::handshake(choose, c.ssl.handshake_timeout, tcp, s).await;
-        if let Some(f) = found {
-            *srv = f.enter(s);
-        }
-        match tls {
-            Some(tls) => content(w, srv, &default, tls, Vec::new(), s).await,
-            None => s.status = 500,
-        }
-        return;
+        return Box::pin(run_tls(w, srv, &default, virtuals, client, s)).await;
     }
     let mut head = Vec::new();
     if c.preread.on {
@@ -532,7 +524,8 @@ async fn run_tcp(
             s.status = 500;
             return;
         };
-        if let Err(status) = super::ssl_preread::run(&c.preread, tcp, &mut head, s).await {
+        let preread = super::ssl_preread::run(&c.preread, tcp, &mut head, s);
+        if let Err(status) = Box::pin(preread).await {
             s.status = status;
             return;
         }
@@ -541,6 +534,38 @@ async fn run_tcp(
         }
     }
     content(w, srv, &default, client, head, s).await
+}
+
+/// `listen ... ssl`: the handshake, then the content phase over TLS. A future of its own,
+/// boxed by the caller: the TLS states are most of a session's future, and a plain
+/// session's future is moved whole (at the spawn and into its error-log scope), so it is
+/// kept to what the plain path needs.
+async fn run_tls(
+    w: &Rc<Worker>,
+    srv: &mut Arc<Server>,
+    default: &Arc<Server>,
+    virtuals: &[Arc<Server>],
+    client: Sock,
+    s: &mut Session,
+) {
+    let c = &default.conf;
+    let mut found = None;
+    let choose = |name: &str| {
+        found = find_virtual(virtuals, name);
+        pick_tls(default, found.as_ref().map(|f| &f.server))
+    };
+    let Ok(tcp) = client.into_tokio() else {
+        s.status = 500;
+        return;
+    };
+    let tls = super::ssl::handshake(choose, c.ssl.handshake_timeout, tcp, s).await;
+    if let Some(f) = found {
+        *srv = f.enter(s);
+    }
+    match tls {
+        Some(tls) => content(w, srv, default, tls, Vec::new(), s).await,
+        None => s.status = 500,
+    }
 }
 
 /// nginx's SNI callback: the TLS setup of the server the name chose (`None`: no server

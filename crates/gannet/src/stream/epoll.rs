@@ -15,6 +15,7 @@
 
 use std::cell::RefCell;
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
@@ -227,12 +228,15 @@ impl Epoll {
 
     /// Read the events the set has and wake their sessions; true when there may be more.
     fn take_events(&self) -> bool {
-        let mut events = [libc::epoll_event { events: 0, u64: 0 }; BATCH];
-        // SAFETY: `events` is a writable array of BATCH epoll_events, as the length says.
+        // Not zeroed: the kernel writes the first `n`, and only those are read. Zeroing
+        // the 3 KB array was a `memset` per call, about 1,000 instructions per session.
+        let mut events = [const { MaybeUninit::<libc::epoll_event>::uninit() }; BATCH];
+        // SAFETY: `events` is a writable array of BATCH epoll_events, as the length says
+        // (`MaybeUninit<T>` has `T`'s layout).
         let n = unsafe {
             libc::epoll_wait(
                 self.fd.as_raw_fd(),
-                events.as_mut_ptr(),
+                events.as_mut_ptr().cast(),
                 BATCH as libc::c_int,
                 0,
             )
@@ -240,7 +244,9 @@ impl Epoll {
         let Ok(n) = usize::try_from(n) else {
             return false;
         };
-        for ev in &events[..n] {
+        for ev in &events[..n.min(BATCH)] {
+            // SAFETY: epoll_wait filled the first `n` entries (n <= BATCH).
+            let ev = unsafe { ev.assume_init_read() };
             let (index, gen) = (ev.u64 as u32, (ev.u64 >> 32) as u32);
             let bits = ev.events as libc::c_int;
             let mut ready = 0;

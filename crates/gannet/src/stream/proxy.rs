@@ -392,7 +392,8 @@ async fn group_for(srv: &Server, s: &Session) -> Result<Arc<Group>, u16> {
         ));
         return Err(500);
     };
-    match resolver.lookup(host, srv.conf.resolver_timeout).await {
+    // Boxed: off the plain path, whose future stays small (`core::serve_tcp`).
+    match Box::pin(resolver.lookup(host, srv.conf.resolver_timeout)).await {
         Ok((ips, _)) => {
             let addrs: Vec<Addr> = ips
                 .into_iter()
@@ -504,19 +505,18 @@ pub(super) fn log_timed_out(id: u64) {
 /// bytes, sent as the connect completes (an address without `proxy_bind` only; see
 /// `relay::connect`).
 async fn connect(
-    addr: &Addr,
+    (addr, parsed): (&Addr, Option<SocketAddr>),
     (timeout, timers): (Duration, &crate::runtime::read_timers::ReadTimers),
     local: Option<(SocketAddr, bool)>,
     nodelay: bool,
     early: Option<&mut Early>,
 ) -> std::io::Result<Socket> {
-    if let (Addr::Tcp(a), None, Some(early)) = (addr, local, early) {
-        if let Ok(to) = a.parse::<SocketAddr>() {
-            let sock = super::relay::connect(timers, to, timeout, nodelay, early).await?;
-            return Ok(Socket::Tcp(sock));
-        }
+    if let (Some(to), None, Some(early)) = (parsed, local, early) {
+        let sock = super::relay::connect(timers, to, timeout, nodelay, early).await?;
+        return Ok(Socket::Tcp(sock));
     }
-    let fut = async {
+    // Boxed: off the plain path, whose future stays small (`core::serve_tcp`).
+    let fut = Box::pin(async {
         let tcp = match (addr, local) {
             (Addr::Tcp(a), Some((from, transparent))) => {
                 let to = tokio::net::lookup_host(&**a)
@@ -544,7 +544,7 @@ async fn connect(
             let _ = tcp.set_nodelay(true);
         }
         Ok(Socket::Tcp(Sock::Reg(tcp)))
-    };
+    });
     match tokio::time::timeout(timeout, fut).await {
         Ok(r) => r,
         Err(_) => Err(timed_out()),
@@ -636,7 +636,8 @@ async fn connect_upstream(
         });
         let timeout = (c.connect_timeout, &*w.timers);
         let nodelay = srv.conf.tcp_nodelay;
-        let conn = match connect(addr, timeout, local, nodelay, early.as_deref_mut()).await {
+        let to = (addr, group.socks.get(i).copied().flatten());
+        let conn = match connect(to, timeout, local, nodelay, early.as_deref_mut()).await {
             Ok(sock) => {
                 if crate::errlog::admits(crate::errlog::Level::Info) {
                     crate::errlog::log(
@@ -658,7 +659,8 @@ async fn connect_upstream(
                             Socket::Unix(u) => Ok(Box::new(u)),
                         };
                         match conn {
-                            Ok(conn) => ssl_handshake(w, srv, s, &group, setup, conn)
+                            // Boxed: off the plain path (`core::serve_tcp`).
+                            Ok(conn) => Box::pin(ssl_handshake(w, srv, s, &group, setup, conn))
                                 .await
                                 .map(Up::Other),
                             Err(e) => Err((
@@ -815,6 +817,15 @@ where
     let Some(client) = client else {
         return;
     };
+    // Boxed: off the plain path, whose future stays small (`core::serve_tcp`).
+    Box::pin(tcp_buffered(w, srv, client, head, s)).await
+}
+
+/// A client that is not a plain socket (TLS), or a paced session: the buffered relay.
+async fn tcp_buffered<C>(w: &Rc<Worker>, srv: &Server, client: C, head: Vec<u8>, s: &mut Session)
+where
+    C: AsyncRead + AsyncWrite + Unpin + 'static,
+{
     let Some((up, _lease, _group, _)) = connect_upstream(w, srv, s, None).await else {
         return;
     };
@@ -822,7 +833,7 @@ where
         s.status = 502;
         return;
     };
-    let pre = preamble(c, s, head);
+    let pre = preamble(&srv.conf.proxy, s, head);
     relay(srv, client, conn, pre, s).await
 }
 
@@ -841,7 +852,8 @@ async fn tcp_plain(w: &Rc<Worker>, srv: &Server, client: Sock, head: Vec<u8>, s:
         Up::Plain(up) => up,
         Up::Other(conn) => {
             let (client, pre) = early.into_parts();
-            return relay(srv, client, conn, pre, s).await;
+            // Boxed: off the plain path (`core::serve_tcp`).
+            return Box::pin(relay(srv, client, conn, pre, s)).await;
         }
     };
     let conf = super::relay::Conf {

@@ -16,6 +16,18 @@ pub struct Group {
     pub group: Arc<crate::upstream::Upstream>,
     /// `hash KEY`'s key, in stream variables.
     pub key: Option<Template>,
+    /// Each server's address parsed once (`None`: a unix socket, or a name), so that a
+    /// session's connect does not parse its text again (~340 instructions).
+    pub socks: Vec<Option<std::net::SocketAddr>>,
+}
+
+/// The servers' addresses, parsed (see [`Group::socks`]).
+fn socks(group: &crate::upstream::Upstream) -> Vec<Option<std::net::SocketAddr>> {
+    let parse = |a: &crate::upstream::Addr| match a {
+        crate::upstream::Addr::Tcp(t) => t.parse().ok(),
+        crate::upstream::Addr::Unix(_) => None,
+    };
+    group.servers.iter().map(|s| parse(&s.addr)).collect()
 }
 
 impl Group {
@@ -52,6 +64,7 @@ pub fn parse(d: &Directive, maps: &Maps) -> Result<Group, ConfError> {
     }
     let group = crate::upstream::parse(&d, &(None, None))?;
     Ok(Group {
+        socks: socks(&group),
         group: Arc::new(group),
         key,
     })
@@ -77,8 +90,10 @@ pub fn single(addr: crate::upstream::Addr) -> Group {
 /// A round-robin group of servers with nginx's defaults (`proxy_pass $var` naming an
 /// address, or a name and the addresses it resolved to).
 pub fn of_addrs(name: &str, addrs: Vec<crate::upstream::Addr>) -> Group {
+    let group = crate::upstream::Upstream::of_addrs(name, addrs);
     Group {
-        group: Arc::new(crate::upstream::Upstream::of_addrs(name, addrs)),
+        socks: socks(&group),
+        group: Arc::new(group),
         key: None,
     }
 }
