@@ -66,6 +66,14 @@ def wait_until(fn, deadline: float = 5.0, every: float = 0.02):
         time.sleep(every)
 
 
+def log_lines(path: Path, n: int) -> list[str]:
+    """The sorted lines of the log at `path` once it has at least `n` (a server writes its
+    access log after the answer, so a client that has its answer waits for the line)."""
+    got = wait_until(lambda: path.exists() and len(path.read_text().splitlines()) >= n and path.read_text())
+    assert got, f"fewer than {n} lines in {path}"
+    return sorted(got.splitlines())
+
+
 def wait_port(port: int, proc: subprocess.Popen | None = None, deadline: float = 10.0) -> None:
     """Poll until something accepts on the port (or the process died)."""
     end = time.monotonic() + deadline

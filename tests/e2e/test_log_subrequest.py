@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import wait_until
+from conftest import log_lines
 from nginx_peer import NGINX, PEER_MAIN, exchange, side_by_side
 
 CONF = PEER_MAIN + r"""
@@ -42,10 +42,7 @@ def req(path: str) -> bytes:
 
 
 def lines(tmp, n: int) -> list[str]:
-    path = tmp / "access.log"
-    got = wait_until(lambda: path.exists() and len(path.read_text().splitlines()) >= n and path.read_text())
-    assert got, f"fewer than {n} lines in {path}"
-    return sorted(got.splitlines())
+    return log_lines(tmp / "access.log", n)
 
 
 @pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")

@@ -245,17 +245,11 @@ impl Resolver {
 /// One PTR question to `server`: its answer, or `None` when none came (or not one to
 /// this question).
 async fn ptr_query(server: SocketAddr, ip: IpAddr) -> Option<Result<String, Failure>> {
-    use hickory_resolver::proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+    use hickory_resolver::proto::op::{Message, ResponseCode};
     use hickory_resolver::proto::rr::Name;
     use hickory_resolver::proto::serialize::binary::BinDecodable;
-    let id = fastrand::u16(..);
-    let mut m = Message::new();
-    m.set_id(id)
-        .set_message_type(MessageType::Query)
-        .set_op_code(OpCode::Query)
-        .set_recursion_desired(true)
-        .add_query(Query::query(Name::from(ip), RecordType::PTR));
-    let bytes = m.to_vec().ok()?;
+    let (id, bytes) = query::question(Name::from(ip), RecordType::PTR);
+    let bytes = bytes?;
     let sock = query::udp_socket(server).await?;
     sock.send(&bytes).await.ok()?;
     let mut buf = vec![0u8; 4096];

@@ -225,9 +225,17 @@ impl Upstream {
     /// stream `proxy_pass` with variables naming an address or a name).
     pub fn of_addrs(name: &str, addrs: Vec<Addr>) -> Upstream {
         Upstream {
-            name: name.to_string(),
             health: addrs.iter().map(|_| AtomicBool::new(true)).collect(),
             servers: addrs.into_iter().map(Server::new).collect(),
+            ..Upstream::empty(name.to_string())
+        }
+    }
+
+    /// A group without servers, with nginx's defaults (round robin, no kept connections).
+    fn empty(name: String) -> Upstream {
+        Upstream {
+            name,
+            servers: Vec::new(),
             keepalive: 0,
             keepalive_timeout: Duration::from_secs(60),
             keepalive_requests: 1000,
@@ -235,6 +243,7 @@ impl Upstream {
             queue: None,
             method: Method::RoundRobin,
             slow_start: false,
+            health: Box::new([]),
         }
     }
 
@@ -325,18 +334,7 @@ pub type HttpResolver = (Option<Arc<crate::resolver::Resolver>>, Option<Duration
 
 /// Parse an `upstream` block.
 pub fn parse(d: &Directive, http: &HttpResolver) -> Result<Upstream, ConfError> {
-    let mut up = Upstream {
-        name: d.args[0].clone(),
-        servers: Vec::new(),
-        keepalive: 0,
-        keepalive_timeout: Duration::from_secs(60),
-        keepalive_requests: 1000,
-        keepalive_time: Duration::from_secs(3600),
-        queue: None,
-        method: Method::RoundRobin,
-        slow_start: false,
-        health: Box::new([]),
-    };
+    let mut up = Upstream::empty(d.args[0].clone());
     let mut method_set = false;
     let mut zone = false;
     let (mut resolver, mut resolver_timeout) = (None, None);

@@ -70,6 +70,19 @@ struct Lookup {
     ttl: u32,
 }
 
+/// One recursive question for `name`'s `kind` records under a random id: the id, and the
+/// message as sent (`None` when it cannot be encoded).
+pub fn question(name: Name, kind: RecordType) -> (u16, Option<Vec<u8>>) {
+    let id = fastrand::u16(..);
+    let mut m = Message::new();
+    m.set_id(id)
+        .set_message_type(MessageType::Query)
+        .set_op_code(OpCode::Query)
+        .set_recursion_desired(true)
+        .add_query(Query::query(name, kind));
+    (id, m.to_vec().ok())
+}
+
 /// Resolve `key` (lower case, no final dot) asking `servers` in turn from `first`; the
 /// answer and its TTL in seconds. Runs until it has an answer: the caller bounds it.
 pub async fn resolve(
@@ -92,14 +105,7 @@ pub async fn resolve(
         if !on {
             continue;
         }
-        let id = fastrand::u16(..);
-        let mut m = Message::new();
-        m.set_id(id)
-            .set_message_type(MessageType::Query)
-            .set_op_code(OpCode::Query)
-            .set_recursion_desired(true)
-            .add_query(Query::query(name.clone(), kind));
-        let Ok(bytes) = m.to_vec() else {
+        let (id, Some(bytes)) = question(name.clone(), kind) else {
             return Err(Failure::NotFound);
         };
         n.asked.push(Asked {
