@@ -22,7 +22,7 @@ use super::exchange::{self, Exchange, Reset};
 use super::gateway::{Outcome, Tunnel};
 use super::grpc::Served;
 use super::h2_flood::{Flood, FloodGuard};
-use super::h2_mend::{HpackMend, Refused};
+use super::h2_mend::{Fault, HpackMend, Refused};
 use super::h2_response;
 use super::request_body::Failed;
 use super::source::Source;
@@ -296,7 +296,7 @@ async fn stream(
     req: http::Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
     _in_flight: InFlight,
-    noted: (bool, Option<u32>),
+    noted: (Option<Fault>, Option<u32>),
 ) {
     let (parts, mut recv) = req.into_parts();
     w.stats.request();
@@ -317,8 +317,9 @@ async fn stream(
 const DISCARD_MAX: u64 = 1024 * 1024;
 
 /// The request through the pipeline, and its answer. Returns the `client_body_timeout` in
-/// force. `noted` by `conn::h2_mend`: a field nginx refuses came with it (400), and the
-/// header block's length (`$request_length`).
+/// force. `noted` by `conn::h2_mend`: a field nginx refuses came with it (400) or the method
+/// was CONNECT (405; the codec was given OPTIONS), and the header block's length
+/// (`$request_length`).
 async fn answer(
     w: &Rc<Worker>,
     info: ConnInfo,
@@ -326,7 +327,7 @@ async fn answer(
     parts: http::request::Parts,
     recv: &mut RecvStream,
     respond: &mut SendResponse<Bytes>,
-    (bad, head_len): (bool, Option<u32>),
+    (fault, head_len): (Option<Fault>, Option<u32>),
 ) -> Duration {
     let g = &w.config.listens[group];
     let default = g.servers[g.default].clone();
@@ -339,16 +340,18 @@ async fn answer(
     let authority = parts.uri.authority().map(|a| a.as_str());
     // nginx's ngx_http_v2_parse_method: upper-case letters, `_` and `-` only (the codec
     // takes any token).
-    let method_ok = parts
-        .method
-        .as_str()
+    let method = match fault {
+        Some(Fault::Connect) => "CONNECT",
+        _ => parts.method.as_str(),
+    };
+    let method_ok = method
         .bytes()
         .all(|c| c.is_ascii_uppercase() || c == b'_' || c == b'-');
-    let parsed = match (bad, method_ok) {
+    let parsed = match (fault == Some(Fault::Invalid), method_ok) {
         (true, _) => Err(ParseError::BadRequest("client sent invalid header")),
         (false, false) => Err(ParseError::BadRequest("client sent invalid method")),
         (false, true) => RequestHead::from_fields(
-            parts.method.as_str(),
+            method,
             target,
             authority,
             fields,
@@ -362,7 +365,7 @@ async fn answer(
     let (head, target) = match parsed {
         Ok(p) => p,
         Err(e) => {
-            let line = format!("{} {target} HTTP/2.0", parts.method);
+            let line = format!("{method} {target} HTTP/2.0");
             let head = RequestHead::unparsed(Bytes::from(line), false);
             let host = default.primary_name.clone();
             let mut req = Request::new(head, info, default.clone(), String::new(), None, host);

@@ -47,16 +47,29 @@ const MAX_FRAME: usize = 16 * 1024;
 /// HEADERS and CONTINUATION payloads without padding or priority).
 #[derive(Default)]
 pub struct Refused {
-    ids: RefCell<Vec<u32>>,
+    ids: RefCell<Vec<(u32, Fault)>>,
     lens: RefCell<Vec<(u32, u32)>>,
 }
 
+/// What a request's header block had that the codec would not take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Nothing (or only surplus Huffman padding).
+    Lawful,
+    /// The method CONNECT, which the codec resets (it wants no :scheme and :path with it)
+    /// and nginx answers 405: given on as OPTIONS (the same length, so the dynamic table
+    /// keeps its size), the request then refused as CONNECT.
+    Connect,
+    /// A field nginx answers 400.
+    Invalid,
+}
+
 impl Refused {
-    /// Whether stream `id` was noted (it is forgotten then).
-    pub fn take(&self, id: u32) -> bool {
+    /// What stream `id` was noted for, if anything (it is forgotten then).
+    pub fn take(&self, id: u32) -> Option<Fault> {
         let mut ids = self.ids.borrow_mut();
-        let found = ids.iter().position(|&s| s == id);
-        found.map(|i| ids.swap_remove(i)).is_some()
+        let found = ids.iter().position(|&(s, _)| s == id);
+        found.map(|i| ids.swap_remove(i).1)
     }
 
     /// The length of stream `id`'s header block (forgotten then).
@@ -66,8 +79,8 @@ impl Refused {
         found.map(|i| lens.swap_remove(i).1)
     }
 
-    fn note(&self, id: u32) {
-        keep_last(&mut self.ids.borrow_mut(), id);
+    fn note(&self, id: u32, fault: Fault) {
+        keep_last(&mut self.ids.borrow_mut(), (id, fault));
     }
 
     fn note_len(&self, id: u32, len: usize) {
@@ -205,10 +218,10 @@ impl<IO> HpackMend<IO> {
                 }
             }
             match mend_block(&block, check, request) {
-                Some((frame, bad)) => {
-                    if let (true, Some(r)) = (bad, &self.refused) {
+                Some((frame, fault)) => {
+                    if let (true, Some(r)) = (fault != Fault::Lawful, &self.refused) {
                         let h = &frame[5..9];
-                        r.note(u32::from_be_bytes([h[0] & 0x7f, h[1], h[2], h[3]]));
+                        r.note(u32::from_be_bytes([h[0] & 0x7f, h[1], h[2], h[3]]), fault);
                     }
                     self.ready.extend_from_slice(&frame);
                 }
@@ -249,7 +262,7 @@ fn block_end(buf: &[u8]) -> Option<usize> {
 /// refuses made lawful: then `true`; `request`: it opens a request); `None` when nothing
 /// needed mending or the block is not one this reader understands (then the codec judges
 /// it).
-fn mend_block(frames: &[u8], check: bool, request: bool) -> Option<(BytesMut, bool)> {
+fn mend_block(frames: &[u8], check: bool, request: bool) -> Option<(BytesMut, Fault)> {
     let h = &frames[..9];
     if h[3] != HEADERS {
         return None;
@@ -277,7 +290,7 @@ fn mend_block(frames: &[u8], check: bool, request: bool) -> Option<(BytesMut, bo
     if last_flags & END_HEADERS == 0 {
         return None;
     }
-    let (mended, bad) = mend_fields(&block, check, request)?;
+    let (mended, fault) = mend_fields(&block, check, request)?;
     // One HEADERS frame, then CONTINUATION frames past the largest frame.
     let mut out = BytesMut::with_capacity(prefix.len() + mended.len() + 9);
     let first = mended.len().min(MAX_FRAME - prefix.len());
@@ -298,17 +311,18 @@ fn mend_block(frames: &[u8], check: bool, request: bool) -> Option<(BytesMut, bo
         out.extend_from_slice(sid);
         out.extend_from_slice(piece);
     }
-    Some((out, bad))
+    Some((out, fault))
 }
 
 /// The field representations of a header block (RFC 7541 6) with each Huffman string's
 /// surplus padding bytes dropped, and with `check` the fields nginx refuses made lawful
 /// (then `true`); `None` if nothing changed (or the block does not parse). `request`: the
 /// block opens a request (not trailers), whose pseudo-headers are checked too.
-fn mend_fields(block: &[u8], check: bool, request: bool) -> Option<(Vec<u8>, bool)> {
+fn mend_fields(block: &[u8], check: bool, request: bool) -> Option<(Vec<u8>, Fault)> {
     let mut out = Vec::with_capacity(block.len());
     let mut changed = false;
     let mut bad = false;
+    let mut connect = false;
     let mut at = 0;
     // Where missing pseudo-headers would go: after the leading table size updates.
     let mut head = None;
@@ -354,6 +368,7 @@ fn mend_fields(block: &[u8], check: bool, request: bool) -> Option<(Vec<u8>, boo
         }
         out.extend_from_slice(&block[start..at]);
         let mut path = check && request && strings == 1 && matches!(index, 4 | 5);
+        let mut method = check && request && strings == 1 && matches!(index, 2 | 3);
         // The value of `:authority` (static entry 1) or Host (38): `Some(pseudo)`.
         let mut authority = match (strings, index) {
             (1, 1) if check && request => Some(true),
@@ -367,6 +382,20 @@ fn mend_fields(block: &[u8], check: bool, request: bool) -> Option<(Vec<u8>, boo
             let s = block.get(at + n..at + n + len)?;
             at += n + len;
             let kept = if huffman { trim_padding(s) } else { s };
+            if method && k + 1 == strings {
+                let value = if huffman {
+                    decoded(kept)
+                } else {
+                    Some(kept.to_vec())
+                };
+                if value.as_deref() == Some(b"CONNECT") {
+                    connect = true;
+                    changed = true;
+                    put_int(&mut out, 7, 7, 0);
+                    out.extend_from_slice(b"OPTIONS");
+                    continue;
+                }
+            }
             // A literal name (Huffman-coded ones decoded: names are few, values many) and
             // a plain value, checked as nginx checks them.
             let is_name = strings == 2 && k == 0;
@@ -378,7 +407,10 @@ fn mend_fields(block: &[u8], check: bool, request: bool) -> Option<(Vec<u8>, boo
                 };
                 if let Some(name) = &name {
                     match name.as_slice() {
-                        b":method" => seen[0] = true,
+                        b":method" => {
+                            seen[0] = true;
+                            method = request;
+                        }
                         b":scheme" => seen[1] = true,
                         b":path" => {
                             seen[2] = true;
@@ -431,7 +463,12 @@ fn mend_fields(block: &[u8], check: bool, request: bool) -> Option<(Vec<u8>, boo
         bad = true;
         changed = true;
     }
-    changed.then_some((out, bad))
+    let fault = match (bad, connect) {
+        (true, _) => Fault::Invalid,
+        (false, true) => Fault::Connect,
+        (false, false) => Fault::Lawful,
+    };
+    changed.then_some((out, fault))
 }
 
 /// A plain `:path` nginx answers 400 (not `/...` nor `*`, or with a space or a control
@@ -684,11 +721,14 @@ mod tests {
         block.extend(field("x-a", &padded));
         let mut want = vec![0x82];
         want.extend(field("x-a", &lawful));
-        assert_eq!(mend_fields(&block, false, true), Some((want, false)));
+        assert_eq!(
+            mend_fields(&block, false, true),
+            Some((want, Fault::Lawful))
+        );
         // An empty value as the single byte 0xff: an empty plain string.
         assert_eq!(
             mend_fields(&field("x-b", &[0xff]), false, true),
-            Some((vec![0x00, 3, b'x', b'-', b'b', 0x00], false))
+            Some((vec![0x00, 3, b'x', b'-', b'b', 0x00], Fault::Lawful))
         );
     }
 
@@ -711,7 +751,11 @@ mod tests {
             (b"x-foo", b"x\r\nreferer: y", b"x-foo", b"x  referer: y"),
         ] {
             let got = mend_fields(&plain(name, value), true, false);
-            assert_eq!(got, Some((plain(want_name, want_value), true)), "{name:?}");
+            assert_eq!(
+                got,
+                Some((plain(want_name, want_value), Fault::Invalid)),
+                "{name:?}"
+            );
             // Not on an upstream's connection: the codec judges.
             assert_eq!(mend_fields(&plain(name, value), false, false), None);
         }
@@ -723,16 +767,18 @@ mod tests {
         b.extend([0x03, b'b', b'a', b'r']);
         assert_eq!(
             mend_fields(&b, true, false),
-            Some((plain(b"x-foo", b"bar"), true))
+            Some((plain(b"x-foo", b"bar"), Fault::Invalid))
         );
         for ok in [&b"x-foo"[..], b"x_foo", b":path", b"x.foo", b"X-Upper"] {
             assert_eq!(mend_fields(&plain(ok, b"bar"), true, false), None, "{ok:?}");
         }
         let r = Refused::default();
-        r.note(3);
-        assert!(!r.take(1));
-        assert!(r.take(3));
-        assert!(!r.take(3));
+        r.note(3, Fault::Invalid);
+        r.note(5, Fault::Connect);
+        assert_eq!(r.take(1), None);
+        assert_eq!(r.take(3), Some(Fault::Invalid));
+        assert_eq!(r.take(3), None);
+        assert_eq!(r.take(5), Some(Fault::Connect));
     }
 
     #[test]
@@ -774,49 +820,103 @@ mod tests {
     }
 
     #[test]
+    fn connect_is_given_on_as_options_and_noted() {
+        let tail = [0x86, 0x84];
+        // Indexed name (:method, static 2) with incremental indexing; plain and Huffman.
+        let mut plain = vec![0x42, 7];
+        plain.extend(b"CONNECT");
+        plain.extend(tail);
+        let mut want = vec![0x42, 7];
+        want.extend(b"OPTIONS");
+        want.extend(tail);
+        assert_eq!(
+            mend_fields(&plain, true, true),
+            Some((want.clone(), Fault::Connect))
+        );
+        let h = huff(b"CONNECT");
+        let mut coded = vec![0x42, 0x80 | h.len() as u8];
+        coded.extend(&h);
+        coded.extend(tail);
+        assert_eq!(
+            mend_fields(&coded, true, true),
+            Some((want, Fault::Connect))
+        );
+        // A literal name.
+        let mut literal = vec![0x00, 7];
+        literal.extend(b":method\x07CONNECT");
+        literal.extend(tail);
+        let mut want = vec![0x00, 7];
+        want.extend(b":method\x07OPTIONS");
+        want.extend(tail);
+        assert_eq!(
+            mend_fields(&literal, true, true),
+            Some((want, Fault::Connect))
+        );
+        // Other methods, trailers and an upstream's answers are left alone.
+        assert_eq!(
+            mend_fields(&[0x42, 3, b'G', b'E', b'T', 0x86, 0x84], true, true),
+            None
+        );
+        assert_eq!(mend_fields(&plain, true, false), None);
+        assert_eq!(mend_fields(&plain, false, true), None);
+    }
+
+    #[test]
     fn requests_nginx_answers_400_are_made_lawful_and_noted() {
         // No :method nor :scheme: GET and http from the static table, first.
         let got = mend_fields(&[0x84, 0x41, 1, b'a'], true, true);
-        assert_eq!(got, Some((vec![0x82, 0x86, 0x84, 0x41, 1, b'a'], true)));
+        assert_eq!(
+            got,
+            Some((vec![0x82, 0x86, 0x84, 0x41, 1, b'a'], Fault::Invalid))
+        );
         // ... after a table size update.
         let got = mend_fields(&[0x3f, 0x01, 0x84, 0x82], true, true);
-        assert_eq!(got, Some((vec![0x3f, 0x01, 0x86, 0x84, 0x82], true)));
+        assert_eq!(
+            got,
+            Some((vec![0x3f, 0x01, 0x86, 0x84, 0x82], Fault::Invalid))
+        );
         // Trailers, or a field named from the dynamic table: left alone.
         assert_eq!(mend_fields(&[0x40, 1, b'a', 1, b'b'], true, false), None);
         assert_eq!(mend_fields(&[0x82, 0xbe, 0x86], true, true), None);
         // An empty :authority (the static entry) dropped.
         let got = mend_fields(&[0x82, 0x86, 0x84, 0x81], true, true);
-        assert_eq!(got, Some((vec![0x82, 0x86, 0x84], true)));
+        assert_eq!(got, Some((vec![0x82, 0x86, 0x84], Fault::Invalid)));
         // A :path not from the root, or with a control character.
         let got = mend_fields(&[0x82, 0x86, 0x44, 3, b'a', b'/', b'b'], true, true);
         assert_eq!(
             got,
-            Some((vec![0x82, 0x86, 0x44, 3, b'/', b'/', b'b'], true))
+            Some((vec![0x82, 0x86, 0x44, 3, b'/', b'/', b'b'], Fault::Invalid))
         );
         let got = mend_fields(&[0x82, 0x86, 0x04, 3, b'/', b'a', 2], true, true);
         assert_eq!(
             got,
-            Some((vec![0x82, 0x86, 0x04, 3, b'/', b'a', b'-'], true))
+            Some((vec![0x82, 0x86, 0x04, 3, b'/', b'a', b'-'], Fault::Invalid))
         );
         // An :authority that is none to the codec (empty, a path separator), or a Host
         // with a control character: as many `x`.
         let got = mend_fields(&[0x82, 0x86, 0x84, 0x41, 0], true, true);
-        assert_eq!(got, Some((vec![0x82, 0x86, 0x84, 0x41, 1, b'x'], true)));
+        assert_eq!(
+            got,
+            Some((vec![0x82, 0x86, 0x84, 0x41, 1, b'x'], Fault::Invalid))
+        );
         let got = mend_fields(&[0x82, 0x86, 0x84, 0x41, 3, 0x1b, b'/', b'a'], true, true);
         assert_eq!(
             got,
-            Some((vec![0x82, 0x86, 0x84, 0x41, 3, b'x', b'x', b'x'], true))
+            Some((
+                vec![0x82, 0x86, 0x84, 0x41, 3, b'x', b'x', b'x'],
+                Fault::Invalid
+            ))
         );
         let got = mend_fields(&[0x82, 0x86, 0x84, 0x66, 2, b'a', 2], true, true);
         assert_eq!(
             got,
-            Some((vec![0x82, 0x86, 0x84, 0x66, 2, b'x', b'x'], true))
+            Some((vec![0x82, 0x86, 0x84, 0x66, 2, b'x', b'x'], Fault::Invalid))
         );
         let host = [
             0x82, 0x86, 0x84, 0x40, 4, b'h', b'o', b's', b't', 2, b'a', 2,
         ];
         let got = mend_fields(&host, true, true).map(|(b, bad)| (b[10..].to_vec(), bad));
-        assert_eq!(got, Some((vec![b'x', b'x'], true)));
+        assert_eq!(got, Some((vec![b'x', b'x'], Fault::Invalid)));
         for fine in [
             &[0x82, 0x86, 0x84, 0x41, 1, b'a'][..],
             &[0x82, 0x86, 0x44, 1, b'*'],
@@ -839,8 +939,8 @@ mod tests {
         block.extend(&long);
         let mut frames = frame(HEADERS, 0x1, 5, &block[..10_000]);
         frames.extend(frame(CONTINUATION, END_HEADERS, 5, &block[10_000..]));
-        let (out, bad) = mend_block(&frames, true, false).unwrap();
-        assert!(!bad);
+        let (out, fault) = mend_block(&frames, true, false).unwrap();
+        assert_eq!(fault, Fault::Lawful);
         let mut want = field("x-a", &huff(b"aaaaaaaa"));
         want.extend(&long);
         let (first, rest) = out.split_at(9 + frame_len(&out));
