@@ -575,15 +575,24 @@ pub fn parse_request(
     let parsed = match parsed {
         Ok(Some(p)) => p,
         Ok(None) => {
+            // nginx refuses a method byte it does not take at once, not at the line's end
+            // (a lone CR may still be the start of an empty line's CRLF).
+            let open = memchr::memchr(b' ', buf).map_or(&buf[..], |sp| &buf[..sp]);
+            if open != b"\r" && !lawful_method(open) {
+                return Err(ParseError::BadRequest("client sent invalid method"));
+            }
             check_partial(buf, limits)?;
             return Ok(None);
         }
         Err(Fail::TooManyHeaders) => return Err(ParseError::HeaderTooLarge),
         Err(Fail::Parse(e)) => return Err(e),
     };
+    let method = Method::from_token(&buf[parsed.line.method.clone()]);
+    if method == Method::Other && !lawful_method(&buf[parsed.line.method.clone()]) {
+        return Err(ParseError::BadRequest("client sent invalid method"));
+    }
     let raw = buf.split_to(parsed.len).freeze();
     let ignored = parsed.ignored.into_iter().map(|r| raw.slice(r)).collect();
-    let method = Method::from_token(&raw[parsed.line.method.clone()]);
     Ok(Some(RequestHead {
         raw,
         method_range: parsed.line.method,
@@ -599,6 +608,13 @@ pub fn parse_request(
         added: 0,
         conditional: parsed.conditional,
     }))
+}
+
+/// A method nginx takes (`ngx_http_parse_request_line`, and HTTP/2's
+/// `ngx_http_v2_parse_method`): upper-case letters, `_` and `-`; anything else is its 400.
+pub fn lawful_method(m: &[u8]) -> bool {
+    m.iter()
+        .all(|&c| c.is_ascii_uppercase() || c == b'_' || c == b'-')
 }
 
 impl Method {

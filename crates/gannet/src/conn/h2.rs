@@ -344,9 +344,7 @@ async fn answer(
         Some(Fault::Connect) => "CONNECT",
         _ => parts.method.as_str(),
     };
-    let method_ok = method
-        .bytes()
-        .all(|c| c.is_ascii_uppercase() || c == b'_' || c == b'-');
+    let method_ok = gannet_proto::h1::parse::lawful_method(method.as_bytes());
     let parsed = match (fault == Some(Fault::Invalid), method_ok) {
         (true, _) => Err(ParseError::BadRequest("client sent invalid header")),
         (false, false) => Err(ParseError::BadRequest("client sent invalid method")),
