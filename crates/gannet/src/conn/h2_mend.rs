@@ -821,33 +821,19 @@ mod tests {
 
     #[test]
     fn connect_is_given_on_as_options_and_noted() {
-        let tail = [0x86, 0x84];
+        // A representation's head, its method value, then :scheme http and :path /.
+        let block = |head: &[u8], value: &[u8]| [head, value, &[0x86, 0x84]].concat();
         // Indexed name (:method, static 2) with incremental indexing; plain and Huffman.
-        let mut plain = vec![0x42, 7];
-        plain.extend(b"CONNECT");
-        plain.extend(tail);
-        let mut want = vec![0x42, 7];
-        want.extend(b"OPTIONS");
-        want.extend(tail);
-        assert_eq!(
-            mend_fields(&plain, true, true),
-            Some((want.clone(), Fault::Connect))
-        );
+        let plain = block(&[0x42, 7], b"CONNECT");
+        let want = block(&[0x42, 7], b"OPTIONS");
+        let wanted = Some((want, Fault::Connect));
+        assert_eq!(mend_fields(&plain, true, true), wanted);
         let h = huff(b"CONNECT");
-        let mut coded = vec![0x42, 0x80 | h.len() as u8];
-        coded.extend(&h);
-        coded.extend(tail);
-        assert_eq!(
-            mend_fields(&coded, true, true),
-            Some((want, Fault::Connect))
-        );
+        let coded = block(&[0x42, 0x80 | h.len() as u8], &h);
+        assert_eq!(mend_fields(&coded, true, true), wanted);
         // A literal name.
-        let mut literal = vec![0x00, 7];
-        literal.extend(b":method\x07CONNECT");
-        literal.extend(tail);
-        let mut want = vec![0x00, 7];
-        want.extend(b":method\x07OPTIONS");
-        want.extend(tail);
+        let literal = block(b"\x00\x07:method\x07", b"CONNECT");
+        let want = block(b"\x00\x07:method\x07", b"OPTIONS");
         assert_eq!(
             mend_fields(&literal, true, true),
             Some((want, Fault::Connect))
