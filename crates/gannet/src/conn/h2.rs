@@ -23,6 +23,7 @@ use super::gateway::{Outcome, Tunnel};
 use super::grpc::Served;
 use super::h2_flood::{Flood, FloodGuard};
 use super::h2_mend::{Fault, HpackMend, Refused};
+use super::h2_priority::{self, Priorities};
 use super::h2_response;
 use super::request_body::Failed;
 use super::source::Source;
@@ -103,8 +104,8 @@ where
         // header block in one HEADERS frame. Up to the header cap here (a DATA frame is
         // bounded by the stream's window anyway).
         .max_frame_size(header_cap.clamp(16 * 1024, (1 << 24) - 1))
-        // Room for four frames of the largest `http2_chunk_size` (a location may set its
-        // own, up to 16k; the server's would cap a location's larger frames).
+        // Room for four frames of 16k (the largest a client takes unless it says more) per
+        // stream: what one wait for window capacity may queue (`conn::h2_response`).
         .max_send_buffer_size(4 * 16 * 1024);
     let flood = Rc::new(Flood::default());
     let io = FloodGuard::new(io, flood.clone(), PREFACE.len());
@@ -115,7 +116,8 @@ where
     // A client's over-long Huffman padding is taken, and the fields nginx answers 400 are
     // noted (`conn::h2_mend`; after the preface, which `Prefixed` gives again).
     let refused = Rc::new(Refused::default());
-    let io = HpackMend::new(io, PREFACE.len(), Some(refused.clone()));
+    let prio = Rc::new(Priorities::default());
+    let io = HpackMend::new(io, PREFACE.len(), Some(refused.clone())).with_priorities(prio.clone());
     let handshake = builder.handshake::<_, Bytes>(io);
     let mut conn = match tokio::time::timeout(core.client_header_timeout(), handshake).await {
         Ok(Ok(c)) => c,
@@ -171,7 +173,7 @@ where
                 let id = u32::from(respond.stream_id());
                 let noted = (refused.take(id), refused.block_len(id));
                 let run = stream(w.clone(), info, group, req, respond, guard, noted);
-                tokio::task::spawn_local(run);
+                tokio::task::spawn_local(h2_priority::scope(prio.clone(), id, run));
                 if max_requests > 0 && requests >= max_requests && closing.is_none() {
                     conn.graceful_shutdown();
                     closing = Some(Instant::now());
