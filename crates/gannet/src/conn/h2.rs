@@ -101,9 +101,15 @@ where
         .initial_connection_window_size(CONN_WINDOW)
         .max_header_list_size(header_cap)
         // nginx takes frames of any size (it offers 2^24-1): a client may send its whole
-        // header block in one HEADERS frame. Up to the header cap here (a DATA frame is
-        // bounded by the stream's window anyway).
-        .max_frame_size(header_cap.clamp(16 * 1024, (1 << 24) - 1))
+        // header block in one HEADERS frame, or a stream's whole first window of body in
+        // one DATA frame. Up to the larger of the header cap and that window here (the
+        // codec holds a frame whole before it judges it; more DATA than the window would be
+        // a flow-control error anyway).
+        .max_frame_size(
+            header_cap
+                .max(h2c.body_preread_size())
+                .clamp(16 * 1024, (1 << 24) - 1),
+        )
         // Room for four frames of 16k (the largest a client takes unless it says more) per
         // stream: what one wait for window capacity may queue (`conn::h2_response`).
         .max_send_buffer_size(4 * 16 * 1024);
