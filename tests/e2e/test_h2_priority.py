@@ -4,7 +4,8 @@ out by the dependency tree (lower rank first, then the heavier weight) that PRIO
 and HEADERS priority fields built; a stream depending on itself ends the connection (GOAWAY
 PROTOCOL_ERROR); what is left of a file after the window closed comes as one frame with
 END_STREAM; frames are as large as `http2_chunk_size` and the client's
-SETTINGS_MAX_FRAME_SIZE allow.
+SETTINGS_MAX_FRAME_SIZE allow; and a client may send a stream's whole first window of body
+in one DATA frame (nginx takes frames up to 2^24-1).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ http {
     server {
         listen 127.0.0.1:{port} http2;
         root {root};
+        http2_body_preread_size 128k;
+        location /upload { return 204; }
         location /big/ {
             http2_chunk_size 64k;
             output_buffers 2 1m;
@@ -264,3 +267,20 @@ def test_frames_follow_the_clients_max_frame_size(tmp_path):
         want = both_at_once(nginx_port)
         assert want == [32768, 32768, 38]
         assert both_at_once(srv.port) == want
+
+
+def test_a_whole_window_of_body_in_one_frame_as_nginx(tmp_path):
+    """A 65,550-byte DATA frame (the stream's window is `http2_body_preread_size` 128k):
+    taken, where a 32k frame limit (the header cap) ended the connection."""
+    def run(port):
+        c = Client(port)
+        c.read_until(lambda fs: any(f[0] == WINDOW_UPDATE and f[2] == 0 for f in fs))
+        block = b"\x83\x86\x04\x07/upload\x01\x09localhost"  # POST
+        c.send(frame(HEADERS, END_HEADERS, 1, block) + frame(DATA, END_STREAM, 1, b"x" * 65550))
+        frames = c.read_until(lambda fs: any(f[0] in (HEADERS, GOAWAY) for f in fs))
+        return [(f[0], f[3][:1]) for f in frames if f[0] in (HEADERS, GOAWAY)]
+
+    with side_by_side(tmp_path, CONF, FILES) as (srv, nginx_port):
+        want = run(nginx_port)
+        assert want == [(HEADERS, b"\x89")]  # :status 204, indexed
+        assert run(srv.port) == want
