@@ -234,6 +234,7 @@ impl BodyOut for Out<'_> {
     async fn file(&mut self, f: &FileRange, end: bool) -> bool {
         let mut feed = FileFeed {
             f,
+            read: Bytes::new(),
             off: f.offset,
             stop: f.offset + f.len,
         };
@@ -267,22 +268,37 @@ impl Feed for Bytes {
     }
 }
 
+/// A file range, read [`FILE_READ`] at a time (as before frames were cut by the window: a
+/// window that opens 16k at a time costs no more reads), what a frame leaves of a read
+/// carried over to the next.
 struct FileFeed<'a> {
     f: &'a FileRange,
+    /// Read, not yet taken.
+    read: Bytes,
+    /// Where the file's next read starts, and where the range ends.
     off: u64,
     stop: u64,
 }
 
 impl Feed for FileFeed<'_> {
     fn left(&self) -> usize {
-        usize::try_from(self.stop - self.off).unwrap_or(usize::MAX)
+        let unread = usize::try_from(self.stop - self.off).unwrap_or(usize::MAX);
+        self.read.len().saturating_add(unread)
     }
     fn take(&mut self, n: usize) -> Option<Bytes> {
-        let mut buf = vec![0u8; n];
-        // A file that shrank (or failed) under us: the promised length cannot be sent.
-        self.f.file.read_exact_at(&mut buf, self.off).ok()?;
-        self.off += n as u64;
-        Some(Bytes::from(buf))
+        if self.read.len() < n {
+            let have = self.read.len();
+            let unread = self.left() - have;
+            let more = (n - have).max(FILE_READ.min(unread));
+            let mut buf = Vec::with_capacity(have + more);
+            buf.extend_from_slice(&self.read);
+            buf.resize(have + more, 0);
+            // A file that shrank (or failed) under us: the promised length cannot be sent.
+            self.f.file.read_exact_at(&mut buf[have..], self.off).ok()?;
+            self.off += more as u64;
+            self.read = Bytes::from(buf);
+        }
+        Some(self.read.split_to(n))
     }
 }
 
