@@ -9,13 +9,14 @@
 //! the client waits for 100-continue; `mirror` copies each request as HTTP/1.x does.
 //!
 //! Limits, with nginx's names: `http2_max_concurrent_streams` (128), `http2_body_preread_size`
-//! (a stream's initial window, 64k), `http2_chunk_size` (8k per DATA frame), the header
+//! (a stream's initial window, 64k), `http2_chunk_size` (16k per DATA frame), the header
 //! list cap (`http2_max_field_size`, else `large_client_header_buffers`' total),
 //! `keepalive_requests` streams per connection, `keepalive_timeout` without streams,
 //! `client_body_timeout` / `send_timeout` per body read / window wait. The h2 crate closes
 //! connections that reset streams in bulk (rapid reset), send endless CONTINUATION frames
 //! or oversized header blocks, with GOAWAY; `conn::h2_flood` ends PING / SETTINGS / empty
-//! frame floods.
+//! frame floods. Stream priority is nginx's (`conn::h2_priority`, fed by the mend): streams
+//! woken by one window update queue their DATA by the client's dependency tree.
 
 use super::body::{BodyError, BodySource};
 use super::exchange::{self, Exchange, Reset};
