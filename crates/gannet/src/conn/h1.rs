@@ -895,6 +895,11 @@ impl<S: Transport> Conn<S> {
         if !send_body && resp.status_has_body() && resp.content_length.is_none() {
             resp.content_length = Some(body_len);
         }
+        if req.head.version == Version::Http09 {
+            // HTTP/0.9: the body alone, ended by the connection's close (nginx's header
+            // filter writes nothing for it).
+            return (false, 0, send_body);
+        }
         let head_start = self.out.len();
         let tokens = core.server_tokens();
         clock::with_date(|date| {

@@ -998,6 +998,8 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         }
         Var::ServerName => out.push_str(&req.server.primary_name),
         Var::ServerProtocol => out.push_str(match req.head.version {
+            // nginx keeps the line's protocol text, which HTTP/0.9 has none of.
+            gannet_proto::h1::Version::Http09 => "",
             gannet_proto::h1::Version::Http10 => "HTTP/1.0",
             gannet_proto::h1::Version::Http11 => "HTTP/1.1",
             gannet_proto::h1::Version::Http2 => "HTTP/2.0",
