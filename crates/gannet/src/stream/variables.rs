@@ -162,6 +162,8 @@ pub struct Session {
     pub set_values: Vec<Option<String>>,
     /// `$server_name` (the serving server's `core::Server::name`).
     pub server_name: Option<std::sync::Arc<str>>,
+    /// How many times `pass` has handed this connection on before (`stream::pass`).
+    pub passes: u8,
 }
 
 impl Session {
@@ -188,6 +190,7 @@ impl Session {
             captured: Default::default(),
             set_values: Vec::new(),
             server_name: None,
+            passes: 0,
         }
     }
 }
@@ -248,6 +251,11 @@ impl Template {
             })
             .collect();
         Ok(Template { parts })
+    }
+
+    /// Whether any part is a variable.
+    pub fn has_vars(&self) -> bool {
+        self.parts.iter().any(|p| matches!(p, Part::Var(_)))
     }
 
     /// Text without variables (a `$` in it is a `$`).
