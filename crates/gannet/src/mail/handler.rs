@@ -170,6 +170,14 @@ async fn serve_tcp_as(
 }
 
 async fn run(s: &mut Session, ssl: bool, pp: bool) {
+    // nginx's event module writes a connection's accept at debug level to its listener's
+    // log, which is the mail server's `error_log`.
+    if crate::errlog::admits(Level::Debug) {
+        crate::errlog::log(
+            Level::Debug,
+            format_args!("*{} accept: {}", s.id, s.client_text()),
+        );
+    }
     if crate::errlog::admits(Level::Info) {
         crate::errlog::log(
             Level::Info,
