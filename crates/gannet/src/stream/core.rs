@@ -634,7 +634,7 @@ async fn run_tls(
         }
     }
     if let Some(pass) = &srv.conf.pass {
-        let conn = super::pass::Conn::Tls(tls);
+        let conn = super::pass::Conn::Tls(Box::new(tls));
         return hand_over(w, srv, default, pass, conn, !head.is_empty(), s).await;
     }
     content(w, srv, default, tls, head, s).await;

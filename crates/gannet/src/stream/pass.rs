@@ -145,7 +145,8 @@ pub enum Handoff {
 /// terminated on it.
 pub enum Conn {
     Plain(std::net::TcpStream),
-    Tls(tokio_rustls::server::TlsStream<tokio::net::TcpStream>),
+    /// Boxed: the TLS state is kilobytes, the plain socket a descriptor.
+    Tls(Box<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>),
 }
 
 /// nginx's `ngx_stream_pass_handler`: find the listen for the session's pass target and
@@ -203,7 +204,7 @@ pub fn handler(
                 return fail(s, format_args!("no TLS session to pass"));
             };
             tokio::task::spawn_local(crate::conn::h1::serve_passed_tls(
-                w, tls, info, peer, group, local,
+                w, *tls, info, peer, group, local,
             ));
         }
         (Found::Stream(idx), Conn::Plain(tcp)) => {
