@@ -191,11 +191,10 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
             "client sent plain HTTP request to HTTPS port".to_string(),
         ))
     } else {
-        req.conn
-            .tls
-            .as_ref()
-            .zip(req.server.tls.as_ref())
-            .and_then(|(t, s)| t.refusal(s))
+        req.conn.tls.as_ref().and_then(|t| match &req.server.tls {
+            Some(s) => t.refusal(s),
+            None => t.refusal_by_mode(req.server.conf.tls.verify_client(), &req.host),
+        })
     };
     let handled = match refusal {
         // nginx's own status (497, 495, 496) or 421, through `error_page` like any other;

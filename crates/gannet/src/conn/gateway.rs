@@ -1507,7 +1507,12 @@ async fn fetch(
             },
         };
         req.upstream.borrow_mut().under_way = Some((addr.clone(), now));
-        let idle = if keep {
+        // A request that will not leave its connection kept (`Connection: close` set by
+        // `proxy_set_header`) still takes a kept one, as nginx's keepalive balancer hands
+        // out its cached connections whatever the request: that one then closes, rather
+        // than staying in the pool while a new connection is opened and closed.
+        let pooled = keep || (proto == Proto::Http && up.keepalive > 0);
+        let idle = if pooled {
             w.upstreams.take_idle(&up, i, via.kind(), now)
         } else {
             None

@@ -106,12 +106,56 @@ pub fn serve(
     peer: SocketAddr,
     group: usize,
 ) -> clock::Turns<impl std::future::Future<Output = ()>> {
-    clock::Turns::new(serve_conn(w, stream, peer, group))
+    clock::Turns::new(serve_conn(w, stream, peer, group, None))
 }
 
-async fn serve_conn(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, group: usize) {
+/// [`serve`] for a connection a stream server's `pass` hands over (`stream::pass`), with
+/// the address it was passed to as its local one (nginx sets the connection's).
+pub fn serve_passed(
+    w: Rc<Worker>,
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    group: usize,
+    local: SocketAddr,
+) -> clock::Turns<impl std::future::Future<Output = ()>> {
+    clock::Turns::new(serve_conn(w, stream, peer, group, Some(local)))
+}
+
+/// A connection whose TLS a stream server terminated before its `pass`: HTTP/1.x over
+/// that session, whatever the listener's own `ssl` (as nginx, which keeps the
+/// connection's TLS when it hands it over).
+pub fn serve_passed_tls(
+    w: Rc<Worker>,
+    stream: tokio_rustls::server::TlsStream<TcpStream>,
+    tls: crate::tls::TlsInfo,
+    peer: SocketAddr,
+    group: usize,
+    local: SocketAddr,
+) -> clock::Turns<impl std::future::Future<Output = ()>> {
+    let info = ConnInfo {
+        peer,
+        local,
+        id: Worker::next_conn_id(),
+        requests: 0,
+        tls: Some(std::sync::Arc::new(tls)),
+        proxy: None,
+        unix: w.config.listens[group].listen.unix.clone(),
+        born: clock::now(),
+        pipelined: false,
+    };
+    let (tcp, conn) = stream.into_inner();
+    clock::Turns::new(run_conn(w, TlsStream::new(tcp, conn), info, group, false))
+}
+
+async fn serve_conn(
+    w: Rc<Worker>,
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    group: usize,
+    local: Option<SocketAddr>,
+) {
     let g = &w.config.listens[group];
-    let local = g.listen.local_of(&stream);
+    let local = local.unwrap_or_else(|| g.listen.local_of(&stream));
     // client_header_timeout runs from here, through a PROXY protocol header and a TLS
     // handshake, to the end of the first request's head, as nginx's one timer does.
     let born = clock::now();
@@ -894,6 +938,11 @@ impl<S: Transport> Conn<S> {
         let send_body = !req.is_head() && resp.status_has_body();
         if !send_body && resp.status_has_body() && resp.content_length.is_none() {
             resp.content_length = Some(body_len);
+        }
+        if req.head.version == Version::Http09 {
+            // HTTP/0.9: the body alone, ended by the connection's close (nginx's header
+            // filter writes nothing for it).
+            return (false, 0, send_body);
         }
         let head_start = self.out.len();
         let tokens = core.server_tokens();

@@ -70,6 +70,7 @@ pub mod mirror;
 pub mod pace;
 pub mod proxy_h2;
 pub mod proxy_protocol;
+pub mod proxy_tlv;
 pub mod quic;
 pub mod quic_bpf;
 pub mod quic_session;
