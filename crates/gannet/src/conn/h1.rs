@@ -1035,6 +1035,7 @@ impl<S: Transport> Conn<S> {
 /// HTTP/1.x's part in the exchange: the connection itself (nothing allocated per request).
 impl<S: Transport> Exchange for Conn<S> {
     const UPGRADES: bool = true;
+    const DISCARDS_AFTER: bool = true;
 
     fn body_pending(&self, req: &Request, _: &Handled) -> bool {
         req.head.body != BodyKind::None
