@@ -52,7 +52,7 @@ def test_name_is_looked_up_again_without_requests(gannet):
         start(gannet, dns, f"server svc.test:{port} resolve;")
         # Asked when the worker starts, and again once `valid=1s` has passed: no request
         # is made meanwhile.
-        wait_until(lambda: asked(dns, "svc.test") >= 3, deadline=6)
+        assert wait_until(lambda: asked(dns, "svc.test") >= 3, deadline=6), dns.asked
     finally:
         dns.stop()
 
@@ -93,3 +93,31 @@ def test_name_with_one_address_is_a_single_peer(gannet):
         assert "no live upstreams" not in srv.error_log()
     finally:
         dns.stop()
+
+
+def test_reload_starts_from_the_addresses_resolved_before(gannet):
+    import signal
+
+    from test_resolver import Backend
+
+    port = free_port()
+    backend = Backend("127.0.0.2", port)
+    dns = RecordDns({("svc.test", "A"): [("svc.test", "A", "127.0.0.2")], ("svc.test", "AAAA"): []})
+    try:
+        srv = start(gannet, dns, f"server svc.test:{port} resolve;")
+        assert get(srv.port) == (200, f"127.0.0.2:{port}")
+        # The name server fails from now on; a reload (to a config with another header)
+        # keeps serving from the addresses the name had.
+        dns.zone[("svc.test", "A")] = 2
+        dns.zone[("svc.test", "AAAA")] = 2
+        srv.conf_path.write_text(srv.conf_path.read_text().replace("X-IP", "X-IQ"))
+        old = srv.worker_pids()
+        srv.proc.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: (p := srv.worker_pids()) and p != old, 10)
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+            s.sendall(b"GET / HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            got = s.makefile("rb").read().decode()
+        assert got.startswith("HTTP/1.1 200") and f"X-IQ: 127.0.0.2:{port}" in got, got
+    finally:
+        dns.stop()
+        backend.stop()

@@ -240,12 +240,14 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
     answer(ex, w, req, handled, keep).await
 }
 
-/// A body of a length within `client_body_buffer_size`: what is read off after the answer.
-/// A larger (or chunked) one is read off before it, as a client that sends all before it
-/// reads would otherwise block on its sending while the answer waits for it to read.
+/// A body of a length within `client_body_buffer_size` (and `client_max_body_size`): what
+/// is read off after the answer. A larger (or chunked) one is read off before it, as a
+/// client that sends all before it reads would otherwise block on its sending while the
+/// answer waits for it to read; one over the limit closes the connection after its 413.
 fn small_length(req: &Request) -> bool {
     let buffer = req.conf.client_body.buffer_size();
-    matches!(req.head.body, BodyKind::Length(n) if n <= buffer)
+    let limit = req.conf.core.client_max_body_size();
+    matches!(req.head.body, BodyKind::Length(n) if n <= buffer && (limit == 0 || n <= limit))
 }
 
 /// A request whose head nginx refuses (a 400 found by the protocol's own checks): answered
