@@ -314,7 +314,11 @@ impl Upstream {
     /// One peer: nginx's `single`, never taken out for its failures (a `server NAME
     /// resolve` is one while its name has one address).
     pub fn single(&self) -> bool {
-        self.servers.len() == 1 && self.servers[0].resolve.as_ref().is_none_or(|r| r.count() == 1)
+        self.servers.len() == 1
+            && self.servers[0]
+                .resolve
+                .as_ref()
+                .is_none_or(|r| r.count() == 1)
     }
 
     pub fn healthy(&self, i: usize) -> bool {
