@@ -111,12 +111,15 @@ def test_reload_starts_from_the_addresses_resolved_before(gannet):
         dns.zone[("svc.test", "A")] = 2
         dns.zone[("svc.test", "AAAA")] = 2
         srv.conf_path.write_text(srv.conf_path.read_text().replace("X-IP", "X-IQ"))
-        old = srv.worker_pids()
         srv.proc.send_signal(signal.SIGHUP)
-        assert wait_until(lambda: (p := srv.worker_pids()) and p != old, 10)
-        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
-            s.sendall(b"GET / HTTP/1.0\r\nHost: localhost\r\n\r\n")
-            got = s.makefile("rb").read().decode()
+
+        def answer():
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+                s.sendall(b"GET / HTTP/1.0\r\nHost: localhost\r\n\r\n")
+                return s.makefile("rb").read().decode()
+
+        # Once the new config answers (the old one's worker may still take a request).
+        got = wait_until(lambda: (a := answer()) and "X-IQ" in a and a, 10)
         assert got.startswith("HTTP/1.1 200") and f"X-IQ: 127.0.0.2:{port}" in got, got
     finally:
         dns.stop()
