@@ -355,12 +355,15 @@ async fn answer<E: Exchange>(
     loop {
         match handled {
             Handled::Respond(resp) if discard_after => {
-                // The body's rest is read off before the next request, the answer flushed
-                // first (it waits for no more than that); a connection where that fails
+                // The body's rest is read off after the answer, flushed first (it waits
+                // for no more than that): before the next request, or before the close of
+                // an answer that closes (so that the close does not reset it with bytes
+                // unread, as nginx's lingering close). A connection where that fails
                 // closes.
-                return ex.respond(w, req, resp, keep).await
-                    && ex.body_expected(req, false).await
+                let kept = ex.respond(w, req, resp, keep).await;
+                let drained = ex.body_expected(req, false).await
                     && Box::pin(ex.discard_body(req)).await.is_ok();
+                return kept && drained;
             }
             Handled::Respond(resp) => return ex.respond(w, req, resp, keep).await,
             Handled::Put => handled = handler::put_body_read(req, w),
