@@ -24,6 +24,7 @@
 //! past 16 KiB). The dynamic table is the same either way: it holds decoded strings. Header
 //! blocks are all this reader copies; DATA passes through unread.
 
+use super::h2_priority::{Priorities, CONNECTION_ERROR};
 use bytes::{BufMut, BytesMut};
 use std::cell::RefCell;
 use std::io;
@@ -37,6 +38,8 @@ const CONTINUATION: u8 = 0x9;
 const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
+/// The PRIORITY frame type (`conn::h2_priority` reads them on a client's connection).
+const PRIORITY_FRAME: u8 = 0x2;
 const SETTINGS: u8 = 0x4;
 const ACK: u8 = 0x1;
 const END_STREAM: u8 = 0x1;
@@ -144,6 +147,8 @@ pub struct HpackMend<IO> {
     ready: BytesMut,
     /// The highest stream a header block came on.
     last_sid: u32,
+    /// On a client's connection: where PRIORITY frames and requests' priority fields go.
+    prio: Option<Rc<Priorities>>,
     /// The client acknowledged the server's SETTINGS.
     acked: bool,
 }
@@ -159,8 +164,15 @@ impl<IO> HpackMend<IO> {
             held: BytesMut::new(),
             ready: BytesMut::new(),
             last_sid: 0,
+            prio: None,
             acked: false,
         }
+    }
+
+    /// Stream priorities are noted in `prio` (`conn::h2_priority`).
+    pub fn with_priorities(mut self, prio: Rc<Priorities>) -> HpackMend<IO> {
+        self.prio = Some(prio);
+        self
     }
 
     /// Follow the frames through `data` (just read, not yet held): the offset from which
@@ -177,7 +189,9 @@ impl<IO> HpackMend<IO> {
             let Some(h) = data.get(at..at + 9) else {
                 return Some(at);
             };
-            if matches!(h[3], HEADERS | CONTINUATION) {
+            if matches!(h[3], HEADERS | CONTINUATION)
+                || (h[3] == PRIORITY_FRAME && self.prio.is_some())
+            {
                 return Some(at);
             }
             self.acked |= is_settings_ack(h);
@@ -192,6 +206,15 @@ impl<IO> HpackMend<IO> {
     fn settle(&mut self) {
         while self.held.len() >= 9 {
             let h = &self.held[..9];
+            if let (PRIORITY_FRAME, 5, Some(prio)) = (h[3], frame_len(h), &self.prio) {
+                if self.held.len() < 14 {
+                    return;
+                }
+                let mut frame = self.held.split_to(14);
+                prio.priority_frame(&mut frame);
+                self.ready.extend_from_slice(&frame);
+                continue;
+            }
             if !matches!(h[3], HEADERS | CONTINUATION) {
                 self.acked |= is_settings_ack(h);
                 let len = frame_len(h);
@@ -233,6 +256,11 @@ impl<IO> HpackMend<IO> {
                     if !self.acked && block[4] & END_STREAM == 0 && r.early_bodies_refused.get() {
                         r.note(sid, Fault::Unacked);
                     }
+                }
+                if self.prio.as_ref().is_some_and(|p| !p.request(&block)) {
+                    // It depends on itself: the connection ends (`conn::h2_priority`).
+                    self.ready.extend_from_slice(&CONNECTION_ERROR);
+                    continue;
                 }
             }
             match mend_block(&block, check, request) {
