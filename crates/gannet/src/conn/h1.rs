@@ -92,6 +92,10 @@ struct Conn<S: Transport> {
 /// How a connection's loop ended.
 enum End {
     Close,
+    /// Closed after an answer to a client that asked for the close, with nothing unread:
+    /// it sends no more, so a draining worker need not linger on it (nginx lingers only
+    /// where input is pending).
+    Asked,
     /// The client opened with the HTTP/2 preface (h2c with prior knowledge).
     H2c,
     /// Idle long enough to park until this keep-alive deadline; idle since the second.
@@ -258,6 +262,7 @@ async fn run_conn<S: Transport>(
         bodiless: false,
     };
     let end = c.run().await;
+    let asked = matches!(end, End::Asked);
     if let End::H2c = end {
         // Boxed, as the handshake in `serve`: HTTP/2's state stays out of every HTTP/1.x
         // connection's task.
@@ -299,7 +304,7 @@ async fn run_conn<S: Transport>(
         w.connection_closed();
         return;
     }
-    if w.draining.get() && c.info.requests > 0 {
+    if w.draining.get() && c.info.requests > 0 && !asked {
         c.linger().await;
     } else {
         c.stream.close();
@@ -354,12 +359,17 @@ impl<S: Transport> Conn<S> {
                     // idle connection's task for its whole life. In a block the thread
                     // reuses (`conn::reuse`): a fresh `Box` of that size cost a few hundred
                     // instructions per request in glibc.
+                    let asked_close = !head.keep_alive;
                     if !super::reuse::Reused::new(|| c.request(head)).await {
                         // Nothing left unread (no body, nothing pipelined seen): the answer's
                         // end may wait for the FIN of the close that follows.
                         let last = c.bodiless && c.buf.is_empty();
                         let _ = c.flush_as(last).await;
-                        return End::Close;
+                        return if last && asked_close {
+                            End::Asked
+                        } else {
+                            End::Close
+                        };
                     }
                     pipelined = !c.buf.is_empty();
                     if c.out.len() >= FLUSH_AT && c.flush().await.is_err() {
@@ -1084,6 +1094,7 @@ impl<S: Transport> Conn<S> {
 /// HTTP/1.x's part in the exchange: the connection itself (nothing allocated per request).
 impl<S: Transport> Exchange for Conn<S> {
     const UPGRADES: bool = true;
+    const DISCARDS_AFTER: bool = true;
 
     fn body_pending(&self, req: &Request, _: &Handled) -> bool {
         req.head.body != BodyKind::None
