@@ -155,9 +155,9 @@ where
     loop {
         // Without streams the connection may idle for keepalive_timeout; either way it
         // wakes now and then to notice a graceful stop.
-        // Before its first request a connection has client_header_timeout (nginx's read
-        // timer from ngx_http_v2_init), after it keepalive_timeout.
-        let idle_limit = if requests == 0 {
+        // With keepalive_timeout 0 a connection still has client_header_timeout for its
+        // first request (nginx's read timer from ngx_http_v2_init), which then ends it.
+        let idle_limit = if requests == 0 && keepalive.is_zero() {
             core.client_header_timeout()
         } else {
             keepalive
