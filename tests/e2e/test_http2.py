@@ -532,7 +532,8 @@ def test_http2_variable(gannet, pki):
 
 
 def test_http2_chunk_size_per_location(gannet, pki):
-    """As nginx, a location may set its own frame size; larger than 16k is cut to it."""
+    """As nginx, a location may set its own frame size; frames larger than the client takes
+    (16k unless it says more) are cut to that."""
     text, _ = servers(pki, h2c_listen="http2", extra="""http2_chunk_size 2k;
         location /small/ { http2_chunk_size 1k; alias {root}/; }
         location /large/ { http2_chunk_size 64k; alias {root}/; }""")

@@ -9,13 +9,14 @@
 //! the client waits for 100-continue; `mirror` copies each request as HTTP/1.x does.
 //!
 //! Limits, with nginx's names: `http2_max_concurrent_streams` (128), `http2_body_preread_size`
-//! (a stream's initial window, 64k), `http2_chunk_size` (8k per DATA frame), the header
+//! (a stream's initial window, 64k), `http2_chunk_size` (16k per DATA frame), the header
 //! list cap (`http2_max_field_size`, else `large_client_header_buffers`' total),
 //! `keepalive_requests` streams per connection, `keepalive_timeout` without streams,
 //! `client_body_timeout` / `send_timeout` per body read / window wait. The h2 crate closes
 //! connections that reset streams in bulk (rapid reset), send endless CONTINUATION frames
 //! or oversized header blocks, with GOAWAY; `conn::h2_flood` ends PING / SETTINGS / empty
-//! frame floods.
+//! frame floods. Stream priority is nginx's (`conn::h2_priority`, fed by the mend): streams
+//! woken by one window update queue their DATA by the client's dependency tree.
 
 use super::body::{BodyError, BodySource};
 use super::exchange::{self, Exchange, Reset};
@@ -24,6 +25,7 @@ use super::grpc::Served;
 use super::h2_flood::{Flood, FloodGuard};
 use super::h2_goaway::{self, GoawayWriter, Guard, Wire};
 use super::h2_mend::{Fault, HpackMend, Refused, CONTENT_LENGTH_ALIAS};
+use super::h2_priority::{self, Priorities};
 use super::h2_response;
 use super::request_body::Failed;
 use super::source::Source;
@@ -108,11 +110,17 @@ where
         .initial_connection_window_size(CONN_WINDOW)
         .max_header_list_size(codec_cap)
         // nginx takes frames of any size (it offers 2^24-1): a client may send its whole
-        // header block in one HEADERS frame. Up to the header cap here (a DATA frame is
-        // bounded by the stream's window anyway).
-        .max_frame_size(header_cap.clamp(16 * 1024, (1 << 24) - 1))
-        // Room for four frames of the largest `http2_chunk_size` (a location may set its
-        // own, up to 16k; the server's would cap a location's larger frames).
+        // header block in one HEADERS frame, or a stream's whole first window of body in
+        // one DATA frame. Up to the larger of the header cap and that window here (the
+        // codec holds a frame whole before it judges it; more DATA than the window would be
+        // a flow-control error anyway).
+        .max_frame_size(
+            header_cap
+                .max(h2c.body_preread_size())
+                .clamp(16 * 1024, (1 << 24) - 1),
+        )
+        // Room for four frames of 16k (the largest a client takes unless it says more) per
+        // stream: what one wait for window capacity may queue (`conn::h2_response`).
         .max_send_buffer_size(4 * 16 * 1024)
         // Frames on a stream gannet reset are ignored this long: the rest of a header block
         // that came too late (`conn::h2_goaway`) is decoded and dropped, as nginx's.
@@ -129,10 +137,13 @@ where
     refused
         .early_bodies_refused
         .set(h2c.body_preread_size() < DEFAULT_WINDOW);
+    let prio = Rc::new(Priorities::default());
     // Connection errors, GOAWAY frames and late header blocks as nginx's (`conn::h2_goaway`).
     let wire = Rc::new(Wire::default());
     let guard = Guard::new(wire.clone(), core.client_header_timeout(), size);
-    let io = HpackMend::new(io, PREFACE.len(), Some(refused.clone())).guarded(guard);
+    let io = HpackMend::new(io, PREFACE.len(), Some(refused.clone()))
+        .with_priorities(prio.clone())
+        .guarded(guard);
     let io = GoawayWriter::new(io, wire.clone());
     let handshake = builder.handshake::<_, Bytes>(io);
     let mut conn = match tokio::time::timeout(core.client_header_timeout(), handshake).await {
@@ -206,7 +217,7 @@ where
                 let id = u32::from(respond.stream_id());
                 let noted = (refused.take(id), refused.block_len(id));
                 let run = stream(w.clone(), info, group, req, respond, guard, noted);
-                tokio::task::spawn_local(run);
+                tokio::task::spawn_local(h2_priority::scope(prio.clone(), id, run));
                 // As nginx, the stream that reaches a limit is the last (the GOAWAY names it).
                 let spent = max_requests > 0 && requests >= max_requests;
                 if (spent || aged || keepalive.is_zero()) && closing.is_none() {

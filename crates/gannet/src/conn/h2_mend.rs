@@ -31,6 +31,7 @@
 //! stream reset.
 
 use super::h2_goaway::{self, Guard, Screen};
+use super::h2_priority::{Priorities, CONNECTION_ERROR};
 use bytes::{BufMut, BytesMut};
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -45,6 +46,8 @@ const CONTINUATION: u8 = 0x9;
 const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
+/// The PRIORITY frame type (`conn::h2_priority` reads them on a client's connection).
+const PRIORITY_FRAME: u8 = 0x2;
 const SETTINGS: u8 = 0x4;
 const ACK: u8 = 0x1;
 const END_STREAM: u8 = 0x1;
@@ -155,6 +158,8 @@ pub struct HpackMend<IO> {
     /// On a client's connection: nginx's connection errors, GOAWAY and header timeout
     /// (`conn::h2_goaway`).
     guard: Option<Box<Guard>>,
+    /// On a client's connection: where PRIORITY frames and requests' priority fields go.
+    prio: Option<Rc<Priorities>>,
     /// The client acknowledged the server's SETTINGS.
     acked: bool,
 }
@@ -171,6 +176,7 @@ impl<IO> HpackMend<IO> {
             ready: BytesMut::new(),
             last_sid: 0,
             guard: None,
+            prio: None,
             acked: false,
         }
     }
@@ -185,6 +191,7 @@ impl<IO> HpackMend<IO> {
     /// Whether a frame with header `h` is to be held for `settle` to judge.
     fn held_back(&self, h: &[u8]) -> bool {
         matches!(h[3], HEADERS | CONTINUATION)
+            || (h[3] == PRIORITY_FRAME && self.prio.is_some())
             || self
                 .guard
                 .as_ref()
@@ -250,6 +257,12 @@ impl<IO> HpackMend<IO> {
         fault
     }
 
+    /// Stream priorities are noted in `prio` (`conn::h2_priority`).
+    pub fn with_priorities(mut self, prio: Rc<Priorities>) -> HpackMend<IO> {
+        self.prio = Some(prio);
+        self
+    }
+
     /// Follow the frames through `data` (just read, not yet held): the offset from which
     /// bytes must be held (a frame header that may open a header block), if any.
     fn pass(&mut self, data: &[u8]) -> Option<usize> {
@@ -296,6 +309,15 @@ impl<IO> HpackMend<IO> {
                 return;
             }
             let h = &self.held[..9];
+            if let (PRIORITY_FRAME, 5, Some(prio)) = (h[3], frame_len(h), &self.prio) {
+                if self.held.len() < 14 {
+                    return;
+                }
+                let mut frame = self.held.split_to(14);
+                prio.priority_frame(&mut frame);
+                self.ready.extend_from_slice(&frame);
+                continue;
+            }
             if !matches!(h[3], HEADERS | CONTINUATION) {
                 self.acked |= is_settings_ack(h);
                 let len = frame_len(h);
@@ -375,6 +397,11 @@ impl<IO> HpackMend<IO> {
                     if !self.acked && block[4] & END_STREAM == 0 && r.early_bodies_refused.get() {
                         r.note(sid, Fault::Unacked);
                     }
+                }
+                if self.prio.as_ref().is_some_and(|p| !p.request(&block)) {
+                    // It depends on itself: the connection ends (`conn::h2_priority`).
+                    self.ready.extend_from_slice(&CONNECTION_ERROR);
+                    continue;
                 }
             }
             match mend_block(&block, check, request) {
