@@ -299,9 +299,20 @@ impl RequestHead {
         let mut expect_continue = false;
         let mut ignored = Vec::new();
         let mut seen = 0u8;
+        // Cookie fields (HTTP/2 and HTTP/3 may split the Cookie header, RFC 9113 8.2.3)
+        // joined with "; " into one, after the others, as nginx's
+        // ngx_http_v2_construct_cookie_header: an upstream gets one Cookie line.
+        let mut cookie: Option<std::borrow::Cow<'a, [u8]>> = None;
         for (name, value) in fields {
             if names.drops(name.as_bytes()) {
                 ignored.push(Bytes::copy_from_slice(name.as_bytes()));
+                continue;
+            }
+            if name.eq_ignore_ascii_case("cookie") {
+                cookie = Some(match cookie.take() {
+                    None => value.into(),
+                    Some(c) => [&c[..], b"; ", value].concat().into(),
+                });
                 continue;
             }
             if let Some(bit) = fields::unique(name.as_bytes()) {
@@ -332,6 +343,9 @@ impl RequestHead {
                 );
             }
             push(&mut raw, name.as_bytes(), value);
+        }
+        if let Some(c) = cookie {
+            push(&mut raw, b"cookie", &c);
         }
         raw.extend_from_slice(b"\r\n");
         let raw = Bytes::from(raw);

@@ -687,6 +687,23 @@ fn head_from_fields_reads_like_an_http1_head() {
 }
 
 #[test]
+fn head_from_fields_joins_cookies_as_nginx() {
+    let fields: [(&str, &[u8]); 4] = [
+        ("cookie", b"a=b"),
+        ("accept", b"*/*"),
+        ("cookie", b"c=d"),
+        ("cookie", b"e=f"),
+    ];
+    let h =
+        RequestHead::from_fields("GET", "/", None, fields, false, HeaderNames::default()).unwrap();
+    let cookies: Vec<&[u8]> = h.header_all("cookie").collect();
+    assert_eq!(cookies, [&b"a=b; c=d; e=f"[..]]);
+    assert!(h
+        .raw()
+        .ends_with(b"accept: */*\r\ncookie: a=b; c=d; e=f\r\n\r\n"));
+}
+
+#[test]
 fn head_from_fields_checks_host_and_length() {
     let none: [(&str, &[u8]); 0] = [];
     let h =
