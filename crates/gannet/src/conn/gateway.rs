@@ -2027,7 +2027,7 @@ async fn outcome(
         super::gateway_cache::store_whole(req, c, &a.head, &a.body, a.buffering).await;
         return Outcome::Flow(whole(req, c, a.head, a.body, cacheable));
     }
-    let tee = super::gateway_cache::tee(req, c, &a.head, a.buffering);
+    let tee = super::gateway_cache::tee(req, c, &a.head, a.buffering, a.body.len());
     match answer(req, c, a.head) {
         Flow::Done(mut resp) => {
             allow_ranges(c, &mut resp, cacheable);
