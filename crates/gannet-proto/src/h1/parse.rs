@@ -17,6 +17,9 @@ use super::reqline::{self, RequestLine};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Version {
+    /// A request line without a version (`GET /`): no header fields, and an answer of the
+    /// body alone, as nginx still serves it.
+    Http09,
     Http10,
     Http11,
     /// A request that came as an HTTP/2 stream (see [`RequestHead::from_fields`]).
@@ -647,6 +650,10 @@ pub(super) fn parse_request_as(
     if method == Method::Other && !lawful_method(&buf[parsed.line.method.clone()]) {
         return Err(ParseError::BadRequest("client sent invalid method"));
     }
+    // nginx serves HTTP/0.9 for GET only.
+    if parsed.line.version == Version::Http09 && method != Method::Get {
+        return Err(ParseError::BadRequest("invalid method in HTTP/0.9 request"));
+    }
     let raw = buf.split_to(parsed.len).freeze();
     let ignored = parsed.ignored.into_iter().map(|r| raw.slice(r)).collect();
     Ok(Some(RequestHead {
@@ -733,11 +740,23 @@ fn parse_with<'b>(
         }
         Ok(Status::Partial) => Ok(None),
         Err(httparse::Error::TooManyHeaders) => Err(Fail::TooManyHeaders),
+        // A line end right after the target (httparse's token error): HTTP/0.9, when the
+        // rest of the line is one; otherwise the error stands.
+        Err(e @ httparse::Error::Token) => match reqline::parse(b) {
+            Ok(Some((line, rest))) if line.version == Version::Http09 => {
+                finish(b, line, &[], rest, limits).map(Some)
+            }
+            Ok(None) if memchr::memchr(b'\n', b).is_none() => Ok(None),
+            _ => Err(map_httparse(e)),
+        },
         // Not `HTTP/1.0` / `HTTP/1.1` followed directly by the line end: decide ourselves.
         Err(httparse::Error::Version) | Err(httparse::Error::NewLine) => {
             let Some((line, rest)) = reqline::parse(b)? else {
                 return Ok(None);
             };
+            if line.version == Version::Http09 {
+                return finish(b, line, &[], rest, limits).map(Some);
+            }
             // Rare path: an initialised index of the same size keeps the same header limit.
             let mut init = vec![EMPTY_HEADER; slots.len()];
             match httparse::parse_headers(&b[rest..], &mut init) {

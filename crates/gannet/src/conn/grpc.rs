@@ -223,9 +223,10 @@ async fn open(
             Backend::Group(up) => match w.upstreams.pick(up, &key, &tried, now) {
                 Pick::Server(i, lease) => {
                     tried.push(i);
+                    // `server NAME resolve`: its next address in turn.
                     let addr = match &up.servers[i].resolve {
                         None => up.servers[i].addr.clone(),
-                        Some(r) => match r.addr().await {
+                        Some(r) => match r.addrs().await.into_iter().next() {
                             Some(a) => a,
                             None => continue,
                         },
@@ -434,7 +435,10 @@ pub async fn serve_h2(
     resp.length_unknown = true;
     let req = &*req;
     let (h, head_len) = h2_response::head(&resp, 0, req.conf.core.server_tokens());
-    let ended = up.is_end_stream();
+    // A HEAD request's answer is its head alone (as nginx's `header_only`): what the
+    // server sends after it is not read (the upstream stream is cancelled when dropped).
+    let head_only = req.head.method_str() == "HEAD";
+    let ended = up.is_end_stream() || head_only;
     let mut stream = match respond.send_response(h, ended) {
         Ok(s) => s,
         Err(_) => {

@@ -9,20 +9,22 @@
 //! the client waits for 100-continue; `mirror` copies each request as HTTP/1.x does.
 //!
 //! Limits, with nginx's names: `http2_max_concurrent_streams` (128), `http2_body_preread_size`
-//! (a stream's initial window, 64k), `http2_chunk_size` (8k per DATA frame), the header
+//! (a stream's initial window, 64k), `http2_chunk_size` (16k per DATA frame), the header
 //! list cap (`http2_max_field_size`, else `large_client_header_buffers`' total),
 //! `keepalive_requests` streams per connection, `keepalive_timeout` without streams,
 //! `client_body_timeout` / `send_timeout` per body read / window wait. The h2 crate closes
 //! connections that reset streams in bulk (rapid reset), send endless CONTINUATION frames
 //! or oversized header blocks, with GOAWAY; `conn::h2_flood` ends PING / SETTINGS / empty
-//! frame floods.
+//! frame floods. Stream priority is nginx's (`conn::h2_priority`, fed by the mend): streams
+//! woken by one window update queue their DATA by the client's dependency tree.
 
 use super::body::{BodyError, BodySource};
 use super::exchange::{self, Exchange, Reset};
 use super::gateway::{Outcome, Tunnel};
 use super::grpc::Served;
 use super::h2_flood::{Flood, FloodGuard};
-use super::h2_mend::{Fault, HpackMend, Refused};
+use super::h2_mend::{Fault, HpackMend, Refused, CONTENT_LENGTH_ALIAS};
+use super::h2_priority::{self, Priorities};
 use super::h2_response;
 use super::request_body::Failed;
 use super::source::Source;
@@ -35,7 +37,7 @@ use crate::modules::gateway::Streamed;
 use crate::modules::LocConf;
 use crate::runtime::worker::Worker;
 use bytes::{Bytes, BytesMut};
-use gannet_proto::h1::{ParseError, RequestHead};
+use gannet_proto::h1::{BodyKind, ParseError, RequestHead};
 use gannet_proto::uri::parse_target_with;
 use h2::server::SendResponse;
 use h2::RecvStream;
@@ -51,6 +53,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 /// The connection's receive window: the most HTTP/2 allows, as nginx's.
 const CONN_WINDOW: u32 = (1 << 31) - 1;
+
+/// HTTP/2's initial stream window until SETTINGS say otherwise (RFC 9113 6.9.2).
+const DEFAULT_WINDOW: u32 = 65_535;
 
 /// How often a connection looks at the worker's drain flag.
 const DRAIN_CHECK: Duration = Duration::from_secs(1);
@@ -100,11 +105,17 @@ where
         .initial_connection_window_size(CONN_WINDOW)
         .max_header_list_size(header_cap)
         // nginx takes frames of any size (it offers 2^24-1): a client may send its whole
-        // header block in one HEADERS frame. Up to the header cap here (a DATA frame is
-        // bounded by the stream's window anyway).
-        .max_frame_size(header_cap.clamp(16 * 1024, (1 << 24) - 1))
-        // Room for four frames of the largest `http2_chunk_size` (a location may set its
-        // own, up to 16k; the server's would cap a location's larger frames).
+        // header block in one HEADERS frame, or a stream's whole first window of body in
+        // one DATA frame. Up to the larger of the header cap and that window here (the
+        // codec holds a frame whole before it judges it; more DATA than the window would be
+        // a flow-control error anyway).
+        .max_frame_size(
+            header_cap
+                .max(h2c.body_preread_size())
+                .clamp(16 * 1024, (1 << 24) - 1),
+        )
+        // Room for four frames of 16k (the largest a client takes unless it says more) per
+        // stream: what one wait for window capacity may queue (`conn::h2_response`).
         .max_send_buffer_size(4 * 16 * 1024);
     let flood = Rc::new(Flood::default());
     let io = FloodGuard::new(io, flood.clone(), PREFACE.len());
@@ -115,7 +126,11 @@ where
     // A client's over-long Huffman padding is taken, and the fields nginx answers 400 are
     // noted (`conn::h2_mend`; after the preface, which `Prefixed` gives again).
     let refused = Rc::new(Refused::default());
-    let io = HpackMend::new(io, PREFACE.len(), Some(refused.clone()));
+    refused
+        .early_bodies_refused
+        .set(h2c.body_preread_size() < DEFAULT_WINDOW);
+    let prio = Rc::new(Priorities::default());
+    let io = HpackMend::new(io, PREFACE.len(), Some(refused.clone())).with_priorities(prio.clone());
     let handshake = builder.handshake::<_, Bytes>(io);
     let mut conn = match tokio::time::timeout(core.client_header_timeout(), handshake).await {
         Ok(Ok(c)) => c,
@@ -171,7 +186,7 @@ where
                 let id = u32::from(respond.stream_id());
                 let noted = (refused.take(id), refused.block_len(id));
                 let run = stream(w.clone(), info, group, req, respond, guard, noted);
-                tokio::task::spawn_local(run);
+                tokio::task::spawn_local(h2_priority::scope(prio.clone(), id, run));
                 if max_requests > 0 && requests >= max_requests && closing.is_none() {
                     conn.graceful_shutdown();
                     closing = Some(Instant::now());
@@ -333,13 +348,20 @@ async fn answer(
     let default = g.servers[g.default].clone();
     let timeout = default.conf.core.client_body_timeout();
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let fields = parts
-        .headers
-        .iter()
-        .map(|(n, v)| (n.as_str(), v.as_bytes()));
+    // Content-Length comes under `h2_mend`'s alias (the codec would reset the stream where
+    // nginx answers 400): taken back here, and checked against the body by `H2Body`.
+    let fields = parts.headers.iter().map(|(n, v)| match n.as_str() {
+        CONTENT_LENGTH_ALIAS => ("content-length", v.as_bytes()),
+        n => (n, v.as_bytes()),
+    });
     let authority = parts.uri.authority().map(|a| a.as_str());
     // nginx's ngx_http_v2_parse_method: upper-case letters, `_` and `-` only (the codec
     // takes any token).
+    if fault == Some(Fault::Unacked) {
+        // nginx: "client sent stream with data before settings were acknowledged".
+        respond.send_reset(h2::Reason::REFUSED_STREAM);
+        return timeout;
+    }
     let method = match fault {
         Some(Fault::Connect) => "CONNECT",
         _ => parts.method.as_str(),
@@ -357,6 +379,7 @@ async fn answer(
             default.conf.core.header_names(),
         ),
     }
+    .and_then(|head| ended_early(head, recv.is_end_stream()))
     .and_then(|head| {
         parse_target_with(head.target(), default.conf.core.merge_slashes()).map(|t| (head, t))
     });
@@ -380,6 +403,17 @@ async fn answer(
     let mut ex = H2Exchange { recv, respond };
     exchange::serve(&mut ex, w, &mut req).await;
     req.conf.core.client_body_timeout()
+}
+
+/// A stream ended with its HEADERS that announced a body (nginx: 400, "client prematurely
+/// closed stream").
+fn ended_early(head: RequestHead, ended: bool) -> Result<RequestHead, ParseError> {
+    match head.body {
+        BodyKind::Length(n) if ended && n > 0 => {
+            Err(ParseError::BadRequest("client prematurely closed stream"))
+        }
+        _ => Ok(head),
+    }
 }
 
 /// HTTP/2's part in the exchange: a stream's body as its DATA frames come, its answer
@@ -481,6 +515,7 @@ async fn read_body(recv: &mut RecvStream, limit: u64, timeout: Duration) -> Resu
         limit,
         timeout,
         total: 0,
+        declared: None,
     };
     while body.next().await?.is_some() {}
     Ok(body.total)
@@ -493,6 +528,11 @@ struct H2Body<'a> {
     limit: u64,
     timeout: Duration,
     total: u64,
+    /// The Content-Length the request announced: the DATA must add up to it, else nginx
+    /// answers 400 ("client intended to send body data larger than declared", "client
+    /// prematurely closed stream"). Not checked on a body read off unwanted (nginx skips
+    /// its DATA unread).
+    declared: Option<u64>,
 }
 
 impl<'a> H2Body<'a> {
@@ -503,6 +543,10 @@ impl<'a> H2Body<'a> {
             limit: core.client_max_body_size(),
             timeout: core.client_body_timeout(),
             total: 0,
+            declared: match req.head.body {
+                BodyKind::Length(n) => Some(n),
+                _ => None,
+            },
         }
     }
 
@@ -517,6 +561,9 @@ impl<'a> H2Body<'a> {
                 // dropped: nothing in gannet reads trailers).
                 Ok(None) => {
                     return match tokio::time::timeout(self.timeout, self.recv.trailers()).await {
+                        Ok(Ok(_)) if self.declared.is_some_and(|n| n != self.total) => {
+                            Err(BodyError::Malformed)
+                        }
                         Ok(Ok(_)) => Ok(None),
                         _ => Err(BodyError::Io),
                     }
@@ -524,6 +571,16 @@ impl<'a> H2Body<'a> {
                 Ok(Some(Err(_))) | Err(_) => return Err(BodyError::Io),
             };
             self.total += chunk.len() as u64;
+            // As nginx, DATA past the Content-Length, or a last DATA frame that leaves the
+            // body short, is refused before it goes anywhere.
+            let (total, ended) = (self.total, self.recv.is_end_stream());
+            if self
+                .declared
+                .is_some_and(|n| total > n || (ended && total < n))
+            {
+                let _ = self.recv.flow_control().release_capacity(chunk.len());
+                return Err(BodyError::Malformed);
+            }
             if self.limit > 0 && self.total > self.limit {
                 return Err(BodyError::TooLarge);
             }
