@@ -121,8 +121,10 @@ fn plain_origin(raw: &[u8]) -> Option<Target> {
         }
         None => None,
     };
-    // ASCII (checked above): the UTF-8 check cannot fail, and is a word at a time.
-    let path = String::from_utf8(raw[..end].to_vec()).ok()?;
+    // SAFETY: every byte before `end` was checked above to be from `!` to `~` (ASCII), so
+    // the bytes are UTF-8. (The check itself was 93 instructions for `/robots.txt`,
+    // callgrind: a path of a few bytes does not reach its word-at-a-time loop.)
+    let path = unsafe { String::from_utf8_unchecked(raw[..end].to_vec()) };
     Some(Target {
         path,
         query,

@@ -4,6 +4,7 @@ pub mod chunked;
 pub mod encode;
 mod fields;
 pub mod parse;
+mod plain;
 mod reqline;
 pub mod response;
 
@@ -13,6 +14,8 @@ mod chunked_tests;
 mod encode_tests;
 #[cfg(test)]
 mod parse_tests;
+#[cfg(test)]
+mod plain_tests;
 #[cfg(test)]
 mod response_tests;
 

@@ -168,8 +168,13 @@ pub fn request(g: &ListenGroup, head: RequestHead, target: Target, info: ConnInf
 /// `$host` from the Host header's host part (without port or trailing dot): one String,
 /// lowercased in place.
 fn lowercase(host: &[u8]) -> String {
-    // UTF-8 (nearly always ASCII) is checked and copied lowercased in one go; the lossy
-    // conversion's chunk iterator cost more than the rest together (callgrind).
+    if host.is_ascii() {
+        // SAFETY: ASCII bytes, lowercased, are still ASCII, so UTF-8. (`from_utf8` took 97
+        // instructions for `127.0.0.1`, `is_ascii` a third of that; callgrind.)
+        return unsafe { String::from_utf8_unchecked(host.to_ascii_lowercase()) };
+    }
+    // UTF-8 is checked and copied lowercased in one go; the lossy conversion's chunk
+    // iterator cost more than the rest together (callgrind).
     match std::str::from_utf8(host) {
         Ok(h) => h.to_ascii_lowercase(),
         Err(_) => {

@@ -217,6 +217,11 @@ pub fn append_time_local(out: &mut String) {
     with_cache(|c| out.push_str(&c.local))
 }
 
+/// `$time_local` into a log line.
+pub fn write_time_local(out: &mut Vec<u8>) {
+    with_cache(|c| out.extend_from_slice(c.local.as_bytes()))
+}
+
 /// Append `$time_iso8601`: `2026-11-22T12:00:00+00:00`.
 pub fn append_time_iso8601(out: &mut String) {
     with_cache(|c| out.push_str(&c.iso))
