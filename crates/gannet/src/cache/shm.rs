@@ -141,26 +141,13 @@ fn map(name: &str, bytes: u64) -> std::io::Result<Region> {
     let len = std::mem::size_of::<Header>()
         + buckets as usize * 4
         + cap as usize * std::mem::size_of::<Node>();
-    // SAFETY: a new anonymous shared mapping with no address hint; the result is checked.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
+    let p = crate::runtime::shared_mem::map(len, true)?;
     let r = Region {
         name: name.to_string(),
         dir: Default::default(),
         levels: Vec::new(),
         bytes,
-        base: p.cast(),
+        base: p.as_ptr(),
         len,
         cap,
         buckets,

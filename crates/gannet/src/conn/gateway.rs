@@ -1641,16 +1641,7 @@ async fn next_server(
         if let Pick::Server(i, lease) = pick {
             return Some((i, lease));
         }
-        errlog::request(
-            Level::Error,
-            req,
-            format_args!(
-                "no live upstreams while {CONNECTING}, upstream: \"{}://{}\"",
-                via.scheme(),
-                up.name
-            ),
-        );
-        no_live(req, &up.name, *now);
+        no_live(req, via, &up.name, *now);
         return None;
     }
 }
@@ -1713,9 +1704,18 @@ fn attempt_status(r: Result<&Answered, &Failure>) -> u16 {
 
 /// Note an attempt for the `$upstream_*` variables; returns when it ended.
 /// Also counted for `metrics` in the server's key `peer`.
-/// "no live upstreams": nginx still counts it as an attempt, its peer named for the group
-/// (`$upstream_addr` ends in the upstream's name, `$upstream_status` in 502).
-pub(super) fn no_live(req: &Request, group: &str, since: Instant) {
+/// "no live upstreams": logged as nginx logs it, and still counted as an attempt, its peer
+/// named for the group (`$upstream_addr` ends in the upstream's name, `$upstream_status`
+/// in 502).
+pub(super) fn no_live(req: &Request, via: &Via, group: &str, since: Instant) {
+    errlog::request(
+        Level::Error,
+        req,
+        format_args!(
+            "no live upstreams while {CONNECTING}, upstream: \"{}://{group}\"",
+            via.scheme()
+        ),
+    );
     let mut tries = req.upstream.borrow_mut();
     tries.pending = false;
     tries.push(UpstreamTry {

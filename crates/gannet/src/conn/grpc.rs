@@ -21,7 +21,7 @@
 //! HTTP/1.x clients get the same exchange with their body read whole and the answer sent
 //! whole (its trailers are dropped: HTTP/1.x answers carry none).
 
-use super::gateway::{self as gw, Failure, Via, CONNECTING, READING, READING_HEAD};
+use super::gateway::{self as gw, Failure, Via, READING, READING_HEAD};
 use super::h2_response::{self, Out};
 use super::h2_upstream::{self as h2u, Head};
 use super::request_body::RequestBody;
@@ -234,16 +234,7 @@ async fn open(
                     (addr, Some((up.clone(), i, lease)))
                 }
                 Pick::Full | Pick::None => {
-                    errlog::request(
-                        Level::Error,
-                        req,
-                        format_args!(
-                            "no live upstreams while {CONNECTING}, upstream: \"{}://{}\"",
-                            via.scheme(),
-                            up.name
-                        ),
-                    );
-                    super::gateway::no_live(req, &up.name, std::time::Instant::now());
+                    super::gateway::no_live(req, &via, &up.name, std::time::Instant::now());
                     return Err(Flow::Status(502));
                 }
             },

@@ -83,7 +83,7 @@ impl<IO> FloodGuard<IO> {
             }
             self.have = 0;
             let h = self.header;
-            let len = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
+            let len = super::h2_mend::frame_len(&h);
             self.skip = len;
             let idle = match h[3] {
                 HEADERS => {

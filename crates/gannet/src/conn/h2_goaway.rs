@@ -22,6 +22,7 @@
 //!   malformed; the rest, when it comes, is decoded (the HPACK table stays in step) and
 //!   ignored on the reset stream.
 
+use super::h2_mend::frame_len;
 use std::cell::Cell;
 use std::future::Future;
 use std::io;
@@ -187,10 +188,6 @@ impl Wire {
         self.gone.set(Some(gone));
         (last, code)
     }
-}
-
-fn frame_len(h: &[u8]) -> usize {
-    usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2])
 }
 
 /// An empty header block (a HEADERS frame with END_HEADERS only) on stream `sid`: a

@@ -423,7 +423,9 @@ fn is_settings_ack(h: &[u8]) -> bool {
     h[3] == SETTINGS && h[4] & ACK != 0
 }
 
-fn frame_len(h: &[u8]) -> usize {
+/// The payload length a frame header `h` (9 bytes) announces; shared by every reader over
+/// the HTTP/2 byte stream (the mend, the flood guard, the GOAWAY and reset watchers).
+pub(super) fn frame_len(h: &[u8]) -> usize {
     usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2])
 }
 

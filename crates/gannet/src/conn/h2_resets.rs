@@ -15,6 +15,7 @@
 //! read is given on without END_STREAM, so the reset fails the stream. Payloads pass
 //! through unread otherwise.
 
+use super::h2_mend::frame_len;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -99,10 +100,6 @@ impl<IO> Resets<IO> {
             self.skip = len - n;
         }
     }
-}
-
-fn frame_len(h: &[u8]) -> usize {
-    usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2])
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Resets<IO> {

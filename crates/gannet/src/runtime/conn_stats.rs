@@ -43,29 +43,20 @@ fn slots() -> &'static [Slot] {
     static REGION: OnceLock<&'static [Slot]> = OnceLock::new();
     REGION.get_or_init(|| {
         let len = SLOTS * std::mem::size_of::<Slot>();
-        // SAFETY: a new anonymous mapping with no address hint; the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
+        let p = match crate::runtime::shared_mem::map(len, true) {
+            Ok(p) => p,
+            Err(e) => {
+                crate::errlog::warn(format_args!(
+                    "no shared memory for connection counters: {e}"
+                ));
+                let local: Vec<Slot> = (0..SLOTS).map(|_| Slot::default()).collect();
+                return Vec::leak(local);
+            }
         };
-        if p == libc::MAP_FAILED {
-            crate::errlog::warn(format_args!(
-                "no shared memory for connection counters: {}",
-                std::io::Error::last_os_error()
-            ));
-            let local: Vec<Slot> = (0..SLOTS).map(|_| Slot::default()).collect();
-            return Vec::leak(local);
-        }
         // SAFETY: the mapping is page-aligned (more than Slot's 64), `len` bytes long, zero
         // filled (a valid Slot: atomics of 0) and never unmapped, so it lives for 'static;
         // it is only ever accessed through atomics, also by the other processes sharing it.
-        unsafe { std::slice::from_raw_parts(p.cast::<Slot>(), SLOTS) }
+        unsafe { std::slice::from_raw_parts(p.as_ptr().cast::<Slot>(), SLOTS) }
     })
 }
 

@@ -154,42 +154,16 @@ fn region() -> &'static Region {
     static REGION: OnceLock<&'static Region> = OnceLock::new();
     REGION.get_or_init(|| {
         let len = std::mem::size_of::<Region>();
-        // SAFETY: a new anonymous mapping with no address hint; the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            crate::errlog::warn(format_args!(
-                "no shared memory for metrics: {}",
-                std::io::Error::last_os_error()
-            ));
-            // SAFETY: a private anonymous mapping of the same size, checked below; zero
-            // filled memory is a valid Region (atomics of 0).
-            let q = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            assert!(q != libc::MAP_FAILED, "no memory for metrics");
-            // SAFETY: as below.
-            return unsafe { &*q.cast::<Region>() };
-        }
+        use crate::runtime::shared_mem::map;
+        let p = map(len, true).unwrap_or_else(|e| {
+            crate::errlog::warn(format_args!("no shared memory for metrics: {e}"));
+            // This process's own counters, then: the page is private.
+            map(len, false).expect("no memory for metrics")
+        });
         // SAFETY: the mapping is page-aligned (more than Region's 64), `len` bytes long,
         // zero filled (a valid Region: atomics of 0) and never unmapped, so it lives for
         // 'static; it is only accessed through atomics, also by the other processes.
-        unsafe { &*p.cast::<Region>() }
+        unsafe { &*p.as_ptr().cast::<Region>() }
     })
 }
 

@@ -18,6 +18,7 @@ pub mod pid_file;
 pub mod placement;
 pub mod privileges;
 pub mod read_timers;
+pub mod shared_mem;
 pub mod threads;
 pub mod upgrade;
 pub mod worker;

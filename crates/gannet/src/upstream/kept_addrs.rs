@@ -37,24 +37,13 @@ fn slots() -> &'static [Slot] {
     static REGION: OnceLock<&'static [Slot]> = OnceLock::new();
     REGION.get_or_init(|| {
         let len = SLOTS * std::mem::size_of::<Slot>();
-        // SAFETY: a new anonymous mapping with no address hint; the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
+        let Ok(p) = crate::runtime::shared_mem::map(len, true) else {
             return &[];
-        }
+        };
         // SAFETY: the mapping is page-aligned (more than Slot's 64), `len` bytes long, zero
         // filled (a valid Slot: atomics of 0) and never unmapped, so it lives for 'static;
         // it is only ever accessed through atomics, also by the other processes sharing it.
-        unsafe { std::slice::from_raw_parts(p.cast::<Slot>(), SLOTS) }
+        unsafe { std::slice::from_raw_parts(p.as_ptr().cast::<Slot>(), SLOTS) }
     })
 }
 
