@@ -416,8 +416,22 @@ impl Found {
 /// future of its own. With them inline it was 19 KB, which tokio boxed at the spawn and
 /// which was moved whole into the error-log scope: a 19 KB `memcpy` per session, two
 /// thirds of a short session's user-space instructions
-/// (docs/bench/l4-proxy-report.md).
-pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, idx: usize) {
+/// (docs/bench/l4-proxy-report.md). The session is pinned where it is made and the
+/// error-log scope polls it through that pin, so it is not moved at all.
+///
+/// Each poll is one turn of the clock (`runtime::clock::Turns`): the times a session
+/// takes in one poll (its start, the connect's, the relay's first bytes and last
+/// activity) are one clock read, as nginx's cached time.
+pub fn serve_tcp(
+    w: Rc<Worker>,
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    idx: usize,
+) -> crate::runtime::clock::Turns<impl std::future::Future<Output = ()>> {
+    crate::runtime::clock::Turns::new(session(w, stream, peer, idx))
+}
+
+async fn session(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, idx: usize) {
     let Some(conf) = w.config.stream.clone() else {
         w.connection_closed();
         return;
@@ -432,13 +446,15 @@ pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketA
     s.unix = l.unix.is_some();
     s.server_name = Some(srv.name.clone());
     let logs = srv.conf.error_log.clone();
-    let session = async {
+    // Pinned in place: the scope polls it through the pin (moving it was a memcpy of its
+    // whole size per session).
+    let session = std::pin::pin!(async {
         connected(&s);
         // In the event loop only once it has to wait (`relay::Sock`).
         let client = Sock::Raw(stream);
         run_tcp(&w, &mut srv, virtuals, client, l, &mut s).await;
         finish(&srv, &s);
-    };
+    });
     crate::errlog::scoped(logs, session).await;
     w.connection_closed();
 }

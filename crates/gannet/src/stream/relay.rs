@@ -22,6 +22,7 @@
 
 use super::epoll::{self, Dir, Epoll, Key};
 use super::splice::{splice, Pipe};
+use crate::runtime::clock;
 use crate::runtime::read_timers::{Held, ReadTimers};
 use std::cell::RefCell;
 use std::io;
@@ -523,7 +524,7 @@ impl Direction {
 
     fn saw_bytes(&mut self) {
         if self.first.is_none() {
-            self.first = Some(Instant::now());
+            self.first = Some(clock::now());
         }
     }
 }
@@ -711,7 +712,7 @@ pub async fn run(early: Early, mut up: Sock, c: &Conf<'_>) -> Outcome {
         ..Default::default()
     };
     let mut first: Option<(&'static str, bool)> = None;
-    let mut last = Instant::now();
+    let mut last = clock::now();
     let mut held: Option<Held> = None;
     let closed = std::future::poll_fn(|cx| loop {
         let mut moved = false;
@@ -728,7 +729,7 @@ pub async fn run(early: Early, mut up: Sock, c: &Conf<'_>) -> Outcome {
             }
         }
         if moved {
-            last = Instant::now();
+            last = clock::now();
         }
         match first {
             // `proxy_half_close`: the other direction goes on until its own end.

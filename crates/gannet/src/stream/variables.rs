@@ -168,7 +168,8 @@ impl Session {
             udp,
             unix: false,
             realip_unix: false,
-            start: Instant::now(),
+            // The turn's time (`runtime::clock`), as nginx's session start.
+            start: crate::runtime::clock::now(),
             bytes_sent: 0,
             bytes_received: 0,
             status: 200,
