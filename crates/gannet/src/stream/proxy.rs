@@ -512,7 +512,8 @@ async fn connect(
     early: Option<&mut Early>,
 ) -> std::io::Result<Socket> {
     if let (Some(to), None, Some(early)) = (parsed, local, early) {
-        let sock = super::relay::connect(timers, to, timeout, nodelay, early).await?;
+        // `tcp_nodelay`: set by the relay, before the socket's second send.
+        let sock = super::relay::connect(timers, to, timeout, early).await?;
         return Ok(Socket::Tcp(sock));
     }
     // Boxed: off the plain path, whose future stays small (`core::serve_tcp`).
@@ -865,6 +866,7 @@ async fn tcp_plain(w: &Rc<Worker>, srv: &Server, client: Sock, head: Vec<u8>, s:
         timeout: c.timeout,
         timers: &w.timers,
         id: s.id,
+        nodelay: srv.conf.tcp_nodelay,
     };
     let pre_len = early.pre_len as u64;
     let began = crate::runtime::clock::now();

@@ -426,11 +426,12 @@ impl Early {
 /// Connect to `to` without waiting when the connect is done by the time the client's
 /// first bytes are sent (see [`Early::send_now`]); else wait for it (the worker's timer
 /// table keeps `timeout`), sending them then, or reading SO_ERROR when there are none.
+/// `tcp_nodelay` is not set here but by the relay, before the socket's second send
+/// (`Conf::nodelay`).
 pub async fn connect(
     timers: &ReadTimers,
     to: SocketAddr,
     timeout: Duration,
-    nodelay: bool,
     early: &mut Early,
 ) -> io::Result<Sock> {
     let sock = socket2::Socket::new(
@@ -438,9 +439,6 @@ pub async fn connect(
         socket2::Type::STREAM.nonblocking(),
         None,
     )?;
-    if nodelay {
-        let _ = sock.set_tcp_nodelay(true);
-    }
     match sock.connect(&to.into()) {
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
@@ -508,6 +506,10 @@ struct Direction {
     ended: Option<bool>,
     bytes: u64,
     first: Option<Instant>,
+    /// `tcp_nodelay` is wanted on the destination and not set yet (see `Conf::nodelay`).
+    nodelay_due: bool,
+    /// The destination was sent to (or tried) already.
+    sent_any: bool,
 }
 
 impl Direction {
@@ -519,6 +521,20 @@ impl Direction {
         if self.at == self.pending.len() {
             self.pending.clear();
             self.at = 0;
+        }
+    }
+
+    /// Before a send to the destination: a `tcp_nodelay` still due is set before its
+    /// second send (see `Conf::nodelay`).
+    fn before_send(&mut self, dst: &Sock) {
+        if self.nodelay_due {
+            if self.sent_any {
+                if let Some(r) = dst.sock_ref() {
+                    let _ = r.set_tcp_nodelay(true);
+                }
+                self.nodelay_due = false;
+            }
+            self.sent_any = true;
         }
     }
 
@@ -537,6 +553,12 @@ pub struct Conf<'a> {
     pub timeout: Duration,
     pub timers: &'a ReadTimers,
     pub id: u64,
+    /// `tcp_nodelay` for the upstream ([`connect`] leaves it unset), set before the
+    /// upstream's second send, not at the connect: Nagle's algorithm never holds a
+    /// connection's first send back (Linux holds a small segment only while an earlier
+    /// small one is unacknowledged, Minshall's rule), so the bytes go out as with it set,
+    /// and a short session, whose request is one send, saves the `setsockopt`.
+    pub nodelay: bool,
 }
 
 /// How a relay ended.
@@ -585,6 +607,7 @@ fn step(
         // Out first: what was read and not taken yet.
         if d.at < d.pending.len() {
             wait!(dst, Dir::Write, false);
+            d.before_send(dst);
             match dst.send(&d.pending[d.at..]) {
                 Ok(n) => {
                     d.wrote(n);
@@ -597,6 +620,7 @@ fn step(
         }
         if d.piped > 0 {
             wait!(dst, Dir::Write, false);
+            d.before_send(dst);
             let Some(p) = &d.pipe else {
                 return Poll::Ready(false);
             };
@@ -662,6 +686,7 @@ fn step(
                 Err(e) if would_block(&e) => return Got::Wait,
                 Err(_) => return Got::ReadError,
             };
+            d.before_send(dst);
             let k = match dst.send(&scratch[..n]) {
                 Ok(k) => k,
                 Err(e) if would_block(&e) => 0,
@@ -704,6 +729,8 @@ pub async fn run(early: Early, mut up: Sock, c: &Conf<'_>) -> Outcome {
         bytes: early.sent,
         dry: early.dry,
         src_done: early.client_done,
+        nodelay_due: c.nodelay,
+        sent_any: early.sent > 0 || early.pre < early.pre_len,
         ..Default::default()
     };
     // The upstream was just sent the client's first bytes: its answer is not there yet.
