@@ -1,4 +1,5 @@
-"""Sampling a server's process tree from /proc: CPU seconds, peak CPU %, peak RSS and PSS.
+"""Sampling a server's process tree from /proc: CPU seconds (and their part in the kernel),
+peak CPU %, peak RSS and PSS.
 
 CPU of a tree = sum over its live processes of utime+stime plus cutime+cstime: a child that
 exits and is reaped (Apache prefork recycling a process) adds its times to its parent's
@@ -58,6 +59,23 @@ def tree_cpu_seconds(pids: list[int]) -> float:
     return sum(process_cpu_seconds(pid) for pid in pids)
 
 
+def process_kernel_seconds(pid: int) -> float:
+    """The part of a process's CPU seconds (and its reaped children's) spent in the kernel:
+    stat's stime + cstime, in ticks (0 if it is gone). For a server this is the system calls
+    and the network stack's work done on its behalf - the part no user-space change removes,
+    so it bounds what a faster server can gain over another (docs/bench/README.md)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rfind(")") + 2:].split()
+    return (int(fields[12]) + int(fields[14])) / TICKS
+
+
+def tree_kernel_seconds(pids: list[int]) -> float:
+    return sum(process_kernel_seconds(pid) for pid in pids)
+
+
 def rss_kib(pid: int) -> int:
     """Resident set size of one process in KiB (0 if it is gone)."""
     try:
@@ -97,6 +115,7 @@ def tree_memory(root: int) -> MemorySnapshot:
 class TreeSample:
     """What a Sampler saw over one load run."""
     cpu_seconds: float = 0.0
+    kernel_seconds: float = 0.0
     peak_cpu_percent: float = 0.0
     peak_rss_kib: int = 0
     peak_pss_kib: int = 0
@@ -152,7 +171,9 @@ class Sampler:
 
     def start(self) -> "Sampler":
         self._start_wall = time.monotonic()
-        self._start_cpu = tree_cpu_seconds(self._pids())
+        pids = self._pids()
+        self._start_cpu = tree_cpu_seconds(pids)
+        self._start_kernel = tree_kernel_seconds(pids)
         self._first = self._sample(0, None)
         self._thread.start()
         return self
@@ -162,6 +183,7 @@ class Sampler:
         self._thread.join()
         pids = self._pids()
         self.result.cpu_seconds = max(0.0, tree_cpu_seconds(pids) - self._start_cpu)
+        self.result.kernel_seconds = max(0.0, tree_kernel_seconds(pids) - self._start_kernel)
         self.result.peak_pss_kib = max(self.result.peak_pss_kib, sum(pss_kib(p) for p in pids))
         self.result.wall_seconds = time.monotonic() - self._start_wall
         return self.result

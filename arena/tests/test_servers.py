@@ -13,7 +13,7 @@ import pytest
 
 from arena import ports, probe
 from arena.errors import ArenaError
-from arena.measure import Sampler, tree_memory
+from arena.measure import Sampler, TreeSample, tree_memory
 from arena.procs import alive
 from arena.servers import SERVERS, WEB_SERVERS, Site, SiteOptions, get, parse_list
 from arena.servers.nginx import Nginx
@@ -74,6 +74,35 @@ def test_sampler_counts_cpu_finer_than_a_clock_tick():
         child.kill()
         child.wait()
     assert 0.003 <= sample.cpu_seconds < 0.5
+
+
+def _sampled(program: str) -> TreeSample:
+    """What the sampler saw of a child running `program` once (start-up left out)."""
+    child = subprocess.Popen([sys.executable, "-c", program], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        child.stdout.readline()
+        sampler = Sampler(child.pid, interval=10).start()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        child.stdout.readline()
+        return sampler.stop()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_sampler_tells_the_kernels_part_of_the_cpu():
+    """User-space work shows as CPU with next to nothing in the kernel; system calls (64 KB
+    read from /dev/zero again and again) show as mostly the kernel's."""
+    # (time.monotonic is read without a system call; process_time is one.)
+    spin = "import sys,time\nprint(flush=True)\nsys.stdin.readline()\nt=time.monotonic()\n" \
+        "while time.monotonic()-t<0.3: sum(range(1000))\nprint(flush=True)\n"
+    calls = "import os,sys,time\nprint(flush=True)\nsys.stdin.readline()\nfd=os.open('/dev/zero',os.O_RDONLY)\n" \
+        "t=time.monotonic()\nwhile time.monotonic()-t<0.3:\n    for _ in range(100): os.pread(fd, 65536, 0)\n" \
+        "print(flush=True)\n"
+    user, kernel = _sampled(spin), _sampled(calls)
+    assert user.cpu_seconds >= 0.1 and user.kernel_seconds <= user.cpu_seconds / 3
+    assert kernel.cpu_seconds >= 0.1 and kernel.kernel_seconds >= kernel.cpu_seconds / 2
 
 
 class BrokenNginx(Nginx):

@@ -159,6 +159,7 @@ def record(result: LoadResult, tool: ToolRun | None, failure: str | None, sample
         "non_2xx_3xx": result.non_2xx_3xx,
         "server_cpu_s": sample.cpu_seconds,
         "cpu_per_10k": sample.cpu_seconds / served * 10000 if served else None,
+        "kernel_cpu_per_10k": sample.kernel_seconds / served * 10000 if served else None,
         "peak_cpu_pct": sample.peak_cpu_percent,
         "peak_rss_mib": sample.peak_rss_kib / 1024,
         "peak_pss_mib": sample.peak_pss_kib / 1024,

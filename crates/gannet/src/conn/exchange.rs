@@ -418,12 +418,15 @@ async fn answer<E: Exchange>(
 }
 
 /// HTTP/2's rule for a body declared empty (Content-Length: 0) on a stream not ended yet:
-/// an application that takes bodies unbuffered is asked at once, without waiting for the
-/// stream's end, as nginx does (a buffered one waits for it, as there).
+/// a proxied application that takes bodies unbuffered is asked at once, without waiting
+/// for the stream's end, as nginx does (a buffered one waits for it, as there; a FastCGI
+/// one is sent the request at once and the empty STDIN record that ends the body at the
+/// stream's end, `gateway::streams`).
 pub fn declared_empty(req: &Request, handled: &Handled) -> bool {
     matches!(req.head.body, BodyKind::Length(0))
         && matches!(handled, Handled::Gateway)
-        && super::gateway::unbuffered(req).is_some()
+        && super::gateway::unbuffered(req)
+            .is_some_and(|p| p != crate::modules::gateway::Proto::FastCgi)
 }
 
 /// A body compressed while sent (`resp.encode`: a large file, an application's answer),

@@ -1105,6 +1105,10 @@ pub fn streams(req: &Request) -> Option<Streamed> {
     let proto = unbuffered(req)?;
     match req.head.body {
         BodyKind::Length(n) if n > 0 => Some(Streamed::Length(n)),
+        // FastCGI ends a body with an empty STDIN record, which for a body declared empty
+        // on an HTTP/2 stream still open goes at the stream's end, as nginx's (a body at
+        // hand is not streamed at all).
+        BodyKind::Length(0) if proto == Proto::FastCgi => Some(Streamed::Length(0)),
         BodyKind::Chunked if proto == Proto::Http && req.conf.proxy.http11() => {
             Some(Streamed::Chunked)
         }

@@ -434,7 +434,10 @@ pub async fn serve_h2(
     resp.length_unknown = true;
     let req = &*req;
     let (h, head_len) = h2_response::head(&resp, 0, req.conf.core.server_tokens());
-    let ended = up.is_end_stream();
+    // A HEAD request's answer is its head alone (as nginx's `header_only`): what the
+    // server sends after it is not read (the upstream stream is cancelled when dropped).
+    let head_only = req.head.method_str() == "HEAD";
+    let ended = up.is_end_stream() || head_only;
     let mut stream = match respond.send_response(h, ended) {
         Ok(s) => s,
         Err(_) => {

@@ -22,7 +22,7 @@ use super::exchange::{self, Exchange, Reset};
 use super::gateway::{Outcome, Tunnel};
 use super::grpc::Served;
 use super::h2_flood::{Flood, FloodGuard};
-use super::h2_mend::{Fault, HpackMend, Refused};
+use super::h2_mend::{Fault, HpackMend, Refused, CONTENT_LENGTH_ALIAS};
 use super::h2_response;
 use super::request_body::Failed;
 use super::source::Source;
@@ -35,7 +35,7 @@ use crate::modules::gateway::Streamed;
 use crate::modules::LocConf;
 use crate::runtime::worker::Worker;
 use bytes::{Bytes, BytesMut};
-use gannet_proto::h1::{ParseError, RequestHead};
+use gannet_proto::h1::{BodyKind, ParseError, RequestHead};
 use gannet_proto::uri::parse_target_with;
 use h2::server::SendResponse;
 use h2::RecvStream;
@@ -51,6 +51,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 /// The connection's receive window: the most HTTP/2 allows, as nginx's.
 const CONN_WINDOW: u32 = (1 << 31) - 1;
+
+/// HTTP/2's initial stream window until SETTINGS say otherwise (RFC 9113 6.9.2).
+const DEFAULT_WINDOW: u32 = 65_535;
 
 /// How often a connection looks at the worker's drain flag.
 const DRAIN_CHECK: Duration = Duration::from_secs(1);
@@ -115,6 +118,9 @@ where
     // A client's over-long Huffman padding is taken, and the fields nginx answers 400 are
     // noted (`conn::h2_mend`; after the preface, which `Prefixed` gives again).
     let refused = Rc::new(Refused::default());
+    refused
+        .early_bodies_refused
+        .set(h2c.body_preread_size() < DEFAULT_WINDOW);
     let io = HpackMend::new(io, PREFACE.len(), Some(refused.clone()));
     let handshake = builder.handshake::<_, Bytes>(io);
     let mut conn = match tokio::time::timeout(core.client_header_timeout(), handshake).await {
@@ -333,13 +339,20 @@ async fn answer(
     let default = g.servers[g.default].clone();
     let timeout = default.conf.core.client_body_timeout();
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let fields = parts
-        .headers
-        .iter()
-        .map(|(n, v)| (n.as_str(), v.as_bytes()));
+    // Content-Length comes under `h2_mend`'s alias (the codec would reset the stream where
+    // nginx answers 400): taken back here, and checked against the body by `H2Body`.
+    let fields = parts.headers.iter().map(|(n, v)| match n.as_str() {
+        CONTENT_LENGTH_ALIAS => ("content-length", v.as_bytes()),
+        n => (n, v.as_bytes()),
+    });
     let authority = parts.uri.authority().map(|a| a.as_str());
     // nginx's ngx_http_v2_parse_method: upper-case letters, `_` and `-` only (the codec
     // takes any token).
+    if fault == Some(Fault::Unacked) {
+        // nginx: "client sent stream with data before settings were acknowledged".
+        respond.send_reset(h2::Reason::REFUSED_STREAM);
+        return timeout;
+    }
     let method = match fault {
         Some(Fault::Connect) => "CONNECT",
         _ => parts.method.as_str(),
@@ -357,6 +370,7 @@ async fn answer(
             default.conf.core.header_names(),
         ),
     }
+    .and_then(|head| ended_early(head, recv.is_end_stream()))
     .and_then(|head| {
         parse_target_with(head.target(), default.conf.core.merge_slashes()).map(|t| (head, t))
     });
@@ -380,6 +394,17 @@ async fn answer(
     let mut ex = H2Exchange { recv, respond };
     exchange::serve(&mut ex, w, &mut req).await;
     req.conf.core.client_body_timeout()
+}
+
+/// A stream ended with its HEADERS that announced a body (nginx: 400, "client prematurely
+/// closed stream").
+fn ended_early(head: RequestHead, ended: bool) -> Result<RequestHead, ParseError> {
+    match head.body {
+        BodyKind::Length(n) if ended && n > 0 => {
+            Err(ParseError::BadRequest("client prematurely closed stream"))
+        }
+        _ => Ok(head),
+    }
 }
 
 /// HTTP/2's part in the exchange: a stream's body as its DATA frames come, its answer
@@ -481,6 +506,7 @@ async fn read_body(recv: &mut RecvStream, limit: u64, timeout: Duration) -> Resu
         limit,
         timeout,
         total: 0,
+        declared: None,
     };
     while body.next().await?.is_some() {}
     Ok(body.total)
@@ -493,6 +519,11 @@ struct H2Body<'a> {
     limit: u64,
     timeout: Duration,
     total: u64,
+    /// The Content-Length the request announced: the DATA must add up to it, else nginx
+    /// answers 400 ("client intended to send body data larger than declared", "client
+    /// prematurely closed stream"). Not checked on a body read off unwanted (nginx skips
+    /// its DATA unread).
+    declared: Option<u64>,
 }
 
 impl<'a> H2Body<'a> {
@@ -503,6 +534,10 @@ impl<'a> H2Body<'a> {
             limit: core.client_max_body_size(),
             timeout: core.client_body_timeout(),
             total: 0,
+            declared: match req.head.body {
+                BodyKind::Length(n) => Some(n),
+                _ => None,
+            },
         }
     }
 
@@ -517,6 +552,9 @@ impl<'a> H2Body<'a> {
                 // dropped: nothing in gannet reads trailers).
                 Ok(None) => {
                     return match tokio::time::timeout(self.timeout, self.recv.trailers()).await {
+                        Ok(Ok(_)) if self.declared.is_some_and(|n| n != self.total) => {
+                            Err(BodyError::Malformed)
+                        }
                         Ok(Ok(_)) => Ok(None),
                         _ => Err(BodyError::Io),
                     }
@@ -524,6 +562,16 @@ impl<'a> H2Body<'a> {
                 Ok(Some(Err(_))) | Err(_) => return Err(BodyError::Io),
             };
             self.total += chunk.len() as u64;
+            // As nginx, DATA past the Content-Length, or a last DATA frame that leaves the
+            // body short, is refused before it goes anywhere.
+            let (total, ended) = (self.total, self.recv.is_end_stream());
+            if self
+                .declared
+                .is_some_and(|n| total > n || (ended && total < n))
+            {
+                let _ = self.recv.flow_control().release_capacity(chunk.len());
+                return Err(BodyError::Malformed);
+            }
             if self.limit > 0 && self.total > self.limit {
                 return Err(BodyError::TooLarge);
             }

@@ -37,6 +37,9 @@ const CONTINUATION: u8 = 0x9;
 const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
+const SETTINGS: u8 = 0x4;
+const ACK: u8 = 0x1;
+const END_STREAM: u8 = 0x1;
 /// A header block longer than this is given on as it came (the codec's own limits apply).
 const MAX_BLOCK: usize = 256 * 1024;
 /// The largest frame payload either side of gannet accepts by default (SETTINGS_MAX_FRAME_SIZE).
@@ -49,6 +52,9 @@ const MAX_FRAME: usize = 16 * 1024;
 pub struct Refused {
     ids: RefCell<Vec<(u32, Fault)>>,
     lens: RefCell<Vec<(u32, u32)>>,
+    /// `http2_body_preread_size` is under HTTP/2's default window: a stream that opens
+    /// with a body before the client acknowledged the server's SETTINGS is refused.
+    pub early_bodies_refused: std::cell::Cell<bool>,
 }
 
 /// What a request's header block had that the codec would not take.
@@ -62,6 +68,10 @@ pub enum Fault {
     Connect,
     /// A field nginx answers 400.
     Invalid,
+    /// A body coming before the client acknowledged SETTINGS that offered a stream window
+    /// under the default (nginx: RST_STREAM REFUSED_STREAM, "client sent stream with data
+    /// before settings were acknowledged"; the client may have sent more than the window).
+    Unacked,
 }
 
 impl Refused {
@@ -134,6 +144,8 @@ pub struct HpackMend<IO> {
     ready: BytesMut,
     /// The highest stream a header block came on.
     last_sid: u32,
+    /// The client acknowledged the server's SETTINGS.
+    acked: bool,
 }
 
 impl<IO> HpackMend<IO> {
@@ -147,6 +159,7 @@ impl<IO> HpackMend<IO> {
             held: BytesMut::new(),
             ready: BytesMut::new(),
             last_sid: 0,
+            acked: false,
         }
     }
 
@@ -167,6 +180,7 @@ impl<IO> HpackMend<IO> {
             if matches!(h[3], HEADERS | CONTINUATION) {
                 return Some(at);
             }
+            self.acked |= is_settings_ack(h);
             self.skip = frame_len(h);
             at += 9;
         }
@@ -179,6 +193,7 @@ impl<IO> HpackMend<IO> {
         while self.held.len() >= 9 {
             let h = &self.held[..9];
             if !matches!(h[3], HEADERS | CONTINUATION) {
+                self.acked |= is_settings_ack(h);
                 let len = frame_len(h);
                 let take = (9 + len).min(self.held.len());
                 self.skip = 9 + len - take;
@@ -215,6 +230,9 @@ impl<IO> HpackMend<IO> {
                 self.last_sid = sid;
                 if let Some(r) = &self.refused {
                     r.note_len(sid, block_len(&block));
+                    if !self.acked && block[4] & END_STREAM == 0 && r.early_bodies_refused.get() {
+                        r.note(sid, Fault::Unacked);
+                    }
                 }
             }
             match mend_block(&block, check, request) {
@@ -229,6 +247,11 @@ impl<IO> HpackMend<IO> {
             }
         }
     }
+}
+
+/// A frame header of a SETTINGS frame with ACK.
+fn is_settings_ack(h: &[u8]) -> bool {
+    h[3] == SETTINGS && h[4] & ACK != 0
 }
 
 fn frame_len(h: &[u8]) -> usize {
@@ -330,6 +353,10 @@ fn mend_fields(block: &[u8], check: bool, request: bool) -> Option<(Vec<u8>, Fau
     // dynamic table leaves that unknown.
     let mut seen = [false; 3];
     let mut unknown = false;
+    // Empty pseudo-headers given on as other fields (`empty_pseudo`): where each was, and
+    // whether a field after it goes into the dynamic table.
+    let mut renamed: Vec<(usize, Vec<u8>)> = Vec::new();
+    let mut inserts_after = false;
     while at < block.len() {
         let b = block[at];
         let start = at;
@@ -358,6 +385,7 @@ fn mend_fields(block: &[u8], check: bool, request: bool) -> Option<(Vec<u8>, Fau
         if prefix != 5 {
             name_is(index);
         }
+        inserts_after |= prefix == 6 && !renamed.is_empty();
         if check && request && prefix == 7 && index == 1 {
             // `:authority` empty (the static entry), which nginx answers 400 and the codec
             // would reset the stream for: dropped (an indexed field leaves the table as it
@@ -366,7 +394,25 @@ fn mend_fields(block: &[u8], check: bool, request: bool) -> Option<(Vec<u8>, Fau
             changed = true;
             continue;
         }
-        out.extend_from_slice(&block[start..at]);
+        // Where this representation starts in `out`, and the first byte of a literal one
+        // with the same indexing that names its field anew.
+        let rep_at = out.len();
+        let literal = match prefix {
+            7 => 0x00,
+            6 => 0x40,
+            _ => b & 0xf0,
+        };
+        if check && request && prefix != 5 && index == CONTENT_LENGTH_INDEX {
+            changed = true;
+            alias_content_length(&mut out, literal);
+            if prefix == 7 {
+                // The static entry's empty value.
+                out.push(0);
+                continue;
+            }
+        } else {
+            out.extend_from_slice(&block[start..at]);
+        }
         let mut path = check && request && strings == 1 && matches!(index, 4 | 5);
         let mut method = check && request && strings == 1 && matches!(index, 2 | 3);
         // The value of `:authority` (static entry 1) or Host (38): `Some(pseudo)`.
@@ -382,6 +428,14 @@ fn mend_fields(block: &[u8], check: bool, request: bool) -> Option<(Vec<u8>, Fau
             let s = block.get(at + n..at + n + len)?;
             at += n + len;
             let kept = if huffman { trim_padding(s) } else { s };
+            if (method || path) && k + 1 == strings && kept.is_empty() {
+                out.truncate(rep_at);
+                renamed.push((rep_at, empty_pseudo(literal, method)));
+                seen[if method { 0 } else { 2 }] = false;
+                bad = true;
+                changed = true;
+                continue;
+            }
             if method && k + 1 == strings {
                 let value = if huffman {
                     decoded(kept)
@@ -405,6 +459,20 @@ fn mend_fields(block: &[u8], check: bool, request: bool) -> Option<(Vec<u8>, Fau
                     (false, true) => Some(kept.to_vec()),
                     (false, false) => None,
                 };
+                if let (true, Some(name)) = (request, &name) {
+                    if name.as_slice() == b"content-length" {
+                        changed = true;
+                        put_int(&mut out, CONTENT_LENGTH_ALIAS.len() as u64, 7, 0);
+                        out.extend_from_slice(CONTENT_LENGTH_ALIAS.as_bytes());
+                        continue;
+                    }
+                    if name.as_slice() == CONTENT_LENGTH_ALIAS.as_bytes() {
+                        // The alias is gannet's own: a client's field of that name is
+                        // refused rather than taken for a Content-Length.
+                        bad = true;
+                        changed = true;
+                    }
+                }
                 if let Some(name) = &name {
                     match name.as_slice() {
                         b":method" => {
@@ -448,6 +516,13 @@ fn mend_fields(block: &[u8], check: bool, request: bool) -> Option<(Vec<u8>, Fau
             out.extend_from_slice(kept);
         }
     }
+    // A field among the pseudo-headers is a malformed request to the codec: they go last,
+    // unless a field after them goes into the dynamic table (their order there must stay
+    // the client's; the codec then resets the stream).
+    for (at, rep) in renamed.into_iter().rev() {
+        let at = if inserts_after { at } else { out.len() };
+        out.splice(at..at, rep);
+    }
     if check && request && !unknown && seen.contains(&false) {
         // A request without :method, :scheme or :path (nginx: 400; the codec would reset
         // the stream): the missing ones from the static table (GET, http, /), which leave
@@ -469,6 +544,133 @@ fn mend_fields(block: &[u8], check: bool, request: bool) -> Option<(Vec<u8>, Fau
         (false, false) => Fault::Lawful,
     };
     changed.then_some((out, fault))
+}
+
+/// HPACK's static index of `content-length` (RFC 7541 A).
+const CONTENT_LENGTH_INDEX: u64 = 28;
+
+/// The name a request's `content-length` field goes to the codec under, as long as it (so
+/// that the dynamic table keeps its size; a field the client names from that table later
+/// comes out under the alias too). The h2 crate resets a stream whose DATA does not add up
+/// to its Content-Length, or whose Content-Length does not parse, where nginx answers 400
+/// (after reading the body, through error_page): under another name the codec lets it be,
+/// `conn::h2` takes the field back as Content-Length and checks the body against it as
+/// nginx does.
+pub const CONTENT_LENGTH_ALIAS: &str = "x-gannet-c-len";
+const _: () = assert!(CONTENT_LENGTH_ALIAS.len() == "content-length".len());
+
+/// The start of a literal representation (`first`: its first byte, indexing kept) that
+/// names its field [`CONTENT_LENGTH_ALIAS`]; its value follows.
+fn alias_content_length(out: &mut Vec<u8>, first: u8) {
+    out.push(first);
+    put_int(out, CONTENT_LENGTH_ALIAS.len() as u64, 7, 0);
+    out.extend_from_slice(CONTENT_LENGTH_ALIAS.as_bytes());
+}
+
+/// An empty `:method` (`method`) or `:path`, which nginx answers 400 and the codec would
+/// reset the stream for: a literal representation (`first`: its first byte, indexing kept)
+/// of `xmethod` or `xpath`, a name as long, so the dynamic table keeps its size. The
+/// pseudo-header then counts as missing (filled from the static table), the stream as
+/// refused.
+fn empty_pseudo(first: u8, method: bool) -> Vec<u8> {
+    let name: &[u8] = if method { b"xmethod" } else { b"xpath" };
+    let mut out = vec![first];
+    put_int(&mut out, name.len() as u64, 7, 0);
+    out.extend_from_slice(name);
+    out.push(0);
+    out
+}
+
+#[cfg(test)]
+mod length_tests {
+    use super::*;
+
+    const ALIAS: &[u8] = CONTENT_LENGTH_ALIAS.as_bytes();
+
+    #[test]
+    fn content_length_goes_under_the_alias() {
+        let pseudo = [0x82, 0x86, 0x84];
+        // Named from the static table: incremental indexing, without, never indexed.
+        for (rep, first) in [(0x5c, 0x40), (0x0f, 0x00), (0x1f, 0x10)] {
+            let mut block = pseudo.to_vec();
+            block.push(rep);
+            if rep != 0x5c {
+                block.push(0x0d); // 28 past the 4-bit prefix
+            }
+            block.extend([2, b'1', b'0']);
+            let mut want = pseudo.to_vec();
+            want.extend([first, 14]);
+            want.extend(ALIAS);
+            want.extend([2, b'1', b'0']);
+            assert_eq!(
+                mend_fields(&block, true, true),
+                Some((want, Fault::Lawful)),
+                "{rep:#x}"
+            );
+        }
+        // A literal name, plain or Huffman-coded.
+        let mut plain = pseudo.to_vec();
+        plain.extend(b"\x40\x0econtent-length\x011");
+        let mut coded = pseudo.to_vec();
+        coded.push(0x40);
+        let mut h = Vec::new();
+        httlib_huffman::encode(b"content-length", &mut h).unwrap();
+        coded.push(0x80 | h.len() as u8);
+        coded.extend(&h);
+        coded.extend(b"\x011");
+        let mut want = pseudo.to_vec();
+        want.extend([0x40, 14]);
+        want.extend(ALIAS);
+        want.extend(b"\x011");
+        for block in [plain, coded] {
+            assert_eq!(
+                mend_fields(&block, true, true),
+                Some((want.clone(), Fault::Lawful))
+            );
+        }
+        // The indexed static entry (an empty value): without indexing.
+        let mut want = pseudo.to_vec();
+        want.extend([0x00, 14]);
+        want.extend(ALIAS);
+        want.push(0);
+        assert_eq!(
+            mend_fields(&[0x82, 0x86, 0x84, 0x9c], true, true),
+            Some((want, Fault::Lawful))
+        );
+        // Trailers and an upstream's answers are left alone; the alias from a client is
+        // refused.
+        assert_eq!(mend_fields(&[0x5c, 1, b'1'], true, false), None);
+        assert_eq!(mend_fields(&[0x88, 0x5c, 1, b'1'], false, false), None);
+        let mut own = pseudo.to_vec();
+        own.extend([0x40, 14]);
+        own.extend(ALIAS);
+        own.extend([1, b'1']);
+        assert_eq!(
+            mend_fields(&own, true, true),
+            Some((own.clone(), Fault::Invalid))
+        );
+    }
+
+    #[test]
+    fn an_empty_method_or_path_is_renamed_and_refused() {
+        // :method "" with incremental indexing (as nginx's tests send it), then :path "".
+        // It goes after the pseudo-headers, the missing one filled first.
+        let got = mend_fields(&[0x42, 0x00, 0x86, 0x84], true, true);
+        let mut want = vec![0x82, 0x86, 0x84, 0x40, 7];
+        want.extend(b"xmethod\x00");
+        assert_eq!(got, Some((want, Fault::Invalid)));
+        let got = mend_fields(&[0x82, 0x04, 0x00, 0x86, 0x0f, 0x0d, 1, b'1'], true, true);
+        let mut want = vec![0x84, 0x82, 0x86, 0x00, 14];
+        want.extend(ALIAS);
+        want.extend([1, b'1', 0x00, 5]);
+        want.extend(b"xpath\x00");
+        assert_eq!(got, Some((want, Fault::Invalid)));
+        // Unless a field after it goes into the dynamic table.
+        let got = mend_fields(&[0x42, 0x00, 0x86, 0x84, 0x41, 1, b'a'], true, true);
+        let mut want = vec![0x82, 0x40, 7];
+        want.extend(b"xmethod\x00\x86\x84\x41\x01a");
+        assert_eq!(got, Some((want, Fault::Invalid)));
+    }
 }
 
 /// A plain `:path` nginx answers 400 (not `/...` nor `*`, or with a space or a control

@@ -116,8 +116,13 @@ pub(super) async fn stream(
         .enable_push(false)
         .initial_window_size(WINDOW)
         .initial_connection_window_size(WINDOW)
-        // An upstream's over-long Huffman padding is taken, as nginx takes it.
-        .handshake::<_, Bytes>(super::h2_mend::HpackMend::new(conn, 0, None));
+        // An upstream's over-long Huffman padding is taken, as nginx takes it; resets
+        // after a stream's reset fail its answer, as there (`conn::h2_resets`).
+        .handshake::<_, Bytes>(super::h2_mend::HpackMend::new(
+            super::h2_resets::Resets::new(conn, 0),
+            0,
+            None,
+        ));
     let (send, connection) = match tokio::time::timeout(c.connect_timeout(), shake).await {
         Ok(Ok(p)) => p,
         Ok(Err(e)) => return Err(failure(e, SENDING)),

@@ -56,6 +56,7 @@ pub mod h1;
 pub mod h2;
 pub mod h2_flood;
 pub mod h2_mend;
+pub mod h2_resets;
 pub mod h2_response;
 pub mod h2_upstream;
 pub mod h3;

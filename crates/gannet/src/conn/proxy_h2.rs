@@ -186,7 +186,7 @@ async fn attempt(
                 if let Ok(Ok(r)) =
                     tokio::time::timeout(std::time::Duration::from_millis(100), &mut *answer).await
                 {
-                    return read(req, via, addr, r).await.map_err(Err);
+                    return read(req, via, addr, r, up.0).await.map_err(Err);
                 }
                 return Err(Err(f));
             }
@@ -198,7 +198,7 @@ async fn attempt(
         Ok(Err(e)) => return Err(Ok(e)),
         Err(_) => return Err(Err(Failure::Timeout(READING_HEAD))),
     };
-    read(req, via, addr, r).await.map_err(Err)
+    read(req, via, addr, r, up.0).await.map_err(Err)
 }
 
 /// The answer after its head: the body read through the gateway's link.
@@ -207,6 +207,7 @@ async fn read(
     via: &Via,
     addr: &Addr,
     r: http::Response<RecvStream>,
+    send: SendStream<Bytes>,
 ) -> Result<Answered, Failure> {
     req.upstream.borrow_mut().head_read = Some(Instant::now());
     let (parts, recv) = r.into_parts();
@@ -215,6 +216,7 @@ async fn read(
     let trailers = req.conf.proxy.pass_trailers().then(|| trailer_slot(req));
     let d = Download {
         recv,
+        send,
         left: Bytes::new(),
         done: false,
         trailers,
@@ -348,10 +350,27 @@ impl tokio::io::AsyncWrite for Upload {
 /// body, after which the trailer fields are kept (`trailers`).
 pub struct Download {
     recv: RecvStream,
+    /// The request's side of the stream: where the server's reset shows.
+    send: SendStream<Bytes>,
     /// The rest of a frame a read had no room for.
     left: Bytes,
     done: bool,
     trailers: Option<Trailers>,
+}
+
+impl Download {
+    /// As nginx, a reset with an error read with the answer (a second reset comes as one
+    /// with an error, `conn::h2_resets`) fails it, the DATA before it included: nginx
+    /// judges what one read brought before it passes any of it on.
+    fn rejected(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
+        match self.send.poll_reset(cx) {
+            Poll::Ready(Ok(r)) if r != h2::Reason::NO_ERROR => Some(io::Error::other(format!(
+                "upstream rejected request with error {}",
+                u32::from(r)
+            ))),
+            _ => None,
+        }
+    }
 }
 
 impl tokio::io::AsyncRead for Download {
@@ -374,11 +393,17 @@ impl tokio::io::AsyncRead for Download {
             match ready!(me.recv.poll_data(cx)) {
                 Some(Ok(b)) => {
                     let _ = me.recv.flow_control().release_capacity(b.len());
+                    if let Some(e) = me.rejected(cx) {
+                        return Poll::Ready(Err(e));
+                    }
                     me.left = b;
                 }
                 Some(Err(e)) => return Poll::Ready(Err(h2_io(e))),
                 None => {
                     let t = ready!(me.recv.poll_trailers(cx)).map_err(h2_io)?;
+                    if let Some(e) = me.rejected(cx) {
+                        return Poll::Ready(Err(e));
+                    }
                     if let (Some(slot), Some(t)) = (&me.trailers, t) {
                         *slot.borrow_mut() = Some(t);
                     }

@@ -76,9 +76,12 @@ impl Http2Conf {
     }
 
     /// A stream's initial receive window: what a client may send of a body before it is
-    /// read (nginx's default 64k).
+    /// read (nginx's default 64k). nginx's 0 (nothing before the body is read, the window
+    /// opened then) is one byte here: the h2 crate cannot open a stream's window past its
+    /// initial size, so at 0 a body could never come; at 1 it comes a byte per window
+    /// update (docs/testing.md, known differences).
     pub fn body_preread_size(&self) -> u32 {
-        self.body_preread_size.unwrap_or(64 * 1024)
+        self.body_preread_size.unwrap_or(64 * 1024).max(1)
     }
 
     /// The header list cap (decoded names and values plus 32 bytes each, RFC 9113 6.5.2),
@@ -113,7 +116,17 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
             }
             c.chunk_size = Some(n.min(16 * 1024) as u32);
         }
-        "http2_body_preread_size" => c.body_preread_size = Some(size(d, MAX_WINDOW)?),
+        // As nginx: 0 (no preread: a stream's window opens only when its body is read) up
+        // to the largest window.
+        "http2_body_preread_size" => {
+            let n = setters::size_arg(d, 0)?;
+            if n > MAX_WINDOW {
+                return Err(d.error(format!(
+                    "the maximum body preread buffer size is {MAX_WINDOW}"
+                )));
+            }
+            c.body_preread_size = Some(n as u32);
+        }
         "http2_max_field_size" | "http2_max_header_size" => {
             c.max_header_size = Some(size(d, u64::from(u32::MAX))?)
         }

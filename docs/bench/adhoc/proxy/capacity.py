@@ -82,15 +82,15 @@ def wait_port(port: int) -> None:
     raise RuntimeError(f"nothing listens on {port}")
 
 
-def tree_cpu(pid: int) -> float:
-    """CPU seconds of `pid` and its children so far."""
+def tree_cpu(pid: int, part: slice = slice(11, 13)) -> float:
+    """CPU seconds of `pid` and its children so far (`part`: user and system time, or one)."""
     pids = [pid] + [int(p) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
                                                       text=True).stdout.split()]
     total = 0
     for p in pids:
         try:
             f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(f[11]) + int(f[12])
+            total += sum(map(int, f[part]))
         except (OSError, IndexError):
             pass
     return total / os.sysconf("SC_CLK_TCK")
@@ -156,6 +156,8 @@ def main() -> None:
     proxies = {}
     got = {n: [] for n in names}
     failed = {n: 0 for n in names}
+    used = {n: [] for n in names}
+    system = {n: [] for n in names}
     backend_cpu = []
     try:
         wait_port(BACKEND)
@@ -167,7 +169,11 @@ def main() -> None:
         for _ in range(ROUNDS):
             for n, p in proxies.items():
                 before, b0, t0 = p.throttled(), tree_cpu(backend.pid), time.monotonic()
+                c0, s0 = tree_cpu(p.proc.pid), tree_cpu(p.proc.pid, slice(12, 13))
                 rate, bad = wrk(p.port)
+                spent = time.monotonic() - t0
+                used[n].append((tree_cpu(p.proc.pid) - c0) / spent)
+                system[n].append((tree_cpu(p.proc.pid, slice(12, 13)) - s0) / max(tree_cpu(p.proc.pid) - c0, 1e-9))
                 backend_cpu.append((tree_cpu(backend.pid) - b0) / (time.monotonic() - t0))
                 assert p.throttled() > before, f"{n}: the quota never throttled it"
                 got[n].append(rate)
@@ -181,7 +187,7 @@ def main() -> None:
     med = {n: statistics.median(r) for n, r in got.items()}
     for n, r in got.items():
         print(f"{n:8} median {med[n]:>9,.0f} req/s under 25% of a core (range {min(r):,.0f}-{max(r):,.0f}), "
-              f"{failed[n]} failed; {ROUNDS} rounds of {SECONDS} s")
+              f"{failed[n]} failed; {ROUNDS} rounds of {SECONDS} s; CPU used {statistics.median(used[n]):.0%}, of it in the kernel {statistics.median(system[n]):.0%}")
     for n in names[1:]:
         print(f"gannet / {n}: {med['gannet'] / med[n]:.2f}x")
     print(f"back end CPU while measured: up to {max(backend_cpu):.0%} of CPU 1")
