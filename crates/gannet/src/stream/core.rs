@@ -422,13 +422,17 @@ impl Found {
 /// Each poll is one turn of the clock (`runtime::clock::Turns`): the times a session
 /// takes in one poll (its start, the connect's, the relay's first bytes and last
 /// activity) are one clock read, as nginx's cached time.
+///
+/// Boxed here, so that tokio's task holds a pointer: tokio moves a task's future whole
+/// into the task at the spawn and writes its stage (as big) again at the end, two copies
+/// of the session's ~1 KB where the box makes one, and its task cell stays small.
 pub fn serve_tcp(
     w: Rc<Worker>,
     stream: std::net::TcpStream,
     peer: SocketAddr,
     idx: usize,
 ) -> crate::runtime::clock::Turns<impl std::future::Future<Output = ()>> {
-    crate::runtime::clock::Turns::new(session(w, stream, peer, idx))
+    crate::runtime::clock::Turns::new(Box::pin(session(w, stream, peer, idx)))
 }
 
 async fn session(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, idx: usize) {
