@@ -244,6 +244,25 @@ def test_chunked_body_on_get_is_discarded(srv, client):
     assert c.response()[::2] == (200, b"bee")
 
 
+@pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
+def test_unwanted_body_still_coming_is_not_waited_for_as_nginx(tmp_path, client):
+    # A GET with a body nobody wants is answered before the body has come; the body is
+    # read off afterwards, and the next request on the connection is served, as in nginx.
+    conf = PEER_MAIN + """
+http {
+    access_log off;
+    server { listen 127.0.0.1:{port}; root {root}; }
+}
+"""
+    with side_by_side(tmp_path, conf, files=FILES) as (srv, nginx_port):
+        for port in (srv.port, nginx_port):
+            c = client(port, timeout=3)
+            c.send(req("/a.txt", "Content-Length: 11"))
+            assert c.response()[::2] == (200, b"hello"), port
+            c.send(b"GET /nope 1" + req("/x/b.txt"))
+            assert c.response()[::2] == (200, b"bee"), port
+
+
 def test_expect_continue_post_gets_final_405(srv, client):
     c = client(srv.port, timeout=3.0)
     status, _, _ = c.send(req("/a.txt", "Content-Length: 5", "Expect: 100-continue", method="POST")).response()

@@ -382,6 +382,27 @@ def test_max_errors(gannet, auth):
     wait_until(lambda: "client sent too many invalid commands" in srv.error_log())
 
 
+def test_server_error_logs_by_level(gannet, auth):
+    """A mail server's own `error_log`s each take the lines of their level: a session's
+    accept at debug (nginx's event module writes it to the listener's log) only in the
+    debug one, its `connected` line at info in both."""
+    p = free_port()
+    srv = start(gannet, f"""
+    auth_http 127.0.0.1:{auth.port};
+    server {{
+        listen 127.0.0.1:{p}; protocol imap;
+        error_log {{tmp}}/debug.log debug;
+        error_log {{tmp}}/info.log info;
+    }}
+""", p)
+    with socket.create_connection(("127.0.0.1", p), timeout=5) as s:
+        assert s.makefile("rb").readline().startswith(b"* OK")
+    debug, info = gannet.tmp / "debug.log", gannet.tmp / "info.log"
+    wait_until(lambda: "[debug]" in debug.read_text() and "connected to" in info.read_text())
+    assert "[debug]" not in info.read_text()
+    assert "accept: 127.0.0.1" in debug.read_text()
+
+
 def test_auth_server_failures_are_internal_errors(gannet):
     p = free_port()
     dead = free_port()

@@ -316,3 +316,33 @@ def test_unix_socket(gannet):
     finally:
         m.stop()
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.skipif(NGINX is None, reason="nginx is installed by scripts/test-all.sh")
+def test_head_closes_kept_connection_as_nginx(tmp_path, memcached):
+    """A HEAD request's value is not read: its connection is closed, not kept, as nginx does
+    (the next request opens a new one); a GET's is kept."""
+    memcached.set(b"/k", b"v" * 1000)
+    conf = PEER_MAIN + f"""
+http {{
+    upstream kept {{ server 127.0.0.1:{memcached.port}; keepalive 2; }}
+    server {{
+        listen 127.0.0.1:{{port}};
+        location / {{ set $memcached_key /k; memcached_pass kept; }}
+    }}
+}}
+"""
+    def opened(port, method):
+        before = total_connections(memcached)
+        assert exchange(port, b"%s / HTTP/1.0\r\nHost: x\r\n\r\n" % method).status == 200
+        assert exchange(port, b"GET / HTTP/1.0\r\nHost: x\r\n\r\n").status == 200
+        # Minus the `stats` connection.
+        return total_connections(memcached) - before - 1
+
+    with side_by_side(tmp_path, conf) as (srv, nginx_port):
+        for port in (srv.port, nginx_port):
+            # Warm: one connection kept.
+            exchange(port, b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")
+        got = {m: opened(srv.port, m) for m in (b"GET", b"HEAD")}
+        want = {m: opened(nginx_port, m) for m in (b"GET", b"HEAD")}
+    assert got == want == {b"GET": 0, b"HEAD": 1}

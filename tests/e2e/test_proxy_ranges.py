@@ -8,6 +8,8 @@ past `proxy_cache_max_range_offset`, when it goes to the upstream and is not sto
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from nginx_peer import NGINX, PEER_MAIN, side_by_side
@@ -105,3 +107,42 @@ def test_proxied_ranges_match_nginx(tmp_path, app):
         assert fetch(srv.port, "/cached/c", "Range: bytes=7000-7009\r\n")[:2] == (206, "bytes 7000-7009/10000")
         assert fetch(srv.port, "/cached/c", "Range: bytes=7000-7009\r\n")[:2] == (206, "bytes 7000-7009/10000")
         assert app.ranges(str(srv.port)) == [("/c", "bytes=7000-7009")] * 2
+
+
+def raw_get(port: int, path: str, rng: str) -> tuple[int, list[str], bytes]:
+    """(status, every Content-Range line, body) of one request."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: a\r\nRange: {rng}\r\nConnection: close\r\n\r\n".encode())
+        data = b"".join(iter(lambda: s.recv(65536), b""))
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    ranges = [v.strip() for n, _, v in (ln.partition(":") for ln in lines[1:]) if n.lower() == "content-range"]
+    return int(lines[0].split()[1]), ranges, body
+
+
+def test_upstream_content_range_gives_way(gannet):
+    """An upstream's Content-Range on a 200 (meaningless there) gives way to the range
+    filter's: one Content-Range on a 206, none beside a multipart answer's parts, the 416's
+    own (nginx 1.23.1; Debian's 1.22 sends both)."""
+    srv = gannet.start(conf="""
+        events {}
+        http {
+            access_log off;
+            proxy_cache_path {tmp}/cache keys_zone=c:1m;
+            server {
+                listen 127.0.0.1:{port};
+                location /cached/ { proxy_pass http://127.0.0.1:{port}/stub; proxy_cache c; proxy_cache_valid 200 1m; }
+                location /forced/ { proxy_pass http://127.0.0.1:{port}/stub; proxy_force_ranges on; }
+                location /stub {
+                    add_header Content-Range stub;
+                    add_header Accept-Ranges bytes;
+                    return 200 "SEE-THIS";
+                }
+            }
+        }""")
+    for path in ("/cached/", "/cached/", "/forced/"):
+        assert raw_get(srv.port, path, "bytes=0-4") == (206, ["bytes 0-4/8"], b"SEE-T"), path
+        assert raw_get(srv.port, path, "bytes=1000-")[:2] == (416, ["bytes */8"]), path
+    status, ranges, body = raw_get(srv.port, "/cached/", "bytes=0-2,4-")
+    assert status == 206 and ranges == [] and b"stub" not in body
+    assert b"Content-Range: bytes 0-2/8" in body and b"Content-Range: bytes 4-7/8" in body

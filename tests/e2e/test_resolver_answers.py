@@ -281,3 +281,55 @@ def test_ignored_answers_go_to_the_next_server(tmp_path):
     assert got[1] == (200, "")
     assert got[2] == (200, f"127.0.0.207:{backend}")
     assert ("tc2.test", "A", "tcp") in good.asked and ("tc2.test", "A", "udp") not in good.asked
+
+
+def test_status_named_by_next_upstream_goes_to_next_address_as_nginx(tmp_path):
+    """A name's addresses are tried in turn after an answer `proxy_next_upstream http_404`
+    names, within `proxy_next_upstream_tries`, as nginx does."""
+    import http.server
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=backend.serve_forever, daemon=True).start()
+    bport = backend.server_address[1]
+    dns = RecordDns({("three.test", "A"): [a("three.test", "127.0.0.1")] * 3, ("three.test", "AAAA"): []})
+    conf = PEER_MAIN + f"""
+http {{
+    access_log off;
+    server {{
+        listen 127.0.0.1:{{port}};
+        resolver 127.0.0.1:{dns.port};
+        proxy_next_upstream http_404;
+        add_header X-S $upstream_status always;
+        location / {{ proxy_pass http://$host:{bport}; }}
+        location /two {{ proxy_pass http://$host:{bport}; proxy_next_upstream_tries 2; }}
+    }}
+}}
+"""
+
+    def statuses(port, path):
+        with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
+            s.sendall(f"GET {path} HTTP/1.0\r\nHost: three.test\r\n\r\n".encode())
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        head = data.partition(b"\r\n\r\n")[0].decode()
+        return [line for line in head.split("\r\n") if line.startswith("X-S: ")]
+
+    try:
+        with side_by_side(tmp_path, conf) as (srv, nginx_port):
+            got = [statuses(srv.port, p) for p in ("/", "/two")]
+            want = [statuses(nginx_port, p) for p in ("/", "/two")]
+    finally:
+        dns.stop()
+        backend.shutdown()
+        backend.server_close()
+    assert got == want == [["X-S: 404, 404, 404"], ["X-S: 404, 404"]]

@@ -136,3 +136,26 @@ def _answers(srv, port):
         return data
     except OSError:
         return None
+
+
+def test_graceful_stop_does_not_linger_on_a_connection_the_client_closes(gannet):
+    # An HTTP/1.0 request (no keep-alive) in flight at SIGQUIT: its answer ends with the
+    # close the client asked for, and nothing is unread, so the draining worker closes
+    # at once, as nginx does, rather than waiting (up to 2 s) for the client to close
+    # first: a client that holds its socket does not hold the stop.
+    import time
+
+    srv = gannet.start(files={"big.bin": BIG})
+    busy = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    try:
+        busy.sendall(b"GET /big.bin HTTP/1.0\r\nHost: x\r\n\r\n")
+        got = busy.recv(65536)
+        assert got.startswith(b"HTTP/1.1 200 ")
+        srv.proc.send_signal(signal.SIGQUIT)
+        while chunk := busy.recv(1 << 20):
+            got += chunk
+        ended = time.monotonic()
+        srv.proc.wait(10)
+        assert time.monotonic() - ended < 1.0
+    finally:
+        busy.close()

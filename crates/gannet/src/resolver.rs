@@ -156,6 +156,11 @@ fn server_addrs(d: &Directive, a: &str) -> Result<Vec<SocketAddr>, ConfError> {
 }
 
 impl Resolver {
+    /// `valid=`: how long answers are kept whatever their TTL.
+    pub fn valid(&self) -> Option<Duration> {
+        self.valid
+    }
+
     /// The addresses of `name`, within `timeout` (the location's `resolver_timeout`), and
     /// until when they hold (their TTL, or `valid=`; the least along a CNAME chain).
     pub async fn lookup(

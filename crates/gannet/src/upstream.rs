@@ -13,12 +13,16 @@
 //! unlike nginx, which warns and keeps the last, a second method in a block is an error.
 //!
 //! `server NAME resolve` (nginx 1.27.3's, with `zone` and a `resolver` in the block or in
-//! http): the name is looked up at run time through the resolver, again once its answer's
-//! TTL (or the resolver's `valid=`) has passed, so its addresses follow DNS without a
-//! reload; a name that stops existing leaves the server out until it resolves again, and a
-//! name server that fails keeps the last addresses, as in nginx. Unlike nginx, which makes
-//! each address a peer of its own, the addresses of one server share its weight and
-//! failure count and take turns ([`Resolving`]).
+//! http): the name is looked up through the resolver when the workers start and again each
+//! time its answer's TTL (or the resolver's `valid=`) has passed, requests or not (one
+//! worker does it for all, [`keep_resolved`]), so its addresses follow DNS without a
+//! reload; a name that stops existing leaves the server out until it resolves again, a
+//! name server that fails keeps the last addresses, and a reload starts from them
+//! ([`kept_addrs`]), as in nginx. As nginx's peers, a request tries each address of the
+//! name once (they count in `*_next_upstream_tries`), and a group whose one server has one
+//! address never takes it out. Unlike nginx, where each address is a peer of its own, the
+//! addresses of one server share its weight and failure count and take turns
+//! ([`Resolving`]).
 //!
 //! Like nginx's, the state is per worker: no lock on the request path, and a worker that
 //! saw a server fail stops sending to it for `fail_timeout` on its own. Failures are counted
@@ -52,6 +56,7 @@
 //! and `random two`) until it is dropped.
 
 mod balance;
+mod kept_addrs;
 
 use gannet_conf::{setters, ConfError, Directive};
 use std::cell::RefCell;
@@ -143,60 +148,109 @@ pub struct Resolving {
     port: u16,
     resolver: Arc<crate::resolver::Resolver>,
     timeout: Duration,
-    /// The last addresses found (kept when a name server fails, as nginx does) and until
-    /// when they hold.
-    last: std::sync::Mutex<(Vec<IpAddr>, Option<Instant>)>,
-    /// Which of them the next request takes.
+    /// The last addresses found (kept when a name server fails, as nginx does), and
+    /// whether a lookup has ended yet (until then a request looks the name up itself).
+    last: std::sync::Mutex<(Vec<IpAddr>, bool)>,
+    /// How many addresses `last` holds: the server's peers, read without the lock.
+    count: std::sync::atomic::AtomicUsize,
+    /// Which of them the next request takes first.
     turn: std::sync::atomic::AtomicUsize,
+    /// Where the addresses are kept for the next config after a reload.
+    kept: Option<&'static kept_addrs::Slot>,
 }
 
 impl Resolving {
-    /// The address the next connection goes to, looked up again once the last answer has
-    /// expired; `None` while the name has no address.
-    pub async fn addr(&self) -> Option<Addr> {
-        let ip = |last: &(Vec<IpAddr>, Option<Instant>)| {
-            let ips = &last.0;
-            (!ips.is_empty()).then(|| ips[self.turn.fetch_add(1, Ordering::Relaxed) % ips.len()])
+    /// How many addresses the name has now (nginx's peers of the server).
+    pub fn count(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// The addresses a request tries, the next in turn first and the others after it
+    /// fails (each is a peer of its own to nginx's round robin); empty while the name has
+    /// none. Before the first lookup has ended, the request looks the name up itself.
+    pub async fn addrs(&self) -> Vec<Addr> {
+        let started = self.last.lock().unwrap_or_else(|e| e.into_inner()).1;
+        if !started {
+            self.refresh().await;
+        }
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let ips = &last.0;
+        let first = match ips.len() {
+            0 => return Vec::new(),
+            n => self.turn.fetch_add(1, Ordering::Relaxed) % n,
         };
-        let fresh = {
-            let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-            // Still valid: no lookup, no allocation.
-            last.1
-                .filter(|&until| Instant::now() < until)
-                .map(|_| ip(&last))
-        };
-        let ip = match fresh {
-            Some(ip) => ip,
-            None => {
-                let found = self.resolver.lookup(&self.host, self.timeout).await;
-                let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-                match found {
-                    Ok(got) => *last = (got.0, Some(got.1)),
-                    Err(crate::resolver::Failure::NotFound) => {
-                        if !last.0.is_empty() {
-                            crate::errlog::log(
-                                crate::errlog::Level::Error,
-                                format_args!(
-                                    "{} could not be resolved (3: Host not found)",
-                                    self.host
-                                ),
-                            );
-                        }
-                        *last = (Vec::new(), None);
-                    }
-                    Err(f) => crate::errlog::log(
-                        crate::errlog::Level::Error,
-                        format_args!("{} could not be resolved ({f})", self.host),
-                    ),
+        (0..ips.len())
+            .map(|k| {
+                let ip = ips[(first + k) % ips.len()];
+                Addr::Tcp(std::net::SocketAddr::new(ip, self.port).to_string().into())
+            })
+            .collect()
+    }
+
+    /// Look the name up now and keep what is found: the time until the next lookup, as
+    /// nginx's zone module times it (ngx_http_upstream_zone_resolve_handler): when the
+    /// answer expires (its TTL, or `valid=`; nginx adds a second there because its clock
+    /// counts seconds and the answer must have expired in its cache), the resolver's
+    /// `valid=` (else 10 s) after a name that does not exist, `resolver_timeout` (at
+    /// least a second) after a name server failed. Never less than a second: a TTL of 0
+    /// does not make it ask in a loop.
+    async fn refresh(&self) -> Duration {
+        let found = self.resolver.lookup(&self.host, self.timeout).await;
+        let now = Instant::now();
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        last.1 = true;
+        let wait = match found {
+            Ok((ips, until)) => {
+                last.0 = ips;
+                until.saturating_duration_since(now)
+            }
+            Err(f) => {
+                crate::errlog::log(
+                    crate::errlog::Level::Error,
+                    format_args!("{} could not be resolved ({f})", self.host),
+                );
+                if f != crate::resolver::Failure::NotFound {
+                    return self.timeout.max(Duration::from_secs(1));
                 }
-                ip(&last)
+                last.0.clear();
+                self.resolver.valid().unwrap_or(Duration::from_secs(10))
             }
         };
-        let ip = ip?;
-        Some(Addr::Tcp(
-            std::net::SocketAddr::new(ip, self.port).to_string().into(),
-        ))
+        self.count.store(last.0.len(), Ordering::Relaxed);
+        if let Some(k) = self.kept {
+            k.write(&last.0);
+        }
+        wait.max(Duration::from_secs(1))
     }
+}
+
+/// Keep `up`'s `server NAME resolve` number `i` resolved for as long as the config
+/// serves: looked up at once, then again each time the answer expires (nginx's resolve
+/// timer), whether requests come or not. One worker runs it for every worker, as nginx
+/// gives each name to one worker.
+pub async fn keep_resolved(up: Arc<Upstream>, i: usize) {
+    let Some(r) = up.servers.get(i).and_then(|s| s.resolve.as_ref()) else {
+        return;
+    };
+    loop {
+        let wait = r.refresh().await;
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// Every `server NAME resolve` of these groups: what [`keep_resolved`] is run for.
+pub fn resolving<'a>(
+    groups: impl IntoIterator<Item = &'a Arc<Upstream>>,
+) -> Vec<(Arc<Upstream>, usize)> {
+    let mut out = Vec::new();
+    for up in groups {
+        for (i, s) in up.servers.iter().enumerate() {
+            if s.resolve.is_some() {
+                out.push((up.clone(), i));
+            }
+        }
+    }
+    out
 }
 
 #[derive(Debug)]
@@ -247,15 +301,24 @@ impl Upstream {
         }
     }
 
-    /// How many servers one request may try (nginx's `peer.tries`): the ones not marked
-    /// `down`, backups included.
+    /// How many peers one request may try (nginx's `peer.tries`): the servers not marked
+    /// `down`, backups included, a `server NAME resolve` counting each of its addresses.
     pub fn tries(&self) -> usize {
-        self.servers.iter().filter(|s| !s.down).count()
+        self.servers
+            .iter()
+            .filter(|s| !s.down)
+            .map(|s| s.resolve.as_ref().map_or(1, Resolving::count))
+            .sum()
     }
 
-    /// One server and no backup: nginx's `single` peer, never taken out for its failures.
+    /// One peer: nginx's `single`, never taken out for its failures (a `server NAME
+    /// resolve` is one while its name has one address).
     pub fn single(&self) -> bool {
-        self.servers.len() == 1 && self.servers[0].resolve.is_none()
+        self.servers.len() == 1
+            && self.servers[0]
+                .resolve
+                .as_ref()
+                .is_none_or(|r| r.count() == 1)
     }
 
     pub fn healthy(&self, i: usize) -> bool {
@@ -463,13 +526,20 @@ pub fn parse(d: &Directive, http: &HttpResolver) -> Result<Upstream, ConfError> 
             .or(http.1)
             .unwrap_or(crate::resolver::DEFAULT_TIMEOUT);
         for (i, (host, port)) in names {
+            // What the name resolved to under the previous config: the servers start from
+            // it, as nginx's do after a reload.
+            let kept = kept_addrs::slot(&up.name, &host);
+            let ips = kept.map(kept_addrs::Slot::read).unwrap_or_default();
+            let n = ips.len();
             up.servers[i].resolve = Some(Resolving {
                 host,
                 port,
                 resolver: resolver.clone(),
                 timeout,
-                last: Default::default(),
+                count: n.into(),
+                last: std::sync::Mutex::new((ips, n > 0)),
                 turn: Default::default(),
+                kept,
             });
         }
     }

@@ -98,6 +98,8 @@ pub(super) fn interpret(
     let keep_alive = match version {
         Version::Http11 | Version::Http2 | Version::Http3 => !close,
         Version::Http10 => keep_alive_token && !close,
+        // The answer ends with the connection: HTTP/0.9 has no other framing.
+        Version::Http09 => false,
     };
     Ok(Fields {
         body,

@@ -17,6 +17,9 @@ use super::reqline::{self, RequestLine};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Version {
+    /// A request line without a version (`GET /`): no header fields, and an answer of the
+    /// body alone, as nginx still serves it.
+    Http09,
     Http10,
     Http11,
     /// A request that came as an HTTP/2 stream (see [`RequestHead::from_fields`]).
@@ -296,9 +299,20 @@ impl RequestHead {
         let mut expect_continue = false;
         let mut ignored = Vec::new();
         let mut seen = 0u8;
+        // Cookie fields (HTTP/2 and HTTP/3 may split the Cookie header, RFC 9113 8.2.3)
+        // joined with "; " into one, after the others, as nginx's
+        // ngx_http_v2_construct_cookie_header: an upstream gets one Cookie line.
+        let mut cookie: Option<std::borrow::Cow<'a, [u8]>> = None;
         for (name, value) in fields {
             if names.drops(name.as_bytes()) {
                 ignored.push(Bytes::copy_from_slice(name.as_bytes()));
+                continue;
+            }
+            if name.eq_ignore_ascii_case("cookie") {
+                cookie = Some(match cookie.take() {
+                    None => value.into(),
+                    Some(c) => [&c[..], b"; ", value].concat().into(),
+                });
                 continue;
             }
             if let Some(bit) = fields::unique(name.as_bytes()) {
@@ -329,6 +343,9 @@ impl RequestHead {
                 );
             }
             push(&mut raw, name.as_bytes(), value);
+        }
+        if let Some(c) = cookie {
+            push(&mut raw, b"cookie", &c);
         }
         raw.extend_from_slice(b"\r\n");
         let raw = Bytes::from(raw);
@@ -591,6 +608,10 @@ pub fn parse_request(
     if method == Method::Other && !lawful_method(&buf[parsed.line.method.clone()]) {
         return Err(ParseError::BadRequest("client sent invalid method"));
     }
+    // nginx serves HTTP/0.9 for GET only.
+    if parsed.line.version == Version::Http09 && method != Method::Get {
+        return Err(ParseError::BadRequest("invalid method in HTTP/0.9 request"));
+    }
     let raw = buf.split_to(parsed.len).freeze();
     let ignored = parsed.ignored.into_iter().map(|r| raw.slice(r)).collect();
     Ok(Some(RequestHead {
@@ -677,11 +698,23 @@ fn parse_with<'b>(
         }
         Ok(Status::Partial) => Ok(None),
         Err(httparse::Error::TooManyHeaders) => Err(Fail::TooManyHeaders),
+        // A line end right after the target (httparse's token error): HTTP/0.9, when the
+        // rest of the line is one; otherwise the error stands.
+        Err(e @ httparse::Error::Token) => match reqline::parse(b) {
+            Ok(Some((line, rest))) if line.version == Version::Http09 => {
+                finish(b, line, &[], rest, limits).map(Some)
+            }
+            Ok(None) if memchr::memchr(b'\n', b).is_none() => Ok(None),
+            _ => Err(map_httparse(e)),
+        },
         // Not `HTTP/1.0` / `HTTP/1.1` followed directly by the line end: decide ourselves.
         Err(httparse::Error::Version) | Err(httparse::Error::NewLine) => {
             let Some((line, rest)) = reqline::parse(b)? else {
                 return Ok(None);
             };
+            if line.version == Version::Http09 {
+                return finish(b, line, &[], rest, limits).map(Some);
+            }
             // Rare path: an initialised index of the same size keeps the same header limit.
             let mut init = vec![EMPTY_HEADER; slots.len()];
             match httparse::parse_headers(&b[rest..], &mut init) {

@@ -162,9 +162,9 @@ fn unsupported_and_bad_versions() {
             "{v}"
         );
     }
-    // HTTP/0.9: no version at all.
-    assert_eq!(status(b"GET /\r\n\r\n"), 400);
-    assert_eq!(status(b"GET /\n\n"), 400);
+    // HTTP/0.9 (no version at all) is served, as nginx does, for GET only.
+    assert_eq!(status(b"HEAD /\r\n"), 400);
+    assert_eq!(status(b"POST / \n"), 400);
     // Bare CR after the version.
     assert_eq!(status(b"GET / HTTP/1.1\rHost: a\r\n\r\n"), 400);
     assert_eq!(status(b"GET / HTTP/1.3\rHost: a\r\n\r\n"), 400);
@@ -687,6 +687,23 @@ fn head_from_fields_reads_like_an_http1_head() {
 }
 
 #[test]
+fn head_from_fields_joins_cookies_as_nginx() {
+    let fields: [(&str, &[u8]); 4] = [
+        ("cookie", b"a=b"),
+        ("accept", b"*/*"),
+        ("cookie", b"c=d"),
+        ("cookie", b"e=f"),
+    ];
+    let h =
+        RequestHead::from_fields("GET", "/", None, fields, false, HeaderNames::default()).unwrap();
+    let cookies: Vec<&[u8]> = h.header_all("cookie").collect();
+    assert_eq!(cookies, [&b"a=b; c=d; e=f"[..]]);
+    assert!(h
+        .raw()
+        .ends_with(b"accept: */*\r\ncookie: a=b; c=d; e=f\r\n\r\n"));
+}
+
+#[test]
 fn head_from_fields_checks_host_and_length() {
     let none: [(&str, &[u8]); 0] = [];
     let h =
@@ -792,4 +809,27 @@ fn set_header_replaces_or_adds_and_keeps_the_received_bytes() {
     // What was received keeps its length ($request_length) and request line ($request).
     assert_eq!(h.raw().len(), sent.len());
     assert!(h.raw().starts_with(b"GET / HTTP/1.1\r\nHost: a\r\n"));
+}
+
+#[test]
+fn http09_request_line() {
+    for line in [&b"GET /\r\n"[..], b"GET /\n", b"GET /x?a=1   \r\n"] {
+        let mut buf = BytesMut::from(&[line, b"Host: ignored\r\n\r\n"].concat()[..]);
+        let h = match parse_request(&mut buf, &Limits::default()) {
+            Ok(Some(h)) => h,
+            other => panic!("{line:?}: {other:?}"),
+        };
+        assert_eq!(h.version, Version::Http09);
+        assert!(!h.keep_alive && h.header("host").is_none());
+        assert!(h.target().starts_with(b"/"));
+        // No header fields are read: what follows the line stays in the buffer.
+        assert!(buf.starts_with(b"Host:"));
+    }
+    // Still incomplete: a CR without its LF.
+    assert!(matches!(
+        parse_request(&mut BytesMut::from(&b"GET /\r"[..]), &Limits::default()),
+        Ok(None)
+    ));
+    // A target running into a control byte is still a bad one.
+    assert_eq!(status(b"GET /\x01\r\n"), 400);
 }

@@ -35,7 +35,32 @@ pub(super) fn parse(b: &[u8]) -> Result<Option<(RequestLine, usize)>, ParseError
         return Ok(None);
     };
     // The same rule httparse applies to targets, so both paths accept the same requests.
-    if target.is_empty() || !cur.eat(b' ') || std::str::from_utf8(&b[target.clone()]).is_err() {
+    if target.is_empty() || std::str::from_utf8(&b[target.clone()]).is_err() {
+        return Err(ParseError::BadRequest("invalid request target"));
+    }
+    // HTTP/0.9 (nginx's `sw_http_09`): the line ends after the target and any spaces,
+    // with no version - and no header fields follow.
+    let after = cur.i;
+    if cur.take_while(|c| c == b' ').is_none() {
+        return Ok(None);
+    }
+    let line_end = match (cur.peek(), b.get(cur.i + 1)) {
+        (Some(b'\n'), _) => Some(cur.i + 1),
+        (Some(b'\r'), Some(b'\n')) => Some(cur.i + 2),
+        (Some(b'\r'), None) => return Ok(None),
+        _ => None,
+    };
+    if let Some(next) = line_end {
+        let line = RequestLine {
+            method,
+            target,
+            version: Version::Http09,
+            len: cur.i,
+        };
+        return Ok(Some((line, next)));
+    }
+    cur.i = after;
+    if !cur.eat(b' ') {
         return Err(ParseError::BadRequest("invalid request target"));
     }
     for &want in b"HTTP/" {

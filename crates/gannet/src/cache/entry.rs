@@ -144,12 +144,28 @@ pub async fn lookup(path: PathBuf, key: Arc<str>) -> Option<(File, Meta)> {
 
 /// What precedes an entry's body in its file: the fixed header, the key, the `Vary`
 /// header and the answer's head.
+#[cfg(test)]
 fn header(key: &str, meta: &Meta) -> Vec<u8> {
-    let mut h = Vec::with_capacity(FIXED + key.len() + meta.vary.len() + meta.head.len());
+    header_with(key, meta, 0, |h| h.extend_from_slice(&meta.head))
+}
+
+/// [`header`] with the answer's head written by `head` (straight into the buffer: a miss
+/// made its head's text, then copied it here) and room for `body` more bytes, so that the
+/// body held after it does not grow the buffer again (a miss's realloc of header and body,
+/// about 800 instructions; docs/bench/cache-report.md).
+pub fn header_with(
+    key: &str,
+    meta: &Meta,
+    body: usize,
+    head: impl FnOnce(&mut Vec<u8>),
+) -> Vec<u8> {
+    let body = body.min(HOLD_MAX);
+    let mut h = Vec::with_capacity(FIXED + key.len() + meta.vary.len() + 512 + body);
     h.extend_from_slice(MAGIC);
     h.extend_from_slice(&meta.valid.to_le_bytes());
     h.extend_from_slice(&meta.date.to_le_bytes());
-    for l in [key.len(), meta.vary.len(), meta.head.len()] {
+    // The head's length (at 32) is filled in once it is written.
+    for l in [key.len(), meta.vary.len(), 0] {
         h.extend_from_slice(&(l as u32).to_le_bytes());
     }
     h.extend_from_slice(&meta.variant);
@@ -157,7 +173,10 @@ fn header(key: &str, meta: &Meta) -> Vec<u8> {
     h.extend_from_slice(&meta.error.to_le_bytes());
     h.extend_from_slice(key.as_bytes());
     h.extend_from_slice(meta.vary.as_bytes());
-    h.extend_from_slice(&meta.head);
+    let start = h.len();
+    head(&mut h);
+    let len = (h.len() - start) as u32;
+    h[32..36].copy_from_slice(&len.to_le_bytes());
     h
 }
 
@@ -219,21 +238,52 @@ struct Output {
 
 static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// A new temp file's path in `dir`: `NNNNNNNNNN.PID` and `suffix` (the sequence number at
+/// least ten digits, as nginx's temp files), made in one allocation: `format!` and
+/// `Path::join` took about 1,650 instructions of a miss (docs/bench/cache-report.md).
+fn temp_name(dir: &Path, suffix: &[u8]) -> PathBuf {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = dir.as_os_str().as_bytes();
+    let mut p = Vec::with_capacity(dir.len() + 1 + 20 + 1 + 10 + suffix.len());
+    p.extend_from_slice(dir);
+    if !dir.is_empty() && p.last() != Some(&b'/') {
+        p.push(b'/');
+    }
+    push_decimal(&mut p, n, 10);
+    p.push(b'.');
+    push_decimal(&mut p, u64::from(super::shm::pid()), 1);
+    p.extend_from_slice(suffix);
+    PathBuf::from(std::ffi::OsString::from_vec(p))
+}
+
+/// `n` in decimal, zero-padded to `width` digits.
+pub fn push_decimal(out: &mut Vec<u8>, mut n: u64, width: usize) {
+    let mut digits = [b'0'; 20];
+    let mut i = digits.len();
+    while n > 0 || i == digits.len() {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+    let i = i.min(digits.len() - width.min(digits.len()));
+    out.extend_from_slice(&digits[i..]);
+}
+
 impl Writer {
-    /// Start the entry of `key` for `dest`, with a temp file in `tmp_dir` (a failure to
-    /// write it is logged and the entry not stored).
-    pub fn create(tmp_dir: &Path, dest: PathBuf, key: &str, meta: &Meta) -> Writer {
-        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    /// Start an entry for `dest` whose header ([`header_with`]) is `header`, with a temp
+    /// file in `tmp_dir` (a failure to write it is logged and the entry not stored).
+    pub fn create(tmp_dir: &Path, dest: PathBuf, header: Vec<u8>) -> Writer {
         let out = Output {
             file: None,
-            tmp: tmp_dir.join(format!("{:010}.{}.cache", n, super::shm::pid())),
+            tmp: temp_name(tmp_dir, b".cache"),
             dest,
             len: 0,
             failed: None,
             plain: None,
         };
         Writer {
-            state: State::Held(header(key, meta), Box::new(out)),
+            state: State::Held(header, Box::new(out)),
         }
     }
 
@@ -245,10 +295,9 @@ impl Writer {
         access: u32,
         mtime: Option<std::time::SystemTime>,
     ) -> Writer {
-        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let out = Output {
             file: None,
-            tmp: tmp_dir.join(format!("{:010}.{}", n, super::shm::pid())),
+            tmp: temp_name(tmp_dir, b""),
             dest,
             len: 0,
             failed: None,
@@ -295,6 +344,21 @@ impl Writer {
                 return;
             }
             written.await;
+        }
+    }
+
+    /// Put an entry held in memory in place now: its size on disk (`None`: it could not
+    /// be, the failure logged); the writer back if its bytes went to a blocking task.
+    pub fn commit_held(mut self) -> Result<Option<u64>, Writer> {
+        match std::mem::replace(&mut self.state, State::Done) {
+            State::Held(held, mut out) => {
+                out.apply(Op::Data(held));
+                Ok(out.commit())
+            }
+            state => {
+                self.state = state;
+                Err(self)
+            }
         }
     }
 
@@ -518,6 +582,27 @@ fn body(file: &mut File, meta: &Meta) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn temp_names() {
+        let mut v = Vec::new();
+        super::push_decimal(&mut v, 42, 10);
+        assert_eq!(v, b"0000000042");
+        v.clear();
+        super::push_decimal(&mut v, 0, 1);
+        assert_eq!(v, b"0");
+        v.clear();
+        super::push_decimal(&mut v, u64::MAX, 10);
+        assert_eq!(v, u64::MAX.to_string().as_bytes());
+        let p = super::temp_name(std::path::Path::new("/t/"), b".cache");
+        let name = p.file_name().unwrap().to_str().unwrap().to_string();
+        assert_eq!(p.parent(), Some(std::path::Path::new("/t")));
+        let want = format!(".{}.cache", super::super::shm::pid());
+        assert!(
+            name.ends_with(&want) && name.len() == 10 + want.len(),
+            "{name}"
+        );
+    }
+
+    #[test]
     fn written_then_read() {
         let dir = std::env::temp_dir().join(format!("gannet-entry-{}", std::process::id()));
         let dest = dir.join("a/bc/entry");
@@ -532,7 +617,7 @@ mod tests {
             body_start: 0,
             body_len: 0,
         };
-        let mut w = super::Writer::create(&dir, dest.clone(), "key", &meta);
+        let mut w = super::Writer::create(&dir, dest.clone(), super::header("key", &meta));
         w.write(b"hello");
         let size = std::sync::Arc::new(std::sync::Mutex::new(None));
         let got = size.clone();

@@ -26,11 +26,15 @@ use std::sync::{Arc, Mutex, Once, Weak};
 use std::time::Duration;
 use tokio::sync::Notify;
 
+/// This process's fetches by token; foldhash, not SipHash: each miss inserts and removes
+/// one (SipHash took about 200 instructions of it; docs/bench/cache-report.md).
+type Fetches = HashMap<u64, Arc<Notify>, foldhash::fast::RandomState>;
+
 /// What a worker process keeps of a zone for itself: the signals of its own fetches, and
 /// its manager thread.
 #[derive(Debug)]
 pub struct Local {
-    fetches: Mutex<HashMap<u64, Arc<Notify>>>,
+    fetches: Mutex<Fetches>,
     manager: Once,
 }
 
@@ -82,7 +86,7 @@ impl Default for Local {
 }
 
 impl Local {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Notify>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Fetches> {
         self.fetches.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

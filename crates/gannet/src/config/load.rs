@@ -98,6 +98,7 @@ pub fn build(tree: &[Directive], prefix: &Path) -> Result<Config, ConfError> {
         log_files: Vec::new(),
         error_files: Vec::new(),
         probes: Vec::new(),
+        resolving: Vec::new(),
         staplers: Vec::new(),
         purge_zones: Vec::new(),
         acme: None,
@@ -476,6 +477,7 @@ fn load_http(cfg: &mut Config, http: &Directive, prefix: &Path) -> Result<(), Co
     cfg.listens = groups;
     cfg.log_files = lctx.log_files;
     cfg.probes = lctx.probes;
+    cfg.resolving = crate::upstream::resolving(lctx.upstreams.values());
     let fanout = lctx.caches.values().filter(|z| z.redis.is_some());
     cfg.purge_zones = fanout.cloned().collect();
     cfg.staplers = std::mem::take(&mut lctx.tls.staplers);

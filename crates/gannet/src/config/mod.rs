@@ -41,6 +41,9 @@ pub struct Config {
     pub error_files: Vec<Arc<crate::errlog::Log>>,
     /// Every `health_check`: what the first worker probes.
     pub probes: Vec<Probe>,
+    /// Every upstream `server NAME resolve` (a group and the server's index): what the
+    /// first worker keeps resolved.
+    pub resolving: Vec<(Arc<crate::upstream::Upstream>, usize)>,
     /// Every certificate stapled from its OCSP responder: what the first worker queries.
     pub staplers: Vec<Arc<crate::tls::stapling::Stapler>>,
     /// Every `*_cache_path` with `redis=name`: what the first worker listens for purges on.

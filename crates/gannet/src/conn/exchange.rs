@@ -52,6 +52,10 @@ pub trait Exchange {
     const UPGRADES: bool;
     /// The protocol passes gRPC through itself ([`Exchange::grpc`]), both ways at once.
     const GRPC: bool = false;
+    /// A body nobody wants that has not all arrived is read off after the answer, which
+    /// does not wait for it (HTTP/1.x: nginx's ngx_http_discard_request_body reads what is
+    /// there and the rest as it comes; the other protocols read off a stream's body apart).
+    const DISCARDS_AFTER: bool = false;
 
     /// Whether a body is announced and still to come from the client (HTTP/1.x: the head
     /// announced one; HTTP/2: the stream is not ended). `handled` is the phases' answer.
@@ -191,11 +195,10 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
             "client sent plain HTTP request to HTTPS port".to_string(),
         ))
     } else {
-        req.conn
-            .tls
-            .as_ref()
-            .zip(req.server.tls.as_ref())
-            .and_then(|(t, s)| t.refusal(s))
+        req.conn.tls.as_ref().and_then(|t| match &req.server.tls {
+            Some(s) => t.refusal(s),
+            None => t.refusal_by_mode(req.server.conf.tls.verify_client(), &req.host),
+        })
     };
     let handled = match refusal {
         // nginx's own status (497, 495, 496) or 421, through `error_page` like any other;
@@ -236,6 +239,16 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
     answer(ex, w, req, handled, keep).await
 }
 
+/// A body of a length within `client_body_buffer_size` (and `client_max_body_size`): what
+/// is read off after the answer. A larger (or chunked) one is read off before it, as a
+/// client that sends all before it reads would otherwise block on its sending while the
+/// answer waits for it to read; one over the limit closes the connection after its 413.
+fn small_length(req: &Request) -> bool {
+    let buffer = req.conf.client_body.buffer_size();
+    let limit = req.conf.core.client_max_body_size();
+    matches!(req.head.body, BodyKind::Length(n) if n <= buffer && (limit == 0 || n <= limit))
+}
+
 /// A request whose head nginx refuses (a 400 found by the protocol's own checks): answered
 /// through the server's `error_page` like any other status (nginx finalizes it so), where
 /// a `return 444` ends the exchange without an answer.
@@ -273,6 +286,7 @@ async fn answer<E: Exchange>(
     if stream_body.is_some() && ex.body_at_hand(req) {
         stream_body = None;
     }
+    let mut discard_after = false;
     if ex.body_pending(req, &handled) {
         let wanted = matches!(handled, Handled::Gateway | Handled::Put);
         // The body is read before the answer: kept for an application, else read off and
@@ -283,6 +297,15 @@ async fn answer<E: Exchange>(
         // unanswered, which h2spec 6.9.1 checks.)
         if !wanted && (req.head.expect_continue || matches!(handled, Handled::Close)) {
             keep = false;
+        } else if E::DISCARDS_AFTER
+            && !wanted
+            && keep
+            && matches!(handled, Handled::Respond(_))
+            && req.conf.mirror.uris().is_empty()
+            && small_length(req)
+            && !ex.body_at_hand(req)
+        {
+            discard_after = true;
         } else {
             if !ex.body_expected(req, wanted).await {
                 return false;
@@ -330,6 +353,17 @@ async fn answer<E: Exchange>(
     super::mirror::spawn(w, req);
     loop {
         match handled {
+            Handled::Respond(resp) if discard_after => {
+                // The body's rest is read off after the answer, flushed first (it waits
+                // for no more than that): before the next request, or before the close of
+                // an answer that closes (so that the close does not reset it with bytes
+                // unread, as nginx's lingering close). A connection where that fails
+                // closes.
+                let kept = ex.respond(w, req, resp, keep).await;
+                let drained = ex.body_expected(req, false).await
+                    && Box::pin(ex.discard_body(req)).await.is_ok();
+                return kept && drained;
+            }
             Handled::Respond(resp) => return ex.respond(w, req, resp, keep).await,
             Handled::Put => handled = handler::put_body_read(req, w),
             Handled::Close => {

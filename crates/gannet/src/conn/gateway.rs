@@ -248,6 +248,9 @@ pub(super) struct Link {
     stdout: BytesMut,
     /// FastCGI: END_REQUEST came last in a read, nothing after it.
     ended: bool,
+    /// The request's body was cut short (the answer came first): the connection is not
+    /// kept, as nginx keeps none whose request body was not all sent.
+    cut: bool,
 }
 
 impl Link {
@@ -271,6 +274,7 @@ impl Link {
             trailer: 0,
             stdout: BytesMut::new(),
             ended: false,
+            cut: false,
         }
     }
 
@@ -576,6 +580,9 @@ impl Link {
     /// Whether the connection can carry another request: after a FastCGI END_REQUEST, or
     /// an HTTP answer read to its end on a kept-alive connection, with nothing after it.
     fn reusable(&self) -> bool {
+        if self.cut {
+            return false;
+        }
         let complete = self.complete();
         match self.proto {
             Proto::FastCgi => self.input.is_empty(),
@@ -1419,25 +1426,28 @@ async fn fetch(
                 };
                 let peer = crate::modules::metrics::direct_peer(req, &addr);
                 let now = record(req, &addr, peer, attempt_status(r.as_ref()), t0);
-                let f = match r {
-                    Ok(a) => return outcome(req, c, a, addr, None, None).await,
-                    Err(f) => f,
-                };
-                let flow = failed(req, via.scheme(), &addr, &f);
                 let more = !out.started()
-                    && !matches!(f, Failure::Client(_))
-                    && retryable(&f, c, req)
+                    && !spare.as_slice().is_empty()
                     && c.next_upstream_tries.is_none_or(|n| n == 0 || tries < n)
                     && c.next_upstream_timeout
                         .is_none_or(|t| t.is_zero() || now.duration_since(start) < t);
-                match spare.next() {
-                    Some(next) if more => {
-                        addr = next;
-                        t0 = now;
-                        tries += 1;
+                match r {
+                    // An answer `*_next_upstream http_NNN` names goes to the next address.
+                    Ok(a) if more && retry_status(a.head.status.unwrap_or(200), c, req) => {}
+                    Ok(a) => return outcome(req, c, a, addr, None, None).await,
+                    Err(f) => {
+                        let flow = failed(req, via.scheme(), &addr, &f);
+                        if !more || matches!(f, Failure::Client(_)) || !retryable(&f, c, req) {
+                            return Outcome::Flow(flow);
+                        }
                     }
-                    _ => return Outcome::Flow(flow),
                 }
+                let Some(next) = spare.next() else {
+                    return Outcome::Flow(Flow::Status(502));
+                };
+                addr = next;
+                t0 = now;
+                tries += 1;
             }
         }
         Backend::Group(up) => up,
@@ -1447,7 +1457,9 @@ async fn fetch(
     let keep = match proto {
         Proto::FastCgi => req.conf.fastcgi.keep_conn(),
         Proto::Http => sent_keep && up.keepalive > 0,
-        Proto::Memcached => up.keepalive > 0,
+        // A HEAD request's value is not read (nginx finalizes it at the header): its
+        // connection is closed rather than drained for reuse.
+        Proto::Memcached => up.keepalive > 0 && req.method() != Method::Head,
         Proto::Scgi | Proto::Uwsgi | Proto::Grpc => false,
     };
     let hash = up.hash_key(req);
@@ -1462,52 +1474,47 @@ async fn fetch(
     let start = clock::now();
     let mut now = start;
     let mut queue_deadline = None;
+    // Peers tried: servers, and each address of a `server NAME resolve` (a peer of its own
+    // to nginx), whose addresses not tried yet (`same`) go before another server's.
+    let mut attempts = 0usize;
+    let mut same: Option<(usize, Lease, std::vec::IntoIter<Addr>)> = None;
     loop {
-        let pick = match w.upstreams.pick(&up, &key, &tried, now) {
-            Pick::Full => {
-                let wait = up.queue.map_or(Duration::ZERO, |(_, t)| t);
-                let deadline = *queue_deadline.get_or_insert_with(|| now + wait);
-                if w.upstreams.wait_for_slot(&up, &w.timers, deadline).await {
-                    // The turn's time, as every upstream time here.
-                    now = clock::now();
-                    continue;
+        let next_of_same = same.take().and_then(|(i, lease, mut rest)| {
+            let a = rest.next()?;
+            Some((i, lease, Some(a), rest))
+        });
+        let (i, lease, resolved, rest) = match next_of_same {
+            Some(next) => next,
+            None => {
+                let at = (&mut now, &mut queue_deadline);
+                let Some((i, lease)) = next_server(w, req, &up, &key, &tried, at, &via).await
+                else {
+                    return Outcome::Flow(Flow::Status(502));
+                };
+                tried.push(i);
+                // `server NAME resolve`: its current addresses; none while the name has
+                // none, and the next server is tried (nginx has no peer for it then).
+                match &up.servers[i].resolve {
+                    None => (i, lease, None, Vec::new().into_iter()),
+                    Some(r) => {
+                        let mut all = r.addrs().await.into_iter();
+                        match all.next() {
+                            Some(a) => (i, lease, Some(a), all),
+                            None => continue,
+                        }
+                    }
                 }
-                Pick::Full
-            }
-            pick => pick,
-        };
-        let (i, lease) = match pick {
-            Pick::Server(i, lease) => (i, lease),
-            Pick::Full | Pick::None => {
-                errlog::request(
-                    Level::Error,
-                    req,
-                    format_args!(
-                        "no live upstreams while {CONNECTING}, upstream: \"{}://{}\"",
-                        via.scheme(),
-                        up.name
-                    ),
-                );
-                no_live(req, &up.name, now);
-                return Outcome::Flow(Flow::Status(502));
             }
         };
-        tried.push(i);
-        // `server NAME resolve`: its current address; none while the name has none, and the
-        // next server is tried (nginx has no peer for it then).
-        let resolved;
-        let addr = match &up.servers[i].resolve {
-            None => &up.servers[i].addr,
-            Some(r) => match r.addr().await {
-                Some(a) => {
-                    resolved = a;
-                    &resolved
-                }
-                None => continue,
-            },
-        };
+        let addr = resolved.as_ref().unwrap_or(&up.servers[i].addr);
+        attempts += 1;
         req.upstream.borrow_mut().under_way = Some((addr.clone(), now));
-        let idle = if keep {
+        // A request that will not leave its connection kept (`Connection: close` set by
+        // `proxy_set_header`) still takes a kept one, as nginx's keepalive balancer hands
+        // out its cached connections whatever the request: that one then closes, rather
+        // than staying in the pool while a new connection is opened and closed.
+        let pooled = keep || (proto == Proto::Http && up.keepalive > 0);
+        let idle = if pooled {
             w.upstreams.take_idle(&up, i, via.kind(), now)
         } else {
             None
@@ -1544,9 +1551,9 @@ async fn fetch(
         // Another server may be tried if there is one, within the tries and time allowed,
         // and if no body has been taken from the client for this one.
         let more = !out.started()
-            && tried.len() < up.tries()
+            && attempts < up.tries()
             && c.next_upstream_tries
-                .is_none_or(|n| n == 0 || (tried.len() as u64) < n)
+                .is_none_or(|n| n == 0 || (attempts as u64) < n)
             && c.next_upstream_timeout
                 .is_none_or(|t| t.is_zero() || now.duration_since(start) < t);
         match result {
@@ -1557,6 +1564,7 @@ async fn fetch(
                     if status != 403 && status != 404 {
                         w.upstreams.failed(&up, i, now);
                     }
+                    same = Some((i, lease, rest));
                     continue;
                 }
                 w.upstreams.succeeded(&up, i);
@@ -1598,8 +1606,52 @@ async fn fetch(
                 if !more || !retryable(&f, c, req) {
                     return Outcome::Flow(flow);
                 }
+                same = Some((i, lease, rest));
             }
         }
+    }
+}
+
+/// The next server of `up` for this request, waiting in the group's `queue` while every
+/// usable one is at `max_conns` (`now` is then read again); `None`, logged, when none is
+/// left.
+async fn next_server(
+    w: &Worker,
+    req: &Request,
+    up: &Arc<Upstream>,
+    key: &Key<'_>,
+    tried: &Tried,
+    (now, queue_deadline): (&mut Instant, &mut Option<Instant>),
+    via: &Via,
+) -> Option<(usize, Lease)> {
+    loop {
+        let pick = match w.upstreams.pick(up, key, tried, *now) {
+            Pick::Full => {
+                let wait = up.queue.map_or(Duration::ZERO, |(_, t)| t);
+                let deadline = *queue_deadline.get_or_insert_with(|| *now + wait);
+                if w.upstreams.wait_for_slot(up, &w.timers, deadline).await {
+                    // The turn's time, as every upstream time here.
+                    *now = clock::now();
+                    continue;
+                }
+                Pick::Full
+            }
+            pick => pick,
+        };
+        if let Pick::Server(i, lease) = pick {
+            return Some((i, lease));
+        }
+        errlog::request(
+            Level::Error,
+            req,
+            format_args!(
+                "no live upstreams while {CONNECTING}, upstream: \"{}://{}\"",
+                via.scheme(),
+                up.name
+            ),
+        );
+        no_live(req, &up.name, *now);
+        return None;
     }
 }
 
@@ -1975,7 +2027,7 @@ async fn outcome(
         super::gateway_cache::store_whole(req, c, &a.head, &a.body, a.buffering).await;
         return Outcome::Flow(whole(req, c, a.head, a.body, cacheable));
     }
-    let tee = super::gateway_cache::tee(req, c, &a.head, a.buffering);
+    let tee = super::gateway_cache::tee(req, c, &a.head, a.buffering, a.body.len());
     match answer(req, c, a.head) {
         Flow::Done(mut resp) => {
             allow_ranges(c, &mut resp, cacheable);
@@ -2082,7 +2134,14 @@ async fn exchange(
         return Err(Failure::ClosedEarly);
     };
     match &mut out.body {
-        Some(b) => send_body(&link.timers, conn, &out.out, b, c.send_timeout()).await?,
+        Some(b) => {
+            let mut watched = Watched {
+                conn,
+                input: &mut link.input,
+            };
+            let whole = send_body(&link.timers, &mut watched, &out.out, b, c.send_timeout());
+            link.cut = !whole.await?;
+        }
         None => send(&link.timers, conn, &out.out, c.send_timeout()).await?,
     }
     req.upstream.borrow_mut().sent += out.out.len() as u64;
@@ -2216,24 +2275,85 @@ pub(super) async fn send(
     }
 }
 
+/// Where a body goes as it arrives, and whether the upstream has answered meanwhile.
+pub(super) trait BodySink: tokio::io::AsyncWrite + Unpin {
+    /// Ready once the upstream has sent something (kept for the answer's reading) or
+    /// closed; never where its answer is watched otherwise (HTTP/2's stream).
+    fn poll_answer(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        std::task::Poll::Pending
+    }
+}
+
+/// An upstream connection and the buffer its answer is read into: what came while the
+/// client's body was awaited waits there for [`read_answer`].
+struct Watched<'a> {
+    conn: &'a mut Conn,
+    input: &'a mut BytesMut,
+}
+
+impl BodySink for Watched<'_> {
+    fn poll_answer(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        if !self.input.is_empty() {
+            return std::task::Poll::Ready(());
+        }
+        let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); READ_MAX];
+        let mut rb = tokio::io::ReadBuf::uninit(&mut chunk);
+        // An error or the end of the stream shows again to the answer's reading.
+        let _ = std::task::ready!(tokio::io::AsyncRead::poll_read(
+            std::pin::Pin::new(&mut *self.conn),
+            cx,
+            &mut rb
+        ));
+        self.input.extend_from_slice(rb.filled());
+        std::task::Poll::Ready(())
+    }
+}
+
+impl tokio::io::AsyncWrite for Watched<'_> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut *self.get_mut().conn).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.get_mut().conn).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.get_mut().conn).poll_shutdown(cx)
+    }
+}
+
 /// Send the request's `head` and the body that follows it, framed for the upstream, then
 /// the end of the body: the client's as it arrives (each read waits at most
 /// `client_body_timeout`, in the body source), or a file's from its start. As nginx, what
 /// has come already goes in one write with the head, and after each wait all that has come
 /// by then goes in one write (one chunk, one STDIN record), up to [`FILE_PIECE`] bytes.
-/// Each write waits at most `*_send_timeout`.
+/// Each write waits at most `*_send_timeout`. Returns false when the upstream answered
+/// while the client's body was awaited: the rest is not sent (nginx reads an answer as it
+/// comes, and sends no more of the body once it has one).
 pub(super) async fn send_body(
     timers: &ReadTimers,
-    conn: &mut (impl tokio::io::AsyncWrite + Unpin),
+    conn: &mut impl BodySink,
     head: &[u8],
     b: &mut StreamBody<'_>,
     timeout: Duration,
-) -> Result<(), Failure> {
+) -> Result<bool, Failure> {
     let src = match &mut b.from {
         BodyFrom::Client(src) => &mut **src,
         BodyFrom::File(f) => {
             send(timers, conn, head, timeout).await?;
-            return send_file(timers, conn, f, b.frame, timeout).await;
+            send_file(timers, conn, f, b.frame, timeout).await?;
+            return Ok(true);
         }
     };
     let mut frame = head.to_vec();
@@ -2243,7 +2363,12 @@ pub(super) async fn send_body(
         data.clear();
         let mut end = false;
         if !first {
-            match src.next_piece().await.map_err(Failure::Client)? {
+            let piece = tokio::select! {
+                biased;
+                p = src.next_piece() => p.map_err(Failure::Client)?,
+                () = std::future::poll_fn(|cx| conn.poll_answer(cx)) => return Ok(false),
+            };
+            match piece {
                 Some(d) => data.extend_from_slice(&d),
                 None => end = true,
             }
@@ -2280,7 +2405,7 @@ pub(super) async fn send_body(
             frame.clear();
         }
         if end {
-            return Ok(());
+            return Ok(true);
         }
     }
 }

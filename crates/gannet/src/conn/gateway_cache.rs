@@ -196,11 +196,16 @@ async fn look_up(req: &Request, c: &GatewayConf, zone: &Arc<Zone>) -> Option<Flo
     let mut first = true;
     let files = req.conf.files.policy();
     loop {
-        let Ok(seen) = store::look(zone, &main, std::mem::take(&mut first)) else {
+        let round_one = std::mem::take(&mut first);
+        let Ok(seen) = store::look(zone, &main, round_one) else {
             return Some(Flow::Status(500));
         };
-        // The hit path: this thread's copy of the entry, still the zone's.
-        let h = kept.take().or_else(|| hot::find(zone, &key.0));
+        // The hit path: this thread's copy of the entry, still the zone's (looked for
+        // again only in a later round: the first has the one found above).
+        let h = match kept.take() {
+            None if round_one => None,
+            h => h.or_else(|| hot::find(zone, &key.0)),
+        };
         if let Some(h) = h.filter(|h| h.current(seen.version, files.valid)) {
             if h.meta.valid >= now_secs() {
                 set_status(req, Status::Hit);
@@ -341,8 +346,11 @@ impl KeyText {
         KeyText(s)
     }
 
+    /// The key for a request that fetches: a copy of its exact length, the buffer going
+    /// back to the thread (taking the buffer made the next lookup allocate and grow a new
+    /// one, about 500 instructions of a miss; docs/bench/cache-report.md).
     fn take(&mut self) -> String {
-        std::mem::take(&mut self.0)
+        self.0.as_str().to_owned()
     }
 }
 
@@ -575,13 +583,14 @@ fn take_validators(resp: &mut Response) {
     }
 }
 
-/// The entry for an answer with this head, if it is to be stored: the request's
-/// [`Pending`] is taken then (else left for [`after`]).
+/// The entry for an answer with this head, if it is to be stored, with room for `body`
+/// bytes of it: the request's [`Pending`] is taken then (else left for [`after`]).
 fn start(
     req: &Request,
     c: &GatewayConf,
     head: &CgiHead,
     buffering: bool,
+    body: usize,
 ) -> Option<(Box<Pending>, Writer)> {
     if head.status == Some(304) {
         revalidated(req, c, head);
@@ -626,24 +635,6 @@ fn start(
         Some((v, mv)) if !vary.is_empty() && *v == vary && *mv != variant => variant,
         _ => p.main,
     };
-    let mut text = Vec::with_capacity(head.headers.text.len() + 64);
-    text.extend_from_slice(format!("Status: {status}\r\n").as_bytes());
-    for (n, v) in head.headers.iter() {
-        const HOP: &[&str] = &[
-            "connection",
-            "keep-alive",
-            "transfer-encoding",
-            "content-length",
-        ];
-        if HOP.iter().any(|h| n.eq_ignore_ascii_case(h)) {
-            continue;
-        }
-        text.extend_from_slice(n.as_bytes());
-        text.extend_from_slice(b": ");
-        text.extend_from_slice(v.as_bytes());
-        text.extend_from_slice(b"\r\n");
-    }
-    text.extend_from_slice(b"\r\n");
     let meta = Meta {
         valid: verdict.valid,
         date: now,
@@ -651,17 +642,41 @@ fn start(
         variant,
         updating: verdict.updating,
         error: verdict.error,
-        head: text,
+        head: Vec::new(),
         body_start: 0,
         body_len: 0,
     };
+    // The answer's head, CGI form, written straight into the entry's header.
+    let header = entry::header_with(&p.key, &meta, body, |text| {
+        text.extend_from_slice(b"Status: ");
+        entry::push_decimal(text, u64::from(status), 1);
+        text.extend_from_slice(b"\r\n");
+        for (n, v) in head.headers.iter() {
+            const HOP: &[&str] = &[
+                "connection",
+                "keep-alive",
+                "transfer-encoding",
+                "content-length",
+            ];
+            if HOP.iter().any(|h| n.eq_ignore_ascii_case(h)) {
+                continue;
+            }
+            text.extend_from_slice(n.as_bytes());
+            text.extend_from_slice(b": ");
+            text.extend_from_slice(v.as_bytes());
+            text.extend_from_slice(b"\r\n");
+        }
+        text.extend_from_slice(b"\r\n");
+    });
+    let temp;
     let tmp_dir = if p.zone.use_temp_path {
-        c.temp_path().dir.clone()
+        temp = c.temp_path();
+        &temp.dir
     } else {
-        p.zone.dir.clone()
+        &p.zone.dir
     };
     let dest = p.zone.file(&hash);
-    let w = Writer::create(&tmp_dir, dest, &p.key, &meta);
+    let w = Writer::create(tmp_dir, dest, header);
     drop(pending);
     let mut p = req.cache.borrow_mut().take()?;
     p.hash = hash;
@@ -717,7 +732,7 @@ pub async fn store_whole(
     body: &[u8],
     buffering: bool,
 ) {
-    if let Some(mut tee) = tee(req, c, head, buffering) {
+    if let Some(mut tee) = tee(req, c, head, buffering, body.len()) {
         tee.write(body);
         tee.commit().await;
     }
@@ -737,12 +752,19 @@ impl Tee {
 }
 
 /// Start storing an answer read in pieces: each piece the client is given is written
-/// ([`Tee::write`]), the bytes that came with the head too.
-pub fn tee(req: &Request, c: &GatewayConf, head: &CgiHead, buffering: bool) -> Option<Tee> {
+/// ([`Tee::write`]), the bytes that came with the head too; `body`: how many bytes to make
+/// room for at once (the whole answer's, when it came whole).
+pub fn tee(
+    req: &Request,
+    c: &GatewayConf,
+    head: &CgiHead,
+    buffering: bool,
+    body: usize,
+) -> Option<Tee> {
     if c.store.is_some() {
         return super::gateway_store::start(req, c, head, buffering);
     }
-    let (p, w) = start(req, c, head, buffering)?;
+    let (p, w) = start(req, c, head, buffering, body)?;
     Some(Tee { p: Some(p), w })
 }
 
@@ -766,6 +788,17 @@ impl Tee {
     /// next request finds the entry (nginx renames before it finishes the request).
     pub async fn commit(self) {
         let Tee { p, w } = self;
+        // An entry held in memory is put in place here and now: no channel, no boxed
+        // callback (about 400 instructions of a miss; docs/bench/cache-report.md).
+        let w = match w.commit_held() {
+            Ok(size) => {
+                if let (Some(p), Some(size)) = (&p, size) {
+                    store::stored(&p.zone, &p.hash, size);
+                }
+                return;
+            }
+            Err(w) => w,
+        };
         let (done, placed) = tokio::sync::oneshot::channel();
         w.commit(Box::new(move |size| {
             if let (Some(p), Some(size)) = (&p, size) {

@@ -223,9 +223,10 @@ async fn open(
             Backend::Group(up) => match w.upstreams.pick(up, &key, &tried, now) {
                 Pick::Server(i, lease) => {
                     tried.push(i);
+                    // `server NAME resolve`: its next address in turn.
                     let addr = match &up.servers[i].resolve {
                         None => up.servers[i].addr.clone(),
-                        Some(r) => match r.addr().await {
+                        Some(r) => match r.addrs().await.into_iter().next() {
                             Some(a) => a,
                             None => continue,
                         },

@@ -92,6 +92,10 @@ struct Conn<S: Transport> {
 /// How a connection's loop ended.
 enum End {
     Close,
+    /// Closed after an answer to a client that asked for the close, with nothing unread:
+    /// it sends no more, so a draining worker need not linger on it (nginx lingers only
+    /// where input is pending).
+    Asked,
     /// The client opened with the HTTP/2 preface (h2c with prior knowledge).
     H2c,
     /// Idle long enough to park until this keep-alive deadline; idle since the second.
@@ -106,12 +110,56 @@ pub fn serve(
     peer: SocketAddr,
     group: usize,
 ) -> clock::Turns<impl std::future::Future<Output = ()>> {
-    clock::Turns::new(serve_conn(w, stream, peer, group))
+    clock::Turns::new(serve_conn(w, stream, peer, group, None))
 }
 
-async fn serve_conn(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, group: usize) {
+/// [`serve`] for a connection a stream server's `pass` hands over (`stream::pass`), with
+/// the address it was passed to as its local one (nginx sets the connection's).
+pub fn serve_passed(
+    w: Rc<Worker>,
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    group: usize,
+    local: SocketAddr,
+) -> clock::Turns<impl std::future::Future<Output = ()>> {
+    clock::Turns::new(serve_conn(w, stream, peer, group, Some(local)))
+}
+
+/// A connection whose TLS a stream server terminated before its `pass`: HTTP/1.x over
+/// that session, whatever the listener's own `ssl` (as nginx, which keeps the
+/// connection's TLS when it hands it over).
+pub fn serve_passed_tls(
+    w: Rc<Worker>,
+    stream: tokio_rustls::server::TlsStream<TcpStream>,
+    tls: crate::tls::TlsInfo,
+    peer: SocketAddr,
+    group: usize,
+    local: SocketAddr,
+) -> clock::Turns<impl std::future::Future<Output = ()>> {
+    let info = ConnInfo {
+        peer,
+        local,
+        id: Worker::next_conn_id(),
+        requests: 0,
+        tls: Some(std::sync::Arc::new(tls)),
+        proxy: None,
+        unix: w.config.listens[group].listen.unix.clone(),
+        born: clock::now(),
+        pipelined: false,
+    };
+    let (tcp, conn) = stream.into_inner();
+    clock::Turns::new(run_conn(w, TlsStream::new(tcp, conn), info, group, false))
+}
+
+async fn serve_conn(
+    w: Rc<Worker>,
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    group: usize,
+    local: Option<SocketAddr>,
+) {
     let g = &w.config.listens[group];
-    let local = g.listen.local_of(&stream);
+    let local = local.unwrap_or_else(|| g.listen.local_of(&stream));
     // client_header_timeout runs from here, through a PROXY protocol header and a TLS
     // handshake, to the end of the first request's head, as nginx's one timer does.
     let born = clock::now();
@@ -214,6 +262,7 @@ async fn run_conn<S: Transport>(
         bodiless: false,
     };
     let end = c.run().await;
+    let asked = matches!(end, End::Asked);
     if let End::H2c = end {
         // Boxed, as the handshake in `serve`: HTTP/2's state stays out of every HTTP/1.x
         // connection's task.
@@ -255,7 +304,7 @@ async fn run_conn<S: Transport>(
         w.connection_closed();
         return;
     }
-    if w.draining.get() && c.info.requests > 0 {
+    if w.draining.get() && c.info.requests > 0 && !asked {
         c.linger().await;
     } else {
         c.stream.close();
@@ -310,12 +359,17 @@ impl<S: Transport> Conn<S> {
                     // idle connection's task for its whole life. In a block the thread
                     // reuses (`conn::reuse`): a fresh `Box` of that size cost a few hundred
                     // instructions per request in glibc.
+                    let asked_close = !head.keep_alive;
                     if !super::reuse::Reused::new(|| c.request(head)).await {
                         // Nothing left unread (no body, nothing pipelined seen): the answer's
                         // end may wait for the FIN of the close that follows.
                         let last = c.bodiless && c.buf.is_empty();
                         let _ = c.flush_as(last).await;
-                        return End::Close;
+                        return if last && asked_close {
+                            End::Asked
+                        } else {
+                            End::Close
+                        };
                     }
                     pipelined = !c.buf.is_empty();
                     if c.out.len() >= FLUSH_AT && c.flush().await.is_err() {
@@ -895,6 +949,11 @@ impl<S: Transport> Conn<S> {
         if !send_body && resp.status_has_body() && resp.content_length.is_none() {
             resp.content_length = Some(body_len);
         }
+        if req.head.version == Version::Http09 {
+            // HTTP/0.9: the body alone, ended by the connection's close (nginx's header
+            // filter writes nothing for it).
+            return (false, 0, send_body);
+        }
         let head_start = self.out.len();
         let tokens = core.server_tokens();
         clock::with_date(|date| {
@@ -1035,6 +1094,7 @@ impl<S: Transport> Conn<S> {
 /// HTTP/1.x's part in the exchange: the connection itself (nothing allocated per request).
 impl<S: Transport> Exchange for Conn<S> {
     const UPGRADES: bool = true;
+    const DISCARDS_AFTER: bool = true;
 
     fn body_pending(&self, req: &Request, _: &Handled) -> bool {
         req.head.body != BodyKind::None

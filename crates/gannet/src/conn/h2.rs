@@ -9,20 +9,23 @@
 //! the client waits for 100-continue; `mirror` copies each request as HTTP/1.x does.
 //!
 //! Limits, with nginx's names: `http2_max_concurrent_streams` (128), `http2_body_preread_size`
-//! (a stream's initial window, 64k), `http2_chunk_size` (8k per DATA frame), the header
+//! (a stream's initial window, 64k), `http2_chunk_size` (16k per DATA frame), the header
 //! list cap (`http2_max_field_size`, else `large_client_header_buffers`' total),
 //! `keepalive_requests` streams per connection, `keepalive_timeout` without streams,
 //! `client_body_timeout` / `send_timeout` per body read / window wait. The h2 crate closes
 //! connections that reset streams in bulk (rapid reset), send endless CONTINUATION frames
 //! or oversized header blocks, with GOAWAY; `conn::h2_flood` ends PING / SETTINGS / empty
-//! frame floods.
+//! frame floods. Stream priority is nginx's (`conn::h2_priority`, fed by the mend): streams
+//! woken by one window update queue their DATA by the client's dependency tree.
 
 use super::body::{BodyError, BodySource};
 use super::exchange::{self, Exchange, Reset};
 use super::gateway::{Outcome, Tunnel};
 use super::grpc::Served;
 use super::h2_flood::{Flood, FloodGuard};
+use super::h2_goaway::{self, GoawayWriter, Guard, Wire};
 use super::h2_mend::{Fault, HpackMend, Refused, CONTENT_LENGTH_ALIAS};
+use super::h2_priority::{self, Priorities};
 use super::h2_response;
 use super::request_body::Failed;
 use super::source::Source;
@@ -93,6 +96,10 @@ where
     let header_cap = h2c
         .max_header_size()
         .unwrap_or(u32::try_from(n * size).unwrap_or(u32::MAX));
+    // nginx's limit on a request's names and values (checked on each as it is taken); the
+    // codec's own cap, which counts 32 more a field, leaves room for that.
+    let header_limit = header_cap as usize;
+    let codec_cap = h2_goaway::codec_header_cap(header_cap, core.max_headers());
     let mut builder = h2::server::Builder::new();
     builder
         .max_concurrent_streams(h2c.max_concurrent_streams())
@@ -101,14 +108,23 @@ where
         // WINDOW_UPDATE right after SETTINGS, which clients such as nginx's tests wait
         // for): what a client may send unread is bounded by each stream's window.
         .initial_connection_window_size(CONN_WINDOW)
-        .max_header_list_size(header_cap)
+        .max_header_list_size(codec_cap)
         // nginx takes frames of any size (it offers 2^24-1): a client may send its whole
-        // header block in one HEADERS frame. Up to the header cap here (a DATA frame is
-        // bounded by the stream's window anyway).
-        .max_frame_size(header_cap.clamp(16 * 1024, (1 << 24) - 1))
-        // Room for four frames of the largest `http2_chunk_size` (a location may set its
-        // own, up to 16k; the server's would cap a location's larger frames).
-        .max_send_buffer_size(4 * 16 * 1024);
+        // header block in one HEADERS frame, or a stream's whole first window of body in
+        // one DATA frame. Up to the larger of the header cap and that window here (the
+        // codec holds a frame whole before it judges it; more DATA than the window would be
+        // a flow-control error anyway).
+        .max_frame_size(
+            header_cap
+                .max(h2c.body_preread_size())
+                .clamp(16 * 1024, (1 << 24) - 1),
+        )
+        // Room for four frames of 16k (the largest a client takes unless it says more) per
+        // stream: what one wait for window capacity may queue (`conn::h2_response`).
+        .max_send_buffer_size(4 * 16 * 1024)
+        // Frames on a stream gannet reset are ignored this long: the rest of a header block
+        // that came too late (`conn::h2_goaway`) is decoded and dropped, as nginx's.
+        .reset_stream_duration(RESET_MEMORY);
     let flood = Rc::new(Flood::default());
     let io = FloodGuard::new(io, flood.clone(), PREFACE.len());
     let Some(io) = preface(io, core.client_header_timeout(), &info).await else {
@@ -121,7 +137,14 @@ where
     refused
         .early_bodies_refused
         .set(h2c.body_preread_size() < DEFAULT_WINDOW);
-    let io = HpackMend::new(io, PREFACE.len(), Some(refused.clone()));
+    let prio = Rc::new(Priorities::default());
+    // Connection errors, GOAWAY frames and late header blocks as nginx's (`conn::h2_goaway`).
+    let wire = Rc::new(Wire::default());
+    let guard = Guard::new(wire.clone(), core.client_header_timeout(), size);
+    let io = HpackMend::new(io, PREFACE.len(), Some(refused.clone()))
+        .with_priorities(prio.clone())
+        .guarded(guard);
+    let io = GoawayWriter::new(io, wire.clone());
     let handshake = builder.handshake::<_, Bytes>(io);
     let mut conn = match tokio::time::timeout(core.client_header_timeout(), handshake).await {
         Ok(Ok(c)) => c,
@@ -149,8 +172,15 @@ where
     loop {
         // Without streams the connection may idle for keepalive_timeout; either way it
         // wakes now and then to notice a graceful stop.
-        let wait = if activity.streams.get() == 0 && closing.is_none() {
+        // With keepalive_timeout 0 a connection still has client_header_timeout for its
+        // first request (nginx's read timer from ngx_http_v2_init), which then ends it.
+        let idle_limit = if requests == 0 && keepalive.is_zero() {
+            core.client_header_timeout()
+        } else {
             keepalive
+        };
+        let wait = if activity.streams.get() == 0 && closing.is_none() {
+            idle_limit
                 .saturating_sub(activity.last.get().elapsed())
                 .min(DRAIN_CHECK)
         } else {
@@ -170,15 +200,27 @@ where
         };
         match next {
             Some(Some(Ok((req, respond)))) => {
+                if h2_goaway::header_list_len(&req) > header_limit {
+                    // As nginx: the connection ends (GOAWAY ENHANCE_YOUR_CALM, this stream
+                    // the last).
+                    log_conn(&info, format_args!("client sent too large header"));
+                    conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+                    closing.get_or_insert_with(Instant::now);
+                    cut_off = Some(tokio::time::Instant::now() + LINGER);
+                    continue;
+                }
                 requests += 1;
+                let aged = info.born.elapsed() > core.keepalive_time();
                 let mut info = info.clone();
                 info.requests = requests;
                 let guard = InFlight::new(&activity);
                 let id = u32::from(respond.stream_id());
                 let noted = (refused.take(id), refused.block_len(id));
                 let run = stream(w.clone(), info, group, req, respond, guard, noted);
-                tokio::task::spawn_local(run);
-                if max_requests > 0 && requests >= max_requests && closing.is_none() {
+                tokio::task::spawn_local(h2_priority::scope(prio.clone(), id, run));
+                // As nginx, the stream that reaches a limit is the last (the GOAWAY names it).
+                let spent = max_requests > 0 && requests >= max_requests;
+                if (spent || aged || keepalive.is_zero()) && closing.is_none() {
                     conn.graceful_shutdown();
                     closing = Some(Instant::now());
                 }
@@ -195,13 +237,16 @@ where
                 // Ended gracefully, streams done, and the client still has not closed (the
                 // codec waits for its answer to a PING): it is closed for it.
                 Some(since) => {
-                    if activity.streams.get() == 0 && since.elapsed() >= LINGER {
+                    // Stopping, a connection without streams is closed once its GOAWAY has
+                    // gone out, as nginx's at exit.
+                    let stopping = w.draining.get() && wire.goaway_sent();
+                    if activity.streams.get() == 0 && (stopping || since.elapsed() >= LINGER) {
                         break;
                     }
                 }
                 None => {
                     let idle =
-                        activity.streams.get() == 0 && activity.last.get().elapsed() >= keepalive;
+                        activity.streams.get() == 0 && activity.last.get().elapsed() >= idle_limit;
                     if idle || w.draining.get() {
                         conn.graceful_shutdown();
                         closing = Some(Instant::now());
@@ -212,6 +257,9 @@ where
     }
     w.connection_closed();
 }
+
+/// How long frames on a stream gannet reset are ignored (the h2 crate's default is 1 s).
+const RESET_MEMORY: Duration = Duration::from_secs(30);
 
 /// How long a connection that was sent GOAWAY (with no streams left) gets to close before
 /// it is dropped.
@@ -308,12 +356,16 @@ async fn stream(
     w.stats.request();
     crate::modules::metrics::h2_stream();
     let writing = w.stats.writing();
-    let timeout = answer(&w, info, group, parts, &mut recv, &mut respond, noted).await;
-    // A body not read to its end (not wanted, too large, too slow): it is read off for a
-    // while so the client sees the answer and the stream ends cleanly. Past that, the
+    let (timeout, late) = answer(&w, info, group, parts, &mut recv, &mut respond, noted).await;
+    // A body that stopped coming for client_body_timeout: the stream is reset at once with
+    // PROTOCOL_ERROR, as nginx's (it finalizes the request with 408, which closes the stream
+    // so). A body not read to its end otherwise (not wanted, too large): it is read off for
+    // a while so the client sees the answer and the stream ends cleanly. Past that, the
     // client is told to stop (RST_STREAM NO_ERROR, RFC 9113 8.1), which may cost it the
     // answer. Dropped unread, the stream would be cancelled at once.
-    if !recv.is_end_stream() && read_body(&mut recv, DISCARD_MAX, timeout).await.is_err() {
+    if late {
+        respond.send_reset(h2::Reason::PROTOCOL_ERROR);
+    } else if !recv.is_end_stream() && read_body(&mut recv, DISCARD_MAX, timeout).await.is_err() {
         respond.send_reset(h2::Reason::NO_ERROR);
     }
     drop(writing);
@@ -323,7 +375,7 @@ async fn stream(
 const DISCARD_MAX: u64 = 1024 * 1024;
 
 /// The request through the pipeline, and its answer. Returns the `client_body_timeout` in
-/// force. `noted` by `conn::h2_mend`: a field nginx refuses came with it (400) or the method
+/// force, and whether the body stopped coming for that long. `noted` by `conn::h2_mend`: a field nginx refuses came with it (400) or the method
 /// was CONNECT (405; the codec was given OPTIONS), and the header block's length
 /// (`$request_length`).
 async fn answer(
@@ -334,7 +386,7 @@ async fn answer(
     recv: &mut RecvStream,
     respond: &mut SendResponse<Bytes>,
     (fault, head_len): (Option<Fault>, Option<u32>),
-) -> Duration {
+) -> (Duration, bool) {
     let g = &w.config.listens[group];
     let default = g.servers[g.default].clone();
     let timeout = default.conf.core.client_body_timeout();
@@ -351,7 +403,7 @@ async fn answer(
     if fault == Some(Fault::Unacked) {
         // nginx: "client sent stream with data before settings were acknowledged".
         respond.send_reset(h2::Reason::REFUSED_STREAM);
-        return timeout;
+        return (timeout, false);
     }
     let method = match fault {
         Some(Fault::Connect) => "CONNECT",
@@ -384,16 +436,24 @@ async fn answer(
             req.wire_head_len = head_len;
             // Through the server's error_page, as nginx finalizes it (a `return 444`
             // there resets the stream).
-            let mut ex = H2Exchange { recv, respond };
+            let mut ex = H2Exchange {
+                recv,
+                respond,
+                late: false,
+            };
             exchange::refuse(&mut ex, w, &mut req, exchange::refusal_status(&e)).await;
-            return timeout;
+            return (timeout, ex.late);
         }
     };
     let mut req = exchange::request(g, head, target, info);
     req.wire_head_len = head_len;
-    let mut ex = H2Exchange { recv, respond };
+    let mut ex = H2Exchange {
+        recv,
+        respond,
+        late: false,
+    };
     exchange::serve(&mut ex, w, &mut req).await;
-    req.conf.core.client_body_timeout()
+    (req.conf.core.client_body_timeout(), ex.late)
 }
 
 /// A stream ended with its HEADERS that announced a body (nginx: 400, "client prematurely
@@ -412,6 +472,8 @@ fn ended_early(head: RequestHead, ended: bool) -> Result<RequestHead, ParseError
 struct H2Exchange<'a> {
     recv: &'a mut RecvStream,
     respond: &'a mut SendResponse<Bytes>,
+    /// The body stopped coming for client_body_timeout.
+    late: bool,
 }
 
 impl Exchange for H2Exchange<'_> {
@@ -435,7 +497,9 @@ impl Exchange for H2Exchange<'_> {
     async fn keep_body(&mut self, req: &mut Request, named: bool) -> Result<u64, Failed> {
         // Kept for the application the way HTTP/1.x keeps it (memory, else a file).
         let mut src = H2Body::new(self.recv, req);
-        let kept = super::request_body::read(&mut src, req, named).await?;
+        let kept = super::request_body::read(&mut src, req, named).await;
+        self.late |= src.late;
+        let kept = kept?;
         let n = kept.len();
         req.body = Some(Rc::new(kept));
         Ok(n)
@@ -457,6 +521,7 @@ impl Exchange for H2Exchange<'_> {
     ) -> (Outcome, bool, u64) {
         let mut src = H2Body::new(self.recv, req);
         let o = super::gateway::run_streaming(w, req, &mut src, how).await;
+        self.late |= src.late;
         // (A body not read to its end is read off by `stream`, after the answer.)
         (o, true, src.total)
     }
@@ -506,6 +571,7 @@ async fn read_body(recv: &mut RecvStream, limit: u64, timeout: Duration) -> Resu
         limit,
         timeout,
         total: 0,
+        late: false,
         declared: None,
     };
     while body.next().await?.is_some() {}
@@ -519,6 +585,8 @@ struct H2Body<'a> {
     limit: u64,
     timeout: Duration,
     total: u64,
+    /// Nothing came for `timeout`.
+    late: bool,
     /// The Content-Length the request announced: the DATA must add up to it, else nginx
     /// answers 400 ("client intended to send body data larger than declared", "client
     /// prematurely closed stream"). Not checked on a body read off unwanted (nginx skips
@@ -534,6 +602,7 @@ impl<'a> H2Body<'a> {
             limit: core.client_max_body_size(),
             timeout: core.client_body_timeout(),
             total: 0,
+            late: false,
             declared: match req.head.body {
                 BodyKind::Length(n) => Some(n),
                 _ => None,
@@ -559,7 +628,11 @@ impl<'a> H2Body<'a> {
                         _ => Err(BodyError::Io),
                     }
                 }
-                Ok(Some(Err(_))) | Err(_) => return Err(BodyError::Io),
+                Ok(Some(Err(_))) => return Err(BodyError::Io),
+                Err(_) => {
+                    self.late = true;
+                    return Err(BodyError::Io);
+                }
             };
             self.total += chunk.len() as u64;
             // As nginx, DATA past the Content-Length, or a last DATA frame that leaves the

@@ -23,8 +23,17 @@
 //! was mended; a mended block goes on as one HEADERS frame (no padding; CONTINUATION frames
 //! past 16 KiB). The dynamic table is the same either way: it holds decoded strings. Header
 //! blocks are all this reader copies; DATA passes through unread.
+//!
+//! On a client's connection it also does `conn::h2_goaway`'s part ([`Guard`]): frames nginx
+//! ends the connection for are judged by their headers (and header blocks by their
+//! representations) before the codec sees them, frames on streams after a GOAWAY are
+//! dropped, and a request's header block not whole within `client_header_timeout` gets its
+//! stream reset.
 
+use super::h2_goaway::{self, Guard, Screen};
+use super::h2_priority::{Priorities, CONNECTION_ERROR};
 use bytes::{BufMut, BytesMut};
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::io;
 use std::pin::Pin;
@@ -37,6 +46,8 @@ const CONTINUATION: u8 = 0x9;
 const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
+/// The PRIORITY frame type (`conn::h2_priority` reads them on a client's connection).
+const PRIORITY_FRAME: u8 = 0x2;
 const SETTINGS: u8 = 0x4;
 const ACK: u8 = 0x1;
 const END_STREAM: u8 = 0x1;
@@ -144,6 +155,11 @@ pub struct HpackMend<IO> {
     ready: BytesMut,
     /// The highest stream a header block came on.
     last_sid: u32,
+    /// On a client's connection: nginx's connection errors, GOAWAY and header timeout
+    /// (`conn::h2_goaway`).
+    guard: Option<Box<Guard>>,
+    /// On a client's connection: where PRIORITY frames and requests' priority fields go.
+    prio: Option<Rc<Priorities>>,
     /// The client acknowledged the server's SETTINGS.
     acked: bool,
 }
@@ -159,8 +175,92 @@ impl<IO> HpackMend<IO> {
             held: BytesMut::new(),
             ready: BytesMut::new(),
             last_sid: 0,
+            guard: None,
+            prio: None,
             acked: false,
         }
+    }
+
+    /// On a client's connection: frames nginx ends the connection for, frames after a
+    /// GOAWAY and late header blocks are dealt with as `conn::h2_goaway` says.
+    pub fn guarded(mut self, guard: Guard) -> HpackMend<IO> {
+        self.guard = Some(Box::new(guard));
+        self
+    }
+
+    /// Whether a frame with header `h` is to be held for `settle` to judge.
+    fn held_back(&self, h: &[u8]) -> bool {
+        matches!(h[3], HEADERS | CONTINUATION)
+            || (h[3] == PRIORITY_FRAME && self.prio.is_some())
+            || self
+                .guard
+                .as_ref()
+                .is_some_and(|g| g.wire.screen(h) != Screen::Pass)
+    }
+
+    /// A connection error nginx ends the connection with: the codec is given a frame it
+    /// ends it on (its GOAWAY then written with `code`), and nothing more.
+    fn abort(&mut self, code: u32) {
+        if let Some(g) = &mut self.guard {
+            g.wire.condemn(code);
+            g.ended = true;
+            self.held.clear();
+            self.ready.extend_from_slice(&h2_goaway::TRIGGER);
+        }
+    }
+
+    /// Stream `sid`'s header block did not come whole in time: the codec is given an empty
+    /// one on it, which it resets (RST_STREAM PROTOCOL_ERROR, as nginx's), and the rest is
+    /// then given on as trailers of the reset stream (its table updates kept, the stream
+    /// ignored).
+    fn late(&mut self, sid: u32) {
+        self.last_sid = sid;
+        if let Some(g) = &self.guard {
+            g.wire.started(sid);
+        }
+        self.ready.extend_from_slice(&h2_goaway::empty_headers(sid));
+    }
+
+    /// On a client's connection, a request's header block held, not yet whole: its timer is
+    /// started (`client_header_timeout`), and what nginx's decoder already stops on in it
+    /// (an over-long integer) is returned.
+    fn early_fault(&mut self) -> Option<u32> {
+        let g = self.guard.as_mut()?;
+        let h = self.held.get(..9)?;
+        if h[3] != HEADERS {
+            return None;
+        }
+        let sid = u32::from_be_bytes([h[5] & 0x7f, h[6], h[7], h[8]]);
+        if sid % 2 == 1 && sid > self.last_sid && g.wire.screen(h) == Screen::Pass {
+            g.waiting(sid);
+        }
+        let (flags, len) = (h[4], frame_len(h));
+        if flags & END_HEADERS == 0 {
+            return None;
+        }
+        let avail = &self.held[9..self.held.len().min(9 + len)];
+        let (mut from, mut total) = (0, len);
+        if flags & PADDED != 0 {
+            total = total.checked_sub(1 + usize::from(*avail.first()?))?;
+            from = 1;
+        }
+        if flags & PRIORITY != 0 {
+            total = total.checked_sub(5)?;
+            from += 5;
+        }
+        let frag = avail.get(from..)?;
+        let fault = h2_goaway::hpack_fault(&frag[..frag.len().min(total)], total, g.field_max);
+        if fault.is_some() {
+            // nginx has taken the stream at its frame header: the GOAWAY names it.
+            g.wire.started(sid);
+        }
+        fault
+    }
+
+    /// Stream priorities are noted in `prio` (`conn::h2_priority`).
+    pub fn with_priorities(mut self, prio: Rc<Priorities>) -> HpackMend<IO> {
+        self.prio = Some(prio);
+        self
     }
 
     /// Follow the frames through `data` (just read, not yet held): the offset from which
@@ -174,10 +274,13 @@ impl<IO> HpackMend<IO> {
             if at == data.len() {
                 return None;
             }
+            if self.guard.as_ref().is_some_and(|g| g.drop > 0) {
+                return Some(at);
+            }
             let Some(h) = data.get(at..at + 9) else {
                 return Some(at);
             };
-            if matches!(h[3], HEADERS | CONTINUATION) {
+            if self.held_back(h) {
                 return Some(at);
             }
             self.acked |= is_settings_ack(h);
@@ -190,11 +293,49 @@ impl<IO> HpackMend<IO> {
     /// passed on as in `pass`), and complete header blocks, mended. Stops at a frame header
     /// or a header block not yet complete.
     fn settle(&mut self) {
-        while self.held.len() >= 9 {
+        loop {
+            if let Some(g) = &mut self.guard {
+                if g.ended {
+                    self.held.clear();
+                }
+                let n = g.drop.min(self.held.len());
+                let _ = self.held.split_to(n);
+                g.drop -= n;
+                if g.drop > 0 {
+                    return;
+                }
+            }
+            if self.held.len() < 9 {
+                return;
+            }
             let h = &self.held[..9];
+            if let (PRIORITY_FRAME, 5, Some(prio)) = (h[3], frame_len(h), &self.prio) {
+                if self.held.len() < 14 {
+                    return;
+                }
+                let mut frame = self.held.split_to(14);
+                prio.priority_frame(&mut frame);
+                self.ready.extend_from_slice(&frame);
+                continue;
+            }
             if !matches!(h[3], HEADERS | CONTINUATION) {
                 self.acked |= is_settings_ack(h);
                 let len = frame_len(h);
+                match self.guard.as_ref().map(|g| g.wire.screen(h)) {
+                    Some(Screen::Abort(code)) => {
+                        self.abort(code);
+                        return;
+                    }
+                    Some(Screen::Drop) => {
+                        let take = (9 + len).min(self.held.len());
+                        let _ = self.held.split_to(take);
+                        if let Some(g) = &mut self.guard {
+                            g.drop = 9 + len - take;
+                        }
+                        continue;
+                    }
+                    _ => {}
+                }
                 let take = (9 + len).min(self.held.len());
                 self.skip = 9 + len - take;
                 let piece = self.held.split_to(take);
@@ -205,6 +346,10 @@ impl<IO> HpackMend<IO> {
                 continue;
             }
             let Some(end) = block_end(&self.held) else {
+                if let Some(code) = self.early_fault() {
+                    self.abort(code);
+                    return;
+                }
                 if self.held.len() > MAX_BLOCK {
                     // Too long to hold: given on as it came, the rest passed through.
                     let len = frame_len(&self.held[..9]);
@@ -226,6 +371,25 @@ impl<IO> HpackMend<IO> {
             let h = &block[5..9];
             let sid = u32::from_be_bytes([h[0] & 0x7f, h[1], h[2], h[3]]);
             let request = block[3] == HEADERS && sid > self.last_sid;
+            let mut fault = None;
+            if let Some(g) = &mut self.guard {
+                g.whole(sid);
+                if g.wire.screen(&block[..9]) == Screen::Drop {
+                    continue;
+                }
+                if request {
+                    g.wire.started(sid);
+                }
+                // What nginx's decoder stops on (even streams are the codec's error).
+                fault = (sid % 2 == 1)
+                    .then(|| fragment(&block))
+                    .flatten()
+                    .and_then(|(_, f)| h2_goaway::hpack_fault(&f, f.len(), g.field_max));
+            }
+            if let Some(code) = fault {
+                self.abort(code);
+                return;
+            }
             if request {
                 self.last_sid = sid;
                 if let Some(r) = &self.refused {
@@ -233,6 +397,11 @@ impl<IO> HpackMend<IO> {
                     if !self.acked && block[4] & END_STREAM == 0 && r.early_bodies_refused.get() {
                         r.note(sid, Fault::Unacked);
                     }
+                }
+                if self.prio.as_ref().is_some_and(|p| !p.request(&block)) {
+                    // It depends on itself: the connection ends (`conn::h2_priority`).
+                    self.ready.extend_from_slice(&CONNECTION_ERROR);
+                    continue;
                 }
             }
             match mend_block(&block, check, request) {
@@ -291,28 +460,7 @@ fn mend_block(frames: &[u8], check: bool, request: bool) -> Option<(BytesMut, Fa
         return None;
     }
     let (flags, sid) = (h[4], &h[5..9]);
-    let mut payload = &frames[9..9 + frame_len(h)];
-    let mut pad = 0;
-    if flags & PADDED != 0 {
-        pad = usize::from(*payload.first()?);
-        payload = &payload[1..];
-    }
-    let fragment_len = payload.len().checked_sub(pad)?;
-    let priority = if flags & PRIORITY != 0 { 5 } else { 0 };
-    let prefix = payload.get(..priority)?;
-    let mut block = payload.get(priority..fragment_len)?.to_vec();
-    let mut at = 9 + frame_len(h);
-    let mut last_flags = flags;
-    while at < frames.len() {
-        let c = &frames[at..at + 9];
-        let len = frame_len(c);
-        block.extend_from_slice(&frames[at + 9..at + 9 + len]);
-        last_flags = c[4];
-        at += 9 + len;
-    }
-    if last_flags & END_HEADERS == 0 {
-        return None;
-    }
+    let (prefix, block) = fragment(frames)?;
     let (mended, fault) = mend_fields(&block, check, request)?;
     // One HEADERS frame, then CONTINUATION frames past the largest frame.
     let mut out = BytesMut::with_capacity(prefix.len() + mended.len() + 9);
@@ -335,6 +483,38 @@ fn mend_block(frames: &[u8], check: bool, request: bool) -> Option<(BytesMut, Fa
         out.extend_from_slice(piece);
     }
     Some((out, fault))
+}
+
+/// A whole header block's parts in `frames` (a HEADERS frame, then CONTINUATION frames,
+/// the last with END_HEADERS): the priority fields, and the block itself without padding
+/// (borrowed when it came in one frame); `None` for a block not whole or not well framed.
+fn fragment(frames: &[u8]) -> Option<(&[u8], Cow<'_, [u8]>)> {
+    let h = frames.get(..9)?;
+    let flags = h[4];
+    let mut at = 9 + frame_len(h);
+    let mut payload = frames.get(9..at)?;
+    let mut pad = 0;
+    if flags & PADDED != 0 {
+        pad = usize::from(*payload.first()?);
+        payload = &payload[1..];
+    }
+    let fragment_len = payload.len().checked_sub(pad)?;
+    let priority = if flags & PRIORITY != 0 { 5 } else { 0 };
+    let prefix = payload.get(..priority)?;
+    let first = payload.get(priority..fragment_len)?;
+    if at == frames.len() {
+        return (flags & END_HEADERS != 0).then_some((prefix, Cow::Borrowed(first)));
+    }
+    let mut block = first.to_vec();
+    let mut last_flags = flags;
+    while at < frames.len() {
+        let c = frames.get(at..at + 9)?;
+        let len = frame_len(c);
+        block.extend_from_slice(frames.get(at + 9..at + 9 + len)?);
+        last_flags = c[4];
+        at += 9 + len;
+    }
+    (last_flags & END_HEADERS != 0).then_some((prefix, Cow::Owned(block)))
 }
 
 /// The field representations of a header block (RFC 7541 6) with each Huffman string's
@@ -824,9 +1004,21 @@ impl<IO: AsyncRead + Unpin> AsyncRead for HpackMend<IO> {
                 buf.put_slice(&this.ready.split_to(n));
                 return Poll::Ready(Ok(()));
             }
+            if this.guard.as_ref().is_some_and(|g| g.ended) {
+                // The codec was given a connection error: the end.
+                return Poll::Ready(Ok(()));
+            }
             let before = buf.filled().len();
             match Pin::new(&mut this.io).poll_read(cx, buf) {
                 Poll::Ready(Ok(())) => {}
+                Poll::Pending => {
+                    let late = this.guard.as_mut().and_then(|g| g.poll_late(cx));
+                    let Some(sid) = late else {
+                        return Poll::Pending;
+                    };
+                    this.late(sid);
+                    continue;
+                }
                 other => return other,
             }
             let got = buf.filled().len() - before;

@@ -5,10 +5,13 @@
 //! is paced on its own, as nginx limits requests), then the access-log line.
 
 use super::exchange::Compress;
+use super::h2_priority;
 use super::pace::Pace;
 use super::source::Source;
 use crate::http::request::Request;
-use crate::http::response::{head_fields, server, Body, Field, HeadCtx, Hop, Part, Response};
+use crate::http::response::{
+    head_fields, server, Body, Field, FileRange, HeadCtx, Hop, Part, Response,
+};
 use crate::modules::limit_rate;
 use crate::runtime::clock;
 use crate::runtime::worker::Worker;
@@ -197,6 +200,26 @@ pub(super) trait BodyOut {
     async fn data(&mut self, data: Bytes, end: bool) -> bool;
     /// The stream has been ended.
     fn ended(&self) -> bool;
+    /// Send a file's range, read in pieces; `end` as for [`BodyOut::data`].
+    async fn file(&mut self, f: &FileRange, end: bool) -> bool {
+        let mut off = f.offset;
+        let stop = f.offset + f.len;
+        while off < stop {
+            let mut buf = vec![0u8; ((stop - off) as usize).min(FILE_READ)];
+            match f.file.read_at(&mut buf, off) {
+                Ok(n) if n > 0 => {
+                    buf.truncate(n);
+                    off += n as u64;
+                    if !self.data(Bytes::from(buf), end && off == stop).await {
+                        return false;
+                    }
+                }
+                // The file shrank (or failed) under us: the promised length cannot be sent.
+                _ => return false,
+            }
+        }
+        true
+    }
 }
 
 impl BodyOut for Out<'_> {
@@ -206,10 +229,78 @@ impl BodyOut for Out<'_> {
     fn ended(&self) -> bool {
         self.ended
     }
+    /// Read as the window opens, as much as it has room for: a frame is never cut where a
+    /// read ended (nginx frames a file as one run of bytes).
+    async fn file(&mut self, f: &FileRange, end: bool) -> bool {
+        let mut feed = FileFeed {
+            f,
+            read: Bytes::new(),
+            off: f.offset,
+            stop: f.offset + f.len,
+        };
+        self.frames(&mut feed, end && self.trailers.is_none()).await && self.finish(end)
+    }
 }
+
+/// The most of a file read at once.
+const FILE_READ: usize = 64 * 1024;
 
 /// Frames of `http2_chunk_size` asked for per wait for window capacity.
 const FRAMES_PER_WAIT: usize = 4;
+
+/// The most window capacity asked for per wait (a large `http2_chunk_size` would ask for
+/// more than the codec gives a stream at once anyway).
+const WANT_MAX: usize = 4 * FILE_READ;
+
+/// What DATA frames are cut from: bytes at hand, or a file read as they are sent.
+pub(super) trait Feed {
+    fn left(&self) -> usize;
+    /// The next `n` bytes (`n` at most [`Feed::left`]); `None` if they cannot be had.
+    fn take(&mut self, n: usize) -> Option<Bytes>;
+}
+
+impl Feed for Bytes {
+    fn left(&self) -> usize {
+        self.len()
+    }
+    fn take(&mut self, n: usize) -> Option<Bytes> {
+        Some(self.split_to(n))
+    }
+}
+
+/// A file range, read [`FILE_READ`] at a time (as before frames were cut by the window: a
+/// window that opens 16k at a time costs no more reads), what a frame leaves of a read
+/// carried over to the next.
+struct FileFeed<'a> {
+    f: &'a FileRange,
+    /// Read, not yet taken.
+    read: Bytes,
+    /// Where the file's next read starts, and where the range ends.
+    off: u64,
+    stop: u64,
+}
+
+impl Feed for FileFeed<'_> {
+    fn left(&self) -> usize {
+        let unread = usize::try_from(self.stop - self.off).unwrap_or(usize::MAX);
+        self.read.len().saturating_add(unread)
+    }
+    fn take(&mut self, n: usize) -> Option<Bytes> {
+        if self.read.len() < n {
+            let have = self.read.len();
+            let unread = self.left() - have;
+            let more = (n - have).max(FILE_READ.min(unread));
+            let mut buf = Vec::with_capacity(have + more);
+            buf.extend_from_slice(&self.read);
+            buf.resize(have + more, 0);
+            // A file that shrank (or failed) under us: the promised length cannot be sent.
+            self.f.file.read_exact_at(&mut buf[have..], self.off).ok()?;
+            self.off += more as u64;
+            self.read = Bytes::from(buf);
+        }
+        Some(self.read.split_to(n))
+    }
+}
 
 /// The sending half of a stream, with what was sent and the frame size.
 pub(super) struct Out<'a> {
@@ -229,10 +320,12 @@ impl Out<'_> {
     /// is asked for several frames at a time and every frame it covers is queued at once:
     /// one frame per wait would cost a round trip through the connection's task for each
     /// `chunk` of a large body.
-    async fn data(&mut self, data: Bytes, end: bool) -> bool {
-        if !self.data_frames(data, end && self.trailers.is_none()).await {
-            return false;
-        }
+    async fn data(&mut self, mut data: Bytes, end: bool) -> bool {
+        self.frames(&mut data, end && self.trailers.is_none()).await && self.finish(end)
+    }
+
+    /// After the last DATA (`end`): the trailers, if any, end the stream.
+    fn finish(&mut self, end: bool) -> bool {
         match self.trailers.filter(|_| end) {
             Some((req, resp)) => {
                 let map = trailer_fields(req, resp);
@@ -250,8 +343,20 @@ impl Out<'_> {
 
     /// [`Out::data`]'s DATA frames; `end`: the last one ends the stream.
     pub(super) async fn data_frames(&mut self, mut data: Bytes, end: bool) -> bool {
-        while !data.is_empty() {
-            let mut want = data.len().min(self.chunk * FRAMES_PER_WAIT);
+        self.frames(&mut data, end).await
+    }
+
+    /// DATA frames of what `src` has, each as large as `http2_chunk_size`, the window and
+    /// the client's frame size allow (the codec cuts frames to the latter); `end`: the
+    /// last one ends the stream. Queued in turn with the connection's other streams
+    /// (`conn::h2_priority`).
+    pub(super) async fn frames(&mut self, src: &mut impl Feed, end: bool) -> bool {
+        let _sending = h2_priority::sending();
+        while src.left() > 0 {
+            let mut want = src
+                .left()
+                .min(self.chunk.saturating_mul(FRAMES_PER_WAIT))
+                .min(WANT_MAX);
             if let Some(p) = &mut self.pace {
                 want = want.min(p.allowance().await as usize);
             }
@@ -270,11 +375,17 @@ impl Out<'_> {
             if let Some(p) = &mut self.pace {
                 p.wrote(room as u64);
             }
+            // The stream's turn among the connection's (`conn::h2_priority`); from there
+            // no wait until its DATA is queued.
+            let _turn = h2_priority::turn().await;
+            let Some(mut got) = src.take(room) else {
+                return false;
+            };
             while room > 0 {
                 let n = room.min(self.chunk);
                 room -= n;
-                let piece = data.split_to(n);
-                let last = end && data.is_empty();
+                let piece = got.split_to(n);
+                let last = end && room == 0 && src.left() == 0;
                 if self.stream.send_data(piece, last).is_err() {
                     return false;
                 }
@@ -302,26 +413,8 @@ async fn whole_body(body: &Body, out: &mut impl BodyOut) -> bool {
         let last_part = i + 1 == parts.len();
         let ok = match p {
             Part::Bytes(b) => out.data(b.clone(), last_part).await,
-            Part::File(f) => {
-                // Read and framed in pieces: sendfile cannot put a file into frames.
-                let mut off = f.offset;
-                let end = f.offset + f.len;
-                let mut ok = true;
-                while ok && off < end {
-                    let mut buf = vec![0u8; ((end - off) as usize).min(64 * 1024)];
-                    match f.file.read_at(&mut buf, off) {
-                        Ok(n) if n > 0 => {
-                            buf.truncate(n);
-                            off += n as u64;
-                            ok = out.data(Bytes::from(buf), last_part && off == end).await;
-                        }
-                        // The file shrank (or failed) under us: the promised length cannot
-                        // be sent.
-                        _ => ok = false,
-                    }
-                }
-                ok
-            }
+            // Read and framed in pieces: sendfile cannot put a file into frames.
+            Part::File(f) => out.file(f, last_part).await,
         };
         if !ok {
             return false;

@@ -170,7 +170,7 @@ async fn attempt(
         let sent = match &mut out.body {
             Some(b) => gw::send_body(&via.timers, &mut up, &out.out, b, timeout)
                 .await
-                .and_then(|()| {
+                .and_then(|_| {
                     up.0.send_data(Bytes::new(), true)
                         .map_err(|e| h2u::failure(e, SENDING))
                 }),
@@ -309,6 +309,8 @@ impl Upload {
         Ok(())
     }
 }
+
+impl gw::BodySink for Upload {}
 
 impl tokio::io::AsyncWrite for Upload {
     fn poll_write(

@@ -3,7 +3,8 @@
 //! before anything else on the connection (before TLS, before HTTP/1.x or HTTP/2), and its
 //! addresses become `$proxy_protocol_addr`, `$proxy_protocol_port`,
 //! `$proxy_protocol_server_addr` and `$proxy_protocol_server_port`, and the client's
-//! address with `real_ip_header proxy_protocol` (`modules::realip`).
+//! address with `real_ip_header proxy_protocol` (`modules::realip`). A version 2 header's
+//! TLVs are kept as they came and read by `$proxy_protocol_tlv_NAME` ([`Tlv`]).
 //!
 //! What is accepted is nginx's: `PROXY TCP4|TCP6 src dst sport dport\r\n` with the address
 //! text kept as written (nginx checks only its characters), `PROXY UNKNOWN ...\r\n` with no
@@ -44,6 +45,9 @@ pub struct ProxyAddrs {
     /// The address the client connected to, at the proxy.
     pub server_addr: Box<str>,
     pub server_port: u16,
+    /// A version 2 header's TLVs, as they came (empty for version 1 or none): only the
+    /// variables that name one look into them (nginx's `pp->tlvs`).
+    pub tlvs: Box<[u8]>,
 }
 
 impl ProxyAddrs {
@@ -146,6 +150,7 @@ fn v1_fields(fields: &[u8]) -> Option<ProxyAddrs> {
         port,
         server_addr,
         server_port,
+        tlvs: Box::default(),
     })
 }
 
@@ -195,6 +200,7 @@ fn parse_v2(buf: &[u8]) -> Parsed {
             server_addr: ip(size).to_string().into(),
             port: port(2 * size),
             server_port: port(2 * size + 2),
+            tlvs: body[2 * size + 4..].into(),
         }),
     }
 }
@@ -364,6 +370,7 @@ mod tests {
             port,
             server_addr: server_addr.into(),
             server_port,
+            tlvs: Box::default(),
         })
     }
 
@@ -470,9 +477,13 @@ mod tests {
         v6[31] = 2;
         v6[32..36].copy_from_slice(&[0, 80, 1, 187]);
         let tlv = [0x04, 0x00, 0x02, 0, 0]; // a NOOP TLV is taken off with the header
+        let mut with_tlv = addrs("::1", 80, "2001:db8::2", 443);
+        if let Some(a) = &mut with_tlv {
+            a.tlvs = tlv.into(); // and kept for `$proxy_protocol_tlv_*`
+        }
         assert_eq!(
             header(&v2(1, 0x21, &[v6.as_slice(), &tlv].concat())),
-            (57, addrs("::1", 80, "2001:db8::2", 443))
+            (57, with_tlv)
         );
         // LOCAL, UDP, AF_UNIX: taken off, no addresses.
         assert_eq!(header(&v2(0, 0x00, &[])), (16, None));

@@ -82,7 +82,7 @@ pub fn accept_encoding(req: &Request) -> &[u8] {
 /// proxied requests (`gzip_proxied`), user agents in `gzip_disable`.
 pub fn client_refuses(req: &Request, resp: &Response) -> bool {
     let conf = &req.conf.compress;
-    (req.head.version == Version::Http10 && !conf.http10())
+    (matches!(req.head.version, Version::Http09 | Version::Http10) && !conf.http10())
         || (req.head.header("via").is_some() && !proxied_ok(req, resp, conf))
         || req
             .head

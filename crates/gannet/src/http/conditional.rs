@@ -256,6 +256,7 @@ pub fn streamed_range(req: &Request, r: &mut Response) {
         Ranged::Whole => {}
         Ranged::One(s, e) => {
             r.status = 206;
+            clear_content_range(r);
             r.headers.push((
                 Cow::Borrowed("Content-Range"),
                 format!("bytes {s}-{e}/{len}").into(),
@@ -274,6 +275,13 @@ pub fn streamed_range(req: &Request, r: &mut Response) {
             r.rewrites().own_body = true;
         }
     }
+}
+
+/// A Content-Range the answer came with (an upstream's, on a 200) gives way to the range
+/// filter's own, or to the parts' when it is cut into several (nginx 1.23.3).
+fn clear_content_range(r: &mut Response) {
+    r.headers
+        .retain(|(n, _)| !n.eq_ignore_ascii_case("content-range"));
 }
 
 /// nginx's range filter: the answer cut into the ranges asked for (a 206, or a 416), when
@@ -319,6 +327,7 @@ pub fn range(req: &Request, r: &mut Response) {
             return;
         };
         r.status = 206;
+        clear_content_range(r);
         r.headers.push((
             Cow::Borrowed("Content-Range"),
             format!("bytes {s}-{e}/{len}").into(),
@@ -344,6 +353,7 @@ pub fn range(req: &Request, r: &mut Response) {
     }
     parts.push(Part::Bytes(Bytes::from(format!("\r\n--{boundary}--\r\n"))));
     r.status = 206;
+    clear_content_range(r);
     r.content_type = Some(Arc::from(format!(
         "multipart/byteranges; boundary={boundary}"
     )));

@@ -3,7 +3,7 @@
 //!
 //! Supported: `$uri` `$document_uri` `$request_uri` `$args` `$query_string` `$is_args`
 //! `$arg_NAME` `$http_NAME` `$cookie_NAME` `$sent_http_NAME` `$host` `$hostname`
-//! `$remote_addr` `$remote_port` `$realip_remote_addr` `$realip_remote_port` `$remote_user` `$server_addr` `$server_port` `$server_name`
+//! `$remote_addr` `$remote_port` `$realip_remote_addr` `$realip_remote_port` `$proxy_protocol_tlv_NAME` `$remote_user` `$server_addr` `$server_port` `$server_name`
 //! `$server_protocol` `$scheme` `$https` `$document_root` `$realpath_root` `$request_filename`
 //! `$request_method` `$request` `$request_body` `$request_body_file` `$request_length` `$request_time` `$status` `$body_bytes_sent`
 //! `$bytes_sent` `$content_type` `$content_length` `$connection` `$connection_requests` `$connection_time` `$pipe` `$request_completion` `$msec`
@@ -64,6 +64,8 @@ pub enum Var {
     ProxyProtocolPort,
     ProxyProtocolServerAddr,
     ProxyProtocolServerPort,
+    /// `$proxy_protocol_tlv_NAME`: a TLV of the PROXY header (`conn::proxy_tlv`).
+    ProxyProtocolTlv(crate::conn::proxy_tlv::Tlv),
     RemoteUser,
     ServerAddr,
     ServerPort,
@@ -256,6 +258,8 @@ impl Var {
                     Var::Ssl(s)
                 } else if let Some(o) = crate::modules::otel::OtelVar::from_name(name) {
                     Var::Otel(o)
+                } else if let Some(t) = crate::conn::proxy_tlv::Tlv::from_var_name(name) {
+                    Var::ProxyProtocolTlv(t)
                 } else {
                     return None;
                 }
@@ -316,6 +320,7 @@ impl Var {
                 .iter()
                 .any(|(n, _)| n.eq_ignore_ascii_case(name)),
             Var::UpstreamCookie(name) => upstream_cookie(req, name, &mut String::new()),
+            Var::ProxyProtocolTlv(t) => t.append(req.conn.proxy.as_deref(), &mut String::new()),
             // `set`, `map`, `geo` and named captures give a value even when it is empty
             // (nginx logs `set $x ""` as `""`).
             Var::User(_) => true,
@@ -438,6 +443,7 @@ pub fn lookup(name: &str, req: &Request) -> Option<String> {
                 | Var::SentTrailer(_)
                 | Var::UpstreamHttp(_)
                 | Var::UpstreamCookie(_)
+                | Var::ProxyProtocolTlv(_)
         )
         // `?a=` has an empty `$arg_a`, not none (SSI's `echo` shows no "(none)").
         && !var.found_empty(req, &Sent::status(0));
@@ -978,6 +984,9 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
                 push_uint(out, p.server_port.into());
             }
         }
+        Var::ProxyProtocolTlv(t) => {
+            t.append(req.conn.proxy.as_deref(), out);
+        }
         Var::RemoteUser => {
             if let Some((user, _)) = crate::modules::auth_basic::credentials(req) {
                 out.push_str(&user);
@@ -998,6 +1007,8 @@ fn append(out: &mut String, v: &Var, req: &Request, sent: Option<&Sent>, caps: &
         }
         Var::ServerName => out.push_str(&req.server.primary_name),
         Var::ServerProtocol => out.push_str(match req.head.version {
+            // nginx keeps the line's protocol text, which HTTP/0.9 has none of.
+            gannet_proto::h1::Version::Http09 => "",
             gannet_proto::h1::Version::Http10 => "HTTP/1.0",
             gannet_proto::h1::Version::Http11 => "HTTP/1.1",
             gannet_proto::h1::Version::Http2 => "HTTP/2.0",

@@ -99,6 +99,28 @@ pub enum Step {
 
 /// Serve one accepted connection of mail server `idx`.
 pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, idx: usize) {
+    serve_tcp_as(w, stream, peer, idx, None).await
+}
+
+/// [`serve_tcp`] for a connection a stream server's `pass` handed over, with the address
+/// it was passed to as its local one.
+pub async fn serve_passed(
+    w: Rc<Worker>,
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    idx: usize,
+    local: SocketAddr,
+) {
+    Box::pin(serve_tcp_as(w, stream, peer, idx, Some(local))).await
+}
+
+async fn serve_tcp_as(
+    w: Rc<Worker>,
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    idx: usize,
+    local: Option<SocketAddr>,
+) {
     let found = w.config.mail.as_ref().and_then(|m| {
         let l = m.listens.get(idx)?;
         Some((
@@ -112,9 +134,11 @@ pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketA
         w.connection_closed();
         return;
     };
-    let local = stream
-        .local_addr()
-        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let local = local.unwrap_or_else(|| {
+        stream
+            .local_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
+    });
     if let Ok(tcp) = tokio::net::TcpStream::from_std(stream) {
         let mut s = Session {
             srv: srv.clone(),
@@ -146,6 +170,14 @@ pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketA
 }
 
 async fn run(s: &mut Session, ssl: bool, pp: bool) {
+    // nginx's event module writes a connection's accept at debug level to its listener's
+    // log, which is the mail server's `error_log`.
+    if crate::errlog::admits(Level::Debug) {
+        crate::errlog::log(
+            Level::Debug,
+            format_args!("*{} accept: {}", s.id, s.client_text()),
+        );
+    }
     if crate::errlog::admits(Level::Info) {
         crate::errlog::log(
             Level::Info,

@@ -41,6 +41,9 @@ pub struct Http2Conf {
     pub max_header_size: Option<u32>,
 }
 
+/// The largest frame HTTP/2 allows (RFC 9113 4.2), nginx's NGX_HTTP_V2_MAX_FRAME_SIZE.
+const MAX_FRAME: u64 = (1 << 24) - 1;
+
 /// The largest flow-control window HTTP/2 allows (RFC 9113 6.9.1).
 const MAX_WINDOW: u64 = (1 << 31) - 1;
 
@@ -107,14 +110,15 @@ pub fn set(d: &Directive, lc: &mut LocConf, _ctx: &mut LoadCtx) -> Result<(), Co
             let n = setters::num_arg(d, 0)?;
             c.max_concurrent_streams = Some(u32::try_from(n).unwrap_or(u32::MAX));
         }
-        // As nginx, a size past the frame limit is cut to it (frames of more than 16 KiB
-        // would need the client's consent, SETTINGS_MAX_FRAME_SIZE), and 0 is refused.
+        // As nginx, a size past the largest frame HTTP/2 has (2^24-1) is cut to it, and 0 is
+        // refused. Frames are cut to the client's SETTINGS_MAX_FRAME_SIZE too (16k unless
+        // it says more), by the codec.
         "http2_chunk_size" => {
             let n = setters::size_arg(d, 0)?;
             if n == 0 {
                 return Err(d.error("the http2 chunk size cannot be zero".to_string()));
             }
-            c.chunk_size = Some(n.min(16 * 1024) as u32);
+            c.chunk_size = Some(n.min(MAX_FRAME) as u32);
         }
         // As nginx: 0 (no preread: a stream's window opens only when its body is read) up
         // to the largest window.

@@ -438,6 +438,7 @@ fn default_attrs(span: &mut Span, req: &Request, status: u16, body_len: u64) {
     let tls = req.conn.tls.is_some();
     a.push(text("http.scheme", if tls { "https" } else { "http" }));
     let flavor = match req.head.version {
+        Version::Http09 => "0.9",
         Version::Http10 => "1.0",
         Version::Http11 => "1.1",
         Version::Http2 => "2.0",

@@ -100,6 +100,9 @@ pub enum Stmt {
         body: Vec<Stmt>,
         /// The block's settings (a location-level `if`), merged with the location's.
         conf: Option<Arc<LocConf>>,
+        /// The block names its own application (`proxy_pass`... in it), whose content
+        /// handler then outlives the block (see [`run`]).
+        own_handler: bool,
     },
 }
 
@@ -246,7 +249,12 @@ pub fn add_if(
     let cond = condition::parse(&d.args).map_err(|e| d.error(e))?;
     let body = std::mem::take(Arc::make_mut(&mut inner.rewrite.stmts));
     let conf = location.then(|| Arc::new(inner));
-    Arc::make_mut(&mut lc.rewrite.stmts).push(Stmt::If { cond, body, conf });
+    Arc::make_mut(&mut lc.rewrite.stmts).push(Stmt::If {
+        cond,
+        body,
+        conf,
+        own_handler: false,
+    });
     Ok(())
 }
 
@@ -256,8 +264,14 @@ pub fn add_if(
 pub fn merge_ifs(lc: &mut LocConf) {
     let mut stmts = std::mem::take(&mut lc.rewrite.stmts);
     for s in Arc::make_mut(&mut stmts) {
-        if let Stmt::If { conf: Some(c), .. } = s {
+        if let Stmt::If {
+            conf: Some(c),
+            own_handler,
+            ..
+        } = s
+        {
             let c = Arc::make_mut(c);
+            *own_handler = super::gateway::active(c).is_some();
             c.merge(lc);
             inherit_handler(c, lc);
         }
@@ -299,17 +313,36 @@ pub enum Outcome {
 }
 
 pub fn run(stmts: &[Stmt], req: &mut Request) -> Outcome {
-    let mut changed = false;
-    match run_block(stmts, req, &mut changed) {
+    let mut state = State::default();
+    match run_block(stmts, req, &mut state) {
         Some(outcome) => outcome,
-        None if changed => Outcome::Research,
+        None if state.changed => Outcome::Research,
+        // nginx's content handler is the last matched `if` block's that names one; a
+        // later matched block that names none leaves it, with that block's settings. When
+        // those lack its application (the location has none), nginx's upstream finds
+        // no configuration: 500, and an alert.
+        None if state.orphaned => {
+            errlog::request(Level::Alert, req, format_args!("no upstream configuration"));
+            Outcome::Flow(Flow::Status(500))
+        }
         None => Outcome::Stay,
     }
 }
 
-/// Run statements until one ends the script (`Some`); `changed` notes a URI rewritten
-/// without a flag, which sends the request to a new location search at the end.
-fn run_block(stmts: &[Stmt], req: &mut Request, changed: &mut bool) -> Option<Outcome> {
+/// What running the statements noted.
+#[derive(Default)]
+struct State {
+    /// A URI rewritten without a flag, which sends the request to a new location search
+    /// at the end.
+    changed: bool,
+    /// The application a matched `if` block named.
+    handler: Option<super::gateway::Proto>,
+    /// A later matched `if` has settings without that application.
+    orphaned: bool,
+}
+
+/// Run statements until one ends the script (`Some`).
+fn run_block(stmts: &[Stmt], req: &mut Request, state: &mut State) -> Option<Outcome> {
     for s in stmts {
         match s {
             Stmt::Break => return Some(Outcome::Stay),
@@ -330,14 +363,25 @@ fn run_block(stmts: &[Stmt], req: &mut Request, changed: &mut bool) -> Option<Ou
             Stmt::SetLimitRate(value) => {
                 super::limit_rate::set_var(req, &value.eval(req, None));
             }
-            Stmt::If { cond, body, conf } => {
+            Stmt::If {
+                cond,
+                body,
+                conf,
+                own_handler,
+            } => {
                 if !cond.eval(req) {
                     continue;
                 }
                 if let Some(c) = conf {
+                    if *own_handler {
+                        state.handler = super::gateway::active(c);
+                        state.orphaned = false;
+                    } else if let Some(p) = state.handler {
+                        state.orphaned = super::gateway::conf(c, p).pass.is_none();
+                    }
                     req.conf = c.clone();
                 }
-                if let Some(outcome) = run_block(body, req, changed) {
+                if let Some(outcome) = run_block(body, req, state) {
                     return Some(outcome);
                 }
             }
@@ -358,7 +402,7 @@ fn run_block(stmts: &[Stmt], req: &mut Request, changed: &mut bool) -> Option<Ou
                 if !set_uri(req, to) {
                     return Some(Outcome::Flow(Flow::Status(500)));
                 }
-                *changed = true;
+                state.changed = true;
                 match flag {
                     Flag::Last => return Some(Outcome::Research),
                     Flag::Break => return Some(Outcome::Stay),

@@ -287,6 +287,9 @@ pub fn run(
         let probes = if probe {
             let mut t = crate::conn::health::spawn_all(&w.config.probes);
             t.extend(crate::tls::stapling::spawn_all(&w.config.staplers));
+            t.extend(w.config.resolving.iter().map(|(up, i)| {
+                tokio::task::spawn_local(crate::upstream::keep_resolved(up.clone(), *i))
+            }));
             t.extend(crate::cache::fanout::spawn_all(&w.config.purge_zones));
             t
         } else {

@@ -75,6 +75,8 @@ pub struct ServerConf {
     /// `return`'s text when it is the server's content handler (written after any
     /// `proxy_pass`).
     pub ret: Option<super::variables::Template>,
+    /// `pass`: the content handler hands the connection to another listener.
+    pub pass: Option<super::pass::Pass>,
     /// `set $var value` (ngx_stream_set_module, server level only): variable index and
     /// value, in order.
     pub sets: Vec<(usize, super::variables::Template)>,
@@ -99,6 +101,7 @@ impl Default for ServerConf {
             resolver_timeout: crate::resolver::DEFAULT_TIMEOUT,
             tcp_nodelay: true,
             ret: None,
+            pass: None,
             sets: Vec::new(),
         }
     }
@@ -200,7 +203,7 @@ pub fn apply(
             one()?;
             c.preread.buffer_size = setters::size_arg(d, 0)?.max(1) as usize;
         }
-        "proxy_pass" | "return" | "set" if !in_server => {
+        "proxy_pass" | "return" | "set" | "pass" if !in_server => {
             return Err(d.error(format!("\"{}\" directive is not allowed here", d.name)))
         }
         "set" => {
@@ -224,11 +227,18 @@ pub fn apply(
             let t = super::variables::Template::compile(&d.args[0], &ctx.maps)
                 .map_err(|e| d.error(e))?;
             c.ret = Some(t);
+            c.pass = None;
         }
         "proxy_pass" => {
             super::proxy::set(d, &mut c.proxy, ctx)?;
             // The last content handler written wins, as in nginx.
             c.ret = None;
+            c.pass = None;
+        }
+        "pass" => {
+            super::pass::set(d, &mut c.pass, &ctx.maps)?;
+            c.ret = None;
+            c.proxy.pass = None;
         }
         n if n.starts_with("proxy_") => super::proxy::set(d, &mut c.proxy, ctx)?,
         // Sizes of nginx's name hash tables: checked, as gannet's lookup has no table
@@ -432,10 +442,32 @@ pub fn serve_tcp(
     peer: SocketAddr,
     idx: usize,
 ) -> crate::runtime::clock::Turns<impl std::future::Future<Output = ()>> {
-    crate::runtime::clock::Turns::new(Box::pin(session(w, stream, peer, idx)))
+    crate::runtime::clock::Turns::new(Box::pin(serve_tcp_as(w, stream, peer, idx, None, 0)))
 }
 
-async fn session(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, idx: usize) {
+/// [`serve_tcp`] for a connection another stream server's `pass` handed over: the
+/// address it was passed to is its local one, and the passes so far count towards
+/// nginx's limit.
+pub fn serve_passed(
+    w: Rc<Worker>,
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    idx: usize,
+    local: SocketAddr,
+    passes: u8,
+) -> crate::runtime::clock::Turns<impl std::future::Future<Output = ()>> {
+    let session = serve_tcp_as(w, stream, peer, idx, Some(local), passes);
+    crate::runtime::clock::Turns::new(Box::pin(session))
+}
+
+async fn serve_tcp_as(
+    w: Rc<Worker>,
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    idx: usize,
+    local: Option<SocketAddr>,
+    passes: u8,
+) {
     let Some(conf) = w.config.stream.clone() else {
         w.connection_closed();
         return;
@@ -446,8 +478,10 @@ async fn session(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, i
     };
     let virtuals = conf.virtuals.get(idx).map_or(&[][..], Vec::as_slice);
     let mut srv = srv.clone();
-    let mut s = Session::new(Worker::next_conn_id(), peer, l.local_of(&stream), false);
+    let local = local.unwrap_or_else(|| l.local_of(&stream));
+    let mut s = Session::new(Worker::next_conn_id(), peer, local, false);
     s.unix = l.unix.is_some();
+    s.passes = passes;
     s.server_name = Some(srv.name.clone());
     let logs = srv.conf.error_log.clone();
     // Pinned in place: the scope polls it through the pin (moving it was a memcpy of its
@@ -456,11 +490,16 @@ async fn session(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, i
         connected(&s);
         // In the event loop only once it has to wait (`relay::Sock`).
         let client = Sock::Raw(stream);
-        run_tcp(&w, &mut srv, virtuals, client, l, &mut s).await;
-        finish(&srv, &s);
+        let passed = run_tcp(&w, &mut srv, virtuals, client, l, &mut s).await;
+        if !passed {
+            finish(&srv, &s);
+        }
+        passed
     });
-    crate::errlog::scoped(logs, session).await;
-    w.connection_closed();
+    // A passed connection is still one of the worker's: its new listener counts it out.
+    if !crate::errlog::scoped(logs, session).await {
+        w.connection_closed();
+    }
 }
 
 /// nginx's first line of a session (info), and its debug line for a log at `debug`.
@@ -486,6 +525,8 @@ pub fn connected(s: &Session) {
     );
 }
 
+/// The session's phases up to its content handler; true when `pass` handed the
+/// connection to another listener (the session then ends without its log line).
 async fn run_tcp(
     w: &Rc<Worker>,
     srv: &mut Arc<Server>,
@@ -493,7 +534,7 @@ async fn run_tcp(
     mut client: Sock,
     l: &Listen,
     s: &mut Session,
-) {
+) -> bool {
     let default = srv.clone();
     let c = &default.conf;
     let (ssl, pp) = (l.ssl, l.proxy_protocol);
@@ -506,7 +547,7 @@ async fn run_tcp(
     if pp {
         let Ok(tcp) = client.reg() else {
             s.status = 500;
-            return;
+            return false;
         };
         let who = crate::conn::proxy_protocol::Who {
             id: s.id,
@@ -519,10 +560,10 @@ async fn run_tcp(
         match Box::pin(read).await {
             Ok(addrs) => s.proxy_protocol = addrs,
             // nginx: a timeout ends the session with 200, a broken header with 400.
-            Err(()) if start.elapsed() >= c.proxy_protocol_timeout => return,
+            Err(()) if start.elapsed() >= c.proxy_protocol_timeout => return false,
             Err(()) => {
                 s.status = 400;
-                return;
+                return false;
             }
         }
         c.realip.apply(s);
@@ -530,30 +571,42 @@ async fn run_tcp(
     // As nginx's phases: the default server's limits and access rules, then the
     // handshake or the preread, which may move the session to another server.
     let Some(_held) = enter(&default, s) else {
-        return;
+        return false;
     };
     if !check_access(&default, s) {
-        return;
+        return false;
     }
     if ssl {
         return Box::pin(run_tls(w, srv, &default, virtuals, client, s)).await;
     }
-    let mut head = Vec::new();
     if c.preread.on {
         let Ok(tcp) = client.reg() else {
             s.status = 500;
-            return;
+            return false;
         };
-        let preread = super::ssl_preread::run(&c.preread, tcp, &mut head, s);
+        // Peeked at: the bytes stay in the socket (nginx 1.25.5), for the proxy or for
+        // the listener `pass` gives the connection to.
+        let preread = super::ssl_preread::run(&c.preread, tcp, s);
         if let Err(status) = Box::pin(preread).await {
             s.status = status;
-            return;
+            return false;
         }
         if let Some(f) = s.sni.as_deref().and_then(|n| find_virtual(virtuals, n)) {
             *srv = f.enter(s);
         }
     }
-    content(w, srv, &default, client, head, s).await
+    if let Some(pass) = &srv.conf.pass {
+        let conn = match client.into_std() {
+            Ok(tcp) => super::pass::Conn::Plain(tcp),
+            Err(_) => {
+                s.status = 500;
+                return false;
+            }
+        };
+        return Box::pin(hand_over(w, srv, &default, pass, conn, false, s)).await;
+    }
+    content(w, srv, &default, client, Vec::new(), s).await;
+    false
 }
 
 /// `listen ... ssl`: the handshake, then the content phase over TLS. A future of its own,
@@ -567,7 +620,7 @@ async fn run_tls(
     virtuals: &[Arc<Server>],
     client: Sock,
     s: &mut Session,
-) {
+) -> bool {
     let c = &default.conf;
     let mut found = None;
     let choose = |name: &str| {
@@ -576,15 +629,58 @@ async fn run_tls(
     };
     let Ok(tcp) = client.into_tokio() else {
         s.status = 500;
-        return;
+        return false;
     };
     let tls = super::ssl::handshake(choose, c.ssl.handshake_timeout, tcp, s).await;
     if let Some(f) = found {
         *srv = f.enter(s);
     }
-    match tls {
-        Some(tls) => content(w, srv, default, tls, Vec::new(), s).await,
-        None => s.status = 500,
+    let Some(mut tls) = tls else {
+        s.status = 500;
+        return false;
+    };
+    // `ssl_preread` after the handshake (nginx's preread phase follows its ssl phase, in
+    // the server SNI chose): TLS cannot be peeked at, so what the client sent first is
+    // read, and goes to the upstream ahead of the rest.
+    let mut head = Vec::new();
+    let preread = &srv.conf.preread;
+    if preread.on {
+        if let Err(status) = super::ssl_preread::read(preread, &mut tls, &mut head, s).await {
+            s.status = status;
+            return false;
+        }
+    }
+    if let Some(pass) = &srv.conf.pass {
+        let conn = super::pass::Conn::Tls(Box::new(tls));
+        return hand_over(w, srv, default, pass, conn, !head.is_empty(), s).await;
+    }
+    content(w, srv, default, tls, head, s).await;
+    false
+}
+
+/// `pass` as the content handler, in the error log of the server SNI moved the session
+/// to; true when the connection went to its new listener.
+async fn hand_over(
+    w: &Rc<Worker>,
+    srv: &Arc<Server>,
+    default: &Arc<Server>,
+    pass: &super::pass::Pass,
+    conn: super::pass::Conn,
+    preread: bool,
+    s: &mut Session,
+) -> bool {
+    use super::pass::Handoff;
+    let run = async { super::pass::handler(w, pass, srv, conn, preread, s) };
+    let done = match Arc::ptr_eq(srv, default) {
+        true => run.await,
+        false => crate::errlog::scoped(srv.conf.error_log.clone(), run).await,
+    };
+    match done {
+        Handoff::Passed => true,
+        Handoff::End(status) => {
+            s.status = status;
+            false
+        }
     }
 }
 

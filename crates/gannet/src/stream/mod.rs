@@ -11,6 +11,7 @@
 //! - [`limit_conn`]: `limit_conn_zone` / `limit_conn` (ngx_stream_limit_conn_module);
 //! - [`log`]: `log_format` / `access_log` (ngx_stream_log_module);
 //! - [`return_`]: `return` (ngx_stream_return_module);
+//! - [`pass`]: `pass`, the connection handed to another listener (ngx_stream_pass_module);
 //! - [`realip`]: `set_real_ip_from` (ngx_stream_realip_module);
 //! - [`relay`]: the plain TCP relay (both sides plain sockets, no rate), the proxy's
 //!   common case, made for its cost per session; its sockets wait in [`epoll`], a set of
@@ -34,6 +35,7 @@ pub mod epoll;
 pub mod limit_conn;
 pub mod log;
 pub mod map;
+pub mod pass;
 pub mod proxy;
 pub mod realip;
 pub mod relay;

@@ -1222,7 +1222,10 @@ async fn udp_session(
                     if let Ok(d) = rx.try_recv() {
                         s.bytes_received += d.len() as u64;
                     }
-                    super::core::no_handler(&mut s);
+                    match srv.conf.pass.is_some() {
+                        true => super::pass::udp(&mut s),
+                        false => super::core::no_handler(&mut s),
+                    }
                 }
             }
         }

@@ -135,6 +135,21 @@ impl Sock {
         }
     }
 
+    /// The socket out of whichever set it waits in, for another listener to take it
+    /// (`stream::pass`).
+    pub fn into_std(self) -> io::Result<std::net::TcpStream> {
+        match self {
+            Sock::Raw(s) => Ok(s),
+            Sock::Own(mut o) => {
+                let s = o.s.take().ok_or(io::ErrorKind::NotConnected)?;
+                o.set.delete(s.as_raw_fd(), o.key);
+                Ok(s)
+            }
+            Sock::Reg(t) => t.into_std(),
+            Sock::Failed => Err(io::ErrorKind::NotConnected.into()),
+        }
+    }
+
     fn fd(&self) -> RawFd {
         match self {
             Sock::Raw(s) => s.as_raw_fd(),

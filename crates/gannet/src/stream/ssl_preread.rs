@@ -1,8 +1,10 @@
 //! `ssl_preread on` (nginx's ngx_stream_ssl_preread_module): read the client's TLS
 //! ClientHello before choosing the upstream, without terminating TLS, so `map
 //! $ssl_preread_server_name $backend {...}; proxy_pass $backend;` routes by SNI. The
-//! ClientHello is parsed by rustls (`Acceptor`), fed a copy of the bytes read; the bytes
-//! themselves are kept and sent to the upstream first.
+//! ClientHello is parsed by rustls (`Acceptor`), fed a copy of the bytes peeked at
+//! (nginx 1.25.5 peeks: the bytes stay in the socket for the proxy, or for the listener
+//! `pass` hands the connection to). Over a TLS session the stream server terminated, the
+//! first bytes are read instead, and go to the upstream first.
 //!
 //! As nginx's preread phase (`preread_timeout`, `preread_buffer_size`): data that is not a
 //! TLS handshake record leaves the variables empty and the session goes on; a client that
@@ -17,8 +19,9 @@
 //! are then read here ([`fields`]).
 
 use super::variables::Session;
+use std::os::fd::AsRawFd;
 use std::time::Duration;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt, Interest};
 use tokio::net::TcpStream;
 
 #[derive(Debug, Clone)]
@@ -38,33 +41,124 @@ impl Default for Preread {
     }
 }
 
-/// Read the ClientHello into `head` and fill in the session's `$ssl_preread_*`. `Err`:
-/// the session ends with this `$status`.
-pub async fn run(
-    conf: &Preread,
-    client: &mut TcpStream,
-    head: &mut Vec<u8>,
-    s: &mut Session,
-) -> Result<(), u16> {
-    let mut acceptor = rustls::server::Acceptor::default();
+/// Peek at the ClientHello (nginx 1.25.5's preread by `MSG_PEEK`: the bytes stay in the
+/// socket) and fill in the session's `$ssl_preread_*`. `Err`: the session ends with this
+/// `$status`.
+pub async fn run(conf: &Preread, client: &mut TcpStream, s: &mut Session) -> Result<(), u16> {
+    let mut scan = Scan::default();
     let deadline = tokio::time::Instant::now() + conf.timeout;
     let mut buf = vec![0u8; conf.buffer_size];
     loop {
-        if head.len() >= conf.buffer_size {
-            crate::errlog::error(format_args!("*{} preread buffer full", s.id));
-            return Err(400);
+        let ready = match tokio::time::timeout_at(deadline, client.ready(Interest::READABLE)).await
+        {
+            Ok(Ok(ready)) => ready,
+            Err(_) | Ok(Err(_)) => return Err(200),
+        };
+        // Once the client has closed its side, what is there is all there will be.
+        let closed = ready.is_read_closed();
+        // More to wait for is reported as WouldBlock, which clears the socket's readiness
+        // so the next wait is for new bytes (each peek sees them all from the start).
+        let peeked = client.try_io(Interest::READABLE, || {
+            let n = peek(client, &mut buf)?;
+            if n == 0 {
+                return Ok(Step::Closed);
+            }
+            if scan.examine(&buf[..n], s) {
+                return Ok(Step::Done);
+            }
+            if n == buf.len() {
+                return Ok(Step::Full);
+            }
+            if closed {
+                return Ok(Step::Closed);
+            }
+            Err(std::io::ErrorKind::WouldBlock.into())
+        });
+        match peeked {
+            Ok(Step::Done) => return Ok(()),
+            Ok(Step::Closed) => return Err(200),
+            Ok(Step::Full) => return Err(buffer_full(s)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(_) => return Err(200),
         }
+    }
+}
+
+/// What a peek came to.
+enum Step {
+    Done,
+    Full,
+    Closed,
+}
+
+fn buffer_full(s: &Session) -> u16 {
+    crate::errlog::error(format_args!("*{} preread buffer full", s.id));
+    400
+}
+
+fn peek(client: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+    // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the whole call, and the
+    // descriptor belongs to `client`, which the borrow keeps open.
+    let n = unsafe {
+        libc::recv(
+            client.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_PEEK,
+        )
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// The preread over a TLS session the stream server terminated (nginx's preread phase
+/// runs after its ssl phase; TLS cannot be peeked at): what the client sends first is
+/// read into `head`, and examined as a ClientHello would be.
+pub async fn read<S: AsyncRead + Unpin>(
+    conf: &Preread,
+    client: &mut S,
+    head: &mut Vec<u8>,
+    s: &mut Session,
+) -> Result<(), u16> {
+    let mut scan = Scan::default();
+    let deadline = tokio::time::Instant::now() + conf.timeout;
+    let mut buf = vec![0u8; conf.buffer_size];
+    loop {
         let room = conf.buffer_size - head.len();
         let n = match tokio::time::timeout_at(deadline, client.read(&mut buf[..room])).await {
             Err(_) | Ok(Err(_)) | Ok(Ok(0)) => return Err(200),
             Ok(Ok(n)) => n,
         };
-        let fresh = &buf[..n];
-        head.extend_from_slice(fresh);
+        head.extend_from_slice(&buf[..n]);
+        if scan.examine(head, s) {
+            return Ok(());
+        }
+        if head.len() >= conf.buffer_size {
+            return Err(buffer_full(s));
+        }
+    }
+}
+
+/// nginx's ClientHello parser over the bytes come so far (all of them, each time): the
+/// rustls acceptor is fed those it has not seen.
+#[derive(Default)]
+struct Scan {
+    acceptor: rustls::server::Acceptor,
+    fed: usize,
+}
+
+impl Scan {
+    /// Whether the preread is over: the ClientHello's fields are in `s`, or `head` is no
+    /// ClientHello (the variables stay empty).
+    fn examine(&mut self, head: &[u8], s: &mut Session) -> bool {
+        let fresh = &head[self.fed.min(head.len())..];
+        self.fed = head.len();
         // An SSLv2-style hello: nginx looks at its first 5 bytes.
         if head[0] & 0x80 != 0 {
             if head.len() < 5 {
-                continue;
+                return false;
             }
             if let Some(protocol) = sslv2_version(head) {
                 let f = Fields {
@@ -73,20 +167,20 @@ pub async fn run(
                 };
                 found(s, f);
             }
-            return Ok(());
+            return true;
         }
         // nginx's first checks: a handshake record of SSLv3 / TLS, or not TLS at all.
         if head[0] != 0x16 || head.get(1).is_some_and(|&b| b != 3) {
-            return Ok(());
+            return true;
         }
-        if acceptor.read_tls(&mut &fresh[..]).is_err() {
+        if self.acceptor.read_tls(&mut &fresh[..]).is_err() {
             if let Some(f) = fields(head) {
                 found(s, f);
             }
-            return Ok(());
+            return true;
         }
-        match acceptor.accept() {
-            Ok(None) => continue,
+        match self.acceptor.accept() {
+            Ok(None) => false,
             Ok(Some(accepted)) => {
                 s.preread_protocol = fields(head).map_or("", |f| f.protocol);
                 let hello = accepted.client_hello();
@@ -98,7 +192,7 @@ pub async fn run(
                     .map(|p| String::from_utf8_lossy(p).into_owned())
                     .collect();
                 s.alpn = Some(names.join(","));
-                return Ok(());
+                true
             }
             // Not a ClientHello rustls can read: nginx may still find its fields (then
             // the protocol is known), or declines too and goes on.
@@ -106,7 +200,7 @@ pub async fn run(
                 if let Some(f) = fields(head) {
                     found(s, f);
                 }
-                return Ok(());
+                true
             }
         }
     }

@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::time::Instant;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Var {
     RemoteAddr,
     RemotePort,
@@ -43,6 +43,8 @@ pub enum Var {
     ProxyProtocolPort,
     ProxyProtocolServerAddr,
     ProxyProtocolServerPort,
+    /// `$proxy_protocol_tlv_NAME` (`conn::proxy_tlv`).
+    ProxyProtocolTlv(crate::conn::proxy_tlv::Tlv),
     RealipRemoteAddr,
     RealipRemotePort,
     SslPrereadProtocol,
@@ -96,6 +98,9 @@ impl Var {
             "realip_remote_port" => Var::RealipRemotePort,
             "ssl_preread_protocol" => Var::SslPrereadProtocol,
             "server_name" => Var::ServerName,
+            _ if name.starts_with("proxy_protocol_tlv_") => {
+                Var::ProxyProtocolTlv(crate::conn::proxy_tlv::Tlv::from_var_name(name)?)
+            }
             _ => Var::Ssl(
                 name.strip_prefix("ssl_")
                     .and_then(crate::tls::vars::SslVar::from_name)
@@ -159,6 +164,8 @@ pub struct Session {
     pub set_values: Vec<Option<String>>,
     /// `$server_name` (the serving server's `core::Server::name`).
     pub server_name: Option<std::sync::Arc<str>>,
+    /// How many times `pass` has handed this connection on before (`stream::pass`).
+    pub passes: u8,
 }
 
 impl Session {
@@ -186,6 +193,7 @@ impl Session {
             captured: Default::default(),
             set_values: Vec::new(),
             server_name: None,
+            passes: 0,
         }
     }
 }
@@ -248,6 +256,11 @@ impl Template {
         Ok(Template { parts })
     }
 
+    /// Whether any part is a variable.
+    pub fn has_vars(&self) -> bool {
+        self.parts.iter().any(|p| matches!(p, Part::Var(_)))
+    }
+
     /// Text without variables (a `$` in it is a `$`).
     pub fn literal(text: &str) -> Template {
         Template {
@@ -266,7 +279,7 @@ impl Template {
         for p in &self.parts {
             match p {
                 Part::Lit(l) => out.push_str(l),
-                Part::Var(v) => append(out, *v, s, maps, depth),
+                Part::Var(v) => append(out, v, s, maps, depth),
             }
         }
     }
@@ -287,10 +300,10 @@ impl Template {
         for p in &self.parts {
             match p {
                 Part::Lit(l) => out.push_str(l),
-                Part::Var(var) if !found(*var, s) => out.push_str(missing),
+                Part::Var(var) if !found(var, s) => out.push_str(missing),
                 Part::Var(var) => {
                     v.clear();
-                    append(&mut v, *var, s, maps, 0);
+                    append(&mut v, var, s, maps, 0);
                     escape(&v, out);
                 }
             }
@@ -301,7 +314,7 @@ impl Template {
 /// Whether the variable has a value (nginx's `not_found` otherwise): the upstream ones
 /// once a server was tried, the `ssl_preread` ones once a ClientHello was read, the
 /// `ssl` ones after a handshake.
-fn found(v: Var, s: &Session) -> bool {
+fn found(v: &Var, s: &Session) -> bool {
     match v {
         Var::UpstreamAddr
         | Var::UpstreamBytesSent
@@ -327,8 +340,9 @@ fn found(v: Var, s: &Session) -> bool {
         | Var::ProxyProtocolPort
         | Var::ProxyProtocolServerAddr
         | Var::ProxyProtocolServerPort => s.proxy_protocol.is_some(),
+        Var::ProxyProtocolTlv(t) => t.append(s.proxy_protocol.as_deref(), &mut String::new()),
         Var::LimitConnStatus => s.limit_conn_status != 0,
-        Var::Named(i) => s.captured.borrow().named(i).is_some(),
+        Var::Named(i) => s.captured.borrow().named(*i).is_some(),
         _ => true,
     }
 }
@@ -354,7 +368,7 @@ fn opt_secs(out: &mut String, t: Option<f64>) {
     }
 }
 
-fn append(out: &mut String, v: Var, s: &Session, maps: &Maps, depth: usize) {
+fn append(out: &mut String, v: &Var, s: &Session, maps: &Maps, depth: usize) {
     match v {
         Var::RemoteAddr => out.push_str(&s.client_text()),
         Var::RemotePort if s.unix => {}
@@ -426,6 +440,9 @@ fn append(out: &mut String, v: Var, s: &Session, maps: &Maps, depth: usize) {
         Var::ProxyProtocolServerPort => pp(out, s, |p, o| {
             let _ = write!(o, "{}", p.server_port);
         }),
+        Var::ProxyProtocolTlv(t) => {
+            t.append(s.proxy_protocol.as_deref(), out);
+        }
         Var::RealipRemoteAddr if s.realip_unix || (s.unix && s.realip_from.is_none()) => {
             out.push_str("unix:")
         }
@@ -444,12 +461,12 @@ fn append(out: &mut String, v: Var, s: &Session, maps: &Maps, depth: usize) {
                 v.append(out, t);
             }
         }
-        Var::Map(i) => match s.set_values.get(i) {
+        Var::Map(i) => match s.set_values.get(*i) {
             Some(Some(v)) => out.push_str(v),
-            _ => maps.append(i, out, s, depth),
+            _ => maps.append(*i, out, s, depth),
         },
-        Var::Capture(n) => out.push_str(s.captured.borrow().group(n.into())),
-        Var::Named(i) => out.push_str(s.captured.borrow().named(i).unwrap_or_default()),
+        Var::Capture(n) => out.push_str(s.captured.borrow().group((*n).into())),
+        Var::Named(i) => out.push_str(s.captured.borrow().named(*i).unwrap_or_default()),
     }
 }
 

@@ -48,6 +48,17 @@ pub struct ServerTls {
     pub reject_handshake: bool,
 }
 
+/// nginx's 421 for a request whose server verifies clients, on a connection whose
+/// handshake named another (a certificate judged against another server's CAs proves
+/// nothing to it).
+fn misdirected() -> (u16, String) {
+    (
+        421,
+        "client attempted to request the server name different from the one that was negotiated"
+            .to_string(),
+    )
+}
+
 /// What a finished handshake established, for the `$ssl_*` variables.
 #[derive(Debug)]
 pub struct TlsInfo {
@@ -173,12 +184,24 @@ impl TlsInfo {
     pub fn refusal(&self, server: &Arc<ServerTls>) -> Option<(u16, String)> {
         let mode = server.verify;
         if mode != VerifyClient::Off && !Arc::ptr_eq(server, &self.by) {
-            return Some((
-                421,
-                "client attempted to request the server name different from the one that was negotiated"
-                    .to_string(),
-            ));
+            return Some(misdirected());
         }
+        self.judged(mode)
+    }
+
+    /// [`refusal`](Self::refusal) for a server with no TLS setup of its own (no
+    /// certificate: the address's default server did the handshake, nginx's SNI callback
+    /// leaving it its context): its `ssl_verify_client` still judges the handshake's
+    /// verdict once the request is the server's, as nginx's does; with verification on, a
+    /// request for another name than the handshake's is nginx's 421.
+    pub fn refusal_by_mode(&self, mode: VerifyClient, host: &str) -> Option<(u16, String)> {
+        if mode != VerifyClient::Off && !self.server_name.eq_ignore_ascii_case(host) {
+            return Some(misdirected());
+        }
+        self.judged(mode)
+    }
+
+    fn judged(&self, mode: VerifyClient) -> Option<(u16, String)> {
         match (mode, &self.verified) {
             (VerifyClient::On, Verified::None) => {
                 Some((496, "client sent no required SSL certificate".to_string()))

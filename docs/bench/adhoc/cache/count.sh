@@ -21,7 +21,8 @@
 # the server on CPU 0; counts are divided by the answers wrk counted (wrk sends up to
 # `connections` more, which the server may or may not have answered: N >> connections).
 #
-# Usage: bash count.sh gannet|nginx [REQUESTS]   (GANNET_BIN overrides target/release/gannet)
+# Usage: bash count.sh gannet|nginx [REQUESTS]   (GANNET_BIN overrides target/release/gannet;
+#        PHASES="miss-c10 plain-c10" runs only those phases, each still after the warm-up)
 # Output: one line per phase, then the system calls per request of each, in $W/NAME.calls
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -103,6 +104,7 @@ EOF
 
 phase() {
     local name=$1 port=$2 conns=$3 paths=$4
+    case " ${PHASES:-$name} " in *" $name "*) ;; *) return 0 ;; esac
     local client=(taskset -c 1 wrk -t 1 -c "$conns" -d 600s --timeout 10s
         -s "$REPO/arena/arena/clients/wrk_paths.lua" "http://127.0.0.1:$port/" -- "$N" "$conns" "$W/$paths")
     if [ -n "$CG" ]; then
