@@ -571,3 +571,68 @@ def test_differential_udp_refused_upstream_is_marked_failed(gannet, tmp_path):
     finally:
         live.close()
     assert got["g"] == got["n"] == [b""] + [b"live"] * 4, got
+
+
+def _nodelay_of_peer(conn: socket.socket) -> int:
+    """TCP_NODELAY of the gannet socket at the other end of `conn` (found by its port in
+    /proc/net/tcp, borrowed from its process with pidfd_getfd)."""
+    import ctypes
+    port = conn.getpeername()[1]
+    local = f"0100007F:{port:04X}"
+    inode = next(f.split()[9] for f in Path("/proc/net/tcp").read_text().splitlines()[1:]
+                 if f.split()[1] == local)
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if not Path(f"/proc/{pid}/comm").read_text().startswith("gannet"):
+                continue
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") != f"socket:[{inode}]":
+                    continue
+            except OSError:
+                continue
+            pidfd = os.pidfd_open(int(pid))
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                dup = libc.syscall(438, pidfd, int(fd), 0)  # pidfd_getfd
+                assert dup >= 0, os.strerror(ctypes.get_errno())
+                s = socket.socket(fileno=dup)
+                try:
+                    return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                finally:
+                    s.close()
+            finally:
+                os.close(pidfd)
+    raise AssertionError(f"no gannet socket on port {port}")
+
+
+def test_tcp_nodelay_on_the_upstream_before_its_second_send(gannet):
+    """`tcp_nodelay` (on by default) is on the upstream socket by the time a second send
+    goes to it (Nagle's algorithm never holds a connection's first send back, so the
+    plain relay sets it then, not at the connect: a short session saves the call);
+    `tcp_nodelay off` leaves it off."""
+    up = socket.socket()
+    up.bind(("127.0.0.1", 0))
+    up.listen(4)
+    on, off = free_port(), free_port()
+    u = up.getsockname()[1]
+    gannet.start(conf=conf(f"server {{ listen 127.0.0.1:{on}; proxy_pass 127.0.0.1:{u}; }}\n"
+                           f"server {{ listen 127.0.0.1:{off}; tcp_nodelay off; proxy_pass 127.0.0.1:{u}; }}"))
+    up.settimeout(5)
+    try:
+        for port, want in ((on, 1), (off, 0)):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+                c.sendall(b"a")
+                conn, _ = up.accept()
+                with conn:
+                    conn.settimeout(5)
+                    assert conn.recv(10) == b"a"
+                    first = _nodelay_of_peer(conn)
+                    c.sendall(b"b")
+                    assert conn.recv(10) == b"b"
+                    assert (first, _nodelay_of_peer(conn)) == (0, want), port
+    finally:
+        up.close()

@@ -15,6 +15,7 @@ use std::fmt;
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, RwLock};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -240,6 +241,14 @@ pub fn set_nested(
 /// The main context's logs. Until [`init`], messages at `error` and above go to stderr.
 static MAIN: RwLock<Option<Arc<ErrorLogs>>> = RwLock::new(None);
 
+/// The main logs' lowest level (`Level as u8`; [`NO_MIN`]: no logs or none admit
+/// anything), written with [`MAIN`]: [`admits`] is asked several times per stream session,
+/// and taking the lock and cloning the `Arc` for that was most of what asking cost.
+static MAIN_MIN: AtomicU8 = AtomicU8::new(UNSET);
+/// `MAIN_MIN` before [`init`]: `error` and above go to stderr.
+const UNSET: u8 = u8::MAX;
+const NO_MIN: u8 = u8::MAX - 1;
+
 fn main_logs() -> Option<Arc<ErrorLogs>> {
     MAIN.read().ok().and_then(|m| m.clone())
 }
@@ -262,6 +271,7 @@ pub fn init(specs: &[Spec]) -> Result<(), String> {
         logs = logs.with(log);
     }
     if let Ok(mut m) = MAIN.write() {
+        MAIN_MIN.store(logs.min.map_or(NO_MIN, |l| l as u8), Ordering::Relaxed);
         *m = Some(Arc::new(logs));
     }
     Ok(())
@@ -287,7 +297,10 @@ pub async fn scoped<F: std::future::Future>(logs: Option<Arc<ErrorLogs>>, f: F) 
 pub fn admits(level: Level) -> bool {
     match SCOPE.try_with(|l| l.admits(level)) {
         Ok(yes) => yes,
-        Err(_) => main_logs().map_or(level >= Level::Error, |l| l.admits(level)),
+        Err(_) => match MAIN_MIN.load(Ordering::Relaxed) {
+            UNSET => level >= Level::Error,
+            min => (level as u8) >= min,
+        },
     }
 }
 

@@ -426,23 +426,38 @@ impl Found {
 /// future of its own. With them inline it was 19 KB, which tokio boxed at the spawn and
 /// which was moved whole into the error-log scope: a 19 KB `memcpy` per session, two
 /// thirds of a short session's user-space instructions
-/// (docs/bench/l4-proxy-report.md).
-pub async fn serve_tcp(w: Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, idx: usize) {
-    serve_tcp_as(w, stream, peer, idx, None, 0).await
+/// (docs/bench/l4-proxy-report.md). The session is pinned where it is made and the
+/// error-log scope polls it through that pin, so it is not moved at all.
+///
+/// Each poll is one turn of the clock (`runtime::clock::Turns`): the times a session
+/// takes in one poll (its start, the connect's, the relay's first bytes and last
+/// activity) are one clock read, as nginx's cached time.
+///
+/// Boxed here, so that tokio's task holds a pointer: tokio moves a task's future whole
+/// into the task at the spawn and writes its stage (as big) again at the end, two copies
+/// of the session's ~1 KB where the box makes one, and its task cell stays small.
+pub fn serve_tcp(
+    w: Rc<Worker>,
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    idx: usize,
+) -> crate::runtime::clock::Turns<impl std::future::Future<Output = ()>> {
+    crate::runtime::clock::Turns::new(Box::pin(serve_tcp_as(w, stream, peer, idx, None, 0)))
 }
 
 /// [`serve_tcp`] for a connection another stream server's `pass` handed over: the
 /// address it was passed to is its local one, and the passes so far count towards
 /// nginx's limit.
-pub async fn serve_passed(
+pub fn serve_passed(
     w: Rc<Worker>,
     stream: std::net::TcpStream,
     peer: SocketAddr,
     idx: usize,
     local: SocketAddr,
     passes: u8,
-) {
-    Box::pin(serve_tcp_as(w, stream, peer, idx, Some(local), passes)).await
+) -> crate::runtime::clock::Turns<impl std::future::Future<Output = ()>> {
+    let session = serve_tcp_as(w, stream, peer, idx, Some(local), passes);
+    crate::runtime::clock::Turns::new(Box::pin(session))
 }
 
 async fn serve_tcp_as(
@@ -469,7 +484,9 @@ async fn serve_tcp_as(
     s.passes = passes;
     s.server_name = Some(srv.name.clone());
     let logs = srv.conf.error_log.clone();
-    let session = async {
+    // Pinned in place: the scope polls it through the pin (moving it was a memcpy of its
+    // whole size per session).
+    let session = std::pin::pin!(async {
         connected(&s);
         // In the event loop only once it has to wait (`relay::Sock`).
         let client = Sock::Raw(stream);
@@ -478,7 +495,7 @@ async fn serve_tcp_as(
             finish(&srv, &s);
         }
         passed
-    };
+    });
     // A passed connection is still one of the worker's: its new listener counts it out.
     if !crate::errlog::scoped(logs, session).await {
         w.connection_closed();

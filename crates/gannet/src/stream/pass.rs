@@ -204,7 +204,7 @@ pub fn handler(
                 return fail(s, format_args!("no TLS session to pass"));
             };
             tokio::task::spawn_local(crate::conn::h1::serve_passed_tls(
-                w, *tls, info, peer, group, local,
+                w, *tls, *info, peer, group, local,
             ));
         }
         (Found::Stream(idx), Conn::Plain(tcp)) => {

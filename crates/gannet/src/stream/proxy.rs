@@ -512,7 +512,8 @@ async fn connect(
     early: Option<&mut Early>,
 ) -> std::io::Result<Socket> {
     if let (Some(to), None, Some(early)) = (parsed, local, early) {
-        let sock = super::relay::connect(timers, to, timeout, nodelay, early).await?;
+        // `tcp_nodelay`: set by the relay, before the socket's second send.
+        let sock = super::relay::connect(timers, to, timeout, early).await?;
         return Ok(Socket::Tcp(sock));
     }
     // Boxed: off the plain path, whose future stays small (`core::serve_tcp`).
@@ -618,9 +619,11 @@ async fn connect_upstream(
         hash: hash.as_deref().map(str::as_bytes),
     };
     let mut tried = Tried::default();
-    let start = Instant::now();
+    // The turn's time (`runtime::clock`): one clock read for the session's poll.
+    let now = crate::runtime::clock::now;
+    let start = now();
     loop {
-        let (i, lease) = match w.upstreams.pick(&group.group, &key, &tried, Instant::now()) {
+        let (i, lease) = match w.upstreams.pick(&group.group, &key, &tried, now()) {
             Pick::Server(i, lease) => (i, lease),
             Pick::Full | Pick::None => {
                 no_live(s, &group);
@@ -629,7 +632,7 @@ async fn connect_upstream(
         };
         tried.push(i);
         let addr = &group.group.servers[i].addr;
-        let began = Instant::now();
+        let began = now();
         s.attempts.push(Attempt {
             addr: attempt_addr(addr),
             ..Default::default()
@@ -686,7 +689,7 @@ async fn connect_upstream(
             Ok(conn) => {
                 w.upstreams.succeeded(&group.group, i);
                 if let Some(a) = s.attempts.last_mut() {
-                    a.connect = Some(began.elapsed().as_secs_f64());
+                    a.connect = Some((now() - began).as_secs_f64());
                 }
                 return Some((conn, lease, group, i));
             }
@@ -863,9 +866,10 @@ async fn tcp_plain(w: &Rc<Worker>, srv: &Server, client: Sock, head: Vec<u8>, s:
         timeout: c.timeout,
         timers: &w.timers,
         id: s.id,
+        nodelay: srv.conf.tcp_nodelay,
     };
     let pre_len = early.pre_len as u64;
-    let began = Instant::now();
+    let began = crate::runtime::clock::now();
     let out = super::relay::run(early, up, &conf).await;
     if out.pre_failed {
         s.status = 502;
@@ -1099,7 +1103,7 @@ fn account(s: &mut Session, sent_first: u64, closed: Option<&str>, n: &Counts) {
         // nginx measures both from the start of the connect.
         let base = a.connect.unwrap_or_default();
         a.first_byte = n.down_first.map(|t| base + (t - n.began).as_secs_f64());
-        a.session = Some(base + n.began.elapsed().as_secs_f64());
+        a.session = Some(base + (crate::runtime::clock::now() - n.began).as_secs_f64());
     }
     let info = crate::errlog::admits(crate::errlog::Level::Info);
     if let (Some(who), Some(a), true) = (closed, s.attempts.last(), info) {

@@ -22,6 +22,7 @@
 
 use super::epoll::{self, Dir, Epoll, Key};
 use super::splice::{splice, Pipe};
+use crate::runtime::clock;
 use crate::runtime::read_timers::{Held, ReadTimers};
 use std::cell::RefCell;
 use std::io;
@@ -440,11 +441,12 @@ impl Early {
 /// Connect to `to` without waiting when the connect is done by the time the client's
 /// first bytes are sent (see [`Early::send_now`]); else wait for it (the worker's timer
 /// table keeps `timeout`), sending them then, or reading SO_ERROR when there are none.
+/// `tcp_nodelay` is not set here but by the relay, before the socket's second send
+/// (`Conf::nodelay`).
 pub async fn connect(
     timers: &ReadTimers,
     to: SocketAddr,
     timeout: Duration,
-    nodelay: bool,
     early: &mut Early,
 ) -> io::Result<Sock> {
     let sock = socket2::Socket::new(
@@ -452,9 +454,6 @@ pub async fn connect(
         socket2::Type::STREAM.nonblocking(),
         None,
     )?;
-    if nodelay {
-        let _ = sock.set_tcp_nodelay(true);
-    }
     match sock.connect(&to.into()) {
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
@@ -522,6 +521,10 @@ struct Direction {
     ended: Option<bool>,
     bytes: u64,
     first: Option<Instant>,
+    /// `tcp_nodelay` is wanted on the destination and not set yet (see `Conf::nodelay`).
+    nodelay_due: bool,
+    /// The destination was sent to (or tried) already.
+    sent_any: bool,
 }
 
 impl Direction {
@@ -536,9 +539,23 @@ impl Direction {
         }
     }
 
+    /// Before a send to the destination: a `tcp_nodelay` still due is set before its
+    /// second send (see `Conf::nodelay`).
+    fn before_send(&mut self, dst: &Sock) {
+        if self.nodelay_due {
+            if self.sent_any {
+                if let Some(r) = dst.sock_ref() {
+                    let _ = r.set_tcp_nodelay(true);
+                }
+                self.nodelay_due = false;
+            }
+            self.sent_any = true;
+        }
+    }
+
     fn saw_bytes(&mut self) {
         if self.first.is_none() {
-            self.first = Some(Instant::now());
+            self.first = Some(clock::now());
         }
     }
 }
@@ -551,6 +568,12 @@ pub struct Conf<'a> {
     pub timeout: Duration,
     pub timers: &'a ReadTimers,
     pub id: u64,
+    /// `tcp_nodelay` for the upstream ([`connect`] leaves it unset), set before the
+    /// upstream's second send, not at the connect: Nagle's algorithm never holds a
+    /// connection's first send back (Linux holds a small segment only while an earlier
+    /// small one is unacknowledged, Minshall's rule), so the bytes go out as with it set,
+    /// and a short session, whose request is one send, saves the `setsockopt`.
+    pub nodelay: bool,
 }
 
 /// How a relay ended.
@@ -599,6 +622,7 @@ fn step(
         // Out first: what was read and not taken yet.
         if d.at < d.pending.len() {
             wait!(dst, Dir::Write, false);
+            d.before_send(dst);
             match dst.send(&d.pending[d.at..]) {
                 Ok(n) => {
                     d.wrote(n);
@@ -611,6 +635,7 @@ fn step(
         }
         if d.piped > 0 {
             wait!(dst, Dir::Write, false);
+            d.before_send(dst);
             let Some(p) = &d.pipe else {
                 return Poll::Ready(false);
             };
@@ -676,6 +701,7 @@ fn step(
                 Err(e) if would_block(&e) => return Got::Wait,
                 Err(_) => return Got::ReadError,
             };
+            d.before_send(dst);
             let k = match dst.send(&scratch[..n]) {
                 Ok(k) => k,
                 Err(e) if would_block(&e) => 0,
@@ -718,6 +744,8 @@ pub async fn run(early: Early, mut up: Sock, c: &Conf<'_>) -> Outcome {
         bytes: early.sent,
         dry: early.dry,
         src_done: early.client_done,
+        nodelay_due: c.nodelay,
+        sent_any: early.sent > 0 || early.pre < early.pre_len,
         ..Default::default()
     };
     // The upstream was just sent the client's first bytes: its answer is not there yet.
@@ -726,7 +754,7 @@ pub async fn run(early: Early, mut up: Sock, c: &Conf<'_>) -> Outcome {
         ..Default::default()
     };
     let mut first: Option<(&'static str, bool)> = None;
-    let mut last = Instant::now();
+    let mut last = clock::now();
     let mut held: Option<Held> = None;
     let closed = std::future::poll_fn(|cx| loop {
         let mut moved = false;
@@ -743,7 +771,7 @@ pub async fn run(early: Early, mut up: Sock, c: &Conf<'_>) -> Outcome {
             }
         }
         if moved {
-            last = Instant::now();
+            last = clock::now();
         }
         match first {
             // `proxy_half_close`: the other direction goes on until its own end.

@@ -156,7 +156,7 @@ pub async fn handshake(
             // nginx's checks after the handshake (495/496 are HTTP's codes: here the
             // session just ends).
             let refused = info.refusal(&info.by);
-            s.tls = Some(info);
+            s.tls = Some(Box::new(info));
             match refused {
                 None => return Some(stream),
                 Some((_, why)) => why,

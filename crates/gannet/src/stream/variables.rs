@@ -151,8 +151,10 @@ pub struct Session {
     pub proxy_protocol: Option<std::sync::Arc<crate::conn::proxy_protocol::ProxyAddrs>>,
     /// The connection's own client address when `set_real_ip_from` replaced it.
     pub realip_from: Option<SocketAddr>,
-    /// The handshake of `listen ... ssl`.
-    pub tls: Option<crate::tls::TlsInfo>,
+    /// The handshake of `listen ... ssl`. Boxed: a plain session has none, and the
+    /// session lives in the session's future, which is copied whole (counted: ~120 bytes
+    /// less per copy, docs/bench/l4-proxy-report.md).
+    pub tls: Option<Box<crate::tls::TlsInfo>>,
     /// `$limit_conn_status` (nginx's order): 0 before any limit counted the session,
     /// then PASSED, REJECTED, REJECTED_DRY_RUN.
     pub limit_conn_status: u8,
@@ -175,7 +177,8 @@ impl Session {
             udp,
             unix: false,
             realip_unix: false,
-            start: Instant::now(),
+            // The turn's time (`runtime::clock`), as nginx's session start.
+            start: crate::runtime::clock::now(),
             bytes_sent: 0,
             bytes_received: 0,
             status: 200,
