@@ -32,6 +32,7 @@
 
 use super::h2_goaway::{self, Guard, Screen};
 use super::h2_priority::{Priorities, CONNECTION_ERROR};
+use super::h2_table::{string, Late, Shadow};
 use bytes::{BufMut, BytesMut};
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -162,6 +163,8 @@ pub struct HpackMend<IO> {
     prio: Option<Rc<Priorities>>,
     /// The client acknowledged the server's SETTINGS.
     acked: bool,
+    /// On a client's connection: the shadow of its HPACK dynamic table (`conn::h2_table`).
+    table: Option<Box<Shadow>>,
 }
 
 impl<IO> HpackMend<IO> {
@@ -178,6 +181,7 @@ impl<IO> HpackMend<IO> {
             guard: None,
             prio: None,
             acked: false,
+            table: None,
         }
     }
 
@@ -185,6 +189,7 @@ impl<IO> HpackMend<IO> {
     /// GOAWAY and late header blocks are dealt with as `conn::h2_goaway` says.
     pub fn guarded(mut self, guard: Guard) -> HpackMend<IO> {
         self.guard = Some(Box::new(guard));
+        self.table = Some(Box::default());
         self
     }
 
@@ -352,6 +357,9 @@ impl<IO> HpackMend<IO> {
                 }
                 if self.held.len() > MAX_BLOCK {
                     // Too long to hold: given on as it came, the rest passed through.
+                    if let Some(t) = &mut self.table {
+                        t.lose();
+                    }
                     let len = frame_len(&self.held[..9]);
                     let take = (9 + len).min(self.held.len());
                     self.skip = 9 + len - take;
@@ -372,6 +380,7 @@ impl<IO> HpackMend<IO> {
             let sid = u32::from_be_bytes([h[0] & 0x7f, h[1], h[2], h[3]]);
             let request = block[3] == HEADERS && sid > self.last_sid;
             let mut fault = None;
+            let mut late = Vec::new();
             if let Some(g) = &mut self.guard {
                 g.whole(sid);
                 if g.wire.screen(&block[..9]) == Screen::Drop {
@@ -381,10 +390,20 @@ impl<IO> HpackMend<IO> {
                     g.wire.started(sid);
                 }
                 // What nginx's decoder stops on (even streams are the codec's error).
+                let frag = fragment(&block);
                 fault = (sid % 2 == 1)
-                    .then(|| fragment(&block))
+                    .then_some(frag.as_ref())
                     .flatten()
-                    .and_then(|(_, f)| h2_goaway::hpack_fault(&f, f.len(), g.field_max));
+                    .and_then(|(_, f)| h2_goaway::hpack_fault(f, f.len(), g.field_max));
+                // The dynamic table followed, an index past it found (`conn::h2_table`).
+                match (&mut self.table, &frag, fault) {
+                    (Some(t), Some((_, f)), None) => match t.walk(f) {
+                        Ok(l) => late = l,
+                        Err(code) => fault = Some(code),
+                    },
+                    (Some(t), None, _) => t.lose(),
+                    _ => {}
+                }
             }
             if let Some(code) = fault {
                 self.abort(code);
@@ -404,7 +423,7 @@ impl<IO> HpackMend<IO> {
                     continue;
                 }
             }
-            match mend_block(&block, check, request) {
+            match mend_block(&block, check, request, &late) {
                 Some((frame, fault)) => {
                     if let (true, Some(r)) = (fault != Fault::Lawful, &self.refused) {
                         let h = &frame[5..9];
@@ -456,14 +475,19 @@ fn block_end(buf: &[u8]) -> Option<usize> {
 /// refuses made lawful: then `true`; `request`: it opens a request); `None` when nothing
 /// needed mending or the block is not one this reader understands (then the codec judges
 /// it).
-fn mend_block(frames: &[u8], check: bool, request: bool) -> Option<(BytesMut, Fault)> {
+fn mend_block(
+    frames: &[u8],
+    check: bool,
+    request: bool,
+    late: &[Late],
+) -> Option<(BytesMut, Fault)> {
     let h = &frames[..9];
     if h[3] != HEADERS {
         return None;
     }
     let (flags, sid) = (h[4], &h[5..9]);
     let (prefix, block) = fragment(frames)?;
-    let (mended, fault) = mend_fields(&block, check, request)?;
+    let (mended, fault) = mend_fields_late(&block, check, request, late)?;
     // One HEADERS frame, then CONTINUATION frames past the largest frame.
     let mut out = BytesMut::with_capacity(prefix.len() + mended.len() + 9);
     let first = mended.len().min(MAX_FRAME - prefix.len());
@@ -523,7 +547,23 @@ fn fragment(frames: &[u8]) -> Option<(&[u8], Cow<'_, [u8]>)> {
 /// surplus padding bytes dropped, and with `check` the fields nginx refuses made lawful
 /// (then `true`); `None` if nothing changed (or the block does not parse). `request`: the
 /// block opens a request (not trailers), whose pseudo-headers are checked too.
+#[cfg(test)]
 fn mend_fields(block: &[u8], check: bool, request: bool) -> Option<(Vec<u8>, Fault)> {
+    mend_fields_late(block, check, request, &[])
+}
+
+/// [`mend_fields`] with the pseudo-headers `late` after a regular field (`conn::h2_table`,
+/// by where their representations start): nginx answers 400 ("client sent out of order
+/// pseudo-headers") where the codec would reset the stream. An indexed one is dropped (the
+/// table stays as it is); a literal one is given on as a regular field of a name as long
+/// (its leading colon an `x`), so that the dynamic table keeps its size. The stream is
+/// noted.
+fn mend_fields_late(
+    block: &[u8],
+    check: bool,
+    request: bool,
+    mut late: &[Late],
+) -> Option<(Vec<u8>, Fault)> {
     let mut out = Vec::with_capacity(block.len());
     let mut changed = false;
     let mut bad = false;
@@ -554,6 +594,31 @@ fn mend_fields(block: &[u8], check: bool, request: bool) -> Option<(Vec<u8>, Fau
         at += n;
         if prefix != 5 && head.is_none() {
             head = Some(out.len());
+        }
+        if let Some((first, rest)) = late.split_first().filter(|(l, _)| l.at == start) {
+            late = rest;
+            if check && request {
+                bad = true;
+                changed = true;
+                if prefix == 7 {
+                    continue;
+                }
+                if strings == 2 {
+                    at += string(&block[at..])?.2;
+                }
+                let (_, _, n) = string(&block[at..])?;
+                let mut name = first.name.to_vec();
+                name[0] = b'x';
+                if let Some(fixed) = lawful_name(&name) {
+                    name = fixed;
+                }
+                out.push(if prefix == 6 { 0x40 } else { b & 0xf0 });
+                put_int(&mut out, name.len() as u64, 7, 0);
+                out.extend_from_slice(&name);
+                out.extend_from_slice(&block[at..at + n]);
+                at += n;
+                continue;
+            }
         }
         // The static table's names (RFC 7541 A): 1 :authority, 2-3 :method, 4-5 :path,
         // 6-7 :scheme.
@@ -928,7 +993,7 @@ fn lawful_value(value: &[u8]) -> Option<Vec<u8>> {
 /// dropped while the rest still decodes with lawful (under 8 bits) padding. No code is
 /// eight ones or fewer (the shortest all-ones code is EOS's 30), so such a byte can only
 /// be padding.
-fn trim_padding(mut s: &[u8]) -> &[u8] {
+pub(super) fn trim_padding(mut s: &[u8]) -> &[u8] {
     let mut scratch = Vec::new();
     while let Some((&0xff, rest)) = s.split_last() {
         if httlib_huffman::decode(s, &mut scratch, httlib_huffman::DecoderSpeed::FourBits).is_ok() {
@@ -1321,7 +1386,7 @@ mod tests {
         block.extend(&long);
         let mut frames = frame(HEADERS, 0x1, 5, &block[..10_000]);
         frames.extend(frame(CONTINUATION, END_HEADERS, 5, &block[10_000..]));
-        let (out, fault) = mend_block(&frames, true, false).unwrap();
+        let (out, fault) = mend_block(&frames, true, false, &[]).unwrap();
         assert_eq!(fault, Fault::Lawful);
         let mut want = field("x-a", &huff(b"aaaaaaaa"));
         want.extend(&long);

@@ -59,6 +59,7 @@ pub mod h2_goaway;
 pub mod h2_mend;
 pub mod h2_priority;
 pub mod h2_resets;
+pub mod h2_table;
 pub mod h2_response;
 pub mod h2_upstream;
 pub mod h3;
