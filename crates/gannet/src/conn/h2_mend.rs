@@ -835,6 +835,25 @@ mod length_tests {
     const ALIAS: &[u8] = CONTENT_LENGTH_ALIAS.as_bytes();
 
     #[test]
+    fn late_pseudo_headers_go_as_regular_fields() {
+        let late = |at: usize| Late {
+            at,
+            name: b":authority"[..].into(),
+        };
+        // A literal one: renamed as long, its indexing and value kept.
+        let block = b"\x82\x86\x84\x7a\x01c\x41\x01a";
+        let mut want = b"\x82\x86\x84\x7a\x01c\x40\x0axauthority".to_vec();
+        want.extend(b"\x01a");
+        let got = mend_fields_late(block, true, true, &[late(6)]);
+        assert_eq!(got, Some((want, Fault::Invalid)));
+        // An indexed one: dropped.
+        let got = mend_fields_late(b"\x82\x86\x84\x7a\x01c\xbe", true, true, &[late(6)]);
+        assert_eq!(got, Some((b"\x82\x86\x84\x7a\x01c".to_vec(), Fault::Invalid)));
+        // In trailers the codec judges them.
+        assert_eq!(mend_fields_late(block, true, false, &[late(6)]), None);
+    }
+
+    #[test]
     fn content_length_goes_under_the_alias() {
         let pseudo = [0x82, 0x86, 0x84];
         // Named from the static table: incremental indexing, without, never indexed.

@@ -324,3 +324,91 @@ const STATIC_NAMES: [&str; 61] = [
     "via",
     "www-authenticate",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn huff(s: &[u8]) -> Vec<u8> {
+        let mut h = Vec::new();
+        httlib_huffman::encode(s, &mut h).unwrap();
+        let mut out = vec![0x80 | h.len() as u8];
+        out.extend(h);
+        out
+    }
+
+    fn sizes(t: &Shadow) -> Vec<usize> {
+        t.entries.iter().map(|e| e.size).collect()
+    }
+
+    #[test]
+    fn insertions_are_sized_and_evicted_oldest_first() {
+        let mut t = Shadow::default();
+        // referer: foo (static name 51), x-foo: X-Bar (literal name), each 42 bytes.
+        assert_eq!(t.walk(b"\x82\x73\x03foo\x40\x05x-foo\x05X-Bar"), Ok(vec![]));
+        assert_eq!(sizes(&t), [42, 42]);
+        // Without indexing, never indexed, indexed: nothing inserted.
+        assert_eq!(t.walk(b"\x0f\x24\x01a\x10\x01b\x01c\xbe\xbf"), Ok(vec![]));
+        assert_eq!(t.size, 84);
+        // A size update to 61 keeps the newest only; 62 then names x-foo, 63 nothing.
+        assert_eq!(t.walk(b"\x3f\x1e\xbe"), Ok(vec![]));
+        assert_eq!(sizes(&t), [42]);
+        assert_eq!(t.walk(b"\xbf"), Err(COMPRESSION_ERROR));
+        // A name past the table in a literal field too.
+        assert_eq!(t.walk(b"\x7f\x01\x03foo"), Err(COMPRESSION_ERROR));
+        // An entry larger than the table empties it.
+        assert_eq!(t.walk(b"\x40\x05x-bar\x20aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"), Ok(vec![]));
+        assert_eq!((sizes(&t), t.size), (vec![], 0));
+        // Back to 4096: a second entry fits beside the first, a name from a dynamic entry
+        // counts its length.
+        assert_eq!(t.walk(b"\x3f\xe1\x1f\x40\x01a\x01b\x7e\x02cd"), Ok(vec![]));
+        assert_eq!(sizes(&t), [35, 34]);
+        // Over 4096 stays 4096 (the codec's and nginx's limit; nginx's check ends the
+        // connection before this).
+        t.resize(10_000);
+        assert_eq!(t.max, 4096);
+    }
+
+    #[test]
+    fn huffman_strings_count_their_decoded_length() {
+        let mut t = Shadow::default();
+        let mut block = vec![0x40];
+        block.extend(huff(b"x-forwarded-for"));
+        block.extend(huff(b"192.168.100.200"));
+        // Over-long padding (a whole byte of ones) is taken as nginx takes it.
+        block.push(0x7a);
+        let mut ua = huff(b"abc");
+        ua[0] += 1;
+        ua.push(0xff);
+        block.extend(ua);
+        assert_eq!(t.walk(&block), Ok(vec![]));
+        assert_eq!(sizes(&t), [10 + 3 + 32, 15 + 15 + 32]);
+    }
+
+    #[test]
+    fn pseudo_headers_after_a_regular_field_are_found() {
+        let mut t = Shadow::default();
+        // :authority inserted (62), then used in place; :method after a regular field.
+        let name = |n: &[u8]| Late {
+            at: 0,
+            name: n.into(),
+        };
+        assert_eq!(t.walk(b"\x82\x41\x01a\xbe\x7a\x01b"), Ok(vec![]));
+        let got = t.walk(b"\x82\x86\x84\x7a\x01c\xc0\x82\x40\x03:xy\x01z").unwrap();
+        let at: Vec<_> = got.iter().map(|l| l.at).collect();
+        assert_eq!(at, [6, 7, 8]);
+        let names: Vec<_> = got.into_iter().map(|l| Late { at: 0, ..l }).collect();
+        assert_eq!(names, [name(b":authority"), name(b":method"), name(b":xy")]);
+        // The pseudo entry inserted late is still a pseudo-header to the client.
+        assert_eq!(t.entries[0].pseudo.as_deref(), Some(&b":xy"[..]));
+    }
+
+    #[test]
+    fn what_cannot_be_followed_decides_nothing() {
+        let mut t = Shadow::default();
+        // A Huffman name that does not decode (EOS inside): lost, later indexes let be.
+        assert_eq!(t.walk(b"\x40\x84\xff\xff\xff\xff\x01a"), Ok(vec![]));
+        assert!(t.lost);
+        assert_eq!(t.walk(b"\x7a\x01b\xc5\x01\x01a"), Ok(vec![]));
+    }
+}
