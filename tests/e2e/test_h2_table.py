@@ -2,7 +2,8 @@
 Debian's nginx with one config, over raw frames (`conn::h2_table`): a pseudo-header after a
 regular field (one named from the dynamic table too) is answered 400 ("client sent out of
 order pseudo-headers", nginx 1.31.3+; Debian's 1.22 takes it; the h2 crate alone resets the stream and the client waits), the
-connection and its table kept; one in its place named from the dynamic table is taken; an
+connection and its table kept; one in its place named from the dynamic table is taken (one
+a late pseudo-header put there too); an
 index past the table (after a table size update evicted entries, or in a literal field's
 name) ends the connection with COMPRESSION_ERROR naming that block's stream.
 """
@@ -92,6 +93,14 @@ SESSIONS = {
         b"\xbf\x86\x84\xbe" + INSERTS,
         b"\xc1\x86\x84\xc0\xbf\xbe",
     ],
+    # A late :authority inserted (the codec holds it under another name), then named from
+    # the table in its place: indexed, and as a literal field's name.
+    "late authority named again in place": [
+        PSEUDO + b"\x7a\x04curl" + AUTHORITY_INDEXED,
+        b"\xbe" + PSEUDO,
+        b"\x7e\x09localhost" + PSEUDO,
+        PSEUDO + b"\xbe",
+    ],
     # A literal field whose name is an index past the table.
     "name index past the table": [
         PSEUDO + AUTHORITY_INDEXED,
@@ -105,6 +114,7 @@ OUT_OF_ORDER = {
     "late authority after a dynamic field": {1},
     "late authority after a static field": {0},
     "late method and path": {0, 1},
+    "late authority named again in place": {0},
 }
 
 
@@ -127,4 +137,5 @@ def test_dynamic_table_as_nginx(tmp_path):
     assert got["late authority after a static field"] == [400, 200]
     assert got["late method and path"] == [400, 400, 200]
     assert got["dynamic pseudo-headers in place"] == [200, 200, 200, 200]
+    assert got["late authority named again in place"] == [400, 200, 200, 200]
     assert got["name index past the table"] == [200, (3, 9)]

@@ -397,7 +397,7 @@ impl<IO> HpackMend<IO> {
                     .and_then(|(_, f)| h2_goaway::hpack_fault(f, f.len(), g.field_max));
                 // The dynamic table followed, an index past it found (`conn::h2_table`).
                 match (&mut self.table, &frag, fault) {
-                    (Some(t), Some((_, f)), None) => match t.walk(f) {
+                    (Some(t), Some((_, f)), None) => match t.walk(request, f) {
                         Ok(l) => late = l,
                         Err(code) => fault = Some(code),
                     },
@@ -598,20 +598,39 @@ fn mend_fields_late(
         if let Some((first, rest)) = late.split_first().filter(|(l, _)| l.at == start) {
             late = rest;
             if check && request {
-                bad = true;
                 changed = true;
-                if prefix == 7 {
-                    continue;
+                let mut name = first.name.to_vec();
+                if first.late {
+                    bad = true;
+                    if prefix == 7 {
+                        continue;
+                    }
+                    name[0] = b'x';
+                    if let Some(fixed) = lawful_name(&name) {
+                        name = fixed;
+                    }
+                } else {
+                    // In its place, named from an entry the codec holds renamed: given
+                    // under its own name (indexed, as a literal field not indexed).
+                    match name.as_slice() {
+                        b":method" => seen[0] = true,
+                        b":scheme" => seen[1] = true,
+                        b":path" => seen[2] = true,
+                        _ => {}
+                    }
+                    if prefix == 7 {
+                        let value = first.value.as_deref()?;
+                        out.push(0);
+                        put_int(&mut out, name.len() as u64, 7, 0);
+                        out.extend_from_slice(&name);
+                        out.extend_from_slice(value);
+                        continue;
+                    }
                 }
                 if strings == 2 {
                     at += string(&block[at..])?.2;
                 }
                 let (_, _, n) = string(&block[at..])?;
-                let mut name = first.name.to_vec();
-                name[0] = b'x';
-                if let Some(fixed) = lawful_name(&name) {
-                    name = fixed;
-                }
                 out.push(if prefix == 6 { 0x40 } else { b & 0xf0 });
                 put_int(&mut out, name.len() as u64, 7, 0);
                 out.extend_from_slice(&name);
@@ -839,6 +858,8 @@ mod length_tests {
         let late = |at: usize| Late {
             at,
             name: b":authority"[..].into(),
+            late: true,
+            value: None,
         };
         // A literal one: renamed as long, its indexing and value kept.
         let block = b"\x82\x86\x84\x7a\x01c\x41\x01a";
@@ -851,6 +872,30 @@ mod length_tests {
         assert_eq!(got, Some((b"\x82\x86\x84\x7a\x01c".to_vec(), Fault::Invalid)));
         // In trailers the codec judges them.
         assert_eq!(mend_fields_late(block, true, false, &[late(6)]), None);
+        // In its place, named from an entry the codec holds renamed: under its own name,
+        // not indexed when indexed, indexing kept when a literal.
+        let held = Late {
+            at: 0,
+            name: b":authority"[..].into(),
+            late: false,
+            value: Some(b"\x01a"[..].into()),
+        };
+        let mut want = b"\x00\x0a:authority\x01a".to_vec();
+        want.extend(b"\x82\x86\x84");
+        let got = mend_fields_late(b"\xbe\x82\x86\x84", true, true, &[held]);
+        assert_eq!(got, Some((want, Fault::Lawful)));
+        let named = Late {
+            value: None,
+            ..late(0)
+        };
+        let named = Late {
+            late: false,
+            ..named
+        };
+        let mut want = b"\x40\x0a:authority\x01b".to_vec();
+        want.extend(b"\x82\x86\x84");
+        let got = mend_fields_late(b"\x7e\x01b\x82\x86\x84", true, true, &[named]);
+        assert_eq!(got, Some((want, Fault::Lawful)));
     }
 
     #[test]

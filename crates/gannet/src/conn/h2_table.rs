@@ -31,6 +31,9 @@ struct Entry {
     size: usize,
     name_len: usize,
     pseudo: Option<Box<[u8]>>,
+    /// A pseudo-header inserted after a regular field of a request, which the codec holds
+    /// under a regular name (`conn::h2_mend`): its value's representation.
+    renamed: Option<Box<[u8]>>,
 }
 
 pub struct Shadow {
@@ -53,18 +56,24 @@ impl Default for Shadow {
     }
 }
 
-/// A pseudo-header after a regular field: where its representation starts in the block,
-/// and its name.
+/// A pseudo-header the codec is not to be given as the client sent it: where its
+/// representation starts in the block, and its name.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Late {
     pub at: usize,
     pub name: Box<[u8]>,
+    /// After a regular field (else in its place, named from an entry the codec holds under
+    /// a regular name: given on under its own).
+    pub late: bool,
+    /// In its place and indexed: the entry's value representation, as the client sent it.
+    pub value: Option<Box<[u8]>>,
 }
 
 /// What a name is.
 enum Kind {
     Regular,
-    Pseudo(Box<[u8]>),
+    /// Its name, and the value's representation of an entry the codec holds renamed.
+    Pseudo(Box<[u8]>, Option<Box<[u8]>>),
     Unknown,
 }
 
@@ -75,10 +84,11 @@ impl Shadow {
         self.entries.clear();
     }
 
-    /// Follow a whole header block (`block`: its fragment): the pseudo-headers in it after a
-    /// regular field, or the connection error nginx ends the connection with for an index
-    /// past the table.
-    pub fn walk(&mut self, block: &[u8]) -> Result<Vec<Late>, u32> {
+    /// Follow a whole header block (`request`: one opening a request; `block`: its
+    /// fragment): the pseudo-headers in it after a regular field and those named from an
+    /// entry the codec holds renamed, or the connection error nginx ends the connection with
+    /// for an index past the table.
+    pub fn walk(&mut self, request: bool, block: &[u8]) -> Result<Vec<Late>, u32> {
         let mut late = Vec::new();
         if self.lost {
             return Ok(late);
@@ -115,7 +125,7 @@ impl Shadow {
                     return Ok(late);
                 };
                 let kind = if name.first() == Some(&b':') {
-                    Kind::Pseudo(name.clone().into_boxed_slice())
+                    Kind::Pseudo(name.clone().into_boxed_slice(), None)
                 } else {
                     Kind::Regular
                 };
@@ -124,11 +134,13 @@ impl Shadow {
                 self.name(index)?
             };
             let mut value_len = 0;
+            let mut value: &[u8] = &[];
             if prefix != 7 {
                 let Some((s, huffman, n)) = string(&block[at..]) else {
                     self.lose();
                     return Ok(late);
                 };
+                value = &block[at..at + n];
                 at += n;
                 if insert {
                     let Some(v) = decoded_len(s, huffman) else {
@@ -138,16 +150,27 @@ impl Shadow {
                     value_len = v;
                 }
             }
+            let mut renamed = None;
             let pseudo = match kind {
                 Kind::Regular => {
                     regular = true;
                     None
                 }
-                Kind::Pseudo(name) => {
+                Kind::Pseudo(name, held) => {
                     if regular {
                         late.push(Late {
                             at: start,
                             name: name.clone(),
+                            late: true,
+                            value: None,
+                        });
+                        renamed = request.then(|| value.into());
+                    } else if held.is_some() {
+                        late.push(Late {
+                            at: start,
+                            name: name.clone(),
+                            late: false,
+                            value: held.filter(|_| prefix == 7),
                         });
                     }
                     Some(name)
@@ -159,7 +182,7 @@ impl Shadow {
                 }
             };
             if insert {
-                self.insert(name_len, name_len + value_len + 32, pseudo);
+                self.insert(name_len, name_len + value_len + 32, pseudo, renamed);
             }
         }
         Ok(late)
@@ -174,7 +197,7 @@ impl Shadow {
         if index <= STATIC {
             let name = STATIC_NAMES[index as usize - 1];
             let kind = match index as usize <= STATIC_PSEUDO {
-                true => Kind::Pseudo(name.as_bytes().into()),
+                true => Kind::Pseudo(name.as_bytes().into(), None),
                 false => Kind::Regular,
             };
             return Ok((kind, name.len()));
@@ -184,12 +207,18 @@ impl Shadow {
             return Err(COMPRESSION_ERROR);
         };
         Ok(match &e.pseudo {
-            Some(p) => (Kind::Pseudo(p.clone()), e.name_len),
+            Some(p) => (Kind::Pseudo(p.clone(), e.renamed.clone()), e.name_len),
             None => (Kind::Regular, e.name_len),
         })
     }
 
-    fn insert(&mut self, name_len: usize, size: usize, pseudo: Option<Box<[u8]>>) {
+    fn insert(
+        &mut self,
+        name_len: usize,
+        size: usize,
+        pseudo: Option<Box<[u8]>>,
+        renamed: Option<Box<[u8]>>,
+    ) {
         if size > self.max {
             self.entries.clear();
             self.size = 0;
@@ -201,6 +230,7 @@ impl Shadow {
             size,
             name_len,
             pseudo,
+            renamed,
         });
     }
 
@@ -345,23 +375,23 @@ mod tests {
     fn insertions_are_sized_and_evicted_oldest_first() {
         let mut t = Shadow::default();
         // referer: foo (static name 51), x-foo: X-Bar (literal name), each 42 bytes.
-        assert_eq!(t.walk(b"\x82\x73\x03foo\x40\x05x-foo\x05X-Bar"), Ok(vec![]));
+        assert_eq!(t.walk(true, b"\x82\x73\x03foo\x40\x05x-foo\x05X-Bar"), Ok(vec![]));
         assert_eq!(sizes(&t), [42, 42]);
         // Without indexing, never indexed, indexed: nothing inserted.
-        assert_eq!(t.walk(b"\x0f\x24\x01a\x10\x01b\x01c\xbe\xbf"), Ok(vec![]));
+        assert_eq!(t.walk(true, b"\x0f\x24\x01a\x10\x01b\x01c\xbe\xbf"), Ok(vec![]));
         assert_eq!(t.size, 84);
         // A size update to 61 keeps the newest only; 62 then names x-foo, 63 nothing.
-        assert_eq!(t.walk(b"\x3f\x1e\xbe"), Ok(vec![]));
+        assert_eq!(t.walk(true, b"\x3f\x1e\xbe"), Ok(vec![]));
         assert_eq!(sizes(&t), [42]);
-        assert_eq!(t.walk(b"\xbf"), Err(COMPRESSION_ERROR));
+        assert_eq!(t.walk(true, b"\xbf"), Err(COMPRESSION_ERROR));
         // A name past the table in a literal field too.
-        assert_eq!(t.walk(b"\x7f\x01\x03foo"), Err(COMPRESSION_ERROR));
+        assert_eq!(t.walk(true, b"\x7f\x01\x03foo"), Err(COMPRESSION_ERROR));
         // An entry larger than the table empties it.
-        assert_eq!(t.walk(b"\x40\x05x-bar\x20aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"), Ok(vec![]));
+        assert_eq!(t.walk(true, b"\x40\x05x-bar\x20aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"), Ok(vec![]));
         assert_eq!((sizes(&t), t.size), (vec![], 0));
         // Back to 4096: a second entry fits beside the first, a name from a dynamic entry
         // counts its length.
-        assert_eq!(t.walk(b"\x3f\xe1\x1f\x40\x01a\x01b\x7e\x02cd"), Ok(vec![]));
+        assert_eq!(t.walk(true, b"\x3f\xe1\x1f\x40\x01a\x01b\x7e\x02cd"), Ok(vec![]));
         assert_eq!(sizes(&t), [35, 34]);
         // Over 4096 stays 4096 (the codec's and nginx's limit; nginx's check ends the
         // connection before this).
@@ -381,7 +411,7 @@ mod tests {
         ua[0] += 1;
         ua.push(0xff);
         block.extend(ua);
-        assert_eq!(t.walk(&block), Ok(vec![]));
+        assert_eq!(t.walk(true, &block), Ok(vec![]));
         assert_eq!(sizes(&t), [10 + 3 + 32, 15 + 15 + 32]);
     }
 
@@ -392,23 +422,39 @@ mod tests {
         let name = |n: &[u8]| Late {
             at: 0,
             name: n.into(),
+            late: true,
+            value: None,
         };
-        assert_eq!(t.walk(b"\x82\x41\x01a\xbe\x7a\x01b"), Ok(vec![]));
-        let got = t.walk(b"\x82\x86\x84\x7a\x01c\xc0\x82\x40\x03:xy\x01z").unwrap();
+        assert_eq!(t.walk(true, b"\x82\x41\x01a\xbe\x7a\x01b"), Ok(vec![]));
+        let got = t.walk(true, b"\x82\x86\x84\x7a\x01c\xc0\x82\x40\x03:xy\x01z").unwrap();
         let at: Vec<_> = got.iter().map(|l| l.at).collect();
         assert_eq!(at, [6, 7, 8]);
         let names: Vec<_> = got.into_iter().map(|l| Late { at: 0, ..l }).collect();
         assert_eq!(names, [name(b":authority"), name(b":method"), name(b":xy")]);
         // The pseudo entry inserted late is still a pseudo-header to the client.
         assert_eq!(t.entries[0].pseudo.as_deref(), Some(&b":xy"[..]));
+        // Held renamed by the codec: named from in its place, it is given its name back
+        // (its value with it when indexed).
+        let got = t.walk(true, b"\xbe\x7e\x01w").unwrap();
+        let want = |at, value: Option<&[u8]>| Late {
+            at,
+            name: b":xy"[..].into(),
+            late: false,
+            value: value.map(Into::into),
+        };
+        assert_eq!(got, [want(0, Some(b"\x01z")), want(1, None)]);
+        // Not renamed in trailers.
+        let mut t = Shadow::default();
+        assert_eq!(t.walk(false, b"\x7a\x01c\x41\x01a").unwrap().len(), 1);
+        assert_eq!(t.walk(true, b"\xbe"), Ok(vec![]));
     }
 
     #[test]
     fn what_cannot_be_followed_decides_nothing() {
         let mut t = Shadow::default();
         // A Huffman name that does not decode (EOS inside): lost, later indexes let be.
-        assert_eq!(t.walk(b"\x40\x84\xff\xff\xff\xff\x01a"), Ok(vec![]));
+        assert_eq!(t.walk(true, b"\x40\x84\xff\xff\xff\xff\x01a"), Ok(vec![]));
         assert!(t.lost);
-        assert_eq!(t.walk(b"\x7a\x01b\xc5\x01\x01a"), Ok(vec![]));
+        assert_eq!(t.walk(true, b"\x7a\x01b\xc5\x01\x01a"), Ok(vec![]));
     }
 }
