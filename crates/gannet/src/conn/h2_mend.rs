@@ -869,7 +869,10 @@ mod length_tests {
         assert_eq!(got, Some((want, Fault::Invalid)));
         // An indexed one: dropped.
         let got = mend_fields_late(b"\x82\x86\x84\x7a\x01c\xbe", true, true, &[late(6)]);
-        assert_eq!(got, Some((b"\x82\x86\x84\x7a\x01c".to_vec(), Fault::Invalid)));
+        assert_eq!(
+            got,
+            Some((b"\x82\x86\x84\x7a\x01c".to_vec(), Fault::Invalid))
+        );
         // In trailers the codec judges them.
         assert_eq!(mend_fields_late(block, true, false, &[late(6)]), None);
         // In its place, named from an entry the codec holds renamed: under its own name,

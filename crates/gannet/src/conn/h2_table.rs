@@ -375,10 +375,16 @@ mod tests {
     fn insertions_are_sized_and_evicted_oldest_first() {
         let mut t = Shadow::default();
         // referer: foo (static name 51), x-foo: X-Bar (literal name), each 42 bytes.
-        assert_eq!(t.walk(true, b"\x82\x73\x03foo\x40\x05x-foo\x05X-Bar"), Ok(vec![]));
+        assert_eq!(
+            t.walk(true, b"\x82\x73\x03foo\x40\x05x-foo\x05X-Bar"),
+            Ok(vec![])
+        );
         assert_eq!(sizes(&t), [42, 42]);
         // Without indexing, never indexed, indexed: nothing inserted.
-        assert_eq!(t.walk(true, b"\x0f\x24\x01a\x10\x01b\x01c\xbe\xbf"), Ok(vec![]));
+        assert_eq!(
+            t.walk(true, b"\x0f\x24\x01a\x10\x01b\x01c\xbe\xbf"),
+            Ok(vec![])
+        );
         assert_eq!(t.size, 84);
         // A size update to 61 keeps the newest only; 62 then names x-foo, 63 nothing.
         assert_eq!(t.walk(true, b"\x3f\x1e\xbe"), Ok(vec![]));
@@ -387,11 +393,17 @@ mod tests {
         // A name past the table in a literal field too.
         assert_eq!(t.walk(true, b"\x7f\x01\x03foo"), Err(COMPRESSION_ERROR));
         // An entry larger than the table empties it.
-        assert_eq!(t.walk(true, b"\x40\x05x-bar\x20aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"), Ok(vec![]));
+        assert_eq!(
+            t.walk(true, b"\x40\x05x-bar\x20aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"),
+            Ok(vec![])
+        );
         assert_eq!((sizes(&t), t.size), (vec![], 0));
         // Back to 4096: a second entry fits beside the first, a name from a dynamic entry
         // counts its length.
-        assert_eq!(t.walk(true, b"\x3f\xe1\x1f\x40\x01a\x01b\x7e\x02cd"), Ok(vec![]));
+        assert_eq!(
+            t.walk(true, b"\x3f\xe1\x1f\x40\x01a\x01b\x7e\x02cd"),
+            Ok(vec![])
+        );
         assert_eq!(sizes(&t), [35, 34]);
         // Over 4096 stays 4096 (the codec's and nginx's limit; nginx's check ends the
         // connection before this).
@@ -426,7 +438,9 @@ mod tests {
             value: None,
         };
         assert_eq!(t.walk(true, b"\x82\x41\x01a\xbe\x7a\x01b"), Ok(vec![]));
-        let got = t.walk(true, b"\x82\x86\x84\x7a\x01c\xc0\x82\x40\x03:xy\x01z").unwrap();
+        let got = t
+            .walk(true, b"\x82\x86\x84\x7a\x01c\xc0\x82\x40\x03:xy\x01z")
+            .unwrap();
         let at: Vec<_> = got.iter().map(|l| l.at).collect();
         assert_eq!(at, [6, 7, 8]);
         let names: Vec<_> = got.into_iter().map(|l| Late { at: 0, ..l }).collect();
