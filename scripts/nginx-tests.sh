@@ -11,6 +11,9 @@
 # default 60), JOBS (prove -j, default 2), SERVERS (default "nginx gannet": the servers to
 # run; with -o, a server left out keeps its results from an earlier run in DIR, so the two
 # can run in parallel and be tabulated together). -o keeps the TAP output and the tables in DIR.
+# SERVERS may also name `mainline`: an nginx built from source at the release the suite
+# follows (MAINLINE_BIN; see docs/testing.md), run only to time the files Debian's nginx
+# cannot start (a newer directive): gannet's time on those is then held to twice its.
 #
 # Module selection: nginx-tests reads `BINARY -V` to skip the tests of modules a binary lacks.
 # Debian's nginx is given through a wrapper that answers `-V` with gannet's list (gannet
@@ -86,6 +89,7 @@ if [ "$(id -u)" -eq 0 ]; then as_user=(runuser -u nobody --); fi
 for server in ${SERVERS-nginx gannet}; do
   rm -rf "${work:?}/$server"
   bin="$work/debian-nginx"; [ $server = gannet ] && bin="$gannet"
+  [ $server = mainline ] && bin="$(realpath "${MAINLINE_BIN:?MAINLINE_BIN: an nginx built from source}")"
   # Debian builds stream, mail and image_filter as dynamic modules: loaded for nginx's run (the suite
   # puts TEST_NGINX_GLOBALS in every config's main context); gannet has them built in.
   globals=""
@@ -174,11 +178,17 @@ for f in files:
     # longer, below which it is start-up noise) is listed. Where nginx did not start the
     # file's config (a newer nginx's directive) its time is no reference: gannet's is listed
     # over 10 s, as slow as a file that waits on timeouts.
-    ms = {s: (work / s / f"{Path(f).stem}.ms") for s in ("nginx", "gannet")}
-    if all(m.exists() for m in ms.values()) and sum(res["gannet"][:3]):
+    # With a mainline nginx's run (SERVERS=mainline), its time is the reference there.
+    ms = {s: (work / s / f"{Path(f).stem}.ms") for s in ("nginx", "gannet", "mainline")}
+    if ms["nginx"].exists() and ms["gannet"].exists() and sum(res["gannet"][:3]):
         tn, tg = (int(ms[s].read_text() or 0) for s in ("nginx", "gannet"))
         if "emerg:" in res["nginx"][3] or not sum(res["nginx"][:3]):
-            if tg > 10000:
+            main = result("mainline", f) if ms["mainline"].exists() else (0, 0, 0, "")
+            if sum(main[:3]) and "emerg:" not in main[3]:
+                tm = int(ms["mainline"].read_text() or 0)
+                if tg > 2 * tm and tg - tm > 1000:
+                    slow.append(f"{f} {tg / 1000:.1f} s (nginx mainline {tm / 1000:.1f} s)")
+            elif tg > 10000:
                 slow.append(f"{f} {tg / 1000:.1f} s (nginx 1.22 cannot run it)")
         elif tg > 2 * tn and tg - tn > 1000:
             slow.append(f"{f} {tg / 1000:.1f} s (nginx {tn / 1000:.1f} s)")
@@ -219,8 +229,9 @@ for s, label in (("nginx", "Debian's nginx"), ("gannet", "gannet")):
 if tot["nginx"][1]:
     md += ["", f"Per file, gannet passes at least what nginx passes for {100 * kept / tot['nginx'][1]:.1f}% of "
            f"nginx's passed subtests ({kept:,} of {tot['nginx'][1]:,})."]
-md += ["", f"Slow files (gannet over twice nginx's time and a second more; where nginx cannot start "
-       f"the config, gannet over 10 s): {len(slow)}" + (":" if slow else ".")]
+md += ["", f"Slow files (gannet over twice nginx's time and a second more; where Debian's nginx cannot "
+       f"start the config, twice a mainline nginx's time if one was run, else over 10 s): {len(slow)}"
+       + (":" if slow else ".")]
 md += [f"- {x}" for x in slow]
 md += ["", "gannet's causes of lost subtests:", "", "| lost | cause | files |", "|---|---|---|"]
 for cause, (n, fs) in sorted(causes["gannet"].items(), key=lambda c: -c[1][0]):
