@@ -42,7 +42,9 @@ class Upgrade:
 
     def start(self):
         """USR2 to the old master; wait for the new master's pid file and worker."""
-        assert read_pid(self.pid) == self.old
+        # The master writes its pid file after it opens the listening sockets (as nginx's
+        # does), so a server that answers may not have written it yet.
+        assert wait_until(lambda: read_pid(self.pid) == self.old, 10)
         self.srv.proc.send_signal(signal.SIGUSR2)
         self.new = wait_until(lambda: read_pid(self.pid) not in (None, self.old) and read_pid(self.pid), 15)
         assert self.new, f"no new master: {self.srv.error_log()[-2000:]}"
