@@ -10,14 +10,12 @@ PROTOCOL_ERROR, the connection kept (`conn::h2_goaway`).
 
 from __future__ import annotations
 
-import signal
 import socket
 import struct
 import time
 
 import pytest
 
-from conftest import free_port, wait_port
 from nginx_peer import NGINX, PEER_MAIN, side_by_side
 
 pytestmark = pytest.mark.skipif(NGINX is None, reason="Debian's nginx is installed by scripts/test-all.sh")
@@ -336,37 +334,3 @@ def test_late_body_resets_its_stream(tmp_path):
         want = late_body(nginx_port)
     assert got[:2] == want[:2] == ([(RST_STREAM, 1)], True)
     assert got[2] < 1.9
-
-
-def test_graceful_stop_ends_idle_connections_at_once(gannet):
-    """At a graceful stop (SIGQUIT) an HTTP/2 connection with no stream running ends at once
-    with a GOAWAY, as nginx's idle connections do at exit - one whose last stream was answered
-    and one whose stream `return 444` reset - so the server exits while its clients keep
-    their connections open (it used to notice the stop at its next one-second check, then
-    wait one more for the GOAWAY to go out)."""
-    port = free_port()
-    srv = gannet.start(http="""
-        server {
-            listen 127.0.0.1:%d http2;
-            error_page 400 = /close;
-            location / { return 200; }
-            location /close { return 444; }
-        }
-    """ % port)
-    wait_port(port, srv.proc)
-    answered, reset = Client(port), Client(port)
-    try:
-        answered.send(frame(HEADERS, 0x5, 1, GET))
-        assert answered.answered(1)
-        # No :scheme: a 400, which error_page turns into 444 (the stream reset).
-        reset.send(frame(HEADERS, 0x5, 1, b"\x82\x84\x01\x09localhost"))
-        assert any(k == RST_STREAM for k, *_ in reset.until(lambda f: f[0] == RST_STREAM))
-        start = time.monotonic()
-        srv.proc.send_signal(signal.SIGQUIT)
-        assert answered.goaway() == (1, 0) and reset.goaway() == (1, 0)
-        srv.proc.wait(10)
-        # Well within the one-second check the stop used to wait for (twice).
-        assert time.monotonic() - start < 0.9
-    finally:
-        answered.close()
-        reset.close()

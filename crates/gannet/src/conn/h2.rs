@@ -61,9 +61,6 @@ const DEFAULT_WINDOW: u32 = 65_535;
 /// How often a connection looks at the worker's drain flag.
 const DRAIN_CHECK: Duration = Duration::from_secs(1);
 
-/// How often a stopping worker's connection, its GOAWAY sent, looks whether it may end.
-const DRAIN_POLL: Duration = Duration::from_millis(20);
-
 /// A connection's streams in flight, and when the last one ended.
 struct Activity {
     streams: Cell<usize>,
@@ -186,18 +183,12 @@ where
             idle_limit
                 .saturating_sub(activity.last.get().elapsed())
                 .min(DRAIN_CHECK)
-        } else if closing.is_some() && w.draining.get() {
-            // Stopping: look again soon whether the GOAWAY is out (then the connection
-            // ends), not a second later.
-            DRAIN_POLL
         } else {
             DRAIN_CHECK
         };
         let next = tokio::select! {
             r = conn.accept() => Some(r),
             () = tokio::time::sleep(wait) => None,
-            // A graceful stop begins: noticed now, not at the next check.
-            () = w.drain_started.notified(), if closing.is_none() => None,
             () = flood.alarm.notified(), if cut_off.is_none() => {
                 log_conn(&info, format_args!("client flooded the HTTP/2 connection with control frames"));
                 conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
