@@ -77,7 +77,10 @@ class GrpcBackend(rawapps.Listener):
     to 65,535 bytes before it says anything, then sends its SETTINGS and the answer's head,
     opens the stream's and the connection's windows, reads the rest and answers."""
 
-    def __init__(self):
+    def __init__(self, opens: bool = True):
+        # With `opens` false it answers (head, message, trailers) at once instead, its
+        # window never opened: the rest of the body is never taken.
+        self.opens = opens
         self.got: list[tuple[int, bytes]] = []  # (bytes before the window opened, body)
         super().__init__()
 
@@ -93,6 +96,8 @@ class GrpcBackend(rawapps.Listener):
                 body += payload
             if early is None and (len(body) >= 65535 or (kind == DATA and flags & END_STREAM)):
                 early = len(body)
+                if not self.opens:
+                    break
                 head = b"\x88" + b"\x0f\x10\x10application/grpc"
                 conn.sendall(
                     frame(SETTINGS, 0, 0, b"")
@@ -104,6 +109,9 @@ class GrpcBackend(rawapps.Listener):
             if kind == DATA and flags & END_STREAM:
                 break
         self.got.append((early, body))
+        if not self.opens:
+            head = b"\x88" + b"\x0f\x10\x10application/grpc"
+            conn.sendall(frame(SETTINGS, 0, 0, b"") + frame(SETTINGS, ACK, 0, b"") + frame(HEADERS, END_HEADERS, sid, head))
         message = b"\x00" + struct.pack(">I", 2) + b"ok"
         trailers = literal(b"grpc-status", b"0") + literal(b"grpc-message", b"")
         conn.sendall(frame(DATA, 0, sid, message) + frame(HEADERS, END_HEADERS | END_STREAM, sid, trailers))
@@ -237,3 +245,20 @@ def test_opened_window_takes_a_large_body_at_once(tmp_path, backends):
                 sender.join()
             assert (status, data) == (0x88, b"len:%d" % len(body)), (name, status, data)
     assert [b for _, _, b in app.requests] == [body, body]
+
+
+def test_server_answering_before_taking_the_whole_body(tmp_path):
+    """A gRPC server that answers (head, message, trailers) once it has the first 65,535
+    bytes, never opening its window for the rest: as nginx (`preserve_output`), the answer
+    is read while the body goes up and reaches the client at once."""
+    grpc = GrpcBackend(opens=False)
+    try:
+        conf = CONF.replace("GRPC", str(grpc.port)).replace("APP", "1")
+        with side_by_side(tmp_path, conf) as (srv, nginx_port):
+            for name, port in (("gannet", srv.port), ("nginx", nginx_port)):
+                got = call(port, b"/grpc", BODY)
+                assert got["status"] == 200 and got["trailers"], (name, got)
+                assert got["data"] == b"\x00\x00\x00\x00\x02ok", (name, got)
+        assert [(e, len(b)) for e, b in grpc.got] == [(65535, 65535)] * 2
+    finally:
+        grpc.close()
