@@ -1259,7 +1259,7 @@ mod tests {
         let parts = [
             ("exchange::serve", size3(exchange::serve::<Conn<Plain>>)),
             ("Conn::respond", size4(Conn::<Plain>::respond)),
-            ("Conn::send_body", size3(Conn::<Plain>::send_body)),
+            ("Conn::send_body", size4(Conn::<Plain>::send_body)),
             ("gateway::run", size2(super::super::gateway::run)),
             ("handler::settle", size3(handler::settle)),
         ];
