@@ -78,14 +78,11 @@ F=()
 for s in recvfrom read readv recvmsg sendto write writev sendmsg; do
   F+=(-e "syscalls:sys_exit_$s" --filter 'ret == -11')
 done
-ticks() { for p in ${PIDS//,/ }; do awk '{print $14, $15}' /proc/$p/stat; done | awk '{u+=$1; s+=$2} END {print u, s}'; }
-read -r u0 s0 < <(ticks)
 perf stat -e "$EV" "${F[@]}" -p "$PIDS" -o "$W/$L.perf.txt" &
 PP=$!
 sleep 2
 taskset -c 1 h2load --h1 -n "$N" -c "$C" "http://127.0.0.1:$PORT/ad.json" | grep -E "^requests:|status codes"
 kill -INT $PP; wait $PP
-read -r u1 s1 < <(ticks)
 kill $VP; wait $VP 2>/dev/null
 [ "$Q" != 0 ] && rmdir "$G" 2>/dev/null
 awk -v n="$N" -v l="$L" '
@@ -93,5 +90,3 @@ awk -v n="$N" -v l="$L" '
   $1 ~ /^[0-9,]+$/ && $2 ~ /sys_exit/ {gsub(",","",$1); if ($1>0) {e+=$1; printf "  %-40s %.3f (EAGAIN)\n", $2, $1/n}}
   $1 ~ /^[0-9,]+$/ && $2 !~ /syscalls/ {gsub(",","",$1); o = o sprintf("  %-40s %.3f\n", $2, $1/n)}
   END {printf "%s system calls/request: %.3f, of them EAGAIN %.3f\n%s", l, s/n, e/n, o}' "$W/$L.perf.txt"
-# CPU time (informative only: the machine is shared, and ticks are 10 ms), per request.
-awk -v u=$((u1 - u0)) -v s=$((s1 - s0)) -v n="$N" 'BEGIN {printf "  CPU per request: user %.1f us, system %.1f us\n", u * 1e4 / n, s * 1e4 / n}'
