@@ -2647,7 +2647,7 @@ thread_local! {
 /// An answer's Content-Type as the response holds it: the last one's shared when it is
 /// the same (a back end's answers nearly all have one or two types), else a new one kept
 /// for the next. Each answer made its own `Arc<str>` before, an allocation, a copy and a
-/// free (about 170 user instructions per proxied request; docs/bench/cost-per-request.md).
+/// free (about 140 user instructions per proxied request; docs/bench/cost-per-request.md).
 fn content_type(value: &str) -> Arc<str> {
     LAST_TYPE.with(|last| {
         let mut last = last.borrow_mut();
