@@ -229,7 +229,10 @@ mod tests {
         assert_eq!(out.capacity(), 0);
         let mut next = Vec::new();
         spare.take_write(&mut next);
-        assert!(next.is_empty() && next.capacity() >= 512, "emptied, capacity kept");
+        assert!(
+            next.is_empty() && next.capacity() >= 512,
+            "emptied, capacity kept"
+        );
     }
 
     #[test]
