@@ -445,14 +445,12 @@ impl<S: Transport> Conn<S> {
             // hands the sockets to new workers at any moment) and its request is on the way.
             let between_requests = idle && c.info.requests > 0;
             if idle {
-                // Buffers are kept for the next request (a connection that stays idle
-                // parks and frees them), except ones a big request or answer grew.
-                if c.buf.capacity() > BUF_KEEP {
-                    c.buf = BytesMut::new();
-                }
-                if c.out.capacity() > FLUSH_AT {
-                    c.out = Vec::new();
-                }
+                // The empty buffers go to the worker for the next request of any connection
+                // (`reuse::Spare`: they stay in cache); with the worker's slot full, they are
+                // kept for this connection's next request (a connection that stays idle
+                // parks and frees them). Ones a big request or answer grew are freed.
+                c.w.spare.give_read(&mut c.buf, BUF_KEEP);
+                c.w.spare.give_write(&mut c.out, FLUSH_AT);
             }
             // The turn's time (`runtime::clock`), read already for the request just answered.
             let now = clock::now();
@@ -509,6 +507,7 @@ impl<S: Transport> Conn<S> {
                 }
                 return End::Close;
             }
+            c.buf_in_hand();
             if c.buf.capacity() - c.buf.len() < 512 {
                 c.buf.reserve(core.client_header_buffer_size().max(1024));
             }
@@ -541,12 +540,26 @@ fn h2c_enabled(g: &crate::config::ListenGroup) -> bool {
 impl<S: Transport> Conn<S> {
     /// Read now, whatever the event loop last heard about the stream (see `Transport`).
     fn read_now(&mut self) -> std::io::Result<usize> {
+        self.buf_in_hand();
         self.stream.read_now(&mut self.buf)
     }
 
     /// Read what the stream has into the buffer once it was reported readable.
     fn read_some(&mut self) -> std::io::Result<usize> {
         self.stream.read_some(&mut self.buf)
+    }
+
+    /// A connection that gave its read buffer to the worker while it waited takes the
+    /// worker's spare one (`reuse::Spare`).
+    fn buf_in_hand(&mut self) {
+        self.w.spare.take_read(&mut self.buf);
+    }
+
+    /// Room for `n` more bytes of output, in the worker's spare buffer if the connection
+    /// gave its own up while it waited.
+    fn out_room(&mut self, n: usize) {
+        self.w.spare.take_write(&mut self.out);
+        self.out.reserve(n);
     }
 
     /// Wait until the stream is readable (true) or the deadline passes (false). Polls the
@@ -798,7 +811,7 @@ impl<S: Transport> Conn<S> {
                 0
             }
         });
-        self.out.reserve(HEAD_ROOM + copied);
+        self.out_room(HEAD_ROOM + copied);
         let (keep, head_len, send_body) = self.head(req, &mut resp, keep);
         let sendfile = req.conf.core.sendfile();
         let sent_ok = !send_body
@@ -968,6 +981,7 @@ impl<S: Transport> Conn<S> {
             // filter writes nothing for it).
             return (false, 0, send_body);
         }
+        self.w.spare.take_write(&mut self.out);
         let head_start = self.out.len();
         let tokens = core.server_tokens();
         clock::with_date(|date| {

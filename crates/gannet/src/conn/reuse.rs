@@ -1,5 +1,6 @@
-//! A future in a heap block that the worker thread reuses: the HTTP/1.x loop's per-request
-//! future (`conn::h1`).
+//! What the worker thread reuses across its connections: a future in a heap block (the
+//! HTTP/1.x loop's per-request future, `conn::h1`), and an idle connection's read and write
+//! buffers ([`Spare`]).
 //!
 //! That future is several KiB (room for every state a request may reach), past glibc's
 //! per-thread cache (1 KiB), so each request's `Box` went through `_int_malloc` and
@@ -10,8 +11,9 @@
 //! At most [`KEEP`] blocks are kept per thread (the requests in progress at once beyond
 //! that free theirs), and they are freed with the thread.
 
+use bytes::BytesMut;
 use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
@@ -116,10 +118,122 @@ impl<F> Drop for Reused<F> {
     }
 }
 
+/// One read buffer and one output buffer, empty, that a kept connection gave up when it
+/// went idle, for the next request of any of the worker's connections (`conn::h1`).
+///
+/// Why: with a buffer pair of its own per connection, a request's read and answer went into
+/// memory last touched when that connection's previous request was served, a thousand
+/// requests earlier with a thousand busy connections: a megabyte and more of buffers (beside
+/// the kernel's own per-socket state), past this machine's 1 MiB L2 cache, so each line of
+/// them written or read was a miss. Handed on instead, the pair the last request used serves
+/// the next one from the L1 cache (callgrind's cache simulation: 10 fewer L2 misses a request
+/// at 1,000 connections; docs/bench/cost-per-request.md, "c=1,000"). One slot of each
+/// kind is enough: a connection holds its buffers only from its read to its answer's write,
+/// which on a kept connection is one poll of its task. A connection that finds the slot
+/// taken keeps its own, as before. nginx does the same for its read buffer (freed when a
+/// kept connection goes idle, allocated anew for the next request).
+#[derive(Default)]
+pub struct Spare {
+    read: Cell<Option<BytesMut>>,
+    write: Cell<Option<Vec<u8>>>,
+}
+
+impl Spare {
+    /// Give `buf` (empty, read from) to the slot if the slot is free; `buf` is then left
+    /// without capacity. One that a big request grew past `max` is freed instead.
+    #[inline]
+    pub fn give_read(&self, buf: &mut BytesMut, max: usize) {
+        if buf.capacity() > max {
+            *buf = BytesMut::new();
+        }
+        if !buf.is_empty() || buf.capacity() == 0 {
+            return;
+        }
+        match self.read.take() {
+            None => self.read.set(Some(std::mem::take(buf))),
+            held => self.read.set(held),
+        }
+    }
+
+    /// The slot's read buffer for a connection whose own went to it (none of capacity).
+    #[inline]
+    pub fn take_read(&self, buf: &mut BytesMut) {
+        if buf.capacity() == 0 {
+            if let Some(b) = self.read.take() {
+                *buf = b;
+            }
+        }
+    }
+
+    /// [`Spare::give_read`] for an output buffer (written out: its length is dropped).
+    #[inline]
+    pub fn give_write(&self, out: &mut Vec<u8>, max: usize) {
+        if out.capacity() > max {
+            *out = Vec::new();
+        }
+        if out.capacity() == 0 {
+            return;
+        }
+        match self.write.take() {
+            None => {
+                out.clear();
+                self.write.set(Some(std::mem::take(out)));
+            }
+            held => self.write.set(held),
+        }
+    }
+
+    /// [`Spare::take_read`] for an output buffer.
+    #[inline]
+    pub fn take_write(&self, out: &mut Vec<u8>) {
+        if out.capacity() == 0 {
+            if let Some(v) = self.write.take() {
+                *out = v;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::rc::Rc;
+
+    #[test]
+    fn spare_buffers_go_to_the_next_taker_one_of_each_kind() {
+        let spare = Spare::default();
+        let mut a = BytesMut::with_capacity(1024);
+        let at = a.as_ptr();
+        spare.give_read(&mut a, 4096);
+        assert_eq!(a.capacity(), 0, "given up");
+        // The slot is taken: the next connection keeps its own.
+        let mut b = BytesMut::with_capacity(1024);
+        spare.give_read(&mut b, 4096);
+        assert_eq!(b.capacity(), 1024, "kept");
+        let mut c = BytesMut::new();
+        spare.take_read(&mut c);
+        assert_eq!(c.as_ptr(), at, "the spare one");
+        let mut d = BytesMut::new();
+        spare.take_read(&mut d);
+        assert_eq!(d.capacity(), 0, "none left");
+        // A buffer holding bytes is not given; one grown past the limit is freed.
+        let mut e = BytesMut::from(&b"GET"[..]);
+        spare.give_read(&mut e, 4096);
+        assert_eq!(&e[..], b"GET");
+        let mut f = BytesMut::with_capacity(8192);
+        spare.give_read(&mut f, 4096);
+        assert_eq!(f.capacity(), 0);
+        let mut out = Vec::with_capacity(512);
+        out.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+        spare.give_write(&mut out, 4096);
+        assert_eq!(out.capacity(), 0);
+        let mut next = Vec::new();
+        spare.take_write(&mut next);
+        assert!(
+            next.is_empty() && next.capacity() >= 512,
+            "emptied, capacity kept"
+        );
+    }
 
     #[test]
     fn a_block_is_reused_and_its_future_dropped_in_place() {

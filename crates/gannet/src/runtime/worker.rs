@@ -65,6 +65,8 @@ pub struct Worker {
     pub timers: Rc<ReadTimers>,
     /// Woken when a connection ends (a draining worker waits for the last one).
     pub conn_closed: Notify,
+    /// A read and an output buffer that kept connections hand on between requests.
+    pub spare: crate::conn::reuse::Spare,
     /// Where idle keep-alive connections wait without a task (`None` if the worker's
     /// epoll set could not be made: connections then simply stay in their tasks).
     pub parking: Option<ParkingLot>,
@@ -271,6 +273,7 @@ pub fn run(
             reuse_logged: Cell::new(None),
             last_trim: Cell::new(Instant::now()),
             shed: Cell::new(0),
+            spare: Default::default(),
             parking: ParkingLot::new()
                 .map_err(|e| {
                     crate::errlog::warn(format_args!("idle connections will not be parked: {e}"))

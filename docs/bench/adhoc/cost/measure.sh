@@ -18,6 +18,14 @@
 # CLOSE=1 (environment): a new connection per request ("Connection: close", closer.c, built
 # on first use) instead of h2load's kept ones: the counts are then per connection. CONC
 # (environment): the connections at a time (10).
+# KEPT=1 (environment): kept connections only ([keeper.c](keeper.c), built on first use): CONC
+# connections opened and warmed up (3 answers each) before the count starts, the load running
+# on both sides of the counted window, and the counts divided by the server's own answers in
+# the window (its `send`/`sendto` calls: one per answer for gannet and the floor), so accepts
+# and closes are out and CONC=100 and CONC=1000 compare request for request. In this mode
+# MODE may also be `cache`: callgrind with its cache simulation, this machine's L1d (48 KiB,
+# 12-way) and L2 (1 MiB, 16-way, as callgrind's last level), user space only; and `sys` adds
+# the `epoll_wait` calls' events (their return values, `syscalls:sys_exit_epoll_wait`).
 set -u
 B=$1; L=$2; P=$3; N=${4:-20000}; MODE=${5:-cg}
 HERE=$(cd "$(dirname "$0")" && pwd); REPO=$(cd "$HERE/../../../.." && pwd)
@@ -29,6 +37,19 @@ while IFS= read -r h; do [ -n "$h" ] && H+=(-H "$h"); done <<< "${HEADERS:-}"
 fill() {
   sed -e "s#WORK#$W#g" -e "s#PORT#$PORT#g" -e "s#MIME#$REPO/conf/mime.types#g" "$1" |
     if [ "${LOG:-on}" = off ]; then sed -e "s#^\( *access_log\) .*#\1 off;#"; else cat; fi
+}
+# KEPT=1: the keeper runs until told to stop; `window START END` runs START when N requests
+# are about to be counted and END once they are.
+window() {
+  [ -x "$W/keeper" ] || gcc -O2 -o "$W/keeper" "$HERE/keeper.c"
+  coproc KP { taskset -c 1 "$W/keeper" 127.0.0.1 $PORT "$P" "${CONC:-10}" "$N"; }
+  local line
+  echo go >&"${KP[1]}"
+  read -r line <&"${KP[0]}"; [ "$line" = ready ] || { echo "keeper: $line"; return 1; }
+  eval "$1"
+  read -r line <&"${KP[0]}"; echo "keeper: $line"
+  eval "$2"
+  echo stop >&"${KP[1]}"; wait "$KP_PID"
 }
 # The counted load: N requests, kept connections (h2load) or one connection each (closer).
 load() {
@@ -58,8 +79,10 @@ else
   CMD=("$B" -c "$W/$L.conf")
 fi
 rm -f "$W/$PORT.access.log" "$W"/cg."$L".*
-if [ "$MODE" = cg ]; then
-  taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$W/cg.$L.%p" "${CMD[@]}" > "$W/$L.vg.log" 2>&1 &
+SIM=()
+[ "$MODE" = cache ] && SIM=(--cache-sim=yes --D1=49152,12,64 --LL=1048576,16,64 --I1=32768,8,64)
+if [ "$MODE" = cg ] || [ "$MODE" = cache ]; then
+  taskset -c 0 valgrind --tool=callgrind "${SIM[@]}" --callgrind-out-file="$W/cg.$L.%p" "${CMD[@]}" > "$W/$L.vg.log" 2>&1 &
 else
   taskset -c 0 "${CMD[@]}" > "$W/$L.log" 2>&1 &
 fi
@@ -67,32 +90,65 @@ VP=$!
 for _ in $(seq 1 150); do curl -s -o /dev/null "http://127.0.0.1:$PORT$P" && break; sleep 0.2; done
 # Warm-up: the open file cache, the upstream connections.
 taskset -c 1 h2load --h1 -n 200 -c 10 "http://127.0.0.1:$PORT$P" > /dev/null 2>&1
-if [ "$MODE" = cg ]; then
+if [ "$MODE" = cg ] || [ "$MODE" = cache ]; then
   # Only this server's process (other valgrind runs on the machine are left alone).
   if [ "$B" = floor ]; then ME="$W/floor "; else ME="$W/$L.conf"; fi
   PIDS=$(pgrep -f "valgrind.bin.*$ME" | tr '\n' ' ')
-  for p in $PIDS; do callgrind_control -z "$p" > /dev/null; done
-  load
-  for p in $PIDS; do callgrind_control -d "$p" > /dev/null; done
+  ZERO='for p in $PIDS; do callgrind_control -z "$p" > /dev/null; done'
+  DUMP='for p in $PIDS; do callgrind_control -d "$p" > /dev/null; done'
+  if [ "${KEPT:-}" = 1 ]; then window "$ZERO" "$DUMP"; else eval "$ZERO"; load; eval "$DUMP"; fi
   kill $VP; wait $VP 2>/dev/null
-  # The dump taken at the end of the run (suffix .1), not the one written at exit.
-  total=0
-  for f in "$W"/cg."$L".*.1; do
-    t=$(grep -m1 '^summary:' "$f" | awk '{print $2}'); total=$((total + ${t:-0}))
-  done
-  echo "$L $P user instructions/request: $((total / N))"
+  # The dump taken at the end of the run (suffix .1), not the one written at exit. With
+  # KEPT=1 the answers are the calls of libc's send/sendto in the window.
+  cat "$W"/cg."$L".*.1 | awk -v n="$N" -v l="$L" -v p="$P" -v kept="${KEPT:-}" '
+    /^events:/ { for (i = 2; i <= NF; i++) col[$i] = i - 1 }
+    /^summary:/ { for (i = 2; i <= NF; i++) sum[i - 1] += $i }
+    /^c?fn=\([0-9]+\) / { id = $1; sub(/^c?fn=/, "", id); nm = $2; name[id] = nm }
+    /^cfn=/ { id = $1; sub(/^cfn=/, "", id); target = name[id] }
+    /^calls=/ { if (target ~ /^(__libc_)?send(to)?$/) { c = $1; sub(/calls=/, "", c); sends += c } }
+    END {
+      d = kept == 1 ? sends : n
+      printf "%s %s user instructions/request: %d (over %d answers)\n", l, p, sum[col["Ir"]] / d, d
+      if ("D1mr" in col) printf "  D1 misses/request: %.1f (read %.1f, write %.1f); L2 (LL) misses/request: %.1f (read %.1f, write %.1f); I1 misses %.1f\n",
+        (sum[col["D1mr"]] + sum[col["D1mw"]]) / d, sum[col["D1mr"]] / d, sum[col["D1mw"]] / d,
+        (sum[col["DLmr"]] + sum[col["DLmw"]]) / d, sum[col["DLmr"]] / d, sum[col["DLmw"]] / d, sum[col["I1mr"]] / d
+    }' 
 else
   # The process that serves (gannet with `master_process off`, or the floor).
   if [ "$B" = floor ]; then WP=$VP; else WP=$(pgrep -n -f "$W/$L.conf"); fi
   # Besides the system calls: the process's context switches (each sleep in epoll_wait and
   # wake-up) and the packets sent from its context (on loopback, every segment the server
   # sends: data, FIN, ACKs it sends itself).
-  perf stat -e 'syscalls:sys_enter_*,context-switches,net:net_dev_xmit' -p "$WP" -o "$W/$L.perf.txt" &
-  PP=$!
-  # perf stat takes a while to attach on a loaded machine: counts start after it has.
-  sleep 2
-  load
-  kill -INT $PP; wait $PP
+  EVENTS='syscalls:sys_enter_*,context-switches,page-faults,net:net_dev_xmit'
+  if [ "${KEPT:-}" = 1 ]; then
+    # Attached disabled, enabled and disabled through control FIFOs when the window opens
+    # and closes (attaching takes seconds; enabling does not).
+    rm -f "$W"/ctl.* && mkfifo "$W/ctl.s" "$W/ctl.r" "$W/ack.s" "$W/ack.r"
+    perf stat -e "$EVENTS" -D -1 --control "fifo:$W/ctl.s,$W/ack.s" -p "$WP" -o "$W/$L.perf.txt" &
+    PP=$!
+    perf record -e syscalls:sys_exit_epoll_wait -D -1 --control "fifo:$W/ctl.r,$W/ack.r" -p "$WP" -o "$W/$L.ev.data" 2> /dev/null &
+    PR=$!
+    sleep 3
+    ctl() { for k in s r; do echo "$1" > "$W/ctl.$k"; read -r _ < "$W/ack.$k"; done; }
+    window "ctl enable" "ctl disable"
+    kill -INT $PP $PR; wait $PP $PR
+    # The answers in the window: the server's send/sendto calls.
+    N=$(awk '$2 ~ /sys_enter_sendto$|sys_enter_send$/ {gsub(",","",$1); s+=$1} END {print s+0}' "$W/$L.perf.txt")
+    # Each return value in hex ("0xa"); an error's (-EINTR) is huge and left out.
+    perf script -i "$W/$L.ev.data" -F trace 2> /dev/null | awk -v n="$N" '
+      {h = tolower($NF); sub(/^0x/, "", h); r = 0
+       for (i = 1; i <= length(h); i++) r = r * 16 + index("0123456789abcdef", substr(h, i, 1)) - 1
+       if (length(h) < 8) {c++; e += r}}
+      END {if (c) printf "  epoll_wait: %d calls, %.1f events a call, %.3f calls/request (over %d answers)\n", c, e / c, c / n, n}'
+    rm -f "$W"/ctl.* "$W"/ack.* "$W/$L.ev.data"
+  else
+    perf stat -e "$EVENTS" -p "$WP" -o "$W/$L.perf.txt" &
+    PP=$!
+    # perf stat takes a while to attach on a loaded machine: counts start after it has.
+    sleep 2
+    load
+    kill -INT $PP; wait $PP
+  fi
   kill $VP; wait $VP 2>/dev/null
   awk -v n="$N" -v l="$L" '$1 ~ /^[0-9,]+$/ && $2 ~ /syscalls/ {gsub(",","",$1); if ($1>0) {s+=$1; printf "  %-40s %.3f\n", $2, $1/n}}
     $1 ~ /^[0-9,]+$/ && $2 !~ /syscalls/ {gsub(",","",$1); o = o sprintf("  %-40s %.3f\n", $2, $1/n)}
