@@ -437,12 +437,11 @@ async fn accept_loop(w: Rc<Worker>, listener: AsyncFd<StdListener>, group: usize
                 }
                 match group.checked_sub(w.config.listens.len()) {
                     None => {
-                        tokio::task::spawn_local(crate::conn::h1::serve(
-                            w.clone(),
-                            stream,
-                            peer,
-                            group,
-                        ));
+                        // Served here until it has to wait (`conn::reuse::run_or_spawn`).
+                        let w = w.clone();
+                        crate::conn::reuse::run_or_spawn(move || {
+                            crate::conn::h1::serve(w, stream, peer, group)
+                        });
                     }
                     Some(k) => {
                         let streams = w.config.stream.as_ref().map_or(0, |s| s.listens.len());
