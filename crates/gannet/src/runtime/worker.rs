@@ -417,59 +417,35 @@ async fn unpark_loop(w: Rc<Worker>) {
 }
 
 /// Connections accepted before the worker's other tasks get a turn.
-const ACCEPTS_PER_TURN: u32 = 8;
+const ACCEPTS_PER_TURN: usize = 8;
+
+/// Accepted connections, not served yet.
+type Batch = Vec<(std::net::TcpStream, SocketAddr)>;
 
 async fn accept_loop(w: Rc<Worker>, listener: AsyncFd<StdListener>, group: usize) {
-    let mut burst = 0;
+    let mut batch = Batch::with_capacity(ACCEPTS_PER_TURN);
     loop {
+        // The connections waiting are taken off the queue first (a few per turn), then
+        // served: an HTTP one here until it has to wait (`conn::reuse::run_or_spawn`).
+        // Served between two accepts, an answer's client could close one connection and
+        // open the next before the event loop heard of the close (a `limit_conn` count
+        // still held then refuses the new one); taken in order, what happened meanwhile is
+        // heard of before the next accept, as nginx hears of it.
+        let r = accept_some(&listener, &mut batch).await;
         // A few connections per turn, then the connections already in hand go first: a
         // flood of new connections accepted all at once (up to tokio's budget of 128) would
         // each want an upstream connection before any answer frees a kept one, and the
         // keepalive pool would churn (a proxy in front of nginx lost 10% of a 6,000 req/s
         // replay that way, with 75% of requests opening a new upstream connection).
-        burst += 1;
-        if burst > ACCEPTS_PER_TURN {
-            burst = 0;
-            tokio::task::yield_now().await;
-        }
-        match accept(&listener).await {
-            Ok((stream, peer)) => {
-                if !w.admit() {
-                    drop(stream);
-                    continue;
-                }
-                match group.checked_sub(w.config.listens.len()) {
-                    None => {
-                        tokio::task::spawn_local(crate::conn::h1::serve(
-                            w.clone(),
-                            stream,
-                            peer,
-                            group,
-                        ));
-                    }
-                    Some(k) => {
-                        let streams = w.config.stream.as_ref().map_or(0, |s| s.listens.len());
-                        match k.checked_sub(streams) {
-                            None => {
-                                tokio::task::spawn_local(crate::stream::core::serve_tcp(
-                                    w.clone(),
-                                    stream,
-                                    peer,
-                                    k,
-                                ));
-                            }
-                            Some(m) => {
-                                tokio::task::spawn_local(crate::mail::handler::serve_tcp(
-                                    w.clone(),
-                                    stream,
-                                    peer,
-                                    m,
-                                ));
-                            }
-                        }
-                    }
-                }
+        let full = batch.len() == ACCEPTS_PER_TURN;
+        for (stream, peer) in batch.drain(..) {
+            if w.admit() {
+                serve(&w, stream, peer, group);
             }
+        }
+        match r {
+            Ok(()) if full => tokio::task::yield_now().await,
+            Ok(()) => {}
             Err(e) => {
                 // EMFILE / ENFILE: keep serving the connections we have; retry accepting
                 // shortly (the backlog keeps the waiting clients) and log once.
@@ -482,25 +458,74 @@ async fn accept_loop(w: Rc<Worker>, listener: AsyncFd<StdListener>, group: usize
     }
 }
 
-/// The next connection, as a non-blocking socket that is not in the event loop yet
+/// Serve an accepted connection by its listener's kind.
+fn serve(w: &Rc<Worker>, stream: std::net::TcpStream, peer: SocketAddr, group: usize) {
+    match group.checked_sub(w.config.listens.len()) {
+        None => {
+            let w = w.clone();
+            crate::conn::reuse::run_or_spawn(move || {
+                crate::conn::h1::serve(w, stream, peer, group)
+            });
+        }
+        Some(k) => {
+            let streams = w.config.stream.as_ref().map_or(0, |s| s.listens.len());
+            match k.checked_sub(streams) {
+                None => {
+                    tokio::task::spawn_local(crate::stream::core::serve_tcp(
+                        w.clone(),
+                        stream,
+                        peer,
+                        k,
+                    ));
+                }
+                Some(m) => {
+                    tokio::task::spawn_local(crate::mail::handler::serve_tcp(
+                        w.clone(),
+                        stream,
+                        peer,
+                        m,
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Wait for connections, then take them off the listener's queue until it is empty (its
+/// readiness cleared: the next wait is the event loop's) or `batch` holds
+/// [`ACCEPTS_PER_TURN`]. Each is a non-blocking socket that is not in the event loop yet
 /// (`conn::transport::Plain` adds it when it has to wait; tokio's `accept` would add every
-/// one at once).
-async fn accept(listener: &AsyncFd<StdListener>) -> io::Result<(std::net::TcpStream, SocketAddr)> {
+/// one at once). An error comes back only with nothing accepted (it recurs on the next
+/// call otherwise).
+async fn accept_some(listener: &AsyncFd<StdListener>, batch: &mut Batch) -> io::Result<()> {
     loop {
         let mut ready = listener.readable().await?;
-        let r = ready.try_io(|l| {
-            socket2::SockRef::from(l.get_ref()).accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
-        });
-        if let Ok(r) = r {
-            let (sock, addr) = r?;
+        while batch.len() < ACCEPTS_PER_TURN {
+            let r = ready.try_io(|l| {
+                socket2::SockRef::from(l.get_ref())
+                    .accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+            });
+            let Ok(r) = r else {
+                // Drained (the readiness is cleared): serve what came, or wait again.
+                break;
+            };
+            let (sock, addr) = match r {
+                Ok(a) => a,
+                Err(e) if batch.is_empty() => return Err(e),
+                Err(_) => return Ok(()),
+            };
             // A unix socket's client has no address: 0.0.0.0:0 stands for it, and the
             // connection knows it is a unix one from its listener (`ConnInfo::unix`).
             let peer = match addr.as_socket() {
                 Some(a) => a,
                 None if addr.is_unix() => SocketAddr::from(([0, 0, 0, 0], 0)),
-                None => return Err(io::ErrorKind::InvalidInput.into()),
+                None if batch.is_empty() => return Err(io::ErrorKind::InvalidInput.into()),
+                None => return Ok(()),
             };
-            return Ok((sock.into(), peer));
+            batch.push((sock.into(), peer));
+        }
+        if !batch.is_empty() {
+            return Ok(());
         }
     }
 }

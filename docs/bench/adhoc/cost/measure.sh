@@ -10,7 +10,9 @@
 # PATH: /robots.txt (static) or /px/ad.json (proxied to the back end, started here).
 # BINARY "floor" is arena/arena/servers/floor.c (built on first use): recv + send only;
 # "nginx" is Debian's nginx with the same gannet.conf (`daemon off` added); "haproxy" is
-# Debian's HAProxy with haproxy.cfg (one thread, `http-reuse always`, no log).
+# Debian's HAProxy with haproxy.cfg (one thread, `http-reuse always`, no log); "lighttpd" and
+# "h2o" are Debian's with lighttpd.conf and h2o.conf (the arena's tuned profiles, static files
+# only, no access log: LOG does not apply to them).
 # LOG=off (environment) turns gannet's and nginx's access log off, as the arena's tuned
 # profile has it (HAProxy logs nothing either way).
 # WORK and PORT (environment) change the scratch folder and the port (default /tmp/cost, 18120).
@@ -71,6 +73,12 @@ if [ "$B" = floor ]; then
 elif [ "$B" = haproxy ]; then
   fill "$HERE/haproxy.cfg" > "$W/$L.conf"
   CMD=(haproxy -db -f "$W/$L.conf")
+elif [ "$B" = lighttpd ]; then
+  fill "$HERE/lighttpd.conf" > "$W/$L.conf"
+  CMD=(lighttpd -D -f "$W/$L.conf")
+elif [ "$B" = h2o ]; then
+  fill "$HERE/h2o.conf" > "$W/$L.conf"
+  CMD=(h2o -m worker -c "$W/$L.conf")
 elif [ "$B" = nginx ]; then
   fill "$HERE/gannet.conf" > "$W/$L.conf"
   CMD=(nginx -p "$W" -g "daemon off;" -c "$W/$L.conf")
@@ -118,7 +126,8 @@ else
   if [ "$B" = floor ]; then WP=$VP; else WP=$(pgrep -n -f "$W/$L.conf"); fi
   # Besides the system calls: the process's context switches (each sleep in epoll_wait and
   # wake-up) and the packets sent from its context (on loopback, every segment the server
-  # sends: data, FIN, ACKs it sends itself).
+  # sends: data, FIN, ACKs it sends itself), and its page faults (memory the kernel hands it
+  # again after a free gave it back).
   EVENTS='syscalls:sys_enter_*,context-switches,page-faults,net:net_dev_xmit'
   if [ "${KEPT:-}" = 1 ]; then
     # Attached disabled, enabled and disabled through control FIFOs when the window opens
