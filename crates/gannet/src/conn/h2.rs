@@ -207,6 +207,20 @@ where
             None => Some(idle_limit.saturating_sub(activity.last.get().elapsed())),
             Some(since) => Some(LINGER.saturating_sub(since.elapsed())),
         };
+        // Stopping, its streams done, with frames the client does not take: dropped once
+        // the socket has taken nothing for send_timeout, as nginx's send timer ends it.
+        let stall = match linger.stall_left(core.send_timeout()) {
+            Some(left) if stopping && activity.streams.get() == 0 => Some(left),
+            _ => None,
+        };
+        if stall == Some(Duration::ZERO) {
+            log_conn(&info, format_args!("client timed out while the connection ended"));
+            break;
+        }
+        let wait = match (wait, stall) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         // Stopping, the connection ends once quiet: looked at after each turn of the codec.
         let watch = stopping && cut_off.is_none();
         let next = tokio::select! {

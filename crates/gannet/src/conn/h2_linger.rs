@@ -25,7 +25,7 @@ use std::os::unix::io::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{ready, Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
@@ -51,6 +51,10 @@ const RECHECK_MAX: Duration = Duration::from_millis(100);
 #[derive(Default)]
 pub struct Linger {
     mode: Cell<Mode>,
+    /// Once lingering is asked for: when the socket last took bytes (or when it was asked).
+    wrote: Cell<Option<Instant>>,
+    /// Our side is shut: all was written.
+    shut: Cell<bool>,
 }
 
 impl Linger {
@@ -60,6 +64,25 @@ impl Linger {
         if self.mode.get() != Mode::UntilClosed {
             self.mode.set(mode);
         }
+        if self.wrote.get().is_none() {
+            self.wrote.set(Some(Instant::now()));
+        }
+    }
+
+    /// Once lingering is asked for and while the codec still has bytes to write: how long
+    /// until the socket has taken none for `timeout` (`send_timeout`: nginx's send timer
+    /// ends a connection whose client takes nothing), zero once it has.
+    pub fn stall_left(&self, timeout: Duration) -> Option<Duration> {
+        let wrote = self.wrote.get().filter(|_| !self.shut.get())?;
+        Some(timeout.saturating_sub(wrote.elapsed()))
+    }
+
+    /// The socket took some bytes (noted only once lingering is asked for: no clock read
+    /// on a connection's ordinary writes).
+    fn took(&self, r: &Poll<io::Result<usize>>) {
+        if self.wrote.get().is_some() && matches!(r, Poll::Ready(Ok(n)) if *n > 0) {
+            self.wrote.set(Some(Instant::now()));
+        }
     }
 }
 
@@ -67,8 +90,6 @@ impl Linger {
 pub struct Lingering<IO> {
     io: IO,
     linger: Rc<Linger>,
-    /// Our side has been shut.
-    shut: bool,
     recheck: Option<(Pin<Box<Sleep>>, Duration)>,
 }
 
@@ -77,7 +98,6 @@ impl<IO> Lingering<IO> {
         Lingering {
             io,
             linger,
-            shut: false,
             recheck: None,
         }
     }
@@ -124,17 +144,43 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Lingering<IO> {
 }
 
 impl<IO: AsyncRead + AsyncWrite + AsRawFd + Unpin> AsyncWrite for Lingering<IO> {
-    writes_through!(no_shutdown);
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.linger.took(&r);
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.linger.took(&r);
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let mode = this.linger.mode.get();
-        if !this.shut {
+        if !this.linger.shut.get() {
             let r = ready!(Pin::new(&mut this.io).poll_shutdown(cx));
             if mode == Mode::Off || r.is_err() {
                 return Poll::Ready(r);
             }
-            this.shut = true;
+            this.linger.shut.set(true);
         }
         let mut scratch = [0u8; 4096];
         loop {
