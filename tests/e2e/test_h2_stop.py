@@ -36,6 +36,11 @@ http {
         listen 127.0.0.1:{port} http2 sndbuf=1m;
         location / { root {root}; }
     }
+    server {
+        listen 127.0.0.1:{port2} http2 sndbuf=32k;
+        send_timeout 1s;
+        location / { root {root}; }
+    }
 }
 """
 
@@ -156,20 +161,25 @@ def idle_through_stop(port: int, proc) -> tuple[dict, float]:
 FILES = {"big": bytes(range(256)) * (BIG // 256), "small": "small\n"}
 
 
-def run_both(tmp_path, check):
-    """`check(port, proc)` on gannet, then on nginx, each with the config and files."""
+def run_both(tmp_path, check, second: bool = False):
+    """`check(port, proc)` on gannet, then on nginx, each with the config and files; on the
+    second server's port if `second`."""
     g = Gannet(tmp_path / "gannet")
     g.tmp.mkdir()
     root = g.write_files(FILES)
+    ports = [free_port(), free_port()]
+    conf = CONF.replace("{port2}", str(ports[1]))
     try:
-        srv = g.start(conf=CONF)
-        got = check(srv.port, srv.proc)
+        srv = g.start(conf=conf, port=ports[0])
+        got = check(ports[second], srv.proc)
         assert srv.proc.wait(10) == 0
     finally:
         g.close()
-    nginx = NginxPeer(CONF, free_port(), root, tmp_path / "nginx")
+    ports = [free_port(), free_port()]
+    conf = CONF.replace("{port2}", str(ports[1]))
+    nginx = NginxPeer(conf, ports[0], root, tmp_path / "nginx")
     try:
-        want = check(nginx.port, nginx.proc)
+        want = check(ports[second], nginx.proc)
     finally:
         nginx.stop()
     return got, want
@@ -190,3 +200,27 @@ def test_idle_connection_ends_at_once_on_stop(tmp_path):
     assert got == want == {"goaway": [(1, 0)], "closed cleanly": True}
     # It used to take one to two one-second checks.
     assert took < 0.9
+
+
+def reader_gone_through_stop(port: int, proc) -> tuple[dict, float]:
+    """A 4 MB answer to a client that reads its head and nothing more: what it got, and
+    how long the server took to exit after the stop signal."""
+    r = Reader(port)
+    try:
+        r.request(1, GET_BIG)
+        got = r.frames(lambda fs: any(k == HEADERS for k, *_ in fs))
+        start = time.monotonic()
+        proc.send_signal(signal.SIGQUIT)
+        proc.wait(20)
+        return {"answered": any(k == HEADERS for k, *_ in got)}, time.monotonic() - start
+    finally:
+        r.close()
+
+
+def test_client_that_takes_nothing_is_dropped_after_send_timeout_on_stop(tmp_path):
+    """The stream gives up at its send_timeout, and the connection, whose frames the
+    client does not take, is dropped once nothing could be written for send_timeout more
+    (nginx's send timer ends it): the stop does not wait the 5 s linger for it."""
+    (got, took), (want, nginx_took) = run_both(tmp_path, reader_gone_through_stop, second=True)
+    assert got == want == {"answered": True}
+    assert took < 4, (took, nginx_took)
