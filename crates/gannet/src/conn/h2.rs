@@ -131,7 +131,7 @@ where
         // that came too late (`conn::h2_goaway`) is decoded and dropped, as nginx's.
         .reset_stream_duration(RESET_MEMORY);
     let flood = Rc::new(Flood::default());
-    let linger = Rc::new(Linger::default());
+    let linger = Rc::new(Linger::new(io.as_raw_fd()));
     let io = FloodGuard::new(Lingering::new(io, linger.clone()), flood.clone(), PREFACE.len());
     let Some(io) = preface(io, core.client_header_timeout(), &info).await else {
         w.connection_closed();

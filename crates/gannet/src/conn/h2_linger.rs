@@ -48,42 +48,80 @@ const RECHECK_MIN: Duration = Duration::from_millis(5);
 const RECHECK_MAX: Duration = Duration::from_millis(100);
 
 /// Set by the connection loop, read by [`Lingering`] when the codec shuts the socket.
-#[derive(Default)]
 pub struct Linger {
     mode: Cell<Mode>,
-    /// Once lingering is asked for: when the socket last took bytes (or when it was asked).
-    wrote: Cell<Option<Instant>>,
+    /// The connection's socket.
+    fd: RawFd,
+    /// Once lingering is asked for: the bytes the client had acknowledged when that last
+    /// changed, and when.
+    acked: Cell<Option<(u64, Instant)>>,
     /// Our side is shut: all was written.
     shut: Cell<bool>,
 }
 
 impl Linger {
+    /// For the connection on socket `fd`.
+    pub fn new(fd: RawFd) -> Linger {
+        Linger {
+            mode: Cell::new(Mode::Off),
+            fd,
+            acked: Cell::new(None),
+            shut: Cell::new(false),
+        }
+    }
+
     /// A flood's cut-off lingers until the client closes; a stop until it has everything
     /// (a flood's stricter mode stays).
     pub fn set(&self, mode: Mode) {
         if self.mode.get() != Mode::UntilClosed {
             self.mode.set(mode);
         }
-        if self.wrote.get().is_none() {
-            self.wrote.set(Some(Instant::now()));
+        if self.acked.get().is_none() {
+            let acked = acknowledged(self.fd).unwrap_or(0);
+            self.acked.set(Some((acked, Instant::now())));
         }
     }
 
-    /// Once lingering is asked for and while the codec still has bytes to write: how long
-    /// until the socket has taken none for `timeout` (`send_timeout`: nginx's send timer
-    /// ends a connection whose client takes nothing), zero once it has.
+    /// Once lingering is asked for, while our side is not shut yet (the codec still has
+    /// bytes to write): how long until the client has taken nothing for `timeout`
+    /// (`send_timeout`: nginx's send timer ends a connection whose client takes nothing),
+    /// zero once it has. Progress is what the client acknowledges (TCP_INFO), which TLS's
+    /// buffering does not hide.
     pub fn stall_left(&self, timeout: Duration) -> Option<Duration> {
-        let wrote = self.wrote.get().filter(|_| !self.shut.get())?;
-        Some(timeout.saturating_sub(wrote.elapsed()))
-    }
-
-    /// The socket took some bytes (noted only once lingering is asked for: no clock read
-    /// on a connection's ordinary writes).
-    fn took(&self, r: &Poll<io::Result<usize>>) {
-        if self.wrote.get().is_some() && matches!(r, Poll::Ready(Ok(n)) if *n > 0) {
-            self.wrote.set(Some(Instant::now()));
+        if self.shut.get() {
+            return None;
         }
+        let (before, since) = self.acked.get()?;
+        let now = acknowledged(self.fd)?;
+        if now != before {
+            self.acked.set(Some((now, Instant::now())));
+            return Some(timeout);
+        }
+        Some(timeout.saturating_sub(since.elapsed()))
     }
+}
+
+/// The bytes the peer of TCP socket `fd` has acknowledged so far, `None` if that cannot
+/// be told.
+fn acknowledged(fd: RawFd) -> Option<u64> {
+    // SAFETY: tcp_info is plain integers, for which all zeroes is a value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `info`, which is that large and
+    // lives for the call, and `len` says how many it wrote; `fd` is the connection's
+    // socket, which the stream that owns it keeps open.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    // Kernels before 4.1 do not fill tcpi_bytes_acked in.
+    let full = len as usize >= std::mem::size_of::<libc::tcp_info>();
+    (r == 0 && full).then_some(info.tcpi_bytes_acked)
 }
 
 /// The socket under the codec (and its guards): its shutdown lingers as [`Linger`] says.
@@ -94,6 +132,7 @@ pub struct Lingering<IO> {
 }
 
 impl<IO> Lingering<IO> {
+    /// (`linger` is made for `io`'s socket.)
     pub fn new(io: IO, linger: Rc<Linger>) -> Lingering<IO> {
         Lingering {
             io,
@@ -144,33 +183,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Lingering<IO> {
 }
 
 impl<IO: AsyncRead + AsyncWrite + AsRawFd + Unpin> AsyncWrite for Lingering<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let r = Pin::new(&mut self.io).poll_write(cx, buf);
-        self.linger.took(&r);
-        r
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        self.linger.took(&r);
-        r
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
+    writes_through!(no_shutdown);
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
@@ -226,7 +239,7 @@ mod tests {
     fn a_stop_ends_once_all_is_acknowledged() {
         rt().block_on(async {
             let (s, mut c) = pair().await;
-            let linger = Rc::new(Linger::default());
+            let linger = Rc::new(Linger::new(s.as_raw_fd()));
             linger.set(Mode::UntilDelivered);
             let mut s = Lingering::new(s, linger);
             s.write_all(b"last frames").await.unwrap();
@@ -238,12 +251,36 @@ mod tests {
         });
     }
 
+    /// While the codec still writes, a client that acknowledges nothing for the timeout is
+    /// stalled; one that takes bytes is not.
+    #[test]
+    fn a_client_that_takes_nothing_stalls() {
+        rt().block_on(async {
+            let (mut s, mut c) = pair().await;
+            let linger = Linger::new(s.as_raw_fd());
+            assert_eq!(linger.stall_left(Duration::from_secs(1)), None);
+            linger.set(Mode::UntilDelivered);
+            assert_eq!(linger.stall_left(Duration::ZERO), Some(Duration::ZERO));
+            s.write_all(b"taken").await.unwrap();
+            let mut got = [0u8; 5];
+            c.read_exact(&mut got).await.unwrap();
+            // Acknowledged: the full timeout again.
+            let hour = Duration::from_secs(3600);
+            let taken = async {
+                while linger.stall_left(hour) != Some(hour) {
+                    tokio::task::yield_now().await;
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(5), taken).await.unwrap();
+        });
+    }
+
     /// A flood's close waits for the client to close, whatever it has acknowledged.
     #[test]
     fn a_cut_off_lingers_until_the_client_closes() {
         rt().block_on(async {
             let (s, mut c) = pair().await;
-            let linger = Rc::new(Linger::default());
+            let linger = Rc::new(Linger::new(s.as_raw_fd()));
             linger.set(Mode::UntilClosed);
             linger.set(Mode::UntilDelivered);
             let mut s = Lingering::new(s, linger);
