@@ -132,7 +132,11 @@ where
         .reset_stream_duration(RESET_MEMORY);
     let flood = Rc::new(Flood::default());
     let linger = Rc::new(Linger::new(io.as_raw_fd()));
-    let io = FloodGuard::new(Lingering::new(io, linger.clone()), flood.clone(), PREFACE.len());
+    let io = FloodGuard::new(
+        Lingering::new(io, linger.clone()),
+        flood.clone(),
+        PREFACE.len(),
+    );
     let Some(io) = preface(io, core.client_header_timeout(), &info).await else {
         w.connection_closed();
         return;
@@ -214,7 +218,10 @@ where
             _ => None,
         };
         if stall == Some(Duration::ZERO) {
-            log_conn(&info, format_args!("client timed out while the connection ended"));
+            log_conn(
+                &info,
+                format_args!("client timed out while the connection ended"),
+            );
             break;
         }
         let wait = match (wait, stall) {

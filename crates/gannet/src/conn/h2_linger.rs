@@ -25,7 +25,7 @@ use std::os::unix::io::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{ready, Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
@@ -52,9 +52,6 @@ pub struct Linger {
     mode: Cell<Mode>,
     /// The connection's socket.
     fd: RawFd,
-    /// Once lingering is asked for: the bytes the client had acknowledged when that last
-    /// changed, and when.
-    acked: Cell<Option<(u64, Instant)>>,
     /// Our side is shut: all was written.
     shut: Cell<bool>,
 }
@@ -65,7 +62,6 @@ impl Linger {
         Linger {
             mode: Cell::new(Mode::Off),
             fd,
-            acked: Cell::new(None),
             shut: Cell::new(false),
         }
     }
@@ -76,34 +72,24 @@ impl Linger {
         if self.mode.get() != Mode::UntilClosed {
             self.mode.set(mode);
         }
-        if self.acked.get().is_none() {
-            let acked = acknowledged(self.fd).unwrap_or(0);
-            self.acked.set(Some((acked, Instant::now())));
-        }
     }
 
     /// Once lingering is asked for, while our side is not shut yet (the codec still has
-    /// bytes to write): how long until the client has taken nothing for `timeout`
-    /// (`send_timeout`: nginx's send timer ends a connection whose client takes nothing),
-    /// zero once it has. Progress is what the client acknowledges (TCP_INFO), which TLS's
-    /// buffering does not hide.
+    /// bytes to write): how long until the socket has sent nothing for `timeout` with
+    /// bytes waiting in it (`send_timeout`: nginx's send timer ends a connection whose
+    /// client takes nothing), zero once it has. The kernel's own count (TCP_INFO: the time
+    /// since data last went out) is what TLS's buffering does not hide.
     pub fn stall_left(&self, timeout: Duration) -> Option<Duration> {
-        if self.shut.get() {
+        if self.mode.get() == Mode::Off || self.shut.get() {
             return None;
         }
-        let (before, since) = self.acked.get()?;
-        let now = acknowledged(self.fd)?;
-        if now != before {
-            self.acked.set(Some((now, Instant::now())));
-            return Some(timeout);
-        }
-        Some(timeout.saturating_sub(since.elapsed()))
+        Some(timeout.saturating_sub(stalled(self.fd)?))
     }
 }
 
-/// The bytes the peer of TCP socket `fd` has acknowledged so far, `None` if that cannot
-/// be told.
-fn acknowledged(fd: RawFd) -> Option<u64> {
+/// How long TCP socket `fd` has had bytes to send and sent none (a client whose window is
+/// shut); zero when its queue is empty. `None` if that cannot be told.
+fn stalled(fd: RawFd) -> Option<Duration> {
     // SAFETY: tcp_info is plain integers, for which all zeroes is a value.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
@@ -119,9 +105,16 @@ fn acknowledged(fd: RawFd) -> Option<u64> {
             &mut len,
         )
     };
-    // Kernels before 4.1 do not fill tcpi_bytes_acked in.
-    let full = len as usize >= std::mem::size_of::<libc::tcp_info>();
-    (r == 0 && full).then_some(info.tcpi_bytes_acked)
+    // Kernels before 4.6 do not fill tcpi_notsent_bytes in.
+    if r != 0 || (len as usize) < std::mem::size_of::<libc::tcp_info>() {
+        return None;
+    }
+    let waiting = info.tcpi_unacked > 0 || info.tcpi_notsent_bytes > 0;
+    Some(if waiting {
+        Duration::from_millis(info.tcpi_last_data_sent.into())
+    } else {
+        Duration::ZERO
+    })
 }
 
 /// The socket under the codec (and its guards): its shutdown lingers as [`Linger`] says.
@@ -161,9 +154,9 @@ impl<IO: AsyncRead + AsyncWrite + AsRawFd + Unpin> Lingering<IO> {
             if unacknowledged(self.io.as_raw_fd()) == Some(0) {
                 return Poll::Ready(());
             }
-            let (sleep, every) = self.recheck.get_or_insert_with(|| {
-                (Box::pin(tokio::time::sleep(RECHECK_MIN)), RECHECK_MIN)
-            });
+            let (sleep, every) = self
+                .recheck
+                .get_or_insert_with(|| (Box::pin(tokio::time::sleep(RECHECK_MIN)), RECHECK_MIN));
             ready!(sleep.as_mut().poll(cx));
             *every = (*every * 2).min(RECHECK_MAX);
             let next = tokio::time::Instant::now() + *every;
@@ -251,27 +244,32 @@ mod tests {
         });
     }
 
-    /// While the codec still writes, a client that acknowledges nothing for the timeout is
-    /// stalled; one that takes bytes is not.
+    /// While the codec still writes, a socket whose client takes nothing is stalled from
+    /// when it last sent; one with nothing to send is not.
     #[test]
     fn a_client_that_takes_nothing_stalls() {
         rt().block_on(async {
-            let (mut s, mut c) = pair().await;
+            let (mut s, _c) = pair().await;
             let linger = Linger::new(s.as_raw_fd());
-            assert_eq!(linger.stall_left(Duration::from_secs(1)), None);
-            linger.set(Mode::UntilDelivered);
-            assert_eq!(linger.stall_left(Duration::ZERO), Some(Duration::ZERO));
-            s.write_all(b"taken").await.unwrap();
-            let mut got = [0u8; 5];
-            c.read_exact(&mut got).await.unwrap();
-            // Acknowledged: the full timeout again.
             let hour = Duration::from_secs(3600);
-            let taken = async {
-                while linger.stall_left(hour) != Some(hour) {
-                    tokio::task::yield_now().await;
+            assert_eq!(linger.stall_left(hour), None);
+            linger.set(Mode::UntilDelivered);
+            assert_eq!(linger.stall_left(hour), Some(hour));
+            // The client reads nothing: its window shuts, and the rest waits in the socket.
+            let chunk = vec![0u8; 64 * 1024];
+            while tokio::time::timeout(Duration::from_millis(200), s.write_all(&chunk))
+                .await
+                .is_ok()
+            {}
+            let stuck = async {
+                while linger.stall_left(hour).is_some_and(|left| left == hour) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             };
-            tokio::time::timeout(Duration::from_secs(5), taken).await.unwrap();
+            tokio::time::timeout(Duration::from_secs(5), stuck)
+                .await
+                .unwrap();
+            assert!(linger.stall_left(hour).is_some_and(|left| left < hour));
         });
     }
 
