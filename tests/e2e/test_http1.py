@@ -364,3 +364,27 @@ def test_closing_answer_and_fin_share_a_segment_as_in_nginx(tmp_path):
         r = req("/a.txt", "Connection: close")
         got = [min(segments_received(port, r) for _ in range(5)) for port in (srv.port, nginx_port)]
     assert got[0] == got[1], f"gannet {got[0]} segments, nginx {got[1]}"
+
+
+def test_kept_small_files_whole_whichever_way_they_are_written(gannet, client):
+    # Files the open file cache keeps in memory: up to 1 KiB copied after the head, larger
+    # ones written with the head in one writev on a kept connection, and copied again when
+    # pipelined requests wait or the connection closes after the answer (conn/h1.rs,
+    # COPY_ALWAYS). Each way, every answer whole and in order.
+    sizes = [600, 3000, 8000, 20000]
+    files = {f"s{n}.txt": "".join(chr(97 + (i * 7 + n) % 26) for i in range(n)) for n in sizes}
+    srv = gannet.start(files=files, http="open_file_cache max=100 inactive=60s;")
+    c = client(srv.port)
+    for _ in range(2):
+        for name, text in files.items():
+            status, h, body = c.send(req(f"/{name}")).response()
+            assert (status, body) == (200, text.encode()), name
+            assert h["content-length"] == str(len(text))
+    c.send(b"".join(req(f"/{name}") for name in files for _ in range(2)))
+    for name, text in files.items():
+        for _ in range(2):
+            status, _, body = c.response()
+            assert (status, body) == (200, text.encode()), name
+    status, h, body = c.send(req("/s3000.txt", "Connection: close")).response()
+    assert (status, body, h["connection"]) == (200, files["s3000.txt"].encode(), "close")
+    assert c.closed(within=2)

@@ -55,6 +55,14 @@ const FLUSH_AT: usize = 64 * 1024;
 /// Body parts up to this size are copied into the output buffer; larger ones are written
 /// from where they are with writev.
 const COPY_MAX: usize = 8 * 1024;
+/// Body parts up to this size are always copied. A larger one (up to `COPY_MAX`) is copied
+/// only when the copy saves a write: pipelined requests are waiting (their answers then go
+/// out together) or the connection closes after it (the answer then leaves with the FIN,
+/// `Transport::try_write_last`). Else it goes with the head in one writev from where it
+/// is (a cache entry's or a small file's kept bytes, shared by every connection): the copy
+/// wrote up to 8 KiB into each connection's output buffer, which then kept that size
+/// (docs/bench/cache-report.md: the cache's PHP pages, 3.6 KiB on average).
+const COPY_ALWAYS: usize = 1024;
 /// Output buffer room for a usual response head.
 const HEAD_ROOM: usize = 512;
 /// The longest a draining worker reads off a closing connection (`Conn::linger`).
@@ -783,13 +791,19 @@ impl<S: Transport> Conn<S> {
         // buffer otherwise grew by doubling from a few bytes, eight reallocations per
         // short connection.
         let body_len = resp.body.len();
-        let copied = usize::try_from(body_len).map_or(0, |n| if n <= COPY_MAX { n } else { 0 });
+        let copied = usize::try_from(body_len).map_or(0, |n| {
+            if n <= COPY_ALWAYS || (n <= COPY_MAX && self.copies(keep)) {
+                n
+            } else {
+                0
+            }
+        });
         self.out.reserve(HEAD_ROOM + copied);
         let (keep, head_len, send_body) = self.head(req, &mut resp, keep);
         let sendfile = req.conf.core.sendfile();
         let sent_ok = !send_body
             || match limit_rate::pace(req, &resp) {
-                None => self.send_body(&resp.body, sendfile).await,
+                None => self.send_body(&resp.body, sendfile, keep).await,
                 Some(mut pace) => Box::pin(self.send_paced(&resp.body, sendfile, &mut pace)).await,
             }
             .is_ok();
@@ -971,13 +985,28 @@ impl<S: Transport> Conn<S> {
         (keep, (self.out.len() - head_start) as u64, send_body)
     }
 
-    async fn send_body(&mut self, body: &Body, use_sendfile: bool) -> std::io::Result<()> {
+    /// Whether a body part of up to `COPY_MAX` bytes is copied after the head (see
+    /// `COPY_ALWAYS`).
+    fn copies(&self, keep: bool) -> bool {
+        !keep || !self.buf.is_empty()
+    }
+
+    async fn send_body(
+        &mut self,
+        body: &Body,
+        use_sendfile: bool,
+        keep: bool,
+    ) -> std::io::Result<()> {
         let Body::Parts(parts) = body else {
             return Ok(());
         };
         for p in parts {
             match p {
-                Part::Bytes(b) if b.len() <= COPY_MAX => self.out.extend_from_slice(b),
+                Part::Bytes(b)
+                    if b.len() <= COPY_ALWAYS || (b.len() <= COPY_MAX && self.copies(keep)) =>
+                {
+                    self.out.extend_from_slice(b)
+                }
                 Part::Bytes(b) => {
                     // Head (and anything queued) and the body in one writev.
                     let r = self
@@ -1230,7 +1259,7 @@ mod tests {
         let parts = [
             ("exchange::serve", size3(exchange::serve::<Conn<Plain>>)),
             ("Conn::respond", size4(Conn::<Plain>::respond)),
-            ("Conn::send_body", size3(Conn::<Plain>::send_body)),
+            ("Conn::send_body", size4(Conn::<Plain>::send_body)),
             ("gateway::run", size2(super::super::gateway::run)),
             ("handler::settle", size3(handler::settle)),
         ];

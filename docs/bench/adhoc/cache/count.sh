@@ -12,14 +12,19 @@
 #               connections (fewer than the upstream's 32 kept ones)
 #   plain-c10   the same requests through the uncached proxy_pass
 #
-# Default: system calls (perf stat on the syscalls:sys_enter_* tracepoints) and context
-# switches of the worker process, its threads and the threads they start (tokio's blocking
-# pool, gannet's cache manager; nginx's cache manager and loader are processes of their own,
-# not counted). CALLGRIND=1: user-space instructions per request (valgrind's callgrind, every
+# Default: system calls (perf stat on the syscalls:sys_enter_* tracepoints), context
+# switches and page faults of the worker process, its threads and the threads they start
+# (tokio's blocking pool, gannet's cache manager; nginx's cache manager and loader are
+# processes of their own, not counted), and the worker's resident memory after the phase
+# (VmRSS). CALLGRIND=1: user-space instructions per request (valgrind's callgrind, every
 # thread; `master_process off` so that the one process is the worker; fewer requests).
 # Client: wrk with the arena's wrk_paths.lua (a fixed count, the paths in order) on CPU 1,
 # the server on CPU 0; counts are divided by the answers wrk counted (wrk sends up to
 # `connections` more, which the server may or may not have answered: N >> connections).
+#
+# CONTENT=php: the arena's other content, the Shakespeare app's 260 pages (HTML and JSON, as
+# the app's PHP-FPM pool answers them: apps/shakespeare, run its setup.sh once) in place of
+# the API's URLs; the origin passes them to the pool, as the arena's does.
 #
 # Usage: bash count.sh gannet|nginx [REQUESTS]   (GANNET_BIN overrides target/release/gannet;
 #        PHASES="miss-c10 plain-c10" runs only those phases, each still after the warm-up)
@@ -31,28 +36,32 @@ SERVER=$1
 N=${2:-50000}
 CG=${CALLGRIND:-}
 [ -n "$CG" ] && N=${2:-10000}
-W=/tmp/cachecount.$SERVER${CG:+.cg}
+CONTENT=${CONTENT:-api}
+W=/tmp/cachecount.$SERVER.$CONTENT${CG:+.cg}
 ORIGIN=18190 PORT=18191 PLAIN=18192
 rm -rf "$W"
 mkdir -p "$W"
 
-PYTHONPATH=$REPO/arena python3 - "$W" "$N" <<'EOF'
+PYTHONPATH=$REPO/arena python3 - "$W" "$N" "$CONTENT" <<'EOF'
 import itertools, sys
 from pathlib import Path
-from arena import adtraffic
+from arena import adtraffic, shakespeare
 from arena.scenarios.cache import api_urls, with_misses
-w, n = Path(sys.argv[1]), int(sys.argv[2])
+w, n, content = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 adtraffic.write_docroot(w / "www")
-(w / "www" / "page.html").write_text(("<p>" + "x" * 95 + "</p>\n") * 44 + "x" * 4)
-urls = api_urls()
+urls = [u.path for u in shakespeare.url_list()] if content == "php" else api_urls()
 lines = n + 1000 + 1
 (w / "hit.txt").write_text("\n".join(urls) + "\n")
 (w / "mix.txt").write_text("\n".join(with_misses(urls, lines, "mix")) + "\n")
-miss = [f"{u}&miss={i}" for i, u in zip(range(lines), itertools.cycle(urls))]
+miss = [f"{u}{'&' if '?' in u else '?'}miss={i}" for i, u in zip(range(lines), itertools.cycle(urls))]
 (w / "miss.txt").write_text("\n".join(miss) + "\n")
 EOF
 
-fill() { sed -e "s|@RUN@|$W|g" -e "s|@PORT@|$PORT|g" -e "s|@PLAIN@|$PLAIN|g" -e "s|@ORIGIN@|$ORIGIN|g" "$1"; }
+fill() {
+    sed -e "s|@RUN@|$W|g" -e "s|@PORT@|$PORT|g" -e "s|@PLAIN@|$PLAIN|g" -e "s|@ORIGIN@|$ORIGIN|g" \
+        -e "s|@FPM@|${SHAKESPEARE_FPM_SOCKET:-/run/php/shakespeare.sock}|g" \
+        -e "s|@APP@|${SHAKESPEARE_DOCROOT:-/var/www/shakespeare}|g" "$1"
+}
 fill "$HERE/origin.conf" > "$W/origin.conf"
 fill "$HERE/server.conf" > "$W/server.conf"
 # Under valgrind: one process, and the descriptor limit valgrind leaves (it keeps some).
@@ -63,7 +72,7 @@ origin=$!
 # The origin first: a server whose first request finds it not listening yet marks it down
 # (max_fails) and answers 502 to the warm-up.
 for _ in $(seq 1 300); do
-    curl -s -o /dev/null "http://127.0.0.1:$ORIGIN/" && break
+    curl -s -o /dev/null "http://127.0.0.1:$ORIGIN/robots.txt" && break
     sleep 0.1
 done
 case $SERVER in
@@ -133,9 +142,10 @@ phase() {
             }
             END { printf "TOTAL %.3f\nCS %.3f\nPF %.3f\n", total / n, cs / n, pf / n }' "$W/$name.perf" |
             sort -k2 -g -r > "$W/$name.calls"
-        printf '%-10s %7d answers  %6.2f syscalls  %6.3f context switches  %6.3f page faults /request\n' \
+        printf '%-10s %7d answers  %6.2f syscalls  %6.3f context switches  %6.3f page faults /request  %s KiB RSS\n' \
             "$name" "$answered" "$(awk '$1=="TOTAL"{print $2}' "$W/$name.calls")" \
-            "$(awk '$1=="CS"{print $2}' "$W/$name.calls")" "$(awk '$1=="PF"{print $2}' "$W/$name.calls")"
+            "$(awk '$1=="CS"{print $2}' "$W/$name.calls")" "$(awk '$1=="PF"{print $2}' "$W/$name.calls")" \
+            "$(awk '$1=="VmRSS:"{print $2}' "/proc/$worker/status")"
     fi
 }
 
