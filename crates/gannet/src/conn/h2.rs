@@ -24,6 +24,7 @@ use super::gateway::{Outcome, Tunnel};
 use super::grpc::Served;
 use super::h2_flood::{Flood, FloodGuard};
 use super::h2_goaway::{self, GoawayWriter, Guard, Wire};
+use super::h2_linger::{Linger, Lingering, Mode};
 use super::h2_mend::{Fault, HpackMend, Refused, CONTENT_LENGTH_ALIAS};
 use super::h2_priority::{self, Priorities};
 use super::h2_response;
@@ -46,12 +47,14 @@ use h2::RecvStream;
 use std::cell::Cell;
 use std::future::Future;
 use std::io;
+use std::os::unix::io::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::sync::Notify;
 
 /// The connection's receive window: the most HTTP/2 allows, as nginx's.
 const CONN_WINDOW: u32 = (1 << 31) - 1;
@@ -59,13 +62,12 @@ const CONN_WINDOW: u32 = (1 << 31) - 1;
 /// HTTP/2's initial stream window until SETTINGS say otherwise (RFC 9113 6.9.2).
 const DEFAULT_WINDOW: u32 = 65_535;
 
-/// How often a connection looks at the worker's drain flag.
-const DRAIN_CHECK: Duration = Duration::from_secs(1);
-
 /// A connection's streams in flight, and when the last one ended.
 struct Activity {
     streams: Cell<usize>,
     last: Cell<Instant>,
+    /// Woken when the last stream in flight ends.
+    idle: Notify,
 }
 
 /// Held by a stream's task: counts it in, and out when the task ends.
@@ -82,6 +84,9 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.streams.set(self.0.streams.get() - 1);
         self.0.last.set(Instant::now());
+        if self.0.streams.get() == 0 {
+            self.0.idle.notify_one();
+        }
     }
 }
 
@@ -89,7 +94,7 @@ impl Drop for InFlight {
 /// settings (the server SNI chose, or the address's default server).
 pub async fn serve<IO>(w: Rc<Worker>, io: IO, info: ConnInfo, group: usize, conf: Arc<LocConf>)
 where
-    IO: AsyncRead + AsyncWrite + Unpin + 'static,
+    IO: AsyncRead + AsyncWrite + AsRawFd + Unpin + 'static,
 {
     let core = &conf.core;
     let h2c = &conf.http2;
@@ -128,7 +133,12 @@ where
         // that came too late (`conn::h2_goaway`) is decoded and dropped, as nginx's.
         .reset_stream_duration(RESET_MEMORY);
     let flood = Rc::new(Flood::default());
-    let io = FloodGuard::new(io, flood.clone(), PREFACE.len());
+    let linger = Rc::new(Linger::new(io.as_raw_fd()));
+    let io = FloodGuard::new(
+        Lingering::new(io, linger.clone()),
+        flood.clone(),
+        PREFACE.len(),
+    );
     let Some(io) = preface(io, core.client_header_timeout(), &info).await else {
         w.connection_closed();
         return;
@@ -168,15 +178,31 @@ where
     let activity = Rc::new(Activity {
         streams: Cell::new(0),
         last: Cell::new(Instant::now()),
+        idle: Notify::new(),
     });
     let mut requests = 0u64;
     // Since when the connection has been ending gracefully (GOAWAY sent).
     let mut closing: Option<Instant> = None;
-    // Once a flood is stopped: when to stop waiting for the codec to finish its GOAWAY.
+    // The worker is stopping or reloading: the connection ends as soon as it is quiet.
+    let mut stopping = false;
+    // Once the codec is told to end the connection at once (a flood, a stop): when to stop
+    // waiting for it to write its last frames and close.
     let mut cut_off: Option<tokio::time::Instant> = None;
     loop {
-        // Without streams the connection may idle for keepalive_timeout; either way it
-        // wakes now and then to notice a graceful stop.
+        // A graceful stop or reload, noticed as it begins (`drain_started`, or here for a
+        // connection that was not waiting then): as nginx at exit, a connection without
+        // streams ends now, one with streams is told GOAWAY and ends when they are done.
+        if w.draining.get() && !stopping {
+            stopping = true;
+            linger.set(Mode::UntilDelivered);
+            if closing.is_none() && !quiet(&conn, &activity) {
+                conn.graceful_shutdown();
+                closing = Some(Instant::now());
+            }
+        }
+        // Without streams the connection may idle for keepalive_timeout, or, once it is
+        // ending, LINGER for the client to close; with streams it waits for them (woken
+        // when the last ends).
         // With keepalive_timeout 0 a connection still has client_header_timeout for its
         // first request (nginx's read timer from ngx_http_v2_init), which then ends it.
         let idle_limit = if requests == 0 && keepalive.is_zero() {
@@ -184,18 +210,51 @@ where
         } else {
             keepalive
         };
-        let wait = if activity.streams.get() == 0 && closing.is_none() {
-            idle_limit
-                .saturating_sub(activity.last.get().elapsed())
-                .min(DRAIN_CHECK)
-        } else {
-            DRAIN_CHECK
+        let wait = match closing {
+            // (Once cut off, `cut_off` bounds the end.)
+            _ if activity.streams.get() > 0 || cut_off.is_some() => None,
+            None => Some(idle_limit.saturating_sub(activity.last.get().elapsed())),
+            Some(since) => Some(LINGER.saturating_sub(since.elapsed())),
         };
+        // Stopping, its streams done, with frames the client does not take: dropped once
+        // the socket has taken nothing for send_timeout, as nginx's send timer ends it.
+        let stall = match linger.stall_left(core.send_timeout()) {
+            Some(left) if stopping && activity.streams.get() == 0 => Some(left),
+            _ => None,
+        };
+        if stall == Some(Duration::ZERO) {
+            log_conn(
+                &info,
+                format_args!("client timed out while the connection ended"),
+            );
+            break;
+        }
+        let wait = match (wait, stall) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        // Stopping, the connection ends once quiet: looked at after each turn of the codec.
+        let watch = stopping && cut_off.is_none();
         let next = tokio::select! {
-            r = conn.accept() => Some(r),
-            () = tokio::time::sleep(wait) => None,
+            r = accept_unless_quiet(&mut conn, watch.then_some(&*activity)) => match r {
+                Some(r) => Some(r),
+                None => {
+                    // Every stream's frames are with the codec, and no stream is left to
+                    // answer: the codec writes them and a GOAWAY (our first, or the same
+                    // again), shuts our side, and the close lingers until the client has
+                    // them all (`conn::h2_linger`).
+                    conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+                    closing.get_or_insert_with(Instant::now);
+                    cut_off = Some(tokio::time::Instant::now() + LINGER);
+                    continue;
+                }
+            },
+            () = sleep_or_never(wait) => None,
+            () = w.drain_started.notified(), if !stopping => continue,
+            () = activity.idle.notified() => continue,
             () = flood.alarm.notified(), if cut_off.is_none() => {
                 log_conn(&info, format_args!("client flooded the HTTP/2 connection with control frames"));
+                linger.set(Mode::UntilClosed);
                 conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
                 closing.get_or_insert_with(Instant::now);
                 cut_off = Some(tokio::time::Instant::now() + LINGER);
@@ -226,7 +285,7 @@ where
                 tokio::task::spawn_local(h2_priority::scope(prio.clone(), id, run));
                 // As nginx, the stream that reaches a limit is the last (the GOAWAY names it).
                 let spent = max_requests > 0 && requests >= max_requests;
-                if (spent || aged || keepalive.is_zero()) && closing.is_none() {
+                if (spent || aged || keepalive.is_zero() || stopping) && closing.is_none() {
                     conn.graceful_shutdown();
                     closing = Some(Instant::now());
                 }
@@ -243,17 +302,14 @@ where
                 // Ended gracefully, streams done, and the client still has not closed (the
                 // codec waits for its answer to a PING): it is closed for it.
                 Some(since) => {
-                    // Stopping, a connection without streams is closed once its GOAWAY has
-                    // gone out, as nginx's at exit.
-                    let stopping = w.draining.get() && wire.goaway_sent();
-                    if activity.streams.get() == 0 && (stopping || since.elapsed() >= LINGER) {
+                    if activity.streams.get() == 0 && since.elapsed() >= LINGER {
                         break;
                     }
                 }
                 None => {
                     let idle =
                         activity.streams.get() == 0 && activity.last.get().elapsed() >= idle_limit;
-                    if idle || w.draining.get() {
+                    if idle {
                         conn.graceful_shutdown();
                         closing = Some(Instant::now());
                     }
@@ -270,6 +326,42 @@ const RESET_MEMORY: Duration = Duration::from_secs(30);
 /// How long a connection that was sent GOAWAY (with no streams left) gets to close before
 /// it is dropped.
 const LINGER: Duration = Duration::from_secs(5);
+
+/// The codec's turn: a request, or `None` inside when the connection closed. With `watch`,
+/// `None` as soon as a turn leaves the connection [`quiet`] (`poll_accept`, which `accept`
+/// is made of, gives the moment between turns).
+async fn accept_unless_quiet<T>(
+    conn: &mut h2::server::Connection<T, Bytes>,
+    watch: Option<&Activity>,
+) -> Option<Option<Result<(http::Request<RecvStream>, SendResponse<Bytes>), h2::Error>>>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    std::future::poll_fn(|cx| match conn.poll_accept(cx) {
+        Poll::Pending if watch.is_some_and(|a| quiet(conn, a)) => Poll::Ready(None),
+        p => p.map(Some),
+    })
+    .await
+}
+
+/// No stream left to answer, and none of their frames waiting: the h2 crate counts a
+/// stream until it is closed both ways with its last frame (END_STREAM, RST_STREAM) moved
+/// from the stream's queue to the codec's write buffer, which its shutdown writes out
+/// before our side is shut. (Our own count of streams in flight says only that each
+/// stream's task has handed its answer to the codec.)
+fn quiet<T>(conn: &h2::server::Connection<T, Bytes>, a: &Activity) -> bool
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    a.streams.get() == 0 && !conn.has_streams()
+}
+
+async fn sleep_or_never(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
 
 async fn sleep_until_or_never(t: Option<tokio::time::Instant>) {
     match t {
@@ -705,4 +797,10 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Prefixed<IO> {
 
 impl<IO: AsyncWrite + Unpin> AsyncWrite for Prefixed<IO> {
     writes_through!();
+}
+
+impl<IO: AsRawFd> AsRawFd for Prefixed<IO> {
+    fn as_raw_fd(&self) -> RawFd {
+        self.io.as_raw_fd()
+    }
 }

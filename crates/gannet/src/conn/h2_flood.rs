@@ -2,7 +2,8 @@
 //! work but ask for nothing (PING, SETTINGS, RST_STREAM, PRIORITY, empty DATA), counted
 //! against a budget that requests refill. A client that spends it (a PING or SETTINGS flood,
 //! CVE-2019-9512/9515/9518) is cut off: its input stops being read and the connection loop
-//! ends it with GOAWAY ENHANCE_YOUR_CALM, then a lingering close (`poll_shutdown`). The h2 crate handles the other abuses itself.
+//! ends it with GOAWAY ENHANCE_YOUR_CALM, then a lingering close (`conn::h2_linger`). The h2
+//! crate handles the other abuses itself.
 //!
 //! The guard sits under the codec and only reads the 9-byte frame headers as they pass.
 
@@ -125,30 +126,10 @@ impl<IO: AsyncRead + Unpin> AsyncRead for FloodGuard<IO> {
     }
 }
 
-impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for FloodGuard<IO> {
-    writes_through!(no_shutdown);
-    /// The codec closes the connection. After a flood the client's unread frames are still
-    /// coming; closing on them would reset the connection, and a reset makes the client's
-    /// kernel drop what it has not read yet, GOAWAY included. So, like nginx's lingering
-    /// close: our side is shut, then input is read and dropped until the client closes (the
-    /// connection loop gives up after its linger time).
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let r = Pin::new(&mut this.io).poll_shutdown(cx);
-        if !this.flood.tripped() || r.is_pending() {
-            return r;
-        }
-        let mut scratch = [0u8; 4096];
-        loop {
-            let mut rb = ReadBuf::new(&mut scratch);
-            match Pin::new(&mut this.io).poll_read(cx, &mut rb) {
-                Poll::Ready(Ok(())) if rb.filled().is_empty() => return Poll::Ready(Ok(())),
-                Poll::Ready(Ok(())) => continue,
-                Poll::Ready(Err(_)) => return Poll::Ready(Ok(())),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-    }
+impl<IO: AsyncWrite + Unpin> AsyncWrite for FloodGuard<IO> {
+    // The close after a cut-off lingers (`conn::h2_linger`, under this guard): the client's
+    // unread frames are still coming, and closing on them would reset the connection.
+    writes_through!();
 }
 
 #[cfg(test)]

@@ -67,8 +67,8 @@ pub struct Wire {
     verdict: Cell<Option<u32>>,
     /// The last stream a GOAWAY sent named: frames on streams above it are dropped.
     gone: Cell<Option<u32>>,
-    /// A GOAWAY's fields have been written out.
-    sent: Cell<bool>,
+    /// The last stream and code of the last GOAWAY written.
+    sent: Cell<Option<(u32, u32)>>,
 }
 
 /// The mend's part on a client's connection (`conn::h2_mend` holds one).
@@ -146,11 +146,6 @@ impl Wire {
     /// [`TRIGGER`]).
     pub fn condemn(&self, code: u32) {
         self.verdict.set(Some(code));
-    }
-
-    /// Whether a GOAWAY has gone out (to the transport).
-    pub fn goaway_sent(&self) -> bool {
-        self.sent.get()
     }
 
     /// The client's frame with header `h` (9 bytes), as nginx would take it.
@@ -306,20 +301,40 @@ pub fn header_list_len<B>(req: &http::Request<B>) -> usize {
 /// The server's side of a client's connection, under the codec: each GOAWAY it writes is
 /// given nginx's code and last stream ([`Wire`]). The frames are followed by their headers;
 /// only a GOAWAY's first eight payload bytes are held back (and written rewritten), all
-/// else passes as it is written.
+/// else passes as it is written. A GOAWAY that says again what the last one said is dropped
+/// (nginx sends one): the codec's second of a graceful pair, or the one it ends a stopping
+/// connection with after its graceful one (`conn::h2`), when it comes whole in one write -
+/// as the codec writes it, from its buffer of whole frames.
 pub struct GoawayWriter<IO> {
     io: IO,
     wire: Rc<Wire>,
     scan: Scan,
-    /// A GOAWAY's rewritten last stream and code, still to be written.
-    out: [u8; 8],
+    /// A GOAWAY's rewritten last stream and code (`out[..8]`), or a whole GOAWAY frame,
+    /// still to be written (from `out_from` to `out_len`).
+    out: [u8; GOAWAY_FRAME],
     out_from: usize,
+    out_len: usize,
     /// Request bodies' windows (`conn::h2_window`): the codec's WINDOW_UPDATE and
     /// RST_STREAM frames are reported, and nginx's WINDOW_UPDATEs written between frames.
     windows: Option<Rc<Windows>>,
     /// WINDOW_UPDATE frames of ours still to be written (from `inject_from`).
     inject: Vec<u8>,
     inject_from: usize,
+}
+
+/// A GOAWAY frame without debug data: its header and eight bytes.
+const GOAWAY_FRAME: usize = 17;
+
+/// Whether `data` opens with a whole GOAWAY frame without debug data.
+fn whole_goaway(data: &[u8]) -> bool {
+    data.len() >= GOAWAY_FRAME && data[3] == GOAWAY && frame_len(data) == 8
+}
+
+/// A GOAWAY's last stream and code fields.
+fn goaway_fields(f: &[u8]) -> (u32, u32) {
+    let last = u32::from_be_bytes([f[0] & 0x7f, f[1], f[2], f[3]]);
+    let code = u32::from_be_bytes([f[4], f[5], f[6], f[7]]);
+    (last, code)
 }
 
 /// Where the outgoing bytes are in their frames.
@@ -348,6 +363,10 @@ impl Scan {
         let mut at = 0;
         while at < data.len() {
             if self.in_goaway {
+                return at;
+            }
+            // A whole GOAWAY frame is the writer's to take as one (`GoawayWriter::whole`).
+            if self.skip == 0 && self.have == 0 && whole_goaway(&data[at..]) {
                 return at;
             }
             if self.skip > 0 {
@@ -415,8 +434,9 @@ impl<IO> GoawayWriter<IO> {
                 word: [0; 4],
                 word_have: 0,
             },
-            out: [0; 8],
-            out_from: 8,
+            out: [0; GOAWAY_FRAME],
+            out_from: 0,
+            out_len: 0,
             windows: None,
             inject: Vec::new(),
             inject_from: 0,
@@ -429,6 +449,27 @@ impl<IO> GoawayWriter<IO> {
         self
     }
 
+    /// Take a whole GOAWAY frame from the start of `data`, rewritten, to be written first -
+    /// or dropped if the last one written said the same. Returns how many bytes it was.
+    fn whole(&mut self, data: &[u8]) -> usize {
+        let (last, code) = goaway_fields(&data[9..GOAWAY_FRAME]);
+        let (last, code) = self.wire.rewrite(last, code);
+        if self.wire.sent.get() != Some((last, code)) {
+            self.out[..9].copy_from_slice(&data[..9]);
+            self.queue(9, last, code);
+        }
+        GOAWAY_FRAME
+    }
+
+    /// `last` and `code` at `out[at..]`, to be written with what is before them.
+    fn queue(&mut self, at: usize, last: u32, code: u32) {
+        self.out[at..at + 4].copy_from_slice(&last.to_be_bytes());
+        self.out[at + 4..at + 8].copy_from_slice(&code.to_be_bytes());
+        self.out_from = 0;
+        self.out_len = at + 8;
+        self.wire.sent.set(Some((last, code)));
+    }
+
     /// Take (some of) a GOAWAY's fields from `data`; once all eight are in, they are
     /// rewritten, to be written first. Returns how many bytes were taken.
     fn take_fields(&mut self, data: &[u8]) -> usize {
@@ -438,31 +479,25 @@ impl<IO> GoawayWriter<IO> {
         s.held += n;
         if s.held == 8 {
             s.in_goaway = false;
-            let f = s.fields;
-            let last = u32::from_be_bytes([f[0] & 0x7f, f[1], f[2], f[3]]);
-            let code = u32::from_be_bytes([f[4], f[5], f[6], f[7]]);
+            let (last, code) = goaway_fields(&s.fields);
             let (last, code) = self.wire.rewrite(last, code);
-            self.out[..4].copy_from_slice(&last.to_be_bytes());
-            self.out[4..].copy_from_slice(&code.to_be_bytes());
-            self.out_from = 0;
+            self.queue(0, last, code);
         }
         n
     }
 }
 
 impl<IO: AsyncWrite + Unpin> GoawayWriter<IO> {
-    /// Write out the rewritten GOAWAY fields, if any are left, then (between frames) the
+    /// Write out the rewritten GOAWAY, if any of it is left, then (between frames) the
     /// WINDOW_UPDATEs `conn::h2_window` wants written.
     fn poll_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.out_from < self.out.len() {
-            while self.out_from < self.out.len() {
-                let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.out[self.out_from..]))?;
-                if n == 0 {
-                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-                }
-                self.out_from += n;
+        while self.out_from < self.out_len {
+            let left = &self.out[self.out_from..self.out_len];
+            let n = ready!(Pin::new(&mut self.io).poll_write(cx, left))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
-            self.wire.sent.set(true);
+            self.out_from += n;
         }
         let Some(w) = &self.windows else {
             return Poll::Ready(Ok(()));
@@ -508,6 +543,9 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for GoawayWriter<IO> {
         let mut probe = this.scan;
         let plain = probe.pass(buf, None);
         if plain == 0 && !buf.is_empty() {
+            if !this.scan.in_goaway {
+                return Poll::Ready(Ok(this.whole(buf)));
+            }
             return Poll::Ready(Ok(this.take_fields(buf)));
         }
         let n = ready!(Pin::new(&mut this.io).poll_write(cx, &buf[..plain]))?;
@@ -631,6 +669,29 @@ mod tests {
                 [&head[..], &g].concat()
             );
         }
+    }
+
+    #[test]
+    fn a_goaway_that_says_it_again_is_dropped() {
+        let bare = |last: u32, code: u32| {
+            frame(
+                GOAWAY,
+                0,
+                0,
+                &[&last.to_be_bytes()[..], &code.to_be_bytes()].concat(),
+            )
+        };
+        let data = frame(0x0, 0x1, 5, &[7u8; 30]);
+        let wire = Rc::new(Wire::default());
+        wire.started(5);
+        // The graceful GOAWAY, the stream's last frame, then the codec's closing one: the
+        // same as the first once rewritten.
+        let frames = [&bare(0x7fff_ffff, 0)[..], &data, &bare(5, 0)].concat();
+        let out = written(wire.clone(), &frames, 1000);
+        assert_eq!(out, [&bare(5, 0)[..], &data].concat());
+        // One that says something else goes out.
+        let out = written(wire, &bare(5, PROTOCOL_ERROR), 1000);
+        assert_eq!(out, bare(5, PROTOCOL_ERROR));
     }
 
     #[test]

@@ -19,7 +19,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How often a connection looks at the worker's drain flag.
+/// How often a connection that sent GOAWAY looks whether its streams are done. (Its close
+/// throws away what the client has not acknowledged yet, and neither h3 nor quinn's
+/// connection tells when a finished stream's data has been: the next look gives them time.)
 const DRAIN_CHECK: Duration = Duration::from_secs(1);
 
 /// A connection's request streams in flight.
@@ -115,9 +117,16 @@ pub async fn serve(w: Rc<Worker>, connecting: quinn::Connecting, group: usize) {
     // GOAWAY has been sent (keepalive_requests reached, or the worker drains).
     let mut closing = false;
     loop {
+        // A graceful stop or reload: GOAWAY as it begins (`drain_started`, or here for a
+        // connection that was not waiting then).
+        if w.draining.get() && !closing {
+            let _ = h3c.shutdown(1).await;
+            closing = true;
+        }
         let next = tokio::select! {
             r = h3c.accept(), if !closing => Some(r),
-            () = tokio::time::sleep(DRAIN_CHECK) => None,
+            () = tokio::time::sleep(DRAIN_CHECK), if closing => None,
+            () = w.drain_started.notified(), if !closing => continue,
             _ = conn.closed() => break,
         };
         match next {
@@ -148,15 +157,9 @@ pub async fn serve(w: Rc<Worker>, connecting: quinn::Connecting, group: usize) {
                 }
                 break;
             }
-            None if closing => {
+            None => {
                 if activity.streams.get() == 0 {
                     break;
-                }
-            }
-            None => {
-                if w.draining.get() {
-                    let _ = h3c.shutdown(1).await;
-                    closing = true;
                 }
             }
         }

@@ -56,6 +56,7 @@ pub mod h1;
 pub mod h2;
 pub mod h2_flood;
 pub mod h2_goaway;
+pub mod h2_linger;
 pub mod h2_mend;
 pub mod h2_priority;
 pub mod h2_resets;

@@ -67,6 +67,9 @@ pub struct Worker {
     pub conn_closed: Notify,
     /// A read and an output buffer that kept connections hand on between requests.
     pub spare: crate::conn::reuse::Spare,
+    /// Woken when the worker starts draining: connections that wait on their clients
+    /// (HTTP/2's and HTTP/3's, between streams) begin their graceful end at once.
+    pub drain_started: Notify,
     /// Where idle keep-alive connections wait without a task (`None` if the worker's
     /// epoll set could not be made: connections then simply stay in their tasks).
     pub parking: Option<ParkingLot>,
@@ -269,6 +272,7 @@ pub fn run(
             draining: Cell::new(false),
             timers: Rc::default(),
             conn_closed: Notify::new(),
+            drain_started: Notify::new(),
             emfile_logged: Cell::new(false),
             reuse_logged: Cell::new(None),
             last_trim: Cell::new(Instant::now()),
@@ -372,6 +376,7 @@ pub fn run(
 /// comes meanwhile.
 async fn drain(w: &Rc<Worker>, cmd: &mut watch::Receiver<Command>) {
     w.draining.set(true);
+    w.drain_started.notify_waiters();
     w.timers.drain(Instant::now() + DRAIN_GRACE);
     w.upstreams.close_idle();
     if let Some(lot) = &w.parking {
