@@ -29,6 +29,10 @@ mod upstream;
 use std::io::Write;
 use std::process::ExitCode;
 
+/// glibc's malloc, with tokio's 128-byte-aligned tasks carved by hand (`runtime::malloc`).
+#[global_allocator]
+static ALLOC: runtime::malloc::Malloc = runtime::malloc::Malloc;
+
 fn main() -> ExitCode {
     let m = cli::command().get_matches();
     if m.get_flag("man") {

@@ -139,7 +139,9 @@ struct Opened {
 /// (nothing has been sent to it). `whole`: the request's body at hand (maybe empty), sent
 /// here, and the answer's head read here too, so that a failure or a status listed in
 /// `grpc_next_upstream` moves the request on to the next server; `None`: the body streams
-/// from the client after this, and the head is the caller's to read.
+/// from the client after this, and the head is the caller's to read. As nginx
+/// (`preserve_output`), the head is read while the body goes up: a server may answer
+/// before it opened its window for all of the body, whose rest (returned) goes on after.
 #[allow(clippy::type_complexity)]
 async fn open(
     w: &Worker,
@@ -150,6 +152,7 @@ async fn open(
         Opened,
         SendStream<Bytes>,
         Option<(http::response::Parts, RecvStream)>,
+        Bytes,
     ),
     Flow,
 > {
@@ -260,13 +263,23 @@ async fn open(
                     server,
                 };
                 let Some(data) = &whole else {
-                    return Ok((o, body, None));
+                    return Ok((o, body, None, Bytes::new()));
                 };
-                if !data.is_empty() {
+                let mut rest = data.clone();
+                let r = {
                     // A failure to send shows in the answer (or its absence).
-                    let _ = send_up(&mut body, data.clone(), true, gwc.send_timeout()).await;
-                }
-                let r = answer_head(req, &mut o).await;
+                    let send = send_up(&mut body, &mut rest, true, gwc.send_timeout());
+                    let mut send = std::pin::pin!(send);
+                    let mut sending = !data.is_empty();
+                    let mut head = std::pin::pin!(answer_head(req, &mut o));
+                    std::future::poll_fn(|cx| {
+                        if sending && send.as_mut().poll(cx).is_ready() {
+                            sending = false;
+                        }
+                        head.as_mut().poll(cx)
+                    })
+                    .await
+                };
                 now = Instant::now();
                 match r {
                     Ok((parts, recv)) => {
@@ -276,7 +289,7 @@ async fn open(
                             None => spare.len() > 0,
                         } && within(attempts, start, now);
                         if !more || !gw::retry_status(status, gwc, req) {
-                            return Ok((o, body, Some((parts, recv))));
+                            return Ok((o, body, Some((parts, recv)), rest));
                         }
                         // nginx counts these against the server, except 403 and 404.
                         if let Some((up, i, _)) = &o.server {
@@ -359,7 +372,7 @@ pub async fn serve_h2(
         let open = std::pin::pin!(open(w, req, whole));
         race_reset(respond, open).await
     };
-    let (mut o, mut body, head0) = match opened {
+    let (mut o, mut body, head0, rest) = match opened {
         Some(Ok(o)) => o,
         Some(Err(flow)) => return Served::Flow(flow),
         None => return client_gone(w, req),
@@ -369,15 +382,15 @@ pub async fn serve_h2(
         (core.client_max_body_size(), core.client_body_timeout())
     };
     let send_timeout = req.conf.grpc.gw.send_timeout();
+    let mut pumped = end && rest.is_empty();
     let mut pump = std::pin::pin!(pump_body(
         recv,
         &mut body,
         limit,
         body_timeout,
         send_timeout,
-        end
+        (end, rest)
     ));
-    let mut pumped = end;
     // As nginx, an upstream reset with an error, even after the answer's end, fails the
     // answer (its trailers are not passed on): seen by the pump, judged by the relay.
     let rejected = std::cell::Cell::new(None);
@@ -520,9 +533,13 @@ async fn pump_body(
     limit: u64,
     body_timeout: Duration,
     send_timeout: Duration,
-    ended: bool,
+    (ended, mut rest): (bool, Bytes),
 ) -> Result<(), Pumped> {
     if ended {
+        // The rest of a body read whole that the server answered before it took.
+        if !rest.is_empty() {
+            send_up(send, &mut rest, true, send_timeout).await?;
+        }
         return Ok(());
     }
     let mut total = 0u64;
@@ -565,23 +582,26 @@ async fn pump_body(
         if chunk.is_empty() && !last {
             continue;
         }
-        send_up(send, chunk, last, send_timeout).await?;
+        let mut chunk = chunk;
+        send_up(send, &mut chunk, last, send_timeout).await?;
         if last {
             return Ok(());
         }
     }
 }
 
-/// `data` upstream as its window opens, within `grpc_send_timeout` per wait; `end`: its
-/// last frame ends the stream.
+/// `data` upstream as its window opens, within `grpc_send_timeout` per wait (what was sent
+/// taken off it); `end`: its last frame ends the stream.
 async fn send_up(
     send: &mut SendStream<Bytes>,
-    mut data: Bytes,
+    data: &mut Bytes,
     end: bool,
     timeout: Duration,
 ) -> Result<(), Pumped> {
     if data.is_empty() && end {
-        return send.send_data(data, true).map_err(|_| Pumped::Upstream);
+        return send
+            .send_data(Bytes::new(), true)
+            .map_err(|_| Pumped::Upstream);
     }
     while !data.is_empty() {
         send.reserve_capacity(data.len());
@@ -691,7 +711,7 @@ pub async fn run_whole(w: &Worker, req: &Request) -> Flow {
         Some(None) => return Flow::Status(500),
         None => Bytes::new(),
     };
-    let (o, _send, head) = match open(w, req, Some(body)).await {
+    let (o, mut send, head, mut rest) = match open(w, req, Some(body)).await {
         Ok(o) => o,
         Err(flow) => return flow,
     };
@@ -699,9 +719,26 @@ pub async fn run_whole(w: &Worker, req: &Request) -> Flow {
         return Flow::Status(502);
     };
     let timeout = req.conf.grpc.gw.read_timeout();
+    // The body's rest, if the server answered before it took all, goes on meanwhile.
+    let send_timeout = req.conf.grpc.gw.send_timeout();
+    let mut sending = !rest.is_empty();
+    let mut pump = std::pin::pin!(send_up(&mut send, &mut rest, true, send_timeout));
     let mut data = BytesMut::new();
     loop {
-        match tokio::time::timeout(timeout, up.data()).await {
+        let next = std::future::poll_fn(|cx| {
+            if sending && pump.as_mut().poll(cx).is_ready() {
+                sending = false;
+            }
+            Poll::Pending::<()>
+        });
+        let read = async {
+            tokio::select! {
+                biased;
+                r = up.data() => r,
+                () = next => None,
+            }
+        };
+        match tokio::time::timeout(timeout, read).await {
             Ok(Some(Ok(b))) => {
                 let _ = up.flow_control().release_capacity(b.len());
                 data.extend_from_slice(&b);

@@ -22,7 +22,8 @@
 //!   malformed; the rest, when it comes, is decoded (the HPACK table stays in step) and
 //!   ignored on the reset stream.
 
-use super::h2_mend::frame_len;
+use super::h2_mend::{frame_len, frame_sid};
+use super::h2_window::Windows;
 use std::cell::Cell;
 use std::future::Future;
 use std::io;
@@ -313,6 +314,12 @@ pub struct GoawayWriter<IO> {
     /// A GOAWAY's rewritten last stream and code, still to be written.
     out: [u8; 8],
     out_from: usize,
+    /// Request bodies' windows (`conn::h2_window`): the codec's WINDOW_UPDATE and
+    /// RST_STREAM frames are reported, and nginx's WINDOW_UPDATEs written between frames.
+    windows: Option<Rc<Windows>>,
+    /// WINDOW_UPDATE frames of ours still to be written (from `inject_from`).
+    inject: Vec<u8>,
+    inject_from: usize,
 }
 
 /// Where the outgoing bytes are in their frames.
@@ -326,12 +333,18 @@ struct Scan {
     fields: [u8; 8],
     held: usize,
     in_goaway: bool,
+    /// A stream's WINDOW_UPDATE or RST_STREAM (its type), whose four payload bytes are
+    /// gathered as they pass (`word`, `word_have` of them) for `conn::h2_window`.
+    word_of: u8,
+    word: [u8; 4],
+    word_have: usize,
 }
 
 impl Scan {
     /// How many of `data`'s first bytes pass unchanged (up to a GOAWAY's fields), the
-    /// scan moved past them.
-    fn pass(&mut self, data: &[u8]) -> usize {
+    /// scan moved past them; with `seen`, the bytes were written, and a stream's
+    /// WINDOW_UPDATE or RST_STREAM is told to it.
+    fn pass(&mut self, data: &[u8], seen: Option<&Windows>) -> usize {
         let mut at = 0;
         while at < data.len() {
             if self.in_goaway {
@@ -339,6 +352,24 @@ impl Scan {
             }
             if self.skip > 0 {
                 let n = self.skip.min(data.len() - at);
+                if self.word_of != 0 {
+                    let k = n.min(4 - self.word_have);
+                    self.word[self.word_have..self.word_have + k]
+                        .copy_from_slice(&data[at..at + k]);
+                    self.word_have += k;
+                    if self.word_have == 4 {
+                        if let Some(w) = seen {
+                            let sid = frame_sid(&self.head);
+                            match self.word_of {
+                                WINDOW_UPDATE => {
+                                    w.codec_update(sid, u32::from_be_bytes(self.word) & 0x7fff_ffff)
+                                }
+                                _ => w.forget(sid),
+                            }
+                        }
+                        self.word_of = 0;
+                    }
+                }
                 self.skip -= n;
                 at += n;
                 continue;
@@ -356,6 +387,11 @@ impl Scan {
                     self.skip = len - 8;
                 } else {
                     self.skip = len;
+                    let stream = frame_sid(&self.head) != 0;
+                    if matches!(self.head[3], WINDOW_UPDATE | RST_STREAM) && len == 4 && stream {
+                        self.word_of = self.head[3];
+                        self.word_have = 0;
+                    }
                 }
             }
         }
@@ -375,10 +411,22 @@ impl<IO> GoawayWriter<IO> {
                 fields: [0; 8],
                 held: 0,
                 in_goaway: false,
+                word_of: 0,
+                word: [0; 4],
+                word_have: 0,
             },
             out: [0; 8],
             out_from: 8,
+            windows: None,
+            inject: Vec::new(),
+            inject_from: 0,
         }
+    }
+
+    /// Request bodies' windows are kept as nginx's (`conn::h2_window`).
+    pub fn with_windows(mut self, windows: Rc<Windows>) -> GoawayWriter<IO> {
+        self.windows = Some(windows);
+        self
     }
 
     /// Take (some of) a GOAWAY's fields from `data`; once all eight are in, they are
@@ -403,19 +451,38 @@ impl<IO> GoawayWriter<IO> {
 }
 
 impl<IO: AsyncWrite + Unpin> GoawayWriter<IO> {
-    /// Write out the rewritten GOAWAY fields, if any are left.
+    /// Write out the rewritten GOAWAY fields, if any are left, then (between frames) the
+    /// WINDOW_UPDATEs `conn::h2_window` wants written.
     fn poll_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.out_from == self.out.len() {
-            return Poll::Ready(Ok(()));
+        if self.out_from < self.out.len() {
+            while self.out_from < self.out.len() {
+                let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.out[self.out_from..]))?;
+                if n == 0 {
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+                self.out_from += n;
+            }
+            self.wire.sent.set(true);
         }
-        while self.out_from < self.out.len() {
-            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.out[self.out_from..]))?;
+        let Some(w) = &self.windows else {
+            return Poll::Ready(Ok(()));
+        };
+        // Woken when there is one to write (the codec flushes on each of its turns).
+        w.wait_writer(cx.waker());
+        let s = &self.scan;
+        if self.inject_from == self.inject.len() && s.skip == 0 && s.have == 0 && !s.in_goaway {
+            self.inject.clear();
+            self.inject_from = 0;
+            w.updates(&mut self.inject);
+        }
+        while self.inject_from < self.inject.len() {
+            let rest = &self.inject[self.inject_from..];
+            let n = ready!(Pin::new(&mut self.io).poll_write(cx, rest))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
-            self.out_from += n;
+            self.inject_from += n;
         }
-        self.wire.sent.set(true);
         Poll::Ready(Ok(()))
     }
 }
@@ -439,12 +506,12 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for GoawayWriter<IO> {
         let this = &mut *self;
         ready!(this.poll_out(cx))?;
         let mut probe = this.scan;
-        let plain = probe.pass(buf);
+        let plain = probe.pass(buf, None);
         if plain == 0 && !buf.is_empty() {
             return Poll::Ready(Ok(this.take_fields(buf)));
         }
         let n = ready!(Pin::new(&mut this.io).poll_write(cx, &buf[..plain]))?;
-        this.scan.pass(&buf[..n]);
+        this.scan.pass(&buf[..n], this.windows.as_deref());
         Poll::Ready(Ok(n))
     }
 
@@ -457,7 +524,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for GoawayWriter<IO> {
         ready!(this.poll_out(cx))?;
         // All of it passes unchanged (the usual case): written as it is.
         let mut probe = this.scan;
-        let whole = bufs.iter().all(|b| probe.pass(b) == b.len());
+        let whole = bufs.iter().all(|b| probe.pass(b, None) == b.len());
         if !whole {
             let first = bufs
                 .iter()
@@ -472,7 +539,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for GoawayWriter<IO> {
                 break;
             }
             let k = n.min(b.len());
-            this.scan.pass(&b[..k]);
+            this.scan.pass(&b[..k], this.windows.as_deref());
             n -= k;
         }
         Poll::Ready(Ok(written))

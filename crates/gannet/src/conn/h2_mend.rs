@@ -33,6 +33,7 @@
 use super::h2_goaway::{self, Guard, Screen};
 use super::h2_priority::{Priorities, CONNECTION_ERROR};
 use super::h2_table::{string, Late, Shadow};
+use super::h2_window::{Allow, Windows};
 use bytes::{BufMut, BytesMut};
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -42,6 +43,7 @@ use std::rc::Rc;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+const DATA: u8 = 0x0;
 const HEADERS: u8 = 0x1;
 const CONTINUATION: u8 = 0x9;
 const END_HEADERS: u8 = 0x4;
@@ -165,6 +167,19 @@ pub struct HpackMend<IO> {
     acked: bool,
     /// On a client's connection: the shadow of its HPACK dynamic table (`conn::h2_table`).
     table: Option<Box<Shadow>>,
+    /// On a client's connection: request bodies' windows as nginx keeps them
+    /// (`conn::h2_window`).
+    windows: Option<Rc<Windows>>,
+    /// A DATA frame past its stream's window, being given on in pieces within it.
+    carve: Option<Carve>,
+}
+
+/// What is left of a DATA frame being cut (its header already taken).
+struct Carve {
+    sid: u32,
+    left: usize,
+    /// Its END_STREAM flag, for the last piece.
+    end: u8,
 }
 
 impl<IO> HpackMend<IO> {
@@ -182,6 +197,77 @@ impl<IO> HpackMend<IO> {
             prio: None,
             acked: false,
             table: None,
+            windows: None,
+            carve: None,
+        }
+    }
+
+    /// On a client's connection: DATA is given to the codec within each body's window as
+    /// nginx keeps it (`conn::h2_window`).
+    pub fn with_windows(mut self, windows: Rc<Windows>) -> HpackMend<IO> {
+        self.windows = Some(windows);
+        self
+    }
+
+    /// Whether a DATA frame with header `h` goes to the codec whole (counted in its
+    /// stream's window), rather than cut by `carve`. A padded frame always goes whole (the
+    /// codec judges it).
+    fn data_whole(&self, h: &[u8]) -> bool {
+        let Some(w) = &self.windows else {
+            return true;
+        };
+        if h[3] != DATA {
+            return true;
+        }
+        let end = h[4] & END_STREAM != 0;
+        if h[4] & PADDED != 0 {
+            w.given(frame_sid(h), frame_len(h), end);
+            return true;
+        }
+        w.take_whole(frame_sid(h), frame_len(h), end)
+    }
+
+    /// Give on the frame being cut, piece by piece, as far as its stream's window lets
+    /// it: each piece's header goes to `ready` with what `held` has of its payload, the
+    /// rest of the payload passed through (`skip`). Returns false when the window is shut
+    /// (the reader then waits for it).
+    fn carve(&mut self) -> bool {
+        while self.skip == 0 {
+            let Some(c) = &mut self.carve else {
+                return true;
+            };
+            if c.left == 0 {
+                self.carve = None;
+                return true;
+            }
+            let allow = self.windows.as_ref().map_or(Allow::All, |w| w.allow(c.sid));
+            let k = match allow {
+                Allow::Wait => return false,
+                Allow::Upto(n) => n.min(c.left).min(MAX_FRAME),
+                Allow::All => c.left.min(MAX_FRAME),
+            };
+            c.left -= k;
+            let flags = if c.left == 0 { c.end } else { 0 };
+            if let Some(w) = &self.windows {
+                w.given(c.sid, k, flags & END_STREAM != 0);
+            }
+            self.ready.put_uint(k as u64, 3);
+            self.ready.put_u8(DATA);
+            self.ready.put_u8(flags);
+            self.ready.put_u32(c.sid);
+            let have = k.min(self.held.len());
+            let piece = self.held.split_to(have);
+            self.ready.extend_from_slice(&piece);
+            self.skip = k - have;
+        }
+        true
+    }
+
+    /// A frame is being cut and its window is shut: nothing more is read until it opens.
+    fn carve_stalled(&self) -> bool {
+        match (&self.carve, &self.windows) {
+            (Some(c), Some(w)) => self.skip == 0 && c.left > 0 && w.allow(c.sid) == Allow::Wait,
+            _ => false,
         }
     }
 
@@ -279,13 +365,13 @@ impl<IO> HpackMend<IO> {
             if at == data.len() {
                 return None;
             }
-            if self.guard.as_ref().is_some_and(|g| g.drop > 0) {
+            if self.guard.as_ref().is_some_and(|g| g.drop > 0) || self.carve.is_some() {
                 return Some(at);
             }
             let Some(h) = data.get(at..at + 9) else {
                 return Some(at);
             };
-            if self.held_back(h) {
+            if self.held_back(h) || !self.data_whole(h) {
                 return Some(at);
             }
             self.acked |= is_settings_ack(h);
@@ -309,6 +395,9 @@ impl<IO> HpackMend<IO> {
                 if g.drop > 0 {
                     return;
                 }
+            }
+            if self.carve.is_some() && (!self.carve() || self.skip > 0) {
+                return;
             }
             if self.held.len() < 9 {
                 return;
@@ -340,6 +429,17 @@ impl<IO> HpackMend<IO> {
                         continue;
                     }
                     _ => {}
+                }
+                if !self.data_whole(&self.held[..9]) {
+                    // Past its stream's window: given on in pieces (`conn::h2_window`).
+                    let h = self.held.split_to(9);
+                    let (sid, end) = (frame_sid(&h), h[4] & END_STREAM);
+                    self.carve = Some(Carve {
+                        sid,
+                        left: len,
+                        end,
+                    });
+                    continue;
                 }
                 let take = (9 + len).min(self.held.len());
                 self.skip = 9 + len - take;
@@ -411,6 +511,9 @@ impl<IO> HpackMend<IO> {
             }
             if request {
                 self.last_sid = sid;
+                if let (0, Some(w)) = (block[4] & END_STREAM, &self.windows) {
+                    w.body_expected(sid);
+                }
                 if let Some(r) = &self.refused {
                     r.note_len(sid, block_len(&block));
                     if !self.acked && block[4] & END_STREAM == 0 && r.early_bodies_refused.get() {
@@ -440,6 +543,11 @@ impl<IO> HpackMend<IO> {
 /// A frame header of a SETTINGS frame with ACK.
 fn is_settings_ack(h: &[u8]) -> bool {
     h[3] == SETTINGS && h[4] & ACK != 0
+}
+
+/// The stream a frame header `h` (9 bytes) names.
+pub(super) fn frame_sid(h: &[u8]) -> u32 {
+    u32::from_be_bytes([h[5] & 0x7f, h[6], h[7], h[8]])
 }
 
 /// The payload length a frame header `h` (9 bytes) announces; shared by every reader over
@@ -1142,6 +1250,21 @@ impl<IO: AsyncRead + Unpin> AsyncRead for HpackMend<IO> {
                 // The codec was given a connection error: the end.
                 return Poll::Ready(Ok(()));
             }
+            if this.carve.is_some() && this.skip == 0 {
+                // A frame being cut goes on as far as its window lets it (and what follows
+                // it, if it is done); nothing more is read until the window opens
+                // (`conn::h2_window`).
+                this.settle();
+                if !this.ready.is_empty() {
+                    continue;
+                }
+                if this.carve_stalled() {
+                    if let Some(w) = &this.windows {
+                        w.wait_reader(cx.waker());
+                    }
+                    return Poll::Pending;
+                }
+            }
             let before = buf.filled().len();
             match Pin::new(&mut this.io).poll_read(cx, buf) {
                 Poll::Ready(Ok(())) => {}
@@ -1157,7 +1280,11 @@ impl<IO: AsyncRead + Unpin> AsyncRead for HpackMend<IO> {
             }
             let got = buf.filled().len() - before;
             if got == 0 {
-                // The end: whatever is held goes on for the codec to judge.
+                // The end: whatever is held goes on for the codec to judge (but the rest
+                // of a frame being cut, which has no header of its own).
+                if this.carve.take().is_some() {
+                    this.held.clear();
+                }
                 if this.held.is_empty() {
                     return Poll::Ready(Ok(()));
                 }

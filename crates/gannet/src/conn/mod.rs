@@ -62,6 +62,7 @@ pub mod h2_resets;
 pub mod h2_response;
 pub mod h2_table;
 pub mod h2_upstream;
+pub mod h2_window;
 pub mod h3;
 pub mod h3_stream;
 pub mod health;
