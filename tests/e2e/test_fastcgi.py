@@ -17,6 +17,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -696,6 +697,62 @@ def test_kept_connection_reused_after_a_streamed_answer(gannet, backend):
     for _ in range(3):
         status, _, body = srv.get("/x.php")
         assert status == 200 and body == b"y" * 65000 * 20
+    assert len(b.conns) == 1
+
+
+def padded(kind: int, content: bytes, pad: int) -> bytes:
+    """A FastCGI record with `pad` bytes of padding (PHP-FPM pads its records to 8 bytes)."""
+    return struct.pack(">BBHHBB", 1, kind, 1, len(content), pad, 0) + content + b"\0" * pad
+
+
+def test_records_cut_anywhere_by_the_reads(gannet, backend):
+    """PHP-FPM's long answer (a short record with the head, a long one with the body, a
+    padded tail) arriving cut at every awkward place: inside a record's header, its
+    content, its padding, and with the application pausing mid-record (what came goes to
+    the client meanwhile). The body arrives whole and in order, and the kept connection
+    carries the next request."""
+    head = b"Content-Type: text/plain\r\n\r\n"
+    body = bytes(i % 251 for i in range(40001))
+    tail = padded(6, body[40000:], 7) + record(6, b"") + end_request()
+    long = padded(6, body[:40000], 0)
+    resumed = threading.Event()
+
+    def cut(conn):
+        # Byte-exact pieces with a pause between each, so each read gets one.
+        pieces = [padded(6, head, 3)[:5], padded(6, head, 3)[5:20],
+                  padded(6, head, 3)[20:] + long[:3], long[3:12000], long[12000:30000]]
+        for p in pieces:
+            conn.sendall(p)
+            time.sleep(0.05)
+        # Mid-record: the client gets what came before the rest is sent.
+        resumed.wait(30)
+        conn.sendall(long[30000:])
+        time.sleep(0.05)
+        conn.sendall(tail[:len(tail) - 30])
+        time.sleep(0.05)
+        conn.sendall(tail[len(tail) - 30:])
+        return "again"
+
+    b = backend(cut)
+    srv = group_server(gannet, f"""upstream php {{
+        server 127.0.0.1:{b.port};
+        keepalive 2;
+    }}""", "fastcgi_keep_conn on;", files={"x.php": "unused"})
+    # The client would time out waiting if what came of the record were held.
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+        f = s.makefile("rb")
+        for _ in range(2):
+            resumed.clear()
+            s.sendall(b"GET /x.php HTTP/1.1\r\nHost: t\r\n\r\n")
+            assert b"chunked" in read_head(f)
+            got = b""
+            while len(got) < 30000 - 8:
+                n = int(f.readline().strip(), 16)
+                got += f.read(n)
+                assert f.read(2) == b"\r\n"
+            resumed.set()
+            got += read_chunked(f)
+            assert got == body
     assert len(b.conns) == 1
 
 

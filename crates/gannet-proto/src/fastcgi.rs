@@ -28,7 +28,7 @@ const FLAG_KEEP_CONN: u8 = 1;
 pub const REQUEST_ID: u16 = 1;
 /// The most content one record carries.
 pub const MAX_CONTENT: usize = 65535;
-const HEADER_LEN: usize = 8;
+pub const HEADER_LEN: usize = 8;
 
 fn header(out: &mut Vec<u8>, kind: u8, len: usize) {
     out.extend_from_slice(&header_bytes(kind, len));
@@ -269,6 +269,16 @@ pub fn peek(buf: &[u8]) -> Result<Option<(RecordRef<'_>, usize)>, DecodeError> {
         other => return Err(DecodeError::Type(other)),
     };
     Ok(Some((record, used)))
+}
+
+/// The header at the front of `buf` when it starts a STDOUT record of this request with
+/// content, whether or not the rest has come: its content length and padding. For a caller
+/// that reads the rest of a long record straight into the buffer its content goes to.
+pub fn stdout_header(buf: &[u8]) -> Option<(usize, usize)> {
+    let h = buf.get(..HEADER_LEN)?;
+    let len = usize::from(u16::from_be_bytes([h[4], h[5]]));
+    let ours = h[0] == VERSION && h[1] == STDOUT && u16::from_be_bytes([h[2], h[3]]) == REQUEST_ID;
+    (ours && len > 0).then_some((len, usize::from(h[6])))
 }
 
 /// Take the next whole record off `buf`; `Ok(None)` means more bytes are needed. Records

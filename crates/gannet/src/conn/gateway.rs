@@ -86,6 +86,12 @@ use tokio::io::AsyncWriteExt;
 /// The most one read from an application takes.
 const READ_MAX: usize = 16 * 1024;
 
+/// FastCGI: the room read past a STDOUT record's content when the rest of it is read
+/// straight into the body's buffer: its padding (up to 7 bytes), and what PHP-FPM sends
+/// after its last one (a short record of at most 7 bytes and its padding, an empty STDOUT,
+/// END_REQUEST) - 53 bytes at most - so the end of the answer usually comes in that read.
+const RECORD_SLACK: usize = 64;
+
 pub(super) const CONNECTING: &str = "connecting to upstream";
 const HANDSHAKING: &str = "SSL handshaking to upstream";
 pub(super) const SENDING: &str = "sending request to upstream";
@@ -248,6 +254,10 @@ pub(super) struct Link {
     stdout: BytesMut,
     /// FastCGI: END_REQUEST came last in a read, nothing after it.
     ended: bool,
+    /// FastCGI: the content of the STDOUT record under way still to come (read straight
+    /// into `stdout`, see [`Link::poll_record`]), and its padding still to skip.
+    rec_left: usize,
+    pad_left: usize,
     /// The request's body was cut short (the answer came first): the connection is not
     /// kept, as nginx keeps none whose request body was not all sent.
     cut: bool,
@@ -274,6 +284,8 @@ impl Link {
             trailer: 0,
             stdout: BytesMut::new(),
             ended: false,
+            rec_left: 0,
+            pad_left: 0,
             cut: false,
         }
     }
@@ -283,8 +295,12 @@ impl Link {
         &mut self,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<usize>> {
-        if self.proto != Proto::FastCgi || !self.input.is_empty() {
+        if self.proto != Proto::FastCgi {
             return poll_read_into(&mut self.conn, (&mut self.input, self.read_max), cx);
+        }
+        if self.rec_left > 0 {
+            // (Never with anything in `input`: see `demux`.)
+            return self.poll_record(cx);
         }
         let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); READ_MAX];
         let n = self.read_max.clamp(1, READ_MAX);
@@ -294,30 +310,56 @@ impl Link {
             cx,
             &mut rb
         ))?;
-        self.demux(rb.filled());
+        if self.input.is_empty() {
+            self.demux(rb.filled());
+        } else {
+            // What is left of an earlier read (a cut header, STDERR) goes first: demultiplexed
+            // again with this read after it.
+            let mut pending = std::mem::take(&mut self.input);
+            pending.extend_from_slice(rb.filled());
+            self.demux(&pending);
+        }
         std::task::Poll::Ready(Ok(rb.filled().len()))
     }
 
-    /// FastCGI, with no partial record pending: the whole STDOUT records of what was just
-    /// read go into `stdout` as they are copied out of the read's buffer, and the rest (a
-    /// record cut by the read's end, STDERR, or anything after END_REQUEST) into `input`,
-    /// decoded from there in order after them. Hand-written for the usual answer, a few
-    /// records in one read: their content is copied once, into a buffer of its size that
+    /// FastCGI, with no STDOUT record under way: the whole STDOUT records of what was just
+    /// read go into `stdout` as they are copied out of the read's buffer, and so does the
+    /// part that came of a STDOUT record the read cut (the rest of it is read straight into
+    /// `stdout`, [`Link::poll_record`]); anything else (a header cut by the read's end,
+    /// STDERR, or anything after END_REQUEST) goes into `input`, decoded from there in order
+    /// after them. Hand-written for the usual answer, a few records in one read or a long
+    /// one over several: their content is copied once, into a buffer of its size that
     /// becomes the answer's body as it is. (Through `input`, each record was copied there,
     /// split off it - an allocation for the buffer's shared count - and copied again into
     /// the body, since the rest of `input` still shared the buffer.)
     fn demux(&mut self, mut got: &[u8]) {
-        // Room for exactly the STDOUT that came: a buffer whose length is its capacity
-        // becomes a `Bytes` and back (the body) without an allocation of its own.
+        // The padding of the record whose content ended the last read.
+        let skip = self.pad_left.min(got.len());
+        self.pad_left -= skip;
+        got = &got[skip..];
+        // Room for exactly the STDOUT that came or is under way: a buffer whose length is
+        // its capacity becomes a `Bytes` and back (the body) without an allocation of its
+        // own.
         let mut room = 0;
         let mut rest = got;
-        while let Ok(Some((r, used))) = fastcgi::peek(rest) {
-            match r {
-                fastcgi::RecordRef::Stdout(c) => room += c.len(),
-                fastcgi::RecordRef::Skip => {}
-                _ => break,
+        loop {
+            match fastcgi::peek(rest) {
+                Ok(Some((r, used))) => {
+                    match r {
+                        fastcgi::RecordRef::Stdout(c) => room += c.len(),
+                        fastcgi::RecordRef::Skip => {}
+                        _ => break,
+                    }
+                    rest = &rest[used..];
+                }
+                Ok(None) => {
+                    if let Some((len, _)) = fastcgi::stdout_header(rest) {
+                        room += len + RECORD_SLACK;
+                    }
+                    break;
+                }
+                Err(_) => break,
             }
-            rest = &rest[used..];
         }
         self.stdout.reserve(room);
         loop {
@@ -331,12 +373,82 @@ impl Link {
                     self.ended = true;
                     got = &[];
                 }
+                Ok(None) => {
+                    if let Some((len, pad)) = fastcgi::stdout_header(got) {
+                        // A STDOUT record cut by the read's end: its part that came, and
+                        // what is left of it and of its padding.
+                        let came = &got[fastcgi::HEADER_LEN..];
+                        let content = came.len().min(len);
+                        self.stdout.extend_from_slice(&came[..content]);
+                        self.rec_left = len - content;
+                        self.pad_left = pad - (came.len() - content);
+                        got = &[];
+                    }
+                    break;
+                }
                 _ => break,
             }
         }
         if !got.is_empty() {
             self.input.extend_from_slice(got);
         }
+    }
+
+    /// FastCGI, in the middle of a STDOUT record: read the rest of its content straight
+    /// into `stdout`, where its start is (no copy but the kernel's), with a little room
+    /// past it for the records that usually follow (its padding, END_REQUEST), which are
+    /// taken out again and demultiplexed.
+    fn poll_record(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let want = (self.rec_left + RECORD_SLACK).min(self.read_max.max(1));
+        // A buffered answer's record is read whole into one buffer: room for all of it at
+        // once, not grown (and copied) read by read.
+        let room = if self.read_max >= READ_MAX {
+            self.rec_left + RECORD_SLACK
+        } else {
+            want
+        };
+        self.stdout.reserve(room);
+        let len = self.stdout.len();
+        let mut rb = tokio::io::ReadBuf::uninit(&mut self.stdout.spare_capacity_mut()[..want]);
+        std::task::ready!(tokio::io::AsyncRead::poll_read(
+            std::pin::Pin::new(&mut self.conn),
+            cx,
+            &mut rb
+        ))?;
+        let n = rb.filled().len();
+        // SAFETY: the read initialised the first `n` bytes of the spare capacity (`filled`),
+        // which are the `n` bytes after the current length.
+        unsafe { self.stdout.set_len(len + n) };
+        if n > self.rec_left {
+            // The record's end and what followed it (at most RECORD_SLACK bytes).
+            let mut tail = [0u8; RECORD_SLACK];
+            let extra = n - self.rec_left;
+            let at = self.stdout.len() - extra;
+            tail[..extra].copy_from_slice(&self.stdout[at..]);
+            self.stdout.truncate(at);
+            self.rec_left = 0;
+            self.demux(&tail[..extra]);
+        } else {
+            self.rec_left -= n;
+        }
+        std::task::Poll::Ready(Ok(n))
+    }
+
+    /// FastCGI: part of a STDOUT record has come and the rest is being read (buffered
+    /// answers: an unbuffered one hands on each read as it comes).
+    fn holding(&self) -> bool {
+        self.rec_left > 0 && !self.stdout.is_empty() && self.read_max >= READ_MAX
+    }
+
+    /// What of a held record has come, once the application pauses in its middle.
+    fn release_held(&mut self) -> Result<Option<Event>, Failure> {
+        let rec_left = std::mem::take(&mut self.rec_left);
+        let ev = self.buffered();
+        self.rec_left = rec_left;
+        ev
     }
 
     /// The next piece of the answer, reading when none is buffered.
@@ -346,6 +458,19 @@ impl Link {
                 return Ok(ev);
             }
             let phase = if in_body { READING } else { READING_HEAD };
+            if self.holding() {
+                // A record held: read on while the rest has come, else hand on what came.
+                match self.read_now().await {
+                    Some(Ok(0)) => return self.closed(in_body),
+                    Some(Ok(_)) => continue,
+                    Some(Err(e)) => return Err(Failure::Io(e, phase)),
+                    None => {
+                        if let Some(ev) = self.release_held()? {
+                            return Ok(ev);
+                        }
+                    }
+                }
+            }
             let timers = self.timers.clone();
             let read = read_more(
                 &timers,
@@ -371,19 +496,30 @@ impl Link {
                 Err(f) => return Some(Err(f)),
                 Ok(None) => {}
             }
-            let polled = std::future::poll_fn(|cx| {
-                std::task::Poll::Ready(match self.poll_read(cx) {
-                    std::task::Poll::Ready(r) => Some(r),
-                    std::task::Poll::Pending => None,
-                })
-            })
-            .await?;
-            match polled {
-                Err(e) => return Some(Err(Failure::Io(e, READING))),
-                Ok(0) => return Some(self.closed(true)),
-                Ok(_) => self.got_any = true,
+            match self.read_now().await {
+                None if self.holding() => return self.release_held().transpose(),
+                None => return None,
+                Some(Err(e)) => return Some(Err(Failure::Io(e, READING))),
+                Some(Ok(0)) => return Some(self.closed(true)),
+                Some(Ok(_)) => {}
             }
         }
+    }
+
+    /// One read if the application has sent something, without waiting (`None`: nothing
+    /// came yet; the socket's readiness is watched by the task from now on).
+    async fn read_now(&mut self) -> Option<std::io::Result<usize>> {
+        let r = std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(match self.poll_read(cx) {
+                std::task::Poll::Ready(r) => Some(r),
+                std::task::Poll::Pending => None,
+            })
+        })
+        .await;
+        if matches!(r, Some(Ok(n)) if n > 0) {
+            self.got_any = true;
+        }
+        r
     }
 
     /// The next piece that the bytes already read make, if they make one.
@@ -392,8 +528,12 @@ impl Link {
             return Ok(self.memcached_piece());
         }
         if self.proto == Proto::FastCgi {
-            // What `demux` took out goes first; it came before anything in `input`.
-            let record = if !self.stdout.is_empty() {
+            // What `demux` took out goes first; it came before anything in `input`. A record
+            // under way is held until its end (one piece, not one per read) while the rest
+            // comes at once (see `next`).
+            let record = if self.holding() {
+                None
+            } else if !self.stdout.is_empty() {
                 Some(Record::Stdout(std::mem::take(&mut self.stdout).freeze()))
             } else if self.ended && self.input.is_empty() {
                 self.ended = false;
@@ -585,7 +725,7 @@ impl Link {
         }
         let complete = self.complete();
         match self.proto {
-            Proto::FastCgi => self.input.is_empty(),
+            Proto::FastCgi => self.input.is_empty() && self.rec_left == 0 && self.pad_left == 0,
             Proto::Http | Proto::Memcached => self.keep_alive && complete && self.input.is_empty(),
             Proto::Scgi | Proto::Uwsgi | Proto::Grpc => false,
         }

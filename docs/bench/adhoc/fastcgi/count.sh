@@ -20,7 +20,7 @@
 set -u
 B=$1; L=$2; MODE=$3; WL=$4; N=${5:-10000}; HOW=${6:-cg}
 HERE=$(cd "$(dirname "$0")" && pwd); REPO=$(cd "$HERE/../../../.." && pwd)
-W=${WORK:-/tmp/fcgicount}; PORT=18130
+W=${WORK:-/tmp/fcgicount}; PORT=${PORT:-18130}
 mkdir -p "$W/www"
 if [ "$WL" = hello ]; then
   cp "$HERE/hello.php" "$W/www/"
