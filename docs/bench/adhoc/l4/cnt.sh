@@ -6,26 +6,9 @@
 # own and, over loopback, the peers' answers its softirqs make) and its CPU time (task-clock).
 # N short sessions after 500 to warm up, server on CPU 0. Setup as measure.sh; QUOTA as where.sh.
 # Usage: [QUOTA=P] bash cnt.sh gannet BINARY [N] [C] | bash cnt.sh nginx "" [N] [C] | haproxy ""
-set -u
-cd /tmp/l4m
-WHO=$1; BIN=${2:-}; N=${3:-5000}; C=${4:-10}
-PAD="X-Pad: $(printf 'p%.0s' $(seq 1 950))"
-CG=/sys/fs/cgroup/cpu/l4m-cnt
-case $WHO in
-  gannet) PORT=19081; CMD=("$BIN" -c /tmp/l4m/gannet.conf) ;;
-  nginx) PORT=19082; CMD=(/usr/sbin/nginx -c /tmp/l4m/nginx.conf) ;;
-  haproxy) PORT=19083; CMD=(/usr/sbin/haproxy -db -f /tmp/l4m/haproxy.cfg) ;;
-esac
-if [ -n "${QUOTA:-}" ]; then
-  mkdir -p $CG && echo 10000 > $CG/cpu.cfs_period_us && echo $((QUOTA * 100)) > $CG/cpu.cfs_quota_us
-  taskset -c 0 sh -c 'echo $$ > '$CG'/cgroup.procs && exec "$@"' sh "${CMD[@]}" &
-else
-  taskset -c 0 "${CMD[@]}" &
-fi
-PID=$!
-for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break; sleep 0.1; done
-load() { taskset -c 1 wrk -t 1 -c "$C" -d 60s --timeout 5s -s wrk_quota.lua -H "Connection: close" -H "$PAD" \
-  "http://127.0.0.1:$PORT/1k.bin" -- "$1" "$C" >/dev/null; }
+NAME=cnt
+source "$(dirname "$0")/start.sh"
+load() { sessions "$1" >/dev/null; }
 load 500
 EV=task-clock,raw_syscalls:sys_enter,sched:sched_wakeup,context-switches,net:net_dev_queue
 for s in accept4 epoll_wait epoll_pwait epoll_ctl recvfrom sendto writev readv read write close connect socket getsockopt setsockopt ioctl clock_gettime shutdown; do EV=$EV,syscalls:sys_enter_$s; done

@@ -12,26 +12,9 @@
 # periods, as the arena's --server-quota 25: the event loop then serves its sessions in
 # batches, as in the arena's runs, which changes the per-session system calls and wake-ups.
 # Usage: [QUOTA=P] bash where.sh gannet BINARY [N] [C] | bash where.sh nginx "" [N] [C] | haproxy ""
-set -u
-cd /tmp/l4m
-WHO=$1; BIN=${2:-}; N=${3:-5000}; C=${4:-10}
-PAD="X-Pad: $(printf 'p%.0s' $(seq 1 950))"
-CG=/sys/fs/cgroup/cpu/l4m-where
-case $WHO in
-  gannet) PORT=19081; CMD=("$BIN" -c /tmp/l4m/gannet.conf) ;;
-  nginx) PORT=19082; CMD=(/usr/sbin/nginx -c /tmp/l4m/nginx.conf) ;;
-  haproxy) PORT=19083; CMD=(/usr/sbin/haproxy -db -f /tmp/l4m/haproxy.cfg) ;;
-esac
-if [ -n "${QUOTA:-}" ]; then
-  mkdir -p $CG && echo 10000 > $CG/cpu.cfs_period_us && echo $((QUOTA * 100)) > $CG/cpu.cfs_quota_us
-  taskset -c 0 sh -c 'echo $$ > '$CG'/cgroup.procs && exec "$@"' sh "${CMD[@]}" &
-else
-  taskset -c 0 "${CMD[@]}" &
-fi
-PID=$!
-for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break; sleep 0.1; done
-load() { taskset -c 1 wrk -t 1 -c "$C" -d 60s --timeout 5s -s wrk_quota.lua -H "Connection: close" -H "$PAD" \
-  "http://127.0.0.1:$PORT/1k.bin" -- "$1" "$C" | grep -E "ARENA-JSON" | sed 's/.*"requests":\([0-9]*\).*"errors":\({[^}]*}\).*/requests \1 errors \2/'; }
+NAME=where
+source "$(dirname "$0")/start.sh"
+load() { sessions "$1" | grep -E "ARENA-JSON" | sed 's/.*"requests":\([0-9]*\).*"errors":\({[^}]*}\).*/requests \1 errors \2/'; }
 load 500 >/dev/null
 perf stat -e task-clock,page-faults,context-switches,cpu-migrations,raw_syscalls:sys_enter,irq:softirq_entry,sched:sched_wakeup \
   -p $PID -o /tmp/l4m/stat.$WHO.txt &
