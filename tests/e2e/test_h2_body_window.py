@@ -122,21 +122,27 @@ class GrpcBackend(rawapps.Listener):
             pass
 
 
+def start(s: socket.socket) -> "Frames":
+    """The connection's preface and SETTINGS; then the server's SETTINGS and its connection
+    WINDOW_UPDATE, as nginx's tests wait for them, and the SETTINGS acknowledged."""
+    frames = Frames(s)
+    s.sendall(PREFACE + frame(SETTINGS, 0, 0, b""))
+    settings = window = False
+    while not (settings and window):
+        kind, flags, _, _ = frames.next()
+        settings |= kind == SETTINGS and not flags & ACK
+        window |= kind == WINDOW_UPDATE
+    s.sendall(frame(SETTINGS, ACK, 0, b""))
+    return frames
+
+
 def call(port: int, path: bytes, body: bytes) -> dict:
     """`body` as one DATA frame right behind the HEADERS, as nginx's tests send it (the
     server's SETTINGS acknowledged first). What came back on the stream: its status, DATA,
     RST_STREAM code, and its WINDOW_UPDATE increments."""
     got = {"status": None, "data": b"", "reset": None, "windows": [], "trailers": False}
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        frames = Frames(s)
-        s.sendall(PREFACE + frame(SETTINGS, 0, 0, b""))
-        # The server's SETTINGS and its connection WINDOW_UPDATE, as nginx's tests wait.
-        settings = window = False
-        while not (settings and window):
-            kind, flags, _, _ = frames.next()
-            settings |= kind == SETTINGS and not flags & ACK
-            window |= kind == WINDOW_UPDATE
-        s.sendall(frame(SETTINGS, ACK, 0, b""))
+        frames = start(s)
         # POST, http, :path (literal), :authority localhost, content-type, content-length.
         block = b"\x83\x86" + b"\x04" + bytes([len(path)]) + path + b"\x01\x09localhost"
         block += b"\x0f\x10\x10application/grpc" + b"\x0f\x0d" + bytes([len(str(len(body)))]) + str(len(body)).encode()
@@ -208,14 +214,7 @@ def test_opened_window_takes_a_large_body_at_once(tmp_path, backends):
     with side_by_side(tmp_path, conf) as (srv, nginx_port):
         for name, port in (("gannet", srv.port), ("nginx", nginx_port)):
             with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-                frames = Frames(s)
-                s.sendall(PREFACE + frame(SETTINGS, 0, 0, b""))
-                settings = window = False
-                while not (settings and window):
-                    kind, flags, _, _ = frames.next()
-                    settings |= kind == SETTINGS and not flags & ACK
-                    window |= kind == WINDOW_UPDATE
-                s.sendall(frame(SETTINGS, ACK, 0, b""))
+                frames = start(s)
                 n = str(len(body)).encode()
                 block = b"\x83\x86\x04\x05/keep\x01\x09localhost\x0f\x0d" + bytes([len(n)]) + n
                 first = [body[i : i + 16384] for i in range(0, 65536, 16384)]
