@@ -51,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
                      "the client CPUs)")
     run.add_argument("--server-quota", type=float, metavar="P", help="each server's process tree limited to P %% "
                      "of one CPU (a cgroup): req/s becomes capacity per core; needs root")
+    run.add_argument("--points", metavar="PATTERNS", help="comma-separated shell patterns of the point keys "
+                     "to measure (e.g. 'wrk/keepalive/*'; the keys are in a report's tables and results.json); "
+                     "default: every point")
     run.add_argument("--tls", action="store_true", help="HTTPS/1.1: every server on TLS (s1-static, c10k)")
     run.add_argument("--h2", action="store_true", help="HTTP/2 over TLS (s1-static, c10k)")
     run.add_argument("--h3", action="store_true", help="HTTP/3 over QUIC (s1-static): the servers that speak it, "
@@ -153,12 +156,26 @@ def _run(args, console: Console) -> int:
     options = Options(quick=args.quick, rounds=rounds, requests=args.requests,
                       server_cpus=args.server_cpus or "0", client_cpus=args.client_cpus or "1", profile=args.profile,
                       backend_cpus=args.backend_cpus, transport=transport, cert=args.cert or "ecdsa",
-                      resumption=args.resumption, server_quota=args.server_quota)
+                      resumption=args.resumption, server_quota=args.server_quota,
+                      points=_patterns(args.points))
+    if not scenario.selected(options):
+        keys = ", ".join(p.key for p in scenario.points(options))
+        raise ArenaError(f"--points {args.points} matches none of {scenario.name}'s points: {keys}")
     suffix = "" if transport == "http" else f"-{transport}"
     out = args.out or RESULTS_DIR / f"{datetime.now():%Y%m%d-%H%M%S}-{scenario.name}{suffix}"
     final = runner.run(scenario, chosen, options, out, console)
     console.print(f"results: {final}/report.md (and report.html, results.json)")
     return 130 if final and _interrupted(final) else 0
+
+
+def _patterns(text: str | None) -> tuple[str, ...] | None:
+    """--points: its comma-separated patterns (None: every point)."""
+    if text is None:
+        return None
+    patterns = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not patterns:
+        raise ArenaError("--points needs at least one pattern")
+    return patterns
 
 
 def _interrupted(folder: Path) -> bool:

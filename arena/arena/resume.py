@@ -44,7 +44,8 @@ def options(results: dict) -> Options:
                    server_cpus=o["server_cpus"], client_cpus=o["client_cpus"],
                    backend_cpus=o.get("backend_cpus"), transport=o["transport"],
                    cert=o.get("cert") or "ecdsa", resumption=bool(o.get("resumption")),
-                   server_quota=o.get("server_quota"))
+                   server_quota=o.get("server_quota"),
+                   points=tuple(o["points"]) if o.get("points") is not None else None)
 
 
 def kept_samples(results: dict, point_keys: list[str]) -> list[dict]:

@@ -206,7 +206,7 @@ def run(scenario: Scenario, servers: list[Server], options: Options, out: Path,
     workdir = Path(tempfile.mkdtemp(prefix="arena-"))
     workdir.chmod(0o755)
     running: list[RunningServer] = []
-    points = scenario.points(options)
+    points = scenario.selected(options)
     kept = resume.kept_samples(previous, [p.key for p in points]) if previous else []
     samples: list[dict] = []  # this session's
     interrupted = False

@@ -45,6 +45,9 @@ def arena(*args, env=None, timeout=120):
     (["run", "c10k", "--h3", "--servers", "gannet"],
      "arena: c10k has no HTTP/3 over QUIC variant (--h3): scenarios with one: s1-static"),
     (["run", "s1-static", "--h3", "--h2"], "arena: --h3 is a transport of its own: drop --h2"),
+    (["run", "small-static", "--points", "wrk/nothing/*", "--servers", "nginx"],
+     "arena: --points wrk/nothing/* matches none of small-static's points: "),
+    (["run", "small-static", "--points", " , ", "--servers", "nginx"], "arena: --points needs at least one pattern"),
 ])
 def test_bad_input_is_one_clear_line(args, message):
     done = arena(*args)
@@ -121,3 +124,15 @@ def test_ctrl_c_keeps_completed_points(tmp_path, inherited):
     assert results["interrupted"] is True
     assert results["samples"] and results["samples"][0]["round"] == 1
     assert "INTERRUPTED" in (out / "report.md").read_text()
+
+
+def test_points_selects_by_pattern():
+    from arena.scenarios import get
+    from arena.scenarios.base import Options
+
+    scenario = get("s1-dynamic")
+    every = [p.key for p in scenario.points(Options())]
+    chosen = [p.key for p in scenario.selected(Options(points=("wrk/keepalive/*", "h2load/close/c1")))]
+    assert chosen == [k for k in every if k.startswith("wrk/keepalive/")] + ["h2load/close/c1"]
+    assert len(chosen) == 5
+    assert scenario.selected(Options()) == scenario.points(Options())

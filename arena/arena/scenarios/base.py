@@ -7,6 +7,7 @@ Scenario and is decorated with @register.
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -46,6 +47,8 @@ class Options:
     cert: str = "ecdsa"            # the test certificate's key: "ecdsa" (P-256) or "rsa" (2048)
     resumption: bool = False       # TLS: leave session resumption on in every server
     server_quota: float | None = None  # % of one CPU each server's process tree may use (arena/quota.py)
+    # --points: shell patterns of the point keys to measure (e.g. "wrk/keepalive/*"); None = all
+    points: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -88,6 +91,13 @@ class Scenario:
 
     def points(self, options: Options) -> list[Point]:
         raise NotImplementedError
+
+    def selected(self, options: Options) -> list[Point]:
+        """The points this run measures: all of them, or those `--points` names."""
+        points = self.points(options)
+        if options.points is None:
+            return points
+        return [p for p in points if any(fnmatch.fnmatchcase(p.key, pat) for pat in options.points)]
 
     def warmup(self, point: Point, options: Options) -> Point | None:
         """A short version of `point` run on every server before its rounds; None = none."""

@@ -131,7 +131,7 @@ class Cache(Scenario):
 
     def warmup(self, point: Point, options: Options) -> Point | None:
         # Each URL once, into every cache, before the first point's rounds.
-        if point.key != self.points(options)[0].key:
+        if point.key != self.selected(options)[0].key:
             return None
         return Point("warmup", point.series, point.x, {"warmup": True, "concurrency": 10})
 
