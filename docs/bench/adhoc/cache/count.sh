@@ -53,7 +53,8 @@ KEPT=${KEPT:-}
 SIM=()
 [ -n "$CG" ] && [ -n "${CACHESIM:-}" ] && SIM=(--cache-sim=yes --D1=49152,12,64 --LL=1048576,16,64 --I1=32768,8,64)
 W=/tmp/cachecount.$SERVER.$CONTENT${CG:+.cg}${KEPT:+.kept}
-ORIGIN=18190 PORT=18191 PLAIN=18192
+# PORTS (environment): the first of the three ports (the origin, the cache, the plain proxy).
+ORIGIN=${PORTS:-18190} PORT=$((ORIGIN + 1)) PLAIN=$((ORIGIN + 2))
 rm -rf "$W"
 mkdir -p "$W"
 
@@ -184,7 +185,7 @@ kept() {
         return
     fi
     kill -INT "$pp" "$pr"
-    wait "$pp" "$pr"
+    wait "$pp" "$pr" || true
     local answered
     answered=$(awk -F, -v a="^syscalls:sys_enter_($ANSWERS)\$" '$3 ~ a { s += $1 } END { print s + 0 }' "$W/$name.perf")
     local events
