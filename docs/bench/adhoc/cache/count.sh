@@ -26,6 +26,18 @@
 # the app's PHP-FPM pool answers them: apps/shakespeare, run its setup.sh once) in place of
 # the API's URLs; the origin passes them to the pool, as the arena's does.
 #
+# CACHESIM=1 (with CALLGRIND=1): callgrind's cache simulation too, set to this machine's L1d
+# (48 KiB, 12-way) and L2 (1 MiB, 16-way, as its last level), as cost/measure.sh's `cache`
+# mode: D1 and L2 misses per request, user space only.
+#
+# KEPT=1: kept connections only, as cost/measure.sh's KEPT=1 (cost/keeper.c over the phase's
+# path file, in order): the phase's connections opened and given 3 answers each before the
+# count starts, the load running on both sides of the counted window, so no accept or close
+# is in the counts and c=100 and c=1,000 compare request for request. The counts are divided
+# by the server's answers in the window: its calls of `sendto` and `writev` (gannet: one of
+# them an answer) or `writev` (nginx: the head, then `sendfile` of the body); without
+# CALLGRIND also the events per `epoll_wait` (its return values). hit and mix phases only.
+#
 # Usage: bash count.sh gannet|nginx [REQUESTS]   (GANNET_BIN overrides target/release/gannet;
 #        PHASES="miss-c10 plain-c10" runs only those phases, each still after the warm-up)
 # Output: one line per phase, then the system calls per request of each, in $W/NAME.calls
@@ -37,8 +49,12 @@ N=${2:-50000}
 CG=${CALLGRIND:-}
 [ -n "$CG" ] && N=${2:-10000}
 CONTENT=${CONTENT:-api}
-W=/tmp/cachecount.$SERVER.$CONTENT${CG:+.cg}
-ORIGIN=18190 PORT=18191 PLAIN=18192
+KEPT=${KEPT:-}
+SIM=()
+[ -n "$CG" ] && [ -n "${CACHESIM:-}" ] && SIM=(--cache-sim=yes --D1=49152,12,64 --LL=1048576,16,64 --I1=32768,8,64)
+W=/tmp/cachecount.$SERVER.$CONTENT${CG:+.cg}${KEPT:+.kept}
+# PORTS (environment): the first of the three ports (the origin, the cache, the plain proxy).
+ORIGIN=${PORTS:-18190} PORT=$((ORIGIN + 1)) PLAIN=$((ORIGIN + 2))
 rm -rf "$W"
 mkdir -p "$W"
 
@@ -81,7 +97,7 @@ nginx) BIN=/usr/sbin/nginx ;;
 *) echo "usage: $0 gannet|nginx [REQUESTS]" >&2; exit 2 ;;
 esac
 if [ -n "$CG" ]; then
-    taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$W/cg.out" \
+    taskset -c 0 valgrind --tool=callgrind "${SIM[@]}" --callgrind-out-file="$W/cg.out" \
         "$BIN" -p "$W/" -c "$W/server.conf" > "$W/valgrind.log" 2>&1 &
 else
     taskset -c 0 "$BIN" -p "$W/" -c "$W/server.conf" &
@@ -111,9 +127,102 @@ for path in open(sys.argv[1]).read().split():
         assert r.status == 200, (path, r.status)
 EOF
 
+# The answers' system calls (KEPT=1 divides by their count in the window).
+case $SERVER in
+gannet) ANSWERS='sendto|send|writev' ;;
+nginx) ANSWERS='writev' ;;
+esac
+
+# KEPT=1: the phase's count over kept connections only (see the top).
+kept() {
+    local name=$1 port=$2 conns=$3 paths=$4 line start stop
+    [ -x "$W/keeper" ] || gcc -O2 -o "$W/keeper" "$REPO/docs/bench/adhoc/cost/keeper.c"
+    if [ -n "$CG" ]; then
+        start="callgrind_control -z $worker > /dev/null"
+        stop="callgrind_control -d $name $worker > /dev/null"
+    else
+        # Attached disabled, enabled and disabled through control FIFOs when the window
+        # opens and closes (attaching takes seconds; enabling does not).
+        rm -f "$W"/ctl.* "$W"/ack.* && mkfifo "$W/ctl.s" "$W/ctl.r" "$W/ack.s" "$W/ack.r"
+        perf stat -x, -e 'syscalls:sys_enter_*' -e context-switches,page-faults -D -1 \
+            --control "fifo:$W/ctl.s,$W/ack.s" -p "$worker" -o "$W/$name.perf" &
+        local pp=$!
+        perf record -e syscalls:sys_exit_epoll_wait -D -1 --control "fifo:$W/ctl.r,$W/ack.r" \
+            -p "$worker" -o "$W/$name.ev.data" 2> /dev/null &
+        local pr=$!
+        ctl() { for k in s r; do echo "$1" > "$W/ctl.$k"; read -r _ < "$W/ack.$k"; done; }
+        start="ctl enable"
+        stop="ctl disable"
+        # Attaching perf to the worker's threads takes a while on a loaded machine.
+        sleep 3
+    fi
+    coproc KP { taskset -c 1 "$W/keeper" 127.0.0.1 "$port" "@$W/$paths" "$conns" "$N" 2> "$W/$name.keeper"; }
+    echo go >&"${KP[1]}"
+    read -r line <&"${KP[0]}" || true
+    [ "$line" = ready ] || { echo "keeper: $line $(cat "$W/$name.keeper")"; return 1; }
+    eval "$start"
+    read -r line <&"${KP[0]}"
+    eval "$stop"
+    echo stop >&"${KP[1]}"
+    wait "$KP_PID"
+    local keeper=$line
+    if [ -n "$CG" ]; then
+        local f
+        f=$(ls -t "$W"/cg.out.* | head -1)
+        awk -v name="$name" -v f="$f" -v keeper="$keeper" -v answers="^(__libc_)?($ANSWERS)\$" '
+            /^events:/ { for (i = 2; i <= NF; i++) col[$i] = i - 1 }
+            /^summary:/ { for (i = 2; i <= NF; i++) sum[i - 1] += $i }
+            /^c?fn=\([0-9]+\) / { id = $1; sub(/^c?fn=/, "", id); nm[id] = $2 }
+            /^cfn=/ { id = $1; sub(/^cfn=/, "", id); target = nm[id] }
+            /^calls=/ { if (target ~ answers) { c = $1; sub(/calls=/, "", c); d += c } }
+            END {
+                printf "%-10s %7d answers (keeper: %s)  %9.0f instructions/request", name, d, keeper, sum[col["Ir"]] / d
+                if ("D1mr" in col) printf "  D1 misses %.1f (read %.1f, write %.1f)  L2 misses %.1f (read %.1f, write %.1f)  I1 misses %.1f",
+                    (sum[col["D1mr"]] + sum[col["D1mw"]]) / d, sum[col["D1mr"]] / d, sum[col["D1mw"]] / d,
+                    (sum[col["DLmr"]] + sum[col["DLmw"]]) / d, sum[col["DLmr"]] / d, sum[col["DLmw"]] / d, sum[col["I1mr"]] / d
+                printf "  (%s)\n", f
+            }' "$f"
+        return
+    fi
+    kill -INT "$pp" "$pr"
+    wait "$pp" "$pr" || true
+    local answered
+    answered=$(awk -F, -v a="^syscalls:sys_enter_($ANSWERS)\$" '$3 ~ a { s += $1 } END { print s + 0 }' "$W/$name.perf")
+    local events
+    # Each return value in hex ("0xa"); an error's (-EINTR) is huge and left out.
+    events=$(perf script -i "$W/$name.ev.data" -F trace 2> /dev/null | awk '
+        { h = tolower($NF); sub(/^0x/, "", h); r = 0
+          for (i = 1; i <= length(h); i++) r = r * 16 + index("0123456789abcdef", substr(h, i, 1)) - 1
+          if (length(h) < 8) { c++; e += r } }
+        END { if (c) printf "%.1f", e / c }')
+    rm -f "$W"/ctl.* "$W"/ack.* "$W/$name.ev.data"
+    calls "$name" "$answered" "keeper: $keeper; epoll_wait events a call: $events"
+}
+
+# The system calls of a phase per answer, into $W/NAME.calls, and its line.
+calls() {
+    local name=$1 answered=$2 note=${3:-}
+    awk -F, -v n="$answered" '$1 ~ /^[0-9]+$/ && $1 > 0 {
+            name = $3; sub(/^syscalls:sys_enter_/, "", name)
+            if (name == "context-switches") cs = $1
+            else if (name == "page-faults") pf = $1
+            else { total += $1; print name, $1 / n }
+        }
+        END { printf "TOTAL %.3f\nCS %.3f\nPF %.3f\n", total / n, cs / n, pf / n }' "$W/$name.perf" |
+        sort -k2 -g -r > "$W/$name.calls"
+    printf '%-10s %7d answers  %6.2f syscalls  %6.3f context switches  %6.3f page faults /request  %s KiB RSS  %s\n' \
+        "$name" "$answered" "$(awk '$1=="TOTAL"{print $2}' "$W/$name.calls")" \
+        "$(awk '$1=="CS"{print $2}' "$W/$name.calls")" "$(awk '$1=="PF"{print $2}' "$W/$name.calls")" \
+        "$(awk '$1=="VmRSS:"{print $2}' "/proc/$worker/status")" "$note"
+}
+
 phase() {
     local name=$1 port=$2 conns=$3 paths=$4
     case " ${PHASES:-$name} " in *" $name "*) ;; *) return 0 ;; esac
+    if [ -n "$KEPT" ]; then
+        case $name in hit-* | mix-*) kept "$@" ;; esac
+        return 0
+    fi
     local client=(taskset -c 1 wrk -t 1 -c "$conns" -d 600s --timeout 10s
         -s "$REPO/arena/arena/clients/wrk_paths.lua" "http://127.0.0.1:$port/" -- "$N" "$conns" "$W/$paths")
     if [ -n "$CG" ]; then
@@ -134,18 +243,7 @@ phase() {
         printf '%-10s %7d answers  %9.0f instructions/request  (%s)\n' "$name" "$answered" \
             "$(awk -v a="$ir" -v b="$answered" 'BEGIN { print a / b }')" "$f"
     else
-        awk -F, -v n="$answered" '$1 ~ /^[0-9]+$/ && $1 > 0 {
-                name = $3; sub(/^syscalls:sys_enter_/, "", name)
-                if (name == "context-switches") cs = $1
-                else if (name == "page-faults") pf = $1
-                else { total += $1; print name, $1 / n }
-            }
-            END { printf "TOTAL %.3f\nCS %.3f\nPF %.3f\n", total / n, cs / n, pf / n }' "$W/$name.perf" |
-            sort -k2 -g -r > "$W/$name.calls"
-        printf '%-10s %7d answers  %6.2f syscalls  %6.3f context switches  %6.3f page faults /request  %s KiB RSS\n' \
-            "$name" "$answered" "$(awk '$1=="TOTAL"{print $2}' "$W/$name.calls")" \
-            "$(awk '$1=="CS"{print $2}' "$W/$name.calls")" "$(awk '$1=="PF"{print $2}' "$W/$name.calls")" \
-            "$(awk '$1=="VmRSS:"{print $2}' "/proc/$worker/status")"
+        calls "$name" "$answered"
     fi
 }
 

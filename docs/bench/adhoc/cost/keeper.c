@@ -10,9 +10,11 @@
  * (1,000 of them in a 100,000-request run at c=1,000); it divides by the server's own count
  * of answers in the window (its `sendto` calls, or callgrind's calls of the answering
  * function), not by REQUESTS. wrk's request ("GET PATH HTTP/1.1", Host only).
+ * PATH "@FILE": the paths in FILE (one a line), requested in order, cycling, whichever
+ * connection sends the next request (as the arena's wrk_paths.lua).
  * For counting, not for timing.
  *
- * usage: keeper HOST PORT PATH CONC REQUESTS [WARM]
+ * usage: keeper HOST PORT PATH|@FILE CONC REQUESTS [WARM]
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -28,8 +30,8 @@
 
 struct c { int fd; size_t got, left; long answers; char in[8192]; };
 
-static char req[512];
-static size_t req_len;
+static char **reqs;
+static size_t *req_lens, nreqs, next_req;
 static long ok, failed;
 
 /* 1 once the answer is whole, 0 while more is due, -1 when the connection broke. The head is
@@ -64,15 +66,24 @@ static int answered(struct c *c) {
 }
 
 static int put(struct c *c) {
-    return send(c->fd, req, req_len, MSG_NOSIGNAL) == (ssize_t)req_len ? 0 : -1;
+    size_t i = next_req++ % nreqs;
+    return send(c->fd, reqs[i], req_lens[i], MSG_NOSIGNAL) == (ssize_t)req_lens[i] ? 0 : -1;
+}
+
+static void add_request(const char *path, const char *host, const char *port) {
+    char buf[4096];
+    int n = snprintf(buf, sizeof buf, "GET %s HTTP/1.1\r\nHost: %s:%s\r\n\r\n", path, host, port);
+    if (n < 0 || (size_t)n >= sizeof buf) { fprintf(stderr, "keeper: path too long\n"); exit(2); }
+    reqs = realloc(reqs, (nreqs + 1) * sizeof *reqs);
+    req_lens = realloc(req_lens, (nreqs + 1) * sizeof *req_lens);
+    reqs[nreqs] = strdup(buf);
+    req_lens[nreqs++] = (size_t)n;
 }
 
 /* The closed loop: every connection has one request in flight; "ready" once each connection
  * has had `warm` answers, "done" after `total` more, and on until a line comes on stdin. */
 static void run(int ep, struct c *cs, int conc, long warm, long total) {
     long done = 0, warmed = 0, start = -1;
-    for (int i = 0; i < conc; i++)
-        if (put(&cs[i])) { fprintf(stderr, "keeper: send failed\n"); exit(1); }
     struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL }, evs[1024];
     epoll_ctl(ep, EPOLL_CTL_ADD, 0, &ev);
     for (;;) {
@@ -98,18 +109,35 @@ int main(int argc, char **argv) {
     inet_pton(AF_INET, argv[1], &addr.sin_addr);
     int conc = atoi(argv[4]), one = 1;
     long total = atol(argv[5]), warm = argc > 6 ? atol(argv[6]) : 3;
-    req_len = (size_t)snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: %s:%s\r\n\r\n", argv[3], argv[1], argv[2]);
+    if (argv[3][0] == '@') {
+        FILE *f = fopen(argv[3] + 1, "r");
+        if (!f) { perror(argv[3] + 1); return 1; }
+        char line[2048];
+        while (fgets(line, sizeof line, f)) {
+            line[strcspn(line, "\r\n")] = 0;
+            if (line[0]) add_request(line, argv[1], argv[2]);
+        }
+        fclose(f);
+        if (!nreqs) { fprintf(stderr, "keeper: no paths in %s\n", argv[3] + 1); return 2; }
+    } else {
+        add_request(argv[3], argv[1], argv[2]);
+    }
     struct c *cs = calloc((size_t)conc, sizeof *cs);
     int ep = epoll_create1(0);
+    char line[16];
+    if (!fgets(line, sizeof line, stdin)) return 1;  /* the counters are attached */
+    /* Each connection's first request right after its connect: a server listening with
+     * `deferred` (TCP_DEFER_ACCEPT) holds a connection with no data in its SYN queue, and
+     * a thousand of them overflowed it (the last ones' requests then waited seconds for
+     * retransmits). */
     for (int i = 0; i < conc; i++) {
         cs[i].fd = socket(AF_INET, SOCK_STREAM, 0);
         if (cs[i].fd < 0 || connect(cs[i].fd, (struct sockaddr *)&addr, sizeof addr) != 0) { perror("connect"); return 1; }
         setsockopt(cs[i].fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &cs[i] };
         epoll_ctl(ep, EPOLL_CTL_ADD, cs[i].fd, &ev);
+        if (put(&cs[i])) { fprintf(stderr, "keeper: send failed\n"); return 1; }
     }
-    char line[16];
-    if (!fgets(line, sizeof line, stdin)) return 1;  /* the counters are attached */
     run(ep, cs, conc, warm, total);
     for (int i = 0; i < conc; i++) close(cs[i].fd);
     return 0;
