@@ -294,7 +294,7 @@ fn visible_to_cr(buf: &[u8], mut i: usize) -> Option<usize> {
 }
 
 /// The token characters of RFC 9110 (a field name's), as httparse takes them.
-static TOKEN: [bool; 256] = {
+pub(crate) static TOKEN: [bool; 256] = {
     let mut t = [false; 256];
     let mut c = 0;
     while c < 256 {

@@ -1883,7 +1883,8 @@ pub(super) fn record(
     tries.under_way = None;
     let connect = tries.connected.take().map(|t| t.duration_since(since));
     let header = tries.head_read.take().map(|t| t.duration_since(since));
-    crate::modules::metrics::attempt(peer, status, header.is_some(), end.duration_since(since));
+    let time = end.duration_since(since);
+    crate::modules::metrics::attempt(peer, status, header.is_some(), time);
     let (sent, received) = (
         std::mem::take(&mut tries.sent),
         std::mem::take(&mut tries.received),
@@ -1892,7 +1893,7 @@ pub(super) fn record(
     tries.push(UpstreamTry {
         addr: addr.clone(),
         status,
-        time: end.duration_since(since),
+        time,
         connect,
         header,
         sent,

@@ -728,8 +728,9 @@ fn push_ip(out: &mut String, ip: std::net::IpAddr) {
     match ip {
         std::net::IpAddr::V4(v4) => {
             let (buf, n) = ipv4_text(v4);
-            // Digits and dots: ASCII.
-            out.push_str(std::str::from_utf8(&buf[..n]).unwrap_or_default());
+            // SAFETY: digits and dots, ASCII (the check cost ~90 instructions an address,
+            // two per FastCGI request).
+            out.push_str(unsafe { std::str::from_utf8_unchecked(&buf[..n]) });
         }
         std::net::IpAddr::V6(v6) => {
             let _ = write!(out, "{v6}");

@@ -639,16 +639,25 @@ pub fn build_params(
     // reused request after request (taken out of its cell while in use).
     let mut v = PARAM_VALUE.with(std::cell::Cell::take);
     for param in c.params.iter().flat_map(|l| l.iter()) {
-        v.clear();
-        param.value.append_to(&mut v, req, None);
-        // A chunked body was read whole: tell the application its length, as nginx does.
-        if param.name == "CONTENT_LENGTH" && v.is_empty() && body_len > 0 {
-            v = body_len.to_string();
-        }
-        if param.if_not_empty && v.is_empty() {
+        // A value without variables (`GATEWAY_INTERFACE CGI/1.1`) goes as it is, not
+        // through the value buffer.
+        let value = match param.value.as_literal() {
+            Some(lit) => lit,
+            None => {
+                v.clear();
+                param.value.append_to(&mut v, req, None);
+                // A chunked body was read whole: tell the application its length, as
+                // nginx does.
+                if param.name == "CONTENT_LENGTH" && v.is_empty() && body_len > 0 {
+                    v = body_len.to_string();
+                }
+                v.as_str()
+            }
+        };
+        if param.if_not_empty && value.is_empty() {
             continue;
         }
-        out.push(param.name.as_bytes(), v.as_bytes())?;
+        out.push(param.name.as_bytes(), value.as_bytes())?;
         if param.name.starts_with("HTTP_") {
             set_names.push(&param.name);
         }

@@ -1,7 +1,7 @@
 #!/bin/bash
 # FastCGI cost per request of the web server alone, counted (no wall clock): user-space
 # instructions per request under callgrind, or system calls per request from the syscall
-# tracepoints, over a fixed number of HTTP/1.1 keep-alive requests (h2load --h1, 10
+# tracepoints (and the context switches), over a fixed number of HTTP/1.1 keep-alive requests (h2load --h1, 10
 # connections, after 200 to warm up). The method of ../cost/measure.sh: one process serves
 # (`master_process off`), on CPU 0; h2load and PHP-FPM run on CPU 1 and PHP-FPM's work is not
 # counted. See docs/bench/cost-per-request.md (FastCGI).
@@ -114,11 +114,11 @@ if [ "$HOW" = cg ]; then
   echo "$L $MODE $WL user instructions/request: $((total / N))"
 else
   WP=$(pgrep -n -f "$W/$L.conf")
-  perf stat -e 'syscalls:sys_enter_*' -p "$WP" -o "$W/$L.perf.txt" &
+  perf stat -e 'syscalls:sys_enter_*' -e context-switches -p "$WP" -o "$W/$L.perf.txt" &
   PP=$!
   sleep 0.5
   taskset -c 1 h2load --h1 -n "$N" -c 10 "${URL[@]}" | grep -E "^requests:|status codes"
   kill -INT $PP; wait $PP
   kill $VP; wait $VP 2>/dev/null
-  awk -v n="$N" -v l="$L $MODE $WL" '$1 ~ /^[0-9,]+$/ && $2 ~ /syscalls/ {gsub(",","",$1); if ($1>0) {s+=$1; printf "  %-40s %.3f\n", $2, $1/n}} END {printf "%s system calls/request: %.3f\n", l, s/n}' "$W/$L.perf.txt"
+  awk -v n="$N" -v l="$L $MODE $WL" '$1 ~ /^[0-9,]+$/ && $2 ~ /syscalls/ {gsub(",","",$1); if ($1>0) {s+=$1; printf "  %-40s %.3f\n", $2, $1/n}} $1 ~ /^[0-9,]+$/ && $2 == "context-switches" {gsub(",","",$1); printf "  %-40s %.3f\n", $2, $1/n} END {printf "%s system calls/request: %.3f\n", l, s/n}' "$W/$L.perf.txt"
 fi
