@@ -32,7 +32,18 @@ pub fn parse_target(raw: &[u8]) -> Result<Target, ParseError> {
 /// segment is one of its own, which a following `..` removes, as nginx's
 /// ngx_http_parse_complex_uri.
 pub fn parse_target_with(raw: &[u8], merge_slashes: bool) -> Result<Target, ParseError> {
-    match plain_origin(raw) {
+    parse_target_into(raw, merge_slashes, String::new())
+}
+
+/// [`parse_target_with`], the usual target's path written into `path` (emptied first): a
+/// server hands in the last request's path buffer, and the request costs no allocation for
+/// its path (a `malloc` and a `free`, about 130 instructions, callgrind).
+pub fn parse_target_into(
+    raw: &[u8],
+    merge_slashes: bool,
+    path: String,
+) -> Result<Target, ParseError> {
+    match plain_origin_into(raw, path) {
         Some(t) => Ok(t),
         None => parse_general(raw, merge_slashes),
     }
@@ -84,7 +95,12 @@ fn parse_general(raw: &[u8], merge_slashes: bool) -> Result<Target, ParseError> 
 /// (which also gives the errors): a second pass for the control bytes, then the fragment,
 /// the query, the decoding, a UTF-8 check and two searches, several hundred instructions
 /// for a short path where this is about one compare a byte (callgrind, robots.txt).
+#[cfg(test)]
 fn plain_origin(raw: &[u8]) -> Option<Target> {
+    plain_origin_into(raw, String::new())
+}
+
+fn plain_origin_into(raw: &[u8], mut path: String) -> Option<Target> {
     if raw.first() != Some(&b'/') {
         return None;
     }
@@ -121,10 +137,11 @@ fn plain_origin(raw: &[u8]) -> Option<Target> {
         }
         None => None,
     };
+    path.clear();
     // SAFETY: every byte before `end` was checked above to be from `!` to `~` (ASCII), so
     // the bytes are UTF-8. (The check itself was 93 instructions for `/robots.txt`,
     // callgrind: a path of a few bytes does not reach its word-at-a-time loop.)
-    let path = unsafe { String::from_utf8_unchecked(raw[..end].to_vec()) };
+    path.push_str(unsafe { std::str::from_utf8_unchecked(&raw[..end]) });
     Some(Target {
         path,
         query,

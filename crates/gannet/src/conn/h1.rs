@@ -41,7 +41,7 @@ use crate::runtime::worker::Worker;
 use crate::tls::handshake::{self, Accepted};
 use bytes::BytesMut;
 use gannet_proto::h1::{parse_request, BodyKind, Limits, ParseError, RequestHead, Version};
-use gannet_proto::uri::parse_target_with;
+use gannet_proto::uri::parse_target_into;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::task::Poll;
@@ -95,6 +95,8 @@ struct Conn<S: Transport> {
     reused: bool,
     /// The last request answered came without a body (so none of it is left unread).
     bodiless: bool,
+    /// `keepalive_time` from the connection's start (`info.born`), for each answer's check.
+    ka_time: clock::Within,
 }
 
 /// How a connection's loop ended.
@@ -254,6 +256,7 @@ async fn run_conn<S: Transport>(
         .conf
         .core
         .send_timeout();
+    let born = info.born;
     let mut c = Conn {
         w: w.clone(),
         stream,
@@ -268,6 +271,7 @@ async fn run_conn<S: Transport>(
         plain_on_tls,
         reused: false,
         bodiless: false,
+        ka_time: clock::Within::new(born, Duration::ZERO),
     };
     let end = c.run().await;
     let asked = matches!(end, End::Asked);
@@ -454,12 +458,14 @@ impl<S: Transport> Conn<S> {
             }
             // The turn's time (`runtime::clock`), read already for the request just answered.
             let now = clock::now();
-            let deadline = if idle && c.info.requests > 0 {
-                now + c.keepalive.unwrap_or(server_keepalive)
+            let (deadline, wait) = if idle && c.info.requests > 0 {
+                // The wait is the timeout itself: no `Instant` subtraction to find it.
+                let timeout = c.keepalive.unwrap_or(server_keepalive);
+                (now + timeout, timeout)
             } else {
-                *head_deadline.get_or_insert(now + header_timeout)
+                let deadline = *head_deadline.get_or_insert(now + header_timeout);
+                (deadline, deadline.saturating_duration_since(now))
             };
-            let wait = deadline.saturating_duration_since(now);
             // A connection with no request in hand may be closed to make room; the worker
             // closes the one that has waited longest first.
             let since = if c.info.requests == 0 {
@@ -703,7 +709,9 @@ impl<S: Transport> Conn<S> {
         // `merge_slashes` is the default server's, as nginx parses the URI before the Host
         // header picks the server.
         let merge = g.servers[g.default].conf.core.merge_slashes();
-        let target = match parse_target_with(head.target(), merge) {
+        // The last request's buffers for the path and `$host` (given back below).
+        let (path, host) = crate::http::request::spare_strings();
+        let target = match parse_target_into(head.target(), merge, path) {
             Ok(t) => t,
             Err(e) => {
                 let line_only =
@@ -712,8 +720,10 @@ impl<S: Transport> Conn<S> {
                 return false;
             }
         };
-        let mut req = exchange::request(g, head, target, self.info.clone());
+        let mut req = exchange::request(g, head, target, self.info.clone(), host);
+        req.log_ignored_headers();
         let keep = exchange::serve(self, &w, &mut req).await;
+        req.give_back_strings();
         let update = req.background.get_mut().take();
         if let Some(update) = update {
             // A background cache update is part of the request in nginx (a subrequest):
@@ -822,6 +832,7 @@ impl<S: Transport> Conn<S> {
             .is_ok();
         let body_sent = if send_body { body_len } else { 0 };
         self.log(req, &resp, head_len, body_sent, sent_ok);
+        std::mem::take(&mut resp.body).give_back();
         keep && sent_ok
     }
 
@@ -959,7 +970,7 @@ impl<S: Transport> Conn<S> {
             && !self.w.draining.get()
             && (max_requests == 0 || self.info.requests < max_requests)
             // As of the request's start, whose time is at hand: no clock read per answer.
-            && req.start.saturating_duration_since(self.info.born) < core.keepalive_time()
+            && self.ka_time.holds(self.info.born, req.start, core.keepalive_time())
             && !core.keepalive_disabled(&req.head)
             // nginx's internal redirect passes through the server's settings on its way to
             // the new location, and a keep-alive they cancel stays cancelled.

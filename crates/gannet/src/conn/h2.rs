@@ -543,7 +543,8 @@ async fn answer(
             return (timeout, ex.late);
         }
     };
-    let mut req = exchange::request(g, head, target, info);
+    let mut req = exchange::request(g, head, target, info, String::new());
+    req.log_ignored_headers();
     req.wire_head_len = head_len;
     let mut ex = H2Exchange {
         recv,

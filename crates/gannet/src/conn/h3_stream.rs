@@ -94,7 +94,8 @@ pub(super) async fn stream(
     };
     match parsed {
         Ok((head, target)) => {
-            let mut req = exchange::request(g, head, target, info);
+            let mut req = exchange::request(g, head, target, info, String::new());
+            req.log_ignored_headers();
             exchange::serve(&mut ex, &w, &mut req).await;
         }
         Err(e) => {

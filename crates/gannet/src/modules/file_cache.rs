@@ -15,6 +15,7 @@
 //! opened under, and one opened under a check is re-validated by opening it again that way.
 
 use super::compress::Coding;
+use crate::runtime::clock::Within;
 use bytes::Bytes;
 use std::cell::RefCell;
 use std::fs::{File, Metadata};
@@ -89,6 +90,8 @@ struct Slot {
     entry: Entry,
     symlinks: Symlinks,
     checked: Instant,
+    /// `open_file_cache_valid` from `checked` (see `clock::Within`).
+    fresh: Within,
     last_used: Instant,
 }
 
@@ -164,7 +167,7 @@ impl FileCache {
         let mut map = self.map.borrow_mut();
         let key = path.as_os_str().as_bytes();
         if let Some(slot) = map.get_mut(key).filter(|s| s.symlinks == policy.symlinks) {
-            if !policy.restat && now.duration_since(slot.checked) < policy.valid {
+            if !policy.restat && slot.fresh.holds(slot.checked, now, policy.valid) {
                 slot.last_used = now;
                 return match &slot.entry {
                     Entry::Found(f) => Ok(f.clone()),
@@ -188,6 +191,7 @@ impl FileCache {
                     && (meta.ctime(), meta.ctime_nsec()) == f.ctime
                 {
                     slot.checked = now;
+                    slot.fresh = Within::new(now, policy.valid);
                     slot.last_used = now;
                     return Ok(f.clone());
                 }
@@ -206,6 +210,7 @@ impl FileCache {
                         symlinks: policy.symlinks,
                         entry: Entry::Found(f.clone()),
                         checked: now,
+                        fresh: Within::new(now, policy.valid),
                         last_used: now,
                     },
                 );
@@ -217,6 +222,7 @@ impl FileCache {
                         symlinks: policy.symlinks,
                         entry: Entry::Error(*e),
                         checked: now,
+                        fresh: Within::new(now, policy.valid),
                         last_used: now,
                     },
                 );

@@ -316,13 +316,13 @@ pub fn file_response(req: &Request, f: &super::file_cache::OpenFile) -> Response
     r.body = match &f.data {
         Some(d) => {
             r.variants = Some(f.variants.clone());
-            Body::Parts(vec![Part::Bytes(d.clone())])
+            Body::one(Part::Bytes(d.clone()))
         }
-        None => Body::Parts(vec![Part::File(FileRange {
+        None => Body::one(Part::File(FileRange {
             file: f.file.clone(),
             offset: 0,
             len: f.size,
-        })]),
+        })),
     };
     r
 }

@@ -15,6 +15,8 @@
 # only, no access log: LOG does not apply to them).
 # LOG=off (environment) turns gannet's and nginx's access log off, as the arena's tuned
 # profile has it (HAProxy logs nothing either way).
+# CONF (environment): another gannet/nginx config in this folder than gannet.conf, e.g.
+# gannet-small-static.conf (the arena's small-static run as it is: `location / { }`, no log).
 # WORK and PORT (environment) change the scratch folder and the port (default /tmp/cost, 18120).
 # HEADERS (environment, one "Name: value" a line) adds request fields, e.g. a browser's.
 # CLOSE=1 (environment): a new connection per request ("Connection: close", closer.c, built
@@ -80,10 +82,10 @@ elif [ "$B" = h2o ]; then
   fill "$HERE/h2o.conf" > "$W/$L.conf"
   CMD=(h2o -m worker -c "$W/$L.conf")
 elif [ "$B" = nginx ]; then
-  fill "$HERE/gannet.conf" > "$W/$L.conf"
+  fill "$HERE/${CONF:-gannet.conf}" > "$W/$L.conf"
   CMD=(nginx -p "$W" -g "daemon off;" -c "$W/$L.conf")
 else
-  fill "$HERE/gannet.conf" > "$W/$L.conf"
+  fill "$HERE/${CONF:-gannet.conf}" > "$W/$L.conf"
   CMD=("$B" -c "$W/$L.conf")
 fi
 rm -f "$W/$PORT.access.log" "$W"/cg."$L".*
