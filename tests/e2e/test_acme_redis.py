@@ -207,6 +207,41 @@ class ToTheOtherNode:
         self.sock.close()
 
 
+def subscribers(redis_port: int, channel: str) -> int:
+    out = subprocess.run(["redis-cli", "-p", str(redis_port), "--raw", "PUBSUB", "NUMSUB", channel],
+                         capture_output=True, text=True).stdout.split()
+    return int(out[1]) if len(out) == 2 and out[1].isdigit() else 0
+
+
+class Gate:
+    """Pebble's directory behind a door, opened by the test: a node that subscribed to the
+    challenge channel after the other published its token would not know it (the CA's
+    request to it finds no answer and the order fails, to be retried), so the nodes reach
+    the CA only once both listen."""
+
+    def __init__(self, port: int):
+        self.port, self.opened = port, threading.Event()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.through, args=(client,), daemon=True).start()
+
+    def through(self, client: socket.socket):
+        self.opened.wait(60)
+        upstream = socket.create_connection(("127.0.0.1", self.port))
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=ToTheOtherNode.pipe, args=(a, b), daemon=True).start()
+
+    def directory(self, pebble: Pebble) -> str:
+        return pebble.directory.replace(f":{pebble.port}/", f":{self.sock.getsockname()[1]}/")
+
+
 def test_http01_answered_by_the_node_that_does_not_order(tmp_path, http_port):
     """Real HTTP-01 validation (no PEBBLE_VA_ALWAYS_VALID) reaching only the other node: the
     ordering node tells the token over Redis pub/sub, and the order succeeds."""
@@ -214,13 +249,20 @@ def test_http01_answered_by_the_node_that_does_not_order(tmp_path, http_port):
     pebble = Pebble(tmp_path, http_port)
     redis = Redis(free_port(), tmp_path)
     redis.start()
+    gate = Gate(pebble.port)
+    channel = "gannet:acme:pebble:challenges"
     started = []
     try:
         for i in range(2):
             g = Gannet(tmp_path / f"node{i}")
             g.tmp.mkdir()
             tls = free_port()
-            started.append((g, g.start(conf=node_conf(pebble, redis.port, tls)), tls))
+            conf = node_conf(pebble, redis.port, tls).replace(pebble.directory, gate.directory(pebble))
+            started.append((g, g.start(conf=conf), tls))
+            # Each node's subscription in place before the next starts and before either
+            # reaches the CA.
+            assert wait_until(lambda: subscribers(redis.port, channel) > i, deadline=20), started[-1][1].error_log()
+        gate.opened.set()
         proxy = ToTheOtherNode(http_port, [srv for _, srv, _ in started])
         leaves = []
         for _, srv, tls in started:
@@ -233,6 +275,7 @@ def test_http01_answered_by_the_node_that_does_not_order(tmp_path, http_port):
         assert pebble.orders() == 1, pebble.log_path.read_text()
         proxy.close()
     finally:
+        gate.sock.close()
         for g, _, _ in started:
             g.close()
         redis.stop()
