@@ -68,10 +68,6 @@ def collect(servers, tool_names: list[str], options) -> dict:
         # (arena/resume.py) must measure the same one.
         "gannet_sha256": sha256(gannet),
         "gannet_mime_types": str(mime_types()),
-        # `gannet-base` (an earlier build as a column of its own): which one.
-        **({"gannet_base_binary": os.environ["GANNET_BASE_BIN"],
-            "gannet_base_sha256": sha256(Path(os.environ["GANNET_BASE_BIN"]))}
-           if any(s.name == "gannet-base" for s in servers) else {}),
         "servers": {s.name: s.version() for s in servers},
         "tools": {name: tools.tool_version(name) for name in tool_names},
     }

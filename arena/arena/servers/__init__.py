@@ -7,7 +7,7 @@ from arena.servers.apache import MPMS, Apache
 from arena.servers.base import PROFILES, RunningServer, Server, Site, SiteOptions
 from arena.servers.caddy import Caddy
 from arena.servers.floor import Floor
-from arena.servers.gannet import Gannet, GannetBase
+from arena.servers.gannet import Gannet
 from arena.servers.h2o import H2o
 from arena.servers.haproxy import Haproxy
 from arena.servers.lighttpd import Lighttpd
@@ -15,14 +15,13 @@ from arena.servers.nginx import Nginx
 from arena.servers.varnish import Varnish
 
 SERVERS: dict[str, Server] = {
-    s.name: s for s in [Gannet(), GannetBase(), Nginx(), *(Apache(m) for m in MPMS), Lighttpd(), H2o(), Caddy(), Varnish(), Haproxy(), Floor()]
+    s.name: s for s in [Gannet(), Nginx(), *(Apache(m) for m in MPMS), Lighttpd(), H2o(), Caddy(), Varnish(), Haproxy(), Floor()]
 }
 
 # The web servers: every adapter that serves the arena's files (Varnish and HAProxy only sit in
-# front of another server, in the scenarios whose site kinds they have; the floor is a reference;
-# gannet-base is another gannet build).
+# front of another server, in the scenarios whose site kinds they have; the floor is a reference).
 WEB_SERVERS: dict[str, Server] = {name: s for name, s in SERVERS.items()
-                                   if s.serves("static", "tuned") and not s.reference and not s.variant_of}
+                                   if s.serves("static", "tuned") and not s.reference}
 
 __all__ = ["SERVERS", "WEB_SERVERS", "PROFILES", "RunningServer", "Server", "Site", "SiteOptions", "get", "parse_list"]
 

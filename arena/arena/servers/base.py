@@ -126,7 +126,6 @@ class Server:
     config_file = ""     # main config file written into the run directory
     pid_file = ""        # file the server writes its pid to, relative to the run directory
     reference = False    # a reference row (the floor), not a web server people run
-    variant_of = ""      # another build of that adapter's server (gannet-base), not a server of its own
     # Why it cannot serve HTTP/3 (--h3); None for those that can (gannet, Caddy).
     no_http3: str | None = "it has no HTTP/3"
 

@@ -91,25 +91,3 @@ class Gannet(Server):
 
     def command(self, binary: str, rundir: Path) -> list[str]:
         return [binary, "-c", str(rundir / self.config_file), "-p", f"{rundir}/"]
-
-
-class GannetBase(Gannet):
-    """An earlier gannet build beside the current one (GANNET_BASE_BIN): the same templates and
-    profile as `gannet`, so a run shows what a change did, side by side and interleaved, with
-    the build before as a column (issue 30: "no regression anywhere else")."""
-
-    name = "gannet-base"
-    title = "gannet (build before)"
-    family = "gannet"
-    variant_of = "gannet"
-
-    def binary(self) -> str:
-        path = os.environ.get("GANNET_BASE_BIN")
-        if not path:
-            raise ArenaError("gannet-base needs GANNET_BASE_BIN: the path of the earlier gannet build to compare")
-        if not Path(path).is_file() or not os.access(path, os.X_OK):
-            raise ArenaError(f"gannet-base binary not found at {path} (GANNET_BASE_BIN)")
-        return path
-
-    def template_name(self, profile: str) -> str:
-        return f"gannet-{profile}.conf"
