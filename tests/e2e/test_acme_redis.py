@@ -185,9 +185,14 @@ class ToTheOtherNode:
                 client.close()
                 continue
             self.reached.append(others[0])
-            upstream = socket.create_connection(("127.0.0.1", others[0].port))
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self.pipe, args=(a, b), daemon=True).start()
+            self.join(client, others[0].port)
+
+    @classmethod
+    def join(cls, client: socket.socket, port: int):
+        """Relay `client` to `port` both ways."""
+        upstream = socket.create_connection(("127.0.0.1", port))
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=cls.pipe, args=(a, b), daemon=True).start()
 
     @staticmethod
     def pipe(a: socket.socket, b: socket.socket):
@@ -225,6 +230,7 @@ class Gate:
         threading.Thread(target=self.serve, daemon=True).start()
 
     def serve(self):
+        # Each connection waits in a thread of its own until the gate opens.
         while True:
             try:
                 client, _ = self.sock.accept()
@@ -234,9 +240,7 @@ class Gate:
 
     def through(self, client: socket.socket):
         self.opened.wait(60)
-        upstream = socket.create_connection(("127.0.0.1", self.port))
-        for a, b in ((client, upstream), (upstream, client)):
-            threading.Thread(target=ToTheOtherNode.pipe, args=(a, b), daemon=True).start()
+        ToTheOtherNode.join(client, self.port)
 
     def directory(self, pebble: Pebble) -> str:
         return pebble.directory.replace(f":{pebble.port}/", f":{self.sock.getsockname()[1]}/")
