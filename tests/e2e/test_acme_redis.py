@@ -164,6 +164,16 @@ def test_redis_down_at_start_is_logged_and_retried(tmp_path, pebble):
         redis.stop()
 
 
+def accept_each(sock: socket.socket, handle):
+    """`handle` each connection `sock` accepts, until it is closed."""
+    while True:
+        try:
+            client, _ = sock.accept()
+        except OSError:
+            return
+        handle(client)
+
+
 class ToTheOtherNode:
     """Pebble's HTTP-01 port, forwarded to the node that is not ordering (the one whose log
     does not say it made the account): the CA's validation request reaches a node that
@@ -172,20 +182,15 @@ class ToTheOtherNode:
     def __init__(self, port: int, nodes: list):
         self.nodes, self.reached = nodes, []
         self.sock = socket.create_server(("127.0.0.1", port))
-        threading.Thread(target=self.serve, daemon=True).start()
+        threading.Thread(target=accept_each, args=(self.sock, self.forward), daemon=True).start()
 
-    def serve(self):
-        while True:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            others = [srv for srv in self.nodes if "acme: account" not in srv.error_log()]
-            if len(others) != 1:
-                client.close()
-                continue
-            self.reached.append(others[0])
-            self.join(client, others[0].port)
+    def forward(self, client: socket.socket):
+        others = [srv for srv in self.nodes if "acme: account" not in srv.error_log()]
+        if len(others) != 1:
+            client.close()
+            return
+        self.reached.append(others[0])
+        self.join(client, others[0].port)
 
     @classmethod
     def join(cls, client: socket.socket, port: int):
@@ -227,16 +232,9 @@ class Gate:
     def __init__(self, port: int):
         self.port, self.opened = port, threading.Event()
         self.sock = socket.create_server(("127.0.0.1", 0))
-        threading.Thread(target=self.serve, daemon=True).start()
-
-    def serve(self):
         # Each connection waits in a thread of its own until the gate opens.
-        while True:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self.through, args=(client,), daemon=True).start()
+        threading.Thread(target=accept_each, daemon=True, args=(
+            self.sock, lambda c: threading.Thread(target=self.through, args=(c,), daemon=True).start())).start()
 
     def through(self, client: socket.socket):
         self.opened.wait(60)
