@@ -132,7 +132,6 @@ fn bind_unix(l: &Listen, path: &std::path::Path) -> io::Result<TcpListener> {
     if let Some(n) = l.sndbuf {
         s.set_send_buffer_size(n)?;
     }
-    s.listen(l.backlog)?;
     Ok(std::os::fd::OwnedFd::from(s).into())
 }
 
@@ -158,7 +157,9 @@ pub fn remove_unix_files(bound: &Bound) {
     }
 }
 
-pub fn bind(l: &Listen) -> io::Result<TcpListener> {
+/// A socket bound to `l`'s address with its options set; a stream socket is not yet
+/// listening (see `bind_for`).
+fn bind(l: &Listen) -> io::Result<TcpListener> {
     if let Some(path) = &l.unix {
         return bind_unix(l, path);
     }
@@ -174,7 +175,6 @@ pub fn bind(l: &Listen) -> io::Result<TcpListener> {
         // TCP_DEFER_ACCEPT's value is how long (s) to wait for the first data.
         set_tcp_int(SockRef::from(&s), libc::TCP_DEFER_ACCEPT, 1)?;
     }
-    s.listen(l.backlog)?;
     Ok(s.into())
 }
 
@@ -200,9 +200,14 @@ fn bind_error(l: &Listen, e: io::Error) -> String {
 /// addresses it already has (kept even beyond the worker count, so none is closed with
 /// connections in its backlog), new ones for the rest. Addresses `config` no longer
 /// listens on are left out, to close once their last user is gone.
+///
+/// The new sockets listen only once all are bound: a client (a health check, a test)
+/// that reached one address finds every other one accepting too, and a failed bind
+/// leaves no address having taken connections it then drops.
 pub fn bind_for(config: &Config, old: &Bound) -> Result<Bound, String> {
     let workers = config.main.worker_processes.max(1);
     let mut out = Bound::new();
+    let mut fresh = Vec::new();
     for l in config.all_listens() {
         let at = l.endpoint();
         let mut socks = match old.get(&at) {
@@ -217,7 +222,10 @@ pub fn bind_for(config: &Config, old: &Bound) -> Result<Bound, String> {
                 })
                 .collect::<Result<Vec<_>, String>>()?,
             // A unix socket's bind is its own probe: it fails if the file exists.
-            None if l.unix.is_some() => vec![bind(l).map_err(|e| bind_error(l, e))?],
+            None if l.unix.is_some() => {
+                fresh.push((at.clone(), 0, l));
+                vec![bind(l).map_err(|e| bind_error(l, e))?]
+            }
             None => {
                 probe(l).map_err(|e| bind_error(l, e))?;
                 Vec::new()
@@ -232,7 +240,10 @@ pub fn bind_for(config: &Config, old: &Bound) -> Result<Bound, String> {
                     s.try_clone()
                         .map_err(|e| format!("socket dup failed: {e}"))?
                 }
-                _ => bind(l).map_err(|e| bind_error(l, e))?,
+                _ => {
+                    fresh.push((at.clone(), socks.len(), l));
+                    bind(l).map_err(|e| bind_error(l, e))?
+                }
             };
             socks.push(s);
         }
@@ -249,6 +260,13 @@ pub fn bind_for(config: &Config, old: &Bound) -> Result<Bound, String> {
             }
         }
         out.insert(at, socks);
+    }
+    for (at, i, l) in fresh {
+        if !l.udp {
+            SockRef::from(&out[&at][i])
+                .listen(l.backlog)
+                .map_err(|e| format!("listen() to {at} failed ({e})"))?;
+        }
     }
     Ok(out)
 }
