@@ -51,6 +51,28 @@ def test_parked_connection_closes_at_keepalive_timeout(gannet):
         assert 2.5 <= time.monotonic() - start < 6
 
 
+def test_parked_again_keeps_its_new_deadline(gannet):
+    """A connection that parks, is woken by a request and parks again (in the slot it
+    left) is closed at its second keep-alive deadline, not its first: the lot's deadline
+    queue still holds the first one when it comes due. A second connection, parked once,
+    is closed at its own."""
+    srv = gannet.start(files={"a.txt": "x"}, http="keepalive_timeout 4s;")
+    with socket.create_connection(("127.0.0.1", srv.port)) as s, \
+            socket.create_connection(("127.0.0.1", srv.port)) as other:
+        for c in (s, other):
+            c.sendall(REQ)
+            read_response(c)
+        assert idle_for(s, 1.6) == b"(silent)"  # parked after 1 s, first deadline at 4 s
+        s.settimeout(5)
+        s.sendall(REQ)
+        assert read_response(s).startswith(b"HTTP/1.1 200 OK")
+        again = time.monotonic()  # parks again 1 s later; due 4 s after this
+        assert idle_for(other, 5) == b"", "the connection parked once outlived its keepalive_timeout"
+        assert idle_for(s, 0.8) == b"(silent)", "closed at the deadline of its first park"
+        assert idle_for(s, 5) == b""
+        assert 3.5 <= time.monotonic() - again < 5.5
+
+
 def test_graceful_stop_closes_parked_connections(gannet):
     srv = gannet.start(files={"a.txt": "x"}, http="keepalive_timeout 60s;")
     with socket.create_connection(("127.0.0.1", srv.port)) as s:
