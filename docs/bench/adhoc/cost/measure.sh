@@ -30,7 +30,15 @@
 # MODE may also be `cache`: callgrind with its cache simulation, this machine's L1d (48 KiB,
 # 12-way) and L2 (1 MiB, 16-way, as callgrind's last level), user space only; and `sys` adds
 # the `epoll_wait` calls' events (their return values, `syscalls:sys_exit_epoll_wait`).
+# IDLE=N (environment): N more connections, each answered once and then held idle for the
+# whole count ([idle.py](idle.py)), as the arena's c10k holds its 10,000 (gannet parks them
+# after a second); the config's worker_connections becomes 20,000 (this machine's fd cap).
 set -u
+WC=()
+if [ -n "${IDLE:-}" ]; then
+  ulimit -n 20000
+  WC=(-e "s#worker_connections [0-9]*#worker_connections 20000#")
+fi
 B=$1; L=$2; P=$3; N=${4:-20000}; MODE=${5:-cg}
 HERE=$(cd "$(dirname "$0")" && pwd); REPO=$(cd "$HERE/../../../.." && pwd)
 W=${WORK:-/tmp/cost}; PORT=${PORT:-18120}
@@ -39,7 +47,7 @@ cp "$HERE/../robots/robots.txt" "$HERE/../proxy/ad.json" "$W/www/"
 H=()
 while IFS= read -r h; do [ -n "$h" ] && H+=(-H "$h"); done <<< "${HEADERS:-}"
 fill() {
-  sed -e "s#WORK#$W#g" -e "s#PORT#$PORT#g" -e "s#MIME#$REPO/conf/mime.types#g" "$1" |
+  sed -e "s#WORK#$W#g" -e "s#PORT#$PORT#g" -e "s#MIME#$REPO/conf/mime.types#g" "${WC[@]}" "$1" |
     if [ "${LOG:-on}" = off ]; then sed -e "s#^\( *access_log\) .*#\1 off;#"; else cat; fi
 }
 # KEPT=1: the keeper runs until told to stop; `window START END` runs START when N requests
@@ -100,6 +108,14 @@ VP=$!
 for _ in $(seq 1 150); do curl -s -o /dev/null "http://127.0.0.1:$PORT$P" && break; sleep 0.2; done
 # Warm-up: the open file cache, the upstream connections.
 taskset -c 1 h2load --h1 -n 200 -c 10 "http://127.0.0.1:$PORT$P" > /dev/null 2>&1
+if [ -n "${IDLE:-}" ]; then
+  taskset -c 1 python3 "$HERE/idle.py" 127.0.0.1 $PORT "$P" "$IDLE" > "$W/idle.out" 2>&1 &
+  IP=$!
+  trap 'kill $IP 2>/dev/null' EXIT
+  for _ in $(seq 1 600); do grep -q ready "$W/idle.out" && break; sleep 0.2; done
+  cat "$W/idle.out"
+  sleep 2  # past gannet's PARK_AFTER (1 s): the held connections are parked
+fi
 if [ "$MODE" = cg ] || [ "$MODE" = cache ]; then
   # Only this server's process (other valgrind runs on the machine are left alone).
   if [ "$B" = floor ]; then ME="$W/floor "; else ME="$W/$L.conf"; fi
