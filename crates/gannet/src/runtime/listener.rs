@@ -223,7 +223,7 @@ pub fn bind_for(config: &Config, old: &Bound) -> Result<Bound, String> {
                 .collect::<Result<Vec<_>, String>>()?,
             // A unix socket's bind is its own probe: it fails if the file exists.
             None if l.unix.is_some() => {
-                fresh.push((at.clone(), 0, l));
+                fresh.push((at.clone(), 0, l.backlog));
                 vec![bind(l).map_err(|e| bind_error(l, e))?]
             }
             None => {
@@ -241,7 +241,9 @@ pub fn bind_for(config: &Config, old: &Bound) -> Result<Bound, String> {
                         .map_err(|e| format!("socket dup failed: {e}"))?
                 }
                 _ => {
-                    fresh.push((at.clone(), socks.len(), l));
+                    if !l.udp {
+                        fresh.push((at.clone(), socks.len(), l.backlog));
+                    }
                     bind(l).map_err(|e| bind_error(l, e))?
                 }
             };
@@ -261,12 +263,10 @@ pub fn bind_for(config: &Config, old: &Bound) -> Result<Bound, String> {
         }
         out.insert(at, socks);
     }
-    for (at, i, l) in fresh {
-        if !l.udp {
-            SockRef::from(&out[&at][i])
-                .listen(l.backlog)
-                .map_err(|e| format!("listen() to {at} failed ({e})"))?;
-        }
+    for (at, i, backlog) in fresh {
+        SockRef::from(&out[&at][i])
+            .listen(backlog)
+            .map_err(|e| format!("listen() to {at} failed ({e})"))?;
     }
     Ok(out)
 }

@@ -38,15 +38,12 @@ pub struct Parked {
 pub struct ParkingLot {
     epoll: AsyncFd<OwnedFd>,
     slots: RefCell<Vec<Option<Parked>>>,
-    /// Per slot, the number of the park that filled it last: a `due` entry whose number
-    /// is not its slot's any more is of a connection that left (woken, closed).
-    seq: RefCell<Vec<u64>>,
-    next_seq: Cell<u64>,
-    /// (deadline, slot, park number), earliest first: the worker's tick closes what is
-    /// due without walking every parked connection (with 10,000 parked, that walk four
-    /// times a second had every L2 miss of a kept request and over half its L1 misses,
-    /// callgrind, docs/bench/cost-per-request.md).
-    due: RefCell<BinaryHeap<Reverse<(Instant, usize, u64)>>>,
+    /// (deadline, slot) of each park, earliest first: the worker's tick closes what is due
+    /// without walking every parked connection (with 10,000 parked, that walk four times a
+    /// second had every L2 miss of a kept request and over half its L1 misses, callgrind,
+    /// docs/bench/cost-per-request.md). An entry outlives its park when the connection
+    /// wakes: it closes only a slot's connection that is due itself.
+    due: RefCell<BinaryHeap<Reverse<(Instant, usize)>>>,
     free: RefCell<Vec<usize>>,
     /// Connections parked since the last `trimmed`.
     parked: Cell<usize>,
@@ -73,8 +70,6 @@ impl ParkingLot {
         Ok(ParkingLot {
             epoll,
             slots: RefCell::default(),
-            seq: RefCell::default(),
-            next_seq: Cell::new(0),
             due: RefCell::default(),
             free: RefCell::default(),
             parked: Cell::new(0),
@@ -98,17 +93,13 @@ impl ParkingLot {
         let key = self.free.borrow_mut().pop().unwrap_or_else(|| {
             let mut slots = self.slots.borrow_mut();
             slots.push(None);
-            self.seq.borrow_mut().push(0);
             slots.len() - 1
         });
         if let Err(e) = self.ctl(libc::EPOLL_CTL_ADD, p.stream.as_raw_fd(), key) {
             self.free.borrow_mut().push(key);
             return Err(e);
         }
-        let n = self.next_seq.get();
-        self.next_seq.set(n + 1);
-        self.seq.borrow_mut()[key] = n;
-        self.due.borrow_mut().push(Reverse((p.deadline, key, n)));
+        self.due.borrow_mut().push(Reverse((p.deadline, key)));
         self.slots.borrow_mut()[key] = Some(p);
         self.compact();
         self.parked.set(self.parked.get() + 1);
@@ -207,18 +198,20 @@ impl ParkingLot {
         }
         let mut closed = 0;
         loop {
-            let (key, n) = {
+            let key = {
                 let mut due = self.due.borrow_mut();
                 match due.peek() {
-                    Some(Reverse((deadline, key, n))) if *deadline <= now => {
-                        let top = (*key, *n);
+                    Some(&Reverse((deadline, key))) if deadline <= now => {
                         due.pop();
-                        top
+                        key
                     }
                     _ => return closed,
                 }
             };
-            if self.seq.borrow()[key] == n && self.take(key).is_some() {
+            let is_due = self.slots.borrow()[key]
+                .as_ref()
+                .is_some_and(|p| p.deadline <= now);
+            if is_due && self.take(key).is_some() {
                 closed += 1;
             }
         }
@@ -233,12 +226,11 @@ impl ParkingLot {
         if due.len() <= 2 * live + 64 {
             return;
         }
-        let seq = self.seq.borrow();
         let slots = self.slots.borrow();
         due.clear();
         for (key, p) in slots.iter().enumerate() {
             if let Some(p) = p {
-                due.push(Reverse((p.deadline, key, seq[key])));
+                due.push(Reverse((p.deadline, key)));
             }
         }
     }
