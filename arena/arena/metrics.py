@@ -32,6 +32,13 @@ METRICS = [
     Metric("header_bytes", "Header bytes / reply", "B", "lower", 1),
     Metric("bytes_per_reply", "Bytes / reply", "B", None, 1),
     Metric("client_cpu_pct", "Client CPU", "%", None),
+    # The load tool's CPU per request, and the server's and the tool's together. On loopback
+    # the kernel's work for one side often runs in the other's context: an ACK the client
+    # sends makes the server's socket send its next segments on the client's CPU. So a
+    # server that leaves more of a large answer to be sent that way looks cheaper by its own
+    # CPU than it is (the 394 KB image at c=1,000, docs/bench/cost-per-request.md).
+    Metric("client_cpu_per_10k", "Client CPU s / 10k req", "s", None, 3),
+    Metric("pair_cpu_per_10k", "Server + client CPU s / 10k req", "s", "lower", 3),
     # c10k
     Metric("idle_held", "Idle connections held", "", "higher"),
     Metric("idle_still_open", "Idle connections still open at the end", "", "higher"),

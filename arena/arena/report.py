@@ -16,7 +16,7 @@ from arena.metrics import BY_KEY, fmt
 from arena.summary import REFERENCE
 
 # A table is shown for each figure that some point has (the PHP tier's only in the dynamic scenarios).
-SIDE_BY_SIDE = ["capacity_per_core", "rps", "cpu_per_10k", "kernel_cpu_per_10k", "total_cpu_per_10k", "php_cpu_per_10k", "gb_per_s", "cpu_per_gb", "p99_ms",
+SIDE_BY_SIDE = ["capacity_per_core", "rps", "cpu_per_10k", "kernel_cpu_per_10k", "pair_cpu_per_10k", "total_cpu_per_10k", "php_cpu_per_10k", "gb_per_s", "cpu_per_gb", "p99_ms",
                 "peak_pss_mib", "php_peak_pss_mib", "failures", "loss_pct", "get_failures", "post_failures",
                 "shadow_copies", "hit_pct"]
 

@@ -24,6 +24,18 @@ def test_wrk_exact_figures_come_from_the_script_line():
     assert (res.bytes_total - 2001 * IMAGE) % 2001 == 0
 
 
+def test_wrk_socket_errors_are_kept_by_kind():
+    # The fixture's exact line with a reset and two timeouts, and wrk's own text line.
+    text = fixture_text("wrk_keepalive.txt").replace(
+        '"read": 0, "write": 0, "status": 0, "timeout": 0', '"read": 1, "write": 0, "status": 0, "timeout": 2')
+    res = wrk.parse(text)
+    assert res.socket_errors == 3 and res.failures == 3
+    assert res.extra["socket_errors"] == {"read": 1, "timeout": 2}
+    plain = fixture_text("wrk_plain.txt") + "  Socket errors: connect 0, read 0, write 0, timeout 4\n"
+    assert wrk.parse(plain).extra["socket_errors"] == {"timeout": 4}
+    assert "socket_errors" not in wrk.parse(fixture_text("wrk_keepalive.txt")).extra
+
+
 def test_wrk_new_connection_run():
     res = wrk.parse(fixture_text("wrk_close.txt"))
     assert res.requests == 1002

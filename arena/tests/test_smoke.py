@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 IMAGE = 394 * 1024
 
 
@@ -40,6 +42,9 @@ def check_every_request_served(results: dict, servers: list[str]) -> None:
             assert s["body_size"] == IMAGE
             assert s["bytes_ok"] is True, f"{where}: {s['bytes_total']} bytes for {s['requests']} replies"
             assert s["cpu_per_10k"] is not None and s["peak_pss_mib"] > 0, where
+            # The load tool's CPU is its own figure and part of the pair's.
+            assert s["client_cpu_per_10k"] > 0, where
+            assert s["pair_cpu_per_10k"] == pytest.approx(s["cpu_per_10k"] + s["client_cpu_per_10k"]), where
 
 
 def test_smoke_gannet_and_nginx(tmp_path):

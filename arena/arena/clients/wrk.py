@@ -31,6 +31,7 @@ def command(url: str, connections: int, requests: int, close: bool = False,
 def parse(text: str) -> LoadResult:
     """Parse wrk's report; exact figures from the ARENA-JSON line when the script ran."""
     res = LoadResult(tool=TOOL)
+    counts: dict[str, int] = {}
     summary = re.search(r"(\d+) requests in ([\d.]+)(us|ms|s|m|h), ([\d.]+)([KMGT]?B) read", text)
     if summary:
         res.requests = int(summary.group(1))
@@ -46,7 +47,8 @@ def parse(text: str) -> LoadResult:
             res.latency_ms[f"p{pct}"] = to_ms(m.group(1), m.group(2))
     errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
     if errors:
-        res.socket_errors = sum(int(g) for g in errors.groups())
+        counts = dict(zip(("connect", "read", "write", "timeout"), (int(g) for g in errors.groups())))
+        res.socket_errors = sum(counts.values())
     res.non_2xx_3xx = number(r"Non-2xx or 3xx responses: (\d+)", text, int, 0)
     res.rps = number(r"Requests/sec:\s+([\d.]+)", text, float, 0.0)
 
@@ -58,11 +60,15 @@ def parse(text: str) -> LoadResult:
         res.sent = data["sent"]
         res.bytes_total = data["bytes"]
         res.duration_s = data["duration_us"] / 1e6
-        res.socket_errors = err["connect"] + err["read"] + err["write"] + err["timeout"]
+        counts = {k: err[k] for k in ("connect", "read", "write", "timeout")}
+        res.socket_errors = sum(counts.values())
         # wrk_paths.lua counts every answer that is not 2xx; wrk itself only 4xx and 5xx.
         res.non_2xx_3xx = data.get("non_2xx", err["status"])
         res.latency_ms = {k: v / 1000 for k, v in data["latency_us"].items()}
         res.rps = res.requests / res.duration_s if res.duration_s else 0.0
+    if res.socket_errors:
+        # Which kind: a timeout says the server was slow, a read error that it reset or closed.
+        res.extra["socket_errors"] = {k: v for k, v in counts.items() if v}
     res.failures = res.socket_errors + res.non_2xx_3xx
     return res
 

@@ -152,6 +152,7 @@ def record(result: LoadResult, tool: ToolRun | None, failure: str | None, sample
             high = (result.requests + abandoned) * (body_size + header_range[1] + 16)
             bytes_ok = low <= result.bytes_total <= high
     client_cpu = tool.cpu_percent if tool else None
+    client_s = tool.cpu_seconds if tool else None
     lat = result.latency_ms
     return {
         "tool": result.tool,
@@ -181,6 +182,9 @@ def record(result: LoadResult, tool: ToolRun | None, failure: str | None, sample
         "bytes_ok": bytes_ok,
         "client_cpu_pct": client_cpu,
         "client_bound": client_cpu is not None and client_cpu >= CLIENT_BOUND_PCT,
+        "client_cpu_per_10k": client_s / served * 10000 if served and client_s is not None else None,
+        "pair_cpu_per_10k": (sample.cpu_seconds + client_s) / served * 10000
+        if served and client_s is not None else None,
         "error": failure,
         "extra": result.extra,
     }

@@ -21,6 +21,10 @@ use tokio::net::TcpStream;
 /// the kernel may as well send the rest after the close, and waiting for the queue to drain cost
 /// that case half its rate (3.9k vs 7.0k req/s at c=1). 16 KiB is the value commonly used
 /// (h2o, Cloudflare) and measured best of 16, 64, 128 and 256 KiB. nginx sets nothing here.
+/// Without it the arena's image at c=1,000 reads 14-19 % cheaper by the server's CPU, but
+/// only because on loopback the socket's ACK-clocked sending then runs on the client's CPU:
+/// server and client together spent 3.11 s per 10k answers without it, 2.79-2.86 with it
+/// (docs/bench/cost-per-request.md, "the low-water mark, and whose CPU sends the answer").
 const NOTSENT_LOWAT: libc::c_int = 16 << 10;
 
 /// Keep little unsent on `sock` ([`NOTSENT_LOWAT`]); returns whether it worked.
