@@ -28,6 +28,10 @@ def command(url: str, connections: int, requests: int, close: bool = False,
     return cmd + [url, "--", str(requests), str(connections)] + ([paths_file] if paths_file else [])
 
 
+# wrk's kinds of socket error, in the order of its "Socket errors:" line.
+SOCKET_ERRORS = ("connect", "read", "write", "timeout")
+
+
 def parse(text: str) -> LoadResult:
     """Parse wrk's report; exact figures from the ARENA-JSON line when the script ran."""
     res = LoadResult(tool=TOOL)
@@ -47,7 +51,7 @@ def parse(text: str) -> LoadResult:
             res.latency_ms[f"p{pct}"] = to_ms(m.group(1), m.group(2))
     errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
     if errors:
-        counts = dict(zip(("connect", "read", "write", "timeout"), (int(g) for g in errors.groups())))
+        counts = dict(zip(SOCKET_ERRORS, (int(g) for g in errors.groups())))
         res.socket_errors = sum(counts.values())
     res.non_2xx_3xx = number(r"Non-2xx or 3xx responses: (\d+)", text, int, 0)
     res.rps = number(r"Requests/sec:\s+([\d.]+)", text, float, 0.0)
@@ -60,7 +64,7 @@ def parse(text: str) -> LoadResult:
         res.sent = data["sent"]
         res.bytes_total = data["bytes"]
         res.duration_s = data["duration_us"] / 1e6
-        counts = {k: err[k] for k in ("connect", "read", "write", "timeout")}
+        counts = {k: err[k] for k in SOCKET_ERRORS}
         res.socket_errors = sum(counts.values())
         # wrk_paths.lua counts every answer that is not 2xx; wrk itself only 4xx and 5xx.
         res.non_2xx_3xx = data.get("non_2xx", err["status"])

@@ -152,7 +152,8 @@ def record(result: LoadResult, tool: ToolRun | None, failure: str | None, sample
             high = (result.requests + abandoned) * (body_size + header_range[1] + 16)
             bytes_ok = low <= result.bytes_total <= high
     client_cpu = tool.cpu_percent if tool else None
-    client_s = tool.cpu_seconds if tool else None
+    cpu_10k = sample.cpu_seconds / served * 10000 if served else None
+    client_10k = tool.cpu_seconds / served * 10000 if tool and served else None
     lat = result.latency_ms
     return {
         "tool": result.tool,
@@ -169,7 +170,7 @@ def record(result: LoadResult, tool: ToolRun | None, failure: str | None, sample
         "socket_errors": result.socket_errors,
         "non_2xx_3xx": result.non_2xx_3xx,
         "server_cpu_s": sample.cpu_seconds,
-        "cpu_per_10k": sample.cpu_seconds / served * 10000 if served else None,
+        "cpu_per_10k": cpu_10k,
         "kernel_cpu_per_10k": sample.kernel_seconds / served * 10000 if served else None,
         "peak_cpu_pct": sample.peak_cpu_percent,
         "peak_rss_mib": sample.peak_rss_kib / 1024,
@@ -182,9 +183,8 @@ def record(result: LoadResult, tool: ToolRun | None, failure: str | None, sample
         "bytes_ok": bytes_ok,
         "client_cpu_pct": client_cpu,
         "client_bound": client_cpu is not None and client_cpu >= CLIENT_BOUND_PCT,
-        "client_cpu_per_10k": client_s / served * 10000 if served and client_s is not None else None,
-        "pair_cpu_per_10k": (sample.cpu_seconds + client_s) / served * 10000
-        if served and client_s is not None else None,
+        "client_cpu_per_10k": client_10k,
+        "pair_cpu_per_10k": cpu_10k + client_10k if client_10k is not None else None,
         "error": failure,
         "extra": result.extra,
     }
