@@ -455,8 +455,15 @@ def test_sentinel_names_the_master_and_a_failover_is_followed(tmp_path, gannet, 
         wait_port(sentinel_port, sentinel)
         cli(replica.port, "replicaof", "127.0.0.1", str(redis.port))
         assert wait_until(lambda: "master_link_status:up" in cli(replica.port, "info", "replication"), deadline=10)
-        # The sentinel has found the replica (it asks the master every 10 s at first).
-        assert wait_until(lambda: str(replica.port) in cli(sentinel_port, "sentinel", "replicas", "mymaster"), deadline=20, every=0.2)
+        # The sentinel holds the replica as promotable (it finds it in the master's INFO every
+        # 10 s at first; listed is not enough: SENTINEL FAILOVER answers NOGOODSLAVE until the
+        # sentinel is connected to the replica and has its INFO with the master link up).
+        def promotable() -> bool:
+            lines = cli(sentinel_port, "sentinel", "replicas", "mymaster").splitlines()
+            fields = dict(zip(lines[::2], lines[1::2]))
+            return (fields.get("port") == str(replica.port) and fields.get("flags") == "slave"
+                    and fields.get("master-link-status") == "ok" and int(fields.get("info-refresh", "999999999")) < 10_000)
+        assert wait_until(promotable, deadline=30, every=0.2)
 
         zones = f"""
     redis_server shared {{ sentinel 127.0.0.1:{sentinel_port}; master_name mymaster; timeout 2s; }}
