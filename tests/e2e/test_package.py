@@ -44,7 +44,7 @@ V1, V2 = "0.1.0-1", "0.1.0-2"
 def debs(tmp_path_factory):
     """Two builds of the package from the binary under test, versions V1 and V2."""
     binary = gannet_bin().resolve()
-    profile = {"release": "release", "debug": "dev"}.get(binary.parent.name)
+    profile = {"release": "release", "debug": "dev", "pgo": "pgo"}.get(binary.parent.name)
     if profile is None:
         pytest.skip(f"{binary} is not in a cargo target folder")
     out = tmp_path_factory.mktemp("debs")

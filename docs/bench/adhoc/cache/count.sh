@@ -30,6 +30,22 @@
 # (48 KiB, 12-way) and L2 (1 MiB, 16-way, as its last level), as cost/measure.sh's `cache`
 # mode: D1 and L2 misses per request, user space only.
 #
+# CPU=1: the worker's CPU time per request instead (`perf stat -e task-clock`, without the
+# system-call tracepoints, which would weigh on the server making more calls). wrk phases only.
+#
+# PROFILE=1: where the worker's time goes instead (`perf record -e cpu-clock -g`, sampled, so
+# kernel time is seen too): the samples by system call and part of the network stack
+# (image/prof.py; its "user space" is every sample under no system call, page faults and
+# interrupts too), the kernel's and user space's shares by symbol, and the top symbols by
+# self time in $W/NAME.top. wrk phases only.
+#
+# WORK: the folder the run's files go in (default /tmp; the cache's entries are there). A
+# miss's CPU depends on the file system: on an ext4 without a journal (this VM's root), a new
+# file's inode skips every inode of its group freed in the last 1-6 minutes, reading each
+# (the kernel's `recently_deleted`), so a run right after another's folder was removed paid
+# 2-8x per miss, more and more from run to run. For misses, put WORK on a journaled file
+# system (a loop-mounted ext4 image does).
+#
 # KEPT=1: kept connections only, as cost/measure.sh's KEPT=1 (cost/keeper.c over the phase's
 # path file, in order): the phase's connections opened and given 3 answers each before the
 # count starts, the load running on both sides of the counted window, so no accept or close
@@ -52,7 +68,7 @@ CONTENT=${CONTENT:-api}
 KEPT=${KEPT:-}
 SIM=()
 [ -n "$CG" ] && [ -n "${CACHESIM:-}" ] && SIM=(--cache-sim=yes --D1=49152,12,64 --LL=1048576,16,64 --I1=32768,8,64)
-W=/tmp/cachecount.$SERVER.$CONTENT${CG:+.cg}${KEPT:+.kept}
+W=${WORK:-/tmp}/cachecount.$SERVER.$CONTENT${CG:+.cg}${KEPT:+.kept}${PROFILE:+.prof}${CPU:+.cpu}
 # PORTS (environment): the first of the three ports (the origin, the cache, the plain proxy).
 ORIGIN=${PORTS:-18190} PORT=$((ORIGIN + 1)) PLAIN=$((ORIGIN + 2))
 rm -rf "$W"
@@ -229,6 +245,10 @@ phase() {
         callgrind_control -z "$worker" > /dev/null
         "${client[@]}" > "$W/$name.wrk"
         callgrind_control -d "$name" "$worker" > /dev/null
+    elif [ -n "${PROFILE:-}" ]; then
+        perf record -e cpu-clock -F 4000 -g -p "$worker" -o "$W/$name.prof" -- "${client[@]}" > "$W/$name.wrk" 2> /dev/null
+    elif [ -n "${CPU:-}" ]; then
+        perf stat -x, -o "$W/$name.perf" -e task-clock,context-switches -p "$worker" -- "${client[@]}" > "$W/$name.wrk"
     else
         perf stat -x, -o "$W/$name.perf" -e 'syscalls:sys_enter_*' -e context-switches,page-faults \
             -p "$worker" -- "${client[@]}" > "$W/$name.wrk"
@@ -242,6 +262,17 @@ phase() {
         ir=$(grep -m1 '^summary:' "$f" | awk '{print $2}')
         printf '%-10s %7d answers  %9.0f instructions/request  (%s)\n' "$name" "$answered" \
             "$(awk -v a="$ir" -v b="$answered" 'BEGIN { print a / b }')" "$f"
+    elif [ -n "${PROFILE:-}" ]; then
+        echo "$name: $answered answers"
+        perf script -i "$W/$name.prof" -F ip,sym 2> /dev/null | python3 "$HERE/../image/prof.py" "$answered"
+        perf report -i "$W/$name.prof" --no-children --sort sym --stdio 2> /dev/null | grep -E '^ +[0-9]' > "$W/$name.syms" || true
+        awk '{ sub(/%/, "", $1); if ($2 == "[k]") k += $1; else u += $1 }
+            END { printf "  by symbol: kernel %.1f%%, user space %.1f%%\n", k, u }' "$W/$name.syms"
+        awk '{ p = $1; sub(/%/, "", p) } p >= 0.7' "$W/$name.syms" > "$W/$name.top"
+        echo "  top symbols (self): $W/$name.top"
+    elif [ -n "${CPU:-}" ]; then
+        awk -F, -v n="$answered" -v name="$name" '$3 ~ /task-clock/ { ms = $1 } $3 ~ /context-switches/ { cs = $1 }
+            END { printf "%-10s %7d answers  %7.1f us CPU/request  %6.3f context switches/request\n", name, n, 1000 * ms / n, cs / n }' "$W/$name.perf"
     else
         calls "$name" "$answered"
     fi
