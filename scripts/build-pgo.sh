@@ -7,9 +7,9 @@
 # Three steps: an instrumented build (`-Cprofile-generate`, in target/pgo-gen), a training
 # load against it, then the build with the counts (`-Cprofile-use`, cargo profile `pgo`,
 # which inherits `release`). LLVM then places the hot paths together and the cold ones
-# apart and inlines where the counts say: measured on this project's ad hoc benchmarks,
-# 0.73x the CPU per robots.txt request and 0.75-0.86x per cache hit, miss and proxied
-# request of the plain release build (docs/bench/README.md, "Profile-guided build").
+# apart and inlines where the counts say: 1.05-1.23x the plain release build's requests per
+# CPU-second in the arena under a CPU quota (robots.txt, cache hits and 95 % mixes;
+# docs/bench/README.md, "The profile-guided build").
 # `packaging/build-deb.sh --profile pgo` packages it.
 #
 # The training is self-contained: one gannet process (`master_process off`, so that it writes
@@ -23,9 +23,11 @@
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 
-# The training load against $1; fails if an answer is not 2xx or a load got none.
+# The training's folder and server, removed and stopped however the script ends.
 w="" g=""
 trap 'if [ -n "$g" ]; then kill "$g" 2> /dev/null || true; fi; [ -z "$w" ] || rm -rf "$w"' EXIT
+
+# The training load against $1; fails if an answer is not 2xx or a load got none.
 train() {
   local bin=$1 ps pt po
   w=$(mktemp -d /tmp/gannet-pgo.XXXXXX)
