@@ -27,6 +27,20 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 w="" g=""
 trap 'if [ -n "$g" ]; then kill "$g" 2> /dev/null || true; fi; [ -z "$w" ] || rm -rf "$w"' EXIT
 
+# One load of the training: `load NAME COMMAND...` runs wrk or h2load and prints NAME's
+# count; a load with no answers or one not 2xx sets the caller's `failed`.
+load() {
+  local name=$1 out n
+  shift
+  out=$("$@" 2>&1) || true
+  n=$(sed -n 's/^ *\([0-9]*\) requests in.*/\1/p; s/^requests: \([0-9]*\) total.*/\1/p' <<< "$out" | head -1)
+  if [ -z "$n" ] || [ "$n" = 0 ] || grep -qE 'Non-2xx|[1-9][0-9]* (failed|errored|[45]xx)' <<< "$out"; then
+    echo "build-pgo.sh: $name: $(tail -5 <<< "$out")" >&2
+    failed=1
+  fi
+  echo "$name: ${n:-0} requests"
+}
+
 # The training load against $1; fails if an answer is not 2xx or a load got none.
 train() {
   local bin=$1 ps pt po
@@ -109,17 +123,6 @@ EOF
   done
   [ -n "$up" ] || { echo "build-pgo.sh: gannet did not start: $(cat "$w/error.log")" >&2; return 1; }
   local http="http://127.0.0.1:$ps" https="https://127.0.0.1:$pt" failed=0
-  load() {
-    local name=$1 out n
-    shift
-    out=$("$@" 2>&1) || true
-    n=$(sed -n 's/^ *\([0-9]*\) requests in.*/\1/p; s/^requests: \([0-9]*\) total.*/\1/p' <<< "$out" | head -1)
-    if [ -z "$n" ] || [ "$n" = 0 ] || grep -qE 'Non-2xx|[1-9][0-9]* (failed|errored|[45]xx)' <<< "$out"; then
-      echo "build-pgo.sh: $name: $(tail -5 <<< "$out")" >&2
-      failed=1
-    fi
-    echo "$name: ${n:-0} requests"
-  }
   load "static keep-alive" wrk -t1 -c100 -d3s "$http/robots.txt"
   load "static c=1000" wrk -t1 -c1000 -d3s "$http/index.html"
   load "static new connections" wrk -t1 -c50 -d2s -H "Connection: close" "$http/robots.txt"

@@ -2,7 +2,7 @@
 every load it drives (static files on kept and new connections, a proxy, a cache's misses
 and hits, TLS, HTTP/2) gets answers, all of them 2xx, and the single-process server exits
 cleanly on SIGTERM (an instrumented build writes its counts at that exit). The two release
-builds around it are not run here; docs/bench/README.md ("Profile-guided build") has what
+builds around it are not run here; docs/bench/README.md ("The profile-guided build") has what
 the build gains."""
 
 from __future__ import annotations
