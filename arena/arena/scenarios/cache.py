@@ -64,7 +64,10 @@ class Cache(Scenario):
                    "JSON API as files, on the back-end CPUs, access log on). wrk keep-alive at concurrency 100 "
                    "and 1,000 over the PHP pages or the API URLs, at a 100 % and a 95 % hit ratio (every 20th "
                    "request a URL never seen); every server warmed with each URL once. The origin's log gives "
-                   "the measured hit ratio. Entries valid 10 minutes in every cache.")
+                   "the measured hit ratio. Entries valid 10 minutes in every cache. At the 95 % points the "
+                   "origin gets 5 % of each server's request rate, and the PHP pool shares the client's CPUs: "
+                   "there p99 follows the rate a server reaches (the pool's queue), so it compares the caches "
+                   "only at equal rates.")
     tools = ["wrk"]
     x_label = "concurrency"
     study_columns = [("Content", "content"), ("Hit target %", "hit_target"), ("Concurrency", "concurrency"),

@@ -347,6 +347,12 @@ impl Writer {
         }
     }
 
+    /// Whether the entry is still held in memory: committing it is then done on the spot,
+    /// with no wait.
+    pub fn is_held(&self) -> bool {
+        matches!(self.state, State::Held(..))
+    }
+
     /// Put an entry held in memory in place now: its size on disk (`None`: it could not
     /// be, the failure logged); the writer back if its bytes went to a blocking task.
     pub fn commit_held(mut self) -> Result<Option<u64>, Writer> {
@@ -481,9 +487,9 @@ impl Output {
         self.file = None;
         // The rename first: the folders are made only when it finds one missing (as nginx's
         // ngx_ext_rename_file), not checked for every entry.
-        let r = match std::fs::rename(&self.tmp, &self.dest) {
+        let r = match rename(&self.tmp, &self.dest, None) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => match self.dest.parent() {
-                Some(dir) => make_dirs(dir).and_then(|()| std::fs::rename(&self.tmp, &self.dest)),
+                Some(dir) => make_dirs(dir).and_then(|()| rename(&self.tmp, &self.dest, None)),
                 None => Err(e),
             },
             r => r,
@@ -527,13 +533,13 @@ impl Output {
         self.file = None;
         let _ = std::fs::set_permissions(&self.tmp, std::fs::Permissions::from_mode(access));
         let dirs = access | (access & 0o444) >> 2;
-        let r = match std::fs::rename(&self.tmp, &self.dest) {
+        let r = match rename(&self.tmp, &self.dest, mtime) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => match self.dest.parent() {
                 Some(dir) => std::fs::DirBuilder::new()
                     .recursive(true)
                     .mode(dirs)
                     .create(dir)
-                    .and_then(|()| std::fs::rename(&self.tmp, &self.dest)),
+                    .and_then(|()| rename(&self.tmp, &self.dest, mtime)),
                 None => Err(e),
             },
             r => r,
@@ -558,6 +564,38 @@ impl Output {
         if self.file.take().is_some() {
             let _ = std::fs::remove_file(&self.tmp);
         }
+    }
+}
+
+/// `from` renamed to `to`; across file systems (the temp folder on another one), as
+/// nginx's `ngx_ext_rename_file`: copied beside `to` as `TO.NNNNNNNNNN` (with `mtime`, a
+/// stored answer's time), that renamed to `to`, and `from` removed.
+fn rename(from: &Path, to: &Path, mtime: Option<std::time::SystemTime>) -> std::io::Result<()> {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    match std::fs::rename(from, to) {
+        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+            let mut name = to.as_os_str().as_bytes().to_vec();
+            name.push(b'.');
+            push_decimal(&mut name, SEQ.fetch_add(1, Relaxed), 10);
+            let name = PathBuf::from(std::ffi::OsString::from_vec(name));
+            let copied = std::fs::copy(from, &name).and_then(|_| {
+                if let Some(t) = mtime {
+                    File::options().write(true).open(&name)?.set_modified(t)?;
+                }
+                std::fs::rename(&name, to)
+            });
+            match copied {
+                Ok(()) => {
+                    let _ = std::fs::remove_file(from);
+                    Ok(())
+                }
+                Err(e) => {
+                    let _ = std::fs::remove_file(&name);
+                    Err(e)
+                }
+            }
+        }
+        r => r,
     }
 }
 

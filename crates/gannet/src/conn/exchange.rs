@@ -97,6 +97,11 @@ pub trait Exchange {
     /// it. Returns whether the connection stays open.
     async fn respond(&mut self, w: &Rc<Worker>, req: &Request, resp: Response, keep: bool) -> bool;
 
+    /// Send what the last answer left buffered (HTTP/1.x copies a short answer into its
+    /// output buffer and writes it before it reads on; HTTP/2 and HTTP/3 hand each answer
+    /// to their connection as it is made).
+    async fn flush_answer(&mut self) {}
+
     /// Send an answer whose body comes from `src` (an application's), and log it.
     async fn respond_streamed(
         &mut self,
@@ -199,6 +204,7 @@ fn lowercase(host: &[u8], mut spare: String) -> String {
 /// Drive `req` through the server to its answer over `ex`. Returns whether the connection
 /// may stay open (HTTP/1.x).
 pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -> bool {
+    req.store_after_answer = true;
     let mut keep = req.head.keep_alive;
     let refusal = if matches!(req.head.method, Method::Trace | Method::Connect) {
         // nginx refuses both once the head is read (`ngx_http_process_request_header`),
@@ -252,7 +258,9 @@ pub async fn serve<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request) -
     } else {
         handled
     };
-    answer(ex, w, req, handled, keep).await
+    let kept = answer(ex, w, req, handled, keep).await;
+    store_after(ex, req).await;
+    kept
 }
 
 /// A body of a length within `client_body_buffer_size` (and `client_max_body_size`): what
@@ -269,8 +277,23 @@ fn small_length(req: &Request) -> bool {
 /// through the server's `error_page` like any other status (nginx finalizes it so), where
 /// a `return 444` ends the exchange without an answer.
 pub async fn refuse<E: Exchange>(ex: &mut E, w: &Rc<Worker>, req: &mut Request, status: u16) {
+    req.store_after_answer = true;
     let handled = handler::resume(req, w, Flow::Status(status));
     answer(ex, w, req, handled, false).await;
+    store_after(ex, req).await;
+}
+
+/// The cache entry of an answer held in memory (`gateway_cache::Tee::finish`), put in
+/// place once the answer is out, before the connection reads on.
+async fn store_after<E: Exchange>(ex: &mut E, req: &mut Request) {
+    if let Some(tee) = req.store_after.get_mut().take() {
+        // Boxed: a miss's step, which would otherwise widen every request's future.
+        Box::pin(async {
+            ex.flush_answer().await;
+            tee.commit().await;
+        })
+        .await;
+    }
 }
 
 /// The request's body and answer once the phases have said what to do (`handled`).

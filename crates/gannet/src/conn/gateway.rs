@@ -829,7 +829,7 @@ impl Streaming {
                 Ok(Some(b)) => t.write(b),
                 Ok(None) => {
                     if let Some(t) = self.tee.take() {
-                        t.commit().await;
+                        t.finish(req).await;
                     }
                 }
                 Err(_) => self.tee = None,

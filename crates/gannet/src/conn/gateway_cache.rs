@@ -734,7 +734,7 @@ pub async fn store_whole(
 ) {
     if let Some(mut tee) = tee(req, c, head, buffering, body.len()) {
         tee.write(body);
-        tee.commit().await;
+        tee.finish(req).await;
     }
 }
 
@@ -783,9 +783,26 @@ impl Tee {
         self.write(b);
     }
 
+    /// The answer ended whole: put the entry in place, or leave an entry held in memory to
+    /// the connection that serves `req`, which puts it in place once the answer is sent
+    /// (`conn::exchange::answer`) and before it reads on, so that its next request finds
+    /// it. nginx too sends an answer before it renames its entry
+    /// (`ngx_http_upstream_process_request`); the client does not wait for the file system.
+    pub async fn finish(self, req: &Request) {
+        if req.store_after_answer && self.w.is_held() {
+            let mut after = req.store_after.borrow_mut();
+            if after.is_none() {
+                *after = Some(Box::new(self));
+                return;
+            }
+        }
+        self.commit().await;
+    }
+
     /// The answer ended whole: put the entry in place. The fetch ends (its waiters go on)
     /// once the entry is there; the answer's end waits for it too, so that the client's
-    /// next request finds the entry (nginx renames before it finishes the request).
+    /// next request finds the entry (nginx renames before it finishes the request). An
+    /// entry held in memory is in place when this returns, without a wait.
     pub async fn commit(self) {
         let Tee { p, w } = self;
         // An entry held in memory is put in place here and now: no channel, no boxed

@@ -1201,6 +1201,11 @@ impl<S: Transport> Exchange for Conn<S> {
         Conn::respond(self, req, resp, keep).await
     }
 
+    async fn flush_answer(&mut self) {
+        // A failed write is the connection's to find on its next one.
+        let _ = self.flush().await;
+    }
+
     async fn respond_streamed(
         &mut self,
         _: &Rc<Worker>,

@@ -104,6 +104,13 @@ pub struct Request {
     pub cache_status: Cell<Option<crate::cache::Status>>,
     /// The cache entry this request's answer may be stored as (`conn::gateway_cache`).
     pub cache: RefCell<Option<Box<crate::conn::gateway_cache::Pending>>>,
+    /// The cache entry of the answer, held in memory, that the connection puts in place
+    /// once the answer is out (`gateway_cache::Tee::finish`).
+    pub store_after: RefCell<Option<Box<crate::conn::gateway_cache::Tee>>>,
+    /// A connection serves the request (`conn::exchange::answer`), and so stores its entry
+    /// after the answer; other requests (mirrors, subrequests, background updates) store
+    /// theirs at once.
+    pub store_after_answer: bool,
     /// The background update of a STALE answer's entry (`*_cache_background_update`): as
     /// nginx's background subrequest, the connection goes on once it is done.
     pub background: RefCell<Option<tokio::task::JoinHandle<()>>>,
@@ -350,6 +357,8 @@ impl Request {
             upstream_headers: RefCell::new(None),
             cache_status: Cell::new(None),
             cache: RefCell::new(None),
+            store_after: RefCell::new(None),
+            store_after_answer: false,
             background: RefCell::new(None),
             override_charset: RefCell::new(None),
             slice: RefCell::new(None),

@@ -11,6 +11,9 @@
 #   miss-c10    every request a new URL (the upstream request, the entry stored), 10
 #               connections (fewer than the upstream's 32 kept ones)
 #   plain-c10   the same requests through the uncached proxy_pass
+#   miss-c1, plain-c1  the same two one request at a time, 1 ms apart (wrk's delay(), so
+#               that a request does not wait for the work left of the one before; only when
+#               PHASES names them): with LATENCY=1, what a miss adds to an answer's wait
 #
 # Default: system calls (perf stat on the syscalls:sys_enter_* tracepoints), context
 # switches and page faults of the worker process, its threads and the threads they start
@@ -45,6 +48,9 @@
 # (the kernel's `recently_deleted`), so a run right after another's folder was removed paid
 # 2-8x per miss, more and more from run to run. For misses, put WORK on a journaled file
 # system (a loop-mounted ext4 image does).
+#
+# LATENCY=1: wrk's latency per phase instead (p50, p90, p99, mean), nothing attached to the
+# server. wrk phases only.
 #
 # KEPT=1: kept connections only, as cost/measure.sh's KEPT=1 (cost/keeper.c over the phase's
 # path file, in order): the phase's connections opened and given 3 answers each before the
@@ -234,17 +240,24 @@ calls() {
 
 phase() {
     local name=$1 port=$2 conns=$3 paths=$4
-    case " ${PHASES:-$name} " in *" $name "*) ;; *) return 0 ;; esac
+    case " ${PHASES:-hit-c1000 hit-c100 mix-c1000 miss-c10 plain-c10} " in *" $name "*) ;; *) return 0 ;; esac
     if [ -n "$KEPT" ]; then
         case $name in hit-* | mix-*) kept "$@" ;; esac
         return 0
     fi
+    local script=$REPO/arena/arena/clients/wrk_paths.lua
+    if [ "$conns" = 1 ]; then
+        printf 'dofile("%s")\nfunction delay() return 1 end\n' "$script" > "$W/paced.lua"
+        script=$W/paced.lua
+    fi
     local client=(taskset -c 1 wrk -t 1 -c "$conns" -d 600s --timeout 10s
-        -s "$REPO/arena/arena/clients/wrk_paths.lua" "http://127.0.0.1:$port/" -- "$N" "$conns" "$W/$paths")
+        -s "$script" "http://127.0.0.1:$port/" -- "$N" "$conns" "$W/$paths")
     if [ -n "$CG" ]; then
         callgrind_control -z "$worker" > /dev/null
         "${client[@]}" > "$W/$name.wrk"
         callgrind_control -d "$name" "$worker" > /dev/null
+    elif [ -n "${LATENCY:-}" ]; then
+        "${client[@]}" > "$W/$name.wrk"
     elif [ -n "${PROFILE:-}" ]; then
         perf record -e cpu-clock -F 4000 -g -p "$worker" -o "$W/$name.prof" -- "${client[@]}" > "$W/$name.wrk" 2> /dev/null
     elif [ -n "${CPU:-}" ]; then
@@ -262,6 +275,8 @@ phase() {
         ir=$(grep -m1 '^summary:' "$f" | awk '{print $2}')
         printf '%-10s %7d answers  %9.0f instructions/request  (%s)\n' "$name" "$answered" \
             "$(awk -v a="$ir" -v b="$answered" 'BEGIN { print a / b }')" "$f"
+    elif [ -n "${LATENCY:-}" ]; then
+        grep -o '"latency_us": {[^}]*}' "$W/$name.wrk" | sed "s/^/$(printf '%-10s %7d answers  ' "$name" "$answered")/"
     elif [ -n "${PROFILE:-}" ]; then
         echo "$name: $answered answers"
         perf script -i "$W/$name.prof" -F ip,sym 2> /dev/null | python3 "$HERE/../image/prof.py" "$answered"
@@ -283,4 +298,6 @@ phase hit-c100 "$PORT" 100 hit.txt
 phase mix-c1000 "$PORT" 1000 mix.txt
 phase miss-c10 "$PORT" 10 miss.txt
 phase plain-c10 "$PLAIN" 10 miss.txt
+phase miss-c1 "$PORT" 1 miss.txt
+phase plain-c1 "$PLAIN" 1 miss.txt
 echo "per phase, each system call per request: $W/*.calls"
