@@ -20,8 +20,9 @@ import subprocess
 import pytest
 
 from cacheapp import CacheApp
+from nginx_peer import PEER_MAIN
 
-CONF = r"""
+CONF = PEER_MAIN + r"""
 http {
     access_log off;
     proxy_cache_path @CACHE@ levels=1:2 keys_zone=one:1m use_temp_path=@TEMP@;
@@ -35,10 +36,6 @@ http {
         }
     }
 }
-events { worker_connections 64; }
-worker_processes 1;
-pid {tmp}/server.pid;
-error_log {tmp}/error.log info;
 """
 
 TOOLS = ("fsfreeze", "mkfs.ext4", "mount", "umount")
