@@ -5,6 +5,8 @@
   system. Shown with it frozen (`fsfreeze`: every write to it waits until it is thawed):
   the answer still comes; once thawed, the entry is in place for the connection's next
   request (HIT), and the application was asked once.
+- `min_free`: when the cache's file system has less free space than that, the manager
+  removes the least recently used entries until it has it again (nginx's manager).
 - With the temp folder on another file system than the cache (`use_temp_path=on`, the
   default), where a rename fails (EXDEV), an entry is copied into place, as nginx's
   `ngx_ext_rename_file` does; no temp file is left behind.
@@ -20,12 +22,13 @@ import subprocess
 import pytest
 
 from cacheapp import CacheApp
+from conftest import wait_until
 from nginx_peer import PEER_MAIN
 
 CONF = PEER_MAIN + r"""
 http {
     access_log off;
-    proxy_cache_path @CACHE@ levels=1:2 keys_zone=one:1m use_temp_path=@TEMP@;
+    proxy_cache_path @CACHE@ levels=1:2 keys_zone=one:1m use_temp_path=@TEMP@ @MORE@;
     add_header X-Cache $upstream_cache_status always;
     server {
         listen 127.0.0.1:{port};
@@ -64,7 +67,7 @@ def test_a_miss_is_answered_while_the_cache_cannot_be_written(gannet, own_fs):
     frozen_fs = own_fs
     app = CacheApp()
     try:
-        conf = CONF.replace("@UP@", str(app.port)).replace("@CACHE@", str(frozen_fs / "cache")).replace("@TEMP@", "off")
+        conf = CONF.replace("@UP@", str(app.port)).replace("@CACHE@", str(frozen_fs / "cache")).replace("@TEMP@", "off").replace("@MORE@", "")
         srv = gannet.start(conf=conf)
         c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
         c.request("GET", "/first")
@@ -92,7 +95,7 @@ def test_a_miss_is_answered_while_the_cache_cannot_be_written(gannet, own_fs):
 def test_entries_are_copied_from_a_temp_folder_on_another_file_system(gannet, own_fs):
     app = CacheApp()
     try:
-        conf = CONF.replace("@UP@", str(app.port)).replace("@CACHE@", str(own_fs / "cache")).replace("@TEMP@", "on")
+        conf = CONF.replace("@UP@", str(app.port)).replace("@CACHE@", str(own_fs / "cache")).replace("@TEMP@", "on").replace("@MORE@", "")
         srv = gannet.start(conf=conf)
         c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
         for path, size in (("/small", 100), ("/big", 300_000)):
@@ -107,5 +110,40 @@ def test_entries_are_copied_from_a_temp_folder_on_another_file_system(gannet, ow
         temp = srv.tmp / "proxy_temp"
         assert not [p for p in temp.rglob("*") if p.is_file()]
         assert "failed" not in srv.error_log()
+    finally:
+        app.stop()
+
+
+def free(path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+@NEEDS
+def test_min_free_removes_the_least_recently_used_entries(gannet, own_fs):
+    app = CacheApp()
+    try:
+        # Room for about three entries of 1 MB before the file system is short.
+        min_free = free(own_fs) - 3_500_000
+        conf = (CONF.replace("@UP@", str(app.port)).replace("@CACHE@", str(own_fs / "cache"))
+                .replace("@TEMP@", "off").replace("@MORE@", f"min_free={min_free}"))
+        srv = gannet.start(conf=conf)
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+
+        def get(path):
+            c.request("GET", f"{path}?size=1000000")
+            r = c.getresponse()
+            assert (r.status, len(r.read())) == (200, 1_000_000), srv.error_log()
+            return r.getheader("X-Cache")
+
+        for i in range(6):
+            assert get(f"/e{i}") == "MISS"
+        assert free(own_fs) < min_free
+        assert wait_until(lambda: free(own_fs) >= min_free, deadline=15), (free(own_fs), min_free)
+        # The most recent stay, the oldest went.
+        assert get("/e5") == "HIT"
+        assert get("/e0") == "MISS"
+        assert app.count("", "/e0?size=1000000") == 2
+        c.close()
     finally:
         app.stop()

@@ -6,9 +6,9 @@
 //! The keys zone is in shared memory, mapped here while the master loads the config, so
 //! one for every worker process ([`super::shm`]); a reload keeps a zone of the same name
 //! and size. Its size bounds how many keys it holds (nginx's 8,000 keys per megabyte);
-//! the loader and manager parameters are accepted with nginx's checks and have no effect:
-//! the zone is filled as keys are looked up and by one walk of the folder (see
-//! [`super::store`]).
+//! `min_free` is kept by the manager with `max_size`; the loader and manager pacing
+//! parameters are accepted with nginx's checks and have no effect: the zone is filled as
+//! keys are looked up and by one walk of the folder (see [`super::store`]).
 
 use super::shm::Region;
 use super::store::Local;
@@ -26,6 +26,9 @@ pub struct Zone {
     pub inactive: std::time::Duration,
     /// `max_size`: the most the entries may take on disk.
     pub max_size: Option<u64>,
+    /// `min_free`: the least free space the cache's file system is to keep; below it the
+    /// least recently used entries go, as past `max_size`.
+    pub min_free: Option<u64>,
     /// `use_temp_path`: write entries in the location's `*_temp_path` first (on, the
     /// default) or in the cache folder itself (off).
     pub use_temp_path: bool,
@@ -66,6 +69,7 @@ pub fn parse(
     let mut size = 0u64;
     let mut inactive = std::time::Duration::from_secs(600);
     let mut max_size = None;
+    let mut min_free = None;
     let mut use_temp_path = true;
     let mut server = None;
     for a in &d.args[1..] {
@@ -124,8 +128,10 @@ pub fn parse(
                 server = Some(s.ok_or_else(|| d.error(format!("unknown redis_server \"{v}\"")))?);
             }
             "min_free" => {
-                setters::size(v)
-                    .ok_or_else(|| d.error(format!("invalid min_free value \"{a}\"")))?;
+                min_free = Some(
+                    setters::size(v)
+                        .ok_or_else(|| d.error(format!("invalid min_free value \"{a}\"")))?,
+                );
             }
             "loader_files" | "manager_files" => {
                 setters::num(v).ok_or_else(|| d.error(format!("invalid {k} value \"{a}\"")))?;
@@ -146,6 +152,7 @@ pub fn parse(
         levels,
         inactive,
         max_size,
+        min_free,
         use_temp_path,
         shm,
         gen,

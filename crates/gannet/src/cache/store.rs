@@ -12,7 +12,8 @@
 //! The manager runs in one process at a time (each worker process has a thread ready for
 //! it; the one holding the zone's lease works, a newer config's process takes the lease
 //! over, and a dead holder's is freed): every second it removes the entries not used for
-//! `inactive` and, while the entries take more than `max_size`, the least recently used.
+//! `inactive` and, while the entries take more than `max_size` or the file system has less
+//! than `min_free` free, the least recently used.
 //! Before that, once per zone (not again after a reload that keeps the zone), it walks the
 //! folder to learn the entries already there (nginx's cache loader). Files are removed
 //! outside the zone's lock.
@@ -262,10 +263,17 @@ fn manage(weak: Weak<Zone>) {
 }
 
 /// The keys not used for `inactive`, then the least recently used while the entries take
-/// more than `max_size`: forgotten, their files to be removed.
+/// more than `max_size` or the file system has less than `min_free` free (as nginx's
+/// manager, which removes entries until both hold): forgotten, their files to be removed.
 fn expire(zone: &Zone) -> Vec<Hash> {
     let now = shm::now_ms();
     let inactive = zone.inactive.as_millis() as u64;
+    // What the entries to go must free for `min_free` (their sizes, not the blocks they
+    // take: the next round, a second later, sees what their removal gave back).
+    let mut short = zone
+        .min_free
+        .and_then(|m| Some(m.saturating_sub(available(&zone.dir)?)))
+        .unwrap_or(0);
     let mut g = zone.shm.lock();
     let mut gone = Vec::new();
     let mut drop_list = Vec::new();
@@ -275,15 +283,16 @@ fn expire(zone: &Zone) -> Vec<Hash> {
             continue;
         }
         let idle = g.idle_ms(s, now) >= inactive;
-        let over = zone.max_size.is_some_and(|m| total > m) && g.size(s) > 0;
+        let over = (zone.max_size.is_some_and(|m| total > m) || short > 0) && g.size(s) > 0;
         if !idle && !over {
             // The list is oldest first: the rest are neither idle nor needed.
-            if zone.max_size.is_none_or(|m| total <= m) {
+            if zone.max_size.is_none_or(|m| total <= m) && short == 0 {
                 break;
             }
             continue;
         }
         total = total.saturating_sub(g.size(s));
+        short = short.saturating_sub(g.size(s));
         drop_list.push(s);
     }
     for s in drop_list {
@@ -293,6 +302,22 @@ fn expire(zone: &Zone) -> Vec<Hash> {
         g.remove(s);
     }
     gone
+}
+
+/// The bytes an unprivileged user may still write on the file system of `dir`, as
+/// nginx's `ngx_fs_available` (`None`: not known, nothing is removed for it).
+fn available(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is a NUL-terminated string alive for the call, `st` a buffer of the
+    // struct statvfs writes; it is read only when the call succeeded.
+    if unsafe { libc::statvfs(path.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 /// nginx's cache loader: the entries already in the folder (from before a restart) join
