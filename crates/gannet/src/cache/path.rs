@@ -6,15 +6,15 @@
 //! The keys zone is in shared memory, mapped here while the master loads the config, so
 //! one for every worker process ([`super::shm`]); a reload keeps a zone of the same name
 //! and size. Its size bounds how many keys it holds (nginx's 8,000 keys per megabyte);
-//! `min_free` is kept by the manager with `max_size`; the loader and manager pacing
-//! parameters are accepted with nginx's checks and have no effect: the zone is filled as
-//! keys are looked up and by one walk of the folder (see [`super::store`]).
+//! `min_free` is kept by the manager with `max_size`; `loader_*` and `manager_*` pace the
+//! loader's walk of the folder and the manager's rounds (see [`super::store`]).
 
 use super::shm::Region;
 use super::store::Local;
 use gannet_conf::{setters, ConfError, Directive};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Debug)]
 pub struct Zone {
@@ -29,6 +29,10 @@ pub struct Zone {
     /// `min_free`: the least free space the cache's file system is to keep; below it the
     /// least recently used entries go, as past `max_size`.
     pub min_free: Option<u64>,
+    /// `loader_files`, `loader_sleep`, `loader_threshold`.
+    pub loader: Pace,
+    /// `manager_files`, `manager_sleep`, `manager_threshold`.
+    pub manager: Pace,
     /// `use_temp_path`: write entries in the location's `*_temp_path` first (on, the
     /// default) or in the cache folder itself (off).
     pub use_temp_path: bool,
@@ -43,6 +47,26 @@ pub struct Zone {
     /// `redis=name` (gannet's): purges are sent to, and taken from, the other nodes using
     /// that server ([`super::fanout`]).
     pub redis: Option<Arc<crate::modules::redis::Server>>,
+}
+
+/// The pace of the loader or the manager, as nginx's: a round handles at most `files`
+/// entries and runs at most `threshold`, then the next waits `sleep`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pace {
+    pub files: u64,
+    pub sleep: Duration,
+    pub threshold: Duration,
+}
+
+impl Default for Pace {
+    /// nginx's defaults for both: 100 files, 50 ms, 200 ms.
+    fn default() -> Pace {
+        Pace {
+            files: 100,
+            sleep: Duration::from_millis(50),
+            threshold: Duration::from_millis(200),
+        }
+    }
 }
 
 impl Zone {
@@ -70,6 +94,7 @@ pub fn parse(
     let mut inactive = std::time::Duration::from_secs(600);
     let mut max_size = None;
     let mut min_free = None;
+    let (mut loader, mut manager) = (Pace::default(), Pace::default());
     let mut use_temp_path = true;
     let mut server = None;
     for a in &d.args[1..] {
@@ -133,11 +158,25 @@ pub fn parse(
                         .ok_or_else(|| d.error(format!("invalid min_free value \"{a}\"")))?,
                 );
             }
-            "loader_files" | "manager_files" => {
-                setters::num(v).ok_or_else(|| d.error(format!("invalid {k} value \"{a}\"")))?;
-            }
-            "loader_sleep" | "loader_threshold" | "manager_sleep" | "manager_threshold" => {
-                setters::msec(v).ok_or_else(|| d.error(format!("invalid {k} value \"{a}\"")))?;
+            "loader_files" | "manager_files" | "loader_sleep" | "loader_threshold"
+            | "manager_sleep" | "manager_threshold" => {
+                let bad = || d.error(format!("invalid {k} value \"{a}\""));
+                let pace = if k.starts_with("loader") {
+                    &mut loader
+                } else {
+                    &mut manager
+                };
+                match k.split_once('_').map_or("", |(_, what)| what) {
+                    "files" => pace.files = setters::num(v).ok_or_else(bad)?,
+                    what => {
+                        let t = Duration::from_millis(setters::msec(v).ok_or_else(bad)?);
+                        if what == "sleep" {
+                            pace.sleep = t;
+                        } else {
+                            pace.threshold = t;
+                        }
+                    }
+                }
             }
             _ => return Err(d.error(format!("invalid parameter \"{a}\""))),
         }
@@ -153,6 +192,8 @@ pub fn parse(
         inactive,
         max_size,
         min_free,
+        loader,
+        manager,
         use_temp_path,
         shm,
         gen,

@@ -243,29 +243,42 @@ fn start_manager(zone: &Arc<Zone>) {
     });
 }
 
-/// The manager's loop; it ends with its zone (a reload made new ones).
+/// The manager's loop; it ends with its zone (a reload made new ones). A round that had
+/// more to remove than its `manager_files` or `manager_threshold` allowed is followed by
+/// another after `manager_sleep`, else after a second.
 fn manage(weak: Weak<Zone>) {
     loop {
         let Some(zone) = weak.upgrade() else { return };
+        let mut pause = Duration::from_secs(1);
         if zone.shm.lease(zone.gen) {
             if !zone.shm.loaded() {
-                load(&zone);
-                zone.shm.set_loaded();
+                drop(zone);
+                if !load(&weak) {
+                    return;
+                }
+                continue;
             }
-            let gone = expire(&zone);
+            let started = std::time::Instant::now();
+            let (gone, more) = expire(&zone, started);
             for h in gone {
                 let _ = std::fs::remove_file(zone.file(&h));
             }
+            if more {
+                pause = zone.manager.sleep;
+            }
         }
         drop(zone);
-        std::thread::sleep(Duration::from_secs(1));
+        std::thread::sleep(pause);
     }
 }
 
 /// The keys not used for `inactive`, then the least recently used while the entries take
 /// more than `max_size` or the file system has less than `min_free` free (as nginx's
-/// manager, which removes entries until both hold): forgotten, their files to be removed.
-fn expire(zone: &Zone) -> Vec<Hash> {
+/// manager, which removes entries until both hold): forgotten, their files to be removed;
+/// at most `manager_files` of them, chosen within `manager_threshold` of `started`, and
+/// whether there were more.
+fn expire(zone: &Zone, started: std::time::Instant) -> (Vec<Hash>, bool) {
+    let pace = zone.manager;
     let now = shm::now_ms();
     let inactive = zone.inactive.as_millis() as u64;
     // What the entries to go must free for `min_free` (their sizes, not the blocks they
@@ -278,9 +291,17 @@ fn expire(zone: &Zone) -> Vec<Hash> {
     let mut gone = Vec::new();
     let mut drop_list = Vec::new();
     let mut total = g.total();
+    let mut more = false;
     for s in g.oldest_first() {
         if g.fetch(s).is_some() {
             continue;
+        }
+        // At least one a round, as nginx's manager, whatever the threshold.
+        if drop_list.len() as u64 >= pace.files.max(1)
+            || (!drop_list.is_empty() && started.elapsed() >= pace.threshold)
+        {
+            more = true;
+            break;
         }
         let idle = g.idle_ms(s, now) >= inactive;
         let over = (zone.max_size.is_some_and(|m| total > m) || short > 0) && g.size(s) > 0;
@@ -295,13 +316,15 @@ fn expire(zone: &Zone) -> Vec<Hash> {
         short = short.saturating_sub(g.size(s));
         drop_list.push(s);
     }
+    // (`more` may be set by a key the loop would have left: the next round, sooner, finds
+    // nothing and waits its second again.)
     for s in drop_list {
         if g.size(s) > 0 {
             gone.push(g.hash(s));
         }
         g.remove(s);
     }
-    gone
+    (gone, more)
 }
 
 /// The bytes an unprivileged user may still write on the file system of `dir`, as
@@ -321,50 +344,94 @@ fn available(dir: &std::path::Path) -> Option<u64> {
 }
 
 /// nginx's cache loader: the entries already in the folder (from before a restart) join
-/// the zone, so that `max_size` and `inactive` count them.
-fn load(zone: &Zone) {
-    let mut found = Vec::new();
-    walk(&zone.dir, zone.levels.len(), &mut found);
-    for chunk in found.chunks(256) {
-        let mut g = zone.shm.lock();
-        for (h, size) in chunk {
-            if let Some(s) = g.find(h) {
-                // A key looked up before the loader came to it: its file counts too (else
-                // lookups, which open no file for a key without one, would never find it).
-                if g.size(s) == 0 {
-                    g.set_size(s, *size);
-                }
-                continue;
-            }
-            if g.count() >= zone.shm.capacity() {
-                return;
-            }
-            let mut none = Vec::new();
-            if let Ok(s) = g.get_or_insert(h, &mut none) {
-                g.set_size(s, *size);
-            }
+/// the zone, so that `max_size` and `inactive` count them; `loader_files` of them at a
+/// time (or what `loader_threshold` allows), `loader_sleep` between. False if the zone
+/// went meanwhile (a reload made new ones) or its lease did.
+fn load(weak: &Weak<Zone>) -> bool {
+    let Some((dir, depth, pace)) = weak
+        .upgrade()
+        .map(|z| (z.dir.clone(), z.levels.len(), z.loader))
+    else {
+        return false;
+    };
+    let mut batch = Vec::new();
+    let mut started = std::time::Instant::now();
+    let mut zone_gone = false;
+    walk(&dir, depth, &mut |h, size| {
+        batch.push((h, size));
+        if (batch.len() as u64) < pace.files.max(1) && started.elapsed() < pace.threshold {
+            return true;
         }
+        let Some(zone) = weak.upgrade().filter(|z| z.shm.lease(z.gen)) else {
+            // The zone went (a reload made new ones), or a newer config's manager took
+            // the lease over: it loads the folder itself.
+            zone_gone = true;
+            return false;
+        };
+        let room = add(&zone, &batch);
+        batch.clear();
+        drop(zone);
+        if room {
+            std::thread::sleep(pace.sleep);
+            started = std::time::Instant::now();
+        }
+        room
+    });
+    if zone_gone {
+        return false;
     }
+    let Some(zone) = weak.upgrade() else {
+        return false;
+    };
+    add(&zone, &batch);
+    zone.shm.set_loaded();
+    true
 }
 
-fn walk(dir: &std::path::Path, depth: usize, out: &mut Vec<(Hash, u64)>) {
+/// Entries the loader found join the zone; false once it is full.
+fn add(zone: &Zone, found: &[(Hash, u64)]) -> bool {
+    let mut g = zone.shm.lock();
+    for (h, size) in found {
+        if let Some(s) = g.find(h) {
+            // A key looked up before the loader came to it: its file counts too (else
+            // lookups, which open no file for a key without one, would never find it).
+            if g.size(s) == 0 {
+                g.set_size(s, *size);
+            }
+            continue;
+        }
+        if g.count() >= zone.shm.capacity() {
+            return false;
+        }
+        let mut none = Vec::new();
+        if let Ok(s) = g.get_or_insert(h, &mut none) {
+            g.set_size(s, *size);
+        }
+    }
+    true
+}
+
+/// Each entry file under `dir` (`depth` levels of folders) with its size, to `found`,
+/// until it returns false.
+fn walk(dir: &std::path::Path, depth: usize, found: &mut dyn FnMut(Hash, u64) -> bool) -> bool {
     let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
+        return true;
     };
     for e in rd.flatten() {
         let Ok(meta) = e.metadata() else { continue };
         if depth > 0 {
-            if meta.is_dir() {
-                walk(&e.path(), depth - 1, out);
+            if meta.is_dir() && !walk(&e.path(), depth - 1, found) {
+                return false;
             }
             continue;
         }
         if let Some(h) = e.file_name().to_str().and_then(parse_hex) {
-            if meta.is_file() {
-                out.push((h, meta.len()));
+            if meta.is_file() && !found(h, meta.len()) {
+                return false;
             }
         }
     }
+    true
 }
 
 fn parse_hex(name: &str) -> Option<Hash> {
@@ -407,6 +474,9 @@ pub fn usage(zone: &Arc<Zone>) -> (u64, usize) {
 /// Every entry file in the zone's folder (its hash), as the loader finds them.
 pub fn on_disk(zone: &Zone) -> Vec<Hash> {
     let mut found = Vec::new();
-    walk(&zone.dir, zone.levels.len(), &mut found);
-    found.into_iter().map(|(h, _)| h).collect()
+    walk(&zone.dir, zone.levels.len(), &mut |h, _| {
+        found.push(h);
+        true
+    });
+    found
 }
