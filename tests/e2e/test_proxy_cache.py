@@ -275,8 +275,8 @@ worker_processes 1;
 def test_lock_makes_one_fetch_for_concurrent_misses(gannet, app):
     srv = gannet.start(conf=LOCK_CONF.replace("@UP@", str(app.port)).replace("@MAX@", "100m"))
     path = "/locked?delay=1"
-    with ThreadPoolExecutor(50) as pool:
-        answers = list(pool.map(lambda _: ask(srv.port, path), range(50)))
+    with ThreadPoolExecutor(100) as pool:
+        answers = list(pool.map(lambda _: ask(srv.port, path), range(100)))
     assert app.count("", path) == 1
     assert all(a[0] == 200 and a[2].endswith(b"count=1 lang=\n") for a in answers), answers[:3]
     assert sorted({a[1] for a in answers}) == ["HIT", "MISS"]

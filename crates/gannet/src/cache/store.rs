@@ -13,10 +13,10 @@
 //! it; the one holding the zone's lease works, a newer config's process takes the lease
 //! over, and a dead holder's is freed): every second it removes the entries not used for
 //! `inactive` and, while the entries take more than `max_size` or the file system has less
-//! than `min_free` free, the least recently used.
+//! than `min_free` free, the least recently used, in rounds paced by `manager_*`.
 //! Before that, once per zone (not again after a reload that keeps the zone), it walks the
-//! folder to learn the entries already there (nginx's cache loader). Files are removed
-//! outside the zone's lock.
+//! folder to learn the entries already there (nginx's cache loader, paced by `loader_*`).
+//! Files are removed outside the zone's lock.
 
 use super::key::Hash;
 use super::path::Zone;
