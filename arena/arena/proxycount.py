@@ -22,13 +22,16 @@ _STATUS = re.compile(r'^\S+ \S+ \S+ \[[^]]+\] "([^"]*)" (\d{3}) ', re.MULTILINE)
 NOT_REPLAYED = ("/robots.txt",)
 
 
-def access_statuses(text: str, skip_paths: tuple[str, ...] = ()) -> Counter:
+def access_statuses(text: str, skip_paths: tuple[str, ...] = (), only: set[str] | None = None) -> Counter:
     """Status code -> count over the complete lines of a combined-format access log (a line
-    still being written has no newline yet), leaving out requests for `skip_paths`."""
+    still being written has no newline yet), leaving out requests for `skip_paths` and, with
+    `only`, every request whose target (path and query) is not in it."""
     counts: Counter = Counter()
     for request, status in _STATUS.findall(text[:text.rfind("\n") + 1]):
         parts = request.split()
         if len(parts) > 1 and parts[1].split("?")[0] in skip_paths:
+            continue
+        if only is not None and (len(parts) < 2 or parts[1] not in only):
             continue
         counts[status] += 1
     return counts
@@ -41,11 +44,13 @@ def log_size(path: Path) -> int:
         return 0
 
 
-def served_since(path: Path, offset: int, skip_paths: tuple[str, ...] = NOT_REPLAYED) -> Counter:
-    """Statuses of the replayed requests logged after byte `offset` of the access log at `path`."""
+def served_since(path: Path, offset: int, skip_paths: tuple[str, ...] = NOT_REPLAYED,
+                 only: set[str] | None = None) -> Counter:
+    """Statuses of the replayed requests logged after byte `offset` of the access log at `path`
+    (with `only`: of those targets)."""
     with open(path, "rb") as f:
         f.seek(offset)
-        return access_statuses(f.read().decode("latin-1"), skip_paths)
+        return access_statuses(f.read().decode("latin-1"), skip_paths, only)
 
 
 def settle(count, target: int, quiet: float = 0.5, timeout: float = 5.0, interval: float = 0.05) -> Counter:

@@ -89,6 +89,10 @@ def test_backend_access_log_count(tmp_path):
     log.write_text('127.0.0.1 - - [22/Nov/2026:16:57:56 +0000] "GET /x HTTP/1.1" 502 0 "-" "-"\n'
                    '127.0.0.1 - - [22/Nov/2026:16:57:56 +0000] "GET /y HTTP/1.1" 200 ')
     assert proxycount.served_since(log, 0) == {"502": 1}
+    # `only`: the requests for those targets (path and query) alone.
+    log.write_text('127.0.0.1 - - [22/Nov/2026:16:57:56 +0000] "GET /a?m=1 HTTP/1.1" 200 0 "-" "-"\n'
+                   '127.0.0.1 - - [22/Nov/2026:16:57:56 +0000] "GET /a?m=2 HTTP/1.1" 200 0 "-" "-"\n')
+    assert proxycount.served_since(log, 0, only={"/a?m=2", "/b"}) == {"200": 1}
     assert proxycount.log_size(tmp_path / "none.log") == 0
     # Health-check probes and readiness polls (robots.txt) are not the replay's requests.
     log.write_text('127.0.0.1 - - [22/Nov/2026:16:57:56 +0000] "GET /robots.txt HTTP/1.0" 200 26 "-" "-"\n'
