@@ -5,7 +5,10 @@ server, and serves only cleartext static sites."""
 
 from __future__ import annotations
 
+import re
+import shutil
 import socket
+import subprocess
 
 import pytest
 
@@ -35,6 +38,42 @@ def test_floor_answers_files_whole(workdir, docroot):
         assert data.endswith(b"Connection: close\r\n\r\n")
     finally:
         server.stop()
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+def test_floor_costs_one_recv_and_one_send_a_kept_request(workdir, docroot):
+    """What the row stands for, the kernel's own cost of a kept request: one recv and one send
+    (and a share of an epoll_wait), no epoll_ctl (the first floor re-armed EPOLLIN after every
+    answer, a third system call a request)."""
+    site = Site(docroot[0], ports.free_port(), SiteOptions())
+    server = SERVERS["floor"].start(site, workdir / "floor", "tuned", "0")
+    n = 200
+    try:
+        with socket.create_connection((site.host, site.port), timeout=5) as sock:
+            request = b"GET /robots.txt HTTP/1.1\r\nHost: x\r\n\r\n"
+            sock.sendall(request)
+            answer = sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200 OK"), answer
+            trace = subprocess.Popen(["strace", "-c", "-f", "-e", "trace=recvfrom,sendto,epoll_ctl,epoll_wait",
+                                      "-p", str(server.pid)], stderr=subprocess.PIPE, text=True)
+            try:
+                # Counted from once strace says it is attached.
+                assert "attached" in trace.stderr.readline()
+                for _ in range(n):
+                    sock.sendall(request)
+                    got = b""
+                    while len(got) < len(answer):
+                        got += sock.recv(65536)
+                    assert got == answer
+            finally:
+                trace.send_signal(2)
+                summary = trace.communicate(timeout=10)[1]
+    finally:
+        server.stop()
+    calls = {m[2]: int(m[1]) for m in re.finditer(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)$",
+                                                   summary, re.M)}
+    assert calls.get("recvfrom") == n and calls.get("sendto") == n, summary
+    assert "epoll_ctl" not in calls, summary
 
 
 def test_floor_is_a_reference_for_static_sites_only():

@@ -109,30 +109,45 @@ class Proxy:
             conf.write_text(NGINX_CONF.format(tmp=self.tmp, port=self.port, backend=BACKEND))
             binary = {"gannet": GANNET, "base": BASE, "nginx": "nginx"}[name]
             cmd = f"{binary} -p {self.tmp}/ -c {conf}"
-        self.group = CGROUP / f"pxcap-{name}"
-        self.group.mkdir(exist_ok=True)
-        (self.group / "cpu.cfs_period_us").write_text("10000")
-        (self.group / "cpu.cfs_quota_us").write_text("2500")
-        # The server and every process it starts live in the group (taskset: CPU 0).
-        self.proc = subprocess.Popen(["sh", "-c", f"echo $$ > {self.group}/cgroup.procs && exec taskset -c 0 {cmd}"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc, self.group = start_limited(f"pxcap-{name}", cmd)
         wait_port(self.port)
 
     def throttled(self) -> int:
-        return int(re.search(r"nr_throttled (\d+)", (self.group / "cpu.stat").read_text())[1])
+        return throttled(self.group)
 
     def close(self) -> None:
-        self.proc.send_signal(signal.SIGTERM if self.name != "nginx" else signal.SIGQUIT)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        time.sleep(0.2)
-        try:
-            self.group.rmdir()
-        except OSError:
-            pass
+        stop_limited(self.proc, self.group, signal.SIGTERM if self.name != "nginx" else signal.SIGQUIT)
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def start_limited(label: str, cmd: str) -> tuple[subprocess.Popen, Path]:
+    """`cmd` on CPU 0 in a cgroup v1 `cpu` group of its own (`label`) limited to 25 % of a CPU:
+    the server and every process it starts live in the group."""
+    group = CGROUP / label
+    group.mkdir(exist_ok=True)
+    (group / "cpu.cfs_period_us").write_text("10000")
+    (group / "cpu.cfs_quota_us").write_text("2500")
+    proc = subprocess.Popen(["sh", "-c", f"echo $$ > {group}/cgroup.procs && exec taskset -c 0 {cmd}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, group
+
+
+def throttled(group: Path) -> int:
+    """How many periods the group's quota has cut short so far."""
+    return int(re.search(r"nr_throttled (\d+)", (group / "cpu.stat").read_text())[1])
+
+
+def stop_limited(proc: subprocess.Popen, group: Path, sig: int = signal.SIGTERM) -> None:
+    proc.send_signal(sig)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    time.sleep(0.2)
+    try:
+        group.rmdir()
+    except OSError:
+        pass
 
 
 def wrk(port: int) -> tuple[float, int]:
