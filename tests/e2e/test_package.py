@@ -251,8 +251,9 @@ def test_package_installs_runs_as_its_unit_upgrades_and_purges(debs, scratch):
     r = subprocess.run(["sh", "-c", post.replace("/run/gannet.pid", str(root / "run/gannet.pid"))], timeout=30)
     assert r.returncode == 0
     assert wait_until(lambda: (logs / "access.log").exists())
-    fetch(f"http://127.0.0.1:{port}/?after-rotation")
-    assert wait_until(lambda: "after-rotation" in (logs / "access.log").read_text())
+    # The master creates the file before the worker has it: asked until a line lands in it.
+    assert wait_until(lambda: fetch(f"http://127.0.0.1:{port}/?after-rotation")[0] == 200
+                      and "after-rotation" in (logs / "access.log").read_text())
 
     # Stop with the unit's KillSignal: STOPPING=1, and gone within TimeoutStopSec.
     sig = getattr(signal, unit(root)["KillSignal"][0])
