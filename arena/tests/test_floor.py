@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import socket
 import subprocess
 
@@ -66,7 +67,7 @@ def test_floor_costs_one_recv_and_one_send_a_kept_request(workdir, docroot):
                         got += sock.recv(65536)
                     assert got == answer
             finally:
-                trace.send_signal(2)
+                trace.send_signal(signal.SIGINT)  # strace prints its counts and detaches
                 summary = trace.communicate(timeout=10)[1]
     finally:
         server.stop()

@@ -42,7 +42,6 @@ CONNS = [int(c) for c in sys.argv[3:]] or [100, 1000]
 
 class Server:
     def __init__(self, name: str, work: Path, binaries: dict[str, str]):
-        self.name = name
         self.port = free_port()
         if name == "gannet":
             conf = (HERE / "gannet-small-static.conf").read_text()
